@@ -1,0 +1,1 @@
+"""Agent, lifecycle, capabilities, hooks, actions, blueprints and AgentHandle (issue M2)."""

@@ -1,0 +1,1 @@
+"""FastAPI ingress behind Ray Serve: runs, events, agents, health (issue M4)."""

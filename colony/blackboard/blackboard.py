@@ -1,0 +1,379 @@
+"""The blackboard: versioned entries of one scope, in Redis, with durable change events.
+
+One Redis hash per entry plus tag-index sets; every mutation (version check, write, tag index,
+event append) is one Lua script, so it is applied whole or not at all.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import inspect
+import json
+import random
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Mapping, Sequence
+from typing import TYPE_CHECKING, Any
+
+import redis.asyncio as aioredis
+
+from colony import metrics
+from colony.blackboard import scripts
+from colony.blackboard.connection import Guard, create_redis, redis_url_of, resolve_redis_url
+from colony.blackboard.models import (
+    BlackboardEntry,
+    BlackboardEvent,
+    QueryPage,
+    TagFilter,
+    WriteRequest,
+    encode_tags,
+    encode_value,
+    ttl_to_ms,
+)
+from colony.blackboard.protocol import BlackboardKeyspace, validate_key, validate_pattern
+from colony.blackboard.query import run_query
+from colony.config import BlackboardSettings, ColonySettings, load_settings
+from colony.errors import BatchConflictError, ConcurrentModificationError
+
+if TYPE_CHECKING:
+    from colony.blackboard.events import EventConsumer, EventSubscription
+    from colony.blackboard.transaction import Transaction
+
+UpdateFn = Callable[[Any], Any] | Callable[[Any], Awaitable[Any]]
+
+
+def _opt(value: int | float | None) -> str:
+    return "" if value is None else str(value)
+
+
+class Blackboard:
+    """Entries of one scope. Cheap to create: many `Blackboard`s may share one Redis client."""
+
+    def __init__(
+        self,
+        redis: aioredis.Redis,
+        scope_id: str,
+        *,
+        settings: BlackboardSettings | None = None,
+    ) -> None:
+        self.redis = redis
+        self.settings = settings or BlackboardSettings()
+        self.keyspace = BlackboardKeyspace(scope_id)
+        self.scope_id = self.keyspace.scope_id
+        self.url = redis_url_of(redis)
+        self._write = redis.register_script(scripts.WRITE)
+        self._write_batch = redis.register_script(scripts.WRITE_BATCH)
+        self._delete = redis.register_script(scripts.DELETE)
+        self._commit = redis.register_script(scripts.COMMIT)
+        self.prune_tag_index = redis.register_script(scripts.PRUNE_TAG_INDEX)
+        self._maxlen = str(self.settings.events_maxlen)
+        self._include_values = "1" if self.settings.include_values_in_events else "0"
+
+    @classmethod
+    def connect(cls, scope_id: str, settings: ColonySettings | None = None) -> Blackboard:
+        """A blackboard on the Redis named by the settings (`COLONY_REDIS_URL`, else the embedded one)."""
+        settings = settings or load_settings()
+        client = create_redis(resolve_redis_url(settings), settings.blackboard)
+        return cls(client, scope_id, settings=settings.blackboard)
+
+    def scoped(self, scope_id: str) -> Blackboard:
+        """The blackboard of another scope on the same Redis client."""
+        return Blackboard(self.redis, scope_id, settings=self.settings)
+
+    def guard(self, op: str) -> Guard:
+        return Guard(op, self.url, self.settings.op_timeout_seconds)
+
+    async def close(self) -> None:
+        """Close the underlying Redis client (shared clients: close once, from their owner)."""
+        await self.redis.aclose()
+
+    # -- single entries ---------------------------------------------------------------------
+
+    async def write(
+        self,
+        key: str,
+        value: Any,
+        *,
+        tags: Iterable[str] = (),
+        created_by: str | None = None,
+        ttl_seconds: float | None = None,
+        expected_version: int | None = None,
+    ) -> BlackboardEntry:
+        """Write `value` under `key`; with `expected_version` (0 = must not exist), only if it matches."""
+        validate_key(key)
+        encoded, encoded_tags = encode_value(value), encode_tags(tags)
+        args = self._write_args(key, encoded, encoded_tags, created_by, ttl_seconds, expected_version)
+        async with self.guard("write"):
+            reply = await self._write(
+                keys=[self.keyspace.entry_key(key), self.keyspace.events_key], args=args
+            )
+        return self._written(key, encoded, encoded_tags, created_by, expected_version, reply)
+
+    async def read(self, key: str) -> BlackboardEntry | None:
+        validate_key(key)
+        async with self.guard("read"):
+            fields = await self.redis.hgetall(self.keyspace.entry_key(key))
+        return BlackboardEntry.from_hash(key, fields) if fields else None
+
+    async def read_many(self, keys: Sequence[str]) -> list[BlackboardEntry | None]:
+        """Entries of `keys`, in order (None where absent), in one round trip."""
+        for key in keys:
+            validate_key(key)
+        async with self.guard("read_many"), self.redis.pipeline(transaction=False) as pipe:
+            for key in keys:
+                pipe.hgetall(self.keyspace.entry_key(key))
+            replies = await pipe.execute()
+        return [BlackboardEntry.from_hash(k, f) if f else None for k, f in zip(keys, replies, strict=True)]
+
+    async def delete(
+        self, key: str, *, expected_version: int | None = None, created_by: str | None = None
+    ) -> bool:
+        """Delete `key`; True if it existed. With `expected_version`, only if it matches."""
+        validate_key(key)
+        args = [key, _opt(expected_version), created_by or "", self.keyspace.tag_prefix, self._maxlen]
+        async with self.guard("delete"):
+            ok, version = await self._delete(
+                keys=[self.keyspace.entry_key(key), self.keyspace.events_key], args=args
+            )
+        if not ok:
+            metrics.BLACKBOARD_CONFLICTS.inc()
+            raise ConcurrentModificationError(key, expected_version, int(version))
+        return int(version) > 0
+
+    # -- batches ----------------------------------------------------------------------------
+
+    async def write_many(
+        self, writes: Iterable[WriteRequest | Mapping[str, Any]], *, chunk_size: int = 256
+    ) -> list[BlackboardEntry]:
+        """Write a batch in one round trip; each write is checked and applied on its own.
+
+        The batch goes to Redis as pipelined script calls of `chunk_size` writes, each call
+        atomic. Raises `BatchConflictError` (listing conflicts and the entries applied) if any
+        write's `expected_version` did not match; the others are applied all the same.
+        """
+        requests = [w if isinstance(w, WriteRequest) else WriteRequest.model_validate(w) for w in writes]
+        if not requests:
+            return []
+        encoded = [(r, encode_value(r.value), encode_tags(r.tags)) for r in requests]
+        head = [self.keyspace.entry_prefix, self.keyspace.tag_prefix, self._maxlen, self._include_values]
+        chunks = [encoded[i : i + chunk_size] for i in range(0, len(encoded), chunk_size)]
+        async with self.guard("write_many"), self.redis.pipeline(transaction=False) as pipe:
+            for chunk in chunks:
+                batch = [
+                    (
+                        r.key,
+                        value,
+                        tags,
+                        r.created_by or "",
+                        ttl_to_ms(r.ttl_seconds),
+                        _opt(r.expected_version),
+                    )
+                    for r, value, tags in chunk
+                ]
+                args = [*head, json.dumps(batch, separators=(",", ":"))]
+                await self._write_batch(keys=[self.keyspace.events_key], args=args, client=pipe)
+            replies = await pipe.execute()
+        applied: list[BlackboardEntry] = []
+        conflicts: list[tuple[str, int | None, int]] = []
+        for chunk, reply in zip(chunks, replies, strict=True):
+            now = reply[0]
+            for n, (r, value, tags) in enumerate(chunk):
+                ok, version, created_at, created_by, expires_at = reply[1 + 5 * n : 6 + 5 * n]
+                if not ok:
+                    conflicts.append((r.key, r.expected_version, int(version)))
+                    continue
+                fields = {
+                    "v": value,
+                    "ver": version,
+                    "tags": tags,
+                    "cb": created_by,
+                    "ub": r.created_by or "",
+                    "ca": created_at,
+                    "ua": now,
+                    "exp": expires_at,
+                }
+                applied.append(BlackboardEntry.from_hash(r.key, fields))
+        if conflicts:
+            metrics.BLACKBOARD_CONFLICTS.inc(len(conflicts))
+            raise BatchConflictError(conflicts, applied)
+        return applied
+
+    # -- read-modify-write --------------------------------------------------------------------
+
+    async def update(
+        self,
+        key: str,
+        fn: UpdateFn,
+        *,
+        tags: Iterable[str] | None = None,
+        created_by: str | None = None,
+        ttl_seconds: float | None = None,
+        retries: int | None = None,
+    ) -> BlackboardEntry:
+        """Set `key` to `fn(current value or None)`, retrying on conflict; `fn` may be async.
+
+        `tags=None` keeps the entry's tags. Raises `ConcurrentModificationError` when every
+        retry lost the race.
+        """
+        attempts = retries if retries is not None else self.settings.update_retries
+        metrics.BLACKBOARD_OPS.labels("update").inc()
+        delay = 0.0005
+        for attempt in range(attempts + 1):
+            current = await self.read(key)
+            new_value = fn(current.value if current else None)
+            if inspect.isawaitable(new_value):
+                new_value = await new_value
+            keep_tags = current.tags if (tags is None and current) else (tags or ())
+            try:
+                return await self.write(
+                    key,
+                    new_value,
+                    tags=keep_tags,
+                    created_by=created_by,
+                    ttl_seconds=ttl_seconds,
+                    expected_version=current.version if current else 0,
+                )
+            except ConcurrentModificationError as exc:
+                if attempt == attempts:
+                    raise ConcurrentModificationError(
+                        key,
+                        exc.expected,
+                        exc.actual,
+                        f"update of {key!r} lost the race {attempts + 1} times; "
+                        "raise retries or reduce contention",
+                    ) from exc
+                metrics.BLACKBOARD_UPDATE_RETRIES.inc()
+                await asyncio.sleep(random.uniform(0, delay))
+                delay = min(delay * 2, 0.05)
+        raise AssertionError("unreachable")
+
+    def transaction(self) -> Transaction:
+        """`async with bb.transaction() as tx:` — reads recorded, writes applied atomically at exit."""
+        from colony.blackboard.transaction import Transaction
+
+        return Transaction(self)
+
+    # -- queries ------------------------------------------------------------------------------
+
+    async def query(
+        self,
+        pattern: str = "*",
+        *,
+        tags: TagFilter | Mapping[str, Iterable[str]] | None = None,
+        limit: int = 100,
+        cursor: str | None = None,
+    ) -> QueryPage:
+        """Entries whose key matches the glob `pattern` and whose tags pass `tags`, a page at a time.
+
+        Uses SCAN/SSCAN (never KEYS): pages cost O(page), not O(keyspace). Like SCAN, an entry
+        written during the iteration may or may not be seen.
+        """
+        validate_pattern(pattern)
+        if limit < 1:
+            raise ValueError(f"limit must be >= 1, got {limit}")
+        tag_filter = tags if isinstance(tags, TagFilter) or tags is None else TagFilter.model_validate(tags)
+        async with self.guard("query"):
+            return await run_query(self, pattern, tag_filter, limit, cursor)
+
+    async def iter_query(
+        self,
+        pattern: str = "*",
+        *,
+        tags: TagFilter | Mapping[str, Iterable[str]] | None = None,
+        page_size: int = 500,
+    ) -> AsyncIterator[BlackboardEntry]:
+        """Every matching entry, fetched page by page."""
+        cursor: str | None = None
+        while True:
+            page = await self.query(pattern, tags=tags, limit=page_size, cursor=cursor)
+            for entry in page.entries:
+                yield entry
+            if page.cursor is None:
+                return
+            cursor = page.cursor
+
+    # -- events -------------------------------------------------------------------------------
+
+    def subscribe(self, pattern: str = "*", *, from_id: str = "$") -> EventSubscription:
+        """Async iterator over this scope's events whose key matches `pattern`.
+
+        `from_id="$"` starts at the moment `start()` (or the first iteration) runs; pass the
+        `id` of the last event seen to resume after it with nothing lost; "0" replays all.
+        """
+        from colony.blackboard.events import EventSubscription
+
+        return EventSubscription(self, validate_pattern(pattern), from_id)
+
+    def consume(
+        self,
+        group: str,
+        consumer: str,
+        pattern: str = "*",
+        *,
+        start_id: str = "0",
+        min_idle_ms: int | None = None,
+    ) -> EventConsumer:
+        """At-least-once delivery of events to the consumers of `group` (each event to one of them).
+
+        Events must be acknowledged (`await event.ack()`); events a dead consumer left pending for
+        `min_idle_ms` are reclaimed by a live one.
+        """
+        from colony.blackboard.events import EventConsumer
+
+        return EventConsumer(self, group, consumer, validate_pattern(pattern), start_id, min_idle_ms)
+
+    async def latest_event_id(self) -> str:
+        """Id of the newest event of this scope ("0-0" if none)."""
+        async with self.guard("latest_event_id"):
+            newest = await self.redis.xrevrange(self.keyspace.events_key, count=1)
+        return newest[0][0] if newest else "0-0"
+
+    async def events(
+        self, from_id: str = "-", to_id: str = "+", *, count: int = 1000
+    ) -> list[BlackboardEvent]:
+        """Stored events between two ids, inclusive (replay / audit)."""
+        async with self.guard("events"):
+            rows = await self.redis.xrange(self.keyspace.events_key, min=from_id, max=to_id, count=count)
+        return [BlackboardEvent.from_stream(self.scope_id, event_id, fields) for event_id, fields in rows]
+
+    # -- helpers ------------------------------------------------------------------------------
+
+    def _write_args(
+        self,
+        key: str,
+        value: str,
+        tags: str,
+        created_by: str | None,
+        ttl_seconds: float | None,
+        expected_version: int | None,
+    ) -> list[str]:
+        return [
+            key,
+            value,
+            tags,
+            created_by or "",
+            ttl_to_ms(ttl_seconds),
+            _opt(expected_version),
+            self.keyspace.tag_prefix,
+            self._maxlen,
+            self._include_values,
+        ]
+
+    @staticmethod
+    def _written(
+        key: str, value: str, tags: str, writer: str | None, expected: int | None, reply: list[Any]
+    ) -> BlackboardEntry:
+        """The entry a WRITE script reply describes (raises on a failed version check)."""
+        if not reply[0]:
+            metrics.BLACKBOARD_CONFLICTS.inc()
+            raise ConcurrentModificationError(key, expected, int(reply[1]))
+        _, version, created_at, created_by, _event_id, expires_at, now = reply
+        fields = {
+            "v": value,
+            "ver": version,
+            "tags": tags,
+            "cb": created_by,
+            "ub": writer or "",
+            "ca": created_at,
+            "ua": now,
+            "exp": expires_at,
+        }
+        return BlackboardEntry.from_hash(key, fields)

@@ -1,0 +1,221 @@
+"""Durable blackboard events: subscriptions that resume, and consumer groups that reclaim.
+
+Every write/delete of a scope appends to that scope's Redis Stream. A subscription reads it with
+XREAD BLOCK and remembers the last id it saw, so passing that id back after a disconnect yields
+every later event exactly once. A consumer group hands each event to one consumer, keeps it
+pending until acknowledged, and lets a live consumer XAUTOCLAIM what a dead one left pending.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import fnmatch
+import re
+import time
+from collections import deque
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Literal
+
+from redis.exceptions import ResponseError
+
+from colony import metrics
+from colony.blackboard.models import BlackboardEvent
+from colony.blackboard.protocol import validate_segment
+
+if TYPE_CHECKING:
+    from colony.blackboard.blackboard import Blackboard
+
+_READ_COUNT = 256
+
+
+def compile_pattern(pattern: str) -> re.Pattern[str] | None:
+    """A regex for the key glob (None matches everything)."""
+    return None if pattern == "*" else re.compile(fnmatch.translate(pattern))
+
+
+def _lag(event: BlackboardEvent, mode: str) -> None:
+    metrics.BLACKBOARD_EVENTS_RECEIVED.labels(mode).inc()
+    metrics.BLACKBOARD_EVENT_LAG_SECONDS.observe(max(0.0, time.time() - event.ts))
+
+
+class EventSubscription:
+    """Async iterator of one scope's events whose key matches a glob; see `Blackboard.subscribe`."""
+
+    def __init__(self, bb: Blackboard, pattern: str, from_id: str) -> None:
+        self._bb = bb
+        self._regex = compile_pattern(pattern)
+        self.pattern = pattern
+        self.last_id = from_id
+        self._started = from_id != "$"
+        self._buffer: deque[tuple[str, dict[str, str]]] = deque()
+        self._closed = False
+
+    async def start(self) -> EventSubscription:
+        """Pin "$" to the newest event now, so nothing appended after this call is missed."""
+        if not self._started:
+            self.last_id = await self._bb.latest_event_id()
+            self._started = True
+        return self
+
+    async def __aenter__(self) -> EventSubscription:
+        return await self.start()
+
+    async def __aexit__(self, *exc: object) -> None:
+        self.close()
+
+    def close(self) -> None:
+        self._closed = True
+
+    def __aiter__(self) -> EventSubscription:
+        return self
+
+    async def __anext__(self) -> BlackboardEvent:
+        await self.start()
+        bb = self._bb
+        while not self._closed:
+            while self._buffer:
+                event_id, fields = self._buffer.popleft()
+                self.last_id = event_id
+                if self._regex is None or self._regex.match(fields["key"]):
+                    event = BlackboardEvent.from_stream(bb.scope_id, event_id, fields)
+                    _lag(event, "subscribe")
+                    return event
+            async with bb.guard("xread"):
+                reply = await bb.redis.xread(
+                    {bb.keyspace.events_key: self.last_id},
+                    count=_READ_COUNT,
+                    block=bb.settings.subscribe_block_ms,
+                )
+            for _stream, rows in reply or ():
+                self._buffer.extend(rows)
+        raise StopAsyncIteration
+
+    async def next(self, timeout: float | None = None) -> BlackboardEvent | None:  # noqa: ASYNC109
+        """The next matching event, or None when `timeout` seconds pass first."""
+        try:
+            return await asyncio.wait_for(self.__anext__(), timeout)
+        except TimeoutError:
+            return None
+
+
+@dataclass
+class ConsumedEvent:
+    """An event delivered by a consumer group; `ack()` it once handled, or it is redelivered."""
+
+    event: BlackboardEvent
+    delivery: Literal["new", "pending", "reclaimed"]
+    _consumer: EventConsumer = field(repr=False)
+
+    async def ack(self) -> None:
+        await self._consumer.ack(self.event.id)
+
+
+class EventConsumer:
+    """One consumer of a consumer group over a scope's events; see `Blackboard.consume`.
+
+    Order of delivery: this consumer's own pending events (after a restart under the same name),
+    then events other consumers left pending past `min_idle_ms` (reclaimed, checked again every
+    `min_idle_ms / 2`), then new events. Events whose key does not match are acknowledged and skipped.
+    """
+
+    def __init__(
+        self, bb: Blackboard, group: str, consumer: str, pattern: str, start_id: str, min_idle_ms: int | None
+    ) -> None:
+        self._bb = bb
+        self.group = validate_segment(group, "group")
+        self.consumer = validate_segment(consumer, "consumer")
+        self._regex = compile_pattern(pattern)
+        self._start_id = start_id
+        self.min_idle_ms = min_idle_ms if min_idle_ms is not None else bb.settings.reclaim_idle_ms
+        self._buffer: deque[tuple[str, dict[str, str], Literal["new", "pending", "reclaimed"]]] = deque()
+        self._created = False
+        self._own_pending_done = False
+        self._next_reclaim = 0.0
+        self._closed = False
+
+    async def start(self) -> EventConsumer:
+        """Create the group if needed (MKSTREAM); idempotent."""
+        if not self._created:
+            async with self._bb.guard("xgroup_create"):
+                try:
+                    await self._bb.redis.xgroup_create(
+                        self._bb.keyspace.events_key, self.group, id=self._start_id, mkstream=True
+                    )
+                except ResponseError as exc:
+                    if "BUSYGROUP" not in str(exc):
+                        raise
+            self._created = True
+        return self
+
+    def close(self) -> None:
+        self._closed = True
+
+    def __aiter__(self) -> EventConsumer:
+        return self
+
+    async def __anext__(self) -> ConsumedEvent:
+        await self.start()
+        while not self._closed:
+            while self._buffer:
+                event_id, fields, delivery = self._buffer.popleft()
+                if not fields:  # deleted from the stream while pending (trimmed)
+                    await self.ack(event_id)
+                    continue
+                if self._regex is not None and not self._regex.match(fields["key"]):
+                    await self.ack(event_id)
+                    continue
+                event = BlackboardEvent.from_stream(self._bb.scope_id, event_id, fields)
+                _lag(event, "consume")
+                return ConsumedEvent(event, delivery, self)
+            await self._fill()
+        raise StopAsyncIteration
+
+    async def ack(self, *event_ids: str) -> int:
+        async with self._bb.guard("xack"):
+            return int(await self._bb.redis.xack(self._bb.keyspace.events_key, self.group, *event_ids))
+
+    async def _fill(self) -> None:
+        bb, stream = self._bb, self._bb.keyspace.events_key
+        if not self._own_pending_done:
+            async with bb.guard("xreadgroup"):
+                reply = await bb.redis.xreadgroup(self.group, self.consumer, {stream: "0"}, count=_READ_COUNT)
+            rows = [r for _s, rs in reply or () for r in rs]
+            if not rows:
+                self._own_pending_done = True
+            self._buffer.extend((i, f, "pending") for i, f in rows)
+            if rows:
+                return
+        now = time.monotonic()
+        if now >= self._next_reclaim:
+            self._next_reclaim = now + self.min_idle_ms / 2000.0
+            if await self._reclaim():
+                return
+        block = min(bb.settings.subscribe_block_ms, max(10, int((self._next_reclaim - now) * 1000)))
+        async with bb.guard("xreadgroup"):
+            reply = await bb.redis.xreadgroup(
+                self.group, self.consumer, {stream: ">"}, count=_READ_COUNT, block=block
+            )
+        self._buffer.extend((i, f, "new") for _s, rs in reply or () for i, f in rs)
+
+    async def _reclaim(self) -> bool:
+        bb, start, claimed = self._bb, "0-0", 0
+        while True:
+            async with bb.guard("xautoclaim"):
+                reply = await bb.redis.xautoclaim(
+                    bb.keyspace.events_key,
+                    self.group,
+                    self.consumer,
+                    self.min_idle_ms,
+                    start_id=start,
+                    count=_READ_COUNT,
+                )
+            start, rows = reply[0], reply[1]
+            # Entries trimmed while pending come back as None (Redis 6.2) or in reply[2] (Redis 7).
+            live = [(i, f) for i, f in rows if f]
+            self._buffer.extend((i, f, "reclaimed") for i, f in live)
+            claimed += len(live)
+            if start in ("0-0", b"0-0"):
+                break
+        if claimed:
+            metrics.BLACKBOARD_EVENTS_RECLAIMED.inc(claimed)
+        return claimed > 0

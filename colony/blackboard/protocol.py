@@ -1,0 +1,263 @@
+"""Key formats of the blackboard, one class per protocol.
+
+Nothing outside this module (and `scopes`) spells a key format: callers build keys, glob
+patterns and parse keys through these classes, which reject wildcards and empty segments so
+a key built from user input can never match more than intended.
+"""
+
+from __future__ import annotations
+
+import re
+from typing import ClassVar
+
+from colony.errors import InvalidKey
+
+MAX_KEY_LENGTH = 1024
+MAX_TAG_LENGTH = 256
+# Glob metacharacters (Redis MATCH syntax), hash-tag braces, whitespace and control characters.
+_FORBIDDEN_IN_KEY = re.compile(r"[*?\[\]\\{}\s\x00-\x1f\x7f]")
+_FORBIDDEN_IN_SEGMENT = re.compile(r"[:*?\[\]\\{}\s\x00-\x1f\x7f]")
+_FORBIDDEN_IN_PATTERN = re.compile(r"[{}\s\x00-\x1f\x7f]")
+_PLACEHOLDER = re.compile(r"\{(\w+)\}")
+
+
+def validate_segment(value: object, what: str = "segment") -> str:
+    """A single key segment: non-empty, no ':' and no wildcard."""
+    if not isinstance(value, str) or not value:
+        raise InvalidKey(f"{what} must be a non-empty string, got {value!r}")
+    if _FORBIDDEN_IN_SEGMENT.search(value):
+        raise InvalidKey(
+            f"{what} {value!r} contains a forbidden character (':', wildcards *?[]\\, braces, whitespace)"
+        )
+    return value
+
+
+def validate_key(key: object, what: str = "key") -> str:
+    """A full logical key: ':'-separated non-empty segments with no wildcard."""
+    if not isinstance(key, str) or not key:
+        raise InvalidKey(f"{what} must be a non-empty string, got {key!r}")
+    if len(key) > MAX_KEY_LENGTH:
+        raise InvalidKey(f"{what} is {len(key)} characters long; the limit is {MAX_KEY_LENGTH}")
+    if _FORBIDDEN_IN_KEY.search(key):
+        raise InvalidKey(
+            f"{what} {key!r} contains a forbidden character (wildcards *?[]\\, braces, whitespace)"
+        )
+    if "" in key.split(":"):
+        raise InvalidKey(f"{what} {key!r} has an empty segment (leading, trailing or doubled ':')")
+    return key
+
+
+def validate_pattern(pattern: object) -> str:
+    """A glob pattern over logical keys (Redis MATCH syntax)."""
+    if not isinstance(pattern, str) or not pattern:
+        raise InvalidKey(f"pattern must be a non-empty string, got {pattern!r}")
+    if len(pattern) > MAX_KEY_LENGTH or _FORBIDDEN_IN_PATTERN.search(pattern):
+        raise InvalidKey(
+            f"pattern {pattern!r} is too long or contains braces, whitespace or control characters"
+        )
+    return pattern
+
+
+def validate_tag(tag: object) -> str:
+    """A tag: non-empty, short, no wildcard or control character."""
+    if not isinstance(tag, str) or not tag:
+        raise InvalidKey(f"tag must be a non-empty string, got {tag!r}")
+    if len(tag) > MAX_TAG_LENGTH or _FORBIDDEN_IN_KEY.search(tag):
+        raise InvalidKey(
+            f"tag {tag!r} is too long or contains wildcards, braces, whitespace or control chars"
+        )
+    return tag
+
+
+class BlackboardKeyspace:
+    """Where one scope's entries, tag index and event stream live in Redis.
+
+    Every Redis key of a scope carries the scope id as a hash tag (`{...}`) so they all map to
+    one cluster slot, which is what lets one Lua script touch them atomically.
+    """
+
+    ROOT = "colony:bb"
+
+    def __init__(self, scope_id: str) -> None:
+        self.scope_id = validate_key(scope_id, "scope_id")
+        base = f"{self.ROOT}:{{{self.scope_id}}}"
+        self.entry_prefix = f"{base}:e:"
+        self.tag_prefix = f"{base}:t:"
+        self.events_key = f"{base}:events"
+
+    def entry_key(self, key: str) -> str:
+        return self.entry_prefix + key
+
+    def tag_key(self, tag: str) -> str:
+        return self.tag_prefix + tag
+
+    def entry_match(self, pattern: str) -> str:
+        """SCAN MATCH pattern for logical-key `pattern` (the prefix holds no glob characters)."""
+        return self.entry_prefix + pattern
+
+    def logical_key(self, redis_key: str) -> str:
+        if not redis_key.startswith(self.entry_prefix):
+            raise InvalidKey(f"{redis_key!r} is not an entry of scope {self.scope_id!r}")
+        return redis_key[len(self.entry_prefix) :]
+
+
+class BlackboardProtocol:
+    """Base of key protocols: subclasses declare `templates`, e.g. `{"request": "request:run:{request_id}"}`.
+
+    `build` fills a template (every segment validated), `pattern` makes a glob with `*` for the
+    segments left out, `parse` recovers the segments from a key.
+    """
+
+    templates: ClassVar[dict[str, str]] = {}
+
+    @classmethod
+    def build(cls, template: str, **segments: str) -> str:
+        fmt = cls._template(template)
+        names = _PLACEHOLDER.findall(fmt)
+        missing = [n for n in names if n not in segments]
+        extra = [n for n in segments if n not in names]
+        if missing or extra:
+            raise InvalidKey(
+                f"{cls.__name__}.{template} needs segments {names}; missing {missing}, unexpected {extra}"
+            )
+        return fmt.format(**{n: validate_segment(segments[n], n) for n in names})
+
+    @classmethod
+    def pattern(cls, template: str, **segments: str | None) -> str:
+        fmt = cls._template(template)
+        names = _PLACEHOLDER.findall(fmt)
+        unknown = [n for n in segments if n not in names]
+        if unknown:
+            raise InvalidKey(f"{cls.__name__}.{template} has no segments {unknown}")
+        values = {n: "*" if segments.get(n) is None else validate_segment(segments[n], n) for n in names}
+        return fmt.format(**values)
+
+    @classmethod
+    def parse(cls, template: str, key: str) -> dict[str, str]:
+        match = cls._regex(template).fullmatch(key)
+        if match is None:
+            raise InvalidKey(f"{key!r} is not a {cls.__name__}.{template} key ({cls._template(template)})")
+        return match.groupdict()
+
+    @classmethod
+    def identify(cls, key: str) -> tuple[str, dict[str, str]] | None:
+        """Which of this protocol's templates `key` follows, with its segments; None if none."""
+        for name in cls.templates:
+            match = cls._regex(name).fullmatch(key)
+            if match is not None:
+                return name, match.groupdict()
+        return None
+
+    @staticmethod
+    def namespaced_scope(scope_id: str, namespace: str) -> str:
+        """The scope id of one namespace (one capability's partition) inside `scope_id`."""
+        return f"{validate_key(scope_id, 'scope_id')}:namespace:{validate_segment(namespace, 'namespace')}"
+
+    @classmethod
+    def _template(cls, template: str) -> str:
+        try:
+            return cls.templates[template]
+        except KeyError:
+            raise InvalidKey(
+                f"{cls.__name__} has no key template {template!r}; known: {sorted(cls.templates)}"
+            ) from None
+
+    @classmethod
+    def _regex(cls, template: str) -> re.Pattern[str]:
+        cache = cls.__dict__.get("_regex_cache")
+        if cache is None:
+            cache = {}
+            cls._regex_cache = cache  # type: ignore[attr-defined]
+        if template not in cache:
+            parts = re.split(r"(\{\w+\})", cls._template(template))
+            regex = "".join(
+                f"(?P<{p[1:-1]}>[^:*?\\[\\]{{}}\\s]+)" if _PLACEHOLDER.fullmatch(p) else re.escape(p)
+                for p in parts
+            )
+            cache[template] = re.compile(regex)
+        return cache[template]
+
+
+class RequestResultProtocol(BlackboardProtocol):
+    """Request → result exchange with streamed intermediate events, named by `kind`."""
+
+    kind: ClassVar[str] = ""
+
+    def __init_subclass__(cls, **kwargs: object) -> None:
+        super().__init_subclass__(**kwargs)
+        if cls.kind:
+            validate_segment(cls.kind, "protocol kind")
+            cls.templates = {
+                "request": f"request:{cls.kind}:{{request_id}}",
+                "result": f"result:{cls.kind}:{{request_id}}",
+                "event": f"event:{cls.kind}:{{request_id}}:{{event_name}}",
+                **cls.extra_templates(),
+            }
+
+    @classmethod
+    def extra_templates(cls) -> dict[str, str]:
+        return {}
+
+    @classmethod
+    def request_key(cls, request_id: str) -> str:
+        return cls.build("request", request_id=request_id)
+
+    @classmethod
+    def result_key(cls, request_id: str) -> str:
+        return cls.build("result", request_id=request_id)
+
+    @classmethod
+    def event_key(cls, request_id: str, event_name: str) -> str:
+        return cls.build("event", request_id=request_id, event_name=event_name)
+
+    @classmethod
+    def request_pattern(cls) -> str:
+        return cls.pattern("request")
+
+    @classmethod
+    def result_pattern(cls, request_id: str | None = None) -> str:
+        return cls.pattern("result", request_id=request_id)
+
+    @classmethod
+    def event_pattern(cls, request_id: str | None = None) -> str:
+        return cls.pattern("event", request_id=request_id)
+
+    @classmethod
+    def parse_request_key(cls, key: str) -> str:
+        return cls.parse("request", key)["request_id"]
+
+    @classmethod
+    def parse_result_key(cls, key: str) -> str:
+        return cls.parse("result", key)["request_id"]
+
+    @classmethod
+    def parse_event_key(cls, key: str) -> tuple[str, str]:
+        parts = cls.parse("event", key)
+        return parts["request_id"], parts["event_name"]
+
+
+class AgentRunProtocol(RequestResultProtocol):
+    """`AgentHandle.run` keys.
+
+    `request:run:{request_id}`, `result:run:{request_id}`, `event:run:{request_id}:{event_name}`.
+    """
+
+    kind = "run"
+
+
+class WorkAssignmentProtocol(RequestResultProtocol):
+    """Coordinator → worker-pool work units on a shared (usually COLONY) scope.
+
+    Adds `claim:work:{request_id}`: a worker claims a unit (write with expected_version=0) before
+    doing it, so each unit is done by exactly one worker.
+    """
+
+    kind = "work"
+
+    @classmethod
+    def extra_templates(cls) -> dict[str, str]:
+        return {"claim": f"claim:{cls.kind}:{{request_id}}"}
+
+    @classmethod
+    def claim_key(cls, request_id: str) -> str:
+        return cls.build("claim", request_id=request_id)

@@ -1,0 +1,109 @@
+"""Paged queries over one scope's entries, by key pattern and tags, without KEYS.
+
+Candidates come from SCAN over the scope's entry keys, or from SSCAN over tag-index sets when
+the filter names tags. A cursor says which source, which SCAN cursor, and the last key handed
+out from that SCAN batch (batches are sorted), so a page holds exactly `limit` entries and the
+next page resumes mid-batch. Index members whose entry expired are removed on the way.
+"""
+
+from __future__ import annotations
+
+import base64
+import json
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+from colony.blackboard.models import BlackboardEntry, QueryPage, TagFilter
+from colony.errors import InvalidKey
+
+if TYPE_CHECKING:
+    from colony.blackboard.blackboard import Blackboard
+
+
+@dataclass
+class _Cursor:
+    tags: list[str] | None  # None: SCAN the scope; else SSCAN these tag sets in order
+    index: int  # which tag set
+    scan: int  # Redis cursor of the batch being read
+    last_key: str | None  # last key handed out from that batch
+
+    def encode(self) -> str:
+        raw = json.dumps({"t": self.tags, "i": self.index, "c": self.scan, "k": self.last_key})
+        return base64.urlsafe_b64encode(raw.encode()).decode()
+
+    @classmethod
+    def decode(cls, text: str) -> _Cursor:
+        try:
+            raw = json.loads(base64.urlsafe_b64decode(text.encode()))
+            return cls(raw["t"], int(raw["i"]), int(raw["c"]), raw["k"])
+        except (ValueError, KeyError, TypeError) as exc:
+            raise InvalidKey(f"query cursor {text[:40]!r} is not one this blackboard handed out") from exc
+
+
+def _first_cursor(tag_filter: TagFilter | None) -> _Cursor:
+    if tag_filter is not None and tag_filter.all_of:
+        # Any one all_of set holds every answer; the filter checks the rest.
+        return _Cursor(sorted(tag_filter.all_of)[:1], 0, 0, None)
+    if tag_filter is not None and tag_filter.any_of:
+        return _Cursor(sorted(tag_filter.any_of), 0, 0, None)
+    return _Cursor(None, 0, 0, None)
+
+
+async def run_query(
+    bb: Blackboard, pattern: str, tag_filter: TagFilter | None, limit: int, cursor_text: str | None
+) -> QueryPage:
+    cursor = _Cursor.decode(cursor_text) if cursor_text else _first_cursor(tag_filter)
+    keyspace, redis = bb.keyspace, bb.redis
+    count = min(max(2 * limit, 256), 5000)
+    out: list[BlackboardEntry] = []
+    while True:
+        if cursor.tags is None:
+            next_scan, raw = await redis.scan(cursor.scan, match=keyspace.entry_match(pattern), count=count)
+            keys = [keyspace.logical_key(k) for k in raw]
+            tag_set = None
+        else:
+            tag_set = keyspace.tag_key(cursor.tags[cursor.index])
+            next_scan, keys = await redis.sscan(tag_set, cursor.scan, match=pattern, count=count)
+        keys = sorted(set(keys))
+        if cursor.last_key is not None:
+            keys = [k for k in keys if k > cursor.last_key]
+        entries = await _fetch(bb, keys, tag_set)
+        earlier_tags = frozenset(cursor.tags[: cursor.index]) if cursor.tags else frozenset()
+        for position, entry in enumerate(entries):
+            if entry is None or (tag_filter is not None and not tag_filter.matches(entry.tags)):
+                continue
+            if earlier_tags and not earlier_tags.isdisjoint(entry.tags):
+                continue  # any_of: already handed out while reading an earlier tag's set
+            out.append(entry)
+            if len(out) == limit:
+                if position < len(entries) - 1:
+                    return QueryPage(
+                        entries=out,
+                        cursor=_Cursor(cursor.tags, cursor.index, cursor.scan, entry.key).encode(),
+                    )
+                break
+        cursor = _advance(cursor, int(next_scan))
+        if cursor is None or len(out) == limit:
+            return QueryPage(entries=out, cursor=cursor.encode() if cursor else None)
+
+
+def _advance(cursor: _Cursor, next_scan: int) -> _Cursor | None:
+    if next_scan != 0:
+        return _Cursor(cursor.tags, cursor.index, next_scan, None)
+    if cursor.tags is not None and cursor.index + 1 < len(cursor.tags):
+        return _Cursor(cursor.tags, cursor.index + 1, 0, None)
+    return None
+
+
+async def _fetch(bb: Blackboard, keys: list[str], tag_set: str | None) -> list[BlackboardEntry | None]:
+    """Entries of `keys` (None where gone); index members of expired entries are dropped."""
+    if not keys:
+        return []
+    async with bb.redis.pipeline(transaction=False) as pipe:
+        for key in keys:
+            pipe.hgetall(bb.keyspace.entry_key(key))
+        replies = await pipe.execute()
+    stale = [k for k, fields in zip(keys, replies, strict=True) if not fields]
+    if stale and tag_set is not None:
+        await bb.prune_tag_index(keys=[tag_set], args=[bb.keyspace.entry_prefix, *stale])
+    return [BlackboardEntry.from_hash(k, f) if f else None for k, f in zip(keys, replies, strict=True)]

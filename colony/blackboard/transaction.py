@@ -1,0 +1,127 @@
+"""Multi-key optimistic transactions within one scope.
+
+Reads record the version they saw; writes and deletes are buffered. At commit one Lua script
+checks every recorded version (and each write's own expected_version) and, only if all still
+hold, applies every buffered operation and appends their events: all or nothing.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterable
+from types import TracebackType
+from typing import TYPE_CHECKING, Any
+
+from colony import metrics
+from colony.blackboard.models import BlackboardEntry, encode_tags, encode_value, ttl_to_ms
+from colony.blackboard.protocol import validate_key
+from colony.errors import BlackboardError, ConcurrentModificationError
+
+if TYPE_CHECKING:
+    from colony.blackboard.blackboard import Blackboard
+
+
+class Transaction:
+    """Use as `async with bb.transaction() as tx:`; commits on a clean exit, discards on an exception."""
+
+    def __init__(self, bb: Blackboard) -> None:
+        self._bb = bb
+        self._reads: dict[str, int] = {}
+        self._checks: list[tuple[str, int]] = []
+        self._ops: list[list[Any]] = []
+        self._done = False
+        self.results: list[BlackboardEntry | None] = []
+
+    async def __aenter__(self) -> Transaction:
+        return self
+
+    async def __aexit__(
+        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
+    ) -> None:
+        if exc_type is None and not self._done:
+            await self.commit()
+
+    async def read(self, key: str) -> BlackboardEntry | None:
+        """Read `key` now; commit fails if its version changes meanwhile. Buffered writes are not visible."""
+        entry = await self._bb.read(key)
+        self._reads.setdefault(key, entry.version if entry else 0)
+        return entry
+
+    def write(
+        self,
+        key: str,
+        value: Any,
+        *,
+        tags: Iterable[str] = (),
+        created_by: str | None = None,
+        ttl_seconds: float | None = None,
+        expected_version: int | None = None,
+    ) -> None:
+        """Buffer a write; applied at commit."""
+        self._check_open()
+        validate_key(key)
+        if expected_version is not None:
+            self._checks.append((key, expected_version))
+        self._ops.append(
+            ["w", key, encode_value(value), encode_tags(tags), created_by or "", ttl_to_ms(ttl_seconds)]
+        )
+
+    def delete(self, key: str, *, expected_version: int | None = None, created_by: str | None = None) -> None:
+        """Buffer a delete; applied at commit."""
+        self._check_open()
+        validate_key(key)
+        if expected_version is not None:
+            self._checks.append((key, expected_version))
+        self._ops.append(["d", key, created_by or ""])
+
+    async def commit(self) -> list[BlackboardEntry | None]:
+        """Apply everything or raise `ConcurrentModificationError` naming the first changed key."""
+        self._check_open()
+        self._done = True
+        checks = [*self._reads.items(), *self._checks]
+        if not self._ops and not checks:
+            return []
+        ks = self._bb.keyspace
+        payload = {
+            "checks": [[ks.entry_key(k), v] for k, v in checks],
+            "ops": [[op[0], ks.entry_key(op[1]), *op[1:]] for op in self._ops],
+            "tp": ks.tag_prefix,
+            "ml": self._bb.settings.events_maxlen,
+            "iv": "1" if self._bb.settings.include_values_in_events else "0",
+        }
+        async with self._bb.guard("commit"):
+            reply = await self._bb._commit(keys=[ks.events_key], args=[json.dumps(payload)])
+        if not reply[0]:
+            metrics.BLACKBOARD_CONFLICTS.inc()
+            key, expected = checks[int(reply[1]) - 1]
+            raise ConcurrentModificationError(
+                key,
+                expected,
+                int(reply[2]),
+                f"transaction aborted, nothing applied: {key!r} is at version {int(reply[2])}, "
+                f"the transaction expected {expected} (0 means absent)",
+            )
+        _, now, outs = reply
+        self.results = [self._entry(op, out, now) for op, out in zip(self._ops, outs, strict=True)]
+        return self.results
+
+    @staticmethod
+    def _entry(op: list[Any], out: list[Any], now: int) -> BlackboardEntry | None:
+        if op[0] != "w":
+            return None
+        version, created_at, created_by, expires_at = out
+        fields = {
+            "v": op[2],
+            "ver": version,
+            "tags": op[3],
+            "cb": created_by,
+            "ub": op[4],
+            "ca": created_at,
+            "ua": now,
+            "exp": expires_at,
+        }
+        return BlackboardEntry.from_hash(op[1], fields)
+
+    def _check_open(self) -> None:
+        if self._done:
+            raise BlackboardError("this transaction was already committed; start a new one")

@@ -1,0 +1,165 @@
+"""The `colony` command: version, the embedded Redis, and blackboard inspection."""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import logging
+import sys
+from collections.abc import Sequence
+from typing import Any
+
+from colony import __version__
+from colony.config import ColonySettings, load_settings
+from colony.errors import ColonyError
+
+
+def _settings(args: argparse.Namespace) -> ColonySettings:
+    return load_settings(args.config)
+
+
+def cmd_version(args: argparse.Namespace) -> int:
+    print(f"colony {__version__}")
+    return 0
+
+
+def cmd_redis(args: argparse.Namespace) -> int:
+    from colony.blackboard.redis_server import EmbeddedRedis
+
+    settings = _settings(args)
+    if settings.redis_url and args.action != "status":
+        print(
+            f"COLONY_REDIS_URL is set ({settings.redis_url}); the embedded server is not used.",
+            file=sys.stderr,
+        )
+    server = EmbeddedRedis(settings.data_dir, settings.embedded_redis)
+    if args.action == "start":
+        info = server.start()
+        print(f"redis-server running: pid {info.pid}, {info.url} (data in {info.data_dir})")
+    elif args.action == "stop":
+        print("redis-server stopped" if server.stop() else "no embedded redis-server was running")
+    else:
+        status = server.status()
+        if status is None:
+            print(f"no embedded redis-server running under {settings.data_dir}")
+            return 1
+        print(f"redis-server running: pid {status.pid}, {status.url} (binary {status.binary})")
+    return 0
+
+
+def _board(args: argparse.Namespace) -> Any:
+    from colony.blackboard import Blackboard, BlackboardScope, scope_id
+
+    settings = _settings(args)
+    scope = args.scope or scope_id(
+        BlackboardScope.COLONY, tenant_id=settings.tenant_id, colony_id=settings.colony_id
+    )
+    return Blackboard.connect(scope, settings)
+
+
+def _show(entry: Any) -> None:
+    print(json.dumps(entry.model_dump(mode="json"), sort_keys=True))
+
+
+async def _bb(args: argparse.Namespace) -> int:
+    board = _board(args)
+    try:
+        if args.action == "write":
+            try:
+                value = json.loads(args.value)
+            except json.JSONDecodeError:
+                value = args.value  # a bare word is stored as a string
+            _show(await board.write(args.key, value, tags=args.tag, ttl_seconds=args.ttl, created_by="cli"))
+        elif args.action == "read":
+            entry = await board.read(args.key)
+            if entry is None:
+                print(f"{args.key}: not found in scope {board.scope_id}", file=sys.stderr)
+                return 1
+            _show(entry)
+        elif args.action == "query":
+            tags = {"all_of": args.tag} if args.tag else None
+            async for entry in board.iter_query(args.pattern, tags=tags):
+                _show(entry)
+        elif args.action == "watch":
+            seen = 0
+            async for event in board.subscribe(args.pattern, from_id=args.from_id):
+                print(json.dumps(event.model_dump(mode="json"), sort_keys=True), flush=True)
+                seen += 1
+                if args.count and seen >= args.count:
+                    break
+        return 0
+    finally:
+        await board.close()
+
+
+def cmd_bb(args: argparse.Namespace) -> int:
+    return asyncio.run(_bb(args))
+
+
+def cmd_demo(args: argparse.Namespace) -> int:
+    from colony.blackboard.demo import run_demo
+    from colony.blackboard.redis_server import EmbeddedRedis
+
+    settings = _settings(args)
+    if not settings.redis_url:
+        info = EmbeddedRedis(settings.data_dir, settings.embedded_redis).start()
+        print(f"using embedded redis-server at {info.url}")
+    asyncio.run(run_demo(settings))
+    return 0
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="colony", description="Colony multi-agent cluster.")
+    parser.add_argument(
+        "--config", help="YAML config file (default: $COLONY_CONFIG, else configs/local.yaml)"
+    )
+    parser.add_argument("-v", "--verbose", action="store_true", help="log at DEBUG level")
+    sub = parser.add_subparsers(dest="command", required=True)
+
+    sub.add_parser("version", help="print the version").set_defaults(func=cmd_version)
+
+    redis_p = sub.add_parser("redis", help="manage the embedded redis-server")
+    redis_p.add_argument("action", choices=["start", "stop", "status"])
+    redis_p.set_defaults(func=cmd_redis)
+
+    bb = sub.add_parser("bb", help="read and write the blackboard")
+    bb.add_argument("--scope", help="scope id (default: this colony's COLONY scope)")
+    bb_sub = bb.add_subparsers(dest="action", required=True)
+    write = bb_sub.add_parser("write", help="write a JSON value")
+    write.add_argument("key")
+    write.add_argument("value", help="JSON text (a bare word is stored as a string)")
+    write.add_argument("--tag", action="append", default=[])
+    write.add_argument("--ttl", type=float, default=None, help="seconds to live")
+    read = bb_sub.add_parser("read", help="read one entry")
+    read.add_argument("key")
+    query = bb_sub.add_parser("query", help="list entries by key pattern and tags")
+    query.add_argument("pattern", nargs="?", default="*")
+    query.add_argument("--tag", action="append", default=[], help="entries must carry this tag (repeatable)")
+    watch = bb_sub.add_parser("watch", help="print events as they happen")
+    watch.add_argument("pattern", nargs="?", default="*")
+    watch.add_argument("--from-id", default="$", help="resume after this event id ('0' = from the start)")
+    watch.add_argument("--count", type=int, default=0, help="stop after this many events")
+    bb.set_defaults(func=cmd_bb)
+
+    demo = sub.add_parser("demo", help="start the embedded Redis if needed and walk through the blackboard")
+    demo.set_defaults(func=cmd_demo)
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    logging.basicConfig(
+        level=logging.DEBUG if args.verbose else logging.WARNING, format="%(levelname)s %(name)s: %(message)s"
+    )
+    try:
+        return int(args.func(args))
+    except ColonyError as exc:
+        print(f"colony: error: {exc}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        return 130
+
+
+if __name__ == "__main__":
+    sys.exit(main())

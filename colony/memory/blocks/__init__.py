@@ -1,0 +1,1 @@
+"""Loro-versioned memory blocks: core/working/archival/log, sharing, history (later milestone)."""

@@ -1,0 +1,50 @@
+"""Every Prometheus metric Colony exports, defined once here.
+
+Names follow Prometheus conventions (`colony_*_total` for counters, `_seconds` for durations);
+label values are bounded sets (operation names, never keys or ids).
+"""
+
+from __future__ import annotations
+
+from prometheus_client import Counter, Histogram
+
+_FAST_BUCKETS = (0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5)
+
+BLACKBOARD_OPS = Counter(
+    "colony_blackboard_ops_total",
+    "Blackboard operations by kind (write, read, delete, query, update, commit, ...).",
+    ["op"],
+)
+BLACKBOARD_OP_ERRORS = Counter(
+    "colony_blackboard_op_errors_total",
+    "Blackboard operations that failed, by kind and error class.",
+    ["op", "error"],
+)
+BLACKBOARD_CONFLICTS = Counter(
+    "colony_blackboard_conflicts_total",
+    "Optimistic-concurrency conflicts (stale expected_version, changed transaction read set).",
+)
+BLACKBOARD_UPDATE_RETRIES = Counter(
+    "colony_blackboard_update_retries_total",
+    "Retries of Blackboard.update() after a conflict.",
+)
+BLACKBOARD_OP_SECONDS = Histogram(
+    "colony_blackboard_op_seconds",
+    "Latency of blackboard operations.",
+    ["op"],
+    buckets=_FAST_BUCKETS,
+)
+BLACKBOARD_EVENTS_RECEIVED = Counter(
+    "colony_blackboard_events_received_total",
+    "Blackboard events delivered to subscribers and consumers.",
+    ["mode"],
+)
+BLACKBOARD_EVENT_LAG_SECONDS = Histogram(
+    "colony_blackboard_event_lag_seconds",
+    "Time from an event's append to its delivery to a subscriber.",
+    buckets=_FAST_BUCKETS,
+)
+BLACKBOARD_EVENTS_RECLAIMED = Counter(
+    "colony_blackboard_events_reclaimed_total",
+    "Pending events reclaimed from consumers that stopped acknowledging.",
+)

@@ -1,0 +1,1 @@
+"""Action policies, consciousness streams and the planning prompt (issue M5)."""

@@ -1,0 +1,1 @@
+"""AgentSystemDeployment: registry, placement, suspension and the resource monitor (issue M4/M6)."""

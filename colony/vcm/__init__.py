@@ -1,0 +1,1 @@
+"""Pages, page sources, the page table and page-affinity placement (issue M6)."""

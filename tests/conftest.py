@@ -1,0 +1,53 @@
+"""Shared fixtures: a real redis-server per test session, started through Colony's own EmbeddedRedis."""
+
+from __future__ import annotations
+
+import os
+import uuid
+from collections.abc import AsyncIterator, Iterator
+from pathlib import Path
+
+import pytest
+
+os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
+os.environ.setdefault("OMP_NUM_THREADS", "1")
+
+from colony.blackboard import Blackboard, create_redis
+from colony.blackboard.redis_server import EmbeddedRedis, RedisServerInfo
+from colony.config import BlackboardSettings
+
+
+@pytest.fixture(scope="session")
+def redis_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RedisServerInfo]:
+    """A real redis-server on a free port, for the whole session."""
+    server = EmbeddedRedis(tmp_path_factory.mktemp("redis-session"))
+    info = server.start()
+    yield info
+    server.stop()
+
+
+@pytest.fixture
+def redis_url(redis_server: RedisServerInfo) -> str:
+    return redis_server.url
+
+
+@pytest.fixture
+def bb_settings() -> BlackboardSettings:
+    return BlackboardSettings()
+
+
+@pytest.fixture
+async def bb(redis_url: str, bb_settings: BlackboardSettings) -> AsyncIterator[Blackboard]:
+    """A blackboard on a fresh, unique scope (tests never see each other's keys)."""
+    client = create_redis(redis_url, bb_settings)
+    board = Blackboard(client, f"test:{uuid.uuid4().hex[:12]}", settings=bb_settings)
+    yield board
+    await client.aclose()
+
+
+@pytest.fixture
+def private_redis(tmp_path: Path) -> Iterator[EmbeddedRedis]:
+    """An embedded server of a test's own, for tests that stop or kill it."""
+    server = EmbeddedRedis(tmp_path / "data")
+    yield server
+    server.stop()

@@ -1,0 +1,164 @@
+"""Transactions (all-or-nothing) and paged queries by pattern and tags."""
+
+from __future__ import annotations
+
+import pytest
+
+from colony.blackboard import Blackboard, TagFilter
+from colony.errors import ConcurrentModificationError, InvalidKey
+
+
+async def test_transaction_commits_all_writes_atomically(bb: Blackboard) -> None:
+    await bb.write("acct:a", 100)
+    await bb.write("acct:b", 0)
+    async with bb.transaction() as tx:
+        a = await tx.read("acct:a")
+        b = await tx.read("acct:b")
+        tx.write("acct:a", a.value - 30, tags={"acct"})
+        tx.write("acct:b", b.value + 30, tags={"acct"})
+        tx.write("log:1", "moved 30")
+        tx.delete("acct:missing")
+    assert [e.value if e else None for e in tx.results] == [70, 30, "moved 30", None]
+    assert [e.version for e in tx.results[:3]] == [2, 2, 1]
+    assert (await bb.read("acct:a")).value == 70
+    assert (await bb.read("acct:b")).value == 30
+    events = await bb.events()
+    assert [(e.op, e.key) for e in events[-3:]] == [
+        ("write", "acct:a"),
+        ("write", "acct:b"),
+        ("write", "log:1"),
+    ]
+
+
+async def test_transaction_whose_read_set_changed_applies_nothing(bb: Blackboard) -> None:
+    await bb.write("acct:a", 100)
+    await bb.write("acct:b", 0)
+    events_before = len(await bb.events())
+    with pytest.raises(ConcurrentModificationError) as info:
+        async with bb.transaction() as tx:
+            a = await tx.read("acct:a")
+            await tx.read("acct:b")
+            await bb.write("acct:b", 5)  # another writer changes the read set before commit
+            tx.write("acct:a", a.value - 30)
+            tx.write("acct:b", 30)
+            tx.write("new:key", "should not exist")
+    assert info.value.key == "acct:b" and info.value.expected == 1 and info.value.actual == 2
+    assert (await bb.read("acct:a")).value == 100
+    assert (await bb.read("acct:b")).value == 5
+    assert await bb.read("new:key") is None
+    assert len(await bb.events()) == events_before + 1  # only the interfering write
+
+
+async def test_transaction_absent_read_conflicts_with_creation(bb: Blackboard) -> None:
+    with pytest.raises(ConcurrentModificationError):
+        async with bb.transaction() as tx:
+            assert await tx.read("lock") is None
+            await bb.write("lock", "someone else")
+            tx.write("lock", "me")
+    assert (await bb.read("lock")).value == "someone else"
+
+
+async def test_transaction_with_exception_discards_writes(bb: Blackboard) -> None:
+    with pytest.raises(RuntimeError):
+        async with bb.transaction() as tx:
+            tx.write("k", 1)
+            raise RuntimeError("boom")
+    assert await bb.read("k") is None
+
+
+async def test_transaction_expected_version_and_delete(bb: Blackboard) -> None:
+    await bb.write("a", 1, tags={"x"})
+    await bb.write("b", 1)
+    with pytest.raises(ConcurrentModificationError):
+        async with bb.transaction() as tx:
+            tx.delete("a")
+            tx.write("b", 2, expected_version=7)
+    assert await bb.read("a") is not None
+    async with bb.transaction() as tx:
+        tx.delete("a", expected_version=1)
+        tx.write("b", 2, expected_version=1, ttl_seconds=60)
+    assert await bb.read("a") is None
+    assert (await bb.read("b")).expires_at is not None
+    assert (await bb.query(tags={"all_of": ["x"]})).entries == []
+
+
+async def test_pagination_over_ten_thousand_keys(bb: Blackboard) -> None:
+    n = 10_000
+    for start in range(0, n, 1000):
+        await bb.write_many(
+            {"key": f"doc:{i:05d}", "value": i, "tags": ["even" if i % 2 == 0 else "odd"]}
+            for i in range(start, start + 1000)
+        )
+    await bb.write("other:1", "not a doc")
+    seen: list[str] = []
+    cursor = None
+    pages = 0
+    while True:
+        page = await bb.query("doc:*", limit=250, cursor=cursor)
+        pages += 1
+        assert len(page.entries) <= 250
+        if page.cursor is not None:
+            assert len(page.entries) == 250  # every page but the last is full
+        seen.extend(e.key for e in page.entries)
+        cursor = page.cursor
+        if cursor is None:
+            break
+    assert len(seen) == n and len(set(seen)) == n
+    assert pages == n // 250 or pages == n // 250 + 1
+    evens = [e.key async for e in bb.iter_query("doc:*", tags={"all_of": ["even"]}, page_size=300)]
+    assert len(evens) == n // 2 and len(set(evens)) == n // 2
+    assert all(int(k.split(":")[1]) % 2 == 0 for k in evens)
+
+
+async def test_query_never_uses_keys_command(bb: Blackboard) -> None:
+    await bb.write_many({"key": f"k:{i}", "value": i} for i in range(50))
+    await bb.redis.config_resetstat()
+    await bb.query("k:*", limit=10)
+    await bb.query(tags={"any_of": ["a"]})
+    stats = await bb.redis.info("commandstats")
+    assert "cmdstat_keys" not in stats
+    assert "cmdstat_scan" in stats and "cmdstat_sscan" in stats
+
+
+async def test_tag_filters(bb: Blackboard) -> None:
+    await bb.write("e:1", 1, tags={"red", "big"})
+    await bb.write("e:2", 2, tags={"red"})
+    await bb.write("e:3", 3, tags={"blue", "big"})
+    await bb.write("e:4", 4, tags={"green"})
+    await bb.write("e:5", 5)
+
+    async def keys(**tag_filter: list[str]) -> list[str]:
+        return sorted([e.key async for e in bb.iter_query("e:*", tags=tag_filter, page_size=2)])
+
+    assert await keys(all_of=["red"]) == ["e:1", "e:2"]
+    assert await keys(all_of=["red", "big"]) == ["e:1"]
+    assert await keys(any_of=["red", "big"]) == ["e:1", "e:2", "e:3"]  # e:1 once, though in both sets
+    assert await keys(any_of=["blue", "green"]) == ["e:3", "e:4"]
+    assert await keys(none_of=["red", "green"]) == ["e:3", "e:5"]
+    assert await keys(any_of=["big"], none_of=["blue"]) == ["e:1"]
+    assert await keys(all_of=["red"], any_of=["big", "green"]) == ["e:1"]
+    assert await keys(all_of=["nothing"]) == []
+    assert TagFilter(all_of={"a"}).matches(frozenset({"a", "b"}))
+
+
+async def test_query_pattern_and_retagging(bb: Blackboard) -> None:
+    await bb.write("request:run:1", 1, tags={"pending"})
+    await bb.write("request:run:2", 2, tags={"pending"})
+    await bb.write("result:run:1", 1)
+    assert sorted(e.key for e in (await bb.query("request:run:*")).entries) == [
+        "request:run:1",
+        "request:run:2",
+    ]
+    await bb.write("request:run:1", 1, tags={"done"})
+    pending = await bb.query(tags={"all_of": ["pending"]})
+    assert [e.key for e in pending.entries] == ["request:run:2"]
+    assert [e.key for e in (await bb.query(tags={"all_of": ["done"]})).entries] == ["request:run:1"]
+
+
+async def test_query_rejects_bad_input(bb: Blackboard) -> None:
+    with pytest.raises(InvalidKey):
+        await bb.query(cursor="not-a-cursor")
+    with pytest.raises(ValueError):
+        await bb.query(limit=0)
+    with pytest.raises(InvalidKey):
+        await bb.query("has space")

