@@ -23,6 +23,10 @@ class ConfigError(ColonyError):
         super().__init__(message)
 
 
+class InvalidArgument(ColonyError, ValueError):
+    """An argument is outside what the API accepts; the message says what it takes."""
+
+
 class RedisServerError(ColonyError):
     """The embedded redis-server could not be found, started or stopped."""
 
@@ -108,3 +112,35 @@ class EventStreamTrimmed(BlackboardError):
             f"events after {from_id} on {stream} were trimmed (oldest kept: {first_id}); "
             "raise blackboard.events_maxlen or resume subscribers sooner."
         )
+
+
+class AgentError(ColonyError):
+    """Base class of agent-system errors."""
+
+
+class AgentUsageError(AgentError, InvalidArgument):
+    """The agent API was used in a way it does not allow (wrong owner, duplicate name, no run, ...)."""
+
+
+class IllegalStateTransition(AgentError):
+    """An agent was asked to move between two lifecycle states the transition table forbids."""
+
+
+class BlueprintError(AgentError, TypeError):
+    """A blueprint cannot be bound: unknown argument, or one that does not survive pickling."""
+
+
+class AgentNotFound(AgentError):
+    """No agent with that id exists in the blackboard."""
+
+
+class RunTimeout(AgentError, TimeoutError):
+    """An AgentHandle run did not finish in time."""
+
+
+class RunFailed(AgentError):
+    """The agent ran the request and reported failure."""
+
+
+class ResourceExhausted(AgentError):
+    """A replica has not enough resources for an agent; the system places, retries or suspends."""

@@ -51,3 +51,13 @@ def private_redis(tmp_path: Path) -> Iterator[EmbeddedRedis]:
     server = EmbeddedRedis(tmp_path / "data")
     yield server
     server.stop()
+
+
+@pytest.fixture
+async def runtime(bb: Blackboard) -> AsyncIterator[object]:
+    """A LocalAgentRuntime on its own colony id (tests never see each other's agents)."""
+    from colony.agents import LocalAgentRuntime
+
+    rt = LocalAgentRuntime(bb, colony_id=f"c{uuid.uuid4().hex[:10]}")
+    yield rt
+    await rt.shutdown()

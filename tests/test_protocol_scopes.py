@@ -35,6 +35,7 @@ def test_patterns_match_exactly_their_keys() -> None:
         WorkAssignmentProtocol.request_key("r1"), AgentRunProtocol.request_pattern()
     )
     assert WorkAssignmentProtocol.claim_key("u1") == "claim:work:u1"
+    assert AgentRunProtocol.claim_key("u1") == "claim:run:u1"
 
 
 @pytest.mark.parametrize("bad", ["", "*", "a*", "a?b", "[x]", "a:b", "a b", "x{y}", None, 5])

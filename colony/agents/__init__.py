@@ -1,1 +1,66 @@
-"""Agent, lifecycle, capabilities, hooks, actions, blueprints and AgentHandle (issue M2)."""
+"""The agent programming model: Agent, capabilities, hooks, actions, policies, blueprints, handles."""
+
+from colony.agents.actions import ActionDispatcher, ActionSpec, action_executor
+from colony.agents.base import Agent, build_agent
+from colony.agents.blueprint import AgentBlueprint, Bindable, Blueprint, ResourceRequirements
+from colony.agents.capability import AgentCapability, BlackboardPublishable, CapabilityMode
+from colony.agents.events import event_handler
+from colony.agents.handle import AgentHandle, AgentRunCapability, AgentRunEvent
+from colony.agents.hooks import HookContext, HookRegistry, HookType, Pointcut, hook_handler, hookable
+from colony.agents.models import (
+    ActionResult,
+    ActionType,
+    AgentMetadata,
+    AgentRun,
+    AgentState,
+    AgentType,
+    ResumptionCondition,
+    ResumptionKind,
+    RunStatus,
+)
+from colony.agents.policy import (
+    ActionPolicy,
+    ActionPolicyExecutionState,
+    ActionPolicyIterationResult,
+    ScriptedActionPolicy,
+)
+from colony.agents.runtime import LocalAgentRuntime
+
+__all__ = [
+    "ActionDispatcher",
+    "ActionPolicy",
+    "ActionPolicyExecutionState",
+    "ActionPolicyIterationResult",
+    "ActionResult",
+    "ActionSpec",
+    "ActionType",
+    "Agent",
+    "AgentBlueprint",
+    "AgentCapability",
+    "AgentHandle",
+    "AgentMetadata",
+    "AgentRun",
+    "AgentRunCapability",
+    "AgentRunEvent",
+    "AgentState",
+    "AgentType",
+    "Bindable",
+    "BlackboardPublishable",
+    "Blueprint",
+    "CapabilityMode",
+    "HookContext",
+    "HookRegistry",
+    "HookType",
+    "LocalAgentRuntime",
+    "Pointcut",
+    "ResourceRequirements",
+    "ResumptionCondition",
+    "ResumptionKind",
+    "RunStatus",
+    "ScriptedActionPolicy",
+    "action_executor",
+    "build_agent",
+    "event_handler",
+    "hook_handler",
+    "hookable",
+]

@@ -31,7 +31,7 @@ from colony.blackboard.models import (
 from colony.blackboard.protocol import BlackboardKeyspace, validate_key, validate_pattern
 from colony.blackboard.query import run_query
 from colony.config import BlackboardSettings, ColonySettings, load_settings
-from colony.errors import BatchConflictError, ConcurrentModificationError
+from colony.errors import BatchConflictError, ConcurrentModificationError, InvalidArgument
 
 if TYPE_CHECKING:
     from colony.blackboard.events import EventConsumer, EventSubscription
@@ -268,7 +268,7 @@ class Blackboard:
         """
         validate_pattern(pattern)
         if limit < 1:
-            raise ValueError(f"limit must be >= 1, got {limit}")
+            raise InvalidArgument(f"limit must be >= 1, got {limit}")
         tag_filter = tags if isinstance(tags, TagFilter) or tags is None else TagFilter.model_validate(tags)
         async with self.guard("query"):
             return await run_query(self, pattern, tag_filter, limit, cursor)

@@ -8,7 +8,6 @@ pending until acknowledged, and lets a live consumer XAUTOCLAIM what a dead one 
 
 from __future__ import annotations
 
-import asyncio
 import fnmatch
 import re
 import time
@@ -70,8 +69,20 @@ class EventSubscription:
         return self
 
     async def __anext__(self) -> BlackboardEvent:
+        event = await self.next()
+        if event is None:
+            raise StopAsyncIteration
+        return event
+
+    async def next(self, timeout: float | None = None) -> BlackboardEvent | None:
+        """The next matching event; None when `timeout` seconds pass first or the subscription is closed.
+
+        The wait is bounded by giving XREAD BLOCK the time left rather than by cancelling a
+        command in flight, so the deadline holds even where cancellation is unreliable.
+        """
         await self.start()
         bb = self._bb
+        deadline = None if timeout is None else time.monotonic() + timeout
         while not self._closed:
             while self._buffer:
                 event_id, fields = self._buffer.popleft()
@@ -80,22 +91,19 @@ class EventSubscription:
                     event = BlackboardEvent.from_stream(bb.scope_id, event_id, fields)
                     _lag(event, "subscribe")
                     return event
+            block = bb.settings.subscribe_block_ms
+            if deadline is not None:
+                left_ms = int((deadline - time.monotonic()) * 1000)
+                if left_ms <= 0:
+                    return None
+                block = min(block, left_ms)
             async with bb.guard("xread"):
                 reply = await bb.redis.xread(
-                    {bb.keyspace.events_key: self.last_id},
-                    count=_READ_COUNT,
-                    block=bb.settings.subscribe_block_ms,
+                    {bb.keyspace.events_key: self.last_id}, count=_READ_COUNT, block=block
                 )
             for _stream, rows in reply or ():
                 self._buffer.extend(rows)
-        raise StopAsyncIteration
-
-    async def next(self, timeout: float | None = None) -> BlackboardEvent | None:  # noqa: ASYNC109
-        """The next matching event, or None when `timeout` seconds pass first."""
-        try:
-            return await asyncio.wait_for(self.__anext__(), timeout)
-        except TimeoutError:
-            return None
+        return None
 
 
 @dataclass

@@ -10,6 +10,7 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from colony.blackboard.protocol import validate_key, validate_tag
 from colony.blackboard.scripts import TAG_SEPARATOR
+from colony.errors import InvalidArgument
 
 M = TypeVar("M", bound=BaseModel)
 
@@ -39,7 +40,7 @@ def ttl_to_ms(ttl_seconds: float | None) -> str:
     if ttl_seconds is None:
         return ""
     if ttl_seconds <= 0:
-        raise ValueError(f"ttl_seconds must be positive, got {ttl_seconds}")
+        raise InvalidArgument(f"ttl_seconds must be positive, got {ttl_seconds}")
     return str(max(1, round(ttl_seconds * 1000)))
 
 

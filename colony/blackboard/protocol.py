@@ -191,12 +191,8 @@ class RequestResultProtocol(BlackboardProtocol):
                 "request": f"request:{cls.kind}:{{request_id}}",
                 "result": f"result:{cls.kind}:{{request_id}}",
                 "event": f"event:{cls.kind}:{{request_id}}:{{event_name}}",
-                **cls.extra_templates(),
+                "claim": f"claim:{cls.kind}:{{request_id}}",
             }
-
-    @classmethod
-    def extra_templates(cls) -> dict[str, str]:
-        return {}
 
     @classmethod
     def request_key(cls, request_id: str) -> str:
@@ -209,6 +205,11 @@ class RequestResultProtocol(BlackboardProtocol):
     @classmethod
     def event_key(cls, request_id: str, event_name: str) -> str:
         return cls.build("event", request_id=request_id, event_name=event_name)
+
+    @classmethod
+    def claim_key(cls, request_id: str) -> str:
+        """Written create-only (expected_version=0) by whoever takes the request, so it runs once."""
+        return cls.build("claim", request_id=request_id)
 
     @classmethod
     def request_pattern(cls) -> str:
@@ -248,16 +249,36 @@ class AgentRunProtocol(RequestResultProtocol):
 class WorkAssignmentProtocol(RequestResultProtocol):
     """Coordinator → worker-pool work units on a shared (usually COLONY) scope.
 
-    Adds `claim:work:{request_id}`: a worker claims a unit (write with expected_version=0) before
-    doing it, so each unit is done by exactly one worker.
+    A worker claims a unit (`claim:work:{request_id}`, create-only) before doing it, so each unit
+    is done by exactly one worker.
     """
 
     kind = "work"
 
-    @classmethod
-    def extra_templates(cls) -> dict[str, str]:
-        return {"claim": f"claim:{cls.kind}:{{request_id}}"}
+
+class AgentStateProtocol(BlackboardProtocol):
+    """Where an agent keeps its state inside its own AGENT scope (see `colony.agents.base.Agent`)."""
+
+    templates = {
+        "blueprint": "agent:blueprint",
+        "metadata": "agent:metadata",
+        "lifecycle": "agent:lifecycle",
+        "current_run": "agent:current_run",
+        "run": "agent:run:{run_id}",
+        "policy_state": "agent:policy_state",
+        "capability_state": "agent:capability:{name}",
+        "context": "agent:context",
+        "suspension": "agent:suspension",
+    }
 
     @classmethod
-    def claim_key(cls, request_id: str) -> str:
-        return cls.build("claim", request_id=request_id)
+    def key(cls, name: str) -> str:
+        return cls.build(name)
+
+    @classmethod
+    def run_key(cls, run_id: str) -> str:
+        return cls.build("run", run_id=run_id)
+
+    @classmethod
+    def capability_state_key(cls, name: str) -> str:
+        return cls.build("capability_state", name=name)

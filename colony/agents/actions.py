@@ -1,0 +1,169 @@
+"""Action executors: capability methods the action policy (and so the LLM) can invoke.
+
+`@action_executor` marks a method; the agent discovers marked methods on every capability it
+holds. Each action's parameters become a pydantic model built from the type hints (docstring
+first paragraph = description), which gives the JSON schema the planner sees and validates the
+parameters before the call: bad parameters become a failed ActionResult naming the field.
+"""
+
+from __future__ import annotations
+
+import inspect
+import typing
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+from pydantic import BaseModel, ConfigDict, ValidationError, create_model
+
+from colony.agents.hooks import hookable
+from colony.agents.models import ActionResult, ActionType
+from colony.errors import AgentUsageError
+
+if TYPE_CHECKING:
+    from colony.agents.base import Agent, AgentCapability
+
+ACTION_ATTR = "__colony_action__"
+
+
+@dataclass(frozen=True)
+class ActionOptions:
+    name: str | None
+    description: str | None
+    exclude_from_planning: bool
+    action_type: ActionType | None
+
+
+def action_executor(
+    *,
+    name: str | None = None,
+    description: str | None = None,
+    exclude_from_planning: bool = False,
+    action_type: ActionType | None = None,
+) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
+    """Mark an async capability method as an action; `exclude_from_planning` hides it from the planner."""
+
+    def mark(fn: Callable[..., Any]) -> Callable[..., Any]:
+        if not inspect.iscoroutinefunction(fn):
+            raise TypeError(f"@action_executor needs an async method; {fn.__qualname__} is not")
+        setattr(fn, ACTION_ATTR, ActionOptions(name, description, exclude_from_planning, action_type))
+        return fn
+
+    return mark
+
+
+@dataclass(frozen=True)
+class ActionSpec:
+    """One discovered action, bound to its capability instance."""
+
+    name: str
+    capability: str
+    description: str
+    parameters: type[BaseModel]
+    method: Callable[..., Any]
+    exclude_from_planning: bool
+    action_type: ActionType | None
+
+    def json_schema(self) -> dict[str, Any]:
+        return {
+            "name": self.name,
+            "description": self.description,
+            "parameters": self.parameters.model_json_schema(),
+        }
+
+
+def _parameters_model(fn: Callable[..., Any], model_name: str) -> type[BaseModel]:
+    signature = inspect.signature(fn)
+    hints = typing.get_type_hints(fn)
+    fields: dict[str, Any] = {}
+    for param in signature.parameters.values():
+        if param.name == "self" or param.kind in (param.VAR_POSITIONAL, param.VAR_KEYWORD):
+            continue
+        annotation = hints.get(param.name, Any)
+        default = ... if param.default is inspect.Parameter.empty else param.default
+        fields[param.name] = (annotation, default)
+    return create_model(model_name, __config__=ConfigDict(extra="forbid"), **fields)
+
+
+def discover_actions(capability: AgentCapability) -> list[ActionSpec]:
+    """Every `@action_executor` method of a capability, bound to it."""
+    specs = []
+    for attr in dir(type(capability)):
+        fn = getattr(type(capability), attr, None)
+        options: ActionOptions | None = getattr(fn, ACTION_ATTR, None)
+        if options is None:
+            continue
+        doc = inspect.getdoc(fn) or ""
+        name = options.name or attr
+        specs.append(
+            ActionSpec(
+                name=name,
+                capability=capability.name,
+                description=options.description or doc.split("\n\n")[0].strip(),
+                parameters=_parameters_model(fn, f"{type(capability).__name__}_{name}_params"),
+                method=getattr(capability, attr),
+                exclude_from_planning=options.exclude_from_planning,
+                action_type=options.action_type,
+            )
+        )
+    return specs
+
+
+def _describe_validation(exc: ValidationError) -> str:
+    parts = []
+    for err in exc.errors():
+        field = ".".join(str(p) for p in err["loc"]) or "(parameters)"
+        parts.append(f"{field}: {err['msg']}")
+    return "invalid parameters: " + "; ".join(parts)
+
+
+class ActionDispatcher:
+    """The actions an agent can take, and the one place they are called from."""
+
+    def __init__(self, agent: Agent) -> None:
+        self.agent = agent
+        self._actions: dict[str, ActionSpec] = {}
+
+    def add(self, specs: Iterable[ActionSpec]) -> None:
+        for spec in specs:
+            if spec.name in self._actions and self._actions[spec.name].capability != spec.capability:
+                raise AgentUsageError(
+                    f"action {spec.name!r} is offered by both {self._actions[spec.name].capability!r} and "
+                    f"{spec.capability!r}; exclude it from one (add_capability(exclude_actions=[...]))"
+                )
+            self._actions[spec.name] = spec
+
+    def remove_capability(self, capability_name: str) -> None:
+        self._actions = {n: s for n, s in self._actions.items() if s.capability != capability_name}
+
+    def get(self, name: str) -> ActionSpec | None:
+        return self._actions.get(name)
+
+    def all_actions(self) -> list[ActionSpec]:
+        return sorted(self._actions.values(), key=lambda s: s.name)
+
+    def planning_actions(self, capabilities: Iterable[str] | None = None) -> list[ActionSpec]:
+        """Actions the planner may choose (optionally only those of some capabilities)."""
+        wanted = set(capabilities) if capabilities is not None else None
+        return [
+            s
+            for s in self.all_actions()
+            if not s.exclude_from_planning and (wanted is None or s.capability in wanted)
+        ]
+
+    @hookable
+    async def dispatch(self, action: str, parameters: dict[str, Any] | None = None) -> ActionResult:
+        """Validate the parameters, call the action, return its ActionResult (its errors become data)."""
+        spec = self._actions.get(action)
+        if spec is None:
+            known = ", ".join(sorted(self._actions)) or "none"
+            return ActionResult(success=False, error=f"unknown action {action!r}; known actions: {known}")
+        try:
+            params = spec.parameters.model_validate(parameters or {})
+        except ValidationError as exc:
+            return ActionResult(success=False, error=f"{action}: {_describe_validation(exc)}")
+        try:
+            output = await spec.method(**dict(params))
+        except Exception as exc:  # an action's failure is data for the policy, not a crash
+            return ActionResult(success=False, error=f"{action} failed: {type(exc).__name__}: {exc}")
+        return output if isinstance(output, ActionResult) else ActionResult(success=True, output=output)

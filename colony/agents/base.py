@@ -1,0 +1,419 @@
+"""The Agent: lifecycle, capabilities, hooks, actions and runs, with no hidden state.
+
+Every fact about an agent (metadata, blueprint, lifecycle state, runs, policy and capability
+state, gathered context, a pending suspension) is written to the agent's own blackboard scope
+as it changes, so `Agent.restore(agent_id, blackboard)` rebuilds an identical agent at any
+moment. That is what suspension, resumption and replica failure rely on.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from typing import Any
+
+from colony.agents.actions import ActionDispatcher, discover_actions
+from colony.agents.blueprint import AgentBlueprint, Bindable
+from colony.agents.capability import AgentCapability, CapabilityMode
+from colony.agents.events import EventHandlerSpec, discover_event_handlers
+from colony.agents.hooks import HOOK_HANDLER_ATTR, HookHandlerSpec, HookRegistry, hookable
+from colony.agents.models import (
+    TERMINAL_STATES,
+    ActionResult,
+    AgentMetadata,
+    AgentRun,
+    AgentState,
+    ResumptionCondition,
+    ResumptionKind,
+    RunStatus,
+    SuspensionRequest,
+    check_transition,
+)
+from colony.agents.policy import (
+    ActionPolicy,
+    ActionPolicyExecutionState,
+    ActionPolicyIterationResult,
+    ScriptedActionPolicy,
+)
+from colony.aio import cancel_and_wait
+from colony.blackboard import Blackboard, BlackboardEvent, BlackboardScope, scope_id
+from colony.blackboard.protocol import AgentStateProtocol
+from colony.errors import AgentNotFound, AgentUsageError, ResourceExhausted
+
+log = logging.getLogger(__name__)
+Keys = AgentStateProtocol
+
+__all__ = [
+    "ActionPolicy",
+    "ActionPolicyExecutionState",
+    "ActionPolicyIterationResult",
+    "Agent",
+    "AgentCapability",
+    "CapabilityMode",
+    "ResourceExhausted",
+    "ScriptedActionPolicy",
+]
+
+
+class Agent(Bindable):
+    """An agent: `run()` drives `run_step()` until its action policy says the run is done."""
+
+    def __init__(
+        self,
+        metadata: AgentMetadata,
+        blackboard: Blackboard,
+        action_policy: ActionPolicy | None = None,
+        *,
+        max_steps: int = 100,
+    ) -> None:
+        self.metadata = metadata
+        self.scope_id = scope_id(
+            BlackboardScope.AGENT,
+            tenant_id=metadata.tenant_id,
+            colony_id=metadata.colony_id,
+            agent_id=metadata.agent_id,
+        )
+        self.blackboard = blackboard.scoped(self.scope_id)
+        self.action_policy = action_policy
+        self.max_steps = max_steps
+        self.hooks = HookRegistry()
+        self.dispatcher = ActionDispatcher(self)
+        self.capabilities: dict[str, AgentCapability] = {}
+        self.current_run: AgentRun | None = None
+        self.context: list[dict[str, Any]] = []
+        self.last_result: ActionResult | None = None
+        self.suspension: SuspensionRequest | None = None
+        self._state = AgentState.INITIALIZED
+        self._state_version = 0
+        self._handlers: dict[str, list[EventHandlerSpec]] = {}
+        self._event_positions: dict[str, str] = {}
+        self._handler_tasks: list[asyncio.Task[None]] = []
+
+    @property
+    def agent_id(self) -> str:
+        return self.metadata.agent_id
+
+    @property
+    def state(self) -> AgentState:
+        return self._state
+
+    # -- lifecycle ------------------------------------------------------------------------
+
+    async def initialize(self, blueprint: AgentBlueprint | None = None) -> None:
+        """Record a new agent in the blackboard (its blueprint too, so it can be restored)."""
+        if blueprint is not None:
+            await self.blackboard.write(Keys.key("blueprint"), blueprint.to_text(), created_by=self.agent_id)
+        await self.blackboard.write(
+            Keys.key("metadata"), self.metadata.model_dump(mode="json"), created_by=self.agent_id
+        )
+        entry = await self.blackboard.write(
+            Keys.key("lifecycle"),
+            {"state": self._state.value, "since": time.time(), "reason": "created"},
+            expected_version=0,
+            created_by=self.agent_id,
+        )
+        self._state_version = entry.version
+
+    async def transition(self, new_state: AgentState, reason: str | None = None) -> None:
+        """Move to `new_state` (checked against the transition table; a blackboard event records it)."""
+        check_transition(self._state, new_state)
+        entry = await self.blackboard.write(
+            Keys.key("lifecycle"),
+            {"state": new_state.value, "since": time.time(), "reason": reason, "previous": self._state.value},
+            expected_version=self._state_version,
+            created_by=self.agent_id,
+        )
+        self._state, self._state_version = new_state, entry.version
+
+    # -- capabilities -----------------------------------------------------------------------
+
+    def add_capability(
+        self,
+        capability: AgentCapability,
+        *,
+        include_actions: list[str] | None = None,
+        exclude_actions: list[str] | None = None,
+    ) -> None:
+        """Add a capability: its actions go to the dispatcher, its hooks to this agent's registry.
+
+        The policy still has to `use_agent_capabilities()` it when it restricts what it plans with.
+        """
+        if capability.agent is not self:
+            raise AgentUsageError(
+                f"{capability.name} belongs to another agent; build it with agent=this agent"
+            )
+        if capability.name in self.capabilities:
+            raise AgentUsageError(f"agent {self.agent_id} already has a capability named {capability.name!r}")
+        actions = discover_actions(capability)
+        if include_actions is not None:
+            actions = [a for a in actions if a.name in include_actions]
+        if exclude_actions:
+            actions = [a for a in actions if a.name not in exclude_actions]
+        self.dispatcher.add(actions)
+        for attr in dir(type(capability)):
+            spec: HookHandlerSpec | None = getattr(
+                getattr(type(capability), attr, None), HOOK_HANDLER_ATTR, None
+            )
+            if spec is not None:
+                self.hooks.register(
+                    spec.pointcut,
+                    spec.kind,
+                    getattr(capability, attr),
+                    priority=spec.priority,
+                    owner=capability,
+                )
+        handlers = discover_event_handlers(capability)
+        if handlers:
+            self._handlers[capability.name] = handlers
+        self.capabilities[capability.name] = capability
+
+    def get_capability(self, name: str) -> AgentCapability | None:
+        return self.capabilities.get(name)
+
+    async def remove_capability(self, name: str) -> AgentCapability | None:
+        capability = self.capabilities.pop(name, None)
+        if capability is not None:
+            self.dispatcher.remove_capability(name)
+            self.hooks.unregister_owner(capability)
+            self._handlers.pop(name, None)
+            await capability.close()
+        return capability
+
+    # -- event handlers ---------------------------------------------------------------------
+
+    async def start_event_handlers(self) -> None:
+        """Subscribe each capability with handlers to its scope, from where it last stopped."""
+        for name, handlers in self._handlers.items():
+            capability = self.capabilities[name]
+            subscription = capability.blackboard.subscribe(from_id=self._event_positions.get(name, "$"))
+            await subscription.start()
+            self._event_positions[name] = subscription.last_id
+            self._handler_tasks.append(
+                asyncio.create_task(
+                    self._feed(name, handlers, subscription), name=f"{self.agent_id}-{name}-events"
+                )
+            )
+
+    async def _feed(self, name: str, handlers: list[EventHandlerSpec], subscription: Any) -> None:
+        async for event in subscription:
+            await self._handle(name, handlers, event)
+
+    async def _handle(self, name: str, handlers: list[EventHandlerSpec], event: BlackboardEvent) -> None:
+        for spec in handlers:
+            if spec.matches(event.key):
+                try:
+                    produced = await spec.handler(event)
+                except Exception:
+                    log.exception("event handler %s of agent %s failed on %s", name, self.agent_id, event.key)
+                    continue
+                if produced:
+                    self.context.append(produced)
+        self._event_positions[name] = event.id
+
+    async def stop_event_handlers(self) -> None:
+        await cancel_and_wait(self._handler_tasks)
+        self._handler_tasks.clear()
+
+    # -- runs -------------------------------------------------------------------------------
+
+    async def begin_run(self, input_data: Any) -> AgentRun:
+        """Create and persist an AgentRun and enter RUNNING; `run_until_done()` then drives it."""
+        if self.current_run is not None and not self.current_run.done:
+            raise AgentUsageError(f"agent {self.agent_id} is already running {self.current_run.run_id}")
+        run = AgentRun(
+            agent_id=self.agent_id, input=input_data, status=RunStatus.RUNNING, started_at=time.time()
+        )
+        self.current_run = run
+        self.last_result = None
+        if self.action_policy is not None:
+            self.action_policy.on_run_start(run)
+        await self.blackboard.write(
+            Keys.run_key(run.run_id), run.model_dump(mode="json"), created_by=self.agent_id
+        )
+        await self.blackboard.write(Keys.key("current_run"), run.run_id, created_by=self.agent_id)
+        if self._state is not AgentState.RUNNING:
+            await self.transition(AgentState.RUNNING, f"run {run.run_id}")
+        return run
+
+    async def run_until_done(self) -> AgentRun:
+        """Step the current run until it finishes or the agent stops running (waiting, suspended)."""
+        run = self.current_run
+        if run is None:
+            raise AgentUsageError(f"agent {self.agent_id} has no run to drive; call begin_run() first")
+        while not run.done and self._state is AgentState.RUNNING:
+            await self.run_step()
+        return run
+
+    async def run(self, input_data: Any) -> AgentRun:
+        """Start a run and drive it to the end (or until the agent must wait)."""
+        await self.begin_run(input_data)
+        return await self.run_until_done()
+
+    @hookable
+    async def run_step(self) -> None:
+        """One action-policy iteration, applied and persisted.
+
+        Hookable: capabilities wrap it to prepare context, post-process, or observe.
+        """
+        if self._state not in (AgentState.RUNNING, AgentState.IDLE):
+            return
+        run = self.current_run
+        if run is None or run.done:
+            return
+        if self.action_policy is None:
+            await self._finish(run, error="agent has no action policy")
+            return
+        if run.steps >= self.max_steps:
+            await self._finish(run, error=f"run exceeded max_steps={self.max_steps}")
+            return
+        try:
+            result = await self.action_policy.execute_iteration(self._build_state(run))
+        except Exception as exc:
+            log.exception("policy of agent %s failed", self.agent_id)
+            await self._finish(run, error=f"action policy failed: {type(exc).__name__}: {exc}")
+            return
+        await self._apply_iteration_result(run, result)
+
+    def _build_state(self, run: AgentRun) -> ActionPolicyExecutionState:
+        actions = self.action_policy.planning_actions() if self.action_policy else []
+        return ActionPolicyExecutionState(
+            agent_id=self.agent_id,
+            run=run,
+            step=run.steps,
+            actions=[a.json_schema() for a in actions],
+            context=list(self.context),
+            last_result=self.last_result,
+        )
+
+    async def _apply_iteration_result(self, run: AgentRun, result: ActionPolicyIterationResult) -> None:
+        run.steps += 1
+        self.last_result = result.action_result
+        action_result = result.action_result
+        if action_result is not None and action_result.blocked and action_result.blocking_agent_ids:
+            await self.request_suspension(
+                ResumptionCondition(
+                    kind=ResumptionKind.CHILDREN_COMPLETED,
+                    agent_ids=list(action_result.blocking_agent_ids),
+                    reason=action_result.blocked_reason,
+                )
+            )
+        if result.done:
+            await self._finish(run, output=result.output, error=result.error)
+        else:
+            await self.persist()
+
+    async def _finish(self, run: AgentRun, *, output: Any = None, error: str | None = None) -> None:
+        run.status = RunStatus.FAILED if error else RunStatus.SUCCEEDED
+        run.output, run.error, run.finished_at = output, error, time.time()
+        await self.persist()
+        if self._state is AgentState.RUNNING:
+            await self.transition(AgentState.IDLE, f"run {run.run_id} {run.status.value}")
+
+    async def request_suspension(self, condition: ResumptionCondition) -> SuspensionRequest:
+        """Ask the host to suspend this agent until `condition` holds; the agent waits meanwhile."""
+        self.suspension = SuspensionRequest(agent_id=self.agent_id, condition=condition)
+        await self.blackboard.write(
+            Keys.key("suspension"), self.suspension.model_dump(mode="json"), created_by=self.agent_id
+        )
+        if self._state is AgentState.RUNNING:
+            await self.transition(AgentState.WAITING, condition.reason or condition.kind.value)
+        return self.suspension
+
+    async def clear_suspension(self) -> None:
+        self.suspension = None
+        await self.blackboard.delete(Keys.key("suspension"))
+
+    # -- persistence ------------------------------------------------------------------------
+
+    async def persist(self) -> None:
+        """Write the run, policy state, capability states and context in one transaction."""
+        async with self.blackboard.transaction() as tx:
+            if self.current_run is not None:
+                tx.write(
+                    Keys.run_key(self.current_run.run_id),
+                    self.current_run.model_dump(mode="json"),
+                    created_by=self.agent_id,
+                )
+            if self.action_policy is not None:
+                tx.write(Keys.key("policy_state"), self.action_policy.get_state(), created_by=self.agent_id)
+            for name, capability in self.capabilities.items():
+                state = {"state": capability.get_state(), "events_from": self._event_positions.get(name)}
+                tx.write(Keys.capability_state_key(name), state, created_by=self.agent_id)
+            last = self.last_result.model_dump(mode="json") if self.last_result else None
+            tx.write(
+                Keys.key("context"), {"context": self.context, "last_result": last}, created_by=self.agent_id
+            )
+
+    @classmethod
+    async def restore(
+        cls, agent_id: str, blackboard: Blackboard, *, tenant_id: str = "default", colony_id: str = "default"
+    ) -> Agent:
+        """Rebuild an agent, with everything it had, from its blackboard scope."""
+        board = blackboard.scoped(
+            scope_id(BlackboardScope.AGENT, tenant_id=tenant_id, colony_id=colony_id, agent_id=agent_id)
+        )
+        entries = await board.read_many(
+            [
+                Keys.key(n)
+                for n in (
+                    "blueprint",
+                    "metadata",
+                    "lifecycle",
+                    "current_run",
+                    "policy_state",
+                    "context",
+                    "suspension",
+                )
+            ]
+        )
+        blueprint_e, metadata_e, lifecycle_e, current_e, policy_e, context_e, suspension_e = entries
+        if blueprint_e is None or metadata_e is None or lifecycle_e is None:
+            raise AgentNotFound(f"no restorable agent {agent_id!r} in scope {board.scope_id}")
+        blueprint = AgentBlueprint.from_text(blueprint_e.value)
+        blueprint = blueprint.model_copy(update={"metadata": AgentMetadata.model_validate(metadata_e.value)})
+        agent = build_agent(blueprint, blackboard)
+        agent._state = AgentState(lifecycle_e.value["state"])
+        agent._state_version = lifecycle_e.version
+        if current_e is not None:
+            run_e = await board.read(Keys.run_key(current_e.value))
+            if run_e is not None:
+                agent.current_run = AgentRun.model_validate(run_e.value)
+        if policy_e is not None and agent.action_policy is not None:
+            agent.action_policy.set_state(policy_e.value)
+        if context_e is not None:
+            agent.context = list(context_e.value.get("context", []))
+            last = context_e.value.get("last_result")
+            agent.last_result = ActionResult.model_validate(last) if last else None
+        if suspension_e is not None:
+            agent.suspension = SuspensionRequest.model_validate(suspension_e.value)
+        states = await board.read_many([Keys.capability_state_key(n) for n in agent.capabilities])
+        for (name, capability), entry in zip(agent.capabilities.items(), states, strict=True):
+            if entry is not None:
+                capability.set_state(entry.value.get("state") or {})
+                if entry.value.get("events_from"):
+                    agent._event_positions[name] = entry.value["events_from"]
+        return agent
+
+    @property
+    def terminated(self) -> bool:
+        return self._state in TERMINAL_STATES
+
+    async def close(self) -> None:
+        """Stop background work (handlers, capability tasks); state stays in the blackboard."""
+        await self.stop_event_handlers()
+        for capability in self.capabilities.values():
+            await capability.close()
+
+
+def build_agent(blueprint: AgentBlueprint, blackboard: Blackboard) -> Agent:
+    """Instantiate an agent with its capabilities and policy from a blueprint (no I/O)."""
+    agent_cls = blueprint.agent_class
+    if not (isinstance(agent_cls, type) and issubclass(agent_cls, Agent)):
+        raise TypeError(f"agent_class must be an Agent subclass, got {agent_cls!r}")
+    agent = agent_cls(blueprint.metadata, blackboard, **blueprint.agent_kwargs)
+    for capability_bp in blueprint.capabilities:
+        agent.add_capability(capability_bp.local_instance(agent=agent, blackboard=blackboard))
+    if blueprint.action_policy is not None:
+        agent.action_policy = blueprint.action_policy.local_instance(agent=agent)
+    return agent

@@ -1,0 +1,181 @@
+"""AgentCapability: the extension point of agents, in the seed's four modes.
+
+1. local: runs inside its agent, on the agent's own scope (the default);
+2. remote: a parent watching a child's scope (`scope_id=child_agent_id`);
+3. shared: several agents on one scope (a game, a task pool);
+4. detached: no agent at all (external code talking to agents through the blackboard).
+"""
+
+from __future__ import annotations
+
+import asyncio
+from enum import StrEnum
+from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
+
+from colony.agents.blueprint import Bindable
+from colony.aio import cancel_and_wait
+from colony.blackboard import Blackboard, BlackboardEvent, BlackboardScope, scope_id
+from colony.blackboard.protocol import AgentRunProtocol, RequestResultProtocol
+from colony.config import load_settings
+from colony.errors import AgentUsageError
+
+if TYPE_CHECKING:
+    from colony.agents.base import Agent
+
+
+class CapabilityMode(StrEnum):
+    LOCAL = "local"
+    REMOTE = "remote"
+    SHARED = "shared"
+    DETACHED = "detached"
+
+
+@runtime_checkable
+class BlackboardPublishable(Protocol):
+    """A record that knows its own key (built through a protocol class)."""
+
+    def blackboard_key(self) -> str: ...
+
+
+def resolve_scope(
+    agent: Agent | None,
+    scope_ref: str | None,
+    scope: BlackboardScope,
+    namespace: str | None,
+) -> str:
+    """The full scope id a capability works on.
+
+    `scope_ref` is a full scope id (has ':'), or a bare id read according to `scope`: an agent id
+    (AGENT), a session id (SESSION), or a namespace of the colony scope (COLONY, e.g. a game id).
+    """
+    tenant = agent.metadata.tenant_id if agent else "default"
+    colony = agent.metadata.colony_id if agent else "default"
+    if scope_ref is None:
+        if agent is None:
+            raise AgentUsageError("a detached capability needs a scope_id")
+        base = agent.scope_id
+    elif ":" in scope_ref:
+        base = scope_ref
+    elif scope is BlackboardScope.AGENT:
+        base = scope_id(BlackboardScope.AGENT, tenant_id=tenant, colony_id=colony, agent_id=scope_ref)
+    elif scope is BlackboardScope.SESSION:
+        base = scope_id(BlackboardScope.SESSION, tenant_id=tenant, colony_id=colony, session_id=scope_ref)
+    else:
+        base = scope_id(scope, tenant_id=tenant, colony_id=colony, namespace=scope_ref)
+    return RequestResultProtocol.namespaced_scope(base, namespace) if namespace else base
+
+
+def _mode(agent: Agent | None, base: str, scope_ref: str | None, scope: BlackboardScope) -> CapabilityMode:
+    if agent is None:
+        return CapabilityMode.DETACHED
+    if base == agent.scope_id:
+        return CapabilityMode.LOCAL
+    if scope is BlackboardScope.AGENT and scope_ref is not None and ":" not in scope_ref:
+        return CapabilityMode.REMOTE
+    return CapabilityMode.SHARED
+
+
+class AgentCapability(Bindable):
+    """Base class of capabilities: actions, hooks, event handlers and state of one concern."""
+
+    def __init__(
+        self,
+        agent: Agent | None = None,
+        scope_id: str | None = None,
+        *,
+        blackboard: Blackboard | None = None,
+        capability_key: str | None = None,
+        scope: BlackboardScope = BlackboardScope.AGENT,
+        namespace: str | None = None,
+    ) -> None:
+        self.agent = agent
+        self.capability_key = capability_key or type(self).__name__
+        self.scope_id = resolve_scope(agent, scope_id, scope, namespace)
+        self.mode = _mode(agent, resolve_scope(agent, scope_id, scope, None), scope_id, scope)
+        source = blackboard or (agent.blackboard if agent is not None else None)
+        self._board = source.scoped(self.scope_id) if source is not None else None
+        self._tasks: list[asyncio.Task[Any]] = []
+
+    @property
+    def name(self) -> str:
+        """The name the agent knows this capability by."""
+        return self.capability_key
+
+    @property
+    def blackboard(self) -> Blackboard:
+        """The blackboard of this capability's scope (detached: connects through ColonySettings)."""
+        if self._board is None:
+            self._board = Blackboard.connect(self.scope_id, load_settings())
+        return self._board
+
+    async def publish(
+        self, record: Any, *, tags: set[str] | frozenset[str] = frozenset(), key: str | None = None
+    ) -> Any:
+        """Write `record` under the key its protocol gives (`record.blackboard_key()`), or `key`."""
+        if key is None:
+            if not isinstance(record, BlackboardPublishable):
+                raise TypeError(
+                    f"{type(record).__name__} has no blackboard_key(); "
+                    "pass key= or implement BlackboardPublishable"
+                )
+            key = record.blackboard_key()
+        creator = self.agent.agent_id if self.agent is not None else None
+        return await self.blackboard.write(key, record, tags=tags, created_by=creator)
+
+    def stream_events_to_queue(
+        self, queue: asyncio.Queue[BlackboardEvent], pattern: str = "*", *, from_id: str = "$"
+    ) -> asyncio.Task[None]:
+        """Forward this scope's events matching `pattern` into `queue` until `close()`."""
+        subscription = self.blackboard.subscribe(pattern, from_id=from_id)
+
+        async def forward() -> None:
+            async for event in subscription:
+                await queue.put(event)
+
+        task = asyncio.create_task(forward(), name=f"{self.name}-events")
+        self._tasks.append(task)
+        return task
+
+    async def get_result_future(
+        self, request_id: str | None = None, *, protocol: type[RequestResultProtocol] = AgentRunProtocol
+    ) -> asyncio.Future[Any]:
+        """A future resolved with the value of the first result (of `request_id`, or any) on this scope."""
+        board = self.blackboard
+        pattern = protocol.result_pattern(request_id)
+        subscription = await board.subscribe(pattern).start()
+        future: asyncio.Future[Any] = asyncio.get_running_loop().create_future()
+        if request_id is not None:
+            existing = await board.read(protocol.result_key(request_id))
+            if existing is not None:
+                future.set_result(existing.value)
+                subscription.close()
+                return future
+
+        async def wait() -> None:
+            try:
+                while not future.done():  # a cancelled future (caller gave up) ends the wait too
+                    event = await subscription.next(timeout=1.0)
+                    if event is not None and event.op == "write":
+                        entry = await board.read(event.key)
+                        if entry is not None and not future.done():
+                            future.set_result(entry.value)
+            except Exception as exc:  # surface blackboard failures through the future
+                if not future.done():
+                    future.set_exception(exc)
+            finally:
+                subscription.close()
+
+        self._tasks.append(asyncio.create_task(wait(), name=f"{self.name}-result"))
+        return future
+
+    def get_state(self) -> dict[str, Any]:
+        """JSON state persisted with the agent after every step (override to keep yours)."""
+        return {}
+
+    def set_state(self, state: dict[str, Any]) -> None:
+        """Restore what `get_state` returned (after a suspension or replica loss)."""
+
+    async def close(self) -> None:
+        """Stop the background tasks this capability started."""
+        await cancel_and_wait(self._tasks)
+        self._tasks.clear()

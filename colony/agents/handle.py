@@ -1,0 +1,304 @@
+"""AgentHandle: send work to an agent over the blackboard and get its result or its events.
+
+Parent (or any detached code) writes `request:run:{id}` into the child's namespaced scope; the
+child's `AgentRunCapability` (same namespace) sees it through an event handler, runs the agent,
+emits `event:run:{id}:{seq}.{type}` entries as it goes and finally writes `result:run:{id}`.
+The handle subscribes *before* writing the request, so nothing it waits for can slip past.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import AsyncIterator
+from typing import TYPE_CHECKING, Any
+
+from pydantic import BaseModel, Field
+
+from colony.agents.capability import AgentCapability
+from colony.agents.events import event_handler
+from colony.agents.hooks import HookContext, HookType, Pointcut
+from colony.agents.models import AgentRun, RunStatus, new_id
+from colony.blackboard import Blackboard, BlackboardEvent, BlackboardScope, EventSubscription, scope_id
+from colony.blackboard.protocol import AgentRunProtocol, RequestResultProtocol
+from colony.config import load_settings
+from colony.errors import AgentUsageError, ConcurrentModificationError, RunTimeout
+
+if TYPE_CHECKING:
+    from colony.agents.base import Agent
+
+COMPLETED, FAILED = "completed", "failed"
+
+
+class AgentRunEvent(BaseModel):
+    """One event of a streamed run."""
+
+    request_id: str
+    event_type: str
+    data: Any = None
+    seq: int = 0
+    ts: float = Field(default_factory=time.time)
+
+
+class AgentHandle:
+    """A reference to an agent that can be asked to run; works with an owner agent or detached."""
+
+    def __init__(
+        self,
+        child_agent_id: str,
+        owner: Agent | None = None,
+        *,
+        blackboard: Blackboard | None = None,
+    ) -> None:
+        self.child_agent_id = child_agent_id
+        self.owner = owner
+        self._blackboard = blackboard or (owner.blackboard if owner is not None else None)
+
+    def _board(self, namespace: str, scope: BlackboardScope) -> Blackboard:
+        """The child's namespaced partition: of its AGENT scope, or of the COLONY/TENANT scope."""
+        if not namespace:
+            raise AgentUsageError(
+                "namespace is required: it names the capability on the child that handles the request"
+            )
+        if scope is BlackboardScope.SESSION:
+            raise AgentUsageError("AgentHandle talks over AGENT, COLONY or TENANT scopes, not SESSION")
+        tenant = self.owner.metadata.tenant_id if self.owner else "default"
+        colony = self.owner.metadata.colony_id if self.owner else "default"
+        base = scope_id(
+            scope,
+            tenant_id=tenant,
+            colony_id=colony,
+            agent_id=self.child_agent_id if scope is BlackboardScope.AGENT else None,
+        )
+        full = RequestResultProtocol.namespaced_scope(base, namespace)
+        if self._blackboard is None:
+            self._blackboard = Blackboard.connect(full, load_settings())
+        return self._blackboard.scoped(full)
+
+    async def _submit(
+        self, board: Blackboard, protocol: type[RequestResultProtocol], input_data: Any
+    ) -> tuple[str, EventSubscription]:
+        request_id = new_id("req")
+        events = await board.subscribe(f"*:{protocol.kind}:{request_id}*").start()
+        requester = self.owner.agent_id if self.owner is not None else "detached"
+        await board.write(
+            protocol.request_key(request_id),
+            {"input": input_data, "requester": requester, "agent_id": self.child_agent_id},
+            created_by=requester,
+        )
+        return request_id, events
+
+    async def run(
+        self,
+        input_data: Any,
+        *,
+        protocol: type[RequestResultProtocol] = AgentRunProtocol,
+        namespace: str,
+        scope: BlackboardScope = BlackboardScope.AGENT,
+        timeout: float | None = None,
+    ) -> AgentRun:
+        """Ask the agent to run `input_data`; its AgentRun once done. Raises `RunTimeout` on time."""
+        board = self._board(namespace, scope)
+        started = time.time()
+        request_id, events = await self._submit(board, protocol, input_data)
+        deadline = None if timeout is None else time.monotonic() + timeout
+        try:
+            while True:
+                event = await events.next(_left(deadline))
+                if event is None:
+                    raise RunTimeout(
+                        f"agent {self.child_agent_id} did not answer request {request_id} "
+                        f"(namespace {namespace!r}) within {timeout}s"
+                    )
+                if event.op == "write" and event.key == protocol.result_key(request_id):
+                    entry = await board.read(event.key)
+                    if entry is not None:
+                        return _run_from_result(
+                            self.child_agent_id, request_id, input_data, entry.value, started
+                        )
+        finally:
+            events.close()
+
+    async def run_streamed(
+        self,
+        input_data: Any,
+        *,
+        protocol: type[RequestResultProtocol] = AgentRunProtocol,
+        namespace: str,
+        scope: BlackboardScope = BlackboardScope.AGENT,
+        timeout: float | None = None,
+    ) -> AsyncIterator[AgentRunEvent]:
+        """Yield the run's events in order; the last one is `completed` (or `failed`)."""
+        board = self._board(namespace, scope)
+        request_id, events = await self._submit(board, protocol, input_data)
+        deadline = None if timeout is None else time.monotonic() + timeout
+        try:
+            while True:
+                event = await events.next(_left(deadline))
+                if event is None:
+                    raise RunTimeout(
+                        f"run {request_id} of agent {self.child_agent_id} did not finish in {timeout}s"
+                    )
+                identified = protocol.identify(event.key)
+                if event.op != "write" or identified is None or identified[0] != "event":
+                    continue
+                entry = await board.read(event.key)
+                if entry is None:
+                    continue
+                run_event = AgentRunEvent.model_validate(entry.value)
+                yield run_event
+                if run_event.event_type in (COMPLETED, FAILED):
+                    return
+        finally:
+            events.close()
+
+
+def _left(deadline: float | None) -> float | None:
+    """Seconds until `deadline` (None = no deadline), never negative."""
+    return None if deadline is None else max(0.0, deadline - time.monotonic())
+
+
+def _run_from_result(
+    agent_id: str, request_id: str, input_data: Any, value: dict[str, Any], started: float
+) -> AgentRun:
+    return AgentRun(
+        run_id=value.get("run_id") or request_id,
+        agent_id=agent_id,
+        input=input_data,
+        status=RunStatus(value.get("status", RunStatus.SUCCEEDED)),
+        output=value.get("output"),
+        error=value.get("error"),
+        steps=int(value.get("steps", 0)),
+        started_at=started,
+        finished_at=time.time(),
+    )
+
+
+class AgentRunCapability(AgentCapability):
+    """Serves AgentHandle requests of one namespace: runs the agent, streams events, writes the result.
+
+    Requests are claimed (create-only write) before they run, so a request seen twice (after a
+    restart replays events) runs once.
+    """
+
+    def __init__(
+        self,
+        agent: Agent | None = None,
+        scope_id: str | None = None,
+        *,
+        namespace: str,
+        protocol: type[RequestResultProtocol] = AgentRunProtocol,
+        blackboard: Blackboard | None = None,
+        scope: BlackboardScope = BlackboardScope.AGENT,
+    ) -> None:
+        super().__init__(
+            agent,
+            scope_id,
+            blackboard=blackboard,
+            scope=scope,
+            namespace=namespace,
+            capability_key=f"runs.{namespace}",
+        )
+        self.namespace = namespace
+        self.protocol = protocol
+        self.active_request: str | None = None
+        self._seq = 0
+        self._serving = asyncio.Lock()  # one run at a time per agent
+        if agent is not None:
+            agent.hooks.register(
+                Pointcut.for_instance(agent, "run_step"), HookType.AFTER, self._after_step, owner=self
+            )
+
+    @event_handler(pattern="request:*")
+    async def on_request(self, event: BlackboardEvent) -> dict[str, Any] | None:
+        identified = self.protocol.identify(event.key)
+        if event.op != "write" or identified is None or identified[0] != "request":
+            return None
+        request_id = identified[1]["request_id"]
+        try:
+            await self.blackboard.write(
+                self.protocol.claim_key(request_id),
+                self.agent.agent_id,
+                expected_version=0,
+                created_by=self.agent.agent_id,
+            )
+        except ConcurrentModificationError:
+            return None  # already taken (replayed event)
+        entry = await self.blackboard.read(event.key)
+        if entry is None:
+            return None
+        self._tasks.append(asyncio.create_task(self._serve(request_id, entry.value.get("input"))))
+        return {"request": request_id, "namespace": self.namespace}
+
+    async def _serve(self, request_id: str, input_data: Any) -> None:
+        async with self._serving:
+            self.active_request, self._seq = request_id, 0
+            await self.emit("started", {"input": input_data})
+            try:
+                run = await self.agent.run(input_data)
+            except Exception as exc:
+                await self._respond(
+                    request_id, RunStatus.FAILED, None, f"{type(exc).__name__}: {exc}", None, 0
+                )
+                return
+            if run.done:
+                await self._complete(run)
+
+    async def _complete(self, run: AgentRun) -> None:
+        if self.active_request is None:
+            return
+        request_id = self.active_request
+        await self._respond(request_id, run.status, run.output, run.error, run.run_id, run.steps)
+
+    async def _respond(
+        self,
+        request_id: str,
+        status: RunStatus,
+        output: Any,
+        error: str | None,
+        run_id: str | None,
+        steps: int,
+    ) -> None:
+        kind = COMPLETED if status is RunStatus.SUCCEEDED else FAILED
+        await self.emit(kind, {"output": output, "error": error})
+        await self.blackboard.write(
+            self.protocol.result_key(request_id),
+            {"status": status.value, "output": output, "error": error, "run_id": run_id, "steps": steps},
+            created_by=self.agent.agent_id if self.agent else None,
+        )
+        self.active_request = None
+
+    async def emit(self, event_type: str, data: Any = None) -> None:
+        """Write the next event of the active request (ordered by its sequence number)."""
+        if self.active_request is None:
+            return
+        self._seq += 1
+        event = AgentRunEvent(request_id=self.active_request, event_type=event_type, data=data, seq=self._seq)
+        await self.blackboard.write(
+            self.protocol.event_key(self.active_request, f"{self._seq:05d}.{event_type}"),
+            event.model_dump(mode="json"),
+            created_by=self.agent.agent_id if self.agent else None,
+        )
+
+    async def _after_step(self, ctx: HookContext, result: Any) -> None:
+        agent = self.agent
+        run = agent.current_run if agent else None
+        if self.active_request is None or run is None:
+            return
+        await self.emit(
+            "step",
+            {
+                "step": run.steps,
+                "action": agent.last_result.model_dump(mode="json") if agent.last_result else None,
+            },
+        )
+        if run.done and not agent.terminated:
+            # A run resumed after a restore finishes here, not in _serve (which died with the old object).
+            await self._complete(run)
+
+    def get_state(self) -> dict[str, Any]:
+        return {"active_request": self.active_request, "seq": self._seq}
+
+    def set_state(self, state: dict[str, Any]) -> None:
+        self.active_request = state.get("active_request")
+        self._seq = int(state.get("seq", 0))

@@ -1,0 +1,172 @@
+"""LocalAgentRuntime: agents as asyncio tasks inside one process.
+
+It starts agents from blueprints, drives their runs, suspends them (persist, then drop the
+object) and resumes them (rebuild from the blackboard). Ray Serve replicas (M4) host one each.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+from typing import Any
+
+from colony.agents.base import Agent, build_agent
+from colony.agents.blueprint import AgentBlueprint
+from colony.agents.models import AgentRun, AgentState
+from colony.aio import cancel_and_wait
+from colony.blackboard import Blackboard
+from colony.blackboard.protocol import AgentStateProtocol
+from colony.errors import AgentNotFound
+
+log = logging.getLogger(__name__)
+
+
+class LocalAgentRuntime:
+    """Hosts agents of one tenant/colony in this process."""
+
+    def __init__(
+        self, blackboard: Blackboard, *, tenant_id: str = "default", colony_id: str = "default"
+    ) -> None:
+        self.blackboard = blackboard
+        self.tenant_id = tenant_id
+        self.colony_id = colony_id
+        self._agents: dict[str, Agent] = {}
+        self._drivers: dict[str, asyncio.Task[None]] = {}
+
+    def get(self, agent_id: str) -> Agent:
+        try:
+            return self._agents[agent_id]
+        except KeyError:
+            raise AgentNotFound(
+                f"agent {agent_id!r} is not hosted by this runtime (suspended or elsewhere?)"
+            ) from None
+
+    @property
+    def agent_ids(self) -> list[str]:
+        return sorted(self._agents)
+
+    async def spawn(self, blueprint: AgentBlueprint) -> Agent:
+        """Create, record and start an agent."""
+        metadata = blueprint.metadata.model_copy(
+            update={"tenant_id": self.tenant_id, "colony_id": self.colony_id}
+        )
+        blueprint = blueprint.model_copy(update={"metadata": metadata})
+        agent = build_agent(blueprint, self.blackboard)
+        await agent.initialize(blueprint)
+        await self._activate(agent)
+        return agent
+
+    async def start_run(self, agent_id: str, input_data: Any) -> AgentRun:
+        """Begin a run and drive it in the background; `wait_for_run` gets its outcome."""
+        agent = self.get(agent_id)
+        run = await agent.begin_run(input_data)
+        self._start_driver(agent)
+        return run
+
+    async def wait_for_run(self, agent_id: str, run_id: str, timeout: float | None = None) -> AgentRun:
+        """The run once it is done, read from the blackboard (survives suspension and restore)."""
+        board = self._agent_board(agent_id)
+        key = AgentStateProtocol.run_key(run_id)
+        subscription = await board.subscribe(key).start()
+        try:
+            async with asyncio.timeout(timeout):
+                while True:
+                    entry = await board.read(key)
+                    if entry is not None:
+                        run = AgentRun.model_validate(entry.value)
+                        if run.done:
+                            return run
+                    await subscription.__anext__()
+        finally:
+            subscription.close()
+
+    async def suspend(self, agent_id: str, reason: str = "suspended") -> None:
+        """Persist the agent's state, mark it SUSPENDED and drop the object."""
+        agent = self._agents.get(agent_id)
+        if agent is None:
+            raise AgentNotFound(f"agent {agent_id!r} is not hosted here")
+        await self._detach(agent_id)
+        await agent.persist()
+        if agent.state is not AgentState.SUSPENDED:
+            await agent.transition(AgentState.SUSPENDED, reason)
+        log.info("agent %s suspended (%s)", agent_id, reason)
+
+    async def resume(self, agent_id: str) -> Agent:
+        """Rebuild a suspended (or dropped) agent from the blackboard and carry on where it was."""
+        if agent_id in self._agents:
+            return self._agents[agent_id]
+        agent = await Agent.restore(
+            agent_id, self.blackboard, tenant_id=self.tenant_id, colony_id=self.colony_id
+        )
+        if agent.suspension is not None:
+            await agent.clear_suspension()
+        run_pending = agent.current_run is not None and not agent.current_run.done
+        if agent.state in (AgentState.SUSPENDED, AgentState.WAITING):
+            await agent.transition(AgentState.RUNNING if run_pending else AgentState.IDLE, "resumed")
+        await self._activate(agent)
+        return agent
+
+    async def drop(self, agent_id: str) -> None:
+        """Lose the agent object without any goodbye (as a dying replica would); state stays in Redis."""
+        agent = self._agents.get(agent_id)
+        await self._detach(agent_id)
+        if agent is not None:
+            del agent
+
+    async def stop(self, agent_id: str) -> None:
+        agent = self._agents.get(agent_id)
+        if agent is None:
+            return
+        await self._detach(agent_id)
+        if not agent.terminated:
+            await agent.transition(AgentState.STOPPED, "stopped")
+
+    async def shutdown(self) -> None:
+        """Detach every agent (state stays in the blackboard)."""
+        for agent_id in list(self._agents):
+            await self._detach(agent_id)
+
+    async def _activate(self, agent: Agent) -> None:
+        self._agents[agent.agent_id] = agent
+        await agent.start_event_handlers()
+        run = agent.current_run
+        if run is not None and not run.done and agent.state is AgentState.RUNNING:
+            self._start_driver(agent)
+
+    def _start_driver(self, agent: Agent) -> None:
+        previous = self._drivers.get(agent.agent_id)
+        if previous is not None and not previous.done():
+            return
+        self._drivers[agent.agent_id] = asyncio.create_task(
+            self._drive(agent), name=f"{agent.agent_id}-driver"
+        )
+
+    async def _drive(self, agent: Agent) -> None:
+        try:
+            await agent.run_until_done()
+            if agent.suspension is not None:
+                await self.suspend(agent.agent_id, agent.suspension.condition.reason or "blocked")
+        except asyncio.CancelledError:
+            raise
+        except Exception:
+            log.exception("driver of agent %s failed", agent.agent_id)
+            with contextlib.suppress(Exception):
+                await agent.transition(AgentState.FAILED, "driver error")
+
+    async def _detach(self, agent_id: str) -> None:
+        agent = self._agents.pop(agent_id, None)
+        driver = self._drivers.pop(agent_id, None)
+        if driver is not None:
+            await cancel_and_wait([driver])
+        if agent is not None:
+            await agent.close()
+
+    def _agent_board(self, agent_id: str) -> Blackboard:
+        from colony.blackboard import BlackboardScope, scope_id
+
+        return self.blackboard.scoped(
+            scope_id(
+                BlackboardScope.AGENT, tenant_id=self.tenant_id, colony_id=self.colony_id, agent_id=agent_id
+            )
+        )

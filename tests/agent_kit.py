@@ -1,0 +1,106 @@
+"""Capabilities and helpers shared by the agent tests (a module, so blueprints pickle by reference)."""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Any
+
+from pydantic import BaseModel
+
+from colony.agents import (
+    ActionResult,
+    ActionType,
+    Agent,
+    AgentBlueprint,
+    AgentCapability,
+    AgentMetadata,
+    AgentRunCapability,
+    ScriptedActionPolicy,
+    action_executor,
+    event_handler,
+)
+from colony.blackboard import Blackboard, BlackboardEvent
+
+
+class Finding(BaseModel):
+    finding_id: str
+    text: str
+
+    def blackboard_key(self) -> str:
+        return f"finding:{self.finding_id}"
+
+
+class CounterCapability(AgentCapability):
+    """Keeps a running total; its state survives suspension through get_state/set_state."""
+
+    def __init__(
+        self,
+        agent: Agent | None = None,
+        scope_id: str | None = None,
+        *,
+        blackboard: Blackboard | None = None,
+        delay: float = 0.0,
+    ) -> None:
+        super().__init__(agent, scope_id, blackboard=blackboard)
+        self.total = 0
+        self.delay = delay
+
+    @action_executor(action_type=ActionType.ANALYZE)
+    async def add(self, amount: int, note: str = "") -> int:
+        """Add `amount` to the running total.
+
+        Returns the new total.
+        """
+        await asyncio.sleep(self.delay)
+        self.total += amount
+        return self.total
+
+    @action_executor(exclude_from_planning=True)
+    async def reset(self) -> None:
+        """Set the total back to zero (programmatic only)."""
+        self.total = 0
+
+    @action_executor()
+    async def explode(self) -> None:
+        """Always fails."""
+        raise RuntimeError("kaboom")
+
+    @action_executor(action_type=ActionType.AGENT_MONITOR)
+    async def wait_for_children(self, ids: list[str]) -> ActionResult:
+        """Block until the given child agents finish."""
+        return ActionResult(
+            success=False, blocked=True, blocked_reason="waiting for children", blocking_agent_ids=ids
+        )
+
+    def get_state(self) -> dict[str, Any]:
+        return {"total": self.total}
+
+    def set_state(self, state: dict[str, Any]) -> None:
+        self.total = int(state.get("total", 0))
+
+
+class NoteWatcher(AgentCapability):
+    """Turns `note:*` writes on its scope into policy context."""
+
+    @event_handler(pattern="note:*")
+    async def on_note(self, event: BlackboardEvent) -> dict[str, Any]:
+        return {"note": event.key, "version": event.version}
+
+
+def counter_blueprint(
+    agent_id: str,
+    steps: list[dict[str, Any]],
+    *,
+    delay: float = 0.0,
+    serve_namespace: str | None = None,
+    extra: list[Any] | None = None,
+) -> AgentBlueprint:
+    capabilities = [CounterCapability.bind(delay=delay), *(extra or [])]
+    if serve_namespace:
+        capabilities.append(AgentRunCapability.bind(namespace=serve_namespace))
+    return AgentBlueprint(
+        agent_class=Agent,
+        metadata=AgentMetadata(agent_id=agent_id, role="counter"),
+        capabilities=capabilities,
+        action_policy=ScriptedActionPolicy.bind(steps=steps),
+    )
