@@ -54,11 +54,26 @@ class EmbeddedRedisSettings(BaseModel):
 
 
 class EngineSettings(BaseModel):
-    """Which inference engine replicas run (filled in by the inference milestone)."""
+    """Which inference engine a replica runs, and how."""
 
-    kind: Literal["embedded", "openai", "vllm", "scripted"] = "embedded"
-    model: str | None = Field(None, description="Model name or path; unset = the engine's default.")
-    base_url: str | None = Field(None, description="Base URL of an OpenAI-compatible server.")
+    kind: Literal["embedded", "openai", "vllm", "scripted"] = Field(
+        "embedded",
+        description="embedded (CPU, in-process), openai (any OpenAI-compatible server), vllm (GPU)",
+    )
+    model: str | None = Field(
+        None, description="GGUF path (embedded), model name (openai), HF name or path (vllm); unset = default"
+    )
+    base_url: str | None = Field(None, description="Base URL of an OpenAI-compatible server (kind openai).")
+    api_key: SecretStr | None = Field(None, description="Bearer key of the OpenAI-compatible server.")
+    page_slots: int = Field(2, ge=1, le=64, description="Pages held at once (one KV slot each; embedded).")
+    slot_context_tokens: int = Field(
+        4096, ge=256, description="Context of each slot (page prefix + request)."
+    )
+    threads: int | None = Field(None, ge=1, description="CPU threads (embedded); unset = all cores.")
+    timeout_seconds: float = Field(120.0, gt=0, description="Bound of one inference request.")
+    max_retries: int = Field(3, ge=0, description="Retries on 429/5xx/connection errors (openai).")
+    gpu_memory_utilization: float = Field(0.85, gt=0, le=1, description="vLLM KV-cache memory share.")
+    max_model_len: int | None = Field(None, ge=256, description="vLLM context length; unset = the model's.")
 
 
 class ColonySettings(BaseSettings):

@@ -144,3 +144,31 @@ class RunFailed(AgentError):
 
 class ResourceExhausted(AgentError):
     """A replica has not enough resources for an agent; the system places, retries or suspends."""
+
+
+class InferenceError(ColonyError):
+    """An inference engine could not serve a request."""
+
+
+class EngineNotInstalled(InferenceError):
+    """The engine's package (or its model package) is not installed."""
+
+
+class EngineUnavailable(InferenceError):
+    """The engine (or the server behind it) cannot be reached."""
+
+
+class InferenceTimeout(InferenceError, TimeoutError):
+    """An inference request did not finish in time."""
+
+
+class InvalidSchema(InferenceError):
+    """A response_format JSON Schema is not a valid schema (raised as is, never wrapped by pydantic)."""
+
+
+class StructuredOutputError(InferenceError):
+    """The model's output did not parse as the JSON the schema asked for (e.g. cut off by max_tokens)."""
+
+
+class PageNotResident(InferenceError):
+    """A request names a page this engine does not hold; load it first (the VCM handles page faults)."""

@@ -48,3 +48,25 @@ BLACKBOARD_EVENTS_RECLAIMED = Counter(
     "colony_blackboard_events_reclaimed_total",
     "Pending events reclaimed from consumers that stopped acknowledging.",
 )
+
+INFERENCE_REQUESTS = Counter(
+    "colony_inference_requests_total",
+    "Inference requests by engine kind and outcome.",
+    ["engine", "outcome"],
+)
+INFERENCE_TOKENS = Counter(
+    "colony_inference_tokens_total",
+    "Tokens processed by engine kind and kind of token (prompt, cached, completion).",
+    ["engine", "kind"],
+)
+INFERENCE_TTFT_SECONDS = Histogram(
+    "colony_inference_ttft_seconds",
+    "Time to first token of inference requests.",
+    ["engine"],
+    buckets=(0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0),
+)
+INFERENCE_PAGE_OPS = Counter(
+    "colony_inference_page_ops_total",
+    "Page operations on engines (load, evict, swap_out, swap_in).",
+    ["engine", "op"],
+)

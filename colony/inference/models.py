@@ -1,0 +1,131 @@
+"""Requests, responses and pages of the inference layer (engine-independent)."""
+
+from __future__ import annotations
+
+import time
+from typing import Any, Literal
+
+from jsonschema import Draft202012Validator
+from jsonschema.exceptions import SchemaError
+from pydantic import BaseModel, Field, field_validator, model_validator
+
+from colony.blackboard.protocol import validate_segment
+from colony.errors import InvalidSchema
+
+
+class ChatMessage(BaseModel):
+    role: Literal["system", "user", "assistant", "tool"]
+    content: str
+
+
+class Page(BaseModel):
+    """A piece of context that an engine can hold in its KV cache as a shared prefix."""
+
+    page_id: str
+    text: str
+    metadata: dict[str, Any] = Field(default_factory=dict)
+
+    @field_validator("page_id")
+    @classmethod
+    def _valid_id(cls, value: str) -> str:
+        return validate_segment(value, "page_id")
+
+
+class InferenceRequest(BaseModel):
+    """One generation. `page_ids` name resident pages whose text forms the prompt's shared prefix."""
+
+    messages: list[ChatMessage] | None = None
+    prompt: str | None = None
+    max_tokens: int = Field(256, ge=1)
+    temperature: float = Field(0.0, ge=0)
+    stop: list[str] = Field(default_factory=list)
+    response_format: Any = Field(None, description="a JSON Schema (dict) the output must follow")
+    page_ids: list[str] = Field(default_factory=list)
+    seed: int | None = None
+
+    @model_validator(mode="after")
+    def _one_input(self) -> InferenceRequest:
+        if (self.messages is None) == (self.prompt is None):
+            raise ValueError("give exactly one of messages or prompt")
+        return self
+
+    def model_post_init(self, __context: Any) -> None:
+        # here, not in a field validator, so the typed InvalidSchema reaches the caller unwrapped
+        if self.response_format is not None:
+            check_schema(self.response_format)
+
+    def chat_messages(self) -> list[ChatMessage]:
+        """The request as chat messages (a bare prompt becomes one user message)."""
+        return (
+            list(self.messages)
+            if self.messages is not None
+            else [ChatMessage(role="user", content=self.prompt or "")]
+        )
+
+
+def check_schema(schema: Any) -> None:
+    """Raise `InvalidSchema` unless `schema` is a valid JSON Schema (checked when the request is built)."""
+    if not isinstance(schema, dict):
+        raise InvalidSchema(f"response_format must be a JSON Schema object, got {type(schema).__name__}")
+    try:
+        Draft202012Validator.check_schema(schema)
+    except SchemaError as exc:
+        where = "/".join(str(p) for p in exc.absolute_path) or "(root)"
+        raise InvalidSchema(f"response_format is not a valid JSON Schema at {where}: {exc.message}") from None
+
+
+class Usage(BaseModel):
+    prompt_tokens: int = 0
+    cached_tokens: int = Field(0, description="prompt tokens served from the KV cache, as the engine reports")
+    completion_tokens: int = 0
+
+    @property
+    def cached_fraction(self) -> float:
+        return self.cached_tokens / self.prompt_tokens if self.prompt_tokens else 0.0
+
+
+class Timings(BaseModel):
+    ttft: float = Field(0.0, description="seconds to the first token (prompt processing)")
+    total: float = Field(0.0, description="seconds for the whole request")
+
+
+class InferenceResponse(BaseModel):
+    text: str
+    parsed: Any = Field(None, description="the decoded JSON when a response_format was given")
+    usage: Usage = Field(default_factory=Usage)
+    timings: Timings = Field(default_factory=Timings)
+    finish_reason: str | None = None
+    model: str | None = None
+    slot: int | None = Field(None, description="engine slot that served it (embedded engine)")
+
+
+class StreamChunk(BaseModel):
+    """A piece of streamed output; the last chunk carries `finish_reason` (and usage when known)."""
+
+    text: str = ""
+    finish_reason: str | None = None
+    usage: Usage | None = None
+
+
+class PageLoad(BaseModel):
+    """What loading (or swapping in) a page did."""
+
+    page_id: str
+    slot: int | None = None
+    prompt_tokens: int = 0
+    cached_tokens: int = Field(0, description="prompt tokens the engine already held (0 = a cold prefill)")
+    seconds: float = 0.0
+    evicted: list[str] = Field(default_factory=list)
+    source: Literal["prefill", "swap_in", "swap_out", "already_resident"] = "prefill"
+
+
+class EngineStats(BaseModel):
+    engine: str
+    model: str | None = None
+    resident_pages: dict[str, int | None] = Field(default_factory=dict)
+    swapped_pages: list[str] = Field(default_factory=list)
+    requests: int = 0
+    prompt_tokens: int = 0
+    cached_tokens: int = 0
+    completion_tokens: int = 0
+    started_at: float = Field(default_factory=time.time)
