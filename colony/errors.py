@@ -102,18 +102,6 @@ class BatchConflictError(ConcurrentModificationError):
         )
 
 
-class EventStreamTrimmed(BlackboardError):
-    """A subscriber asked to resume from an event that the bounded stream has already dropped."""
-
-    def __init__(self, stream: str, from_id: str, first_id: str) -> None:
-        self.from_id = from_id
-        self.first_id = first_id
-        super().__init__(
-            f"events after {from_id} on {stream} were trimmed (oldest kept: {first_id}); "
-            "raise blackboard.events_maxlen or resume subscribers sooner."
-        )
-
-
 class AgentError(ColonyError):
     """Base class of agent-system errors."""
 

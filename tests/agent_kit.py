@@ -40,8 +40,9 @@ class CounterCapability(AgentCapability):
         *,
         blackboard: Blackboard | None = None,
         delay: float = 0.0,
+        capability_key: str | None = None,
     ) -> None:
-        super().__init__(agent, scope_id, blackboard=blackboard)
+        super().__init__(agent, scope_id, blackboard=blackboard, capability_key=capability_key)
         self.total = 0
         self.delay = delay
 

@@ -170,3 +170,10 @@ async def test_scopes_never_share_keys(bb: Blackboard) -> None:
     assert (await bb.read("shared:name")).value == "mine"
     assert (await other.read("shared:name")).value == "theirs"
     assert [e.key for e in (await bb.query()).entries] == ["shared:name"]
+
+
+async def test_update_keeps_the_entry_expiry(bb: Blackboard) -> None:
+    await bb.write("lease", 1, ttl_seconds=30)
+    entry = await bb.update("lease", lambda v: v + 1)
+    assert entry.expires_at is not None and 25 < entry.ttl_seconds <= 30
+    assert 25 < await bb.redis.pttl(bb.keyspace.entry_key("lease")) / 1000 <= 30

@@ -144,3 +144,16 @@ async def test_restarted_consumer_gets_its_own_pending_first(bb: Blackboard) -> 
     await again.ack()
     nxt = await restarted.__anext__()
     assert nxt.event.key == "b"
+
+
+async def test_unacked_own_pending_event_does_not_block_new_events(bb: Blackboard) -> None:
+    await bb.write("a", 1)
+    await bb.write("b", 2)
+    first = await bb.consume("g3", "w1").start()
+    await (await first.__anext__()).ack()  # a handled
+    await first.__anext__()  # b delivered, its handler fails: never acked
+    first.close()
+    await bb.write("c", 3)
+    restarted = bb.consume("g3", "w1")
+    got = [await asyncio.wait_for(restarted.__anext__(), 3) for _ in range(2)]
+    assert [(e.event.key, e.delivery) for e in got] == [("b", "pending"), ("c", "new")]

@@ -162,3 +162,27 @@ async def test_query_rejects_bad_input(bb: Blackboard) -> None:
         await bb.query(limit=0)
     with pytest.raises(InvalidKey):
         await bb.query("has space")
+
+
+async def test_expired_entry_recreated_with_other_tags_leaves_no_stale_index(bb: Blackboard) -> None:
+    import asyncio
+
+    await bb.write("k", 1, tags={"a"}, ttl_seconds=0.1)
+    await asyncio.sleep(0.25)
+    await bb.write("k", 2, tags={"b"})  # the old `a` membership could not be cleaned at write time
+    keys = [e.key async for e in bb.iter_query(tags={"any_of": ["a", "b"]})]
+    assert keys == ["k"]
+    assert [e.key async for e in bb.iter_query(tags={"all_of": ["a"]})] == []
+    assert await bb.redis.smembers(bb.keyspace.tag_key("a")) == set()  # pruned
+
+
+async def test_page_size_may_change_between_pages(bb: Blackboard) -> None:
+    await bb.write_many({"key": f"p:{i:04d}", "value": i} for i in range(2000))
+    page = await bb.query("p:*", limit=10)
+    seen = [e.key for e in page.entries]
+    cursor = page.cursor
+    while cursor is not None:
+        page = await bb.query("p:*", limit=1000, cursor=cursor)
+        seen.extend(e.key for e in page.entries)
+        cursor = page.cursor
+    assert len(seen) == len(set(seen)) == 2000

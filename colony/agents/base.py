@@ -14,7 +14,7 @@ import time
 from typing import Any
 
 from colony.agents.actions import ActionDispatcher, discover_actions
-from colony.agents.blueprint import AgentBlueprint, Bindable
+from colony.agents.blueprint import AgentBlueprint, Bindable, Blueprint, CapabilitySpec
 from colony.agents.capability import AgentCapability, CapabilityMode
 from colony.agents.events import EventHandlerSpec, discover_event_handlers
 from colony.agents.hooks import HOOK_HANDLER_ATTR, HookHandlerSpec, HookRegistry, hookable
@@ -39,7 +39,7 @@ from colony.agents.policy import (
 from colony.aio import cancel_and_wait
 from colony.blackboard import Blackboard, BlackboardEvent, BlackboardScope, scope_id
 from colony.blackboard.protocol import AgentStateProtocol
-from colony.errors import AgentNotFound, AgentUsageError, ResourceExhausted
+from colony.errors import AgentNotFound, AgentUsageError, BlackboardUnavailable, ResourceExhausted
 
 log = logging.getLogger(__name__)
 Keys = AgentStateProtocol
@@ -89,6 +89,9 @@ class Agent(Bindable):
         self._handlers: dict[str, list[EventHandlerSpec]] = {}
         self._event_positions: dict[str, str] = {}
         self._handler_tasks: list[asyncio.Task[None]] = []
+        self.host: Any = None  # the runtime hosting this agent (drives runs, carries out suspensions)
+        self._blueprint: AgentBlueprint | None = None  # set once recorded; kept in sync with capabilities
+        self._capability_specs: dict[str, CapabilitySpec] = {}
 
     @property
     def agent_id(self) -> str:
@@ -103,6 +106,7 @@ class Agent(Bindable):
     async def initialize(self, blueprint: AgentBlueprint | None = None) -> None:
         """Record a new agent in the blackboard (its blueprint too, so it can be restored)."""
         if blueprint is not None:
+            self._blueprint = blueprint
             await self.blackboard.write(Keys.key("blueprint"), blueprint.to_text(), created_by=self.agent_id)
         await self.blackboard.write(
             Keys.key("metadata"), self.metadata.model_dump(mode="json"), created_by=self.agent_id
@@ -114,6 +118,14 @@ class Agent(Bindable):
             created_by=self.agent_id,
         )
         self._state_version = entry.version
+
+    async def reload_lifecycle(self) -> AgentState:
+        """Take the lifecycle state (and its version) from the blackboard, e.g. after a write whose
+        reply was lost to a cancellation."""
+        entry = await self.blackboard.read(Keys.key("lifecycle"))
+        if entry is not None:
+            self._state, self._state_version = AgentState(entry.value["state"]), entry.version
+        return self._state
 
     async def transition(self, new_state: AgentState, reason: str | None = None) -> None:
         """Move to `new_state` (checked against the transition table; a blackboard event records it)."""
@@ -137,8 +149,15 @@ class Agent(Bindable):
     ) -> None:
         """Add a capability: its actions go to the dispatcher, its hooks to this agent's registry.
 
+        Before the agent is recorded (or for agents without a blueprint). A recorded agent gets new
+        capabilities through `attach_capability(blueprint)`, so a restored agent has them too.
         The policy still has to `use_agent_capabilities()` it when it restricts what it plans with.
         """
+        if self._blueprint is not None and capability.name not in self._capability_specs:
+            raise AgentUsageError(
+                f"agent {self.agent_id} is already recorded; add {capability.name} with "
+                "`await agent.attach_capability(Cap.bind(...))` so a restored agent has it too"
+            )
         if capability.agent is not self:
             raise AgentUsageError(
                 f"{capability.name} belongs to another agent; build it with agent=this agent"
@@ -171,6 +190,24 @@ class Agent(Bindable):
     def get_capability(self, name: str) -> AgentCapability | None:
         return self.capabilities.get(name)
 
+    async def attach_capability(
+        self,
+        blueprint: Blueprint[AgentCapability],
+        *,
+        include_actions: list[str] | None = None,
+        exclude_actions: list[str] | None = None,
+    ) -> AgentCapability:
+        """Add a capability to a running agent and record it in the agent's stored blueprint."""
+        capability = blueprint.local_instance(agent=self, blackboard=self.blackboard)
+        self._capability_specs[capability.name] = CapabilitySpec(
+            blueprint=blueprint, include_actions=include_actions, exclude_actions=exclude_actions
+        )
+        self.add_capability(capability, include_actions=include_actions, exclude_actions=exclude_actions)
+        await self._store_blueprint()
+        if self.host is not None:
+            await capability.start()
+        return capability
+
     async def remove_capability(self, name: str) -> AgentCapability | None:
         capability = self.capabilities.pop(name, None)
         if capability is not None:
@@ -178,26 +215,63 @@ class Agent(Bindable):
             self.hooks.unregister_owner(capability)
             self._handlers.pop(name, None)
             await capability.close()
+            if self._capability_specs.pop(name, None) is not None:
+                await self._store_blueprint()
         return capability
+
+    async def _store_blueprint(self) -> None:
+        if self._blueprint is None:
+            return
+        self._blueprint = self._blueprint.model_copy(
+            update={"capabilities": list(self._capability_specs.values())}
+        )
+        await self.blackboard.write(
+            Keys.key("blueprint"), self._blueprint.to_text(), created_by=self.agent_id
+        )
 
     # -- event handlers ---------------------------------------------------------------------
 
+    async def start(self) -> None:
+        """Start background work: capabilities' own start-up, then the event handlers."""
+        for capability in list(self.capabilities.values()):
+            await capability.start()
+        await self.start_event_handlers()
+
     async def start_event_handlers(self) -> None:
-        """Subscribe each capability with handlers to its scope, from where it last stopped."""
+        """Subscribe each capability with handlers to its scope, from where it last stopped.
+
+        A fresh subscription starts "now"; that position is persisted at once, so events that
+        arrive while the agent is down (dropped before its first step) are still delivered later.
+        """
+        fresh = False
+        for name in self._handlers:
+            if name not in self._event_positions:
+                board = self.capabilities[name].blackboard
+                self._event_positions[name] = await board.latest_event_id()
+                fresh = True
+        if fresh:
+            await self.persist()
         for name, handlers in self._handlers.items():
-            capability = self.capabilities[name]
-            subscription = capability.blackboard.subscribe(from_id=self._event_positions.get(name, "$"))
-            await subscription.start()
-            self._event_positions[name] = subscription.last_id
             self._handler_tasks.append(
-                asyncio.create_task(
-                    self._feed(name, handlers, subscription), name=f"{self.agent_id}-{name}-events"
-                )
+                asyncio.create_task(self._feed(name, handlers), name=f"{self.agent_id}-{name}-events")
             )
 
-    async def _feed(self, name: str, handlers: list[EventHandlerSpec], subscription: Any) -> None:
-        async for event in subscription:
-            await self._handle(name, handlers, event)
+    async def _feed(self, name: str, handlers: list[EventHandlerSpec]) -> None:
+        """Deliver events to handlers; a Redis outage pauses delivery, it does not end it."""
+        board = self.capabilities[name].blackboard
+        delay = 0.1
+        while True:
+            try:
+                async for event in board.subscribe(from_id=self._event_positions[name]):
+                    await self._handle(name, handlers, event)
+                    delay = 0.1
+                return
+            except BlackboardUnavailable as exc:
+                log.warning(
+                    "agent %s: events of %s paused (%s); retrying in %.1fs", self.agent_id, name, exc, delay
+                )
+                await asyncio.sleep(delay)
+                delay = min(delay * 2, 5.0)
 
     async def _handle(self, name: str, handlers: list[EventHandlerSpec], event: BlackboardEvent) -> None:
         for spec in handlers:
@@ -217,21 +291,23 @@ class Agent(Bindable):
 
     # -- runs -------------------------------------------------------------------------------
 
-    async def begin_run(self, input_data: Any) -> AgentRun:
-        """Create and persist an AgentRun and enter RUNNING; `run_until_done()` then drives it."""
+    async def begin_run(self, input_data: Any, *, request_id: str | None = None) -> AgentRun:
+        """Create an AgentRun, persist it with the policy's reset state, and enter RUNNING;
+        `run_until_done()` then drives it."""
         if self.current_run is not None and not self.current_run.done:
             raise AgentUsageError(f"agent {self.agent_id} is already running {self.current_run.run_id}")
         run = AgentRun(
-            agent_id=self.agent_id, input=input_data, status=RunStatus.RUNNING, started_at=time.time()
+            agent_id=self.agent_id,
+            request_id=request_id,
+            input=input_data,
+            status=RunStatus.RUNNING,
+            started_at=time.time(),
         )
         self.current_run = run
         self.last_result = None
         if self.action_policy is not None:
             self.action_policy.on_run_start(run)
-        await self.blackboard.write(
-            Keys.run_key(run.run_id), run.model_dump(mode="json"), created_by=self.agent_id
-        )
-        await self.blackboard.write(Keys.key("current_run"), run.run_id, created_by=self.agent_id)
+        await self.persist()  # run, current_run and the reset policy state, in one transaction
         if self._state is not AgentState.RUNNING:
             await self.transition(AgentState.RUNNING, f"run {run.run_id}")
         return run
@@ -245,9 +321,9 @@ class Agent(Bindable):
             await self.run_step()
         return run
 
-    async def run(self, input_data: Any) -> AgentRun:
+    async def run(self, input_data: Any, *, request_id: str | None = None) -> AgentRun:
         """Start a run and drive it to the end (or until the agent must wait)."""
-        await self.begin_run(input_data)
+        await self.begin_run(input_data, request_id=request_id)
         return await self.run_until_done()
 
     @hookable
@@ -335,6 +411,7 @@ class Agent(Bindable):
                     self.current_run.model_dump(mode="json"),
                     created_by=self.agent_id,
                 )
+                tx.write(Keys.key("current_run"), self.current_run.run_id, created_by=self.agent_id)
             if self.action_policy is not None:
                 tx.write(Keys.key("policy_state"), self.action_policy.get_state(), created_by=self.agent_id)
             for name, capability in self.capabilities.items():
@@ -373,6 +450,7 @@ class Agent(Bindable):
         blueprint = AgentBlueprint.from_text(blueprint_e.value)
         blueprint = blueprint.model_copy(update={"metadata": AgentMetadata.model_validate(metadata_e.value)})
         agent = build_agent(blueprint, blackboard)
+        agent._blueprint = blueprint
         agent._state = AgentState(lifecycle_e.value["state"])
         agent._state_version = lifecycle_e.version
         if current_e is not None:
@@ -408,12 +486,14 @@ class Agent(Bindable):
 
 def build_agent(blueprint: AgentBlueprint, blackboard: Blackboard) -> Agent:
     """Instantiate an agent with its capabilities and policy from a blueprint (no I/O)."""
-    agent_cls = blueprint.agent_class
-    if not (isinstance(agent_cls, type) and issubclass(agent_cls, Agent)):
-        raise TypeError(f"agent_class must be an Agent subclass, got {agent_cls!r}")
-    agent = agent_cls(blueprint.metadata, blackboard, **blueprint.agent_kwargs)
-    for capability_bp in blueprint.capabilities:
-        agent.add_capability(capability_bp.local_instance(agent=agent, blackboard=blackboard))
+    agent = blueprint.agent_class(blueprint.metadata, blackboard, **blueprint.agent_kwargs)
+    for item in blueprint.capabilities:
+        spec = item if isinstance(item, CapabilitySpec) else CapabilitySpec(blueprint=item)
+        capability = spec.blueprint.local_instance(agent=agent, blackboard=blackboard)
+        agent._capability_specs[capability.name] = spec
+        agent.add_capability(
+            capability, include_actions=spec.include_actions, exclude_actions=spec.exclude_actions
+        )
     if blueprint.action_policy is not None:
         agent.action_policy = blueprint.action_policy.local_instance(agent=agent)
     return agent

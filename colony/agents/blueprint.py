@@ -45,9 +45,22 @@ class Blueprint(Generic[T]):
     __hash__ = None  # type: ignore[assignment]
 
 
+INJECTED = frozenset({"agent", "blackboard"})  # supplied by the host at local_instance()
+
+
 def _check_kwargs(cls: type, kwargs: dict[str, Any]) -> None:
     params = inspect.signature(cls).parameters
     takes_any = any(p.kind is p.VAR_KEYWORD for p in params.values())
+    missing = sorted(
+        name
+        for name, p in params.items()
+        if p.default is p.empty
+        and p.kind not in (p.VAR_POSITIONAL, p.VAR_KEYWORD)
+        and name not in INJECTED
+        and name not in kwargs
+    )
+    if missing:
+        raise BlueprintError(f"{cls.__qualname__}.bind() is missing required argument(s) {missing}")
     if not takes_any:
         unknown = sorted(set(kwargs) - set(params))
         if unknown:
@@ -83,6 +96,16 @@ class ResourceRequirements(BaseModel):
     preferred_pages: list[str] = Field(default_factory=list)
 
 
+class CapabilitySpec(BaseModel):
+    """A capability blueprint with the actions it contributes (None = all)."""
+
+    model_config = ConfigDict(arbitrary_types_allowed=True)
+
+    blueprint: Blueprint[Any]
+    include_actions: list[str] | None = None
+    exclude_actions: list[str] | None = None
+
+
 class AgentBlueprint(BaseModel):
     """A whole agent: class, metadata, capabilities, policy and resources."""
 
@@ -90,12 +113,18 @@ class AgentBlueprint(BaseModel):
 
     agent_class: Any = Field(description="the Agent subclass")
     metadata: AgentMetadata = Field(default_factory=AgentMetadata)
-    capabilities: list[Blueprint[Any]] = Field(default_factory=list)
+    capabilities: list[Blueprint[Any] | CapabilitySpec] = Field(
+        default_factory=list, description="capability blueprints, optionally with action filters"
+    )
     action_policy: Blueprint[Any] | None = None
     resources: ResourceRequirements = Field(default_factory=ResourceRequirements)
     agent_kwargs: dict[str, Any] = Field(default_factory=dict)
 
     def model_post_init(self, __context: Any) -> None:
+        from colony.agents.base import Agent  # here: base imports this module
+
+        if not (isinstance(self.agent_class, type) and issubclass(self.agent_class, Agent)):
+            raise BlueprintError(f"agent_class must be an Agent subclass, got {self.agent_class!r}")
         try:
             self.to_bytes()
         except Exception as exc:

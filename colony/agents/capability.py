@@ -168,6 +168,9 @@ class AgentCapability(Bindable):
         self._tasks.append(asyncio.create_task(wait(), name=f"{self.name}-result"))
         return future
 
+    async def start(self) -> None:
+        """Called when the hosting agent starts (also after a restore): start background work here."""
+
     def get_state(self) -> dict[str, Any]:
         """JSON state persisted with the agent after every step (override to keep yours)."""
         return {}

@@ -177,8 +177,11 @@ def _run_from_result(
 class AgentRunCapability(AgentCapability):
     """Serves AgentHandle requests of one namespace: runs the agent, streams events, writes the result.
 
-    Requests are claimed (create-only write) before they run, so a request seen twice (after a
-    restart replays events) runs once.
+    Nothing about the requests is held only in memory. A request is claimed (create-only
+    `claim:...`) before it is queued; the run serving it carries its `request_id`; events are
+    numbered from what is already stored. So after a restart `start()` finds every claimed
+    request without a result, adopts the one the restored run is serving and queues the others
+    in claim order: none is lost, none runs twice, and event numbers go on where they were.
     """
 
     def __init__(
@@ -203,11 +206,34 @@ class AgentRunCapability(AgentCapability):
         self.protocol = protocol
         self.active_request: str | None = None
         self._seq = 0
-        self._serving = asyncio.Lock()  # one run at a time per agent
+        self._queue: asyncio.Queue[str] = asyncio.Queue()
+        self._queued: set[str] = set()
+        self._idle = asyncio.Event()
+        self._idle.set()
         if agent is not None:
             agent.hooks.register(
                 Pointcut.for_instance(agent, "run_step"), HookType.AFTER, self._after_step, owner=self
             )
+
+    async def start(self) -> None:
+        agent = self._agent()
+        claims = [
+            e
+            async for e in self.blackboard.iter_query(self.protocol.pattern("claim"))
+            if e.value == agent.agent_id
+        ]
+        claims.sort(key=lambda e: (e.created_at, e.key))
+        request_ids = [self.protocol.parse("claim", e.key)["request_id"] for e in claims]
+        results = await self.blackboard.read_many([self.protocol.result_key(r) for r in request_ids])
+        run = agent.current_run
+        for request_id, result in zip(request_ids, results, strict=True):
+            if result is not None:
+                continue
+            if run is not None and not run.done and run.request_id == request_id:
+                await self._adopt(request_id)  # the host drives the restored run; _after_step answers
+            else:
+                self._enqueue(request_id)
+        self._tasks.append(asyncio.create_task(self._work(), name=f"{agent.agent_id}-{self.name}-requests"))
 
     @event_handler(pattern="request:*")
     async def on_request(self, event: BlackboardEvent) -> dict[str, Any] | None:
@@ -215,40 +241,64 @@ class AgentRunCapability(AgentCapability):
         if event.op != "write" or identified is None or identified[0] != "request":
             return None
         request_id = identified[1]["request_id"]
+        agent = self._agent()
         try:
             await self.blackboard.write(
                 self.protocol.claim_key(request_id),
-                self.agent.agent_id,
+                agent.agent_id,
                 expected_version=0,
-                created_by=self.agent.agent_id,
+                created_by=agent.agent_id,
             )
         except ConcurrentModificationError:
-            return None  # already taken (replayed event)
-        entry = await self.blackboard.read(event.key)
-        if entry is None:
-            return None
-        self._tasks.append(asyncio.create_task(self._serve(request_id, entry.value.get("input"))))
+            return None  # already claimed (an event replayed after a restart, or another worker)
+        self._enqueue(request_id)
         return {"request": request_id, "namespace": self.namespace}
 
-    async def _serve(self, request_id: str, input_data: Any) -> None:
-        async with self._serving:
-            self.active_request, self._seq = request_id, 0
-            await self.emit("started", {"input": input_data})
-            try:
-                run = await self.agent.run(input_data)
-            except Exception as exc:
-                await self._respond(
-                    request_id, RunStatus.FAILED, None, f"{type(exc).__name__}: {exc}", None, 0
-                )
-                return
-            if run.done:
-                await self._complete(run)
+    def _agent(self) -> Agent:
+        if self.agent is None:
+            raise AgentUsageError("AgentRunCapability serves requests for an agent; build it with agent=...")
+        return self.agent
 
-    async def _complete(self, run: AgentRun) -> None:
-        if self.active_request is None:
+    def _enqueue(self, request_id: str) -> None:
+        if request_id not in self._queued:
+            self._queued.add(request_id)
+            self._queue.put_nowait(request_id)
+
+    async def _work(self) -> None:
+        """Serve queued requests one at a time, never over a run the agent is still finishing."""
+        agent = self._agent()
+        while True:
+            request_id = await self._queue.get()
+            await self._idle.wait()
+            while agent.current_run is not None and not agent.current_run.done:  # noqa: ASYNC110 - set by other code paths
+                await asyncio.sleep(0.05)
+            if await self.blackboard.read(self.protocol.result_key(request_id)) is None:
+                await self._serve(request_id)
+            self._queued.discard(request_id)
+
+    async def _adopt(self, request_id: str) -> None:
+        """Make `request_id` the active one; its event numbering continues after what is stored."""
+        self.active_request = request_id
+        self._seq = len(
+            [e async for e in self.blackboard.iter_query(self.protocol.event_pattern(request_id))]
+        )
+        self._idle.clear()
+
+    async def _serve(self, request_id: str) -> None:
+        agent = self._agent()
+        request = await self.blackboard.read(self.protocol.request_key(request_id))
+        input_data = request.value.get("input") if request is not None else None
+        await self._adopt(request_id)
+        await self.emit("started", {"input": input_data})
+        try:
+            if agent.host is not None:
+                await agent.host.start_run(agent.agent_id, input_data, request_id=request_id)
+            else:
+                await agent.run(input_data, request_id=request_id)
+        except Exception as exc:
+            await self._respond(request_id, RunStatus.FAILED, None, f"{type(exc).__name__}: {exc}", None, 0)
             return
-        request_id = self.active_request
-        await self._respond(request_id, run.status, run.output, run.error, run.run_id, run.steps)
+        await self._idle.wait()  # answered from _after_step when the run ends
 
     async def _respond(
         self,
@@ -267,6 +317,7 @@ class AgentRunCapability(AgentCapability):
             created_by=self.agent.agent_id if self.agent else None,
         )
         self.active_request = None
+        self._idle.set()
 
     async def emit(self, event_type: str, data: Any = None) -> None:
         """Write the next event of the active request (ordered by its sequence number)."""
@@ -281,24 +332,11 @@ class AgentRunCapability(AgentCapability):
         )
 
     async def _after_step(self, ctx: HookContext, result: Any) -> None:
-        agent = self.agent
-        run = agent.current_run if agent else None
-        if self.active_request is None or run is None:
+        agent = self._agent()
+        run = agent.current_run
+        if self.active_request is None or run is None or run.request_id != self.active_request:
             return
-        await self.emit(
-            "step",
-            {
-                "step": run.steps,
-                "action": agent.last_result.model_dump(mode="json") if agent.last_result else None,
-            },
-        )
-        if run.done and not agent.terminated:
-            # A run resumed after a restore finishes here, not in _serve (which died with the old object).
-            await self._complete(run)
-
-    def get_state(self) -> dict[str, Any]:
-        return {"active_request": self.active_request, "seq": self._seq}
-
-    def set_state(self, state: dict[str, Any]) -> None:
-        self.active_request = state.get("active_request")
-        self._seq = int(state.get("seq", 0))
+        action = agent.last_result.model_dump(mode="json") if agent.last_result else None
+        await self.emit("step", {"step": run.steps, "action": action})
+        if run.done:
+            await self._respond(self.active_request, run.status, run.output, run.error, run.run_id, run.steps)

@@ -172,6 +172,7 @@ class AgentRun(BaseModel):
 
     run_id: str = Field(default_factory=lambda: new_id("run"))
     agent_id: str
+    request_id: str | None = Field(None, description="the AgentHandle request this run serves, if any")
     input: Any = None
     status: RunStatus = RunStatus.PENDING
     output: Any = None

@@ -57,10 +57,10 @@ class LocalAgentRuntime:
         await self._activate(agent)
         return agent
 
-    async def start_run(self, agent_id: str, input_data: Any) -> AgentRun:
+    async def start_run(self, agent_id: str, input_data: Any, *, request_id: str | None = None) -> AgentRun:
         """Begin a run and drive it in the background; `wait_for_run` gets its outcome."""
         agent = self.get(agent_id)
-        run = await agent.begin_run(input_data)
+        run = await agent.begin_run(input_data, request_id=request_id)
         self._start_driver(agent)
         return run
 
@@ -87,6 +87,7 @@ class LocalAgentRuntime:
         if agent is None:
             raise AgentNotFound(f"agent {agent_id!r} is not hosted here")
         await self._detach(agent_id)
+        await agent.reload_lifecycle()  # the cancelled driver may have changed it without hearing back
         await agent.persist()
         if agent.state is not AgentState.SUSPENDED:
             await agent.transition(AgentState.SUSPENDED, reason)
@@ -129,7 +130,8 @@ class LocalAgentRuntime:
 
     async def _activate(self, agent: Agent) -> None:
         self._agents[agent.agent_id] = agent
-        await agent.start_event_handlers()
+        agent.host = self
+        await agent.start()
         run = agent.current_run
         if run is not None and not run.done and agent.state is AgentState.RUNNING:
             self._start_driver(agent)

@@ -10,6 +10,7 @@ import asyncio
 import inspect
 import json
 import random
+import time
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
@@ -210,8 +211,8 @@ class Blackboard:
     ) -> BlackboardEntry:
         """Set `key` to `fn(current value or None)`, retrying on conflict; `fn` may be async.
 
-        `tags=None` keeps the entry's tags. Raises `ConcurrentModificationError` when every
-        retry lost the race.
+        `tags=None` keeps the entry's tags and `ttl_seconds=None` its expiry (if it has one).
+        Raises `ConcurrentModificationError` when every retry lost the race.
         """
         attempts = retries if retries is not None else self.settings.update_retries
         metrics.BLACKBOARD_OPS.labels("update").inc()
@@ -222,13 +223,16 @@ class Blackboard:
             if inspect.isawaitable(new_value):
                 new_value = await new_value
             keep_tags = current.tags if (tags is None and current) else (tags or ())
+            ttl = ttl_seconds
+            if ttl is None and current is not None and current.expires_at is not None:
+                ttl = max(0.001, current.expires_at - time.time())
             try:
                 return await self.write(
                     key,
                     new_value,
                     tags=keep_tags,
                     created_by=created_by,
-                    ttl_seconds=ttl_seconds,
+                    ttl_seconds=ttl,
                     expected_version=current.version if current else 0,
                 )
             except ConcurrentModificationError as exc:

@@ -137,7 +137,7 @@ class EventConsumer:
         self.min_idle_ms = min_idle_ms if min_idle_ms is not None else bb.settings.reclaim_idle_ms
         self._buffer: deque[tuple[str, dict[str, str], Literal["new", "pending", "reclaimed"]]] = deque()
         self._created = False
-        self._own_pending_done = False
+        self._pending_from: str | None = "0"  # where re-reading our own pending list goes on; None = done
         self._next_reclaim = 0.0
         self._closed = False
 
@@ -184,12 +184,14 @@ class EventConsumer:
 
     async def _fill(self) -> None:
         bb, stream = self._bb, self._bb.keyspace.events_key
-        if not self._own_pending_done:
+        if self._pending_from is not None:
+            # Our own pending list, read once through (after a restart under the same name).
             async with bb.guard("xreadgroup"):
-                reply = await bb.redis.xreadgroup(self.group, self.consumer, {stream: "0"}, count=_READ_COUNT)
+                reply = await bb.redis.xreadgroup(
+                    self.group, self.consumer, {stream: self._pending_from}, count=_READ_COUNT
+                )
             rows = [r for _s, rs in reply or () for r in rs]
-            if not rows:
-                self._own_pending_done = True
+            self._pending_from = rows[-1][0] if rows else None
             self._buffer.extend((i, f, "pending") for i, f in rows)
             if rows:
                 return

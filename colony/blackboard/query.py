@@ -16,6 +16,8 @@ from typing import TYPE_CHECKING
 from colony.blackboard.models import BlackboardEntry, QueryPage, TagFilter
 from colony.errors import InvalidKey
 
+MAX_SCAN_ROUNDS = 64  # SCAN calls per page at most; a page may come back short, with a cursor
+
 if TYPE_CHECKING:
     from colony.blackboard.blackboard import Blackboard
 
@@ -26,48 +28,55 @@ class _Cursor:
     index: int  # which tag set
     scan: int  # Redis cursor of the batch being read
     last_key: str | None  # last key handed out from that batch
+    count: int  # SCAN COUNT: fixed for the whole iteration, so a re-read batch is the same batch
 
     def encode(self) -> str:
-        raw = json.dumps({"t": self.tags, "i": self.index, "c": self.scan, "k": self.last_key})
+        raw = json.dumps(
+            {"t": self.tags, "i": self.index, "c": self.scan, "k": self.last_key, "n": self.count}
+        )
         return base64.urlsafe_b64encode(raw.encode()).decode()
 
     @classmethod
     def decode(cls, text: str) -> _Cursor:
         try:
             raw = json.loads(base64.urlsafe_b64decode(text.encode()))
-            return cls(raw["t"], int(raw["i"]), int(raw["c"]), raw["k"])
+            return cls(raw["t"], int(raw["i"]), int(raw["c"]), raw["k"], int(raw["n"]))
         except (ValueError, KeyError, TypeError) as exc:
             raise InvalidKey(f"query cursor {text[:40]!r} is not one this blackboard handed out") from exc
 
 
-def _first_cursor(tag_filter: TagFilter | None) -> _Cursor:
+def _first_cursor(tag_filter: TagFilter | None, limit: int) -> _Cursor:
+    count = min(max(2 * limit, 256), 5000)
     if tag_filter is not None and tag_filter.all_of:
         # Any one all_of set holds every answer; the filter checks the rest.
-        return _Cursor(sorted(tag_filter.all_of)[:1], 0, 0, None)
+        return _Cursor(sorted(tag_filter.all_of)[:1], 0, 0, None, count)
     if tag_filter is not None and tag_filter.any_of:
-        return _Cursor(sorted(tag_filter.any_of), 0, 0, None)
-    return _Cursor(None, 0, 0, None)
+        return _Cursor(sorted(tag_filter.any_of), 0, 0, None, count)
+    return _Cursor(None, 0, 0, None, count)
 
 
 async def run_query(
     bb: Blackboard, pattern: str, tag_filter: TagFilter | None, limit: int, cursor_text: str | None
 ) -> QueryPage:
-    cursor = _Cursor.decode(cursor_text) if cursor_text else _first_cursor(tag_filter)
+    cursor = _Cursor.decode(cursor_text) if cursor_text else _first_cursor(tag_filter, limit)
     keyspace, redis = bb.keyspace, bb.redis
-    count = min(max(2 * limit, 256), 5000)
     out: list[BlackboardEntry] = []
-    while True:
+    for _round in range(MAX_SCAN_ROUNDS):
+        tag: str | None = None
         if cursor.tags is None:
-            next_scan, raw = await redis.scan(cursor.scan, match=keyspace.entry_match(pattern), count=count)
+            next_scan, raw = await redis.scan(
+                cursor.scan, match=keyspace.entry_match(pattern), count=cursor.count
+            )
             keys = [keyspace.logical_key(k) for k in raw]
-            tag_set = None
         else:
-            tag_set = keyspace.tag_key(cursor.tags[cursor.index])
-            next_scan, keys = await redis.sscan(tag_set, cursor.scan, match=pattern, count=count)
+            tag = cursor.tags[cursor.index]
+            next_scan, keys = await redis.sscan(
+                keyspace.tag_key(tag), cursor.scan, match=pattern, count=cursor.count
+            )
         keys = sorted(set(keys))
         if cursor.last_key is not None:
             keys = [k for k in keys if k > cursor.last_key]
-        entries = await _fetch(bb, keys, tag_set)
+        entries = await _fetch(bb, keys, tag)
         earlier_tags = frozenset(cursor.tags[: cursor.index]) if cursor.tags else frozenset()
         for position, entry in enumerate(entries):
             if entry is None or (tag_filter is not None and not tag_filter.matches(entry.tags)):
@@ -77,33 +86,41 @@ async def run_query(
             out.append(entry)
             if len(out) == limit:
                 if position < len(entries) - 1:
-                    return QueryPage(
-                        entries=out,
-                        cursor=_Cursor(cursor.tags, cursor.index, cursor.scan, entry.key).encode(),
-                    )
+                    resume = _Cursor(cursor.tags, cursor.index, cursor.scan, entry.key, cursor.count)
+                    return QueryPage(entries=out, cursor=resume.encode())
                 break
-        cursor = _advance(cursor, int(next_scan))
-        if cursor is None or len(out) == limit:
-            return QueryPage(entries=out, cursor=cursor.encode() if cursor else None)
+        next_cursor = _advance(cursor, int(next_scan))
+        if next_cursor is None or len(out) == limit:
+            return QueryPage(entries=out, cursor=next_cursor.encode() if next_cursor else None)
+        cursor = next_cursor
+    # A selective pattern over a large database: hand back what was found and where to go on,
+    # rather than scanning everything inside one bounded operation.
+    return QueryPage(entries=out, cursor=cursor.encode())
 
 
 def _advance(cursor: _Cursor, next_scan: int) -> _Cursor | None:
     if next_scan != 0:
-        return _Cursor(cursor.tags, cursor.index, next_scan, None)
+        return _Cursor(cursor.tags, cursor.index, next_scan, None, cursor.count)
     if cursor.tags is not None and cursor.index + 1 < len(cursor.tags):
-        return _Cursor(cursor.tags, cursor.index + 1, 0, None)
+        return _Cursor(cursor.tags, cursor.index + 1, 0, None, cursor.count)
     return None
 
 
-async def _fetch(bb: Blackboard, keys: list[str], tag_set: str | None) -> list[BlackboardEntry | None]:
-    """Entries of `keys` (None where gone); index members of expired entries are dropped."""
+async def _fetch(bb: Blackboard, keys: list[str], tag: str | None) -> list[BlackboardEntry | None]:
+    """Entries of `keys` (None where gone). Read from a tag's index set, members whose entry is gone
+    or no longer carries the tag (it expired and came back with other tags) are None, and pruned."""
     if not keys:
         return []
     async with bb.redis.pipeline(transaction=False) as pipe:
         for key in keys:
             pipe.hgetall(bb.keyspace.entry_key(key))
         replies = await pipe.execute()
-    stale = [k for k, fields in zip(keys, replies, strict=True) if not fields]
-    if stale and tag_set is not None:
-        await bb.prune_tag_index(keys=[tag_set], args=[bb.keyspace.entry_prefix, *stale])
-    return [BlackboardEntry.from_hash(k, f) if f else None for k, f in zip(keys, replies, strict=True)]
+    entries = [BlackboardEntry.from_hash(k, f) if f else None for k, f in zip(keys, replies, strict=True)]
+    if tag is not None:
+        stale = [k for k, e in zip(keys, entries, strict=True) if e is None or tag not in e.tags]
+        if stale:
+            await bb.prune_tag_index(
+                keys=[bb.keyspace.tag_key(tag)], args=[bb.keyspace.entry_prefix, tag, *stale]
+            )
+        entries = [e if e is not None and tag in e.tags else None for e in entries]
+    return entries

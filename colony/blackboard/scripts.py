@@ -176,14 +176,22 @@ return {1, now, out}
 """
 )
 
-# KEYS: a tag-index set ; ARGV: entry-key prefix, logical keys that looked expired
-# Removes only members whose entry is still absent (one may have been re-created meanwhile).
-PRUNE_TAG_INDEX = r"""
+# KEYS: a tag-index set ; ARGV: entry-key prefix, the tag, logical keys that looked stale
+# Removes only members whose entry is still absent or still lacks the tag (checked here,
+# atomically: one may have been re-created with the tag meanwhile).
+PRUNE_TAG_INDEX = (
+    _LIBRARY
+    + r"""
 local removed = 0
-for i = 2, #ARGV do
-  if redis.call('EXISTS', ARGV[1] .. ARGV[i]) == 0 then
+for i = 3, #ARGV do
+  local carries = false
+  for _, t in ipairs(split_tags(redis.call('HGET', ARGV[1] .. ARGV[i], 'tags'))) do
+    if t == ARGV[2] then carries = true end
+  end
+  if not carries then
     removed = removed + redis.call('SREM', KEYS[1], ARGV[i])
   end
 end
 return removed
 """
+)
