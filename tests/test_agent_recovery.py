@@ -41,8 +41,9 @@ async def test_queued_request_survives_a_drop(runtime: LocalAgentRuntime, bb: Bl
     await runtime.spawn(counter_blueprint("busy-child", STEPS, serve_namespace="ns", delay=0.3))
     handle = handle_for(runtime, bb, "busy-child")
     first = asyncio.create_task(handle.run(1, namespace="ns", timeout=15))
+    await asyncio.sleep(0.15)  # two concurrent submissions land in either order: keep them apart
     second = asyncio.create_task(handle.run(10, namespace="ns", timeout=15))
-    await asyncio.sleep(0.5)  # first past a step, second claimed and queued
+    await asyncio.sleep(0.4)  # first past a step, second claimed and queued
     await runtime.drop("busy-child")
     await runtime.resume("busy-child")
     results = sorted([(await first).output, (await second).output])
