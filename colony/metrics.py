@@ -6,7 +6,7 @@ label values are bounded sets (operation names, never keys or ids).
 
 from __future__ import annotations
 
-from prometheus_client import Counter, Histogram
+from prometheus_client import Counter, Gauge, Histogram
 
 _FAST_BUCKETS = (0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5)
 
@@ -69,4 +69,25 @@ INFERENCE_PAGE_OPS = Counter(
     "colony_inference_page_ops_total",
     "Page operations on engines (load, evict, swap_out, swap_in).",
     ["engine", "op"],
+)
+
+RUNS_SUBMITTED = Counter(
+    "colony_runs_submitted_total", "Runs submitted over the API, by agent kind.", ["agent"]
+)
+RUNS_COMPLETED = Counter(
+    "colony_runs_completed_total", "Runs that reached a terminal state, by status.", ["status"]
+)
+RUN_DURATION_SECONDS = Histogram(
+    "colony_run_duration_seconds",
+    "Submit-to-terminal time of runs.",
+    buckets=(0.01, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 300.0),
+)
+AGENTS = Gauge("colony_agents", "Agents in the registry, by lifecycle state.", ["state"])
+HTTP_REQUESTS = Counter(
+    "colony_http_requests_total",
+    "HTTP requests by route template, method and status code.",
+    ["route", "method", "code"],
+)
+HTTP_REQUEST_SECONDS = Histogram(
+    "colony_http_request_seconds", "HTTP request latency by route template.", ["route"], buckets=_FAST_BUCKETS
 )

@@ -386,6 +386,28 @@ class Agent(Bindable):
         if self._state is AgentState.RUNNING:
             await self.transition(AgentState.IDLE, f"run {run.run_id} {run.status.value}")
 
+    async def emit_run_event(self, event_type: str, data: Any = None) -> bool:
+        """Stream an event to whoever asked for the current run (an AgentHandle / HTTP client).
+        False when the run was not requested through a handle."""
+        run = self.current_run
+        if run is None or run.request_id is None:
+            return False
+        for capability in self.capabilities.values():
+            if getattr(capability, "active_request", None) == run.request_id:
+                await capability.emit(event_type, data)  # type: ignore[attr-defined]
+                return True
+        return False
+
+    async def cancel_run(self, reason: str = "cancelled") -> None:
+        """End the current run as CANCELLED (its requester already gave up on it)."""
+        run = self.current_run
+        if run is None or run.done:
+            return
+        run.status, run.error, run.finished_at = RunStatus.CANCELLED, reason, time.time()
+        await self.persist()
+        if self._state is AgentState.RUNNING:
+            await self.transition(AgentState.IDLE, f"run {run.run_id} cancelled")
+
     async def request_suspension(self, condition: ResumptionCondition) -> SuspensionRequest:
         """Ask the host to suspend this agent until `condition` holds; the agent waits meanwhile."""
         self.suspension = SuspensionRequest(agent_id=self.agent_id, condition=condition)
@@ -424,7 +446,13 @@ class Agent(Bindable):
 
     @classmethod
     async def restore(
-        cls, agent_id: str, blackboard: Blackboard, *, tenant_id: str = "default", colony_id: str = "default"
+        cls,
+        agent_id: str,
+        blackboard: Blackboard,
+        *,
+        tenant_id: str = "default",
+        colony_id: str = "default",
+        **services: Any,
     ) -> Agent:
         """Rebuild an agent, with everything it had, from its blackboard scope."""
         board = blackboard.scoped(
@@ -449,7 +477,7 @@ class Agent(Bindable):
             raise AgentNotFound(f"no restorable agent {agent_id!r} in scope {board.scope_id}")
         blueprint = AgentBlueprint.from_text(blueprint_e.value)
         blueprint = blueprint.model_copy(update={"metadata": AgentMetadata.model_validate(metadata_e.value)})
-        agent = build_agent(blueprint, blackboard)
+        agent = build_agent(blueprint, blackboard, **services)
         agent._blueprint = blueprint
         agent._state = AgentState(lifecycle_e.value["state"])
         agent._state_version = lifecycle_e.version
@@ -484,12 +512,14 @@ class Agent(Bindable):
             await capability.close()
 
 
-def build_agent(blueprint: AgentBlueprint, blackboard: Blackboard) -> Agent:
-    """Instantiate an agent with its capabilities and policy from a blueprint (no I/O)."""
+def build_agent(blueprint: AgentBlueprint, blackboard: Blackboard, **services: Any) -> Agent:
+    """Instantiate an agent with its capabilities and policy from a blueprint (no I/O).
+
+    `services` (e.g. `engine=`) are injected into capabilities whose constructor takes them."""
     agent = blueprint.agent_class(blueprint.metadata, blackboard, **blueprint.agent_kwargs)
     for item in blueprint.capabilities:
         spec = item if isinstance(item, CapabilitySpec) else CapabilitySpec(blueprint=item)
-        capability = spec.blueprint.local_instance(agent=agent, blackboard=blackboard)
+        capability = spec.blueprint.local_instance(agent=agent, blackboard=blackboard, **services)
         agent._capability_specs[capability.name] = spec
         agent.add_capability(
             capability, include_actions=spec.include_actions, exclude_actions=spec.exclude_actions

@@ -27,7 +27,8 @@ from colony.errors import AgentUsageError, ConcurrentModificationError, RunTimeo
 if TYPE_CHECKING:
     from colony.agents.base import Agent
 
-COMPLETED, FAILED = "completed", "failed"
+COMPLETED, FAILED, CANCELLED = "completed", "failed", "cancelled"
+TERMINAL_EVENTS = frozenset({COMPLETED, FAILED, CANCELLED})
 
 
 class AgentRunEvent(BaseModel):
@@ -147,7 +148,7 @@ class AgentHandle:
                     continue
                 run_event = AgentRunEvent.model_validate(entry.value)
                 yield run_event
-                if run_event.event_type in (COMPLETED, FAILED):
+                if run_event.event_type in TERMINAL_EVENTS:
                     return
         finally:
             events.close()
@@ -309,15 +310,21 @@ class AgentRunCapability(AgentCapability):
         run_id: str | None,
         steps: int,
     ) -> None:
-        kind = COMPLETED if status is RunStatus.SUCCEEDED else FAILED
-        await self.emit(kind, {"output": output, "error": error})
-        await self.blackboard.write(
-            self.protocol.result_key(request_id),
-            {"status": status.value, "output": output, "error": error, "run_id": run_id, "steps": steps},
-            created_by=self.agent.agent_id if self.agent else None,
-        )
-        self.active_request = None
-        self._idle.set()
+        kind = {RunStatus.SUCCEEDED: COMPLETED, RunStatus.CANCELLED: CANCELLED}.get(status, FAILED)
+        try:
+            # create-only: a result already there (cancelled or timed out by the requester) stands
+            await self.blackboard.write(
+                self.protocol.result_key(request_id),
+                {"status": status.value, "output": output, "error": error, "run_id": run_id, "steps": steps},
+                created_by=self.agent.agent_id if self.agent else None,
+                expected_version=0,
+            )
+            await self.emit(kind, {"output": output, "error": error})
+        except ConcurrentModificationError:
+            pass
+        finally:
+            self.active_request = None
+            self._idle.set()
 
     async def emit(self, event_type: str, data: Any = None) -> None:
         """Write the next event of the active request (ordered by its sequence number)."""
@@ -338,5 +345,7 @@ class AgentRunCapability(AgentCapability):
             return
         action = agent.last_result.model_dump(mode="json") if agent.last_result else None
         await self.emit("step", {"step": run.steps, "action": action})
+        if not run.done and await self.blackboard.read(self.protocol.result_key(self.active_request)):
+            await agent.cancel_run("the requester ended the run (cancelled or timed out)")
         if run.done:
             await self._respond(self.active_request, run.status, run.output, run.error, run.run_id, run.steps)

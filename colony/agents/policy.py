@@ -91,6 +91,20 @@ class ActionPolicy(Bindable, ABC):
         self._enabled = set(enabled) if enabled is not None else None
 
 
+def _substitute(value: Any, run_input: Any) -> Any:
+    """ "$input" is the run's input; "$input.a.b" a field of it (None where absent)."""
+    if not isinstance(value, str) or not value.startswith(INPUT_PLACEHOLDER):
+        return value
+    if value == INPUT_PLACEHOLDER:
+        return run_input
+    if not value.startswith(INPUT_PLACEHOLDER + "."):
+        return value
+    current = run_input
+    for part in value[len(INPUT_PLACEHOLDER) + 1 :].split("."):
+        current = current.get(part) if isinstance(current, dict) else None
+    return current
+
+
 class ScriptedStep(BaseModel):
     action: str
     parameters: dict[str, Any] = Field(default_factory=dict)
@@ -99,7 +113,8 @@ class ScriptedStep(BaseModel):
 class ScriptedActionPolicy(ActionPolicy):
     """Deterministic policy for tests and fixed pipelines: dispatch the scripted actions in order.
 
-    A parameter value "$input" is replaced by the run's input. The run's output is the last
+    A parameter value "$input" is replaced by the run's input, "$input.field" by one of its
+    fields. The run's output is the last
     action's output. A failed action fails the run unless `continue_on_error`; a blocked one
     leaves the step to be retried after the agent resumes.
     """
@@ -128,7 +143,7 @@ class ScriptedActionPolicy(ActionPolicy):
         if self.index >= len(self.steps):
             return ActionPolicyIterationResult(done=True, output=self.outputs[-1] if self.outputs else None)
         step = self.steps[self.index]
-        params = {k: state.run.input if v == INPUT_PLACEHOLDER else v for k, v in step.parameters.items()}
+        params = {k: _substitute(v, state.run.input) for k, v in step.parameters.items()}
         result = await self.agent.dispatcher.dispatch(step.action, params)
         if result.blocked:
             return ActionPolicyIterationResult(action=step.action, parameters=params, action_result=result)

@@ -26,9 +26,15 @@ class LocalAgentRuntime:
     """Hosts agents of one tenant/colony in this process."""
 
     def __init__(
-        self, blackboard: Blackboard, *, tenant_id: str = "default", colony_id: str = "default"
+        self,
+        blackboard: Blackboard,
+        *,
+        tenant_id: str = "default",
+        colony_id: str = "default",
+        **services: Any,
     ) -> None:
         self.blackboard = blackboard
+        self.services = services  # injected into capabilities that take them (e.g. engine=)
         self.tenant_id = tenant_id
         self.colony_id = colony_id
         self._agents: dict[str, Agent] = {}
@@ -52,7 +58,7 @@ class LocalAgentRuntime:
             update={"tenant_id": self.tenant_id, "colony_id": self.colony_id}
         )
         blueprint = blueprint.model_copy(update={"metadata": metadata})
-        agent = build_agent(blueprint, self.blackboard)
+        agent = build_agent(blueprint, self.blackboard, **self.services)
         await agent.initialize(blueprint)
         await self._activate(agent)
         return agent
@@ -98,7 +104,7 @@ class LocalAgentRuntime:
         if agent_id in self._agents:
             return self._agents[agent_id]
         agent = await Agent.restore(
-            agent_id, self.blackboard, tenant_id=self.tenant_id, colony_id=self.colony_id
+            agent_id, self.blackboard, tenant_id=self.tenant_id, colony_id=self.colony_id, **self.services
         )
         if agent.suspension is not None:
             await agent.clear_suspension()

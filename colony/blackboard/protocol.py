@@ -282,3 +282,33 @@ class AgentStateProtocol(BlackboardProtocol):
     @classmethod
     def capability_state_key(cls, name: str) -> str:
         return cls.build("capability_state", name=name)
+
+
+class AgentRegistryProtocol(BlackboardProtocol):
+    """The colony's agent registry (COLONY scope): one entry per agent, tagged `state:{state}` and
+    `replica:{replica}`, so the tag index gives the agents of a state or of a replica."""
+
+    templates = {"agent": "registry:agent:{agent_id}"}
+
+    @classmethod
+    def agent_key(cls, agent_id: str) -> str:
+        return cls.build("agent", agent_id=agent_id)
+
+    @staticmethod
+    def state_tag(state: str) -> str:
+        return f"state:{validate_segment(state, 'state')}"
+
+    @staticmethod
+    def replica_tag(replica: str) -> str:
+        return f"replica:{validate_segment(replica, 'replica')}"
+
+
+class ApiRunProtocol(BlackboardProtocol):
+    """Runs submitted over HTTP (COLONY scope, `api` namespace): `run:{run_id}` maps a run to its
+    agent, namespace, deadline and where its events start."""
+
+    templates = {"run": "run:{run_id}"}
+
+    @classmethod
+    def run_key(cls, run_id: str) -> str:
+        return cls.build("run", run_id=run_id)
