@@ -160,3 +160,7 @@ class StructuredOutputError(InferenceError):
 
 class PageNotResident(InferenceError):
     """A request names a page this engine does not hold; load it first (the VCM handles page faults)."""
+
+
+class RunNotFound(ColonyError):
+    """No run with that id was submitted (or it expired)."""

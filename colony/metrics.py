@@ -6,7 +6,7 @@ label values are bounded sets (operation names, never keys or ids).
 
 from __future__ import annotations
 
-from prometheus_client import Counter, Gauge, Histogram
+from prometheus_client import REGISTRY, Counter, Gauge, Histogram
 
 _FAST_BUCKETS = (0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5)
 
@@ -91,3 +91,41 @@ HTTP_REQUESTS = Counter(
 HTTP_REQUEST_SECONDS = Histogram(
     "colony_http_request_seconds", "HTTP request latency by route template.", ["route"], buckets=_FAST_BUCKETS
 )
+
+
+class ReplicaStatsCollector:
+    """Engine counters of every live replica, read from their heartbeats in Redis at scrape time,
+    so the API's /metrics shows inference done in other processes. Labels: replica, kind."""
+
+    def __init__(self) -> None:
+        self.snapshot: list[dict[str, object]] = []  # set by the API before each scrape
+
+    def collect(self):  # type: ignore[no-untyped-def]
+        from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
+
+        tokens = CounterMetricFamily(
+            "colony_replica_inference_tokens",
+            "Tokens processed by each replica's engine.",
+            labels=["replica", "kind"],
+        )
+        requests = CounterMetricFamily(
+            "colony_replica_inference_requests",
+            "Requests served by each replica's engine.",
+            labels=["replica"],
+        )
+        agents = GaugeMetricFamily(
+            "colony_replica_agents", "Agents hosted by each replica.", labels=["replica"]
+        )
+        for replica in self.snapshot:
+            name = str(replica.get("replica_id"))
+            stats = replica.get("stats") or {}
+            assert isinstance(stats, dict)
+            for kind in ("prompt", "cached", "completion"):
+                tokens.add_metric([name, kind], float(stats.get(f"{kind}_tokens", 0)))
+            requests.add_metric([name], float(stats.get("requests", 0)))
+            agents.add_metric([name], float(replica.get("agents", 0)))  # type: ignore[arg-type]
+        return [tokens, requests, agents]
+
+
+REPLICA_STATS = ReplicaStatsCollector()
+REGISTRY.register(REPLICA_STATS)

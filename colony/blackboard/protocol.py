@@ -288,11 +288,16 @@ class AgentRegistryProtocol(BlackboardProtocol):
     """The colony's agent registry (COLONY scope): one entry per agent, tagged `state:{state}` and
     `replica:{replica}`, so the tag index gives the agents of a state or of a replica."""
 
-    templates = {"agent": "registry:agent:{agent_id}"}
+    templates = {"agent": "registry:agent:{agent_id}", "replica": "registry:replica:{replica_id}"}
 
     @classmethod
     def agent_key(cls, agent_id: str) -> str:
         return cls.build("agent", agent_id=agent_id)
+
+    @classmethod
+    def replica_key(cls, replica_id: str) -> str:
+        """A replica's heartbeat and engine stats (written with a TTL: dead replicas drop out)."""
+        return cls.build("replica", replica_id=replica_id)
 
     @staticmethod
     def state_tag(state: str) -> str:

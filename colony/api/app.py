@@ -1,0 +1,168 @@
+"""The HTTP API: submit runs, stream their events (SSE), read results, list agents, health, metrics.
+
+Stateless: every fact is read from Redis through the RunService and the AgentRegistry, so any
+API replica answers for any run, and a restarted one has lost nothing.
+"""
+
+from __future__ import annotations
+
+import hmac
+import json
+import logging
+import time
+from collections.abc import AsyncIterator, Awaitable, Callable
+from dataclasses import dataclass
+from typing import Any
+
+from fastapi import Depends, FastAPI, Header, Request
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import JSONResponse, Response, StreamingResponse
+from prometheus_client import CONTENT_TYPE_LATEST, REGISTRY, generate_latest
+from pydantic import BaseModel, Field
+from starlette.exceptions import HTTPException as StarletteHTTPException
+
+from colony import __version__, metrics
+from colony.blackboard.protocol import AgentRegistryProtocol
+from colony.errors import AgentNotFound, BlackboardUnavailable, ColonyError, RunNotFound
+from colony.system.registry import AgentRecord, AgentRegistry
+from colony.system.runs import RunService, RunView
+
+log = logging.getLogger(__name__)
+MAX_BODY_BYTES = 1024 * 1024
+
+
+class SubmitRun(BaseModel):
+    agent: str = Field(min_length=1, max_length=200)
+    input: Any = None
+    namespace: str | None = Field(None, min_length=1, max_length=100, pattern=r"^[A-Za-z0-9_.\-]+$")
+    timeout_s: float | None = Field(None, gt=0, le=86_400)
+    pages: list[str] | None = None
+
+
+class SubmittedRun(BaseModel):
+    run_id: str
+    status: str
+    events_url: str
+
+
+@dataclass
+class ApiServices:
+    runs: RunService
+    registry: AgentRegistry
+    token: str | None
+
+
+def _error(status: int, code: str, message: str) -> JSONResponse:
+    return JSONResponse(status_code=status, content={"error": {"code": code, "message": message}})
+
+
+def create_app(services: ApiServices) -> FastAPI:
+    app = FastAPI(
+        title="Colony",
+        version=__version__,
+        description="Submit agent runs, stream their events, read results.",
+    )
+
+    async def authorized(authorization: str | None = Header(None)) -> None:
+        if services.token is None:
+            return
+        expected = f"Bearer {services.token}"
+        if authorization is None or not hmac.compare_digest(authorization.encode(), expected.encode()):
+            raise StarletteHTTPException(401, "missing or wrong bearer token (Authorization: Bearer <token>)")
+
+    @app.middleware("http")
+    async def limits_and_metrics(
+        request: Request, call_next: Callable[[Request], Awaitable[Response]]
+    ) -> Response:
+        started = time.perf_counter()
+        length = request.headers.get("content-length")
+        if length is not None and length.isdigit() and int(length) > MAX_BODY_BYTES:
+            response: Response = _error(413, "body_too_large", f"request body over {MAX_BODY_BYTES} bytes")
+        else:
+            response = await call_next(request)
+        route = request.scope.get("route")
+        template = getattr(route, "path", "unmatched")
+        metrics.HTTP_REQUESTS.labels(template, request.method, str(response.status_code)).inc()
+        metrics.HTTP_REQUEST_SECONDS.labels(template).observe(time.perf_counter() - started)
+        return response
+
+    @app.exception_handler(StarletteHTTPException)
+    async def http_error(request: Request, exc: StarletteHTTPException) -> JSONResponse:
+        codes = {401: "unauthorized", 404: "not_found", 405: "method_not_allowed", 413: "body_too_large"}
+        return _error(exc.status_code, codes.get(exc.status_code, "http_error"), str(exc.detail))
+
+    @app.exception_handler(RequestValidationError)
+    async def bad_body(request: Request, exc: RequestValidationError) -> JSONResponse:
+        problems = "; ".join(
+            f"{'.'.join(str(p) for p in err['loc'] if p != 'body') or 'body'}: {err['msg']}"
+            for err in exc.errors()
+        )
+        return _error(422, "invalid_request", problems)
+
+    @app.exception_handler(ColonyError)
+    async def colony_error(request: Request, exc: ColonyError) -> JSONResponse:
+        if isinstance(exc, AgentNotFound | RunNotFound):
+            return _error(404, "not_found", str(exc))
+        if isinstance(exc, BlackboardUnavailable):
+            return _error(503, "unavailable", str(exc))
+        return _error(400, "bad_request", str(exc))
+
+    @app.get("/healthz")
+    async def healthz() -> dict[str, str]:
+        return {"status": "ok", "version": __version__}
+
+    @app.get("/metrics", dependencies=[Depends(authorized)])
+    async def prometheus() -> Response:
+        entries = [
+            e async for e in services.registry.board.iter_query(AgentRegistryProtocol.pattern("replica"))
+        ]
+        metrics.REPLICA_STATS.snapshot = [e.value for e in entries]
+        counts: dict[str, int] = {}
+        for record in await services.registry.list():
+            counts[record.state] = counts.get(record.state, 0) + 1
+        for state in ("initialized", "running", "waiting", "idle", "suspended", "stopped", "failed"):
+            metrics.AGENTS.labels(state).set(counts.get(state, 0))
+        return Response(generate_latest(REGISTRY), media_type=CONTENT_TYPE_LATEST)
+
+    @app.post("/v1/runs", status_code=202, response_model=SubmittedRun, dependencies=[Depends(authorized)])
+    async def submit(body: SubmitRun) -> SubmittedRun:
+        kwargs: dict[str, Any] = {"timeout_s": body.timeout_s, "pages": body.pages}
+        if body.namespace:
+            kwargs["namespace"] = body.namespace
+        record = await services.runs.submit(body.agent, body.input, **kwargs)
+        return SubmittedRun(
+            run_id=record.run_id, status="queued", events_url=f"/v1/runs/{record.run_id}/events"
+        )
+
+    @app.get("/v1/runs/{run_id}", response_model=RunView, dependencies=[Depends(authorized)])
+    async def get_run(run_id: str) -> RunView:
+        return await services.runs.get(run_id)
+
+    @app.post("/v1/runs/{run_id}/cancel", response_model=RunView, dependencies=[Depends(authorized)])
+    async def cancel_run(run_id: str) -> RunView:
+        return await services.runs.cancel(run_id)
+
+    @app.get("/v1/runs/{run_id}/events", dependencies=[Depends(authorized)])
+    async def run_events(run_id: str, last_event_id: str | None = Header(None)) -> StreamingResponse:
+        await services.runs.record(run_id)  # 404 before the stream starts
+
+        async def stream() -> AsyncIterator[str]:
+            async for event_id, event in services.runs.events(run_id, last_event_id):
+                yield f"id: {event_id}\nevent: {event.get('event_type', 'message')}\ndata: {json.dumps(event)}\n\n"
+
+        return StreamingResponse(
+            stream(), media_type="text/event-stream", headers={"Cache-Control": "no-cache"}
+        )
+
+    @app.get("/v1/agents", response_model=list[AgentRecord], dependencies=[Depends(authorized)])
+    async def list_agents(state: str | None = None) -> list[AgentRecord]:
+        return await services.registry.list(state=state)
+
+    @app.get("/v1/agents/{agent_id}", response_model=AgentRecord, dependencies=[Depends(authorized)])
+    async def get_agent(agent_id: str) -> AgentRecord:
+        record = await services.registry.get(agent_id)
+        if record is None:
+            raise AgentNotFound(f"no agent named {agent_id!r}")
+        return record
+
+    return app

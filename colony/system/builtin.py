@@ -1,0 +1,98 @@
+"""Built-in agents every colony starts with: `echo` (returns its input) and `ask` (answers a
+question with the replica's engine, streaming its tokens as run events)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from colony.agents import (
+    ActionType,
+    Agent,
+    AgentBlueprint,
+    AgentCapability,
+    AgentMetadata,
+    AgentRunCapability,
+    AgentType,
+    ScriptedActionPolicy,
+    action_executor,
+)
+from colony.blackboard import Blackboard
+from colony.errors import AgentUsageError
+from colony.inference import ChatMessage, InferenceRequest
+from colony.inference.engine import InferenceEngine
+
+RUNS_NAMESPACE = "runs"  # the namespace HTTP runs are served in
+
+
+class EchoCapability(AgentCapability):
+    @action_executor(action_type=ActionType.OUTPUT_WRITE)
+    async def echo(self, value: Any = None) -> Any:
+        """Return the value unchanged."""
+        return value
+
+
+class AskCapability(AgentCapability):
+    """Answers questions with the engine of the replica hosting the agent."""
+
+    def __init__(
+        self,
+        agent: Agent | None = None,
+        scope_id: str | None = None,
+        *,
+        blackboard: Blackboard | None = None,
+        engine: InferenceEngine | None = None,
+        max_tokens: int = 256,
+        system_prompt: str = "You are a helpful assistant. Answer briefly and accurately.",
+    ) -> None:
+        super().__init__(agent, scope_id, blackboard=blackboard)
+        self.engine = engine
+        self.max_tokens = max_tokens
+        self.system_prompt = system_prompt
+
+    @action_executor(action_type=ActionType.ANALYZE)
+    async def ask(self, question: str) -> str:
+        """Answer a question; the answer's tokens stream to the requester as `token` events."""
+        if self.engine is None:
+            raise AgentUsageError("the ask agent runs on an engine replica (no engine was injected)")
+        request = InferenceRequest(
+            messages=[
+                ChatMessage(role="system", content=self.system_prompt),
+                ChatMessage(role="user", content=question),
+            ],
+            max_tokens=self.max_tokens,
+        )
+        parts: list[str] = []
+        async for chunk in self.engine.stream(request):
+            if chunk.text:
+                parts.append(chunk.text)
+                if self.agent is not None:
+                    await self.agent.emit_run_event("token", {"text": chunk.text})
+        return "".join(parts).strip()
+
+
+def echo_blueprint(agent_id: str = "echo") -> AgentBlueprint:
+    return AgentBlueprint(
+        agent_class=Agent,
+        metadata=AgentMetadata(agent_id=agent_id, agent_type=AgentType.SERVICE, role="echo"),
+        capabilities=[EchoCapability.bind(), AgentRunCapability.bind(namespace=RUNS_NAMESPACE)],
+        action_policy=ScriptedActionPolicy.bind(
+            steps=[{"action": "echo", "parameters": {"value": "$input"}}]
+        ),
+    )
+
+
+def ask_blueprint(agent_id: str = "ask", max_tokens: int = 256) -> AgentBlueprint:
+    return AgentBlueprint(
+        agent_class=Agent,
+        metadata=AgentMetadata(agent_id=agent_id, agent_type=AgentType.SERVICE, role="ask"),
+        capabilities=[
+            AskCapability.bind(max_tokens=max_tokens),
+            AgentRunCapability.bind(namespace=RUNS_NAMESPACE),
+        ],
+        action_policy=ScriptedActionPolicy.bind(
+            steps=[{"action": "ask", "parameters": {"question": "$input.question"}}]
+        ),
+    )
+
+
+BUILTIN_AGENTS = {"echo": echo_blueprint, "ask": ask_blueprint}

@@ -1,0 +1,161 @@
+"""ReplicaHost: one engine plus the agents living next to its KV cache, in one process.
+
+The Serve `EngineReplica` deployment wraps it; tests use it directly. It keeps the agent
+registry in step with its agents and writes a heartbeat with its engine stats (with a TTL, so a
+dead replica drops out of the listing).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import time
+from typing import Any
+
+from colony.agents import Agent, AgentBlueprint, LocalAgentRuntime
+from colony.aio import cancel_and_wait
+from colony.blackboard import Blackboard, BlackboardScope, create_redis, resolve_redis_url, scope_id
+from colony.blackboard.protocol import AgentRegistryProtocol, AgentStateProtocol
+from colony.config import ColonySettings
+from colony.errors import BlackboardUnavailable
+from colony.inference import InferenceEngine, create_engine
+from colony.system.registry import AgentRecord, AgentRegistry
+
+log = logging.getLogger(__name__)
+HEARTBEAT_SECONDS = 2.0
+
+
+class ReplicaHost:
+    def __init__(
+        self, settings: ColonySettings, replica_id: str, *, engine: InferenceEngine | None = None
+    ) -> None:
+        self.settings = settings
+        self.replica_id = replica_id
+        self.engine = engine
+        self.blackboard: Blackboard | None = None
+        self.runtime: LocalAgentRuntime | None = None
+        self.registry: AgentRegistry | None = None
+        self._heartbeat: asyncio.Task[None] | None = None
+        self._owns_client = False
+
+    async def start(self, blackboard: Blackboard | None = None) -> None:
+        if self.runtime is not None:
+            return
+        if blackboard is None:
+            client = create_redis(resolve_redis_url(self.settings), self.settings.blackboard)
+            blackboard = Blackboard(client, "colony:bootstrap", settings=self.settings.blackboard)
+            self._owns_client = True
+        self.blackboard = blackboard
+        colony_board = blackboard.scoped(
+            scope_id(
+                BlackboardScope.COLONY, tenant_id=self.settings.tenant_id, colony_id=self.settings.colony_id
+            )
+        )
+        self.registry = AgentRegistry(colony_board)
+        if self.engine is None:
+            self.engine = create_engine(self.settings)
+        await self.engine.start()
+        self.runtime = LocalAgentRuntime(
+            blackboard,
+            tenant_id=self.settings.tenant_id,
+            colony_id=self.settings.colony_id,
+            engine=self.engine,
+        )
+        await self._beat()
+        self._heartbeat = asyncio.create_task(self._heartbeat_loop(), name=f"{self.replica_id}-heartbeat")
+
+    def _ready(self) -> tuple[LocalAgentRuntime, AgentRegistry]:
+        if self.runtime is None or self.registry is None:
+            raise RuntimeError("ReplicaHost.start() has not run")
+        return self.runtime, self.registry
+
+    async def ensure_agent(self, blueprint: AgentBlueprint | str) -> dict[str, Any]:
+        """Host the agent: resume it if the blackboard already knows it, else spawn it."""
+        runtime, registry = self._ready()
+        bp = AgentBlueprint.from_text(blueprint) if isinstance(blueprint, str) else blueprint
+        agent_id = bp.metadata.agent_id
+        if agent_id in runtime.agent_ids:
+            agent = runtime.get(agent_id)
+        elif await self._known(agent_id):
+            agent = await runtime.resume(agent_id)
+        else:
+            agent = await runtime.spawn(bp)
+        record = await registry.put(self._record(agent))
+        return record.model_dump(mode="json")
+
+    async def _known(self, agent_id: str) -> bool:
+        assert self.blackboard is not None
+        board = self.blackboard.scoped(
+            scope_id(
+                BlackboardScope.AGENT,
+                tenant_id=self.settings.tenant_id,
+                colony_id=self.settings.colony_id,
+                agent_id=agent_id,
+            )
+        )
+        return await board.read(AgentStateProtocol.key("blueprint")) is not None
+
+    def _record(self, agent: Agent) -> AgentRecord:
+        return AgentRecord(
+            agent_id=agent.agent_id,
+            role=agent.metadata.role,
+            agent_type=agent.metadata.agent_type.value,
+            state=agent.state.value,
+            replica=self.replica_id,
+        )
+
+    async def stop_agent(self, agent_id: str) -> bool:
+        runtime, registry = self._ready()
+        if agent_id not in runtime.agent_ids:
+            return False
+        await runtime.stop(agent_id)
+        await registry.set_state(agent_id, "stopped")
+        return True
+
+    def info(self) -> dict[str, Any]:
+        runtime, _ = self._ready()
+        assert self.engine is not None
+        return {
+            "replica_id": self.replica_id,
+            "engine": self.engine.kind,
+            "agents": len(runtime.agent_ids),
+            "agent_ids": runtime.agent_ids,
+            "stats": self.engine.stats().model_dump(mode="json"),
+            "updated_at": time.time(),
+        }
+
+    async def _beat(self) -> None:
+        runtime, registry = self._ready()
+        await registry.board.write(
+            AgentRegistryProtocol.replica_key(self.replica_id),
+            self.info(),
+            ttl_seconds=HEARTBEAT_SECONDS * 5,
+            created_by=self.replica_id,
+        )
+        for agent_id in runtime.agent_ids:
+            agent = runtime.get(agent_id)
+            record = await registry.get(agent_id)
+            if record is None or record.state != agent.state.value or record.replica != self.replica_id:
+                await registry.put(self._record(agent))
+
+    async def _heartbeat_loop(self) -> None:
+        while True:
+            await asyncio.sleep(HEARTBEAT_SECONDS)
+            try:
+                await self._beat()
+            except BlackboardUnavailable as exc:
+                log.warning("replica %s heartbeat failed: %s", self.replica_id, exc)
+            except Exception:
+                log.exception("replica %s heartbeat failed", self.replica_id)
+
+    async def close(self) -> None:
+        if self._heartbeat is not None:
+            await cancel_and_wait([self._heartbeat])
+        if self.runtime is not None:
+            await self.runtime.shutdown()
+        if self.engine is not None:
+            with contextlib.suppress(Exception):
+                await self.engine.close()
+        if self._owns_client and self.blackboard is not None:
+            await self.blackboard.close()

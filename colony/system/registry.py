@@ -1,0 +1,64 @@
+"""The agent registry: which agents exist, where they run and in which state, in Redis.
+
+One entry per agent (COLONY scope), tagged by state and by replica, so "the agents of replica R"
+or "the suspended agents" are tag-index lookups, not a scan of one big document.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+from pydantic import BaseModel, Field
+
+from colony.blackboard import Blackboard, TagFilter
+from colony.blackboard.protocol import AgentRegistryProtocol as Keys
+
+
+class AgentRecord(BaseModel):
+    agent_id: str
+    role: str | None = None
+    agent_type: str = "unbound"
+    state: str = "initialized"
+    replica: str | None = None
+    created_at: float = Field(default_factory=time.time)
+    updated_at: float = Field(default_factory=time.time)
+
+
+class AgentRegistry:
+    def __init__(self, colony_board: Blackboard) -> None:
+        self.board = colony_board
+
+    async def put(self, record: AgentRecord) -> AgentRecord:
+        record = record.model_copy(update={"updated_at": time.time()})
+        tags = {Keys.state_tag(record.state)}
+        if record.replica:
+            tags.add(Keys.replica_tag(record.replica))
+        await self.board.write(Keys.agent_key(record.agent_id), record, tags=tags, created_by="registry")
+        return record
+
+    async def get(self, agent_id: str) -> AgentRecord | None:
+        entry = await self.board.read(Keys.agent_key(agent_id))
+        return entry.value_as(AgentRecord) if entry else None
+
+    async def set_state(self, agent_id: str, state: str) -> AgentRecord | None:
+        record = await self.get(agent_id)
+        if record is None:
+            return None
+        return await self.put(record.model_copy(update={"state": state}))
+
+    async def list(self, *, state: str | None = None, replica: str | None = None) -> list[AgentRecord]:
+        tags: dict[str, Any] = {"all_of": []}
+        if state:
+            tags["all_of"].append(Keys.state_tag(state))
+        if replica:
+            tags["all_of"].append(Keys.replica_tag(replica))
+        pattern = Keys.pattern("agent")
+        entries = [
+            e
+            async for e in self.board.iter_query(pattern, tags=TagFilter(**tags) if tags["all_of"] else None)
+        ]
+        return sorted((e.value_as(AgentRecord) for e in entries), key=lambda r: r.agent_id)
+
+    async def remove(self, agent_id: str) -> bool:
+        return await self.board.delete(Keys.agent_key(agent_id))

@@ -1,0 +1,159 @@
+"""The HTTP API in-process (ASGI) on a real Redis, with agents hosted by a ReplicaHost."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import uuid
+from collections.abc import AsyncIterator
+from typing import Any
+
+import httpx
+import pytest
+
+from colony.api.app import ApiServices, create_app
+from colony.blackboard import Blackboard
+from colony.config import ColonySettings
+from colony.inference.scripted import ScriptedEngine
+from colony.system.builtin import ask_blueprint, echo_blueprint
+from colony.system.host import ReplicaHost
+from colony.system.registry import AgentRecord
+from colony.system.runs import RunService
+
+TOKEN = "test-token"
+AUTH = {"Authorization": f"Bearer {TOKEN}"}
+
+
+@pytest.fixture
+async def api(bb: Blackboard, redis_url: str) -> AsyncIterator[tuple[httpx.AsyncClient, ReplicaHost]]:
+    settings = ColonySettings(redis_url=redis_url, colony_id=f"api{uuid.uuid4().hex[:8]}")
+    host = ReplicaHost(settings, "replica-a", engine=ScriptedEngine(["The answer is forty two."]))
+    await host.start(bb)
+    await host.ensure_agent(echo_blueprint())
+    await host.ensure_agent(ask_blueprint())
+    assert host.registry is not None
+    runs = RunService(bb, host.registry, tenant_id=settings.tenant_id, colony_id=settings.colony_id)
+    app = create_app(ApiServices(runs=runs, registry=host.registry, token=TOKEN))
+    async with httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://colony") as client:
+        yield client, host
+    await host.close()
+
+
+async def wait_done(client: httpx.AsyncClient, run_id: str, timeout: float = 10) -> dict[str, Any]:
+    async with asyncio.timeout(timeout):
+        while True:
+            body = (await client.get(f"/v1/runs/{run_id}", headers=AUTH)).json()
+            if body["status"] in ("succeeded", "failed", "cancelled"):
+                return body
+            await asyncio.sleep(0.05)
+
+
+def parse_sse(text: str) -> list[dict[str, Any]]:
+    events = []
+    for block in text.strip().split("\n\n"):
+        fields = dict(line.split(": ", 1) for line in block.splitlines() if ": " in line)
+        events.append({"id": fields["id"], "event": fields["event"], "data": json.loads(fields["data"])})
+    return events
+
+
+async def test_echo_run_over_http_with_events(api) -> None:
+    client, _ = api
+    submitted = await client.post(
+        "/v1/runs", json={"agent": "echo", "input": {"hello": [1, 2]}}, headers=AUTH
+    )
+    assert submitted.status_code == 202
+    body = submitted.json()
+    assert body["status"] == "queued" and body["events_url"] == f"/v1/runs/{body['run_id']}/events"
+    stream = await client.get(body["events_url"], headers=AUTH)
+    assert stream.headers["content-type"].startswith("text/event-stream")
+    events = parse_sse(stream.text)
+    assert [e["event"] for e in events] == ["started", "step", "completed"]
+    assert events[-1]["data"]["data"]["output"] == {"hello": [1, 2]}
+    done = await wait_done(client, body["run_id"])
+    assert done["status"] == "succeeded" and done["output"] == {"hello": [1, 2]} and done["agent"] == "echo"
+
+
+async def test_last_event_id_resumes_without_repeats(api) -> None:
+    client, _ = api
+    run_id = (await client.post("/v1/runs", json={"agent": "echo", "input": 7}, headers=AUTH)).json()[
+        "run_id"
+    ]
+    everything = parse_sse((await client.get(f"/v1/runs/{run_id}/events", headers=AUTH)).text)
+    resumed = parse_sse(
+        (
+            await client.get(
+                f"/v1/runs/{run_id}/events", headers={**AUTH, "Last-Event-ID": everything[0]["id"]}
+            )
+        ).text
+    )
+    assert [e["id"] for e in resumed] == [e["id"] for e in everything[1:]]
+
+
+async def test_ask_streams_tokens(api) -> None:
+    client, _ = api
+    run_id = (
+        await client.post(
+            "/v1/runs", json={"agent": "ask", "input": {"question": "What is six times seven?"}}, headers=AUTH
+        )
+    ).json()["run_id"]
+    events = parse_sse((await client.get(f"/v1/runs/{run_id}/events", headers=AUTH)).text)
+    tokens = [e["data"]["data"]["text"] for e in events if e["event"] == "token"]
+    assert "".join(tokens).strip() == "The answer is forty two."
+    assert events[-1]["event"] == "completed"
+    assert (await wait_done(client, run_id))["output"] == "The answer is forty two."
+
+
+async def test_auth_validation_and_not_found(api) -> None:
+    client, _ = api
+    assert (await client.get("/healthz")).status_code == 200
+    for headers in ({}, {"Authorization": "Bearer wrong"}, {"Authorization": TOKEN}):
+        response = await client.post("/v1/runs", json={"agent": "echo"}, headers=headers)
+        assert response.status_code == 401 and response.json()["error"]["code"] == "unauthorized"
+    bad = await client.post("/v1/runs", json={"input": 1}, headers=AUTH)
+    assert bad.status_code == 422 and "agent" in bad.json()["error"]["message"]
+    bad_timeout = await client.post("/v1/runs", json={"agent": "echo", "timeout_s": -1}, headers=AUTH)
+    assert bad_timeout.status_code == 422 and "timeout_s" in bad_timeout.json()["error"]["message"]
+    unknown_agent = await client.post("/v1/runs", json={"agent": "nobody"}, headers=AUTH)
+    assert unknown_agent.status_code == 404 and "nobody" in unknown_agent.json()["error"]["message"]
+    assert (await client.get("/v1/runs/run-missing", headers=AUTH)).status_code == 404
+    assert (await client.get("/v1/runs/run-missing/events", headers=AUTH)).status_code == 404
+    assert (await client.get("/v1/agents/nobody", headers=AUTH)).status_code == 404
+    huge = await client.post(
+        "/v1/runs",
+        content=b'{"agent": "echo", "input": "' + b"x" * (10 * 1024 * 1024) + b'"}',
+        headers={**AUTH, "content-type": "application/json"},
+    )
+    assert huge.status_code == 413
+
+
+async def test_timeout_and_cancel_end_runs_of_a_silent_agent(api) -> None:
+    client, host = api
+    await host.registry.put(AgentRecord(agent_id="sleepy", state="idle"))  # registered, nobody serves it
+    timed = (await client.post("/v1/runs", json={"agent": "sleepy", "timeout_s": 0.3}, headers=AUTH)).json()
+    assert (await client.get(f"/v1/runs/{timed['run_id']}", headers=AUTH)).json()["status"] == "queued"
+    await asyncio.sleep(0.5)
+    view = (await client.get(f"/v1/runs/{timed['run_id']}", headers=AUTH)).json()
+    assert view["status"] == "failed" and "timed out" in view["error"]
+    events = parse_sse((await client.get(timed["events_url"], headers=AUTH)).text)
+    assert events[-1]["event"] == "failed"
+    other = (await client.post("/v1/runs", json={"agent": "sleepy"}, headers=AUTH)).json()
+    cancelled = (await client.post(f"/v1/runs/{other['run_id']}/cancel", headers=AUTH)).json()
+    assert cancelled["status"] == "cancelled"
+
+
+async def test_agents_listing_and_metrics(api) -> None:
+    client, _ = api
+    agents = (await client.get("/v1/agents", headers=AUTH)).json()
+    assert {a["agent_id"] for a in agents} >= {"echo", "ask"}
+    assert all(a["replica"] == "replica-a" for a in agents)
+    echo = (await client.get("/v1/agents/echo", headers=AUTH)).json()
+    assert echo["role"] == "echo"
+    run_id = (await client.post("/v1/runs", json={"agent": "echo", "input": 1}, headers=AUTH)).json()[
+        "run_id"
+    ]
+    await wait_done(client, run_id)
+    text = (await client.get("/metrics", headers=AUTH)).text
+    assert 'colony_runs_submitted_total{agent="echo"}' in text
+    assert 'colony_runs_completed_total{status="succeeded"}' in text
+    assert 'colony_replica_agents{replica="replica-a"}' in text
+    assert 'colony_http_requests_total{code="202",method="POST",route="/v1/runs"}' in text
