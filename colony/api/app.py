@@ -56,7 +56,16 @@ def _error(status: int, code: str, message: str) -> JSONResponse:
     return JSONResponse(status_code=status, content={"error": {"code": code, "message": message}})
 
 
-def create_app(services: ApiServices) -> FastAPI:
+ServicesProvider = Callable[[], Awaitable[ApiServices]]
+
+
+def create_app(services: ApiServices | ServicesProvider) -> FastAPI:
+    """The API over `services` (or an async provider of them, for processes that build them
+    lazily, like a Serve replica whose Redis client must be created in its own event loop)."""
+
+    async def svc() -> ApiServices:
+        return services if isinstance(services, ApiServices) else await services()
+
     app = FastAPI(
         title="Colony",
         version=__version__,
@@ -64,9 +73,10 @@ def create_app(services: ApiServices) -> FastAPI:
     )
 
     async def authorized(authorization: str | None = Header(None)) -> None:
-        if services.token is None:
+        token = (await svc()).token
+        if token is None:
             return
-        expected = f"Bearer {services.token}"
+        expected = f"Bearer {token}"
         if authorization is None or not hmac.compare_digest(authorization.encode(), expected.encode()):
             raise StarletteHTTPException(401, "missing or wrong bearer token (Authorization: Bearer <token>)")
 
@@ -113,10 +123,8 @@ def create_app(services: ApiServices) -> FastAPI:
 
     @app.get("/metrics", dependencies=[Depends(authorized)])
     async def prometheus() -> Response:
-        entries = [
-            e async for e in services.registry.board.iter_query(AgentRegistryProtocol.pattern("replica"))
-        ]
-        metrics.REPLICA_STATS.snapshot = [e.value for e in entries]
+        services = await svc()
+        metrics.REPLICA_STATS.snapshot = await replicas_of(services)
         counts: dict[str, int] = {}
         for record in await services.registry.list():
             counts[record.state] = counts.get(record.state, 0) + 1
@@ -129,26 +137,28 @@ def create_app(services: ApiServices) -> FastAPI:
         kwargs: dict[str, Any] = {"timeout_s": body.timeout_s, "pages": body.pages}
         if body.namespace:
             kwargs["namespace"] = body.namespace
-        record = await services.runs.submit(body.agent, body.input, **kwargs)
+        record = await (await svc()).runs.submit(body.agent, body.input, **kwargs)
         return SubmittedRun(
             run_id=record.run_id, status="queued", events_url=f"/v1/runs/{record.run_id}/events"
         )
 
     @app.get("/v1/runs/{run_id}", response_model=RunView, dependencies=[Depends(authorized)])
     async def get_run(run_id: str) -> RunView:
-        return await services.runs.get(run_id)
+        return await (await svc()).runs.get(run_id)
 
     @app.post("/v1/runs/{run_id}/cancel", response_model=RunView, dependencies=[Depends(authorized)])
     async def cancel_run(run_id: str) -> RunView:
-        return await services.runs.cancel(run_id)
+        return await (await svc()).runs.cancel(run_id)
 
     @app.get("/v1/runs/{run_id}/events", dependencies=[Depends(authorized)])
     async def run_events(run_id: str, last_event_id: str | None = Header(None)) -> StreamingResponse:
-        await services.runs.record(run_id)  # 404 before the stream starts
+        runs = (await svc()).runs
+        await runs.record(run_id)  # 404 before the stream starts
 
         async def stream() -> AsyncIterator[str]:
-            async for event_id, event in services.runs.events(run_id, last_event_id):
-                yield f"id: {event_id}\nevent: {event.get('event_type', 'message')}\ndata: {json.dumps(event)}\n\n"
+            async for event_id, event in runs.events(run_id, last_event_id):
+                kind = event.get("event_type", "message")
+                yield f"id: {event_id}\nevent: {kind}\ndata: {json.dumps(event)}\n\n"
 
         return StreamingResponse(
             stream(), media_type="text/event-stream", headers={"Cache-Control": "no-cache"}
@@ -156,13 +166,23 @@ def create_app(services: ApiServices) -> FastAPI:
 
     @app.get("/v1/agents", response_model=list[AgentRecord], dependencies=[Depends(authorized)])
     async def list_agents(state: str | None = None) -> list[AgentRecord]:
-        return await services.registry.list(state=state)
+        return await (await svc()).registry.list(state=state)
 
     @app.get("/v1/agents/{agent_id}", response_model=AgentRecord, dependencies=[Depends(authorized)])
     async def get_agent(agent_id: str) -> AgentRecord:
-        record = await services.registry.get(agent_id)
+        record = await (await svc()).registry.get(agent_id)
         if record is None:
             raise AgentNotFound(f"no agent named {agent_id!r}")
         return record
 
+    @app.get("/v1/replicas", dependencies=[Depends(authorized)])
+    async def list_replicas() -> list[dict[str, Any]]:
+        return await replicas_of(await svc())
+
     return app
+
+
+async def replicas_of(services: ApiServices) -> list[dict[str, Any]]:
+    """Live replicas (their heartbeats carry engine stats and agent counts)."""
+    pattern = AgentRegistryProtocol.pattern("replica")
+    return [e.value async for e in services.registry.board.iter_query(pattern)]

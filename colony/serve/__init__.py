@@ -1,0 +1,1 @@
+"""The Ray Serve application: engine replicas hosting agents, the control plane, the HTTP API."""

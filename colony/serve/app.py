@@ -1,0 +1,148 @@
+"""The Ray Serve application (`colony.serve.app:build_app`).
+
+- `EngineReplica` (N replicas): one InferenceEngine plus the agents next to its KV cache
+  (a `ReplicaHost`), so the agents' inference never leaves the process.
+- `AgentSystemDeployment` (control plane): places agents on replicas (Serve's least-loaded routing
+  for now; page affinity arrives with the VCM), stops them, ensures the built-in agents exist.
+- `ColonyAPI`: the FastAPI app behind `@serve.ingress`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from pathlib import Path
+from typing import Any
+
+from ray import serve
+from ray.serve.handle import DeploymentHandle
+
+from colony.api.app import ApiServices, create_app
+from colony.blackboard import Blackboard, BlackboardScope, create_redis, resolve_redis_url, scope_id
+from colony.config import ColonySettings, load_settings
+from colony.system.builtin import BUILTIN_AGENTS
+from colony.system.host import ReplicaHost
+from colony.system.registry import AgentRegistry
+from colony.system.runs import RunService
+
+log = logging.getLogger(__name__)
+
+
+def settings_to_dict(settings: ColonySettings) -> dict[str, Any]:
+    """Settings as plain JSON with secrets revealed, to hand to replica processes."""
+    data = settings.model_dump(mode="json")
+    data["api_token"] = settings.api_token.get_secret_value() if settings.api_token else None
+    if settings.engine.api_key is not None:
+        data["engine"]["api_key"] = settings.engine.api_key.get_secret_value()
+    return data
+
+
+@serve.deployment(name="EngineReplica", ray_actor_options={"num_cpus": 0.5}, max_ongoing_requests=64)
+class EngineReplica:
+    def __init__(self, settings: dict[str, Any]) -> None:
+        context = serve.get_replica_context()
+        self.host = ReplicaHost(ColonySettings(**settings), context.replica_id.unique_id)
+        self._lock = asyncio.Lock()
+
+    async def _started(self) -> ReplicaHost:
+        async with self._lock:
+            await self.host.start()
+        return self.host
+
+    async def ensure_agent(self, blueprint_text: str) -> dict[str, Any]:
+        return await (await self._started()).ensure_agent(blueprint_text)
+
+    async def stop_agent(self, agent_id: str) -> bool:
+        return await (await self._started()).stop_agent(agent_id)
+
+    async def info(self) -> dict[str, Any]:
+        return (await self._started()).info()
+
+    async def check_health(self) -> None:
+        if self.host.runtime is None:
+            await self._started()
+
+
+@serve.deployment(name="AgentSystem", ray_actor_options={"num_cpus": 0.1})
+class AgentSystemDeployment:
+    def __init__(self, settings: dict[str, Any], replicas: DeploymentHandle) -> None:
+        self.settings = ColonySettings(**settings)
+        self.replicas = replicas
+        self._builtins_ready = False
+        self._lock = asyncio.Lock()
+
+    async def spawn(self, blueprint_text: str) -> dict[str, Any]:
+        """Place an agent on a replica (resumed there if the blackboard already knows it)."""
+        result: dict[str, Any] = await self.replicas.ensure_agent.remote(blueprint_text)
+        return result
+
+    async def stop(self, agent_id: str) -> bool:
+        stopped: bool = await self.replicas.stop_agent.remote(agent_id)
+        return stopped
+
+    async def ensure_builtins(self) -> list[str]:
+        async with self._lock:
+            if not self._builtins_ready:
+                for name, make in BUILTIN_AGENTS.items():
+                    await self.spawn(make(name).to_text())
+                self._builtins_ready = True
+        return sorted(BUILTIN_AGENTS)
+
+
+class _ApiState:
+    """Per-process services of the API replica, built lazily in its own event loop."""
+
+    settings: ColonySettings | None = None
+    system: DeploymentHandle | None = None
+    services: ApiServices | None = None
+    builtins_ready = False
+    lock: asyncio.Lock | None = None
+
+
+async def _api_services() -> ApiServices:
+    state = _ApiState
+    if state.lock is None:
+        state.lock = asyncio.Lock()
+    async with state.lock:
+        if state.services is None:
+            settings = state.settings or load_settings()
+            client = create_redis(resolve_redis_url(settings), settings.blackboard)
+            board = Blackboard(client, "colony:api", settings=settings.blackboard)
+            registry = AgentRegistry(
+                board.scoped(scope_id(BlackboardScope.COLONY, tenant_id=settings.tenant_id,
+                                      colony_id=settings.colony_id))
+            )
+            runs = RunService(board, registry, tenant_id=settings.tenant_id, colony_id=settings.colony_id)
+            token = settings.api_token.get_secret_value() if settings.api_token else None
+            state.services = ApiServices(runs=runs, registry=registry, token=token)
+        if not state.builtins_ready and state.system is not None:
+            await state.system.ensure_builtins.remote()
+            state.builtins_ready = True
+    return state.services
+
+
+api_app = create_app(_api_services)
+
+
+@serve.deployment(name="ColonyAPI", ray_actor_options={"num_cpus": 0.1}, max_ongoing_requests=256)
+@serve.ingress(api_app)
+class ColonyAPI:
+    def __init__(self, settings: dict[str, Any], system: DeploymentHandle) -> None:
+        _ApiState.settings = ColonySettings(**settings)
+        _ApiState.system = system
+
+
+def build_app(args: dict[str, Any] | None = None, *, settings: ColonySettings | None = None) -> Any:
+    """The Serve application. `args` (Serve config): `config` (YAML path), `replicas` (engine replicas),
+    `replica_cpus` (CPUs per engine replica)."""
+    args = dict(args or {})
+    if settings is None:
+        config = args.get("config")
+        settings = load_settings(Path(config) if config else None)
+    data = settings_to_dict(settings)
+    replicas = EngineReplica.options(
+        num_replicas=int(args.get("replicas", 1)),
+        ray_actor_options={"num_cpus": float(args.get("replica_cpus", 0.5))},
+    ).bind(data)
+    system = AgentSystemDeployment.bind(data, replicas)
+    return ColonyAPI.bind(data, system)
