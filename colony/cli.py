@@ -109,6 +109,104 @@ def cmd_demo(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_up(args: argparse.Namespace) -> int:
+    from colony.serve import cluster
+
+    settings = _settings(args)
+    print(
+        "starting Colony (local Ray, Redis, Serve app on the embedded engine)...", file=sys.stderr, flush=True
+    )
+    info = cluster.up(settings, args.config)
+    print(f"Colony is up at {info.url}")
+    print(f"token: {info.token}")
+    print('try: colony run ask --input \'{"question": "What is a blackboard system?"}\'')
+    return 0
+
+
+def cmd_down(args: argparse.Namespace) -> int:
+    from colony.serve import cluster
+
+    stopped = cluster.down(_settings(args))
+    print("Colony stopped" if stopped else "no Colony cluster was running (embedded Redis stopped if it ran)")
+    return 0
+
+
+def cmd_status(args: argparse.Namespace) -> int:
+    from colony.client import ColonyClient
+    from colony.serve import cluster
+
+    info = cluster.status(_settings(args))
+    if info is None:
+        report: dict[str, Any] = {"running": False}
+    else:
+        with ColonyClient(info.url, info.token) as client:
+            agents = client.agents()
+            replicas = client.replicas()
+        by_state: dict[str, int] = {}
+        for agent in agents:
+            by_state[agent["state"]] = by_state.get(agent["state"], 0) + 1
+        report = {
+            "running": True,
+            "url": info.url,
+            "token": info.token,
+            "pid": info.pid,
+            "replicas": len(replicas),
+            "agents": len(agents),
+            "agents_by_state": by_state,
+        }
+    if args.json:
+        print(json.dumps(report, indent=2))
+    elif not report["running"]:
+        print("Colony is not running (start it with `colony up`)")
+    else:
+        states = ", ".join(f"{k} {v}" for k, v in sorted(report["agents_by_state"].items()))
+        where = f"Colony at {report['url']}"
+        print(f"{where}: {report['replicas']} replica(s), {report['agents']} agent(s) ({states})")
+    return 0 if report["running"] else 1
+
+
+def cmd_run(args: argparse.Namespace) -> int:
+    from colony.client import ColonyClient
+    from colony.serve import cluster
+
+    settings = _settings(args)
+    info = cluster.status(settings)
+    if info is None:
+        raise ColonyError("Colony is not running; start it with `colony up`")
+    try:
+        input_data = json.loads(args.input) if args.input is not None else None
+    except json.JSONDecodeError as exc:
+        raise ColonyError(f"--input is not valid JSON: {exc}") from None
+    with ColonyClient(info.url, info.token) as client:
+        submitted = client.submit(args.agent, input_data, timeout_s=args.timeout)
+        run_id = submitted["run_id"]
+        print(f"run {run_id} on {args.agent}", file=sys.stderr, flush=True)
+        streaming_tokens = False
+        for event in client.events(run_id):
+            kind, data = event.get("event_type"), event.get("data") or {}
+            if kind == "token":
+                print(data.get("text", ""), end="", file=sys.stderr, flush=True)
+                streaming_tokens = True
+            elif kind == "step":
+                action = (data.get("action") or {}).get("success")
+                print(
+                    f"{chr(10) if streaming_tokens else ''}  step {data.get('step')}: "
+                    f"{'ok' if action else 'failed'}",
+                    file=sys.stderr,
+                    flush=True,
+                )
+                streaming_tokens = False
+            elif kind not in ("started",):
+                print(f"  {kind}", file=sys.stderr, flush=True)
+        view = client.get(run_id)
+    if view["status"] != "succeeded":
+        print(f"run {run_id} {view['status']}: {view.get('error')}", file=sys.stderr)
+        return 1
+    output = view["output"]
+    print(output if isinstance(output, str) else json.dumps(output, indent=2))
+    return 0
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="colony", description="Colony multi-agent cluster.")
     parser.add_argument(
@@ -144,6 +242,19 @@ def build_parser() -> argparse.ArgumentParser:
 
     demo = sub.add_parser("demo", help="start the embedded Redis if needed and walk through the blackboard")
     demo.set_defaults(func=cmd_demo)
+
+    sub.add_parser(
+        "up", help="start the local cluster (Ray, Redis, Serve app); reuse a running one"
+    ).set_defaults(func=cmd_up)
+    sub.add_parser("down", help="stop everything `colony up` started").set_defaults(func=cmd_down)
+    status = sub.add_parser("status", help="where the cluster answers, its replicas and agents")
+    status.add_argument("--json", action="store_true", help="machine-readable output")
+    status.set_defaults(func=cmd_status)
+    run = sub.add_parser("run", help="submit a run over HTTP, stream its events, print its output")
+    run.add_argument("agent", help="agent name, e.g. echo or ask")
+    run.add_argument("--input", help="JSON input of the run")
+    run.add_argument("--timeout", type=float, default=None, help="seconds before the run fails")
+    run.set_defaults(func=cmd_run)
     return parser
 
 

@@ -76,6 +76,17 @@ class EngineSettings(BaseModel):
     max_model_len: int | None = Field(None, ge=256, description="vLLM context length; unset = the model's.")
 
 
+class ServeSettings(BaseModel):
+    """The local Ray Serve cluster `colony up` starts."""
+
+    host: str = Field("127.0.0.1", description="HTTP address of the API.")
+    port: int = Field(8000, ge=1, le=65535, description="HTTP port of the API.")
+    replicas: int = Field(1, ge=1, description="Engine replicas (each hosts an engine and its agents).")
+    replica_cpus: float = Field(0.5, gt=0, description="CPUs reserved per engine replica.")
+    num_cpus: int | None = Field(None, ge=1, description="CPUs of the local Ray cluster; unset = all.")
+    start_timeout_seconds: float = Field(240.0, gt=0, description="How long `colony up` waits for readiness.")
+
+
 class ColonySettings(BaseSettings):
     """Every setting of a Colony process."""
 
@@ -95,6 +106,7 @@ class ColonySettings(BaseSettings):
     blackboard: BlackboardSettings = Field(default_factory=BlackboardSettings)
     embedded_redis: EmbeddedRedisSettings = Field(default_factory=EmbeddedRedisSettings)
     engine: EngineSettings = Field(default_factory=EngineSettings)
+    serve: ServeSettings = Field(default_factory=ServeSettings)
 
     @field_validator("data_dir")
     @classmethod

@@ -92,7 +92,11 @@ class EmbeddedEngine(InferenceEngine):
         self.settings = settings or EngineSettings()
         self.model_path = resolve_model_path(self.settings.model)
         self._stats.model = self.model_path.name
-        base = Path(data_dir).expanduser() / "kv-slots" if data_dir else Path(tempfile.gettempdir()) / "colony-kv-slots"
+        base = (
+            Path(data_dir).expanduser() / "kv-slots"
+            if data_dir
+            else Path(tempfile.gettempdir()) / "colony-kv-slots"
+        )
         self.swap_dir = base / uuid.uuid4().hex[:12]
         self.page_slots = self.settings.page_slots
         self.general_slot = self.page_slots  # slots 0..page_slots-1 hold pages

@@ -89,47 +89,41 @@ class AgentSystemDeployment:
         return sorted(BUILTIN_AGENTS)
 
 
-class _ApiState:
-    """Per-process services of the API replica, built lazily in its own event loop."""
-
-    settings: ColonySettings | None = None
-    system: DeploymentHandle | None = None
-    services: ApiServices | None = None
-    builtins_ready = False
-    lock: asyncio.Lock | None = None
-
-
-async def _api_services() -> ApiServices:
-    state = _ApiState
-    if state.lock is None:
-        state.lock = asyncio.Lock()
-    async with state.lock:
-        if state.services is None:
-            settings = state.settings or load_settings()
-            client = create_redis(resolve_redis_url(settings), settings.blackboard)
-            board = Blackboard(client, "colony:api", settings=settings.blackboard)
-            registry = AgentRegistry(
-                board.scoped(scope_id(BlackboardScope.COLONY, tenant_id=settings.tenant_id,
-                                      colony_id=settings.colony_id))
-            )
-            runs = RunService(board, registry, tenant_id=settings.tenant_id, colony_id=settings.colony_id)
-            token = settings.api_token.get_secret_value() if settings.api_token else None
-            state.services = ApiServices(runs=runs, registry=registry, token=token)
-        if not state.builtins_ready and state.system is not None:
-            await state.system.ensure_builtins.remote()
-            state.builtins_ready = True
-    return state.services
-
-
-api_app = create_app(_api_services)
-
-
 @serve.deployment(name="ColonyAPI", ray_actor_options={"num_cpus": 0.1}, max_ongoing_requests=256)
-@serve.ingress(api_app)
+@serve.ingress()
 class ColonyAPI:
+    """The HTTP API. Its FastAPI app is built in the replica (`__serve_build_asgi_app__`), not
+    pickled from the driver, so its metrics and clients are this process's own."""
+
     def __init__(self, settings: dict[str, Any], system: DeploymentHandle) -> None:
-        _ApiState.settings = ColonySettings(**settings)
-        _ApiState.system = system
+        self.settings = ColonySettings(**settings)
+        self.system = system
+        self._services: ApiServices | None = None
+        self._builtins_ready = False
+        self._lock = asyncio.Lock()
+
+    def __serve_build_asgi_app__(self) -> Any:
+        return create_app(self._get_services)
+
+    async def _get_services(self) -> ApiServices:
+        if self._services is not None and self._builtins_ready:
+            return self._services
+        async with self._lock:
+            if self._services is None:
+                settings = self.settings
+                client = create_redis(resolve_redis_url(settings), settings.blackboard)
+                board = Blackboard(client, "colony:api", settings=settings.blackboard)
+                colony_scope = scope_id(
+                    BlackboardScope.COLONY, tenant_id=settings.tenant_id, colony_id=settings.colony_id
+                )
+                registry = AgentRegistry(board.scoped(colony_scope))
+                runs = RunService(board, registry, tenant_id=settings.tenant_id, colony_id=settings.colony_id)
+                token = settings.api_token.get_secret_value() if settings.api_token else None
+                self._services = ApiServices(runs=runs, registry=registry, token=token)
+            if not self._builtins_ready:
+                await self.system.ensure_builtins.remote()
+                self._builtins_ready = True
+        return self._services
 
 
 def build_app(args: dict[str, Any] | None = None, *, settings: ColonySettings | None = None) -> Any:

@@ -1,0 +1,194 @@
+"""Python clients of the Colony HTTP API (sync and async)."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import AsyncIterator, Iterator
+from typing import Any
+
+import httpx
+
+from colony.errors import ColonyError
+
+TERMINAL_EVENTS = frozenset({"completed", "failed", "cancelled"})
+
+
+class ApiError(ColonyError):
+    """The API answered with an error (`status`, `code` and the server's message)."""
+
+    def __init__(self, status: int, code: str, message: str) -> None:
+        self.status, self.code = status, code
+        super().__init__(f"HTTP {status} {code}: {message}")
+
+
+def _raise_for(response: httpx.Response) -> None:
+    if response.status_code < 400:
+        return
+    try:
+        error = response.json().get("error", {})
+    except ValueError:
+        error = {}
+    raise ApiError(
+        response.status_code, error.get("code", "http_error"), error.get("message", response.text[:300])
+    )
+
+
+class _SseParser:
+    """Server-sent events, a line at a time: `feed` returns an event when a blank line ends one."""
+
+    def __init__(self) -> None:
+        self._fields: dict[str, str] = {}
+
+    def feed(self, line: str) -> dict[str, Any] | None:
+        if line:
+            key, _, value = line.partition(": ")
+            self._fields[key] = value
+            return None
+        fields, self._fields = self._fields, {}
+        return {"id": fields.get("id"), **json.loads(fields["data"])} if "data" in fields else None
+
+
+def _body(agent: str, input_data: Any, namespace: str | None, timeout_s: float | None) -> dict[str, Any]:
+    body: dict[str, Any] = {"agent": agent, "input": input_data}
+    if namespace:
+        body["namespace"] = namespace
+    if timeout_s:
+        body["timeout_s"] = timeout_s
+    return body
+
+
+class ColonyClient:
+    """`with ColonyClient(url, token) as client: run = client.run("echo", {"x": 1})`."""
+
+    def __init__(self, url: str, token: str | None = None, *, timeout: float = 30.0) -> None:
+        headers = {"Authorization": f"Bearer {token}"} if token else {}
+        self._http = httpx.Client(base_url=url.rstrip("/"), headers=headers, timeout=timeout)
+
+    def __enter__(self) -> ColonyClient:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def close(self) -> None:
+        self._http.close()
+
+    def health(self) -> dict[str, Any]:
+        response = self._http.get("/healthz")
+        _raise_for(response)
+        return dict(response.json())
+
+    def submit(
+        self,
+        agent: str,
+        input_data: Any = None,
+        *,
+        namespace: str | None = None,
+        timeout_s: float | None = None,
+    ) -> dict[str, Any]:
+        response = self._http.post("/v1/runs", json=_body(agent, input_data, namespace, timeout_s))
+        _raise_for(response)
+        return dict(response.json())
+
+    def get(self, run_id: str) -> dict[str, Any]:
+        response = self._http.get(f"/v1/runs/{run_id}")
+        _raise_for(response)
+        return dict(response.json())
+
+    def cancel(self, run_id: str) -> dict[str, Any]:
+        response = self._http.post(f"/v1/runs/{run_id}/cancel")
+        _raise_for(response)
+        return dict(response.json())
+
+    def events(self, run_id: str, last_event_id: str | None = None) -> Iterator[dict[str, Any]]:
+        """The run's events, ending with its terminal one."""
+        headers = {"Last-Event-ID": last_event_id} if last_event_id else {}
+        with self._http.stream("GET", f"/v1/runs/{run_id}/events", headers=headers, timeout=None) as response:
+            if response.status_code >= 400:
+                response.read()
+                _raise_for(response)
+            parser = _SseParser()
+            for line in response.iter_lines():
+                event = parser.feed(line)
+                if event is not None:
+                    yield event
+                    if event.get("event_type") in TERMINAL_EVENTS:
+                        return
+
+    def run(self, agent: str, input_data: Any = None, **kwargs: Any) -> dict[str, Any]:
+        """Submit and wait (through the event stream); the final run view."""
+        run_id = self.submit(agent, input_data, **kwargs)["run_id"]
+        for _event in self.events(run_id):
+            pass
+        return self.get(run_id)
+
+    def agents(self) -> list[dict[str, Any]]:
+        response = self._http.get("/v1/agents")
+        _raise_for(response)
+        return list(response.json())
+
+    def replicas(self) -> list[dict[str, Any]]:
+        response = self._http.get("/v1/replicas")
+        _raise_for(response)
+        return list(response.json())
+
+
+class AsyncColonyClient:
+    """The async twin of ColonyClient."""
+
+    def __init__(self, url: str, token: str | None = None, *, timeout: float = 30.0) -> None:
+        headers = {"Authorization": f"Bearer {token}"} if token else {}
+        self._http = httpx.AsyncClient(base_url=url.rstrip("/"), headers=headers, timeout=timeout)
+
+    async def __aenter__(self) -> AsyncColonyClient:
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.close()
+
+    async def close(self) -> None:
+        await self._http.aclose()
+
+    async def submit(
+        self,
+        agent: str,
+        input_data: Any = None,
+        *,
+        namespace: str | None = None,
+        timeout_s: float | None = None,
+    ) -> dict[str, Any]:
+        response = await self._http.post("/v1/runs", json=_body(agent, input_data, namespace, timeout_s))
+        _raise_for(response)
+        return dict(response.json())
+
+    async def get(self, run_id: str) -> dict[str, Any]:
+        response = await self._http.get(f"/v1/runs/{run_id}")
+        _raise_for(response)
+        return dict(response.json())
+
+    async def cancel(self, run_id: str) -> dict[str, Any]:
+        response = await self._http.post(f"/v1/runs/{run_id}/cancel")
+        _raise_for(response)
+        return dict(response.json())
+
+    async def events(self, run_id: str, last_event_id: str | None = None) -> AsyncIterator[dict[str, Any]]:
+        headers = {"Last-Event-ID": last_event_id} if last_event_id else {}
+        async with self._http.stream(
+            "GET", f"/v1/runs/{run_id}/events", headers=headers, timeout=None
+        ) as response:
+            if response.status_code >= 400:
+                await response.aread()
+                _raise_for(response)
+            parser = _SseParser()
+            async for line in response.aiter_lines():
+                event = parser.feed(line)
+                if event is not None:
+                    yield event
+                    if event.get("event_type") in TERMINAL_EVENTS:
+                        return
+
+    async def run(self, agent: str, input_data: Any = None, **kwargs: Any) -> dict[str, Any]:
+        run_id = (await self.submit(agent, input_data, **kwargs))["run_id"]
+        async for _event in self.events(run_id):
+            pass
+        return await self.get(run_id)

@@ -1,0 +1,108 @@
+"""The real thing: `colony up` (daemon owning a local Ray cluster with the Serve app on the embedded
+model), runs over HTTP, an API replica killed mid-life, metrics, `colony down` leaving nothing."""
+
+from __future__ import annotations
+
+import os
+import signal
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import httpx
+import pytest
+
+from colony.blackboard.redis_server import EmbeddedRedis, free_port
+from colony.client import ApiError, ColonyClient
+from colony.config import ColonySettings, ServeSettings
+from colony.serve import cluster
+
+
+def _group_pids(pgid: int) -> list[int]:
+    pids = []
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit():
+            try:
+                if os.getpgid(int(entry.name)) == pgid:
+                    pids.append(int(entry.name))
+            except (ProcessLookupError, PermissionError):
+                continue
+    return pids
+
+
+def _pid_of(title: str) -> int | None:
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit():
+            try:
+                if title in (entry / "cmdline").read_bytes().decode(errors="replace"):
+                    return int(entry.name)
+            except OSError:
+                continue
+    return None
+
+
+@pytest.fixture(scope="module")
+def colony_up(
+    tmp_path_factory: pytest.TempPathFactory,
+) -> Iterator[tuple[ColonySettings, cluster.ClusterInfo]]:
+    settings = ColonySettings(
+        data_dir=tmp_path_factory.mktemp("colony-up"),
+        serve=ServeSettings(port=free_port(), num_cpus=2, replica_cpus=0.5),
+    )
+    info = cluster.up(settings)
+    yield settings, info
+    cluster.down(settings)
+
+
+def test_up_is_idempotent_and_serves_runs(colony_up) -> None:
+    settings, info = colony_up
+    assert cluster.up(settings).pid == info.pid  # a second `up` reuses the running cluster
+    with ColonyClient(info.url, info.token, timeout=120) as client:
+        assert client.health()["status"] == "ok"
+        echo = client.run("echo", {"ping": [1, 2, 3]})
+        assert echo["status"] == "succeeded" and echo["output"] == {"ping": [1, 2, 3]}
+        run_id = client.submit("ask", {"question": "What is the capital of France?"})["run_id"]
+        events = list(client.events(run_id))
+        tokens = "".join(e["data"]["text"] for e in events if e["event_type"] == "token")
+        assert tokens.strip() and events[-1]["event_type"] == "completed"
+        view = client.get(run_id)
+        assert view["status"] == "succeeded" and view["output"] == tokens.strip()
+        with pytest.raises(ApiError) as info_401:
+            ColonyClient(info.url, "wrong").submit("echo", 1)
+        assert info_401.value.status == 401
+        metrics = httpx.get(f"{info.url}/metrics", headers={"Authorization": f"Bearer {info.token}"}).text
+        assert 'colony_runs_submitted_total{agent="ask"}' in metrics
+        assert 'colony_replica_inference_tokens_total{kind="completion"' in metrics
+
+
+def test_runs_survive_a_killed_api_replica(colony_up) -> None:
+    _settings, info = colony_up
+    with ColonyClient(info.url, info.token, timeout=120) as client:
+        run_ids = [client.submit("echo", n)["run_id"] for n in range(5)]
+        api_pid = _pid_of("ColonyAPI")
+        assert api_pid is not None
+        os.kill(api_pid, signal.SIGKILL)  # the API replica dies; Serve starts another
+        deadline = time.monotonic() + 120
+        views = None
+        while time.monotonic() < deadline:
+            try:
+                views = [client.get(run_id) for run_id in run_ids]
+                break
+            except (httpx.HTTPError, ApiError):
+                time.sleep(1)
+        assert views is not None, "the API did not come back"
+        assert _pid_of("ColonyAPI") not in (None, api_pid)
+        assert [v["run_id"] for v in views] == run_ids
+        for run_id in run_ids:
+            for _event in client.events(run_id):
+                pass
+        assert [client.get(r)["output"] for r in run_ids] == [0, 1, 2, 3, 4]
+
+
+def test_down_leaves_nothing_running(colony_up) -> None:
+    settings, info = colony_up
+    assert _group_pids(info.pid)
+    assert cluster.down(settings) is True
+    assert _group_pids(info.pid) == []
+    assert cluster.status(settings) is None
+    assert EmbeddedRedis(settings.data_dir).status() is None
