@@ -157,3 +157,22 @@ async def test_agents_listing_and_metrics(api) -> None:
     assert 'colony_runs_completed_total{status="succeeded"}' in text
     assert 'colony_replica_agents{replica="replica-a"}' in text
     assert 'colony_http_requests_total{code="202",method="POST",route="/v1/runs"}' in text
+
+
+def test_serve_configs_build_the_application() -> None:
+    from pathlib import Path
+
+    import yaml
+    from ray.serve import Application
+
+    from colony.serve.app import build_app
+
+    root = Path(__file__).resolve().parents[1]
+    app_args = yaml.safe_load((root / "deployments" / "local-cpu.yaml").read_text())["applications"][0][
+        "args"
+    ]
+    app_args["config"] = str(root / app_args["config"])
+    assert isinstance(build_app(app_args), Application)
+    gpu = yaml.safe_load((root / "deployments" / "gpu-vllm.yaml").read_text())["applications"][0]
+    assert gpu["import_path"] == "colony.serve.app:build_app"
+    assert any(d.get("ray_actor_options", {}).get("num_gpus") == 1 for d in gpu["deployments"])
