@@ -60,9 +60,18 @@ def _body(agent: str, input_data: Any, namespace: str | None, timeout_s: float |
 class ColonyClient:
     """`with ColonyClient(url, token) as client: run = client.run("echo", {"x": 1})`."""
 
-    def __init__(self, url: str, token: str | None = None, *, timeout: float = 30.0) -> None:
+    def __init__(
+        self,
+        url: str,
+        token: str | None = None,
+        *,
+        timeout: float = 30.0,
+        transport: httpx.BaseTransport | None = None,
+    ) -> None:
         headers = {"Authorization": f"Bearer {token}"} if token else {}
-        self._http = httpx.Client(base_url=url.rstrip("/"), headers=headers, timeout=timeout)
+        self._http = httpx.Client(
+            base_url=url.rstrip("/"), headers=headers, timeout=timeout, transport=transport
+        )
 
     def __enter__(self) -> ColonyClient:
         return self
@@ -136,9 +145,18 @@ class ColonyClient:
 class AsyncColonyClient:
     """The async twin of ColonyClient."""
 
-    def __init__(self, url: str, token: str | None = None, *, timeout: float = 30.0) -> None:
+    def __init__(
+        self,
+        url: str,
+        token: str | None = None,
+        *,
+        timeout: float = 30.0,
+        transport: httpx.AsyncBaseTransport | None = None,
+    ) -> None:
         headers = {"Authorization": f"Bearer {token}"} if token else {}
-        self._http = httpx.AsyncClient(base_url=url.rstrip("/"), headers=headers, timeout=timeout)
+        self._http = httpx.AsyncClient(
+            base_url=url.rstrip("/"), headers=headers, timeout=timeout, transport=transport
+        )
 
     async def __aenter__(self) -> AsyncColonyClient:
         return self

@@ -89,6 +89,24 @@ async def test_last_event_id_resumes_without_repeats(api) -> None:
     assert [e["id"] for e in resumed] == [e["id"] for e in everything[1:]]
 
 
+async def test_async_client_runs_and_cancels(api) -> None:
+    from colony.client import ApiError, AsyncColonyClient
+
+    client, host = api
+    transport = client._transport
+    async with AsyncColonyClient("http://colony", TOKEN, transport=transport) as colony:
+        view = await colony.run("echo", {"n": 3})
+        assert view["status"] == "succeeded" and view["output"] == {"n": 3}
+        kinds = [e["event_type"] async for e in colony.events(view["run_id"])]
+        assert kinds == ["started", "step", "completed"]
+        await host.registry.put(AgentRecord(agent_id="mute", state="idle"))
+        pending = await colony.submit("mute", None)
+        assert (await colony.cancel(pending["run_id"]))["status"] == "cancelled"
+        with pytest.raises(ApiError) as missing:
+            await colony.get("run-nope")
+        assert missing.value.status == 404 and missing.value.code == "not_found"
+
+
 async def test_ask_streams_tokens(api) -> None:
     client, _ = api
     run_id = (
