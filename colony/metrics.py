@@ -113,6 +113,11 @@ class ReplicaStatsCollector:
             "Requests served by each replica's engine.",
             labels=["replica"],
         )
+        ttft = CounterMetricFamily(
+            "colony_replica_inference_ttft_seconds",
+            "Summed time to first token of each replica's engine (divide by requests for the mean).",
+            labels=["replica"],
+        )
         agents = GaugeMetricFamily(
             "colony_replica_agents", "Agents hosted by each replica.", labels=["replica"]
         )
@@ -123,8 +128,9 @@ class ReplicaStatsCollector:
             for kind in ("prompt", "cached", "completion"):
                 tokens.add_metric([name, kind], float(stats.get(f"{kind}_tokens", 0)))
             requests.add_metric([name], float(stats.get("requests", 0)))
+            ttft.add_metric([name], float(stats.get("ttft_seconds_total", 0.0)))
             agents.add_metric([name], float(replica.get("agents", 0)))  # type: ignore[arg-type]
-        return [tokens, requests, agents]
+        return [tokens, requests, ttft, agents]
 
 
 REPLICA_STATS = ReplicaStatsCollector()

@@ -75,6 +75,7 @@ class InferenceEngine(ABC):
         self._stats.prompt_tokens += usage.prompt_tokens
         self._stats.cached_tokens += usage.cached_tokens
         self._stats.completion_tokens += usage.completion_tokens
+        self._stats.ttft_seconds_total += ttft
         metrics.INFERENCE_REQUESTS.labels(self.kind, "ok").inc()
         metrics.INFERENCE_TOKENS.labels(self.kind, "prompt").inc(usage.prompt_tokens)
         metrics.INFERENCE_TOKENS.labels(self.kind, "cached").inc(usage.cached_tokens)

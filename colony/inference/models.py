@@ -128,4 +128,5 @@ class EngineStats(BaseModel):
     prompt_tokens: int = 0
     cached_tokens: int = 0
     completion_tokens: int = 0
+    ttft_seconds_total: float = Field(0.0, description="summed time to first token (mean = / requests)")
     started_at: float = Field(default_factory=time.time)
