@@ -145,10 +145,15 @@ class ActionDispatcher:
     def planning_actions(self, capabilities: Iterable[str] | None = None) -> list[ActionSpec]:
         """Actions the planner may choose (optionally only those of some capabilities)."""
         wanted = set(capabilities) if capabilities is not None else None
+        available: dict[str, set[str] | None] = {}
+        for name, capability in self.agent.capabilities.items():
+            available[name] = capability.available_actions()
         return [
             s
             for s in self.all_actions()
-            if not s.exclude_from_planning and (wanted is None or s.capability in wanted)
+            if not s.exclude_from_planning
+            and (wanted is None or s.capability in wanted)
+            and (available.get(s.capability) is None or s.name in available[s.capability])  # type: ignore[operator]
         ]
 
     @hookable

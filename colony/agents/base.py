@@ -82,6 +82,7 @@ class Agent(Bindable):
         self.capabilities: dict[str, AgentCapability] = {}
         self.current_run: AgentRun | None = None
         self.context: list[dict[str, Any]] = []
+        self.context_changed = asyncio.Event()  # set when an event handler adds context
         self.last_result: ActionResult | None = None
         self.suspension: SuspensionRequest | None = None
         self._state = AgentState.INITIALIZED
@@ -274,6 +275,9 @@ class Agent(Bindable):
                 delay = min(delay * 2, 5.0)
 
     async def _handle(self, name: str, handlers: list[EventHandlerSpec], event: BlackboardEvent) -> None:
+        """Broadcast one event to the handlers; what they return, merged, is one context entry
+        (`{context_key: context}`) for the policy."""
+        accumulated: dict[str, Any] = {}
         for spec in handlers:
             if spec.matches(event.key):
                 try:
@@ -282,7 +286,10 @@ class Agent(Bindable):
                     log.exception("event handler %s of agent %s failed on %s", name, self.agent_id, event.key)
                     continue
                 if produced:
-                    self.context.append(produced)
+                    accumulated.update(produced)
+        if accumulated:
+            self.context.append(accumulated)
+            self.context_changed.set()
         self._event_positions[name] = event.id
 
     async def stop_event_handlers(self) -> None:
@@ -476,7 +483,9 @@ class Agent(Bindable):
         if blueprint_e is None or metadata_e is None or lifecycle_e is None:
             raise AgentNotFound(f"no restorable agent {agent_id!r} in scope {board.scope_id}")
         blueprint = AgentBlueprint.from_text(blueprint_e.value)
-        blueprint = blueprint.model_copy(update={"metadata": AgentMetadata.model_validate(metadata_e.value)})
+        metadata = AgentMetadata.model_validate(metadata_e.value)
+        metadata.action_policy_blueprints = blueprint.metadata.action_policy_blueprints  # not in JSON
+        blueprint = blueprint.model_copy(update={"metadata": metadata})
         agent = build_agent(blueprint, blackboard, **services)
         agent._blueprint = blueprint
         agent._state = AgentState(lifecycle_e.value["state"])
@@ -525,5 +534,11 @@ def build_agent(blueprint: AgentBlueprint, blackboard: Blackboard, **services: A
             capability, include_actions=spec.include_actions, exclude_actions=spec.exclude_actions
         )
     if blueprint.action_policy is not None:
-        agent.action_policy = blueprint.action_policy.local_instance(agent=agent)
+        resolved = {
+            name: [b.local_instance() if isinstance(b, Blueprint) else b for b in value]
+            if isinstance(value, list)
+            else (value.local_instance() if isinstance(value, Blueprint) else value)
+            for name, value in blueprint.metadata.action_policy_blueprints.items()
+        }
+        agent.action_policy = blueprint.action_policy.local_instance(agent=agent, **services, **resolved)
     return agent

@@ -171,6 +171,11 @@ class AgentCapability(Bindable):
     async def start(self) -> None:
         """Called when the hosting agent starts (also after a restore): start background work here."""
 
+    def available_actions(self) -> set[str] | None:
+        """The actions that make sense now (None = all): the planner only sees these. A capability
+        with a workflow narrows the choice step by step."""
+        return None
+
     def get_state(self) -> dict[str, Any]:
         """JSON state persisted with the agent after every step (override to keep yours)."""
         return {}

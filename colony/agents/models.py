@@ -115,7 +115,11 @@ class AgentMetadata(BaseModel):
     priority: int = 0
     bound_pages: list[str] = Field(default_factory=list)
     action_policy_config: dict[str, Any] = Field(default_factory=dict)
-    action_policy_blueprints: list[Any] = Field(default_factory=list, exclude=True)
+    action_policy_blueprints: dict[str, Any] = Field(
+        default_factory=dict,
+        exclude=True,
+        description="blueprints for the policy, e.g. consciousness_streams",
+    )
     tenant_id: str = "default"
     colony_id: str = "default"
 

@@ -1,0 +1,106 @@
+"""CodeGenerationActionPolicy: the model writes a Python program calling `run(action_key, **params)`;
+the program runs in the sandbox (a separate, locked-down process) and its calls are proxied back to
+the agent's dispatcher. Every call lands in the call trace and in the streams."""
+
+from __future__ import annotations
+
+import re
+from typing import Any
+
+from colony.agents.models import ActionResult
+from colony.agents.policy import ActionPolicyExecutionState, ActionPolicyIterationResult
+from colony.errors import AgentUsageError
+from colony.inference import ChatMessage, InferenceRequest
+from colony.inference.engine import InferenceEngine
+from colony.planning.context import format_planning_prompt
+from colony.planning.policies import FINISH, FINISH_ACTION, EventDrivenActionPolicy, call_record
+from colony.planning.sandbox import SandboxLimits, run_sandboxed
+
+_CODE_BLOCK = re.compile(r"```(?:python|py)?\s*\n(.*?)```", re.DOTALL)
+
+
+def extract_code(text: str) -> str:
+    """The first fenced code block of a reply, else the reply itself."""
+    match = _CODE_BLOCK.search(text)
+    return (match.group(1) if match else text).strip()
+
+
+class CodeGenerationActionPolicy(EventDrivenActionPolicy):
+    SYSTEM = (
+        "You are the planner of an agent. Write a short Python program that makes progress on the goals by "
+        "calling run(action_key, **parameters) for the available actions; it returns the action's output. "
+        "Call run('finish', answer=...) when the task is done. Only standard-library computation is allowed: "
+        "no files, no network, no processes. Reply with one ```python block."
+    )
+
+    def __init__(
+        self,
+        agent: Any = None,
+        *,
+        engine: InferenceEngine | None = None,
+        limits: SandboxLimits | dict[str, Any] | None = None,
+        max_tokens: int = 512,
+        **kwargs: Any,
+    ) -> None:
+        super().__init__(agent, **kwargs)
+        self.engine = engine
+        self.limits = limits if isinstance(limits, SandboxLimits) else SandboxLimits(**(limits or {}))
+        self.max_tokens = max_tokens
+
+    async def plan_step(self, state: ActionPolicyExecutionState) -> ActionPolicyIterationResult:
+        if self.engine is None or self.agent is None:
+            raise AgentUsageError("CodeGenerationActionPolicy needs its agent and an engine")
+        actions = [a.json_schema() for a in self.planning_actions()]
+        prompt = format_planning_prompt(
+            self.planning_context(state, [*actions, FINISH_ACTION]),
+            instructions="Write the next program.",
+        )
+        response = await self.engine.generate(
+            InferenceRequest(
+                messages=[
+                    ChatMessage(role="system", content=self.SYSTEM),
+                    ChatMessage(role="user", content=prompt),
+                ],
+                max_tokens=self.max_tokens,
+                temperature=0.0,
+            )
+        )
+        finished: dict[str, Any] = {}
+        dispatcher = self.agent.dispatcher
+
+        def proxy(name: str) -> Any:
+            async def call(**parameters: Any) -> Any:
+                result = await dispatcher.dispatch(name, parameters)
+                if not result.success:
+                    raise RuntimeError(result.error)
+                return result.output
+
+            return call
+
+        async def finish(answer: Any = None) -> Any:
+            finished["answer"] = answer
+            return answer
+
+        table = {a["name"]: proxy(a["name"]) for a in actions}
+        table[FINISH] = finish
+        outcome = await run_sandboxed(extract_code(response.text), actions=table, limits=self.limits)
+        for call in outcome.calls:
+            if call.action_key == FINISH:
+                continue
+            result = ActionResult(success=call.success, output=call.output, error=call.error)
+            self.record_call(call_record(call.action_key, call.parameters, result))
+        if not outcome.ok:
+            # the failure is experience for the next iteration, not the end of the run
+            self.record_call(
+                {
+                    "action_key": "program",
+                    "parameters": {},
+                    "success": False,
+                    "output": None,
+                    "output_preview": outcome.stdout[-500:],
+                    "error": outcome.error,
+                }
+            )
+        if "answer" in finished:
+            return ActionPolicyIterationResult(action=FINISH, done=True, output=finished["answer"])
+        return ActionPolicyIterationResult(action="program", parameters={"calls": len(outcome.calls)})

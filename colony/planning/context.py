@@ -1,0 +1,63 @@
+"""The planning prompt: goals and constraints, then the streams' sections verbatim, then the actions."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+from pydantic import BaseModel, Field
+
+from colony.planning.streams import ConsciousnessStream
+
+
+class PlanningContext(BaseModel):
+    goals: list[str] = Field(default_factory=list)
+    constraints: list[str] = Field(default_factory=list)
+    stream_sections: list[str] = Field(default_factory=list, description="rendered streams, declared order")
+    memory_sections: list[str] = Field(default_factory=list, description="room for memory (later milestone)")
+    actions: list[dict[str, Any]] = Field(default_factory=list, description="name, description, parameters")
+    step: int = 0
+
+
+class PlanningContextBuilder:
+    def __init__(self, streams: list[ConsciousnessStream] | None = None) -> None:
+        self.streams = list(streams or [])
+
+    def get_planning_context(
+        self,
+        *,
+        goals: list[str],
+        constraints: list[str] | None = None,
+        actions: list[dict[str, Any]] | None = None,
+        memory_sections: list[str] | None = None,
+        step: int = 0,
+    ) -> PlanningContext:
+        sections = [s for s in (stream.render() for stream in self.streams) if s]
+        return PlanningContext(
+            goals=goals,
+            constraints=constraints or [],
+            stream_sections=sections,
+            memory_sections=memory_sections or [],
+            actions=actions or [],
+            step=step,
+        )
+
+
+def format_planning_prompt(context: PlanningContext, *, instructions: str) -> str:
+    """Goals/constraints block, stream sections verbatim, memory sections, actions block, instructions."""
+    parts = ["## Goals", "", *[f"- {g}" for g in context.goals]]
+    if context.constraints:
+        parts += ["", "## Constraints", "", *[f"- {c}" for c in context.constraints]]
+    for section in [*context.stream_sections, *context.memory_sections]:
+        parts += ["", section]
+    parts += ["", "## Available Actions", ""]
+    for action in context.actions:
+        params = action.get("parameters", {}).get("properties", {})
+        signature = ", ".join(f"{name}: {spec.get('type', 'any')}" for name, spec in params.items())
+        parts.append(f"- `{action['name']}({signature})`: {action.get('description', '')}")
+    parts += ["", instructions]
+    return "\n".join(parts)
+
+
+def action_parameters_json(action: dict[str, Any]) -> str:
+    return json.dumps(action.get("parameters", {}), sort_keys=True)

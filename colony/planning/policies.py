@@ -1,0 +1,250 @@
+"""Event-driven action policies: streams fed from events and actions, and a model deciding next.
+
+`EventDrivenActionPolicy` feeds every accumulated event context (high-priority keys first) and
+every action call to every consciousness stream, builds the planning context and leaves the
+decision to `plan_step`. `StructuredActionPolicy` asks the model for JSON constrained to the
+available actions (each: its key plus its own parameter schema), so even a 135M model always
+answers with a valid, dispatchable action.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from collections.abc import Iterable
+from typing import TYPE_CHECKING, Any
+
+from colony.agents.blueprint import Blueprint
+from colony.agents.models import ActionResult
+from colony.agents.policy import ActionPolicy, ActionPolicyExecutionState, ActionPolicyIterationResult
+from colony.errors import AgentUsageError
+from colony.inference import ChatMessage, InferenceRequest
+from colony.inference.engine import InferenceEngine
+from colony.planning.context import PlanningContext, PlanningContextBuilder, format_planning_prompt
+from colony.planning.streams import ConsciousnessStream
+
+if TYPE_CHECKING:
+    from colony.agents.base import Agent
+
+FINISH = "finish"
+FINISH_ACTION = {
+    "name": FINISH,
+    "description": "End the task and give the final answer.",
+    "parameters": {"type": "object", "properties": {"answer": {"type": "string"}}, "required": ["answer"]},
+}
+
+
+def call_record(
+    action: str, parameters: dict[str, Any], result: ActionResult, preview_chars: int = 500
+) -> dict[str, Any]:
+    """The dict a stream's `consider_action` gets for one dispatched action."""
+    output = result.output
+    text = output if isinstance(output, str) else json.dumps(output, default=str)
+    return {
+        "action_key": action,
+        "parameters": parameters,
+        "success": result.success,
+        "output": output,
+        "output_preview": text[:preview_chars],
+        "error": result.error,
+    }
+
+
+class EventDrivenActionPolicy(ActionPolicy):
+    def __init__(
+        self,
+        agent: Agent | None = None,
+        *,
+        consciousness_streams: Iterable[ConsciousnessStream | Blueprint[ConsciousnessStream]] = (),
+        goals: Iterable[str] = (),
+        constraints: Iterable[str] = (),
+        priority_context_keys: Iterable[str] = (),
+        wait_for_events: bool = False,
+        event_wait_seconds: float = 30.0,
+    ) -> None:
+        super().__init__(agent)
+        self.streams = [s.local_instance() if isinstance(s, Blueprint) else s for s in consciousness_streams]
+        self.goals = list(goals)
+        self.constraints = list(constraints)
+        self.priority_context_keys = set(priority_context_keys)
+        self.wait_for_events = wait_for_events
+        self.event_wait_seconds = event_wait_seconds
+        self.builder = PlanningContextBuilder(self.streams)
+        self.call_trace: list[dict[str, Any]] = []
+        self._context_seen = 0
+
+    # -- capture -------------------------------------------------------------------------------
+
+    def _new_contexts(self) -> list[dict[str, Any]]:
+        if self.agent is None:
+            return []
+        fresh = self.agent.context[self._context_seen :]
+        self._context_seen = len(self.agent.context)
+        urgent = [c for c in fresh if self.priority_context_keys & set(c)]
+        return urgent + [c for c in fresh if not self.priority_context_keys & set(c)]
+
+    def consider_events(self) -> int:
+        """Feed contexts gathered since the last iteration to every stream; how many there were."""
+        contexts = self._new_contexts()
+        for contexts_of_event in contexts:
+            for stream in self.streams:
+                stream.consider_event(contexts_of_event)
+        return len(contexts)
+
+    def record_call(self, call: dict[str, Any]) -> None:
+        """A dispatched action: into the run's call trace and every stream."""
+        self.call_trace.append(call)
+        del self.call_trace[:-200]
+        for stream in self.streams:
+            stream.consider_action(call)
+
+    async def wait_for_next_event(self, timeout: float | None = None) -> bool:
+        """Until an event handler adds context (True) or `timeout` passes (False)."""
+        if self.agent is None:
+            return False
+        if len(self.agent.context) > self._context_seen:
+            return True
+        self.agent.context_changed.clear()
+        try:
+            await asyncio.wait_for(self.agent.context_changed.wait(), timeout)
+        except TimeoutError:
+            return False
+        return True
+
+    # -- decide ----------------------------------------------------------------------------------
+
+    async def execute_iteration(self, state: ActionPolicyExecutionState) -> ActionPolicyIterationResult:
+        waiting = self.consider_events() == 0 and self.wait_for_events
+        if waiting and await self.wait_for_next_event(self.event_wait_seconds):
+            self.consider_events()
+        return await self.plan_step(state)
+
+    async def plan_step(self, state: ActionPolicyExecutionState) -> ActionPolicyIterationResult:
+        raise AgentUsageError(f"{type(self).__name__} must implement plan_step (e.g. StructuredActionPolicy)")
+
+    def planning_context(
+        self, state: ActionPolicyExecutionState, actions: list[dict[str, Any]]
+    ) -> PlanningContext:
+        task = state.run.input if isinstance(state.run.input, str) else json.dumps(state.run.input)
+        return self.builder.get_planning_context(
+            goals=[*self.goals, f"Task: {task}"],
+            constraints=self.constraints,
+            actions=actions,
+            step=state.step,
+        )
+
+    async def dispatch(self, action: str, parameters: dict[str, Any]) -> ActionResult:
+        if self.agent is None:
+            raise AgentUsageError("the policy has no agent to dispatch with; build it with agent=...")
+        result = await self.agent.dispatcher.dispatch(action, parameters)
+        self.record_call(call_record(action, parameters, result))
+        return result
+
+    # -- state -----------------------------------------------------------------------------------
+
+    def on_run_start(self, run: Any) -> None:
+        self.call_trace = []
+
+    def get_state(self) -> dict[str, Any]:
+        return {
+            **super().get_state(),
+            "streams": {s.name: s.entries for s in self.streams},
+            "call_trace": self.call_trace,
+            "context_seen": self._context_seen,
+        }
+
+    def set_state(self, state: dict[str, Any]) -> None:
+        super().set_state(state)
+        saved = state.get("streams") or {}
+        for stream in self.streams:
+            stream.entries = list(saved.get(stream.name, []))
+        self.call_trace = list(state.get("call_trace") or [])
+        self._context_seen = int(state.get("context_seen", 0))
+
+
+def choice_schema(actions: list[dict[str, Any]]) -> dict[str, Any]:
+    """JSON Schema of one decision: an action key and that action's parameters."""
+    options = [
+        {
+            "type": "object",
+            "properties": {
+                "action": {"const": a["name"]},
+                "parameters": a.get("parameters") or {"type": "object"},
+            },
+            "required": ["action", "parameters"],
+            "additionalProperties": False,
+        }
+        for a in actions
+    ]
+    return options[0] if len(options) == 1 else {"oneOf": options}
+
+
+class StructuredActionPolicy(EventDrivenActionPolicy):
+    """The model picks the next action as schema-constrained JSON; the default for small models.
+
+    When no action is available any more the run ends with the last action's output; `finish`
+    lets the model end earlier with an answer of its own.
+    """
+
+    SYSTEM = (
+        "You are the planner of an agent. Read the goals, what happened so far and the available actions, "
+        "then choose the single next action and its parameters."
+    )
+
+    def __init__(
+        self,
+        agent: Agent | None = None,
+        *,
+        engine: InferenceEngine | None = None,
+        max_tokens: int = 256,
+        allow_finish: bool = True,
+        **kwargs: Any,
+    ) -> None:
+        super().__init__(agent, **kwargs)
+        self.engine = engine
+        self.max_tokens = max_tokens
+        self.allow_finish = allow_finish
+        self._last_output: Any = None
+
+    async def plan_step(self, state: ActionPolicyExecutionState) -> ActionPolicyIterationResult:
+        if self.engine is None:
+            raise AgentUsageError("StructuredActionPolicy needs an engine (hosted agents get the replica's)")
+        actions = [a.json_schema() for a in self.planning_actions()]
+        if not actions:
+            return ActionPolicyIterationResult(done=True, output=self._last_output)
+        if self.allow_finish and state.step > 0:
+            actions.append(FINISH_ACTION)
+        prompt = format_planning_prompt(
+            self.planning_context(state, actions),
+            instructions="Answer with JSON naming the next action and its parameters.",
+        )
+        response = await self.engine.generate(
+            InferenceRequest(
+                messages=[
+                    ChatMessage(role="system", content=self.SYSTEM),
+                    ChatMessage(role="user", content=prompt),
+                ],
+                response_format=choice_schema(actions),
+                max_tokens=self.max_tokens,
+                temperature=0.0,
+            )
+        )
+        decision = response.parsed
+        action, parameters = decision["action"], decision.get("parameters") or {}
+        if action == FINISH:
+            return ActionPolicyIterationResult(action=FINISH, done=True, output=parameters.get("answer"))
+        result = await self.dispatch(action, parameters)
+        if result.success:
+            self._last_output = result.output
+        return ActionPolicyIterationResult(action=action, parameters=parameters, action_result=result)
+
+    def on_run_start(self, run: Any) -> None:
+        super().on_run_start(run)
+        self._last_output = None
+
+    def get_state(self) -> dict[str, Any]:
+        return {**super().get_state(), "last_output": self._last_output}
+
+    def set_state(self, state: dict[str, Any]) -> None:
+        super().set_state(state)
+        self._last_output = state.get("last_output")
