@@ -317,3 +317,34 @@ class ApiRunProtocol(BlackboardProtocol):
     @classmethod
     def run_key(cls, run_id: str) -> str:
         return cls.build("run", run_id=run_id)
+
+
+class VcmProtocol(BlackboardProtocol):
+    """The virtual context memory (COLONY scope, `vcm` namespace): page records, their text, and
+    which replica holds which pages (tags `replica:{id}` / `swapped:{id}` on the page records)."""
+
+    templates = {
+        "page": "page:{page_id}",
+        "content": "content:{page_id}",
+        "source": "source:{source_id}",
+    }
+
+    @classmethod
+    def page_key(cls, page_id: str) -> str:
+        return cls.build("page", page_id=page_id)
+
+    @classmethod
+    def content_key(cls, page_id: str) -> str:
+        return cls.build("content", page_id=page_id)
+
+    @classmethod
+    def source_key(cls, source_id: str) -> str:
+        return cls.build("source", source_id=source_id)
+
+    @staticmethod
+    def resident_tag(replica_id: str) -> str:
+        return f"replica:{validate_segment(replica_id, 'replica')}"
+
+    @staticmethod
+    def swapped_tag(replica_id: str) -> str:
+        return f"swapped:{validate_segment(replica_id, 'replica')}"

@@ -1,1 +1,19 @@
-"""Pages, page sources, the page table and page-affinity placement (issue M6)."""
+"""The virtual context memory: page sources, the page table in Redis, page-affinity placement."""
+
+from colony.vcm.page_table import PageRecord, PageTable, SourceRecord
+from colony.vcm.pages import FileSpan, PageInfo, PageSource, estimate_tokens
+from colony.vcm.placement import ReplicaView, affinity, choose_replica, rank_replicas
+
+__all__ = [
+    "FileSpan",
+    "PageInfo",
+    "PageRecord",
+    "PageSource",
+    "PageTable",
+    "ReplicaView",
+    "SourceRecord",
+    "affinity",
+    "choose_replica",
+    "estimate_tokens",
+    "rank_replicas",
+]

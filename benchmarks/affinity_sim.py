@@ -1,0 +1,260 @@
+"""Trace-driven simulation of page-affinity placement.
+
+Agents bound to page groups issue requests; each replica caches a fixed number of pages (LRU);
+a request's pages that are not in the chosen replica's cache are prefilled (a miss costs the page's
+tokens). Policies compared side by side on one trace:
+
+  random, round-robin, least-loaded     - no notion of pages
+  prefix-tree                           - an SGLang / Ray-style approximate router: per replica a tree
+                                          of the page sequences routed there, LRU-trimmed, no view of
+                                          what the cache really holds
+  colony                                - colony.vcm.placement.choose_replica over views built from
+                                          what each cache really holds (the page table): the same
+                                          code the cluster runs
+  belady (bound)                        - one pooled cache of all replicas' capacity with offline
+                                          optimal eviction: no routing policy can beat it
+
+Usage:
+  python benchmarks/affinity_sim.py [--seed 7] [--replicas 4] [--capacity 16] [--agents 48]
+                                    [--pages 120] [--group 3] [--requests 6000] [--trace FILE.jsonl]
+A trace file has one JSON object a line: {"agent": "a1", "pages": ["p1", "p2"], "tokens": {"p1": 900}}
+("tokens" optional; pages default to --page-tokens).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import random
+from collections import OrderedDict, defaultdict, deque
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+
+from colony.vcm.placement import ReplicaView, choose_replica
+
+Request = tuple[str, list[str]]
+
+
+@dataclass
+class Result:
+    policy: str
+    hits: int
+    accesses: int
+    prefill_tokens: int
+    total_tokens: int
+
+    @property
+    def hit_rate(self) -> float:
+        return self.hits / self.accesses if self.accesses else 0.0
+
+    @property
+    def saved_tokens(self) -> int:
+        return self.total_tokens - self.prefill_tokens
+
+
+def make_trace(seed: int, agents: int, pages: int, group: int, requests: int, zipf: float) -> list[Request]:
+    """Agents bound to page groups (neighbouring groups share a page), agent popularity Zipf-like."""
+    rng = random.Random(seed)
+    groups = {}
+    for a in range(agents):
+        start = (a * (group - 1)) % pages
+        groups[f"agent-{a}"] = [f"page-{(start + i) % pages}" for i in range(group)]
+    names = list(groups)
+    weights = [1.0 / (rank + 1) ** zipf for rank in range(len(names))]
+    rng.shuffle(names)
+    return [(agent, groups[agent]) for agent in rng.choices(names, weights=weights, k=requests)]
+
+
+def load_trace(path: Path) -> tuple[list[Request], dict[str, int]]:
+    trace, tokens = [], {}
+    for line in path.read_text().splitlines():
+        if line.strip():
+            item = json.loads(line)
+            trace.append((str(item["agent"]), [str(p) for p in item["pages"]]))
+            tokens.update({str(k): int(v) for k, v in (item.get("tokens") or {}).items()})
+    return trace, tokens
+
+
+class Cluster:
+    """Replicas with LRU page caches and a sliding-window load."""
+
+    def __init__(self, replicas: int, capacity: int, window: int) -> None:
+        self.ids = [f"r{i}" for i in range(replicas)]
+        self.caches: dict[str, OrderedDict[str, None]] = {r: OrderedDict() for r in self.ids}
+        self.capacity = capacity
+        self.recent: deque[str] = deque(maxlen=window)
+
+    def load(self, replica: str) -> int:
+        return sum(1 for r in self.recent if r == replica)
+
+    def serve(self, replica: str, pages: list[str]) -> list[bool]:
+        cache, hits = self.caches[replica], []
+        for page in pages:
+            hit = page in cache
+            hits.append(hit)
+            cache[page] = None
+            cache.move_to_end(page)
+            while len(cache) > self.capacity:
+                cache.popitem(last=False)
+        self.recent.append(replica)
+        return hits
+
+
+Router = Callable[[Cluster, str, list[str]], str]
+
+
+def random_router(seed: int) -> Router:
+    rng = random.Random(seed)
+    return lambda cluster, agent, pages: rng.choice(cluster.ids)
+
+
+def round_robin_router() -> Router:
+    state = {"n": 0}
+
+    def route(cluster: Cluster, agent: str, pages: list[str]) -> str:
+        state["n"] += 1
+        return cluster.ids[state["n"] % len(cluster.ids)]
+
+    return route
+
+
+def least_loaded_router() -> Router:
+    return lambda cluster, agent, pages: min(cluster.ids, key=lambda r: (cluster.load(r), r))
+
+
+def prefix_tree_router(match_threshold: float = 0.5, entries_per_page: int = 1) -> Router:
+    """Approximate prefix trees per replica (what was routed there), LRU-trimmed to the cache size."""
+    trees: dict[str, OrderedDict[tuple[str, ...], None]] = defaultdict(OrderedDict)
+
+    def route(cluster: Cluster, agent: str, pages: list[str]) -> str:
+        def matched(replica: str) -> int:
+            tree = trees[replica]
+            return max((i for i in range(1, len(pages) + 1) if tuple(pages[:i]) in tree), default=0)
+
+        best = max(cluster.ids, key=lambda r: (matched(r), -cluster.load(r)))
+        if matched(best) / len(pages) < match_threshold:
+            best = min(cluster.ids, key=lambda r: (cluster.load(r), r))
+        tree = trees[best]
+        for i in range(1, len(pages) + 1):
+            tree[tuple(pages[:i])] = None
+            tree.move_to_end(tuple(pages[:i]))
+        while len(tree) > cluster.capacity * entries_per_page:
+            tree.popitem(last=False)
+        return best
+
+    return route
+
+
+def colony_router() -> Router:
+    """colony.vcm.placement.choose_replica over the caches' true contents (the page table)."""
+
+    def route(cluster: Cluster, agent: str, pages: list[str]) -> str:
+        views = [ReplicaView(r, resident=set(cluster.caches[r]), load=cluster.load(r)) for r in cluster.ids]
+        return choose_replica(views, pages).replica_id
+
+    return route
+
+
+def simulate(
+    name: str,
+    router: Router,
+    trace: list[Request],
+    tokens: Callable[[str], int],
+    replicas: int,
+    capacity: int,
+) -> Result:
+    cluster = Cluster(replicas, capacity, window=replicas * 4)
+    hits = accesses = prefill = total = 0
+    for agent, pages in trace:
+        replica = router(cluster, agent, pages)
+        for page, hit in zip(pages, cluster.serve(replica, pages), strict=True):
+            accesses += 1
+            total += tokens(page)
+            if hit:
+                hits += 1
+            else:
+                prefill += tokens(page)
+    return Result(name, hits, accesses, prefill, total)
+
+
+def belady(trace: list[Request], tokens: Callable[[str], int], capacity: int) -> Result:
+    """Offline optimal eviction in one pooled cache: evict the page used farthest in the future."""
+    accesses = [page for _, pages in trace for page in pages]
+    next_use: list[int] = [0] * len(accesses)
+    last_seen: dict[str, int] = {}
+    for i in range(len(accesses) - 1, -1, -1):
+        next_use[i] = last_seen.get(accesses[i], len(accesses))
+        last_seen[accesses[i]] = i
+    cache: dict[str, int] = {}
+    hits = prefill = total = 0
+    for i, page in enumerate(accesses):
+        total += tokens(page)
+        if page in cache:
+            hits += 1
+        else:
+            prefill += tokens(page)
+            if len(cache) >= capacity:
+                del cache[max(cache, key=lambda p: cache[p])]
+        cache[page] = next_use[i]
+    return Result("belady (bound)", hits, len(accesses), prefill, total)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument("--seed", type=int, default=7)
+    parser.add_argument("--replicas", type=int, default=4)
+    parser.add_argument("--capacity", type=int, default=16, help="pages each replica caches")
+    parser.add_argument("--agents", type=int, default=48)
+    parser.add_argument("--pages", type=int, default=120)
+    parser.add_argument("--group", type=int, default=3, help="pages per agent")
+    parser.add_argument("--requests", type=int, default=6000)
+    parser.add_argument("--zipf", type=float, default=0.8)
+    parser.add_argument("--page-tokens", type=int, default=1000)
+    parser.add_argument("--trace", type=Path, help="JSON-lines trace instead of a generated one")
+    args = parser.parse_args()
+    if args.trace:
+        trace, known = load_trace(args.trace)
+    else:
+        trace, known = (
+            make_trace(args.seed, args.agents, args.pages, args.group, args.requests, args.zipf),
+            {},
+        )
+
+    def tokens(page: str) -> int:
+        return known.get(page, args.page_tokens)
+
+    policies: list[tuple[str, Router]] = [
+        ("random", random_router(args.seed)),
+        ("round-robin", round_robin_router()),
+        ("least-loaded", least_loaded_router()),
+        ("prefix-tree", prefix_tree_router()),
+        ("colony", colony_router()),
+    ]
+    results = [
+        simulate(name, router, trace, tokens, args.replicas, args.capacity) for name, router in policies
+    ]
+    bound = belady(trace, tokens, args.replicas * args.capacity)
+    print(f"{len(trace)} requests, {args.replicas} replicas x {args.capacity} pages, seed {args.seed}")
+    print(f"{'policy':<16} {'hit rate':>9} {'prefill tokens':>15} {'tokens saved':>13}")
+    for r in [*results, bound]:
+        print(f"{r.policy:<16} {r.hit_rate:>9.1%} {r.prefill_tokens:>15,} {r.saved_tokens:>13,}")
+    colony = next(r for r in results if r.policy == "colony")
+    tree = next(r for r in results if r.policy == "prefix-tree")
+    print(f"colony / belady hit rate: {colony.hit_rate / bound.hit_rate:.1%} (goal >= 95%)")
+    saved_ratio = colony.saved_tokens / max(1, tree.saved_tokens)
+    print(f"colony / prefix-tree tokens saved: {saved_ratio:.2f}x (goal >= 1.5x)")
+    print(
+        json.dumps(
+            {
+                r.policy: {"hit_rate": r.hit_rate, "prefill_tokens": r.prefill_tokens}
+                for r in [*results, bound]
+            }
+        )
+    )
+
+
+if __name__ == "__main__":
+    main()

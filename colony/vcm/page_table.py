@@ -1,0 +1,143 @@
+"""The page table in Redis: every mapped page, its text, and which replicas hold it.
+
+A page record is tagged `replica:{id}` for each replica holding it resident and `swapped:{id}`
+for each holding it in its disk tier, so "pages of replica R" is a tag-index lookup. Residency is
+never guessed: `reconcile(replica, resident, swapped)` makes the table equal to what that
+replica's engine reports, and `drop_replica` forgets a dead one.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterable, Mapping
+
+from pydantic import BaseModel, Field
+
+from colony.blackboard import Blackboard, BlackboardScope, TagFilter, scope_id
+from colony.blackboard.protocol import VcmProtocol as Keys
+from colony.errors import PageNotResident
+from colony.inference.models import Page
+from colony.vcm.pages import PageInfo, PageSource
+from colony.vcm.placement import ReplicaView
+
+
+class PageRecord(PageInfo):
+    resident_on: list[str] = Field(default_factory=list)
+    swapped_on: list[str] = Field(default_factory=list)
+    last_access: float = 0.0
+
+
+class SourceRecord(BaseModel):
+    source_id: str
+    path: str
+    page_tokens: int
+    page_ids: list[str]
+    mapped_at: float = Field(default_factory=time.time)
+
+
+def _tags(record: PageRecord) -> set[str]:
+    return {Keys.resident_tag(r) for r in record.resident_on} | {
+        Keys.swapped_tag(r) for r in record.swapped_on
+    }
+
+
+class PageTable:
+    def __init__(
+        self, blackboard: Blackboard, *, tenant_id: str = "default", colony_id: str = "default"
+    ) -> None:
+        self.board = blackboard.scoped(
+            scope_id(BlackboardScope.COLONY, tenant_id=tenant_id, colony_id=colony_id, namespace="vcm")
+        )
+
+    async def map_source(self, source: PageSource) -> SourceRecord:
+        """Cut the source into pages and record them with their text (known pages are kept as they are)."""
+        pairs = list(source.pages())
+        existing = await self.board.read_many([Keys.page_key(info.page_id) for info, _ in pairs])
+        writes = []
+        for (info, page), known in zip(pairs, existing, strict=True):
+            writes.append({"key": Keys.content_key(info.page_id), "value": page.text, "created_by": "vcm"})
+            if known is None:
+                writes.append(
+                    {
+                        "key": Keys.page_key(info.page_id),
+                        "value": PageRecord(**info.model_dump()),
+                        "created_by": "vcm",
+                    }
+                )
+        for start in range(0, len(writes), 500):
+            await self.board.write_many(writes[start : start + 500])
+        record = SourceRecord(
+            source_id=source.source_id,
+            path=str(source.root),
+            page_tokens=source.page_tokens,
+            page_ids=[info.page_id for info, _ in pairs],
+        )
+        await self.board.write(Keys.source_key(source.source_id), record, created_by="vcm")
+        return record
+
+    async def page(self, page_id: str) -> PageRecord | None:
+        entry = await self.board.read(Keys.page_key(page_id))
+        return entry.value_as(PageRecord) if entry else None
+
+    async def content(self, page_id: str) -> Page:
+        """The page as an engine loads it."""
+        entry = await self.board.read(Keys.content_key(page_id))
+        if entry is None:
+            raise PageNotResident(f"page {page_id!r} is not mapped (POST /v1/vcm/sources maps a folder)")
+        return Page(page_id=page_id, text=entry.value)
+
+    async def pages(self, *, replica: str | None = None, swapped: bool = False) -> list[PageRecord]:
+        tags = None
+        if replica is not None:
+            tag = Keys.swapped_tag(replica) if swapped else Keys.resident_tag(replica)
+            tags = TagFilter(all_of=frozenset({tag}))
+        entries = [e async for e in self.board.iter_query(Keys.pattern("page"), tags=tags)]
+        return sorted((e.value_as(PageRecord) for e in entries), key=lambda r: r.page_id)
+
+    async def sources(self) -> list[SourceRecord]:
+        entries = [e async for e in self.board.iter_query(Keys.pattern("source"))]
+        return [e.value_as(SourceRecord) for e in entries]
+
+    async def reconcile(self, replica_id: str, resident: Iterable[str], swapped: Iterable[str] = ()) -> None:
+        """Make the table say exactly what the replica's engine reports holding."""
+        now_resident, now_swapped = set(resident), set(swapped)
+        listed = {r.page_id for r in await self.pages(replica=replica_id)}
+        listed |= {r.page_id for r in await self.pages(replica=replica_id, swapped=True)}
+        for page_id in sorted(listed | now_resident | now_swapped):
+            entry = await self.board.read(Keys.page_key(page_id))
+            if entry is None:
+                continue  # not a mapped page (e.g. an ad-hoc prompt prefix)
+            record = entry.value_as(PageRecord)
+            mine_resident = {replica_id} if page_id in now_resident else set()
+            mine_swapped = {replica_id} if page_id in now_swapped else set()
+            resident_on = sorted((set(record.resident_on) - {replica_id}) | mine_resident)
+            swapped_on = sorted((set(record.swapped_on) - {replica_id}) | mine_swapped)
+            if resident_on == record.resident_on and swapped_on == record.swapped_on:
+                continue
+            updated = record.model_copy(update={"resident_on": resident_on, "swapped_on": swapped_on})
+            await self.board.write(
+                Keys.page_key(page_id),
+                updated,
+                tags=_tags(updated),
+                created_by=replica_id,
+                expected_version=entry.version,
+            )
+
+    async def drop_replica(self, replica_id: str) -> None:
+        """A replica is gone: none of its pages are held any more."""
+        await self.reconcile(replica_id, (), ())
+
+    async def touch(self, page_ids: Iterable[str]) -> None:
+        for page_id in page_ids:
+            await self.board.update(
+                Keys.page_key(page_id), lambda v: {**v, "last_access": time.time()} if v else v, retries=5
+            )
+
+    async def views(self, loads: Mapping[str, int], capacity: int | None = None) -> list[ReplicaView]:
+        """Placement views of the given replicas from the table."""
+        views = []
+        for replica_id, load in sorted(loads.items()):
+            resident = {r.page_id for r in await self.pages(replica=replica_id)}
+            swapped = {r.page_id for r in await self.pages(replica=replica_id, swapped=True)}
+            views.append(ReplicaView(replica_id, resident, swapped, load, capacity))
+        return views

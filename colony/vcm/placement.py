@@ -1,0 +1,62 @@
+"""Page-affinity placement: which replica a request (or an agent) carrying page ids goes to.
+
+Pure functions over `ReplicaView`s (what each replica holds, how loaded it is), so the Serve
+request router, the control plane and `benchmarks/affinity_sim.py` run the very same code.
+A resident page scores 1, a swapped-out page (restorable from the replica's disk tier in
+milliseconds) 0.5, anything else 0.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass, field
+
+from colony.errors import ResourceExhausted
+
+RESIDENT_WEIGHT = 1.0
+SWAPPED_WEIGHT = 0.5
+
+
+@dataclass
+class ReplicaView:
+    replica_id: str
+    resident: set[str] = field(default_factory=set)
+    swapped: set[str] = field(default_factory=set)
+    load: int = 0  # agents or in-flight requests
+    capacity: int | None = None  # max load; None = unbounded
+
+    @property
+    def full(self) -> bool:
+        return self.capacity is not None and self.load >= self.capacity
+
+
+def affinity(replica: ReplicaView, page_ids: Iterable[str]) -> float:
+    return sum(
+        RESIDENT_WEIGHT if p in replica.resident else SWAPPED_WEIGHT if p in replica.swapped else 0.0
+        for p in page_ids
+    )
+
+
+def choose_replica(
+    replicas: Sequence[ReplicaView], page_ids: Sequence[str] = (), *, hard: bool = False
+) -> ReplicaView:
+    """The replica for a request or agent bound to `page_ids`.
+
+    hard: only replicas holding every page (resident) qualify. soft: best affinity, ties (and
+    page-less requests) to the least loaded. Full replicas are skipped; `ResourceExhausted` when
+    nothing qualifies.
+    """
+    open_replicas = [r for r in replicas if not r.full]
+    if not open_replicas:
+        raise ResourceExhausted(f"all {len(replicas)} replicas are at capacity")
+    if hard and page_ids:
+        holding = [r for r in open_replicas if all(p in r.resident for p in page_ids)]
+        if not holding:
+            raise ResourceExhausted(f"no replica with free capacity holds all of pages {list(page_ids)[:5]}")
+        open_replicas = holding
+    return max(open_replicas, key=lambda r: (affinity(r, page_ids), -r.load, r.replica_id))
+
+
+def rank_replicas(replicas: Sequence[ReplicaView], page_ids: Sequence[str]) -> list[ReplicaView]:
+    """All replicas, best first (affinity, then least loaded): the order to try them in."""
+    return sorted(replicas, key=lambda r: (-affinity(r, page_ids), r.full, r.load, r.replica_id))

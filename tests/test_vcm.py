@@ -1,0 +1,98 @@
+"""VCM: page sources, placement, and the page table reconciled with a real engine's residency."""
+
+from __future__ import annotations
+
+import itertools
+import subprocess
+from pathlib import Path
+
+import pytest
+
+from colony.blackboard import Blackboard
+from colony.config import EngineSettings
+from colony.errors import InvalidArgument, ResourceExhausted
+from colony.inference.embedded import EmbeddedEngine
+from colony.vcm import PageSource, PageTable, ReplicaView, choose_replica, rank_replicas
+
+
+def make_tree(root: Path) -> Path:
+    (root / "src").mkdir(parents=True)
+    (root / "src" / "auth.py").write_text("def login(user):\n    return check(user)\n")
+    (root / "src" / "util.py").write_text("def check(user):\n    return bool(user)\n")
+    (root / "big.txt").write_text("\n".join(f"line {i}: " + "lorem ipsum " * 8 for i in range(400)))
+    (root / "logo.png").write_bytes(b"\x89PNG\x00\x00binary")
+    (root / "blob.dat").write_bytes(b"abc\x00def")
+    (root / "node_modules").mkdir()
+    (root / "node_modules" / "dep.js").write_text("ignored()")
+    return root
+
+
+def test_folder_becomes_pages_on_file_boundaries(tmp_path: Path) -> None:
+    source = PageSource(make_tree(tmp_path / "tree"), page_tokens=512)
+    files = [str(p.relative_to(source.root)) for p in source.files()]
+    assert files == ["big.txt", "src/auth.py", "src/util.py"]  # binary and ignored files skipped
+    pages = list(source.pages())
+    assert all(info.tokens <= 512 for info, _ in pages)
+    big_spans = [span for info, _ in pages for span in info.files if span.path == "big.txt"]
+    assert len(big_spans) > 1 and big_spans[0].start_line == 1 and big_spans[-1].end_line == 400
+    assert all(a.end_line + 1 == b.start_line for a, b in itertools.pairwise(big_spans))  # no gap
+    small = next(info for info, _ in pages if any(s.path == "src/auth.py" for s in info.files))
+    assert {s.path for s in small.files} >= {"src/auth.py", "src/util.py"}  # small files share a page
+    again = [info.page_id for info, _ in PageSource(tmp_path / "tree", page_tokens=512).pages()]
+    assert again == [info.page_id for info, _ in pages]  # content-hash ids are stable
+    with pytest.raises(InvalidArgument):
+        PageSource(tmp_path / "missing")
+
+
+def test_git_checkout_maps_tracked_files_only(tmp_path: Path) -> None:
+    root = make_tree(tmp_path / "repo")
+    subprocess.run(["git", "init", "-q", str(root)], check=True)
+    subprocess.run(["git", "-C", str(root), "add", "src/auth.py"], check=True)
+    source = PageSource(root)
+    assert [str(p.relative_to(root)) for p in source.files()] == ["src/auth.py"]
+
+
+def test_placement_hard_soft_swapped_and_capacity() -> None:
+    a = ReplicaView("a", resident={"p1"}, load=1)
+    b = ReplicaView("b", resident={"p1", "p2"}, load=5)
+    c = ReplicaView("c", swapped={"p1", "p2"}, load=0)
+    assert choose_replica([a, b, c], ["p1", "p2"]).replica_id == "b"
+    assert choose_replica([a, b, c], ["p1", "p2"], hard=True).replica_id == "b"
+    assert choose_replica([a, c], ["p1", "p2"]).replica_id == "c"  # 1 resident = 2 swapped; tie: less loaded
+    assert choose_replica([a, b, c], []).replica_id == "c"  # no pages: least loaded
+    assert (
+        choose_replica([ReplicaView("x", load=2), ReplicaView("y", swapped={"p"}, load=9)], ["p"]).replica_id
+        == "y"
+    )
+    b.capacity = 5
+    assert choose_replica([a, b, c], ["p1", "p2"]).replica_id == "c"  # b is full
+    with pytest.raises(ResourceExhausted, match="holds all"):
+        choose_replica([a, b, c], ["p1", "p2"], hard=True)
+    with pytest.raises(ResourceExhausted, match="capacity"):
+        choose_replica([ReplicaView("z", load=1, capacity=1)], [])
+    assert [r.replica_id for r in rank_replicas([a, b, c], ["p2"])] == ["b", "c", "a"]
+
+
+async def test_page_table_follows_real_engine_residency(bb: Blackboard, tmp_path: Path) -> None:
+    table = PageTable(bb, colony_id="vcm-test")
+    mapped = await table.map_source(PageSource(make_tree(tmp_path / "tree"), page_tokens=256))
+    assert len(mapped.page_ids) >= 3 and len(await table.pages()) == len(mapped.page_ids)
+    first, second = mapped.page_ids[:2]
+    engine = EmbeddedEngine(EngineSettings(page_slots=2, slot_context_tokens=1024), data_dir=tmp_path / "eng")
+    try:
+        await engine.load_page(await table.content(first))
+        await engine.load_page(await table.content(second))
+        await table.reconcile("replica-b", engine.resident_pages(), engine.swapped_pages())
+        assert {r.page_id for r in await table.pages(replica="replica-b")} == {first, second}
+        assert (await table.page(first)).resident_on == ["replica-b"]
+        views = await table.views({"replica-a": 0, "replica-b": 3})
+        assert choose_replica(views, [first]).replica_id == "replica-b"
+        await engine.swap_out_page(second)
+        await engine.evict_page(first)
+        await table.reconcile("replica-b", engine.resident_pages(), engine.swapped_pages())
+        assert await table.pages(replica="replica-b") == []
+        assert [r.page_id for r in await table.pages(replica="replica-b", swapped=True)] == [second]
+        await table.drop_replica("replica-b")
+        assert (await table.page(second)).swapped_on == [] and (await table.page(first)).resident_on == []
+    finally:
+        await engine.close()
