@@ -70,7 +70,11 @@ def test_placement_hard_soft_swapped_and_capacity() -> None:
         choose_replica([a, b, c], ["p1", "p2"], hard=True)
     with pytest.raises(ResourceExhausted, match="capacity"):
         choose_replica([ReplicaView("z", load=1, capacity=1)], [])
+    assert [r.replica_id for r in rank_replicas([a, b, c], ["p2"])] == ["c", "a", "b"]  # full b goes last
+    b.capacity = None
     assert [r.replica_id for r in rank_replicas([a, b, c], ["p2"])] == ["b", "c", "a"]
+    empty, busy = ReplicaView("e", load=0), ReplicaView("f", resident={"x", "y"}, load=0)
+    assert choose_replica([busy, empty], ["new"]).replica_id == "e"  # a new group goes to the emptiest cache
 
 
 async def test_page_table_follows_real_engine_residency(bb: Blackboard, tmp_path: Path) -> None:

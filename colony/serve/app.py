@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import Any
 
 from ray import serve
+from ray.serve.config import RequestRouterConfig
 from ray.serve.handle import DeploymentHandle
 
 from colony.api.app import ApiServices, create_app
@@ -37,7 +38,14 @@ def settings_to_dict(settings: ColonySettings) -> dict[str, Any]:
     return data
 
 
-@serve.deployment(name="EngineReplica", ray_actor_options={"num_cpus": 0.5}, max_ongoing_requests=64)
+@serve.deployment(
+    name="EngineReplica",
+    ray_actor_options={"num_cpus": 0.5},
+    max_ongoing_requests=64,
+    request_router_config=RequestRouterConfig(
+        request_router_class="colony.serve.router:PageAffinityRouter", request_routing_stats_period_s=0.5
+    ),
+)
 class EngineReplica:
     def __init__(self, settings: dict[str, Any]) -> None:
         context = serve.get_replica_context()
@@ -57,6 +65,16 @@ class EngineReplica:
 
     async def info(self) -> dict[str, Any]:
         return (await self._started()).info()
+
+    async def generate(self, request: dict[str, Any], page_ids: list[str] | None = None) -> dict[str, Any]:
+        """Inference on this replica (the router sent it here because it holds `page_ids`)."""
+        return await (await self._started()).generate(request, page_ids)
+
+    async def evict_page(self, page_id: str) -> bool:
+        return await (await self._started()).evict_page(page_id)
+
+    def record_routing_stats(self) -> dict[str, Any]:
+        return self.host.routing_stats()
 
     async def check_health(self) -> None:
         if self.host.runtime is None:

@@ -113,6 +113,65 @@ class ReplicaHost:
         await registry.set_state(agent_id, "stopped")
         return True
 
+    async def generate(self, request: dict[str, Any], page_ids: list[str] | None = None) -> dict[str, Any]:
+        """Run an inference request here; pages it names that this engine lacks are faulted in
+        (their text from the page table) first."""
+        from colony.inference import InferenceRequest
+
+        assert self.engine is not None
+        page_ids = list(page_ids or request.get("page_ids") or [])
+        faulted = await self.ensure_pages(page_ids)
+        response = await self.engine.generate(
+            InferenceRequest.model_validate({**request, "page_ids": page_ids})
+        )
+        return {**response.model_dump(mode="json"), "replica_id": self.replica_id, "faulted": faulted}
+
+    async def ensure_pages(self, page_ids: list[str]) -> list[str]:
+        """Load the pages this engine does not hold (page faults); the page table follows."""
+        from colony.vcm import PageTable
+
+        assert self.engine is not None and self.blackboard is not None
+        table = PageTable(
+            self.blackboard, tenant_id=self.settings.tenant_id, colony_id=self.settings.colony_id
+        )
+        missing = [p for p in page_ids if p not in self.engine.resident_pages()]
+        for page_id in missing:
+            swapped = getattr(self.engine, "swapped_pages", lambda: [])()
+            if page_id in swapped:
+                await self.engine.swap_in_page(page_id)  # type: ignore[attr-defined]
+            else:
+                await self.engine.load_page(await table.content(page_id))
+        if missing:
+            await self.sync_pages()
+        return missing
+
+    async def evict_page(self, page_id: str) -> bool:
+        assert self.engine is not None
+        evicted = await self.engine.evict_page(page_id)
+        await self.sync_pages()
+        return evicted
+
+    async def sync_pages(self) -> None:
+        """Make the page table say what this engine holds."""
+        from colony.vcm import PageTable
+
+        assert self.engine is not None and self.blackboard is not None
+        table = PageTable(
+            self.blackboard, tenant_id=self.settings.tenant_id, colony_id=self.settings.colony_id
+        )
+        swapped = getattr(self.engine, "swapped_pages", lambda: [])()
+        await table.reconcile(self.replica_id, self.engine.resident_pages(), swapped)
+
+    def routing_stats(self) -> dict[str, Any]:
+        """What the page-affinity router needs to know about this replica."""
+        if self.engine is None or self.runtime is None:
+            return {"resident": [], "swapped": [], "agents": 0}
+        return {
+            "resident": sorted(self.engine.resident_pages()),
+            "swapped": sorted(getattr(self.engine, "swapped_pages", lambda: [])()),
+            "agents": len(self.runtime.agent_ids),
+        }
+
     def info(self) -> dict[str, Any]:
         runtime, _ = self._ready()
         assert self.engine is not None

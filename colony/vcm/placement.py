@@ -43,8 +43,8 @@ def choose_replica(
     """The replica for a request or agent bound to `page_ids`.
 
     hard: only replicas holding every page (resident) qualify. soft: best affinity, ties (and
-    page-less requests) to the least loaded. Full replicas are skipped; `ResourceExhausted` when
-    nothing qualifies.
+    page-less requests) to the least loaded, then to the emptiest cache. Full replicas are skipped;
+    `ResourceExhausted` when nothing qualifies.
     """
     open_replicas = [r for r in replicas if not r.full]
     if not open_replicas:
@@ -54,9 +54,15 @@ def choose_replica(
         if not holding:
             raise ResourceExhausted(f"no replica with free capacity holds all of pages {list(page_ids)[:5]}")
         open_replicas = holding
-    return max(open_replicas, key=lambda r: (affinity(r, page_ids), -r.load, r.replica_id))
+    return min(open_replicas, key=lambda r: _order(r, page_ids))
 
 
 def rank_replicas(replicas: Sequence[ReplicaView], page_ids: Sequence[str]) -> list[ReplicaView]:
     """All replicas, best first (affinity, then least loaded): the order to try them in."""
-    return sorted(replicas, key=lambda r: (-affinity(r, page_ids), r.full, r.load, r.replica_id))
+    return sorted(replicas, key=lambda r: (r.full, *_order(r, page_ids)))
+
+
+def _order(replica: ReplicaView, page_ids: Sequence[str]) -> tuple[float, int, int, str]:
+    """Best first: most affinity, then least loaded, then the emptiest cache (a new page group
+    lands where it evicts least), then a stable tie-break."""
+    return (-affinity(replica, page_ids), replica.load, len(replica.resident), replica.replica_id)
