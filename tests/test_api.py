@@ -33,7 +33,10 @@ async def api(bb: Blackboard, redis_url: str) -> AsyncIterator[tuple[httpx.Async
     await host.ensure_agent(ask_blueprint())
     assert host.registry is not None
     runs = RunService(bb, host.registry, tenant_id=settings.tenant_id, colony_id=settings.colony_id)
-    app = create_app(ApiServices(runs=runs, registry=host.registry, token=TOKEN))
+    from colony.vcm import PageTable
+
+    pages = PageTable(bb, tenant_id=settings.tenant_id, colony_id=settings.colony_id)
+    app = create_app(ApiServices(runs=runs, registry=host.registry, token=TOKEN, pages=pages))
     async with httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://colony") as client:
         yield client, host
     await host.close()
@@ -194,3 +197,23 @@ def test_serve_configs_build_the_application() -> None:
     gpu = yaml.safe_load((root / "deployments" / "gpu-vllm.yaml").read_text())["applications"][0]
     assert gpu["import_path"] == "colony.serve.app:build_app"
     assert any(d.get("ray_actor_options", {}).get("num_gpus") == 1 for d in gpu["deployments"])
+
+
+async def test_vcm_sources_and_pages_over_http(api, tmp_path) -> None:
+    client, _ = api
+    (tmp_path / "a.py").write_text("def a():\n    return 1\n")
+    (tmp_path / "b.md").write_text("# Notes\n" + "text " * 900)
+    mapped = await client.post(
+        "/v1/vcm/sources", json={"path": str(tmp_path), "page_tokens": 512}, headers=AUTH
+    )
+    assert mapped.status_code == 200, mapped.text
+    body = mapped.json()
+    files = {span["path"] for page in body["pages"] for span in page["files"]}
+    assert files == {"a.py", "b.md"} and len(body["pages"]) >= 2
+    listed = (await client.get("/v1/vcm/pages", headers=AUTH)).json()
+    assert {p["page_id"] for p in listed} == {p["page_id"] for p in body["pages"]}
+    assert all(p["resident_on"] == [] for p in listed)
+    missing = await client.post("/v1/vcm/sources", json={"path": str(tmp_path / "nope")}, headers=AUTH)
+    assert missing.status_code == 400 and "not a directory" in missing.json()["error"]["message"]
+    tiny = await client.post("/v1/vcm/sources", json={"path": str(tmp_path), "page_tokens": 5}, headers=AUTH)
+    assert tiny.status_code == 422 and "page_tokens" in tiny.json()["error"]["message"]

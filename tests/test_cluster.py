@@ -74,6 +74,8 @@ def test_up_is_idempotent_and_serves_runs(colony_up) -> None:
         assert 'colony_runs_submitted_total{agent="ask"}' in metrics
         assert 'colony_replica_inference_tokens_total{kind="completion"' in metrics
         assert "colony_replica_inference_ttft_seconds_total" in metrics
+        pages = httpx.get(f"{info.url}/v1/vcm/pages", headers={"Authorization": f"Bearer {info.token}"})
+        assert pages.status_code == 200 and isinstance(pages.json(), list)
 
 
 def test_runs_survive_a_killed_api_replica(colony_up) -> None:

@@ -26,6 +26,7 @@ from colony.blackboard.protocol import AgentRegistryProtocol
 from colony.errors import AgentNotFound, BlackboardUnavailable, ColonyError, RunNotFound
 from colony.system.registry import AgentRecord, AgentRegistry
 from colony.system.runs import RunService, RunView
+from colony.vcm import PageSource, PageTable
 
 log = logging.getLogger(__name__)
 MAX_BODY_BYTES = 1024 * 1024
@@ -39,6 +40,11 @@ class SubmitRun(BaseModel):
     pages: list[str] | None = None
 
 
+class MapSource(BaseModel):
+    path: str = Field(min_length=1, description="a folder (or git checkout) readable by the API replica")
+    page_tokens: int = Field(2048, ge=64, le=1_000_000)
+
+
 class SubmittedRun(BaseModel):
     run_id: str
     status: str
@@ -50,6 +56,7 @@ class ApiServices:
     runs: RunService
     registry: AgentRegistry
     token: str | None
+    pages: PageTable | None = None
 
 
 def _error(status: int, code: str, message: str) -> JSONResponse:
@@ -174,6 +181,30 @@ def create_app(services: ApiServices | ServicesProvider) -> FastAPI:
         if record is None:
             raise AgentNotFound(f"no agent named {agent_id!r}")
         return record
+
+    @app.post("/v1/vcm/sources", dependencies=[Depends(authorized)])
+    async def map_source(body: MapSource) -> dict[str, Any]:
+        """Cut a folder into pages and record them in the page table."""
+        table = await page_table()
+        source = PageSource(body.path, page_tokens=body.page_tokens)
+        record = await table.map_source(source)
+        pages = [await table.page(page_id) for page_id in record.page_ids]
+        return {
+            "source_id": record.source_id,
+            "path": record.path,
+            "pages": [p.model_dump() for p in pages if p],
+        }
+
+    @app.get("/v1/vcm/pages", dependencies=[Depends(authorized)])
+    async def list_pages(replica: str | None = None) -> list[dict[str, Any]]:
+        table = await page_table()
+        return [p.model_dump() for p in await table.pages(replica=replica)]
+
+    async def page_table() -> PageTable:
+        services = await svc()
+        if services.pages is None:
+            raise StarletteHTTPException(404, "this deployment has no virtual context memory")
+        return services.pages
 
     @app.get("/v1/replicas", dependencies=[Depends(authorized)])
     async def list_replicas() -> list[dict[str, Any]]:

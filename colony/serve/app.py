@@ -25,6 +25,7 @@ from colony.system.builtin import BUILTIN_AGENTS
 from colony.system.host import ReplicaHost
 from colony.system.registry import AgentRegistry
 from colony.system.runs import RunService
+from colony.vcm import PageTable
 
 log = logging.getLogger(__name__)
 
@@ -137,7 +138,8 @@ class ColonyAPI:
                 registry = AgentRegistry(board.scoped(colony_scope))
                 runs = RunService(board, registry, tenant_id=settings.tenant_id, colony_id=settings.colony_id)
                 token = settings.api_token.get_secret_value() if settings.api_token else None
-                self._services = ApiServices(runs=runs, registry=registry, token=token)
+                pages = PageTable(board, tenant_id=settings.tenant_id, colony_id=settings.colony_id)
+                self._services = ApiServices(runs=runs, registry=registry, token=token, pages=pages)
             if not self._builtins_ready:
                 await self.system.ensure_builtins.remote()
                 self._builtins_ready = True
