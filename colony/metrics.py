@@ -135,3 +135,9 @@ class ReplicaStatsCollector:
 
 REPLICA_STATS = ReplicaStatsCollector()
 REGISTRY.register(REPLICA_STATS)
+
+PLACEMENTS = Counter(
+    "colony_placements_total", "Agent placements by cascade step (hard, soft, retry, suspend).", ["step"]
+)
+PLACEMENTS_QUEUED = Counter("colony_placements_queued_total", "Placements that had to wait for room.")
+AGENT_SUSPENSIONS = Counter("colony_agent_suspensions_total", "Agents suspended, by reason.", ["reason"])
