@@ -141,3 +141,6 @@ PLACEMENTS = Counter(
 )
 PLACEMENTS_QUEUED = Counter("colony_placements_queued_total", "Placements that had to wait for room.")
 AGENT_SUSPENSIONS = Counter("colony_agent_suspensions_total", "Agents suspended, by reason.", ["reason"])
+AGENT_RESUMPTIONS = Counter(
+    "colony_agent_resumptions_total", "Agents resumed, by condition kind.", ["condition"]
+)

@@ -425,6 +425,14 @@ class Agent(Bindable):
             await self.transition(AgentState.WAITING, condition.reason or condition.kind.value)
         return self.suspension
 
+    async def record_suspension(self, condition: ResumptionCondition) -> SuspensionRequest:
+        """Store when this agent may resume (no state change: its host is suspending it)."""
+        self.suspension = SuspensionRequest(agent_id=self.agent_id, condition=condition)
+        await self.blackboard.write(
+            Keys.key("suspension"), self.suspension.model_dump(mode="json"), created_by=self.agent_id
+        )
+        return self.suspension
+
     async def clear_suspension(self) -> None:
         self.suspension = None
         await self.blackboard.delete(Keys.key("suspension"))

@@ -9,11 +9,12 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+from collections.abc import Awaitable, Callable
 from typing import Any
 
 from colony.agents.base import Agent, build_agent
 from colony.agents.blueprint import AgentBlueprint
-from colony.agents.models import AgentRun, AgentState
+from colony.agents.models import AgentRun, AgentState, ResumptionCondition, ResumptionKind
 from colony.aio import cancel_and_wait
 from colony.blackboard import Blackboard
 from colony.blackboard.protocol import AgentStateProtocol
@@ -39,6 +40,8 @@ class LocalAgentRuntime:
         self.colony_id = colony_id
         self._agents: dict[str, Agent] = {}
         self._drivers: dict[str, asyncio.Task[None]] = {}
+        # the host's hook (registry, metrics) when an agent is suspended here
+        self.on_suspended: Callable[[str, str], Awaitable[None]] | None = None
 
     def get(self, agent_id: str) -> Agent:
         try:
@@ -87,17 +90,26 @@ class LocalAgentRuntime:
         finally:
             subscription.close()
 
-    async def suspend(self, agent_id: str, reason: str = "suspended") -> None:
-        """Persist the agent's state, mark it SUSPENDED and drop the object."""
+    async def suspend(
+        self, agent_id: str, reason: str = "suspended", condition: ResumptionCondition | None = None
+    ) -> None:
+        """Persist the agent's state, store when it may resume, mark it SUSPENDED, drop the object.
+
+        `condition` defaults to the agent's own request (e.g. CHILDREN_COMPLETED from a blocked
+        action), else IMMEDIATE."""
         agent = self._agents.get(agent_id)
         if agent is None:
             raise AgentNotFound(f"agent {agent_id!r} is not hosted here")
         await self._detach(agent_id)
         await agent.reload_lifecycle()  # the cancelled driver may have changed it without hearing back
+        if condition is not None or agent.suspension is None:
+            await agent.record_suspension(condition or ResumptionCondition(kind=ResumptionKind.IMMEDIATE))
         await agent.persist()
         if agent.state is not AgentState.SUSPENDED:
             await agent.transition(AgentState.SUSPENDED, reason)
         log.info("agent %s suspended (%s)", agent_id, reason)
+        if self.on_suspended is not None:
+            await self.on_suspended(agent_id, reason)
 
     async def resume(self, agent_id: str) -> Agent:
         """Rebuild a suspended (or dropped) agent from the blackboard and carry on where it was."""

@@ -13,6 +13,7 @@ import logging
 import time
 from typing import Any
 
+from colony import metrics
 from colony.agents import Agent, AgentBlueprint, LocalAgentRuntime
 from colony.aio import cancel_and_wait
 from colony.blackboard import Blackboard, BlackboardScope, create_redis, resolve_redis_url, scope_id
@@ -24,6 +25,14 @@ from colony.system.registry import AgentRecord, AgentRegistry
 
 log = logging.getLogger(__name__)
 HEARTBEAT_SECONDS = 2.0
+
+
+def _reason_label(reason: str) -> str:
+    """A bounded metric label for a free-text suspension reason."""
+    for label in ("make_room", "children", "pages", "request"):
+        if label in reason or label.replace("_", " ") in reason:
+            return label
+    return "other"
 
 
 class ReplicaHost:
@@ -62,6 +71,7 @@ class ReplicaHost:
             colony_id=self.settings.colony_id,
             engine=self.engine,
         )
+        self.runtime.on_suspended = self._suspended
         await self._beat()
         self._heartbeat = asyncio.create_task(self._heartbeat_loop(), name=f"{self.replica_id}-heartbeat")
 
@@ -104,6 +114,21 @@ class ReplicaHost:
             state=agent.state.value,
             replica=self.replica_id,
         )
+
+    async def _suspended(self, agent_id: str, reason: str) -> None:
+        """An agent left this replica suspended: the registry says so (no replica)."""
+        _, registry = self._ready()
+        record = await registry.get(agent_id)
+        if record is not None:
+            await registry.put(record.model_copy(update={"state": "suspended", "replica": None}))
+        metrics.AGENT_SUSPENSIONS.labels(_reason_label(reason)).inc()
+
+    async def resume_agent(self, agent_id: str) -> dict[str, Any]:
+        """Bring a suspended agent back here, same id, state restored from the blackboard."""
+        runtime, registry = self._ready()
+        agent = await runtime.resume(agent_id)
+        record = await registry.put(self._record(agent))
+        return record.model_dump(mode="json")
 
     async def stop_agent(self, agent_id: str) -> bool:
         runtime, registry = self._ready()

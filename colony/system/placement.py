@@ -18,7 +18,7 @@ from typing import Literal
 from pydantic import BaseModel, Field
 
 from colony import metrics
-from colony.agents import AgentBlueprint
+from colony.agents import AgentBlueprint, ResumptionCondition, ResumptionKind
 from colony.errors import ResourceExhausted
 from colony.system.host import ReplicaHost
 from colony.vcm.placement import ReplicaView, choose_replica
@@ -83,8 +83,9 @@ class AgentPlacer:
         suspended: list[str] = []
         if replica is None:
             victim_replica, victim = self._victim(blueprint.metadata.priority)
-            await self.hosts[victim_replica].runtime.suspend(victim, "suspended to make room")  # type: ignore[union-attr]
-            metrics.AGENT_SUSPENSIONS.labels("make_room").inc()
+            await self.hosts[victim_replica].runtime.suspend(  # type: ignore[union-attr]
+                victim, "make_room", ResumptionCondition(kind=ResumptionKind.RESOURCE_AVAILABLE)
+            )
             suspended.append(victim)
             replica, step = choose_replica(self.views(), preferred), "suspend"
         await self.hosts[replica.replica_id].ensure_agent(blueprint)

@@ -1,0 +1,141 @@
+"""The resource monitor loop: resumes suspended agents when their ResumptionCondition holds.
+
+Every `period` seconds it reads the suspended agents from the registry and, highest priority first
+(FIFO among equals), evaluates each condition: CHILDREN_COMPLETED (every child STOPPED/FAILED in the
+registry), RESOURCE_AVAILABLE (a replica has room), PAGES_AVAILABLE (every page resident somewhere
+in the page table), IMMEDIATE, CUSTOM (only after `request_resume`). A met condition resumes the
+agent, same id and restored state, on the best replica for its pages.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Mapping
+
+from colony import metrics
+from colony.agents.models import AgentMetadata, ResumptionCondition, ResumptionKind, SuspensionRequest
+from colony.blackboard import Blackboard, BlackboardScope, scope_id
+from colony.blackboard.protocol import AgentStateProtocol
+from colony.errors import ResourceExhausted
+from colony.system.host import ReplicaHost
+from colony.system.registry import AgentRegistry
+from colony.vcm.page_table import PageTable
+from colony.vcm.placement import ReplicaView, choose_replica
+
+log = logging.getLogger(__name__)
+DONE_STATES = frozenset({"stopped", "failed"})
+
+
+class ResumptionMonitor:
+    def __init__(
+        self,
+        blackboard: Blackboard,
+        hosts: Mapping[str, ReplicaHost],
+        registry: AgentRegistry,
+        *,
+        page_table: PageTable | None = None,
+        max_agents_per_replica: int | None = None,
+        period: float = 1.0,
+        tenant_id: str = "default",
+        colony_id: str = "default",
+    ) -> None:
+        self.blackboard = blackboard
+        self.hosts = dict(hosts)
+        self.registry = registry
+        self.page_table = page_table
+        self.max_agents = max_agents_per_replica
+        self.period = period
+        self.tenant_id, self.colony_id = tenant_id, colony_id
+        self._custom: set[str] = set()
+
+    def request_resume(self, agent_id: str) -> None:
+        """The external trigger of CUSTOM conditions (and a push for any other kind)."""
+        self._custom.add(agent_id)
+
+    def _views(self) -> list[ReplicaView]:
+        views = []
+        for replica_id, host in sorted(self.hosts.items()):
+            stats = host.routing_stats()
+            views.append(
+                ReplicaView(
+                    replica_id,
+                    set(stats["resident"]),
+                    set(stats["swapped"]),
+                    int(stats["agents"]),
+                    self.max_agents,
+                )
+            )
+        return views
+
+    async def _pending(self) -> list[tuple[int, float, str, ResumptionCondition, list[str]]]:
+        items = []
+        for record in await self.registry.list(state="suspended"):
+            board = self.blackboard.scoped(
+                scope_id(
+                    BlackboardScope.AGENT,
+                    tenant_id=self.tenant_id,
+                    colony_id=self.colony_id,
+                    agent_id=record.agent_id,
+                )
+            )
+            metadata_e, suspension_e = await board.read_many(
+                [AgentStateProtocol.key("metadata"), AgentStateProtocol.key("suspension")]
+            )
+            metadata = AgentMetadata.model_validate(metadata_e.value) if metadata_e else None
+            request = SuspensionRequest.model_validate(suspension_e.value) if suspension_e else None
+            condition = request.condition if request else ResumptionCondition(kind=ResumptionKind.CUSTOM)
+            pages = list(condition.page_ids or (metadata.bound_pages if metadata else []))
+            priority = metadata.priority if metadata else 0
+            items.append(
+                (-priority, request.requested_at if request else 0.0, record.agent_id, condition, pages)
+            )
+        return sorted(items, key=lambda item: (item[0], item[1], item[2]))
+
+    async def _met(self, agent_id: str, condition: ResumptionCondition, pages: list[str]) -> bool:
+        kind = condition.kind
+        if agent_id in self._custom or kind is ResumptionKind.IMMEDIATE:
+            return True
+        if kind is ResumptionKind.CHILDREN_COMPLETED:
+            for child in condition.agent_ids:
+                record = await self.registry.get(child)
+                if record is None or record.state not in DONE_STATES:
+                    return False
+            return True
+        if kind is ResumptionKind.RESOURCE_AVAILABLE:
+            return any(not v.full for v in self._views())
+        if kind is ResumptionKind.PAGES_AVAILABLE:
+            if self.page_table is None:
+                return False
+            for page_id in pages:
+                record = await self.page_table.page(page_id)
+                if record is None or not record.resident_on:
+                    return False
+            return True
+        return False  # CUSTOM without a trigger
+
+    async def tick(self) -> list[str]:
+        """One evaluation round; the ids of the agents resumed."""
+        resumed = []
+        for _priority, _since, agent_id, condition, pages in await self._pending():
+            if not await self._met(agent_id, condition, pages):
+                continue
+            hard = condition.kind is ResumptionKind.PAGES_AVAILABLE
+            try:
+                target = choose_replica(self._views(), pages, hard=hard)
+            except ResourceExhausted:
+                continue  # no room now; next round
+            await self.hosts[target.replica_id].resume_agent(agent_id)
+            self._custom.discard(agent_id)
+            metrics.AGENT_RESUMPTIONS.labels(condition.kind.value).inc()
+            resumed.append(agent_id)
+        return resumed
+
+    async def run(self) -> None:
+        """The `_resource_monitor_loop`: tick every `period` seconds until cancelled."""
+        while True:
+            try:
+                await self.tick()
+            except Exception:
+                log.exception("resumption monitor round failed")
+            await asyncio.sleep(self.period)
