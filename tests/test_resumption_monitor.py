@@ -135,3 +135,27 @@ async def test_priority_order(cluster) -> None:
     await hosts["ra"].runtime.suspend("low")
     await hosts["ra"].runtime.suspend("high")
     assert await monitor.tick() == ["high", "low"]
+
+
+async def test_vcm_bound_agent_follows_its_pages(cluster, tmp_path) -> None:
+    from colony.agents import AgentMetadata, AgentType
+
+    hosts, monitor = cluster
+    (tmp_path / "notes.md").write_text("# Notes\n" + "facts " * 200)
+    page_id = (await monitor.page_table.map_source(PageSource(tmp_path, page_tokens=1024))).page_ids[0]
+    await hosts["rb"].ensure_pages([page_id])
+    bp = counter_blueprint("bound", STEPS)
+    bp = bp.model_copy(
+        update={
+            "metadata": AgentMetadata(agent_id="bound", agent_type=AgentType.VCM_BOUND, bound_pages=[page_id])
+        }
+    )
+    await hosts["rb"].ensure_agent(bp)
+    await hosts["rb"].runtime.get("bound").run(7)
+    await hosts["rb"].evict_page(page_id)  # its page is gone: the agent is suspended with it
+    assert "bound" not in hosts["rb"].runtime.agent_ids
+    assert (await hosts["ra"].registry.get("bound")).state == "suspended"
+    assert await monitor.tick() == []
+    await hosts["ra"].ensure_pages([page_id])  # resident again, elsewhere
+    assert await monitor.tick() == ["bound"]
+    assert await assert_resumed_intact(hosts, "bound") == "ra"

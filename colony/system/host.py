@@ -14,7 +14,14 @@ import time
 from typing import Any
 
 from colony import metrics
-from colony.agents import Agent, AgentBlueprint, LocalAgentRuntime
+from colony.agents import (
+    Agent,
+    AgentBlueprint,
+    AgentType,
+    LocalAgentRuntime,
+    ResumptionCondition,
+    ResumptionKind,
+)
 from colony.aio import cancel_and_wait
 from colony.blackboard import Blackboard, BlackboardScope, create_redis, resolve_redis_url, scope_id
 from colony.blackboard.protocol import AgentRegistryProtocol, AgentStateProtocol
@@ -171,9 +178,18 @@ class ReplicaHost:
         return missing
 
     async def evict_page(self, page_id: str) -> bool:
+        """Evict a page; VCM-bound agents bound to it are suspended until it is resident again."""
+        runtime, _ = self._ready()
         assert self.engine is not None
         evicted = await self.engine.evict_page(page_id)
         await self.sync_pages()
+        for agent_id in runtime.agent_ids:
+            metadata = runtime.get(agent_id).metadata
+            if metadata.agent_type is AgentType.VCM_BOUND and page_id in metadata.bound_pages:
+                condition = ResumptionCondition(
+                    kind=ResumptionKind.PAGES_AVAILABLE, page_ids=metadata.bound_pages
+                )
+                await runtime.suspend(agent_id, "pages evicted", condition)
         return evicted
 
     async def sync_pages(self) -> None:
