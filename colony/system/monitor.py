@@ -19,6 +19,7 @@ from colony.blackboard import Blackboard, BlackboardScope, scope_id
 from colony.blackboard.protocol import AgentStateProtocol
 from colony.errors import ResourceExhausted
 from colony.system.host import ReplicaHost
+from colony.system.placement import replica_views
 from colony.system.registry import AgentRegistry
 from colony.vcm.page_table import PageTable
 from colony.vcm.placement import ReplicaView, choose_replica
@@ -54,19 +55,7 @@ class ResumptionMonitor:
         self._custom.add(agent_id)
 
     def _views(self) -> list[ReplicaView]:
-        views = []
-        for replica_id, host in sorted(self.hosts.items()):
-            stats = host.routing_stats()
-            views.append(
-                ReplicaView(
-                    replica_id,
-                    set(stats["resident"]),
-                    set(stats["swapped"]),
-                    int(stats["agents"]),
-                    self.max_agents,
-                )
-            )
-        return views
+        return replica_views(self.hosts, self.max_agents)
 
     async def _pending(self) -> list[tuple[int, float, str, ResumptionCondition, list[str]]]:
         items = []

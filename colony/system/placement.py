@@ -35,6 +35,16 @@ class Placement(BaseModel):
     waited_seconds: float = 0.0
 
 
+def replica_views(hosts: Mapping[str, ReplicaHost], max_agents: int | None) -> list[ReplicaView]:
+    """Placement views of in-process hosts, from the stats they also give the request router."""
+    views = []
+    for replica_id, host in sorted(hosts.items()):
+        stats = host.routing_stats()
+        resident, swapped = set(stats["resident"]), set(stats["swapped"])
+        views.append(ReplicaView(replica_id, resident, swapped, int(stats["agents"]), max_agents))
+    return views
+
+
 class AgentPlacer:
     def __init__(
         self,
@@ -50,19 +60,7 @@ class AgentPlacer:
         self.retry_backoff = retry_backoff
 
     def views(self) -> list[ReplicaView]:
-        views = []
-        for replica_id, host in sorted(self.hosts.items()):
-            stats = host.routing_stats()
-            views.append(
-                ReplicaView(
-                    replica_id,
-                    set(stats["resident"]),
-                    set(stats["swapped"]),
-                    int(stats["agents"]),
-                    self.max_agents,
-                )
-            )
-        return views
+        return replica_views(self.hosts, self.max_agents)
 
     async def place(self, blueprint: AgentBlueprint) -> Placement:
         agent_id = blueprint.metadata.agent_id
