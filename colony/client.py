@@ -8,17 +8,10 @@ from typing import Any
 
 import httpx
 
-from colony.errors import ColonyError
+from colony.agents.handle import TERMINAL_EVENTS
+from colony.errors import ApiError
 
-TERMINAL_EVENTS = frozenset({"completed", "failed", "cancelled"})
-
-
-class ApiError(ColonyError):
-    """The API answered with an error (`status`, `code` and the server's message)."""
-
-    def __init__(self, status: int, code: str, message: str) -> None:
-        self.status, self.code = status, code
-        super().__init__(f"HTTP {status} {code}: {message}")
+__all__ = ["ApiError", "AsyncColonyClient", "ColonyClient"]
 
 
 def _raise_for(response: httpx.Response) -> None:

@@ -126,10 +126,6 @@ class RunTimeout(AgentError, TimeoutError):
     """An AgentHandle run did not finish in time."""
 
 
-class RunFailed(AgentError):
-    """The agent ran the request and reported failure."""
-
-
 class ResourceExhausted(AgentError):
     """A replica has not enough resources for an agent; the system places, retries or suspends."""
 
@@ -164,3 +160,15 @@ class PageNotResident(InferenceError):
 
 class RunNotFound(ColonyError):
     """No run with that id was submitted (or it expired)."""
+
+
+class ClusterError(ColonyError):
+    """The local cluster (`colony up`) could not be started, reached or stopped."""
+
+
+class ApiError(ColonyError):
+    """The HTTP API answered with an error (`status`, `code` and the server's message)."""
+
+    def __init__(self, status: int, code: str, message: str) -> None:
+        self.status, self.code = status, code
+        super().__init__(f"HTTP {status} {code}: {message}")

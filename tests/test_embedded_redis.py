@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from colony.blackboard import Blackboard, create_redis
-from colony.blackboard.redis_server import EmbeddedRedis, _alive, find_redis_binary
+from colony.blackboard.redis_server import EmbeddedRedis, find_redis_binary, process_alive
 from colony.config import BlackboardSettings, EmbeddedRedisSettings
 from colony.errors import BlackboardUnavailable, RedisBinaryNotFound, RedisServerError
 
@@ -32,14 +32,14 @@ def test_persists_across_stop_and_start_and_leaves_no_process(private_redis: Emb
     first = private_redis.start()
     assert asyncio.run(_write_then_read(first.url, "survivor", {"n": 42})) == {"n": 42}
     assert private_redis.stop() is True
-    assert not _alive(first.pid)
+    assert not process_alive(first.pid)
     assert private_redis.status() is None
     second = private_redis.start()
     assert second.pid != first.pid
     assert asyncio.run(_write_then_read(second.url, "survivor", None)) == {"n": 42}
     assert (Path(second.data_dir) / "appendonlydir").exists() or any(Path(second.data_dir).glob("*.aof"))
     assert private_redis.stop() is True
-    assert not _alive(second.pid)
+    assert not process_alive(second.pid)
     assert private_redis.stop() is False
 
 
@@ -53,7 +53,7 @@ def test_stale_state_file_is_replaced(private_redis: EmbeddedRedis) -> None:
     info = private_redis.start()
     os.kill(info.pid, signal.SIGKILL)
     deadline = time.monotonic() + 5
-    while _alive(info.pid) and time.monotonic() < deadline:
+    while process_alive(info.pid) and time.monotonic() < deadline:
         time.sleep(0.02)
     assert private_redis.status() is None
     fresh = private_redis.start()

@@ -74,7 +74,7 @@ def free_port(host: str = "127.0.0.1") -> int:
         return int(sock.getsockname()[1])
 
 
-def _alive(pid: int) -> bool:
+def process_alive(pid: int) -> bool:
     try:
         os.kill(pid, 0)
     except ProcessLookupError:
@@ -136,7 +136,7 @@ class EmbeddedRedis:
         info = self._read_state()
         if info is None:
             return None
-        if _alive(info.pid) and _pings(info.host, info.port):
+        if process_alive(info.pid) and _pings(info.host, info.port):
             return info
         log.info("removing stale embedded redis state (pid %s, port %s)", info.pid, info.port)
         self.state_file.unlink(missing_ok=True)
@@ -170,7 +170,7 @@ class EmbeddedRedis:
         """Stop the server cleanly (AOF flushed); True if one was running."""
         with self._locked():
             info = self._read_state()
-            if info is None or not _alive(info.pid):
+            if info is None or not process_alive(info.pid):
                 self.state_file.unlink(missing_ok=True)
                 return False
             client = _client(info.host, info.port, 2.0)
@@ -237,10 +237,10 @@ class EmbeddedRedis:
     def _wait_exit(pid: int, timeout: float) -> bool:
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
-            if not _alive(pid):
+            if not process_alive(pid):
                 return True
             time.sleep(0.05)
-        return not _alive(pid)
+        return not process_alive(pid)
 
     def _log_tail(self, lines: int = 15) -> str:
         try:

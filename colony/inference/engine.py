@@ -8,6 +8,7 @@ from collections.abc import AsyncIterator, Sequence
 
 from colony import metrics
 from colony.config import ColonySettings, EngineSettings
+from colony.errors import PageNotResident
 from colony.inference.models import (
     ChatMessage,
     EngineStats,
@@ -56,6 +57,14 @@ class InferenceEngine(ABC):
     @abstractmethod
     def resident_pages(self) -> dict[str, int | None]:
         """Pages held now (page id -> slot, where the engine has slots)."""
+
+    def swapped_pages(self) -> list[str]:
+        """Pages held in a second (disk) tier; engines without one hold none."""
+        return []
+
+    async def swap_in_page(self, page_id: str) -> PageLoad:
+        """Bring a swapped-out page back into the cache (engines with a disk tier override this)."""
+        raise PageNotResident(f"{self.kind} engine has no swapped-out page {page_id!r}")
 
     async def start(self) -> None:  # noqa: B027 - optional hook
         """Load the model / open connections (idempotent; `generate` calls it when needed)."""

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import json
 from typing import Any
 
 from pydantic import BaseModel, Field
@@ -57,7 +56,3 @@ def format_planning_prompt(context: PlanningContext, *, instructions: str) -> st
         parts.append(f"- `{action['name']}({signature})`: {action.get('description', '')}")
     parts += ["", instructions]
     return "\n".join(parts)
-
-
-def action_parameters_json(action: dict[str, Any]) -> str:
-    return json.dumps(action.get("parameters", {}), sort_keys=True)

@@ -23,15 +23,11 @@ from pathlib import Path
 
 import httpx
 
-from colony.blackboard.redis_server import EmbeddedRedis, _alive
+from colony.blackboard.redis_server import EmbeddedRedis, process_alive
 from colony.config import ColonySettings, load_settings
-from colony.errors import ColonyError
+from colony.errors import ClusterError
 
 log = logging.getLogger(__name__)
-
-
-class ClusterError(ColonyError):
-    """The local cluster could not be started, reached or stopped."""
 
 
 @dataclass
@@ -64,7 +60,7 @@ def _healthy(info: ClusterInfo) -> bool:
 
 def status(settings: ColonySettings) -> ClusterInfo | None:
     info = read_state(settings)
-    if info is None or not _alive(info.pid) or not _healthy(info):
+    if info is None or not process_alive(info.pid) or not _healthy(info):
         return None
     return info
 
@@ -75,7 +71,7 @@ def up(settings: ColonySettings, config: str | None = None, *, echo: bool = True
     if running is not None:
         return running
     stale = read_state(settings)
-    if stale is not None and _alive(stale.pid):
+    if stale is not None and process_alive(stale.pid):
         _stop_daemon(stale.pid)
     state_file(settings).unlink(missing_ok=True)
     redis_url = settings.redis_url or EmbeddedRedis(settings.data_dir, settings.embedded_redis).start().url
@@ -117,7 +113,7 @@ def down(settings: ColonySettings) -> bool:
     """Stop the daemon (Serve and Ray with it) and the embedded Redis; True if a cluster was running."""
     info = read_state(settings)
     stopped = False
-    if info is not None and _alive(info.pid):
+    if info is not None and process_alive(info.pid):
         _stop_daemon(info.pid)
         stopped = True
     state_file(settings).unlink(missing_ok=True)
@@ -142,7 +138,7 @@ def _stop_daemon(pid: int, timeout: float = 60.0) -> None:
     with contextlib.suppress(ProcessLookupError):
         os.kill(pid, signal.SIGTERM)
     deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline and _alive(pid):
+    while time.monotonic() < deadline and process_alive(pid):
         time.sleep(0.2)
     for sig, grace in ((signal.SIGTERM, 5.0), (signal.SIGKILL, 5.0)):
         if not _group_alive(pid):

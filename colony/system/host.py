@@ -27,8 +27,9 @@ from colony.blackboard import Blackboard, BlackboardScope, create_redis, resolve
 from colony.blackboard.protocol import AgentRegistryProtocol, AgentStateProtocol
 from colony.config import ColonySettings
 from colony.errors import BlackboardUnavailable
-from colony.inference import InferenceEngine, create_engine
+from colony.inference import InferenceEngine, InferenceRequest, create_engine
 from colony.system.registry import AgentRecord, AgentRegistry
+from colony.vcm import PageTable
 
 log = logging.getLogger(__name__)
 HEARTBEAT_SECONDS = 2.0
@@ -52,6 +53,7 @@ class ReplicaHost:
         self.blackboard: Blackboard | None = None
         self.runtime: LocalAgentRuntime | None = None
         self.registry: AgentRegistry | None = None
+        self.pages: PageTable | None = None
         self._heartbeat: asyncio.Task[None] | None = None
         self._owns_client = False
 
@@ -69,6 +71,9 @@ class ReplicaHost:
             )
         )
         self.registry = AgentRegistry(colony_board)
+        self.pages = PageTable(
+            blackboard, tenant_id=self.settings.tenant_id, colony_id=self.settings.colony_id
+        )
         if self.engine is None:
             self.engine = create_engine(self.settings)
         await self.engine.start()
@@ -148,8 +153,6 @@ class ReplicaHost:
     async def generate(self, request: dict[str, Any], page_ids: list[str] | None = None) -> dict[str, Any]:
         """Run an inference request here; pages it names that this engine lacks are faulted in
         (their text from the page table) first."""
-        from colony.inference import InferenceRequest
-
         assert self.engine is not None
         page_ids = list(page_ids or request.get("page_ids") or [])
         faulted = await self.ensure_pages(page_ids)
@@ -160,17 +163,13 @@ class ReplicaHost:
 
     async def ensure_pages(self, page_ids: list[str]) -> list[str]:
         """Load the pages this engine does not hold (page faults); the page table follows."""
-        from colony.vcm import PageTable
-
-        assert self.engine is not None and self.blackboard is not None
-        table = PageTable(
-            self.blackboard, tenant_id=self.settings.tenant_id, colony_id=self.settings.colony_id
-        )
+        assert self.engine is not None and self.pages is not None
+        table = self.pages
         missing = [p for p in page_ids if p not in self.engine.resident_pages()]
         for page_id in missing:
-            swapped = getattr(self.engine, "swapped_pages", lambda: [])()
+            swapped = self.engine.swapped_pages()
             if page_id in swapped:
-                await self.engine.swap_in_page(page_id)  # type: ignore[attr-defined]
+                await self.engine.swap_in_page(page_id)
             else:
                 await self.engine.load_page(await table.content(page_id))
         if missing:
@@ -194,13 +193,9 @@ class ReplicaHost:
 
     async def sync_pages(self) -> None:
         """Make the page table say what this engine holds."""
-        from colony.vcm import PageTable
-
-        assert self.engine is not None and self.blackboard is not None
-        table = PageTable(
-            self.blackboard, tenant_id=self.settings.tenant_id, colony_id=self.settings.colony_id
-        )
-        swapped = getattr(self.engine, "swapped_pages", lambda: [])()
+        assert self.engine is not None and self.pages is not None
+        table = self.pages
+        swapped = self.engine.swapped_pages()
         await table.reconcile(self.replica_id, self.engine.resident_pages(), swapped)
 
     def routing_stats(self) -> dict[str, Any]:
@@ -209,7 +204,7 @@ class ReplicaHost:
             return {"resident": [], "swapped": [], "agents": 0}
         return {
             "resident": sorted(self.engine.resident_pages()),
-            "swapped": sorted(getattr(self.engine, "swapped_pages", lambda: [])()),
+            "swapped": sorted(self.engine.swapped_pages()),
             "agents": len(self.runtime.agent_ids),
         }
 

@@ -17,6 +17,7 @@ from typing import Any, Literal
 from pydantic import BaseModel, Field
 
 from colony import metrics
+from colony.agents.handle import TERMINAL_EVENTS
 from colony.agents.models import new_id
 from colony.blackboard import AgentRunProtocol, Blackboard, BlackboardScope, scope_id
 from colony.blackboard.protocol import AgentStateProtocol, ApiRunProtocol
@@ -25,7 +26,6 @@ from colony.system.builtin import RUNS_NAMESPACE
 from colony.system.registry import AgentRegistry
 
 RunStatusName = Literal["queued", "running", "suspended", "succeeded", "failed", "cancelled"]
-TERMINAL = frozenset({"succeeded", "failed", "cancelled"})
 API_WRITER = "api"
 
 
@@ -212,7 +212,7 @@ class RunService:
                 if entry is None:
                     continue
                 yield event.id, entry.value
-                if entry.value.get("event_type") in ("completed", "failed", "cancelled"):
+                if entry.value.get("event_type") in TERMINAL_EVENTS:
                     return
         finally:
             subscription.close()

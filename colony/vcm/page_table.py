@@ -103,8 +103,11 @@ class PageTable:
         now_resident, now_swapped = set(resident), set(swapped)
         listed = {r.page_id for r in await self.pages(replica=replica_id)}
         listed |= {r.page_id for r in await self.pages(replica=replica_id, swapped=True)}
-        for page_id in sorted(listed | now_resident | now_swapped):
-            entry = await self.board.read(Keys.page_key(page_id))
+        page_ids = sorted(listed | now_resident | now_swapped)
+        writes = []
+        for page_id, entry in zip(
+            page_ids, await self.board.read_many([Keys.page_key(p) for p in page_ids]), strict=True
+        ):
             if entry is None:
                 continue  # not a mapped page (e.g. an ad-hoc prompt prefix)
             record = entry.value_as(PageRecord)
@@ -115,13 +118,17 @@ class PageTable:
             if resident_on == record.resident_on and swapped_on == record.swapped_on:
                 continue
             updated = record.model_copy(update={"resident_on": resident_on, "swapped_on": swapped_on})
-            await self.board.write(
-                Keys.page_key(page_id),
-                updated,
-                tags=_tags(updated),
-                created_by=replica_id,
-                expected_version=entry.version,
+            writes.append(
+                {
+                    "key": Keys.page_key(page_id),
+                    "value": updated,
+                    "tags": _tags(updated),
+                    "created_by": replica_id,
+                    "expected_version": entry.version,
+                }
             )
+        if writes:
+            await self.board.write_many(writes)  # one round trip; each write checks its version
 
     async def drop_replica(self, replica_id: str) -> None:
         """A replica is gone: none of its pages are held any more."""
