@@ -8,6 +8,7 @@ import json
 import logging
 import sys
 from collections.abc import Sequence
+from pathlib import Path
 from typing import Any
 
 from colony import __version__
@@ -178,6 +179,8 @@ def cmd_run(args: argparse.Namespace) -> int:
     except json.JSONDecodeError as exc:
         raise ColonyError(f"--input is not valid JSON: {exc}") from None
     with ColonyClient(info.url, info.token) as client:
+        if args.map is not None:
+            input_data = _mapped_input(client, args, input_data)
         submitted = client.submit(args.agent, input_data, timeout_s=args.timeout)
         run_id = submitted["run_id"]
         print(f"run {run_id} on {args.agent}", file=sys.stderr, flush=True)
@@ -196,6 +199,8 @@ def cmd_run(args: argparse.Namespace) -> int:
                     flush=True,
                 )
                 streaming_tokens = False
+            elif kind == "workers":
+                print(f"  {len(data.get('workers', []))} page workers started", file=sys.stderr, flush=True)
             elif kind not in ("started",):
                 print(f"  {kind}", file=sys.stderr, flush=True)
         view = client.get(run_id)
@@ -203,8 +208,23 @@ def cmd_run(args: argparse.Namespace) -> int:
         print(f"run {run_id} {view['status']}: {view.get('error')}", file=sys.stderr)
         return 1
     output = view["output"]
-    print(output if isinstance(output, str) else json.dumps(output, indent=2))
+    if isinstance(output, dict) and isinstance(output.get("report"), str):
+        print(output["report"])  # a report (analyze): the text, not its JSON
+    else:
+        print(output if isinstance(output, str) else json.dumps(output, indent=2))
     return 0
+
+
+def _mapped_input(client: Any, args: argparse.Namespace, input_data: Any) -> dict[str, Any]:
+    """`--map PATH`: cut the folder into pages first; the run gets their ids (and the path)."""
+    path = str(Path(args.map).expanduser().resolve())
+    if not Path(path).is_dir():
+        raise ColonyError(f"--map {args.map}: not a folder")
+    source = client.map_source(path, args.page_tokens)
+    pages = [page["page_id"] for page in source["pages"]]
+    print(f"mapped {path}: {len(pages)} pages", file=sys.stderr, flush=True)
+    base = input_data if isinstance(input_data, dict) else {}
+    return {**base, "path": path, "pages": pages}
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -254,6 +274,10 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument("agent", help="agent name, e.g. echo or ask")
     run.add_argument("--input", help="JSON input of the run")
     run.add_argument("--timeout", type=float, default=None, help="seconds before the run fails")
+    run.add_argument("--map", metavar="PATH", help="map this folder as pages first; the run gets their ids")
+    run.add_argument(
+        "--page-tokens", type=int, default=1024, help="page size for --map (tokens, estimated; default 1024)"
+    )
     run.set_defaults(func=cmd_run)
     return parser
 

@@ -134,6 +134,26 @@ class ColonyClient:
         _raise_for(response)
         return list(response.json())
 
+    def suspend(self, agent_id: str) -> dict[str, Any]:
+        """Suspend an agent until `resume()`; its registry record."""
+        response = self._http.post(f"/v1/agents/{agent_id}/suspend")
+        _raise_for(response)
+        return dict(response.json())
+
+    def resume(self, agent_id: str) -> dict[str, Any]:
+        response = self._http.post(f"/v1/agents/{agent_id}/resume")
+        _raise_for(response)
+        return dict(response.json())
+
+    def map_source(self, path: str, page_tokens: int | None = None) -> dict[str, Any]:
+        """Cut a folder (readable by the cluster) into pages; {"source_id", "path", "pages": [...]}."""
+        body: dict[str, Any] = {"path": path}
+        if page_tokens is not None:
+            body["page_tokens"] = page_tokens
+        response = self._http.post("/v1/vcm/sources", json=body)
+        _raise_for(response)
+        return dict(response.json())
+
 
 class AsyncColonyClient:
     """The async twin of ColonyClient."""

@@ -74,6 +74,9 @@ class EngineSettings(BaseModel):
     max_retries: int = Field(3, ge=0, description="Retries on 429/5xx/connection errors (openai).")
     gpu_memory_utilization: float = Field(0.85, gt=0, le=1, description="vLLM KV-cache memory share.")
     max_model_len: int | None = Field(None, ge=256, description="vLLM context length; unset = the model's.")
+    scripted_delay_seconds: float = Field(
+        0.0, ge=0, description="Delay of each reply of the scripted engine (kind scripted; tests, demos)."
+    )
 
 
 class ServeSettings(BaseModel):
@@ -85,6 +88,16 @@ class ServeSettings(BaseModel):
     replica_cpus: float = Field(0.5, gt=0, description="CPUs reserved per engine replica.")
     num_cpus: int | None = Field(None, ge=1, description="CPUs of the local Ray cluster; unset = all.")
     start_timeout_seconds: float = Field(240.0, gt=0, description="How long `colony up` waits for readiness.")
+    max_agents_per_replica: int = Field(64, ge=1, description="Agents one engine replica hosts at most.")
+    heartbeat_seconds: float = Field(
+        2.0, gt=0, description="Replica heartbeat period; a replica silent for 5 periods counts as dead."
+    )
+    monitor_period_seconds: float = Field(
+        0.5, gt=0, le=1.0, description="Period of the resource monitor loop (resumptions, dead replicas)."
+    )
+    placement_retry_seconds: float = Field(
+        5.0, ge=0, description="How long a placement waits for room before suspending a lower-priority agent."
+    )
 
 
 class ColonySettings(BaseSettings):

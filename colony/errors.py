@@ -126,8 +126,16 @@ class RunTimeout(AgentError, TimeoutError):
     """An AgentHandle run did not finish in time."""
 
 
+class AgentStateConflict(AgentError):
+    """The agent is in a state that does not allow the operation (e.g. suspending a stopped agent)."""
+
+
 class ResourceExhausted(AgentError):
     """A replica has not enough resources for an agent; the system places, retries or suspends."""
+
+
+class ReplicaUnavailable(AgentError):
+    """The engine replica a call was addressed to is not running (it died or was scaled away)."""
 
 
 class InferenceError(ColonyError):

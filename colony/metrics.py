@@ -94,11 +94,16 @@ HTTP_REQUEST_SECONDS = Histogram(
 
 
 class ReplicaStatsCollector:
-    """Engine counters of every live replica, read from their heartbeats in Redis at scrape time,
-    so the API's /metrics shows inference done in other processes. Labels: replica, kind."""
+    """Cluster-wide figures read from Redis at scrape time, so the API's /metrics shows what other
+    processes did: each replica's engine counters, agents and pages (from its heartbeat), and the
+    counters every process publishes (`published_counters()`), summed over processes as
+    `colony_cluster_*`."""
+
+    PAGE_OPS = ("hits", "faults", "loads", "swap_ins", "evictions")
 
     def __init__(self) -> None:
-        self.snapshot: list[dict[str, object]] = []  # set by the API before each scrape
+        self.snapshot: list[dict[str, object]] = []  # replica heartbeats, set before each scrape
+        self.published: list[dict[str, object]] = []  # one publication per process
 
     def collect(self):  # type: ignore[no-untyped-def]
         from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
@@ -121,20 +126,57 @@ class ReplicaStatsCollector:
         agents = GaugeMetricFamily(
             "colony_replica_agents", "Agents hosted by each replica.", labels=["replica"]
         )
+        page_ops = CounterMetricFamily(
+            "colony_replica_page_ops",
+            "Page operations of each replica: hits, faults, loads, swap_ins, evictions.",
+            labels=["replica", "op"],
+        )
+        resident = GaugeMetricFamily(
+            "colony_replica_resident_pages", "Pages resident in each replica's KV cache.", labels=["replica"]
+        )
+        swapped = GaugeMetricFamily(
+            "colony_replica_swapped_pages", "Pages in each replica's disk tier.", labels=["replica"]
+        )
         for replica in self.snapshot:
             name = str(replica.get("replica_id"))
             stats = replica.get("stats") or {}
-            assert isinstance(stats, dict)
+            pages = replica.get("pages") or {}
+            assert isinstance(stats, dict) and isinstance(pages, dict)
             for kind in ("prompt", "cached", "completion"):
                 tokens.add_metric([name, kind], float(stats.get(f"{kind}_tokens", 0)))
             requests.add_metric([name], float(stats.get("requests", 0)))
             ttft.add_metric([name], float(stats.get("ttft_seconds_total", 0.0)))
             agents.add_metric([name], float(replica.get("agents", 0)))  # type: ignore[arg-type]
-        return [tokens, requests, ttft, agents]
+            for op in self.PAGE_OPS:
+                page_ops.add_metric([name, op], float(pages.get(op, 0)))
+            resident.add_metric([name], float(pages.get("resident", 0)))
+            swapped.add_metric([name], float(pages.get("swapped", 0)))
+        return [tokens, requests, ttft, agents, page_ops, resident, swapped, *self._cluster_counters()]
 
+    def _cluster_counters(self):  # type: ignore[no-untyped-def]
+        from prometheus_client.core import CounterMetricFamily
 
-REPLICA_STATS = ReplicaStatsCollector()
-REGISTRY.register(REPLICA_STATS)
+        sums: dict[str, dict[tuple[tuple[str, str], ...], float]] = {}
+        for publication in self.published:
+            for sample in publication.get("samples") or []:  # type: ignore[attr-defined]
+                labels = tuple(sorted(sample["labels"].items()))
+                series = sums.setdefault(sample["name"], {})
+                series[labels] = series.get(labels, 0.0) + float(sample["value"])
+        families = []
+        for counter, label_names in PUBLISHED_COUNTERS:
+            (description,) = counter.describe()
+            name = description.name  # the family name, without _total
+            family = CounterMetricFamily(
+                name.replace("colony_", "colony_cluster_", 1),
+                f"{description.documentation} Summed over every Colony process.",
+                labels=list(label_names),
+            )
+            for labels, value in sorted(sums.get(name + "_total", {}).items()):
+                values = dict(labels)
+                family.add_metric([values.get(n, "") for n in label_names], value)
+            families.append(family)
+        return families
+
 
 PLACEMENTS = Counter(
     "colony_placements_total", "Agent placements by cascade step (hard, soft, retry, suspend).", ["step"]
@@ -144,3 +186,30 @@ AGENT_SUSPENSIONS = Counter("colony_agent_suspensions_total", "Agents suspended,
 AGENT_RESUMPTIONS = Counter(
     "colony_agent_resumptions_total", "Agents resumed, by condition kind.", ["condition"]
 )
+
+PUBLISHED_COUNTERS: tuple[tuple[Counter, tuple[str, ...]], ...] = (
+    (PLACEMENTS, ("step",)),
+    (PLACEMENTS_QUEUED, ()),
+    (AGENT_SUSPENSIONS, ("reason",)),
+    (AGENT_RESUMPTIONS, ("condition",)),
+)
+
+
+def published_counters() -> dict[str, object]:
+    """This process's control-plane counters, for its heartbeat: the API sums them over processes
+    (`colony_cluster_*`). Keyed by process so a process publishing twice is counted once."""
+    import os
+    import socket
+
+    samples = [
+        {"name": sample.name, "labels": dict(sample.labels), "value": sample.value}
+        for counter, _labels in PUBLISHED_COUNTERS
+        for family in counter.collect()
+        for sample in family.samples
+        if sample.name.endswith("_total")
+    ]
+    return {"process": f"{socket.gethostname()}-{os.getpid()}", "samples": samples}
+
+
+REPLICA_STATS = ReplicaStatsCollector()
+REGISTRY.register(REPLICA_STATS)

@@ -61,3 +61,22 @@ async def runtime(bb: Blackboard) -> AsyncIterator[object]:
     rt = LocalAgentRuntime(bb, colony_id=f"c{uuid.uuid4().hex[:10]}")
     yield rt
     await rt.shutdown()
+
+
+@pytest.fixture(scope="session")
+def serve_instance() -> Iterator[int]:
+    """One local Ray cluster (2 CPUs, no dashboard) with Serve started, for every Serve test; the
+    HTTP port of Serve's proxy. Modules deploy their own application on it and delete it after."""
+    import ray
+    from ray import serve
+
+    from colony.blackboard.redis_server import free_port
+
+    port = free_port()
+    ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False)
+    try:
+        serve.start(http_options={"host": "127.0.0.1", "port": port})
+        yield port
+    finally:
+        serve.shutdown()
+        ray.shutdown()

@@ -12,15 +12,13 @@ from collections.abc import Iterator
 import pytest
 
 from colony.blackboard import Blackboard, create_redis
-from colony.blackboard.redis_server import free_port
 from colony.config import ColonySettings, EngineSettings
 
 
 @pytest.fixture(scope="module")
 def serve_app(
-    redis_server, tmp_path_factory: pytest.TempPathFactory
+    redis_server, serve_instance: int, tmp_path_factory: pytest.TempPathFactory
 ) -> Iterator[tuple[ColonySettings, object]]:
-    import ray
     from ray import serve
 
     from colony.serve.app import build_app
@@ -50,17 +48,14 @@ def serve_app(
             await client.aclose()
 
     page_ids = asyncio.run(map_tree())
-    ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False)
+    serve.run(
+        build_app({"replicas": 2, "replica_cpus": 0.5}, settings=settings), name="vcm", route_prefix=None
+    )
     try:
-        serve.start(http_options={"host": "127.0.0.1", "port": free_port()})
-        serve.run(
-            build_app({"replicas": 2, "replica_cpus": 0.5}, settings=settings), name="vcm", route_prefix=None
-        )
         handle = serve.get_deployment_handle("EngineReplica", app_name="vcm")
         yield settings, handle, page_ids
     finally:
-        serve.shutdown()
-        ray.shutdown()
+        serve.delete("vcm")
 
 
 def test_page_bound_requests_land_on_the_replica_holding_the_page(serve_app) -> None:
@@ -92,9 +87,5 @@ def test_page_bound_requests_land_on_the_replica_holding_the_page(serve_app) -> 
             await client.aclose()
 
     assert asyncio.run(table_state()) == ([holder], [other["replica_id"]])
-    evicted = handle.options(method_name="evict_page").remote(first)
-    # the router sends page-less calls anywhere: ask until the holder answers
-    deadline = time.monotonic() + 60
-    while not evicted.result(timeout_s=60) and time.monotonic() < deadline:
-        evicted = handle.evict_page.remote(first)
+    assert handle.evict_page.remote(first, target_replica=holder).result(timeout_s=60)  # addressed to B
     assert asyncio.run(table_state()) == ([], [other["replica_id"]])

@@ -81,13 +81,51 @@ class AgentHandle:
     ) -> tuple[str, EventSubscription]:
         request_id = new_id("req")
         events = await board.subscribe(f"*:{protocol.kind}:{request_id}*").start()
+        await self._write_request(board, protocol, request_id, input_data)
+        return request_id, events
+
+    async def _write_request(
+        self, board: Blackboard, protocol: type[RequestResultProtocol], request_id: str, input_data: Any
+    ) -> None:
         requester = self.owner.agent_id if self.owner is not None else "detached"
         await board.write(
             protocol.request_key(request_id),
             {"input": input_data, "requester": requester, "agent_id": self.child_agent_id},
             created_by=requester,
         )
-        return request_id, events
+
+    async def submit(
+        self,
+        input_data: Any,
+        *,
+        protocol: type[RequestResultProtocol] = AgentRunProtocol,
+        namespace: str,
+        scope: BlackboardScope = BlackboardScope.AGENT,
+    ) -> str:
+        """Ask the agent to run `input_data` without waiting; its request id, for `result()`.
+        (An agent that must wait for the answer blocks on the child instead, and is suspended.)"""
+        request_id = new_id("req")
+        await self._write_request(self._board(namespace, scope), protocol, request_id, input_data)
+        return request_id
+
+    async def result(
+        self,
+        request_id: str,
+        *,
+        protocol: type[RequestResultProtocol] = AgentRunProtocol,
+        namespace: str,
+        scope: BlackboardScope = BlackboardScope.AGENT,
+    ) -> AgentRun | None:
+        """The outcome of a submitted request, or None while it is not answered."""
+        board = self._board(namespace, scope)
+        result, request = await board.read_many(
+            [protocol.result_key(request_id), protocol.request_key(request_id)]
+        )
+        if result is None:
+            return None
+        input_data = request.value.get("input") if request is not None else None
+        started = request.created_at if request is not None else result.created_at
+        return _run_from_result(self.child_agent_id, request_id, input_data, result.value, started)
 
     async def run(
         self,
@@ -194,6 +232,7 @@ class AgentRunCapability(AgentCapability):
         protocol: type[RequestResultProtocol] = AgentRunProtocol,
         blackboard: Blackboard | None = None,
         scope: BlackboardScope = BlackboardScope.AGENT,
+        one_shot: bool = False,
     ) -> None:
         super().__init__(
             agent,
@@ -205,6 +244,7 @@ class AgentRunCapability(AgentCapability):
         )
         self.namespace = namespace
         self.protocol = protocol
+        self.one_shot = one_shot  # a worker with one job: the agent stops once it is answered
         self.active_request: str | None = None
         self._seq = 0
         self._queue: asyncio.Queue[str] = asyncio.Queue()
@@ -325,6 +365,9 @@ class AgentRunCapability(AgentCapability):
         finally:
             self.active_request = None
             self._idle.set()
+        agent = self.agent
+        if self.one_shot and agent is not None and agent.host is not None:
+            agent.host.retire(agent.agent_id)
 
     async def emit(self, event_type: str, data: Any = None) -> None:
         """Write the next event of the active request (ordered by its sequence number)."""

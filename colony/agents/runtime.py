@@ -41,7 +41,10 @@ class LocalAgentRuntime:
         self._agents: dict[str, Agent] = {}
         self._drivers: dict[str, asyncio.Task[None]] = {}
         # the host's hook (registry, metrics) when an agent is suspended here
-        self.on_suspended: Callable[[str, str], Awaitable[None]] | None = None
+        self.on_suspended: Callable[[str, ResumptionCondition], Awaitable[None]] | None = None
+        # ... and when an agent is stopped here (registry)
+        self.on_stopped: Callable[[str], Awaitable[None]] | None = None
+        self._retiring: set[asyncio.Task[None]] = set()
 
     def get(self, agent_id: str) -> Agent:
         try:
@@ -108,8 +111,8 @@ class LocalAgentRuntime:
         if agent.state is not AgentState.SUSPENDED:
             await agent.transition(AgentState.SUSPENDED, reason)
         log.info("agent %s suspended (%s)", agent_id, reason)
-        if self.on_suspended is not None:
-            await self.on_suspended(agent_id, reason)
+        if self.on_suspended is not None and agent.suspension is not None:
+            await self.on_suspended(agent_id, agent.suspension.condition)
 
     async def resume(self, agent_id: str) -> Agent:
         """Rebuild a suspended (or dropped) agent from the blackboard and carry on where it was."""
@@ -140,6 +143,15 @@ class LocalAgentRuntime:
         await self._detach(agent_id)
         if not agent.terminated:
             await agent.transition(AgentState.STOPPED, "stopped")
+        if self.on_stopped is not None:
+            await self.on_stopped(agent_id)
+
+    def retire(self, agent_id: str) -> None:
+        """Stop an agent from inside itself (a one-shot worker whose job is done): the stop runs
+        as its own task, since it cancels the agent's tasks, the caller's included."""
+        task = asyncio.create_task(self.stop(agent_id), name=f"{agent_id}-retire")
+        self._retiring.add(task)
+        task.add_done_callback(self._retiring.discard)
 
     async def shutdown(self) -> None:
         """Detach every agent (state stays in the blackboard)."""

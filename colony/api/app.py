@@ -12,7 +12,7 @@ import logging
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Protocol
 
 from fastapi import Depends, FastAPI, Header, Request
 from fastapi.exceptions import RequestValidationError
@@ -23,7 +23,15 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from colony import __version__, metrics
 from colony.blackboard.protocol import AgentRegistryProtocol
-from colony.errors import AgentNotFound, BlackboardUnavailable, ColonyError, RunNotFound
+from colony.errors import (
+    AgentNotFound,
+    AgentStateConflict,
+    BlackboardUnavailable,
+    ColonyError,
+    ReplicaUnavailable,
+    ResourceExhausted,
+    RunNotFound,
+)
 from colony.system.registry import AgentRecord, AgentRegistry
 from colony.system.runs import RunService, RunView
 from colony.vcm import PageSource, PageTable
@@ -51,12 +59,21 @@ class SubmittedRun(BaseModel):
     events_url: str
 
 
+class AgentControl(Protocol):
+    """Suspend/resume agents (the control plane, in-process or a Serve deployment)."""
+
+    async def suspend(self, agent_id: str) -> Any: ...
+
+    async def resume(self, agent_id: str) -> Any: ...
+
+
 @dataclass
 class ApiServices:
     runs: RunService
     registry: AgentRegistry
     token: str | None
     pages: PageTable | None = None
+    control: AgentControl | None = None
 
 
 def _error(status: int, code: str, message: str) -> JSONResponse:
@@ -120,7 +137,9 @@ def create_app(services: ApiServices | ServicesProvider) -> FastAPI:
     async def colony_error(request: Request, exc: ColonyError) -> JSONResponse:
         if isinstance(exc, AgentNotFound | RunNotFound):
             return _error(404, "not_found", str(exc))
-        if isinstance(exc, BlackboardUnavailable):
+        if isinstance(exc, AgentStateConflict):
+            return _error(409, "conflict", str(exc))
+        if isinstance(exc, BlackboardUnavailable | ReplicaUnavailable | ResourceExhausted):
             return _error(503, "unavailable", str(exc))
         return _error(400, "bad_request", str(exc))
 
@@ -132,6 +151,7 @@ def create_app(services: ApiServices | ServicesProvider) -> FastAPI:
     async def prometheus() -> Response:
         services = await svc()
         metrics.REPLICA_STATS.snapshot = await replicas_of(services)
+        metrics.REPLICA_STATS.published = await published_of(services)
         counts: dict[str, int] = {}
         for record in await services.registry.list():
             counts[record.state] = counts.get(record.state, 0) + 1
@@ -182,6 +202,22 @@ def create_app(services: ApiServices | ServicesProvider) -> FastAPI:
             raise AgentNotFound(f"no agent named {agent_id!r}")
         return record
 
+    @app.post("/v1/agents/{agent_id}/suspend", response_model=AgentRecord, dependencies=[Depends(authorized)])
+    async def suspend_agent(agent_id: str) -> AgentRecord:
+        """Suspend an agent (state kept in Redis) until `POST /v1/agents/{id}/resume`."""
+        return AgentRecord.model_validate(await (await control()).suspend(agent_id))
+
+    @app.post("/v1/agents/{agent_id}/resume", response_model=AgentRecord, dependencies=[Depends(authorized)])
+    async def resume_agent(agent_id: str) -> AgentRecord:
+        """Resume a suspended agent now: same id, state restored, on the best replica for its pages."""
+        return AgentRecord.model_validate(await (await control()).resume(agent_id))
+
+    async def control() -> AgentControl:
+        services = await svc()
+        if services.control is None:
+            raise StarletteHTTPException(404, "this deployment has no control plane")
+        return services.control
+
     @app.post("/v1/vcm/sources", dependencies=[Depends(authorized)])
     async def map_source(body: MapSource) -> dict[str, Any]:
         """Cut a folder into pages and record them in the page table."""
@@ -217,3 +253,12 @@ async def replicas_of(services: ApiServices) -> list[dict[str, Any]]:
     """Live replicas (their heartbeats carry engine stats and agent counts)."""
     pattern = AgentRegistryProtocol.pattern("replica")
     return [e.value async for e in services.registry.board.iter_query(pattern)]
+
+
+async def published_of(services: ApiServices) -> list[dict[str, Any]]:
+    """The counters each live process published, plus this process's own (latest wins)."""
+    pattern = AgentRegistryProtocol.pattern("process")
+    found = {e.value["process"]: e.value async for e in services.registry.board.iter_query(pattern)}
+    own = metrics.published_counters()
+    found[str(own["process"])] = own
+    return list(found.values())

@@ -288,7 +288,11 @@ class AgentRegistryProtocol(BlackboardProtocol):
     """The colony's agent registry (COLONY scope): one entry per agent, tagged `state:{state}` and
     `replica:{replica}`, so the tag index gives the agents of a state or of a replica."""
 
-    templates = {"agent": "registry:agent:{agent_id}", "replica": "registry:replica:{replica_id}"}
+    templates = {
+        "agent": "registry:agent:{agent_id}",
+        "replica": "registry:replica:{replica_id}",
+        "process": "registry:process:{process_id}",
+    }
 
     @classmethod
     def agent_key(cls, agent_id: str) -> str:
@@ -298,6 +302,11 @@ class AgentRegistryProtocol(BlackboardProtocol):
     def replica_key(cls, replica_id: str) -> str:
         """A replica's heartbeat and engine stats (written with a TTL: dead replicas drop out)."""
         return cls.build("replica", replica_id=replica_id)
+
+    @classmethod
+    def process_key(cls, process_id: str) -> str:
+        """The control-plane counters one process publishes (with a TTL), summed by the API."""
+        return cls.build("process", process_id=process_id)
 
     @staticmethod
     def state_tag(state: str) -> str:

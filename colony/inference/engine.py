@@ -114,7 +114,7 @@ def create_engine(settings: EngineSettings | ColonySettings) -> InferenceEngine:
         return VLLMEngine(engine)
     from colony.inference.scripted import ScriptedEngine
 
-    return ScriptedEngine()
+    return ScriptedEngine(delay=engine.scripted_delay_seconds)
 
 
 def elapsed(start: float) -> float:

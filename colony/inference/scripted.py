@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import json
 from collections.abc import AsyncIterator, Callable, Iterable
 from typing import Any
@@ -19,12 +20,16 @@ class ScriptedEngine(InferenceEngine):
 
     Dict/list replies are sent as JSON text. Token counts are word counts; a page's words count as
     cached once the page is loaded, so page-affinity logic can be tested without a model.
+    `delay` (seconds) is spent before each reply, to stand in for a slow model.
     """
 
     kind = "scripted"
 
-    def __init__(self, replies: Iterable[Reply] | Callable[[InferenceRequest], Reply] = ("ok",)) -> None:
+    def __init__(
+        self, replies: Iterable[Reply] | Callable[[InferenceRequest], Reply] = ("ok",), *, delay: float = 0.0
+    ) -> None:
         super().__init__()
+        self.delay = delay
         self._fn = replies if callable(replies) else None
         self._replies = [] if callable(replies) else list(replies)
         if self._fn is None and not self._replies:
@@ -50,6 +55,8 @@ class ScriptedEngine(InferenceEngine):
         return Usage(prompt_tokens=prompt, cached_tokens=cached, completion_tokens=len(text.split()))
 
     async def generate(self, request: InferenceRequest) -> InferenceResponse:
+        if self.delay:
+            await asyncio.sleep(self.delay)
         text = self._reply(request)
         usage = self._usage(request, text)
         return self._record(
@@ -63,6 +70,8 @@ class ScriptedEngine(InferenceEngine):
         )
 
     async def stream(self, request: InferenceRequest) -> AsyncIterator[StreamChunk]:
+        if self.delay:
+            await asyncio.sleep(self.delay)
         text = self._reply(request)
         usage = self._usage(request, text)
         for word in text.split(" "):

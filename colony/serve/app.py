@@ -2,9 +2,15 @@
 
 - `EngineReplica` (N replicas): one InferenceEngine plus the agents next to its KV cache
   (a `ReplicaHost`), so the agents' inference never leaves the process.
-- `AgentSystemDeployment` (control plane): places agents on replicas (Serve's least-loaded routing
-  for now; page affinity arrives with the VCM), stops them, ensures the built-in agents exist.
+- `AgentSystemDeployment` (control plane, one replica): a `ControlPlane` over the live engine
+  replicas: places agents (page affinity and the ResourceExhausted cascade), stops, suspends and
+  resumes them, runs the resource monitor loop (resumptions, dead-replica recovery), ensures the
+  built-in agents exist.
 - `ColonyAPI`: the FastAPI app behind `@serve.ingress`.
+
+Control-plane calls to one engine replica carry `target_replica=<id>` (see `serve.router`); each
+EngineReplica method checks it, so a call meant for a dead replica fails instead of acting on
+another one.
 """
 
 from __future__ import annotations
@@ -18,10 +24,14 @@ from ray import serve
 from ray.serve.config import RequestRouterConfig
 from ray.serve.handle import DeploymentHandle
 
+from colony.agents import AgentBlueprint
 from colony.api.app import ApiServices, create_app
 from colony.blackboard import Blackboard, BlackboardScope, create_redis, resolve_redis_url, scope_id
 from colony.config import ColonySettings, load_settings
-from colony.system.builtin import BUILTIN_AGENTS
+from colony.errors import ReplicaUnavailable
+from colony.serve.replicas import ServeReplicas, remote_result
+from colony.system.catalog import BUILTIN_AGENTS
+from colony.system.control import ControlPlane
 from colony.system.host import ReplicaHost
 from colony.system.registry import AgentRegistry
 from colony.system.runs import RunService
@@ -50,29 +60,58 @@ def settings_to_dict(settings: ColonySettings) -> dict[str, Any]:
 class EngineReplica:
     def __init__(self, settings: dict[str, Any]) -> None:
         context = serve.get_replica_context()
+        self.app_name = context.app_name
         self.host = ReplicaHost(ColonySettings(**settings), context.replica_id.unique_id)
+        self.host.spawner = self._spawn
+        self._system: DeploymentHandle | None = None
         self._lock = asyncio.Lock()
 
-    async def _started(self) -> ReplicaHost:
+    async def _started(self, target_replica: str | None = None) -> ReplicaHost:
+        if target_replica is not None and target_replica != self.host.replica_id:
+            raise ReplicaUnavailable(
+                f"replica {target_replica} is not running (the call reached another one)"
+            )
         async with self._lock:
             await self.host.start()
         return self.host
 
-    async def ensure_agent(self, blueprint_text: str) -> dict[str, Any]:
-        return await (await self._started()).ensure_agent(blueprint_text)
+    async def _spawn(self, blueprint: AgentBlueprint) -> dict[str, Any]:
+        """Agents hosted here place new agents through the control plane."""
+        if self._system is None:
+            self._system = serve.get_deployment_handle("AgentSystem", app_name=self.app_name)
+        result: dict[str, Any] = await remote_result(self._system.place.remote(blueprint.to_text()))
+        return result
 
-    async def stop_agent(self, agent_id: str) -> bool:
-        return await (await self._started()).stop_agent(agent_id)
+    async def ensure_agent(self, blueprint_text: str, target_replica: str | None = None) -> dict[str, Any]:
+        return await (await self._started(target_replica)).ensure_agent(blueprint_text)
 
-    async def info(self) -> dict[str, Any]:
-        return (await self._started()).info()
+    async def resume_agent(self, agent_id: str, target_replica: str | None = None) -> dict[str, Any]:
+        return await (await self._started(target_replica)).resume_agent(agent_id)
+
+    async def suspend_agent(
+        self,
+        agent_id: str,
+        reason: str = "request",
+        condition: dict[str, Any] | None = None,
+        target_replica: str | None = None,
+    ) -> bool:
+        return await (await self._started(target_replica)).suspend_agent(agent_id, reason, condition)
+
+    async def stop_agent(self, agent_id: str, target_replica: str | None = None) -> bool:
+        return await (await self._started(target_replica)).stop_agent(agent_id)
+
+    async def snapshot(self, target_replica: str | None = None) -> dict[str, Any]:
+        return (await (await self._started(target_replica)).snapshot()).model_dump(mode="json")
+
+    async def info(self, target_replica: str | None = None) -> dict[str, Any]:
+        return (await self._started(target_replica)).info()
 
     async def generate(self, request: dict[str, Any], page_ids: list[str] | None = None) -> dict[str, Any]:
         """Inference on this replica (the router sent it here because it holds `page_ids`)."""
         return await (await self._started()).generate(request, page_ids)
 
-    async def evict_page(self, page_id: str) -> bool:
-        return await (await self._started()).evict_page(page_id)
+    async def evict_page(self, page_id: str, target_replica: str | None = None) -> bool:
+        return await (await self._started(target_replica)).evict_page(page_id)
 
     def record_routing_stats(self) -> dict[str, Any]:
         return self.host.routing_stats()
@@ -87,25 +126,63 @@ class AgentSystemDeployment:
     def __init__(self, settings: dict[str, Any], replicas: DeploymentHandle) -> None:
         self.settings = ColonySettings(**settings)
         self.replicas = replicas
+        self._control: ControlPlane | None = None
         self._builtins_ready = False
         self._lock = asyncio.Lock()
 
-    async def spawn(self, blueprint_text: str) -> dict[str, Any]:
-        """Place an agent on a replica (resumed there if the blackboard already knows it)."""
-        result: dict[str, Any] = await self.replicas.ensure_agent.remote(blueprint_text)
-        return result
+    async def _plane(self) -> ControlPlane:
+        """The control plane, built (and its monitor loop started) on first use."""
+        if self._control is None:
+            settings = self.settings
+            client = create_redis(resolve_redis_url(settings), settings.blackboard)
+            board = Blackboard(client, "colony:control", settings=settings.blackboard)
+            colony_scope = scope_id(
+                BlackboardScope.COLONY, tenant_id=settings.tenant_id, colony_id=settings.colony_id
+            )
+            directory = ServeReplicas(self.replicas, AgentRegistry(board.scoped(colony_scope)))
+            self._control = ControlPlane(board, directory, settings)
+        self._control.start()
+        return self._control
+
+    async def place(self, blueprint_text: str) -> dict[str, Any]:
+        """Host an agent (page affinity, then the ResourceExhausted cascade); resumes a known one."""
+        return (await (await self._plane()).place(blueprint_text)).model_dump(mode="json")
 
     async def stop(self, agent_id: str) -> bool:
-        stopped: bool = await self.replicas.stop_agent.remote(agent_id)
-        return stopped
+        return await (await self._plane()).stop(agent_id)
+
+    async def suspend(self, agent_id: str, reason: str = "request") -> dict[str, Any]:
+        return (await (await self._plane()).suspend(agent_id, reason)).model_dump(mode="json")
+
+    async def resume(self, agent_id: str) -> dict[str, Any]:
+        return (await (await self._plane()).resume(agent_id)).model_dump(mode="json")
 
     async def ensure_builtins(self) -> list[str]:
         async with self._lock:
             if not self._builtins_ready:
+                plane = await self._plane()
                 for name, make in BUILTIN_AGENTS.items():
-                    await self.spawn(make(name).to_text())
+                    await plane.place(make(name))
                 self._builtins_ready = True
         return sorted(BUILTIN_AGENTS)
+
+    async def check_health(self) -> None:
+        await self._plane()
+
+
+class ServeAgentControl:
+    """The API's way to suspend and resume agents: calls to the AgentSystem deployment."""
+
+    def __init__(self, system: DeploymentHandle) -> None:
+        self.system = system
+
+    async def suspend(self, agent_id: str) -> dict[str, Any]:
+        result: dict[str, Any] = await remote_result(self.system.suspend.remote(agent_id))
+        return result
+
+    async def resume(self, agent_id: str) -> dict[str, Any]:
+        result: dict[str, Any] = await remote_result(self.system.resume.remote(agent_id))
+        return result
 
 
 @serve.deployment(name="ColonyAPI", ray_actor_options={"num_cpus": 0.1}, max_ongoing_requests=256)
@@ -139,7 +216,13 @@ class ColonyAPI:
                 runs = RunService(board, registry, tenant_id=settings.tenant_id, colony_id=settings.colony_id)
                 token = settings.api_token.get_secret_value() if settings.api_token else None
                 pages = PageTable(board, tenant_id=settings.tenant_id, colony_id=settings.colony_id)
-                self._services = ApiServices(runs=runs, registry=registry, token=token, pages=pages)
+                self._services = ApiServices(
+                    runs=runs,
+                    registry=registry,
+                    token=token,
+                    pages=pages,
+                    control=ServeAgentControl(self.system),
+                )
             if not self._builtins_ready:
                 await self.system.ensure_builtins.remote()
                 self._builtins_ready = True

@@ -1,5 +1,5 @@
-"""Built-in agents every colony starts with: `echo` (returns its input) and `ask` (answers a
-question with the replica's engine, streaming its tokens as run events)."""
+"""Built-in agents `echo` (returns its input) and `ask` (answers a question with the replica's
+engine, streaming its tokens as run events). `colony.system.catalog` lists every built-in."""
 
 from __future__ import annotations
 
@@ -93,6 +93,3 @@ def ask_blueprint(agent_id: str = "ask", max_tokens: int = 256) -> AgentBlueprin
             steps=[{"action": "ask", "parameters": {"question": "$input.question"}}]
         ),
     )
-
-
-BUILTIN_AGENTS = {"echo": echo_blueprint, "ask": ask_blueprint}

@@ -1,8 +1,10 @@
 """ReplicaHost: one engine plus the agents living next to its KV cache, in one process.
 
 The Serve `EngineReplica` deployment wraps it; tests use it directly. It keeps the agent
-registry in step with its agents and writes a heartbeat with its engine stats (with a TTL, so a
-dead replica drops out of the listing).
+registry in step with its agents and writes a heartbeat with its engine and page stats (with a
+TTL of five periods, so a dead replica drops out of the listing and the control plane re-places
+its agents). It is also a `ReplicaPort`: the placer and the resource monitor call it directly
+in-process, or through the Serve router when it runs in an EngineReplica.
 """
 
 from __future__ import annotations
@@ -11,6 +13,7 @@ import asyncio
 import contextlib
 import logging
 import time
+from collections.abc import Awaitable, Callable
 from typing import Any
 
 from colony import metrics
@@ -29,18 +32,21 @@ from colony.config import ColonySettings
 from colony.errors import BlackboardUnavailable
 from colony.inference import InferenceEngine, InferenceRequest, create_engine
 from colony.system.registry import AgentRecord, AgentRegistry
+from colony.system.replicas import AgentSlot, ReplicaSnapshot
 from colony.vcm import PageTable
 
 log = logging.getLogger(__name__)
-HEARTBEAT_SECONDS = 2.0
+HEARTBEAT_MISSES = 5  # a heartbeat lives this many periods
+Spawner = Callable[[AgentBlueprint], Awaitable[dict[str, Any]]]
 
 
-def _reason_label(reason: str) -> str:
-    """A bounded metric label for a free-text suspension reason."""
-    for label in ("make_room", "children", "pages", "request"):
-        if label in reason or label.replace("_", " ") in reason:
-            return label
-    return "other"
+SUSPENSION_REASONS = {  # the metric label of a suspension, by the condition it waits for
+    ResumptionKind.RESOURCE_AVAILABLE: "make_room",
+    ResumptionKind.CHILDREN_COMPLETED: "children",
+    ResumptionKind.PAGES_AVAILABLE: "pages",
+    ResumptionKind.CUSTOM: "request",
+    ResumptionKind.IMMEDIATE: "other",
+}
 
 
 class ReplicaHost:
@@ -56,6 +62,9 @@ class ReplicaHost:
         self.pages: PageTable | None = None
         self._heartbeat: asyncio.Task[None] | None = None
         self._owns_client = False
+        # how agents hosted here place new agents (the control plane); set by whoever runs the host
+        self.spawner: Spawner | None = None
+        self.page_counts = dict.fromkeys(("hits", "faults", "loads", "swap_ins", "evictions"), 0)
 
     async def start(self, blackboard: Blackboard | None = None) -> None:
         if self.runtime is not None:
@@ -82,8 +91,12 @@ class ReplicaHost:
             tenant_id=self.settings.tenant_id,
             colony_id=self.settings.colony_id,
             engine=self.engine,
+            replica=self,
+            pages=self.pages,
+            spawner=self.spawn,
         )
         self.runtime.on_suspended = self._suspended
+        self.runtime.on_stopped = self._stopped
         await self._beat()
         self._heartbeat = asyncio.create_task(self._heartbeat_loop(), name=f"{self.replica_id}-heartbeat")
 
@@ -127,13 +140,62 @@ class ReplicaHost:
             replica=self.replica_id,
         )
 
-    async def _suspended(self, agent_id: str, reason: str) -> None:
+    async def _suspended(self, agent_id: str, condition: ResumptionCondition) -> None:
         """An agent left this replica suspended: the registry says so (no replica)."""
         _, registry = self._ready()
         record = await registry.get(agent_id)
         if record is not None:
             await registry.put(record.model_copy(update={"state": "suspended", "replica": None}))
-        metrics.AGENT_SUSPENSIONS.labels(_reason_label(reason)).inc()
+        metrics.AGENT_SUSPENSIONS.labels(SUSPENSION_REASONS.get(condition.kind, "other")).inc()
+
+    async def _stopped(self, agent_id: str) -> None:
+        _, registry = self._ready()
+        await registry.set_state(agent_id, "stopped")
+
+    async def spawn(self, blueprint: AgentBlueprint) -> dict[str, Any]:
+        """Place a new agent through the control plane (hosted agents spawn their workers so)."""
+        if self.spawner is None:
+            raise RuntimeError(
+                f"replica {self.replica_id} has no control plane to place agents with (ReplicaHost.spawner)"
+            )
+        return await self.spawner(blueprint)
+
+    async def snapshot(self) -> ReplicaSnapshot:
+        """What this replica holds and hosts, for the placer and the resource monitor."""
+        runtime, _ = self._ready()
+        assert self.engine is not None
+        slots = []
+        for agent_id in runtime.agent_ids:
+            agent = runtime.get(agent_id)
+            run = agent.current_run
+            busy = run is not None and not run.done
+            idle_since = (run.finished_at if run and run.done else run.started_at if run else 0.0) or 0.0
+            slots.append(
+                AgentSlot(
+                    agent_id=agent_id, priority=agent.metadata.priority, busy=busy, idle_since=idle_since
+                )
+            )
+        return ReplicaSnapshot(
+            replica_id=self.replica_id,
+            resident=sorted(self.engine.resident_pages()),
+            swapped=sorted(self.engine.swapped_pages()),
+            agents=slots,
+        )
+
+    async def suspend_agent(
+        self, agent_id: str, reason: str = "request", condition: dict[str, Any] | None = None
+    ) -> bool:
+        """Suspend a hosted agent until `condition` (default: CUSTOM, i.e. an explicit resume)."""
+        runtime, _ = self._ready()
+        if agent_id not in runtime.agent_ids:
+            return False
+        parsed = (
+            ResumptionCondition.model_validate(condition)
+            if condition is not None
+            else ResumptionCondition(kind=ResumptionKind.CUSTOM, reason=reason)
+        )
+        await runtime.suspend(agent_id, reason, parsed)
+        return True
 
     async def resume_agent(self, agent_id: str) -> dict[str, Any]:
         """Bring a suspended agent back here, same id, state restored from the blackboard."""
@@ -166,12 +228,16 @@ class ReplicaHost:
         assert self.engine is not None and self.pages is not None
         table = self.pages
         missing = [p for p in page_ids if p not in self.engine.resident_pages()]
+        self.page_counts["hits"] += len(page_ids) - len(missing)
+        self.page_counts["faults"] += len(missing)
         for page_id in missing:
             swapped = self.engine.swapped_pages()
             if page_id in swapped:
                 await self.engine.swap_in_page(page_id)
+                self.page_counts["swap_ins"] += 1
             else:
                 await self.engine.load_page(await table.content(page_id))
+                self.page_counts["loads"] += 1
         if missing:
             await self.sync_pages()
         return missing
@@ -181,6 +247,7 @@ class ReplicaHost:
         runtime, _ = self._ready()
         assert self.engine is not None
         evicted = await self.engine.evict_page(page_id)
+        self.page_counts["evictions"] += int(evicted)
         await self.sync_pages()
         for agent_id in runtime.agent_ids:
             metadata = runtime.get(agent_id).metadata
@@ -217,15 +284,28 @@ class ReplicaHost:
             "agents": len(runtime.agent_ids),
             "agent_ids": runtime.agent_ids,
             "stats": self.engine.stats().model_dump(mode="json"),
+            "pages": {
+                **self.page_counts,
+                "resident": len(self.engine.resident_pages()),
+                "swapped": len(self.engine.swapped_pages()),
+            },
             "updated_at": time.time(),
         }
 
     async def _beat(self) -> None:
         runtime, registry = self._ready()
+        ttl = self.settings.serve.heartbeat_seconds * HEARTBEAT_MISSES
         await registry.board.write(
             AgentRegistryProtocol.replica_key(self.replica_id),
             self.info(),
-            ttl_seconds=HEARTBEAT_SECONDS * 5,
+            ttl_seconds=ttl,
+            created_by=self.replica_id,
+        )
+        counters = metrics.published_counters()
+        await registry.board.write(
+            AgentRegistryProtocol.process_key(str(counters["process"])),
+            counters,
+            ttl_seconds=ttl,
             created_by=self.replica_id,
         )
         for agent_id in runtime.agent_ids:
@@ -236,7 +316,7 @@ class ReplicaHost:
 
     async def _heartbeat_loop(self) -> None:
         while True:
-            await asyncio.sleep(HEARTBEAT_SECONDS)
+            await asyncio.sleep(self.settings.serve.heartbeat_seconds)
             try:
                 await self._beat()
             except BlackboardUnavailable as exc:

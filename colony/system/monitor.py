@@ -5,6 +5,10 @@ Every `period` seconds it reads the suspended agents from the registry and, high
 registry), RESOURCE_AVAILABLE (a replica has room), PAGES_AVAILABLE (every page resident somewhere
 in the page table), IMMEDIATE, CUSTOM (only after `request_resume`). A met condition resumes the
 agent, same id and restored state, on the best replica for its pages.
+
+The same loop handles dead replicas: agents the registry places on a replica that is no longer
+alive are re-placed (resumed from their last blackboard state on a live replica, their accepted
+runs carried on), and the page table forgets the dead replica's pages.
 """
 
 from __future__ import annotations
@@ -12,62 +16,66 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections.abc import Mapping
+from typing import TYPE_CHECKING
 
 from colony import metrics
 from colony.agents.models import AgentMetadata, ResumptionCondition, ResumptionKind, SuspensionRequest
 from colony.blackboard import Blackboard, BlackboardScope, scope_id
 from colony.blackboard.protocol import AgentStateProtocol
-from colony.errors import ResourceExhausted
-from colony.system.host import ReplicaHost
-from colony.system.placement import replica_views
+from colony.errors import ReplicaUnavailable, ResourceExhausted
+from colony.system.placement import gather_snapshots
 from colony.system.registry import AgentRegistry
+from colony.system.replicas import ReplicaDirectory, ReplicaPort, as_directory, views_of
 from colony.vcm.page_table import PageTable
 from colony.vcm.placement import ReplicaView, choose_replica
 
+if TYPE_CHECKING:
+    from colony.system.host import ReplicaHost
+
 log = logging.getLogger(__name__)
 DONE_STATES = frozenset({"stopped", "failed"})
+NOT_HOSTED = DONE_STATES | {"suspended"}
 
 
 class ResumptionMonitor:
     def __init__(
         self,
         blackboard: Blackboard,
-        hosts: Mapping[str, ReplicaHost],
+        replicas: Mapping[str, ReplicaHost] | ReplicaDirectory,
         registry: AgentRegistry,
         *,
         page_table: PageTable | None = None,
         max_agents_per_replica: int | None = None,
         period: float = 1.0,
+        probe_timeout: float = 10.0,
         tenant_id: str = "default",
         colony_id: str = "default",
     ) -> None:
         self.blackboard = blackboard
-        self.hosts = dict(hosts)
+        self.directory = as_directory(replicas)
         self.registry = registry
         self.page_table = page_table
         self.max_agents = max_agents_per_replica
         self.period = period
+        self.probe_timeout = probe_timeout
         self.tenant_id, self.colony_id = tenant_id, colony_id
         self._custom: set[str] = set()
+        self._ports: dict[str, ReplicaPort] = {}
+        self._views: list[ReplicaView] = []
 
     def request_resume(self, agent_id: str) -> None:
         """The external trigger of CUSTOM conditions (and a push for any other kind)."""
         self._custom.add(agent_id)
 
-    def _views(self) -> list[ReplicaView]:
-        return replica_views(self.hosts, self.max_agents)
+    async def _refresh(self) -> None:
+        found = await gather_snapshots(self.directory)
+        self._ports = {rid: port for rid, (port, _) in found.items()}
+        self._views = views_of([snapshot for _, snapshot in found.values()], self.max_agents)
 
     async def _pending(self) -> list[tuple[int, float, str, ResumptionCondition, list[str]]]:
         items = []
         for record in await self.registry.list(state="suspended"):
-            board = self.blackboard.scoped(
-                scope_id(
-                    BlackboardScope.AGENT,
-                    tenant_id=self.tenant_id,
-                    colony_id=self.colony_id,
-                    agent_id=record.agent_id,
-                )
-            )
+            board = self._agent_board(record.agent_id)
             metadata_e, suspension_e = await board.read_many(
                 [AgentStateProtocol.key("metadata"), AgentStateProtocol.key("suspension")]
             )
@@ -81,6 +89,13 @@ class ResumptionMonitor:
             )
         return sorted(items, key=lambda item: (item[0], item[1], item[2]))
 
+    def _agent_board(self, agent_id: str) -> Blackboard:
+        return self.blackboard.scoped(
+            scope_id(
+                BlackboardScope.AGENT, tenant_id=self.tenant_id, colony_id=self.colony_id, agent_id=agent_id
+            )
+        )
+
     async def _met(self, agent_id: str, condition: ResumptionCondition, pages: list[str]) -> bool:
         kind = condition.kind
         if agent_id in self._custom or kind is ResumptionKind.IMMEDIATE:
@@ -92,7 +107,7 @@ class ResumptionMonitor:
                     return False
             return True
         if kind is ResumptionKind.RESOURCE_AVAILABLE:
-            return any(not v.full for v in self._views())
+            return any(not v.full for v in self._views)
         if kind is ResumptionKind.PAGES_AVAILABLE:
             if self.page_table is None:
                 return False
@@ -104,21 +119,65 @@ class ResumptionMonitor:
         return False  # CUSTOM without a trigger
 
     async def tick(self) -> list[str]:
-        """One evaluation round; the ids of the agents resumed."""
-        resumed = []
+        """One evaluation round; the ids of the agents resumed (or re-placed)."""
+        await self._refresh()
+        resumed = await self.recover_orphans()
         for _priority, _since, agent_id, condition, pages in await self._pending():
             if not await self._met(agent_id, condition, pages):
                 continue
             hard = condition.kind is ResumptionKind.PAGES_AVAILABLE
             try:
-                target = choose_replica(self._views(), pages, hard=hard)
+                target = choose_replica(self._views, pages, hard=hard)
             except ResourceExhausted:
                 continue  # no room now; next round
-            await self.hosts[target.replica_id].resume_agent(agent_id)
+            await self._ports[target.replica_id].resume_agent(agent_id)
             self._custom.discard(agent_id)
             metrics.AGENT_RESUMPTIONS.labels(condition.kind.value).inc()
+            await self._refresh()
             resumed.append(agent_id)
         return resumed
+
+    async def recover_orphans(self) -> list[str]:
+        """Re-place the agents of replicas that are gone; drop those replicas from the page table.
+
+        A replica counts as gone only when a call addressed to it says so (`ReplicaUnavailable`),
+        never because it was slow to answer: moving the agents of a live replica would run them twice.
+        """
+        if not self._ports:
+            return []  # nothing alive to move them to (or the directory is not answering)
+        records = [r for r in await self.registry.list() if r.replica and r.state not in NOT_HOSTED]
+        suspects = sorted({r.replica for r in records if r.replica and r.replica not in self._ports})
+        gone = set()
+        for replica_id in suspects:
+            try:
+                async with asyncio.timeout(self.probe_timeout):
+                    await self.directory.port(replica_id).snapshot()
+            except ReplicaUnavailable:
+                gone.add(replica_id)
+            except Exception as exc:  # slow or unreachable: decide next round
+                log.info("replica %s did not answer (%s); not moving its agents yet", replica_id, exc)
+        recovered: list[str] = []
+        for dead in sorted(gone):
+            log.warning("replica %s is gone; re-placing its agents", dead)
+            if self.page_table is not None:
+                await self.page_table.drop_replica(dead)
+        for record in records:
+            if record.replica not in gone:
+                continue
+            pages = await self._bound_pages(record.agent_id)
+            try:
+                target = choose_replica(self._views, pages)
+            except ResourceExhausted:
+                continue  # every replica is full; next round
+            await self._ports[target.replica_id].resume_agent(record.agent_id)
+            metrics.AGENT_RESUMPTIONS.labels("replica_lost").inc()
+            await self._refresh()
+            recovered.append(record.agent_id)
+        return recovered
+
+    async def _bound_pages(self, agent_id: str) -> list[str]:
+        entry = await self._agent_board(agent_id).read(AgentStateProtocol.key("metadata"))
+        return list(AgentMetadata.model_validate(entry.value).bound_pages) if entry else []
 
     async def run(self) -> None:
         """The `_resource_monitor_loop`: tick every `period` seconds until cancelled."""

@@ -4,6 +4,7 @@
 2. soft affinity: the best-scoring replica with room (pages are faulted in there);
 3. retry later: every replica is full; wait (backoff) for room to appear;
 4. suspend: free room by suspending a lower-priority agent (lowest priority, then longest idle).
+Replicas are reached through a `ReplicaDirectory` (in-process hosts or Serve replicas).
 Each step reuses `colony.vcm.placement` (the code the request router and the simulator run).
 """
 
@@ -13,15 +14,24 @@ import asyncio
 import logging
 import time
 from collections.abc import Mapping
-from typing import Literal
+from typing import TYPE_CHECKING, Literal
 
 from pydantic import BaseModel, Field
 
 from colony import metrics
 from colony.agents import AgentBlueprint, ResumptionCondition, ResumptionKind
 from colony.errors import ResourceExhausted
-from colony.system.host import ReplicaHost
+from colony.system.replicas import (
+    ReplicaDirectory,
+    ReplicaPort,
+    ReplicaSnapshot,
+    as_directory,
+    views_of,
+)
 from colony.vcm.placement import ReplicaView, choose_replica
+
+if TYPE_CHECKING:
+    from colony.system.host import ReplicaHost
 
 log = logging.getLogger(__name__)
 Step = Literal["hard", "soft", "retry", "suspend"]
@@ -35,58 +45,79 @@ class Placement(BaseModel):
     waited_seconds: float = 0.0
 
 
-def replica_views(hosts: Mapping[str, ReplicaHost], max_agents: int | None) -> list[ReplicaView]:
-    """Placement views of in-process hosts, from the stats they also give the request router."""
-    views = []
-    for replica_id, host in sorted(hosts.items()):
-        stats = host.routing_stats()
-        resident, swapped = set(stats["resident"]), set(stats["swapped"])
-        views.append(ReplicaView(replica_id, resident, swapped, int(stats["agents"]), max_agents))
-    return views
+async def gather_snapshots(directory: ReplicaDirectory) -> dict[str, tuple[ReplicaPort, ReplicaSnapshot]]:
+    """Every live replica's port and current snapshot (replicas that fail to answer are left out)."""
+    ports = await directory.ports()
+    answers = await asyncio.gather(*(port.snapshot() for port in ports), return_exceptions=True)
+    found = {}
+    for port, answer in zip(ports, answers, strict=True):
+        if isinstance(answer, BaseException):
+            log.warning("replica %s did not report its state: %s", port.replica_id, answer)
+            continue
+        found[port.replica_id] = (port, answer)
+    return found
 
 
 class AgentPlacer:
     def __init__(
         self,
-        hosts: Mapping[str, ReplicaHost],
+        replicas: Mapping[str, ReplicaHost] | ReplicaDirectory,
         *,
         max_agents_per_replica: int,
         retry_seconds: float = 2.0,
         retry_backoff: float = 0.1,
     ) -> None:
-        self.hosts = dict(hosts)
+        self.directory = as_directory(replicas)
         self.max_agents = max_agents_per_replica
         self.retry_seconds = retry_seconds
         self.retry_backoff = retry_backoff
+        self._lock = asyncio.Lock()  # one decision at a time, so two placements do not take one slot
 
-    def views(self) -> list[ReplicaView]:
-        return replica_views(self.hosts, self.max_agents)
+    async def _state(self) -> tuple[dict[str, ReplicaPort], list[ReplicaView], list[ReplicaSnapshot]]:
+        found = await gather_snapshots(self.directory)
+        snapshots = [snapshot for _, snapshot in found.values()]
+        return (
+            {rid: port for rid, (port, _) in found.items()},
+            views_of(snapshots, self.max_agents),
+            snapshots,
+        )
+
+    async def views(self) -> list[ReplicaView]:
+        return (await self._state())[1]
 
     async def place(self, blueprint: AgentBlueprint) -> Placement:
+        async with self._lock:
+            return await self._place(blueprint)
+
+    async def _place(self, blueprint: AgentBlueprint) -> Placement:
         agent_id = blueprint.metadata.agent_id
         required = blueprint.resources.required_pages
-        preferred = blueprint.resources.preferred_pages or required
+        preferred = blueprint.resources.preferred_pages or required or blueprint.metadata.bound_pages
         step: Step
         started = time.monotonic()
+        ports, views, snapshots = await self._state()
+        if not views:
+            raise ResourceExhausted("no engine replica is running; check `colony status` and the Ray logs")
         try:
-            replica = choose_replica(self.views(), required, hard=True) if required else None
+            replica = choose_replica(views, required, hard=True) if required else None
             step = "hard"
             if replica is None:
                 raise ResourceExhausted("no required pages")
         except ResourceExhausted:
             try:
-                replica, step = choose_replica(self.views(), preferred), "soft"
+                replica, step = choose_replica(views, preferred), "soft"
             except ResourceExhausted:
                 replica, step = await self._retry(preferred), "retry"
         suspended: list[str] = []
         if replica is None:
-            victim_replica, victim = self._victim(blueprint.metadata.priority)
-            await self.hosts[victim_replica].runtime.suspend(  # type: ignore[union-attr]
-                victim, "make_room", ResumptionCondition(kind=ResumptionKind.RESOURCE_AVAILABLE)
-            )
+            ports, views, snapshots = await self._state()
+            victim_replica, victim = self._victim(snapshots, blueprint.metadata.priority)
+            condition = ResumptionCondition(kind=ResumptionKind.RESOURCE_AVAILABLE, reason="make_room")
+            await ports[victim_replica].suspend_agent(victim, "make_room", condition.model_dump(mode="json"))
             suspended.append(victim)
-            replica, step = choose_replica(self.views(), preferred), "suspend"
-        await self.hosts[replica.replica_id].ensure_agent(blueprint)
+            replica, step = choose_replica(await self.views(), preferred), "suspend"
+        ports = ports if replica.replica_id in ports else (await self._state())[0]
+        await ports[replica.replica_id].ensure_agent(blueprint.to_text())
         metrics.PLACEMENTS.labels(step).inc()
         return Placement(
             agent_id=agent_id,
@@ -104,32 +135,24 @@ class AgentPlacer:
         while time.monotonic() < deadline:
             await asyncio.sleep(min(delay, max(0.0, deadline - time.monotonic())))
             try:
-                return choose_replica(self.views(), pages)
+                return choose_replica(await self.views(), pages)
             except ResourceExhausted:
                 delay = min(delay * 2, 1.0)
         return None
 
-    def _victim(self, priority: int) -> tuple[str, str]:
-        """The agent to suspend: lower priority than the newcomer; lowest priority, then longest idle."""
-        candidates = []
-        for replica_id, host in self.hosts.items():
-            assert host.runtime is not None
-            for agent_id in host.runtime.agent_ids:
-                agent = host.runtime.get(agent_id)
-                if agent.metadata.priority < priority:
-                    idle_since = (
-                        agent.current_run.finished_at
-                        if agent.current_run and agent.current_run.done
-                        else (agent.current_run.started_at if agent.current_run else 0.0)
-                    )
-                    busy = agent.current_run is not None and not agent.current_run.done
-                    candidates.append(
-                        (agent.metadata.priority, busy, idle_since or 0.0, agent_id, replica_id)
-                    )
+    def _victim(self, snapshots: list[ReplicaSnapshot], priority: int) -> tuple[str, str]:
+        """The agent to suspend: lower priority than the newcomer; lowest priority, then idle before
+        busy, then longest idle."""
+        candidates = [
+            (slot.priority, slot.busy, slot.idle_since, slot.agent_id, snapshot.replica_id)
+            for snapshot in snapshots
+            for slot in snapshot.agents
+            if slot.priority < priority
+        ]
         if not candidates:
             raise ResourceExhausted(
                 f"every replica is at its {self.max_agents}-agent capacity and no agent has a lower priority "
-                f"than {priority} to suspend; add replicas or raise engine capacity"
+                f"than {priority} to suspend; add replicas or raise serve.max_agents_per_replica"
             )
         _priority, _busy, _since, agent_id, replica_id = min(candidates)
         return replica_id, agent_id

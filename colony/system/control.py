@@ -1,0 +1,142 @@
+"""The control plane: where agents are placed, stopped, suspended and resumed, and the resource
+monitor loop that resumes suspended agents and re-places those of dead replicas.
+
+It runs inside the `AgentSystem` Serve deployment over `ServeReplicas`, and in-process over
+`LocalReplicas` (tests, one-process tools). Everything it knows is read from Redis or asked of
+the replicas, so a restarted control plane picks up where the last one was.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Mapping
+from typing import TYPE_CHECKING
+
+from colony import metrics
+from colony.agents import AgentBlueprint
+from colony.aio import cancel_and_wait
+from colony.blackboard import Blackboard, BlackboardScope, scope_id
+from colony.blackboard.protocol import AgentRegistryProtocol
+from colony.config import ColonySettings
+from colony.errors import AgentNotFound, AgentStateConflict
+from colony.system.monitor import NOT_HOSTED, ResumptionMonitor
+from colony.system.placement import AgentPlacer, Placement
+from colony.system.registry import AgentRecord, AgentRegistry
+from colony.system.replicas import ReplicaDirectory, as_directory
+from colony.vcm import PageTable
+
+if TYPE_CHECKING:
+    from colony.system.host import ReplicaHost
+
+log = logging.getLogger(__name__)
+
+
+class ControlPlane:
+    def __init__(
+        self,
+        blackboard: Blackboard,
+        replicas: Mapping[str, ReplicaHost] | ReplicaDirectory,
+        settings: ColonySettings,
+    ) -> None:
+        self.settings = settings
+        self.blackboard = blackboard
+        self.directory = as_directory(replicas)
+        colony_scope = scope_id(
+            BlackboardScope.COLONY, tenant_id=settings.tenant_id, colony_id=settings.colony_id
+        )
+        self.registry = AgentRegistry(blackboard.scoped(colony_scope))
+        self.pages = PageTable(blackboard, tenant_id=settings.tenant_id, colony_id=settings.colony_id)
+        serve = settings.serve
+        self.placer = AgentPlacer(
+            self.directory,
+            max_agents_per_replica=serve.max_agents_per_replica,
+            retry_seconds=serve.placement_retry_seconds,
+        )
+        self.monitor = ResumptionMonitor(
+            blackboard,
+            self.directory,
+            self.registry,
+            page_table=self.pages,
+            max_agents_per_replica=serve.max_agents_per_replica,
+            period=serve.monitor_period_seconds,
+            tenant_id=settings.tenant_id,
+            colony_id=settings.colony_id,
+        )
+        self._loop: asyncio.Task[None] | None = None
+
+    async def place(self, blueprint: AgentBlueprint | str) -> Placement | AgentRecord:
+        """Host an agent: where it already runs (its record), else through the placement cascade
+        (a known but suspended or orphaned agent resumes with its state)."""
+        bp = AgentBlueprint.from_text(blueprint) if isinstance(blueprint, str) else blueprint
+        record = await self.registry.get(bp.metadata.agent_id)
+        if record is not None and record.replica and record.state not in NOT_HOSTED:
+            live = {port.replica_id for port in await self.directory.ports()}
+            if record.replica in live:
+                return record
+        return await self.placer.place(bp)
+
+    async def _hosted(self, agent_id: str) -> AgentRecord:
+        record = await self.registry.get(agent_id)
+        if record is None:
+            raise AgentNotFound(f"no agent named {agent_id!r}; GET /v1/agents lists them")
+        return record
+
+    async def stop(self, agent_id: str) -> bool:
+        record = await self._hosted(agent_id)
+        if record.replica is None:
+            return False
+        return await self.directory.port(record.replica).stop_agent(agent_id)
+
+    async def suspend(self, agent_id: str, reason: str = "request") -> AgentRecord:
+        """Suspend an agent until `resume()` (a CUSTOM condition)."""
+        record = await self._hosted(agent_id)
+        if record.state == "suspended":
+            return record
+        if record.state in NOT_HOSTED or record.replica is None:
+            raise AgentStateConflict(
+                f"agent {agent_id!r} is {record.state}; only a hosted agent can be suspended"
+            )
+        if not await self.directory.port(record.replica).suspend_agent(agent_id, reason, None):
+            raise AgentStateConflict(
+                f"agent {agent_id!r} is not on replica {record.replica} any more; try again"
+            )
+        return await self._hosted(agent_id)
+
+    async def resume(self, agent_id: str) -> AgentRecord:
+        """Resume a suspended agent now (meets a CUSTOM condition, or any other one early)."""
+        record = await self._hosted(agent_id)
+        if record.state != "suspended":
+            raise AgentStateConflict(f"agent {agent_id!r} is {record.state}, not suspended")
+        self.monitor.request_resume(agent_id)
+        await self.monitor.tick()
+        return await self._hosted(agent_id)
+
+    async def publish(self) -> None:
+        """This process's counters for the API's /metrics."""
+        counters = metrics.published_counters()
+        await self.registry.board.write(
+            AgentRegistryProtocol.process_key(str(counters["process"])),
+            counters,
+            ttl_seconds=self.settings.serve.heartbeat_seconds * 5,
+            created_by="control",
+        )
+
+    def start(self) -> None:
+        """Start the resource monitor loop (idempotent)."""
+        if self._loop is None or self._loop.done():
+            self._loop = asyncio.create_task(self._run(), name="resource-monitor")
+
+    async def _run(self) -> None:
+        """The `_resource_monitor_loop`: a monitor round and a counter publication every period."""
+        while True:
+            try:
+                await self.monitor.tick()
+                await self.publish()
+            except Exception:
+                log.exception("resource monitor round failed")
+            await asyncio.sleep(self.monitor.period)
+
+    async def close(self) -> None:
+        if self._loop is not None:
+            await cancel_and_wait([self._loop])

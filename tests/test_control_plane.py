@@ -1,0 +1,172 @@
+"""The control plane in-process: suspend/resume over HTTP, dead-replica recovery, the `analyze`
+job (coordinator suspended on CHILDREN_COMPLETED and resumed), and the cluster-wide metrics."""
+
+from __future__ import annotations
+
+import asyncio
+import uuid
+from collections.abc import AsyncIterator
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+from agent_kit import counter_blueprint
+from prometheus_client import REGISTRY
+
+from colony.api.app import ApiServices, create_app
+from colony.blackboard import AgentRunProtocol, Blackboard, BlackboardScope, scope_id
+from colony.config import ColonySettings, ServeSettings
+from colony.inference.scripted import ScriptedEngine
+from colony.system.analyze import analyze_blueprint
+from colony.system.control import ControlPlane
+from colony.system.host import ReplicaHost
+from colony.system.runs import RunService
+from colony.vcm import PageSource
+
+STEPS = [{"action": "add", "parameters": {"amount": "$input"}}]
+
+
+def summary(request: Any) -> str:
+    return "It defines small helper functions."
+
+
+class Cluster:
+    def __init__(self, bb: Blackboard, settings: ColonySettings, names: tuple[str, ...]) -> None:
+        self.bb = bb
+        self.settings = settings
+        self.hosts = {n: ReplicaHost(settings, n, engine=ScriptedEngine(summary, delay=0.2)) for n in names}
+        self.control = ControlPlane(bb, self.hosts, settings)
+        for host in self.hosts.values():
+            host.spawner = self.control.place
+
+    async def start(self) -> None:
+        for host in self.hosts.values():
+            await host.start(self.bb)
+        self.control.start()
+
+    async def close(self) -> None:
+        await self.control.close()
+        for host in self.hosts.values():
+            await host.close()
+
+    def where(self, agent_id: str) -> list[str]:
+        return [n for n, h in self.hosts.items() if h.runtime and agent_id in h.runtime.agent_ids]
+
+
+@pytest.fixture
+async def cluster(bb: Blackboard, redis_url: str) -> AsyncIterator[Cluster]:
+    settings = ColonySettings(
+        redis_url=redis_url,
+        colony_id=f"cp{uuid.uuid4().hex[:8]}",
+        serve=ServeSettings(monitor_period_seconds=0.1, heartbeat_seconds=0.2, max_agents_per_replica=8),
+    )
+    made = Cluster(bb, settings, ("ra", "rb"))
+    await made.start()
+    yield made
+    await made.close()
+
+
+async def wait_for(predicate: Any, timeout: float = 10.0) -> None:
+    async with asyncio.timeout(timeout):
+        while not await predicate():  # noqa: ASYNC110 - polling Redis state
+            await asyncio.sleep(0.05)
+
+
+async def test_suspend_and_resume_over_http(cluster: Cluster) -> None:
+    placed = await cluster.control.place(counter_blueprint("counter-1", STEPS))
+    host = cluster.hosts[placed.replica_id]
+    await host.runtime.get("counter-1").run(7)
+    registry = cluster.control.registry
+    runs = RunService(cluster.bb, registry, colony_id=cluster.settings.colony_id)
+    app = create_app(ApiServices(runs=runs, registry=registry, token=None, control=cluster.control))
+    async with httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://c") as client:
+        suspended = await client.post("/v1/agents/counter-1/suspend")
+        assert suspended.status_code == 200 and suspended.json()["state"] == "suspended"
+        assert cluster.where("counter-1") == []
+        await asyncio.sleep(0.5)  # CUSTOM: the monitor loop leaves it alone until asked
+        assert (await registry.get("counter-1")).state == "suspended"
+        again = await client.post("/v1/agents/counter-1/resume")
+        assert again.status_code == 200 and again.json()["state"] != "suspended"
+        (where,) = cluster.where("counter-1")
+        agent = cluster.hosts[where].runtime.get("counter-1")
+        assert agent.get_capability("CounterCapability").total == 7  # same id, state restored
+        conflict = await client.post("/v1/agents/counter-1/resume")
+        assert conflict.status_code == 409 and "not suspended" in conflict.json()["error"]["message"]
+        missing = await client.post("/v1/agents/nobody/suspend")
+        assert missing.status_code == 404
+
+
+async def test_agents_of_a_dead_replica_are_re_placed_and_finish_their_runs(
+    cluster: Cluster, tmp_path: Path
+) -> None:
+    placed = await cluster.control.place(
+        counter_blueprint("slow-1", STEPS, delay=1.0, serve_namespace="jobs")
+    )
+    doomed = cluster.hosts[placed.replica_id]
+    (tmp_path / "held.py").write_text("x = 1\n")
+    (page_id,) = (await cluster.control.pages.map_source(PageSource(tmp_path))).page_ids
+    await doomed.ensure_pages([page_id])  # the doomed replica holds a page
+    assert (await cluster.control.pages.page(page_id)).resident_on == [placed.replica_id]
+    scope = scope_id(BlackboardScope.AGENT, colony_id=cluster.settings.colony_id, agent_id="slow-1")
+    jobs = cluster.bb.scoped(AgentRunProtocol.namespaced_scope(scope, "jobs"))
+    await jobs.write(
+        AgentRunProtocol.request_key("r1"), {"input": 5, "requester": "test", "agent_id": "slow-1"}
+    )
+
+    async def claimed() -> bool:
+        return await jobs.read(AgentRunProtocol.claim_key("r1")) is not None
+
+    await wait_for(claimed)
+    await asyncio.sleep(0.3)  # the run is in its slow step
+    await doomed.runtime.drop("slow-1")  # the replica dies: no goodbye, state stays in Redis
+    del cluster.hosts[placed.replica_id]
+    await doomed.close()
+
+    async def answered() -> bool:
+        return await jobs.read(AgentRunProtocol.result_key("r1")) is not None
+
+    await wait_for(answered, timeout=15)
+    result = await jobs.read(AgentRunProtocol.result_key("r1"))
+    assert result.value["status"] == "succeeded" and result.value["output"] == 5
+    (survivor,) = cluster.hosts
+    assert cluster.where("slow-1") == [survivor]
+    assert (await cluster.control.registry.get("slow-1")).replica == survivor
+    assert await cluster.control.pages.pages(replica=placed.replica_id) == []
+    assert (await cluster.control.pages.page(page_id)).resident_on == []
+
+
+def resumptions(condition: str) -> float:
+    return REGISTRY.get_sample_value("colony_agent_resumptions_total", {"condition": condition}) or 0.0
+
+
+async def test_analyze_coordinator_waits_suspended_for_its_page_workers(
+    cluster: Cluster, tmp_path: Path
+) -> None:
+    for name in ("alpha.py", "beta.py", "gamma.md"):
+        (tmp_path / name).write_text(
+            f"# {name}\n" + "\n".join(f"def f{i}():\n    return {i}" for i in range(80))
+        )
+    await cluster.control.place(analyze_blueprint())
+    before = resumptions("children_completed")
+    runs = RunService(cluster.bb, cluster.control.registry, colony_id=cluster.settings.colony_id)
+    submitted = await runs.submit("analyze", {"path": str(tmp_path), "page_tokens": 512})
+
+    async def finished() -> bool:
+        return (await runs.get(submitted.run_id)).status in ("succeeded", "failed")
+
+    await wait_for(finished, timeout=30)
+    run = await runs.get(submitted.run_id)
+    assert run.status == "succeeded", run.error
+    report = run.output
+    assert report["files"] == ["alpha.py", "beta.py", "gamma.md"]
+    for name in report["files"]:
+        assert name in report["report"]
+    assert "helper functions" in report["report"] and report["failed_workers"] == 0
+    assert len(report["workers"]) == report["pages"] >= 3
+    registry = cluster.control.registry
+    for worker in report["workers"]:
+        assert (await registry.get(worker)).state == "stopped"  # one-shot workers are done
+    coordinator = await registry.get("analyze")
+    assert coordinator.state != "suspended" and coordinator.agent_id == "analyze"
+    assert resumptions("children_completed") == before + 1  # suspended, then resumed by the monitor
