@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import os
 import signal
+import sys
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -12,6 +13,7 @@ from pathlib import Path
 import httpx
 import pytest
 
+from colony import cli
 from colony.blackboard.redis_server import EmbeddedRedis, free_port
 from colony.client import ApiError, ColonyClient
 from colony.config import ColonySettings, ServeSettings
@@ -100,6 +102,29 @@ def test_runs_survive_a_killed_api_replica(colony_up) -> None:
             for _event in client.events(run_id):
                 pass
         assert [client.get(r)["output"] for r in run_ids] == [0, 1, 2, 3, 4]
+
+
+def test_analyze_a_folder_with_the_embedded_model(
+    colony_up, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """The README's main job: `colony run analyze --map PATH` on the embedded model."""
+    settings, _info = colony_up
+    (tmp_path / "stack.py").write_text(
+        "class Stack:\n    def __init__(self):\n        self.items = []\n\n"
+        "    def push(self, item):\n        self.items.append(item)\n\n"
+        "    def pop(self):\n        return self.items.pop()\n" * 3
+    )
+    (tmp_path / "greet.py").write_text(
+        "def greet(name):\n    return f'Hello, {name}!'\n\n\nprint(greet('world'))\n" * 4
+    )
+    monkeypatch.setenv("COLONY_DATA_DIR", str(settings.data_dir))
+    started = time.monotonic()
+    code = cli.main(["run", "analyze", "--map", str(tmp_path), "--page-tokens", "256", "--timeout", "600"])
+    out, err = capsys.readouterr()
+    assert code == 0, err
+    assert "stack.py" in out and "greet.py" in out and out.startswith("# Analysis of")
+    assert "page workers started" in err
+    print(f"analyze took {time.monotonic() - started:.1f} s", file=sys.stderr)
 
 
 def test_down_leaves_nothing_running(colony_up) -> None:

@@ -95,6 +95,21 @@ async def test_suspend_and_resume_over_http(cluster: Cluster) -> None:
         assert conflict.status_code == 409 and "not suspended" in conflict.json()["error"]["message"]
         missing = await client.post("/v1/agents/nobody/suspend")
         assert missing.status_code == 404
+        await asyncio.sleep(0.5)  # a heartbeat publishes the replicas' page stats
+        text = (await client.get("/metrics")).text
+    assert sample(text, 'colony_cluster_agent_suspensions_total{reason="request"}') >= 1
+    assert sample(text, 'colony_cluster_agent_resumptions_total{condition="custom"}') >= 1
+    assert sample(text, 'colony_cluster_placements_total{step="soft"}') >= 1
+    assert 'colony_replica_resident_pages{replica="ra"}' in text
+    assert 'colony_replica_page_ops_total{op="faults",replica="rb"}' in text
+
+
+def sample(text: str, series: str) -> float:
+    """The value of one series in Prometheus text (0 when absent)."""
+    for line in text.splitlines():
+        if line.startswith(series + " "):
+            return float(line.split()[-1])
+    return 0.0
 
 
 async def test_agents_of_a_dead_replica_are_re_placed_and_finish_their_runs(
@@ -107,6 +122,13 @@ async def test_agents_of_a_dead_replica_are_re_placed_and_finish_their_runs(
     (tmp_path / "held.py").write_text("x = 1\n")
     (page_id,) = (await cluster.control.pages.map_source(PageSource(tmp_path))).page_ids
     await doomed.ensure_pages([page_id])  # the doomed replica holds a page
+    await doomed.ensure_pages([page_id])
+    assert {k: doomed.info()["pages"][k] for k in ("faults", "loads", "hits", "resident")} == {
+        "faults": 1,
+        "loads": 1,
+        "hits": 1,
+        "resident": 1,
+    }
     assert (await cluster.control.pages.page(page_id)).resident_on == [placed.replica_id]
     scope = scope_id(BlackboardScope.AGENT, colony_id=cluster.settings.colony_id, agent_id="slow-1")
     jobs = cluster.bb.scoped(AgentRunProtocol.namespaced_scope(scope, "jobs"))

@@ -11,6 +11,7 @@ Workers are one-shot: they stop once their run is answered.
 from __future__ import annotations
 
 import logging
+import re
 from typing import TYPE_CHECKING, Any
 
 from colony.agents import (
@@ -39,11 +40,40 @@ if TYPE_CHECKING:
 
 log = logging.getLogger(__name__)
 DEFAULT_PAGE_TOKENS = 1024
-SUMMARY_SYSTEM = "You summarise source files for an engineer. Be brief, concrete and accurate."
+SUMMARY_SYSTEM = "You summarise source code for an engineer. Be brief, concrete and accurate."
+SUMMARY_ASK = "Summarise the code above in two sentences: what it is for and its main classes or functions."
+
+
+DEFINITION = re.compile(
+    r"^(?:export\s+)?(?:pub\s+)?(?:async\s+def|def|class|function|fn|func|interface|struct|enum|trait)\s+([A-Za-z_]\w*)"
+)
 
 
 def _files_of(record: Any) -> list[str]:
     return sorted({span.path for span in record.files}) if record is not None else []
+
+
+def _spans_of(record: Any) -> list[str]:
+    """`path:first-last` of each file (or part of a split file) in the page."""
+    return [f"{s.path}:{s.start_line}-{s.end_line}" for s in (record.files if record is not None else [])]
+
+
+def whole_sentences(text: str) -> str:
+    """The text up to its last full stop (a reply cut off by max_tokens ends mid-sentence)."""
+    text = text.strip()
+    end = text.rfind(". ") + 1 if not text.endswith(".") else len(text)
+    return text[:end] if end > 0 else text
+
+
+def outline(text: str, limit: int = 12) -> list[str]:
+    """The top-level definitions in a page's text (classes, functions, types), in order: a map of
+    the code that does not depend on the model."""
+    names: list[str] = []
+    for line in text.splitlines():
+        match = DEFINITION.match(line)
+        if match and match.group(1) not in names:
+            names.append(match.group(1))
+    return names[:limit]
 
 
 class PageSummaryCapability(AgentCapability):
@@ -73,23 +103,23 @@ class PageSummaryCapability(AgentCapability):
             )
         summaries = []
         for page_id in page_ids:
-            files = _files_of(await self.pages.page(page_id))
+            record = await self.pages.page(page_id)
             request = {
                 "messages": [
                     ChatMessage(role="system", content=SUMMARY_SYSTEM).model_dump(),
-                    ChatMessage(
-                        role="user",
-                        content=f"In at most three sentences, say what these files do: {', '.join(files)}.",
-                    ).model_dump(),
+                    ChatMessage(role="user", content=SUMMARY_ASK).model_dump(),
                 ],
                 "max_tokens": self.max_tokens,
             }
             answer = await self.replica.generate(request, [page_id])
+            text = whole_sentences(str(answer.get("text", "")))
             summaries.append(
                 {
                     "page_id": page_id,
-                    "files": files,
-                    "summary": str(answer.get("text", "")).strip(),
+                    "files": _files_of(record),
+                    "spans": _spans_of(record),
+                    "defines": outline((await self.pages.content(page_id)).text),
+                    "summary": text,
                     "cached_tokens": answer.get("usage", {}).get("cached_tokens", 0),
                 }
             )
@@ -134,7 +164,7 @@ class AnalyzeCapability(AgentCapability):
         spawner: Spawner | None = None,
         engine: InferenceEngine | None = None,
         pages_per_worker: int = 1,
-        overview_tokens: int = 128,
+        overview_tokens: int = 80,
     ) -> None:
         super().__init__(agent, scope_id, blackboard=blackboard)
         self.pages = pages
@@ -220,7 +250,9 @@ class AnalyzeCapability(AgentCapability):
                 continue
             for page in run.output.get("pages", []):
                 files.extend(page["files"])
-                sections.append(f"## {', '.join(page['files'])}\n\n{page['summary'] or '(no summary)'}\n")
+                defines = f"\n\nDefines: {', '.join(page['defines'])}." if page.get("defines") else ""
+                heading = ", ".join(page.get("spans") or page["files"])
+                sections.append(f"## {heading}\n\n{page['summary'] or '(no summary)'}{defines}\n")
         files = sorted(set(files))
         title = f"# Analysis of {self.job.get('path') or 'the mapped pages'}"
         head = (
@@ -255,7 +287,7 @@ class AnalyzeCapability(AgentCapability):
             ],
             max_tokens=self.overview_tokens,
         )
-        return (await self.engine.generate(request)).text.strip()
+        return whole_sentences((await self.engine.generate(request)).text)
 
 
 def analyze_blueprint(agent_id: str = "analyze") -> AgentBlueprint:
