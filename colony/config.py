@@ -70,6 +70,9 @@ class EngineSettings(BaseModel):
         4096, ge=256, description="Context of each slot (page prefix + request)."
     )
     threads: int | None = Field(None, ge=1, description="CPU threads (embedded); unset = all cores.")
+    eviction_policy: Literal["lfu-da", "lru"] = Field(
+        "lfu-da", description="Which page leaves a full engine: LFU with dynamic aging, or LRU (embedded)."
+    )
     timeout_seconds: float = Field(120.0, gt=0, description="Bound of one inference request.")
     max_retries: int = Field(3, ge=0, description="Retries on 429/5xx/connection errors (openai).")
     gpu_memory_utilization: float = Field(0.85, gt=0, le=1, description="vLLM KV-cache memory share.")

@@ -17,6 +17,7 @@ from prometheus_client import REGISTRY
 from colony.api.app import ApiServices, create_app
 from colony.blackboard import AgentRunProtocol, Blackboard, BlackboardScope, scope_id
 from colony.config import ColonySettings, ServeSettings
+from colony.errors import ResourceExhausted
 from colony.inference.scripted import ScriptedEngine
 from colony.system.analyze import analyze_blueprint
 from colony.system.control import ControlPlane
@@ -192,3 +193,17 @@ async def test_analyze_coordinator_waits_suspended_for_its_page_workers(
     coordinator = await registry.get("analyze")
     assert coordinator.state != "suspended" and coordinator.agent_id == "analyze"
     assert resumptions("children_completed") == before + 1  # suspended, then resumed by the monitor
+
+
+async def test_hard_affinity_refuses_instead_of_faulting(cluster: Cluster, tmp_path: Path) -> None:
+    (tmp_path / "a.py").write_text("a = 1\n")
+    (page_id,) = (await cluster.control.pages.map_source(PageSource(tmp_path))).page_ids
+    host = cluster.hosts["ra"]
+    request = {"prompt": "what is a?", "max_tokens": 4}
+    with pytest.raises(ResourceExhausted, match="no replica holds all"):
+        await host.generate(request, [page_id], hard=True)
+    assert page_id not in host.engine.resident_pages()
+    soft = await host.generate(request, [page_id])  # soft affinity faults it in
+    assert soft["faulted"] == [page_id]
+    hard = await host.generate(request, [page_id], hard=True)
+    assert hard["faulted"] == [] and hard["usage"]["cached_tokens"] > 0

@@ -101,7 +101,7 @@ async def test_page_prefix_is_cached_evicted_and_swapped(engine: EmbeddedEngine)
     assert engine.swapped_pages() == []
 
 
-async def test_lru_page_is_evicted_when_slots_are_full(engine: EmbeddedEngine) -> None:
+async def test_the_least_used_page_is_evicted_when_slots_are_full(engine: EmbeddedEngine) -> None:
     for page_id in list(engine.resident_pages()):
         await engine.evict_page(page_id)
     await engine.load_page(make_page("lru-a", 5))

@@ -100,3 +100,29 @@ async def test_page_table_follows_real_engine_residency(bb: Blackboard, tmp_path
         assert (await table.page(second)).swapped_on == [] and (await table.page(first)).resident_on == []
     finally:
         await engine.close()
+
+
+def test_eviction_policies_lru_and_lfu_with_aging() -> None:
+    from colony.vcm.eviction import FrequencyEviction, LRUEviction, eviction_policy
+
+    def run(policy, accesses: list[str], capacity: int = 2) -> set[str]:
+        cache: set[str] = set()
+        for page in accesses:
+            if page not in cache and len(cache) >= capacity:
+                victim = policy.victim(cache)
+                cache.discard(victim)
+                policy.evicted(victim)
+            cache.add(page)
+            policy.touch(page)
+        return cache
+
+    burst = ["hot", "hot", "hot", "x1", "x2", "x3"]  # a popular page, then one-off pages
+    assert "hot" not in run(LRUEviction(), burst)  # LRU lets the burst flush it
+    assert "hot" in run(FrequencyEviction(), burst)  # LFU-DA keeps it
+    # aging: once its demand stops, a formerly popular page is evicted after enough newcomers
+    # have been used about as often
+    fading = ["old", "old", *(f"n{i}" for i in range(3) for _ in range(2)), "n9", "n9", "n9"]
+    assert "old" not in run(FrequencyEviction(), fading)
+    assert isinstance(eviction_policy("lru"), LRUEviction)
+    with pytest.raises(InvalidArgument, match="lfu-da"):
+        eviction_policy("fifo")

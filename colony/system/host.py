@@ -29,7 +29,7 @@ from colony.aio import cancel_and_wait
 from colony.blackboard import Blackboard, BlackboardScope, create_redis, resolve_redis_url, scope_id
 from colony.blackboard.protocol import AgentRegistryProtocol, AgentStateProtocol
 from colony.config import ColonySettings
-from colony.errors import BlackboardUnavailable
+from colony.errors import BlackboardUnavailable, ResourceExhausted
 from colony.inference import InferenceEngine, InferenceRequest, create_engine
 from colony.system.registry import AgentRecord, AgentRegistry
 from colony.system.replicas import AgentSlot, ReplicaSnapshot
@@ -212,11 +212,22 @@ class ReplicaHost:
         await registry.set_state(agent_id, "stopped")
         return True
 
-    async def generate(self, request: dict[str, Any], page_ids: list[str] | None = None) -> dict[str, Any]:
+    async def generate(
+        self, request: dict[str, Any], page_ids: list[str] | None = None, *, hard: bool = False
+    ) -> dict[str, Any]:
         """Run an inference request here; pages it names that this engine lacks are faulted in
-        (their text from the page table) first."""
+        (their text from the page table) first, unless `hard` affinity is asked for: then a replica
+        without every page refuses with ResourceExhausted (the router sent the call to the best
+        holder, so none holds them all)."""
         assert self.engine is not None
         page_ids = list(page_ids or request.get("page_ids") or [])
+        if hard:
+            missing = [p for p in page_ids if p not in self.engine.resident_pages()]
+            if missing:
+                raise ResourceExhausted(
+                    f"no replica holds all of pages {page_ids[:5]} (missing here: {missing[:5]}); "
+                    "load them first or ask with soft affinity"
+                )
         faulted = await self.ensure_pages(page_ids)
         response = await self.engine.generate(
             InferenceRequest.model_validate({**request, "page_ids": page_ids})

@@ -1,0 +1,98 @@
+"""Which resident page to evict when an engine needs room: the eviction policy interface.
+
+Engines call `touch` when a page is loaded or used, `forget` when it leaves, and `victim` to pick
+the page to evict. The cluster's engines and `benchmarks/affinity_sim.py` use these classes, so the
+simulator measures the policy the cluster runs.
+
+- `LRUEviction`: least recently used (what prefix caches such as SGLang's radix cache do).
+- `FrequencyEviction` (default): LFU with dynamic aging (LFU-DA). A page's priority is its use
+  count plus the cache's age, the priority of the last page evicted; the lowest goes. Pages many
+  agents keep coming back to stay resident through bursts of one-off pages, which LRU lets flush
+  them, and the aging lets a once-popular page fall out when its demand stops.
+"""
+
+from __future__ import annotations
+
+import itertools
+from abc import ABC, abstractmethod
+from collections.abc import Iterable
+
+from colony.errors import InvalidArgument
+
+
+class EvictionPolicy(ABC):
+    name: str = "policy"
+
+    @abstractmethod
+    def touch(self, page_id: str) -> None:
+        """The page was loaded or used."""
+
+    @abstractmethod
+    def forget(self, page_id: str) -> None:
+        """The page left the cache (evicted or dropped)."""
+
+    @abstractmethod
+    def victim(self, candidates: Iterable[str]) -> str:
+        """The page to evict among `candidates` (resident pages); the caller evicts it and calls
+        `evicted`."""
+
+    def evicted(self, page_id: str) -> None:
+        """`victim`'s choice was evicted (policies with aging advance their clock here)."""
+        self.forget(page_id)
+
+
+class LRUEviction(EvictionPolicy):
+    name = "lru"
+
+    def __init__(self) -> None:
+        self._clock = itertools.count()
+        self._last: dict[str, int] = {}
+
+    def touch(self, page_id: str) -> None:
+        self._last[page_id] = next(self._clock)
+
+    def forget(self, page_id: str) -> None:
+        self._last.pop(page_id, None)
+
+    def victim(self, candidates: Iterable[str]) -> str:
+        return min(candidates, key=lambda p: (self._last.get(p, -1), p))
+
+
+class FrequencyEviction(EvictionPolicy):
+    name = "lfu-da"
+
+    def __init__(self) -> None:
+        self._clock = itertools.count()
+        self._age = 0.0
+        self._uses: dict[str, int] = {}
+        self._priority: dict[str, float] = {}
+        self._last: dict[str, int] = {}
+
+    def touch(self, page_id: str) -> None:
+        uses = self._uses.get(page_id, 0) + 1
+        self._uses[page_id] = uses
+        self._priority[page_id] = self._age + uses
+        self._last[page_id] = next(self._clock)
+
+    def forget(self, page_id: str) -> None:
+        self._uses.pop(page_id, None)
+        self._priority.pop(page_id, None)
+        self._last.pop(page_id, None)
+
+    def victim(self, candidates: Iterable[str]) -> str:
+        # lowest priority; among equals the least recently used
+        return min(candidates, key=lambda p: (self._priority.get(p, self._age), self._last.get(p, -1), p))
+
+    def evicted(self, page_id: str) -> None:
+        self._age = max(self._age, self._priority.get(page_id, self._age))
+        self.forget(page_id)
+
+
+POLICIES: dict[str, type[EvictionPolicy]] = {"lru": LRUEviction, "lfu-da": FrequencyEviction}
+
+
+def eviction_policy(name: str) -> EvictionPolicy:
+    try:
+        return POLICIES[name]()
+    except KeyError:
+        raise InvalidArgument(f"unknown eviction policy {name!r}; choose one of {sorted(POLICIES)}") from None
