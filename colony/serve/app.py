@@ -49,6 +49,16 @@ def settings_to_dict(settings: ColonySettings) -> dict[str, Any]:
     return data
 
 
+def connect_registry(settings: ColonySettings, name: str) -> tuple[Blackboard, AgentRegistry]:
+    """A blackboard client of this process and the colony's agent registry on it."""
+    client = create_redis(resolve_redis_url(settings), settings.blackboard)
+    board = Blackboard(client, name, settings=settings.blackboard)
+    colony_scope = scope_id(
+        BlackboardScope.COLONY, tenant_id=settings.tenant_id, colony_id=settings.colony_id
+    )
+    return board, AgentRegistry(board.scoped(colony_scope))
+
+
 @serve.deployment(
     name="EngineReplica",
     ray_actor_options={"num_cpus": 0.5},
@@ -136,14 +146,8 @@ class AgentSystemDeployment:
     async def _plane(self) -> ControlPlane:
         """The control plane, built (and its monitor loop started) on first use."""
         if self._control is None:
-            settings = self.settings
-            client = create_redis(resolve_redis_url(settings), settings.blackboard)
-            board = Blackboard(client, "colony:control", settings=settings.blackboard)
-            colony_scope = scope_id(
-                BlackboardScope.COLONY, tenant_id=settings.tenant_id, colony_id=settings.colony_id
-            )
-            directory = ServeReplicas(self.replicas, AgentRegistry(board.scoped(colony_scope)))
-            self._control = ControlPlane(board, directory, settings)
+            board, registry = connect_registry(self.settings, "colony:control")
+            self._control = ControlPlane(board, ServeReplicas(self.replicas, registry), self.settings)
         self._control.start()
         return self._control
 
@@ -210,12 +214,7 @@ class ColonyAPI:
         async with self._lock:
             if self._services is None:
                 settings = self.settings
-                client = create_redis(resolve_redis_url(settings), settings.blackboard)
-                board = Blackboard(client, "colony:api", settings=settings.blackboard)
-                colony_scope = scope_id(
-                    BlackboardScope.COLONY, tenant_id=settings.tenant_id, colony_id=settings.colony_id
-                )
-                registry = AgentRegistry(board.scoped(colony_scope))
+                board, registry = connect_registry(settings, "colony:api")
                 runs = RunService(board, registry, tenant_id=settings.tenant_id, colony_id=settings.colony_id)
                 token = settings.api_token.get_secret_value() if settings.api_token else None
                 pages = PageTable(board, tenant_id=settings.tenant_id, colony_id=settings.colony_id)
