@@ -92,6 +92,11 @@ class ServeSettings(BaseModel):
     num_cpus: int | None = Field(None, ge=1, description="CPUs of the local Ray cluster; unset = all.")
     start_timeout_seconds: float = Field(240.0, gt=0, description="How long `colony up` waits for readiness.")
     max_agents_per_replica: int = Field(64, ge=1, description="Agents one engine replica hosts at most.")
+    replica_memory_mb: int | None = Field(
+        None,
+        ge=1,
+        description="Memory for agents per replica (sum of their resources.memory_mb); unset = no limit.",
+    )
     heartbeat_seconds: float = Field(
         2.0, gt=0, description="Replica heartbeat period; a replica silent for 5 periods counts as dead."
     )

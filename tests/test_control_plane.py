@@ -4,6 +4,7 @@ job (coordinator suspended on CHILDREN_COMPLETED and resumed), and the cluster-w
 from __future__ import annotations
 
 import asyncio
+import time
 import uuid
 from collections.abc import AsyncIterator
 from pathlib import Path
@@ -188,8 +189,10 @@ async def test_analyze_coordinator_waits_suspended_for_its_page_workers(
     assert "helper functions" in report["report"] and report["failed_workers"] == 0
     assert len(report["workers"]) == report["pages"] >= 3
     registry = cluster.control.registry
-    for worker in report["workers"]:
-        assert (await registry.get(worker)).state == "stopped"  # one-shot workers are done
+    async def workers_stopped() -> bool:  # one-shot workers are done (the registry follows)
+        return all((await registry.get(w)).state == "stopped" for w in report["workers"])
+
+    await wait_for(workers_stopped, timeout=5)
     coordinator = await registry.get("analyze")
     assert coordinator.state != "suspended" and coordinator.agent_id == "analyze"
     assert resumptions("children_completed") == before + 1  # suspended, then resumed by the monitor
@@ -207,3 +210,6 @@ async def test_hard_affinity_refuses_instead_of_faulting(cluster: Cluster, tmp_p
     assert soft["faulted"] == [page_id]
     hard = await host.generate(request, [page_id], hard=True)
     assert hard["faulted"] == [] and hard["usage"]["cached_tokens"] > 0
+    before = time.time()
+    await host._beat()  # the heartbeat records the pages' last access
+    assert (await cluster.control.pages.page(page_id)).last_access >= before - 1

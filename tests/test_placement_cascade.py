@@ -21,13 +21,20 @@ from colony.system.placement import AgentPlacer
 
 
 def bp(
-    agent_id: str, *, priority: int = 0, required: list[str] | None = None, preferred: list[str] | None = None
+    agent_id: str,
+    *,
+    priority: int = 0,
+    required: list[str] | None = None,
+    preferred: list[str] | None = None,
+    memory_mb: int = 256,
 ) -> AgentBlueprint:
     base = echo_blueprint(agent_id)
     return base.model_copy(
         update={
             "metadata": AgentMetadata(agent_id=agent_id, priority=priority, role="echo"),
-            "resources": ResourceRequirements(required_pages=required or [], preferred_pages=preferred or []),
+            "resources": ResourceRequirements(
+                required_pages=required or [], preferred_pages=preferred or [], memory_mb=memory_mb
+            ),
         }
     )
 
@@ -80,3 +87,17 @@ async def test_suspend_lowest_priority_longest_idle(hosts: dict[str, ReplicaHost
     assert lifecycle.value["state"] == "suspended"
     with pytest.raises(ResourceExhausted, match="lower priority"):
         await placer.place(bp("nobody-to-evict", priority=0))
+
+
+async def test_replica_memory_is_a_capacity_too(hosts: dict[str, ReplicaHost]) -> None:
+    placer = AgentPlacer(hosts, max_agents_per_replica=10, memory_per_replica_mb=1000, retry_seconds=0.2)
+    first = await placer.place(bp("big-1", memory_mb=700))
+    second = await placer.place(bp("big-2", memory_mb=700))
+    assert first.replica_id != second.replica_id  # 1400 MB do not fit one replica
+    small = await placer.place(bp("small", memory_mb=300))
+    assert small.step == "soft"
+    # 700 MB more fit nowhere: two low-priority agents must make room on one replica
+    vip = await placer.place(bp("vip", priority=5, memory_mb=700))
+    assert vip.step == "suspend" and vip.suspended
+    with pytest.raises(ResourceExhausted, match=r"serve\.replica_memory_mb=1000"):
+        await placer.place(bp("huge", memory_mb=2000))

@@ -14,7 +14,7 @@ import time
 from typing import Any
 
 from colony.agents.actions import ActionDispatcher, discover_actions
-from colony.agents.blueprint import AgentBlueprint, Bindable, Blueprint, CapabilitySpec
+from colony.agents.blueprint import AgentBlueprint, Bindable, Blueprint, CapabilitySpec, ResourceRequirements
 from colony.agents.capability import AgentCapability, CapabilityMode
 from colony.agents.events import EventHandlerSpec, discover_event_handlers
 from colony.agents.hooks import HOOK_HANDLER_ATTR, HookHandlerSpec, HookRegistry, hookable
@@ -97,6 +97,11 @@ class Agent(Bindable):
     @property
     def agent_id(self) -> str:
         return self.metadata.agent_id
+
+    @property
+    def resources(self) -> ResourceRequirements:
+        """What the agent needs from its replica (from its blueprint)."""
+        return self._blueprint.resources if self._blueprint is not None else ResourceRequirements()
 
     @property
     def state(self) -> AgentState:

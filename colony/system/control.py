@@ -51,6 +51,7 @@ class ControlPlane:
         self.placer = AgentPlacer(
             self.directory,
             max_agents_per_replica=serve.max_agents_per_replica,
+            memory_per_replica_mb=serve.replica_memory_mb,
             retry_seconds=serve.placement_retry_seconds,
         )
         self.monitor = ResumptionMonitor(
@@ -59,6 +60,7 @@ class ControlPlane:
             self.registry,
             page_table=self.pages,
             max_agents_per_replica=serve.max_agents_per_replica,
+            memory_per_replica_mb=serve.replica_memory_mb,
             period=serve.monitor_period_seconds,
             tenant_id=settings.tenant_id,
             colony_id=settings.colony_id,

@@ -65,6 +65,7 @@ class ReplicaHost:
         # how agents hosted here place new agents (the control plane); set by whoever runs the host
         self.spawner: Spawner | None = None
         self.page_counts = dict.fromkeys(("hits", "faults", "loads", "swap_ins", "evictions"), 0)
+        self._accessed: set[str] = set()  # pages used since the last heartbeat (their last_access)
 
     async def start(self, blackboard: Blackboard | None = None) -> None:
         if self.runtime is not None:
@@ -119,9 +120,9 @@ class ReplicaHost:
         record = await registry.put(self._record(agent))
         return record.model_dump(mode="json")
 
-    async def _known(self, agent_id: str) -> bool:
+    def _agent_board(self, agent_id: str) -> Blackboard:
         assert self.blackboard is not None
-        board = self.blackboard.scoped(
+        return self.blackboard.scoped(
             scope_id(
                 BlackboardScope.AGENT,
                 tenant_id=self.settings.tenant_id,
@@ -129,7 +130,9 @@ class ReplicaHost:
                 agent_id=agent_id,
             )
         )
-        return await board.read(AgentStateProtocol.key("blueprint")) is not None
+
+    async def _known(self, agent_id: str) -> bool:
+        return await self._agent_board(agent_id).read(AgentStateProtocol.key("blueprint")) is not None
 
     def _record(self, agent: Agent) -> AgentRecord:
         return AgentRecord(
@@ -172,7 +175,11 @@ class ReplicaHost:
             idle_since = (run.finished_at if run and run.done else run.started_at if run else 0.0) or 0.0
             slots.append(
                 AgentSlot(
-                    agent_id=agent_id, priority=agent.metadata.priority, busy=busy, idle_since=idle_since
+                    agent_id=agent_id,
+                    priority=agent.metadata.priority,
+                    busy=busy,
+                    idle_since=idle_since,
+                    memory_mb=agent.resources.memory_mb,
                 )
             )
         return ReplicaSnapshot(
@@ -239,6 +246,7 @@ class ReplicaHost:
         assert self.engine is not None and self.pages is not None
         table = self.pages
         missing = [p for p in page_ids if p not in self.engine.resident_pages()]
+        self._accessed.update(page_ids)
         self.page_counts["hits"] += len(page_ids) - len(missing)
         self.page_counts["faults"] += len(missing)
         for page_id in missing:
@@ -312,6 +320,9 @@ class ReplicaHost:
             ttl_seconds=ttl,
             created_by=self.replica_id,
         )
+        if self._accessed and self.pages is not None:
+            accessed, self._accessed = self._accessed, set()
+            await self.pages.touch(sorted(accessed))
         counters = metrics.published_counters()
         await registry.board.write(
             AgentRegistryProtocol.process_key(str(counters["process"])),
@@ -319,11 +330,28 @@ class ReplicaHost:
             ttl_seconds=ttl,
             created_by=self.replica_id,
         )
-        for agent_id in runtime.agent_ids:
-            agent = runtime.get(agent_id)
+        hosted = set(runtime.agent_ids)
+        for agent_id in sorted(hosted):
             record = await registry.get(agent_id)
+            if agent_id not in runtime.agent_ids:
+                continue  # stopped or suspended meanwhile: its own hook wrote the registry
+            agent = runtime.get(agent_id)
             if record is None or record.state != agent.state.value or record.replica != self.replica_id:
                 await registry.put(self._record(agent))
+        await self._heal_registry(hosted)
+
+    async def _heal_registry(self, hosted: set[str]) -> None:
+        """Records that place an agent here that is not here (a registry write lost a race with a
+        stop or a suspension) take the agent's lifecycle state, the source of truth."""
+        runtime, registry = self._ready()
+        assert self.blackboard is not None
+        for record in await registry.list(replica=self.replica_id):
+            if record.agent_id in hosted or record.agent_id in runtime.agent_ids:
+                continue
+            lifecycle = await self._agent_board(record.agent_id).read(AgentStateProtocol.key("lifecycle"))
+            state = lifecycle.value["state"] if lifecycle is not None else "stopped"
+            if state in ("stopped", "failed", "suspended") and record.agent_id not in runtime.agent_ids:
+                await registry.put(record.model_copy(update={"state": state, "replica": None}))
 
     async def _heartbeat_loop(self) -> None:
         while True:

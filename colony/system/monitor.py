@@ -19,6 +19,7 @@ from collections.abc import Mapping
 from typing import TYPE_CHECKING
 
 from colony import metrics
+from colony.agents.blueprint import AgentBlueprint
 from colony.agents.models import AgentMetadata, ResumptionCondition, ResumptionKind, SuspensionRequest
 from colony.blackboard import Blackboard, BlackboardScope, scope_id
 from colony.blackboard.protocol import AgentStateProtocol
@@ -46,6 +47,7 @@ class ResumptionMonitor:
         *,
         page_table: PageTable | None = None,
         max_agents_per_replica: int | None = None,
+        memory_per_replica_mb: int | None = None,
         period: float = 1.0,
         probe_timeout: float = 10.0,
         tenant_id: str = "default",
@@ -56,6 +58,7 @@ class ResumptionMonitor:
         self.registry = registry
         self.page_table = page_table
         self.max_agents = max_agents_per_replica
+        self.memory_mb = memory_per_replica_mb
         self.period = period
         self.probe_timeout = probe_timeout
         self.tenant_id, self.colony_id = tenant_id, colony_id
@@ -70,22 +73,34 @@ class ResumptionMonitor:
     async def _refresh(self) -> None:
         found = await gather_snapshots(self.directory)
         self._ports = {rid: port for rid, (port, _) in found.items()}
-        self._views = views_of([snapshot for _, snapshot in found.values()], self.max_agents)
+        self._views = views_of([s for _, s in found.values()], self.max_agents, self.memory_mb)
 
-    async def _pending(self) -> list[tuple[int, float, str, ResumptionCondition, list[str]]]:
+    async def _pending(self) -> list[tuple[int, float, str, ResumptionCondition, list[str], int]]:
         items = []
         for record in await self.registry.list(state="suspended"):
             board = self._agent_board(record.agent_id)
-            metadata_e, suspension_e = await board.read_many(
-                [AgentStateProtocol.key("metadata"), AgentStateProtocol.key("suspension")]
+            metadata_e, suspension_e, blueprint_e = await board.read_many(
+                [
+                    AgentStateProtocol.key("metadata"),
+                    AgentStateProtocol.key("suspension"),
+                    AgentStateProtocol.key("blueprint"),
+                ]
             )
+            memory = AgentBlueprint.from_text(blueprint_e.value).resources.memory_mb if blueprint_e else 0
             metadata = AgentMetadata.model_validate(metadata_e.value) if metadata_e else None
             request = SuspensionRequest.model_validate(suspension_e.value) if suspension_e else None
             condition = request.condition if request else ResumptionCondition(kind=ResumptionKind.CUSTOM)
             pages = list(condition.page_ids or (metadata.bound_pages if metadata else []))
             priority = metadata.priority if metadata else 0
             items.append(
-                (-priority, request.requested_at if request else 0.0, record.agent_id, condition, pages)
+                (
+                    -priority,
+                    request.requested_at if request else 0.0,
+                    record.agent_id,
+                    condition,
+                    pages,
+                    memory,
+                )
             )
         return sorted(items, key=lambda item: (item[0], item[1], item[2]))
 
@@ -103,7 +118,11 @@ class ResumptionMonitor:
         if kind is ResumptionKind.CHILDREN_COMPLETED:
             for child in condition.agent_ids:
                 record = await self.registry.get(child)
-                if record is None or record.state not in DONE_STATES:
+                if record is not None and record.state in DONE_STATES:
+                    continue
+                # the child's lifecycle is the source of truth (its registry record may lag)
+                lifecycle = await self._agent_board(child).read(AgentStateProtocol.key("lifecycle"))
+                if lifecycle is None or lifecycle.value.get("state") not in DONE_STATES:
                     return False
             return True
         if kind is ResumptionKind.RESOURCE_AVAILABLE:
@@ -122,12 +141,12 @@ class ResumptionMonitor:
         """One evaluation round; the ids of the agents resumed (or re-placed)."""
         await self._refresh()
         resumed = await self.recover_orphans()
-        for _priority, _since, agent_id, condition, pages in await self._pending():
+        for _priority, _since, agent_id, condition, pages, memory in await self._pending():
             if not await self._met(agent_id, condition, pages):
                 continue
             hard = condition.kind is ResumptionKind.PAGES_AVAILABLE
             try:
-                target = choose_replica(self._views, pages, hard=hard)
+                target = choose_replica(self._views, pages, hard=hard, memory_mb=memory)
             except ResourceExhausted:
                 continue  # no room now; next round
             await self._ports[target.replica_id].resume_agent(agent_id)

@@ -64,11 +64,13 @@ class AgentPlacer:
         replicas: Mapping[str, ReplicaHost] | ReplicaDirectory,
         *,
         max_agents_per_replica: int,
+        memory_per_replica_mb: int | None = None,
         retry_seconds: float = 2.0,
         retry_backoff: float = 0.1,
     ) -> None:
         self.directory = as_directory(replicas)
         self.max_agents = max_agents_per_replica
+        self.memory_mb = memory_per_replica_mb
         self.retry_seconds = retry_seconds
         self.retry_backoff = retry_backoff
         self._lock = asyncio.Lock()  # one decision at a time, so two placements do not take one slot
@@ -78,7 +80,7 @@ class AgentPlacer:
         snapshots = [snapshot for _, snapshot in found.values()]
         return (
             {rid: port for rid, (port, _) in found.items()},
-            views_of(snapshots, self.max_agents),
+            views_of(snapshots, self.max_agents, self.memory_mb),
             snapshots,
         )
 
@@ -93,29 +95,38 @@ class AgentPlacer:
         agent_id = blueprint.metadata.agent_id
         required = blueprint.resources.required_pages
         preferred = blueprint.resources.preferred_pages or required or blueprint.metadata.bound_pages
+        memory = blueprint.resources.memory_mb
+        if self.memory_mb is not None and memory > self.memory_mb:
+            raise ResourceExhausted(
+                f"agent {agent_id} needs {memory} MB, more than a replica has for agents "
+                f"(serve.replica_memory_mb={self.memory_mb})"
+            )
         step: Step
         started = time.monotonic()
         ports, views, snapshots = await self._state()
         if not views:
             raise ResourceExhausted("no engine replica is running; check `colony status` and the Ray logs")
         try:
-            replica = choose_replica(views, required, hard=True) if required else None
+            replica = choose_replica(views, required, hard=True, memory_mb=memory) if required else None
             step = "hard"
             if replica is None:
                 raise ResourceExhausted("no required pages")
         except ResourceExhausted:
             try:
-                replica, step = choose_replica(views, preferred), "soft"
+                replica, step = choose_replica(views, preferred, memory_mb=memory), "soft"
             except ResourceExhausted:
-                replica, step = await self._retry(preferred), "retry"
+                replica, step = await self._retry(preferred, memory), "retry"
         suspended: list[str] = []
-        if replica is None:
+        while replica is None:  # suspend lower-priority agents until the newcomer fits
             ports, views, snapshots = await self._state()
-            victim_replica, victim = self._victim(snapshots, blueprint.metadata.priority)
+            victim_replica, victim = self._victim(snapshots, blueprint.metadata.priority, exclude=suspended)
             condition = ResumptionCondition(kind=ResumptionKind.RESOURCE_AVAILABLE, reason="make_room")
             await ports[victim_replica].suspend_agent(victim, "make_room", condition.model_dump(mode="json"))
             suspended.append(victim)
-            replica, step = choose_replica(await self.views(), preferred), "suspend"
+            try:
+                replica, step = choose_replica(await self.views(), preferred, memory_mb=memory), "suspend"
+            except ResourceExhausted:
+                continue
         ports = ports if replica.replica_id in ports else (await self._state())[0]
         await ports[replica.replica_id].ensure_agent(blueprint.to_text())
         metrics.PLACEMENTS.labels(step).inc()
@@ -127,7 +138,7 @@ class AgentPlacer:
             waited_seconds=time.monotonic() - started,
         )
 
-    async def _retry(self, pages: list[str]) -> ReplicaView | None:
+    async def _retry(self, pages: list[str], memory: int) -> ReplicaView | None:
         """Wait, with backoff, for a replica to have room; None when the wait runs out."""
         deadline = time.monotonic() + self.retry_seconds
         delay = self.retry_backoff
@@ -135,24 +146,27 @@ class AgentPlacer:
         while time.monotonic() < deadline:
             await asyncio.sleep(min(delay, max(0.0, deadline - time.monotonic())))
             try:
-                return choose_replica(await self.views(), pages)
+                return choose_replica(await self.views(), pages, memory_mb=memory)
             except ResourceExhausted:
                 delay = min(delay * 2, 1.0)
         return None
 
-    def _victim(self, snapshots: list[ReplicaSnapshot], priority: int) -> tuple[str, str]:
+    def _victim(
+        self, snapshots: list[ReplicaSnapshot], priority: int, exclude: list[str] | None = None
+    ) -> tuple[str, str]:
         """The agent to suspend: lower priority than the newcomer; lowest priority, then idle before
         busy, then longest idle."""
         candidates = [
             (slot.priority, slot.busy, slot.idle_since, slot.agent_id, snapshot.replica_id)
             for snapshot in snapshots
             for slot in snapshot.agents
-            if slot.priority < priority
+            if slot.priority < priority and slot.agent_id not in (exclude or [])
         ]
         if not candidates:
             raise ResourceExhausted(
-                f"every replica is at its {self.max_agents}-agent capacity and no agent has a lower priority "
-                f"than {priority} to suspend; add replicas or raise serve.max_agents_per_replica"
+                f"no replica has room (serve.max_agents_per_replica={self.max_agents}, "
+                f"serve.replica_memory_mb={self.memory_mb}) and no agent has a lower priority than "
+                f"{priority} to suspend; add replicas or raise those limits"
             )
         _priority, _busy, _since, agent_id, replica_id = min(candidates)
         return replica_id, agent_id

@@ -27,6 +27,7 @@ class AgentSlot(BaseModel):
     priority: int = 0
     busy: bool = False
     idle_since: float = 0.0
+    memory_mb: int = 0
 
 
 class ReplicaSnapshot(BaseModel):
@@ -35,8 +36,11 @@ class ReplicaSnapshot(BaseModel):
     swapped: list[str] = Field(default_factory=list)
     agents: list[AgentSlot] = Field(default_factory=list)
 
-    def view(self, capacity: int | None) -> ReplicaView:
-        return ReplicaView(self.replica_id, set(self.resident), set(self.swapped), len(self.agents), capacity)
+    def view(self, capacity: int | None, memory_mb: int | None = None) -> ReplicaView:
+        free = None if memory_mb is None else memory_mb - sum(a.memory_mb for a in self.agents)
+        return ReplicaView(
+            self.replica_id, set(self.resident), set(self.swapped), len(self.agents), capacity, free
+        )
 
 
 class ReplicaPort(Protocol):
@@ -110,5 +114,7 @@ def as_directory(replicas: Mapping[str, ReplicaHost] | ReplicaDirectory) -> Repl
     return replicas
 
 
-def views_of(snapshots: list[ReplicaSnapshot], capacity: int | None) -> list[ReplicaView]:
-    return [s.view(capacity) for s in sorted(snapshots, key=lambda s: s.replica_id)]
+def views_of(
+    snapshots: list[ReplicaSnapshot], capacity: int | None, memory_mb: int | None = None
+) -> list[ReplicaView]:
+    return [s.view(capacity, memory_mb) for s in sorted(snapshots, key=lambda s: s.replica_id)]

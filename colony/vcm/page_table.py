@@ -135,6 +135,7 @@ class PageTable:
         await self.reconcile(replica_id, (), ())
 
     async def touch(self, page_ids: Iterable[str]) -> None:
+        """Record that the pages were just used (`last_access`; replicas flush it every heartbeat)."""
         for page_id in page_ids:
             await self.board.update(
                 Keys.page_key(page_id), lambda v: {**v, "last_access": time.time()} if v else v, retries=5

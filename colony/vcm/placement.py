@@ -24,10 +24,14 @@ class ReplicaView:
     swapped: set[str] = field(default_factory=set)
     load: int = 0  # agents or in-flight requests
     capacity: int | None = None  # max load; None = unbounded
+    memory_free_mb: int | None = None  # memory left for agents; None = unbounded
 
     @property
     def full(self) -> bool:
         return self.capacity is not None and self.load >= self.capacity
+
+    def fits(self, memory_mb: int) -> bool:
+        return not self.full and (self.memory_free_mb is None or self.memory_free_mb >= memory_mb)
 
 
 def affinity(replica: ReplicaView, page_ids: Iterable[str]) -> float:
@@ -38,17 +42,17 @@ def affinity(replica: ReplicaView, page_ids: Iterable[str]) -> float:
 
 
 def choose_replica(
-    replicas: Sequence[ReplicaView], page_ids: Sequence[str] = (), *, hard: bool = False
+    replicas: Sequence[ReplicaView], page_ids: Sequence[str] = (), *, hard: bool = False, memory_mb: int = 0
 ) -> ReplicaView:
-    """The replica for a request or agent bound to `page_ids`.
+    """The replica for a request or agent bound to `page_ids` (needing `memory_mb`).
 
     hard: only replicas holding every page (resident) qualify. soft: best affinity, ties (and
-    page-less requests) to the least loaded, then to the emptiest cache. Full replicas are skipped;
-    `ResourceExhausted` when nothing qualifies.
+    page-less requests) to the least loaded, then to the emptiest cache. Full replicas (agent count
+    or memory) are skipped; `ResourceExhausted` when nothing qualifies.
     """
-    open_replicas = [r for r in replicas if not r.full]
+    open_replicas = [r for r in replicas if r.fits(memory_mb)]
     if not open_replicas:
-        raise ResourceExhausted(f"all {len(replicas)} replicas are at capacity")
+        raise ResourceExhausted(f"all {len(replicas)} replicas are at capacity (agents or memory)")
     if hard and page_ids:
         holding = [r for r in open_replicas if all(p in r.resident for p in page_ids)]
         if not holding:
