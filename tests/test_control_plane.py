@@ -190,7 +190,8 @@ async def test_analyze_coordinator_waits_suspended_for_its_page_workers(
     assert len(report["workers"]) == report["pages"] >= 3
     registry = cluster.control.registry
     async def workers_stopped() -> bool:  # one-shot workers are done (the registry follows)
-        return all((await registry.get(w)).state == "stopped" for w in report["workers"])
+        states = [(await registry.get(w)).state for w in report["workers"]]
+        return states == ["stopped"] * len(states)
 
     await wait_for(workers_stopped, timeout=5)
     coordinator = await registry.get("analyze")
