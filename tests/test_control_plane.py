@@ -189,6 +189,7 @@ async def test_analyze_coordinator_waits_suspended_for_its_page_workers(
     assert "helper functions" in report["report"] and report["failed_workers"] == 0
     assert len(report["workers"]) == report["pages"] >= 3
     registry = cluster.control.registry
+
     async def workers_stopped() -> bool:  # one-shot workers are done (the registry follows)
         states = [(await registry.get(w)).state for w in report["workers"]]
         return states == ["stopped"] * len(states)
