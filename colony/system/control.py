@@ -54,6 +54,7 @@ class ControlPlane:
             memory_per_replica_mb=serve.replica_memory_mb,
             retry_seconds=serve.placement_retry_seconds,
         )
+        lock = self.placer.lock  # placements and resumptions never interleave
         self.monitor = ResumptionMonitor(
             blackboard,
             self.directory,
@@ -64,6 +65,7 @@ class ControlPlane:
             period=serve.monitor_period_seconds,
             tenant_id=settings.tenant_id,
             colony_id=settings.colony_id,
+            lock=lock,
         )
         self._loop: asyncio.Task[None] | None = None
 

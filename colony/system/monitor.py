@@ -50,6 +50,7 @@ class ResumptionMonitor:
         memory_per_replica_mb: int | None = None,
         period: float = 1.0,
         probe_timeout: float = 10.0,
+        lock: asyncio.Lock | None = None,
         tenant_id: str = "default",
         colony_id: str = "default",
     ) -> None:
@@ -61,6 +62,7 @@ class ResumptionMonitor:
         self.memory_mb = memory_per_replica_mb
         self.period = period
         self.probe_timeout = probe_timeout
+        self.lock = lock or asyncio.Lock()  # shared with the placer: one decision at a time
         self.tenant_id, self.colony_id = tenant_id, colony_id
         self._custom: set[str] = set()
         self._ports: dict[str, ReplicaPort] = {}
@@ -139,6 +141,10 @@ class ResumptionMonitor:
 
     async def tick(self) -> list[str]:
         """One evaluation round; the ids of the agents resumed (or re-placed)."""
+        async with self.lock:
+            return await self._tick()
+
+    async def _tick(self) -> list[str]:
         await self._refresh()
         resumed = await self.recover_orphans()
         for _priority, _since, agent_id, condition, pages, memory in await self._pending():

@@ -67,13 +67,16 @@ class AgentPlacer:
         memory_per_replica_mb: int | None = None,
         retry_seconds: float = 2.0,
         retry_backoff: float = 0.1,
+        lock: asyncio.Lock | None = None,
     ) -> None:
         self.directory = as_directory(replicas)
         self.max_agents = max_agents_per_replica
         self.memory_mb = memory_per_replica_mb
         self.retry_seconds = retry_seconds
         self.retry_backoff = retry_backoff
-        self._lock = asyncio.Lock()  # one decision at a time, so two placements do not take one slot
+        # one decision at a time (shared with the resource monitor), so two placements do not take
+        # one slot and an agent is never resumed in two places
+        self.lock = lock or asyncio.Lock()
 
     async def _state(self) -> tuple[dict[str, ReplicaPort], list[ReplicaView], list[ReplicaSnapshot]]:
         found = await gather_snapshots(self.directory)
@@ -88,7 +91,7 @@ class AgentPlacer:
         return (await self._state())[1]
 
     async def place(self, blueprint: AgentBlueprint) -> Placement:
-        async with self._lock:
+        async with self.lock:
             return await self._place(blueprint)
 
     async def _place(self, blueprint: AgentBlueprint) -> Placement:
@@ -104,6 +107,10 @@ class AgentPlacer:
         step: Step
         started = time.monotonic()
         ports, views, snapshots = await self._state()
+        deadline = time.monotonic() + self.retry_seconds
+        while not views and time.monotonic() < deadline:  # replicas still starting
+            await asyncio.sleep(self.retry_backoff)
+            ports, views, snapshots = await self._state()
         if not views:
             raise ResourceExhausted("no engine replica is running; check `colony status` and the Ray logs")
         try:
