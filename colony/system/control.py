@@ -132,7 +132,8 @@ class ControlPlane:
             self._loop = asyncio.create_task(self._run(), name="resource-monitor")
 
     async def _run(self) -> None:
-        """The `_resource_monitor_loop`: a monitor round and a counter publication every period."""
+        """The `_resource_monitor_loop`: a monitor round (resumptions, dead replicas) and a counter
+        publication every `serve.monitor_period_seconds`."""
         while True:
             try:
                 await self.monitor.tick()

@@ -1,10 +1,11 @@
-"""The resource monitor loop: resumes suspended agents when their ResumptionCondition holds.
+"""The resource monitor: resumes suspended agents when their ResumptionCondition holds.
 
-Every `period` seconds it reads the suspended agents from the registry and, highest priority first
-(FIFO among equals), evaluates each condition: CHILDREN_COMPLETED (every child STOPPED/FAILED in the
-registry), RESOURCE_AVAILABLE (a replica has room), PAGES_AVAILABLE (every page resident somewhere
-in the page table), IMMEDIATE, CUSTOM (only after `request_resume`). A met condition resumes the
-agent, same id and restored state, on the best replica for its pages.
+Each `tick()` (the control plane runs one every `period` seconds) reads the suspended agents from
+the registry and, highest priority first (FIFO among equals), evaluates each condition:
+CHILDREN_COMPLETED (every child STOPPED/FAILED in the registry or its lifecycle),
+RESOURCE_AVAILABLE (a replica has room), PAGES_AVAILABLE (every page resident somewhere in the page
+table), IMMEDIATE, CUSTOM (only after `request_resume`). A met condition resumes the agent, same id
+and restored state, on the best replica for its pages.
 
 The same loop handles dead replicas: agents the registry places on a replica that is no longer
 alive are re-placed (resumed from their last blackboard state on a live replica, their accepted
@@ -155,7 +156,8 @@ class ResumptionMonitor:
                 target = choose_replica(self._views, pages, hard=hard, memory_mb=memory)
             except ResourceExhausted:
                 continue  # no room now; next round
-            await self._ports[target.replica_id].resume_agent(agent_id)
+            if not await self._resume(target.replica_id, agent_id):
+                continue
             self._custom.discard(agent_id)
             metrics.AGENT_RESUMPTIONS.labels(condition.kind.value).inc()
             await self._refresh()
@@ -194,21 +196,24 @@ class ResumptionMonitor:
                 target = choose_replica(self._views, pages)
             except ResourceExhausted:
                 continue  # every replica is full; next round
-            await self._ports[target.replica_id].resume_agent(record.agent_id)
+            if not await self._resume(target.replica_id, record.agent_id):
+                continue
             metrics.AGENT_RESUMPTIONS.labels("replica_lost").inc()
             await self._refresh()
             recovered.append(record.agent_id)
         return recovered
 
+    async def _resume(self, replica_id: str, agent_id: str) -> bool:
+        """Resume one agent; a failure is logged and retried next round, not the round's end."""
+        try:
+            await self._ports[replica_id].resume_agent(agent_id)
+        except Exception:
+            log.exception(
+                "resuming agent %s on replica %s failed; trying again next round", agent_id, replica_id
+            )
+            return False
+        return True
+
     async def _bound_pages(self, agent_id: str) -> list[str]:
         entry = await self._agent_board(agent_id).read(AgentStateProtocol.key("metadata"))
         return list(AgentMetadata.model_validate(entry.value).bound_pages) if entry else []
-
-    async def run(self) -> None:
-        """The `_resource_monitor_loop`: tick every `period` seconds until cancelled."""
-        while True:
-            try:
-                await self.tick()
-            except Exception:
-                log.exception("resumption monitor round failed")
-            await asyncio.sleep(self.period)
