@@ -17,6 +17,7 @@ from prometheus_client import REGISTRY
 
 from colony.api.app import ApiServices, create_app
 from colony.blackboard import AgentRunProtocol, Blackboard, BlackboardScope, scope_id
+from colony.blackboard.protocol import AgentStateProtocol
 from colony.config import ColonySettings, ServeSettings
 from colony.errors import ResourceExhausted
 from colony.inference.scripted import ScriptedEngine
@@ -79,6 +80,8 @@ async def test_suspend_and_resume_over_http(cluster: Cluster) -> None:
     placed = await cluster.control.place(counter_blueprint("counter-1", STEPS))
     host = cluster.hosts[placed.replica_id]
     await host.runtime.get("counter-1").run(7)
+    host.runtime.get("counter-1").record_page_access(["page-1"], placed.replica_id, 12)
+    await host.runtime.get("counter-1").persist()
     registry = cluster.control.registry
     runs = RunService(cluster.bb, registry, colony_id=cluster.settings.colony_id)
     app = create_app(ApiServices(runs=runs, registry=registry, token=None, control=cluster.control))
@@ -93,6 +96,7 @@ async def test_suspend_and_resume_over_http(cluster: Cluster) -> None:
         (where,) = cluster.where("counter-1")
         agent = cluster.hosts[where].runtime.get("counter-1")
         assert agent.get_capability("CounterCapability").total == 7  # same id, state restored
+        assert [(a["pages"], a["cached_tokens"]) for a in agent.page_accesses] == [(["page-1"], 12)]
         conflict = await client.post("/v1/agents/counter-1/resume")
         assert conflict.status_code == 409 and "not suspended" in conflict.json()["error"]["message"]
         missing = await client.post("/v1/agents/nobody/suspend")
@@ -195,6 +199,11 @@ async def test_analyze_coordinator_waits_suspended_for_its_page_workers(
         return states == ["stopped"] * len(states)
 
     await wait_for(workers_stopped, timeout=5)
+    worker = report["workers"][0]
+    scope = scope_id(BlackboardScope.AGENT, colony_id=cluster.settings.colony_id, agent_id=worker)
+    context = await cluster.bb.scoped(scope).read(AgentStateProtocol.key("context"))
+    (access,) = context.value["page_accesses"]  # the worker's page access history is in its state
+    assert access["replica"] in cluster.hosts and len(access["pages"]) == 1
     coordinator = await registry.get("analyze")
     assert coordinator.state != "suspended" and coordinator.agent_id == "analyze"
     assert resumptions("children_completed") == before + 1  # suspended, then resumed by the monitor

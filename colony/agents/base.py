@@ -56,6 +56,9 @@ __all__ = [
 ]
 
 
+MAX_PAGE_ACCESSES = 256
+
+
 class Agent(Bindable):
     """An agent: `run()` drives `run_step()` until its action policy says the run is done."""
 
@@ -82,6 +85,8 @@ class Agent(Bindable):
         self.capabilities: dict[str, AgentCapability] = {}
         self.current_run: AgentRun | None = None
         self.context: list[dict[str, Any]] = []
+        # which pages the agent used, where, when (bounded); persisted with its context
+        self.page_accesses: list[dict[str, Any]] = []
         self.context_changed = asyncio.Event()  # set when an event handler adds context
         self.last_result: ActionResult | None = None
         self.suspension: SuspensionRequest | None = None
@@ -398,6 +403,19 @@ class Agent(Bindable):
         if self._state is AgentState.RUNNING:
             await self.transition(AgentState.IDLE, f"run {run.run_id} {run.status.value}")
 
+    def record_page_access(self, page_ids: list[str], replica_id: str, cached_tokens: int = 0) -> None:
+        """Note that the agent used these pages (kept, bounded, in its persisted state: a resumed
+        agent knows its working set and where it last found it)."""
+        self.page_accesses.append(
+            {
+                "pages": list(page_ids),
+                "replica": replica_id,
+                "at": time.time(),
+                "cached_tokens": cached_tokens,
+            }
+        )
+        del self.page_accesses[:-MAX_PAGE_ACCESSES]
+
     async def emit_run_event(self, event_type: str, data: Any = None) -> bool:
         """Stream an event to whoever asked for the current run (an AgentHandle / HTTP client).
         False when the run was not requested through a handle."""
@@ -461,7 +479,9 @@ class Agent(Bindable):
                 tx.write(Keys.capability_state_key(name), state, created_by=self.agent_id)
             last = self.last_result.model_dump(mode="json") if self.last_result else None
             tx.write(
-                Keys.key("context"), {"context": self.context, "last_result": last}, created_by=self.agent_id
+                Keys.key("context"),
+                {"context": self.context, "last_result": last, "page_accesses": self.page_accesses},
+                created_by=self.agent_id,
             )
 
     @classmethod
@@ -511,6 +531,7 @@ class Agent(Bindable):
             agent.action_policy.set_state(policy_e.value)
         if context_e is not None:
             agent.context = list(context_e.value.get("context", []))
+            agent.page_accesses = list(context_e.value.get("page_accesses", []))
             last = context_e.value.get("last_result")
             agent.last_result = ActionResult.model_validate(last) if last else None
         if suspension_e is not None:

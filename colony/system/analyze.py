@@ -113,6 +113,9 @@ class PageSummaryCapability(AgentCapability):
             }
             answer = await self.replica.generate(request, [page_id])
             text = whole_sentences(str(answer.get("text", "")))
+            cached = int(answer.get("usage", {}).get("cached_tokens", 0))
+            if self.agent is not None:
+                self.agent.record_page_access([page_id], self.replica.replica_id, cached)
             summaries.append(
                 {
                     "page_id": page_id,
@@ -120,7 +123,7 @@ class PageSummaryCapability(AgentCapability):
                     "spans": _spans_of(record),
                     "defines": outline((await self.pages.content(page_id)).text),
                     "summary": text,
-                    "cached_tokens": answer.get("usage", {}).get("cached_tokens", 0),
+                    "cached_tokens": cached,
                 }
             )
         return {"replica_id": self.replica.replica_id, "pages": summaries}
