@@ -21,7 +21,7 @@ from colony.blackboard.protocol import AgentStateProtocol
 from colony.config import ColonySettings, ServeSettings
 from colony.errors import ResourceExhausted
 from colony.inference.scripted import ScriptedEngine
-from colony.system.analyze import analyze_blueprint
+from colony.system.analyze import analyze_blueprint, page_groups
 from colony.system.control import ControlPlane
 from colony.system.host import ReplicaHost
 from colony.system.runs import RunService
@@ -224,3 +224,11 @@ async def test_hard_affinity_refuses_instead_of_faulting(cluster: Cluster, tmp_p
     before = time.time()
     await host._beat()  # the heartbeat records the pages' last access
     assert (await cluster.control.pages.page(page_id)).last_access >= before - 1
+
+
+def test_big_folders_get_bigger_page_groups_not_more_workers() -> None:
+    pages = [f"p{i}" for i in range(10)]
+    assert page_groups(pages, 1, 16) == [[p] for p in pages]
+    groups = page_groups(pages, 1, 4)
+    assert len(groups) == 4 and [p for g in groups for p in g] == pages  # every page, in order
+    assert page_groups(pages, 5, 16) == [pages[:5], pages[5:]]

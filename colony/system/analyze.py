@@ -65,6 +65,13 @@ def whole_sentences(text: str) -> str:
     return text[:end] if end > 0 else text
 
 
+def page_groups(pages: list[str], per_worker: int, max_workers: int) -> list[list[str]]:
+    """Consecutive pages in groups of `per_worker`, larger where that would take more than
+    `max_workers` workers (a big folder gets bigger groups, not more agents than replicas host)."""
+    size = max(1, per_worker, -(-len(pages) // max(1, max_workers)))
+    return [pages[i : i + size] for i in range(0, len(pages), size)]
+
+
 def outline(text: str, limit: int = 12) -> list[str]:
     """The top-level definitions in a page's text (classes, functions, types), in order: a map of
     the code that does not depend on the model."""
@@ -167,6 +174,7 @@ class AnalyzeCapability(AgentCapability):
         spawner: Spawner | None = None,
         engine: InferenceEngine | None = None,
         pages_per_worker: int = 1,
+        max_workers: int = 16,
         overview_tokens: int = 80,
     ) -> None:
         super().__init__(agent, scope_id, blackboard=blackboard)
@@ -174,6 +182,7 @@ class AnalyzeCapability(AgentCapability):
         self.spawner = spawner
         self.engine = engine
         self.pages_per_worker = pages_per_worker
+        self.max_workers = max_workers  # a big folder gets bigger page groups, not more agents
         self.overview_tokens = overview_tokens
         self.job: dict[str, Any] = {}  # {"run_id", "path", "workers": {worker_id: request_id}}
 
@@ -229,8 +238,7 @@ class AnalyzeCapability(AgentCapability):
             raise InvalidArgument(
                 f"there is nothing to analyze in {path or 'the given pages'} (no text files)"
             )
-        size = max(1, self.pages_per_worker)
-        groups = [pages[i : i + size] for i in range(0, len(pages), size)]
+        groups = page_groups(pages, self.pages_per_worker, self.max_workers)
         workers: dict[str, str] = {}
         for index, group in enumerate(groups):
             worker_id = f"{agent.agent_id}-{run_id[-8:]}-w{index}"
