@@ -83,7 +83,7 @@ async def test_suspend_lowest_priority_longest_idle(hosts: dict[str, ReplicaHost
     placed = await placer.place(bp("vip", priority=5))
     assert placed.step == "suspend" and placed.suspended == ["low-old"]
     assert placed.replica_id == "ra" and "vip" in hosts["ra"].runtime.agent_ids
-    lifecycle = await bb.scoped(hosts["ra"].runtime._agent_board("low-old").scope_id).read("agent:lifecycle")
+    lifecycle = await bb.scoped(hosts["ra"].runtime.agent_board("low-old").scope_id).read("agent:lifecycle")
     assert lifecycle.value["state"] == "suspended"
     with pytest.raises(ResourceExhausted, match="lower priority"):
         await placer.place(bp("nobody-to-evict", priority=0))

@@ -78,7 +78,7 @@ class LocalAgentRuntime:
 
     async def wait_for_run(self, agent_id: str, run_id: str, timeout: float | None = None) -> AgentRun:
         """The run once it is done, read from the blackboard (survives suspension and restore)."""
-        board = self._agent_board(agent_id)
+        board = self.agent_board(agent_id)
         key = AgentStateProtocol.run_key(run_id)
         subscription = await board.subscribe(key).start()
         try:
@@ -194,7 +194,8 @@ class LocalAgentRuntime:
         if agent is not None:
             await agent.close()
 
-    def _agent_board(self, agent_id: str) -> Blackboard:
+    def agent_board(self, agent_id: str) -> Blackboard:
+        """The blackboard scope of an agent of this runtime's colony (hosted here or not)."""
         from colony.blackboard import BlackboardScope, scope_id
 
         return self.blackboard.scoped(

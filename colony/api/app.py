@@ -22,7 +22,6 @@ from pydantic import BaseModel, Field
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from colony import __version__, metrics
-from colony.blackboard.protocol import AgentRegistryProtocol
 from colony.errors import (
     AgentNotFound,
     AgentStateConflict,
@@ -251,14 +250,12 @@ def create_app(services: ApiServices | ServicesProvider) -> FastAPI:
 
 async def replicas_of(services: ApiServices) -> list[dict[str, Any]]:
     """Live replicas (their heartbeats carry engine stats and agent counts)."""
-    pattern = AgentRegistryProtocol.pattern("replica")
-    return [e.value async for e in services.registry.board.iter_query(pattern)]
+    return await services.registry.replicas()
 
 
 async def published_of(services: ApiServices) -> list[dict[str, Any]]:
     """The counters each live process published, plus this process's own (latest wins)."""
-    pattern = AgentRegistryProtocol.pattern("process")
-    found = {e.value["process"]: e.value async for e in services.registry.board.iter_query(pattern)}
+    found = {p["process"]: p for p in await services.registry.publications()}
     own = metrics.published_counters()
     found[str(own["process"])] = own
     return list(found.values())

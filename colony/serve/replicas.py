@@ -14,7 +14,6 @@ from typing import Any, TypeVar
 from ray.exceptions import RayActorError, RayTaskError
 from ray.serve.handle import DeploymentHandle
 
-from colony.blackboard.protocol import AgentRegistryProtocol
 from colony.errors import ReplicaUnavailable
 from colony.system.registry import AgentRegistry
 from colony.system.replicas import ReplicaPort, ReplicaSnapshot
@@ -71,8 +70,7 @@ class ServeReplicas:
         self.registry = registry
 
     async def ports(self) -> list[ReplicaPort]:
-        pattern = AgentRegistryProtocol.pattern("replica")
-        ids = sorted({e.value["replica_id"] async for e in self.registry.board.iter_query(pattern)})
+        ids = sorted({beat["replica_id"] for beat in await self.registry.replicas()})
         return [self.port(replica_id) for replica_id in ids]
 
     def port(self, replica_id: str) -> ReplicaPort:

@@ -17,12 +17,11 @@ from colony import metrics
 from colony.agents import AgentBlueprint
 from colony.aio import cancel_and_wait
 from colony.blackboard import Blackboard, BlackboardScope, scope_id
-from colony.blackboard.protocol import AgentRegistryProtocol
 from colony.config import ColonySettings
 from colony.errors import AgentNotFound, AgentStateConflict
-from colony.system.monitor import NOT_HOSTED, ResumptionMonitor
+from colony.system.monitor import ResumptionMonitor
 from colony.system.placement import AgentPlacer, Placement
-from colony.system.registry import AgentRecord, AgentRegistry
+from colony.system.registry import HEARTBEAT_MISSES, NOT_HOSTED, AgentRecord, AgentRegistry
 from colony.system.replicas import ReplicaDirectory, as_directory
 from colony.vcm import PageTable
 
@@ -118,13 +117,8 @@ class ControlPlane:
 
     async def publish(self) -> None:
         """This process's counters for the API's /metrics."""
-        counters = metrics.published_counters()
-        await self.registry.board.write(
-            AgentRegistryProtocol.process_key(str(counters["process"])),
-            counters,
-            ttl_seconds=self.settings.serve.heartbeat_seconds * 5,
-            created_by="control",
-        )
+        ttl = self.settings.serve.heartbeat_seconds * HEARTBEAT_MISSES
+        await self.registry.publish(metrics.published_counters(), ttl, "control")
 
     def start(self) -> None:
         """Start the resource monitor loop (idempotent)."""

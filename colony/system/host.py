@@ -27,16 +27,15 @@ from colony.agents import (
 )
 from colony.aio import cancel_and_wait
 from colony.blackboard import Blackboard, BlackboardScope, create_redis, resolve_redis_url, scope_id
-from colony.blackboard.protocol import AgentRegistryProtocol, AgentStateProtocol
+from colony.blackboard.protocol import AgentStateProtocol
 from colony.config import ColonySettings
 from colony.errors import BlackboardUnavailable, ResourceExhausted
 from colony.inference import InferenceEngine, InferenceRequest, create_engine
-from colony.system.registry import AgentRecord, AgentRegistry
+from colony.system.registry import HEARTBEAT_MISSES, NOT_HOSTED, AgentRecord, AgentRegistry
 from colony.system.replicas import AgentSlot, ReplicaSnapshot
 from colony.vcm import PageTable
 
 log = logging.getLogger(__name__)
-HEARTBEAT_MISSES = 5  # a heartbeat lives this many periods
 Spawner = Callable[[AgentBlueprint], Awaitable[dict[str, Any]]]
 
 
@@ -120,19 +119,9 @@ class ReplicaHost:
         record = await registry.put(self._record(agent))
         return record.model_dump(mode="json")
 
-    def _agent_board(self, agent_id: str) -> Blackboard:
-        assert self.blackboard is not None
-        return self.blackboard.scoped(
-            scope_id(
-                BlackboardScope.AGENT,
-                tenant_id=self.settings.tenant_id,
-                colony_id=self.settings.colony_id,
-                agent_id=agent_id,
-            )
-        )
-
     async def _known(self, agent_id: str) -> bool:
-        return await self._agent_board(agent_id).read(AgentStateProtocol.key("blueprint")) is not None
+        runtime, _ = self._ready()
+        return await runtime.agent_board(agent_id).read(AgentStateProtocol.key("blueprint")) is not None
 
     def _record(self, agent: Agent) -> AgentRecord:
         return AgentRecord(
@@ -314,22 +303,11 @@ class ReplicaHost:
     async def _beat(self) -> None:
         runtime, registry = self._ready()
         ttl = self.settings.serve.heartbeat_seconds * HEARTBEAT_MISSES
-        await registry.board.write(
-            AgentRegistryProtocol.replica_key(self.replica_id),
-            self.info(),
-            ttl_seconds=ttl,
-            created_by=self.replica_id,
-        )
+        await registry.beat(self.replica_id, self.info(), ttl)
         if self._accessed and self.pages is not None:
             accessed, self._accessed = self._accessed, set()
             await self.pages.touch(sorted(accessed))
-        counters = metrics.published_counters()
-        await registry.board.write(
-            AgentRegistryProtocol.process_key(str(counters["process"])),
-            counters,
-            ttl_seconds=ttl,
-            created_by=self.replica_id,
-        )
+        await registry.publish(metrics.published_counters(), ttl, self.replica_id)
         hosted = set(runtime.agent_ids)
         for agent_id in sorted(hosted):
             record = await registry.get(agent_id)
@@ -344,13 +322,12 @@ class ReplicaHost:
         """Records that place an agent here that is not here (a registry write lost a race with a
         stop or a suspension) take the agent's lifecycle state, the source of truth."""
         runtime, registry = self._ready()
-        assert self.blackboard is not None
         for record in await registry.list(replica=self.replica_id):
             if record.agent_id in hosted or record.agent_id in runtime.agent_ids:
                 continue
-            lifecycle = await self._agent_board(record.agent_id).read(AgentStateProtocol.key("lifecycle"))
+            lifecycle = await runtime.agent_board(record.agent_id).read(AgentStateProtocol.key("lifecycle"))
             state = lifecycle.value["state"] if lifecycle is not None else "stopped"
-            if state in ("stopped", "failed", "suspended") and record.agent_id not in runtime.agent_ids:
+            if state in NOT_HOSTED and record.agent_id not in runtime.agent_ids:
                 await registry.put(record.model_copy(update={"state": state, "replica": None}))
 
     async def _heartbeat_loop(self) -> None:

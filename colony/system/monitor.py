@@ -26,7 +26,7 @@ from colony.blackboard import Blackboard, BlackboardScope, scope_id
 from colony.blackboard.protocol import AgentStateProtocol
 from colony.errors import ReplicaUnavailable, ResourceExhausted
 from colony.system.placement import gather_snapshots
-from colony.system.registry import AgentRegistry
+from colony.system.registry import DONE_STATES, NOT_HOSTED, AgentRegistry
 from colony.system.replicas import ReplicaDirectory, ReplicaPort, as_directory, views_of
 from colony.vcm.page_table import PageTable
 from colony.vcm.placement import ReplicaView, choose_replica
@@ -35,8 +35,6 @@ if TYPE_CHECKING:
     from colony.system.host import ReplicaHost
 
 log = logging.getLogger(__name__)
-DONE_STATES = frozenset({"stopped", "failed"})
-NOT_HOSTED = DONE_STATES | {"suspended"}
 
 
 class ResumptionMonitor:
@@ -78,32 +76,20 @@ class ResumptionMonitor:
         self._ports = {rid: port for rid, (port, _) in found.items()}
         self._views = views_of([s for _, s in found.values()], self.max_agents, self.memory_mb)
 
-    async def _pending(self) -> list[tuple[int, float, str, ResumptionCondition, list[str], int]]:
+    async def _pending(self) -> list[tuple[int, float, str, ResumptionCondition, list[str]]]:
         items = []
         for record in await self.registry.list(state="suspended"):
             board = self._agent_board(record.agent_id)
-            metadata_e, suspension_e, blueprint_e = await board.read_many(
-                [
-                    AgentStateProtocol.key("metadata"),
-                    AgentStateProtocol.key("suspension"),
-                    AgentStateProtocol.key("blueprint"),
-                ]
+            metadata_e, suspension_e = await board.read_many(
+                [AgentStateProtocol.key("metadata"), AgentStateProtocol.key("suspension")]
             )
-            memory = AgentBlueprint.from_text(blueprint_e.value).resources.memory_mb if blueprint_e else 0
             metadata = AgentMetadata.model_validate(metadata_e.value) if metadata_e else None
             request = SuspensionRequest.model_validate(suspension_e.value) if suspension_e else None
             condition = request.condition if request else ResumptionCondition(kind=ResumptionKind.CUSTOM)
             pages = list(condition.page_ids or (metadata.bound_pages if metadata else []))
             priority = metadata.priority if metadata else 0
             items.append(
-                (
-                    -priority,
-                    request.requested_at if request else 0.0,
-                    record.agent_id,
-                    condition,
-                    pages,
-                    memory,
-                )
+                (-priority, request.requested_at if request else 0.0, record.agent_id, condition, pages)
             )
         return sorted(items, key=lambda item: (item[0], item[1], item[2]))
 
@@ -148,10 +134,11 @@ class ResumptionMonitor:
     async def _tick(self) -> list[str]:
         await self._refresh()
         resumed = await self.recover_orphans()
-        for _priority, _since, agent_id, condition, pages, memory in await self._pending():
+        for _priority, _since, agent_id, condition, pages in await self._pending():
             if not await self._met(agent_id, condition, pages):
                 continue
             hard = condition.kind is ResumptionKind.PAGES_AVAILABLE
+            memory = await self._memory(agent_id)
             try:
                 target = choose_replica(self._views, pages, hard=hard, memory_mb=memory)
             except ResourceExhausted:
@@ -213,6 +200,13 @@ class ResumptionMonitor:
             )
             return False
         return True
+
+    async def _memory(self, agent_id: str) -> int:
+        """The agent's memory need, read (from its blueprint) only when replicas have a memory budget."""
+        if self.memory_mb is None:
+            return 0
+        entry = await self._agent_board(agent_id).read(AgentStateProtocol.key("blueprint"))
+        return AgentBlueprint.from_text(entry.value).resources.memory_mb if entry else 0
 
     async def _bound_pages(self, agent_id: str) -> list[str]:
         entry = await self._agent_board(agent_id).read(AgentStateProtocol.key("metadata"))

@@ -14,6 +14,10 @@ from pydantic import BaseModel, Field
 from colony.blackboard import Blackboard, TagFilter
 from colony.blackboard.protocol import AgentRegistryProtocol as Keys
 
+DONE_STATES = frozenset({"stopped", "failed"})  # the agent has ended
+NOT_HOSTED = DONE_STATES | {"suspended"}  # states in which no replica hosts the agent
+HEARTBEAT_MISSES = 5  # a heartbeat (or a publication) lives this many periods
+
 
 class AgentRecord(BaseModel):
     agent_id: str
@@ -62,3 +66,22 @@ class AgentRegistry:
 
     async def remove(self, agent_id: str) -> bool:
         return await self.board.delete(Keys.agent_key(agent_id))
+
+    # -- liveness: replica heartbeats and the counters processes publish (both with a TTL) --------
+
+    async def beat(self, replica_id: str, info: dict[str, Any], ttl_seconds: float) -> None:
+        await self.board.write(
+            Keys.replica_key(replica_id), info, ttl_seconds=ttl_seconds, created_by=replica_id
+        )
+
+    async def replicas(self) -> list[dict[str, Any]]:
+        """The live replicas' heartbeats (engine and page stats, agent counts)."""
+        return [e.value async for e in self.board.iter_query(Keys.pattern("replica"))]
+
+    async def publish(self, counters: dict[str, Any], ttl_seconds: float, created_by: str) -> None:
+        """A process's counters (`metrics.published_counters()`), summed over processes by the API."""
+        key = Keys.process_key(str(counters["process"]))
+        await self.board.write(key, counters, ttl_seconds=ttl_seconds, created_by=created_by)
+
+    async def publications(self) -> list[dict[str, Any]]:
+        return [e.value async for e in self.board.iter_query(Keys.pattern("process"))]
