@@ -180,7 +180,7 @@ class ResumptionMonitor:
                 continue
             pages = await self._bound_pages(record.agent_id)
             try:
-                target = choose_replica(self._views, pages)
+                target = choose_replica(self._views, pages, memory_mb=await self._memory(record.agent_id))
             except ResourceExhausted:
                 continue  # every replica is full; next round
             if not await self._resume(target.replica_id, record.agent_id):
