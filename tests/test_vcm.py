@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import asyncio
 import itertools
 import subprocess
+import uuid
 from pathlib import Path
 
 import pytest
@@ -126,3 +128,16 @@ def test_eviction_policies_lru_and_lfu_with_aging() -> None:
     assert isinstance(eviction_policy("lru"), LRUEviction)
     with pytest.raises(InvalidArgument, match="lfu-da"):
         eviction_policy("fifo")
+
+
+async def test_concurrent_reconciles_of_one_page_all_land(bb: Blackboard, tmp_path: Path) -> None:
+    """Replicas reconcile (and touch) the same page record at once; none of their updates is lost."""
+    (tmp_path / "shared.py").write_text("shared = True\n")
+    table = PageTable(bb, colony_id=f"rc{uuid.uuid4().hex[:8]}")
+    (page_id,) = (await table.map_source(PageSource(tmp_path))).page_ids
+    replicas = [f"r{i}" for i in range(8)]
+    await asyncio.gather(*(table.reconcile(r, [page_id]) for r in replicas), table.touch([page_id]))
+    record = await table.page(page_id)
+    assert record.resident_on == replicas and record.last_access > 0
+    await asyncio.gather(*(table.drop_replica(r) for r in replicas[:4]))
+    assert (await table.page(page_id)).resident_on == replicas[4:]

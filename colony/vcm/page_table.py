@@ -8,6 +8,8 @@ replica's engine reports, and `drop_replica` forgets a dead one.
 
 from __future__ import annotations
 
+import asyncio
+import random
 import time
 from collections.abc import Iterable, Mapping
 
@@ -15,10 +17,12 @@ from pydantic import BaseModel, Field
 
 from colony.blackboard import Blackboard, BlackboardScope, TagFilter, scope_id
 from colony.blackboard.protocol import VcmProtocol as Keys
-from colony.errors import PageNotResident
+from colony.errors import ConcurrentModificationError, PageNotResident
 from colony.inference.models import Page
 from colony.vcm.pages import PageInfo, PageSource
 from colony.vcm.placement import ReplicaView
+
+RECONCILE_ATTEMPTS = 20
 
 
 class PageRecord(PageInfo):
@@ -99,8 +103,21 @@ class PageTable:
         return [e.value_as(SourceRecord) for e in entries]
 
     async def reconcile(self, replica_id: str, resident: Iterable[str], swapped: Iterable[str] = ()) -> None:
-        """Make the table say exactly what the replica's engine reports holding."""
+        """Make the table say exactly what the replica's engine reports holding.
+
+        Other replicas (and `touch`) update the same page records concurrently; a write that loses
+        its version check is recomputed from a fresh read (setting this replica's membership is
+        idempotent), with a short jittered backoff."""
         now_resident, now_swapped = set(resident), set(swapped)
+        for attempt in range(RECONCILE_ATTEMPTS):
+            try:
+                return await self._reconcile_once(replica_id, now_resident, now_swapped)
+            except ConcurrentModificationError:
+                if attempt == RECONCILE_ATTEMPTS - 1:
+                    raise
+                await asyncio.sleep(random.uniform(0, 0.01 * (attempt + 1)))
+
+    async def _reconcile_once(self, replica_id: str, now_resident: set[str], now_swapped: set[str]) -> None:
         listed = {r.page_id for r in await self.pages(replica=replica_id)}
         listed |= {r.page_id for r in await self.pages(replica=replica_id, swapped=True)}
         page_ids = sorted(listed | now_resident | now_swapped)
