@@ -108,6 +108,50 @@ class ServeSettings(BaseModel):
     )
 
 
+class ApiSettings(BaseModel):
+    """How the HTTP API guards itself (see docs/api.md, Security model)."""
+
+    public_docs: bool = Field(False, description="Serve /docs and /openapi.json without a token.")
+    max_body_bytes: int = Field(1024 * 1024, ge=1024, description="Largest request body accepted (413).")
+    max_input_depth: int = Field(32, ge=2, le=200, description="Deepest nesting of a run input (422).")
+    token_file: Path | None = Field(
+        None, description="File holding the API token, read at run time; default data_dir/api-token."
+    )
+
+
+class PlanningSettings(BaseModel):
+    """Planning policies and the sandbox generated code runs in."""
+
+    allow_weak_sandbox: bool = Field(
+        False,
+        description="Let generated code run with process isolation only when bubblewrap is unavailable.",
+    )
+
+
+class VcmSettings(BaseModel):
+    """Which files page sources may read, and how much of them."""
+
+    allowed_roots: list[Path] = Field(
+        default_factory=list,
+        description="Folders page sources may read (symlinks resolved); empty = none (colony up: its cwd).",
+    )
+    max_files_per_source: int = Field(20_000, ge=1, description="Files one page source may hold at most.")
+    max_bytes_per_source: int = Field(
+        256 * 1024 * 1024, ge=1024, description="Bytes of text one page source may hold at most."
+    )
+
+
+class RunsSettings(BaseModel):
+    """How long finished work stays in Redis."""
+
+    retention_seconds: float = Field(
+        7 * 24 * 3600.0,
+        gt=0,
+        description="Terminal runs (and their keys) and stopped agents expire after this long.",
+    )
+    max_events_per_run: int = Field(10_000, ge=10, description="Cap of one run's event stream.")
+
+
 class ColonySettings(BaseSettings):
     """Every setting of a Colony process."""
 
@@ -128,6 +172,10 @@ class ColonySettings(BaseSettings):
     embedded_redis: EmbeddedRedisSettings = Field(default_factory=EmbeddedRedisSettings)
     engine: EngineSettings = Field(default_factory=EngineSettings)
     serve: ServeSettings = Field(default_factory=ServeSettings)
+    api: ApiSettings = Field(default_factory=ApiSettings)
+    planning: PlanningSettings = Field(default_factory=PlanningSettings)
+    vcm: VcmSettings = Field(default_factory=VcmSettings)
+    runs: RunsSettings = Field(default_factory=RunsSettings)
 
     @field_validator("data_dir")
     @classmethod

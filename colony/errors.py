@@ -166,6 +166,22 @@ class PageNotResident(InferenceError):
     """A request names a page this engine does not hold; load it first (the VCM handles page faults)."""
 
 
+class PathNotAllowed(ColonyError, PermissionError):
+    """A path lies outside `vcm.allowed_roots` (after resolving symlinks); the API answers 403."""
+
+
+class SourceTooLarge(ColonyError, ValueError):
+    """A page source holds more files or bytes than `vcm.max_files_per_source`/`max_bytes_per_source`."""
+
+
+class BlueprintTampered(AgentError):
+    """A blueprint read from Redis has no valid signature; it is refused and never unpickled."""
+
+
+class SandboxRefused(AgentError):
+    """Generated code was not run: only weak (process) isolation is available and it is not allowed."""
+
+
 class RunNotFound(ColonyError):
     """No run with that id was submitted (or it expired)."""
 
