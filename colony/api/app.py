@@ -27,9 +27,11 @@ from colony.errors import (
     AgentStateConflict,
     BlackboardUnavailable,
     ColonyError,
+    PathNotAllowed,
     ReplicaUnavailable,
     ResourceExhausted,
     RunNotFound,
+    SourceTooLarge,
 )
 from colony.system.registry import AgentRecord, AgentRegistry
 from colony.system.runs import RunService, RunView
@@ -138,6 +140,10 @@ def create_app(services: ApiServices | ServicesProvider) -> FastAPI:
             return _error(404, "not_found", str(exc))
         if isinstance(exc, AgentStateConflict):
             return _error(409, "conflict", str(exc))
+        if isinstance(exc, PathNotAllowed):
+            return _error(403, "forbidden", str(exc))
+        if isinstance(exc, SourceTooLarge):
+            return _error(413, "too_large", str(exc))
         if isinstance(exc, BlackboardUnavailable | ReplicaUnavailable | ResourceExhausted):
             return _error(503, "unavailable", str(exc))
         return _error(400, "bad_request", str(exc))
