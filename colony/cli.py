@@ -26,18 +26,21 @@ def cmd_version(args: argparse.Namespace) -> int:
 
 
 def cmd_redis(args: argparse.Namespace) -> int:
-    from colony.blackboard.redis_server import EmbeddedRedis
+    from colony.blackboard.redis_server import EmbeddedRedis, mask_url
 
     settings = _settings(args)
     if settings.redis_url and args.action != "status":
         print(
-            f"COLONY_REDIS_URL is set ({settings.redis_url}); the embedded server is not used.",
+            f"COLONY_REDIS_URL is set ({mask_url(settings.redis_url)}); the embedded server is not used.",
             file=sys.stderr,
         )
     server = EmbeddedRedis(settings.data_dir, settings.embedded_redis)
     if args.action == "start":
         info = server.start()
-        print(f"redis-server running: pid {info.pid}, {info.url} (data in {info.data_dir})")
+        print(
+            f"redis-server running: pid {info.pid}, {info.masked_url} (data in {info.data_dir}, "
+            f"password in {info.password_file})"
+        )
     elif args.action == "stop":
         print("redis-server stopped" if server.stop() else "no embedded redis-server was running")
     else:
@@ -45,7 +48,10 @@ def cmd_redis(args: argparse.Namespace) -> int:
         if status is None:
             print(f"no embedded redis-server running under {settings.data_dir}")
             return 1
-        print(f"redis-server running: pid {status.pid}, {status.url} (binary {status.binary})")
+        print(
+            f"redis-server running: pid {status.pid}, {status.masked_url} (binary {status.binary}, "
+            f"password in {status.password_file})"
+        )
     return 0
 
 
@@ -105,7 +111,7 @@ def cmd_demo(args: argparse.Namespace) -> int:
     settings = _settings(args)
     if not settings.redis_url:
         info = EmbeddedRedis(settings.data_dir, settings.embedded_redis).start()
-        print(f"using embedded redis-server at {info.url}")
+        print(f"using embedded redis-server at {info.masked_url}")
     asyncio.run(run_demo(settings))
     return 0
 

@@ -165,6 +165,13 @@ class ColonySettings(BaseSettings):
     redis_url: str | None = Field(None, description="Redis to use; unset = the embedded redis-server.")
     data_dir: Path = Field(Path("~/.colony"), description="Where Colony keeps its files (Redis AOF, state).")
     api_token: SecretStr | None = Field(None, description="Bearer token the HTTP API requires.")
+    secret: SecretStr | None = Field(
+        None,
+        description="Key of the HMAC on stored blueprints (env COLONY_SECRET); unset = secret_file.",
+    )
+    secret_file: Path | None = Field(
+        None, description="File holding the colony secret, made 0600 on first use; default data_dir/secret."
+    )
     colony_id: str = Field("default", description="Name of this colony; part of every blackboard scope.")
     tenant_id: str = Field("default", description="Tenant owning this colony.")
     log_level: Literal["DEBUG", "INFO", "WARNING", "ERROR"] = "INFO"

@@ -61,6 +61,20 @@ class BlackboardUnavailable(BlackboardError):
         )
 
 
+class BlackboardAuthError(BlackboardUnavailable):
+    """Redis refused the connection's password (or it has none and Redis requires one)."""
+
+    def __init__(self, operation: str, url: str, cause: BaseException | None = None) -> None:
+        super().__init__(operation, url, cause)
+        self.args = (
+            f"Redis at {url} refused the connection during {operation!r}: it requires a password and "
+            f"this one was missing or wrong ({cause}). The embedded "
+            "redis-server keeps its password in <data_dir>/redis/password (default "
+            "~/.colony/redis/password) and `colony redis start` hands out the URL with it; a Redis of "
+            "your own needs COLONY_REDIS_URL=redis://:PASSWORD@host:port/0.",
+        )
+
+
 class InvalidKey(BlackboardError, ValueError):
     """A key, scope id, tag or protocol segment is malformed."""
 

@@ -11,6 +11,9 @@ import pytest
 
 os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
 os.environ.setdefault("OMP_NUM_THREADS", "1")
+# one colony secret for the test process and every Ray worker it starts (they inherit the env), so
+# blueprints signed in one verify in the other, and no test writes ~/.colony/secret
+os.environ.setdefault("COLONY_SECRET", "colony-test-secret-0123456789abcdef")
 
 from colony.blackboard import Blackboard, create_redis
 from colony.blackboard.redis_server import EmbeddedRedis, RedisServerInfo

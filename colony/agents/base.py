@@ -14,7 +14,14 @@ import time
 from typing import Any
 
 from colony.agents.actions import ActionDispatcher, discover_actions
-from colony.agents.blueprint import AgentBlueprint, Bindable, Blueprint, CapabilitySpec, ResourceRequirements
+from colony.agents.blueprint import (
+    AgentBlueprint,
+    Bindable,
+    Blueprint,
+    CapabilitySpec,
+    ResourceRequirements,
+    fail_refused_agent,
+)
 from colony.agents.capability import AgentCapability, CapabilityMode
 from colony.agents.events import EventHandlerSpec, discover_event_handlers
 from colony.agents.hooks import HOOK_HANDLER_ATTR, HookHandlerSpec, HookRegistry, hookable
@@ -39,7 +46,13 @@ from colony.agents.policy import (
 from colony.aio import cancel_and_wait
 from colony.blackboard import Blackboard, BlackboardEvent, BlackboardScope, scope_id
 from colony.blackboard.protocol import AgentStateProtocol
-from colony.errors import AgentNotFound, AgentUsageError, BlackboardUnavailable, ResourceExhausted
+from colony.errors import (
+    AgentNotFound,
+    AgentUsageError,
+    BlackboardUnavailable,
+    BlueprintTampered,
+    ResourceExhausted,
+)
 
 log = logging.getLogger(__name__)
 Keys = AgentStateProtocol
@@ -515,7 +528,12 @@ class Agent(Bindable):
         blueprint_e, metadata_e, lifecycle_e, current_e, policy_e, context_e, suspension_e = entries
         if blueprint_e is None or metadata_e is None or lifecycle_e is None:
             raise AgentNotFound(f"no restorable agent {agent_id!r} in scope {board.scope_id}")
-        blueprint = AgentBlueprint.from_text(blueprint_e.value)
+        try:
+            blueprint = AgentBlueprint.from_text(blueprint_e.value)
+        except BlueprintTampered as exc:  # never run it: the agent ends FAILED with the reason
+            current = current_e.value if current_e is not None else None
+            await fail_refused_agent(board, agent_id, str(exc), lifecycle_e, current)
+            raise
         metadata = AgentMetadata.model_validate(metadata_e.value)
         metadata.action_policy_blueprints = blueprint.metadata.action_policy_blueprints  # not in JSON
         blueprint = blueprint.model_copy(update={"metadata": metadata})

@@ -4,19 +4,32 @@
 cloudpickle right there, so a spec that could not be shipped to another replica fails at bind
 time with the offending argument named, not later at deployment. `local_instance(**injected)`
 builds X with the bound kwargs plus what only the host knows (the agent, the blackboard).
+
+`AgentBlueprint.to_text()` is what goes to Redis and between replicas: the pickle, base64, and an
+HMAC-SHA256 of it under the colony secret (colony/security.py). `from_text()` checks the HMAC in
+constant time before unpickling and refuses anything else with `BlueprintTampered`: whoever can
+write Redis can change data, but cannot make a replica run code of their own.
 """
 
 from __future__ import annotations
 
 import base64
+import binascii
 import inspect
-from typing import Any, Generic, TypeVar
+import re
+import time
+from typing import TYPE_CHECKING, Any, Generic, TypeVar
 
 import cloudpickle
 from pydantic import BaseModel, ConfigDict, Field
 
-from colony.agents.models import AgentMetadata
-from colony.errors import BlueprintError
+from colony import security
+from colony.agents.models import AgentMetadata, AgentRun, RunStatus
+from colony.blackboard.protocol import AgentStateProtocol
+from colony.errors import BlueprintError, BlueprintTampered
+
+if TYPE_CHECKING:
+    from colony.blackboard import Blackboard, BlackboardEntry
 
 T = TypeVar("T")
 
@@ -135,12 +148,73 @@ class AgentBlueprint(BaseModel):
     def to_bytes(self) -> bytes:
         return cloudpickle.dumps(self)
 
-    def to_text(self) -> str:
-        return base64.b64encode(self.to_bytes()).decode()
+    def to_text(self, *, key: bytes | None = None) -> str:
+        """The signed text form: `cbp1.<hmac hex>.<base64 pickle>` (key: the colony secret's)."""
+        payload = base64.b64encode(self.to_bytes())
+        return f"{SIGNED_PREFIX}{security.sign(payload, key)}.{payload.decode()}"
 
     @staticmethod
-    def from_text(text: str) -> AgentBlueprint:
-        blueprint = cloudpickle.loads(base64.b64decode(text))
+    def from_text(text: str, *, key: bytes | None = None) -> AgentBlueprint:
+        """Verify the HMAC of a `to_text()` form, then (only then) unpickle it."""
+        payload = _verified_payload(text, key)
+        blueprint = cloudpickle.loads(base64.b64decode(payload, validate=True))
         if not isinstance(blueprint, AgentBlueprint):
             raise BlueprintError("stored agent blueprint is not an AgentBlueprint")
         return blueprint
+
+
+SIGNED_PREFIX = "cbp1."
+_SIGNED = re.compile(r"cbp1\.([0-9a-f]{64})\.([A-Za-z0-9+/]*={0,2})")
+_REFUSED_HINT = (
+    "It was not unpickled. Either someone who can write Redis changed it, or it was written by a "
+    "process with another colony secret (every process of a colony needs the same COLONY_SECRET or "
+    "<data_dir>/secret file; see docs/agents.md, Trusted blueprints)."
+)
+
+
+def _verified_payload(text: object, key: bytes | None) -> bytes:
+    """The base64 pickle of a signed blueprint text, or BlueprintTampered."""
+    if not isinstance(text, str) or not text.startswith(SIGNED_PREFIX):
+        raise BlueprintTampered(f"agent blueprint refused: it carries no signature. {_REFUSED_HINT}")
+    match = _SIGNED.fullmatch(text)
+    if match is None:
+        raise BlueprintTampered(f"agent blueprint refused: its signed form is malformed. {_REFUSED_HINT}")
+    payload = match.group(2).encode("ascii")
+    if not security.verify(payload, match.group(1), key):
+        raise BlueprintTampered(
+            f"agent blueprint refused: its signature does not match the colony secret. {_REFUSED_HINT}"
+        )
+    try:
+        base64.b64decode(payload, validate=True)
+    except binascii.Error:
+        raise BlueprintTampered(
+            f"agent blueprint refused: its payload is not base64. {_REFUSED_HINT}"
+        ) from None
+    return payload
+
+
+async def fail_refused_agent(
+    board: Blackboard,
+    agent_id: str,
+    reason: str,
+    lifecycle: BlackboardEntry | None,
+    current_run_id: str | None,
+) -> None:
+    """An agent whose stored blueprint is refused ends FAILED with the reason (its unfinished run
+    too), so the registry, the monitor and whoever waits on the run see why it will not run again,
+    instead of it being retried for ever or left looking suspended."""
+    keys = AgentStateProtocol
+    if current_run_id:
+        run_e = await board.read(keys.run_key(current_run_id))
+        if run_e is not None:
+            run = AgentRun.model_validate(run_e.value)
+            if not run.done:
+                run.status, run.error, run.finished_at = RunStatus.FAILED, reason, time.time()
+                await board.write(keys.run_key(run.run_id), run.model_dump(mode="json"), created_by=agent_id)
+    previous = lifecycle.value.get("state") if lifecycle is not None else None
+    if previous != "failed":
+        await board.write(
+            keys.key("lifecycle"),
+            {"state": "failed", "since": time.time(), "reason": reason, "previous": previous},
+            created_by=agent_id,
+        )

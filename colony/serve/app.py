@@ -44,6 +44,7 @@ def settings_to_dict(settings: ColonySettings) -> dict[str, Any]:
     """Settings as plain JSON with secrets revealed, to hand to replica processes."""
     data = settings.model_dump(mode="json")
     data["api_token"] = settings.api_token.get_secret_value() if settings.api_token else None
+    data["secret"] = settings.secret.get_secret_value() if settings.secret else None
     if settings.engine.api_key is not None:
         data["engine"]["api_key"] = settings.engine.api_key.get_secret_value()
     return data

@@ -13,7 +13,7 @@ import logging
 from collections.abc import Mapping
 from typing import TYPE_CHECKING
 
-from colony import metrics
+from colony import metrics, security
 from colony.agents import AgentBlueprint
 from colony.aio import cancel_and_wait
 from colony.blackboard import Blackboard, BlackboardScope, scope_id
@@ -39,6 +39,7 @@ class ControlPlane:
         settings: ColonySettings,
     ) -> None:
         self.settings = settings
+        security.use_settings(settings)  # blueprints it places and reads are signed with its secret
         self.blackboard = blackboard
         self.directory = as_directory(replicas)
         colony_scope = scope_id(

@@ -16,7 +16,7 @@ import time
 from collections.abc import Awaitable, Callable
 from typing import Any
 
-from colony import metrics
+from colony import metrics, security
 from colony.agents import (
     Agent,
     AgentBlueprint,
@@ -29,7 +29,7 @@ from colony.aio import cancel_and_wait
 from colony.blackboard import Blackboard, BlackboardScope, create_redis, resolve_redis_url, scope_id
 from colony.blackboard.protocol import AgentStateProtocol
 from colony.config import ColonySettings
-from colony.errors import BlackboardUnavailable, ResourceExhausted
+from colony.errors import BlackboardUnavailable, BlueprintTampered, ResourceExhausted
 from colony.inference import InferenceEngine, InferenceRequest, create_engine
 from colony.system.registry import HEARTBEAT_MISSES, NOT_HOSTED, AgentRecord, AgentRegistry
 from colony.system.replicas import AgentSlot, ReplicaSnapshot
@@ -53,6 +53,7 @@ class ReplicaHost:
         self, settings: ColonySettings, replica_id: str, *, engine: InferenceEngine | None = None
     ) -> None:
         self.settings = settings
+        security.use_settings(settings)  # blueprints this process signs and verifies use its secret
         self.replica_id = replica_id
         self.engine = engine
         self.blackboard: Blackboard | None = None
@@ -113,7 +114,7 @@ class ReplicaHost:
         if agent_id in runtime.agent_ids:
             agent = runtime.get(agent_id)
         elif await self._known(agent_id):
-            agent = await runtime.resume(agent_id)
+            agent = await self._restore(agent_id)
         else:
             agent = await runtime.spawn(bp)
         record = await registry.put(self._record(agent))
@@ -195,10 +196,22 @@ class ReplicaHost:
 
     async def resume_agent(self, agent_id: str) -> dict[str, Any]:
         """Bring a suspended agent back here, same id, state restored from the blackboard."""
-        runtime, registry = self._ready()
-        agent = await runtime.resume(agent_id)
+        _, registry = self._ready()
+        agent = await self._restore(agent_id)
         record = await registry.put(self._record(agent))
         return record.model_dump(mode="json")
+
+    async def _restore(self, agent_id: str) -> Agent:
+        """Resume an agent from the blackboard; one whose stored blueprint is refused (tampered,
+        unsigned) is never run: Agent.restore marked it FAILED, and the registry says so too."""
+        runtime, registry = self._ready()
+        try:
+            return await runtime.resume(agent_id)
+        except BlueprintTampered as exc:
+            log.error("agent %s not resumed on %s: %s", agent_id, self.replica_id, exc)
+            record = await registry.get(agent_id) or AgentRecord(agent_id=agent_id)
+            await registry.put(record.model_copy(update={"state": "failed", "replica": None}))
+            raise
 
     async def stop_agent(self, agent_id: str) -> bool:
         runtime, registry = self._ready()

@@ -24,7 +24,7 @@ from colony.agents.blueprint import AgentBlueprint
 from colony.agents.models import AgentMetadata, ResumptionCondition, ResumptionKind, SuspensionRequest
 from colony.blackboard import Blackboard, BlackboardScope, scope_id
 from colony.blackboard.protocol import AgentStateProtocol
-from colony.errors import ReplicaUnavailable, ResourceExhausted
+from colony.errors import BlueprintTampered, ReplicaUnavailable, ResourceExhausted
 from colony.system.placement import gather_snapshots
 from colony.system.registry import DONE_STATES, NOT_HOSTED, AgentRegistry
 from colony.system.replicas import ReplicaDirectory, ReplicaPort, as_directory, views_of
@@ -194,6 +194,9 @@ class ResumptionMonitor:
         """Resume one agent; a failure is logged and retried next round, not the round's end."""
         try:
             await self._ports[replica_id].resume_agent(agent_id)
+        except BlueprintTampered as exc:  # the replica marked it failed: nothing to retry
+            log.error("agent %s was not resumed: %s", agent_id, exc)
+            return False
         except Exception:
             log.exception(
                 "resuming agent %s on replica %s failed; trying again next round", agent_id, replica_id
@@ -206,7 +209,10 @@ class ResumptionMonitor:
         if self.memory_mb is None:
             return 0
         entry = await self._agent_board(agent_id).read(AgentStateProtocol.key("blueprint"))
-        return AgentBlueprint.from_text(entry.value).resources.memory_mb if entry else 0
+        try:
+            return AgentBlueprint.from_text(entry.value).resources.memory_mb if entry else 0
+        except BlueprintTampered:
+            return 0  # the replica's restore refuses it too, and marks the agent failed
 
     async def _bound_pages(self, agent_id: str) -> list[str]:
         entry = await self._agent_board(agent_id).read(AgentStateProtocol.key("metadata"))
