@@ -87,8 +87,9 @@ def secret_file_of(settings: ColonySettings) -> Path:
 
 def resolve_secret(settings: ColonySettings) -> bytes:
     """The colony secret of `settings`: the configured value, else the secret file (made if absent)."""
-    if settings.secret is not None:
-        value = settings.secret.get_secret_value().strip()
+    configured = settings.secret.get_secret_value().strip() if settings.secret is not None else ""
+    if configured:  # an empty COLONY_SECRET counts as unset
+        value = configured
         source = "COLONY_SECRET / settings.secret"
     else:
         path = secret_file_of(settings)

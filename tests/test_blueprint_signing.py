@@ -113,6 +113,7 @@ def test_secret_file_is_generated_private_reused_and_per_colony(tmp_path: Path) 
     assert security.resolve_secret(ColonySettings(data_dir=tmp_path / "one", secret="c" * 20)) != first
     with pytest.raises(ConfigError, match="at least 16"):
         security.resolve_secret(ColonySettings(secret="short"))
+    assert security.resolve_secret(ColonySettings(data_dir=tmp_path / "one", secret="")) == first  # unset
     path.chmod(0o644)  # loosened by hand: tightened again before use
     assert security.resolve_secret(one) == first
     assert stat.S_IMODE(path.stat().st_mode) == 0o600
