@@ -6,27 +6,48 @@ API replica answers for any run, and a restarted one has lost nothing.
 
 from __future__ import annotations
 
-import hmac
 import json
 import logging
+import re
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass
-from typing import Any, Protocol
+from typing import Annotated, Any, Protocol
 
-from fastapi import Depends, FastAPI, Header, Request
+from fastapi import Depends, FastAPI, Header, Path, Query, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, Response, StreamingResponse
-from prometheus_client import CONTENT_TYPE_LATEST, REGISTRY, generate_latest
-from pydantic import BaseModel, Field
+from fastapi.security import HTTPBearer
+from prometheus_client import REGISTRY, generate_latest
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from colony import __version__, metrics
+from colony.api.auth import TokenSource
+from colony.api.limits import GuardMiddleware, check_input
+from colony.api.schemas import (
+    CONTROL,
+    EVENTS,
+    ID_PATTERN,
+    LISTING,
+    MAP_SOURCE,
+    PAGES,
+    READ_ONE,
+    SUBMIT,
+    AgentStateName,
+    Health,
+    MappedSource,
+    MapSource,
+    SubmitRun,
+    SubmittedRun,
+)
+from colony.config import ApiSettings, VcmSettings
 from colony.errors import (
     AgentNotFound,
     AgentStateConflict,
     BlackboardUnavailable,
     ColonyError,
+    ConfigError,
+    InvalidArgument,
     PathNotAllowed,
     ReplicaUnavailable,
     ResourceExhausted,
@@ -38,26 +59,18 @@ from colony.system.runs import RunService, RunView
 from colony.vcm import PageSource, PageTable
 
 log = logging.getLogger(__name__)
-MAX_BODY_BYTES = 1024 * 1024
+EVENT_ID = re.compile(r"^[0-9]{1,20}-[0-9]{1,20}$")
+RunId = Annotated[str, Path(min_length=1, max_length=128, pattern=ID_PATTERN, description="run id")]
+AgentId = Annotated[str, Path(min_length=1, max_length=128, pattern=ID_PATTERN, description="agent id")]
+bearer = HTTPBearer(auto_error=False, description="the API token (`colony status` prints it)")
 
 
-class SubmitRun(BaseModel):
-    agent: str = Field(min_length=1, max_length=200)
-    input: Any = None
-    namespace: str | None = Field(None, min_length=1, max_length=100, pattern=r"^[A-Za-z0-9_.\-]+$")
-    timeout_s: float | None = Field(None, gt=0, le=86_400)
-    pages: list[str] | None = None
+class EventStreamResponse(StreamingResponse):
+    media_type = "text/event-stream"
 
 
-class MapSource(BaseModel):
-    path: str = Field(min_length=1, description="a folder (or git checkout) readable by the API replica")
-    page_tokens: int = Field(2048, ge=64, le=1_000_000)
-
-
-class SubmittedRun(BaseModel):
-    run_id: str
-    status: str
-    events_url: str
+class PrometheusResponse(Response):
+    media_type = "text/plain"
 
 
 class AgentControl(Protocol):
@@ -72,49 +85,72 @@ class AgentControl(Protocol):
 class ApiServices:
     runs: RunService
     registry: AgentRegistry
-    token: str | None
+    token: str | TokenSource | None
     pages: PageTable | None = None
     control: AgentControl | None = None
+    vcm: VcmSettings | None = None  # which folders `POST /v1/vcm/sources` may read
 
 
-def _error(status: int, code: str, message: str) -> JSONResponse:
-    return JSONResponse(status_code=status, content={"error": {"code": code, "message": message}})
+class _AsciiJSON(JSONResponse):
+    """JSON escaped to ASCII: an error message quoting hostile input (a lone surrogate) still encodes."""
+
+    def render(self, content: Any) -> bytes:
+        return json.dumps(content, separators=(",", ":")).encode()
+
+
+def _error(status: int, code: str, message: str, headers: dict[str, str] | None = None) -> JSONResponse:
+    return _AsciiJSON(
+        status_code=status, content={"error": {"code": code, "message": message}}, headers=headers
+    )
 
 
 ServicesProvider = Callable[[], Awaitable[ApiServices]]
 
 
-def create_app(services: ApiServices | ServicesProvider) -> FastAPI:
+def create_app(
+    services: ApiServices | ServicesProvider,
+    *,
+    token: str | TokenSource | None = None,
+    api: ApiSettings | None = None,
+) -> FastAPI:
     """The API over `services` (or an async provider of them, for processes that build them
-    lazily, like a Serve replica whose Redis client must be created in its own event loop)."""
+    lazily, like a Serve replica whose Redis client must be created in its own event loop).
+
+    Every route but `/healthz` (and the docs when `api.public_docs`) needs the bearer token: `token`,
+    else `services.token`. There is no way to build the app without one (ConfigError)."""
+    api = api or ApiSettings()
+    if token is None and isinstance(services, ApiServices):
+        token = services.token
+    if token is None or token == "":
+        raise ConfigError("the API needs a token: pass token= (a string or a TokenSource)")
+    tokens = token if isinstance(token, TokenSource) else TokenSource.fixed(token)
 
     async def svc() -> ApiServices:
         return services if isinstance(services, ApiServices) else await services()
 
+    async def token_source() -> TokenSource:
+        return tokens
+
     app = FastAPI(
         title="Colony",
         version=__version__,
-        description="Submit agent runs, stream their events, read results.",
+        description="Submit agent runs, stream their events, read results. "
+        "Every route but /healthz needs `Authorization: Bearer <token>`.",
     )
-
-    async def authorized(authorization: str | None = Header(None)) -> None:
-        token = (await svc()).token
-        if token is None:
-            return
-        expected = f"Bearer {token}"
-        if authorization is None or not hmac.compare_digest(authorization.encode(), expected.encode()):
-            raise StarletteHTTPException(401, "missing or wrong bearer token (Authorization: Bearer <token>)")
+    app.add_middleware(
+        GuardMiddleware,  # type: ignore[arg-type]
+        tokens=token_source,
+        max_body_bytes=api.max_body_bytes,
+        public_docs=api.public_docs,
+    )
+    authorized = bearer  # enforced by GuardMiddleware; declared per route for the OpenAPI document
 
     @app.middleware("http")
-    async def limits_and_metrics(
+    async def request_metrics(
         request: Request, call_next: Callable[[Request], Awaitable[Response]]
     ) -> Response:
         started = time.perf_counter()
-        length = request.headers.get("content-length")
-        if length is not None and length.isdigit() and int(length) > MAX_BODY_BYTES:
-            response: Response = _error(413, "body_too_large", f"request body over {MAX_BODY_BYTES} bytes")
-        else:
-            response = await call_next(request)
+        response = await call_next(request)
         route = request.scope.get("route")
         template = getattr(route, "path", "unmatched")
         metrics.HTTP_REQUESTS.labels(template, request.method, str(response.status_code)).inc()
@@ -123,8 +159,18 @@ def create_app(services: ApiServices | ServicesProvider) -> FastAPI:
 
     @app.exception_handler(StarletteHTTPException)
     async def http_error(request: Request, exc: StarletteHTTPException) -> JSONResponse:
-        codes = {401: "unauthorized", 404: "not_found", 405: "method_not_allowed", 413: "body_too_large"}
-        return _error(exc.status_code, codes.get(exc.status_code, "http_error"), str(exc.detail))
+        codes = {
+            400: "bad_request",
+            401: "unauthorized",
+            404: "not_found",
+            405: "method_not_allowed",
+            413: "body_too_large",
+        }
+        message = str(exc.detail)
+        if exc.status_code == 400 and message == "There was an error parsing the body":
+            message = "the request body is not valid JSON (UTF-8, at most a few hundred levels deep)"
+        # headers kept: a 405 carries `Allow`
+        return _error(exc.status_code, codes.get(exc.status_code, "http_error"), message, exc.headers)
 
     @app.exception_handler(RequestValidationError)
     async def bad_body(request: Request, exc: RequestValidationError) -> JSONResponse:
@@ -133,6 +179,10 @@ def create_app(services: ApiServices | ServicesProvider) -> FastAPI:
             for err in exc.errors()
         )
         return _error(422, "invalid_request", problems)
+
+    @app.exception_handler(InvalidRunInput)
+    async def bad_input(request: Request, exc: InvalidRunInput) -> JSONResponse:
+        return _error(422, "invalid_request", str(exc))
 
     @app.exception_handler(ColonyError)
     async def colony_error(request: Request, exc: ColonyError) -> JSONResponse:
@@ -148,11 +198,16 @@ def create_app(services: ApiServices | ServicesProvider) -> FastAPI:
             return _error(503, "unavailable", str(exc))
         return _error(400, "bad_request", str(exc))
 
-    @app.get("/healthz")
+    @app.get("/healthz", response_model=Health)
     async def healthz() -> dict[str, str]:
         return {"status": "ok", "version": __version__}
 
-    @app.get("/metrics", dependencies=[Depends(authorized)])
+    @app.get(
+        "/metrics",
+        dependencies=[Depends(authorized)],
+        response_class=PrometheusResponse,
+        responses={200: {"content": {"text/plain": {"schema": {"type": "string"}}}}, **LISTING},
+    )
     async def prometheus() -> Response:
         services = await svc()
         metrics.REPLICA_STATS.snapshot = await replicas_of(services)
@@ -162,10 +217,20 @@ def create_app(services: ApiServices | ServicesProvider) -> FastAPI:
             counts[record.state] = counts.get(record.state, 0) + 1
         for state in ("initialized", "running", "waiting", "idle", "suspended", "stopped", "failed"):
             metrics.AGENTS.labels(state).set(counts.get(state, 0))
-        return Response(generate_latest(REGISTRY), media_type=CONTENT_TYPE_LATEST)
+        return PrometheusResponse(generate_latest(REGISTRY))
 
-    @app.post("/v1/runs", status_code=202, response_model=SubmittedRun, dependencies=[Depends(authorized)])
+    @app.post(
+        "/v1/runs",
+        status_code=202,
+        response_model=SubmittedRun,
+        dependencies=[Depends(authorized)],
+        responses=SUBMIT,
+    )
     async def submit(body: SubmitRun) -> SubmittedRun:
+        try:
+            check_input(body.input, api.max_input_depth)
+        except ValueError as exc:
+            raise InvalidRunInput(str(exc)) from None
         kwargs: dict[str, Any] = {"timeout_s": body.timeout_s, "pages": body.pages}
         if body.namespace:
             kwargs["namespace"] = body.namespace
@@ -174,17 +239,39 @@ def create_app(services: ApiServices | ServicesProvider) -> FastAPI:
             run_id=record.run_id, status="queued", events_url=f"/v1/runs/{record.run_id}/events"
         )
 
-    @app.get("/v1/runs/{run_id}", response_model=RunView, dependencies=[Depends(authorized)])
-    async def get_run(run_id: str) -> RunView:
+    @app.get(
+        "/v1/runs/{run_id}", response_model=RunView, dependencies=[Depends(authorized)], responses=READ_ONE
+    )
+    async def get_run(run_id: RunId) -> RunView:
         return await (await svc()).runs.get(run_id)
 
-    @app.post("/v1/runs/{run_id}/cancel", response_model=RunView, dependencies=[Depends(authorized)])
-    async def cancel_run(run_id: str) -> RunView:
+    @app.post(
+        "/v1/runs/{run_id}/cancel",
+        response_model=RunView,
+        dependencies=[Depends(authorized)],
+        responses=READ_ONE,
+    )
+    async def cancel_run(run_id: RunId) -> RunView:
         return await (await svc()).runs.cancel(run_id)
 
-    @app.get("/v1/runs/{run_id}/events", dependencies=[Depends(authorized)])
-    async def run_events(run_id: str, last_event_id: str | None = Header(None)) -> StreamingResponse:
+    @app.get(
+        "/v1/runs/{run_id}/events",
+        dependencies=[Depends(authorized)],
+        response_class=EventStreamResponse,
+        responses={200: {"content": {"text/event-stream": {"schema": {"type": "string"}}}}, **EVENTS},
+    )
+    async def run_events(
+        run_id: RunId,
+        last_event_id: Annotated[
+            str | None, Header(description="resume after this event id (`<ms>-<seq>`, from an `id:` line)")
+        ] = None,
+    ) -> StreamingResponse:
         runs = (await svc()).runs
+        if last_event_id is not None and not EVENT_ID.match(last_event_id):
+            raise InvalidArgument(
+                f"Last-Event-ID {last_event_id[:40]!r} is not an event id: send the `id:` of an event "
+                "this stream sent (<ms>-<seq>), or no Last-Event-ID to start from the beginning"
+            )
         await runs.record(run_id)  # 404 before the stream starts
 
         async def stream() -> AsyncIterator[str]:
@@ -192,28 +279,43 @@ def create_app(services: ApiServices | ServicesProvider) -> FastAPI:
                 kind = event.get("event_type", "message")
                 yield f"id: {event_id}\nevent: {kind}\ndata: {json.dumps(event)}\n\n"
 
-        return StreamingResponse(
-            stream(), media_type="text/event-stream", headers={"Cache-Control": "no-cache"}
-        )
+        return EventStreamResponse(stream(), headers={"Cache-Control": "no-cache"})
 
-    @app.get("/v1/agents", response_model=list[AgentRecord], dependencies=[Depends(authorized)])
-    async def list_agents(state: str | None = None) -> list[AgentRecord]:
+    @app.get(
+        "/v1/agents", response_model=list[AgentRecord], dependencies=[Depends(authorized)], responses=LISTING
+    )
+    async def list_agents(state: AgentStateName | None = None) -> list[AgentRecord]:
         return await (await svc()).registry.list(state=state)
 
-    @app.get("/v1/agents/{agent_id}", response_model=AgentRecord, dependencies=[Depends(authorized)])
-    async def get_agent(agent_id: str) -> AgentRecord:
+    @app.get(
+        "/v1/agents/{agent_id}",
+        response_model=AgentRecord,
+        dependencies=[Depends(authorized)],
+        responses=READ_ONE,
+    )
+    async def get_agent(agent_id: AgentId) -> AgentRecord:
         record = await (await svc()).registry.get(agent_id)
         if record is None:
             raise AgentNotFound(f"no agent named {agent_id!r}")
         return record
 
-    @app.post("/v1/agents/{agent_id}/suspend", response_model=AgentRecord, dependencies=[Depends(authorized)])
-    async def suspend_agent(agent_id: str) -> AgentRecord:
+    @app.post(
+        "/v1/agents/{agent_id}/suspend",
+        response_model=AgentRecord,
+        dependencies=[Depends(authorized)],
+        responses=CONTROL,
+    )
+    async def suspend_agent(agent_id: AgentId) -> AgentRecord:
         """Suspend an agent (state kept in Redis) until `POST /v1/agents/{id}/resume`."""
         return AgentRecord.model_validate(await (await control()).suspend(agent_id))
 
-    @app.post("/v1/agents/{agent_id}/resume", response_model=AgentRecord, dependencies=[Depends(authorized)])
-    async def resume_agent(agent_id: str) -> AgentRecord:
+    @app.post(
+        "/v1/agents/{agent_id}/resume",
+        response_model=AgentRecord,
+        dependencies=[Depends(authorized)],
+        responses=CONTROL,
+    )
+    async def resume_agent(agent_id: AgentId) -> AgentRecord:
         """Resume a suspended agent now: same id, state restored, on the best replica for its pages."""
         return AgentRecord.model_validate(await (await control()).resume(agent_id))
 
@@ -223,11 +325,18 @@ def create_app(services: ApiServices | ServicesProvider) -> FastAPI:
             raise StarletteHTTPException(404, "this deployment has no control plane")
         return services.control
 
-    @app.post("/v1/vcm/sources", dependencies=[Depends(authorized)])
+    @app.post(
+        "/v1/vcm/sources",
+        response_model=MappedSource,
+        dependencies=[Depends(authorized)],
+        responses=MAP_SOURCE,
+    )
     async def map_source(body: MapSource) -> dict[str, Any]:
-        """Cut a folder into pages and record them in the page table."""
+        """Cut a folder into pages and record them in the page table: only under `vcm.allowed_roots`
+        (PathNotAllowed: 403), within the caps (SourceTooLarge: 413), walked in a worker thread."""
         table = await page_table()
-        source = PageSource(body.path, page_tokens=body.page_tokens)
+        vcm = (await svc()).vcm or VcmSettings()  # no settings: no roots, nothing may be mapped
+        source = await PageSource.open(body.path, vcm, page_tokens=body.page_tokens)
         record = await table.map_source(source)
         pages = [await table.page(page_id) for page_id in record.page_ids]
         return {
@@ -236,8 +345,10 @@ def create_app(services: ApiServices | ServicesProvider) -> FastAPI:
             "pages": [p.model_dump() for p in pages if p],
         }
 
-    @app.get("/v1/vcm/pages", dependencies=[Depends(authorized)])
-    async def list_pages(replica: str | None = None) -> list[dict[str, Any]]:
+    @app.get("/v1/vcm/pages", dependencies=[Depends(authorized)], responses=PAGES)
+    async def list_pages(
+        replica: Annotated[str | None, Query(min_length=1, max_length=128, pattern=ID_PATTERN)] = None,
+    ) -> list[dict[str, Any]]:
         table = await page_table()
         return [p.model_dump() for p in await table.pages(replica=replica)]
 
@@ -247,11 +358,15 @@ def create_app(services: ApiServices | ServicesProvider) -> FastAPI:
             raise StarletteHTTPException(404, "this deployment has no virtual context memory")
         return services.pages
 
-    @app.get("/v1/replicas", dependencies=[Depends(authorized)])
+    @app.get("/v1/replicas", dependencies=[Depends(authorized)], responses=LISTING)
     async def list_replicas() -> list[dict[str, Any]]:
         return await replicas_of(await svc())
 
     return app
+
+
+class InvalidRunInput(InvalidArgument):
+    """A run input the API does not store (too deep, NaN/Infinity, invalid Unicode): 422."""
 
 
 async def replicas_of(services: ApiServices) -> list[dict[str, Any]]:

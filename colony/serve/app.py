@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import os
 from pathlib import Path
 from typing import Any
 
@@ -26,6 +27,7 @@ from ray.serve.handle import DeploymentHandle
 
 from colony.agents import AgentBlueprint
 from colony.api.app import ApiServices, create_app
+from colony.api.auth import TOKEN_ENV, ensure_token_file
 from colony.blackboard import Blackboard, BlackboardScope, create_redis, resolve_redis_url, scope_id
 from colony.config import ColonySettings, load_settings
 from colony.errors import ReplicaUnavailable
@@ -41,9 +43,14 @@ log = logging.getLogger(__name__)
 
 
 def settings_to_dict(settings: ColonySettings) -> dict[str, Any]:
-    """Settings as plain JSON with secrets revealed, to hand to replica processes."""
+    """Settings as plain JSON with secrets revealed, to hand to replica processes.
+
+    The API token goes along only when it came from the config file: a token from the environment
+    (a Kubernetes secret, `colony up`) is read by the API replica from its own environment at run
+    time, so rotating it needs no rebuild (see colony.api.auth)."""
     data = settings.model_dump(mode="json")
-    data["api_token"] = settings.api_token.get_secret_value() if settings.api_token else None
+    from_env = bool(os.environ.get(TOKEN_ENV))
+    data["api_token"] = settings.api_token.get_secret_value() if settings.api_token and not from_env else None
     data["secret"] = settings.secret.get_secret_value() if settings.secret else None
     if settings.engine.api_key is not None:
         data["engine"]["api_key"] = settings.engine.api_key.get_secret_value()
@@ -202,12 +209,15 @@ class ColonyAPI:
     def __init__(self, settings: dict[str, Any], system: DeploymentHandle) -> None:
         self.settings = ColonySettings(**settings)
         self.system = system
+        # the token is looked up per request (env, config file, token file); with none configured
+        # this creates the token file on a loopback host and refuses to start on any other
+        self.tokens = ensure_token_file(self.settings)
         self._services: ApiServices | None = None
         self._builtins_ready = False
         self._lock = asyncio.Lock()
 
     def __serve_build_asgi_app__(self) -> Any:
-        return create_app(self._get_services)
+        return create_app(self._get_services, token=self.tokens, api=self.settings.api)
 
     async def _get_services(self) -> ApiServices:
         if self._services is not None and self._builtins_ready:
@@ -217,14 +227,14 @@ class ColonyAPI:
                 settings = self.settings
                 board, registry = connect_registry(settings, "colony:api")
                 runs = RunService(board, registry, tenant_id=settings.tenant_id, colony_id=settings.colony_id)
-                token = settings.api_token.get_secret_value() if settings.api_token else None
                 pages = PageTable(board, tenant_id=settings.tenant_id, colony_id=settings.colony_id)
                 self._services = ApiServices(
                     runs=runs,
                     registry=registry,
-                    token=token,
+                    token=self.tokens,
                     pages=pages,
                     control=ServeAgentControl(self.system),
+                    vcm=settings.vcm,
                 )
             if not self._builtins_ready:
                 await self.system.ensure_builtins.remote()

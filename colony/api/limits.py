@@ -1,0 +1,156 @@
+"""The API's outer wall: authentication and the body-size limit, before any route sees a request.
+
+Both live in one pure ASGI middleware rather than in FastAPI dependencies, because FastAPI reads
+and parses a body before it runs dependencies: a caller without a token could make the server
+parse a megabyte, and a chunked body (no `Content-Length`) would be read whole before a limit on
+the header could apply. Here the token is checked first, and the body is counted as it streams
+in: past `api.max_body_bytes` the request ends with 413 and what was read is dropped.
+
+`check_input` bounds what a run input may be once parsed: nesting depth, finite numbers (JSON has
+no NaN or Infinity; Python's parser accepts them, Redis would store them, other clients could not
+read them back) and strings that are valid Unicode (a lone surrogate cannot be encoded as UTF-8).
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from collections.abc import Awaitable, Callable, MutableMapping
+from typing import Any
+
+from colony.api.auth import TokenSource
+
+Scope = MutableMapping[str, Any]
+Message = MutableMapping[str, Any]
+Receive = Callable[[], Awaitable[Message]]
+Send = Callable[[Message], Awaitable[None]]
+ASGIApp = Callable[[Scope, Receive, Send], Awaitable[None]]
+
+OPEN_PATHS = frozenset({"/healthz"})
+DOCS_PATHS = frozenset({"/docs", "/docs/oauth2-redirect", "/redoc", "/openapi.json"})
+
+
+class InputTooDeep(ValueError):
+    """A run input nests deeper than `api.max_input_depth`."""
+
+
+def error_body(code: str, message: str) -> bytes:
+    return json.dumps({"error": {"code": code, "message": message}}).encode()
+
+
+async def send_error(
+    send: Send, status: int, code: str, message: str, headers: list[tuple[bytes, bytes]]
+) -> None:
+    body = error_body(code, message)
+    await send(
+        {
+            "type": "http.response.start",
+            "status": status,
+            "headers": [
+                (b"content-type", b"application/json"),
+                (b"content-length", str(len(body)).encode()),
+                *headers,
+            ],
+        }
+    )
+    await send({"type": "http.response.body", "body": body})
+
+
+class GuardMiddleware:
+    """Token first (401 with `WWW-Authenticate: Bearer`), then a streamed body limit (413)."""
+
+    def __init__(
+        self,
+        app: ASGIApp,
+        *,
+        tokens: Callable[[], Awaitable[TokenSource]],
+        max_body_bytes: int,
+        public_docs: bool,
+    ) -> None:
+        self.app = app
+        self.tokens = tokens
+        self.max_body_bytes = max_body_bytes
+        self.open_paths = OPEN_PATHS | (DOCS_PATHS if public_docs else frozenset())
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        if scope.get("path") not in self.open_paths:
+            authorization = None
+            for name, value in scope.get("headers", []):
+                if name == b"authorization":
+                    authorization = value.decode("latin-1")
+                    break
+            if not (await self.tokens()).accepts(authorization):
+                await send_error(
+                    send,
+                    401,
+                    "unauthorized",
+                    "missing or wrong bearer token (send Authorization: Bearer <token>; "
+                    "`colony status` prints it)",
+                    [(b"www-authenticate", b"Bearer")],
+                )
+                return
+        limit = self.max_body_bytes
+        for name, value in scope.get("headers", []):
+            if name == b"content-length" and value.isdigit() and int(value) > limit:
+                await send_error(send, 413, "body_too_large", f"request body over {limit} bytes", [])
+                return
+        body = bytearray()
+        more = True
+        while more:
+            message = await receive()
+            if message["type"] != "http.request":
+                await self.app(scope, _replay(bytes(body), message, receive), send)
+                return
+            body += message.get("body", b"")
+            if len(body) > limit:
+                await send_error(send, 413, "body_too_large", f"request body over {limit} bytes", [])
+                return
+            more = message.get("more_body", False)
+        await self.app(scope, _replay(bytes(body), None, receive), send)
+
+
+def _replay(body: bytes, pending: Message | None, receive: Receive) -> Receive:
+    """A `receive` that yields the buffered body once, then whatever the server sends next."""
+    sent = False
+
+    async def replay() -> Message:
+        nonlocal sent, pending
+        if not sent:
+            sent = True
+            return {"type": "http.request", "body": body, "more_body": False}
+        if pending is not None:
+            message, pending = pending, None
+            return message
+        return await receive()
+
+    return replay
+
+
+def check_input(value: Any, max_depth: int, where: str = "input") -> None:
+    """Refuse (ValueError naming the place) what a run input may not hold; see the module doc."""
+    stack: list[tuple[Any, int, str]] = [(value, 1, where)]
+    while stack:
+        item, depth, path = stack.pop()
+        if isinstance(item, dict | list):
+            if depth > max_depth:
+                raise InputTooDeep(f"{path}: nested deeper than {max_depth} levels (api.max_input_depth)")
+            if isinstance(item, dict):
+                for key, child in item.items():
+                    _check_text(key, f"{path} (a key)")
+                    stack.append((child, depth + 1, f"{path}.{key}"))
+            else:
+                stack.extend((child, depth + 1, f"{path}[{i}]") for i, child in enumerate(item))
+        elif isinstance(item, str):
+            _check_text(item, path)
+        elif isinstance(item, float) and not math.isfinite(item):
+            raise ValueError(f"{path}: NaN and Infinity are not JSON numbers")
+
+
+def _check_text(text: str, path: str) -> None:
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:
+        raise ValueError(f"{path}: a string holds a lone UTF-16 surrogate (not valid Unicode)") from None

@@ -1,0 +1,180 @@
+"""Auth on by default, read at run time (issue 11, item 2), over a real Redis, in-process (ASGI)."""
+
+from __future__ import annotations
+
+import os
+import stat
+import uuid
+from collections.abc import AsyncIterator
+from pathlib import Path
+
+import httpx
+import pytest
+from fastapi.routing import APIRoute
+
+from colony.api.app import ApiServices, create_app
+from colony.api.auth import TOKEN_ENV, TokenSource, ensure_token_file, token_file_path
+from colony.blackboard import Blackboard, BlackboardScope, scope_id
+from colony.config import ApiSettings, ColonySettings
+from colony.errors import ConfigError
+from colony.system.registry import AgentRegistry
+from colony.system.runs import RunService
+from colony.vcm import PageTable
+
+TOKEN = "matrix-token"
+
+
+def services(bb: Blackboard, colony_id: str, token: str | TokenSource) -> ApiServices:
+    registry = AgentRegistry(bb.scoped(scope_id(BlackboardScope.COLONY, colony_id=colony_id)))
+    runs = RunService(bb, registry, colony_id=colony_id)
+    return ApiServices(runs=runs, registry=registry, token=token, pages=PageTable(bb, colony_id=colony_id))
+
+
+@pytest.fixture
+async def matrix_app(bb: Blackboard) -> AsyncIterator[httpx.AsyncClient]:
+    app = create_app(services(bb, f"sec{uuid.uuid4().hex[:8]}", TOKEN))
+    async with httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://colony") as client:
+        client.app = app  # type: ignore[attr-defined]
+        yield client
+
+
+def concrete(path: str) -> str:
+    return path.replace("{run_id}", "run-0123456789ab").replace("{agent_id}", "echo")
+
+
+async def test_every_route_needs_the_token_but_healthz(matrix_app: httpx.AsyncClient) -> None:
+    client = matrix_app
+    routes = [
+        (method, concrete(route.path))
+        for route in client.app.routes  # type: ignore[attr-defined]
+        if isinstance(route, APIRoute) or route.path in ("/openapi.json", "/docs")
+        for method in sorted(getattr(route, "methods", None) or {"GET"})
+        if method != "HEAD" and route.path != "/healthz"
+    ]
+    paths = {path for _, path in routes}
+    assert {"/metrics", "/openapi.json", "/docs", "/v1/runs", "/v1/vcm/sources", "/v1/replicas"} <= paths
+    refusals = [
+        {},
+        {"Authorization": "Basic " + TOKEN},  # wrong scheme
+        {"Authorization": TOKEN},  # no scheme
+        {"Authorization": "Bearer wrong-token"},
+        {"Authorization": "Bearer " + TOKEN + "x"},
+        {"Authorization": "Bearer "},
+    ]
+    for method, path in routes:
+        for headers in refusals:
+            response = await client.request(method, path, headers=headers, json={"agent": "echo"})
+            assert response.status_code == 401, (method, path, headers, response.text)
+            assert response.json()["error"]["code"] == "unauthorized"
+            assert response.headers["www-authenticate"] == "Bearer"
+        accepted = await client.request(
+            method, path, headers={"Authorization": f"Bearer {TOKEN}"}, json={"agent": "echo"}
+        )
+        assert accepted.status_code != 401, (method, path)
+    # an unknown path answers 401 too: nothing is revealed without the token
+    assert (await client.get("/v1/secret-route")).status_code == 401
+    # the scheme is case-insensitive (RFC 7235)
+    assert (await client.get("/v1/agents", headers={"Authorization": f"bearer {TOKEN}"})).status_code == 200
+    health = await client.get("/healthz")
+    assert health.status_code == 200 and health.json()["status"] == "ok"
+
+
+async def test_public_docs_setting_opens_docs_only(bb: Blackboard) -> None:
+    app = create_app(services(bb, "docs", TOKEN), api=ApiSettings(public_docs=True))
+    async with httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://c") as client:
+        assert (await client.get("/openapi.json")).status_code == 200
+        assert (await client.get("/docs")).status_code == 200
+        assert (await client.get("/v1/agents")).status_code == 401
+        assert (await client.get("/metrics")).status_code == 401
+
+
+def test_the_app_cannot_be_built_without_a_token(bb: Blackboard) -> None:
+    with pytest.raises(ConfigError, match="needs a token"):
+        create_app(services(bb, "none", ""))
+    with pytest.raises(ConfigError, match="needs a token"):
+        create_app(lambda: None)  # type: ignore[arg-type,return-value]
+
+
+async def test_token_read_at_run_time_from_file_and_env(
+    bb: Blackboard, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.delenv(TOKEN_ENV, raising=False)
+    token_file = tmp_path / "secret" / "token"
+    token_file.parent.mkdir()
+    token_file.write_text("first-token\n")
+    settings = ColonySettings(data_dir=tmp_path, api={"token_file": str(token_file)})
+    source = ensure_token_file(settings)
+    app = create_app(services(bb, "rt", source), api=settings.api)
+    async with httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://c") as client:
+
+        async def status(token: str) -> int:
+            return (await client.get("/v1/agents", headers={"Authorization": f"Bearer {token}"})).status_code
+
+        assert await status("first-token") == 200
+        # the file changes after the app was built: the new token works, the old one no longer does
+        token_file.write_text("second-token-longer")
+        assert await status("second-token-longer") == 200
+        assert await status("first-token") == 401
+        # a token in this process's environment takes precedence, read per request
+        monkeypatch.setenv(TOKEN_ENV, "env-token")
+        assert await status("env-token") == 200
+        assert await status("second-token-longer") == 401
+        monkeypatch.delenv(TOKEN_ENV)
+        assert await status("second-token-longer") == 200
+        # the file removed and nothing else configured: every request is refused, none let through
+        token_file.unlink()
+        assert await status("second-token-longer") == 401
+        assert (await client.get("/v1/agents")).status_code == 401
+
+
+def test_generated_token_file_is_private_and_reused(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv(TOKEN_ENV, raising=False)
+    previous = os.umask(0)  # the most permissive umask: the file must still be 0600
+    try:
+        settings = ColonySettings(data_dir=tmp_path / "data")
+        source = ensure_token_file(settings)
+    finally:
+        os.umask(previous)
+    path = token_file_path(settings)
+    assert path == tmp_path / "data" / "api-token"
+    assert stat.S_IMODE(path.stat().st_mode) == 0o600
+    token = source.current()
+    assert token is not None and len(token) >= 32 and path.read_text() == token
+    again = ensure_token_file(settings)  # a second start reuses it
+    assert again.current() == token and path.read_text() == token
+    assert again.accepts(f"Bearer {token}") and not again.accepts(f"Bearer {token[:-1]}")
+
+
+def test_an_empty_token_file_is_an_error(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv(TOKEN_ENV, raising=False)
+    (tmp_path / "api-token").write_text("")
+    with pytest.raises(ConfigError, match="is empty"):
+        ensure_token_file(ColonySettings(data_dir=tmp_path))
+
+
+@pytest.mark.parametrize("host", ["0.0.0.0", "10.1.2.3", "::"])
+def test_refuses_a_non_loopback_host_without_a_token(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, host: str
+) -> None:
+    monkeypatch.delenv(TOKEN_ENV, raising=False)
+    settings = ColonySettings(data_dir=tmp_path, serve={"host": host})
+    with pytest.raises(ConfigError, match="not a loopback address") as refused:
+        ensure_token_file(settings)
+    assert TOKEN_ENV in str(refused.value) and "api.token_file" in str(refused.value)
+    assert not (tmp_path / "api-token").exists()
+    # with a token configured the same host is fine
+    monkeypatch.setenv(TOKEN_ENV, "operator-token")
+    assert ensure_token_file(settings).current() == "operator-token"
+    monkeypatch.delenv(TOKEN_ENV)
+    (tmp_path / "api-token").write_text("file-token")
+    assert ensure_token_file(settings).current() == "file-token"
+
+
+def test_serve_replica_gets_no_frozen_env_token(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A token from the driver's environment is not frozen into the replicas' init args."""
+    from colony.serve.app import settings_to_dict
+
+    monkeypatch.setenv(TOKEN_ENV, "from-env")
+    assert settings_to_dict(ColonySettings())["api_token"] is None
+    monkeypatch.delenv(TOKEN_ENV)
+    assert settings_to_dict(ColonySettings(api_token="from-config"))["api_token"] == "from-config"
