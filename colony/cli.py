@@ -6,6 +6,7 @@ import argparse
 import asyncio
 import json
 import logging
+import os
 import sys
 from collections.abc import Sequence
 from pathlib import Path
@@ -190,35 +191,65 @@ def cmd_run(args: argparse.Namespace) -> int:
         submitted = client.submit(args.agent, input_data, timeout_s=args.timeout)
         run_id = submitted["run_id"]
         print(f"run {run_id} on {args.agent}", file=sys.stderr, flush=True)
-        streaming_tokens = False
+        streamed: list[str] = []  # token text shown so far
+        line_open = False  # tokens were printed without a newline after them
         for event in client.events(run_id):
             kind, data = event.get("event_type"), event.get("data") or {}
             if kind == "token":
-                print(data.get("text", ""), end="", file=sys.stderr, flush=True)
-                streaming_tokens = True
-            elif kind == "step":
+                streamed.append(str(data.get("text", "")))
+                print(streamed[-1], end="", file=sys.stderr, flush=True)
+                line_open = True
+                continue
+            if line_open:
+                print(file=sys.stderr, flush=True)
+                line_open = False
+            if kind == "step":
                 action = (data.get("action") or {}).get("success")
                 print(
-                    f"{chr(10) if streaming_tokens else ''}  step {data.get('step')}: "
-                    f"{'ok' if action else 'failed'}",
-                    file=sys.stderr,
-                    flush=True,
+                    f"  step {data.get('step')}: {'ok' if action else 'failed'}", file=sys.stderr, flush=True
                 )
-                streaming_tokens = False
             elif kind == "workers":
                 print(f"  {len(data.get('workers', []))} page workers started", file=sys.stderr, flush=True)
             elif kind not in ("started",):
                 print(f"  {kind}", file=sys.stderr, flush=True)
+        if line_open:
+            print(file=sys.stderr, flush=True)
         view = client.get(run_id)
     if view["status"] != "succeeded":
         print(f"run {run_id} {view['status']}: {view.get('error')}", file=sys.stderr)
         return 1
     output = view["output"]
+    if answer_already_shown(output, "".join(streamed), same_terminal=_same_terminal()):
+        return 0  # the streamed tokens were the answer, on the terminal stdout goes to
     if isinstance(output, dict) and isinstance(output.get("report"), str):
         print(output["report"])  # a report (analyze): the text, not its JSON
     else:
         print(output if isinstance(output, str) else json.dumps(output, indent=2))
     return 0
+
+
+def _same_terminal() -> bool:
+    """Whether stdout and stderr are one terminal (what a user at a shell prompt has)."""
+    try:
+        return (
+            sys.stdout.isatty()
+            and sys.stderr.isatty()
+            and (os.ttyname(sys.stdout.fileno()) == os.ttyname(sys.stderr.fileno()))
+        )
+    except (OSError, ValueError):
+        return False
+
+
+def answer_already_shown(output: Any, streamed: str, *, same_terminal: bool) -> bool:
+    """Whether printing the run's output would repeat what the token stream (on stderr) showed:
+    only when both go to one terminal and the output is exactly the streamed text. Redirected
+    stdout (`colony run ask ... > answer.txt`) still gets the answer."""
+    return (
+        same_terminal
+        and isinstance(output, str)
+        and bool(output.strip())
+        and output.strip() == streamed.strip()
+    )
 
 
 def _mapped_input(client: Any, args: argparse.Namespace, input_data: Any) -> dict[str, Any]:

@@ -56,6 +56,12 @@ def test_cli_reports_bad_config_without_traceback(tmp_path: Path) -> None:
     assert "blackboard.events_maxlen" in result.stderr and "Traceback" not in result.stderr
 
 
+def test_cli_names_the_closest_setting_of_a_misspelt_env_var(tmp_path: Path) -> None:
+    result = _colony("redis", "status", data_dir=tmp_path, COLONY_SERVE__REPLCAS="3")
+    assert result.returncode == 2 and "Traceback" not in result.stderr
+    assert "COLONY_SERVE__REPLCAS: matches no setting; did you mean COLONY_SERVE__REPLICAS?" in result.stderr
+
+
 async def test_blackboard_metrics_are_exported(bb: Blackboard) -> None:
     def value(name: str, **labels: str) -> float:
         return REGISTRY.get_sample_value(name, labels) or 0.0

@@ -79,3 +79,58 @@ def test_repository_config_loads() -> None:
     root = Path(__file__).resolve().parents[1]
     settings = load_settings(root / "configs" / "local.yaml")
     assert settings.redis_url is None and settings.engine.kind == "embedded"
+
+
+def test_misspelt_yaml_key_names_the_closest_valid_one(tmp_path: Path) -> None:
+    """Nested sections ignore unknown keys by themselves; a typo must not silently keep the default."""
+    config = tmp_path / "typo.yaml"
+    config.write_text("serve:\n  replcas: 3\n  port: 8100\nredis_urll: redis://x:1/0\n")
+    with pytest.raises(ConfigError) as info:
+        load_settings(config)
+    assert "serve.replcas: unknown setting; did you mean serve.replicas?" in info.value.problems
+    assert "redis_urll: unknown setting; did you mean redis_url?" in info.value.problems
+    assert len(info.value.problems) == 2  # the top-level typo is not listed twice
+    config.write_text("serve:\n  replicas: 3\n")
+    assert load_settings(config).serve.replicas == 3
+
+
+def test_misspelt_env_var_names_the_closest_valid_one(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setenv("COLONY_SERVE__REPLCAS", "3")
+    with pytest.raises(ConfigError) as info:
+        load_settings()
+    assert info.value.problems == [
+        "environment variable COLONY_SERVE__REPLCAS: matches no setting; did you mean COLONY_SERVE__REPLICAS?"
+    ]
+    monkeypatch.delenv("COLONY_SERVE__REPLCAS")
+    monkeypatch.setenv("COLONY_APITOKEN", "x")
+    with pytest.raises(ConfigError, match="did you mean COLONY_API_TOKEN"):
+        load_settings()
+    monkeypatch.delenv("COLONY_APITOKEN")
+    monkeypatch.setenv("COLONY_SERVE__PORT__X", "1")  # below a leaf
+    with pytest.raises(ConfigError, match="COLONY_SERVE__PORT__X: matches no setting"):
+        load_settings()
+
+
+def test_legitimate_env_vars_are_accepted(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Every field's variable (any case), whole sections as JSON, and COLONY_CONFIG itself."""
+    config = tmp_path / "c.yaml"
+    config.write_text("serve:\n  port: 8100\n")
+    monkeypatch.setenv("COLONY_CONFIG", str(config))
+    monkeypatch.setenv("COLONY_REDIS_URL", "redis://h:1/0")
+    monkeypatch.setenv("COLONY_API_TOKEN", "t")
+    monkeypatch.setenv("colony_serve__replicas", "2")
+    monkeypatch.setenv("COLONY_ENGINE", '{"kind": "scripted"}')
+    monkeypatch.setenv("COLONY_VCM__ALLOWED_ROOTS", f'["{tmp_path}"]')
+    settings = load_settings()
+    assert (settings.serve.port, settings.serve.replicas, settings.engine.kind) == (8100, 2, "scripted")
+    assert settings.vcm.allowed_roots == [tmp_path] and settings.redis_url == "redis://h:1/0"
+
+
+def test_misspelt_keyword_override_is_named(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.chdir(tmp_path)
+    with pytest.raises(ConfigError) as info:
+        load_settings(serve={"prot": 1})
+    assert info.value.problems == ["serve.prot: unknown setting; did you mean serve.port?"]

@@ -45,6 +45,22 @@ def _opt(value: int | float | None) -> str:
     return "" if value is None else str(value)
 
 
+def _check_client(redis: Any) -> None:
+    """Refuse a client the blackboard cannot use before anything is written: its Lua replies and
+    hashes are parsed as `str`, so a bytes-returning client (redis-py's default) would write an
+    entry and then fail reading the reply back."""
+    hint = "create one with colony.blackboard.create_redis(url)"
+    if not isinstance(redis, aioredis.Redis):
+        raise InvalidArgument(
+            f"Blackboard needs an asyncio client (redis.asyncio.Redis), not {type(redis).__name__}; {hint}"
+        )
+    if not redis.connection_pool.connection_kwargs.get("decode_responses", False):
+        raise InvalidArgument(
+            "Blackboard needs a Redis client created with decode_responses=True (this one returns bytes); "
+            f"{hint}, or pass decode_responses=True to redis.asyncio.Redis"
+        )
+
+
 class Blackboard:
     """Entries of one scope. Cheap to create: many `Blackboard`s may share one Redis client."""
 
@@ -55,6 +71,7 @@ class Blackboard:
         *,
         settings: BlackboardSettings | None = None,
     ) -> None:
+        _check_client(redis)
         self.redis = redis
         self.settings = settings or BlackboardSettings()
         self.keyspace = BlackboardKeyspace(scope_id)

