@@ -43,9 +43,11 @@ from colony.agents.policy import (
     ActionPolicyIterationResult,
     ScriptedActionPolicy,
 )
+from colony.agents.ring import ContextRing
 from colony.aio import cancel_and_wait
 from colony.blackboard import Blackboard, BlackboardEvent, BlackboardScope, scope_id
 from colony.blackboard.protocol import AgentStateProtocol
+from colony.config import load_settings
 from colony.errors import (
     AgentNotFound,
     AgentUsageError,
@@ -70,6 +72,8 @@ __all__ = [
 
 
 MAX_PAGE_ACCESSES = 256
+# Context entries an agent keeps (a ring: the oldest go first; compaction comes with context management).
+MAX_CONTEXT_ITEMS = 1000
 
 
 class Agent(Bindable):
@@ -97,7 +101,8 @@ class Agent(Bindable):
         self.dispatcher = ActionDispatcher(self)
         self.capabilities: dict[str, AgentCapability] = {}
         self.current_run: AgentRun | None = None
-        self.context: list[dict[str, Any]] = []
+        # gathered context, bounded; persisted by appending what is new to a capped Redis list
+        self.context = ContextRing(MAX_CONTEXT_ITEMS)
         # which pages the agent used, where, when (bounded); persisted with its context
         self.page_accesses: list[dict[str, Any]] = []
         self.context_changed = asyncio.Event()  # set when an event handler adds context
@@ -111,6 +116,14 @@ class Agent(Bindable):
         self.host: Any = None  # the runtime hosting this agent (drives runs, carries out suspensions)
         self._blueprint: AgentBlueprint | None = None  # set once recorded; kept in sync with capabilities
         self._capability_specs: dict[str, CapabilitySpec] = {}
+        self._retention: float | None = None
+
+    @property
+    def retention_seconds(self) -> float:
+        """How long finished runs (and a stopped agent's state) stay in Redis: `runs.retention_seconds`."""
+        if self._retention is None:
+            self._retention = load_settings().runs.retention_seconds
+        return self._retention
 
     @property
     def agent_id(self) -> str:
@@ -476,13 +489,20 @@ class Agent(Bindable):
     # -- persistence ------------------------------------------------------------------------
 
     async def persist(self) -> None:
-        """Write the run, policy state, capability states and context in one transaction."""
+        """Write the run, policy state, capability states and context in one transaction.
+
+        The context goes by appends (only entries added since the last persist) to a capped list;
+        the `context` entry holds the small rest (its position, the last result, page accesses).
+        A finished run's record expires after the retention."""
+        context = self.context
         async with self.blackboard.transaction() as tx:
             if self.current_run is not None:
+                run = self.current_run
                 tx.write(
-                    Keys.run_key(self.current_run.run_id),
-                    self.current_run.model_dump(mode="json"),
+                    Keys.run_key(run.run_id),
+                    run.model_dump(mode="json"),
                     created_by=self.agent_id,
+                    ttl_seconds=self.retention_seconds if run.done else None,
                 )
                 tx.write(Keys.key("current_run"), self.current_run.run_id, created_by=self.agent_id)
             if self.action_policy is not None:
@@ -491,11 +511,27 @@ class Agent(Bindable):
                 state = {"state": capability.get_state(), "events_from": self._event_positions.get(name)}
                 tx.write(Keys.capability_state_key(name), state, created_by=self.agent_id)
             last = self.last_result.model_dump(mode="json") if self.last_result else None
+            tx.ring_push(Keys.key("context"), context.pending(), context.cap)
             tx.write(
                 Keys.key("context"),
-                {"context": self.context, "last_result": last, "page_accesses": self.page_accesses},
+                {"context_total": len(context), "last_result": last, "page_accesses": self.page_accesses},
                 created_by=self.agent_id,
             )
+        context.mark_persisted()
+
+    async def retire_state(self, ttl_seconds: float | None = None) -> int:
+        """Let a stopped agent's state leave Redis after `ttl_seconds` (default: the retention):
+        its entries, its context ring, and the event streams of its scope and its capabilities'."""
+        ttl = self.retention_seconds if ttl_seconds is None else ttl_seconds
+        names = ["blueprint", "metadata", "lifecycle", "current_run", "policy_state", "context", "suspension"]
+        keys = [Keys.key(n) for n in names] + [Keys.capability_state_key(n) for n in self.capabilities]
+        expired = await self.blackboard.expire(keys, ttl)
+        await self.blackboard.expire_ring(Keys.key("context"), ttl)
+        boards = {self.blackboard.scope_id: self.blackboard}
+        boards.update({c.blackboard.scope_id: c.blackboard for c in self.capabilities.values()})
+        for board in boards.values():
+            await board.expire_scope(ttl)
+        return expired
 
     @classmethod
     async def restore(
@@ -548,9 +584,15 @@ class Agent(Bindable):
         if policy_e is not None and agent.action_policy is not None:
             agent.action_policy.set_state(policy_e.value)
         if context_e is not None:
-            agent.context = list(context_e.value.get("context", []))
-            agent.page_accesses = list(context_e.value.get("page_accesses", []))
-            last = context_e.value.get("last_result")
+            stored = context_e.value
+            if "context" in stored:  # written before the context became a ring
+                agent.context = ContextRing(MAX_CONTEXT_ITEMS, stored["context"] or [])
+                agent.context._persisted = 0  # moved into the ring at the next persist
+            else:
+                items = await board.ring(Keys.key("context"))
+                agent.context = ContextRing(MAX_CONTEXT_ITEMS, items, total=stored.get("context_total"))
+            agent.page_accesses = list(stored.get("page_accesses", []))
+            last = stored.get("last_result")
             agent.last_result = ActionResult.model_validate(last) if last else None
         if suspension_e is not None:
             agent.suspension = SuspensionRequest.model_validate(suspension_e.value)

@@ -9,6 +9,7 @@ The handle subscribes *before* writing the request, so nothing it waits for can 
 from __future__ import annotations
 
 import asyncio
+import logging
 import time
 from collections.abc import AsyncIterator
 from typing import TYPE_CHECKING, Any
@@ -19,13 +20,22 @@ from colony.agents.capability import AgentCapability
 from colony.agents.events import event_handler
 from colony.agents.hooks import HookContext, HookType, Pointcut
 from colony.agents.models import AgentRun, RunStatus, new_id
-from colony.blackboard import Blackboard, BlackboardEvent, BlackboardScope, EventSubscription, scope_id
-from colony.blackboard.protocol import AgentRunProtocol, RequestResultProtocol
+from colony.blackboard import (
+    Blackboard,
+    BlackboardEvent,
+    BlackboardScope,
+    EventSubscription,
+    TagFilter,
+    scope_id,
+)
+from colony.blackboard.protocol import AgentRunProtocol, ApiRunProtocol, RequestResultProtocol
 from colony.config import load_settings
-from colony.errors import AgentUsageError, ConcurrentModificationError, RunTimeout
+from colony.errors import AgentUsageError, BlackboardError, ConcurrentModificationError, RunTimeout
 
 if TYPE_CHECKING:
     from colony.agents.base import Agent
+
+log = logging.getLogger(__name__)
 
 COMPLETED, FAILED, CANCELLED = "completed", "failed", "cancelled"
 TERMINAL_EVENTS = frozenset({COMPLETED, FAILED, CANCELLED})
@@ -91,6 +101,7 @@ class AgentHandle:
         await board.write(
             protocol.request_key(request_id),
             {"input": input_data, "requester": requester, "agent_id": self.child_agent_id},
+            tags={protocol.request_tag(request_id)},
             created_by=requester,
         )
 
@@ -221,6 +232,10 @@ class AgentRunCapability(AgentCapability):
     numbered from what is already stored. So after a restart `start()` finds every claimed
     request without a result, adopts the one the restored run is serving and queues the others
     in claim order: none is lost, none runs twice, and event numbers go on where they were.
+
+    Every key a request leaves carries its request tag; once answered, the claim leaves the open
+    claims index and all those keys (and an HTTP run's record) expire after `runs.retention_seconds`.
+    Finding open claims and counting a request's events read tag index sets, never a keyspace SCAN.
     """
 
     def __init__(
@@ -251,6 +266,7 @@ class AgentRunCapability(AgentCapability):
         self._queued: set[str] = set()
         self._idle = asyncio.Event()
         self._idle.set()
+        self._retention: float | None = None
         if agent is not None:
             agent.hooks.register(
                 Pointcut.for_instance(agent, "run_step"), HookType.AFTER, self._after_step, owner=self
@@ -258,9 +274,10 @@ class AgentRunCapability(AgentCapability):
 
     async def start(self) -> None:
         agent = self._agent()
+        open_claims = TagFilter(all_of=frozenset({self.protocol.open_claims_tag()}))
         claims = [
             e
-            async for e in self.blackboard.iter_query(self.protocol.pattern("claim"))
+            async for e in self.blackboard.iter_query(self.protocol.pattern("claim"), tags=open_claims)
             if e.value == agent.agent_id
         ]
         claims.sort(key=lambda e: (e.created_at, e.key))
@@ -269,6 +286,7 @@ class AgentRunCapability(AgentCapability):
         run = agent.current_run
         for request_id, result in zip(request_ids, results, strict=True):
             if result is not None:
+                await self._retire(request_id)  # answered before a restart could retire it
                 continue
             if run is not None and not run.done and run.request_id == request_id:
                 await self._adopt(request_id)  # the host drives the restored run; _after_step answers
@@ -287,6 +305,7 @@ class AgentRunCapability(AgentCapability):
             await self.blackboard.write(
                 self.protocol.claim_key(request_id),
                 agent.agent_id,
+                tags={self.protocol.request_tag(request_id), self.protocol.open_claims_tag()},
                 expected_version=0,
                 created_by=agent.agent_id,
             )
@@ -310,19 +329,39 @@ class AgentRunCapability(AgentCapability):
         agent = self._agent()
         while True:
             request_id = await self._queue.get()
-            await self._idle.wait()
-            while agent.current_run is not None and not agent.current_run.done:  # noqa: ASYNC110 - set by other code paths
-                await asyncio.sleep(0.05)
-            if await self.blackboard.read(self.protocol.result_key(request_id)) is None:
-                await self._serve(request_id)
-            self._queued.discard(request_id)
+            try:
+                await self._idle.wait()
+                while agent.current_run is not None and not agent.current_run.done:  # noqa: ASYNC110 - set by other code paths
+                    await asyncio.sleep(0.05)
+                if await self.blackboard.read(self.protocol.result_key(request_id)) is None:
+                    await self._serve(request_id)
+                else:
+                    await self._retire(request_id)  # ended by its requester before it was served
+            except Exception as exc:  # one bad request must not stop this agent serving the next ones
+                log.warning("request %s of %s failed outside its run: %r", request_id, agent.agent_id, exc)
+                await self._fail_request(request_id, f"{type(exc).__name__}: {exc}")
+            finally:
+                self._queued.discard(request_id)
+
+    async def _fail_request(self, request_id: str, reason: str) -> None:
+        """End a request whose serving raised (e.g. an input Redis would not store in an event) as
+        failed with the reason, and leave the capability idle; never raises."""
+        self.active_request = request_id
+        try:
+            message = f"the agent could not serve this run: {reason}"[:2000]
+            await self._respond(request_id, RunStatus.FAILED, None, message, None, 0)
+        except Exception as exc:
+            log.error("request %s could not be ended as failed: %r", request_id, exc)
+        finally:
+            self.active_request = None
+            self._idle.set()
 
     async def _adopt(self, request_id: str) -> None:
         """Make `request_id` the active one; its event numbering continues after what is stored."""
         self.active_request = request_id
-        self._seq = len(
-            [e async for e in self.blackboard.iter_query(self.protocol.event_pattern(request_id))]
-        )
+        tags = TagFilter(all_of=frozenset({self.protocol.request_tag(request_id)}))
+        pattern = self.protocol.event_pattern(request_id)
+        self._seq = len([e async for e in self.blackboard.iter_query(pattern, tags=tags)])
         self._idle.clear()
 
     async def _serve(self, request_id: str) -> None:
@@ -356,18 +395,77 @@ class AgentRunCapability(AgentCapability):
             await self.blackboard.write(
                 self.protocol.result_key(request_id),
                 {"status": status.value, "output": output, "error": error, "run_id": run_id, "steps": steps},
+                tags={self.protocol.request_tag(request_id)},
                 created_by=self.agent.agent_id if self.agent else None,
                 expected_version=0,
             )
             await self.emit(kind, {"output": output, "error": error})
         except ConcurrentModificationError:
             pass
+        except Exception as exc:  # e.g. an output Redis cannot store: the run still ends, as failed
+            reason = f"its result could not be stored: {type(exc).__name__}: {exc}"
+            await self._store_failure(request_id, reason)
         finally:
             self.active_request = None
             self._idle.set()
+        await self._retire(request_id)
         agent = self.agent
         if self.one_shot and agent is not None and agent.host is not None:
             agent.host.retire(agent.agent_id)
+
+    async def _store_failure(self, request_id: str, reason: str) -> None:
+        """The result (or its event) could not be written: write a failed result without the output
+        (create-only; a result already there stands) and a terminal event that agrees with it."""
+        status = RunStatus.FAILED
+        try:
+            await self.blackboard.write(
+                self.protocol.result_key(request_id),
+                {"status": status.value, "output": None, "error": reason[:2000], "run_id": None, "steps": 0},
+                tags={self.protocol.request_tag(request_id)},
+                created_by=self.agent.agent_id if self.agent else None,
+                expected_version=0,
+            )
+        except ConcurrentModificationError:
+            existing = await self.blackboard.read(self.protocol.result_key(request_id))
+            if existing is not None and existing.value.get("status") in {s.value for s in RunStatus}:
+                status = RunStatus(existing.value["status"])
+        kind = {RunStatus.SUCCEEDED: COMPLETED, RunStatus.CANCELLED: CANCELLED}.get(status, FAILED)
+        await self.emit(kind, {"output": None, "error": reason[:2000]})
+
+    @property
+    def retention_seconds(self) -> float:
+        """How long an answered request's keys stay (`runs.retention_seconds`, read once)."""
+        if self._retention is None:
+            self._retention = load_settings().runs.retention_seconds
+        return self._retention
+
+    async def _retire(self, request_id: str) -> None:
+        """The request is answered: its claim leaves the open-claims index, and every key it left
+        (request, claim, events, result; for an HTTP run its run record too) expires after the
+        retention, as do this scope's stream events older than the retention. Idempotent (it
+        never extends an expiry), so it also runs after late writes. A failure is logged: the
+        request is answered either way."""
+        tag = self.protocol.request_tag(request_id)
+        owner = self.agent.agent_id if self.agent else None
+        ttl = self.retention_seconds
+        try:
+            await self.blackboard.write(
+                self.protocol.claim_key(request_id), owner, tags={tag}, created_by=owner
+            )
+            await self.blackboard.expire([], ttl, tag=tag, trim_events=True)
+            if self.protocol is AgentRunProtocol and self.agent is not None:
+                meta = self.agent.metadata
+                api_board = self.blackboard.scoped(
+                    scope_id(
+                        BlackboardScope.COLONY,
+                        tenant_id=meta.tenant_id,
+                        colony_id=meta.colony_id,
+                        namespace=ApiRunProtocol.namespace,
+                    )
+                )
+                await api_board.expire([ApiRunProtocol.run_key(request_id)], ttl)
+        except BlackboardError as exc:
+            log.warning("keys of request %s were not given their retention: %s", request_id, exc)
 
     async def emit(self, event_type: str, data: Any = None) -> None:
         """Write the next event of the active request (ordered by its sequence number)."""
@@ -378,6 +476,7 @@ class AgentRunCapability(AgentCapability):
         await self.blackboard.write(
             self.protocol.event_key(self.active_request, f"{self._seq:05d}.{event_type}"),
             event.model_dump(mode="json"),
+            tags={self.protocol.request_tag(self.active_request)},
             created_by=self.agent.agent_id if self.agent else None,
         )
 
@@ -387,7 +486,10 @@ class AgentRunCapability(AgentCapability):
         if self.active_request is None or run is None or run.request_id != self.active_request:
             return
         action = agent.last_result.model_dump(mode="json") if agent.last_result else None
-        await self.emit("step", {"step": run.steps, "action": action})
+        try:
+            await self.emit("step", {"step": run.steps, "action": action})
+        except Exception as exc:  # a step event Redis will not store is dropped; the run goes on
+            log.warning("step event of request %s not stored: %r", self.active_request, exc)
         if not run.done and await self.blackboard.read(self.protocol.result_key(self.active_request)):
             await agent.cancel_run("the requester ended the run (cancelled or timed out)")
         if run.done:

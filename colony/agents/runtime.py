@@ -143,6 +143,8 @@ class LocalAgentRuntime:
         await self._detach(agent_id)
         if not agent.terminated:
             await agent.transition(AgentState.STOPPED, "stopped")
+        if agent.state is AgentState.STOPPED:  # stopped for good: its state leaves after the retention
+            await agent.retire_state()
         if self.on_stopped is not None:
             await self.on_stopped(agent_id)
 

@@ -15,6 +15,7 @@ from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Mappin
 from typing import TYPE_CHECKING, Any
 
 import redis.asyncio as aioredis
+from redis.exceptions import ResponseError
 
 from colony import metrics
 from colony.blackboard import scripts
@@ -25,11 +26,12 @@ from colony.blackboard.models import (
     QueryPage,
     TagFilter,
     WriteRequest,
+    decode_value,
     encode_tags,
     encode_value,
     ttl_to_ms,
 )
-from colony.blackboard.protocol import BlackboardKeyspace, validate_key, validate_pattern
+from colony.blackboard.protocol import BlackboardKeyspace, validate_key, validate_pattern, validate_tag
 from colony.blackboard.query import run_query
 from colony.config import BlackboardSettings, ColonySettings, load_settings
 from colony.errors import BatchConflictError, ConcurrentModificationError, InvalidArgument
@@ -82,6 +84,8 @@ class Blackboard:
         self._delete = redis.register_script(scripts.DELETE)
         self._commit = redis.register_script(scripts.COMMIT)
         self.prune_tag_index = redis.register_script(scripts.PRUNE_TAG_INDEX)
+        self._expire = redis.register_script(scripts.EXPIRE)
+        self._expire_key = redis.register_script(scripts.EXPIRE_KEY)
         self._maxlen = str(self.settings.events_maxlen)
         self._include_values = "1" if self.settings.include_values_in_events else "0"
 
@@ -121,7 +125,8 @@ class Blackboard:
         args = self._write_args(key, encoded, encoded_tags, created_by, ttl_seconds, expected_version)
         async with self.guard("write"):
             reply = await self._write(
-                keys=[self.keyspace.entry_key(key), self.keyspace.events_key], args=args
+                keys=[self.keyspace.entry_key(key), self.keyspace.events_key, self.keyspace.expiry_key],
+                args=args,
             )
         return self._written(key, encoded, encoded_tags, created_by, expected_version, reply)
 
@@ -146,10 +151,11 @@ class Blackboard:
     ) -> bool:
         """Delete `key`; True if it existed. With `expected_version`, only if it matches."""
         validate_key(key)
-        args = [key, _opt(expected_version), created_by or "", self.keyspace.tag_prefix, self._maxlen]
+        ks = self.keyspace
+        args = [key, _opt(expected_version), created_by or "", ks.tag_prefix, self._maxlen, ks.entry_prefix]
         async with self.guard("delete"):
             ok, version = await self._delete(
-                keys=[self.keyspace.entry_key(key), self.keyspace.events_key], args=args
+                keys=[ks.entry_key(key), ks.events_key, ks.expiry_key], args=args
             )
         if not ok:
             metrics.BLACKBOARD_CONFLICTS.inc()
@@ -187,7 +193,9 @@ class Blackboard:
                     for r, value, tags in chunk
                 ]
                 args = [*head, json.dumps(batch, separators=(",", ":"))]
-                await self._write_batch(keys=[self.keyspace.events_key], args=args, client=pipe)
+                await self._write_batch(
+                    keys=[self.keyspace.events_key, self.keyspace.expiry_key], args=args, client=pipe
+                )
             replies = await pipe.execute()
         applied: list[BlackboardEntry] = []
         conflicts: list[tuple[str, int | None, int]] = []
@@ -265,6 +273,47 @@ class Blackboard:
                 await asyncio.sleep(random.uniform(0, delay))
                 delay = min(delay * 2, 0.05)
         raise AssertionError("unreachable")
+
+    # -- retention ----------------------------------------------------------------------------
+
+    async def expire(
+        self, keys: Iterable[str], ttl_seconds: float, *, tag: str | None = None, trim_events: bool = False
+    ) -> int:
+        """Make entries expire in `ttl_seconds` (unless they already expire sooner; never extends).
+
+        With `tag`, every entry carrying it and the tag's index set expire too: that is how a
+        group of keys (e.g. all keys of one finished run) is retired without knowing each key.
+        With `trim_events`, this scope's events older than `ttl_seconds` are trimmed from its
+        stream (besides the MAXLEN cap every append applies). Returns how many entries got the expiry.
+        """
+        names = [validate_key(k) for k in keys]
+        ttl = ttl_to_ms(ttl_seconds)
+        ks = self.keyspace
+        trim = "1" if trim_events else "0"
+        args = [ks.entry_prefix, ks.tag_prefix, ttl, validate_tag(tag) if tag else "", trim, *names]
+        async with self.guard("expire"):
+            return int(await self._expire(keys=[ks.expiry_key, ks.events_key], args=args))
+
+    async def expire_ring(self, name: str, ttl_seconds: float) -> bool:
+        """Make a ring expire in `ttl_seconds` (unless it expires sooner); False if there is none."""
+        async with self.guard("expire_ring"):
+            return bool(
+                await self._expire_key(keys=[self.keyspace.ring_key(name)], args=[ttl_to_ms(ttl_seconds)])
+            )
+
+    async def expire_scope(self, ttl_seconds: float) -> None:
+        """Make this scope's event stream and expiry index expire in `ttl_seconds` (unless sooner),
+        for a scope that is done for good (a stopped agent's). A later write does not undo it."""
+        ttl = ttl_to_ms(ttl_seconds)
+        async with self.guard("expire_scope"):
+            for key in (self.keyspace.events_key, self.keyspace.expiry_key):
+                await self._expire_key(keys=[key], args=[ttl])
+
+    async def ring(self, name: str) -> list[Any]:
+        """The items of a ring, oldest first (see `Transaction.ring_push`)."""
+        async with self.guard("ring"):
+            items = await self.redis.lrange(self.keyspace.ring_key(name), 0, -1)
+        return [decode_value(item) for item in items]
 
     def transaction(self) -> Transaction:
         """`async with bb.transaction() as tx:` — reads recorded, writes applied atomically at exit."""
@@ -347,6 +396,18 @@ class Blackboard:
             newest = await self.redis.xrevrange(self.keyspace.events_key, count=1)
         return newest[0][0] if newest else "0-0"
 
+    async def last_generated_event_id(self) -> str | None:
+        """The id of the newest event this scope ever appended, even if trimmed since; None when
+        the scope has no event stream (none yet, or it expired)."""
+        async with self.guard("last_generated_event_id"):
+            try:
+                info = await self.redis.xinfo_stream(self.keyspace.events_key)
+            except ResponseError as exc:
+                if "no such key" in str(exc).lower():
+                    return None
+                raise
+        return str(info["last-generated-id"])
+
     async def events(
         self, from_id: str = "-", to_id: str = "+", *, count: int = 1000
     ) -> list[BlackboardEvent]:
@@ -376,6 +437,7 @@ class Blackboard:
             self.keyspace.tag_prefix,
             self._maxlen,
             self._include_values,
+            self.keyspace.entry_prefix,
         ]
 
     @staticmethod

@@ -84,6 +84,12 @@ class BlackboardKeyspace:
         self.entry_prefix = f"{base}:e:"
         self.tag_prefix = f"{base}:t:"
         self.events_key = f"{base}:events"
+        self.expiry_key = f"{base}:x"  # sorted set: tagged entries with a TTL, by expiry (see scripts)
+        self.ring_prefix = f"{base}:r:"
+
+    def ring_key(self, name: str) -> str:
+        """A capped list (ring) of this scope, e.g. an agent's context; see `Transaction.ring_push`."""
+        return self.ring_prefix + validate_key(name, "ring name")
 
     def entry_key(self, key: str) -> str:
         return self.entry_prefix + key
@@ -212,6 +218,17 @@ class RequestResultProtocol(BlackboardProtocol):
         return cls.build("claim", request_id=request_id)
 
     @classmethod
+    def request_tag(cls, request_id: str) -> str:
+        """The tag of every entry one request leaves (request, claim, events, result): its index set
+        lists them, so finishing the request can expire them all without a keyspace scan."""
+        return f"{cls.kind}:{validate_segment(request_id, 'request_id')}"
+
+    @classmethod
+    def open_claims_tag(cls) -> str:
+        """The tag of claims whose request is not answered yet (what a restarted server picks up)."""
+        return f"open:{cls.kind}"
+
+    @classmethod
     def request_pattern(cls) -> str:
         return cls.pattern("request")
 
@@ -286,7 +303,10 @@ class AgentStateProtocol(BlackboardProtocol):
 
 class AgentRegistryProtocol(BlackboardProtocol):
     """The colony's agent registry (COLONY scope): one entry per agent, tagged `state:{state}` and
-    `replica:{replica}`, so the tag index gives the agents of a state or of a replica."""
+    `replica:{replica}`, so the tag index gives the agents of a state or of a replica.
+
+    Every entry also carries the tag of its kind (`index:agent`, `index:replica`, `index:process`):
+    listing a kind reads that one index set, never a SCAN of the keyspace."""
 
     templates = {
         "agent": "registry:agent:{agent_id}",
@@ -309,6 +329,13 @@ class AgentRegistryProtocol(BlackboardProtocol):
         return cls.build("process", process_id=process_id)
 
     @staticmethod
+    def index_tag(template: str) -> str:
+        """The tag every entry of one template carries (its index set lists them all)."""
+        if template not in AgentRegistryProtocol.templates:
+            raise InvalidKey(f"AgentRegistryProtocol has no template {template!r}")
+        return f"index:{template}"
+
+    @staticmethod
     def state_tag(state: str) -> str:
         return f"state:{validate_segment(state, 'state')}"
 
@@ -319,8 +346,10 @@ class AgentRegistryProtocol(BlackboardProtocol):
 
 class ApiRunProtocol(BlackboardProtocol):
     """Runs submitted over HTTP (COLONY scope, `api` namespace): `run:{run_id}` maps a run to its
-    agent, namespace, deadline and where its events start."""
+    agent, namespace, deadline and where its events start. The run id is the AgentRunProtocol
+    request id, so whoever retires the run's keys can retire this record too."""
 
+    namespace: ClassVar[str] = "api"
     templates = {"run": "run:{run_id}"}
 
     @classmethod
@@ -349,6 +378,14 @@ class VcmProtocol(BlackboardProtocol):
     @classmethod
     def source_key(cls, source_id: str) -> str:
         return cls.build("source", source_id=source_id)
+
+    @staticmethod
+    def index_tag(template: str) -> str:
+        """The tag every page record (`page`) or source record (`source`) carries: its index set
+        lists them all, so listing them never SCANs the keyspace."""
+        if template not in ("page", "source"):
+            raise InvalidKey(f"VcmProtocol indexes 'page' and 'source' records, not {template!r}")
+        return f"index:{template}"
 
     @staticmethod
     def resident_tag(replica_id: str) -> str:

@@ -7,6 +7,12 @@ timestamps of writers on different hosts are comparable.
 Entry hash fields: v (JSON value), ver, tags (tags joined by \\x1f), cb/ub (created/updated by),
 ca/ua (created/updated at, ms), exp (expiry, ms; only with a TTL).
 Event fields: op, key, ver, tags, by, ts (ms), and v when values go into events.
+
+Expiry index: an entry with both a TTL and tags is a member `key \x1e tags` of the scope's sorted
+set `x`, scored by its expiry (ms). Redis drops an expired hash on its own but cannot drop its
+tag-index memberships; every mutating script sweeps a few due members of `x` and removes those
+memberships, so the tag sets of expiring entries (heartbeats, finished runs) do not grow forever
+even when nobody reads them.
 """
 
 from __future__ import annotations
@@ -27,6 +33,33 @@ local function split_tags(s)
   return out
 end
 
+-- expiry index member of an entry with tags and a TTL
+local function xmember(lkey, tags) return lkey .. '\30' .. (tags or '') end
+
+local function xindex(xkey, lkey, old_tags, old_exp, new_tags, new_exp)
+  if old_exp then redis.call('ZREM', xkey, xmember(lkey, old_tags)) end
+  if new_exp ~= '' and new_tags and new_tags ~= '' then
+    redis.call('ZADD', xkey, new_exp, xmember(lkey, new_tags))
+  end
+end
+
+-- drop the tag-index memberships of up to `limit` entries whose expiry has passed
+local function sweep(xkey, eprefix, tagp, now, limit)
+  local due = redis.call('ZRANGEBYSCORE', xkey, '-inf', now, 'LIMIT', 0, limit)
+  for _, m in ipairs(due) do
+    local sep = string.find(m, '\30', 1, true)
+    if sep then
+      local lkey = string.sub(m, 1, sep - 1)
+      local live = {}
+      for _, t in ipairs(split_tags(redis.call('HGET', eprefix .. lkey, 'tags'))) do live[t] = true end
+      for _, t in ipairs(split_tags(string.sub(m, sep + 1))) do
+        if not live[t] then redis.call('SREM', tagp .. t, lkey) end
+      end
+    end
+    redis.call('ZREM', xkey, m)
+  end
+end
+
 local function retag(tagp, lkey, old_s, new_s)
   if old_s == new_s then return end
   local new = split_tags(new_s)
@@ -39,7 +72,7 @@ local function retag(tagp, lkey, old_s, new_s)
 end
 
 -- cur = HMGET h ver tags ca cb exp ; returns version, created_at, created_by, stream id
-local function apply_write(h, stream, lkey, value, tags, writer, ttl_ms, tagp, maxlen, incl, cur, now)
+local function apply_write(h, stream, lkey, value, tags, writer, ttl_ms, tagp, maxlen, incl, cur, now, xkey)
   local old_ver = tonumber(cur[1]) or 0
   local ver = old_ver + 1
   local ca = now
@@ -62,7 +95,13 @@ local function apply_write(h, stream, lkey, value, tags, writer, ttl_ms, tagp, m
     redis.call('HDEL', h, 'exp')
     redis.call('PERSIST', h)
   end
-  if old_ver > 0 then retag(tagp, lkey, cur[2], tags) else retag(tagp, lkey, '', tags) end
+  if old_ver > 0 then
+    retag(tagp, lkey, cur[2], tags)
+    xindex(xkey, lkey, cur[2], cur[5], tags, exp)
+  else
+    retag(tagp, lkey, '', tags)
+    xindex(xkey, lkey, '', false, tags, exp)
+  end
   local id
   if incl == '1' then
     id = redis.call('XADD', stream, 'MAXLEN', '~', maxlen, '*',
@@ -75,18 +114,22 @@ local function apply_write(h, stream, lkey, value, tags, writer, ttl_ms, tagp, m
 end
 
 -- cur = HMGET h ver tags ; returns stream id or false when nothing was deleted
-local function apply_delete(h, stream, lkey, writer, tagp, maxlen, cur, now)
+local function apply_delete(h, stream, lkey, writer, tagp, maxlen, cur, now, xkey)
   local ver = tonumber(cur[1]) or 0
   if ver == 0 then return false end
   retag(tagp, lkey, cur[2], '')
+  xindex(xkey, lkey, cur[2], cur[3], '', '')
   redis.call('DEL', h)
   return redis.call('XADD', stream, 'MAXLEN', '~', maxlen, '*',
     'op', 'delete', 'key', lkey, 'ver', ver, 'tags', cur[2] or '', 'by', writer, 'ts', now)
 end
 """
 
-# KEYS: entry hash, event stream
-# ARGV: logical key, value, tags, writer, ttl_ms|'', expected_version|'', tag prefix, maxlen, include_value
+# Each mutating script sweeps at most 16 due expiry-index members (bounded work per call).
+
+# KEYS: entry hash, event stream, expiry index
+# ARGV: logical key, value, tags, writer, ttl_ms|'', expected_version|'', tag prefix, maxlen, include_value,
+#       entry prefix
 # -> {1, version, created_at, created_by, stream id, expires_at, updated_at} | {0, actual_version}
 WRITE = (
     _LIBRARY
@@ -97,12 +140,13 @@ if ARGV[6] ~= '' and tonumber(ARGV[6]) ~= actual then return {0, actual} end
 local now = now_ms()
 local r = apply_write(KEYS[1], KEYS[2], ARGV[1], ARGV[2], ARGV[3], ARGV[4], ARGV[5],
   ARGV[7], ARGV[8], ARGV[9],
-  cur, now)
+  cur, now, KEYS[3])
+sweep(KEYS[3], ARGV[10], ARGV[7], now, 16)
 return {1, r[1], r[2], r[3], r[4], tostring(r[5]), now}
 """
 )
 
-# KEYS: event stream (entry hashes share its hash tag, hence its cluster slot)
+# KEYS: event stream, expiry index (entry hashes share their hash tag, hence their cluster slot)
 # ARGV: entry prefix, tag prefix, maxlen, include_value,
 #       JSON list of writes [logical key, value, tags, writer, ttl_ms|'', expected_version|'']
 # Each write is checked and applied on its own; one call runs the whole chunk atomically.
@@ -120,35 +164,42 @@ for _, w in ipairs(cjson.decode(ARGV[5])) do
   if w[6] ~= '' and tonumber(w[6]) ~= actual then
     out[#out + 1] = 0; out[#out + 1] = actual; out[#out + 1] = 0; out[#out + 1] = ''; out[#out + 1] = ''
   else
-    local r = apply_write(h, KEYS[1], w[1], w[2], w[3], w[4], w[5], ARGV[2], ARGV[3], ARGV[4], cur, now)
+    local r = apply_write(h, KEYS[1], w[1], w[2], w[3], w[4], w[5], ARGV[2], ARGV[3], ARGV[4], cur, now,
+      KEYS[2])
     out[#out + 1] = 1; out[#out + 1] = r[1]; out[#out + 1] = r[2]; out[#out + 1] = r[3]
     out[#out + 1] = tostring(r[5])
   end
 end
+sweep(KEYS[2], ARGV[1], ARGV[2], now, 16)
 return out
 """
 )
 
-# KEYS: entry hash, event stream
-# ARGV: logical key, expected_version|'', writer, tag prefix, maxlen
+# KEYS: entry hash, event stream, expiry index
+# ARGV: logical key, expected_version|'', writer, tag prefix, maxlen, entry prefix
 # -> {1, deleted_version (0 = nothing there)} | {0, actual_version}
 DELETE = (
     _LIBRARY
     + r"""
-local cur = redis.call('HMGET', KEYS[1], 'ver', 'tags')
+local cur = redis.call('HMGET', KEYS[1], 'ver', 'tags', 'exp')
 local actual = tonumber(cur[1]) or 0
 if ARGV[2] ~= '' and tonumber(ARGV[2]) ~= actual then return {0, actual} end
-local id = apply_delete(KEYS[1], KEYS[2], ARGV[1], ARGV[3], ARGV[4], ARGV[5], cur, now_ms())
+local now = now_ms()
+local id = apply_delete(KEYS[1], KEYS[2], ARGV[1], ARGV[3], ARGV[4], ARGV[5], cur, now, KEYS[3])
+sweep(KEYS[3], ARGV[6], ARGV[4], now, 16)
 if not id then return {1, 0} end
 return {1, actual}
 """
 )
 
-# KEYS: event stream
+# KEYS: event stream, expiry index
 # ARGV[1]: JSON {"checks": [[hash, version], ...],
-#                "ops": [["w", hash, key, value, tags, writer, ttl_ms|''] | ["d", hash, key, writer], ...],
-#                "tp": tag prefix, "ml": maxlen, "iv": "0"|"1"}
-# -> {1, now, {per op: {version, created_at, created_by, expires_at} | {0, deleted version}}}
+#                "ops": [["w", hash, key, value, tags, writer, ttl_ms|''] | ["d", hash, key, writer]
+#                        | ["r", list key, cap, [JSON item, ...]], ...],
+#                "tp": tag prefix, "ep": entry prefix, "ml": maxlen, "iv": "0"|"1"}
+# A "r" op appends to a capped list (a ring: the oldest items beyond `cap` are dropped).
+# -> {1, now, {per op: {version, created_at, created_by, expires_at} | {0, deleted version}
+#                      | {0, ring length}}}
 #    | {0, failed check index (1-based), actual version}
 COMMIT = (
     _LIBRARY
@@ -163,18 +214,73 @@ local out = {}
 for i, op in ipairs(p.ops) do
   if op[1] == 'w' then
     local cur = redis.call('HMGET', op[2], 'ver', 'tags', 'ca', 'cb', 'exp')
-    local r = apply_write(op[2], KEYS[1], op[3], op[4], op[5], op[6], op[7], p.tp, p.ml, p.iv, cur, now)
+    local r = apply_write(op[2], KEYS[1], op[3], op[4], op[5], op[6], op[7], p.tp, p.ml, p.iv, cur, now,
+      KEYS[2])
     out[i] = {r[1], r[2], r[3], tostring(r[5])}
+  elseif op[1] == 'r' then
+    local n = 0
+    for _, item in ipairs(op[4]) do n = redis.call('RPUSH', op[2], item) end
+    if n > tonumber(op[3]) then redis.call('LTRIM', op[2], -tonumber(op[3]), -1) end
+    out[i] = {0, math.min(n, tonumber(op[3]))}
   else
-    local cur = redis.call('HMGET', op[2], 'ver', 'tags')
+    local cur = redis.call('HMGET', op[2], 'ver', 'tags', 'exp')
     local actual = tonumber(cur[1]) or 0
-    apply_delete(op[2], KEYS[1], op[3], op[4], p.tp, p.ml, cur, now)
+    apply_delete(op[2], KEYS[1], op[3], op[4], p.tp, p.ml, cur, now, KEYS[2])
     out[i] = {0, actual}
   end
 end
+sweep(KEYS[2], p.ep, p.tp, now, 16)
 return {1, now, out}
 """
 )
+
+# KEYS: expiry index, event stream ; ARGV: entry prefix, tag prefix, ttl_ms, tag|'', trim '1'|'0',
+#       logical keys...
+# Gives each listed entry (and, with a tag, every entry carrying it and the tag's index set) an
+# expiry `ttl_ms` from now, unless it already expires sooner: calling it again never extends.
+# With trim, stream events older than ttl_ms are trimmed (XTRIM MINID ~): the retention of the
+# events of entries that expire after it.
+# -> number of entries whose expiry was set
+EXPIRE = (
+    _LIBRARY
+    + r"""
+local now = now_ms()
+local ttl = tonumber(ARGV[3])
+local exp = now + ttl
+local keys = {}
+for i = 6, #ARGV do keys[#keys + 1] = ARGV[i] end
+if ARGV[5] == '1' and now > ttl then
+  redis.call('XTRIM', KEYS[2], 'MINID', '~', tostring(now - ttl))
+end
+if ARGV[4] ~= '' then
+  local set = ARGV[2] .. ARGV[4]
+  for _, k in ipairs(redis.call('SMEMBERS', set)) do keys[#keys + 1] = k end
+  local left = redis.call('PTTL', set)
+  if left == -1 or left > ttl then redis.call('PEXPIRE', set, ttl) end
+end
+local n = 0
+for _, lkey in ipairs(keys) do
+  local h = ARGV[1] .. lkey
+  local cur = redis.call('HMGET', h, 'ver', 'tags', 'exp')
+  if cur[1] and (not cur[3] or tonumber(cur[3]) > exp) then
+    redis.call('HSET', h, 'exp', exp)
+    redis.call('PEXPIRE', h, ttl)
+    xindex(KEYS[1], lkey, cur[2], cur[3], cur[2], exp)
+    n = n + 1
+  end
+end
+sweep(KEYS[1], ARGV[1], ARGV[2], now, 16)
+return n
+"""
+)
+
+# KEYS: any key (a ring, an event stream) ; ARGV: ttl_ms — expire it unless it expires sooner
+EXPIRE_KEY = r"""
+local left = redis.call('PTTL', KEYS[1])
+if left == -2 then return 0 end
+if left == -1 or left > tonumber(ARGV[1]) then redis.call('PEXPIRE', KEYS[1], ARGV[1]) end
+return 1
+"""
 
 # KEYS: a tag-index set ; ARGV: entry-key prefix, the tag, logical keys that looked stale
 # Removes only members whose entry is still absent or still lacks the tag (checked here,

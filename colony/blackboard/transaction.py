@@ -74,6 +74,20 @@ class Transaction:
             self._checks.append((key, expected_version))
         self._ops.append(["d", key, created_by or ""])
 
+    def ring_push(self, name: str, items: Iterable[Any], cap: int) -> None:
+        """Buffer appending `items` to the ring `name`, which keeps only its newest `cap` items.
+
+        A ring grows by appends only, so state that accumulates (an agent's context) is written
+        by what is new, never rewritten whole, and stays bounded.
+        """
+        self._check_open()
+        self._bb.keyspace.ring_key(name)  # validates the name now, not at commit
+        if cap < 1:
+            raise BlackboardError(f"a ring holds at least one item; cap={cap}")
+        encoded = [encode_value(item) for item in items]
+        if encoded:
+            self._ops.append(["r", name, cap, encoded])
+
     async def commit(self) -> list[BlackboardEntry | None]:
         """Apply everything or raise `ConcurrentModificationError` naming the first changed key."""
         self._check_open()
@@ -84,13 +98,14 @@ class Transaction:
         ks = self._bb.keyspace
         payload = {
             "checks": [[ks.entry_key(k), v] for k, v in checks],
-            "ops": [[op[0], ks.entry_key(op[1]), *op[1:]] for op in self._ops],
+            "ops": [self._encode_op(op) for op in self._ops],
             "tp": ks.tag_prefix,
+            "ep": ks.entry_prefix,
             "ml": self._bb.settings.events_maxlen,
             "iv": "1" if self._bb.settings.include_values_in_events else "0",
         }
         async with self._bb.guard("commit"):
-            reply = await self._bb._commit(keys=[ks.events_key], args=[json.dumps(payload)])
+            reply = await self._bb._commit(keys=[ks.events_key, ks.expiry_key], args=[json.dumps(payload)])
         if not reply[0]:
             metrics.BLACKBOARD_CONFLICTS.inc()
             key, expected = checks[int(reply[1]) - 1]
@@ -104,6 +119,12 @@ class Transaction:
         _, now, outs = reply
         self.results = [self._entry(op, out, now) for op, out in zip(self._ops, outs, strict=True)]
         return self.results
+
+    def _encode_op(self, op: list[Any]) -> list[Any]:
+        ks = self._bb.keyspace
+        if op[0] == "r":
+            return [op[0], ks.ring_key(op[1]), *op[2:]]
+        return [op[0], ks.entry_key(op[1]), *op[1:]]
 
     @staticmethod
     def _entry(op: list[Any], out: list[Any], now: int) -> BlackboardEntry | None:

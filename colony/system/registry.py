@@ -1,7 +1,12 @@
 """The agent registry: which agents exist, where they run and in which state, in Redis.
 
 One entry per agent (COLONY scope), tagged by state and by replica, so "the agents of replica R"
-or "the suspended agents" are tag-index lookups, not a scan of one big document.
+or "the suspended agents" are tag-index lookups, not a scan of one big document. Every entry also
+carries its kind's index tag, so listing all agents (or replicas, or publications) reads one index
+set, whatever else the Redis holds: no hot path here issues SCAN.
+
+A stopped or failed agent's record expires after `runs.retention_seconds` (the same retention as
+finished runs); writing it again in a live state makes it permanent again.
 """
 
 from __future__ import annotations
@@ -13,6 +18,7 @@ from pydantic import BaseModel, Field
 
 from colony.blackboard import Blackboard, TagFilter
 from colony.blackboard.protocol import AgentRegistryProtocol as Keys
+from colony.config import load_settings
 
 DONE_STATES = frozenset({"stopped", "failed"})  # the agent has ended
 NOT_HOSTED = DONE_STATES | {"suspended"}  # states in which no replica hosts the agent
@@ -30,15 +36,26 @@ class AgentRecord(BaseModel):
 
 
 class AgentRegistry:
-    def __init__(self, colony_board: Blackboard) -> None:
+    def __init__(self, colony_board: Blackboard, *, retention_seconds: float | None = None) -> None:
         self.board = colony_board
+        self._retention = retention_seconds
+
+    @property
+    def retention_seconds(self) -> float:
+        """How long records of ended agents stay (`runs.retention_seconds`, read once)."""
+        if self._retention is None:
+            self._retention = load_settings().runs.retention_seconds
+        return self._retention
 
     async def put(self, record: AgentRecord) -> AgentRecord:
         record = record.model_copy(update={"updated_at": time.time()})
-        tags = {Keys.state_tag(record.state)}
+        tags = {Keys.index_tag("agent"), Keys.state_tag(record.state)}
         if record.replica:
             tags.add(Keys.replica_tag(record.replica))
-        await self.board.write(Keys.agent_key(record.agent_id), record, tags=tags, created_by="registry")
+        ttl = self.retention_seconds if record.state in DONE_STATES else None
+        await self.board.write(
+            Keys.agent_key(record.agent_id), record, tags=tags, created_by="registry", ttl_seconds=ttl
+        )
         return record
 
     async def get(self, agent_id: str) -> AgentRecord | None:
@@ -52,17 +69,17 @@ class AgentRegistry:
         return await self.put(record.model_copy(update={"state": state}))
 
     async def list(self, *, state: str | None = None, replica: str | None = None) -> list[AgentRecord]:
-        tags: dict[str, Any] = {"all_of": []}
-        if state:
-            tags["all_of"].append(Keys.state_tag(state))
-        if replica:
-            tags["all_of"].append(Keys.replica_tag(replica))
-        pattern = Keys.pattern("agent")
-        entries = [
-            e
-            async for e in self.board.iter_query(pattern, tags=TagFilter(**tags) if tags["all_of"] else None)
-        ]
+        # The query reads the first tag's index set and filters by the others: the narrowest first.
+        tags = [Keys.state_tag(state)] if state else []
+        tags += [Keys.replica_tag(replica)] if replica else []
+        tags = tags or [Keys.index_tag("agent")]
+        entries = [e async for e in self._indexed("agent", tags)]
         return sorted((e.value_as(AgentRecord) for e in entries), key=lambda r: r.agent_id)
+
+    def _indexed(self, template: str, tags: list[str] | None = None) -> Any:
+        """Entries of one template through tag index sets (SSCAN of those sets, never SCAN)."""
+        tag_filter = TagFilter(all_of=frozenset(tags or [Keys.index_tag(template)]))
+        return self.board.iter_query(Keys.pattern(template), tags=tag_filter)
 
     async def remove(self, agent_id: str) -> bool:
         return await self.board.delete(Keys.agent_key(agent_id))
@@ -71,17 +88,22 @@ class AgentRegistry:
 
     async def beat(self, replica_id: str, info: dict[str, Any], ttl_seconds: float) -> None:
         await self.board.write(
-            Keys.replica_key(replica_id), info, ttl_seconds=ttl_seconds, created_by=replica_id
+            Keys.replica_key(replica_id),
+            info,
+            tags={Keys.index_tag("replica")},
+            ttl_seconds=ttl_seconds,
+            created_by=replica_id,
         )
 
     async def replicas(self) -> list[dict[str, Any]]:
         """The live replicas' heartbeats (engine and page stats, agent counts)."""
-        return [e.value async for e in self.board.iter_query(Keys.pattern("replica"))]
+        return [e.value async for e in self._indexed("replica")]
 
     async def publish(self, counters: dict[str, Any], ttl_seconds: float, created_by: str) -> None:
         """A process's counters (`metrics.published_counters()`), summed over processes by the API."""
         key = Keys.process_key(str(counters["process"]))
-        await self.board.write(key, counters, ttl_seconds=ttl_seconds, created_by=created_by)
+        tags = {Keys.index_tag("process")}
+        await self.board.write(key, counters, tags=tags, ttl_seconds=ttl_seconds, created_by=created_by)
 
     async def publications(self) -> list[dict[str, Any]]:
-        return [e.value async for e in self.board.iter_query(Keys.pattern("process"))]
+        return [e.value async for e in self._indexed("process")]

@@ -6,10 +6,16 @@ it. A run's status is read from what is there: a result → its status; past its
 failed with a timeout (written create-only, so the agent's late answer does not overwrite it);
 claimed → running (suspended while its agent is); else queued. Nothing lives in API memory, so
 runs survive API restarts.
+
+Retention: every key of a run carries its request tag; when the run ends (answered by its agent,
+or cancelled / timed out here) the run's keys and its record expire after `runs.retention_seconds`.
+A client replaying the events of a run whose events are gone gets a `gap` event and then the run's
+terminal event, never an endless stream.
 """
 
 from __future__ import annotations
 
+import re
 import time
 from collections.abc import AsyncIterator
 from typing import Any, Literal
@@ -17,16 +23,31 @@ from typing import Any, Literal
 from pydantic import BaseModel, Field
 
 from colony import metrics
-from colony.agents.handle import TERMINAL_EVENTS
+from colony.agents.handle import CANCELLED, COMPLETED, FAILED, TERMINAL_EVENTS
 from colony.agents.models import new_id
 from colony.blackboard import AgentRunProtocol, Blackboard, BlackboardScope, scope_id
 from colony.blackboard.protocol import AgentStateProtocol, ApiRunProtocol
-from colony.errors import AgentNotFound, ConcurrentModificationError, RunNotFound
+from colony.config import load_settings
+from colony.errors import AgentNotFound, ConcurrentModificationError, InvalidArgument, RunNotFound
 from colony.system.builtin import RUNS_NAMESPACE
 from colony.system.registry import AgentRegistry
 
 RunStatusName = Literal["queued", "running", "suspended", "succeeded", "failed", "cancelled"]
 API_WRITER = "api"
+GAP = "gap"  # event type of the notice that some of a run's events are gone (retention, stream cap)
+_EVENT_ID = re.compile(r"(\d{1,20})(?:-(\d{1,20}))?")
+IDLE_SECONDS = 1.0  # an event stream checks the run's state after this long without events
+
+
+def parse_event_id(text: str) -> tuple[int, int]:
+    """A stream event id as (ms, seq); raises InvalidArgument for anything else ("$" included)."""
+    match = _EVENT_ID.fullmatch(text) if isinstance(text, str) else None
+    if match is None:
+        raise InvalidArgument(
+            f"Last-Event-ID {str(text)[:40]!r} is not an event id of this run "
+            "(ids look like 1700000000000-0; omit the header to replay from the start)"
+        )
+    return int(match.group(1)), int(match.group(2) or 0)
 
 
 class RunRecord(BaseModel):
@@ -57,14 +78,28 @@ class RunService:
         *,
         tenant_id: str = "default",
         colony_id: str = "default",
+        retention_seconds: float | None = None,
     ) -> None:
         self.tenant_id, self.colony_id = tenant_id, colony_id
         self.api_board = blackboard.scoped(
-            scope_id(BlackboardScope.COLONY, tenant_id=tenant_id, colony_id=colony_id, namespace="api")
+            scope_id(
+                BlackboardScope.COLONY,
+                tenant_id=tenant_id,
+                colony_id=colony_id,
+                namespace=ApiRunProtocol.namespace,
+            )
         )
+        self._retention = retention_seconds
         self._root = blackboard
         self.registry = registry
         self._counted: dict[str, None] = {}  # runs whose end this process has counted (bounded)
+
+    @property
+    def retention_seconds(self) -> float:
+        """How long an ended run's keys stay (`runs.retention_seconds`, read once)."""
+        if self._retention is None:
+            self._retention = load_settings().runs.retention_seconds
+        return self._retention
 
     def agent_scope(self, agent: str) -> str:
         return scope_id(
@@ -101,6 +136,7 @@ class RunService:
         await board.write(
             AgentRunProtocol.request_key(run_id),
             {"input": input_data, "requester": API_WRITER, "agent_id": agent, "pages": record.pages},
+            tags={AgentRunProtocol.request_tag(run_id)},
             created_by=API_WRITER,
         )
         metrics.RUNS_SUBMITTED.labels(agent if agent in ("echo", "ask") else "custom").inc()
@@ -123,7 +159,8 @@ class RunService:
         if result is not None:
             value = result.value
             status = {"succeeded": "succeeded", "cancelled": "cancelled"}.get(value.get("status"), "failed")
-            self._count(record, status, result.created_at)
+            if self._count(record, status, result.created_at):
+                await self._retire_record(run_id)  # the agent retires it too; this covers a lost call
             return RunView(
                 run_id=run_id,
                 agent=record.agent,
@@ -155,39 +192,75 @@ class RunService:
         """End a run from the API side (create-only: an answer already there stands)."""
         board = self.run_board(record)
         try:
-            return await board.write(
+            entry = await board.write(
                 AgentRunProtocol.result_key(record.run_id),
                 {"status": status, "output": None, "error": error, "run_id": None, "steps": 0},
+                tags={AgentRunProtocol.request_tag(record.run_id)},
                 created_by=API_WRITER,
                 expected_version=0,
             )
         except ConcurrentModificationError:
             return await board.read(AgentRunProtocol.result_key(record.run_id))
+        # Ended here: its keys (and record) expire after the retention. The agent, if it had
+        # claimed it, retires it again once it lets go, covering anything it writes meanwhile.
+        await board.expire([], self.retention_seconds, tag=AgentRunProtocol.request_tag(record.run_id))
+        await self._retire_record(record.run_id)
+        return entry
 
-    def _count(self, record: RunRecord, status: str, finished_at: float) -> None:
+    async def _retire_record(self, run_id: str) -> None:
+        await self.api_board.expire([ApiRunProtocol.run_key(run_id)], self.retention_seconds)
+
+    def _count(self, record: RunRecord, status: str, finished_at: float) -> bool:
+        """Count a run's end once per process; True the first time."""
         if record.run_id in self._counted:
-            return
+            return False
         self._counted[record.run_id] = None
         if len(self._counted) > 100_000:
             self._counted.pop(next(iter(self._counted)))
         metrics.RUNS_COMPLETED.labels(status).inc()
         metrics.RUN_DURATION_SECONDS.observe(max(0.0, finished_at - record.created_at))
+        return True
+
+    async def check_event_id(self, run_id: str, last_event_id: str | None) -> None:
+        """Refuse a `Last-Event-ID` that is not a stream id ("$" and garbage included) or that lies
+        beyond the newest event of the run's stream (InvalidArgument; the API answers 400), so a
+        replay can never wait forever for events that will not come. Raises RunNotFound too."""
+        record = await self.record(run_id)
+        if last_event_id is None:
+            return
+        wanted = parse_event_id(last_event_id)
+        newest = await self.run_board(record).last_generated_event_id()
+        if newest is not None and wanted > parse_event_id(newest):
+            raise InvalidArgument(
+                f"Last-Event-ID {last_event_id!r} is later than the newest event of run {run_id!r} "
+                f"({newest}); send the id of an event this run's stream handed out"
+            )
 
     async def events(
         self, run_id: str, last_event_id: str | None = None
     ) -> AsyncIterator[tuple[str, dict[str, Any]]]:
         """(event id, event) pairs of the run, from the start or after `last_event_id`, ending with
-        its terminal event. A run ended by the API (cancel, timeout) gets a terminal event here."""
+        its terminal event. A run ended by the API (cancel, timeout) gets a terminal event here.
+
+        When the run has ended but its remaining events are gone (trimmed or expired), the stream
+        sends a `gap` event and then a terminal event built from the run's result, and ends.
+        `last_event_id` is checked first (see `check_event_id`)."""
+        await self.check_event_id(run_id, last_event_id)
         record = await self.record(run_id)
         board = self.run_board(record)
         subscription = board.subscribe(f"*:run:{run_id}*", from_id=last_event_id or record.events_from)
         result_key = AgentRunProtocol.result_key(run_id)
         try:
             while True:
-                event = await subscription.next(timeout=1.0)
+                event = await subscription.next(timeout=IDLE_SECONDS)
                 if event is None:
                     if record.deadline is not None and time.time() > record.deadline:
                         await self._finish(record, "failed", "run timed out after its deadline")
+                    ending = await self._gap(record, subscription.last_id)
+                    if ending:
+                        for pair in ending:
+                            yield pair
+                        return
                     continue
                 if event.op != "write":
                     continue
@@ -216,3 +289,33 @@ class RunService:
                     return
         finally:
             subscription.close()
+
+    async def _gap(self, record: RunRecord, position: str) -> list[tuple[str, dict[str, Any]]]:
+        """After a quiet spell: if the run has ended (its result is at least IDLE_SECONDS old, so its
+        terminal event had time to arrive) and yet no terminal event came, its events are gone:
+        a `gap` event and the terminal event from the result. Empty while the run may go on."""
+        board = self.run_board(record)
+        run_id = record.run_id
+        result = await board.read(AgentRunProtocol.result_key(run_id))
+        if result is None:
+            if await board.read(AgentRunProtocol.request_key(run_id)) is not None:
+                return []  # queued or running: its events are still to come
+            value: dict[str, Any] = {"status": "failed", "error": "the run's result is gone (retention)"}
+        elif time.time() - result.updated_at < IDLE_SECONDS:
+            return []
+        else:
+            value = result.value
+        newest = await board.last_generated_event_id() or position
+        status = value.get("status")
+        kind = {"succeeded": COMPLETED, "cancelled": CANCELLED}.get(status, FAILED)
+        gap = {
+            "event_type": GAP,
+            "data": {"after": position, "reason": "events of this run are gone (retention or stream cap)"},
+            "request_id": run_id,
+        }
+        terminal = {
+            "event_type": kind,
+            "data": {"output": value.get("output"), "error": value.get("error")},
+            "request_id": run_id,
+        }
+        return [(newest, gap), (newest, terminal)]

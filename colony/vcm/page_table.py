@@ -40,9 +40,12 @@ class SourceRecord(BaseModel):
 
 
 def _tags(record: PageRecord) -> set[str]:
-    return {Keys.resident_tag(r) for r in record.resident_on} | {
-        Keys.swapped_tag(r) for r in record.swapped_on
-    }
+    """A page record's tags: its index tag and where it is held (resident / swapped)."""
+    return (
+        {Keys.index_tag("page")}
+        | {Keys.resident_tag(r) for r in record.resident_on}
+        | {Keys.swapped_tag(r) for r in record.swapped_on}
+    )
 
 
 class PageTable:
@@ -61,10 +64,12 @@ class PageTable:
         for (info, page), known in zip(pairs, existing, strict=True):
             writes.append({"key": Keys.content_key(info.page_id), "value": page.text, "created_by": "vcm"})
             if known is None:
+                fresh = PageRecord(**info.model_dump())
                 writes.append(
                     {
                         "key": Keys.page_key(info.page_id),
-                        "value": PageRecord(**info.model_dump()),
+                        "value": fresh,
+                        "tags": _tags(fresh),
                         "created_by": "vcm",
                     }
                 )
@@ -76,7 +81,9 @@ class PageTable:
             page_tokens=source.page_tokens,
             page_ids=[info.page_id for info, _ in pairs],
         )
-        await self.board.write(Keys.source_key(source.source_id), record, created_by="vcm")
+        await self.board.write(
+            Keys.source_key(source.source_id), record, tags={Keys.index_tag("source")}, created_by="vcm"
+        )
         return record
 
     async def page(self, page_id: str) -> PageRecord | None:
@@ -91,15 +98,17 @@ class PageTable:
         return Page(page_id=page_id, text=entry.value)
 
     async def pages(self, *, replica: str | None = None, swapped: bool = False) -> list[PageRecord]:
-        tags = None
+        """Page records, all or those a replica holds; read through tag index sets, never SCAN."""
+        tag = Keys.index_tag("page")
         if replica is not None:
             tag = Keys.swapped_tag(replica) if swapped else Keys.resident_tag(replica)
-            tags = TagFilter(all_of=frozenset({tag}))
+        tags = TagFilter(all_of=frozenset({tag}))
         entries = [e async for e in self.board.iter_query(Keys.pattern("page"), tags=tags)]
         return sorted((e.value_as(PageRecord) for e in entries), key=lambda r: r.page_id)
 
     async def sources(self) -> list[SourceRecord]:
-        entries = [e async for e in self.board.iter_query(Keys.pattern("source"))]
+        tags = TagFilter(all_of=frozenset({Keys.index_tag("source")}))
+        entries = [e async for e in self.board.iter_query(Keys.pattern("source"), tags=tags)]
         return [e.value_as(SourceRecord) for e in entries]
 
     async def reconcile(self, replica_id: str, resident: Iterable[str], swapped: Iterable[str] = ()) -> None:
