@@ -5,6 +5,8 @@ reports why a cluster could not start, leaving nothing behind."""
 from __future__ import annotations
 
 import os
+import pty
+import re
 import socket
 import subprocess
 import sys
@@ -19,7 +21,10 @@ import redis.asyncio as aioredis
 from colony.blackboard import Blackboard, create_redis
 from colony.blackboard.redis_server import EmbeddedRedis, free_port
 from colony.cli import answer_already_shown
+from colony.client import ColonyClient
+from colony.config import ColonySettings
 from colony.errors import InvalidArgument
+from colony.serve import cluster
 from colony.serve.cluster import _exception_of
 
 # -- Blackboard clients --------------------------------------------------------------------------
@@ -129,25 +134,30 @@ def _started_by(data_dir: Path) -> list[str]:
     return found
 
 
-def _colony_up(tmp_path: Path, **env: str) -> tuple[subprocess.CompletedProcess[str], float]:
+def _environ(data_dir: Path, **env: str) -> dict[str, str]:
     environ = {k: v for k, v in os.environ.items() if not k.startswith("COLONY_")}
     environ.update(
-        {
-            "COLONY_DATA_DIR": str(tmp_path / "data"),
-            "COLONY_SERVE__NUM_CPUS": "2",
-            "RAY_USAGE_STATS_ENABLED": "0",
-        }
+        {"COLONY_DATA_DIR": str(data_dir), "COLONY_SERVE__NUM_CPUS": "2", "RAY_USAGE_STATS_ENABLED": "0"}
     )
-    environ.update(env)
-    started = time.monotonic()
-    result = subprocess.run(
-        [sys.executable, "-m", "colony.cli", "up"],
+    return {**environ, **env}
+
+
+def _cli(
+    *args: str, cwd: Path, env: dict[str, str], timeout: float = 300
+) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "colony.cli", *args],
         capture_output=True,
         text=True,
-        env=environ,
-        cwd=tmp_path,
-        timeout=300,
+        env=env,
+        cwd=cwd,
+        timeout=timeout,
     )
+
+
+def _colony_up(tmp_path: Path, **env: str) -> tuple[subprocess.CompletedProcess[str], float]:
+    started = time.monotonic()
+    result = _cli("up", cwd=tmp_path, env=_environ(tmp_path / "data", **env))
     return result, time.monotonic() - started
 
 
@@ -187,3 +197,65 @@ def test_up_reports_a_busy_port_and_leaves_nothing(tmp_path: Path) -> None:
     )
     assert took < 30
     _assert_nothing_left(tmp_path / "data")
+
+
+def _on_a_terminal(args: list[str], cwd: Path, env: dict[str, str], timeout: float = 300) -> tuple[int, str]:
+    """Run the CLI with stdin, stdout and stderr on one pseudo-terminal (a user at a shell)."""
+    master, slave = pty.openpty()
+    process = subprocess.Popen(
+        [sys.executable, "-m", "colony.cli", *args], stdin=slave, stdout=slave, stderr=slave, cwd=cwd, env=env
+    )
+    os.close(slave)
+    chunks = []
+    deadline = time.monotonic() + timeout
+    try:
+        while time.monotonic() < deadline:
+            try:
+                data = os.read(master, 65536)
+            except OSError:  # EIO: every writer closed the terminal
+                break
+            if not data:
+                break
+            chunks.append(data)
+        code = process.wait(timeout=max(1.0, deadline - time.monotonic()))
+    finally:
+        os.close(master)
+        if process.poll() is None:
+            process.kill()
+    return code, b"".join(chunks).decode(errors="replace").replace("\r\n", "\n")
+
+
+def test_up_from_a_folder_maps_it_and_answers_once_on_a_terminal(tmp_path: Path) -> None:
+    """`colony up` started in a project folder: that folder (only) can be analysed without any
+    configuration, `colony run ask` on a terminal shows its answer once, `down` leaves nothing."""
+    project, elsewhere, data = tmp_path / "project", tmp_path / "elsewhere", tmp_path / "data"
+    project.mkdir()
+    elsewhere.mkdir()
+    (project / "greet.py").write_text("def greet(name):\n    return f'Hello, {name}!'\n")
+    (elsewhere / "secret.py").write_text("TOKEN = 'x'\n")
+    env = _environ(data, COLONY_SERVE__PORT=str(free_port()))
+    started = _cli("up", cwd=project, env=env)
+    try:
+        assert started.returncode == 0, started.stderr
+        code, shown = _on_a_terminal(
+            ["run", "ask", "--input", '{"question": "Name one colour of the sky."}'], project, env
+        )
+        assert code == 0, shown
+        run_id = re.search(r"run (\S+) on ask", shown).group(1)  # type: ignore[union-attr]
+        info = cluster.status(ColonySettings(data_dir=data))
+        assert info is not None
+        with ColonyClient(info.url, info.token, timeout=60) as client:
+            answer = client.get(run_id)["output"]
+        assert isinstance(answer, str) and answer.strip()
+        assert shown.count(answer.strip()) == 1, shown
+
+        analysed = _cli("run", "analyze", "--map", ".", "--page-tokens", "256", cwd=project, env=env)
+        assert analysed.returncode == 0, analysed.stderr
+        assert analysed.stdout.startswith("# Analysis of") and "greet.py" in analysed.stdout
+        refused = _cli("run", "analyze", "--map", str(elsewhere), cwd=project, env=env)
+        assert refused.returncode == 2 and "HTTP 403" in refused.stderr, refused.stderr
+        assert "vcm.allowed_roots" in refused.stderr
+    finally:
+        stopped = _cli("down", cwd=project, env=env)
+    assert stopped.returncode == 0 and "Colony stopped" in stopped.stdout, stopped.stderr
+    _assert_nothing_left(data)
