@@ -3,15 +3,17 @@
 from __future__ import annotations
 
 import asyncio
+import json
 import os
 import signal
+import subprocess
 import time
 from pathlib import Path
 
 import pytest
 
 from colony.blackboard import Blackboard, create_redis
-from colony.blackboard.redis_server import EmbeddedRedis, find_redis_binary, process_alive
+from colony.blackboard.redis_server import EmbeddedRedis, find_redis_binary, free_port, process_alive
 from colony.config import BlackboardSettings, EmbeddedRedisSettings
 from colony.errors import BlackboardUnavailable, RedisBinaryNotFound, RedisServerError
 
@@ -107,3 +109,47 @@ async def test_hung_redis_raises_unavailable_after_the_op_timeout(private_redis:
     finally:
         os.kill(info.pid, signal.SIGCONT)
         await client.aclose()
+
+
+def test_a_password_less_server_of_an_older_version_is_reused_and_then_restarted_with_one(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A state file written before passwords (no `password` field) still names a usable server;
+    Colony warns, and its next start after a stop requires the generated password."""
+    server = EmbeddedRedis(tmp_path / "data")
+    server.dir.mkdir(parents=True)
+    port = free_port()
+    legacy = subprocess.Popen(
+        [
+            str(find_redis_binary()),
+            "--port",
+            str(port),
+            "--bind",
+            "127.0.0.1",
+            "--save",
+            "",
+            "--dir",
+            str(server.dir),
+        ],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
+    try:
+        fields = {"pid": legacy.pid, "host": "127.0.0.1", "port": port, "binary": "redis-server"}
+        server.state_file.write_text(json.dumps({**fields, "data_dir": str(server.dir)}))
+        deadline = time.monotonic() + 10
+        while (info := server.status()) is None:
+            assert time.monotonic() < deadline, "the legacy server did not come up"
+            server.state_file.write_text(json.dumps({**fields, "data_dir": str(server.dir)}))
+            time.sleep(0.05)
+        assert info.password == "" and info.url == f"redis://127.0.0.1:{port}/0"
+        assert "has no password" in caplog.text
+        assert server.stop() is True
+        fresh = server.start()
+        assert fresh.password and asyncio.run(_write_then_read(fresh.url, "k", {"ok": 1})) == {"ok": 1}
+        with pytest.raises(BlackboardUnavailable):
+            asyncio.run(_write_then_read(f"redis://127.0.0.1:{fresh.port}/0", "k", None))
+    finally:
+        server.stop()
+        legacy.kill()
+        legacy.wait()

@@ -198,6 +198,12 @@ class EmbeddedRedis:
                 "`colony redis start` again."
             ) from None
         if answers:
+            if not info.password:
+                log.warning(
+                    "the embedded redis-server (pid %s) was started by an older Colony and has no password; "
+                    "restart it (`colony redis stop`, then `colony redis start`) to require one",
+                    info.pid,
+                )
             return info
         log.info("removing stale embedded redis state (pid %s, port %s)", info.pid, info.port)
         self.state_file.unlink(missing_ok=True)
