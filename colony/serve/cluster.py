@@ -30,6 +30,7 @@ from pydantic import SecretStr
 from colony.blackboard.redis_server import EmbeddedRedis, process_alive
 from colony.config import ColonySettings, load_settings
 from colony.errors import ClusterError, ColonyError
+from colony.security import write_private_file
 
 log = logging.getLogger(__name__)
 
@@ -265,8 +266,7 @@ def _serve_forever(settings: ColonySettings) -> None:
             replicas=cfg.replicas,
         )
         path = state_file(settings)
-        path.write_text(json.dumps(asdict(info)))
-        path.chmod(0o600)
+        write_private_file(path, json.dumps(asdict(info)))  # holds the token and the Redis password
         while not stopping:
             time.sleep(0.5)
     finally:
