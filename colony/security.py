@@ -7,7 +7,8 @@ signature is checked (in constant time) before a single byte is unpickled.
 
 Every process of one colony must resolve the same secret. In order:
 `ColonySettings.secret` (env `COLONY_SECRET`; a Kubernetes Secret arrives this way), else the
-file `ColonySettings.secret_file` (default `<data_dir>/secret`), generated 0600 on first use.
+file `ColonySettings.secret_file` (default `<data_dir>/secret`), generated 0600 on first use
+(not the default file in a Kubernetes pod: pods do not share a data_dir, so there it must be given).
 Processes that know their settings (replica hosts, the control plane) call `use_settings()`;
 others resolve from `load_settings()` (env and the YAML config) the first time a key is needed.
 
@@ -96,6 +97,13 @@ def resolve_secret(settings: ColonySettings) -> bytes:
         try:
             value = read_private_file(path)
         except FileNotFoundError:
+            if settings.secret_file is None and os.environ.get("KUBERNETES_SERVICE_HOST"):
+                raise ConfigError(  # pods do not share a data_dir: each would make its own secret
+                    f"no colony secret: COLONY_SECRET is unset and {path} does not exist. In Kubernetes "
+                    "each pod would generate its own and refuse the others' blueprints; set COLONY_SECRET "
+                    "from a Secret (the same in every pod of the colony), or COLONY_SECRET_FILE to a "
+                    "mounted Secret file."
+                ) from None
             value = write_private_file(path, secrets.token_urlsafe(48) + "\n", replace=False).strip()
         except OSError as exc:
             raise ConfigError(

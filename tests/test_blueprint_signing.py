@@ -98,7 +98,23 @@ def test_a_different_secret_is_refused() -> None:
         AgentBlueprint.from_text(text, key=KEY_A)
 
 
-def test_secret_file_is_generated_private_reused_and_per_colony(tmp_path: Path) -> None:
+def test_in_kubernetes_the_secret_must_be_given(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("KUBERNETES_SERVICE_HOST", "10.0.0.1")
+    with pytest.raises(ConfigError, match="set COLONY_SECRET from a Secret"):
+        security.resolve_secret(ColonySettings(data_dir=tmp_path, secret=None))
+    assert not (tmp_path / "secret").exists()
+    assert security.resolve_secret(ColonySettings(data_dir=tmp_path, secret="k" * 32))
+    mounted = tmp_path / "mounted"  # a Secret mounted as a file
+    mounted.write_text("m" * 40 + "\n")
+    assert security.resolve_secret(
+        ColonySettings(secret=None, secret_file=mounted)
+    ) == security.resolve_secret(ColonySettings(secret="m" * 40))
+
+
+def test_secret_file_is_generated_private_reused_and_per_colony(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.delenv("KUBERNETES_SERVICE_HOST", raising=False)  # CI may run in a pod
     one = ColonySettings(data_dir=tmp_path / "one", secret=None)
     first = security.resolve_secret(one)
     path = tmp_path / "one" / "secret"
