@@ -162,6 +162,18 @@ async def test_restore_of_a_tampered_agent_fails_it_with_the_reason(
     assert stored_run.value["status"] == "failed" and "refused" in stored_run.value["error"]
 
 
+async def test_refusal_holds_when_the_other_agent_keys_are_garbage_too(runtime: LocalAgentRuntime) -> None:
+    await runtime.spawn(counter_blueprint("wrecked", STEPS))
+    await runtime.suspend("wrecked")
+    board = runtime.agent_board("wrecked")
+    await _store(board, "garbage")
+    await board.write(AgentStateProtocol.key("current_run"), "no such run", created_by="attacker")
+    with pytest.raises(BlueprintTampered, match="no signature"):
+        await runtime.resume("wrecked")
+    lifecycle = await board.read(AgentStateProtocol.key("lifecycle"))
+    assert lifecycle.value["state"] == "failed" and "no signature" in lifecycle.value["reason"]
+
+
 async def test_an_honest_agent_survives_suspend_and_resume(runtime: LocalAgentRuntime) -> None:
     await runtime.spawn(counter_blueprint("honest-agent", STEPS))
     await runtime.get("honest-agent").run(4)

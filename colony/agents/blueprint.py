@@ -14,14 +14,14 @@ write Redis can change data, but cannot make a replica run code of their own.
 from __future__ import annotations
 
 import base64
-import binascii
 import inspect
+import logging
 import re
 import time
 from typing import TYPE_CHECKING, Any, Generic, TypeVar
 
 import cloudpickle
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from colony import security
 from colony.agents.models import AgentMetadata, AgentRun, RunStatus
@@ -32,6 +32,7 @@ if TYPE_CHECKING:
     from colony.blackboard import Blackboard, BlackboardEntry
 
 T = TypeVar("T")
+log = logging.getLogger(__name__)
 
 
 class Blueprint(Generic[T]):
@@ -184,12 +185,6 @@ def _verified_payload(text: object, key: bytes | None) -> bytes:
         raise BlueprintTampered(
             f"agent blueprint refused: its signature does not match the colony secret. {_REFUSED_HINT}"
         )
-    try:
-        base64.b64decode(payload, validate=True)
-    except binascii.Error:
-        raise BlueprintTampered(
-            f"agent blueprint refused: its payload is not base64. {_REFUSED_HINT}"
-        ) from None
     return payload
 
 
@@ -204,14 +199,17 @@ async def fail_refused_agent(
     too), so the registry, the monitor and whoever waits on the run see why it will not run again,
     instead of it being retried for ever or left looking suspended."""
     keys = AgentStateProtocol
-    if current_run_id:
-        run_e = await board.read(keys.run_key(current_run_id))
-        if run_e is not None:
-            run = AgentRun.model_validate(run_e.value)
-            if not run.done:
-                run.status, run.error, run.finished_at = RunStatus.FAILED, reason, time.time()
-                await board.write(keys.run_key(run.run_id), run.model_dump(mode="json"), created_by=agent_id)
-    previous = lifecycle.value.get("state") if lifecycle is not None else None
+    try:  # whoever changed the blueprint may have changed these keys too: best effort
+        run_e = await board.read(keys.run_key(current_run_id)) if isinstance(current_run_id, str) else None
+        run = AgentRun.model_validate(run_e.value) if run_e is not None else None
+    except (ValidationError, ValueError) as exc:
+        log.warning("agent %s: its current run %r is unreadable (%s)", agent_id, current_run_id, exc)
+        run = None
+    if run is not None and not run.done:
+        run.status, run.error, run.finished_at = RunStatus.FAILED, reason, time.time()
+        await board.write(keys.run_key(current_run_id), run.model_dump(mode="json"), created_by=agent_id)
+    value = lifecycle.value if lifecycle is not None else None
+    previous = value.get("state") if isinstance(value, dict) else None
     if previous != "failed":
         await board.write(
             keys.key("lifecycle"),
