@@ -170,8 +170,9 @@ def cli() -> None:
     server = None
     if not args.redis_url:
         server = EmbeddedRedis(tempfile.mkdtemp(prefix="colony-bench-"))
-        args.redis_url = server.start().url
-        print(f"embedded redis-server at {args.redis_url}")
+        info = server.start()
+        args.redis_url = info.url
+        print(f"embedded redis-server at {info.masked_url}")
     try:
         asyncio.run(main(args))
     finally:
