@@ -143,6 +143,12 @@ class VcmSettings(BaseModel):
     max_bytes_per_source: int = Field(
         256 * 1024 * 1024, ge=1024, description="Bytes of text one page source may hold at most."
     )
+    page_wait_seconds: float = Field(
+        120.0,
+        gt=0,
+        description="How long a page fault waits for a slot when every slot holds a page in use, "
+        "before ResourceExhausted.",
+    )
 
 
 class RunsSettings(BaseModel):

@@ -13,7 +13,7 @@ import pytest
 
 from colony.api.app import ApiServices, create_app
 from colony.blackboard import Blackboard
-from colony.config import ColonySettings
+from colony.config import ColonySettings, VcmSettings
 from colony.inference.scripted import ScriptedEngine
 from colony.system.builtin import ask_blueprint, echo_blueprint
 from colony.system.host import ReplicaHost
@@ -25,7 +25,9 @@ AUTH = {"Authorization": f"Bearer {TOKEN}"}
 
 
 @pytest.fixture
-async def api(bb: Blackboard, redis_url: str) -> AsyncIterator[tuple[httpx.AsyncClient, ReplicaHost]]:
+async def api(
+    bb: Blackboard, redis_url: str, tmp_path
+) -> AsyncIterator[tuple[httpx.AsyncClient, ReplicaHost]]:
     settings = ColonySettings(redis_url=redis_url, colony_id=f"api{uuid.uuid4().hex[:8]}")
     host = ReplicaHost(settings, "replica-a", engine=ScriptedEngine(["The answer is forty two."]))
     await host.start(bb)
@@ -36,7 +38,8 @@ async def api(bb: Blackboard, redis_url: str) -> AsyncIterator[tuple[httpx.Async
     from colony.vcm import PageTable
 
     pages = PageTable(bb, tenant_id=settings.tenant_id, colony_id=settings.colony_id)
-    app = create_app(ApiServices(runs=runs, registry=host.registry, token=TOKEN, pages=pages))
+    vcm = VcmSettings(allowed_roots=[tmp_path])  # the folders tests map
+    app = create_app(ApiServices(runs=runs, registry=host.registry, token=TOKEN, pages=pages, vcm=vcm))
     async with httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://colony") as client:
         yield client, host
     await host.close()

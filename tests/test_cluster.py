@@ -16,7 +16,7 @@ import pytest
 from colony import cli
 from colony.blackboard.redis_server import EmbeddedRedis, free_port
 from colony.client import ApiError, ColonyClient
-from colony.config import ColonySettings, ServeSettings
+from colony.config import ColonySettings, ServeSettings, VcmSettings
 from colony.serve import cluster
 
 
@@ -50,6 +50,7 @@ def colony_up(
     settings = ColonySettings(
         data_dir=tmp_path_factory.mktemp("colony-up"),
         serve=ServeSettings(port=free_port(), num_cpus=2, replica_cpus=0.5),
+        vcm=VcmSettings(allowed_roots=[tmp_path_factory.getbasetemp()]),  # the folders tests map
     )
     info = cluster.up(settings)
     yield settings, info

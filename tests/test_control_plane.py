@@ -18,7 +18,7 @@ from prometheus_client import REGISTRY
 from colony.api.app import ApiServices, create_app
 from colony.blackboard import AgentRunProtocol, Blackboard, BlackboardScope, scope_id
 from colony.blackboard.protocol import AgentStateProtocol
-from colony.config import ColonySettings, ServeSettings
+from colony.config import ColonySettings, ServeSettings, VcmSettings
 from colony.errors import ResourceExhausted
 from colony.inference.scripted import ScriptedEngine
 from colony.system.analyze import analyze_blueprint, page_groups
@@ -58,8 +58,9 @@ class Cluster:
 
 
 @pytest.fixture
-async def cluster(bb: Blackboard, redis_url: str) -> AsyncIterator[Cluster]:
+async def cluster(bb: Blackboard, redis_url: str, tmp_path: Path) -> AsyncIterator[Cluster]:
     settings = ColonySettings(
+        vcm=VcmSettings(allowed_roots=[tmp_path]),  # the folders tests map
         redis_url=redis_url,
         colony_id=f"cp{uuid.uuid4().hex[:8]}",
         serve=ServeSettings(monitor_period_seconds=0.1, heartbeat_seconds=0.2, max_agents_per_replica=8),
@@ -126,7 +127,8 @@ async def test_agents_of_a_dead_replica_are_re_placed_and_finish_their_runs(
     )
     doomed = cluster.hosts[placed.replica_id]
     (tmp_path / "held.py").write_text("x = 1\n")
-    (page_id,) = (await cluster.control.pages.map_source(PageSource(tmp_path))).page_ids
+    source = PageSource(tmp_path, allowed_roots=[tmp_path])
+    (page_id,) = (await cluster.control.pages.map_source(source)).page_ids
     await doomed.ensure_pages([page_id])  # the doomed replica holds a page
     await doomed.ensure_pages([page_id])
     assert {k: doomed.info()["pages"][k] for k in ("faults", "loads", "hits", "resident")} == {
@@ -211,7 +213,8 @@ async def test_analyze_coordinator_waits_suspended_for_its_page_workers(
 
 async def test_hard_affinity_refuses_instead_of_faulting(cluster: Cluster, tmp_path: Path) -> None:
     (tmp_path / "a.py").write_text("a = 1\n")
-    (page_id,) = (await cluster.control.pages.map_source(PageSource(tmp_path))).page_ids
+    source = PageSource(tmp_path, allowed_roots=[tmp_path])
+    (page_id,) = (await cluster.control.pages.map_source(source)).page_ids
     host = cluster.hosts["ra"]
     request = {"prompt": "what is a?", "max_tokens": 4}
     with pytest.raises(ResourceExhausted, match="no replica holds all"):

@@ -41,7 +41,7 @@ def serve_app(
         client = create_redis(settings.redis_url)
         try:
             record = await PageTable(Blackboard(client, "setup"), colony_id=settings.colony_id).map_source(
-                PageSource(tree, page_tokens=1024)
+                PageSource(tree, allowed_roots=[tree], page_tokens=1024)
             )
             return record.page_ids
         finally:

@@ -113,7 +113,8 @@ async def test_pages_available_resumes_where_the_pages_are(cluster, bb: Blackboa
     hosts, monitor = cluster
     (tmp_path / "doc.md").write_text("# Doc\n" + "words " * 300)
     table = monitor.page_table
-    page_id = (await table.map_source(PageSource(tmp_path, page_tokens=1024))).page_ids[0]
+    source = PageSource(tmp_path, allowed_roots=[tmp_path], page_tokens=1024)
+    page_id = (await table.map_source(source)).page_ids[0]
     await start_worker(hosts["ra"], "reader")
     condition = ResumptionCondition(kind=ResumptionKind.PAGES_AVAILABLE, page_ids=[page_id])
     await hosts["ra"].runtime.suspend("reader", "pages evicted", condition)
@@ -142,7 +143,8 @@ async def test_vcm_bound_agent_follows_its_pages(cluster, tmp_path) -> None:
 
     hosts, monitor = cluster
     (tmp_path / "notes.md").write_text("# Notes\n" + "facts " * 200)
-    page_id = (await monitor.page_table.map_source(PageSource(tmp_path, page_tokens=1024))).page_ids[0]
+    source = PageSource(tmp_path, allowed_roots=[tmp_path], page_tokens=1024)
+    page_id = (await monitor.page_table.map_source(source)).page_ids[0]
     await hosts["rb"].ensure_pages([page_id])
     bp = counter_blueprint("bound", STEPS)
     bp = bp.model_copy(

@@ -13,7 +13,7 @@ from typing import Any
 import pytest
 
 from colony.client import ColonyClient
-from colony.config import ColonySettings, EngineSettings, ServeSettings
+from colony.config import ColonySettings, EngineSettings, ServeSettings, VcmSettings
 
 APP = "ctl"
 
@@ -32,6 +32,7 @@ def client(
         data_dir=tmp_path_factory.mktemp("ctl"),
         engine=EngineSettings(kind="scripted", scripted_delay_seconds=1.5),
         serve=ServeSettings(heartbeat_seconds=0.5, monitor_period_seconds=0.2, placement_retry_seconds=1),
+        vcm=VcmSettings(allowed_roots=[tmp_path_factory.getbasetemp()]),  # the folders tests map
     )
     serve.run(build_app({"replicas": 2, "replica_cpus": 0.25}, settings=settings), name=APP, route_prefix="/")
     try:

@@ -30,7 +30,7 @@ def make_tree(root: Path) -> Path:
 
 
 def test_folder_becomes_pages_on_file_boundaries(tmp_path: Path) -> None:
-    source = PageSource(make_tree(tmp_path / "tree"), page_tokens=512)
+    source = PageSource(make_tree(tmp_path / "tree"), allowed_roots=[tmp_path], page_tokens=512)
     files = [str(p.relative_to(source.root)) for p in source.files()]
     assert files == ["big.txt", "src/auth.py", "src/util.py"]  # binary and ignored files skipped
     pages = list(source.pages())
@@ -40,17 +40,20 @@ def test_folder_becomes_pages_on_file_boundaries(tmp_path: Path) -> None:
     assert all(a.end_line + 1 == b.start_line for a, b in itertools.pairwise(big_spans))  # no gap
     small = next(info for info, _ in pages if any(s.path == "src/auth.py" for s in info.files))
     assert {s.path for s in small.files} >= {"src/auth.py", "src/util.py"}  # small files share a page
-    again = [info.page_id for info, _ in PageSource(tmp_path / "tree", page_tokens=512).pages()]
+    again = [
+        info.page_id
+        for info, _ in PageSource(tmp_path / "tree", allowed_roots=[tmp_path], page_tokens=512).pages()
+    ]
     assert again == [info.page_id for info, _ in pages]  # content-hash ids are stable
     with pytest.raises(InvalidArgument):
-        PageSource(tmp_path / "missing")
+        PageSource(tmp_path / "missing", allowed_roots=[tmp_path])
 
 
 def test_git_checkout_maps_tracked_files_only(tmp_path: Path) -> None:
     root = make_tree(tmp_path / "repo")
     subprocess.run(["git", "init", "-q", str(root)], check=True)
     subprocess.run(["git", "-C", str(root), "add", "src/auth.py"], check=True)
-    source = PageSource(root)
+    source = PageSource(root, allowed_roots=[tmp_path])
     assert [str(p.relative_to(root)) for p in source.files()] == ["src/auth.py"]
 
 
@@ -81,7 +84,9 @@ def test_placement_hard_soft_swapped_and_capacity() -> None:
 
 async def test_page_table_follows_real_engine_residency(bb: Blackboard, tmp_path: Path) -> None:
     table = PageTable(bb, colony_id="vcm-test")
-    mapped = await table.map_source(PageSource(make_tree(tmp_path / "tree"), page_tokens=256))
+    mapped = await table.map_source(
+        PageSource(make_tree(tmp_path / "tree"), allowed_roots=[tmp_path], page_tokens=256)
+    )
     assert len(mapped.page_ids) >= 3 and len(await table.pages()) == len(mapped.page_ids)
     first, second = mapped.page_ids[:2]
     engine = EmbeddedEngine(EngineSettings(page_slots=2, slot_context_tokens=1024), data_dir=tmp_path / "eng")
@@ -134,7 +139,7 @@ async def test_concurrent_reconciles_of_one_page_all_land(bb: Blackboard, tmp_pa
     """Replicas reconcile (and touch) the same page record at once; none of their updates is lost."""
     (tmp_path / "shared.py").write_text("shared = True\n")
     table = PageTable(bb, colony_id=f"rc{uuid.uuid4().hex[:8]}")
-    (page_id,) = (await table.map_source(PageSource(tmp_path))).page_ids
+    (page_id,) = (await table.map_source(PageSource(tmp_path, allowed_roots=[tmp_path]))).page_ids
     replicas = [f"r{i}" for i in range(8)]
     await asyncio.gather(*(table.reconcile(r, [page_id]) for r in replicas), table.touch([page_id]))
     record = await table.page(page_id)

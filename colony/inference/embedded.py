@@ -5,9 +5,10 @@ downloaded at run time; any GGUF file works through `engine.model`. The engine r
 `page_slots + 1` llama.cpp slots: one per resident page (its KV cache holds that page's prefix)
 plus one general slot for requests that name no page, so they never evict a page.
 
-Page operations are real: `load_page` prefills the page into a slot, `evict_page` erases the
-slot, `swap_out_page`/`swap_in_page` save the slot's KV state to disk and restore it (a second
-cache tier: milliseconds instead of a prefill's seconds).
+Page operations are real: `load_page` prefills the page into a slot (evicting the policy's choice
+among the pages not pinned by a request in flight), `evict_page` erases the slot,
+`swap_out_page`/`swap_in_page` save the slot's KV state to disk and restore it (a second cache
+tier: milliseconds instead of a prefill's seconds).
 """
 
 from __future__ import annotations
@@ -34,6 +35,7 @@ from colony.errors import (
     InferenceError,
     InferenceTimeout,
     PageNotResident,
+    ResourceExhausted,
 )
 from colony.inference.engine import InferenceEngine, elapsed, prefixed_messages, render_page_prefix
 from colony.inference.models import (
@@ -154,13 +156,19 @@ class EmbeddedEngine(InferenceEngine):
 
     async def generate(self, request: InferenceRequest) -> InferenceResponse:
         await self.start()
-        slot, body = await self._body(request)
-        started = time.perf_counter()
-        result = await self._call(body)
+        async with self.pinned(request.page_ids):  # its slot is not erased under it
+            slot, body = await self._body(request)
+            started = time.perf_counter()
+            result = await self._call(body)
         return self._record(self._response(result, request, slot, elapsed(started)))
 
     async def stream(self, request: InferenceRequest) -> AsyncIterator[StreamChunk]:
         await self.start()
+        async with self.pinned(request.page_ids):
+            async for chunk in self._stream(request):
+                yield chunk
+
+    async def _stream(self, request: InferenceRequest) -> AsyncIterator[StreamChunk]:
         _slot, body = await self._body(request)
         body["stream"] = True
         body["stream_options"] = {"include_usage": True}
@@ -269,47 +277,79 @@ class EmbeddedEngine(InferenceEngine):
     def stats(self) -> Any:
         return super().stats().model_copy(update={"swapped_pages": self.swapped_pages()})
 
+    def page_capacity(self) -> int | None:
+        return self.page_slots
+
     async def load_page(self, page: Page) -> PageLoad:
-        """Prefill `page` into a slot (evicting a page, chosen by the eviction policy, when all are taken)."""
+        """Prefill `page` into a slot (evicting a page, chosen by the eviction policy among the pages
+        not in use, when all are taken; waiting for a pinned one to be released when all are in use)."""
+        return await self._bring_in(page.page_id, page)
+
+    async def _bring_in(self, page_id: str, page: Page | None) -> PageLoad:
+        """Make the page resident: already there, swapped in from disk, or (given its text) prefilled.
+        The slot is found and filled under the page lock; when every slot holds a pinned page the
+        lock is released while waiting for an unpin (bounded by `pin_wait_seconds`)."""
         await self.start()
-        async with self._page_lock:
-            state = self._pages.get(page.page_id)
-            if state is not None and state.slot is not None:
-                state.last_used = time.monotonic()
-                self.eviction.touch(page.page_id)
-                return PageLoad(page_id=page.page_id, slot=state.slot, source="already_resident")
-            if state is not None and state.swap_file is not None:
-                return await self._swap_in(state)
-            slot, evicted = await self._free_slot()
-            started = time.perf_counter()
-            result = await self._call(
-                {
-                    "messages": [{"role": "system", "content": render_page_prefix([page])}],
-                    "max_tokens": 1,
-                    "temperature": 0.0,
-                    "id_slot": slot,
-                    "cache_prompt": True,
-                }
-            )
-            self._pages[page.page_id] = _PageState(page, slot, None, time.monotonic())
-            self.eviction.touch(page.page_id)
-            self._page_op("load")
-            usage = usage_from_result(result)
-            return PageLoad(
-                page_id=page.page_id,
-                slot=slot,
-                prompt_tokens=usage.prompt_tokens,
-                cached_tokens=usage.cached_tokens,
-                seconds=elapsed(started),
-                evicted=evicted,
+        deadline = asyncio.get_running_loop().time() + self.pin_wait_seconds
+        while True:
+            waiter = self._unpin_waiter()
+            async with self._page_lock:
+                state = self._pages.get(page_id)
+                if state is not None and state.slot is not None:
+                    state.last_used = time.monotonic()
+                    self.eviction.touch(page_id)
+                    return PageLoad(page_id=page_id, slot=state.slot, source="already_resident")
+                if (state is None or state.swap_file is None) and page is None:
+                    raise PageNotResident(f"page {page_id!r} was never loaded here or was evicted")
+                freed = await self._free_slot()
+                if freed is not None:
+                    slot, evicted = freed
+                    if state is not None and state.swap_file is not None:
+                        return await self._swap_in(state, slot, evicted)
+                    assert page is not None
+                    return await self._prefill(page, slot, evicted)
+            await self._await_unpin(waiter, deadline, page_id)
+
+    async def _prefill(self, page: Page, slot: int, evicted: list[str]) -> PageLoad:
+        started = time.perf_counter()
+        result = await self._call(
+            {
+                "messages": [{"role": "system", "content": render_page_prefix([page])}],
+                "max_tokens": 1,
+                "temperature": 0.0,
+                "id_slot": slot,
+                "cache_prompt": True,
+            }
+        )
+        self._pages[page.page_id] = _PageState(page, slot, None, time.monotonic())
+        self.eviction.touch(page.page_id)
+        self._page_op("load")
+        usage = usage_from_result(result)
+        return PageLoad(
+            page_id=page.page_id,
+            slot=slot,
+            prompt_tokens=usage.prompt_tokens,
+            cached_tokens=usage.cached_tokens,
+            seconds=elapsed(started),
+            evicted=evicted,
+        )
+
+    def _refuse_if_pinned(self, page_id: str, what: str) -> None:
+        if page_id in self._pins:
+            raise ResourceExhausted(
+                f"page {page_id!r} is in use by {self._pins[page_id]} request(s) or page-bound step(s); "
+                f"it cannot be {what} now, retry when they are done"
             )
 
     async def evict_page(self, page_id: str) -> bool:
-        """Drop the page: its slot's KV cache is erased, a swapped copy deleted."""
+        """Drop the page: its slot's KV cache is erased, a swapped copy deleted (refused while the
+        page is in use: ResourceExhausted)."""
         async with self._page_lock:
-            state = self._pages.pop(page_id, None)
+            state = self._pages.get(page_id)
             if state is None:
                 return False
+            self._refuse_if_pinned(page_id, "evicted")
+            del self._pages[page_id]
             self.eviction.forget(page_id)
             if state.slot is not None:
                 await self._slot_action(state.slot, "erase")
@@ -319,11 +359,12 @@ class EmbeddedEngine(InferenceEngine):
             return True
 
     async def swap_out_page(self, page_id: str) -> PageLoad:
-        """Save the page's KV state to disk and free its slot."""
+        """Save the page's KV state to disk and free its slot (refused while the page is in use)."""
         async with self._page_lock:
             state = self._pages.get(page_id)
             if state is None or state.slot is None:
                 raise PageNotResident(f"page {page_id!r} is not in a slot of this engine")
+            self._refuse_if_pinned(page_id, "swapped out")
             started = time.perf_counter()
             filename = hashlib.sha1(page_id.encode()).hexdigest() + ".kv"
             await self._slot_action(state.slot, "save", filename)
@@ -334,17 +375,9 @@ class EmbeddedEngine(InferenceEngine):
 
     async def swap_in_page(self, page_id: str) -> PageLoad:
         """Restore a swapped-out page's KV state into a slot (no prefill)."""
-        await self.start()
-        async with self._page_lock:
-            state = self._pages.get(page_id)
-            if state is None or (state.slot is None and state.swap_file is None):
-                raise PageNotResident(f"page {page_id!r} was never loaded here or was evicted")
-            if state.slot is not None:
-                return PageLoad(page_id=page_id, slot=state.slot, source="already_resident")
-            return await self._swap_in(state)
+        return await self._bring_in(page_id, None)
 
-    async def _swap_in(self, state: _PageState) -> PageLoad:
-        slot, evicted = await self._free_slot()
+    async def _swap_in(self, state: _PageState, slot: int, evicted: list[str]) -> PageLoad:
         started = time.perf_counter()
         assert state.swap_file is not None
         reply = await self._slot_action(slot, "restore", state.swap_file)
@@ -365,20 +398,24 @@ class EmbeddedEngine(InferenceEngine):
         if state is None:
             raise PageNotResident(f"page {page_id!r} is not loaded in this engine; load_page() it first")
         if state.slot is None:
-            async with self._page_lock:
-                if state.slot is None:
-                    await self._swap_in(state)
+            await self._bring_in(page_id, None)
+        state = self._pages.get(page_id)
+        if state is None or state.slot is None:  # evicted meanwhile (only an unpinned page can be)
+            raise PageNotResident(f"page {page_id!r} was evicted before it was used; pin it while in use")
         state.last_used = time.monotonic()
         self.eviction.touch(page_id)
         return state
 
-    async def _free_slot(self) -> tuple[int, list[str]]:
-        """A page slot to fill: a free one, else the eviction policy's victim's (erased)."""
+    async def _free_slot(self) -> tuple[int, list[str]] | None:
+        """A page slot to fill: a free one, else the slot of the eviction policy's victim among the
+        pages not in use (erased); None when every slot holds a pinned page."""
         taken = {s.slot: pid for pid, s in self._pages.items() if s.slot is not None}
         for slot in range(self.page_slots):
             if slot not in taken:
                 return slot, []
-        victim_id = self.eviction.victim(taken.values())
+        victim_id = self.eviction.unpinned_victim(taken.values(), self._pins)
+        if victim_id is None:
+            return None
         victim = self._pages.pop(victim_id)
         self.eviction.evicted(victim_id)
         assert victim.slot is not None

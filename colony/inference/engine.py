@@ -1,14 +1,24 @@
-"""The one interface every inference engine implements, and the factory that picks one."""
+"""The one interface every inference engine implements, and the factory that picks one.
+
+Pins: a page in use (by an in-flight request, or held by whoever runs a page-bound step) is pinned,
+and an engine that evicts on its own never chooses a pinned page: evicting it would pull the KV
+cache from under the request that just loaded it. A load that finds every slot pinned waits for an
+unpin, at most `pin_wait_seconds`, then fails with ResourceExhausted (the caller places the work
+elsewhere or retries later).
+"""
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import time
 from abc import ABC, abstractmethod
-from collections.abc import AsyncIterator, Sequence
+from collections import Counter
+from collections.abc import AsyncIterator, Iterable, Sequence
 
 from colony import metrics
 from colony.config import ColonySettings, EngineSettings
-from colony.errors import PageNotResident
+from colony.errors import PageNotResident, ResourceExhausted
 from colony.inference.models import (
     ChatMessage,
     EngineStats,
@@ -41,6 +51,57 @@ class InferenceEngine(ABC):
 
     def __init__(self) -> None:
         self._stats = EngineStats(engine=self.kind)
+        self._pins: Counter[str] = Counter()
+        self._pin_waiters: list[asyncio.Future[None]] = []
+        self.pin_wait_seconds = 120.0  # how long a load waits for a pinned slot to be released
+
+    # -- pins --------------------------------------------------------------------------------
+
+    @contextlib.asynccontextmanager
+    async def pinned(self, page_ids: Iterable[str]) -> AsyncIterator[None]:
+        """Hold the pages against eviction for the duration of the block (they need not be resident
+        yet: a page pinned before it is loaded is protected from the moment it is)."""
+        ids = list(dict.fromkeys(page_ids))
+        self._pins.update(ids)
+        try:
+            yield
+        finally:
+            self._pins.subtract(ids)
+            for page_id in ids:
+                if self._pins[page_id] <= 0:
+                    del self._pins[page_id]
+            waiters, self._pin_waiters = self._pin_waiters, []
+            for waiter in waiters:
+                if not waiter.done():
+                    waiter.set_result(None)
+
+    def pinned_pages(self) -> set[str]:
+        """Pages in use now (never eviction victims)."""
+        return set(self._pins)
+
+    def page_capacity(self) -> int | None:
+        """How many pages the engine holds at once (None: no fixed number of slots)."""
+        return None
+
+    def _unpin_waiter(self) -> asyncio.Future[None]:
+        """A future resolved at the next unpin: take it before looking for a free slot, so an unpin
+        that happens while looking is not missed."""
+        waiter: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        self._pin_waiters.append(waiter)
+        return waiter
+
+    async def _await_unpin(self, waiter: asyncio.Future[None], deadline: float, page_id: str) -> None:
+        """Wait for an unpin until `deadline` (loop time); ResourceExhausted once it has passed."""
+        remaining = deadline - asyncio.get_running_loop().time()
+        if remaining > 0:
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(waiter, remaining)
+                return
+        raise ResourceExhausted(
+            f"{self.kind} engine: every page slot holds a page in use (pinned) and none was released within "
+            f"{self.pin_wait_seconds:g}s, so page {page_id!r} cannot be loaded here; retry later or use "
+            "another replica (vcm.page_wait_seconds bounds the wait, engine.page_slots the slots)"
+        )
 
     @abstractmethod
     async def generate(self, request: InferenceRequest) -> InferenceResponse: ...

@@ -31,6 +31,7 @@ from colony.blackboard.redis_server import EmbeddedRedis, process_alive
 from colony.config import ColonySettings, load_settings
 from colony.errors import ClusterError, ColonyError
 from colony.security import write_private_file
+from colony.vcm.pages import default_roots_env
 
 log = logging.getLogger(__name__)
 
@@ -96,6 +97,7 @@ def up(settings: ColonySettings, config: str | None = None, *, echo: bool = True
         "COLONY_API_TOKEN": token,
         "COLONY_DATA_DIR": str(settings.data_dir),
         "RAY_USAGE_STATS_ENABLED": "0",
+        **default_roots_env(settings.vcm),  # vcm.allowed_roots unset: the folder `colony up` ran in
     }
     try:
         return _launch(settings, env)

@@ -6,6 +6,12 @@ in there), asks each for a summary, and blocks on them: it is suspended with CHI
 and the resource monitor resumes it, same id and state, once every worker has stopped. The same
 action then runs again, finds the workers' answers and writes the report, naming every file.
 Workers are one-shot: they stop once their run is answered.
+
+A folder given as `path` is mapped here, on the replica, so the replica's `vcm` settings apply
+(allowed roots, caps) exactly as on the API's `POST /v1/vcm/sources`. A worker holds its page
+pinned while it works on it, so workers sharing a replica with fewer slots than pages take turns
+instead of evicting each other's pages. Pages whose worker failed are never passed off as done: the
+report is `partial` and lists them, and a run where no page could be analysed fails.
 """
 
 from __future__ import annotations
@@ -29,6 +35,7 @@ from colony.agents import (
     action_executor,
 )
 from colony.blackboard import Blackboard
+from colony.config import VcmSettings
 from colony.errors import AgentUsageError, InvalidArgument
 from colony.inference import ChatMessage, InferenceRequest
 from colony.inference.engine import InferenceEngine
@@ -118,7 +125,8 @@ class PageSummaryCapability(AgentCapability):
                 ],
                 "max_tokens": self.max_tokens,
             }
-            answer = await self.replica.generate(request, [page_id])
+            async with self.replica.pinned([page_id]):  # no other worker's fault evicts it meanwhile
+                answer = await self.replica.generate(request, [page_id])
             text = whole_sentences(str(answer.get("text", "")))
             cached = int(answer.get("usage", {}).get("cached_tokens", 0))
             if self.agent is not None:
@@ -173,6 +181,7 @@ class AnalyzeCapability(AgentCapability):
         pages: PageTable | None = None,
         spawner: Spawner | None = None,
         engine: InferenceEngine | None = None,
+        replica: ReplicaHost | None = None,
         pages_per_worker: int = 1,
         max_workers: int = 16,
         overview_tokens: int = 80,
@@ -181,10 +190,13 @@ class AnalyzeCapability(AgentCapability):
         self.pages = pages
         self.spawner = spawner
         self.engine = engine
+        # the replica's settings say which folders may be mapped (none without a replica)
+        self.vcm = replica.settings.vcm if replica is not None else VcmSettings()
         self.pages_per_worker = pages_per_worker
         self.max_workers = max_workers  # a big folder gets bigger page groups, not more agents
         self.overview_tokens = overview_tokens
-        self.job: dict[str, Any] = {}  # {"run_id", "path", "workers": {worker_id: request_id}}
+        # {"run_id", "path", "workers": {worker_id: request_id}, "groups": {worker_id: page ids}}
+        self.job: dict[str, Any] = {}
 
     def get_state(self) -> dict[str, Any]:
         return {"job": self.job}
@@ -221,7 +233,11 @@ class AnalyzeCapability(AgentCapability):
                 blocked_reason=f"waiting for {len(waiting)} of {len(results)} page workers",
                 blocking_agent_ids=waiting,
             )
-        return ActionResult(success=True, output=await self._report(results))
+        report = await self._report(results)
+        if not report["pages"]:
+            reasons = "; ".join(f"{n['worker']}: {n['error']}" for n in report["not_analysed"])
+            return ActionResult(success=False, error=f"no page could be analysed ({reasons[:2000]})")
+        return ActionResult(success=True, output=report)
 
     async def _dispatch(
         self, run_id: str, path: str | None, pages: list[str] | None, page_tokens: int
@@ -231,7 +247,9 @@ class AnalyzeCapability(AgentCapability):
         if pages is None:
             if not path:
                 raise InvalidArgument("analyze needs a folder `path` or mapped `pages`")
-            source = await self.pages.map_source(PageSource(path, page_tokens=page_tokens))
+            source = await self.pages.map_source(
+                await PageSource.open(path, self.vcm, page_tokens=page_tokens)
+            )
             pages, path = source.page_ids, source.path
             await agent.emit_run_event("mapped", {"path": path, "pages": len(pages)})
         if not pages:
@@ -249,15 +267,28 @@ class AnalyzeCapability(AgentCapability):
             workers[worker_id] = await AgentHandle(worker_id, owner=agent).submit(
                 {"pages": group}, namespace=RUNS_NAMESPACE
             )
-        self.job = {"run_id": run_id, "path": path, "workers": workers}
+        self.job = {
+            "run_id": run_id,
+            "path": path,
+            "workers": workers,
+            "groups": {worker: groups[index] for index, worker in enumerate(workers)},
+        }
         await agent.emit_run_event("workers", {"workers": sorted(workers), "pages": len(pages)})
         log.info("analyze %s: %d pages, %d workers", run_id, len(pages), len(workers))
 
     async def _report(self, results: dict[str, Any]) -> dict[str, Any]:
-        sections, files, failures = [], [], []
+        assert self.pages is not None
+        sections: list[str] = []
+        files: list[str] = []
+        failures: list[str] = []
+        not_analysed: list[dict[str, Any]] = []
         for worker_id, run in sorted(results.items()):
             if run.error or not isinstance(run.output, dict):
-                failures.append(f"{worker_id}: {run.error or 'no output'}")
+                group = list(self.job.get("groups", {}).get(worker_id, []))
+                lost = sorted({f for page_id in group for f in _files_of(await self.pages.page(page_id))})
+                error = str(run.error or "no output")
+                not_analysed.append({"worker": worker_id, "pages": group, "files": lost, "error": error})
+                failures.append(f"{worker_id} ({', '.join(lost) or 'its pages'}): {error}")
                 continue
             for page in run.output.get("pages", []):
                 files.extend(page["files"])
@@ -283,6 +314,8 @@ class AnalyzeCapability(AgentCapability):
             "pages": len(sections),
             "workers": sorted(results),
             "failed_workers": len(failures),
+            "partial": bool(failures),
+            "not_analysed": not_analysed,
         }
 
     async def _overview(self, sections: list[str]) -> str:

@@ -86,6 +86,7 @@ class ReplicaHost:
         )
         if self.engine is None:
             self.engine = create_engine(self.settings)
+        self.engine.pin_wait_seconds = self.settings.vcm.page_wait_seconds
         await self.engine.start()
         self.runtime = LocalAgentRuntime(
             blackboard,
@@ -227,9 +228,17 @@ class ReplicaHost:
         """Run an inference request here; pages it names that this engine lacks are faulted in
         (their text from the page table) first, unless `hard` affinity is asked for: then a replica
         without every page refuses with ResourceExhausted (the router sent the call to the best
-        holder, so none holds them all)."""
+        holder, so none holds them all). The pages are pinned from the fault to the answer, so a
+        concurrent fault never evicts a page this request has just loaded; a fault that finds every
+        slot pinned waits (`vcm.page_wait_seconds`), then fails with ResourceExhausted."""
         assert self.engine is not None
-        page_ids = list(page_ids or request.get("page_ids") or [])
+        page_ids = list(dict.fromkeys(page_ids or request.get("page_ids") or []))
+        capacity = self.engine.page_capacity()
+        if capacity is not None and len(page_ids) > capacity:
+            raise ResourceExhausted(
+                f"the request names {len(page_ids)} pages but replica {self.replica_id} holds at most "
+                f"{capacity} at once (engine.page_slots); ask about fewer pages per request"
+            )
         if hard:
             missing = [p for p in page_ids if p not in self.engine.resident_pages()]
             if missing:
@@ -237,11 +246,17 @@ class ReplicaHost:
                     f"no replica holds all of pages {page_ids[:5]} (missing here: {missing[:5]}); "
                     "load them first or ask with soft affinity"
                 )
-        faulted = await self.ensure_pages(page_ids)
-        response = await self.engine.generate(
-            InferenceRequest.model_validate({**request, "page_ids": page_ids})
-        )
+        async with self.engine.pinned(page_ids):
+            faulted = await self.ensure_pages(page_ids)
+            response = await self.engine.generate(
+                InferenceRequest.model_validate({**request, "page_ids": page_ids})
+            )
         return {**response.model_dump(mode="json"), "replica_id": self.replica_id, "faulted": faulted}
+
+    def pinned(self, page_ids: list[str]) -> contextlib.AbstractAsyncContextManager[None]:
+        """Hold pages against eviction across several steps (a page-bound agent working on them)."""
+        assert self.engine is not None
+        return self.engine.pinned(page_ids)
 
     async def ensure_pages(self, page_ids: list[str]) -> list[str]:
         """Load the pages this engine does not hold (page faults); the page table follows."""

@@ -1,8 +1,8 @@
 """Which resident page to evict when an engine needs room: the eviction policy interface.
 
-Engines call `touch` when a page is loaded or used, `forget` when it leaves, and `victim` to pick
-the page to evict. The cluster's engines and `benchmarks/affinity_sim.py` use these classes, so the
-simulator measures the policy the cluster runs.
+Engines call `touch` when a page is loaded or used, `forget` when it leaves, and `victim` (through
+`unpinned_victim`, which leaves out pages in use) to pick the page to evict. The cluster's engines
+and `benchmarks/affinity_sim.py` use these classes, so the simulator measures the policy the cluster runs.
 
 - `LRUEviction`: least recently used (what prefix caches such as SGLang's radix cache do).
 - `FrequencyEviction` (default): LFU with dynamic aging (LFU-DA). A page's priority is its use
@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import itertools
 from abc import ABC, abstractmethod
-from collections.abc import Iterable
+from collections.abc import Collection, Iterable
 
 from colony.errors import InvalidArgument
 
@@ -39,6 +39,13 @@ class EvictionPolicy(ABC):
     def evicted(self, page_id: str) -> None:
         """`victim`'s choice was evicted (policies with aging advance their clock here)."""
         self.forget(page_id)
+
+    def unpinned_victim(self, candidates: Iterable[str], pinned: Collection[str] = ()) -> str | None:
+        """The policy's victim among the candidates that are not pinned (in use by a request or a
+        page-bound step: evicting one would pull its KV cache from under it); None when every
+        candidate is pinned, and the caller waits for an unpin."""
+        free = [page_id for page_id in candidates if page_id not in pinned]
+        return self.victim(free) if free else None
 
 
 class LRUEviction(EvictionPolicy):

@@ -3,19 +3,32 @@
 Pages are cut on file boundaries (several small files share a page; a large file is split on line
 boundaries), binary and ignored files are skipped, and a page's id is the hash of its content, so
 mapping the same tree twice gives the same pages.
+
+A path to map comes from outside (an HTTP body, a run input), so a source reads only inside its
+`allowed_roots` (`vcm.allowed_roots`): the folder, and then every file one by one, must resolve
+(symlinks followed, `..` collapsed) to a place under a root; a file that resolves elsewhere (a
+symlink to /etc/passwd) is skipped, and only regular files are read (a FIFO would block the walk).
+No roots means nothing may be read. Caps on files and bytes bound what one request can make the
+server read and store. The walk reads every file, so `PageSource.open` runs it in a thread.
 """
 
 from __future__ import annotations
 
+import asyncio
 import fnmatch
 import hashlib
+import json
+import os
+import stat
 import subprocess
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterable, Iterator, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 
 from pydantic import BaseModel, Field
 
-from colony.errors import InvalidArgument
+from colony.config import VcmSettings
+from colony.errors import InvalidArgument, PathNotAllowed, SourceTooLarge
 from colony.inference.models import Page
 
 DEFAULT_IGNORES = (
@@ -48,11 +61,42 @@ DEFAULT_IGNORES = (
     "*.bin",
     "*.lock",
 )
+_DEFAULTS = VcmSettings()
+NO_ROOTS = (
+    "mapping folders is off: vcm.allowed_roots is empty. Set it to the folders page sources may read "
+    "(config file `vcm: {allowed_roots: [/path/to/code]}` or "
+    "COLONY_VCM__ALLOWED_ROOTS='[\"/path/to/code\"]'; "
+    "`colony up` uses the folder it was started in)"
+)
 
 
 def estimate_tokens(text: str) -> int:
     """A tokenizer-free estimate (about 4 characters a token) used to size pages."""
     return max(1, (len(text) + 3) // 4)
+
+
+def resolve_roots(roots: Iterable[str | Path]) -> list[Path]:
+    """The allowed roots as real paths (a root that is itself a symlink counts as its target)."""
+    return [Path(root).expanduser().resolve() for root in roots]
+
+
+def inside(path: Path, roots: Sequence[Path]) -> bool:
+    """Whether a resolved path lies in (or is) one of the resolved roots."""
+    return any(path == root or path.is_relative_to(root) for root in roots)
+
+
+def check_allowed(path: str | Path, roots: Sequence[Path]) -> Path:
+    """The resolved folder if it lies under a root, else PathNotAllowed (checked before the folder's
+    existence, so the answer tells nothing about paths outside the roots)."""
+    if not roots:
+        raise PathNotAllowed(NO_ROOTS)
+    resolved = Path(path).expanduser().resolve()
+    if not inside(resolved, roots):
+        raise PathNotAllowed(
+            f"{str(path)[:200]} is outside the folders page sources may read (vcm.allowed_roots, "
+            "symlinks resolved); map a folder under one of them or add it to vcm.allowed_roots"
+        )
+    return resolved
 
 
 class FileSpan(BaseModel):
@@ -70,57 +114,135 @@ class PageInfo(BaseModel):
     files: list[FileSpan] = Field(default_factory=list)
 
 
+@dataclass(frozen=True)
+class _Entry:
+    relative: str  # the name inside the source (what the pages show)
+    real: Path  # where it resolves (what is read)
+    size: int
+
+
 class PageSource:
-    """A folder (or a git checkout: tracked files only) as pages of at most `page_tokens` tokens."""
+    """A folder (or a git checkout: tracked files only) as pages of at most `page_tokens` tokens,
+    reading only under `allowed_roots`, at most `max_files` files and `max_bytes` bytes."""
 
     def __init__(
         self,
         path: str | Path,
         *,
+        allowed_roots: Iterable[str | Path],
         page_tokens: int = 2048,
+        max_files: int = _DEFAULTS.max_files_per_source,
+        max_bytes: int = _DEFAULTS.max_bytes_per_source,
         ignore: tuple[str, ...] = DEFAULT_IGNORES,
         count_tokens: Callable[[str], int] = estimate_tokens,
     ) -> None:
-        self.root = Path(path).expanduser().resolve()
+        self.roots = resolve_roots(allowed_roots)
+        self.root = check_allowed(path, self.roots)
         if not self.root.is_dir():
             raise InvalidArgument(f"page source {self.root} is not a directory")
         if page_tokens < 64:
             raise InvalidArgument(f"page_tokens must be at least 64, got {page_tokens}")
         self.page_tokens = page_tokens
+        self.max_files = max_files
+        self.max_bytes = max_bytes
         self.ignore = ignore
         self.count_tokens = count_tokens
         self.source_id = "src-" + hashlib.sha256(str(self.root).encode()).hexdigest()[:12]
+        self.skipped: list[str] = []  # files that resolve outside the roots or are not regular files
+        self._cut: list[tuple[PageInfo, Page]] | None = None
+
+    @classmethod
+    def from_settings(cls, path: str | Path, vcm: VcmSettings, *, page_tokens: int = 2048) -> PageSource:
+        return cls(
+            path,
+            allowed_roots=vcm.allowed_roots,
+            page_tokens=page_tokens,
+            max_files=vcm.max_files_per_source,
+            max_bytes=vcm.max_bytes_per_source,
+        )
+
+    @classmethod
+    async def open(cls, path: str | Path, vcm: VcmSettings, *, page_tokens: int = 2048) -> PageSource:
+        """Check the path and cut the pages in a worker thread (the walk reads every file; on the
+        event loop it would stall every request of the process); `pages()` then only replays them."""
+
+        def build() -> PageSource:
+            source = cls.from_settings(path, vcm, page_tokens=page_tokens)
+            source._cut = list(source._pages())
+            return source
+
+        return await asyncio.to_thread(build)
 
     def files(self) -> list[Path]:
-        """Text files to map, in a stable order."""
-        tracked = self._git_files()
-        candidates = tracked if tracked is not None else [p for p in self.root.rglob("*") if p.is_file()]
-        return sorted(p for p in candidates if not self._ignored(p) and _is_text(p))
+        """Text files to map, in a stable order (SourceTooLarge past the caps)."""
+        return [self.root / entry.relative for entry in self._entries()]
 
-    def _git_files(self) -> list[Path] | None:
+    def _entries(self) -> list[_Entry]:
+        tracked = self._git_files()
+        candidates = sorted(tracked if tracked is not None else self._walk())
+        self.skipped = []
+        entries: list[_Entry] = []
+        total = 0
+        for relative in candidates:
+            if self._ignored(relative):
+                continue
+            real = (self.root / relative).resolve()
+            info = _regular_file(real)
+            if info is None or not inside(real, self.roots):
+                self.skipped.append(relative)
+                continue
+            if not _is_text(real):
+                continue
+            entries.append(_Entry(relative, real, info.st_size))
+            total += info.st_size
+            if len(entries) > self.max_files:
+                raise SourceTooLarge(
+                    f"{self.root} holds more than {self.max_files} text files (vcm.max_files_per_source); "
+                    "map a smaller folder or raise the setting"
+                )
+            if total > self.max_bytes:
+                raise SourceTooLarge(
+                    f"{self.root} holds more than {self.max_bytes} bytes of text (vcm.max_bytes_per_source); "
+                    "map a smaller folder or raise the setting"
+                )
+        return entries
+
+    def _walk(self) -> Iterator[str]:
+        """Relative names of the files under the root; ignored folders are not entered and
+        symlinked folders not followed (a file symlink is listed and checked like any file)."""
+        for folder, dirs, names in os.walk(self.root, followlinks=False):
+            dirs[:] = [d for d in dirs if not any(fnmatch.fnmatch(d, pattern) for pattern in self.ignore)]
+            base = Path(folder).relative_to(self.root)
+            yield from (str(base / name) for name in names)
+
+    def _git_files(self) -> list[str] | None:
         if not (self.root / ".git").exists():
             return None
         try:
             listed = subprocess.run(
-                ["git", "-C", str(self.root), "ls-files", "-z"], capture_output=True, check=True, timeout=60
+                # a hostile checkout's config could name an fsmonitor program for git to run
+                ["git", "-c", "core.fsmonitor=false", "-C", str(self.root), "ls-files", "-z"],
+                capture_output=True,
+                check=True,
+                timeout=60,
             ).stdout
         except (OSError, subprocess.SubprocessError):
             return None
-        return [
-            self.root / name for name in listed.decode().split("\0") if name and (self.root / name).is_file()
-        ]
+        return [name for name in listed.decode(errors="replace").split("\0") if name]
 
-    def _ignored(self, path: Path) -> bool:
-        parts = path.relative_to(self.root).parts
+    def _ignored(self, relative: str) -> bool:
+        parts = Path(relative).parts
         return any(fnmatch.fnmatch(part, pattern) for part in parts for pattern in self.ignore)
 
     def pages(self) -> Iterator[tuple[PageInfo, Page]]:
-        """(description, page) pairs, in file order."""
+        """(description, page) pairs, in file order (replayed when `open` cut them already)."""
+        return iter(self._cut) if self._cut is not None else self._pages()
+
+    def _pages(self) -> Iterator[tuple[PageInfo, Page]]:
         chunk: list[tuple[FileSpan, str]] = []
         used = 0
-        for path in self.files():
-            relative = str(path.relative_to(self.root))
-            for span, text in self._pieces(relative, path.read_text(errors="replace")):
+        for entry in self._entries():
+            for span, text in self._pieces(entry.relative, _read(entry)):
                 tokens = self.count_tokens(text) + 1  # + the separator between pieces
                 if chunk and used + tokens > self.page_tokens:
                     yield self._page(chunk)
@@ -163,6 +285,26 @@ class PageSource:
         return info, Page(page_id=page_id, text=text, metadata={"source_id": self.source_id})
 
 
+def _regular_file(path: Path) -> os.stat_result | None:
+    try:
+        info = path.stat()
+    except OSError:
+        return None
+    return info if stat.S_ISREG(info.st_mode) else None
+
+
+def _read(entry: _Entry) -> str:
+    """The file's text, no more than the size counted against the cap (it may have grown since)."""
+    try:
+        fd = os.open(entry.real, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK)
+    except OSError:
+        return ""
+    with open(fd, "rb") as handle:
+        if not stat.S_ISREG(os.fstat(handle.fileno()).st_mode):
+            return ""
+        return handle.read(entry.size).decode("utf-8", errors="replace")
+
+
 def _is_text(path: Path, probe: int = 4096) -> bool:
     try:
         with open(path, "rb") as handle:
@@ -176,3 +318,11 @@ def _is_text(path: Path, probe: int = 4096) -> bool:
     except UnicodeDecodeError as exc:
         return exc.start >= len(head) - 4  # a multi-byte character cut by the probe
     return True
+
+
+def default_roots_env(vcm: VcmSettings, cwd: Path | None = None) -> dict[str, str]:
+    """The environment that carries the allowed roots to a daemon started from here (`colony up`):
+    the configured ones, or else the folder it was started in, so a newcomer can map the code they
+    are in, and nothing else, without configuring anything."""
+    roots = [str(root) for root in vcm.allowed_roots] or [str((cwd or Path.cwd()).resolve())]
+    return {"COLONY_VCM__ALLOWED_ROOTS": json.dumps(roots)}

@@ -1,0 +1,233 @@
+"""File access roots: a page source reads only under `vcm.allowed_roots` (symlinks resolved, per
+file), within its caps, off the event loop; the API answers 403/413 and the `analyze` agent's run
+fails with the same message."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import threading
+import uuid
+from collections.abc import AsyncIterator, Iterator
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+
+from colony.api.app import ApiServices, create_app
+from colony.blackboard import Blackboard
+from colony.config import ColonySettings, ServeSettings, VcmSettings
+from colony.errors import PathNotAllowed, SourceTooLarge
+from colony.inference.models import Page
+from colony.inference.scripted import ScriptedEngine
+from colony.system.analyze import analyze_blueprint
+from colony.system.control import ControlPlane
+from colony.system.host import ReplicaHost
+from colony.system.runs import RunService
+from colony.vcm import PageInfo, PageSource
+from colony.vcm.pages import default_roots_env
+
+SECRET = "TOP-SECRET-OUTSIDE-THE-ROOT"
+
+
+@pytest.fixture
+def layout(tmp_path: Path) -> tuple[Path, Path]:
+    """`allowed/` (code, plus symlinks leading out) next to `outside/` (a secret)."""
+    allowed, outside = tmp_path / "allowed", tmp_path / "outside"
+    (allowed / "pkg").mkdir(parents=True)
+    outside.mkdir()
+    (outside / "secret.txt").write_text(SECRET + "\n")
+    (allowed / "main.py").write_text("def main():\n    return 0\n")
+    (allowed / "pkg" / "util.py").write_text("def util():\n    return 1\n")
+    (allowed / "leak.txt").symlink_to(outside / "secret.txt")  # a file symlink out
+    (allowed / "leakdir").symlink_to(outside, target_is_directory=True)  # a folder symlink out
+    (allowed / "passwd").symlink_to("/etc/passwd")
+    return allowed, outside
+
+
+def text_of(source: PageSource) -> str:
+    return "\n".join(page.text for _, page in source.pages())
+
+
+def test_a_folder_under_a_root_maps_and_symlinks_out_are_skipped(layout: tuple[Path, Path]) -> None:
+    allowed, _ = layout
+    source = PageSource(allowed, allowed_roots=[allowed], page_tokens=256)
+    text = text_of(source)
+    assert "def main" in text and "def util" in text
+    assert SECRET not in text and "root:" not in text
+    assert [str(p.relative_to(allowed)) for p in source.files()] == ["main.py", "pkg/util.py"]
+    assert sorted(source.skipped) == ["leak.txt", "passwd"]  # the folder symlink is not even entered
+    inner = allowed / "pkg" / "alias.py"
+    inner.symlink_to(allowed / "main.py")  # a symlink that stays inside the roots is read
+    assert "alias.py" in {p.name for p in PageSource(allowed, allowed_roots=[allowed]).files()}
+
+
+@pytest.mark.parametrize(
+    "where",
+    ["/etc", "~", "/", "allowed/../outside", "allowed/pkg/../../outside", "allowed/leakdir", "outside"],
+)
+def test_paths_outside_the_roots_are_refused(layout: tuple[Path, Path], where: str) -> None:
+    allowed, _ = layout
+    path = where if where.startswith(("/", "~")) else str(allowed.parent / where)
+    with pytest.raises(PathNotAllowed, match=r"vcm\.allowed_roots"):
+        PageSource(path, allowed_roots=[allowed])
+
+
+def test_refusal_says_nothing_about_what_exists_outside(layout: tuple[Path, Path]) -> None:
+    allowed, outside = layout
+    for path in (outside, outside / "no-such-folder"):  # existing or not: the same refusal
+        with pytest.raises(PathNotAllowed) as refused:
+            PageSource(path, allowed_roots=[allowed])
+        assert str(outside) not in str(refused.value).split(" is outside")[1]
+
+
+def test_no_roots_refuses_everything_and_says_how_to_allow(layout: tuple[Path, Path]) -> None:
+    allowed, _ = layout
+    with pytest.raises(PathNotAllowed, match=r"vcm\.allowed_roots is empty.*COLONY_VCM__ALLOWED_ROOTS"):
+        PageSource(allowed, allowed_roots=[])
+    with pytest.raises(PathNotAllowed):
+        PageSource.from_settings(allowed, VcmSettings())
+
+
+def test_git_checkout_cannot_list_a_tracked_symlink_out(layout: tuple[Path, Path]) -> None:
+    import subprocess
+
+    allowed, _ = layout
+    subprocess.run(["git", "init", "-q", str(allowed)], check=True)
+    subprocess.run(["git", "-C", str(allowed), "add", "main.py", "leak.txt", "passwd"], check=True)
+    source = PageSource(allowed, allowed_roots=[allowed])
+    assert [p.name for p in source.files()] == ["main.py"] and SECRET not in text_of(source)
+    assert sorted(source.skipped) == ["leak.txt", "passwd"]
+
+
+def test_special_files_are_skipped_not_read(tmp_path: Path) -> None:
+    (tmp_path / "a.py").write_text("a = 1\n")
+    os.mkfifo(tmp_path / "pipe")  # opening a FIFO for reading would block the walk forever
+    source = PageSource(tmp_path, allowed_roots=[tmp_path])
+    assert [p.name for p in source.files()] == ["a.py"] and source.skipped == ["pipe"]
+
+
+def test_caps_on_files_and_bytes(tmp_path: Path) -> None:
+    for i in range(5):
+        (tmp_path / f"f{i}.py").write_text(f"x{i} = {'1' * 300}\n")
+    assert len(PageSource(tmp_path, allowed_roots=[tmp_path], max_files=5).files()) == 5
+    with pytest.raises(SourceTooLarge, match=r"more than 4 text files \(vcm\.max_files_per_source\)"):
+        PageSource(tmp_path, allowed_roots=[tmp_path], max_files=4).files()
+    with pytest.raises(SourceTooLarge, match=r"more than 1024 bytes .*vcm\.max_bytes_per_source"):
+        list(PageSource(tmp_path, allowed_roots=[tmp_path], max_bytes=1024).pages())
+
+
+async def test_open_walks_in_a_worker_thread(tmp_path: Path) -> None:
+    (tmp_path / "a.py").write_text("a = 1\n")
+    walked_on: list[int] = []
+
+    class Recorded(PageSource):
+        def _pages(self) -> Iterator[tuple[PageInfo, Page]]:
+            walked_on.append(threading.get_ident())
+            return super()._pages()
+
+    source = await Recorded.open(tmp_path, VcmSettings(allowed_roots=[tmp_path]), page_tokens=128)
+    assert walked_on and walked_on[0] != threading.get_ident()  # not the event loop's thread
+    assert len(list(source.pages())) == 1 and len(walked_on) == 1  # pages() replays the cut
+
+
+def test_colony_up_passes_its_cwd_or_the_configured_roots(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """`colony up` puts this environment into its daemon's: the daemon's settings then hold the
+    folder `colony up` ran in, or the roots it was configured with."""
+    for vcm, expected in (
+        (VcmSettings(), [tmp_path]),
+        (VcmSettings(allowed_roots=[tmp_path / "a", tmp_path / "b"]), [tmp_path / "a", tmp_path / "b"]),
+    ):
+        for name, value in default_roots_env(vcm, cwd=tmp_path).items():
+            monkeypatch.setenv(name, value)
+        assert ColonySettings().vcm.allowed_roots == expected
+
+
+# -- the API ------------------------------------------------------------------------------------------
+
+
+@pytest.fixture
+async def api(bb: Blackboard, redis_url: str, layout: tuple[Path, Path]) -> AsyncIterator[Any]:
+    from colony.vcm import PageTable
+
+    allowed, _ = layout
+    settings = ColonySettings(redis_url=redis_url, colony_id=f"roots{uuid.uuid4().hex[:8]}")
+    host = ReplicaHost(settings, "replica-a", engine=ScriptedEngine(["ok"]))
+    await host.start(bb)
+    assert host.registry is not None
+    runs = RunService(bb, host.registry, colony_id=settings.colony_id)
+    pages = PageTable(bb, colony_id=settings.colony_id)
+
+    def client(vcm: VcmSettings | None) -> httpx.AsyncClient:
+        services = ApiServices(runs=runs, registry=host.registry, token="t", pages=pages, vcm=vcm)
+        return httpx.AsyncClient(
+            transport=httpx.ASGITransport(app=create_app(services)),
+            base_url="http://colony",
+            headers={"Authorization": "Bearer t"},
+        )
+
+    yield client, allowed
+    await host.close()
+
+
+async def test_api_maps_only_under_the_roots(api: Any) -> None:
+    client, allowed = api
+    async with client(VcmSettings(allowed_roots=[allowed], max_files_per_source=2)) as http:
+        ok = await http.post("/v1/vcm/sources", json={"path": str(allowed), "page_tokens": 256})
+        assert ok.status_code == 200, ok.text
+        assert {s["path"] for p in ok.json()["pages"] for s in p["files"]} == {"main.py", "pkg/util.py"}
+        assert SECRET not in ok.text
+        for path in ("/etc", "~", str(allowed / ".." / "outside"), str(allowed / "leakdir")):
+            refused = await http.post("/v1/vcm/sources", json={"path": path})
+            assert refused.status_code == 403, (path, refused.text)
+            assert "vcm.allowed_roots" in refused.json()["error"]["message"]
+        (allowed / "pkg" / "more.py").write_text("y = 2\n")
+        too_many = await http.post("/v1/vcm/sources", json={"path": str(allowed)})
+        assert too_many.status_code == 413
+        assert "vcm.max_files_per_source" in too_many.json()["error"]["message"]
+    async with client(None) as http:  # no settings, no roots: nothing may be mapped
+        off = await http.post("/v1/vcm/sources", json={"path": str(allowed)})
+        assert off.status_code == 403 and "vcm.allowed_roots is empty" in off.json()["error"]["message"]
+
+
+# -- the analyze agent --------------------------------------------------------------------------------
+
+
+async def test_analyze_refuses_a_folder_outside_the_replicas_roots(
+    bb: Blackboard, redis_url: str, layout: tuple[Path, Path]
+) -> None:
+    allowed, outside = layout
+    settings = ColonySettings(
+        redis_url=redis_url,
+        colony_id=f"an{uuid.uuid4().hex[:8]}",
+        serve=ServeSettings(monitor_period_seconds=0.1, heartbeat_seconds=0.2),
+        vcm=VcmSettings(allowed_roots=[allowed]),
+    )
+    host = ReplicaHost(settings, "ra", engine=ScriptedEngine(["It defines helpers."]))
+    control = ControlPlane(bb, {"ra": host}, settings)
+    host.spawner = control.place
+    await host.start(bb)
+    control.start()
+    try:
+        await control.place(analyze_blueprint())
+        runs = RunService(bb, control.registry, colony_id=settings.colony_id)
+        outcomes = {}
+        for name, path in (("outside", outside), ("dotdot", allowed / ".." / "outside"), ("ok", allowed)):
+            submitted = await runs.submit("analyze", {"path": str(path), "page_tokens": 256})
+            async with asyncio.timeout(30):
+                while (run := await runs.get(submitted.run_id)).status not in ("succeeded", "failed"):  # noqa: ASYNC110
+                    await asyncio.sleep(0.05)
+            outcomes[name] = run
+        for name in ("outside", "dotdot"):
+            assert outcomes[name].status == "failed"
+            assert "PathNotAllowed" in outcomes[name].error and "vcm.allowed_roots" in outcomes[name].error
+        ok = outcomes["ok"]
+        assert ok.status == "succeeded", ok.error
+        assert ok.output["files"] == ["main.py", "pkg/util.py"] and not ok.output["partial"]
+        assert SECRET not in ok.output["report"]
+    finally:
+        await control.close()
+        await host.close()
