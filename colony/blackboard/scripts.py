@@ -238,7 +238,7 @@ return {1, now, out}
 #       logical keys...
 # Gives each listed entry (and, with a tag, every entry carrying it and the tag's index set) an
 # expiry `ttl_ms` from now, unless it already expires sooner: calling it again never extends.
-# With trim, stream events older than ttl_ms are trimmed (XTRIM MINID ~): the retention of the
+# With trim, stream events older than ttl_ms are trimmed (exact XTRIM MINID): the retention of the
 # events of entries that expire after it.
 # -> number of entries whose expiry was set
 EXPIRE = (
@@ -250,7 +250,7 @@ local exp = now + ttl
 local keys = {}
 for i = 6, #ARGV do keys[#keys + 1] = ARGV[i] end
 if ARGV[5] == '1' and now > ttl then
-  redis.call('XTRIM', KEYS[2], 'MINID', '~', tostring(now - ttl))
+  redis.call('XTRIM', KEYS[2], 'MINID', tostring(now - ttl))
 end
 if ARGV[4] ~= '' then
   local set = ARGV[2] .. ARGV[4]

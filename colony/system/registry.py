@@ -52,11 +52,19 @@ class AgentRegistry:
         tags = {Keys.index_tag("agent"), Keys.state_tag(record.state)}
         if record.replica:
             tags.add(Keys.replica_tag(record.replica))
-        ttl = self.retention_seconds if record.state in DONE_STATES else None
+        ttl = await self._done_ttl(record) if record.state in DONE_STATES else None
         await self.board.write(
             Keys.agent_key(record.agent_id), record, tags=tags, created_by="registry", ttl_seconds=ttl
         )
         return record
+
+    async def _done_ttl(self, record: AgentRecord) -> float:
+        """The retention left to an ended agent's record: counted from when it ended, so rewriting
+        the record (e.g. a heartbeat clearing its replica) does not push its expiry back."""
+        current = await self.board.read(Keys.agent_key(record.agent_id))
+        if current is not None and current.expires_at is not None:
+            return max(0.001, current.expires_at - time.time())
+        return self.retention_seconds
 
     async def get(self, agent_id: str) -> AgentRecord | None:
         entry = await self.board.read(Keys.agent_key(agent_id))
