@@ -114,6 +114,49 @@ def test_exception_line_of_a_serve_deployment_message() -> None:
         "EngineNotInstalled: the default embedded model is not installed; run `pip install x`"
     )
     assert _exception_of("no traceback here") == "no traceback here"
+    problems = "Traceback:\ncolony.errors.ConfigError: invalid configuration\n  - serve.x: bad\n"
+    assert _exception_of(problems) == "ConfigError: invalid configuration\n  - serve.x: bad"
+
+
+def test_serve_problem_names_failed_deployments_and_unhealthy_proxies() -> None:
+    """Read from Serve's own status objects (what `serve.status()` returns)."""
+    from ray.serve._private.common import DeploymentStatus, DeploymentStatusTrigger
+    from ray.serve.schema import (
+        ApplicationStatus,
+        ApplicationStatusOverview,
+        DeploymentStatusOverview,
+        ProxyStatus,
+        ServeStatus,
+    )
+
+    def deployment(status: DeploymentStatus, message: str = "") -> DeploymentStatusOverview:
+        return DeploymentStatusOverview(status, DeploymentStatusTrigger.UNSPECIFIED, {}, message)
+
+    failed = ApplicationStatusOverview(
+        ApplicationStatus.DEPLOY_FAILED,
+        "Failed to update the deployments ['EngineReplica'].",
+        0.0,
+        {
+            "EngineReplica": deployment(
+                DeploymentStatus.DEPLOY_FAILED,
+                "Error:\ncolony.errors.EngineNotInstalled: run `pip install x`",
+            ),
+            "ColonyAPI": deployment(DeploymentStatus.HEALTHY),
+        },
+    )
+    status = ServeStatus(proxies={"n1": ProxyStatus.HEALTHY}, applications={"colony": failed})
+    assert cluster.serve_problem(status, "colony", "127.0.0.1:8000") == (
+        "EngineReplica: EngineNotInstalled: run `pip install x`"
+    )
+    running = ApplicationStatusOverview(
+        ApplicationStatus.RUNNING, "", 0.0, {"ColonyAPI": deployment(DeploymentStatus.HEALTHY)}
+    )
+    healthy = ServeStatus(proxies={"n1": ProxyStatus.HEALTHY}, applications={"colony": running})
+    assert cluster.serve_problem(healthy, "colony", "127.0.0.1:8000") is None
+    no_proxy = ServeStatus(proxies={"n1": ProxyStatus.UNHEALTHY}, applications={"colony": running})
+    assert "cannot serve 127.0.0.1:8000" in (
+        cluster.serve_problem(no_proxy, "colony", "127.0.0.1:8000") or ""
+    )
 
 
 def _started_by(data_dir: Path) -> list[str]:

@@ -20,6 +20,7 @@ import socket
 import subprocess
 import sys
 import time
+from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
@@ -258,7 +259,12 @@ def _serve_forever(settings: ColonySettings) -> None:
             raise ClusterError(deploy_failure(serve.status(), "colony") or str(exc)) from None
         url = f"http://{cfg.host}:{cfg.port}"
         token = settings.api_token.get_secret_value() if settings.api_token else ""
-        _wait_ready(url, token, settings.serve.start_timeout_seconds)
+        _wait_ready(
+            url,
+            token,
+            settings.serve.start_timeout_seconds,
+            lambda: serve_problem(serve.status(), "colony", f"{cfg.host}:{cfg.port}"),
+        )
         info = ClusterInfo(
             pid=os.getpid(),
             url=url,
@@ -277,17 +283,42 @@ def _serve_forever(settings: ColonySettings) -> None:
         ray.shutdown()
 
 
-def _wait_ready(url: str, token: str, timeout: float) -> None:
-    """Until the API answers and the built-in agents are registered."""
+def _wait_ready(
+    url: str, token: str, timeout: float, problem: Callable[[], str | None] | None = None
+) -> None:
+    """Until the API answers and the built-in agents are registered; `problem()` (asked every few
+    seconds) names a failure that means it never will, so `up` reports it at once."""
     deadline = time.monotonic() + timeout
     headers = {"Authorization": f"Bearer {token}"}
+    next_check = time.monotonic()
     while time.monotonic() < deadline:
         with contextlib.suppress(httpx.HTTPError, ValueError):
             agents = httpx.get(f"{url}/v1/agents", headers=headers, timeout=30).json()
             if isinstance(agents, list) and {"echo", "ask"} <= {a.get("agent_id") for a in agents}:
                 return
+        if problem is not None and time.monotonic() >= next_check:
+            cause = problem()
+            if cause:
+                raise ClusterError(cause)
+            next_check = time.monotonic() + 2.0
         time.sleep(0.5)
-    raise ClusterError(f"the API at {url} did not become ready in {timeout}s")
+    raise ClusterError(f"the API at {url} did not become ready in {timeout}s (serve.start_timeout_seconds)")
+
+
+def _status_name(status: object) -> str:
+    return str(getattr(status, "value", status))
+
+
+def serve_problem(serve_status: Any, app_name: str, address: str) -> str | None:
+    """What keeps a deployed app from answering, per `serve.status()`: a deployment that failed or
+    turned unhealthy (its exception), or an HTTP proxy that is unhealthy (it could not serve
+    `address`)."""
+    app = serve_status.applications.get(app_name)
+    if app is not None and _status_name(app.status) in ("DEPLOY_FAILED", "UNHEALTHY"):
+        return deploy_failure(serve_status, app_name)
+    if any(_status_name(proxy) == "UNHEALTHY" for proxy in serve_status.proxies.values()):
+        return f"Serve's HTTP proxy is unhealthy: it cannot serve {address} (is the port in use?)"
+    return None
 
 
 # the last line of a Python traceback: "package.module.ErrorName: message"
@@ -305,28 +336,27 @@ def deploy_failure(serve_status: Any, app_name: str) -> str | None:
         return None
     causes = []
     for name, deployment in app.deployments.items():
-        if str(deployment.status) not in ("DEPLOY_FAILED", "DeploymentStatus.DEPLOY_FAILED", "UNHEALTHY"):
+        if _status_name(deployment.status) not in ("DEPLOY_FAILED", "UNHEALTHY"):
             continue
         causes.append(f"{name}: {_exception_of(str(deployment.message or ''))}")
     return "; ".join(causes) or (str(app.message) if app.message else None)
 
 
 def _exception_of(message: str) -> str:
-    """The innermost `Name: message` line of a traceback text, else the text itself (trimmed)."""
-    lines = [line.strip() for line in message.splitlines() if line.strip()]
-    for line in reversed(lines):
-        match = _EXCEPTION_LINE.match(line)
+    """The innermost `Name: message` line of a traceback text and the lines after it (a
+    multi-line message, e.g. a ConfigError's list of problems), else the text itself (trimmed)."""
+    lines = [line.rstrip() for line in message.splitlines() if line.strip()]
+    for index in range(len(lines) - 1, -1, -1):
+        match = _EXCEPTION_LINE.match(lines[index].strip())
         if match:
-            return f"{match.group(1)}: {match.group(2)}"
-    return " ".join(lines)[-2000:]
+            return "\n".join([f"{match.group(1)}: {match.group(2)}", *lines[index + 1 :]])[:4000]
+    return " ".join(line.strip() for line in lines)[-2000:]
 
 
 def _write_failure(settings: ColonySettings, cause: str) -> None:
-    path = error_file(settings)
     with contextlib.suppress(OSError):
-        path.parent.mkdir(parents=True, exist_ok=True)
-        path.write_text(cause + "\n")
-        path.chmod(0o600)
+        settings.data_dir.mkdir(parents=True, exist_ok=True)
+        write_private_file(error_file(settings), cause + "\n")
 
 
 def main() -> None:
