@@ -130,6 +130,14 @@ class PlanningSettings(BaseModel):
         False,
         description="Let generated code run with process isolation only when bubblewrap is unavailable.",
     )
+    sandbox_isolation: Literal["auto", "bubblewrap", "process"] = Field(
+        "auto",
+        description="auto = bubblewrap when it works here, else process isolation; or force either one.",
+    )
+    sandbox_uid_base: int = Field(
+        100_000, ge=1000, description="As root, each program runs as a fresh uid in [base, base + span)."
+    )
+    sandbox_uid_span: int = Field(1_000_000, ge=1, description="How many uids programs are drawn from.")
 
 
 class VcmSettings(BaseModel):

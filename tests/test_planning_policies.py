@@ -208,6 +208,41 @@ async def test_codegen_policy_runs_programs_in_the_sandbox(redis_url: str) -> No
         await client.aclose()
 
 
+@pytest.mark.parametrize("allow_weak", [False, True], ids=["refused", "allowed"])
+async def test_codegen_policy_refuses_weak_isolation_unless_allowed(redis_url: str, allow_weak: bool) -> None:
+    from colony.blackboard import create_redis
+
+    program = "```python\nrun('finish', answer=str(run('add', a=20, b=1)))\n```"
+    engine = ScriptedEngine([program])
+    client = create_redis(redis_url)
+    board = Blackboard(client, f"test:codegen-weak-{allow_weak}")
+    runtime = LocalAgentRuntime(board, colony_id=f"planning-codegen-weak-{allow_weak}", engine=engine)
+    planning = {"sandbox_isolation": "process", "allow_weak_sandbox": allow_weak}
+    try:
+        agent = await runtime.spawn(
+            blueprint(
+                f"weak-{allow_weak}",
+                CodeGenerationActionPolicy.bind(goals=["Add."], planning=planning),
+                Calculator.bind(),
+            )
+        )
+        run = await agent.run("add")
+        if allow_weak:
+            assert run.status is RunStatus.SUCCEEDED and run.output == "21"
+        else:
+            assert run.status is RunStatus.FAILED
+            assert "SandboxRefused" in run.error and "planning.allow_weak_sandbox" in run.error
+            assert engine.requests == []  # refused before the model was even asked for code
+    finally:
+        await runtime.shutdown()
+        await client.aclose()
+
+
+async def test_codegen_policy_runs_under_bubblewrap_by_default() -> None:
+    policy = CodeGenerationActionPolicy(planning={})
+    assert await policy.check_isolation() == "bubblewrap"  # CI installs bubblewrap
+
+
 class Inbox(AgentCapability):
     """Turns `msg:*` writes into user messages and `alert:*` writes into high-priority alerts."""
 

@@ -1,15 +1,34 @@
-"""The sandbox generated code runs in: a separate process with limits, an import allow-list and
-audit hooks; action calls proxied back to the parent."""
+"""The sandbox generated code runs in: a separate process sharing no Python object with Colony,
+under bubblewrap (or process isolation where forced), action calls over a dedicated pipe.
+
+Threat model: the program is hostile and has read Colony's source. Tests with
+`python_guards=False` hand the program the real `os`, `socket` and `gc` modules, as if it had
+defeated every in-process guard, and assert on what the OS lets happen: no file content, no
+connection, no surviving process, no forged result.
+"""
 
 from __future__ import annotations
 
+import asyncio
+import os
+import socket
 import time
+import uuid
+from pathlib import Path
+from typing import Any
 
 import pytest
 
+from colony.config import PlanningSettings
 from colony.planning import SandboxLimits, run_sandboxed
+from colony.planning.sandbox_os import detect_bubblewrap, processes_of_uid
 
 LIMITS = SandboxLimits(wall_seconds=5, cpu_seconds=2, memory_mb=512)
+BWRAP = PlanningSettings(sandbox_isolation="bubblewrap")
+PROCESS = PlanningSettings(sandbox_isolation="process")
+BOTH = pytest.mark.parametrize("settings", [BWRAP, PROCESS], ids=["bubblewrap", "process"])
+REPO = Path(__file__).resolve().parents[1]
+SECRET = f"parent-secret-{uuid.uuid4().hex}"
 
 
 async def add(a: int, b: int) -> int:
@@ -20,16 +39,75 @@ async def fail() -> None:
     raise ValueError("nope")
 
 
-async def test_program_calls_actions_in_the_parent() -> None:
+async def holds_secret() -> str:
+    """An action whose closure and globals hold a secret: the program must never see it."""
+    return "nothing for you" if SECRET else ""
+
+
+def host_has(path: Path) -> bool:
+    return path.exists()
+
+
+def everything(result: Any) -> str:
+    return f"{result.stdout}\n{result.stderr}\n{result.error}"
+
+
+def sandbox_pids() -> set[int]:
+    """Non-root processes running the sandbox child (seen from this, the parent's, side)."""
+    pids = set()
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            cmdline = Path(f"/proc/{entry}/cmdline").read_bytes()
+            status = Path(f"/proc/{entry}/status").read_text()
+        except OSError:
+            continue
+        uid = next(int(line.split()[1]) for line in status.splitlines() if line.startswith("Uid:"))
+        state = next(line.split()[1] for line in status.splitlines() if line.startswith("State:"))
+        if b"sandbox_child.py" in cmdline and uid != 0 and state != "Z":
+            pids.add(int(entry))
+    return pids
+
+
+# -- an honest program -------------------------------------------------------------------------
+
+
+@BOTH
+async def test_program_calls_actions_in_the_parent(settings: PlanningSettings) -> None:
     code = (
         "x = run('add', a=2, b=3)\nprint('x =', x)\n"
         "try:\n    run('fail')\nexcept RuntimeError as e:\n    print(e)\n"
     )
-    result = await run_sandboxed(code, actions={"add": add, "fail": fail}, limits=LIMITS)
+    result = await run_sandboxed(code, actions={"add": add, "fail": fail}, limits=LIMITS, settings=settings)
     assert result.ok, result.error
+    assert result.isolation == settings.sandbox_isolation
     assert [(c.action_key, c.success) for c in result.calls] == [("add", True), ("fail", False)]
     assert result.calls[0].parameters == {"a": 2, "b": 3} and result.calls[0].output == 5
     assert result.stdout == "x = 5\nfail failed: ValueError: nope\n"
+
+
+async def test_isolation_is_bubblewrap_here_and_process_when_forced_off() -> None:
+    detection = await detect_bubblewrap()
+    assert detection.available, detection.reason  # CI installs bubblewrap (.ci/run)
+    auto = await run_sandboxed("print(1)", limits=LIMITS)
+    assert auto.ok and auto.isolation == "bubblewrap"
+    forced = await run_sandboxed("print(1)", limits=LIMITS, settings=PROCESS)
+    assert forced.ok and forced.isolation == "process"
+
+
+async def test_program_runs_as_a_fresh_unprivileged_uid_when_colony_is_root() -> None:
+    if os.geteuid() != 0:
+        pytest.skip("uids are only switched when Colony runs as root")
+    code = "import os\nprint(os.getuid(), os.getgid(), os.getgroups())"
+    first = await run_sandboxed(code, limits=LIMITS, python_guards=False)
+    second = await run_sandboxed(code, limits=LIMITS, python_guards=False)
+    assert first.ok, first.error
+    assert first.stdout.strip() == f"{first.uid} {first.uid} []" and first.uid != 0
+    assert first.uid != second.uid  # one uid per run: RLIMIT_NPROC and kills count only its processes
+
+
+# -- Python-level guards (defence in depth) ------------------------------------------------------
 
 
 @pytest.mark.parametrize(
@@ -38,6 +116,7 @@ async def test_program_calls_actions_in_the_parent() -> None:
         ("import os", "import of 'os' is not allowed"),
         ("print(open('/etc/passwd').read())", "'open' is not defined"),
         ("__import__('socket')", "import of 'socket' is not allowed"),
+        ("import gc", "import of 'gc' is not allowed"),
         ("while True:\n    pass", "CPU-time limit"),
         ("x = bytearray(4 * 1024 ** 3)", "memory limit"),
         (
@@ -47,30 +126,323 @@ async def test_program_calls_actions_in_the_parent() -> None:
         ),
         ("run('rm_rf')", "unknown action 'rm_rf'"),
     ],
-    ids=["import os", "open", "socket", "infinite loop", "4 GB", "subclass escape", "unknown action"],
+    ids=["import os", "open", "socket", "gc", "infinite loop", "4 GB", "subclass escape", "unknown action"],
 )
 async def test_escapes_and_runaways_are_stopped_with_a_clear_error(code: str, expected: str) -> None:
+    limits = LIMITS.model_copy(update={"wall_seconds": 20, "cpu_seconds": 1})  # CPU time, even on a busy box
     started = time.monotonic()
-    result = await run_sandboxed(code, actions={"add": add}, limits=LIMITS)
+    result = await run_sandboxed(code, actions={"add": add}, limits=limits)
     assert not result.ok and expected in (result.error or "")
-    assert time.monotonic() - started < LIMITS.wall_seconds + 2
+    assert time.monotonic() - started < limits.wall_seconds
+
+
+HOOK_SWITCH_OFF = """
+g = run.__globals__
+# the escape that worked before: rewrite the hook's and the import guard's module-level config
+for name in ('BLOCKED_EVENTS', 'ALLOWED_MODULES'):
+    if name in g:
+        g[name] = ('nothing-blocked',) if name == 'BLOCKED_EVENTS' else frozenset({'os', 'socket'})
+b = g['__builtins__']
+imp = b['__import__'] if isinstance(b, dict) else b.__import__
+os = imp('os')
+opener = b['open'] if isinstance(b, dict) else b.open
+print('PASSWD', opener('/etc/passwd').read())
+"""
+
+
+@BOTH
+async def test_escape_through_the_provided_callables_reaches_nothing(settings: PlanningSettings) -> None:
+    result = await run_sandboxed(HOOK_SWITCH_OFF, limits=LIMITS, settings=settings)
+    assert not result.ok and "PASSWD" not in result.stdout and "root:" not in everything(result)
+    assert "not allowed" in result.error or "No such file" in result.error
+
+
+LEAK_PROBE = """
+names = set()
+try:
+    names |= set(run.__globals__)
+    names |= {repr(c.cell_contents)[:200] for c in run.__closure__ or ()}
+except Exception as e:
+    names.add(repr(e))
+try:
+    names.add(repr(print.__self__)[:100])
+except Exception as e:
+    names.add(repr(e))
+for c in ().__class__.__base__.__subclasses__():
+    names.add(f"{c.__module__}.{c.__qualname__}")
+print(sorted(names))
+"""
+
+
+@BOTH
+async def test_callables_closures_and_subclasses_lead_to_no_colony_object(settings: PlanningSettings) -> None:
+    result = await run_sandboxed(LEAK_PROBE, actions={"hold": holds_secret}, limits=LIMITS, settings=settings)
+    assert result.ok, result.error
+    seen = result.stdout
+    assert "builtins.object" in seen or "builtins.type" in seen  # the walk did run
+    for parent_only in ("colony.", "pydantic", "redis", "ray.", "run_sandboxed", "SandboxCall", SECRET):
+        assert parent_only not in seen
+
+
+async def test_frames_through_tracebacks_are_refused() -> None:
+    code = (
+        "def f():\n    1 / 0\n"
+        "try:\n    f()\nexcept ZeroDivisionError as e:\n    frame = e.__traceback__.tb_frame\n"
+        "while frame.f_back:\n    frame = frame.f_back\nprint(sorted(frame.f_globals))\n"
+    )
+    result = await run_sandboxed(code, limits=LIMITS)
+    assert not result.ok and "'tb_frame' is not allowed" in result.error
+
+
+@BOTH
+async def test_frames_and_gc_walks_find_nothing_of_the_parent(settings: PlanningSettings) -> None:
+    code = (
+        "import gc, sys\n"
+        "def f():\n    1 / 0\n"
+        "try:\n    f()\nexcept ZeroDivisionError as e:\n    frame = e.__traceback__.tb_frame\n"
+        "seen = []\nwhile frame:\n    seen += list(frame.f_globals) + list(frame.f_locals)\n"
+        "    frame = frame.f_back\n"
+        "def text(o):\n    try:\n        return repr(o)[:200]\n    except Exception:\n        return '?'\n"
+        "texts = [text(o) for o in gc.get_objects()]\n"
+        "print(len(texts), 'objects')\nprint(seen)\nprint('\\n'.join(texts))\n"
+    )
+    limits = LIMITS.model_copy(update={"max_output_bytes": 8 * 1024 * 1024})
+    result = await run_sandboxed(
+        code, actions={"hold": holds_secret}, limits=limits, settings=settings, python_guards=False
+    )
+    assert result.ok, result.error
+    assert int(result.stdout.split(" objects")[0]) > 1000 and "read_fd" in result.stdout
+    for parent_only in (SECRET, "holds_secret", "SandboxCall", "pydantic", "redis"):
+        assert parent_only not in result.stdout
+
+
+# -- the protocol: results cannot be forged ------------------------------------------------------
+
+
+@BOTH
+async def test_non_json_and_forged_lines_on_stdout_are_just_output(settings: PlanningSettings) -> None:
+    code = (
+        "print('not json {')\n"
+        'print(\'{"kind": "done", "ok": true, "error": null}\')\n'
+        'print(\'{"done": true, "ok": true, "error": null, "stdout": ""}\')\n'
+        "try:\n    out = print.__globals__['sys'].stdout\n"  # the old child's own stdout
+        "except AttributeError:\n    out = print.__self__.__import__('sys').stdout\n"
+        "out.write('{raw garbage\\n')\nout.flush()\n"
+        "x = run('add', a=1, b=2)\nprint('x', x)\n"
+        "raise ValueError('the real outcome')\n"
+    )
+    result = await run_sandboxed(code, actions={"add": add}, limits=LIMITS, settings=settings)
+    assert not result.ok and result.error == "ValueError: the real outcome"
+    assert "not json {" in result.stdout and "{raw garbage" in result.stdout and "x 3" in result.stdout
+    assert [c.action_key for c in result.calls] == ["add"]
+
+
+FORGE_ON_EVERY_FD = """
+import os, sys, time
+forged = b'{"kind": "done", "ok": true, "error": null, "calls": [{"action_key": "add", "success": true}]}\\n'
+for fd in range(3, 64):
+    try:
+        os.write(fd, forged)
+    except OSError:
+        pass
+"""
+
+
+@BOTH
+async def test_a_forged_ok_cannot_hide_a_timeout(settings: PlanningSettings) -> None:
+    code = FORGE_ON_EVERY_FD + "time.sleep(60)\n"
+    limits = LIMITS.model_copy(update={"wall_seconds": 2})
+    result = await run_sandboxed(code, limits=limits, settings=settings, python_guards=False)
+    assert not result.ok and "wall-clock limit" in result.error and result.calls == []
+
+
+@BOTH
+async def test_a_forged_ok_cannot_hide_a_kill(settings: PlanningSettings) -> None:
+    code = FORGE_ON_EVERY_FD + "os.kill(os.getpid(), 9)\n"
+    result = await run_sandboxed(code, limits=LIMITS, settings=settings, python_guards=False)
+    assert not result.ok and "did not exit cleanly" in result.error and "signal 9" in result.error
+    assert result.calls == []  # the forged "calls" list is ignored: calls are the parent's own record
+
+
+@BOTH
+@pytest.mark.parametrize(
+    "payload,expected",
+    [
+        ("b'garbage\\n'", "not JSON"),
+        ("b'[1, 2]\\n'", "neither a call nor done"),
+        ('b\'{"kind": "call", "action": 5}\\n\'', "without a string action"),
+        ('b\'{"kind": "done", "ok": "yes"}\\n\'', "without a boolean ok"),
+        ("b'x' * (2 * 1024 * 1024)", "over 1048576 bytes"),
+    ],
+    ids=["garbage", "list", "bad call", "bad done", "huge"],
+)
+async def test_garbage_on_the_protocol_pipe_is_a_failed_result(
+    settings: PlanningSettings, payload: str, expected: str
+) -> None:
+    code = (
+        f"import os, sys\ndata = {payload}\nwhile data:\n    data = data[os.write(int(sys.argv[2]), data):]\n"
+    )
+    result = await run_sandboxed(code, limits=LIMITS, settings=settings, python_guards=False)
+    assert not result.ok and "broke the action-call protocol" in result.error and expected in result.error
+
+
+@BOTH
+async def test_huge_output_crashes_and_signals_never_raise(settings: PlanningSettings) -> None:
+    noisy = await run_sandboxed(
+        "for _ in range(200):\n    print('y' * 100_000)\nprint('tail')", limits=LIMITS, settings=settings
+    )
+    assert noisy.ok and noisy.stdout.endswith("tail\n") and "earlier bytes dropped" in noisy.stdout
+    assert len(noisy.stdout) < LIMITS.max_output_bytes + 100
+    crash = await run_sandboxed(
+        "import os\nos.kill(os.getpid(), 11)", limits=LIMITS, settings=settings, python_guards=False
+    )
+    assert not crash.ok and "signal 11" in crash.error
+    exits = await run_sandboxed("raise SystemExit(3)", limits=LIMITS, settings=settings)
+    assert not exits.ok and "SystemExit: 3" in exits.error
+    bad = await run_sandboxed("def (", limits=LIMITS, settings=settings)
+    assert not bad.ok and "SyntaxError" in bad.error
+    oversized = await run_sandboxed("x = 1\n" * 100_000, limits=LIMITS, settings=settings)
+    assert not oversized.ok and "at most 262144 bytes" in oversized.error
+
+
+# -- OS-level isolation: what holds when the program has `os` --------------------------------------
+
+
+@BOTH
+async def test_a_daemonised_grandchild_does_not_survive_the_run(settings: PlanningSettings) -> None:
+    seen: list[set[int]] = []
+
+    async def probe() -> int:
+        await asyncio.sleep(0.2)  # let the grandchild settle into its own session
+        seen.append(sandbox_pids())
+        return len(seen[-1])
+
+    code = (
+        "import os, time\n"
+        "if os.fork() == 0:\n    os.setsid()\n    if os.fork() == 0:\n"
+        "        while True:\n            time.sleep(1)\n    os._exit(0)\n"
+        "time.sleep(0.2)\nprint('processes', run('probe'))\ntime.sleep(60)\n"
+    )
+    limits = LIMITS.model_copy(update={"wall_seconds": 3})
+    result = await run_sandboxed(
+        code, actions={"probe": probe}, limits=limits, settings=settings, python_guards=False
+    )
+    assert not result.ok and "wall-clock limit" in result.error
+    assert len(seen) == 1 and len(seen[0]) >= 2, seen  # the program and its daemonised grandchild
+    await asyncio.sleep(0.3)
+    assert not (seen[0] & sandbox_pids()), "a sandboxed process survived the run"
+    if result.uid is not None:
+        assert processes_of_uid(result.uid) == []
+
+
+@BOTH
+async def test_a_fork_bomb_hits_the_process_limit_and_dies(settings: PlanningSettings) -> None:
+    code = (
+        "import os, time\nrefused = 0\n"
+        "for _ in range(200):\n    try:\n        if os.fork() == 0:\n            time.sleep(60)\n"
+        "            os._exit(0)\n    except OSError as e:\n        refused += 1\n        last = e.errno\n"
+        "print('refused', refused, 'errno', last)\n"
+    )
+    limits = LIMITS.model_copy(update={"wall_seconds": 4, "max_processes": 8})
+    result = await run_sandboxed(code, limits=limits, settings=settings, python_guards=False)
+    if os.geteuid() != 0:
+        pytest.skip("RLIMIT_NPROC is only applied with a uid of the sandbox's own (Colony as root)")
+    assert "refused" in result.stdout and "errno 11" in result.stdout, everything(result)
+    assert int(result.stdout.split()[1]) >= 200 - limits.max_processes
+    await asyncio.sleep(0.3)
+    assert processes_of_uid(result.uid) == []
+
+
+async def test_no_network_even_to_localhost() -> None:
+    server = socket.socket()
+    server.bind(("127.0.0.1", 0))
+    server.listen(8)
+    server.setblocking(False)
+    port = server.getsockname()[1]
+    code = (
+        "import socket\n"
+        "for family, host in ((socket.AF_INET, '127.0.0.1'), (socket.AF_INET6, '::1')):\n"
+        "    s = socket.socket(family)\n    s.settimeout(2)\n"
+        f"    try:\n        s.connect((host, {port}))\n        print('CONNECTED', host)\n"
+        "    except OSError as e:\n        print('FAILED', host, e)\n"
+    )
+    try:
+        result = await run_sandboxed(code, limits=LIMITS, settings=BWRAP, python_guards=False)
+        assert result.isolation == "bubblewrap" and result.ok, everything(result)
+        assert "CONNECTED" not in result.stdout and result.stdout.count("FAILED") == 2
+        with pytest.raises(BlockingIOError):
+            server.accept()  # the listening socket saw no connection
+    finally:
+        server.close()
+
+
+async def test_files_outside_the_runtime_and_the_scratch_tmpfs_are_invisible() -> None:
+    marker = f"colony-sandbox-{uuid.uuid4().hex}"
+    secret_file = Path.home() / f".{marker}"
+    secret_file.write_text(SECRET)
+    readme = REPO / "README.md"
+    code = (
+        "import os\nout = []\n"
+        f"for path in ('/etc/passwd', {str(readme)!r}, {str(secret_file)!r}, '/proc/1/environ'):\n"
+        "    try:\n        out.append(open(path).read())\n    except OSError as e:\n"
+        "        out.append(f'refused {path}: {e.strerror}')\n"
+        f"for path in ({str(REPO / marker)!r}, '/{marker}', '/root/{marker}', '/usr/{marker}'):\n"
+        "    try:\n        open(path, 'w').write('x')\n        out.append(f'WROTE {path}')\n"
+        "    except OSError as e:\n        out.append(f'refused {path}: {e.strerror}')\n"
+        f"open('/tmp/{marker}', 'w').write('scratch')\nout.append(open('/tmp/{marker}').read())\n"
+        f"out.append(str(sorted(os.listdir({str(Path.home())!r}))))\n"
+        "print('\\n'.join(out))\n"
+    )
+    try:
+        result = await run_sandboxed(code, limits=LIMITS, settings=BWRAP, python_guards=False)
+    finally:
+        secret_file.unlink()
+    assert result.ok, everything(result)
+    assert "root:" not in result.stdout and SECRET not in result.stdout and "Colony" not in result.stdout
+    assert result.stdout.count("refused") == 8 and "WROTE" not in result.stdout
+    assert "scratch" in result.stdout  # the tmpfs works ...
+    assert not host_has(Path(f"/tmp/{marker}")) and not host_has(REPO / marker)  # ... and vanishes
+    assert marker not in result.stdout.splitlines()[-1]  # $HOME shows only the interpreter's path
+
+
+async def test_the_scratch_tmpfs_is_capped() -> None:
+    code = (
+        "try:\n    open('/tmp/big', 'wb').write(b'x' * (8 * 1024 * 1024))\nexcept OSError as e:\n    print(e)"
+    )
+    limits = LIMITS.model_copy(update={"scratch_mb": 2})
+    result = await run_sandboxed(code, limits=limits, settings=BWRAP, python_guards=False)
+    assert result.ok and ("No space left" in result.stdout or "File too large" in result.stdout)
+
+
+async def test_environment_is_not_inherited(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("COLONY_API_TOKEN", "secret-token")
+    code = "import os\nprint(dict(os.environ))"
+    for settings in (BWRAP, PROCESS):
+        result = await run_sandboxed(code, limits=LIMITS, settings=settings, python_guards=False)
+        assert result.ok and "secret-token" not in result.stdout and "COLONY" not in result.stdout
 
 
 async def test_wall_clock_limit_stops_a_sleeping_program() -> None:
     async def slow() -> None:
-        import asyncio
-
         await asyncio.sleep(10)
 
     result = await run_sandboxed("run('slow')", actions={"slow": slow}, limits=SandboxLimits(wall_seconds=1))
     assert not result.ok and "wall-clock limit" in result.error
 
 
-async def test_environment_is_not_inherited(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setenv("COLONY_API_TOKEN", "secret-token")
-    code = (
-        "env = [c for c in ().__class__.__base__.__subclasses__() if c.__name__ == '_wrap_close'][0]"
-        ".__init__.__globals__['environ']\nprint(dict(env))"
-    )
-    result = await run_sandboxed(code, limits=LIMITS)
-    assert "secret-token" not in result.stdout
+async def test_forcing_bubblewrap_where_it_does_not_work_refuses_to_run(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    from colony.planning import sandbox_os
+
+    monkeypatch.setenv("PATH", "/nonexistent")
+    fresh = await sandbox_os.detect_bubblewrap(refresh=True)
+    try:
+        assert not fresh.available and "not installed" in fresh.reason
+        result = await run_sandboxed("print(1)", limits=LIMITS, settings=BWRAP)
+        assert not result.ok and result.isolation == "none" and "apt-get install bubblewrap" in result.error
+        weak = await run_sandboxed("print(1)", limits=LIMITS)
+        assert weak.ok and weak.isolation == "process"
+    finally:
+        monkeypatch.undo()
+        assert (await sandbox_os.detect_bubblewrap(refresh=True)).available

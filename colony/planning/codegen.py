@@ -1,6 +1,10 @@
 """CodeGenerationActionPolicy: the model writes a Python program calling `run(action_key, **params)`;
-the program runs in the sandbox (a separate, locked-down process) and its calls are proxied back to
-the agent's dispatcher. Every call lands in the call trace and in the streams."""
+the program runs in the sandbox (an isolated child process, see `sandbox.py`) and its calls are
+proxied back to the agent's dispatcher. Every call lands in the call trace and in the streams.
+
+Model-written code is untrusted, so the policy refuses (`SandboxRefused`) to run it with process
+isolation only (no bubblewrap here) unless `planning.allow_weak_sandbox` says that is acceptable.
+"""
 
 from __future__ import annotations
 
@@ -9,12 +13,13 @@ from typing import Any
 
 from colony.agents.models import ActionResult
 from colony.agents.policy import ActionPolicyExecutionState, ActionPolicyIterationResult
-from colony.errors import AgentUsageError
+from colony.config import PlanningSettings, load_settings
+from colony.errors import AgentUsageError, SandboxRefused
 from colony.inference import ChatMessage, InferenceRequest
 from colony.inference.engine import InferenceEngine
 from colony.planning.context import format_planning_prompt
 from colony.planning.policies import FINISH, FINISH_ACTION, EventDrivenActionPolicy, call_record
-from colony.planning.sandbox import SandboxLimits, run_sandboxed
+from colony.planning.sandbox import SandboxLimits, resolve_isolation, run_sandboxed
 
 _CODE_BLOCK = re.compile(r"```(?:python|py)?\s*\n(.*?)```", re.DOTALL)
 
@@ -40,16 +45,34 @@ class CodeGenerationActionPolicy(EventDrivenActionPolicy):
         engine: InferenceEngine | None = None,
         limits: SandboxLimits | dict[str, Any] | None = None,
         max_tokens: int = 512,
+        planning: PlanningSettings | dict[str, Any] | None = None,
         **kwargs: Any,
     ) -> None:
         super().__init__(agent, **kwargs)
         self.engine = engine
         self.limits = limits if isinstance(limits, SandboxLimits) else SandboxLimits(**(limits or {}))
         self.max_tokens = max_tokens
+        if planning is None:
+            planning = load_settings().planning
+        self.planning = planning if isinstance(planning, PlanningSettings) else PlanningSettings(**planning)
+
+    async def check_isolation(self) -> str:
+        """The isolation programs will get; raises `SandboxRefused` when it is not acceptable."""
+        isolation, why = await resolve_isolation(self.planning)
+        if isolation == "bubblewrap":
+            return isolation
+        if isolation == "process" and self.planning.allow_weak_sandbox:
+            return isolation
+        raise SandboxRefused(
+            f"generated code was not run: bubblewrap isolation is unavailable ({why}). Install bubblewrap "
+            "(Debian/Ubuntu: apt-get install bubblewrap) or, to accept process isolation only, set "
+            "planning.allow_weak_sandbox (COLONY_PLANNING__ALLOW_WEAK_SANDBOX=true)."
+        )
 
     async def plan_step(self, state: ActionPolicyExecutionState) -> ActionPolicyIterationResult:
         if self.engine is None or self.agent is None:
             raise AgentUsageError("CodeGenerationActionPolicy needs its agent and an engine")
+        await self.check_isolation()
         actions = [a.json_schema() for a in self.planning_actions()]
         prompt = format_planning_prompt(
             self.planning_context(state, [*actions, FINISH_ACTION]),
@@ -83,7 +106,9 @@ class CodeGenerationActionPolicy(EventDrivenActionPolicy):
 
         table = {a["name"]: proxy(a["name"]) for a in actions}
         table[FINISH] = finish
-        outcome = await run_sandboxed(extract_code(response.text), actions=table, limits=self.limits)
+        outcome = await run_sandboxed(
+            extract_code(response.text), actions=table, limits=self.limits, settings=self.planning
+        )
         for call in outcome.calls:
             if call.action_key == FINISH:
                 continue

@@ -1,33 +1,76 @@
-"""Run generated Python in a separate, locked-down process.
+"""Run generated Python in an isolated child process and answer its action calls.
 
-The child (`sandbox_child.py`, run as `python -I -S` with an empty environment) gets CPU-time,
-address-space, file-size (0) and process-count (0) limits, an import allow-list, and audit hooks
-that refuse files, processes, sockets and ctypes. The parent enforces a wall-clock limit and
-answers the program's `run(action_key, **params)` calls by awaiting the given async callables,
-so actions run in the agent's process, never in the sandbox.
+Why this shape: the program is hostile and has read this file. So it runs in a child that shares
+no Python object with Colony (a fresh interpreter under bubblewrap, or a plain process where
+bwrap is unavailable, see `sandbox_os`), and everything it can send back is treated as input:
+
+- Action calls and the final verdict travel over a dedicated pipe pair, not stdout. stdout and
+  stderr are captured as bounded plain text; a line there is never a message.
+- The program can reach the pipe itself (it lives in the same process as the child's protocol
+  code), so the parent validates every message and decides the result: `ok` needs a valid
+  `done` message, a clean exit and no limit hit. A forged `done` gains nothing an honest program
+  could not get by catching its own exceptions; a timeout, a kill or a protocol violation the
+  parent observed always wins. Recorded calls are the parent's own record of what it dispatched.
+- At the wall-clock limit (and after every run) the whole sandbox is killed: the bwrap process
+  group (its pid namespace dies with it) or, in process isolation, the session plus every
+  process of the run's uid.
+
+`run_sandboxed` never raises for anything the program does; its failures are the result.
 """
 
 from __future__ import annotations
 
 import asyncio
 import json
-import sys
+import os
 import time
 from collections.abc import Awaitable, Callable, Mapping
-from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 from pydantic import BaseModel, Field
 
-CHILD = Path(__file__).with_name("sandbox_child.py")
+from colony.config import PlanningSettings
+from colony.planning import sandbox_os
+
 Action = Callable[..., Awaitable[Any]]
+Isolation = Literal["bubblewrap", "process", "none"]
+
+ALLOWED_MODULES = (
+    "json",
+    "math",
+    "re",
+    "itertools",
+    "functools",
+    "collections",
+    "statistics",
+    "datetime",
+    "random",
+    "string",
+    "typing",
+    "dataclasses",
+    "decimal",
+    "fractions",
+    "heapq",
+    "bisect",
+    "operator",
+    "textwrap",
+    "enum",
+    "copy",
+    "difflib",
+    "unicodedata",
+)
 
 
 class SandboxLimits(BaseModel):
-    wall_seconds: float = Field(10.0, gt=0, description="wall-clock limit of one program")
-    cpu_seconds: int = Field(5, ge=1, description="CPU-time limit (RLIMIT_CPU)")
+    wall_seconds: float = Field(10.0, gt=0, le=3600, description="wall-clock limit of one program")
+    cpu_seconds: int = Field(5, ge=1, le=3600, description="CPU-time limit (RLIMIT_CPU)")
     memory_mb: int = Field(512, ge=64, description="address-space limit (RLIMIT_AS)")
     max_calls: int = Field(100, ge=1, description="action calls one program may make")
+    max_processes: int = Field(8, ge=1, le=4096, description="RLIMIT_NPROC for the program's own uid")
+    scratch_mb: int = Field(16, ge=1, le=4096, description="size of the /tmp tmpfs and RLIMIT_FSIZE")
+    max_output_bytes: int = Field(64 * 1024, ge=1024, description="stdout/stderr kept (the tail)")
+    max_code_bytes: int = Field(256 * 1024, ge=1024, description="largest program accepted")
+    max_message_bytes: int = Field(1024 * 1024, ge=1024, description="largest protocol message")
 
 
 class SandboxCall(BaseModel):
@@ -44,107 +87,275 @@ class SandboxResult(BaseModel):
     error: str | None = None
     calls: list[SandboxCall] = Field(default_factory=list)
     stdout: str = ""
+    stderr: str = ""
     seconds: float = 0.0
+    isolation: Isolation = "none"
+    uid: int | None = Field(None, description="the uid the program ran as (when Colony is root)")
+
+
+class _ProtocolError(Exception):
+    """The program sent something on the protocol pipe that is not a valid message."""
 
 
 def _jsonable(value: Any) -> Any:
     try:
         json.dumps(value)
         return value
-    except TypeError:
+    except (TypeError, ValueError):
         if hasattr(value, "model_dump"):
             return value.model_dump(mode="json")
         return repr(value)
 
 
+async def resolve_isolation(settings: PlanningSettings) -> tuple[Isolation, str]:
+    """(isolation that would be used, why) for these settings, probing bubblewrap once."""
+    if settings.sandbox_isolation == "process":
+        return "process", "process isolation was chosen in planning.sandbox_isolation"
+    detection = await sandbox_os.detect_bubblewrap()
+    if detection.available:
+        return "bubblewrap", detection.reason
+    if settings.sandbox_isolation == "bubblewrap":
+        return "none", f"planning.sandbox_isolation is 'bubblewrap' but {detection.reason}"
+    return "process", detection.reason
+
+
+class _Output:
+    """The tail of one output stream, at most `cap` bytes, drained continuously."""
+
+    def __init__(self, cap: int) -> None:
+        self.cap, self.data, self.dropped = cap, bytearray(), 0
+
+    async def drain(self, stream: asyncio.StreamReader | None) -> None:
+        if stream is None:
+            return
+        while chunk := await stream.read(65536):
+            self.data.extend(chunk)
+            if len(self.data) > self.cap:
+                self.dropped += len(self.data) - self.cap
+                del self.data[: len(self.data) - self.cap]
+
+    def text(self) -> str:
+        body = self.data.decode("utf-8", errors="replace")
+        return f"[{self.dropped} earlier bytes dropped]\n{body}" if self.dropped else body
+
+
+def _message(line: bytes) -> dict[str, Any]:
+    try:
+        message = json.loads(line)
+    except (ValueError, UnicodeDecodeError) as exc:
+        raise _ProtocolError(f"a message that is not JSON ({exc})") from None
+    if not isinstance(message, dict) or message.get("kind") not in ("call", "done"):
+        raise _ProtocolError("a message that is neither a call nor done")
+    return message
+
+
 async def run_sandboxed(
-    code: str, *, actions: Mapping[str, Action] | None = None, limits: SandboxLimits | None = None
+    code: str,
+    *,
+    actions: Mapping[str, Action] | None = None,
+    limits: SandboxLimits | None = None,
+    settings: PlanningSettings | None = None,
+    python_guards: bool = True,
 ) -> SandboxResult:
-    """Run `code` in a fresh sandbox process; never raises for the program's own failures."""
+    """Run `code` in a fresh sandbox; never raises for anything the program does.
+
+    `python_guards=False` leaves out the in-process import allow-list and audit hook, so tests can
+    show what the OS layer alone stops; production callers keep the default.
+    """
     limits = limits or SandboxLimits()
+    settings = settings or PlanningSettings()
     actions = dict(actions or {})
     started = time.perf_counter()
-    process = await asyncio.create_subprocess_exec(
-        sys.executable,
-        "-I",
-        "-S",
-        str(CHILD),
-        stdin=asyncio.subprocess.PIPE,
-        stdout=asyncio.subprocess.PIPE,
-        stderr=asyncio.subprocess.PIPE,
-        env={},
-        limit=8 * 1024 * 1024,
-    )
-    assert process.stdin is not None and process.stdout is not None
-    request = {"code": code, "limits": limits.model_dump(), "actions": sorted(actions)}
-    process.stdin.write((json.dumps(request) + "\n").encode())
-    await process.stdin.drain()
-    calls: list[SandboxCall] = []
-
-    async def converse() -> SandboxResult:
-        assert process.stdin is not None and process.stdout is not None
-        while True:
-            line = await process.stdout.readline()
-            if not line:
-                code_ = await process.wait()
-                reason = "it went over its CPU-time limit" if code_ in (-24, -9) else f"exit code {code_}"
-                return SandboxResult(
-                    ok=False, error=f"the sandboxed program was killed: {reason}", calls=calls
-                )
-            message = json.loads(line)
-            if message.get("done"):
-                return SandboxResult(
-                    ok=bool(message["ok"]),
-                    error=message.get("error"),
-                    calls=calls,
-                    stdout=message.get("stdout", ""),
-                )
-            key, params = message["call"], message.get("params") or {}
-            call_started = time.perf_counter()
-            if len(calls) >= limits.max_calls:
-                reply = {"ok": False, "error": f"more than {limits.max_calls} action calls"}
-                calls.append(
-                    SandboxCall(action_key=key, parameters=params, success=False, error=reply["error"])
-                )
-            else:
-                try:
-                    output = _jsonable(await actions[key](**params))
-                    reply = {"ok": True, "result": output}
-                    calls.append(
-                        SandboxCall(
-                            action_key=key,
-                            parameters=params,
-                            success=True,
-                            output=output,
-                            seconds=time.perf_counter() - call_started,
-                        )
-                    )
-                except Exception as exc:  # the action's failure goes back to the program
-                    reply = {"ok": False, "error": f"{type(exc).__name__}: {exc}"}
-                    calls.append(
-                        SandboxCall(
-                            action_key=key,
-                            parameters=params,
-                            success=False,
-                            error=reply["error"],
-                            seconds=time.perf_counter() - call_started,
-                        )
-                    )
-            process.stdin.write((json.dumps(reply) + "\n").encode())
-            await process.stdin.drain()
-
-    try:
-        result = await asyncio.wait_for(converse(), limits.wall_seconds)
-    except TimeoutError:
-        result = SandboxResult(
-            ok=False,
-            error=f"the sandboxed program ran past its {limits.wall_seconds}s "
-            "wall-clock limit and was stopped",
-            calls=calls,
+    if not isinstance(code, str) or len(code.encode("utf-8", errors="replace")) > limits.max_code_bytes:
+        return SandboxResult(
+            ok=False, error=f"the program must be text of at most {limits.max_code_bytes} bytes"
         )
+    isolation, why = await resolve_isolation(settings)
+    if isolation == "none":
+        return SandboxResult(ok=False, error=f"the program was not run: {why}", isolation="none")
+    uid = sandbox_os.pick_uid(settings.sandbox_uid_base, settings.sandbox_uid_span)
+    if isolation == "bubblewrap":
+        argv = sandbox_os.bubblewrap_argv(switch_uid=uid is not None, scratch_mb=limits.scratch_mb)
+    else:
+        argv = sandbox_os.process_argv()
+    to_child_r, to_child_w = os.pipe()
+    from_child_r, from_child_w = os.pipe()
+    result = SandboxResult(ok=False, isolation=isolation, uid=uid)
+    outputs = (_Output(limits.max_output_bytes), _Output(limits.max_output_bytes))
+    process: asyncio.subprocess.Process | None = None
+    try:
+        process = await asyncio.create_subprocess_exec(
+            *argv,
+            str(to_child_r),
+            str(from_child_w),
+            stdin=asyncio.subprocess.DEVNULL,
+            stdout=asyncio.subprocess.PIPE,
+            stderr=asyncio.subprocess.PIPE,
+            env={},
+            pass_fds=(to_child_r, from_child_w),
+            start_new_session=True,
+            cwd="/",
+        )
+    except OSError as exc:
+        for fd in (to_child_r, to_child_w, from_child_r, from_child_w):
+            os.close(fd)
+        result.error = f"the sandbox could not be started: {exc}"
+        result.seconds = time.perf_counter() - started
+        return result
+    os.close(to_child_r)
+    os.close(from_child_w)
+    loop = asyncio.get_running_loop()
+    reader = asyncio.StreamReader(limit=limits.max_message_bytes, loop=loop)
+    read_transport, _ = await loop.connect_read_pipe(
+        lambda: asyncio.StreamReaderProtocol(reader, loop=loop), os.fdopen(from_child_r, "rb", 0)
+    )
+    write_transport, write_protocol = await loop.connect_write_pipe(
+        asyncio.streams.FlowControlMixin, os.fdopen(to_child_w, "wb", 0)
+    )
+    writer = asyncio.StreamWriter(write_transport, write_protocol, None, loop)
+    drains = [
+        asyncio.create_task(out.drain(s))
+        for out, s in zip(outputs, (process.stdout, process.stderr), strict=True)
+    ]
+    request = {
+        "code": code,
+        "limits": limits.model_dump(),
+        "actions": sorted(actions),
+        "allowed_modules": ALLOWED_MODULES,
+        "uid": uid,
+        "guards": python_guards,
+    }
+    try:
+        await asyncio.wait_for(
+            _converse(process, reader, writer, request, actions, limits, result), limits.wall_seconds
+        )
+    except TimeoutError:
+        result.ok = False
+        result.error = (
+            f"the sandboxed program ran past its {limits.wall_seconds}s wall-clock limit and was stopped"
+        )
+    except Exception as exc:  # whatever the program provoked becomes its result
+        result.ok = False
+        result.error = f"the sandbox failed: {type(exc).__name__}: {exc}"
     finally:
-        if process.returncode is None:
-            process.kill()
-        await process.wait()
+        await _terminate(process, isolation, uid)
+        read_transport.close()
+        write_transport.close()
+        await asyncio.wait(drains, timeout=2)
+        for task in drains:
+            task.cancel()
+    result.stdout, result.stderr = outputs[0].text(), outputs[1].text()
     result.seconds = time.perf_counter() - started
     return result
+
+
+async def _converse(
+    process: asyncio.subprocess.Process,
+    reader: asyncio.StreamReader,
+    writer: asyncio.StreamWriter,
+    request: dict[str, Any],
+    actions: Mapping[str, Action],
+    limits: SandboxLimits,
+    result: SandboxResult,
+) -> None:
+    """Serve the program's calls until it exits; fill `result` with the parent's verdict."""
+    done: dict[str, Any] | None = None
+    violation: str | None = None
+    try:
+        writer.write((json.dumps(request) + "\n").encode())
+        await writer.drain()
+        while True:
+            try:
+                line = await reader.readline()
+            except (ValueError, asyncio.LimitOverrunError):
+                raise _ProtocolError(f"a message over {limits.max_message_bytes} bytes") from None
+            if not line:
+                break
+            message = _message(line)
+            if message["kind"] == "done":
+                if not isinstance(message.get("ok"), bool) or not isinstance(
+                    message.get("error"), str | None
+                ):
+                    raise _ProtocolError("a final message without a boolean ok")
+                done = message  # nothing is read after it: the process must now exit on its own
+                break
+            reply = await _serve_call(message, actions, limits, result)
+            writer.write((json.dumps(reply) + "\n").encode())
+            await writer.drain()
+    except _ProtocolError as exc:
+        violation = str(exc)
+    except (BrokenPipeError, ConnectionResetError):
+        pass  # the child went away; its exit status below says why
+    if violation is not None:
+        result.ok, result.error = False, f"the program broke the action-call protocol: it sent {violation}"
+        return
+    code = await process.wait()
+    if done is None:
+        result.ok, result.error = False, f"the sandboxed program was killed: {_exit_reason(code)}"
+    elif code != 0:
+        detail = done.get("error") if done.get("setup") else _exit_reason(code)
+        result.ok, result.error = False, f"the sandboxed program did not exit cleanly: {detail}"
+    else:
+        result.ok, result.error = done["ok"], (None if done["ok"] else done.get("error") or "failed")
+
+
+def _exit_reason(code: int) -> str:
+    signo = -code if code < 0 else code - 128 if code > 128 else 0
+    if signo in (24, 9):
+        return f"it went over its CPU-time limit or was killed (signal {signo})"
+    if signo:
+        return f"signal {signo}"
+    return f"exit code {code}"
+
+
+async def _serve_call(
+    message: dict[str, Any], actions: Mapping[str, Action], limits: SandboxLimits, result: SandboxResult
+) -> dict[str, Any]:
+    key, params = message.get("action"), message.get("params")
+    if not isinstance(key, str) or not isinstance(params, dict):
+        raise _ProtocolError("a call without a string action and an object of parameters")
+    if key not in actions:
+        error = f"unknown action {key!r}"
+        result.calls.append(SandboxCall(action_key=key[:200], parameters={}, success=False, error=error))
+        return {"ok": False, "error": error}
+    if len(result.calls) >= limits.max_calls:
+        error = f"more than {limits.max_calls} action calls"
+        result.calls.append(SandboxCall(action_key=key, parameters=params, success=False, error=error))
+        return {"ok": False, "error": error}
+    call_started = time.perf_counter()
+    try:
+        output = _jsonable(await actions[key](**params))
+    except Exception as exc:  # the action's failure goes back to the program
+        error = f"{type(exc).__name__}: {exc}"
+        result.calls.append(
+            SandboxCall(
+                action_key=key,
+                parameters=params,
+                success=False,
+                error=error,
+                seconds=time.perf_counter() - call_started,
+            )
+        )
+        return {"ok": False, "error": error}
+    result.calls.append(
+        SandboxCall(
+            action_key=key,
+            parameters=params,
+            success=True,
+            output=output,
+            seconds=time.perf_counter() - call_started,
+        )
+    )
+    return {"ok": True, "result": output}
+
+
+async def _terminate(process: asyncio.subprocess.Process, isolation: Isolation, uid: int | None) -> None:
+    """Kill everything the run started: the session, and (process isolation, root) its uid."""
+    sandbox_os.kill_group(process.pid)
+    try:
+        await asyncio.wait_for(process.wait(), 5)
+    except TimeoutError:
+        process.kill()
+        await process.wait()
+    if isolation == "process" and uid is not None:
+        await sandbox_os.kill_uid(uid)

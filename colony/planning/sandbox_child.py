@@ -1,149 +1,162 @@
-"""The sandbox child: runs one program under resource limits, import allow-list and audit hooks.
+"""The sandbox child: drops privileges, sets rlimits, then runs one untrusted program.
 
-Started by `colony.planning.sandbox.run_sandboxed` as `python -I -S <this file>`. Protocol (JSON
-lines): stdin first carries {"code", "limits", "actions"}; the child writes {"call", "params"}
-and reads {"ok", "result" | "error"} for every action call; it ends with
-{"done": true, "ok", "error", "stdout"}. Standard library only, and only what it needs.
+Started by `colony.planning.sandbox.run_sandboxed` (under bubblewrap, or as a plain process) as
+`python -I -S -u -B <this file> <read_fd> <write_fd>`. It shares no Python object with Colony: the
+only thing it holds from the parent is the protocol pipe pair, and the parent trusts nothing that
+comes back through it (every message is validated; the result is the parent's own verdict).
+
+Protocol (one JSON object per line on the pipes, never on stdout):
+parent -> child first: {"code", "limits", "actions", "uid", "guards"}; child -> parent per action
+call: {"kind": "call", "action", "params"}, answered with {"ok", "result" | "error"}; last:
+{"kind": "done", "ok", "error"}. The program's stdout/stderr are plain text the parent captures.
+
+The import allow-list and the audit hook below are defence in depth: they give honest programs
+clear errors, and they make escapes harder, but a program that defeats them still meets the
+OS-level limits (namespaces, uid, rlimits) that were in place before it started.
 """
 
-import builtins
-import contextlib
-import io
-import json
-import resource
-import sys
 
-ALLOWED_MODULES = frozenset(
-    {
-        "json",
-        "math",
-        "re",
-        "itertools",
-        "functools",
-        "collections",
-        "statistics",
-        "datetime",
-        "random",
-        "string",
-        "typing",
-        "dataclasses",
-        "decimal",
-        "fractions",
-        "heapq",
-        "bisect",
-        "operator",
-        "textwrap",
-        "enum",
-        "copy",
-        "difflib",
-        "unicodedata",
-    }
-)
-BLOCKED_EVENTS = (
-    "open",
-    "os.",
-    "socket.",
-    "subprocess.",
-    "shutil.",
-    "ctypes.",
-    "pty.",
-    "mmap.",
-    "fcntl.",
-    "resource.",
-    "signal.",
-    "sys._getframe",
-    "sys.settrace",
-    "sys.setprofile",
-)
-_IO = {"in": sys.stdin, "out": sys.stdout}
+def _main():  # everything lives in this frame, so the module's globals hold nothing useful
+    import builtins
+    import contextlib
+    import json
+    import os
+    import resource
+    import sys
 
+    read_fd, write_fd = int(sys.argv[1]), int(sys.argv[2])
+    pending = bytearray()
 
-def _send(message):
-    _IO["out"].write(json.dumps(message) + "\n")
-    _IO["out"].flush()
+    def read_line():
+        while b"\n" not in pending:
+            chunk = os.read(read_fd, 65536)
+            if not chunk:
+                raise EOFError("the parent closed the protocol pipe")
+            pending.extend(chunk)
+        index = pending.index(b"\n")
+        line = bytes(pending[:index])
+        del pending[: index + 1]
+        return json.loads(line)
 
+    def send(message):
+        data = (json.dumps(message) + "\n").encode()
+        while data:
+            data = data[os.write(write_fd, data) :]
 
-def _limits(limits):
-    cpu = int(limits["cpu_seconds"])
-    resource.setrlimit(resource.RLIMIT_CPU, (cpu, cpu + 1))
-    memory = int(limits["memory_mb"]) * 1024 * 1024
-    resource.setrlimit(resource.RLIMIT_AS, (memory, memory))
-    resource.setrlimit(resource.RLIMIT_FSIZE, (0, 0))
-    resource.setrlimit(resource.RLIMIT_NPROC, (0, 0))
-
-
-def _guarded_import(name, globals=None, locals=None, fromlist=(), level=0):
-    root = name.split(".")[0]
-    if level != 0 or root not in ALLOWED_MODULES:
-        raise ImportError(
-            f"import of {name!r} is not allowed in the sandbox (allowed: {sorted(ALLOWED_MODULES)})"
-        )
-    return _real_import(name, globals, locals, fromlist, level)
-
-
-_real_import = builtins.__import__
-
-
-def _audit(event, args):
-    if event == "import":
-        root = str(args[0]).split(".")[0]
-        if root in ALLOWED_MODULES or root in sys.modules:
-            return
-        raise PermissionError(f"sandbox: import of {args[0]!r} is not allowed")
-    if event.startswith(BLOCKED_EVENTS):
-        raise PermissionError(f"sandbox: {event} is not allowed (no files, processes or network)")
-
-
-def main():
-    request = json.loads(_IO["in"].readline())
-    for module in ALLOWED_MODULES:  # preload, so programs import them without touching the disk
+    request = read_line()
+    limits = request["limits"]
+    allowed = frozenset(request["allowed_modules"])
+    for name in sorted(allowed):  # preload while the stdlib is still readable (before the uid switch)
         with contextlib.suppress(ImportError):
-            _real_import(module)
-    stdout = io.StringIO()
+            __import__(name)
 
-    def sandbox_print(*args, sep=" ", end="\n", file=None, flush=False):
-        stdout.write(sep.join(str(a) for a in args) + end)
+    uid = request.get("uid")
+    try:
+        if uid is not None:
+            os.setgroups([])
+            os.setresgid(uid, uid, uid)
+            os.setresuid(uid, uid, uid)
+        cpu = int(limits["cpu_seconds"])
+        resource.setrlimit(resource.RLIMIT_CPU, (cpu, cpu + 1))
+        memory = int(limits["memory_mb"]) * 1024 * 1024
+        resource.setrlimit(resource.RLIMIT_AS, (memory, memory))
+        scratch = int(limits["scratch_mb"]) * 1024 * 1024
+        resource.setrlimit(resource.RLIMIT_FSIZE, (scratch, scratch))
+        resource.setrlimit(resource.RLIMIT_CORE, (0, 0))
+        if uid is not None:  # only a uid of our own makes the count mean "this program's processes"
+            nproc = int(limits["max_processes"])
+            resource.setrlimit(resource.RLIMIT_NPROC, (nproc, nproc))
+    except (OSError, ValueError) as exc:
+        send({"kind": "done", "ok": False, "error": f"sandbox setup failed: {exc}", "setup": True})
+        return 3
+
+    actions = frozenset(request["actions"])
 
     def run(action_key, **params):
-        if action_key not in request["actions"]:
-            raise NameError(f"unknown action {action_key!r}; available: {sorted(request['actions'])}")
-        _send({"call": action_key, "params": params})
-        reply = json.loads(_IO["in"].readline())
+        """Call one of the agent's actions; returns its output or raises RuntimeError."""
+        if action_key not in actions:
+            raise NameError(f"unknown action {action_key!r}; available: {sorted(actions)}")
+        send({"kind": "call", "action": action_key, "params": params})
+        reply = read_line()
         if not reply.get("ok"):
             raise RuntimeError(f"{action_key} failed: {reply.get('error')}")
         return reply.get("result")
 
+    real_import = builtins.__import__
+
+    def guarded_import(name, globals=None, locals=None, fromlist=(), level=0):
+        if level != 0 or name.split(".")[0] not in allowed:
+            raise ImportError(
+                f"import of {name!r} is not allowed in the sandbox (allowed: {sorted(allowed)})"
+            )
+        return real_import(name, globals, locals, fromlist, level)
+
+    blocked = (
+        "open",
+        "os.",
+        "socket.",
+        "subprocess.",
+        "shutil.",
+        "ctypes.",
+        "pty.",
+        "mmap.",
+        "fcntl.",
+        "resource.",
+        "signal.",
+        "gc.",
+        "marshal.",
+        "sys._getframe",
+        "sys._current_frames",
+        "sys.settrace",
+        "sys.setprofile",
+        "cpython.",
+        "code.__new__",
+        "function.__new__",
+        "_posixsubprocess",
+        "syslog.",
+        "sqlite3.",
+        "urllib.",
+        "http.",
+    )
+
+    def audit(event, args):
+        if event == "import":
+            root = str(args[0]).split(".")[0]
+            if root not in allowed:
+                raise PermissionError(f"sandbox: import of {args[0]!r} is not allowed")
+        elif event == "object.__getattr__" or (
+            event == "object.__setattr__" and len(args) > 1 and args[1] == "__code__"
+        ):
+            raise PermissionError(f"sandbox: access to {args[1]!r} is not allowed (frames and code)")
+        elif event.startswith(blocked):
+            raise PermissionError(f"sandbox: {event} is not allowed (no files, processes or network)")
+
     safe_builtins = {
         k: v
         for k, v in vars(builtins).items()
-        if k not in ("open", "input", "breakpoint", "exit", "quit", "help")
+        if k not in ("open", "input", "breakpoint", "exit", "quit", "help", "copyright", "credits", "license")
     }
-    safe_builtins["__import__"] = _guarded_import
-    safe_builtins["print"] = sandbox_print
-    namespace = {"__builtins__": safe_builtins, "__name__": "__sandbox__", "run": run}
-    _limits(request["limits"])
-    sys.addaudithook(_audit)
+    safe_builtins["__import__"] = guarded_import
+    guards = request.get("guards", True)
+    namespace = {"__builtins__": safe_builtins if guards else builtins, "__name__": "__sandbox__", "run": run}
     try:
-        exec(compile(request["code"], "<generated>", "exec"), namespace)
-        _send({"done": True, "ok": True, "error": None, "stdout": stdout.getvalue()[-20000:]})
+        program = compile(request["code"], "<generated>", "exec")
+    except (SyntaxError, ValueError) as exc:
+        send({"kind": "done", "ok": False, "error": f"{type(exc).__name__}: {exc}"})
+        return 0
+    if guards:
+        sys.addaudithook(audit)
+    del request
+    try:
+        exec(program, namespace)
     except MemoryError:
-        _send(
-            {
-                "done": True,
-                "ok": False,
-                "error": "MemoryError: the program went over its memory limit",
-                "stdout": stdout.getvalue()[-20000:],
-            }
-        )
+        send({"kind": "done", "ok": False, "error": "MemoryError: the program went over its memory limit"})
     except BaseException as exc:  # the program's failure is the result
-        _send(
-            {
-                "done": True,
-                "ok": False,
-                "error": f"{type(exc).__name__}: {exc}",
-                "stdout": stdout.getvalue()[-20000:],
-            }
-        )
+        send({"kind": "done", "ok": False, "error": f"{type(exc).__name__}: {exc}"[:2000]})
+    else:
+        send({"kind": "done", "ok": True, "error": None})
+    return 0
 
 
-main()
+if __name__ == "__main__":
+    raise SystemExit(_main())
