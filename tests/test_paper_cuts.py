@@ -4,6 +4,7 @@ reports why a cluster could not start, leaving nothing behind."""
 
 from __future__ import annotations
 
+import json
 import os
 import pty
 import re
@@ -310,3 +311,27 @@ def test_up_from_a_folder_maps_it_and_answers_once_on_a_terminal(tmp_path: Path)
         stopped = _cli("down", cwd=project, env=env)
     assert stopped.returncode == 0 and "Colony stopped" in stopped.stdout, stopped.stderr
     _assert_nothing_left(data)
+
+
+def test_the_daemon_gets_the_callers_settings(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Settings made in code reach the daemon (on its stdin), secrets included; what `up` sets in
+    the daemon's environment (Redis URL, allowed roots) comes from there."""
+    for name in list(os.environ):
+        if name.startswith("COLONY_"):
+            monkeypatch.delenv(name)
+    settings = ColonySettings(
+        data_dir=tmp_path, api_token="tok", serve={"port": 8123}, engine={"api_key": "key"}
+    )  # type: ignore[arg-type]
+    daemon_env = {
+        "COLONY_REDIS_URL": "redis://:pw@127.0.0.1:7000/0",
+        "COLONY_VCM__ALLOWED_ROOTS": f'["{tmp_path}"]',
+    }
+    data = json.loads(cluster._daemon_settings(settings, {**os.environ, **daemon_env}))
+    assert data["serve"]["port"] == 8123 and data["api_token"] == "tok" and data["engine"]["api_key"] == "key"
+    assert "redis_url" not in data and "allowed_roots" not in data["vcm"]
+    for name, value in daemon_env.items():
+        monkeypatch.setenv(name, value)
+    daemon = ColonySettings(**data)  # what `python -m colony.serve.cluster --settings-stdin` builds
+    assert daemon.serve.port == 8123 and daemon.data_dir == tmp_path
+    assert daemon.api_token is not None and daemon.api_token.get_secret_value() == "tok"
+    assert daemon.redis_url == "redis://:pw@127.0.0.1:7000/0" and daemon.vcm.allowed_roots == [tmp_path]
