@@ -27,6 +27,8 @@ LIMITS = SandboxLimits(wall_seconds=5, cpu_seconds=2, memory_mb=512)
 BWRAP = PlanningSettings(sandbox_isolation="bubblewrap")
 PROCESS = PlanningSettings(sandbox_isolation="process")
 BOTH = pytest.mark.parametrize("settings", [BWRAP, PROCESS], ids=["bubblewrap", "process"])
+BWRAP_DEVICES = {"core", "fd", "full", "null", "ptmx", "pts", "random", "shm", "stderr", "stdin", "stdout"}
+BWRAP_DEVICES |= {"tty", "urandom", "zero"}  # bwrap's minimal /dev: no disks, no kmsg, no kvm
 REPO = Path(__file__).resolve().parents[1]
 SECRET = f"parent-secret-{uuid.uuid4().hex}"
 
@@ -107,6 +109,49 @@ async def test_program_runs_as_a_fresh_unprivileged_uid_when_colony_is_root() ->
     assert first.uid != second.uid  # one uid per run: RLIMIT_NPROC and kills count only its processes
 
 
+@BOTH
+async def test_rlimits_uid_and_capabilities_are_in_place_before_the_program_starts(
+    settings: PlanningSettings,
+) -> None:
+    code = (
+        "import os, resource, sys\n"
+        "for name in ('CPU', 'AS', 'FSIZE', 'CORE', 'NPROC'):\n"
+        "    print(name, resource.getrlimit(getattr(resource, 'RLIMIT_' + name))[0])\n"
+        "print('bubblewrap' if not os.path.exists('/proc/self/status') else\n"
+        "      [x for x in open('/proc/self/status').read().splitlines() if x.startswith('CapEff')][0])\n"
+        "print('to stderr', file=sys.stderr)\n"
+    )
+    limits = LIMITS.model_copy(
+        update={"cpu_seconds": 3, "memory_mb": 300, "scratch_mb": 5, "max_processes": 6}
+    )
+    result = await run_sandboxed(code, limits=limits, settings=settings, python_guards=False)
+    assert result.ok, everything(result)
+    lines = result.stdout.splitlines()
+    assert lines[:4] == ["CPU 3", f"AS {300 * 1024 * 1024}", f"FSIZE {5 * 1024 * 1024}", "CORE 0"]
+    if os.geteuid() == 0:
+        assert lines[4] == "NPROC 6"
+    assert lines[5] == ("bubblewrap" if settings is BWRAP else "CapEff:\t0000000000000000")
+    assert result.stderr == "to stderr\n"  # stderr is captured apart, as plain text
+
+
+async def test_without_root_bwrap_maps_the_program_to_nobody_in_a_user_namespace() -> None:
+    from colony.planning import sandbox_os
+
+    argv = sandbox_os.bubblewrap_argv(switch_uid=False, scratch_mb=1)
+    assert "--unshare-all" in argv and argv[argv.index("--uid") + 1] == "65534"
+    argv = [
+        *argv[: argv.index("--") + 1],
+        sandbox_os.interpreter(),
+        "-I",
+        "-S",
+        "-c",
+        "import os; print(os.getuid())",
+    ]
+    process = await asyncio.create_subprocess_exec(*argv, stdout=asyncio.subprocess.PIPE, env={})
+    out, _ = await process.communicate()
+    assert process.returncode == 0 and out.strip() == b"65534"
+
+
 # -- Python-level guards (defence in depth) ------------------------------------------------------
 
 
@@ -125,8 +170,21 @@ async def test_program_runs_as_a_fresh_unprivileged_uid_when_colony_is_root() ->
             "os.system is not allowed",
         ),
         ("run('rm_rf')", "unknown action 'rm_rf'"),
+        ("print((lambda: 0).__code__)", "'__code__' is not allowed"),
+        ("g = (i for i in [1])\nprint(g.gi_frame)", "'gi_frame' is not allowed"),
     ],
-    ids=["import os", "open", "socket", "gc", "infinite loop", "4 GB", "subclass escape", "unknown action"],
+    ids=[
+        "import os",
+        "open",
+        "socket",
+        "gc",
+        "infinite loop",
+        "4 GB",
+        "subclass escape",
+        "unknown action",
+        "code object",
+        "generator frame",
+    ],
 )
 async def test_escapes_and_runaways_are_stopped_with_a_clear_error(code: str, expected: str) -> None:
     limits = LIMITS.model_copy(update={"wall_seconds": 20, "cpu_seconds": 1})  # CPU time, even on a busy box
@@ -390,6 +448,7 @@ async def test_files_outside_the_runtime_and_the_scratch_tmpfs_are_invisible() -
         "    try:\n        open(path, 'w').write('x')\n        out.append(f'WROTE {path}')\n"
         "    except OSError as e:\n        out.append(f'refused {path}: {e.strerror}')\n"
         f"open('/tmp/{marker}', 'w').write('scratch')\nout.append(open('/tmp/{marker}').read())\n"
+        "out.append(' '.join(sorted(os.listdir('/dev'))))\n"
         f"out.append(str(sorted(os.listdir({str(Path.home())!r}))))\n"
         "print('\\n'.join(out))\n"
     )
@@ -403,6 +462,8 @@ async def test_files_outside_the_runtime_and_the_scratch_tmpfs_are_invisible() -
     assert "scratch" in result.stdout  # the tmpfs works ...
     assert not host_has(Path(f"/tmp/{marker}")) and not host_has(REPO / marker)  # ... and vanishes
     assert marker not in result.stdout.splitlines()[-1]  # $HOME shows only the interpreter's path
+    devices = set(result.stdout.splitlines()[-2].split())
+    assert "null" in devices and devices <= BWRAP_DEVICES
 
 
 async def test_the_scratch_tmpfs_is_capped() -> None:
