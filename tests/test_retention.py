@@ -90,7 +90,7 @@ async def test_ask_run_leaves_no_key_after_retention(colony, bb: Blackboard) -> 
         return [f for _, f in stream if record.run_id in f["key"]]
 
     async with asyncio.timeout(5):  # the agent retires the later run just after its terminal event
-        while await old_events():
+        while await old_events():  # noqa: ASYNC110 - polling Redis
             await asyncio.sleep(0.05)
     open_claims = ask_runs.keyspace.tag_key(AgentRunProtocol.open_claims_tag())
     assert not await bb.redis.sismember(open_claims, record.run_id)
@@ -178,7 +178,7 @@ async def test_gap_then_terminal_when_events_are_gone(colony, bb: Blackboard) ->
     # resuming after the gap id ends the same way instead of waiting forever (by now the result
     # itself may have passed its retention: the terminal event then says the run failed)
     again = await collect(runs.events(record.run_id, events[0][0]))
-    assert [e["event_type"] for _, e in again][0] == GAP
+    assert again[0][1]["event_type"] == GAP
     assert again[-1][1]["event_type"] in ("completed", "failed") and len(again) == 2
 
 
@@ -230,3 +230,14 @@ async def test_agent_context_is_a_bounded_ring_persisted_by_appends(runtime) -> 
     newest = restored.context[MAX_CONTEXT_ITEMS + 499 :]
     assert [c["note"] for c in newest] == [MAX_CONTEXT_ITEMS + 499, "new"]
     assert len(list(restored.context)) == MAX_CONTEXT_ITEMS
+
+
+async def test_events_of_one_run_are_capped(colony, monkeypatch: pytest.MonkeyPatch) -> None:
+    host, runs = colony
+    monkeypatch.setenv("COLONY_RUNS__MAX_EVENTS_PER_RUN", "10")
+    await host.ensure_agent(ask_blueprint("capped"))  # reads the settings when it first emits
+    record = await runs.submit("capped", {"question": "count to sixty"})
+    assert await wait_status(runs, record.run_id) == "succeeded"
+    kinds = [e["event_type"] for _, e in await collect(runs.events(record.run_id))]
+    assert kinds[0] == "started" and kinds[-2:] == ["truncated", "completed"] and len(kinds) == 11
+    assert (await runs.get(record.run_id)).output == ANSWER  # the answer itself is whole

@@ -267,6 +267,7 @@ class AgentRunCapability(AgentCapability):
         self._idle = asyncio.Event()
         self._idle.set()
         self._retention: float | None = None
+        self._max_events: int | None = None
         if agent is not None:
             agent.hooks.register(
                 Pointcut.for_instance(agent, "run_step"), HookType.AFTER, self._after_step, owner=self
@@ -436,8 +437,21 @@ class AgentRunCapability(AgentCapability):
     def retention_seconds(self) -> float:
         """How long an answered request's keys stay (`runs.retention_seconds`, read once)."""
         if self._retention is None:
-            self._retention = load_settings().runs.retention_seconds
+            self._read_settings()
+        assert self._retention is not None
         return self._retention
+
+    @property
+    def max_events(self) -> int:
+        """Events one request may store (`runs.max_events_per_run`, read once)."""
+        if self._max_events is None:
+            self._read_settings()
+        assert self._max_events is not None
+        return self._max_events
+
+    def _read_settings(self) -> None:
+        runs = load_settings().runs
+        self._retention, self._max_events = runs.retention_seconds, runs.max_events_per_run
 
     async def _retire(self, request_id: str) -> None:
         """The request is answered: its claim leaves the open-claims index, and every key it left
@@ -468,9 +482,20 @@ class AgentRunCapability(AgentCapability):
             log.warning("keys of request %s were not given their retention: %s", request_id, exc)
 
     async def emit(self, event_type: str, data: Any = None) -> None:
-        """Write the next event of the active request (ordered by its sequence number)."""
+        """Write the next event of the active request (ordered by its sequence number).
+
+        A request stores at most `runs.max_events_per_run` events plus its terminal one: the last
+        of them is a `truncated` event saying later ones were dropped (the terminal one always goes)."""
         if self.active_request is None:
             return
+        if event_type not in TERMINAL_EVENTS and self._seq >= self.max_events - 1:
+            if self._seq == self.max_events - 1:
+                await self._write_event("truncated", {"dropped_after": self._seq})
+            return
+        await self._write_event(event_type, data)
+
+    async def _write_event(self, event_type: str, data: Any) -> None:
+        assert self.active_request is not None
         self._seq += 1
         event = AgentRunEvent(request_id=self.active_request, event_type=event_type, data=data, seq=self._seq)
         await self.blackboard.write(
