@@ -335,3 +335,20 @@ def test_the_daemon_gets_the_callers_settings(tmp_path: Path, monkeypatch: pytes
     assert daemon.serve.port == 8123 and daemon.data_dir == tmp_path
     assert daemon.api_token is not None and daemon.api_token.get_secret_value() == "tok"
     assert daemon.redis_url == "redis://:pw@127.0.0.1:7000/0" and daemon.vcm.allowed_roots == [tmp_path]
+
+
+def test_a_daemon_that_died_early_is_explained_from_its_log(tmp_path: Path) -> None:
+    settings = ColonySettings(data_dir=tmp_path)
+    log_path = tmp_path / "cluster.log"
+    log_path.write_text(
+        'starting\nTraceback (most recent call last):\n  File "x"\nImportError: no module ray\n'
+    )
+    assert cluster._failure(settings, 1, log_path).startswith(
+        "the cluster did not start: ImportError: no module ray"
+    )
+    log_path.write_text("nothing useful\n")
+    assert cluster._failure(settings, 1, log_path) == f"the cluster daemon exited with code 1; see {log_path}"
+    cluster.error_file(settings).write_text("EngineReplica: EngineNotInstalled: run it\n")
+    assert "did not start: EngineReplica: EngineNotInstalled: run it" in cluster._failure(
+        settings, 1, log_path
+    )

@@ -183,10 +183,19 @@ def _launch(settings: ColonySettings, env: dict[str, str]) -> ClusterInfo:
 
 
 def _failure(settings: ColonySettings, code: int, log_path: Path) -> str:
+    """Why the daemon exited: the cause it recorded, else the last exception in its log (it died
+    before it could record one, e.g. on an import error), else its exit code."""
     try:
         cause = error_file(settings).read_text().strip()
     except OSError:
         cause = ""
+    if not cause:
+        with contextlib.suppress(OSError):
+            with open(log_path, "rb") as log_file:
+                log_file.seek(max(0, log_path.stat().st_size - 16_384))
+                tail = log_file.read().decode(errors="replace")
+            found = _exception_of(tail)
+            cause = found if _EXCEPTION_LINE.match(found.splitlines()[0] if found else "") else ""
     if not cause:
         return f"the cluster daemon exited with code {code}; see {log_path}"
     return f"the cluster did not start: {cause}\n(full log: {log_path})"
