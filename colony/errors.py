@@ -70,8 +70,8 @@ class BlackboardAuthError(BlackboardUnavailable):
             f"Redis at {url} refused the connection during {operation!r}: it requires a password and "
             f"this one was missing or wrong ({cause}). The embedded "
             "redis-server keeps its password in <data_dir>/redis/password (default "
-            "~/.colony/redis/password) and `colony redis start` hands out the URL with it; a Redis of "
-            "your own needs COLONY_REDIS_URL=redis://:PASSWORD@host:port/0.",
+            "~/.colony/redis/password; Colony's own processes find it there); for any other Redis set "
+            "COLONY_REDIS_URL=redis://:PASSWORD@host:port/0.",
         )
 
 
