@@ -507,3 +507,15 @@ async def test_forcing_bubblewrap_where_it_does_not_work_refuses_to_run(
     finally:
         monkeypatch.undo()
         assert (await sandbox_os.detect_bubblewrap(refresh=True)).available
+
+
+async def test_calls_past_the_limit_are_refused_and_recorded_once() -> None:
+    code = (
+        "n = 0\nfor _ in range(50):\n    try:\n        run('add', a=1, b=1)\n"
+        "    except RuntimeError:\n        n += 1\nprint(n)"
+    )
+    limits = LIMITS.model_copy(update={"max_calls": 5})
+    result = await run_sandboxed(code, actions={"add": add}, limits=limits)
+    assert result.ok and result.stdout == "45\n"
+    assert [c.success for c in result.calls] == [True] * 5 + [False]
+    assert result.calls[-1].error == "more than 5 action calls"

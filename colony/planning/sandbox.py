@@ -33,6 +33,7 @@ from colony.config import PlanningSettings
 from colony.planning import sandbox_os
 
 Action = Callable[..., Awaitable[Any]]
+MAX_ERROR_CHARS = 4000
 Isolation = Literal["bubblewrap", "process", "none"]
 
 ALLOWED_MODULES = (
@@ -178,8 +179,15 @@ async def run_sandboxed(
         argv = sandbox_os.bubblewrap_argv(switch_uid=uid is not None, scratch_mb=limits.scratch_mb)
     else:
         argv = sandbox_os.process_argv()
-    to_child_r, to_child_w = os.pipe()
-    from_child_r, from_child_w = os.pipe()
+    fds: list[int] = []
+    try:
+        for _ in range(2):
+            fds.extend(os.pipe())
+    except OSError as exc:  # out of file descriptors: the host's problem, reported, not raised
+        for fd in fds:
+            os.close(fd)
+        return SandboxResult(ok=False, error=f"the sandbox could not be started: {exc}", isolation=isolation)
+    to_child_r, to_child_w, from_child_r, from_child_w = fds
     result = SandboxResult(ok=False, isolation=isolation, uid=uid)
     outputs = (_Output(limits.max_output_bytes), _Output(limits.max_output_bytes))
     process: asyncio.subprocess.Process | None = None
@@ -296,7 +304,8 @@ async def _converse(
         detail = done.get("error") if done.get("setup") else _exit_reason(code)
         result.ok, result.error = False, f"the sandboxed program did not exit cleanly: {detail}"
     else:
-        result.ok, result.error = done["ok"], (None if done["ok"] else done.get("error") or "failed")
+        error = None if done["ok"] else (done.get("error") or "failed")[:MAX_ERROR_CHARS]
+        result.ok, result.error = done["ok"], error
 
 
 def _exit_reason(code: int) -> str:
@@ -314,13 +323,14 @@ async def _serve_call(
     key, params = message.get("action"), message.get("params")
     if not isinstance(key, str) or not isinstance(params, dict):
         raise _ProtocolError("a call without a string action and an object of parameters")
-    if key not in actions:
-        error = f"unknown action {key!r}"
-        result.calls.append(SandboxCall(action_key=key[:200], parameters={}, success=False, error=error))
-        return {"ok": False, "error": error}
     if len(result.calls) >= limits.max_calls:
         error = f"more than {limits.max_calls} action calls"
-        result.calls.append(SandboxCall(action_key=key, parameters=params, success=False, error=error))
+        if len(result.calls) == limits.max_calls:  # recorded once: the record stays bounded
+            result.calls.append(SandboxCall(action_key=key[:200], parameters={}, success=False, error=error))
+        return {"ok": False, "error": error}
+    if key not in actions:
+        error = f"unknown action {key[:200]!r}"
+        result.calls.append(SandboxCall(action_key=key[:200], parameters={}, success=False, error=error))
         return {"ok": False, "error": error}
     call_started = time.perf_counter()
     try:
