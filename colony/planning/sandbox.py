@@ -61,6 +61,8 @@ ALLOWED_MODULES = (
     "unicodedata",
 )
 
+PRELOAD_MODULES = ("_strptime",)  # imported lazily by allowed modules; loaded before the audit hook
+
 
 class SandboxLimits(BaseModel):
     wall_seconds: float = Field(10.0, gt=0, le=3600, description="wall-clock limit of one program")
@@ -230,6 +232,7 @@ async def run_sandboxed(
         "limits": limits.model_dump(),
         "actions": sorted(actions),
         "allowed_modules": ALLOWED_MODULES,
+        "preload": PRELOAD_MODULES,
         "uid": uid,
         "guards": python_guards,
     }

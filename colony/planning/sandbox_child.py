@@ -45,8 +45,10 @@ def _main():  # everything lives in this frame, so the module's globals hold not
 
     request = read_line()
     limits = request["limits"]
-    allowed = frozenset(request["allowed_modules"])
-    for name in sorted(allowed):  # preload while the stdlib is still readable (before the uid switch)
+    allowed = frozenset(request["allowed_modules"]) | frozenset(request.get("preload", ()))
+    # preload while the stdlib is still readable (before the uid switch), with what allowed modules
+    # import lazily (`_strptime` for datetime.strptime), so no import happens under the audit hook
+    for name in sorted(allowed):
         with contextlib.suppress(ImportError):
             __import__(name)
 
@@ -83,12 +85,11 @@ def _main():  # everything lives in this frame, so the module's globals hold not
         return reply.get("result")
 
     real_import = builtins.__import__
+    shown = sorted(name for name in allowed if not name.startswith("_"))
 
     def guarded_import(name, globals=None, locals=None, fromlist=(), level=0):
         if level != 0 or name.split(".")[0] not in allowed:
-            raise ImportError(
-                f"import of {name!r} is not allowed in the sandbox (allowed: {sorted(allowed)})"
-            )
+            raise ImportError(f"import of {name!r} is not allowed in the sandbox (allowed: {shown})")
         return real_import(name, globals, locals, fromlist, level)
 
     blocked = (
@@ -119,12 +120,15 @@ def _main():  # everything lives in this frame, so the module's globals hold not
         "http.",
     )
 
+    frames = frozenset({"tb_frame", "gi_frame", "cr_frame", "ag_frame"})  # frames lead to this function
+    importable = allowed  # a cell of its own: rewriting guarded_import's closure cell changes nothing here
+
     def audit(event, args):
         if event == "import":
             root = str(args[0]).split(".")[0]
-            if root not in allowed:
+            if root not in importable:
                 raise PermissionError(f"sandbox: import of {args[0]!r} is not allowed")
-        elif event == "object.__getattr__" or (
+        elif (event == "object.__getattr__" and len(args) > 1 and args[1] in frames) or (
             event == "object.__setattr__" and len(args) > 1 and args[1] == "__code__"
         ):
             raise PermissionError(f"sandbox: access to {args[1]!r} is not allowed (frames and code)")
@@ -146,6 +150,7 @@ def _main():  # everything lives in this frame, so the module's globals hold not
         return 0
     if guards:
         sys.addaudithook(audit)
+    del audit  # a frame of this function, however reached, does not lead to the hook
     del request
     try:
         exec(program, namespace)
