@@ -72,6 +72,9 @@ async def test_ask_run_leaves_no_key_after_retention(colony, bb: Blackboard) -> 
     assert len(left) >= 60 + 5
     for key in left:  # every one of them is already on its way out
         assert await bb.redis.pttl(key) > 0, key
+    # the run's own tag set expires with them, so they need no expiry-index entry
+    expiring = await bb.redis.zrange(runs.run_board(record).keyspace.expiry_key, 0, -1)
+    assert not [m for m in expiring if record.run_id in m]
     await asyncio.sleep(RETENTION + 0.5)
     assert await keys_named(bb, record.run_id) == []
     # the agent's run record (keyed by its own run id) is gone too

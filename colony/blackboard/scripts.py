@@ -265,7 +265,12 @@ for _, lkey in ipairs(keys) do
   if cur[1] and (not cur[3] or tonumber(cur[3]) > exp) then
     redis.call('HSET', h, 'exp', exp)
     redis.call('PEXPIRE', h, ttl)
-    xindex(KEYS[1], lkey, cur[2], cur[3], cur[2], exp)
+    -- the group's own tag set expires with its members: only the other tags need the index
+    local rest = {}
+    for _, t in ipairs(split_tags(cur[2])) do
+      if t ~= ARGV[4] then rest[#rest + 1] = t end
+    end
+    xindex(KEYS[1], lkey, cur[2], cur[3], table.concat(rest, '\31'), exp)
     n = n + 1
   end
 end
