@@ -10,7 +10,7 @@ from collections.abc import AsyncIterator
 import pytest
 
 from colony.blackboard import Blackboard
-from colony.blackboard.protocol import AgentRegistryProtocol
+from colony.blackboard.protocol import AgentRegistryProtocol, VcmProtocol
 from colony.config import ColonySettings
 from colony.inference.scripted import ScriptedEngine
 from colony.system.builtin import echo_blueprint
@@ -18,6 +18,7 @@ from colony.system.host import ReplicaHost
 from colony.system.registry import AgentRecord
 from colony.system.runs import RunService
 from colony.vcm import PageTable
+from colony.vcm.pages import PageSource
 
 
 @pytest.fixture
@@ -90,3 +91,36 @@ async def test_expired_heartbeats_leave_the_replica_index(colony, bb: Blackboard
     members = await bb.redis.smembers(index)
     assert not [m for m in members if "gone-" in m]
     assert "live" in {r["replica_id"] for r in await registry.replicas()}
+
+
+async def test_records_written_before_the_index_tag_are_listed(colony) -> None:
+    host, _, _ = colony
+    board = host.registry.board
+    old = AgentRecord(agent_id="older", state="suspended")
+    await board.write(AgentRegistryProtocol.agent_key("older"), old, tags={"state:suspended"})
+    fresh = type(host.registry)(board)  # a new process's registry
+    assert "older" in {r.agent_id for r in await fresh.list()}
+    assert "index:agent" in (await board.read(AgentRegistryProtocol.agent_key("older"))).tags
+
+
+async def test_page_table_lists_through_its_index(colony, bb: Blackboard, tmp_path) -> None:
+    _, _, table = colony
+    folder = tmp_path / "src"
+    folder.mkdir()
+    for i in range(3):
+        (folder / f"m{i}.py").write_text(f"def f{i}():\n    return {i}\n" * 20)
+    source = await table.map_source(PageSource(folder, allowed_roots=[tmp_path], page_tokens=64))
+    assert len(source.page_ids) >= 3
+    # a page record from before the index tag: mapping the source again tags it
+    first = VcmProtocol.page_key(source.page_ids[0])
+    entry = await table.board.read(first)
+    await table.board.write(first, entry.value, tags=set())
+    assert source.page_ids[0] not in {p.page_id for p in await table.pages()}
+    await bb.redis.config_resetstat()
+    await table.map_source(PageSource(folder, allowed_roots=[tmp_path], page_tokens=64))
+    assert sorted(p.page_id for p in await table.pages()) == sorted(source.page_ids)
+    assert [s.source_id for s in await table.sources()] == [source.source_id]
+    await table.reconcile("replica-i", source.page_ids[:2])
+    assert [p.page_id for p in await table.pages(replica="replica-i")] == sorted(source.page_ids[:2])
+    assert sorted(p.page_id for p in await table.pages()) == sorted(source.page_ids)
+    assert await scans(bb) == 0

@@ -11,14 +11,17 @@ finished runs); writing it again in a live state makes it permanent again.
 
 from __future__ import annotations
 
+import contextlib
 import time
 from typing import Any
 
 from pydantic import BaseModel, Field
 
+from colony.agents.models import AgentState
 from colony.blackboard import Blackboard, TagFilter
 from colony.blackboard.protocol import AgentRegistryProtocol as Keys
 from colony.config import load_settings
+from colony.errors import ConcurrentModificationError
 
 DONE_STATES = frozenset({"stopped", "failed"})  # the agent has ended
 NOT_HOSTED = DONE_STATES | {"suspended"}  # states in which no replica hosts the agent
@@ -39,6 +42,7 @@ class AgentRegistry:
     def __init__(self, colony_board: Blackboard, *, retention_seconds: float | None = None) -> None:
         self.board = colony_board
         self._retention = retention_seconds
+        self._indexed_once = False
 
     @property
     def retention_seconds(self) -> float:
@@ -77,12 +81,34 @@ class AgentRegistry:
         return await self.put(record.model_copy(update={"state": state}))
 
     async def list(self, *, state: str | None = None, replica: str | None = None) -> list[AgentRecord]:
+        if not self._indexed_once:
+            await self._index_older_records()
         # The query reads the first tag's index set and filters by the others: the narrowest first.
         tags = [Keys.state_tag(state)] if state else []
         tags += [Keys.replica_tag(replica)] if replica else []
         tags = tags or [Keys.index_tag("agent")]
         entries = [e async for e in self._indexed("agent", tags)]
         return sorted((e.value_as(AgentRecord) for e in entries), key=lambda r: r.agent_id)
+
+    async def _index_older_records(self) -> None:
+        """Once per process: records written before the `index:agent` tag existed get it. They are
+        found through their state tags (SSCAN of those sets, still no keyspace SCAN)."""
+        index = Keys.index_tag("agent")
+        states = TagFilter(any_of=frozenset(Keys.state_tag(s.value) for s in AgentState))
+        async for entry in self.board.iter_query(Keys.pattern("agent"), tags=states):
+            if index in entry.tags:
+                continue
+            ttl = None if entry.expires_at is None else max(0.001, entry.expires_at - time.time())
+            with contextlib.suppress(ConcurrentModificationError):  # rewritten meanwhile by `put`
+                await self.board.write(
+                    entry.key,
+                    entry.value,
+                    tags=entry.tags | {index},
+                    ttl_seconds=ttl,
+                    expected_version=entry.version,
+                    created_by="registry",
+                )
+        self._indexed_once = True
 
     def _indexed(self, template: str, tags: list[str] | None = None) -> Any:
         """Entries of one template through tag index sets (SSCAN of those sets, never SCAN)."""

@@ -9,15 +9,16 @@ replica's engine reports, and `drop_replica` forgets a dead one.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import random
 import time
 from collections.abc import Iterable, Mapping
 
 from pydantic import BaseModel, Field
 
-from colony.blackboard import Blackboard, BlackboardScope, TagFilter, scope_id
+from colony.blackboard import Blackboard, BlackboardEntry, BlackboardScope, TagFilter, scope_id
 from colony.blackboard.protocol import VcmProtocol as Keys
-from colony.errors import ConcurrentModificationError, PageNotResident
+from colony.errors import BatchConflictError, ConcurrentModificationError, PageNotResident
 from colony.inference.models import Page
 from colony.vcm.pages import PageInfo, PageSource
 from colony.vcm.placement import ReplicaView
@@ -75,6 +76,7 @@ class PageTable:
                 )
         for start in range(0, len(writes), 500):
             await self.board.write_many(writes[start : start + 500])
+        await self._index_known([e for e in existing if e is not None])
         record = SourceRecord(
             source_id=source.source_id,
             path=str(source.root),
@@ -85,6 +87,24 @@ class PageTable:
             Keys.source_key(source.source_id), record, tags={Keys.index_tag("source")}, created_by="vcm"
         )
         return record
+
+    async def _index_known(self, entries: list[BlackboardEntry]) -> None:
+        """Page records written before the `index:page` tag existed get it (so `pages()` lists them).
+        A record rewritten meanwhile (reconcile, touch) is left alone: that write kept or set it."""
+        writes = [
+            {
+                "key": e.key,
+                "value": e.value,
+                "tags": e.tags | {Keys.index_tag("page")},
+                "created_by": "vcm",
+                "expected_version": e.version,
+            }
+            for e in entries
+            if Keys.index_tag("page") not in e.tags
+        ]
+        for start in range(0, len(writes), 500):
+            with contextlib.suppress(BatchConflictError):
+                await self.board.write_many(writes[start : start + 500])
 
     async def page(self, page_id: str) -> PageRecord | None:
         entry = await self.board.read(Keys.page_key(page_id))
