@@ -18,7 +18,7 @@ import pytest
 from colony.api.app import ApiServices, create_app
 from colony.blackboard import Blackboard
 from colony.config import ColonySettings, ServeSettings, VcmSettings
-from colony.errors import PathNotAllowed, SourceTooLarge
+from colony.errors import InvalidArgument, PathNotAllowed, SourceTooLarge
 from colony.inference.models import Page
 from colony.inference.scripted import ScriptedEngine
 from colony.system.analyze import analyze_blueprint
@@ -184,6 +184,9 @@ async def test_api_maps_only_under_the_roots(api: Any) -> None:
             refused = await http.post("/v1/vcm/sources", json={"path": path})
             assert refused.status_code == 403, (path, refused.text)
             assert "vcm.allowed_roots" in refused.json()["error"]["message"]
+        for hostile in ("a\u0000b", "~no-such-user-here", "/" * 4000):  # refused, never a 5xx
+            answer = await http.post("/v1/vcm/sources", json={"path": hostile})
+            assert answer.status_code in (400, 403, 422), (hostile[:20], answer.text)
         (allowed / "pkg" / "more.py").write_text("y = 2\n")
         too_many = await http.post("/v1/vcm/sources", json={"path": str(allowed)})
         assert too_many.status_code == 413
@@ -231,3 +234,16 @@ async def test_analyze_refuses_a_folder_outside_the_replicas_roots(
     finally:
         await control.close()
         await host.close()
+
+
+def test_unresolvable_and_malformed_paths_are_refused_not_crashed(tmp_path: Path) -> None:
+    (tmp_path / "a.py").write_text("a = 1\n")
+    (tmp_path / "loop1").symlink_to(tmp_path / "loop2")
+    (tmp_path / "loop2").symlink_to(tmp_path / "loop1")  # a file symlink loop inside the tree
+    source = PageSource(tmp_path, allowed_roots=[tmp_path])
+    assert [p.name for p in source.files()] == ["a.py"] and sorted(source.skipped) == ["loop1", "loop2"]
+    for path in (tmp_path / "loop1", "~no-such-user-here/x", "\udcff"):
+        with pytest.raises(PathNotAllowed):
+            PageSource(path, allowed_roots=[tmp_path])
+    with pytest.raises(InvalidArgument, match="NUL"):
+        PageSource(f"{tmp_path}/a\0b", allowed_roots=[tmp_path])

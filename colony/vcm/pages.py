@@ -75,9 +75,19 @@ def estimate_tokens(text: str) -> int:
     return max(1, (len(text) + 3) // 4)
 
 
+def _resolve(path: str | Path) -> Path | None:
+    """The real path (`~` expanded, symlinks followed, `..` collapsed); None when it cannot be
+    resolved (a symlink loop, an unknown user's `~`, a name the OS refuses)."""
+    try:
+        return Path(path).expanduser().resolve()
+    except (OSError, RuntimeError, ValueError):
+        return None
+
+
 def resolve_roots(roots: Iterable[str | Path]) -> list[Path]:
-    """The allowed roots as real paths (a root that is itself a symlink counts as its target)."""
-    return [Path(root).expanduser().resolve() for root in roots]
+    """The allowed roots as real paths (a root that is itself a symlink counts as its target; one
+    that cannot be resolved allows nothing)."""
+    return [resolved for resolved in map(_resolve, roots) if resolved is not None]
 
 
 def inside(path: Path, roots: Sequence[Path]) -> bool:
@@ -90,10 +100,12 @@ def check_allowed(path: str | Path, roots: Sequence[Path]) -> Path:
     existence, so the answer tells nothing about paths outside the roots)."""
     if not roots:
         raise PathNotAllowed(NO_ROOTS)
-    resolved = Path(path).expanduser().resolve()
-    if not inside(resolved, roots):
+    if "\0" in str(path):
+        raise InvalidArgument("a page source path cannot contain a NUL character")
+    resolved = _resolve(path)
+    if resolved is None or not inside(resolved, roots):
         raise PathNotAllowed(
-            f"{str(path)[:200]} is outside the folders page sources may read (vcm.allowed_roots, "
+            f"{str(path)[:200]!r} is outside the folders page sources may read (vcm.allowed_roots, "
             "symlinks resolved); map a folder under one of them or add it to vcm.allowed_roots"
         )
     return resolved
@@ -139,7 +151,7 @@ class PageSource:
         self.roots = resolve_roots(allowed_roots)
         self.root = check_allowed(path, self.roots)
         if not self.root.is_dir():
-            raise InvalidArgument(f"page source {self.root} is not a directory")
+            raise InvalidArgument(f"page source {str(self.root)!r} is not a directory")
         if page_tokens < 64:
             raise InvalidArgument(f"page_tokens must be at least 64, got {page_tokens}")
         self.page_tokens = page_tokens
@@ -186,9 +198,9 @@ class PageSource:
         for relative in candidates:
             if self._ignored(relative):
                 continue
-            real = (self.root / relative).resolve()
-            info = _regular_file(real)
-            if info is None or not inside(real, self.roots):
+            real = _resolve(self.root / relative)
+            info = _regular_file(real) if real is not None else None
+            if real is None or info is None or not inside(real, self.roots):
                 self.skipped.append(relative)
                 continue
             if not _is_text(real):
@@ -307,7 +319,8 @@ def _read(entry: _Entry) -> str:
 
 def _is_text(path: Path, probe: int = 4096) -> bool:
     try:
-        with open(path, "rb") as handle:
+        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK)
+        with open(fd, "rb") as handle:
             head = handle.read(probe)
     except OSError:
         return False
