@@ -543,3 +543,37 @@ async def test_calls_past_the_limit_are_refused_and_recorded_once() -> None:
     assert result.ok and result.stdout == "45\n"
     assert [c.success for c in result.calls] == [True] * 5 + [False]
     assert result.calls[-1].error == "more than 5 action calls"
+
+
+DIES_WITH_COLONY = """
+import asyncio, sys
+from colony.config import PlanningSettings
+from colony.planning import SandboxLimits, run_sandboxed
+code = "import time\\nprint('started', flush=True)\\ntime.sleep(60)"
+asyncio.run(run_sandboxed(code, limits=SandboxLimits(wall_seconds=60, cpu_seconds=60),
+                          settings=PlanningSettings(sandbox_isolation=sys.argv[1]), python_guards=False))
+"""
+
+
+@BOTH
+async def test_the_sandbox_dies_with_colony(settings: PlanningSettings) -> None:
+    before = sandbox_pids()
+    colony = await asyncio.create_subprocess_exec(
+        os.sys.executable, "-c", DIES_WITH_COLONY, settings.sandbox_isolation, cwd=REPO
+    )
+    try:
+        started: set[int] = set()
+        for _ in range(200):
+            started = sandbox_pids() - before
+            if started:
+                break
+            await asyncio.sleep(0.05)
+        assert started, "the sandbox did not start"
+    finally:
+        colony.kill()  # SIGKILL: Colony gets no chance to clean up
+        await colony.wait()
+    for _ in range(100):
+        if not started & sandbox_pids():
+            break
+        await asyncio.sleep(0.05)
+    assert not started & sandbox_pids(), "the sandbox outlived the process that started it"

@@ -235,6 +235,7 @@ async def run_sandboxed(
         "preload": PRELOAD_MODULES,
         "uid": uid,
         "guards": python_guards,
+        "die_with_parent": isolation == "process",
     }
     try:
         await asyncio.wait_for(
