@@ -177,7 +177,9 @@ async def test_map_source_refuses_unencodable_paths(api) -> None:  # noqa: F811
         assert response.status_code == 422 and "path" in response.json()["error"]["message"]
 
 
-@pytest.mark.parametrize("last_event_id", ["garbage", "$", "0", "1-2-3", "-1-0", "1" * 30 + "-0", "1-x"])
+@pytest.mark.parametrize(
+    "last_event_id", ["garbage", "$", "0", "1-2-3", "-1-0", "1" * 30 + "-0", "1-x", "99999999999999-0"]
+)
 async def test_garbage_last_event_id_is_a_400(api, last_event_id: str) -> None:  # noqa: F811
     client, _ = api
     run_id = (await client.post("/v1/runs", json={"agent": "echo", "input": 1}, headers=AUTH)).json()[

@@ -85,8 +85,11 @@ async def test_suspend_and_resume_over_http(cluster: Cluster) -> None:
     await host.runtime.get("counter-1").persist()
     registry = cluster.control.registry
     runs = RunService(cluster.bb, registry, colony_id=cluster.settings.colony_id)
-    app = create_app(ApiServices(runs=runs, registry=registry, token=None, control=cluster.control))
-    async with httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://c") as client:
+    app = create_app(ApiServices(runs=runs, registry=registry, token="t", control=cluster.control))
+    auth = {"Authorization": "Bearer t"}
+    async with httpx.AsyncClient(
+        transport=httpx.ASGITransport(app=app), base_url="http://c", headers=auth
+    ) as client:
         suspended = await client.post("/v1/agents/counter-1/suspend")
         assert suspended.status_code == 200 and suspended.json()["state"] == "suspended"
         assert cluster.where("counter-1") == []

@@ -16,6 +16,7 @@ from typing import Annotated, Any, Protocol
 
 from fastapi import Depends, FastAPI, Header, Path, Query, Request
 from fastapi.exceptions import RequestValidationError
+from fastapi.openapi.utils import get_openapi
 from fastapi.responses import JSONResponse, Response, StreamingResponse
 from fastapi.security import HTTPBearer
 from prometheus_client import REGISTRY, generate_latest
@@ -30,8 +31,10 @@ from colony.api.schemas import (
     ID_PATTERN,
     LISTING,
     MAP_SOURCE,
+    NO_PARAMS,
     PAGES,
     READ_ONE,
+    SSE_EVENT,
     SUBMIT,
     AgentStateName,
     Health,
@@ -63,6 +66,12 @@ EVENT_ID = re.compile(r"^[0-9]{1,20}-[0-9]{1,20}$")
 RunId = Annotated[str, Path(min_length=1, max_length=128, pattern=ID_PATTERN, description="run id")]
 AgentId = Annotated[str, Path(min_length=1, max_length=128, pattern=ID_PATTERN, description="agent id")]
 bearer = HTTPBearer(auto_error=False, description="the API token (`colony status` prints it)")
+
+
+def _event_id_schema(schema: dict[str, Any]) -> None:
+    """A header is absent or a string: the document says so (not `null`, which a header cannot be)."""
+    schema.pop("anyOf", None)
+    schema.update({"type": "string", "pattern": EVENT_ID.pattern})
 
 
 class EventStreamResponse(StreamingResponse):
@@ -198,6 +207,24 @@ def create_app(
             return _error(503, "unavailable", str(exc))
         return _error(400, "bad_request", str(exc))
 
+    def openapi() -> dict[str, Any]:
+        """FastAPI files an error response of a text route (SSE, Prometheus) under the route's media
+        type; errors are JSON on every route, so the document says so."""
+        if app.openapi_schema is None:
+            schema = get_openapi(
+                title=app.title, version=app.version, description=app.description, routes=app.routes
+            )
+            for operations in schema.get("paths", {}).values():
+                for operation in operations.values():
+                    for status, response in operation.get("responses", {}).items():
+                        content = response.get("content", {})
+                        if status[0] in "45" and "application/json" not in content and content:
+                            response["content"] = {"application/json": next(iter(content.values()))}
+            app.openapi_schema = schema
+        return app.openapi_schema
+
+    app.openapi = openapi  # type: ignore[method-assign]
+
     @app.get("/healthz", response_model=Health)
     async def healthz() -> dict[str, str]:
         return {"status": "ok", "version": __version__}
@@ -206,7 +233,7 @@ def create_app(
         "/metrics",
         dependencies=[Depends(authorized)],
         response_class=PrometheusResponse,
-        responses={200: {"content": {"text/plain": {"schema": {"type": "string"}}}}, **LISTING},
+        responses={200: {"content": {"text/plain": {"schema": {"type": "string"}}}}, **NO_PARAMS},
     )
     async def prometheus() -> Response:
         services = await svc()
@@ -258,12 +285,16 @@ def create_app(
         "/v1/runs/{run_id}/events",
         dependencies=[Depends(authorized)],
         response_class=EventStreamResponse,
-        responses={200: {"content": {"text/event-stream": {"schema": {"type": "string"}}}}, **EVENTS},
+        responses={200: {"content": {"text/event-stream": {"schema": SSE_EVENT}}}, **EVENTS},
     )
     async def run_events(
         run_id: RunId,
         last_event_id: Annotated[
-            str | None, Header(description="resume after this event id (`<ms>-<seq>`, from an `id:` line)")
+            str | None,
+            Header(
+                description="resume after this event id (`<ms>-<seq>`, from an `id:` line); else 400",
+                json_schema_extra=_event_id_schema,  # checked below: a 400, not a 422
+            ),
         ] = None,
     ) -> StreamingResponse:
         runs = (await svc()).runs
@@ -272,7 +303,8 @@ def create_app(
                 f"Last-Event-ID {last_event_id[:40]!r} is not an event id: send the `id:` of an event "
                 "this stream sent (<ms>-<seq>), or no Last-Event-ID to start from the beginning"
             )
-        await runs.record(run_id)  # 404 before the stream starts
+        # 404 (no run) and 400 (an id past the run's newest event) before the stream starts
+        await runs.check_event_id(run_id, last_event_id)
 
         async def stream() -> AsyncIterator[str]:
             async for event_id, event in runs.events(run_id, last_event_id):
@@ -358,7 +390,7 @@ def create_app(
             raise StarletteHTTPException(404, "this deployment has no virtual context memory")
         return services.pages
 
-    @app.get("/v1/replicas", dependencies=[Depends(authorized)], responses=LISTING)
+    @app.get("/v1/replicas", dependencies=[Depends(authorized)], responses=NO_PARAMS)
     async def list_replicas() -> list[dict[str, Any]]:
         return await replicas_of(await svc())
 

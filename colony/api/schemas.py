@@ -29,7 +29,10 @@ class ErrorBody(BaseModel):
 
 
 class SubmitRun(BaseModel):
-    model_config = ConfigDict(extra="forbid")
+    model_config = ConfigDict(
+        extra="forbid",
+        json_schema_extra={"examples": [{"agent": "echo", "input": {"hello": ["world", 1]}, "timeout_s": 9}]},
+    )
 
     agent: str = Field(min_length=1, max_length=128, pattern=ID_PATTERN, description=f"agent id; {ID_RULE}")
     input: Any = Field(
@@ -48,7 +51,7 @@ class SubmittedRun(BaseModel):
 
 
 class MapSource(BaseModel):
-    model_config = ConfigDict(extra="forbid")
+    model_config = ConfigDict(extra="forbid", json_schema_extra={"examples": [{"path": "/srv/code"}]})
 
     path: str = Field(
         min_length=1, max_length=4096, description="a folder (or git checkout) under vcm.allowed_roots"
@@ -100,4 +103,16 @@ EVENTS = _errors(*COMMON, 400, 404)
 CONTROL = _errors(*COMMON, 404, 409)
 MAP_SOURCE = _errors(*COMMON, 400, 403, 404, 413)
 LISTING = _errors(*COMMON)
+NO_PARAMS = _errors(401, 503)
 PAGES = _errors(*COMMON, 404)
+
+# one server-sent event: `data` is the run event as JSON text (event_type, data, seq, ...)
+SSE_EVENT: dict[str, Any] = {
+    "type": "object",
+    "properties": {
+        "id": {"type": "string", "pattern": "^[0-9]+-[0-9]+$"},
+        "event": {"type": "string"},
+        "data": {"type": "string", "contentMediaType": "application/json"},
+    },
+    "required": ["id", "event", "data"],
+}
