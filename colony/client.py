@@ -14,6 +14,17 @@ from colony.errors import ApiError
 __all__ = ["ApiError", "AsyncColonyClient", "ColonyClient"]
 
 
+def _auth_headers(token: str | None) -> dict[str, str]:
+    """`Authorization` for `token`; None: the token the API itself reads (COLONY_API_TOKEN, the
+    config file's `api_token`, else the token file `api.token_file` / `<data_dir>/api-token`)."""
+    if token is None:
+        from colony.api.auth import TokenSource
+        from colony.config import load_settings
+
+        token = TokenSource.from_settings(load_settings()).current()
+    return {"Authorization": f"Bearer {token}"} if token else {}
+
+
 def _raise_for(response: httpx.Response) -> None:
     if response.status_code < 400:
         return
@@ -61,7 +72,7 @@ class ColonyClient:
         timeout: float = 30.0,
         transport: httpx.BaseTransport | None = None,
     ) -> None:
-        headers = {"Authorization": f"Bearer {token}"} if token else {}
+        headers = _auth_headers(token)
         self._http = httpx.Client(
             base_url=url.rstrip("/"), headers=headers, timeout=timeout, transport=transport
         )
@@ -166,7 +177,7 @@ class AsyncColonyClient:
         timeout: float = 30.0,
         transport: httpx.AsyncBaseTransport | None = None,
     ) -> None:
-        headers = {"Authorization": f"Bearer {token}"} if token else {}
+        headers = _auth_headers(token)
         self._http = httpx.AsyncClient(
             base_url=url.rstrip("/"), headers=headers, timeout=timeout, transport=transport
         )

@@ -178,3 +178,27 @@ def test_serve_replica_gets_no_frozen_env_token(monkeypatch: pytest.MonkeyPatch)
     assert settings_to_dict(ColonySettings())["api_token"] is None
     monkeypatch.delenv(TOKEN_ENV)
     assert settings_to_dict(ColonySettings(api_token="from-config"))["api_token"] == "from-config"
+
+
+async def test_client_reads_the_token_the_way_the_api_does(
+    bb: Blackboard, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from colony.client import AsyncColonyClient
+    from colony.errors import ApiError
+
+    monkeypatch.delenv(TOKEN_ENV, raising=False)
+    monkeypatch.setenv("COLONY_DATA_DIR", str(tmp_path))
+    monkeypatch.setenv("COLONY_CONFIG", str(tmp_path / "colony.yaml"))
+    (tmp_path / "colony.yaml").write_text("log_level: INFO\n")
+    settings = ColonySettings(data_dir=tmp_path)
+    source = ensure_token_file(settings)  # generated: <data_dir>/api-token
+    app = create_app(services(bb, "cli", source), api=settings.api)
+    transport = httpx.ASGITransport(app=app)
+    async with AsyncColonyClient("http://c", transport=transport) as client:  # no token given
+        with pytest.raises(ApiError) as missing:
+            await client.get("run-0123456789ab")
+        assert missing.value.status == 404  # past the token check
+    async with AsyncColonyClient("http://c", "not-the-token", transport=transport) as client:
+        with pytest.raises(ApiError) as refused:
+            await client.get("run-0123456789ab")
+        assert refused.value.status == 401 and refused.value.code == "unauthorized"
