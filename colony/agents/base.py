@@ -519,20 +519,6 @@ class Agent(Bindable):
             )
         context.mark_persisted()
 
-    async def retire_state(self, ttl_seconds: float | None = None) -> int:
-        """Let a stopped agent's state leave Redis after `ttl_seconds` (default: the retention):
-        its entries, its context ring, and the event streams of its scope and its capabilities'."""
-        ttl = self.retention_seconds if ttl_seconds is None else ttl_seconds
-        names = ["blueprint", "metadata", "lifecycle", "current_run", "policy_state", "context", "suspension"]
-        keys = [Keys.key(n) for n in names] + [Keys.capability_state_key(n) for n in self.capabilities]
-        expired = await self.blackboard.expire(keys, ttl)
-        await self.blackboard.expire_ring(Keys.key("context"), ttl)
-        boards = {self.blackboard.scope_id: self.blackboard}
-        boards.update({c.blackboard.scope_id: c.blackboard for c in self.capabilities.values()})
-        for board in boards.values():
-            await board.expire_scope(ttl)
-        return expired
-
     @classmethod
     async def restore(
         cls,
@@ -585,12 +571,8 @@ class Agent(Bindable):
             agent.action_policy.set_state(policy_e.value)
         if context_e is not None:
             stored = context_e.value
-            if "context" in stored:  # written before the context became a ring
-                agent.context = ContextRing(MAX_CONTEXT_ITEMS, stored["context"] or [])
-                agent.context._persisted = 0  # moved into the ring at the next persist
-            else:
-                items = await board.ring(Keys.key("context"))
-                agent.context = ContextRing(MAX_CONTEXT_ITEMS, items, total=stored.get("context_total"))
+            items = None if "context" in stored else await board.ring(Keys.key("context"))
+            agent.context = ContextRing.restored(MAX_CONTEXT_ITEMS, stored, items)
             agent.page_accesses = list(stored.get("page_accesses", []))
             last = stored.get("last_result")
             agent.last_result = ActionResult.model_validate(last) if last else None

@@ -27,6 +27,16 @@ class ContextRing:
         self._total = len(self._items) if total is None else max(int(total), len(self._items))
         self._persisted = self._total  # what the blackboard already holds
 
+    @classmethod
+    def restored(cls, cap: int, stored: dict[str, Any], items: list[dict[str, Any]] | None) -> ContextRing:
+        """The ring from the `agent:context` entry and the stored ring's items. An entry written
+        before the context became a ring holds the whole list: it goes to the ring at the next persist."""
+        if items is None:
+            ring = cls(cap, stored.get("context") or [])
+            ring._persisted = 0
+            return ring
+        return cls(cap, items, total=stored.get("context_total"))
+
     @property
     def first(self) -> int:
         """Position of the oldest entry still held."""

@@ -23,6 +23,24 @@ from colony.errors import AgentNotFound
 log = logging.getLogger(__name__)
 
 
+async def retire_state(agent: Agent, ttl_seconds: float | None = None) -> int:
+    """Let a stopped agent's state leave Redis after `ttl_seconds` (default: `runs.retention_seconds`):
+    its entries, its context ring, and the event streams of its scope and its capabilities' scopes.
+    Returns how many entries got the expiry."""
+    ttl = agent.retention_seconds if ttl_seconds is None else ttl_seconds
+    board = agent.blackboard
+    names = ["blueprint", "metadata", "lifecycle", "current_run", "policy_state", "context", "suspension"]
+    keys = [AgentStateProtocol.key(n) for n in names]
+    keys += [AgentStateProtocol.capability_state_key(n) for n in agent.capabilities]
+    expired = await board.expire(keys, ttl)
+    await board.expire_ring(AgentStateProtocol.key("context"), ttl)
+    boards = {board.scope_id: board}
+    boards.update({c.blackboard.scope_id: c.blackboard for c in agent.capabilities.values()})
+    for scope_board in boards.values():
+        await scope_board.expire_scope(ttl)
+    return expired
+
+
 class LocalAgentRuntime:
     """Hosts agents of one tenant/colony in this process."""
 
@@ -144,7 +162,7 @@ class LocalAgentRuntime:
         if not agent.terminated:
             await agent.transition(AgentState.STOPPED, "stopped")
         if agent.state is AgentState.STOPPED:  # stopped for good: its state leaves after the retention
-            await agent.retire_state()
+            await retire_state(agent)
         if self.on_stopped is not None:
             await self.on_stopped(agent_id)
 
