@@ -135,9 +135,14 @@ class PlanningSettings(BaseModel):
         description="auto = bubblewrap when it works here, else process isolation; or force either one.",
     )
     sandbox_uid_base: int = Field(
-        100_000, ge=1000, description="As root, each program runs as a fresh uid in [base, base + span)."
+        100_000,
+        ge=1000,
+        le=2_000_000_000,
+        description="As root, each program runs as a fresh uid in [base, base + span).",
     )
-    sandbox_uid_span: int = Field(1_000_000, ge=1, description="How many uids programs are drawn from.")
+    sandbox_uid_span: int = Field(
+        1_000_000, ge=1, le=1_000_000_000, description="How many uids programs are drawn from."
+    )
 
 
 class VcmSettings(BaseModel):

@@ -303,7 +303,7 @@ async def _converse(
         return
     code = await process.wait()
     if done is None:
-        result.ok, result.error = False, f"the sandboxed program was killed: {_exit_reason(code)}"
+        result.ok, result.error = False, f"the sandboxed program ended without a result: {_exit_reason(code)}"
     elif code != 0:
         detail = done.get("error") if done.get("setup") else _exit_reason(code)
         result.ok, result.error = False, f"the sandboxed program did not exit cleanly: {detail}"
