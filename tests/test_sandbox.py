@@ -472,6 +472,7 @@ async def test_files_outside_the_runtime_and_the_scratch_tmpfs_are_invisible() -
         "    try:\n        open(path, 'w').write('x')\n        out.append(f'WROTE {path}')\n"
         "    except OSError as e:\n        out.append(f'refused {path}: {e.strerror}')\n"
         f"open('/tmp/{marker}', 'w').write('scratch')\nout.append(open('/tmp/{marker}').read())\n"
+        "out.append(' '.join(sorted(os.listdir('/etc'))))\n"
         "out.append(' '.join(sorted(os.listdir('/dev'))))\n"
         f"out.append(str(sorted(os.listdir({str(Path.home())!r}))))\n"
         "print('\\n'.join(out))\n"
@@ -488,6 +489,7 @@ async def test_files_outside_the_runtime_and_the_scratch_tmpfs_are_invisible() -
     assert marker not in result.stdout.splitlines()[-1]  # $HOME shows only the interpreter's path
     devices = set(result.stdout.splitlines()[-2].split())
     assert "null" in devices and devices <= BWRAP_DEVICES
+    assert result.stdout.splitlines()[-3] == "ld.so.cache"  # /etc holds where libraries are, nothing else
 
 
 async def test_the_scratch_tmpfs_is_capped() -> None:

@@ -39,6 +39,7 @@ SCRATCH = "/tmp"
 NOBODY = 65534
 PYTHON_FLAGS = ("-I", "-S", "-u", "-B")
 _FALLBACK_LIB_DIRS = ("/lib", "/lib64", "/usr/lib", "/usr/lib64")
+LD_CACHE = "/etc/ld.so.cache"
 
 
 @dataclass(frozen=True)
@@ -59,39 +60,50 @@ def interpreter() -> str:
 
 @functools.cache
 def _runtime_paths() -> tuple[list[str], list[str]]:
-    """(files, folders) the interpreter needs: binary, libpython, stdlib, shared-library folders."""
+    """(files, folders) the interpreter needs: binary, libpython, shared libraries; the stdlib."""
     files = [interpreter()]
     if sysconfig.get_config_var("Py_ENABLE_SHARED"):
         libdir, soname = sysconfig.get_config_var("LIBDIR"), sysconfig.get_config_var("INSTSONAME")
         if libdir and soname and os.path.exists(os.path.join(libdir, soname)):
             files.append(os.path.join(libdir, soname))
-    stdlib = sysconfig.get_path("stdlib", vars={"installed_base": sys.base_prefix, "base": sys.base_prefix})
-    folders = [os.path.realpath(stdlib), *_library_dirs(stdlib)]
-    return files, folders
+    stdlib = os.path.realpath(
+        sysconfig.get_path("stdlib", vars={"installed_base": sys.base_prefix, "base": sys.base_prefix})
+    )
+    libraries = _shared_libraries(stdlib)
+    if libraries:
+        files += [f for f in libraries if f not in files]
+        if os.path.isfile(LD_CACHE):  # where the loader finds them; a list of library paths only
+            files.append(LD_CACHE)
+        return files, [stdlib]
+    # no ldd: whole library folders, except one holding the stdlib (it would show site-packages)
+    folders = [d for d in _FALLBACK_LIB_DIRS if os.path.isdir(d) and not stdlib.startswith(d + os.sep)]
+    return files, [stdlib, *folders]
 
 
-def _library_dirs(stdlib: str) -> list[str]:
-    """Folders of the shared libraries the interpreter and its extension modules link (via ldd)."""
+def _shared_libraries(stdlib: str) -> list[str]:
+    """The shared libraries (and loader) the interpreter and its extension modules link, via ldd.
+
+    Bound one file at a time, at the path the loader resolved, so no folder (with whatever else
+    it holds) is exposed.
+    """
     targets = [interpreter()]
     dynload = Path(stdlib) / "lib-dynload"
     if dynload.is_dir():
         targets += [str(p) for p in dynload.glob("*.so")]
     ldd = shutil.which("ldd")
+    if ldd is None:
+        return []
+    try:
+        out = subprocess.run([ldd, *targets], capture_output=True, text=True, timeout=20, env={}).stdout
+    except (OSError, subprocess.SubprocessError):
+        return []
     found: set[str] = set()
-    if ldd:
-        try:
-            out = subprocess.run([ldd, *targets], capture_output=True, text=True, timeout=20, env={}).stdout
-        except (OSError, subprocess.SubprocessError):
-            out = ""
-        for line in out.splitlines():
-            parts = line.split()
-            path = parts[2] if len(parts) > 2 and parts[1] == "=>" else (parts[0] if parts else "")
-            if path.startswith("/") and os.path.exists(path):
-                found.add(os.path.dirname(path))
-    if not found:
-        found = {d for d in _FALLBACK_LIB_DIRS if os.path.isdir(d)}
-    prefix = os.path.realpath(sys.base_prefix)
-    return sorted(d for d in found if not os.path.realpath(d).startswith(prefix + os.sep))
+    for line in out.splitlines():
+        parts = line.split()
+        path = parts[2] if len(parts) > 2 and parts[1] == "=>" else (parts[0] if parts else "")
+        if path.startswith("/") and os.path.isfile(path):
+            found.add(path)
+    return sorted(found)
 
 
 def _parents(path: str) -> list[str]:
@@ -126,9 +138,6 @@ def bubblewrap_argv(*, switch_uid: bool, scratch_mb: int) -> list[str]:
         site = os.path.join(path, "site-packages")
         if os.path.isdir(site):  # the stdlib folder without third-party packages
             argv += ["--tmpfs", site, "--remount-ro", site]
-    loader = "/lib64/ld-linux-x86-64.so.2"
-    if os.path.exists(loader) and not any(loader.startswith(f + "/") for f in folders):
-        argv += ["--ro-bind", loader, loader]
     argv += ["--ro-bind", str(CHILD), CHILD_IN_SANDBOX, "--dev", "/dev"]
     argv += ["--perms", "1777", "--size", str(scratch_mb * 1024 * 1024), "--tmpfs", SCRATCH]
     argv += ["--chdir", SCRATCH, "--", interpreter(), *PYTHON_FLAGS, CHILD_IN_SANDBOX]
