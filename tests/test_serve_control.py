@@ -33,10 +33,11 @@ def client(
         engine=EngineSettings(kind="scripted", scripted_delay_seconds=1.5),
         serve=ServeSettings(heartbeat_seconds=0.5, monitor_period_seconds=0.2, placement_retry_seconds=1),
         vcm=VcmSettings(allowed_roots=[tmp_path_factory.getbasetemp()]),  # the folders tests map
+        api_token="ctl-token",
     )
     serve.run(build_app({"replicas": 2, "replica_cpus": 0.25}, settings=settings), name=APP, route_prefix="/")
     try:
-        with ColonyClient(f"http://127.0.0.1:{serve_instance}", None, timeout=60) as made:
+        with ColonyClient(f"http://127.0.0.1:{serve_instance}", "ctl-token", timeout=60) as made:
             deadline = time.monotonic() + 120
             while {"echo", "ask", "analyze"} - {a["agent_id"] for a in made.agents()}:
                 assert time.monotonic() < deadline, "the built-in agents did not appear"

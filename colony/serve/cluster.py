@@ -14,7 +14,6 @@ import json
 import logging
 import os
 import re
-import secrets
 import signal
 import socket
 import subprocess
@@ -28,6 +27,7 @@ from typing import Any
 import httpx
 from pydantic import SecretStr
 
+from colony.api.auth import TokenSource, ensure_token_file
 from colony.blackboard.redis_server import EmbeddedRedis, process_alive
 from colony.config import ColonySettings, load_settings
 from colony.errors import ClusterError, ColonyError
@@ -85,17 +85,16 @@ def up(settings: ColonySettings, config: str | None = None, *, echo: bool = True
     state_file(settings).unlink(missing_ok=True)
     error_file(settings).unlink(missing_ok=True)
     check_port_free(settings.serve.host, settings.serve.port)
+    ensure_token_file(settings)  # a token from env/config file/<data_dir>/api-token, else a new file
     # an embedded Redis this call starts is stopped again if the cluster does not come up
     own_redis = (
         not settings.redis_url and not EmbeddedRedis(settings.data_dir, settings.embedded_redis).status()
     )
     redis_url = settings.redis_url or EmbeddedRedis(settings.data_dir, settings.embedded_redis).start().url
-    token = settings.api_token.get_secret_value() if settings.api_token else secrets.token_urlsafe(24)
     settings.data_dir.mkdir(parents=True, exist_ok=True)
     env = {
         **os.environ,
         "COLONY_REDIS_URL": redis_url,
-        "COLONY_API_TOKEN": token,
         "COLONY_DATA_DIR": str(settings.data_dir),
         "RAY_USAGE_STATS_ENABLED": "0",
         **default_roots_env(settings.vcm),  # vcm.allowed_roots unset: the folder `colony up` ran in
@@ -267,7 +266,7 @@ def _serve_forever(settings: ColonySettings) -> None:
         except RuntimeError as exc:  # DEPLOY_FAILED: Serve's own message names only the deployments
             raise ClusterError(deploy_failure(serve.status(), "colony") or str(exc)) from None
         url = f"http://{cfg.host}:{cfg.port}"
-        token = settings.api_token.get_secret_value() if settings.api_token else ""
+        token = TokenSource.from_settings(settings).current() or ""
         _wait_ready(
             url,
             token,
