@@ -458,6 +458,15 @@ async def test_no_network_even_to_localhost() -> None:
         server.close()
 
 
+async def test_process_isolation_alone_does_not_hide_the_host() -> None:
+    """Why the policy refuses process isolation by default: past the Python guards, the host is there."""
+    code = "import os\nfd = os.open('/etc/passwd', os.O_RDONLY)\nprint(os.read(fd, 5).decode())"
+    result = await run_sandboxed(code, limits=LIMITS, settings=PROCESS, python_guards=False)
+    assert result.ok and result.stdout == "root:\n", everything(result)
+    guarded = await run_sandboxed(code, limits=LIMITS, settings=PROCESS)
+    assert not guarded.ok and "import of 'os' is not allowed" in guarded.error
+
+
 async def test_files_outside_the_runtime_and_the_scratch_tmpfs_are_invisible() -> None:
     marker = f"colony-sandbox-{uuid.uuid4().hex}"
     secret_file = Path.home() / f".{marker}"
