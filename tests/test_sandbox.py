@@ -588,3 +588,19 @@ async def test_the_sandbox_dies_with_colony(settings: PlanningSettings) -> None:
             break
         await asyncio.sleep(0.05)
     assert not started & sandbox_pids(), "the sandbox outlived the process that started it"
+
+
+async def test_concurrent_programs_do_not_see_each_other() -> None:
+    code = (
+        "import os\nprint(os.getuid(), run('add', a=len(os.listdir('/tmp')), b=0))\n"
+        "open('/tmp/mine', 'w').write('x')"
+    )
+    runs = [
+        run_sandboxed(code, actions={"add": add}, limits=LIMITS, settings=BWRAP, python_guards=False)
+        for _ in range(4)
+    ]
+    results = await asyncio.gather(*runs)
+    assert all(r.ok for r in results), [everything(r) for r in results]
+    assert all(r.stdout.split()[1] == "0" for r in results)  # each has its own empty /tmp
+    if os.geteuid() == 0:
+        assert len({r.uid for r in results}) == 4
