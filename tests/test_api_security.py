@@ -202,3 +202,20 @@ async def test_client_reads_the_token_the_way_the_api_does(
         with pytest.raises(ApiError) as refused:
             await client.get("run-0123456789ab")
         assert refused.value.status == 401 and refused.value.code == "unauthorized"
+
+
+async def test_an_unreadable_token_file_is_a_503_not_a_way_in(
+    bb: Blackboard, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.delenv(TOKEN_ENV, raising=False)
+    token_file = tmp_path / "api-token"
+    token_file.write_text("good-token")
+    source = ensure_token_file(ColonySettings(data_dir=tmp_path))
+    app = create_app(services(bb, "unreadable", source))
+    async with httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://c") as client:
+        auth = {"Authorization": "Bearer good-token"}
+        assert (await client.get("/v1/agents", headers=auth)).status_code == 200
+        token_file.unlink()
+        token_file.mkdir()  # now a folder: reading it fails
+        broken = await client.get("/v1/agents", headers=auth)
+        assert broken.status_code == 503 and str(token_file) in broken.json()["error"]["message"]

@@ -19,6 +19,7 @@ from collections.abc import Awaitable, Callable, MutableMapping
 from typing import Any
 
 from colony.api.auth import TokenSource
+from colony.errors import ColonyError
 
 Scope = MutableMapping[str, Any]
 Message = MutableMapping[str, Any]
@@ -82,7 +83,12 @@ class GuardMiddleware:
                 if name == b"authorization":
                     authorization = value.decode("latin-1")
                     break
-            if not (await self.tokens()).accepts(authorization):
+            try:
+                accepted = (await self.tokens()).accepts(authorization)
+            except ColonyError as exc:  # e.g. the token file exists but cannot be read: the operator's
+                await send_error(send, 503, "unavailable", str(exc), [])
+                return
+            if not accepted:
                 await send_error(
                     send,
                     401,
@@ -102,28 +108,24 @@ class GuardMiddleware:
         while more:
             message = await receive()
             if message["type"] != "http.request":
-                await self.app(scope, _replay(bytes(body), message, receive), send)
-                return
+                return  # the client went away mid-body: nothing to answer, nothing half-read to act on
             body += message.get("body", b"")
             if len(body) > limit:
                 await send_error(send, 413, "body_too_large", f"request body over {limit} bytes", [])
                 return
             more = message.get("more_body", False)
-        await self.app(scope, _replay(bytes(body), None, receive), send)
+        await self.app(scope, _replay(bytes(body), receive), send)
 
 
-def _replay(body: bytes, pending: Message | None, receive: Receive) -> Receive:
+def _replay(body: bytes, receive: Receive) -> Receive:
     """A `receive` that yields the buffered body once, then whatever the server sends next."""
     sent = False
 
     async def replay() -> Message:
-        nonlocal sent, pending
+        nonlocal sent
         if not sent:
             sent = True
             return {"type": "http.request", "body": body, "more_body": False}
-        if pending is not None:
-            message, pending = pending, None
-            return message
         return await receive()
 
     return replay
