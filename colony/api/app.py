@@ -1,7 +1,10 @@
 """The HTTP API: submit runs, stream their events (SSE), read results, list agents, health, metrics.
 
 Stateless: every fact is read from Redis through the RunService and the AgentRegistry, so any
-API replica answers for any run, and a restarted one has lost nothing.
+API replica answers for any run, and a restarted one has lost nothing. Guarded before any route
+runs (colony.api.limits: the bearer token, read at run time by colony.api.auth, then the body
+limit); what each route accepts and answers is declared in colony.api.schemas and checked against
+the OpenAPI document by tests/test_api_contract.py.
 """
 
 from __future__ import annotations
@@ -206,6 +209,12 @@ def create_app(
         if isinstance(exc, BlackboardUnavailable | ReplicaUnavailable | ResourceExhausted):
             return _error(503, "unavailable", str(exc))
         return _error(400, "bad_request", str(exc))
+
+    @app.exception_handler(Exception)
+    async def unexpected(request: Request, exc: Exception) -> JSONResponse:
+        """A bug, not an input problem: logged with its traceback; the client gets the error model."""
+        log.error("%s %s failed", request.method, request.url.path, exc_info=exc)
+        return _error(500, "internal", f"internal error ({type(exc).__name__}); see the API replica's log")
 
     def openapi() -> dict[str, Any]:
         """FastAPI files an error response of a text route (SSE, Prometheus) under the route's media
