@@ -138,7 +138,9 @@ def check_input(value: Any, max_depth: int, where: str = "input") -> None:
         item, depth, path = stack.pop()
         if isinstance(item, dict | list):
             if depth > max_depth:
-                raise InputTooDeep(f"{path}: nested deeper than {max_depth} levels (api.max_input_depth)")
+                raise InputTooDeep(
+                    f"{_short(path)}: nested deeper than {max_depth} levels (api.max_input_depth)"
+                )
             if isinstance(item, dict):
                 for key, child in item.items():
                     _check_text(key, f"{path} (a key)")
@@ -148,11 +150,18 @@ def check_input(value: Any, max_depth: int, where: str = "input") -> None:
         elif isinstance(item, str):
             _check_text(item, path)
         elif isinstance(item, float) and not math.isfinite(item):
-            raise ValueError(f"{path}: NaN and Infinity are not JSON numbers")
+            raise ValueError(f"{_short(path)}: NaN and Infinity are not JSON numbers")
 
 
 def _check_text(text: str, path: str) -> None:
     try:
         text.encode("utf-8")
     except UnicodeEncodeError:
-        raise ValueError(f"{path}: a string holds a lone UTF-16 surrogate (not valid Unicode)") from None
+        raise ValueError(
+            f"{_short(path)}: a string holds a lone UTF-16 surrogate (not valid Unicode)"
+        ) from None
+
+
+def _short(path: str, keep: int = 200) -> str:
+    """A place in the input, cut to a readable length (keys can be long)."""
+    return path if len(path) <= keep else f"{path[: keep // 2]}...{path[-keep // 2 :]}"
