@@ -247,5 +247,13 @@ async def test_no_5xx_from_a_batch_of_hostile_requests(api) -> None:  # noqa: F8
             assert response.status_code < 500, (body[:40], content_type, response.text)
             if response.status_code >= 400:
                 assert set(response.json()["error"]) == {"code", "message"}
+    broken = await client.post(
+        "/v1/runs", content=b'{"agent": ', headers={**AUTH, "content-type": "application/json"}
+    )
+    assert broken.status_code == 422 and "not valid JSON at character" in broken.json()["error"]["message"]
+    not_utf8 = await client.post(
+        "/v1/runs", content=b'{"agent": "e\xe9"}', headers={**AUTH, "content-type": "application/json"}
+    )
+    assert not_utf8.status_code == 400 and not_utf8.json()["error"]["code"] == "bad_request"
     wrong_method = await client.delete("/v1/runs", headers=AUTH)
     assert wrong_method.status_code == 405 and "POST" in wrong_method.headers["allow"]

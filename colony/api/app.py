@@ -186,11 +186,13 @@ def create_app(
 
     @app.exception_handler(RequestValidationError)
     async def bad_body(request: Request, exc: RequestValidationError) -> JSONResponse:
-        problems = "; ".join(
-            f"{'.'.join(str(p) for p in err['loc'] if p != 'body') or 'body'}: {err['msg']}"
-            for err in exc.errors()
-        )
-        return _error(422, "invalid_request", problems)
+        def problem(err: Any) -> str:
+            if err.get("type") == "json_invalid":
+                detail = (err.get("ctx") or {}).get("error", "")
+                return f"body: not valid JSON at character {err['loc'][-1]} ({detail})"
+            return f"{'.'.join(str(p) for p in err['loc'] if p != 'body') or 'body'}: {err['msg']}"
+
+        return _error(422, "invalid_request", "; ".join(problem(err) for err in exc.errors()))
 
     @app.exception_handler(InvalidRunInput)
     async def bad_input(request: Request, exc: InvalidRunInput) -> JSONResponse:
