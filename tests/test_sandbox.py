@@ -342,7 +342,9 @@ async def test_a_forged_ok_cannot_hide_a_timeout(settings: PlanningSettings) -> 
 async def test_a_forged_ok_cannot_hide_a_kill(settings: PlanningSettings) -> None:
     code = FORGE_ON_EVERY_FD + "os.kill(os.getpid(), 9)\n"
     result = await run_sandboxed(code, limits=LIMITS, settings=settings, python_guards=False)
-    assert not result.ok and "did not exit cleanly" in result.error and "signal 9" in result.error
+    # whether or not a forged final message got through the pipe first, the kill decides
+    assert not result.ok and "signal 9" in result.error
+    assert "did not exit cleanly" in result.error or "ended without a result" in result.error
     assert result.calls == []  # the forged "calls" list is ignored: calls are the parent's own record
 
 
