@@ -96,6 +96,7 @@ class ReplicaHost:
             replica=self,
             pages=self.pages,
             spawner=self.spawn,
+            settings=self.settings,
         )
         self.runtime.on_suspended = self._suspended
         self.runtime.on_stopped = self._stopped
