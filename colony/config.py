@@ -10,6 +10,7 @@ from __future__ import annotations
 import contextvars
 import difflib
 import os
+import re
 import types
 import typing
 from collections.abc import Mapping
@@ -302,9 +303,18 @@ def _unknown_keys(data: dict[Any, Any], model: type[BaseModel], prefix: tuple[st
     return problems
 
 
+# The variables Kubernetes puts in every pod for each Service (`enableServiceLinks`): a Service named
+# `colony` or `colony-*` gives COLONY_SERVICE_HOST, COLONY_API_PORT_8000_TCP_ADDR, ... They are no
+# settings and no typos, so they must not stop a pod.
+_SERVICE_LINK = re.compile(
+    r"^COLONY(_[A-Z0-9_]+?)?_(SERVICE_HOST|SERVICE_PORT(_[A-Z0-9_]+)?|PORT(_\d+_(TCP|UDP|SCTP)(_(ADDR|PORT|PROTO))?)?)$"
+)
+
+
 def _unknown_env_vars(environ: Mapping[str, str]) -> list[str]:
     """`COLONY_*` variables that match no setting: pydantic-settings ignores them, so a typo such as
-    COLONY_SERVE__REPLCAS would otherwise leave the default in force without a word."""
+    COLONY_SERVE__REPLCAS would otherwise leave the default in force without a word. Kubernetes
+    service links (`_SERVICE_LINK`) are left alone."""
     prefix = str(ColonySettings.model_config.get("env_prefix", "COLONY_")).upper()
     paths = _setting_paths(ColonySettings)
     known = {prefix + "__".join(path).upper() for path in paths} | NON_SETTINGS_ENV_VARS
@@ -313,7 +323,9 @@ def _unknown_env_vars(environ: Mapping[str, str]) -> list[str]:
     return [
         f"environment variable {name}: matches no setting{_closest(name.upper(), candidates)}"
         for name in sorted(environ)
-        if name.upper().startswith(prefix) and name.upper() not in known
+        if name.upper().startswith(prefix)
+        and name.upper() not in known
+        and not _SERVICE_LINK.match(name.upper())
     ]
 
 

@@ -134,3 +134,32 @@ def test_misspelt_keyword_override_is_named(tmp_path: Path, monkeypatch: pytest.
     with pytest.raises(ConfigError) as info:
         load_settings(serve={"prot": 1})
     assert info.value.problems == ["serve.prot: unknown setting; did you mean serve.port?"]
+
+
+def test_kubernetes_service_links_are_not_settings_typos(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A pod sees COLONY_SERVICE_HOST, COLONY_API_PORT_8000_TCP, ... for Services named colony or
+    colony-*: they must not stop it, while a real typo still does."""
+    monkeypatch.chdir(tmp_path)
+    links = {
+        "COLONY_SERVICE_HOST": "10.0.0.1",
+        "COLONY_SERVICE_PORT": "8000",
+        "COLONY_SERVICE_PORT_HTTP": "8000",
+        "COLONY_PORT": "tcp://10.0.0.1:8000",
+        "COLONY_PORT_8000_TCP": "tcp://10.0.0.1:8000",
+        "COLONY_PORT_8000_TCP_ADDR": "10.0.0.1",
+        "COLONY_PORT_8000_TCP_PORT": "8000",
+        "COLONY_PORT_8000_TCP_PROTO": "tcp",
+        "COLONY_REDIS_SERVICE_HOST": "10.0.0.2",
+        "COLONY_REDIS_PORT_6379_TCP_ADDR": "10.0.0.2",
+    }
+    for name, value in links.items():
+        monkeypatch.setenv(name, value)
+    assert load_settings().serve.port == 8000
+    monkeypatch.setenv("COLONY_SERVE__PROT", "1")
+    with pytest.raises(ConfigError) as info:
+        load_settings()
+    assert info.value.problems == [
+        "environment variable COLONY_SERVE__PROT: matches no setting; did you mean COLONY_SERVE__PORT?"
+    ]
