@@ -26,6 +26,7 @@ from colony.system.control import ControlPlane
 from colony.system.host import ReplicaHost
 from colony.system.runs import RunService
 from colony.vcm import PageInfo, PageSource
+from colony.vcm import pages as pages_module
 from colony.vcm.pages import default_roots_env
 
 SECRET = "TOP-SECRET-OUTSIDE-THE-ROOT"
@@ -106,6 +107,24 @@ def test_special_files_are_skipped_not_read(tmp_path: Path) -> None:
     os.mkfifo(tmp_path / "pipe")  # opening a FIFO for reading would block the walk forever
     source = PageSource(tmp_path, allowed_roots=[tmp_path])
     assert [p.name for p in source.files()] == ["a.py"] and source.skipped == ["pipe"]
+
+
+def test_a_folder_swapped_for_a_symlink_after_the_check_is_not_followed(layout: tuple[Path, Path]) -> None:
+    """TOCTOU: the files are checked, then a folder on the way is swapped for a symlink out of the
+    root before they are read (what a racing attacker does): the read fails, it does not follow."""
+    allowed, outside = layout
+    folder = allowed / "d"
+    folder.mkdir()
+    (folder / "secret.txt").write_text("decoy " * 100)  # at least the target's size
+    source = PageSource(allowed, allowed_roots=[allowed])
+    entries = {entry.relative: entry for entry in source._entries()}
+    checked, intact = entries[os.path.join("d", "secret.txt")], entries[os.path.join("pkg", "util.py")]
+    (folder / "secret.txt").unlink()
+    folder.rmdir()
+    folder.symlink_to(outside, target_is_directory=True)  # the swap, between the check and the read
+    assert pages_module._read(checked) == ""  # before the fix: the secret outside the root
+    assert not pages_module._is_text(checked.real, checked.root)
+    assert pages_module._read(intact) == "def util():\n    return 1\n"  # untouched folders still read
 
 
 def test_caps_on_files_and_bytes(tmp_path: Path) -> None:

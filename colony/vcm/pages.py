@@ -8,6 +8,9 @@ A path to map comes from outside (an HTTP body, a run input), so a source reads 
 `allowed_roots` (`vcm.allowed_roots`): the folder, and then every file one by one, must resolve
 (symlinks followed, `..` collapsed) to a place under a root; a file that resolves elsewhere (a
 symlink to /etc/passwd) is skipped, and only regular files are read (a FIFO would block the walk).
+A file is opened by walking down from its root one folder at a time without following symlinks, so
+a folder swapped for a symlink between the check and the read (a race) makes the read fail, never
+leave the roots.
 No roots means nothing may be read. Caps on files and bytes bound what one request can make the
 server read and store. The walk reads every file, so `PageSource.open` runs it in a thread.
 """
@@ -131,6 +134,7 @@ class _Entry:
     relative: str  # the name inside the source (what the pages show)
     real: Path  # where it resolves (what is read)
     size: int
+    root: Path  # the allowed root `real` lies under (the read walks down from it)
 
 
 class PageSource:
@@ -200,12 +204,13 @@ class PageSource:
                 continue
             real = _resolve(self.root / relative)
             info = _regular_file(real) if real is not None else None
-            if real is None or info is None or not inside(real, self.roots):
+            root = _root_of(real, self.roots) if real is not None else None
+            if real is None or info is None or root is None:
                 self.skipped.append(relative)
                 continue
-            if not _is_text(real):
+            if not _is_text(real, root):
                 continue
-            entries.append(_Entry(relative, real, info.st_size))
+            entries.append(_Entry(relative, real, info.st_size, root))
             total += info.st_size
             if len(entries) > self.max_files:
                 raise SourceTooLarge(
@@ -305,21 +310,54 @@ def _regular_file(path: Path) -> os.stat_result | None:
     return info if stat.S_ISREG(info.st_mode) else None
 
 
-def _read(entry: _Entry) -> str:
-    """The file's text, no more than the size counted against the cap (it may have grown since)."""
+def _root_of(path: Path, roots: Sequence[Path]) -> Path | None:
+    """The root a resolved path lies under (None: outside them all)."""
+    return next((root for root in roots if path == root or path.is_relative_to(root)), None)
+
+
+def _open_under(root: Path, real: Path) -> int | None:
+    """A read-only fd of the regular file `real`, opened by walking down from `root` one component at
+    a time, each folder opened with O_NOFOLLOW|O_DIRECTORY relative to the one above: `real` was
+    resolved, so any symlink met on the way was put there after the check (a folder swapped for a
+    link to outside the roots) and the open fails instead of following it. None when it fails or
+    the file is not regular (a FIFO swapped in would block the walk)."""
+    parts = real.relative_to(root).parts
+    if not parts:
+        return None
+    opened: list[int] = []
     try:
-        fd = os.open(entry.real, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK)
+        folder = os.open(root, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+        opened.append(folder)
+        for part in parts[:-1]:
+            folder = os.open(part, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC, dir_fd=folder)
+            opened.append(folder)
+        fd = os.open(parts[-1], os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC, dir_fd=folder)
     except OSError:
+        return None
+    finally:
+        for descriptor in opened:
+            os.close(descriptor)
+    if not stat.S_ISREG(os.fstat(fd).st_mode):
+        os.close(fd)
+        return None
+    return fd
+
+
+def _read(entry: _Entry) -> str:
+    """The file's text, no more than the size counted against the cap (it may have grown since), read
+    through `_open_under` its root (nothing when a folder on the way was swapped for a symlink)."""
+    fd = _open_under(entry.root, entry.real)
+    if fd is None:
         return ""
     with open(fd, "rb") as handle:
-        if not stat.S_ISREG(os.fstat(handle.fileno()).st_mode):
-            return ""
         return handle.read(entry.size).decode("utf-8", errors="replace")
 
 
-def _is_text(path: Path, probe: int = 4096) -> bool:
+def _is_text(path: Path, root: Path, probe: int = 4096) -> bool:
+    fd = _open_under(root, path)
+    if fd is None:
+        return False
     try:
-        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK)
         with open(fd, "rb") as handle:
             head = handle.read(probe)
     except OSError:
