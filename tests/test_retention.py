@@ -235,12 +235,22 @@ async def test_agent_context_is_a_bounded_ring_persisted_by_appends(runtime) -> 
     assert len(list(restored.context)) == MAX_CONTEXT_ITEMS
 
 
-async def test_events_of_one_run_are_capped(colony, monkeypatch: pytest.MonkeyPatch) -> None:
-    host, runs = colony
-    monkeypatch.setenv("COLONY_RUNS__MAX_EVENTS_PER_RUN", "10")
-    await host.ensure_agent(ask_blueprint("capped"))  # reads the settings when it first emits
-    record = await runs.submit("capped", {"question": "count to sixty"})
-    assert await wait_status(runs, record.run_id) == "succeeded"
-    kinds = [e["event_type"] for _, e in await collect(runs.events(record.run_id))]
-    assert kinds[0] == "started" and kinds[-2:] == ["truncated", "completed"] and len(kinds) == 11
-    assert (await runs.get(record.run_id)).output == ANSWER  # the answer itself is whole
+async def test_events_of_one_run_are_capped(bb: Blackboard, redis_url: str) -> None:
+    settings = ColonySettings(  # the replica's settings reach its agents (not the process env)
+        redis_url=redis_url,
+        colony_id=f"cap{uuid.uuid4().hex[:8]}",
+        runs={"retention_seconds": RETENTION, "max_events_per_run": 10},
+    )
+    host = ReplicaHost(settings, "replica-c", engine=ScriptedEngine([ANSWER] * 2))
+    await host.start(bb)
+    try:
+        await host.ensure_agent(ask_blueprint("capped"))
+        assert host.registry is not None
+        runs = RunService(bb, host.registry, colony_id=settings.colony_id)
+        record = await runs.submit("capped", {"question": "count to sixty"})
+        assert await wait_status(runs, record.run_id) == "succeeded"
+        kinds = [e["event_type"] for _, e in await collect(runs.events(record.run_id))]
+        assert kinds[0] == "started" and kinds[-2:] == ["truncated", "completed"] and len(kinds) == 11
+        assert (await runs.get(record.run_id)).output == ANSWER  # the answer itself is whole
+    finally:
+        await host.close()

@@ -20,7 +20,6 @@ from colony.agents.blueprint import (
     Blueprint,
     CapabilitySpec,
     ResourceRequirements,
-    fail_refused_agent,
 )
 from colony.agents.capability import AgentCapability, CapabilityMode
 from colony.agents.events import EventHandlerSpec, discover_event_handlers
@@ -37,6 +36,7 @@ from colony.agents.models import (
     SuspensionRequest,
     check_transition,
 )
+from colony.agents.persistence import MAX_CONTEXT_ITEMS, build_agent, persist_agent, restore_agent
 from colony.agents.policy import (
     ActionPolicy,
     ActionPolicyExecutionState,
@@ -49,10 +49,8 @@ from colony.blackboard import Blackboard, BlackboardEvent, BlackboardScope, scop
 from colony.blackboard.protocol import AgentStateProtocol
 from colony.config import load_settings
 from colony.errors import (
-    AgentNotFound,
     AgentUsageError,
     BlackboardUnavailable,
-    BlueprintTampered,
     ResourceExhausted,
 )
 
@@ -60,6 +58,7 @@ log = logging.getLogger(__name__)
 Keys = AgentStateProtocol
 
 __all__ = [
+    "MAX_CONTEXT_ITEMS",
     "ActionPolicy",
     "ActionPolicyExecutionState",
     "ActionPolicyIterationResult",
@@ -68,12 +67,11 @@ __all__ = [
     "CapabilityMode",
     "ResourceExhausted",
     "ScriptedActionPolicy",
+    "build_agent",
 ]
 
 
 MAX_PAGE_ACCESSES = 256
-# Context entries an agent keeps (a ring: the oldest go first; compaction comes with context management).
-MAX_CONTEXT_ITEMS = 1000
 
 
 class Agent(Bindable):
@@ -120,9 +118,14 @@ class Agent(Bindable):
 
     @property
     def retention_seconds(self) -> float:
-        """How long finished runs (and a stopped agent's state) stay in Redis: `runs.retention_seconds`."""
+        """How long finished runs (and an ended agent's state) stay in Redis: `runs.retention_seconds`
+        of the settings its host was given (`services["settings"]`); `load_settings()` only for an
+        agent no host with settings runs."""
         if self._retention is None:
-            self._retention = load_settings().runs.retention_seconds
+            settings = self.host.services.get("settings") if self.host is not None else None
+            if settings is None:
+                return load_settings().runs.retention_seconds
+            self._retention = settings.runs.retention_seconds
         return self._retention
 
     @property
@@ -346,11 +349,16 @@ class Agent(Bindable):
             status=RunStatus.RUNNING,
             started_at=time.time(),
         )
+        previous, previous_result = self.current_run, self.last_result
         self.current_run = run
         self.last_result = None
         if self.action_policy is not None:
             self.action_policy.on_run_start(run)
-        await self.persist()  # run, current_run and the reset policy state, in one transaction
+        try:
+            await self.persist()  # run, current_run and the reset policy state, in one transaction
+        except BaseException:  # not begun: the agent stays as it was, free for the next run
+            self.current_run, self.last_result = previous, previous_result
+            raise
         if self._state is not AgentState.RUNNING:
             await self.transition(AgentState.RUNNING, f"run {run.run_id}")
         return run
@@ -454,6 +462,38 @@ class Agent(Bindable):
                 return True
         return False
 
+    async def fail_run(self, reason: str) -> AgentRun | None:
+        """End the current run FAILED with `reason` after it raised inside the agent (its driver
+        got the exception), answer whoever asked for it, and leave the agent IDLE to serve the
+        next run. Storing the failure is best effort (the error may be Redis itself); never raises."""
+        run = self.current_run
+        if run is None:
+            return None
+        run.status, run.error, run.finished_at = RunStatus.FAILED, reason[:2000], time.time()
+        # IDLE first: whoever sees the failed run stored may send the next run at once
+        try:  # (still RUNNING when this fails: the next begin_run then needs no transition)
+            if await self.reload_lifecycle() is AgentState.RUNNING:
+                await self.transition(AgentState.IDLE, f"run {run.run_id} failed")
+        except Exception as exc:
+            log.warning("agent %s: not marked idle after run %s failed: %r", self.agent_id, run.run_id, exc)
+        try:
+            await self.persist()
+        except Exception as exc:
+            log.warning("agent %s: failed run %s not stored: %r", self.agent_id, run.run_id, exc)
+        for capability in list(self.capabilities.values()):
+            ended = getattr(capability, "run_ended", None)
+            if ended is not None:
+                try:
+                    await ended(run)
+                except Exception:
+                    log.exception(
+                        "agent %s: %s did not take the end of run %s",
+                        self.agent_id,
+                        capability.name,
+                        run.run_id,
+                    )
+        return run
+
     async def cancel_run(self, reason: str = "cancelled") -> None:
         """End the current run as CANCELLED (its requester already gave up on it)."""
         run = self.current_run
@@ -486,38 +526,12 @@ class Agent(Bindable):
         self.suspension = None
         await self.blackboard.delete(Keys.key("suspension"))
 
-    # -- persistence ------------------------------------------------------------------------
+    # -- persistence (colony/agents/persistence.py) ------------------------------------------
 
     async def persist(self) -> None:
-        """Write the run, policy state, capability states and context in one transaction.
-
-        The context goes by appends (only entries added since the last persist) to a capped list;
-        the `context` entry holds the small rest (its position, the last result, page accesses).
-        A finished run's record expires after the retention."""
-        context = self.context
-        async with self.blackboard.transaction() as tx:
-            if self.current_run is not None:
-                run = self.current_run
-                tx.write(
-                    Keys.run_key(run.run_id),
-                    run.model_dump(mode="json"),
-                    created_by=self.agent_id,
-                    ttl_seconds=self.retention_seconds if run.done else None,
-                )
-                tx.write(Keys.key("current_run"), self.current_run.run_id, created_by=self.agent_id)
-            if self.action_policy is not None:
-                tx.write(Keys.key("policy_state"), self.action_policy.get_state(), created_by=self.agent_id)
-            for name, capability in self.capabilities.items():
-                state = {"state": capability.get_state(), "events_from": self._event_positions.get(name)}
-                tx.write(Keys.capability_state_key(name), state, created_by=self.agent_id)
-            last = self.last_result.model_dump(mode="json") if self.last_result else None
-            tx.ring_push(Keys.key("context"), context.pending(), context.cap)
-            tx.write(
-                Keys.key("context"),
-                {"context_total": len(context), "last_result": last, "page_accesses": self.page_accesses},
-                created_by=self.agent_id,
-            )
-        context.mark_persisted()
+        """Write the run, policy state, capability states and context in one transaction
+        (see `persist_agent`)."""
+        await persist_agent(self)
 
     @classmethod
     async def restore(
@@ -529,62 +543,8 @@ class Agent(Bindable):
         colony_id: str = "default",
         **services: Any,
     ) -> Agent:
-        """Rebuild an agent, with everything it had, from its blackboard scope."""
-        board = blackboard.scoped(
-            scope_id(BlackboardScope.AGENT, tenant_id=tenant_id, colony_id=colony_id, agent_id=agent_id)
-        )
-        entries = await board.read_many(
-            [
-                Keys.key(n)
-                for n in (
-                    "blueprint",
-                    "metadata",
-                    "lifecycle",
-                    "current_run",
-                    "policy_state",
-                    "context",
-                    "suspension",
-                )
-            ]
-        )
-        blueprint_e, metadata_e, lifecycle_e, current_e, policy_e, context_e, suspension_e = entries
-        if blueprint_e is None or metadata_e is None or lifecycle_e is None:
-            raise AgentNotFound(f"no restorable agent {agent_id!r} in scope {board.scope_id}")
-        try:
-            blueprint = AgentBlueprint.from_text(blueprint_e.value)
-        except BlueprintTampered as exc:  # never run it: the agent ends FAILED with the reason
-            current = current_e.value if current_e is not None else None
-            await fail_refused_agent(board, agent_id, str(exc), lifecycle_e, current)
-            raise
-        metadata = AgentMetadata.model_validate(metadata_e.value)
-        metadata.action_policy_blueprints = blueprint.metadata.action_policy_blueprints  # not in JSON
-        blueprint = blueprint.model_copy(update={"metadata": metadata})
-        agent = build_agent(blueprint, blackboard, **services)
-        agent._blueprint = blueprint
-        agent._state = AgentState(lifecycle_e.value["state"])
-        agent._state_version = lifecycle_e.version
-        if current_e is not None:
-            run_e = await board.read(Keys.run_key(current_e.value))
-            if run_e is not None:
-                agent.current_run = AgentRun.model_validate(run_e.value)
-        if policy_e is not None and agent.action_policy is not None:
-            agent.action_policy.set_state(policy_e.value)
-        if context_e is not None:
-            stored = context_e.value
-            items = None if "context" in stored else await board.ring(Keys.key("context"))
-            agent.context = ContextRing.restored(MAX_CONTEXT_ITEMS, stored, items)
-            agent.page_accesses = list(stored.get("page_accesses", []))
-            last = stored.get("last_result")
-            agent.last_result = ActionResult.model_validate(last) if last else None
-        if suspension_e is not None:
-            agent.suspension = SuspensionRequest.model_validate(suspension_e.value)
-        states = await board.read_many([Keys.capability_state_key(n) for n in agent.capabilities])
-        for (name, capability), entry in zip(agent.capabilities.items(), states, strict=True):
-            if entry is not None:
-                capability.set_state(entry.value.get("state") or {})
-                if entry.value.get("events_from"):
-                    agent._event_positions[name] = entry.value["events_from"]
-        return agent
+        """Rebuild an agent, with everything it had, from its blackboard scope (see `restore_agent`)."""
+        return await restore_agent(agent_id, blackboard, tenant_id=tenant_id, colony_id=colony_id, **services)
 
     @property
     def terminated(self) -> bool:
@@ -595,26 +555,3 @@ class Agent(Bindable):
         await self.stop_event_handlers()
         for capability in self.capabilities.values():
             await capability.close()
-
-
-def build_agent(blueprint: AgentBlueprint, blackboard: Blackboard, **services: Any) -> Agent:
-    """Instantiate an agent with its capabilities and policy from a blueprint (no I/O).
-
-    `services` (e.g. `engine=`) are injected into capabilities whose constructor takes them."""
-    agent = blueprint.agent_class(blueprint.metadata, blackboard, **blueprint.agent_kwargs)
-    for item in blueprint.capabilities:
-        spec = item if isinstance(item, CapabilitySpec) else CapabilitySpec(blueprint=item)
-        capability = spec.blueprint.local_instance(agent=agent, blackboard=blackboard, **services)
-        agent._capability_specs[capability.name] = spec
-        agent.add_capability(
-            capability, include_actions=spec.include_actions, exclude_actions=spec.exclude_actions
-        )
-    if blueprint.action_policy is not None:
-        resolved = {
-            name: [b.local_instance() if isinstance(b, Blueprint) else b for b in value]
-            if isinstance(value, list)
-            else (value.local_instance() if isinstance(value, Blueprint) else value)
-            for name, value in blueprint.metadata.action_policy_blueprints.items()
-        }
-        agent.action_policy = blueprint.action_policy.local_instance(agent=agent, **services, **resolved)
-    return agent

@@ -9,6 +9,7 @@ The handle subscribes *before* writing the request, so nothing it waits for can 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import time
 from collections.abc import AsyncIterator
@@ -29,7 +30,7 @@ from colony.blackboard import (
     scope_id,
 )
 from colony.blackboard.protocol import AgentRunProtocol, ApiRunProtocol, RequestResultProtocol
-from colony.config import load_settings
+from colony.config import ColonySettings, load_settings
 from colony.errors import AgentUsageError, BlackboardError, ConcurrentModificationError, RunTimeout
 
 if TYPE_CHECKING:
@@ -39,6 +40,11 @@ log = logging.getLogger(__name__)
 
 COMPLETED, FAILED, CANCELLED = "completed", "failed", "cancelled"
 TERMINAL_EVENTS = frozenset({COMPLETED, FAILED, CANCELLED})
+
+
+def terminal_event(status: RunStatus) -> str:
+    """The terminal event that ends a run's event stream for a run that ended with `status`."""
+    return {RunStatus.SUCCEEDED: COMPLETED, RunStatus.CANCELLED: CANCELLED}.get(status, FAILED)
 
 
 class AgentRunEvent(BaseModel):
@@ -233,8 +239,9 @@ class AgentRunCapability(AgentCapability):
     request without a result, adopts the one the restored run is serving and queues the others
     in claim order: none is lost, none runs twice, and event numbers go on where they were.
 
-    Every key a request leaves carries its request tag; once answered, the claim leaves the open
-    claims index and all those keys (and an HTTP run's record) expire after `runs.retention_seconds`.
+    Every key a request leaves carries its request tag; once answered, the claim is rewritten with
+    its expiry and without tags (out of the open claims index) and all the request's other keys
+    (and an HTTP run's record) expire after `runs.retention_seconds`.
     Finding open claims and counting a request's events read tag index sets, never a keyspace SCAN.
     """
 
@@ -248,6 +255,7 @@ class AgentRunCapability(AgentCapability):
         blackboard: Blackboard | None = None,
         scope: BlackboardScope = BlackboardScope.AGENT,
         one_shot: bool = False,
+        settings: ColonySettings | None = None,
     ) -> None:
         super().__init__(
             agent,
@@ -266,6 +274,7 @@ class AgentRunCapability(AgentCapability):
         self._queued: set[str] = set()
         self._idle = asyncio.Event()
         self._idle.set()
+        self._settings = settings  # the host's (injected); load_settings() only when none is given
         self._retention: float | None = None
         self._max_events: int | None = None
         if agent is not None:
@@ -347,8 +356,10 @@ class AgentRunCapability(AgentCapability):
     async def _fail_request(self, request_id: str, reason: str) -> None:
         """End a request whose serving raised (e.g. an input Redis would not store in an event) as
         failed with the reason, and leave the capability idle; never raises."""
-        self.active_request = request_id
+        self.active_request, self._seq = request_id, 0  # never the previous request's numbering
         try:
+            with contextlib.suppress(Exception):
+                await self._adopt(request_id)  # numbering goes on after what this request stored
             message = f"the agent could not serve this run: {reason}"[:2000]
             await self._respond(request_id, RunStatus.FAILED, None, message, None, 0)
         except Exception as exc:
@@ -379,7 +390,37 @@ class AgentRunCapability(AgentCapability):
         except Exception as exc:
             await self._respond(request_id, RunStatus.FAILED, None, f"{type(exc).__name__}: {exc}", None, 0)
             return
-        await self._idle.wait()  # answered from _after_step when the run ends
+        await self._await_answer(request_id)
+
+    async def _await_answer(self, request_id: str) -> None:
+        """Wait until the request is answered: by `_after_step` when the run ends, by `run_ended`
+        when it raised inside the agent, or here when the driver ended without either (the run
+        done but unanswered: answered from the run; the run not done: it is waiting or suspended,
+        and whoever drives it next answers)."""
+        agent = self._agent()
+        driver_of = getattr(agent.host, "driver", None)
+        driver = driver_of(agent.agent_id) if driver_of is not None else None
+        if driver is not None and not driver.done():
+            idle = asyncio.create_task(self._idle.wait())
+            try:
+                await asyncio.wait({idle, driver}, return_when=asyncio.FIRST_COMPLETED)
+            finally:
+                idle.cancel()
+        run = agent.current_run
+        if (
+            self.active_request == request_id
+            and run is not None
+            and run.request_id == request_id
+            and run.done
+        ):
+            await self.run_ended(run)
+        await self._idle.wait()
+
+    async def run_ended(self, run: AgentRun) -> None:
+        """The run ended outside a step (it raised inside the agent, see `Agent.fail_run`): answer
+        its request if it is the one being served."""
+        if self.active_request is not None and run.request_id == self.active_request:
+            await self._respond(self.active_request, run.status, run.output, run.error, run.run_id, run.steps)
 
     async def _respond(
         self,
@@ -390,7 +431,7 @@ class AgentRunCapability(AgentCapability):
         run_id: str | None,
         steps: int,
     ) -> None:
-        kind = {RunStatus.SUCCEEDED: COMPLETED, RunStatus.CANCELLED: CANCELLED}.get(status, FAILED)
+        kind = terminal_event(status)
         try:
             # create-only: a result already there (cancelled or timed out by the requester) stands
             await self.blackboard.write(
@@ -430,12 +471,13 @@ class AgentRunCapability(AgentCapability):
             existing = await self.blackboard.read(self.protocol.result_key(request_id))
             if existing is not None and existing.value.get("status") in {s.value for s in RunStatus}:
                 status = RunStatus(existing.value["status"])
-        kind = {RunStatus.SUCCEEDED: COMPLETED, RunStatus.CANCELLED: CANCELLED}.get(status, FAILED)
+        kind = terminal_event(status)
         await self.emit(kind, {"output": None, "error": reason[:2000]})
 
     @property
     def retention_seconds(self) -> float:
-        """How long an answered request's keys stay (`runs.retention_seconds`, read once)."""
+        """How long an answered request's keys stay (`runs.retention_seconds` of the injected
+        settings, read once)."""
         if self._retention is None:
             self._read_settings()
         assert self._retention is not None
@@ -450,21 +492,23 @@ class AgentRunCapability(AgentCapability):
         return self._max_events
 
     def _read_settings(self) -> None:
-        runs = load_settings().runs
+        runs = (self._settings or load_settings()).runs
         self._retention, self._max_events = runs.retention_seconds, runs.max_events_per_run
 
     async def _retire(self, request_id: str) -> None:
         """The request is answered: its claim leaves the open-claims index, and every key it left
         (request, claim, events, result; for an HTTP run its run record too) expires after the
         retention, as do this scope's stream events older than the retention. Idempotent (it
-        never extends an expiry), so it also runs after late writes. A failure is logged: the
-        request is answered either way."""
+        never extends an expiry but the claim's, which a repeat rewrites), so it also runs after
+        late writes. A failure is logged: the request is answered either way."""
         tag = self.protocol.request_tag(request_id)
         owner = self.agent.agent_id if self.agent else None
         ttl = self.retention_seconds
         try:
+            # out of the open-claims index, its expiry in the same write (never left without one);
+            # untagged, so the expiry index needs no member for it
             await self.blackboard.write(
-                self.protocol.claim_key(request_id), owner, tags={tag}, created_by=owner
+                self.protocol.claim_key(request_id), owner, created_by=owner, ttl_seconds=ttl
             )
             await self.blackboard.expire([], ttl, tag=tag, trim_events=True)
             if self.protocol is AgentRunProtocol and self.agent is not None:

@@ -14,13 +14,15 @@ from collections import deque
 from collections.abc import Iterable, Iterator
 from typing import Any, overload
 
+from colony.errors import InvalidArgument
+
 
 class ContextRing:
     """The newest `cap` context entries; `len()` is the position after the last entry ever added."""
 
     def __init__(self, cap: int, items: Iterable[dict[str, Any]] = (), *, total: int | None = None) -> None:
         if cap < 1:
-            raise ValueError(f"a context ring holds at least one entry; cap={cap}")
+            raise InvalidArgument(f"a context ring holds at least one entry; cap={cap}: pass cap >= 1")
         self.cap = cap
         self._items: deque[dict[str, Any]] = deque(items, maxlen=cap)
         # positions: entry i of the ring is at position first + i
@@ -55,8 +57,12 @@ class ContextRing:
         new = self._total - self._persisted
         return list(self._items)[-new:] if new > 0 else []
 
-    def mark_persisted(self) -> None:
-        self._persisted = self._total
+    def mark_persisted(self, position: int | None = None) -> None:
+        """The blackboard holds every entry before `position` (default: all of them). Persisting
+        passes the position it read with `pending()`, so entries appended while the write was in
+        flight stay pending."""
+        upto = self._total if position is None else min(int(position), self._total)
+        self._persisted = max(self._persisted, upto)
 
     def __len__(self) -> int:
         return self._total
@@ -78,7 +84,9 @@ class ContextRing:
         the entries held from position p on (a slice step is not supported)."""
         if isinstance(index, slice):
             if index.step not in (None, 1):
-                raise ValueError("ContextRing slices take no step")
+                raise InvalidArgument(
+                    f"ContextRing slices take no step (got step {index.step}): use ring[a:b]"
+                )
             start = 0 if index.start is None else index.start
             stop = self._total if index.stop is None else index.stop
             start, stop = (p + self._total if p < 0 else p for p in (start, stop))

@@ -7,14 +7,14 @@ object) and resumes them (rebuild from the blackboard). Ray Serve replicas (M4) 
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 from collections.abc import Awaitable, Callable
 from typing import Any
 
 from colony.agents.base import Agent, build_agent
 from colony.agents.blueprint import AgentBlueprint
-from colony.agents.models import AgentRun, AgentState, ResumptionCondition, ResumptionKind
+from colony.agents.models import TERMINAL_STATES, AgentRun, AgentState, ResumptionCondition, ResumptionKind
+from colony.agents.persistence import STATE_NAMES
 from colony.aio import cancel_and_wait
 from colony.blackboard import Blackboard
 from colony.blackboard.protocol import AgentStateProtocol
@@ -24,13 +24,12 @@ log = logging.getLogger(__name__)
 
 
 async def retire_state(agent: Agent, ttl_seconds: float | None = None) -> int:
-    """Let a stopped agent's state leave Redis after `ttl_seconds` (default: `runs.retention_seconds`):
-    its entries, its context ring, and the event streams of its scope and its capabilities' scopes.
-    Returns how many entries got the expiry."""
+    """Let an ended (stopped or failed) agent's state leave Redis after `ttl_seconds` (default: the
+    agent's `runs.retention_seconds`): its entries, its context ring, and the event streams of its
+    scope and its capabilities' scopes. Returns how many entries got the expiry."""
     ttl = agent.retention_seconds if ttl_seconds is None else ttl_seconds
     board = agent.blackboard
-    names = ["blueprint", "metadata", "lifecycle", "current_run", "policy_state", "context", "suspension"]
-    keys = [AgentStateProtocol.key(n) for n in names]
+    keys = [AgentStateProtocol.key(n) for n in STATE_NAMES]
     keys += [AgentStateProtocol.capability_state_key(n) for n in agent.capabilities]
     expired = await board.expire(keys, ttl)
     await board.expire_ring(AgentStateProtocol.key("context"), ttl)
@@ -39,6 +38,25 @@ async def retire_state(agent: Agent, ttl_seconds: float | None = None) -> int:
     for scope_board in boards.values():
         await scope_board.expire_scope(ttl)
     return expired
+
+
+async def clear_ended_state(board: Blackboard, capability_scopes: list[Blackboard]) -> bool:
+    """Before an agent id is used again: if the agent stored in `board` ended (stopped or failed),
+    delete its state entries and context ring, and take the pending expiry off the event streams
+    of its scope and its capabilities' scopes (`capability_scopes`), so the fresh agent's writes
+    do not vanish with the old agent's retention. False (nothing done) if no ended agent is there."""
+    lifecycle = await board.read(AgentStateProtocol.key("lifecycle"))
+    if lifecycle is None or AgentState(lifecycle.value["state"]) not in TERMINAL_STATES:
+        return False
+    for name in STATE_NAMES:
+        await board.delete(AgentStateProtocol.key(name))
+    async with board.guard("clear_ended_state"):
+        await board.redis.delete(board.keyspace.ring_key(AgentStateProtocol.key("context")))
+        for scope_board in {b.scope_id: b for b in [board, *capability_scopes]}.values():
+            ks = scope_board.keyspace
+            await board.redis.persist(ks.events_key)
+            await board.redis.persist(ks.expiry_key)
+    return True
 
 
 class LocalAgentRuntime:
@@ -83,6 +101,8 @@ class LocalAgentRuntime:
         )
         blueprint = blueprint.model_copy(update={"metadata": metadata})
         agent = build_agent(blueprint, self.blackboard, **self.services)
+        # an ended agent of that id (stopped, failed) gives way to this one, state and expiries cleared
+        await clear_ended_state(agent.blackboard, [c.blackboard for c in agent.capabilities.values()])
         await agent.initialize(blueprint)
         await self._activate(agent)
         return agent
@@ -139,6 +159,8 @@ class LocalAgentRuntime:
         agent = await Agent.restore(
             agent_id, self.blackboard, tenant_id=self.tenant_id, colony_id=self.colony_id, **self.services
         )
+        if agent.terminated and agent._blueprint is not None:
+            return await self.spawn(agent._blueprint)  # it ended for good: a fresh agent takes its id
         if agent.suspension is not None:
             await agent.clear_suspension()
         run_pending = agent.current_run is not None and not agent.current_run.done
@@ -161,7 +183,7 @@ class LocalAgentRuntime:
         await self._detach(agent_id)
         if not agent.terminated:
             await agent.transition(AgentState.STOPPED, "stopped")
-        if agent.state is AgentState.STOPPED:  # stopped for good: its state leaves after the retention
+        if agent.terminated:  # stopped (or failed) for good: its state leaves after the retention
             await retire_state(agent)
         if self.on_stopped is not None:
             await self.on_stopped(agent_id)
@@ -187,24 +209,31 @@ class LocalAgentRuntime:
             self._start_driver(agent)
 
     def _start_driver(self, agent: Agent) -> None:
+        """Drive the agent's current run. A driver still finishing the previous run (answering its
+        request after the run ended) is let finish first: the new run is never left undriven."""
         previous = self._drivers.get(agent.agent_id)
-        if previous is not None and not previous.done():
-            return
+        if previous is asyncio.current_task() or (previous is not None and previous.done()):
+            previous = None
         self._drivers[agent.agent_id] = asyncio.create_task(
-            self._drive(agent), name=f"{agent.agent_id}-driver"
+            self._drive(agent, after=previous), name=f"{agent.agent_id}-driver"
         )
 
-    async def _drive(self, agent: Agent) -> None:
+    async def _drive(self, agent: Agent, after: asyncio.Task[None] | None = None) -> None:
         try:
+            if after is not None:
+                await asyncio.wait({after})
             await agent.run_until_done()
             if agent.suspension is not None:
                 await self.suspend(agent.agent_id, agent.suspension.condition.reason or "blocked")
         except asyncio.CancelledError:
             raise
-        except Exception:
-            log.exception("driver of agent %s failed", agent.agent_id)
-            with contextlib.suppress(Exception):
-                await agent.transition(AgentState.FAILED, "driver error")
+        except Exception as exc:  # the run fails, with the reason; the agent goes on serving (IDLE)
+            log.exception("run of agent %s failed inside the agent", agent.agent_id)
+            await agent.fail_run(f"the run failed inside the agent: {type(exc).__name__}: {exc}")
+
+    def driver(self, agent_id: str) -> asyncio.Task[None] | None:
+        """The task driving the agent's current run, if one was started here."""
+        return self._drivers.get(agent_id)
 
     async def _detach(self, agent_id: str) -> None:
         agent = self._agents.pop(agent_id, None)

@@ -1,0 +1,256 @@
+"""A run that fails inside an agent ends failed with its reason and the agent serves the next one;
+settings come from the host; the context ring, claims and ended agents' keys are kept right.
+Real redis-server; failures are injected into the agent's own code (persist raising once)."""
+
+from __future__ import annotations
+
+import asyncio
+import uuid
+from collections.abc import Awaitable, Callable
+from typing import Any
+
+import pytest
+
+from colony.agents import Agent, AgentHandle, AgentMetadata, AgentState, LocalAgentRuntime, RunStatus
+from colony.agents.handle import CANCELLED, COMPLETED, FAILED, AgentRunCapability, terminal_event
+from colony.agents.models import AgentRun
+from colony.agents.ring import ContextRing
+from colony.blackboard import AgentRunProtocol, Blackboard, BlackboardScope
+from colony.blackboard.protocol import AgentStateProtocol
+from colony.config import ColonySettings
+from colony.errors import BlackboardUnavailable, InvalidArgument
+from colony.inference.scripted import ScriptedEngine
+from colony.system.builtin import RUNS_NAMESPACE, echo_blueprint
+from colony.system.host import ReplicaHost
+from colony.system.runs import RunService
+
+
+def handle_for(runtime: LocalAgentRuntime, agent_id: str) -> AgentHandle:
+    caller = Agent(AgentMetadata(agent_id="caller", colony_id=runtime.colony_id), runtime.blackboard)
+    return AgentHandle(agent_id, owner=caller)
+
+
+def fail_persist_once(agent: Agent, when: Callable[[AgentRun], bool]) -> dict[str, int]:
+    """Make the agent's next persist that matches `when` raise as a Redis outage would."""
+    original, fired = agent.persist, {"count": 0}
+
+    async def flaky() -> None:
+        run = agent.current_run
+        if not fired["count"] and run is not None and when(run):
+            fired["count"] += 1
+            raise BlackboardUnavailable("commit", "redis://test", TimeoutError("injected"))
+        await original()
+
+    agent.persist = flaky  # type: ignore[method-assign]
+    return fired
+
+
+async def until(check: Callable[[], Awaitable[Any]], timeout: float = 10) -> Any:
+    """Poll `check` until it returns something truthy (that value), at most `timeout` seconds."""
+    async with asyncio.timeout(timeout):
+        while True:
+            value = await check()
+            if value:
+                return value
+            await asyncio.sleep(0.05)
+
+
+async def stored_lifecycle(agent: Agent) -> str:
+    entry = await agent.blackboard.read(AgentStateProtocol.key("lifecycle"))
+    assert entry is not None
+    return entry.value["state"]
+
+
+async def test_a_run_whose_end_cannot_be_saved_fails_and_the_agent_serves_on(
+    runtime: LocalAgentRuntime,
+) -> None:
+    agent = await runtime.spawn(echo_blueprint(f"fin{uuid.uuid4().hex[:6]}"))
+    fired = fail_persist_once(agent, lambda run: run.input == "bad" and run.done)
+    handle = handle_for(runtime, agent.agent_id)
+    bad = await handle.run("bad", namespace=RUNS_NAMESPACE, timeout=10)
+    assert fired["count"] == 1
+    assert bad.status is RunStatus.FAILED and "failed inside the agent" in (bad.error or "")
+    assert "BlackboardUnavailable" in (bad.error or "")
+    assert agent.state is AgentState.IDLE and await stored_lifecycle(agent) == "idle"
+    stored = await agent.blackboard.read(AgentStateProtocol.run_key(agent.current_run.run_id))
+    assert stored is not None and stored.value["status"] == "failed"
+    good = await handle.run("good", namespace=RUNS_NAMESPACE, timeout=10)
+    assert good.status is RunStatus.SUCCEEDED and good.output == "good"
+
+
+async def test_a_run_that_cannot_begin_fails_and_the_agent_serves_on(runtime: LocalAgentRuntime) -> None:
+    agent = await runtime.spawn(echo_blueprint(f"beg{uuid.uuid4().hex[:6]}"))
+    handle = handle_for(runtime, agent.agent_id)
+    first = await handle.run("first", namespace=RUNS_NAMESPACE, timeout=10)
+    assert first.status is RunStatus.SUCCEEDED
+    before = agent.current_run
+    fired = fail_persist_once(agent, lambda run: run.input == "bad" and not run.done)
+    bad = await handle.run("bad", namespace=RUNS_NAMESPACE, timeout=10)
+    assert fired["count"] == 1 and bad.status is RunStatus.FAILED and "injected" in (bad.error or "")
+    assert agent.current_run is before  # the run that never began left the agent as it was
+    good = await handle.run("good", namespace=RUNS_NAMESPACE, timeout=10)
+    assert good.status is RunStatus.SUCCEEDED and good.output == "good"
+
+
+async def test_a_driver_failure_without_a_handle_is_stored_and_the_agent_stays_usable(
+    runtime: LocalAgentRuntime,
+) -> None:
+    agent = await runtime.spawn(echo_blueprint(f"drv{uuid.uuid4().hex[:6]}"))
+    fail_persist_once(agent, lambda run: run.done)
+    run = await runtime.start_run(agent.agent_id, "x")
+    failed = await runtime.wait_for_run(agent.agent_id, run.run_id, timeout=10)
+    assert failed.status is RunStatus.FAILED and "injected" in (failed.error or "")
+    assert await stored_lifecycle(agent) == "idle"
+    again = await runtime.start_run(agent.agent_id, "y")
+    done = await runtime.wait_for_run(agent.agent_id, again.run_id, timeout=10)
+    assert done.status is RunStatus.SUCCEEDED and done.output == "y"
+
+
+async def test_a_request_failed_before_it_is_served_numbers_its_events_from_one(
+    runtime: LocalAgentRuntime,
+) -> None:
+    agent = await runtime.spawn(echo_blueprint(f"seq{uuid.uuid4().hex[:6]}"))
+    handle = handle_for(runtime, agent.agent_id)
+    assert (await handle.run("ok", namespace=RUNS_NAMESPACE, timeout=10)).status is RunStatus.SUCCEEDED
+    board = handle._board(RUNS_NAMESPACE, BlackboardScope.AGENT)
+    request_id = f"req_{uuid.uuid4().hex[:12]}"
+    # a request whose value is not an object: serving it raises before it is adopted
+    await board.write(AgentRunProtocol.request_key(request_id), "not an object")
+    await until(lambda: board.read(AgentRunProtocol.result_key(request_id)))
+    events = [e async for e in board.iter_query(AgentRunProtocol.event_pattern(request_id))]
+    assert [e.value["seq"] for e in events] == [1] and events[0].value["event_type"] == FAILED
+    assert (await handle.run("after", namespace=RUNS_NAMESPACE, timeout=10)).output == "after"
+
+
+async def test_an_answered_claim_expires_even_when_the_group_expiry_fails(runtime: LocalAgentRuntime) -> None:
+    agent = await runtime.spawn(echo_blueprint(f"clm{uuid.uuid4().hex[:6]}"))
+    capability = next(c for c in agent.capabilities.values() if isinstance(c, AgentRunCapability))
+    board = capability.blackboard
+    original = board.expire
+
+    async def expire_fails(*args: Any, **kwargs: Any) -> int:
+        raise BlackboardUnavailable("expire", "redis://test", TimeoutError("injected"))
+
+    board.expire = expire_fails  # type: ignore[method-assign]
+    handle = handle_for(runtime, agent.agent_id)
+    request_id = await handle.submit("x", namespace=RUNS_NAMESPACE)
+    await until(lambda: handle.result(request_id, namespace=RUNS_NAMESPACE))
+
+    async def served() -> bool:
+        return capability.active_request is None
+
+    await until(served)
+    board.expire = original  # type: ignore[method-assign]
+    claim = board.keyspace.entry_key(AgentRunProtocol.claim_key(request_id))
+    await asyncio.sleep(0.1)
+    assert 0 < await board.redis.pttl(claim) <= capability.retention_seconds * 1000
+
+
+async def test_persist_keeps_context_appended_while_it_commits(runtime: LocalAgentRuntime) -> None:
+    agent = await runtime.spawn(echo_blueprint(f"ctx{uuid.uuid4().hex[:6]}"))
+    agent.context.append({"a": 1})
+    await agent.persist()
+    board = agent.blackboard
+    commit = board._commit
+
+    async def commit_then_append(*args: Any, **kwargs: Any) -> Any:
+        reply = await commit(*args, **kwargs)
+        agent.context.append({"b": 2})  # an event handler adding context while the commit is in flight
+        return reply
+
+    board._commit = commit_then_append  # type: ignore[method-assign]
+    await agent.persist()
+    board._commit = commit  # type: ignore[method-assign]
+    await agent.persist()
+    assert await board.ring(AgentStateProtocol.key("context")) == [{"a": 1}, {"b": 2}]
+
+
+def test_context_ring_position_marking_and_typed_errors() -> None:
+    ring = ContextRing(4)
+    ring.extend([{"n": 0}, {"n": 1}])
+    position = len(ring)
+    ring.append({"n": 2})
+    ring.mark_persisted(position)
+    assert ring.pending() == [{"n": 2}]
+    with pytest.raises(InvalidArgument, match="cap >= 1"):
+        ContextRing(0)
+    with pytest.raises(InvalidArgument, match="no step"):
+        ring[0:2:2]
+
+
+def test_terminal_event_of_each_status() -> None:
+    assert terminal_event(RunStatus.SUCCEEDED) == COMPLETED
+    assert terminal_event(RunStatus.CANCELLED) == CANCELLED
+    assert terminal_event(RunStatus.FAILED) == FAILED
+
+
+async def pttl(agent: Agent, name: str) -> int:
+    return await agent.blackboard.redis.pttl(
+        agent.blackboard.keyspace.entry_key(AgentStateProtocol.key(name))
+    )
+
+
+async def test_a_failed_agent_is_retired_when_stopped(runtime: LocalAgentRuntime) -> None:
+    agent = await runtime.spawn(echo_blueprint(f"fld{uuid.uuid4().hex[:6]}"))
+    await agent.transition(AgentState.FAILED, "test")
+    await runtime.stop(agent.agent_id)
+    assert await pttl(agent, "lifecycle") > 0 and await pttl(agent, "blueprint") > 0
+
+
+@pytest.mark.parametrize("ended", [AgentState.STOPPED, AgentState.FAILED])
+async def test_an_ended_agent_recreated_under_its_name_is_fresh_and_lasting(
+    runtime: LocalAgentRuntime, ended: AgentState
+) -> None:
+    name = f"re{uuid.uuid4().hex[:6]}"
+    agent = await runtime.spawn(echo_blueprint(name))
+    handle = handle_for(runtime, name)
+    assert (await handle.run("one", namespace=RUNS_NAMESPACE, timeout=10)).status is RunStatus.SUCCEEDED
+    if ended is AgentState.FAILED:
+        await agent.transition(AgentState.FAILED, "test")
+    await runtime.stop(name)
+    assert await pttl(agent, "lifecycle") > 0
+    fresh = await runtime.resume(name)  # what ReplicaHost.ensure_agent does for a known agent
+    assert fresh is not agent and fresh.state is AgentState.INITIALIZED
+    for key in ("blueprint", "metadata", "lifecycle"):
+        assert await pttl(fresh, key) == -1, key
+    events = fresh.blackboard.keyspace.events_key
+    assert await fresh.blackboard.redis.pttl(events) == -1
+    run = await handle.run("two", namespace=RUNS_NAMESPACE, timeout=10)
+    assert run.status is RunStatus.SUCCEEDED and run.output == "two"
+    ring = fresh.blackboard.keyspace.ring_key(AgentStateProtocol.key("context"))
+    assert await fresh.blackboard.redis.pttl(ring) in (-1, -2)  # no expiry left from the old agent
+    await runtime.stop(name)
+    again = await runtime.spawn(echo_blueprint(name))  # spawning over an ended agent works too
+    assert again.state is AgentState.INITIALIZED and await pttl(again, "lifecycle") == -1
+
+
+async def test_replica_settings_reach_the_agent_side_and_a_stray_env_var_is_harmless(
+    bb: Blackboard, redis_url: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    settings = ColonySettings(
+        redis_url=redis_url,
+        colony_id=f"set{uuid.uuid4().hex[:8]}",
+        runs={"retention_seconds": 7, "max_events_per_run": 40},
+    )
+    host = ReplicaHost(settings, "replica-s", engine=ScriptedEngine())
+    await host.start(bb)
+    try:
+        await host.ensure_agent(echo_blueprint())
+        # what Kubernetes injects for a Service named `colony`: load_settings() refuses it
+        monkeypatch.setenv("COLONY_SERVICE_HOST", "10.0.0.1")
+        assert host.runtime is not None and host.registry is not None
+        agent = host.runtime.get("echo")
+        capability = next(c for c in agent.capabilities.values() if isinstance(c, AgentRunCapability))
+        assert agent.retention_seconds == 7
+        assert (capability.retention_seconds, capability.max_events) == (7, 40)
+        runs = RunService(bb, host.registry, colony_id=settings.colony_id, retention_seconds=60)
+        record = await runs.submit("echo", "hi")
+
+        async def ended() -> Any:
+            view = await runs.get(record.run_id)
+            return view if view.status in ("succeeded", "failed") else None
+
+        view = await until(ended)
+        assert view.status == "succeeded", view.error
+    finally:
+        await host.close()
