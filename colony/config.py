@@ -163,6 +163,12 @@ class VcmSettings(BaseModel):
         description="How long a page fault waits for a slot when every slot holds a page in use, "
         "before ResourceExhausted.",
     )
+    page_retention_seconds: float = Field(
+        7 * 24 * 3600.0,
+        gt=0,
+        description="Page-table entries (pages, their text, sources) expire this long after they "
+        "were last mapped, held by a replica or used.",
+    )
 
 
 class RunsSettings(BaseModel):
@@ -174,6 +180,12 @@ class RunsSettings(BaseModel):
         description="Terminal runs (and their keys) and stopped agents expire after this long.",
     )
     max_events_per_run: int = Field(10_000, ge=10, description="Cap of one run's event stream.")
+    default_timeout_seconds: float = Field(
+        24 * 3600.0,
+        gt=0,
+        description="Deadline of an API run submitted without timeout_s; an unanswered run's keys "
+        "expire after its timeout plus retention_seconds.",
+    )
 
 
 class ColonySettings(BaseSettings):

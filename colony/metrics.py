@@ -88,6 +88,15 @@ HTTP_REQUESTS = Counter(
     "HTTP requests by route template, method and status code.",
     ["route", "method", "code"],
 )
+HTTP_METHODS = frozenset({"GET", "HEAD", "POST", "PUT", "PATCH", "DELETE", "OPTIONS"})
+
+
+def http_method_label(method: str) -> str:
+    """The `method` label of HTTP_REQUESTS: a standard method, else OTHER (an unauthenticated
+    client may send any token as a method; label values must stay a fixed, small set)."""
+    return method if method in HTTP_METHODS else "OTHER"
+
+
 HTTP_REQUEST_SECONDS = Histogram(
     "colony_http_request_seconds", "HTTP request latency by route template.", ["route"], buckets=_FAST_BUCKETS
 )

@@ -8,7 +8,7 @@ import pytest
 from pydantic import BaseModel
 
 from colony.blackboard import Blackboard, WriteRequest
-from colony.errors import BatchConflictError, ConcurrentModificationError, InvalidKey
+from colony.errors import BatchConflictError, ConcurrentModificationError, InvalidArgument, InvalidKey
 
 
 class Finding(BaseModel):
@@ -37,9 +37,10 @@ async def test_pydantic_values_are_stored_as_json(bb: Blackboard) -> None:
     assert (await bb.read("finding:1")).value_as(Finding) == Finding(title="leak", score=0.5)
 
 
-async def test_unserialisable_value_is_a_type_error(bb: Blackboard) -> None:
-    with pytest.raises(TypeError, match="JSON"):
+async def test_unserialisable_value_is_a_typed_invalid_argument(bb: Blackboard) -> None:
+    with pytest.raises(InvalidArgument, match="JSON-serialisable"):
         await bb.write("k", object())
+    assert await bb.read("k") is None
 
 
 async def test_stale_expected_version_always_conflicts_and_changes_nothing(bb: Blackboard) -> None:

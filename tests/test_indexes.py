@@ -11,7 +11,8 @@ import pytest
 
 from colony.blackboard import Blackboard
 from colony.blackboard.protocol import AgentRegistryProtocol, VcmProtocol
-from colony.config import ColonySettings
+from colony.config import ColonySettings, VcmSettings
+from colony.errors import PageNotResident
 from colony.inference.scripted import ScriptedEngine
 from colony.system.builtin import echo_blueprint
 from colony.system.host import ReplicaHost
@@ -124,3 +125,40 @@ async def test_page_table_lists_through_its_index(colony, bb: Blackboard, tmp_pa
     assert [p.page_id for p in await table.pages(replica="replica-i")] == sorted(source.page_ids[:2])
     assert sorted(p.page_id for p in await table.pages()) == sorted(source.page_ids)
     assert await scans(bb) == 0
+
+
+async def test_page_table_entries_expire_unless_mapped_held_or_used(
+    bb: Blackboard, redis_url, tmp_path
+) -> None:
+    settings = ColonySettings(
+        redis_url=redis_url,
+        colony_id=f"pgr{uuid.uuid4().hex[:8]}",
+        vcm=VcmSettings(page_retention_seconds=2.0),
+    )
+    table = PageTable(bb, colony_id=settings.colony_id, settings=settings)
+    folder = tmp_path / "src"
+    folder.mkdir()
+    for i in range(3):
+        (folder / f"m{i}.py").write_text(f"def f{i}():\n    return {i}\n" * 20)
+    source = await table.map_source(PageSource(folder, allowed_roots=[tmp_path], page_tokens=64))
+    used, *idle = source.page_ids
+    keys = [VcmProtocol.source_key(source.source_id)]
+    keys += [VcmProtocol.page_key(p) for p in source.page_ids] + [
+        VcmProtocol.content_key(p) for p in source.page_ids
+    ]
+    ttls = [await bb.redis.pttl(table.board.keyspace.entry_key(k)) for k in keys]
+    assert all(0 < t <= 2_000 for t in ttls), ttls  # nothing of a mapped tree is permanent
+    await table.reconcile("replica-p", [used, idle[0]])  # held by a replica: refreshed, not persisted
+    assert 0 < await bb.redis.pttl(table.board.keyspace.entry_key(VcmProtocol.page_key(idle[0]))) <= 2_000
+    await asyncio.sleep(1.2)
+    await table.touch([used])  # used: the page and its text start their retention again
+    await asyncio.sleep(1.2)
+    assert [p.page_id for p in await table.pages()] == [used]
+    assert (await table.content(used)).text
+    assert await table.sources() == []
+    with pytest.raises(PageNotResident):
+        await table.content(idle[-1])
+    # mapping the tree again brings it all back, each entry with its retention
+    again = await table.map_source(PageSource(folder, allowed_roots=[tmp_path], page_tokens=64))
+    assert sorted(p.page_id for p in await table.pages()) == sorted(again.page_ids)
+    assert 1_000 < await bb.redis.pttl(table.board.keyspace.entry_key(VcmProtocol.page_key(used))) <= 2_000

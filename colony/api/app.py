@@ -164,8 +164,10 @@ def create_app(
         started = time.perf_counter()
         response = await call_next(request)
         route = request.scope.get("route")
-        template = getattr(route, "path", "unmatched")
-        metrics.HTTP_REQUESTS.labels(template, request.method, str(response.status_code)).inc()
+        # label values from fixed sets only: a route's template (never the raw path) and the method
+        template = getattr(route, "path_format", None) or "unmatched"
+        method = metrics.http_method_label(request.method)
+        metrics.HTTP_REQUESTS.labels(template, method, str(response.status_code)).inc()
         metrics.HTTP_REQUEST_SECONDS.labels(template).observe(time.perf_counter() - started)
         return response
 

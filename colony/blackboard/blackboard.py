@@ -36,6 +36,8 @@ from colony.blackboard.query import run_query
 from colony.config import BlackboardSettings, ColonySettings, load_settings
 from colony.errors import BatchConflictError, ConcurrentModificationError, InvalidArgument
 
+EXPIRE_CHUNK = 500  # members of a tag set one expire script call handles (bounded work per call)
+
 if TYPE_CHECKING:
     from colony.blackboard.events import EventConsumer, EventSubscription
     from colony.blackboard.transaction import Transaction
@@ -283,16 +285,59 @@ class Blackboard:
 
         With `tag`, every entry carrying it and the tag's index set expire too: that is how a
         group of keys (e.g. all keys of one finished run) is retired without knowing each key.
-        With `trim_events`, this scope's events older than `ttl_seconds` are trimmed from its
-        stream (besides the MAXLEN cap every append applies). Returns how many entries got the expiry.
+        The tag set is paged through with SSCAN, one script call per `EXPIRE_CHUNK` members, so no
+        call blocks Redis for long however large the group. With `trim_events`, this scope's events
+        older than `ttl_seconds` are trimmed from its stream (besides the MAXLEN cap every append
+        applies). Returns how many entries got the expiry.
         """
         names = [validate_key(k) for k in keys]
+        group = validate_tag(tag) if tag else ""
         ttl = ttl_to_ms(ttl_seconds)
-        ks = self.keyspace
-        trim = "1" if trim_events else "0"
-        args = [ks.entry_prefix, ks.tag_prefix, ttl, validate_tag(tag) if tag else "", trim, *names]
         async with self.guard("expire"):
-            return int(await self._expire(keys=[ks.expiry_key, ks.events_key], args=args))
+            count = 0
+            if names or trim_events:
+                count = await self._expire_chunk(names, ttl, group, trim_events, extend=False)
+            if not group:
+                return count
+            tag_set = self.keyspace.tag_key(group)
+            cursor = 0
+            while True:
+                cursor, members = await self.redis.sscan(tag_set, cursor, count=EXPIRE_CHUNK)
+                for start in range(0, len(members), EXPIRE_CHUNK):
+                    chunk = members[start : start + EXPIRE_CHUNK]
+                    count += await self._expire_chunk(chunk, ttl, group, False, extend=False)
+                if cursor == 0:
+                    break
+            await self._expire_key(keys=[tag_set], args=[ttl])  # the set last: its scan is over
+            return count
+
+    async def refresh(self, keys: Iterable[str], ttl_seconds: float) -> int:
+        """Set the expiry of existing entries to `ttl_seconds` from now, sooner or later than it
+        was (e.g. a page used again); missing entries are skipped. Returns how many were set."""
+        names = [validate_key(k) for k in keys]
+        ttl = ttl_to_ms(ttl_seconds)
+        count = 0
+        async with self.guard("refresh"):
+            for start in range(0, len(names), EXPIRE_CHUNK):
+                count += await self._expire_chunk(
+                    names[start : start + EXPIRE_CHUNK], ttl, "", False, extend=True
+                )
+        return count
+
+    async def _expire_chunk(
+        self, names: Sequence[str], ttl: str, group: str, trim: bool, *, extend: bool
+    ) -> int:
+        ks = self.keyspace
+        args = [
+            ks.entry_prefix,
+            ks.tag_prefix,
+            ttl,
+            group,
+            "1" if trim else "0",
+            "1" if extend else "0",
+            *names,
+        ]
+        return int(await self._expire(keys=[ks.expiry_key, ks.events_key], args=args))
 
     async def expire_ring(self, name: str, ttl_seconds: float) -> bool:
         """Make a ring expire in `ttl_seconds` (unless it expires sooner); False if there is none."""

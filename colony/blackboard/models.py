@@ -20,7 +20,10 @@ def encode_value(value: Any) -> str:
     try:
         return pydantic_core.to_json(value).decode()
     except pydantic_core.PydanticSerializationError as exc:
-        raise TypeError(f"blackboard values must be JSON-serialisable: {exc}") from None
+        raise InvalidArgument(
+            f"blackboard values must be JSON-serialisable (dicts, lists, str, numbers, bool, None, "
+            f"pydantic models, dataclasses): {exc}"
+        ) from None
 
 
 def decode_value(text: str | None) -> Any:

@@ -234,10 +234,12 @@ return {1, now, out}
 """
 )
 
-# KEYS: expiry index, event stream ; ARGV: entry prefix, tag prefix, ttl_ms, tag|'', trim '1'|'0',
-#       logical keys...
-# Gives each listed entry (and, with a tag, every entry carrying it and the tag's index set) an
-# expiry `ttl_ms` from now, unless it already expires sooner: calling it again never extends.
+# KEYS: expiry index, event stream ; ARGV: entry prefix, tag prefix, ttl_ms, group tag|'', trim '1'|'0',
+#       extend '1'|'0', logical keys...
+# Gives each listed entry an expiry `ttl_ms` from now, unless it already expires sooner (calling it
+# again never extends; with extend '1' it does: a refresh). The group tag (whose index set expires
+# with its members) is left out of the expiry index of the listed entries. The caller pages a tag's
+# members through SSCAN and calls this per chunk, so each call does bounded work.
 # With trim, stream events older than ttl_ms are trimmed (exact XTRIM MINID): the retention of the
 # events of entries that expire after it.
 # -> number of entries whose expiry was set
@@ -247,22 +249,16 @@ EXPIRE = (
 local now = now_ms()
 local ttl = tonumber(ARGV[3])
 local exp = now + ttl
-local keys = {}
-for i = 6, #ARGV do keys[#keys + 1] = ARGV[i] end
+local extend = ARGV[6] == '1'
 if ARGV[5] == '1' and now > ttl then
   redis.call('XTRIM', KEYS[2], 'MINID', tostring(now - ttl))
 end
-if ARGV[4] ~= '' then
-  local set = ARGV[2] .. ARGV[4]
-  for _, k in ipairs(redis.call('SMEMBERS', set)) do keys[#keys + 1] = k end
-  local left = redis.call('PTTL', set)
-  if left == -1 or left > ttl then redis.call('PEXPIRE', set, ttl) end
-end
 local n = 0
-for _, lkey in ipairs(keys) do
+for i = 7, #ARGV do
+  local lkey = ARGV[i]
   local h = ARGV[1] .. lkey
   local cur = redis.call('HMGET', h, 'ver', 'tags', 'exp')
-  if cur[1] and (not cur[3] or tonumber(cur[3]) > exp) then
+  if cur[1] and (extend or not cur[3] or tonumber(cur[3]) > exp) then
     redis.call('HSET', h, 'exp', exp)
     redis.call('PEXPIRE', h, ttl)
     -- the group's own tag set expires with its members: only the other tags need the index

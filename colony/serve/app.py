@@ -64,7 +64,24 @@ def connect_registry(settings: ColonySettings, name: str) -> tuple[Blackboard, A
     colony_scope = scope_id(
         BlackboardScope.COLONY, tenant_id=settings.tenant_id, colony_id=settings.colony_id
     )
-    return board, AgentRegistry(board.scoped(colony_scope))
+    return board, AgentRegistry(board.scoped(colony_scope), settings=settings)
+
+
+def api_services(
+    settings: ColonySettings, *, token: Any, control: Any = None, name: str = "colony:api"
+) -> ApiServices:
+    """What the API replica serves from: its own Redis client, and the registry, runs and page
+    table built with the replica's settings (retention, default timeout: never `load_settings()`)."""
+    board, registry = connect_registry(settings, name)
+    ids = {"tenant_id": settings.tenant_id, "colony_id": settings.colony_id}
+    return ApiServices(
+        runs=RunService(board, registry, settings=settings, **ids),
+        registry=registry,
+        token=token,
+        pages=PageTable(board, settings=settings, **ids),
+        control=control,
+        vcm=settings.vcm,
+    )
 
 
 @serve.deployment(
@@ -224,17 +241,8 @@ class ColonyAPI:
             return self._services
         async with self._lock:
             if self._services is None:
-                settings = self.settings
-                board, registry = connect_registry(settings, "colony:api")
-                runs = RunService(board, registry, tenant_id=settings.tenant_id, colony_id=settings.colony_id)
-                pages = PageTable(board, tenant_id=settings.tenant_id, colony_id=settings.colony_id)
-                self._services = ApiServices(
-                    runs=runs,
-                    registry=registry,
-                    token=self.tokens,
-                    pages=pages,
-                    control=ServeAgentControl(self.system),
-                    vcm=settings.vcm,
+                self._services = api_services(
+                    self.settings, token=self.tokens, control=ServeAgentControl(self.system)
                 )
             if not self._builtins_ready:
                 await self.system.ensure_builtins.remote()

@@ -45,8 +45,10 @@ class ControlPlane:
         colony_scope = scope_id(
             BlackboardScope.COLONY, tenant_id=settings.tenant_id, colony_id=settings.colony_id
         )
-        self.registry = AgentRegistry(blackboard.scoped(colony_scope))
-        self.pages = PageTable(blackboard, tenant_id=settings.tenant_id, colony_id=settings.colony_id)
+        self.registry = AgentRegistry(blackboard.scoped(colony_scope), settings=settings)
+        self.pages = PageTable(
+            blackboard, tenant_id=settings.tenant_id, colony_id=settings.colony_id, settings=settings
+        )
         serve = settings.serve
         self.placer = AgentPlacer(
             self.directory,

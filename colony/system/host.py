@@ -80,9 +80,12 @@ class ReplicaHost:
                 BlackboardScope.COLONY, tenant_id=self.settings.tenant_id, colony_id=self.settings.colony_id
             )
         )
-        self.registry = AgentRegistry(colony_board)
+        self.registry = AgentRegistry(colony_board, settings=self.settings)
         self.pages = PageTable(
-            blackboard, tenant_id=self.settings.tenant_id, colony_id=self.settings.colony_id
+            blackboard,
+            tenant_id=self.settings.tenant_id,
+            colony_id=self.settings.colony_id,
+            settings=self.settings,
         )
         if self.engine is None:
             self.engine = create_engine(self.settings)

@@ -20,7 +20,7 @@ from pydantic import BaseModel, Field
 from colony.agents.models import AgentState
 from colony.blackboard import Blackboard, TagFilter
 from colony.blackboard.protocol import AgentRegistryProtocol as Keys
-from colony.config import load_settings
+from colony.config import ColonySettings, load_settings
 from colony.errors import ConcurrentModificationError
 
 DONE_STATES = frozenset({"stopped", "failed"})  # the agent has ended
@@ -39,14 +39,24 @@ class AgentRecord(BaseModel):
 
 
 class AgentRegistry:
-    def __init__(self, colony_board: Blackboard, *, retention_seconds: float | None = None) -> None:
+    def __init__(
+        self,
+        colony_board: Blackboard,
+        *,
+        settings: ColonySettings | None = None,
+        retention_seconds: float | None = None,
+    ) -> None:
+        """`settings`: the process's settings (a replica's, the API's); `retention_seconds` overrides
+        them. Only standalone use with neither falls back to `load_settings()` (env, config file)."""
         self.board = colony_board
         self._retention = retention_seconds
+        if self._retention is None and settings is not None:
+            self._retention = settings.runs.retention_seconds
         self._indexed_once = False
 
     @property
     def retention_seconds(self) -> float:
-        """How long records of ended agents stay (`runs.retention_seconds`, read once)."""
+        """How long records of ended agents stay (`runs.retention_seconds`)."""
         if self._retention is None:
             self._retention = load_settings().runs.retention_seconds
         return self._retention

@@ -9,26 +9,38 @@ runs survive API restarts.
 
 Retention: every key of a run carries its request tag; when the run ends (answered by its agent,
 or cancelled / timed out here) the run's keys and its record expire after `runs.retention_seconds`.
+Every run has a deadline (`timeout_s`, else `runs.default_timeout_seconds`), and its request and
+record are written with an expiry of that timeout plus the retention: a run nobody ever answers (or
+a submit that failed half-way) leaves nothing permanent behind.
 A client replaying the events of a run whose events are gone gets a `gap` event and then the run's
 terminal event, never an endless stream.
 """
 
 from __future__ import annotations
 
+import contextlib
 import re
 import time
 from collections.abc import AsyncIterator
 from typing import Any, Literal
 
 from pydantic import BaseModel, Field
+from redis.exceptions import RedisError
 
 from colony import metrics
 from colony.agents.handle import CANCELLED, COMPLETED, FAILED, TERMINAL_EVENTS
 from colony.agents.models import new_id
 from colony.blackboard import AgentRunProtocol, Blackboard, BlackboardScope, scope_id
+from colony.blackboard.connection import redis_url_of
 from colony.blackboard.protocol import AgentStateProtocol, ApiRunProtocol
-from colony.config import load_settings
-from colony.errors import AgentNotFound, ConcurrentModificationError, InvalidArgument, RunNotFound
+from colony.config import ColonySettings, RunsSettings, load_settings
+from colony.errors import (
+    AgentNotFound,
+    BlackboardUnavailable,
+    ConcurrentModificationError,
+    InvalidArgument,
+    RunNotFound,
+)
 from colony.system.builtin import RUNS_NAMESPACE
 from colony.system.registry import AgentRegistry
 
@@ -78,8 +90,11 @@ class RunService:
         *,
         tenant_id: str = "default",
         colony_id: str = "default",
+        settings: ColonySettings | None = None,
         retention_seconds: float | None = None,
     ) -> None:
+        """`settings`: the process's settings (the API replica's); `retention_seconds` overrides
+        `runs.retention_seconds`. Only standalone use with neither falls back to `load_settings()`."""
         self.tenant_id, self.colony_id = tenant_id, colony_id
         self.api_board = blackboard.scoped(
             scope_id(
@@ -89,16 +104,23 @@ class RunService:
                 namespace=ApiRunProtocol.namespace,
             )
         )
+        self._runs: RunsSettings | None = settings.runs if settings is not None else None
         self._retention = retention_seconds
         self._root = blackboard
         self.registry = registry
         self._counted: dict[str, None] = {}  # runs whose end this process has counted (bounded)
 
     @property
+    def runs_settings(self) -> RunsSettings:
+        if self._runs is None:
+            self._runs = load_settings().runs  # standalone use only: deployments pass their settings
+        return self._runs
+
+    @property
     def retention_seconds(self) -> float:
-        """How long an ended run's keys stay (`runs.retention_seconds`, read once)."""
+        """How long an ended run's keys stay (`runs.retention_seconds`)."""
         if self._retention is None:
-            self._retention = load_settings().runs.retention_seconds
+            self._retention = self.runs_settings.retention_seconds
         return self._retention
 
     def agent_scope(self, agent: str) -> str:
@@ -123,22 +145,36 @@ class RunService:
         if await self.registry.get(agent) is None:
             raise AgentNotFound(f"no agent named {agent!r}; GET /v1/agents lists them")
         run_id = new_id("run")
+        timeout = timeout_s or self.runs_settings.default_timeout_seconds
         record = RunRecord(
-            run_id=run_id,
-            agent=agent,
-            namespace=namespace,
-            pages=pages or [],
-            deadline=time.time() + timeout_s if timeout_s else None,
+            run_id=run_id, agent=agent, namespace=namespace, pages=pages or [], deadline=time.time() + timeout
         )
         board = self.run_board(record)
-        record.events_from = await board.latest_event_id()
-        await self.api_board.write(ApiRunProtocol.run_key(run_id), record, created_by=API_WRITER)
-        await board.write(
-            AgentRunProtocol.request_key(run_id),
-            {"input": input_data, "requester": API_WRITER, "agent_id": agent, "pages": record.pages},
-            tags={AgentRunProtocol.request_tag(run_id)},
-            created_by=API_WRITER,
-        )
+        # The longest a run's request and record may live: answered or not, they go after this.
+        life = timeout + self.retention_seconds
+        request_key = AgentRunProtocol.request_key(run_id)
+        try:
+            record.events_from = await board.latest_event_id()
+            await board.write(
+                request_key,
+                {"input": input_data, "requester": API_WRITER, "agent_id": agent, "pages": record.pages},
+                tags={AgentRunProtocol.request_tag(run_id)},
+                created_by=API_WRITER,
+                ttl_seconds=life,
+            )
+            # the run's tag set too: if no one ever answers, nothing of the run outlives `life`
+            await board.expire([], life, tag=AgentRunProtocol.request_tag(run_id))
+            try:
+                await self.api_board.write(
+                    ApiRunProtocol.run_key(run_id), record, created_by=API_WRITER, ttl_seconds=life
+                )
+            except BaseException:
+                with contextlib.suppress(Exception):  # nothing half-submitted stays to be served
+                    await board.delete(request_key)
+                raise
+        except RedisError as exc:  # e.g. Redis out of memory: a server-side failure, not the input's
+            url = redis_url_of(self._root.redis)
+            raise BlackboardUnavailable(f"submit run to {agent!r}", url, exc) from exc
         metrics.RUNS_SUBMITTED.labels(agent if agent in ("echo", "ask") else "custom").inc()
         return record
 
@@ -203,7 +239,9 @@ class RunService:
             return await board.read(AgentRunProtocol.result_key(record.run_id))
         # Ended here: its keys (and record) expire after the retention. The agent, if it had
         # claimed it, retires it again once it lets go, covering anything it writes meanwhile.
-        await board.expire([], self.retention_seconds, tag=AgentRunProtocol.request_tag(record.run_id))
+        await board.expire(
+            [], self.retention_seconds, tag=AgentRunProtocol.request_tag(record.run_id), trim_events=True
+        )
         await self._retire_record(record.run_id)
         return entry
 

@@ -4,6 +4,10 @@ A page record is tagged `replica:{id}` for each replica holding it resident and 
 for each holding it in its disk tier, so "pages of replica R" is a tag-index lookup. Residency is
 never guessed: `reconcile(replica, resident, swapped)` makes the table equal to what that
 replica's engine reports, and `drop_replica` forgets a dead one.
+
+Retention: page ids are content hashes, so every map of an edited tree adds pages. Every entry
+here (page record, page text, source record) expires `vcm.page_retention_seconds` after it was
+last mapped (`map_source`), held (`reconcile`) or used (`touch`); each of those refreshes it.
 """
 
 from __future__ import annotations
@@ -18,6 +22,7 @@ from pydantic import BaseModel, Field
 
 from colony.blackboard import Blackboard, BlackboardEntry, BlackboardScope, TagFilter, scope_id
 from colony.blackboard.protocol import VcmProtocol as Keys
+from colony.config import ColonySettings, load_settings
 from colony.errors import BatchConflictError, ConcurrentModificationError, PageNotResident
 from colony.inference.models import Page
 from colony.vcm.pages import PageInfo, PageSource
@@ -51,19 +56,42 @@ def _tags(record: PageRecord) -> set[str]:
 
 class PageTable:
     def __init__(
-        self, blackboard: Blackboard, *, tenant_id: str = "default", colony_id: str = "default"
+        self,
+        blackboard: Blackboard,
+        *,
+        tenant_id: str = "default",
+        colony_id: str = "default",
+        settings: ColonySettings | None = None,
     ) -> None:
+        """`settings`: the process's settings; only standalone use without falls back to
+        `load_settings()` (for `vcm.page_retention_seconds`)."""
         self.board = blackboard.scoped(
             scope_id(BlackboardScope.COLONY, tenant_id=tenant_id, colony_id=colony_id, namespace="vcm")
         )
+        self._retention = settings.vcm.page_retention_seconds if settings is not None else None
+
+    @property
+    def retention_seconds(self) -> float:
+        """How long an entry stays after it was last mapped, held or used."""
+        if self._retention is None:
+            self._retention = load_settings().vcm.page_retention_seconds
+        return self._retention
 
     async def map_source(self, source: PageSource) -> SourceRecord:
         """Cut the source into pages and record them with their text (known pages are kept as they are)."""
         pairs = list(source.pages())
         existing = await self.board.read_many([Keys.page_key(info.page_id) for info, _ in pairs])
+        ttl = self.retention_seconds
         writes = []
         for (info, page), known in zip(pairs, existing, strict=True):
-            writes.append({"key": Keys.content_key(info.page_id), "value": page.text, "created_by": "vcm"})
+            writes.append(
+                {
+                    "key": Keys.content_key(info.page_id),
+                    "value": page.text,
+                    "created_by": "vcm",
+                    "ttl_seconds": ttl,
+                }
+            )
             if known is None:
                 fresh = PageRecord(**info.model_dump())
                 writes.append(
@@ -72,11 +100,12 @@ class PageTable:
                         "value": fresh,
                         "tags": _tags(fresh),
                         "created_by": "vcm",
+                        "ttl_seconds": ttl,
                     }
                 )
         for start in range(0, len(writes), 500):
             await self.board.write_many(writes[start : start + 500])
-        await self._index_known([e for e in existing if e is not None])
+        await self._refresh_known([e for e in existing if e is not None])
         record = SourceRecord(
             source_id=source.source_id,
             path=str(source.root),
@@ -84,13 +113,20 @@ class PageTable:
             page_ids=[info.page_id for info, _ in pairs],
         )
         await self.board.write(
-            Keys.source_key(source.source_id), record, tags={Keys.index_tag("source")}, created_by="vcm"
+            Keys.source_key(source.source_id),
+            record,
+            tags={Keys.index_tag("source")},
+            created_by="vcm",
+            ttl_seconds=ttl,
         )
         return record
 
-    async def _index_known(self, entries: list[BlackboardEntry]) -> None:
-        """Page records written before the `index:page` tag existed get it (so `pages()` lists them).
-        A record rewritten meanwhile (reconcile, touch) is left alone: that write kept or set it."""
+    async def _refresh_known(self, entries: list[BlackboardEntry]) -> None:
+        """Pages mapped again get their retention back; written before the `index:page` tag existed,
+        they get that tag too (so `pages()` lists them). A record rewritten meanwhile (reconcile,
+        touch) is left alone: that write kept or set its tag and retention."""
+        ttl = self.retention_seconds
+        await self.board.refresh([e.key for e in entries], ttl)
         writes = [
             {
                 "key": e.key,
@@ -98,6 +134,7 @@ class PageTable:
                 "tags": e.tags | {Keys.index_tag("page")},
                 "created_by": "vcm",
                 "expected_version": e.version,
+                "ttl_seconds": ttl,
             }
             for e in entries
             if Keys.index_tag("page") not in e.tags
@@ -171,6 +208,7 @@ class PageTable:
                     "tags": _tags(updated),
                     "created_by": replica_id,
                     "expected_version": entry.version,
+                    "ttl_seconds": self.retention_seconds,  # held: its retention starts again
                 }
             )
         if writes:
@@ -181,11 +219,17 @@ class PageTable:
         await self.reconcile(replica_id, (), ())
 
     async def touch(self, page_ids: Iterable[str]) -> None:
-        """Record that the pages were just used (`last_access`; replicas flush it every heartbeat)."""
+        """Record that the pages were just used (`last_access`; replicas flush it every heartbeat);
+        their retention (and their text's) starts again."""
+        ttl, page_ids = self.retention_seconds, list(page_ids)
         for page_id in page_ids:
             await self.board.update(
-                Keys.page_key(page_id), lambda v: {**v, "last_access": time.time()} if v else v, retries=5
+                Keys.page_key(page_id),
+                lambda v: {**v, "last_access": time.time()} if v else v,
+                retries=5,
+                ttl_seconds=ttl,
             )
+        await self.board.refresh([Keys.content_key(p) for p in page_ids], ttl)
 
     async def views(self, loads: Mapping[str, int], capacity: int | None = None) -> list[ReplicaView]:
         """Placement views of the given replicas from the table."""

@@ -1,0 +1,50 @@
+"""Expiring a group of entries by tag is paged (bounded work per script call), and `refresh` moves
+an expiry either way where `expire` only ever brings it closer."""
+
+from __future__ import annotations
+
+from colony.blackboard import Blackboard
+from colony.blackboard.blackboard import EXPIRE_CHUNK
+
+
+async def evalsha_calls(bb: Blackboard) -> int:
+    stats = await bb.redis.info("commandstats")
+    return int(stats.get("cmdstat_evalsha", {}).get("calls", 0))
+
+
+async def test_expire_by_tag_pages_through_the_tag_set(bb: Blackboard) -> None:
+    members = 2 * EXPIRE_CHUNK + 200  # more than two chunks
+    for start in range(0, members, 500):
+        await bb.write_many(
+            [
+                {"key": f"event:run:r1:{i:05d}", "value": {"i": i}, "tags": {"run:r1", "other"}}
+                for i in range(start, min(members, start + 500))
+            ]
+        )
+    await bb.write("unrelated", 1, tags={"other"})
+    await bb.redis.config_resetstat()
+    assert await bb.expire([], 60, tag="run:r1") == members
+    calls = await evalsha_calls(bb)
+    # one script call per chunk of the tag set (SSCAN may hand out a little more or less per page)
+    assert calls >= members // EXPIRE_CHUNK + 1, calls
+    keys = [bb.keyspace.entry_key(f"event:run:r1:{i:05d}") for i in range(members)]
+    ttls = [await bb.redis.pttl(k) for k in keys]
+    assert all(0 < t <= 60_000 for t in ttls)
+    assert 0 < await bb.redis.pttl(bb.keyspace.tag_key("run:r1")) <= 60_000
+    assert await bb.redis.pttl(bb.keyspace.entry_key("unrelated")) == -1
+    # the other tag's memberships are in the expiry index (dropped when the entries expire)
+    assert await bb.redis.zcard(bb.keyspace.expiry_key) == members
+    # calling it again never extends; the count says none got a (later) expiry
+    assert await bb.expire([], 120, tag="run:r1") == 0
+
+
+async def test_refresh_moves_an_expiry_both_ways_expire_only_closer(bb: Blackboard) -> None:
+    await bb.write("page", "text", ttl_seconds=5)
+    assert await bb.expire(["page"], 50) == 0  # expire never extends
+    assert await bb.redis.pttl(bb.keyspace.entry_key("page")) <= 5_000
+    assert await bb.refresh(["page", "missing"], 50) == 1  # a refresh does; missing ones skipped
+    assert 5_000 < await bb.redis.pttl(bb.keyspace.entry_key("page")) <= 50_000
+    assert (await bb.read("page")).expires_at is not None
+    assert await bb.read("missing") is None
+    assert await bb.refresh(["page"], 2) == 1
+    assert await bb.redis.pttl(bb.keyspace.entry_key("page")) <= 2_000
