@@ -238,6 +238,31 @@ async def test_codegen_policy_refuses_weak_isolation_unless_allowed(redis_url: s
         await client.aclose()
 
 
+async def test_codegen_policy_takes_planning_from_the_hosts_settings(redis_url: str) -> None:
+    """A replica's settings (--config / Serve args) reach the policy; load_settings() here says 'auto'."""
+    from colony.blackboard import create_redis
+    from colony.config import ColonySettings
+
+    settings = ColonySettings(
+        secret="s" * 32, planning={"sandbox_isolation": "process", "allow_weak_sandbox": False}
+    )
+    engine = ScriptedEngine(["```python\nrun('finish', answer=str(run('add', a=20, b=1)))\n```"])
+    client = create_redis(redis_url)
+    board = Blackboard(client, "test:codegen-host-settings")
+    runtime = LocalAgentRuntime(board, colony_id="codegen-host-settings", engine=engine, settings=settings)
+    try:
+        agent = await runtime.spawn(
+            blueprint("hosted", CodeGenerationActionPolicy.bind(goals=["Add."]), Calculator.bind())
+        )
+        assert agent.action_policy.planning == settings.planning
+        run = await agent.run("add")  # the host's settings force process isolation and refuse it
+        assert run.status is RunStatus.FAILED and "planning.allow_weak_sandbox" in run.error
+        assert engine.requests == []
+    finally:
+        await runtime.shutdown()
+        await client.aclose()
+
+
 async def test_codegen_policy_runs_under_bubblewrap_by_default() -> None:
     policy = CodeGenerationActionPolicy(planning={})
     assert await policy.check_isolation() == "bubblewrap"  # CI installs bubblewrap

@@ -13,7 +13,7 @@ from typing import Any
 
 from colony.agents.models import ActionResult
 from colony.agents.policy import ActionPolicyExecutionState, ActionPolicyIterationResult
-from colony.config import PlanningSettings, load_settings
+from colony.config import ColonySettings, PlanningSettings, load_settings
 from colony.errors import AgentUsageError, SandboxRefused
 from colony.inference import ChatMessage, InferenceRequest
 from colony.inference.engine import InferenceEngine
@@ -46,14 +46,15 @@ class CodeGenerationActionPolicy(EventDrivenActionPolicy):
         limits: SandboxLimits | dict[str, Any] | None = None,
         max_tokens: int = 512,
         planning: PlanningSettings | dict[str, Any] | None = None,
+        settings: ColonySettings | None = None,
         **kwargs: Any,
     ) -> None:
         super().__init__(agent, **kwargs)
         self.engine = engine
         self.limits = limits if isinstance(limits, SandboxLimits) else SandboxLimits(**(limits or {}))
         self.max_tokens = max_tokens
-        if planning is None:
-            planning = load_settings().planning
+        if planning is None:  # the host's settings (a replica's --config / Serve args), else this process's
+            planning = (settings if settings is not None else load_settings()).planning
         self.planning = planning if isinstance(planning, PlanningSettings) else PlanningSettings(**planning)
 
     async def check_isolation(self) -> str:
