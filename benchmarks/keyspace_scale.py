@@ -4,12 +4,14 @@ Hot paths (submitting and starting a run, reading its events and result, listing
 index sets, never SCAN the keyspace, so their cost must not grow with what else the Redis holds.
 This runs two embedded redis-servers, each with a ReplicaHost hosting `echo` plus a few agents
 in-process (as tests/test_api.py does), loads N unrelated keys into one of them (DEBUG POPULATE,
-else pipelined SET), then times echo runs (submit, follow the events to the terminal one) and
-`registry.list()` (what GET /v1/agents returns) on both, interleaved call by call so load from
+else pipelined SET), then times echo runs (submit, follow the events to the terminal one),
+`registry.list()`, and `GET /v1/agents` through the in-process API (the FastAPI app over httpx's
+ASGI transport, with the token, on the same Redis) on both, interleaved call by call so load from
 elsewhere on the machine falls on both alike. Prints both figures and their ratio (goal <= 1.2x)
 and the loaded server's SCAN/KEYS calls while measuring (goal 0).
 
 Usage: python benchmarks/keyspace_scale.py [--keys 1000000] [--runs 60] [--lists 60] [--agents 3]
+(COLONY_SECRET or a secret file is needed, as for any host: agents' blueprints are signed)
 """
 
 from __future__ import annotations
@@ -22,8 +24,10 @@ import time
 import uuid
 from collections.abc import Awaitable, Callable
 
+import httpx
 from redis.exceptions import ResponseError
 
+from colony.api.app import ApiServices, create_app
 from colony.blackboard import Blackboard, create_redis
 from colony.blackboard.redis_server import EmbeddedRedis
 from colony.config import BlackboardSettings, ColonySettings, EmbeddedRedisSettings
@@ -33,6 +37,7 @@ from colony.system.host import ReplicaHost
 from colony.system.runs import RunService
 
 TERMINAL = {"completed", "failed", "cancelled"}
+TOKEN = "keyspace-bench-token"
 
 
 async def echo_run(runs: RunService, n: int) -> None:
@@ -89,7 +94,8 @@ def summary(ms: list[float]) -> dict[str, float]:
 
 
 async def colony_on(server: EmbeddedRedis, agents: int) -> tuple[Blackboard, ReplicaHost, RunService]:
-    """A redis-server with a ReplicaHost hosting `echo` and `agents - 1` more, and a RunService."""
+    """A redis-server with a ReplicaHost hosting `echo` and `agents - 1` more, and a RunService
+    (built with the colony's settings, as the API replica does)."""
     info = server.start()
     settings = ColonySettings(redis_url=info.url, colony_id=f"bench{uuid.uuid4().hex[:6]}")
     bb = Blackboard(create_redis(info.url, BlackboardSettings()), "bench")
@@ -99,8 +105,23 @@ async def colony_on(server: EmbeddedRedis, agents: int) -> tuple[Blackboard, Rep
     for i in range(agents - 1):
         await host.ensure_agent(echo_blueprint(f"echo{i}"))
     assert host.registry is not None
-    runs = RunService(bb, host.registry, tenant_id=settings.tenant_id, colony_id=settings.colony_id)
+    runs = RunService(
+        bb, host.registry, tenant_id=settings.tenant_id, colony_id=settings.colony_id, settings=settings
+    )
     return bb, host, runs
+
+
+def api_client(host: ReplicaHost, runs: RunService) -> httpx.AsyncClient:
+    """The HTTP API in-process over the colony's Redis (what GET /v1/agents costs minus the socket)."""
+    assert host.registry is not None
+    app = create_app(ApiServices(runs=runs, registry=host.registry, token=TOKEN))
+    return httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://colony")
+
+
+async def get_agents(client: httpx.AsyncClient, expected: int) -> None:
+    response = await client.get("/v1/agents", headers={"Authorization": f"Bearer {TOKEN}"})
+    if response.status_code != 200 or len(response.json()) != expected:
+        raise RuntimeError(f"GET /v1/agents answered {response.status_code}: {response.text[:200]}")
 
 
 async def main(args: argparse.Namespace) -> None:
@@ -122,6 +143,10 @@ async def main(args: argparse.Namespace) -> None:
             list0, list1 = await timed_pair(
                 lambda _i: host0.registry.list(), lambda _i: host1.registry.list(), args.lists
             )
+            async with api_client(host0, runs0) as api0, api_client(host1, runs1) as api1:
+                http0, http1 = await timed_pair(
+                    lambda _i: get_agents(api0, listed), lambda _i: get_agents(api1, listed), args.lists
+                )
             scans = await scan_calls(bb1)
             for host, bb in ((host0, bb0), (host1, bb1)):
                 await host.close()
@@ -131,9 +156,17 @@ async def main(args: argparse.Namespace) -> None:
                 server.stop()
 
     print(f"keyspace_scale: {listed} agents listed; {args.keys} unrelated keys loaded in {loaded_s:.1f}s")
-    print(f"  (dbsize {dbsize}); {args.runs} echo runs and {args.lists} listings per side, interleaved")
+    print(
+        f"  (dbsize {dbsize}); {args.runs} echo runs and {args.lists} listings of each kind per side, "
+        "interleaved"
+    )
     print(f"  {'':28}{'0 keys':>12}{f'{args.keys} keys':>14}{'ratio':>8}")
-    for what, (a, b) in (("echo run", (run0, run1)), ("registry.list()", (list0, list1))):
+    figures = (
+        ("echo run", (run0, run1)),
+        ("registry.list()", (list0, list1)),
+        ("GET /v1/agents", (http0, http1)),
+    )
+    for what, (a, b) in figures:
         sa, sb = summary(a), summary(b)
         for stat in ("p50", "mean"):
             label = f"{what} {stat} (ms)"
