@@ -136,14 +136,31 @@ class PlanningSettings(BaseModel):
         description="auto = bubblewrap when it works here, else process isolation; or force either one.",
     )
     sandbox_uid_base: int = Field(
-        100_000,
+        2_000_000_000,
         ge=1000,
-        le=2_000_000_000,
-        description="As root, each program runs as a fresh uid in [base, base + span).",
+        le=4_294_967_293,
+        description="As root, each program runs as a fresh uid in [base, base + span): above the usual "
+        "/etc/subuid allocations; a range meeting /etc/subuid or /etc/subgid is refused.",
     )
     sandbox_uid_span: int = Field(
-        1_000_000, ge=1, le=1_000_000_000, description="How many uids programs are drawn from."
+        100_000_000, ge=1, le=1_000_000_000, description="How many uids programs are drawn from."
     )
+    sandbox_cgroups: Literal["auto", "required", "off"] = Field(
+        "auto",
+        description="auto = put each run in its own memory+pids cgroup where Colony (root) can create one; "
+        "required = refuse to run without; off = never (rlimits only).",
+    )
+
+    @field_validator("sandbox_uid_span")
+    @classmethod
+    def _uid_range_fits(cls, span: int, info: Any) -> int:
+        base = info.data.get("sandbox_uid_base", 0)
+        if base + span > 4_294_967_294:  # (uid_t)-1 is not a uid
+            raise ValueError(
+                f"planning.sandbox_uid_base + sandbox_uid_span = {base + span} must stay below 4294967294 "
+                "(uid_t); lower the base or the span"
+            )
+        return span
 
 
 class VcmSettings(BaseModel):

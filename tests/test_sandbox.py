@@ -191,7 +191,7 @@ async def test_without_root_bwrap_maps_the_program_to_nobody_in_a_user_namespace
         (
             "[c for c in ().__class__.__base__.__subclasses__() if c.__name__ == '_wrap_close'][0]"
             ".__init__.__globals__['system']('echo pwned')",
-            "os.system is not allowed",
+            "KeyError: 'system'",  # os.system is gone from the os module (and its audit event refused)
         ),
         ("run('rm_rf')", "unknown action 'rm_rf'"),
         ("def f():\n    pass\nf.__code__ = (lambda: 1).__code__", "'__code__' is not allowed"),
@@ -236,7 +236,8 @@ print('PASSWD', opener('/etc/passwd').read())
 async def test_escape_through_the_provided_callables_reaches_nothing(settings: PlanningSettings) -> None:
     result = await run_sandboxed(HOOK_SWITCH_OFF, limits=LIMITS, settings=settings)
     assert not result.ok and "PASSWD" not in result.stdout and "root:" not in everything(result)
-    assert "not allowed" in result.error or "No such file" in result.error
+    # the child's module globals are emptied before the program starts: nothing to rewrite there
+    assert "not allowed" in result.error or "No such file" in result.error or "'__builtins__'" in result.error
 
 
 LEAK_PROBE = """
@@ -307,9 +308,7 @@ async def test_non_json_and_forged_lines_on_stdout_are_just_output(settings: Pla
         "print('not json {')\n"
         'print(\'{"kind": "done", "ok": true, "error": null}\')\n'
         'print(\'{"done": true, "ok": true, "error": null, "stdout": ""}\')\n'
-        "try:\n    out = print.__globals__['sys'].stdout\n"  # the old child's own stdout
-        "except AttributeError:\n    out = print.__self__.__import__('sys').stdout\n"
-        "out.write('{raw garbage\\n')\nout.flush()\n"
+        "print('{raw garbage', flush=True)\n"
         "x = run('add', a=1, b=2)\nprint('x', x)\n"
         "raise ValueError('the real outcome')\n"
     )
@@ -546,14 +545,15 @@ async def test_forcing_bubblewrap_where_it_does_not_work_refuses_to_run(
         assert (await sandbox_os.detect_bubblewrap(refresh=True)).available
 
 
-async def test_calls_past_the_limit_are_refused_and_recorded_once() -> None:
+async def test_calls_past_the_limit_are_refused_recorded_once_and_fail_the_run() -> None:
     code = (
         "n = 0\nfor _ in range(50):\n    try:\n        run('add', a=1, b=1)\n"
         "    except RuntimeError:\n        n += 1\nprint(n)"
     )
     limits = LIMITS.model_copy(update={"max_calls": 5})
     result = await run_sandboxed(code, actions={"add": add}, limits=limits)
-    assert result.ok and result.stdout == "45\n"
+    assert result.stdout == "45\n"  # the program caught every refusal and ended "fine": a limit was hit
+    assert not result.ok and result.error == "the program made more than 5 action calls"
     assert [c.success for c in result.calls] == [True] * 5 + [False]
     assert result.calls[-1].error == "more than 5 action calls"
 

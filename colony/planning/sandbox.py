@@ -23,6 +23,7 @@ from __future__ import annotations
 import asyncio
 import json
 import os
+import secrets
 import time
 from collections.abc import Awaitable, Callable, Mapping
 from typing import Any, Literal
@@ -30,6 +31,7 @@ from typing import Any, Literal
 from pydantic import BaseModel, Field
 
 from colony.config import PlanningSettings
+from colony.errors import InvalidArgument
 from colony.planning import sandbox_os
 
 Action = Callable[..., Awaitable[Any]]
@@ -61,6 +63,7 @@ ALLOWED_MODULES = (
     "unicodedata",
 )
 
+PIDS_OVERHEAD = 3  # the cgroup's pids.max adds the shell/bwrap processes and the child to max_processes
 PRELOAD_MODULES = ("_strptime",)  # imported lazily by allowed modules; loaded before the audit hook
 
 
@@ -94,6 +97,9 @@ class SandboxResult(BaseModel):
     seconds: float = 0.0
     isolation: Isolation = "none"
     uid: int | None = Field(None, description="the uid the program ran as (when Colony is root)")
+    cgroup: str | None = Field(
+        None, description="the run's own cgroup (memory.max, pids.max), where cgroups are usable"
+    )
 
 
 class _ProtocolError(Exception):
@@ -142,11 +148,38 @@ class _Output:
         return f"[{self.dropped} earlier bytes dropped]\n{body}" if self.dropped else body
 
 
+MAX_MESSAGE_DEPTH = 32
+
+
+def _refuse_constant(name: str) -> Any:
+    raise ValueError(f"{name} is not JSON")
+
+
+def _check_value(value: Any, depth: int = 0) -> None:
+    """Bounded nesting and only what JSON (and Redis, and pydantic) can carry back out."""
+    if depth > MAX_MESSAGE_DEPTH:
+        raise _ProtocolError(f"a message nested deeper than {MAX_MESSAGE_DEPTH} levels")
+    if isinstance(value, str):
+        try:
+            value.encode("utf-8")
+        except UnicodeEncodeError:
+            raise _ProtocolError("a message with a lone surrogate (not UTF-8 text)") from None
+    elif isinstance(value, dict):
+        for key, item in value.items():
+            _check_value(key, depth + 1)
+            _check_value(item, depth + 1)
+    elif isinstance(value, list):
+        for item in value:
+            _check_value(item, depth + 1)
+
+
 def _message(line: bytes) -> dict[str, Any]:
+    """One protocol message, validated: strict UTF-8 JSON, no NaN/Infinity, bounded depth, no surrogates."""
     try:
-        message = json.loads(line)
-    except (ValueError, UnicodeDecodeError) as exc:
-        raise _ProtocolError(f"a message that is not JSON ({exc})") from None
+        message = json.loads(line.decode("utf-8"), parse_constant=_refuse_constant)
+    except (ValueError, UnicodeDecodeError, RecursionError) as exc:
+        raise _ProtocolError(f"a message that is not JSON ({str(exc)[:200]})") from None
+    _check_value(message)
     if not isinstance(message, dict) or message.get("kind") not in ("call", "done"):
         raise _ProtocolError("a message that is neither a call nor done")
     return message
@@ -176,11 +209,20 @@ async def run_sandboxed(
     isolation, why = await resolve_isolation(settings)
     if isolation == "none":
         return SandboxResult(ok=False, error=f"the program was not run: {why}", isolation="none")
-    uid = sandbox_os.pick_uid(settings.sandbox_uid_base, settings.sandbox_uid_span)
+    try:
+        uid = sandbox_os.pick_uid(settings.sandbox_uid_base, settings.sandbox_uid_span)
+    except InvalidArgument as exc:
+        return SandboxResult(ok=False, error=f"the program was not run: {exc}", isolation=isolation)
     if isolation == "bubblewrap":
         argv = sandbox_os.bubblewrap_argv(switch_uid=uid is not None, scratch_mb=limits.scratch_mb)
     else:
         argv = sandbox_os.process_argv()
+    try:
+        cgroup = _make_cgroup(settings, limits)
+    except InvalidArgument as exc:
+        return SandboxResult(ok=False, error=f"the program was not run: {exc}", isolation=isolation)
+    if cgroup is not None:
+        argv = cgroup.enter_argv(argv)
     fds: list[int] = []
     try:
         for _ in range(2):
@@ -188,9 +230,11 @@ async def run_sandboxed(
     except OSError as exc:  # out of file descriptors: the host's problem, reported, not raised
         for fd in fds:
             os.close(fd)
+        if cgroup is not None:
+            cgroup.remove()
         return SandboxResult(ok=False, error=f"the sandbox could not be started: {exc}", isolation=isolation)
     to_child_r, to_child_w, from_child_r, from_child_w = fds
-    result = SandboxResult(ok=False, isolation=isolation, uid=uid)
+    result = SandboxResult(ok=False, isolation=isolation, uid=uid, cgroup=cgroup and cgroup.name)
     outputs = (_Output(limits.max_output_bytes), _Output(limits.max_output_bytes))
     process: asyncio.subprocess.Process | None = None
     try:
@@ -210,6 +254,8 @@ async def run_sandboxed(
         for fd in (to_child_r, to_child_w, from_child_r, from_child_w):
             os.close(fd)
         result.error = f"the sandbox could not be started: {exc}"
+        if cgroup is not None:
+            cgroup.remove()
         result.seconds = time.perf_counter() - started
         return result
     os.close(to_child_r)
@@ -250,7 +296,15 @@ async def run_sandboxed(
         result.ok = False
         result.error = f"the sandbox failed: {type(exc).__name__}: {exc}"
     finally:
-        await _terminate(process, isolation, uid)
+        await _terminate(process, isolation, uid, cgroup)
+        if cgroup is not None:
+            if cgroup.oom_killed():
+                result.ok = False
+                result.error = (
+                    f"the sandboxed program went over its memory limit ({limits.memory_mb} MiB + "
+                    f"{limits.scratch_mb} MiB scratch, memory cgroup) and was killed"
+                )
+            cgroup.remove()
         read_transport.close()
         write_transport.close()
         await asyncio.wait(drains, timeout=2)
@@ -307,6 +361,8 @@ async def _converse(
     elif code != 0:
         detail = done.get("error") if done.get("setup") else _exit_reason(code)
         result.ok, result.error = False, f"the sandboxed program did not exit cleanly: {detail}"
+    elif len(result.calls) > limits.max_calls:  # the over-limit call is recorded: a limit was hit
+        result.ok, result.error = False, f"the program made more than {limits.max_calls} action calls"
     else:
         error = None if done["ok"] else (done.get("error") or "failed")[:MAX_ERROR_CHARS]
         result.ok, result.error = done["ok"], error
@@ -363,13 +419,43 @@ async def _serve_call(
     return {"ok": True, "result": output}
 
 
-async def _terminate(process: asyncio.subprocess.Process, isolation: Isolation, uid: int | None) -> None:
-    """Kill everything the run started: the session, and (process isolation, root) its uid."""
+async def _terminate(
+    process: asyncio.subprocess.Process,
+    isolation: Isolation,
+    uid: int | None,
+    cgroup: sandbox_os.RunCgroup | None,
+) -> None:
+    """Kill everything the run started: its cgroup where there is one, else session and uid."""
     sandbox_os.kill_group(process.pid)
+    if cgroup is not None:  # every process of the run, daemonised or not, and nothing else
+        await cgroup.kill()
     try:
         await asyncio.wait_for(process.wait(), 5)
     except TimeoutError:
         process.kill()
         await process.wait()
-    if isolation == "process" and uid is not None:
+    if cgroup is None and isolation == "process" and uid is not None:
         await sandbox_os.kill_uid(uid)
+
+
+def _make_cgroup(settings: PlanningSettings, limits: SandboxLimits) -> sandbox_os.RunCgroup | None:
+    """The run's own cgroup (None where cgroups are off or unusable and not required)."""
+    if settings.sandbox_cgroups == "off":
+        return None
+    support = sandbox_os.detect_cgroups()
+    if not support.version:
+        if settings.sandbox_cgroups == "required":
+            raise InvalidArgument(
+                f"planning.sandbox_cgroups is 'required' but {support.reason}; run Colony as root on a "
+                "host with the memory and pids cgroup controllers, or set it to 'auto'"
+            )
+        return None
+    try:
+        return sandbox_os.RunCgroup.create(
+            support,
+            f"run-{os.getpid()}-{secrets.token_hex(6)}",
+            memory_bytes=(limits.memory_mb + limits.scratch_mb) * 1024 * 1024,
+            pids_max=limits.max_processes + PIDS_OVERHEAD,
+        )
+    except OSError as exc:
+        raise InvalidArgument(f"the run's cgroup could not be made under {support.memory}: {exc}") from None

@@ -15,6 +15,141 @@ clear errors, and they make escapes harder, but a program that defeats them stil
 OS-level limits (namespaces, uid, rlimits) that were in place before it started.
 """
 
+MAX_FILES = 32
+# modules a program has no business reaching: never importable, and every reference to them from a
+# loaded module (random._os, dataclasses.sys, ...) is replaced by a harmless stand-in
+DENIED = frozenset(
+    [
+        "os",
+        "posix",
+        "posixpath",
+        "sys",
+        "_posixsubprocess",
+        "subprocess",
+        "_posixshmem",
+        "multiprocessing",
+        "_multiprocessing",
+        "ctypes",
+        "_ctypes",
+        "mmap",
+        "fcntl",
+        "socket",
+        "_socket",
+        "select",
+        "selectors",
+        "signal",
+        "_signal",
+        "resource",
+        "gc",
+        "marshal",
+        "_imp",
+        "importlib",
+        "_frozen_importlib",
+        "_frozen_importlib_external",
+        "zipimport",
+        "pty",
+        "shutil",
+        "termios",
+    ]
+)
+# what the stand-ins keep (allowed modules read these at run time)
+KEEP = {
+    "sys": "maxsize maxunicode byteorder float_info int_info hash_info version_info version "
+    "float_repr_style getrecursionlimit getdefaultencoding intern",
+    "os": "urandom fspath sep altsep curdir pardir extsep linesep name PathLike",
+}
+KEEP["posix"] = KEEP["os"]
+# what the real os / posix modules lose (whoever still reaches them: os.write.__self__ is posix)
+STRIPPED = [
+    "memfd_create",
+    "fork",
+    "forkpty",
+    "vfork",
+    "execv",
+    "execve",
+    "execl",
+    "execle",
+    "execlp",
+    "execlpe",
+    "execvp",
+    "execvpe",
+    "spawnv",
+    "spawnve",
+    "spawnl",
+    "spawnle",
+    "spawnlp",
+    "spawnlpe",
+    "spawnvp",
+    "spawnvpe",
+    "posix_spawn",
+    "posix_spawnp",
+    "system",
+    "popen",
+    "kill",
+    "killpg",
+    "setsid",
+    "setpgid",
+    "setuid",
+    "setgid",
+    "seteuid",
+    "setegid",
+    "setreuid",
+    "setregid",
+    "setresuid",
+    "setresgid",
+    "setgroups",
+    "mkfifo",
+    "mknod",
+    "symlink",
+    "link",
+    "truncate",
+    "ftruncate",
+    "posix_fallocate",
+    "pipe",
+    "pipe2",
+    "dup",
+    "dup2",
+    "eventfd",
+    "openpty",
+    "login_tty",
+    "unshare",
+    "setns",
+    "pidfd_open",
+]
+
+
+def _disarm(sys, os, allowed):
+    """Cut the paths from allowed modules to processes and files (defence in depth, see the docs)."""
+    types_module = type(sys)
+    for name in STRIPPED:
+        for module in (os, sys.modules.get("posix")):
+            if module is not None and name in vars(module):
+                delattr(module, name)
+    stand_ins = {}
+    for name in DENIED:
+        stand_in = types_module(name, "a stand-in: the real module is not available in the sandbox")
+        real = sys.modules.get(name)
+        for attr in KEEP.get(name, "").split():
+            if real is not None and hasattr(real, attr):
+                setattr(stand_in, attr, getattr(real, attr))
+        if name == "sys":  # a copy without the denied modules (dataclasses, typing look modules up)
+            stand_in.path = []
+            stand_in.modules = {k: m for k, m in sys.modules.items() if k not in DENIED and k != "__main__"}
+        stand_ins[name] = stand_in
+    for module in list(sys.modules.values()):
+        if module is None or getattr(module, "__name__", None) == "__main__":
+            continue
+        namespace = vars(module)
+        for attr, value in list(namespace.items()):
+            if type(value) is types_module and value.__name__ in DENIED:
+                namespace[attr] = stand_ins[value.__name__]
+        for attr in ("__loader__", "__spec__"):  # loaders lead to importlib's globals
+            if attr in namespace:
+                namespace[attr] = None
+    for name in DENIED:
+        if name.split(".")[0] not in allowed:
+            sys.modules[name] = None  # `import` of it stops here, whatever builtins the program reaches
+
 
 def _main():  # everything lives in this frame, so the module's globals hold nothing useful
     import builtins
@@ -26,10 +161,11 @@ def _main():  # everything lives in this frame, so the module's globals hold not
 
     read_fd, write_fd = int(sys.argv[1]), int(sys.argv[2])
     pending = bytearray()
+    os_read, os_write = os.read, os.write  # the closures below hold these, never the os module
 
     def read_line():
         while b"\n" not in pending:
-            chunk = os.read(read_fd, 65536)
+            chunk = os_read(read_fd, 65536)
             if not chunk:
                 raise EOFError("the parent closed the protocol pipe")
             pending.extend(chunk)
@@ -41,7 +177,7 @@ def _main():  # everything lives in this frame, so the module's globals hold not
     def send(message):
         data = (json.dumps(message) + "\n").encode()
         while data:
-            data = data[os.write(write_fd, data) :]
+            data = data[os_write(write_fd, data) :]
 
     request = read_line()
     limits = request["limits"]
@@ -81,6 +217,8 @@ def _main():  # everything lives in this frame, so the module's globals hold not
         scratch = int(limits["scratch_mb"]) * 1024 * 1024
         resource.setrlimit(resource.RLIMIT_FSIZE, (scratch, scratch))
         resource.setrlimit(resource.RLIMIT_CORE, (0, 0))
+        resource.setrlimit(resource.RLIMIT_MEMLOCK, (0, 0))
+        resource.setrlimit(resource.RLIMIT_NOFILE, (MAX_FILES, MAX_FILES))  # bounds memfds without cgroups
         if uid is not None:  # only a uid of our own makes the count mean "this program's processes"
             nproc = int(limits["max_processes"])
             resource.setrlimit(resource.RLIMIT_NPROC, (nproc, nproc))
@@ -139,15 +277,22 @@ def _main():  # everything lives in this frame, so the module's globals hold not
     frames = frozenset({"tb_frame", "gi_frame", "cr_frame", "ag_frame"})  # frames lead to this function
     importable = allowed  # a cell of its own: rewriting guarded_import's closure cell changes nothing here
 
-    def audit(event, args):
+    def audit(event, args, str=str, type=type, len=len, PermissionError=PermissionError):
+        # every name the hook uses is bound here: the program can rewrite module globals, not these
+        if type(event) is not str:
+            raise PermissionError("sandbox: malformed audit event")
         if event == "import":
-            root = str(args[0]).split(".")[0]
-            if root not in importable:
-                raise PermissionError(f"sandbox: import of {args[0]!r} is not allowed")
-        elif (event == "object.__getattr__" and len(args) > 1 and args[1] in frames) or (
-            event == "object.__setattr__" and len(args) > 1 and args[1] == "__code__"
-        ):
-            raise PermissionError(f"sandbox: access to {args[1]!r} is not allowed (frames and code)")
+            name = args[0] if len(args) else None
+            if type(name) is not str:
+                raise PermissionError("sandbox: import of a name that is not a plain string")
+            if name.split(".")[0] not in importable:
+                raise PermissionError(f"sandbox: import of {name!r} is not allowed")
+        elif event == "object.__getattr__" or event == "object.__setattr__":
+            name = args[1] if len(args) > 1 else None
+            if type(name) is not str or (
+                name in frames if event == "object.__getattr__" else name == "__code__"
+            ):
+                raise PermissionError(f"sandbox: access to {name!r} is not allowed (frames and code)")
         elif event.startswith(blocked):
             raise PermissionError(f"sandbox: {event} is not allowed (no files, processes or network)")
 
@@ -165,9 +310,11 @@ def _main():  # everything lives in this frame, so the module's globals hold not
         send({"kind": "done", "ok": False, "error": f"{type(exc).__name__}: {exc}"})
         return 0
     if guards:
+        _disarm(sys, os, allowed)
         sys.addaudithook(audit)
+        vars(sys.modules["__main__"]).clear()  # what the program rewrites there reaches no code of ours
     del audit  # a frame of this function, however reached, does not lead to the hook
-    del request
+    del request, os, sys, resource
     try:
         exec(program, namespace)
     except MemoryError:

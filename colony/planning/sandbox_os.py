@@ -25,6 +25,7 @@ import contextlib
 import functools
 import os
 import secrets
+import shlex
 import shutil
 import signal
 import subprocess
@@ -32,6 +33,8 @@ import sys
 import sysconfig
 from dataclasses import dataclass
 from pathlib import Path
+
+from colony.errors import InvalidArgument
 
 CHILD = Path(__file__).with_name("sandbox_child.py")
 CHILD_IN_SANDBOX = "/colony/sandbox_child.py"
@@ -139,7 +142,8 @@ def bubblewrap_argv(*, switch_uid: bool, scratch_mb: int) -> list[str]:
         if os.path.isdir(site):  # the stdlib folder without third-party packages
             argv += ["--tmpfs", site, "--remount-ro", site]
     argv += ["--ro-bind", str(CHILD), CHILD_IN_SANDBOX, "--dev", "/dev"]
-    argv += ["--perms", "1777", "--size", str(scratch_mb * 1024 * 1024), "--tmpfs", SCRATCH]
+    for tmpfs in (SCRATCH, "/dev/shm"):  # both capped; as root their pages also count in the run's cgroup
+        argv += ["--perms", "1777", "--size", str(scratch_mb * 1024 * 1024), "--tmpfs", tmpfs]
     argv += ["--chdir", SCRATCH, "--", interpreter(), *PYTHON_FLAGS, CHILD_IN_SANDBOX]
     return argv
 
@@ -149,11 +153,63 @@ def process_argv() -> list[str]:
     return [interpreter(), *PYTHON_FLAGS, str(CHILD)]
 
 
+SUBID_FILES = ("/etc/subuid", "/etc/subgid")
+
+
+def subid_overlaps(base: int, span: int, files: tuple[str, ...] = SUBID_FILES) -> list[str]:
+    """The /etc/subuid and /etc/subgid entries (user namespaces' ranges) that meet [base, base + span)."""
+    found = []
+    for name in files:
+        try:
+            lines = Path(name).read_text().splitlines()
+        except OSError:
+            continue
+        for line in lines:
+            parts = line.strip().split(":")
+            if len(parts) != 3 or not parts[1].isdigit() or not parts[2].isdigit():
+                continue
+            start, count = int(parts[1]), int(parts[2])
+            if start < base + span and base < start + count:
+                found.append(f"{name}: {line.strip()}")
+    return found
+
+
+def uids_in_use() -> set[int]:
+    """Real uids of every live process, from /proc."""
+    used = set()
+    for entry in os.listdir("/proc"):
+        if entry.isdigit():
+            with contextlib.suppress(OSError, ValueError, IndexError), open(f"/proc/{entry}/status") as st:
+                for line in st:
+                    if line.startswith("Uid:"):
+                        used.add(int(line.split()[1]))
+                        break
+    return used
+
+
 def pick_uid(base: int, span: int) -> int | None:
-    """A fresh uid for one run when Colony is root (else None: the uid cannot be changed)."""
+    """A fresh uid for one run when Colony is root (else None: the uid cannot be changed).
+
+    Refuses a range that meets a subordinate-id range (those uids belong to other users'
+    containers), and draws again while a process already runs as the drawn uid, so the uid sweep
+    of process isolation never meets a stranger.
+    """
     if os.geteuid() != 0:
         return None
-    return base + secrets.randbelow(span)
+    overlaps = subid_overlaps(base, span, SUBID_FILES)
+    if overlaps:
+        raise InvalidArgument(
+            f"planning.sandbox_uid_base/span [{base}, {base + span}) overlaps subordinate id ranges "
+            f"({'; '.join(overlaps[:3])}); choose a range outside them"
+        )
+    used = uids_in_use()
+    for _ in range(64):
+        uid = base + secrets.randbelow(span)
+        if uid not in used:
+            return uid
+    raise InvalidArgument(
+        f"no free uid found in planning.sandbox_uid_base/span [{base}, {base + span}): widen the span"
+    )
 
 
 async def detect_bubblewrap(*, refresh: bool = False) -> Detection:
@@ -234,3 +290,157 @@ async def kill_uid(uid: int, rounds: int = 5) -> bool:
         await helper.wait()
         await asyncio.sleep(0.02)
     return not processes_of_uid(uid)
+
+
+# --- cgroups: the memory and process bound that holds whatever the program does -------------------
+
+CGROUP_ROOT = Path("/sys/fs/cgroup")
+CGROUP_NAME = "colony-sandbox"
+
+
+@dataclass(frozen=True)
+class CgroupSupport:
+    """Where per-run cgroups are made (None: not usable here, `reason` says why)."""
+
+    version: int  # 1 or 2; 0 = not usable
+    memory: Path | None
+    pids: Path | None
+    reason: str
+
+
+def _own_cgroup(controller: str) -> str:
+    """This process's cgroup path in the hierarchy of `controller` ("" = the v2 unified one)."""
+    try:
+        lines = Path("/proc/self/cgroup").read_text().splitlines()
+    except OSError:
+        return "/"
+    for line in lines:
+        _, controllers, path = line.split(":", 2)
+        if controllers.split(",") == ([controller] if controller else [""]):
+            return path or "/"
+    return "/"
+
+
+def _base(mount: Path, controller: str) -> Path:
+    own = mount / _own_cgroup(controller).lstrip("/")
+    return (own if own.is_dir() else mount) / CGROUP_NAME
+
+
+@functools.cache
+def detect_cgroups() -> CgroupSupport:
+    """Whether this process can make a cgroup with a memory and a pids limit per run (probed once)."""
+    if os.geteuid() != 0:
+        return CgroupSupport(0, None, None, "Colony is not root, so it cannot create cgroups")
+    if (CGROUP_ROOT / "cgroup.controllers").is_file():  # pure cgroup v2
+        base = _base(CGROUP_ROOT, "")
+        support = CgroupSupport(2, base, base, "cgroup v2")
+    elif (CGROUP_ROOT / "memory" / "memory.limit_in_bytes").is_file() and (CGROUP_ROOT / "pids").is_dir():
+        support = CgroupSupport(
+            1, _base(CGROUP_ROOT / "memory", "memory"), _base(CGROUP_ROOT / "pids", "pids"), "cgroup v1"
+        )
+    else:
+        return CgroupSupport(0, None, None, f"no memory and pids cgroup controllers under {CGROUP_ROOT}")
+    try:
+        probe = RunCgroup.create(support, f"probe-{os.getpid()}", memory_bytes=64 << 20, pids_max=8)
+        probe.remove()
+    except OSError as exc:
+        return CgroupSupport(0, None, None, f"cgroups are not writable here: {exc}")
+    return support
+
+
+def _write(path: Path, value: str) -> None:
+    path.write_text(value)
+
+
+@dataclass
+class RunCgroup:
+    """One run's cgroup (v1: one per controller): memory.max, pids.max; killed and removed after."""
+
+    version: int
+    dirs: list[Path]  # v2: [one]; v1: [memory, pids]
+
+    @property
+    def name(self) -> str:
+        return str(self.dirs[-1])
+
+    @classmethod
+    def create(cls, support: CgroupSupport, name: str, *, memory_bytes: int, pids_max: int) -> RunCgroup:
+        assert support.memory is not None and support.pids is not None
+        if support.version == 2:
+            parent = support.memory
+            if not parent.is_dir():
+                parent.mkdir()
+                _write(parent.parent / "cgroup.subtree_control", "+memory +pids")
+                _write(parent / "cgroup.subtree_control", "+memory +pids")
+            group = parent / name
+            group.mkdir()
+            made = cls(2, [group])
+            try:
+                _write(group / "memory.max", str(memory_bytes))
+                if (group / "memory.swap.max").exists():
+                    _write(group / "memory.swap.max", "0")
+                _write(group / "pids.max", str(pids_max))
+            except OSError:
+                made.remove()
+                raise
+            return made
+        for parent in (support.memory, support.pids):
+            parent.mkdir(exist_ok=True)
+        memory, pids = support.memory / name, support.pids / name
+        memory.mkdir()
+        made = cls(1, [memory])
+        try:
+            pids.mkdir()
+            made.dirs.append(pids)
+            _write(memory / "memory.limit_in_bytes", str(memory_bytes))
+            if (memory / "memory.memsw.limit_in_bytes").exists():  # no escape into swap
+                _write(memory / "memory.memsw.limit_in_bytes", str(memory_bytes))
+            _write(pids / "pids.max", str(pids_max))
+        except OSError:
+            made.remove()
+            raise
+        return made
+
+    def enter_argv(self, argv: list[str]) -> list[str]:
+        """`argv` prefixed by a shell that moves itself into the cgroup, then execs `argv`."""
+        moves = " && ".join(f"echo $$ > {shlex.quote(str(d / 'cgroup.procs'))}" for d in self.dirs)
+        return [shutil.which("sh") or "/bin/sh", "-c", f'{moves} && exec "$@"', "sh", *argv]
+
+    def pids(self) -> list[int]:
+        try:
+            text = (self.dirs[-1] / "cgroup.procs").read_text()
+        except OSError:
+            return []
+        return [int(p) for p in text.split()]
+
+    def oom_killed(self) -> bool:
+        """Whether the kernel killed a process of this run for going over memory.max."""
+        events = self.dirs[0] / ("memory.events" if self.version == 2 else "memory.oom_control")
+        try:
+            for line in events.read_text().splitlines():
+                key, _, value = line.partition(" ")
+                if key == "oom_kill" and int(value) > 0:
+                    return True
+        except (OSError, ValueError):
+            pass
+        return False
+
+    async def kill(self, rounds: int = 50) -> bool:
+        """SIGKILL every process in the cgroup (v2: cgroup.kill); True when none is left."""
+        if self.version == 2 and (self.dirs[0] / "cgroup.kill").exists():
+            with contextlib.suppress(OSError):
+                _write(self.dirs[0] / "cgroup.kill", "1")
+        for _ in range(rounds):
+            pids = self.pids()
+            if not pids:
+                return True
+            for pid in pids:  # pids.max bounds how many can appear between two rounds
+                with contextlib.suppress(ProcessLookupError, PermissionError):
+                    os.kill(pid, signal.SIGKILL)
+            await asyncio.sleep(0.01)
+        return not self.pids()
+
+    def remove(self) -> None:
+        for d in self.dirs:
+            with contextlib.suppress(FileNotFoundError):
+                d.rmdir()

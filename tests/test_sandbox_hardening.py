@@ -1,0 +1,279 @@
+"""The sandbox after the issue-11 review: what bounds memory and processes (cgroups, rlimits), the
+Python guards' own robustness, the uid range and the protocol's values. Real sandboxes throughout.
+
+The cgroup tests need Colony to be root on a host with the memory and pids controllers (CI and this
+machine are); elsewhere they are skipped with the reason `detect_cgroups()` gives.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import subprocess
+from pathlib import Path
+
+import pytest
+
+from colony.config import PlanningSettings
+from colony.errors import InvalidArgument
+from colony.planning import SandboxLimits, run_sandboxed, sandbox_os
+
+LIMITS = SandboxLimits(wall_seconds=10, cpu_seconds=5, memory_mb=64)
+BWRAP = PlanningSettings(sandbox_isolation="bubblewrap")
+PROCESS = PlanningSettings(sandbox_isolation="process")
+BOTH = pytest.mark.parametrize("settings", [BWRAP, PROCESS], ids=["bubblewrap", "process"])
+CGROUPS = sandbox_os.detect_cgroups()
+NEEDS_CGROUPS = pytest.mark.skipif(not CGROUPS.version, reason=CGROUPS.reason)
+
+
+def gone(path: str | Path) -> bool:
+    return not os.path.exists(path)
+
+
+def shmem_mib() -> int:
+    for line in Path("/proc/meminfo").read_text().splitlines():
+        if line.startswith("Shmem:"):
+            return int(line.split()[1]) // 1024
+    raise AssertionError("no Shmem line in /proc/meminfo")
+
+
+MEMFD_FLOOD = """
+import os
+chunk = b"x" * (1 << 20)
+fds = []
+for i in range(40):
+    fd = os.memfd_create("m%d" % i)
+    for _ in range(16):
+        os.write(fd, chunk)
+    fds.append(fd)
+print("held MiB", 16 * len(fds), flush=True)
+"""
+
+
+@NEEDS_CGROUPS
+@BOTH
+async def test_memfd_pages_count_against_the_runs_memory_cgroup(settings: PlanningSettings) -> None:
+    """640 MiB of memfd pages (no audit event, past RLIMIT_AS) with memory_mb=64: the cgroup kills it."""
+    base, peak = shmem_mib(), 0
+    task = asyncio.create_task(
+        run_sandboxed(MEMFD_FLOOD, limits=LIMITS, settings=settings, python_guards=False)
+    )
+    while not task.done():
+        peak = max(peak, shmem_mib() - base)
+        await asyncio.sleep(0.02)
+    result = task.result()
+    assert not result.ok and "went over its memory limit" in result.error and "cgroup" in result.error
+    assert "held MiB" not in result.stdout
+    assert result.cgroup is not None and gone(result.cgroup)  # removed after the run
+    assert peak < 64 + 16 + 48  # memory_mb + scratch_mb, plus other tests' noise
+
+
+@NEEDS_CGROUPS
+async def test_every_run_has_its_own_cgroup_with_memory_and_pids_limits() -> None:
+    seen: dict[str, str] = {}
+
+    async def where(pid: int) -> str:
+        with open(f"/proc/{pid}/cgroup") as lines:  # noqa: ASYNC230 (procfs, instant)
+            text = lines.read()
+        for line in text.splitlines():
+            _, controllers, path = line.split(":", 2)
+            if "run-" in path:
+                seen[controllers] = path
+        return "ok"
+
+    code = "import os\nrun('where', pid=os.getpid())"
+    limits = LIMITS.model_copy(update={"max_processes": 5})
+    result = await run_sandboxed(
+        code, actions={"where": where}, limits=limits, settings=PROCESS, python_guards=False
+    )
+    assert result.ok, result.error
+    group = Path(result.cgroup or "")
+    assert group.name in "".join(seen.values())  # the program itself was in the run's cgroup
+    if CGROUPS.version == 1:
+        assert set(seen) >= {"memory", "pids"}
+    assert gone(group)
+    # the limits the run's cgroup had: made again the same way, read back
+    made = sandbox_os.RunCgroup.create(CGROUPS, "test-limits", memory_bytes=(64 + 16) << 20, pids_max=5 + 3)
+    try:
+        pids = (made.dirs[-1] / "pids.max").read_text().strip()
+        memory = made.dirs[0] / ("memory.max" if made.version == 2 else "memory.limit_in_bytes")
+        assert pids == "8" and int(memory.read_text()) == 80 << 20
+    finally:
+        made.remove()
+
+
+async def test_without_cgroups_file_descriptors_and_locked_memory_are_bounded() -> None:
+    code = (
+        "import os, resource\n"
+        "print(resource.getrlimit(resource.RLIMIT_NOFILE), resource.getrlimit(resource.RLIMIT_MEMLOCK))\n"
+        "n = 0\ntry:\n    while True:\n        os.memfd_create('m')\n        n += 1\n"
+        "except OSError as exc:\n    print('memfds', n, exc.errno)\n"
+    )
+    settings = PlanningSettings(sandbox_isolation="process", sandbox_cgroups="off")
+    result = await run_sandboxed(code, limits=LIMITS, settings=settings, python_guards=False)
+    assert result.ok and result.cgroup is None, result.error
+    lines = result.stdout.splitlines()
+    assert lines[0] == "(32, 32) (0, 0)"
+    count = int(lines[1].split()[1])
+    assert 0 < count < 32  # each at most RLIMIT_FSIZE (scratch_mb) big: bounded, documented
+
+
+async def test_required_cgroups_refuse_to_run_where_they_cannot_be_made(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    unusable = sandbox_os.CgroupSupport(0, None, None, "Colony is not root, so it cannot create cgroups")
+    monkeypatch.setattr(sandbox_os, "detect_cgroups", lambda: unusable)
+    required = PlanningSettings(sandbox_isolation="process", sandbox_cgroups="required")
+    result = await run_sandboxed("print(1)", limits=LIMITS, settings=required)
+    assert not result.ok and "planning.sandbox_cgroups is 'required'" in result.error
+    assert "Colony is not root" in result.error and result.stdout == ""
+    auto = await run_sandboxed("print(1)", limits=LIMITS, settings=PROCESS)
+    assert auto.ok and auto.cgroup is None  # auto: rlimits only
+
+
+# -- the Python guards: defence in depth, but not switched off by the known tricks -----------------
+
+SHADOW_THE_HOOK = """
+import json
+g = run.__globals__  # was sandbox_child's module globals, where the hook looked up str and len
+class S:
+    def __init__(self, x): pass
+    def split(self, sep): return ["json"]
+g["str"], g["len"] = S, (lambda a: 0)
+g["PermissionError"] = KeyError
+try:
+    1 / 0
+except ZeroDivisionError as e:
+    try:
+        print("FRAME", e.__traceback__.tb_frame)
+    except PermissionError:
+        print("refused frame")
+imp = json.__builtins__["__import__"]  # the real __import__, past the import allow-list
+for name in ("_posixsubprocess", "ctypes", "socket", "os", "sys"):
+    try:
+        imp(name)
+        print("IMPORTED", name)
+    except (ImportError, PermissionError):
+        print("refused", name)
+"""
+
+
+@BOTH
+async def test_rewriting_the_childs_globals_does_not_switch_the_hook_off(settings: PlanningSettings) -> None:
+    result = await run_sandboxed(SHADOW_THE_HOOK, limits=LIMITS, settings=settings)
+    assert result.ok, result.error
+    assert "FRAME" not in result.stdout and "IMPORTED" not in result.stdout
+    assert result.stdout.count("refused") == 6
+
+
+OS_ALIASES = """
+import random, dataclasses, typing, collections, json, statistics
+bad = {"memfd_create", "write", "fork", "system", "sys", "execv"}
+print("random._os", sorted(set(dir(random._os)) & bad))
+print("urandom", len(random._os.urandom(4)))
+print("dataclasses.sys", sorted(set(dataclasses.sys.modules) & {"os", "sys", "posix", "_posixsubprocess"}))
+print("typing.sys", hasattr(typing.sys, "_getframe"), hasattr(typing.sys, "modules"))
+print("loader", random.__loader__, random.__spec__)
+@dataclasses.dataclass
+class P:
+    x: int
+print(P(1), collections.namedtuple("T", "a")(1), statistics.mean([1, 2]))
+"""
+
+
+@BOTH
+async def test_allowed_modules_hand_out_no_os_or_sys(settings: PlanningSettings) -> None:
+    result = await run_sandboxed(OS_ALIASES, limits=LIMITS, settings=settings)
+    assert result.ok, result.error
+    assert result.stdout.splitlines() == [
+        "random._os []",
+        "urandom 4",
+        "dataclasses.sys []",
+        "typing.sys False True",
+        "loader None None",
+        "P(x=1) T(a=1) 1.5",
+    ]
+
+
+async def test_the_reviewers_memfd_flood_through_random_os_fails_with_the_guards_on() -> None:
+    code = "import random\nos = random._os\nfd = os.memfd_create('m')\nos.write(fd, b'x' * (16 << 20))"
+    result = await run_sandboxed(code, limits=LIMITS, settings=PROCESS)
+    assert not result.ok and "has no attribute 'memfd_create'" in result.error
+
+
+# -- the uid range -----------------------------------------------------------------------------------
+
+
+def test_the_default_uid_range_is_above_usual_subuid_ranges_and_fits_uid_t() -> None:
+    planning = PlanningSettings()
+    assert planning.sandbox_uid_base >= 2_000_000_000  # useradd allocates subuids from 100000 upwards
+    assert planning.sandbox_uid_base + planning.sandbox_uid_span < 2**31  # even for signed-int tools
+    with pytest.raises(ValueError, match="must stay below 4294967294"):
+        PlanningSettings(sandbox_uid_base=4_294_000_000, sandbox_uid_span=1_000_000)
+
+
+async def test_a_uid_range_meeting_subuid_ranges_is_refused(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    subuid = tmp_path / "subuid"
+    subuid.write_text("alice:100000:65536\nbob:165536:65536\n")
+    assert sandbox_os.subid_overlaps(150_000, 10, (str(subuid),)) == [f"{subuid}: alice:100000:65536"]
+    assert sandbox_os.subid_overlaps(2_000_000_000, 10, (str(subuid),)) == []
+    monkeypatch.setattr(sandbox_os, "SUBID_FILES", (str(subuid),))
+    with pytest.raises(InvalidArgument, match="overlaps subordinate id ranges"):
+        sandbox_os.pick_uid(100_000, 1_000_000)
+    old_default = PlanningSettings(
+        sandbox_isolation="process", sandbox_uid_base=100_000, sandbox_uid_span=1_000_000
+    )
+    result = await run_sandboxed("print(1)", limits=LIMITS, settings=old_default)
+    assert not result.ok and "alice:100000:65536" in result.error and result.stdout == ""
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="uids are drawn only when Colony is root")
+async def test_a_uid_some_process_already_runs_as_is_never_drawn_nor_swept() -> None:
+    base = 2_100_000_000
+    stranger = subprocess.Popen(["sleep", "60"], user=base, group=base)  # noqa: ASYNC220
+    try:
+        assert {sandbox_os.pick_uid(base, 2) for _ in range(30)} == {base + 1}
+        settings = PlanningSettings(
+            sandbox_isolation="process", sandbox_cgroups="off", sandbox_uid_base=base, sandbox_uid_span=2
+        )
+        result = await run_sandboxed("print(1)", limits=LIMITS, settings=settings)
+        assert result.ok and result.uid == base + 1
+        assert stranger.poll() is None  # the uid sweep after the run did not meet it
+    finally:
+        stranger.kill()
+        stranger.wait()
+
+
+# -- protocol values that could not leave Colony -------------------------------------------------------
+
+CALL_A = repr(b'{"kind":"call","action":"echo","params":{"a":')
+PAYLOADS = {  # Python expressions the program writes on its protocol pipe
+    "lone surrogate": repr(rb'{"kind":"call","action":"echo","params":{"\ud800":"\udfff"}}'),
+    "surrogate action": repr(rb'{"kind":"call","action":"\ud800x","params":{}}'),
+    "surrogate error": repr(rb'{"kind":"done","ok":false,"error":"\ud800"}'),
+    "NaN": repr(b'{"kind":"call","action":"echo","params":{"x":NaN,"y":-Infinity}}'),
+    "deep": f"{CALL_A} + b'[' * 900 + b']' * 900 + b'}}}}'",
+    "very deep": f"{CALL_A} + b'[' * 200000 + b']' * 200000 + b'}}}}'",
+    "invalid utf-8": repr(b'{"kind":"call","action":"echo","params":{"x":"\xff"}}'),
+}
+
+
+@pytest.mark.parametrize("payload", list(PAYLOADS.values()), ids=list(PAYLOADS))
+async def test_protocol_values_json_cannot_carry_are_a_protocol_violation(payload: str) -> None:
+    seen = []
+
+    async def echo(**params: object) -> object:
+        seen.append(params)
+        return params
+
+    code = f"import os, sys\nos.write(int(sys.argv[2]), {payload} + b'\\n')\nos.read(int(sys.argv[1]), 100)\n"
+    limits = LIMITS.model_copy(update={"max_message_bytes": 2 << 20})
+    result = await run_sandboxed(
+        code, actions={"echo": echo}, limits=limits, settings=PROCESS, python_guards=False
+    )
+    assert not result.ok and result.error.startswith("the program broke the action-call protocol")
+    assert seen == [] and result.calls == []
+    json.loads(result.model_dump_json())  # what reaches Redis and the API serialises
