@@ -182,6 +182,8 @@ def test_terminal_event_of_each_status() -> None:
     assert terminal_event(RunStatus.SUCCEEDED) == COMPLETED
     assert terminal_event(RunStatus.CANCELLED) == CANCELLED
     assert terminal_event(RunStatus.FAILED) == FAILED
+    assert (terminal_event("succeeded"), terminal_event("cancelled")) == (COMPLETED, CANCELLED)
+    assert terminal_event(None) == terminal_event("bogus") == FAILED
 
 
 async def pttl(agent: Agent, name: str) -> int:

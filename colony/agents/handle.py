@@ -42,9 +42,12 @@ COMPLETED, FAILED, CANCELLED = "completed", "failed", "cancelled"
 TERMINAL_EVENTS = frozenset({COMPLETED, FAILED, CANCELLED})
 
 
-def terminal_event(status: RunStatus) -> str:
-    """The terminal event that ends a run's event stream for a run that ended with `status`."""
-    return {RunStatus.SUCCEEDED: COMPLETED, RunStatus.CANCELLED: CANCELLED}.get(status, FAILED)
+def terminal_event(status: RunStatus | str | None) -> str:
+    """The terminal event that ends the event stream of a run that ended with `status` (a
+    `RunStatus` or its value; anything else, e.g. an unknown or missing status, is `failed`)."""
+    return {RunStatus.SUCCEEDED.value: COMPLETED, RunStatus.CANCELLED.value: CANCELLED}.get(
+        status.value if isinstance(status, RunStatus) else str(status), FAILED
+    )
 
 
 class AgentRunEvent(BaseModel):
