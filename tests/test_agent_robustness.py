@@ -10,8 +10,10 @@ from collections.abc import Awaitable, Callable
 from typing import Any
 
 import pytest
+from agent_kit import counter_blueprint
 
 from colony.agents import Agent, AgentHandle, AgentMetadata, AgentState, LocalAgentRuntime, RunStatus
+from colony.agents.base import build_agent
 from colony.agents.handle import CANCELLED, COMPLETED, FAILED, AgentRunCapability, terminal_event
 from colony.agents.models import AgentRun
 from colony.agents.ring import ContextRing
@@ -104,6 +106,34 @@ async def test_a_driver_failure_without_a_handle_is_stored_and_the_agent_stays_u
     again = await runtime.start_run(agent.agent_id, "y")
     done = await runtime.wait_for_run(agent.agent_id, again.run_id, timeout=10)
     assert done.status is RunStatus.SUCCEEDED and done.output == "y"
+
+
+@pytest.mark.parametrize("hosted", [True, False])
+async def test_a_step_that_cannot_be_saved_fails_the_run_hosted_or_not(bb: Blackboard, hosted: bool) -> None:
+    colony_id = f"c{uuid.uuid4().hex[:8]}"
+    steps = [
+        {"action": "add", "parameters": {"amount": "$input"}},
+        {"action": "add", "parameters": {"amount": 1}},
+    ]
+    blueprint = counter_blueprint(f"stp{uuid.uuid4().hex[:6]}", steps, serve_namespace="jobs")
+    runtime = LocalAgentRuntime(bb, colony_id=colony_id)
+    if hosted:
+        agent = await runtime.spawn(blueprint)
+    else:  # an agent started by plain code: the capability itself runs it
+        metadata = blueprint.metadata.model_copy(update={"colony_id": colony_id})
+        agent = build_agent(blueprint.model_copy(update={"metadata": metadata}), bb)
+        await agent.initialize(blueprint)
+        await agent.start()
+    try:
+        fail_persist_once(agent, lambda run: run.input == 5 and run.steps == 1 and not run.done)
+        handle = handle_for(runtime, agent.agent_id)
+        bad = await handle.run(5, namespace="jobs", timeout=10)
+        assert bad.status is RunStatus.FAILED and "injected" in (bad.error or "")
+        good = await handle.run(1, namespace="jobs", timeout=10)
+        assert good.status is RunStatus.SUCCEEDED
+    finally:
+        await runtime.shutdown()
+        await agent.close()
 
 
 async def test_a_request_failed_before_it_is_served_numbers_its_events_from_one(

@@ -391,7 +391,13 @@ class AgentRunCapability(AgentCapability):
             else:
                 await agent.run(input_data, request_id=request_id)
         except Exception as exc:
-            await self._respond(request_id, RunStatus.FAILED, None, f"{type(exc).__name__}: {exc}", None, 0)
+            run = agent.current_run
+            if run is not None and run.request_id == request_id and self.active_request == request_id:
+                # begun, then raised inside the agent (no host drives it): the run fails, answered
+                await agent.fail_run(f"the run failed inside the agent: {type(exc).__name__}: {exc}")
+            if self.active_request == request_id:
+                reason = f"{type(exc).__name__}: {exc}"
+                await self._respond(request_id, RunStatus.FAILED, None, reason, None, 0)
             return
         await self._await_answer(request_id)
 
