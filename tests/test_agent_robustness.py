@@ -20,7 +20,7 @@ from colony.agents.ring import ContextRing
 from colony.blackboard import AgentRunProtocol, Blackboard, BlackboardScope
 from colony.blackboard.protocol import AgentStateProtocol
 from colony.config import ColonySettings
-from colony.errors import BlackboardUnavailable, InvalidArgument
+from colony.errors import BlackboardUnavailable, BlueprintTampered, InvalidArgument
 from colony.inference.scripted import ScriptedEngine
 from colony.system.builtin import RUNS_NAMESPACE, echo_blueprint
 from colony.system.host import ReplicaHost
@@ -227,6 +227,20 @@ async def test_a_failed_agent_is_retired_when_stopped(runtime: LocalAgentRuntime
     await agent.transition(AgentState.FAILED, "test")
     await runtime.stop(agent.agent_id)
     assert await pttl(agent, "lifecycle") > 0 and await pttl(agent, "blueprint") > 0
+
+
+async def test_a_refused_agent_is_failed_and_its_state_retired(runtime: LocalAgentRuntime) -> None:
+    agent = await runtime.spawn(echo_blueprint(f"ref{uuid.uuid4().hex[:6]}"))
+    await runtime.suspend(agent.agent_id)
+    await agent.blackboard.write(AgentStateProtocol.key("blueprint"), "not a signed blueprint")
+    with pytest.raises(BlueprintTampered):
+        await runtime.resume(agent.agent_id)
+    assert await stored_lifecycle(agent) == "failed"
+    for name in ("lifecycle", "metadata", "blueprint"):
+        assert await pttl(agent, name) > 0, name
+    capability_key = AgentStateProtocol.capability_state_key(next(iter(agent.capabilities)))
+    raw = agent.blackboard.keyspace.entry_key(capability_key)
+    assert await agent.blackboard.redis.pttl(raw) > 0
 
 
 @pytest.mark.parametrize("ended", [AgentState.STOPPED, AgentState.FAILED])

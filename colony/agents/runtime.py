@@ -18,7 +18,8 @@ from colony.agents.persistence import STATE_NAMES
 from colony.aio import cancel_and_wait
 from colony.blackboard import Blackboard
 from colony.blackboard.protocol import AgentStateProtocol
-from colony.errors import AgentNotFound
+from colony.config import load_settings
+from colony.errors import AgentNotFound, BlackboardError, BlueprintTampered
 
 log = logging.getLogger(__name__)
 
@@ -156,9 +157,13 @@ class LocalAgentRuntime:
         """Rebuild a suspended (or dropped) agent from the blackboard and carry on where it was."""
         if agent_id in self._agents:
             return self._agents[agent_id]
-        agent = await Agent.restore(
-            agent_id, self.blackboard, tenant_id=self.tenant_id, colony_id=self.colony_id, **self.services
-        )
+        try:
+            agent = await Agent.restore(
+                agent_id, self.blackboard, tenant_id=self.tenant_id, colony_id=self.colony_id, **self.services
+            )
+        except BlueprintTampered:  # refused: it ended FAILED; its state leaves after the retention
+            await self._retire_refused(agent_id)
+            raise
         if agent.terminated and agent._blueprint is not None:
             return await self.spawn(agent._blueprint)  # it ended for good: a fresh agent takes its id
         if agent.suspension is not None:
@@ -187,6 +192,22 @@ class LocalAgentRuntime:
             await retire_state(agent)
         if self.on_stopped is not None:
             await self.on_stopped(agent_id)
+
+    async def _retire_refused(self, agent_id: str) -> None:
+        """Give a refused (FAILED, never built) agent's state its expiry: its entries, capability
+        states, context ring and scope stream. Best effort: the refusal stands either way."""
+        settings = self.services.get("settings")
+        ttl = (settings or load_settings()).runs.retention_seconds
+        board = self.agent_board(agent_id)
+        try:
+            keys = [AgentStateProtocol.key(n) for n in STATE_NAMES]
+            pattern = AgentStateProtocol.pattern("capability_state")
+            keys += [e.key async for e in board.iter_query(pattern)]
+            await board.expire(keys, ttl)
+            await board.expire_ring(AgentStateProtocol.key("context"), ttl)
+            await board.expire_scope(ttl)
+        except BlackboardError as exc:
+            log.warning("state of refused agent %s not given its retention: %s", agent_id, exc)
 
     def retire(self, agent_id: str) -> None:
         """Stop an agent from inside itself (a one-shot worker whose job is done): the stop runs
