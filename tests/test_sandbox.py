@@ -161,7 +161,7 @@ async def test_rlimits_uid_and_capabilities_are_in_place_before_the_program_star
 async def test_without_root_bwrap_maps_the_program_to_nobody_in_a_user_namespace() -> None:
     from colony.planning import sandbox_os
 
-    argv = sandbox_os.bubblewrap_argv(switch_uid=False, scratch_mb=1)
+    argv = sandbox_os.bubblewrap_argv(uid=None, scratch_mb=1)
     assert "--unshare-all" in argv and argv[argv.index("--uid") + 1] == "65534"
     argv = [
         *argv[: argv.index("--") + 1],

@@ -214,7 +214,7 @@ async def run_sandboxed(
     except InvalidArgument as exc:
         return SandboxResult(ok=False, error=f"the program was not run: {exc}", isolation=isolation)
     if isolation == "bubblewrap":
-        argv = sandbox_os.bubblewrap_argv(switch_uid=uid is not None, scratch_mb=limits.scratch_mb)
+        argv = sandbox_os.bubblewrap_argv(uid=uid, scratch_mb=limits.scratch_mb)
     else:
         argv = sandbox_os.process_argv()
     try:
@@ -280,6 +280,7 @@ async def run_sandboxed(
         "allowed_modules": ALLOWED_MODULES,
         "preload": PRELOAD_MODULES,
         "uid": uid,
+        "nproc": uid is not None,  # a uid of the run's own: RLIMIT_NPROC counts only its processes
         "guards": python_guards,
         "die_with_parent": isolation == "process",
     }

@@ -219,7 +219,7 @@ def _main():  # everything lives in this frame, so the module's globals hold not
         resource.setrlimit(resource.RLIMIT_CORE, (0, 0))
         resource.setrlimit(resource.RLIMIT_MEMLOCK, (0, 0))
         resource.setrlimit(resource.RLIMIT_NOFILE, (MAX_FILES, MAX_FILES))  # bounds memfds without cgroups
-        if uid is not None:  # only a uid of our own makes the count mean "this program's processes"
+        if request.get("nproc"):  # only a uid of our own makes the count mean "this program's processes"
             nproc = int(limits["max_processes"])
             resource.setrlimit(resource.RLIMIT_NPROC, (nproc, nproc))
     except (OSError, ValueError) as exc:

@@ -118,12 +118,18 @@ def _parents(path: str) -> list[str]:
     return parents[::-1]
 
 
-def bubblewrap_argv(*, switch_uid: bool, scratch_mb: int) -> list[str]:
-    """The bwrap command line up to (and including) the interpreter and the child script."""
+def bubblewrap_argv(*, uid: int | None, scratch_mb: int) -> list[str]:
+    """The bwrap command line up to (and including) the interpreter and the child script.
+
+    `uid` (Colony is root): bwrap runs as root in the host's user namespace and the child drops to
+    that fresh uid itself (bwrap cannot map a uid other than its caller's into a user namespace, and
+    an unprivileged bwrap could not read an interpreter under /root); else the program is uid 65534
+    in a user namespace of its own.
+    """
     bwrap = shutil.which("bwrap") or "bwrap"
     files, folders = _runtime_paths()
     argv = [bwrap]
-    if switch_uid:  # root: the child drops to a fresh uid itself, which RLIMIT_NPROC then counts
+    if uid is not None:  # the child drops to the fresh uid itself, which RLIMIT_NPROC then counts
         argv += ["--unshare-ipc", "--unshare-pid", "--unshare-net", "--unshare-uts", "--unshare-cgroup-try"]
     else:
         argv += ["--unshare-all", "--uid", str(NOBODY), "--gid", str(NOBODY)]
@@ -223,7 +229,7 @@ async def detect_bubblewrap(*, refresh: bool = False) -> Detection:
 async def _probe() -> Detection:
     if shutil.which("bwrap") is None:
         return Detection(False, "bwrap is not installed (Debian/Ubuntu: apt-get install bubblewrap)")
-    argv = bubblewrap_argv(switch_uid=os.geteuid() == 0, scratch_mb=1)  # the variant runs will use
+    argv = bubblewrap_argv(uid=NOBODY if os.geteuid() == 0 else None, scratch_mb=1)  # as runs will use it
     argv = [*argv[: argv.index("--") + 1], interpreter(), *PYTHON_FLAGS, "-c", "print('sandbox-ok')"]
     try:
         process = await asyncio.create_subprocess_exec(
