@@ -103,6 +103,23 @@ async def test_every_run_has_its_own_cgroup_with_memory_and_pids_limits() -> Non
         made.remove()
 
 
+@NEEDS_CGROUPS
+def test_cgroups_left_by_a_colony_that_died_are_removed() -> None:
+    """A SIGKILLed Colony cannot clean up (test_the_sandbox_dies_with_colony); the next one does."""
+    dead, alive = f"run-{2**22 + 7}-feed", f"run-{os.getpid()}-beef"  # above pid_max: no such process
+    made = [
+        sandbox_os.RunCgroup.create(CGROUPS, name, memory_bytes=64 << 20, pids_max=4)
+        for name in (dead, alive)
+    ]
+    try:
+        sandbox_os._remove_stale(CGROUPS)
+        assert [gone(d) for d in made[0].dirs] == [True] * len(made[0].dirs)
+        assert [gone(d) for d in made[1].dirs] == [False] * len(made[1].dirs)
+    finally:
+        for group in made:
+            group.remove()
+
+
 async def test_without_cgroups_file_descriptors_and_locked_memory_are_bounded() -> None:
     code = (
         "import os, resource\n"

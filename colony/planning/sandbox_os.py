@@ -31,6 +31,7 @@ import signal
 import subprocess
 import sys
 import sysconfig
+import time
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -351,7 +352,21 @@ def detect_cgroups() -> CgroupSupport:
         probe.remove()
     except OSError as exc:
         return CgroupSupport(0, None, None, f"cgroups are not writable here: {exc}")
+    _remove_stale(support)
     return support
+
+
+def _remove_stale(support: CgroupSupport) -> None:
+    """Remove the empty cgroups of runs whose Colony process died before cleaning up (SIGKILL)."""
+    for base in {support.memory, support.pids}:
+        if base is None or not base.is_dir():
+            continue
+        for group in base.iterdir():
+            parts = group.name.split("-")
+            dead = len(parts) == 3 and parts[0] == "run" and parts[1].isdigit()
+            if dead and group.is_dir() and not Path(f"/proc/{parts[1]}").exists():
+                with contextlib.suppress(OSError):  # not empty: left for the operator to see
+                    group.rmdir()
 
 
 def _write(path: Path, value: str) -> None:
@@ -447,6 +462,16 @@ class RunCgroup:
         return not self.pids()
 
     def remove(self) -> None:
+        """rmdir the cgroup; a task still exiting makes that EBUSY for a moment, so it retries.
+
+        Never raises: a cgroup left behind is empty and is removed by the next `detect_cgroups`.
+        """
         for d in self.dirs:
-            with contextlib.suppress(FileNotFoundError):
-                d.rmdir()
+            for _ in range(50):
+                try:
+                    d.rmdir()
+                    break
+                except FileNotFoundError:
+                    break
+                except OSError:
+                    time.sleep(0.002)
