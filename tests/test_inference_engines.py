@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import sys
 import types
 from typing import Any
@@ -10,7 +11,14 @@ import httpx
 import pytest
 
 from colony.config import EngineSettings, load_settings
-from colony.errors import ConfigError, EngineUnavailable, InferenceError, InvalidSchema, PageNotResident
+from colony.errors import (
+    ConfigError,
+    EngineUnavailable,
+    InferenceError,
+    InvalidSchema,
+    PageNotResident,
+    ResourceExhausted,
+)
 from colony.inference import InferenceRequest, Page, create_engine
 from colony.inference.openai_compat import OpenAICompatibleEngine
 from colony.inference.scripted import ScriptedEngine
@@ -103,6 +111,65 @@ def test_vllm_usage_mapping_and_conservative_residency() -> None:
     for n, page_id in enumerate(["p1", "p2", "p3"]):
         engine._pages[page_id] = (Page(page_id=page_id, text="t"), 100 + n)
     assert set(engine.resident_pages()) == {"p2", "p3"}  # p1 no longer fits beside the newer two
+
+
+class _FakeTokenizer:
+    """Word tokens: a page's prefix counts as many tokens as it has words."""
+
+    def apply_chat_template(self, messages: list[dict[str, Any]], **_: Any) -> str:
+        return "\n".join(m["content"] for m in messages)
+
+    def encode(self, text: str) -> list[int]:
+        return list(range(len(text.split())))
+
+
+class _FakeAsyncLLM:
+    """What VLLMEngine uses of vllm.AsyncLLMEngine: `generate` yielding RequestOutputs."""
+
+    async def generate(self, prompt: str, params: Any, request_id: str) -> Any:
+        yield types.SimpleNamespace(
+            prompt_token_ids=list(range(len(prompt.split()))),
+            num_cached_tokens=0,
+            finished=True,
+            outputs=[types.SimpleNamespace(token_ids=[1], text="ok", finish_reason="stop")],
+        )
+
+
+def _fake_vllm_engine(capacity_tokens: int) -> VLLMEngine:
+    engine = VLLMEngine(EngineSettings(kind="vllm", model="some/model"))
+    engine._vllm, engine._engine, engine._tokenizer = _fake_vllm(True), _FakeAsyncLLM(), _FakeTokenizer()
+    engine._capacity_tokens = capacity_tokens
+    return engine
+
+
+def _words(page_id: str, n: int) -> Page:
+    return Page(page_id=page_id, text=" ".join(["w"] * n))
+
+
+async def test_vllm_never_counts_a_pinned_page_out_and_waits_for_room() -> None:
+    """Before: a load dropped the oldest pages past the KV capacity, pinned or not, and the request
+    using the dropped page failed with PageNotResident."""
+    engine = _fake_vllm_engine(capacity_tokens=250)
+    p1, p2, p3, p4 = (_words(f"p{i}", 100) for i in range(1, 5))
+    await engine.load_page(p1)
+    async with engine.pinned(["p1"]):
+        await engine.load_page(p2)
+        assert (await engine.load_page(p3)).evicted == ["p2"]  # the unpinned one makes room, not p1
+        assert set(engine.resident_pages()) == {"p1", "p3"}
+        answer = await engine.generate(InferenceRequest(prompt="q", page_ids=["p1"]))
+        assert answer.text == "ok"
+        async with engine.pinned(["p3"]):  # p1 + p3 in use: p4 does not fit beside them
+            engine.pin_wait_seconds = 0.3
+            with pytest.raises(ResourceExhausted, match="every page slot holds a page in use"):
+                await engine.load_page(p4)
+            assert set(engine.resident_pages()) == {"p1", "p3"}
+            engine.pin_wait_seconds = 30
+            waiting = asyncio.create_task(engine.load_page(p4))
+            await asyncio.sleep(0.2)
+            assert not waiting.done()
+        load = await waiting  # p3's pin ended: p4 loads, p3 is counted out, p1 (pinned) stays
+        assert load.evicted == ["p3"] and set(engine.resident_pages()) == {"p1", "p4"}
+    assert engine._pin_waiters == []
 
 
 async def test_scripted_engine_replies_and_pages() -> None:

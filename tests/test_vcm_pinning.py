@@ -11,7 +11,9 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from agent_kit import counter_blueprint
 
+from colony.agents import AgentMetadata, AgentState, AgentType
 from colony.blackboard import Blackboard
 from colony.config import ColonySettings, EngineSettings, ServeSettings, VcmSettings
 from colony.errors import InferenceError, PageNotResident, ResourceExhausted
@@ -131,6 +133,112 @@ async def test_generation_pins_its_page_until_it_answers(tmp_path: Path) -> None
         assert (await loading).evicted == ["p0"]
         with pytest.raises(PageNotResident):
             await engine.generate(request)
+    finally:
+        await engine.close()
+
+
+# -- several pages per request, page-bound agents, streams ------------------------------------------
+
+
+def tiny_tree(root: Path, count: int) -> Path:
+    """`count` files of about 50 tokens: one page each at page_tokens=64 (fast to prefill)."""
+    root.mkdir(parents=True, exist_ok=True)
+    for i in range(count):
+        (root / f"m{i}.py").write_text(f"def f{i}(x):\n    return x + {i}\n" + f"# page {i}\n" * 16)
+    return root
+
+
+@pytest.fixture
+async def tiny_host(bb: Blackboard, redis_url: str, tmp_path: Path, request: Any) -> AsyncIterator[Any]:
+    """A ReplicaHost on the real embedded model with `request.param` page slots and 4 tiny pages."""
+    settings = ColonySettings(
+        redis_url=redis_url,
+        colony_id=f"tiny{uuid.uuid4().hex[:8]}",
+        data_dir=tmp_path / "data",
+        engine=EngineSettings(page_slots=request.param, slot_context_tokens=1024),
+        vcm=VcmSettings(allowed_roots=[tmp_path], page_wait_seconds=20),
+    )
+    host = ReplicaHost(settings, "tiny")
+    await host.start(bb)
+    assert host.pages is not None
+    source = await PageSource.open(tiny_tree(tmp_path / "tiny", 4), settings.vcm, page_tokens=64)
+    page_ids = (await host.pages.map_source(source)).page_ids
+    assert len(page_ids) == 4
+    yield host, page_ids
+    await host.close()
+
+
+@pytest.mark.parametrize("tiny_host", [2], indirect=True)
+async def test_two_requests_of_two_pages_on_two_slots_do_not_deadlock(tiny_host: Any) -> None:
+    """Each request already has one of its pages resident. Before: each pinned its resident page,
+    then waited for a slot the other held pinned, until both failed with ResourceExhausted; now a
+    request reserves all its slots at once or waits holding none."""
+    host, (a1, a2, b1, b2) = tiny_host
+    await host.ensure_pages([a1])
+    await host.ensure_pages([b1])
+    assert set(host.engine.resident_pages()) == {a1, b1}
+    host.engine.pin_wait_seconds = 8  # the deadlock ended in ResourceExhausted after this long
+    question = {"prompt": "Name one function defined above.", "max_tokens": 2, "temperature": 0.0}
+    answers = await asyncio.gather(host.generate(question, [a1, a2]), host.generate(question, [b1, b2]))
+    assert a2 in answers[0]["faulted"] and b2 in answers[1]["faulted"]
+    assert all(a["usage"]["completion_tokens"] >= 1 for a in answers)
+    assert host.engine.pinned_pages() == set() and host.engine._pin_waiters == []
+
+
+def bound_blueprint(agent_id: str, page_ids: list[str]) -> Any:
+    bp = counter_blueprint(agent_id, [{"action": "add", "parameters": {"amount": "$input"}}])
+    metadata = AgentMetadata(agent_id=agent_id, agent_type=AgentType.VCM_BOUND, bound_pages=page_ids)
+    return bp.model_copy(update={"metadata": metadata})
+
+
+@pytest.mark.parametrize("tiny_host", [1], indirect=True)
+async def test_a_running_page_bound_agents_page_is_not_evicted_for_another(tiny_host: Any) -> None:
+    host, (mine, next_mine, other, _) = tiny_host
+    engine = host.engine
+    await host.ensure_agent(bound_blueprint("bound", [mine, next_mine]))
+    await host.ensure_pages([mine])
+    agent = host.runtime.get("bound")
+    await agent.begin_run(1)  # RUNNING: it holds its pages
+    assert agent.state is AgentState.RUNNING and host.held_pages() == {"bound": [mine, next_mine]}
+    engine.pin_wait_seconds = 0.6
+    with pytest.raises(ResourceExhausted, match="in use"):  # before: evicted `mine` at once
+        await host.ensure_pages([other])
+    assert set(engine.resident_pages()) == {mine}
+    # the agent's own fault may move it on from its page to its next one
+    answer = await host.generate({"prompt": "Say hi.", "max_tokens": 2}, [next_mine], holder="bound")
+    assert answer["faulted"] == [next_mine] and set(engine.resident_pages()) == {next_mine}
+    engine.pin_wait_seconds = 30
+    waiting = asyncio.create_task(host.ensure_pages([other]))
+    await asyncio.sleep(0.8)
+    assert not waiting.done() and set(engine.resident_pages()) == {next_mine}
+    await agent.run_until_done()  # the run ends: its pages are free (noticed by the poll)
+    assert agent.state is not AgentState.RUNNING
+    assert await asyncio.wait_for(waiting, 10) == [other]
+    assert set(engine.resident_pages()) == {other} and host.held_pages() == {}
+
+
+async def test_an_abandoned_stream_releases_its_pin(tmp_path: Path) -> None:
+    """A stream's pin ends when the consumer closes it, and when the request's time is up if it
+    never does (before: held until the generator was garbage collected, here: never)."""
+    settings = EngineSettings(page_slots=1, slot_context_tokens=1024, timeout_seconds=3)
+    engine = EmbeddedEngine(settings, data_dir=tmp_path)
+    try:
+        await engine.load_page(Page(page_id="p0", text="def f():\n    return 0\n"))
+        request = InferenceRequest(prompt="Count to fifty.", max_tokens=64, page_ids=["p0"])
+        closed = engine.stream(request)
+        await anext(closed)
+        assert engine.pinned_pages() == {"p0"}
+        await closed.aclose()  # the consumer stops: the pin ends now
+        assert engine.pinned_pages() == set()
+        abandoned = engine.stream(request)
+        await anext(abandoned)  # then never read again, never closed (still referenced)
+        assert engine.pinned_pages() == {"p0"}
+        async with asyncio.timeout(10):
+            while engine.pinned_pages():  # noqa: ASYNC110 - the pin's lifetime runs out
+                await asyncio.sleep(0.1)
+        load = await engine.load_page(Page(page_id="p1", text="def g():\n    return 1\n"))
+        assert load.evicted == ["p0"]
+        await abandoned.aclose()
     finally:
         await engine.close()
 

@@ -156,7 +156,7 @@ class EmbeddedEngine(InferenceEngine):
 
     async def generate(self, request: InferenceRequest) -> InferenceResponse:
         await self.start()
-        async with self.pinned(request.page_ids):  # its slot is not erased under it
+        async with self.using_pages(request.page_ids):  # its slots are not erased under it
             slot, body = await self._body(request)
             started = time.perf_counter()
             result = await self._call(body)
@@ -164,7 +164,9 @@ class EmbeddedEngine(InferenceEngine):
 
     async def stream(self, request: InferenceRequest) -> AsyncIterator[StreamChunk]:
         await self.start()
-        async with self.pinned(request.page_ids):
+        # the pin ends with the stream, or when the request's time is up if the consumer never
+        # closes it (an abandoned generator is only closed when it is garbage collected)
+        async with self.pinned(request.page_ids, lifetime=self.settings.timeout_seconds):
             async for chunk in self._stream(request):
                 yield chunk
 
@@ -293,22 +295,25 @@ class EmbeddedEngine(InferenceEngine):
         deadline = asyncio.get_running_loop().time() + self.pin_wait_seconds
         while True:
             waiter = self._unpin_waiter()
-            async with self._page_lock:
-                state = self._pages.get(page_id)
-                if state is not None and state.slot is not None:
-                    state.last_used = time.monotonic()
-                    self.eviction.touch(page_id)
-                    return PageLoad(page_id=page_id, slot=state.slot, source="already_resident")
-                if (state is None or state.swap_file is None) and page is None:
-                    raise PageNotResident(f"page {page_id!r} was never loaded here or was evicted")
-                freed = await self._free_slot()
-                if freed is not None:
-                    slot, evicted = freed
-                    if state is not None and state.swap_file is not None:
-                        return await self._swap_in(state, slot, evicted)
-                    assert page is not None
-                    return await self._prefill(page, slot, evicted)
-            await self._await_unpin(waiter, deadline, page_id)
+            try:
+                async with self._page_lock:
+                    state = self._pages.get(page_id)
+                    if state is not None and state.slot is not None:
+                        state.last_used = time.monotonic()
+                        self.eviction.touch(page_id)
+                        return PageLoad(page_id=page_id, slot=state.slot, source="already_resident")
+                    if (state is None or state.swap_file is None) and page is None:
+                        raise PageNotResident(f"page {page_id!r} was never loaded here or was evicted")
+                    freed = await self._free_slot()
+                    if freed is not None:
+                        slot, evicted = freed
+                        if state is not None and state.swap_file is not None:
+                            return await self._swap_in(state, slot, evicted)
+                        assert page is not None
+                        return await self._prefill(page, slot, evicted)
+                await self._await_unpin(waiter, deadline, page_id)
+            finally:
+                self._forget_waiter(waiter)
 
     async def _prefill(self, page: Page, slot: int, evicted: list[str]) -> PageLoad:
         started = time.perf_counter()
@@ -413,7 +418,7 @@ class EmbeddedEngine(InferenceEngine):
         for slot in range(self.page_slots):
             if slot not in taken:
                 return slot, []
-        victim_id = self.eviction.unpinned_victim(taken.values(), self._pins)
+        victim_id = self.eviction.unpinned_victim(taken.values(), self.pinned_pages())
         if victim_id is None:
             return None
         victim = self._pages.pop(victim_id)

@@ -11,10 +11,11 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import contextvars
 import time
 from abc import ABC, abstractmethod
 from collections import Counter
-from collections.abc import AsyncIterator, Iterable, Sequence
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Mapping, Sequence
 
 from colony import metrics
 from colony.config import ColonySettings, EngineSettings
@@ -29,6 +30,10 @@ from colony.inference.models import (
     StreamChunk,
     Usage,
 )
+
+PIN_POLL_SECONDS = 0.5  # a load waiting for a pinned slot looks again at least this often
+# the page-bound agent whose pages are being brought in (its own held pages are not pinned for it)
+_HOLDER: contextvars.ContextVar[str | None] = contextvars.ContextVar("colony_page_holder", default=None)
 
 
 def render_page_prefix(pages: Sequence[Page]) -> str:
@@ -54,30 +59,136 @@ class InferenceEngine(ABC):
         self._pins: Counter[str] = Counter()
         self._pin_waiters: list[asyncio.Future[None]] = []
         self.pin_wait_seconds = 120.0  # how long a load waits for a pinned slot to be released
+        # pages held by whoever hosts page-bound work next to this engine (the replica host's
+        # running page-bound agents): never eviction victims while held
+        # (holder id -> pages); a holder's own fault may still evict its own pages (see `using_pages`)
+        self.page_holds: Callable[[], Mapping[str, Iterable[str]]] | None = None
+        self._reserve_lock = asyncio.Lock()  # one multi-page reservation at a time
 
     # -- pins --------------------------------------------------------------------------------
 
-    @contextlib.asynccontextmanager
-    async def pinned(self, page_ids: Iterable[str]) -> AsyncIterator[None]:
-        """Hold the pages against eviction for the duration of the block (they need not be resident
-        yet: a page pinned before it is loaded is protected from the moment it is)."""
-        ids = list(dict.fromkeys(page_ids))
+    def _pin(self, ids: list[str]) -> None:
         self._pins.update(ids)
+
+    def _unpin(self, ids: list[str]) -> None:
+        self._pins.subtract(ids)
+        for page_id in ids:
+            if self._pins[page_id] <= 0:
+                del self._pins[page_id]
+        self.release_pins()
+
+    @contextlib.asynccontextmanager
+    async def pinned(self, page_ids: Iterable[str], *, lifetime: float | None = None) -> AsyncIterator[None]:
+        """Hold the pages against eviction for the duration of the block (they need not be resident
+        yet: a page pinned before it is loaded is protected from the moment it is). With `lifetime`
+        the pin also ends after that many seconds, so a block that is never left (an abandoned
+        stream) cannot hold a slot forever."""
+        ids = list(dict.fromkeys(page_ids))
+        self._pin(ids)
+        released = False
+
+        def release() -> None:
+            nonlocal released
+            if not released:
+                released = True
+                self._unpin(ids)
+
+        timer = asyncio.get_running_loop().call_later(lifetime, release) if lifetime is not None else None
         try:
             yield
         finally:
-            self._pins.subtract(ids)
-            for page_id in ids:
-                if self._pins[page_id] <= 0:
-                    del self._pins[page_id]
-            waiters, self._pin_waiters = self._pin_waiters, []
-            for waiter in waiters:
-                if not waiter.done():
-                    waiter.set_result(None)
+            if timer is not None:
+                timer.cancel()
+            release()
+
+    @contextlib.asynccontextmanager
+    async def using_pages(
+        self,
+        page_ids: Iterable[str],
+        fetch: Callable[[str], Awaitable[Page]] | None = None,
+        *,
+        holder: str | None = None,
+    ) -> AsyncIterator[list[str]]:
+        """Make every page resident and pin them all for the block, or wait holding none of them: a
+        request naming several pages never sits on one slot while waiting for another (two such
+        requests on a full cache would each wait for the other). Pages not resident are swapped in,
+        or loaded from `fetch(page_id)`; yields the ids that had to be brought in. Waits for room at
+        most `pin_wait_seconds`, then ResourceExhausted. `holder` (a page-bound agent's id) may
+        evict the pages it holds itself (`page_holds`), never anyone else's."""
+        ids = list(dict.fromkeys(page_ids))
+        token = _HOLDER.set(holder)
+        try:
+            faulted = await self._reserve(ids, fetch)
+        finally:
+            _HOLDER.reset(token)
+        try:
+            yield faulted
+        finally:
+            self._unpin(ids)
+
+    async def _reserve(self, ids: list[str], fetch: Callable[[str], Awaitable[Page]] | None) -> list[str]:
+        if all(p in self.resident_pages() for p in ids):  # nothing to bring in: pin at once
+            self._pin(ids)
+            return []
+        deadline = asyncio.get_running_loop().time() + self.pin_wait_seconds
+        while True:
+            waiter = self._unpin_waiter()
+            try:
+                async with self._reserve_lock:
+                    missing = [p for p in ids if p not in self.resident_pages()]
+                    if self._room_for(ids, len(missing)):
+                        self._pin(ids)
+                        try:
+                            for page_id in missing:
+                                await self._fault(page_id, fetch)
+                        except BaseException:
+                            self._unpin(ids)
+                            raise
+                        return missing
+                await self._await_unpin(waiter, deadline, ", ".join(missing))
+            finally:
+                self._forget_waiter(waiter)
+
+    def _room_for(self, ids: list[str], missing: int) -> bool:
+        """Whether `missing` more pages fit beside the pages others use (free slots plus slots whose
+        page nobody uses; the request's own resident pages are kept, not counted as room)."""
+        capacity = self.page_capacity()
+        if capacity is None or missing == 0:
+            return True
+        resident = self.resident_pages()
+        in_use = self.pinned_pages()
+        evictable = sum(1 for p in resident if p not in in_use and p not in ids)
+        return missing <= capacity - len(resident) + evictable
+
+    async def _fault(self, page_id: str, fetch: Callable[[str], Awaitable[Page]] | None) -> None:
+        if page_id in self.swapped_pages():
+            await self.swap_in_page(page_id)
+        elif fetch is not None:
+            await self.load_page(await fetch(page_id))
+        else:
+            raise PageNotResident(
+                f"page {page_id!r} is not loaded in this {self.kind} engine; load_page() it first"
+            )
+
+    def release_pins(self) -> None:
+        """Wake the loads waiting for a pinned slot (a pin ended, or a page-bound agent left)."""
+        waiters, self._pin_waiters = self._pin_waiters, []
+        for waiter in waiters:
+            if not waiter.done():
+                waiter.set_result(None)
 
     def pinned_pages(self) -> set[str]:
-        """Pages in use now (never eviction victims)."""
-        return set(self._pins)
+        """Pages in use now (never eviction victims): pinned by a request or a page-bound step, or
+        held by a running page-bound agent hosted here, except (inside `using_pages(holder=...)`)
+        the pages that holder itself holds: an agent bound to more pages than fit moves on from its
+        own page to its next, and two such agents never wait on each other's held pages."""
+        pinned = set(self._pins)
+        if self.page_holds is not None:
+            own = _HOLDER.get()
+            for holder, pages in self.page_holds().items():
+                if holder != own:
+                    pinned.update(pages)
+        return pinned
 
     def page_capacity(self) -> int | None:
         """How many pages the engine holds at once (None: no fixed number of slots)."""
@@ -85,18 +196,26 @@ class InferenceEngine(ABC):
 
     def _unpin_waiter(self) -> asyncio.Future[None]:
         """A future resolved at the next unpin: take it before looking for a free slot, so an unpin
-        that happens while looking is not missed."""
+        that happens while looking is not missed; `_forget_waiter` it when done looking."""
         waiter: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        self._pin_waiters = [w for w in self._pin_waiters if not w.done()]
         self._pin_waiters.append(waiter)
         return waiter
 
+    def _forget_waiter(self, waiter: asyncio.Future[None]) -> None:
+        with contextlib.suppress(ValueError):
+            self._pin_waiters.remove(waiter)
+        waiter.cancel()
+
     async def _await_unpin(self, waiter: asyncio.Future[None], deadline: float, page_id: str) -> None:
-        """Wait for an unpin until `deadline` (loop time); ResourceExhausted once it has passed."""
+        """Wait for an unpin until `deadline` (loop time); ResourceExhausted once it has passed.
+        Returns at least every PIN_POLL_SECONDS so the caller looks again: a held page is released
+        when its agent's run ends, which nobody announces."""
         remaining = deadline - asyncio.get_running_loop().time()
         if remaining > 0:
             with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(waiter, remaining)
-                return
+                await asyncio.wait_for(asyncio.shield(waiter), min(remaining, PIN_POLL_SECONDS))
+            return
         raise ResourceExhausted(
             f"{self.kind} engine: every page slot holds a page in use (pinned) and none was released within "
             f"{self.pin_wait_seconds:g}s, so page {page_id!r} cannot be loaded here; retry later or use "

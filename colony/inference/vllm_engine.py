@@ -5,12 +5,15 @@ the tests check without vllm) loads anywhere. Structured output uses vLLM's stru
 parameters (`StructuredOutputsParams`, or `GuidedDecodingParams` on older releases).
 
 Residency: vLLM evicts prefix-cache blocks on its own. Without KV-cache events the engine keeps
-a conservative account: pages are resident in load order until their summed tokens exceed the
-KV-cache capacity vLLM reports, and the oldest beyond it are counted as evicted.
+a conservative account: pages in use (pinned) are resident, then the newest pages until their
+summed tokens exceed the KV-cache capacity vLLM reports; the oldest beyond it are counted as
+evicted. A load that would not fit beside the pinned pages waits for an unpin (bounded), so a page
+in use is never counted out from under its request.
 """
 
 from __future__ import annotations
 
+import asyncio
 import importlib
 import time
 import uuid
@@ -83,6 +86,7 @@ class VLLMEngine(InferenceEngine):
         self._tokenizer: Any = None
         self._pages: OrderedDict[str, tuple[Page, int]] = OrderedDict()  # page -> prefix tokens, load order
         self._capacity_tokens: int | None = None
+        self._load_lock = asyncio.Lock()  # a load checks the room beside the pinned pages, then fills it
 
     async def start(self) -> None:
         if self._engine is not None:
@@ -170,9 +174,34 @@ class VLLMEngine(InferenceEngine):
                 yield StreamChunk(usage=usage_of(output))
 
     async def load_page(self, page: Page) -> PageLoad:
-        """Prefill the page (max_tokens=1, generator consumed to the end) so its blocks are cached."""
+        """Prefill the page (max_tokens=1, generator consumed to the end) so its blocks are cached.
+        Pages in use (pinned) are never counted out to make room: when the page does not fit beside
+        them the load waits for an unpin (`pin_wait_seconds`), then fails with ResourceExhausted."""
         await self.start()
         prompt = self._prompt([ChatMessage(role="system", content=render_page_prefix([page]))])
+        needed = self._count_tokens(prompt)
+        deadline = asyncio.get_running_loop().time() + self.pin_wait_seconds
+        while True:
+            waiter = self._unpin_waiter()
+            try:
+                async with self._load_lock:
+                    if self._fits_beside_pinned(page.page_id, needed):
+                        return await self._prefill(page, prompt)
+                await self._await_unpin(waiter, deadline, page.page_id)
+            finally:
+                self._forget_waiter(waiter)
+
+    def _count_tokens(self, prompt: str) -> int:
+        return len(self._tokenizer.encode(prompt))
+
+    def _fits_beside_pinned(self, page_id: str, tokens: int) -> bool:
+        if self._capacity_tokens is None:
+            return True
+        pinned = self.pinned_pages()
+        used = sum(t for pid, (_page, t) in self._pages.items() if pid in pinned and pid != page_id)
+        return used + tokens <= self._capacity_tokens
+
+    async def _prefill(self, page: Page, prompt: str) -> PageLoad:
         started = time.perf_counter()
         final = None
         async for output in self._run(prompt, {"max_tokens": 1, "temperature": 0.0}):
@@ -192,12 +221,16 @@ class VLLMEngine(InferenceEngine):
         return self._pages.pop(page_id, None) is not None
 
     def resident_pages(self) -> dict[str, int | None]:
-        """Newest pages whose summed prefix tokens fit the KV cache."""
+        """The pages in use (pinned: never counted out), then the newest pages whose summed prefix
+        tokens fit the rest of the KV cache."""
         if self._capacity_tokens is None:
             return dict.fromkeys(self._pages)
-        resident: dict[str, int | None] = {}
-        used = 0
+        pinned = self.pinned_pages()
+        resident: dict[str, int | None] = {pid: None for pid in self._pages if pid in pinned}
+        used = sum(self._pages[pid][1] for pid in resident)
         for page_id, (_page, tokens) in reversed(self._pages.items()):
+            if page_id in resident:
+                continue
             used += tokens
             if used > self._capacity_tokens:
                 break

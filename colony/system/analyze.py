@@ -125,8 +125,10 @@ class PageSummaryCapability(AgentCapability):
                 ],
                 "max_tokens": self.max_tokens,
             }
-            async with self.replica.pinned([page_id]):  # no other worker's fault evicts it meanwhile
-                answer = await self.replica.generate(request, [page_id])
+            # pinned from fault to answer (no other worker's fault evicts it meanwhile); as the holder
+            # of its bound pages this worker may evict its own previous page for its next one
+            holder = self.agent.agent_id if self.agent is not None else None
+            answer = await self.replica.generate(request, [page_id], holder=holder)
             text = whole_sentences(str(answer.get("text", "")))
             cached = int(answer.get("usage", {}).get("cached_tokens", 0))
             if self.agent is not None:

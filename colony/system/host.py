@@ -13,13 +13,14 @@ import asyncio
 import contextlib
 import logging
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Any
 
 from colony import metrics, security
 from colony.agents import (
     Agent,
     AgentBlueprint,
+    AgentState,
     AgentType,
     LocalAgentRuntime,
     ResumptionCondition,
@@ -30,7 +31,7 @@ from colony.blackboard import Blackboard, BlackboardScope, create_redis, resolve
 from colony.blackboard.protocol import AgentStateProtocol
 from colony.config import ColonySettings
 from colony.errors import BlackboardUnavailable, BlueprintTampered, ResourceExhausted
-from colony.inference import InferenceEngine, InferenceRequest, create_engine
+from colony.inference import InferenceEngine, InferenceRequest, Page, create_engine
 from colony.system.registry import HEARTBEAT_MISSES, NOT_HOSTED, AgentRecord, AgentRegistry
 from colony.system.replicas import AgentSlot, ReplicaSnapshot
 from colony.vcm import PageTable
@@ -90,6 +91,7 @@ class ReplicaHost:
         if self.engine is None:
             self.engine = create_engine(self.settings)
         self.engine.pin_wait_seconds = self.settings.vcm.page_wait_seconds
+        self.engine.page_holds = self.held_pages
         await self.engine.start()
         self.runtime = LocalAgentRuntime(
             blackboard,
@@ -138,8 +140,24 @@ class ReplicaHost:
             replica=self.replica_id,
         )
 
+    def held_pages(self) -> dict[str, list[str]]:
+        """Pages of the page-bound agents running here, by agent: the engine never evicts them for
+        anyone else (their next step would fault the page straight back in); an agent's own fault
+        (`generate(..., holder=)`) may. Idle, suspended and ended agents hold none."""
+        if self.runtime is None:
+            return {}
+        held: dict[str, list[str]] = {}
+        for agent_id in self.runtime.agent_ids:
+            agent = self.runtime.get(agent_id)
+            metadata = agent.metadata
+            if metadata.agent_type is AgentType.VCM_BOUND and agent.state is AgentState.RUNNING:
+                held[agent_id] = list(metadata.bound_pages)
+        return held
+
     async def _suspended(self, agent_id: str, condition: ResumptionCondition) -> None:
         """An agent left this replica suspended: the registry says so (no replica)."""
+        if self.engine is not None:
+            self.engine.release_pins()
         _, registry = self._ready()
         record = await registry.get(agent_id)
         if record is not None:
@@ -147,6 +165,8 @@ class ReplicaHost:
         metrics.AGENT_SUSPENSIONS.labels(SUSPENSION_REASONS.get(condition.kind, "other")).inc()
 
     async def _stopped(self, agent_id: str) -> None:
+        if self.engine is not None:
+            self.engine.release_pins()
         _, registry = self._ready()
         await registry.set_state(agent_id, "stopped")
 
@@ -227,14 +247,21 @@ class ReplicaHost:
         return True
 
     async def generate(
-        self, request: dict[str, Any], page_ids: list[str] | None = None, *, hard: bool = False
+        self,
+        request: dict[str, Any],
+        page_ids: list[str] | None = None,
+        *,
+        hard: bool = False,
+        holder: str | None = None,
     ) -> dict[str, Any]:
         """Run an inference request here; pages it names that this engine lacks are faulted in
         (their text from the page table) first, unless `hard` affinity is asked for: then a replica
         without every page refuses with ResourceExhausted (the router sent the call to the best
-        holder, so none holds them all). The pages are pinned from the fault to the answer, so a
-        concurrent fault never evicts a page this request has just loaded; a fault that finds every
-        slot pinned waits (`vcm.page_wait_seconds`), then fails with ResourceExhausted."""
+        holder, so none holds them all). The pages are made resident and pinned all together, from the
+        fault to the answer, so a concurrent fault never evicts a page this request has just loaded;
+        when they do not all fit beside the pages others use, the request waits holding none
+        (`vcm.page_wait_seconds`), then fails with ResourceExhausted. `holder`: the page-bound agent
+        asking, which may evict its own held pages (`held_pages`) to bring in its next one."""
         assert self.engine is not None
         page_ids = list(dict.fromkeys(page_ids or request.get("page_ids") or []))
         capacity = self.engine.page_capacity()
@@ -250,8 +277,7 @@ class ReplicaHost:
                     f"no replica holds all of pages {page_ids[:5]} (missing here: {missing[:5]}); "
                     "load them first or ask with soft affinity"
                 )
-        async with self.engine.pinned(page_ids):
-            faulted = await self.ensure_pages(page_ids)
+        async with self._using_pages(page_ids, holder) as faulted:
             response = await self.engine.generate(
                 InferenceRequest.model_validate({**request, "page_ids": page_ids})
             )
@@ -262,25 +288,31 @@ class ReplicaHost:
         assert self.engine is not None
         return self.engine.pinned(page_ids)
 
+    async def _fetch_page(self, page_id: str) -> Page:
+        assert self.pages is not None
+        return await self.pages.content(page_id)
+
+    @contextlib.asynccontextmanager
+    async def _using_pages(self, page_ids: list[str], holder: str | None = None) -> AsyncIterator[list[str]]:
+        """The pages resident and pinned for the block, all or none (faults counted, the page
+        table told); yields the ids faulted in."""
+        assert self.engine is not None
+        swapped = set(self.engine.swapped_pages())
+        async with self.engine.using_pages(page_ids, self._fetch_page, holder=holder) as faulted:
+            self._accessed.update(page_ids)
+            self.page_counts["hits"] += len(page_ids) - len(faulted)
+            self.page_counts["faults"] += len(faulted)
+            self.page_counts["swap_ins"] += sum(1 for p in faulted if p in swapped)
+            self.page_counts["loads"] += sum(1 for p in faulted if p not in swapped)
+            if faulted:
+                await self.sync_pages()
+            yield faulted
+
     async def ensure_pages(self, page_ids: list[str]) -> list[str]:
-        """Load the pages this engine does not hold (page faults); the page table follows."""
-        assert self.engine is not None and self.pages is not None
-        table = self.pages
-        missing = [p for p in page_ids if p not in self.engine.resident_pages()]
-        self._accessed.update(page_ids)
-        self.page_counts["hits"] += len(page_ids) - len(missing)
-        self.page_counts["faults"] += len(missing)
-        for page_id in missing:
-            swapped = self.engine.swapped_pages()
-            if page_id in swapped:
-                await self.engine.swap_in_page(page_id)
-                self.page_counts["swap_ins"] += 1
-            else:
-                await self.engine.load_page(await table.content(page_id))
-                self.page_counts["loads"] += 1
-        if missing:
-            await self.sync_pages()
-        return missing
+        """Load the pages this engine does not hold (page faults), all or none; the page table
+        follows. Returns the ids faulted in."""
+        async with self._using_pages(list(dict.fromkeys(page_ids))) as faulted:
+            return faulted
 
     async def evict_page(self, page_id: str) -> bool:
         """Evict a page; VCM-bound agents bound to it are suspended until it is resident again."""
