@@ -311,6 +311,13 @@ class Blackboard:
             await self._expire_key(keys=[tag_set], args=[ttl])  # the set last: its scan is over
             return count
 
+    async def expire_tag(self, tag: str, ttl_seconds: float) -> bool:
+        """Make a tag's index set alone expire in `ttl_seconds` (unless sooner), e.g. the tag set of
+        a group whose members already carry an expiry. False if the set does not exist."""
+        key = self.keyspace.tag_key(validate_tag(tag))
+        async with self.guard("expire_tag"):
+            return bool(await self._expire_key(keys=[key], args=[ttl_to_ms(ttl_seconds)]))
+
     async def refresh(self, keys: Iterable[str], ttl_seconds: float) -> int:
         """Set the expiry of existing entries to `ttl_seconds` from now, sooner or later than it
         was (e.g. a page used again); missing entries are skipped. Returns how many were set."""

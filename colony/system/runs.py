@@ -163,7 +163,7 @@ class RunService:
                 ttl_seconds=life,
             )
             # the run's tag set too: if no one ever answers, nothing of the run outlives `life`
-            await board.expire([], life, tag=AgentRunProtocol.request_tag(run_id))
+            await board.expire_tag(AgentRunProtocol.request_tag(run_id), life)
             try:
                 await self.api_board.write(
                     ApiRunProtocol.run_key(run_id), record, created_by=API_WRITER, ttl_seconds=life
