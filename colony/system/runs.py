@@ -28,7 +28,7 @@ from pydantic import BaseModel, Field
 from redis.exceptions import RedisError
 
 from colony import metrics
-from colony.agents.handle import CANCELLED, COMPLETED, FAILED, TERMINAL_EVENTS
+from colony.agents.handle import TERMINAL_EVENTS, terminal_event
 from colony.agents.models import new_id
 from colony.blackboard import AgentRunProtocol, Blackboard, BlackboardScope, scope_id
 from colony.blackboard.connection import redis_url_of
@@ -345,7 +345,7 @@ class RunService:
             value = result.value
         newest = await board.last_generated_event_id() or position
         status = value.get("status")
-        kind = {"succeeded": COMPLETED, "cancelled": CANCELLED}.get(status, FAILED)
+        kind = terminal_event(status)
         gap = {
             "event_type": GAP,
             "data": {"after": position, "reason": "events of this run are gone (retention or stream cap)"},
