@@ -302,8 +302,8 @@ async def run_sandboxed(
             if cgroup.oom_killed():
                 result.ok = False
                 result.error = (
-                    f"the sandboxed program went over its memory limit ({limits.memory_mb} MiB + "
-                    f"{limits.scratch_mb} MiB scratch, memory cgroup) and was killed"
+                    f"the sandboxed program went over its memory limit ({memory_max_mb(limits)} MiB for all "
+                    "its processes and scratch files, memory cgroup) and was killed"
                 )
             cgroup.remove()
         read_transport.close()
@@ -439,6 +439,11 @@ async def _terminate(
         await sandbox_os.kill_uid(uid)
 
 
+def memory_max_mb(limits: SandboxLimits) -> int:
+    """The run's cgroup memory.max: its memory plus its two scratch tmpfs (/tmp, /dev/shm)."""
+    return limits.memory_mb + 2 * limits.scratch_mb
+
+
 def _make_cgroup(settings: PlanningSettings, limits: SandboxLimits) -> sandbox_os.RunCgroup | None:
     """The run's own cgroup (None where cgroups are off or unusable and not required)."""
     if settings.sandbox_cgroups == "off":
@@ -455,7 +460,7 @@ def _make_cgroup(settings: PlanningSettings, limits: SandboxLimits) -> sandbox_o
         return sandbox_os.RunCgroup.create(
             support,
             f"run-{os.getpid()}-{secrets.token_hex(6)}",
-            memory_bytes=(limits.memory_mb + limits.scratch_mb) * 1024 * 1024,
+            memory_bytes=memory_max_mb(limits) * 1024 * 1024,
             pids_max=limits.max_processes + PIDS_OVERHEAD,
         )
     except OSError as exc:

@@ -12,7 +12,8 @@ call: {"kind": "call", "action", "params"}, answered with {"ok", "result" | "err
 
 The import allow-list and the audit hook below are defence in depth: they give honest programs
 clear errors, and they make escapes harder, but a program that defeats them still meets the
-OS-level limits (namespaces, uid, rlimits) that were in place before it started.
+OS-level limits (namespaces, uid, cgroup, rlimits, the seccomp filter) that were in place before
+it started.
 """
 
 MAX_FILES = 32
@@ -118,6 +119,65 @@ STRIPPED = [
 ]
 
 
+# seccomp: what the kernel refuses the program whatever it does in Python. (audit arch, nr of
+# unshare, setns, memfd_create, memfd_secret, clone, clone3) per machine; elsewhere no filter.
+SECCOMP = {
+    "x86_64": (0xC000003E, (272, 308, 319, 447), 56, 435),
+    "aarch64": (0xC00000B7, (97, 268, 279, 447), 220, 435),
+}
+CLONE_NAMESPACES = 0x7E020000  # CLONE_NEWNS | NEWCGROUP | NEWUTS | NEWIPC | NEWUSER | NEWPID | NEWNET
+
+
+def _seccomp_program(machine):
+    """(code, jt, jf, k) BPF instructions: no new namespaces, no memfd; clone3 is ENOSYS (libc falls
+    back to clone, whose flags BPF can read); a foreign syscall ABI (x32, i386) is refused."""
+    if machine not in SECCOMP:
+        return None
+    arch, denied, clone, clone3 = SECCOMP[machine]
+    ld, jeq, jge, jset, ret = 0x20, 0x15, 0x35, 0x45, 0x06
+    allow, eperm, enosys, kill = 0x7FFF0000, 0x00050001, 0x00050026, 0x80000000
+    insns = [(ld, 0, 0, 4), (jeq, 1, 0, arch), (ret, 0, 0, kill), (ld, 0, 0, 0)]
+    insns += [(jge, 0, 1, 0x40000000), (ret, 0, 0, eperm)]  # x32 syscalls on x86_64
+    for nr in denied:
+        insns += [(jeq, 0, 1, nr), (ret, 0, 0, eperm)]
+    insns += [(jeq, 0, 1, clone3), (ret, 0, 0, enosys)]
+    insns += [(jeq, 0, 3, clone), (ld, 0, 0, 16), (jset, 0, 1, CLONE_NAMESPACES), (ret, 0, 0, eperm)]
+    return [*insns, (ret, 0, 0, allow)]
+
+
+def _seccomp_installer(ctypes, machine):
+    """A function installing the filter (None where this machine has no table), made while ctypes
+    may still be imported."""
+    program = _seccomp_program(machine)
+    if program is None:
+        return None
+
+    class Filter(ctypes.Structure):
+        _fields_ = [
+            ("code", ctypes.c_ushort),
+            ("jt", ctypes.c_ubyte),
+            ("jf", ctypes.c_ubyte),
+            ("k", ctypes.c_uint),
+        ]
+
+    class Program(ctypes.Structure):
+        _fields_ = [("len", ctypes.c_ushort), ("filter", ctypes.POINTER(Filter))]
+
+    table = (Filter * len(program))(*[Filter(*insn) for insn in program])
+    fprog = Program(len(program), table)
+    prctl, get_errno = ctypes.CDLL(None, use_errno=True).prctl, ctypes.get_errno
+    pointer = ctypes.byref(fprog)
+
+    def install():
+        if prctl(38, 1, 0, 0, 0) != 0:  # PR_SET_NO_NEW_PRIVS
+            raise OSError(get_errno(), "prctl(PR_SET_NO_NEW_PRIVS) failed")
+        if prctl(22, 2, pointer, 0, 0) != 0:  # PR_SET_SECCOMP, SECCOMP_MODE_FILTER
+            raise OSError(get_errno(), "installing the seccomp filter failed")
+        return table, fprog  # (kept alive until installed)
+
+    return install
+
+
 def _disarm(sys, os, allowed):
     """Cut the paths from allowed modules to processes and files (defence in depth, see the docs)."""
     types_module = type(sys)
@@ -189,14 +249,15 @@ def _main():  # everything lives in this frame, so the module's globals hold not
             __import__(name)
 
     prctl, parent = None, os.getppid()
-    if request.get("die_with_parent"):  # process isolation: bubblewrap does this itself
-        loaded = set(sys.modules)
-        import ctypes
+    loaded = set(sys.modules)
+    import ctypes
 
+    if request.get("die_with_parent"):  # process isolation: bubblewrap does this itself
         prctl = ctypes.CDLL(None, use_errno=True).prctl
-        for name in set(sys.modules) - loaded:  # the program cannot import ctypes from the cache
-            del sys.modules[name]
-        del ctypes
+    seccomp = _seccomp_installer(ctypes, os.uname().machine)
+    for name in set(sys.modules) - loaded:  # the program cannot import ctypes from the cache
+        del sys.modules[name]
+    del ctypes
 
     uid = request.get("uid")
     try:
@@ -222,6 +283,9 @@ def _main():  # everything lives in this frame, so the module's globals hold not
         if request.get("nproc"):  # only a uid of our own makes the count mean "this program's processes"
             nproc = int(limits["max_processes"])
             resource.setrlimit(resource.RLIMIT_NPROC, (nproc, nproc))
+        if seccomp is not None:  # last: the kernel's word, whatever the program does in Python
+            seccomp()
+            seccomp = None
     except (OSError, ValueError) as exc:
         send({"kind": "done", "ok": False, "error": f"sandbox setup failed: {exc}", "setup": True})
         return 3

@@ -6,13 +6,17 @@ interpreter. What holds regardless is decided here, outside the program's proces
 
 - bubblewrap (`bwrap`): new mount, pid, network, ipc, uts and cgroup namespaces; a root of
   read-only binds of the Python runtime (the interpreter, its stdlib without site-packages, the
-  shared libraries it links) plus a size-capped tmpfs on `/tmp`; `--die-with-parent`,
+  shared libraries it links) plus size-capped tmpfs on `/tmp` and `/dev/shm`; `--die-with-parent`,
   `--new-session`, an empty environment. When Colony runs as root the program then runs under a
   fresh unprivileged uid (one per run, so RLIMIT_NPROC counts only its processes); when Colony is
   not root bwrap also unshares the user namespace and maps the program to uid 65534.
 - process isolation (the fallback where bwrap is missing or does not work): a separate process in
-  its own session with the same rlimits and per-run uid, killed as a process group and, as root,
-  by a sweep over every process of its uid.
+  its own session with the same rlimits and per-run uid, killed as a process group and, as root
+  without a cgroup, by a sweep over every process of its uid.
+- cgroups (either isolation, where Colony is root and the memory and pids controllers are there):
+  one per run, entered before the first instruction, with memory.max and pids.max; the bound on
+  memory (memfd, shm and tmpfs pages included) and processes, and the way every process of the run
+  (and nothing else) is killed.
 
 `detect_bubblewrap` really starts a sandbox once (cached), because an installed `bwrap` may still
 be unusable (no user namespaces in an unprivileged pod, a seccomp profile refusing `unshare`).
