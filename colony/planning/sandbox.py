@@ -70,10 +70,21 @@ PRELOAD_MODULES = ("_strptime",)  # imported lazily by allowed modules; loaded b
 class SandboxLimits(BaseModel):
     wall_seconds: float = Field(10.0, gt=0, le=3600, description="wall-clock limit of one program")
     cpu_seconds: int = Field(5, ge=1, le=3600, description="CPU-time limit (RLIMIT_CPU)")
-    memory_mb: int = Field(512, ge=64, description="address-space limit (RLIMIT_AS)")
+    memory_mb: int = Field(
+        512,
+        ge=64,
+        description="RLIMIT_AS of each process; with a cgroup, memory_mb + 2 * scratch_mb bounds all of them",
+    )
     max_calls: int = Field(100, ge=1, description="action calls one program may make")
-    max_processes: int = Field(8, ge=1, le=4096, description="RLIMIT_NPROC for the program's own uid")
-    scratch_mb: int = Field(16, ge=1, le=4096, description="size of the /tmp tmpfs and RLIMIT_FSIZE")
+    max_processes: int = Field(
+        8,
+        ge=1,
+        le=4096,
+        description="RLIMIT_NPROC for the program's own uid; the cgroup's pids.max is this + 3",
+    )
+    scratch_mb: int = Field(
+        16, ge=1, le=4096, description="size of each of /tmp and /dev/shm and RLIMIT_FSIZE"
+    )
     max_output_bytes: int = Field(64 * 1024, ge=1024, description="stdout/stderr kept (the tail)")
     max_code_bytes: int = Field(256 * 1024, ge=1024, description="largest program accepted")
     max_message_bytes: int = Field(1024 * 1024, ge=1024, description="largest protocol message")
