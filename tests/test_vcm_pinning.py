@@ -246,9 +246,9 @@ async def test_an_abandoned_stream_releases_its_pin(tmp_path: Path) -> None:
 # -- analyze ----------------------------------------------------------------------------------------
 
 
-async def analyze_run(host: ReplicaHost, control: ControlPlane, path: Path) -> Any:
+async def analyze_run(host: ReplicaHost, control: ControlPlane, path: Path, max_workers: int = 16) -> Any:
     assert host.blackboard is not None
-    await control.place(analyze_blueprint())
+    await control.place(analyze_blueprint(max_workers=max_workers))
     runs = RunService(host.blackboard, control.registry, colony_id=host.settings.colony_id)
     submitted = await runs.submit("analyze", {"path": str(path), "page_tokens": 256})
     async with asyncio.timeout(600):
@@ -291,6 +291,20 @@ async def test_analyze_six_pages_on_two_slots_analyses_every_file(one_replica: A
     assert report["not_analysed"] == [] and "Not analysed" not in report["report"]
     for name in FILES:
         assert f"## {name}.py:1-" in report["report"]
+
+
+@pytest.mark.parametrize("one_replica", [None], indirect=True)
+async def test_analyze_workers_bound_to_more_pages_than_slots(one_replica: Any, tmp_path: Path) -> None:
+    """2 workers of 3 pages each on 2 slots: each running worker holds its 3 pages, and moves on
+    from its own page to its next (holder=); it never waits on the other's held page (that would
+    leave both waiting until vcm.page_wait_seconds and the run partial)."""
+    host, control = one_replica
+    host.engine.pin_wait_seconds = 30
+    run = await analyze_run(host, control, write_tree(tmp_path / "tree"), max_workers=2)
+    assert run.status == "succeeded", run.error
+    report = run.output
+    assert report["pages"] == 6 and report["failed_workers"] == 0 and report["partial"] is False
+    assert report["files"] == sorted(f"{name}.py" for name in FILES)
 
 
 def failing_on(*names: str) -> Any:

@@ -336,11 +336,15 @@ class AnalyzeCapability(AgentCapability):
         return whole_sentences((await self.engine.generate(request)).text)
 
 
-def analyze_blueprint(agent_id: str = "analyze") -> AgentBlueprint:
+def analyze_blueprint(agent_id: str = "analyze", *, max_workers: int = 16) -> AgentBlueprint:
+    """The `analyze` coordinator; `max_workers` bounds its page workers (more pages: bigger groups)."""
     return AgentBlueprint(
         agent_class=Agent,
         metadata=AgentMetadata(agent_id=agent_id, agent_type=AgentType.SUPERVISOR, role="analyze"),
-        capabilities=[AnalyzeCapability.bind(), AgentRunCapability.bind(namespace=RUNS_NAMESPACE)],
+        capabilities=[
+            AnalyzeCapability.bind(max_workers=max_workers),
+            AgentRunCapability.bind(namespace=RUNS_NAMESPACE),
+        ],
         action_policy=ScriptedActionPolicy.bind(
             steps=[
                 {
