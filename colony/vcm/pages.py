@@ -259,7 +259,11 @@ class PageSource:
         chunk: list[tuple[FileSpan, str]] = []
         used = 0
         for entry in self._entries():
-            for span, text in self._pieces(entry.relative, _read(entry)):
+            content = _read(entry)
+            if content is None:  # it could not be opened under its root any more (swapped, removed)
+                self.skipped.append(entry.relative)
+                continue
+            for span, text in self._pieces(entry.relative, content):
                 tokens = self.count_tokens(text) + 1  # + the separator between pieces
                 if chunk and used + tokens > self.page_tokens:
                     yield self._page(chunk)
@@ -343,12 +347,12 @@ def _open_under(root: Path, real: Path) -> int | None:
     return fd
 
 
-def _read(entry: _Entry) -> str:
+def _read(entry: _Entry) -> str | None:
     """The file's text, no more than the size counted against the cap (it may have grown since), read
-    through `_open_under` its root (nothing when a folder on the way was swapped for a symlink)."""
+    through `_open_under` its root; None when that fails (a folder on the way swapped for a symlink)."""
     fd = _open_under(entry.root, entry.real)
     if fd is None:
-        return ""
+        return None
     with open(fd, "rb") as handle:
         return handle.read(entry.size).decode("utf-8", errors="replace")
 
