@@ -3,6 +3,7 @@ engine, streaming its tokens as run events). `colony.system.catalog` lists every
 
 from __future__ import annotations
 
+import contextlib
 from typing import Any
 
 from colony.agents import (
@@ -62,11 +63,14 @@ class AskCapability(AgentCapability):
             max_tokens=self.max_tokens,
         )
         parts: list[str] = []
-        async for chunk in self.engine.stream(request):
-            if chunk.text:
-                parts.append(chunk.text)
-                if self.agent is not None:
-                    await self.agent.emit_run_event("token", {"text": chunk.text})
+        # aclosing: a run failing mid-stream (e.g. its event cannot be stored) ends the stream, and
+        # with it the engine's hold on its slot, at once rather than when it is collected
+        async with contextlib.aclosing(self.engine.stream(request)) as chunks:
+            async for chunk in chunks:
+                if chunk.text:
+                    parts.append(chunk.text)
+                    if self.agent is not None:
+                        await self.agent.emit_run_event("token", {"text": chunk.text})
         return "".join(parts).strip()
 
 
