@@ -405,30 +405,23 @@ async def _serve_call(
         result.calls.append(SandboxCall(action_key=key[:200], parameters={}, success=False, error=error))
         return {"ok": False, "error": error}
     call_started = time.perf_counter()
+    output: Any = None
+    error: str | None = None
     try:
         output = _jsonable(await actions[key](**params))
     except Exception as exc:  # the action's failure goes back to the program
         error = f"{type(exc).__name__}: {exc}"
-        result.calls.append(
-            SandboxCall(
-                action_key=key,
-                parameters=params,
-                success=False,
-                error=error,
-                seconds=time.perf_counter() - call_started,
-            )
-        )
-        return {"ok": False, "error": error}
     result.calls.append(
         SandboxCall(
             action_key=key,
             parameters=params,
-            success=True,
+            success=error is None,
             output=output,
+            error=error,
             seconds=time.perf_counter() - call_started,
         )
     )
-    return {"ok": True, "result": output}
+    return {"ok": False, "error": error} if error is not None else {"ok": True, "result": output}
 
 
 async def _terminate(
