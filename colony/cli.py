@@ -8,6 +8,7 @@ import json
 import logging
 import os
 import sys
+import time
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
@@ -140,16 +141,25 @@ def cmd_down(args: argparse.Namespace) -> int:
 
 
 def cmd_status(args: argparse.Namespace) -> int:
+    import httpx
+
     from colony.client import ColonyClient
     from colony.serve import cluster
 
-    info = cluster.status(_settings(args))
+    settings = _settings(args)
+    info = cluster.status(settings)
     if info is None:
         report: dict[str, Any] = {"running": False}
     else:
-        with ColonyClient(info.url, info.token) as client:
-            agents = client.agents()
-            replicas = client.replicas()
+        agents: list[dict[str, Any]] = []
+        replicas: list[Any] = []
+        problem = None
+        try:  # the API answers /healthz, yet a call may fail while Redis is away: say so, still report
+            with ColonyClient(info.url, info.token) as client:
+                agents = client.agents()
+                replicas = client.replicas()
+        except (ColonyError, httpx.HTTPError) as exc:
+            problem = str(exc) or type(exc).__name__
         by_state: dict[str, int] = {}
         for agent in agents:
             by_state[agent["state"]] = by_state.get(agent["state"], 0) + 1
@@ -162,6 +172,9 @@ def cmd_status(args: argparse.Namespace) -> int:
             "agents": len(agents),
             "agents_by_state": by_state,
         }
+        if problem:
+            report["problem"] = problem
+    report["redis"] = _redis_report(settings)
     if args.json:
         print(json.dumps(report, indent=2))
     elif not report["running"]:
@@ -169,8 +182,55 @@ def cmd_status(args: argparse.Namespace) -> int:
     else:
         states = ", ".join(f"{k} {v}" for k, v in sorted(report["agents_by_state"].items()))
         where = f"Colony at {report['url']}"
-        print(f"{where}: {report['replicas']} replica(s), {report['agents']} agent(s) ({states})")
+        if "problem" in report:
+            print(f"{where}: answers, but listing agents and replicas failed: {report['problem']}")
+        else:
+            print(f"{where}: {report['replicas']} replica(s), {report['agents']} agent(s) ({states})")
+    if not args.json and (report["running"] or report["redis"].get("restarts")):
+        print(_redis_line(report["redis"]))
     return 0 if report["running"] else 1
+
+
+def _redis_report(settings: ColonySettings) -> dict[str, Any]:
+    """The Redis the cluster uses: external, or the embedded one with the supervisor's restarts
+    (read from a file of their own, so this answers while Redis is down)."""
+    from colony.blackboard.redis_server import EmbeddedRedis, RedisRestarts, mask_url
+
+    if settings.redis_url:
+        return {"kind": "external", "url": mask_url(settings.redis_url)}
+    server = EmbeddedRedis(settings.data_dir, settings.embedded_redis)
+    try:
+        running = server.status()
+    except ColonyError as exc:
+        running, problem = None, str(exc)
+    else:
+        problem = None
+    restarts = RedisRestarts.read(server)
+    report: dict[str, Any] = {
+        "kind": "embedded",
+        "running": running is not None,
+        "pid": running.pid if running else None,
+        "url": running.masked_url if running else None,
+        "appendfsync": settings.embedded_redis.appendfsync,
+        "restarts": restarts.restarts,
+        "last_restart_at": restarts.last_restart_at,
+        "last_restart_error": restarts.last_error,
+    }
+    if problem:
+        report["problem"] = problem
+    return report
+
+
+def _redis_line(redis: dict[str, Any]) -> str:
+    if redis.get("kind") == "external":
+        return f"Redis: external, {redis['url']}"
+    state = f"pid {redis['pid']}, {redis['url']}" if redis.get("running") else "not running"
+    line = f"Redis: embedded, {state}; restarted {redis.get('restarts', 0)} time(s) by the supervisor"
+    if redis.get("last_restart_at"):
+        line += f", last at {time.strftime('%Y-%m-%d %H:%M:%S', time.localtime(redis['last_restart_at']))}"
+    if redis.get("last_restart_error"):
+        line += f"; last failed restart: {redis['last_restart_error'].splitlines()[0]}"
+    return line
 
 
 def cmd_run(args: argparse.Namespace) -> int:

@@ -56,6 +56,19 @@ class EmbeddedRedisSettings(BaseModel):
     appendonly: bool = Field(True, description="Persist every write to an append-only file.")
     start_timeout_seconds: float = Field(15.0, gt=0)
     maxmemory: str | None = Field(None, description="e.g. '2gb'; unset means no limit.")
+    appendfsync: Literal["always", "everysec", "no"] = Field(
+        "always",
+        description="When the AOF is fsynced: always (before each reply: an acknowledged write, so an "
+        "accepted run, survives a SIGKILL or power loss), everysec (up to ~1 s of writes lost), no.",
+    )
+    supervise: bool = Field(
+        True, description="`colony up`'s daemon restarts a dead embedded redis-server (same port and data)."
+    )
+    supervise_interval_seconds: float = Field(0.5, gt=0, description="How often the daemon checks it.")
+    restart_backoff_seconds: float = Field(
+        0.5, gt=0, description="Wait before a restart that follows a recent one; doubles on each."
+    )
+    restart_backoff_max_seconds: float = Field(30.0, gt=0, description="Bound of that wait.")
 
 
 class EngineSettings(BaseModel):

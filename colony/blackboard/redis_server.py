@@ -26,6 +26,7 @@ import shutil
 import signal
 import socket
 import subprocess
+import threading
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass, field
@@ -133,6 +134,16 @@ def process_alive(pid: int) -> bool:
         done, _ = os.waitpid(pid, os.WNOHANG)
         if done == pid:
             return False
+    # ... and so does another process's zombie (a server killed while its parent lives on). Our
+    # own child is left to waitpid above: its leader shows Z while other threads still exit.
+    with contextlib.suppress(OSError, IndexError):
+        stat = Path(f"/proc/{pid}/stat").read_text()
+        if stat[stat.rindex(")") + 2 :].split()[0] in ("Z", "X"):
+            try:
+                done, _ = os.waitpid(pid, os.WNOHANG)
+            except ChildProcessError:
+                return False  # not ours: its parent reaps it, it serves nothing
+            return done != pid
     return True
 
 
@@ -171,6 +182,8 @@ class EmbeddedRedis:
         self.config_file = self.dir / "redis.conf"
         self.log_file = self.dir / "redis.log"
         self.password_file = self.dir / PASSWORD_FILE_NAME
+        self.stopped_file = self.dir / "stopped"  # `stop()` was asked: a supervisor leaves it down
+        self.restarts_file = self.dir / "restarts.json"
 
     @contextlib.contextmanager
     def _locked(self) -> Iterator[None]:
@@ -209,9 +222,15 @@ class EmbeddedRedis:
         self.state_file.unlink(missing_ok=True)
         return None
 
-    def start(self) -> RedisServerInfo:
-        """Start the server, or return the one already running for this data_dir."""
+    def recorded(self) -> RedisServerInfo | None:
+        """What the state file says of the server (alive or not); None without one."""
+        return self._read_state()
+
+    def start(self, port: int | None = None) -> RedisServerInfo:
+        """Start the server, or return the one already running for this data_dir. `port` (a
+        restart on the port the server had) wins over `embedded_redis.port`."""
         with self._locked():
+            self.stopped_file.unlink(missing_ok=True)
             running = self.status()
             if running is not None:
                 return running
@@ -222,7 +241,7 @@ class EmbeddedRedis:
                     "a Redis of your own with a password and set COLONY_REDIS_URL."
                 )
             binary = find_redis_binary(self.settings.binary)
-            port = self.settings.port or free_port(self.settings.host)
+            port = port or self.settings.port or free_port(self.settings.host)
             password = self._password()
             self._write_config(port, password)
             with open(self.log_file, "ab") as log_handle:
@@ -250,6 +269,7 @@ class EmbeddedRedis:
     def stop(self, timeout: float = 10.0) -> bool:
         """Stop the server cleanly (AOF flushed); True if one was running."""
         with self._locked():
+            self.stopped_file.touch()
             info = self._read_state()
             if info is None or not process_alive(info.pid):
                 self.state_file.unlink(missing_ok=True)
@@ -308,7 +328,7 @@ class EmbeddedRedis:
             "protected-mode yes",
             'save ""',
             f"appendonly {'yes' if self.settings.appendonly else 'no'}",
-            "appendfsync everysec",
+            f"appendfsync {self.settings.appendfsync}",
             "loglevel notice",
             f"requirepass {password}",
         ]
@@ -347,3 +367,112 @@ class EmbeddedRedis:
             return "\n".join(self.log_file.read_text(errors="replace").splitlines()[-lines:])
         except OSError:
             return "(no log)"
+
+
+@dataclass(frozen=True)
+class RedisRestarts:
+    """How often a supervisor restarted the embedded server (kept in `<data_dir>/redis/restarts.json`,
+    a file of its own so that it reads while Redis is down)."""
+
+    restarts: int = 0
+    last_restart_at: float | None = None
+    last_pid: int | None = None
+    last_error: str | None = None  # the last restart that failed, if any
+
+    @classmethod
+    def read(cls, server: EmbeddedRedis) -> RedisRestarts:
+        try:
+            return cls(**json.loads(server.restarts_file.read_text()))
+        except (FileNotFoundError, ValueError, TypeError):
+            return cls()
+
+    def write(self, server: EmbeddedRedis) -> None:
+        server.dir.mkdir(parents=True, exist_ok=True)
+        tmp = server.restarts_file.with_name(f".{server.restarts_file.name}.{os.getpid()}.tmp")
+        tmp.write_text(json.dumps(self.__dict__))
+        os.replace(tmp, server.restarts_file)
+
+
+class RedisSupervisor:
+    """Keeps the embedded redis-server of `server` up: when its process is gone (SIGKILL, crash,
+    OOM kill) it is started again on the same port, data dir and password, so the AOF is replayed
+    and clients reconnect to the address they know. Restarts that follow one another wait a
+    backoff (`restart_backoff_seconds`, doubling up to `restart_backoff_max_seconds`; back to the
+    first after the server stayed up that long). A server stopped on purpose (`stop()`,
+    `colony redis stop`) is left down. Each restart is logged and counted in `RedisRestarts`.
+
+    A thread of its own: `start()` / `stop()`, or `check()` for one round (tests)."""
+
+    def __init__(self, server: EmbeddedRedis, port: int | None = None) -> None:
+        self.server = server
+        recorded = server.recorded()
+        self.port = port or (recorded.port if recorded else None)
+        self._pid = recorded.pid if recorded else None
+        settings = server.settings
+        self._delay = settings.restart_backoff_seconds
+        self._not_before = 0.0
+        self._last_restart = 0.0
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+
+    def start(self) -> RedisSupervisor:
+        self._thread = threading.Thread(target=self._run, name="redis-supervisor", daemon=True)
+        self._thread.start()
+        return self
+
+    def stop(self, timeout: float = 10.0) -> None:
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join(timeout)
+
+    def _run(self) -> None:
+        while not self._stop.wait(self.server.settings.supervise_interval_seconds):
+            try:
+                self.check()
+            except Exception:  # never let the supervisor die of one bad round
+                log.exception("redis supervisor: check failed")
+
+    def _dead(self) -> bool:
+        if self.server.stopped_file.exists():
+            return False  # stopped on purpose
+        recorded = self.server.recorded()
+        if recorded is not None:
+            self._pid = recorded.pid
+            self.port = self.port or recorded.port
+        return self._pid is None or not process_alive(self._pid)
+
+    def check(self) -> bool:
+        """One round: restart the server if it died (and the backoff allows); True if restarted."""
+        settings = self.server.settings
+        now = time.monotonic()
+        if not self._dead():
+            if self._last_restart and now - self._last_restart >= settings.restart_backoff_max_seconds:
+                self._delay = settings.restart_backoff_seconds  # it stayed up: the next restart is quick
+            return False
+        if now < self._not_before:
+            return False
+        log.warning(
+            "embedded redis-server (pid %s, port %s) is gone; restarting it on the same port and data",
+            self._pid,
+            self.port,
+        )
+        previous = RedisRestarts.read(self.server)
+        self._not_before = now + self._delay
+        self._delay = min(self._delay * 2, settings.restart_backoff_max_seconds)
+        try:
+            info = self.server.start(port=self.port)
+        except (RedisServerError, OSError) as exc:
+            log.error("restarting the embedded redis-server failed (next try in %.1fs): %s", self._delay, exc)
+            RedisRestarts(previous.restarts, previous.last_restart_at, previous.last_pid, str(exc)).write(
+                self.server
+            )
+            return False
+        if info.pid == self._pid:
+            return False
+        self._pid, self._last_restart = info.pid, time.monotonic()
+        count = previous.restarts + 1
+        RedisRestarts(count, time.time(), info.pid, None).write(self.server)
+        log.warning(
+            "embedded redis-server restarted (restart %d): pid %s at %s", count, info.pid, info.masked_url
+        )
+        return True

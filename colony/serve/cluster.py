@@ -28,7 +28,7 @@ import httpx
 from pydantic import SecretStr
 
 from colony.api.auth import TokenSource, ensure_token_file
-from colony.blackboard.redis_server import EmbeddedRedis, process_alive
+from colony.blackboard.redis_server import EmbeddedRedis, RedisRestarts, RedisSupervisor, process_alive
 from colony.config import ColonySettings, load_settings
 from colony.errors import ClusterError, ColonyError
 from colony.security import write_private_file
@@ -150,6 +150,8 @@ def _launch(settings: ColonySettings, env: dict[str, str]) -> ClusterInfo:
     """Start the daemon and wait until it records the cluster, or report why it did not: the
     cause the daemon wrote (a replica's exception, a busy port), never a bare exit code."""
     command = [sys.executable, "-m", "colony.serve.cluster", "--settings-stdin"]
+    if not settings.redis_url and settings.embedded_redis.supervise:
+        command.append("--supervise-redis")  # the daemon restarts the embedded server if it dies
     log_path = settings.data_dir / "cluster.log"
     with open(log_path, "ab") as log_file:
         process = subprocess.Popen(
@@ -241,8 +243,16 @@ def _stop_daemon(pid: int, timeout: float = 60.0) -> None:
             time.sleep(0.1)
 
 
-def _serve_forever(settings: ColonySettings) -> None:
-    """Daemon body: own a local Ray cluster running the app until SIGTERM."""
+def redis_restarts(settings: ColonySettings) -> RedisRestarts | None:
+    """How often the daemon restarted the embedded redis-server (None with an external Redis)."""
+    if settings.redis_url:
+        return None
+    return RedisRestarts.read(EmbeddedRedis(settings.data_dir, settings.embedded_redis))
+
+
+def _serve_forever(settings: ColonySettings, supervise_redis: bool = False) -> None:
+    """Daemon body: own a local Ray cluster running the app until SIGTERM; with `supervise_redis`,
+    keep the embedded redis-server `up` started alive too (`RedisSupervisor`)."""
     import ray
     from ray import serve
 
@@ -256,6 +266,10 @@ def _serve_forever(settings: ColonySettings) -> None:
 
     signal.signal(signal.SIGTERM, on_term)
     signal.signal(signal.SIGINT, on_term)
+    supervisor = None
+    if supervise_redis:
+        supervisor = RedisSupervisor(EmbeddedRedis(settings.data_dir, settings.embedded_redis)).start()
+        log.info("supervising the embedded redis-server on port %s", supervisor.port)
     cfg = settings.serve
     ray.init(num_cpus=cfg.num_cpus, include_dashboard=False, log_to_driver=False, namespace="colony")
     try:
@@ -289,6 +303,8 @@ def _serve_forever(settings: ColonySettings) -> None:
         with contextlib.suppress(Exception):
             serve.shutdown()
         ray.shutdown()
+        if supervisor is not None:
+            supervisor.stop()
 
 
 def _wait_ready(
@@ -371,13 +387,16 @@ def main() -> None:
     parser = argparse.ArgumentParser(description="Colony local cluster daemon (started by `colony up`).")
     parser.add_argument("--config")
     parser.add_argument("--settings-stdin", action="store_true", help="read the settings as JSON from stdin")
+    parser.add_argument(
+        "--supervise-redis", action="store_true", help="restart the embedded redis-server when it dies"
+    )
     args = parser.parse_args()
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     settings = (
         ColonySettings(**json.loads(sys.stdin.read())) if args.settings_stdin else load_settings(args.config)
     )
     try:
-        _serve_forever(settings)
+        _serve_forever(settings, supervise_redis=args.supervise_redis)
     except Exception as exc:
         log.exception("the cluster did not start")
         _write_failure(settings, str(exc) if isinstance(exc, ColonyError) else f"{type(exc).__name__}: {exc}")
