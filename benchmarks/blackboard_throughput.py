@@ -6,7 +6,11 @@
 
 Goal: both ratios >= 0.5, p99 < 5 ms. Usage:
     python benchmarks/blackboard_throughput.py [--redis-url URL] [--writers 64] [--ops 300]
-Without --redis-url an embedded redis-server is started in a temporary directory.
+        [--appendfsync always|everysec|both]
+Without --redis-url an embedded redis-server is started in a temporary directory, by default twice:
+once with `appendfsync always` (the default of the embedded server: every acknowledged write is
+on disk, so no accepted run is lost to a SIGKILL) and once with `everysec` (up to ~1 s of writes
+lost), and the figures of both are printed side by side: the cost of the durability default.
 """
 
 from __future__ import annotations
@@ -24,7 +28,7 @@ import redis.asyncio as aioredis
 
 from colony.blackboard import Blackboard, create_redis
 from colony.blackboard.redis_server import EmbeddedRedis
-from colony.config import BlackboardSettings
+from colony.config import BlackboardSettings, EmbeddedRedisSettings
 
 PAYLOAD = {"agent": "agent-42", "status": "running", "step": 17, "notes": "x" * 64}
 PAYLOAD_TEXT = json.dumps(PAYLOAD)
@@ -119,7 +123,7 @@ async def event_latency(bb: Blackboard, rate: int, seconds: float) -> dict:
     }
 
 
-async def main(args: argparse.Namespace) -> dict:
+async def main(args: argparse.Namespace, label: str = "") -> dict:
     settings = BlackboardSettings(events_maxlen=100_000, max_connections=max(128, args.writers * 2))
     client = create_redis(args.redis_url, settings)
     bb = Blackboard(client, f"bench:{uuid.uuid4().hex[:8]}", settings=settings)
@@ -131,6 +135,8 @@ async def main(args: argparse.Namespace) -> dict:
         await client.flushdb()
     finally:
         await client.aclose()
+    if label:
+        print(f"--- {label}")
     print(
         f"(a) {args.writers} concurrent writers x {args.ops} ops, median of {args.rounds} interleaved rounds"
     )
@@ -166,18 +172,47 @@ def cli() -> None:
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--rate", type=int, default=1000, help="events per second for the latency test")
     parser.add_argument("--seconds", type=float, default=3.0)
+    parser.add_argument(
+        "--appendfsync",
+        choices=["always", "everysec", "both"],
+        default="both",
+        help="AOF fsync policy of the embedded server (default: both, side by side)",
+    )
     args = parser.parse_args()
-    server = None
-    if not args.redis_url:
-        server = EmbeddedRedis(tempfile.mkdtemp(prefix="colony-bench-"))
+    if args.redis_url:
+        asyncio.run(main(args))
+        return
+    policies = ["always", "everysec"] if args.appendfsync == "both" else [args.appendfsync]
+    results = {}
+    for policy in policies:
+        server = EmbeddedRedis(
+            tempfile.mkdtemp(prefix="colony-bench-"), EmbeddedRedisSettings(appendfsync=policy)
+        )
         info = server.start()
         args.redis_url = info.url
-        print(f"embedded redis-server at {info.masked_url}")
-    try:
-        asyncio.run(main(args))
-    finally:
-        if server is not None:
+        print(f"embedded redis-server at {info.masked_url}, appendfsync {policy}")
+        try:
+            results[policy] = asyncio.run(main(args, label=f"appendfsync {policy}"))
+        finally:
             server.stop()
+    if len(results) == 2:
+        _side_by_side(results["always"], results["everysec"])
+
+
+def _side_by_side(always: dict, everysec: dict) -> None:
+    rows = [
+        ("raw SET ops/s", "concurrent", "raw_set_ops_s", ".0f"),
+        ("Blackboard.write ops/s", "concurrent", "blackboard_write_ops_s", ".0f"),
+        ("raw pipelined writes/s", "batches", "raw_pipeline_writes_s", ".0f"),
+        ("write_many writes/s", "batches", "write_many_writes_s", ".0f"),
+        ("event latency p50 ms", "latency", "p50_ms", ".2f"),
+        ("event latency p99 ms", "latency", "p99_ms", ".2f"),
+    ]
+    print("\nappendfsync           always     everysec   always/everysec")
+    for name, section, key, fmt in rows:
+        a, e = always[section][key], everysec[section][key]
+        print(f"{name:22} {a:10{fmt}} {e:12{fmt}} {a / e if e else float('nan'):14.2f}")
+    print(json.dumps({"always": always, "everysec": everysec}))
 
 
 if __name__ == "__main__":
