@@ -4,6 +4,7 @@ write acknowledged before the kill is there), the restart counted where `colony 
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import signal
@@ -12,6 +13,7 @@ import sys
 import time
 from pathlib import Path
 
+import httpx
 import redis
 
 from colony.blackboard.redis_server import (
@@ -21,7 +23,9 @@ from colony.blackboard.redis_server import (
     free_port,
     process_alive,
 )
-from colony.config import EmbeddedRedisSettings
+from colony.client import ApiError, ColonyClient
+from colony.config import ColonySettings, EmbeddedRedisSettings
+from colony.serve.cluster import read_state
 
 
 def _wait(predicate, timeout: float, step: float = 0.05) -> bool:  # type: ignore[no-untyped-def]
@@ -184,7 +188,11 @@ def test_colony_up_restarts_a_killed_redis_and_status_shows_it(tmp_path: Path) -
         ran = _cli("run", "echo", "--input", '{"n": 1}', cwd=tmp_path, env=env, timeout=60)
         assert ran.returncode == 0 and json.loads(ran.stdout) == {"n": 1}, ran.stderr[-2000:]
 
-        os.kill(pid, signal.SIGKILL)
+        info = read_state(ColonySettings(data_dir=data_dir))
+        assert info is not None
+        with ColonyClient(info.url, info.token, timeout=30) as client:
+            accepted = [client.submit("echo", {"k": n})["run_id"] for n in range(10)]
+        os.kill(pid, signal.SIGKILL)  # right after the 202s: some of the runs are still in flight
         killed = time.monotonic()
         assert _wait(lambda: _status(tmp_path, env)["redis"]["restarts"] == 1, 20, step=0.5)
         after = _status(tmp_path, env)["redis"]
@@ -194,6 +202,34 @@ def test_colony_up_restarts_a_killed_redis_and_status_shows_it(tmp_path: Path) -
         text = _cli("status", cwd=tmp_path, env=env, timeout=60).stdout
         assert "restarted 1 time(s)" in text
         assert "embedded redis-server restarted (restart 1)" in (data_dir / "cluster.log").read_text()
+
+        # appendfsync always: every accepted run is still there after the restart (none lost)
+        with ColonyClient(info.url, info.token, timeout=30) as client:
+            views = {}
+
+            def all_readable() -> bool:
+                for run_id in accepted:
+                    if run_id not in views:
+                        try:
+                            views[run_id] = client.get(run_id)
+                        except (ApiError, httpx.HTTPError):
+                            return False
+                return True
+
+            assert _wait(all_readable, 30, step=0.5), "accepted runs are missing after the restart"
+
+            # ... and none is stuck: each ends, succeeded or failed with its reason (one caught by the
+            # outage mid-way fails with "blackboard unavailable"), none stays queued or running
+            def all_ended() -> bool:
+                for run_id in accepted:
+                    if views[run_id]["status"] not in ("succeeded", "failed", "cancelled"):
+                        with contextlib.suppress(ApiError, httpx.HTTPError):
+                            views[run_id] = client.get(run_id)
+                return all(v["status"] in ("succeeded", "failed", "cancelled") for v in views.values())
+
+            assert _wait(all_ended, 30, step=0.5), [v["status"] for v in views.values()]
+            assert all(v["status"] == "succeeded" or v.get("error") for v in views.values())
+            print("after restart:", [(v["status"], v.get("error")) for v in views.values()])
 
         # the rest of the cluster reconnects to the address it knows: a new echo run succeeds
         ran = _cli("run", "echo", "--input", '{"n": 2}', cwd=tmp_path, env=env, timeout=60)
