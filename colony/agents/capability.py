@@ -9,18 +9,22 @@
 from __future__ import annotations
 
 import asyncio
+import logging
 from enum import StrEnum
 from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 
 from colony.agents.blueprint import Bindable
 from colony.aio import cancel_and_wait
 from colony.blackboard import Blackboard, BlackboardEvent, BlackboardScope, scope_id
+from colony.blackboard.connection import OutageBackoff
 from colony.blackboard.protocol import AgentRunProtocol, RequestResultProtocol
 from colony.config import load_settings
-from colony.errors import AgentUsageError
+from colony.errors import AgentUsageError, BlackboardUnavailable
 
 if TYPE_CHECKING:
     from colony.agents.base import Agent
+
+log = logging.getLogger(__name__)
 
 
 class CapabilityMode(StrEnum):
@@ -125,11 +129,22 @@ class AgentCapability(Bindable):
     def stream_events_to_queue(
         self, queue: asyncio.Queue[BlackboardEvent], pattern: str = "*", *, from_id: str = "$"
     ) -> asyncio.Task[None]:
-        """Forward this scope's events matching `pattern` into `queue` until `close()`."""
+        """Forward this scope's events matching `pattern` into `queue` until `close()`; a Redis
+        outage pauses the forwarding (retried with bounded backoff), it goes on after the last
+        event forwarded."""
         subscription = self.blackboard.subscribe(pattern, from_id=from_id)
 
         async def forward() -> None:
-            async for event in subscription:
+            outage = OutageBackoff(f"{self.name}: events of {self.scope_id}", log)
+            while True:
+                try:
+                    event = await subscription.next()
+                except BlackboardUnavailable as exc:
+                    await outage.wait(exc)
+                    continue
+                outage.recovered()
+                if event is None:
+                    return
                 await queue.put(event)
 
         task = asyncio.create_task(forward(), name=f"{self.name}-events")

@@ -29,9 +29,16 @@ from colony.blackboard import (
     TagFilter,
     scope_id,
 )
+from colony.blackboard.connection import OutageBackoff, redis_answers, retry_unavailable
 from colony.blackboard.protocol import AgentRunProtocol, ApiRunProtocol, RequestResultProtocol
 from colony.config import ColonySettings, load_settings
-from colony.errors import AgentUsageError, BlackboardError, ConcurrentModificationError, RunTimeout
+from colony.errors import (
+    AgentUsageError,
+    BlackboardError,
+    BlackboardUnavailable,
+    ConcurrentModificationError,
+    RunTimeout,
+)
 
 if TYPE_CHECKING:
     from colony.agents.base import Agent
@@ -314,7 +321,11 @@ class AgentRunCapability(AgentCapability):
             return None
         request_id = identified[1]["request_id"]
         agent = self._agent()
-        try:
+        attempts = 0
+
+        async def claim() -> None:
+            nonlocal attempts
+            attempts += 1
             await self.blackboard.write(
                 self.protocol.claim_key(request_id),
                 agent.agent_id,
@@ -322,10 +333,35 @@ class AgentRunCapability(AgentCapability):
                 expected_version=0,
                 created_by=agent.agent_id,
             )
+
+        try:
+            # a Redis outage pauses the claim (and so this feed), it does not drop the request
+            await retry_unavailable(
+                claim,
+                f"agent {agent.agent_id}: claim of request {request_id}",
+                log,
+                answers=self._redis_answers,
+            )
         except ConcurrentModificationError:
-            return None  # already claimed (an event replayed after a restart, or another worker)
+            # already claimed (an event replayed after a restart, or another worker); after a retry
+            # the claim may be our own attempt that Redis applied though its answer timed out
+            if attempts == 1 or not await self._claimed_by_us(request_id):
+                return None
         self._enqueue(request_id)
         return {"request": request_id, "namespace": self.namespace}
+
+    async def _claimed_by_us(self, request_id: str) -> bool:
+        claim = await retry_unavailable(
+            lambda: self.blackboard.read(self.protocol.claim_key(request_id)),
+            "claim check",
+            log,
+            answers=self._redis_answers,
+        )
+        return claim is not None and claim.value == self._agent().agent_id
+
+    async def _redis_answers(self) -> bool:
+        timeout = min(1.0, self.blackboard.settings.op_timeout_seconds)
+        return await redis_answers(self.blackboard.redis, timeout)
 
     def _agent(self) -> Agent:
         if self.agent is None:
@@ -340,21 +376,36 @@ class AgentRunCapability(AgentCapability):
     async def _work(self) -> None:
         """Serve queued requests one at a time, never over a run the agent is still finishing."""
         agent = self._agent()
+        backoff = OutageBackoff(f"agent {agent.agent_id}: requests of {self.namespace}", log)
         while True:
             request_id = await self._queue.get()
             try:
-                await self._idle.wait()
-                while agent.current_run is not None and not agent.current_run.done:  # noqa: ASYNC110 - set by other code paths
-                    await asyncio.sleep(0.05)
-                if await self.blackboard.read(self.protocol.result_key(request_id)) is None:
-                    await self._serve(request_id)
-                else:
-                    await self._retire(request_id)  # ended by its requester before it was served
+                while True:  # a Redis outage before the run begins: the same request again, later
+                    try:
+                        await self._serve_queued(agent, request_id)
+                        backoff.recovered()
+                        break
+                    except BlackboardUnavailable as exc:
+                        if await self._redis_answers():
+                            raise  # not an outage: this request failed (ended failed, below)
+                        if self.active_request == request_id:
+                            self.active_request = None
+                            self._idle.set()
+                        await backoff.wait(exc)
             except Exception as exc:  # one bad request must not stop this agent serving the next ones
                 log.warning("request %s of %s failed outside its run: %r", request_id, agent.agent_id, exc)
                 await self._fail_request(request_id, f"{type(exc).__name__}: {exc}")
             finally:
                 self._queued.discard(request_id)
+
+    async def _serve_queued(self, agent: Agent, request_id: str) -> None:
+        await self._idle.wait()
+        while agent.current_run is not None and not agent.current_run.done:  # noqa: ASYNC110 - set by other code paths
+            await asyncio.sleep(0.05)
+        if await self.blackboard.read(self.protocol.result_key(request_id)) is None:
+            await self._serve(request_id)
+        else:
+            await self._retire(request_id)  # ended by its requester before it was served
 
     async def _fail_request(self, request_id: str, reason: str) -> None:
         """End a request whose serving raised (e.g. an input Redis would not store in an event) as
@@ -392,6 +443,9 @@ class AgentRunCapability(AgentCapability):
                 await agent.run(input_data, request_id=request_id)
         except Exception as exc:
             run = agent.current_run
+            begun = run is not None and run.request_id == request_id
+            if not begun and isinstance(exc, BlackboardUnavailable) and not await self._redis_answers():
+                raise  # not begun, Redis away: served again once it is back
             if run is not None and run.request_id == request_id and self.active_request == request_id:
                 # begun, then raised inside the agent (no host drives it): the run fails, answered
                 await agent.fail_run(f"the run failed inside the agent: {type(exc).__name__}: {exc}")
@@ -441,16 +495,36 @@ class AgentRunCapability(AgentCapability):
         steps: int,
     ) -> None:
         kind = terminal_event(status)
-        try:
-            # create-only: a result already there (cancelled or timed out by the requester) stands
+        value = {"status": status.value, "output": output, "error": error, "run_id": run_id, "steps": steps}
+        what = f"answer of request {request_id}"
+        attempts = 0
+
+        async def write_result() -> None:
+            nonlocal attempts
+            attempts += 1
             await self.blackboard.write(
                 self.protocol.result_key(request_id),
-                {"status": status.value, "output": output, "error": error, "run_id": run_id, "steps": steps},
+                value,
                 tags={self.protocol.request_tag(request_id)},
                 created_by=self.agent.agent_id if self.agent else None,
                 expected_version=0,
             )
-            await self.emit(kind, {"output": output, "error": error})
+
+        try:
+            # create-only: a result already there (cancelled or timed out by the requester) stands.
+            # A Redis outage delays the answer until Redis is back; it never loses it.
+            try:
+                await retry_unavailable(write_result, what, log, answers=self._redis_answers)
+            except ConcurrentModificationError:
+                if attempts == 1 or not await self._result_is(request_id, value):
+                    raise
+                # our own write, applied by Redis though its answer timed out: the event still goes
+            await retry_unavailable(
+                lambda: self.emit(kind, {"output": output, "error": error}),
+                what,
+                log,
+                answers=self._redis_answers,
+            )
         except ConcurrentModificationError:
             pass
         except Exception as exc:  # e.g. an output Redis cannot store: the run still ends, as failed
@@ -463,6 +537,15 @@ class AgentRunCapability(AgentCapability):
         agent = self.agent
         if self.one_shot and agent is not None and agent.host is not None:
             agent.host.retire(agent.agent_id)
+
+    async def _result_is(self, request_id: str, value: dict[str, Any]) -> bool:
+        entry = await retry_unavailable(
+            lambda: self.blackboard.read(self.protocol.result_key(request_id)),
+            "result check",
+            log,
+            answers=self._redis_answers,
+        )
+        return entry is not None and entry.value == value
 
     async def _store_failure(self, request_id: str, reason: str) -> None:
         """The result (or its event) could not be written: write a failed result without the output
@@ -510,29 +593,37 @@ class AgentRunCapability(AgentCapability):
         retention, as do this scope's stream events older than the retention. Idempotent (it
         never extends an expiry but the claim's, which a repeat rewrites), so it also runs after
         late writes. A failure is logged: the request is answered either way."""
+        try:
+            await retry_unavailable(
+                lambda: self._retire_once(request_id),
+                f"retiring {request_id}",
+                log,
+                answers=self._redis_answers,
+            )
+        except BlackboardError as exc:
+            log.warning("keys of request %s were not given their retention: %s", request_id, exc)
+
+    async def _retire_once(self, request_id: str) -> None:
         tag = self.protocol.request_tag(request_id)
         owner = self.agent.agent_id if self.agent else None
         ttl = self.retention_seconds
-        try:
-            # out of the open-claims index, its expiry in the same write (never left without one);
-            # untagged, so the expiry index needs no member for it
-            await self.blackboard.write(
-                self.protocol.claim_key(request_id), owner, created_by=owner, ttl_seconds=ttl
-            )
-            await self.blackboard.expire([], ttl, tag=tag, trim_events=True)
-            if self.protocol is AgentRunProtocol and self.agent is not None:
-                meta = self.agent.metadata
-                api_board = self.blackboard.scoped(
-                    scope_id(
-                        BlackboardScope.COLONY,
-                        tenant_id=meta.tenant_id,
-                        colony_id=meta.colony_id,
-                        namespace=ApiRunProtocol.namespace,
-                    )
+        # out of the open-claims index, its expiry in the same write (never left without one);
+        # untagged, so the expiry index needs no member for it
+        await self.blackboard.write(
+            self.protocol.claim_key(request_id), owner, created_by=owner, ttl_seconds=ttl
+        )
+        await self.blackboard.expire([], ttl, tag=tag, trim_events=True)
+        if self.protocol is AgentRunProtocol and self.agent is not None:
+            meta = self.agent.metadata
+            api_board = self.blackboard.scoped(
+                scope_id(
+                    BlackboardScope.COLONY,
+                    tenant_id=meta.tenant_id,
+                    colony_id=meta.colony_id,
+                    namespace=ApiRunProtocol.namespace,
                 )
-                await api_board.expire([ApiRunProtocol.run_key(request_id)], ttl)
-        except BlackboardError as exc:
-            log.warning("keys of request %s were not given their retention: %s", request_id, exc)
+            )
+            await api_board.expire([ApiRunProtocol.run_key(request_id)], ttl)
 
     async def emit(self, event_type: str, data: Any = None) -> None:
         """Write the next event of the active request (ordered by its sequence number).
@@ -549,14 +640,15 @@ class AgentRunCapability(AgentCapability):
 
     async def _write_event(self, event_type: str, data: Any) -> None:
         assert self.active_request is not None
-        self._seq += 1
-        event = AgentRunEvent(request_id=self.active_request, event_type=event_type, data=data, seq=self._seq)
+        seq = self._seq + 1  # taken once stored: a write retried after an outage keeps its number
+        event = AgentRunEvent(request_id=self.active_request, event_type=event_type, data=data, seq=seq)
         await self.blackboard.write(
-            self.protocol.event_key(self.active_request, f"{self._seq:05d}.{event_type}"),
+            self.protocol.event_key(self.active_request, f"{seq:05d}.{event_type}"),
             event.model_dump(mode="json"),
             tags={self.protocol.request_tag(self.active_request)},
             created_by=self.agent.agent_id if self.agent else None,
         )
+        self._seq = seq
 
     async def _after_step(self, ctx: HookContext, result: Any) -> None:
         agent = self._agent()

@@ -9,6 +9,7 @@ the OpenAPI document by tests/test_api_contract.py.
 
 from __future__ import annotations
 
+import asyncio
 import json
 import logging
 import re
@@ -23,6 +24,7 @@ from fastapi.openapi.utils import get_openapi
 from fastapi.responses import JSONResponse, Response, StreamingResponse
 from fastapi.security import HTTPBearer
 from prometheus_client import REGISTRY, generate_latest
+from pydantic import Field
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from colony import __version__, metrics
@@ -117,6 +119,15 @@ def _error(status: int, code: str, message: str, headers: dict[str, str] | None 
 
 
 ServicesProvider = Callable[[], Awaitable[ApiServices]]
+
+HEALTH_PING_SECONDS = 1.0  # /healthz answers within about this long, Redis away or not
+
+
+class HealthReport(Health):
+    """`ok`, or `degraded` (HTTP 503) with the reason while Redis does not answer."""
+
+    status: str = Field(description="`ok`, or `degraded` while Redis does not answer")
+    reason: str | None = Field(None, description="why the API is degraded (absent when `ok`)")
 
 
 def create_app(
@@ -238,8 +249,28 @@ def create_app(
 
     app.openapi = openapi  # type: ignore[method-assign]
 
-    @app.get("/healthz", response_model=Health)
-    async def healthz() -> dict[str, str]:
+    @app.get(
+        "/healthz",
+        response_model=HealthReport,
+        response_model_exclude_none=True,
+        responses={503: {"model": HealthReport, "description": "degraded: Redis does not answer"}},
+    )
+    async def healthz() -> Any:
+        """Liveness and readiness: pings Redis with a short timeout (no token needed)."""
+        try:
+            async with asyncio.timeout(HEALTH_PING_SECONDS):
+                board = (await svc()).runs.api_board
+                await board.redis.ping()
+        except Exception as exc:  # any failure to reach Redis in time: degraded, with the reason
+            # the kind of failure only: this route needs no token, so it names no address
+            reason = (
+                f"Redis did not answer within {HEALTH_PING_SECONDS}s"
+                if isinstance(exc, TimeoutError)
+                else f"Redis unavailable ({type(exc).__name__})"
+            )
+            return _AsciiJSON(
+                status_code=503, content={"status": "degraded", "version": __version__, "reason": reason}
+            )
         return {"status": "ok", "version": __version__}
 
     @app.get(

@@ -8,8 +8,11 @@ lives), and records the operation's count, latency and errors.
 from __future__ import annotations
 
 import asyncio
+import logging
 import time
+from collections.abc import Awaitable, Callable
 from types import TracebackType
+from typing import TypeVar
 
 import redis.asyncio as aioredis
 from redis.asyncio.retry import Retry
@@ -22,6 +25,8 @@ from colony import metrics
 from colony.blackboard.redis_server import EmbeddedRedis
 from colony.config import BlackboardSettings, ColonySettings
 from colony.errors import BlackboardAuthError, BlackboardUnavailable, ColonyError
+
+T = TypeVar("T")
 
 _UNAVAILABLE = (RedisConnectionError, RedisTimeoutError, TimeoutError, OSError)
 
@@ -94,4 +99,85 @@ class Guard:
             raise BlackboardAuthError(self._op, self._url, exc) from exc
         if isinstance(exc, _UNAVAILABLE):
             raise BlackboardUnavailable(self._op, self._url, exc) from exc
+        return False
+
+
+class OutageBackoff:
+    """Bounded exponential backoff for a loop that waits out a Redis outage: the first failure
+    of an outage is logged (a warning), later ones only at debug level, and `recovered()` logs
+    once how long it lasted. Delays grow from `first` to at most `cap` seconds."""
+
+    def __init__(self, what: str, logger: logging.Logger, *, first: float = 0.1, cap: float = 2.0) -> None:
+        self.what = what
+        self._log = logger
+        self._first = first
+        self._cap = cap
+        self._delay = first
+        self.since: float | None = None  # monotonic time the current outage began
+
+    @property
+    def failing(self) -> bool:
+        return self.since is not None
+
+    def note(self, exc: BaseException) -> None:
+        """Note a failure of the outage (logged as a warning only when it is the first)."""
+        if self.since is None:
+            self.since = time.monotonic()
+            self._log.warning("%s: Redis unavailable (%s); retrying with backoff", self.what, exc)
+        else:
+            self._log.debug("%s: still unavailable (%s)", self.what, exc)
+
+    async def wait(self, exc: BaseException) -> None:
+        """Note a failure of the outage and sleep the next delay."""
+        self.note(exc)
+        await asyncio.sleep(self._delay)
+        self._delay = min(self._delay * 2, self._cap)
+
+    def recovered(self) -> None:
+        """The operation succeeded: end the outage (logged once) and reset the delay."""
+        if self.since is not None:
+            self._log.warning(
+                "%s: Redis is back after %.1fs; carrying on", self.what, time.monotonic() - self.since
+            )
+            self.since = None
+        self._delay = self._first
+
+
+async def retry_unavailable(
+    operation: Callable[[], Awaitable[T]],
+    what: str,
+    logger: logging.Logger,
+    *,
+    cap: float = 2.0,
+    answers: Callable[[], Awaitable[bool]] | None = None,
+    tries_while_up: int = 3,
+) -> T:
+    """`await operation()` until it does not raise `BlackboardUnavailable`, with bounded backoff
+    (cancel the caller to give up). Other errors propagate at once. With `answers` (a ping of
+    Redis), an operation that fails `tries_while_up` times in a row while Redis answers is not
+    an outage: its error propagates."""
+    backoff = OutageBackoff(what, logger, cap=cap)
+    up_failures = 0
+    while True:
+        try:
+            result = await operation()
+        except BlackboardUnavailable as exc:
+            if answers is not None and await answers():
+                up_failures += 1
+                if up_failures >= tries_while_up:
+                    raise
+            else:
+                up_failures = 0
+            await backoff.wait(exc)
+            continue
+        backoff.recovered()
+        return result
+
+
+async def redis_answers(client: aioredis.Redis, timeout: float = 1.0) -> bool:
+    """Whether Redis answers a PING within `timeout` seconds (never raises)."""
+    try:
+        async with asyncio.timeout(timeout):
+            return bool(await client.ping())
+    except Exception:
         return False

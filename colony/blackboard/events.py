@@ -9,6 +9,7 @@ pending until acknowledged, and lets a live consumer XAUTOCLAIM what a dead one 
 from __future__ import annotations
 
 import fnmatch
+import logging
 import re
 import time
 from collections import deque
@@ -24,12 +25,20 @@ from colony.blackboard.protocol import validate_segment
 if TYPE_CHECKING:
     from colony.blackboard.blackboard import Blackboard
 
+log = logging.getLogger(__name__)
+
 _READ_COUNT = 256
 
 
 def compile_pattern(pattern: str) -> re.Pattern[str] | None:
     """A regex for the key glob (None matches everything)."""
     return None if pattern == "*" else re.compile(fnmatch.translate(pattern))
+
+
+def _block_ms(bb: Blackboard) -> int:
+    """XREAD BLOCK time: the configured one, but always well inside the operation's time bound
+    (a BLOCK as long as the bound would time out every idle read)."""
+    return max(10, min(bb.settings.subscribe_block_ms, int(bb.settings.op_timeout_seconds * 500)))
 
 
 def _lag(event: BlackboardEvent, mode: str) -> None:
@@ -91,7 +100,7 @@ class EventSubscription:
                     event = BlackboardEvent.from_stream(bb.scope_id, event_id, fields)
                     _lag(event, "subscribe")
                     return event
-            block = bb.settings.subscribe_block_ms
+            block = _block_ms(bb)
             if deadline is not None:
                 left_ms = int((deadline - time.monotonic()) * 1000)
                 if left_ms <= 0:
@@ -155,6 +164,23 @@ class EventConsumer:
             self._created = True
         return self
 
+    def _lost_group(self, exc: ResponseError) -> bool:
+        """A NOGROUP reply: Redis came back without the group (restarted with its data lost, or
+        the stream was deleted). Re-create it on the next read, from the start of what the stream
+        holds now (nothing appended since the restart is missed); our pending list went with it."""
+        if "NOGROUP" not in str(exc):
+            return False
+        log.warning(
+            "consumer group %s of %s is gone (Redis lost it); re-creating it",
+            self.group,
+            self._bb.keyspace.events_key,
+        )
+        self._created = False
+        self._start_id = "0"
+        self._pending_from = "0"
+        self._next_reclaim = 0.0
+        return True
+
     def close(self) -> None:
         self._closed = True
 
@@ -175,12 +201,23 @@ class EventConsumer:
                 event = BlackboardEvent.from_stream(self._bb.scope_id, event_id, fields)
                 _lag(event, "consume")
                 return ConsumedEvent(event, delivery, self)
-            await self._fill()
+            try:
+                await self._fill()
+            except ResponseError as exc:
+                if not self._lost_group(exc):
+                    raise
+                await self.start()
         raise StopAsyncIteration
 
     async def ack(self, *event_ids: str) -> int:
-        async with self._bb.guard("xack"):
-            return int(await self._bb.redis.xack(self._bb.keyspace.events_key, self.group, *event_ids))
+        """Acknowledge events (0 when the group is gone: nothing is pending in it any more)."""
+        try:
+            async with self._bb.guard("xack"):
+                return int(await self._bb.redis.xack(self._bb.keyspace.events_key, self.group, *event_ids))
+        except ResponseError as exc:
+            if not self._lost_group(exc):
+                raise
+            return 0
 
     async def _fill(self) -> None:
         bb, stream = self._bb, self._bb.keyspace.events_key
@@ -200,7 +237,7 @@ class EventConsumer:
             self._next_reclaim = now + self.min_idle_ms / 2000.0
             if await self._reclaim():
                 return
-        block = min(bb.settings.subscribe_block_ms, max(10, int((self._next_reclaim - now) * 1000)))
+        block = min(_block_ms(bb), max(10, int((self._next_reclaim - now) * 1000)))
         async with bb.guard("xreadgroup"):
             reply = await bb.redis.xreadgroup(
                 self.group, self.consumer, {stream: ">"}, count=_READ_COUNT, block=block

@@ -17,8 +17,9 @@ from colony import metrics, security
 from colony.agents import AgentBlueprint
 from colony.aio import cancel_and_wait
 from colony.blackboard import Blackboard, BlackboardScope, scope_id
+from colony.blackboard.connection import OutageBackoff
 from colony.config import ColonySettings
-from colony.errors import AgentNotFound, AgentStateConflict
+from colony.errors import AgentNotFound, AgentStateConflict, BlackboardUnavailable
 from colony.system.monitor import ResumptionMonitor
 from colony.system.placement import AgentPlacer, Placement
 from colony.system.registry import HEARTBEAT_MISSES, NOT_HOSTED, AgentRecord, AgentRegistry
@@ -131,10 +132,14 @@ class ControlPlane:
     async def _run(self) -> None:
         """The `_resource_monitor_loop`: a monitor round (resumptions, dead replicas) and a counter
         publication every `serve.monitor_period_seconds`."""
+        outage = OutageBackoff("resource monitor", log)
         while True:
             try:
                 await self.monitor.tick()
                 await self.publish()
+                outage.recovered()
+            except BlackboardUnavailable as exc:  # logged once per outage; the next round retries
+                outage.note(exc)
             except Exception:
                 log.exception("resource monitor round failed")
             await asyncio.sleep(self.monitor.period)

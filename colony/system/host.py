@@ -28,6 +28,7 @@ from colony.agents import (
 )
 from colony.aio import cancel_and_wait
 from colony.blackboard import Blackboard, BlackboardScope, create_redis, resolve_redis_url, scope_id
+from colony.blackboard.connection import OutageBackoff
 from colony.blackboard.protocol import AgentStateProtocol
 from colony.config import ColonySettings
 from colony.errors import BlackboardUnavailable, BlueprintTampered, ResourceExhausted
@@ -395,12 +396,16 @@ class ReplicaHost:
                 await registry.put(record.model_copy(update={"state": state, "replica": None}))
 
     async def _heartbeat_loop(self) -> None:
+        """Beat every `serve.heartbeat_seconds` for ever: a Redis outage is logged once (and its
+        end), every other failure each time; the next beat rewrites what a restart lost."""
+        outage = OutageBackoff(f"replica {self.replica_id} heartbeat", log)
         while True:
             await asyncio.sleep(self.settings.serve.heartbeat_seconds)
             try:
                 await self._beat()
+                outage.recovered()
             except BlackboardUnavailable as exc:
-                log.warning("replica %s heartbeat failed: %s", self.replica_id, exc)
+                outage.note(exc)
             except Exception:
                 log.exception("replica %s heartbeat failed", self.replica_id)
 
