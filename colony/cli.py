@@ -174,6 +174,10 @@ def cmd_status(args: argparse.Namespace) -> int:
         }
         if problem:
             report["problem"] = problem
+        state = cluster.health(info) or {"status": "unknown"}
+        report["health"] = state.get("status")
+        if state.get("reason"):
+            report["health_reason"] = state["reason"]
     report["redis"] = _redis_report(settings)
     if args.json:
         print(json.dumps(report, indent=2))
@@ -182,6 +186,8 @@ def cmd_status(args: argparse.Namespace) -> int:
     else:
         states = ", ".join(f"{k} {v}" for k, v in sorted(report["agents_by_state"].items()))
         where = f"Colony at {report['url']}"
+        if report.get("health") not in (None, "ok"):
+            where += f" ({report['health']}: {report.get('health_reason') or 'no reason given'})"
         if "problem" in report:
             print(f"{where}: answers, but listing agents and replicas failed: {report['problem']}")
         else:

@@ -58,11 +58,27 @@ def read_state(settings: ColonySettings) -> ClusterInfo | None:
         return None
 
 
-def _healthy(info: ClusterInfo) -> bool:
+def health(info: ClusterInfo) -> dict[str, Any] | None:
+    """The API's `/healthz` answer: `{"status": "ok"}`, or `{"status": "degraded", "reason": ...}`
+    (HTTP 503, e.g. while Redis is away and being restarted); None when the API does not answer."""
     try:
-        return httpx.get(f"{info.url}/healthz", timeout=2).status_code == 200
-    except httpx.HTTPError:
-        return False
+        response = httpx.get(f"{info.url}/healthz", timeout=3)
+        body = response.json() if response.content else {}
+    except (httpx.HTTPError, ValueError):
+        return None
+    if not isinstance(body, dict):
+        body = {}
+    if response.status_code == 200:
+        return {"status": "ok", **body}
+    if response.status_code == 503 and body.get("status") == "degraded":
+        return body
+    return None
+
+
+def _healthy(info: ClusterInfo) -> bool:
+    """The API answers, `ok` or `degraded`: a cluster waiting for Redis to come back is running
+    (a second `up` must reuse it, not replace it)."""
+    return health(info) is not None
 
 
 def status(settings: ColonySettings) -> ClusterInfo | None:

@@ -239,3 +239,42 @@ def test_colony_up_restarts_a_killed_redis_and_status_shows_it(tmp_path: Path) -
         assert down.returncode == 0, down.stderr[-2000:]
         assert EmbeddedRedis(data_dir).status() is None
     print(f"took {time.monotonic() - started:.1f}s")
+
+
+def test_a_cluster_waiting_for_redis_is_running_degraded(tmp_path: Path) -> None:
+    """While Redis is away the API answers /healthz 503 `degraded`: the cluster still counts as
+    running (a second `colony up` reuses it instead of replacing it) and `status` says why."""
+    from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+    from threading import Thread
+
+    from colony.serve import cluster
+
+    answer = {"code": 503, "body": {"status": "degraded", "reason": "redis unavailable"}}
+
+    class Health(BaseHTTPRequestHandler):
+        def do_GET(self) -> None:
+            payload = json.dumps(answer["body"]).encode()
+            self.send_response(int(answer["code"]))  # type: ignore[call-overload]
+            self.send_header("Content-Type", "application/json")
+            self.send_header("Content-Length", str(len(payload)))
+            self.end_headers()
+            self.wfile.write(payload)
+
+        def log_message(self, *args: object) -> None:
+            pass
+
+    server = ThreadingHTTPServer(("127.0.0.1", 0), Health)
+    Thread(target=server.serve_forever, daemon=True).start()
+    try:
+        settings = ColonySettings(data_dir=tmp_path)
+        url = f"http://127.0.0.1:{server.server_address[1]}"
+        record = cluster.ClusterInfo(os.getpid(), url, "t", "", time.time(), 1)
+        cluster.state_file(settings).write_text(json.dumps(record.__dict__))
+        assert cluster.status(settings) == record
+        assert cluster.health(record) == {"status": "degraded", "reason": "redis unavailable"}
+        answer.update(code=200, body={"status": "ok", "version": "x"})
+        assert cluster.status(settings) == record and cluster.health(record)["status"] == "ok"  # type: ignore[index]
+        answer.update(code=500, body={"detail": "boom"})
+        assert cluster.status(settings) is None and cluster.health(record) is None
+    finally:
+        server.shutdown()
