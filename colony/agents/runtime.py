@@ -17,9 +17,10 @@ from colony.agents.models import TERMINAL_STATES, AgentRun, AgentState, Resumpti
 from colony.agents.persistence import STATE_NAMES
 from colony.aio import cancel_and_wait
 from colony.blackboard import Blackboard
+from colony.blackboard.connection import OutageBackoff, redis_answers
 from colony.blackboard.protocol import AgentStateProtocol
 from colony.config import load_settings
-from colony.errors import AgentNotFound, BlackboardError, BlueprintTampered
+from colony.errors import AgentNotFound, BlackboardError, BlackboardUnavailable, BlueprintTampered
 
 log = logging.getLogger(__name__)
 
@@ -116,19 +117,25 @@ class LocalAgentRuntime:
         return run
 
     async def wait_for_run(self, agent_id: str, run_id: str, timeout: float | None = None) -> AgentRun:
-        """The run once it is done, read from the blackboard (survives suspension and restore)."""
+        """The run once it is done, read from the blackboard (survives suspension and restore, and
+        waits out a Redis outage with bounded backoff within `timeout`)."""
         board = self.agent_board(agent_id)
         key = AgentStateProtocol.run_key(run_id)
         subscription = await board.subscribe(key).start()
+        outage = OutageBackoff(f"waiting for run {run_id}", log)
         try:
             async with asyncio.timeout(timeout):
                 while True:
-                    entry = await board.read(key)
-                    if entry is not None:
-                        run = AgentRun.model_validate(entry.value)
-                        if run.done:
-                            return run
-                    await subscription.__anext__()
+                    try:
+                        entry = await board.read(key)
+                        if entry is not None:
+                            run = AgentRun.model_validate(entry.value)
+                            if run.done:
+                                return run
+                        await subscription.next(timeout=1.0)
+                        outage.recovered()
+                    except BlackboardUnavailable as exc:
+                        await outage.wait(exc)
         finally:
             subscription.close()
 
@@ -250,7 +257,21 @@ class LocalAgentRuntime:
             raise
         except Exception as exc:  # the run fails, with the reason; the agent goes on serving (IDLE)
             log.exception("run of agent %s failed inside the agent", agent.agent_id)
+            if isinstance(exc, BlackboardUnavailable):
+                await self._await_redis(agent)  # so that the failure below is stored, not lost
             await agent.fail_run(f"the run failed inside the agent: {type(exc).__name__}: {exc}")
+
+    @staticmethod
+    async def _await_redis(agent: Agent, attempts: int = 60) -> None:
+        """Wait (bounded backoff, about two minutes at most) until Redis answers again: a run that
+        failed because Redis went away is then stored failed and answered, never left `running`,
+        and no next run begins before it is."""
+        outage = OutageBackoff(f"agent {agent.agent_id}: storing its failed run", log)
+        for _ in range(attempts):
+            if await redis_answers(agent.blackboard.redis):
+                outage.recovered()
+                return
+            await outage.wait(BlackboardUnavailable("ping", "redis"))
 
     def driver(self, agent_id: str) -> asyncio.Task[None] | None:
         """The task driving the agent's current run, if one was started here."""

@@ -184,3 +184,31 @@ async def test_a_capability_event_feed_goes_on_after_redis_restarts(tmp_path: Pa
         await watcher.close()
         await client.aclose()
         EmbeddedRedis(tmp_path / "data").stop()
+
+
+async def test_a_run_broken_by_a_redis_kill_is_stored_ended_and_its_waiter_gets_it(tmp_path: Path) -> None:
+    server = EmbeddedRedis(tmp_path / "data")
+    info = server.start()
+    settings = BlackboardSettings(op_timeout_seconds=1.0, connect_timeout_seconds=0.5)
+    client = create_redis(info.url, settings)
+    board = Blackboard(client, "test:driver", settings=settings)
+    runtime = LocalAgentRuntime(board, colony_id="driver")
+    try:
+        await runtime.spawn(counter_blueprint("slow", STEPS * 40, delay=0.1))
+        run = await runtime.start_run("slow", 1)
+        waiter = asyncio.create_task(runtime.wait_for_run("slow", run.run_id, timeout=30))
+        await asyncio.sleep(0.5)  # a few steps in
+        os.kill(info.pid, signal.SIGKILL)
+        await asyncio.sleep(1.5)
+        server.stop()
+        EmbeddedRedis(tmp_path / "data", server.settings.model_copy(update={"port": info.port})).start()
+        ended = await asyncio.wait_for(waiter, 20)  # neither raised by the outage nor `running` for ever
+        assert (
+            ended.done and ended.status.value == "failed" and "BlackboardUnavailable" in (ended.error or "")
+        )
+        again = await runtime.start_run("slow", 2)  # the agent serves on
+        assert (await runtime.wait_for_run("slow", again.run_id, timeout=20)).status.value != "running"
+    finally:
+        await runtime.shutdown()
+        await client.aclose()
+        EmbeddedRedis(tmp_path / "data").stop()
