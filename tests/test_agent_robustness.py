@@ -14,9 +14,10 @@ from agent_kit import counter_blueprint
 
 from colony.agents import Agent, AgentHandle, AgentMetadata, AgentState, LocalAgentRuntime, RunStatus
 from colony.agents.base import build_agent
-from colony.agents.handle import CANCELLED, COMPLETED, FAILED, AgentRunCapability, terminal_event
+from colony.agents.handle import CANCELLED, COMPLETED, FAILED, terminal_event
 from colony.agents.models import AgentRun
 from colony.agents.ring import ContextRing
+from colony.agents.run_capability import AgentRunCapability
 from colony.blackboard import AgentRunProtocol, Blackboard, BlackboardScope
 from colony.blackboard.protocol import AgentStateProtocol
 from colony.config import ColonySettings

@@ -5,7 +5,7 @@ from colony.agents.base import Agent, build_agent
 from colony.agents.blueprint import AgentBlueprint, Bindable, Blueprint, ResourceRequirements
 from colony.agents.capability import AgentCapability, BlackboardPublishable, CapabilityMode
 from colony.agents.events import event_handler
-from colony.agents.handle import AgentHandle, AgentRunCapability, AgentRunEvent
+from colony.agents.handle import AgentHandle, AgentRunEvent
 from colony.agents.hooks import HookContext, HookRegistry, HookType, Pointcut, hook_handler, hookable
 from colony.agents.models import (
     ActionResult,
@@ -24,6 +24,7 @@ from colony.agents.policy import (
     ActionPolicyIterationResult,
     ScriptedActionPolicy,
 )
+from colony.agents.run_capability import AgentRunCapability
 from colony.agents.runtime import LocalAgentRuntime
 
 __all__ = [

@@ -1,0 +1,463 @@
+"""AgentRunCapability: an agent serves AgentRunProtocol requests (runs submitted over the API
+or by AgentHandle), one at a time, and answers each with a result and a terminal event; a run
+that fails inside the agent, or an outage of Redis, never stops it serving the next one."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+from typing import TYPE_CHECKING, Any
+
+from colony.agents.capability import AgentCapability
+from colony.agents.events import event_handler
+from colony.agents.handle import TERMINAL_EVENTS, AgentRunEvent, terminal_event
+from colony.agents.hooks import HookContext, HookType, Pointcut
+from colony.agents.models import AgentRun, RunStatus
+from colony.blackboard import (
+    Blackboard,
+    BlackboardEvent,
+    BlackboardScope,
+    TagFilter,
+    scope_id,
+)
+from colony.blackboard.connection import OutageBackoff, redis_answers, retry_unavailable
+from colony.blackboard.protocol import AgentRunProtocol, ApiRunProtocol, RequestResultProtocol
+from colony.config import ColonySettings, load_settings
+from colony.errors import (
+    AgentUsageError,
+    BlackboardError,
+    BlackboardUnavailable,
+    ConcurrentModificationError,
+)
+
+if TYPE_CHECKING:
+    from colony.agents.base import Agent
+
+log = logging.getLogger(__name__)
+
+
+class AgentRunCapability(AgentCapability):
+    """Serves AgentHandle requests of one namespace: runs the agent, streams events, writes the result.
+
+    Nothing about the requests is held only in memory. A request is claimed (create-only
+    `claim:...`) before it is queued; the run serving it carries its `request_id`; events are
+    numbered from what is already stored. So after a restart `start()` finds every claimed
+    request without a result, adopts the one the restored run is serving and queues the others
+    in claim order: none is lost, none runs twice, and event numbers go on where they were.
+
+    Every key a request leaves carries its request tag; once answered, the claim is rewritten with
+    its expiry and without tags (out of the open claims index) and all the request's other keys
+    (and an HTTP run's record) expire after `runs.retention_seconds`.
+    Finding open claims and counting a request's events read tag index sets, never a keyspace SCAN.
+    """
+
+    def __init__(
+        self,
+        agent: Agent | None = None,
+        scope_id: str | None = None,
+        *,
+        namespace: str,
+        protocol: type[RequestResultProtocol] = AgentRunProtocol,
+        blackboard: Blackboard | None = None,
+        scope: BlackboardScope = BlackboardScope.AGENT,
+        one_shot: bool = False,
+        settings: ColonySettings | None = None,
+    ) -> None:
+        super().__init__(
+            agent,
+            scope_id,
+            blackboard=blackboard,
+            scope=scope,
+            namespace=namespace,
+            capability_key=f"runs.{namespace}",
+        )
+        self.namespace = namespace
+        self.protocol = protocol
+        self.one_shot = one_shot  # a worker with one job: the agent stops once it is answered
+        self.active_request: str | None = None
+        self._seq = 0
+        self._queue: asyncio.Queue[str] = asyncio.Queue()
+        self._queued: set[str] = set()
+        self._idle = asyncio.Event()
+        self._idle.set()
+        self._settings = settings  # the host's (injected); load_settings() only when none is given
+        self._retention: float | None = None
+        self._max_events: int | None = None
+        if agent is not None:
+            agent.hooks.register(
+                Pointcut.for_instance(agent, "run_step"), HookType.AFTER, self._after_step, owner=self
+            )
+
+    async def start(self) -> None:
+        agent = self._agent()
+        open_claims = TagFilter(all_of=frozenset({self.protocol.open_claims_tag()}))
+        claims = [
+            e
+            async for e in self.blackboard.iter_query(self.protocol.pattern("claim"), tags=open_claims)
+            if e.value == agent.agent_id
+        ]
+        claims.sort(key=lambda e: (e.created_at, e.key))
+        request_ids = [self.protocol.parse("claim", e.key)["request_id"] for e in claims]
+        results = await self.blackboard.read_many([self.protocol.result_key(r) for r in request_ids])
+        run = agent.current_run
+        for request_id, result in zip(request_ids, results, strict=True):
+            if result is not None:
+                await self._retire(request_id)  # answered before a restart could retire it
+                continue
+            if run is not None and not run.done and run.request_id == request_id:
+                await self._adopt(request_id)  # the host drives the restored run; _after_step answers
+            else:
+                self._enqueue(request_id)
+        self._tasks.append(asyncio.create_task(self._work(), name=f"{agent.agent_id}-{self.name}-requests"))
+
+    @event_handler(pattern="request:*")
+    async def on_request(self, event: BlackboardEvent) -> dict[str, Any] | None:
+        identified = self.protocol.identify(event.key)
+        if event.op != "write" or identified is None or identified[0] != "request":
+            return None
+        request_id = identified[1]["request_id"]
+        agent = self._agent()
+        attempts = 0
+
+        async def claim() -> None:
+            nonlocal attempts
+            attempts += 1
+            await self.blackboard.write(
+                self.protocol.claim_key(request_id),
+                agent.agent_id,
+                tags={self.protocol.request_tag(request_id), self.protocol.open_claims_tag()},
+                expected_version=0,
+                created_by=agent.agent_id,
+            )
+
+        try:
+            # a Redis outage pauses the claim (and so this feed), it does not drop the request
+            await retry_unavailable(
+                claim,
+                f"agent {agent.agent_id}: claim of request {request_id}",
+                log,
+                answers=self._redis_answers,
+            )
+        except ConcurrentModificationError:
+            # already claimed (an event replayed after a restart, or another worker); after a retry
+            # the claim may be our own attempt that Redis applied though its answer timed out
+            if attempts == 1 or not await self._claimed_by_us(request_id):
+                return None
+        self._enqueue(request_id)
+        return {"request": request_id, "namespace": self.namespace}
+
+    async def _claimed_by_us(self, request_id: str) -> bool:
+        claim = await retry_unavailable(
+            lambda: self.blackboard.read(self.protocol.claim_key(request_id)),
+            "claim check",
+            log,
+            answers=self._redis_answers,
+        )
+        return claim is not None and claim.value == self._agent().agent_id
+
+    async def _redis_answers(self) -> bool:
+        timeout = min(1.0, self.blackboard.settings.op_timeout_seconds)
+        return await redis_answers(self.blackboard.redis, timeout)
+
+    def _agent(self) -> Agent:
+        if self.agent is None:
+            raise AgentUsageError("AgentRunCapability serves requests for an agent; build it with agent=...")
+        return self.agent
+
+    def _enqueue(self, request_id: str) -> None:
+        if request_id not in self._queued:
+            self._queued.add(request_id)
+            self._queue.put_nowait(request_id)
+
+    async def _work(self) -> None:
+        """Serve queued requests one at a time, never over a run the agent is still finishing."""
+        agent = self._agent()
+        backoff = OutageBackoff(f"agent {agent.agent_id}: requests of {self.namespace}", log)
+        while True:
+            request_id = await self._queue.get()
+            try:
+                while True:  # a Redis outage before the run begins: the same request again, later
+                    try:
+                        await self._serve_queued(agent, request_id)
+                        backoff.recovered()
+                        break
+                    except BlackboardUnavailable as exc:
+                        if await self._redis_answers():
+                            raise  # not an outage: this request failed (ended failed, below)
+                        if self.active_request == request_id:
+                            self.active_request = None
+                            self._idle.set()
+                        await backoff.wait(exc)
+            except Exception as exc:  # one bad request must not stop this agent serving the next ones
+                log.warning("request %s of %s failed outside its run: %r", request_id, agent.agent_id, exc)
+                await self._fail_request(request_id, f"{type(exc).__name__}: {exc}")
+            finally:
+                self._queued.discard(request_id)
+
+    async def _serve_queued(self, agent: Agent, request_id: str) -> None:
+        await self._idle.wait()
+        while agent.current_run is not None and not agent.current_run.done:  # noqa: ASYNC110 - set by other code paths
+            await asyncio.sleep(0.05)
+        if await self.blackboard.read(self.protocol.result_key(request_id)) is None:
+            await self._serve(request_id)
+        else:
+            await self._retire(request_id)  # ended by its requester before it was served
+
+    async def _fail_request(self, request_id: str, reason: str) -> None:
+        """End a request whose serving raised (e.g. an input Redis would not store in an event) as
+        failed with the reason, and leave the capability idle; never raises."""
+        self.active_request, self._seq = request_id, 0  # never the previous request's numbering
+        try:
+            with contextlib.suppress(Exception):
+                await self._adopt(request_id)  # numbering goes on after what this request stored
+            message = f"the agent could not serve this run: {reason}"[:2000]
+            await self._respond(request_id, RunStatus.FAILED, None, message, None, 0)
+        except Exception as exc:
+            log.error("request %s could not be ended as failed: %r", request_id, exc)
+        finally:
+            self.active_request = None
+            self._idle.set()
+
+    async def _adopt(self, request_id: str) -> None:
+        """Make `request_id` the active one; its event numbering continues after what is stored."""
+        self.active_request = request_id
+        tags = TagFilter(all_of=frozenset({self.protocol.request_tag(request_id)}))
+        pattern = self.protocol.event_pattern(request_id)
+        self._seq = len([e async for e in self.blackboard.iter_query(pattern, tags=tags)])
+        self._idle.clear()
+
+    async def _serve(self, request_id: str) -> None:
+        agent = self._agent()
+        request = await self.blackboard.read(self.protocol.request_key(request_id))
+        input_data = request.value.get("input") if request is not None else None
+        await self._adopt(request_id)
+        await self.emit("started", {"input": input_data})
+        try:
+            if agent.host is not None:
+                await agent.host.start_run(agent.agent_id, input_data, request_id=request_id)
+            else:
+                await agent.run(input_data, request_id=request_id)
+        except Exception as exc:
+            run = agent.current_run
+            begun = run is not None and run.request_id == request_id
+            if not begun and isinstance(exc, BlackboardUnavailable) and not await self._redis_answers():
+                raise  # not begun, Redis away: served again once it is back
+            if run is not None and run.request_id == request_id and self.active_request == request_id:
+                # begun, then raised inside the agent (no host drives it): the run fails, answered
+                await agent.fail_run(f"the run failed inside the agent: {type(exc).__name__}: {exc}")
+            if self.active_request == request_id:
+                reason = f"{type(exc).__name__}: {exc}"
+                await self._respond(request_id, RunStatus.FAILED, None, reason, None, 0)
+            return
+        await self._await_answer(request_id)
+
+    async def _await_answer(self, request_id: str) -> None:
+        """Wait until the request is answered: by `_after_step` when the run ends, by `run_ended`
+        when it raised inside the agent, or here when the driver ended without either (the run
+        done but unanswered: answered from the run; the run not done: it is waiting or suspended,
+        and whoever drives it next answers)."""
+        agent = self._agent()
+        driver_of = getattr(agent.host, "driver", None)
+        driver = driver_of(agent.agent_id) if driver_of is not None else None
+        if driver is not None and not driver.done():
+            idle = asyncio.create_task(self._idle.wait())
+            try:
+                await asyncio.wait({idle, driver}, return_when=asyncio.FIRST_COMPLETED)
+            finally:
+                idle.cancel()
+        run = agent.current_run
+        if (
+            self.active_request == request_id
+            and run is not None
+            and run.request_id == request_id
+            and run.done
+        ):
+            await self.run_ended(run)
+        await self._idle.wait()
+
+    async def run_ended(self, run: AgentRun) -> None:
+        """The run ended outside a step (it raised inside the agent, see `Agent.fail_run`): answer
+        its request if it is the one being served."""
+        if self.active_request is not None and run.request_id == self.active_request:
+            await self._respond(self.active_request, run.status, run.output, run.error, run.run_id, run.steps)
+
+    async def _respond(
+        self,
+        request_id: str,
+        status: RunStatus,
+        output: Any,
+        error: str | None,
+        run_id: str | None,
+        steps: int,
+    ) -> None:
+        kind = terminal_event(status)
+        value = {"status": status.value, "output": output, "error": error, "run_id": run_id, "steps": steps}
+        what = f"answer of request {request_id}"
+        attempts = 0
+
+        async def write_result() -> None:
+            nonlocal attempts
+            attempts += 1
+            await self.blackboard.write(
+                self.protocol.result_key(request_id),
+                value,
+                tags={self.protocol.request_tag(request_id)},
+                created_by=self.agent.agent_id if self.agent else None,
+                expected_version=0,
+            )
+
+        try:
+            # create-only: a result already there (cancelled or timed out by the requester) stands.
+            # A Redis outage delays the answer until Redis is back; it never loses it.
+            try:
+                await retry_unavailable(write_result, what, log, answers=self._redis_answers)
+            except ConcurrentModificationError:
+                if attempts == 1 or not await self._result_is(request_id, value):
+                    raise
+                # our own write, applied by Redis though its answer timed out: the event still goes
+            await retry_unavailable(
+                lambda: self.emit(kind, {"output": output, "error": error}),
+                what,
+                log,
+                answers=self._redis_answers,
+            )
+        except ConcurrentModificationError:
+            pass
+        except Exception as exc:  # e.g. an output Redis cannot store: the run still ends, as failed
+            reason = f"its result could not be stored: {type(exc).__name__}: {exc}"
+            await self._store_failure(request_id, reason)
+        finally:
+            self.active_request = None
+            self._idle.set()
+        await self._retire(request_id)
+        agent = self.agent
+        if self.one_shot and agent is not None and agent.host is not None:
+            agent.host.retire(agent.agent_id)
+
+    async def _result_is(self, request_id: str, value: dict[str, Any]) -> bool:
+        entry = await retry_unavailable(
+            lambda: self.blackboard.read(self.protocol.result_key(request_id)),
+            "result check",
+            log,
+            answers=self._redis_answers,
+        )
+        return entry is not None and entry.value == value
+
+    async def _store_failure(self, request_id: str, reason: str) -> None:
+        """The result (or its event) could not be written: write a failed result without the output
+        (create-only; a result already there stands) and a terminal event that agrees with it."""
+        status = RunStatus.FAILED
+        try:
+            await self.blackboard.write(
+                self.protocol.result_key(request_id),
+                {"status": status.value, "output": None, "error": reason[:2000], "run_id": None, "steps": 0},
+                tags={self.protocol.request_tag(request_id)},
+                created_by=self.agent.agent_id if self.agent else None,
+                expected_version=0,
+            )
+        except ConcurrentModificationError:
+            existing = await self.blackboard.read(self.protocol.result_key(request_id))
+            if existing is not None and existing.value.get("status") in {s.value for s in RunStatus}:
+                status = RunStatus(existing.value["status"])
+        kind = terminal_event(status)
+        await self.emit(kind, {"output": None, "error": reason[:2000]})
+
+    @property
+    def retention_seconds(self) -> float:
+        """How long an answered request's keys stay (`runs.retention_seconds` of the injected
+        settings, read once)."""
+        if self._retention is None:
+            self._read_settings()
+        assert self._retention is not None
+        return self._retention
+
+    @property
+    def max_events(self) -> int:
+        """Events one request may store (`runs.max_events_per_run`, read once)."""
+        if self._max_events is None:
+            self._read_settings()
+        assert self._max_events is not None
+        return self._max_events
+
+    def _read_settings(self) -> None:
+        runs = (self._settings or load_settings()).runs
+        self._retention, self._max_events = runs.retention_seconds, runs.max_events_per_run
+
+    async def _retire(self, request_id: str) -> None:
+        """The request is answered: its claim leaves the open-claims index, and every key it left
+        (request, claim, events, result; for an HTTP run its run record too) expires after the
+        retention, as do this scope's stream events older than the retention. Idempotent (it
+        never extends an expiry but the claim's, which a repeat rewrites), so it also runs after
+        late writes. A failure is logged: the request is answered either way."""
+        try:
+            await retry_unavailable(
+                lambda: self._retire_once(request_id),
+                f"retiring {request_id}",
+                log,
+                answers=self._redis_answers,
+            )
+        except BlackboardError as exc:
+            log.warning("keys of request %s were not given their retention: %s", request_id, exc)
+
+    async def _retire_once(self, request_id: str) -> None:
+        tag = self.protocol.request_tag(request_id)
+        owner = self.agent.agent_id if self.agent else None
+        ttl = self.retention_seconds
+        # out of the open-claims index, its expiry in the same write (never left without one);
+        # untagged, so the expiry index needs no member for it
+        await self.blackboard.write(
+            self.protocol.claim_key(request_id), owner, created_by=owner, ttl_seconds=ttl
+        )
+        await self.blackboard.expire([], ttl, tag=tag, trim_events=True)
+        if self.protocol is AgentRunProtocol and self.agent is not None:
+            meta = self.agent.metadata
+            api_board = self.blackboard.scoped(
+                scope_id(
+                    BlackboardScope.COLONY,
+                    tenant_id=meta.tenant_id,
+                    colony_id=meta.colony_id,
+                    namespace=ApiRunProtocol.namespace,
+                )
+            )
+            await api_board.expire([ApiRunProtocol.run_key(request_id)], ttl)
+
+    async def emit(self, event_type: str, data: Any = None) -> None:
+        """Write the next event of the active request (ordered by its sequence number).
+
+        A request stores at most `runs.max_events_per_run` events plus its terminal one: the last
+        of them is a `truncated` event saying later ones were dropped (the terminal one always goes)."""
+        if self.active_request is None:
+            return
+        if event_type not in TERMINAL_EVENTS and self._seq >= self.max_events - 1:
+            if self._seq == self.max_events - 1:
+                await self._write_event("truncated", {"dropped_after": self._seq})
+            return
+        await self._write_event(event_type, data)
+
+    async def _write_event(self, event_type: str, data: Any) -> None:
+        assert self.active_request is not None
+        seq = self._seq + 1  # taken once stored: a write retried after an outage keeps its number
+        event = AgentRunEvent(request_id=self.active_request, event_type=event_type, data=data, seq=seq)
+        await self.blackboard.write(
+            self.protocol.event_key(self.active_request, f"{seq:05d}.{event_type}"),
+            event.model_dump(mode="json"),
+            tags={self.protocol.request_tag(self.active_request)},
+            created_by=self.agent.agent_id if self.agent else None,
+        )
+        self._seq = seq
+
+    async def _after_step(self, ctx: HookContext, result: Any) -> None:
+        agent = self._agent()
+        run = agent.current_run
+        if self.active_request is None or run is None or run.request_id != self.active_request:
+            return
+        action = agent.last_result.model_dump(mode="json") if agent.last_result else None
+        try:
+            await self.emit("step", {"step": run.steps, "action": action})
+        except Exception as exc:  # a step event Redis will not store is dropped; the run goes on
+            log.warning("step event of request %s not stored: %r", self.active_request, exc)
+        if not run.done and await self.blackboard.read(self.protocol.result_key(self.active_request)):
+            await agent.cancel_run("the requester ended the run (cancelled or timed out)")
+        if run.done:
+            await self._respond(self.active_request, run.status, run.output, run.error, run.run_id, run.steps)
