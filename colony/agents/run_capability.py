@@ -118,43 +118,46 @@ class AgentRunCapability(AgentCapability):
             return None
         request_id = identified[1]["request_id"]
         agent = self._agent()
-        attempts = 0
-
-        async def claim() -> None:
-            nonlocal attempts
-            attempts += 1
-            await self.blackboard.write(
-                self.protocol.claim_key(request_id),
-                agent.agent_id,
-                tags={self.protocol.request_tag(request_id), self.protocol.open_claims_tag()},
-                expected_version=0,
-                created_by=agent.agent_id,
-            )
-
-        try:
-            # a Redis outage pauses the claim (and so this feed), it does not drop the request
-            await retry_unavailable(
-                claim,
-                f"agent {agent.agent_id}: claim of request {request_id}",
-                log,
-                answers=self._redis_answers,
-            )
-        except ConcurrentModificationError:
-            # already claimed (an event replayed after a restart, or another worker); after a retry
-            # the claim may be our own attempt that Redis applied though its answer timed out
-            if attempts == 1 or not await self._claimed_by_us(request_id):
-                return None
+        # a Redis outage pauses the claim (and so this feed), it does not drop the request; a claim
+        # already there (an event replayed after a restart, or another worker's) is not ours
+        claimed = await self._create_once(
+            self.protocol.claim_key(request_id),
+            agent.agent_id,
+            tags={self.protocol.request_tag(request_id), self.protocol.open_claims_tag()},
+            what=f"agent {agent.agent_id}: claim of request {request_id}",
+        )
+        if not claimed:
+            return None
         self._enqueue(request_id)
         return {"request": request_id, "namespace": self.namespace}
 
-    async def _claimed_by_us(self, request_id: str) -> bool:
-        claim = await retry_unavailable(
-            lambda: self.blackboard.read(self.protocol.claim_key(request_id)),
-            "claim check",
-            log,
-            answers=self._redis_answers,
-        )
-        return claim is not None and claim.value == self._agent().agent_id
+    async def _create_once(self, key: str, value: Any, *, tags: set[str], what: str) -> bool:
+        """Create-only write that waits out a Redis outage. True when `value` is stored, including a
+        retried write Redis had applied though its answer was lost; False when another value was
+        there first."""
+        attempts = 0
+
+        async def create() -> None:
+            nonlocal attempts
+            attempts += 1
+            await self.blackboard.write(
+                key,
+                value,
+                tags=tags,
+                created_by=self.agent.agent_id if self.agent else None,
+                expected_version=0,
+            )
+
+        try:
+            await retry_unavailable(create, what, log, answers=self._redis_answers)
+        except ConcurrentModificationError:
+            if attempts == 1:
+                return False
+            stored = await retry_unavailable(
+                lambda: self.blackboard.read(key), what, log, answers=self._redis_answers
+            )
+            return stored is not None and stored.value == value
+        return True
 
     async def _redis_answers(self) -> bool:
         timeout = min(1.0, self.blackboard.settings.op_timeout_seconds)
@@ -294,34 +297,22 @@ class AgentRunCapability(AgentCapability):
         kind = terminal_event(status)
         value = {"status": status.value, "output": output, "error": error, "run_id": run_id, "steps": steps}
         what = f"answer of request {request_id}"
-        attempts = 0
-
-        async def write_result() -> None:
-            nonlocal attempts
-            attempts += 1
-            await self.blackboard.write(
+        try:
+            # create-only: a result already there (cancelled or timed out by the requester) stands,
+            # and no terminal event follows. A Redis outage delays the answer; it never loses it.
+            answered = await self._create_once(
                 self.protocol.result_key(request_id),
                 value,
                 tags={self.protocol.request_tag(request_id)},
-                created_by=self.agent.agent_id if self.agent else None,
-                expected_version=0,
+                what=what,
             )
-
-        try:
-            # create-only: a result already there (cancelled or timed out by the requester) stands.
-            # A Redis outage delays the answer until Redis is back; it never loses it.
-            try:
-                await retry_unavailable(write_result, what, log, answers=self._redis_answers)
-            except ConcurrentModificationError:
-                if attempts == 1 or not await self._result_is(request_id, value):
-                    raise
-                # our own write, applied by Redis though its answer timed out: the event still goes
-            await retry_unavailable(
-                lambda: self.emit(kind, {"output": output, "error": error}),
-                what,
-                log,
-                answers=self._redis_answers,
-            )
+            if answered:
+                await retry_unavailable(
+                    lambda: self.emit(kind, {"output": output, "error": error}),
+                    what,
+                    log,
+                    answers=self._redis_answers,
+                )
         except ConcurrentModificationError:
             pass
         except Exception as exc:  # e.g. an output Redis cannot store: the run still ends, as failed
@@ -334,15 +325,6 @@ class AgentRunCapability(AgentCapability):
         agent = self.agent
         if self.one_shot and agent is not None and agent.host is not None:
             agent.host.retire(agent.agent_id)
-
-    async def _result_is(self, request_id: str, value: dict[str, Any]) -> bool:
-        entry = await retry_unavailable(
-            lambda: self.blackboard.read(self.protocol.result_key(request_id)),
-            "result check",
-            log,
-            answers=self._redis_answers,
-        )
-        return entry is not None and entry.value == value
 
     async def _store_failure(self, request_id: str, reason: str) -> None:
         """The result (or its event) could not be written: write a failed result without the output
