@@ -18,6 +18,7 @@ from pathlib import Path
 import pytest
 import redis
 import redis.asyncio as aioredis
+from cli_kit import run_cli
 
 from colony.blackboard import Blackboard, create_redis
 from colony.blackboard.redis_server import EmbeddedRedis, free_port
@@ -186,22 +187,9 @@ def _environ(data_dir: Path, **env: str) -> dict[str, str]:
     return {**environ, **env}
 
 
-def _cli(
-    *args: str, cwd: Path, env: dict[str, str], timeout: float = 300
-) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        [sys.executable, "-m", "colony.cli", *args],
-        capture_output=True,
-        text=True,
-        env=env,
-        cwd=cwd,
-        timeout=timeout,
-    )
-
-
 def _colony_up(tmp_path: Path, **env: str) -> tuple[subprocess.CompletedProcess[str], float]:
     started = time.monotonic()
-    result = _cli("up", cwd=tmp_path, env=_environ(tmp_path / "data", **env))
+    result = run_cli("up", cwd=tmp_path, env=_environ(tmp_path / "data", **env))
     return result, time.monotonic() - started
 
 
@@ -286,7 +274,7 @@ def test_up_from_a_folder_maps_it_and_answers_once_on_a_terminal(tmp_path: Path)
     (project / "greet.py").write_text("def greet(name):\n    return f'Hello, {name}!'\n")
     (elsewhere / "secret.py").write_text("TOKEN = 'x'\n")
     env = _environ(data, COLONY_SERVE__PORT=str(free_port()))
-    started = _cli("up", cwd=project, env=env)
+    started = run_cli("up", cwd=project, env=env)
     try:
         assert started.returncode == 0, started.stderr
         code, shown = _on_a_terminal(
@@ -301,14 +289,14 @@ def test_up_from_a_folder_maps_it_and_answers_once_on_a_terminal(tmp_path: Path)
         assert isinstance(answer, str) and answer.strip()
         assert shown.count(answer.strip()) == 1, shown
 
-        analysed = _cli("run", "analyze", "--map", ".", "--page-tokens", "256", cwd=project, env=env)
+        analysed = run_cli("run", "analyze", "--map", ".", "--page-tokens", "256", cwd=project, env=env)
         assert analysed.returncode == 0, analysed.stderr
         assert analysed.stdout.startswith("# Analysis of") and "greet.py" in analysed.stdout
-        refused = _cli("run", "analyze", "--map", str(elsewhere), cwd=project, env=env)
+        refused = run_cli("run", "analyze", "--map", str(elsewhere), cwd=project, env=env)
         assert refused.returncode == 2 and "HTTP 403" in refused.stderr, refused.stderr
         assert "vcm.allowed_roots" in refused.stderr
     finally:
-        stopped = _cli("down", cwd=project, env=env)
+        stopped = run_cli("down", cwd=project, env=env)
     assert stopped.returncode == 0 and "Colony stopped" in stopped.stdout, stopped.stderr
     _assert_nothing_left(data)
 

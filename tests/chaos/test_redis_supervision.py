@@ -15,6 +15,7 @@ from pathlib import Path
 
 import httpx
 import redis
+from cli_kit import run_cli
 
 from colony.blackboard.redis_server import (
     EmbeddedRedis,
@@ -157,35 +158,22 @@ def _environ(data_dir: Path) -> dict[str, str]:
     return environ
 
 
-def _cli(
-    *args: str, cwd: Path, env: dict[str, str], timeout: float = 180
-) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        [sys.executable, "-m", "colony.cli", *args],
-        capture_output=True,
-        text=True,
-        env=env,
-        cwd=cwd,
-        timeout=timeout,
-    )
-
-
 def _status(cwd: Path, env: dict[str, str]) -> dict:  # type: ignore[type-arg]
-    return json.loads(_cli("status", "--json", cwd=cwd, env=env, timeout=60).stdout)
+    return json.loads(run_cli("status", "--json", cwd=cwd, env=env, timeout=60).stdout)
 
 
 def test_colony_up_restarts_a_killed_redis_and_status_shows_it(tmp_path: Path) -> None:
     data_dir = tmp_path / "data"
     env = _environ(data_dir)
     started = time.monotonic()
-    up = _cli("up", cwd=tmp_path, env=env)
+    up = run_cli("up", cwd=tmp_path, env=env, timeout=180)
     try:
         assert up.returncode == 0, up.stderr[-3000:]
         before = _status(tmp_path, env)
         assert before["running"] and before["redis"]["restarts"] == 0
         assert before["redis"]["appendfsync"] == "always"
         pid, port = before["redis"]["pid"], EmbeddedRedis(data_dir).recorded().port  # type: ignore[union-attr]
-        ran = _cli("run", "echo", "--input", '{"n": 1}', cwd=tmp_path, env=env, timeout=60)
+        ran = run_cli("run", "echo", "--input", '{"n": 1}', cwd=tmp_path, env=env, timeout=60)
         assert ran.returncode == 0 and json.loads(ran.stdout) == {"n": 1}, ran.stderr[-2000:]
 
         info = read_state(ColonySettings(data_dir=data_dir))
@@ -199,7 +187,7 @@ def test_colony_up_restarts_a_killed_redis_and_status_shows_it(tmp_path: Path) -
         assert after["running"] and after["pid"] != pid
         assert EmbeddedRedis(data_dir).recorded().port == port  # type: ignore[union-attr]
         assert time.monotonic() - killed < 20
-        text = _cli("status", cwd=tmp_path, env=env, timeout=60).stdout
+        text = run_cli("status", cwd=tmp_path, env=env, timeout=60).stdout
         assert "restarted 1 time(s)" in text
         assert "embedded redis-server restarted (restart 1)" in (data_dir / "cluster.log").read_text()
 
@@ -232,10 +220,10 @@ def test_colony_up_restarts_a_killed_redis_and_status_shows_it(tmp_path: Path) -
             print("after restart:", [(v["status"], v.get("error")) for v in views.values()])
 
         # the rest of the cluster reconnects to the address it knows: a new echo run succeeds
-        ran = _cli("run", "echo", "--input", '{"n": 2}', cwd=tmp_path, env=env, timeout=60)
+        ran = run_cli("run", "echo", "--input", '{"n": 2}', cwd=tmp_path, env=env, timeout=60)
         assert ran.returncode == 0 and json.loads(ran.stdout) == {"n": 2}, ran.stderr[-2000:]
     finally:
-        down = _cli("down", cwd=tmp_path, env=env)
+        down = run_cli("down", cwd=tmp_path, env=env, timeout=180)
         assert down.returncode == 0, down.stderr[-2000:]
         assert EmbeddedRedis(data_dir).status() is None
     print(f"took {time.monotonic() - started:.1f}s")
