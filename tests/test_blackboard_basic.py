@@ -170,7 +170,7 @@ async def test_scopes_never_share_keys(bb: Blackboard) -> None:
     await other.write("shared:name", "theirs")
     assert (await bb.read("shared:name")).value == "mine"
     assert (await other.read("shared:name")).value == "theirs"
-    assert [e.key for e in (await bb.query()).entries] == ["shared:name"]
+    assert [e.key async for e in bb.iter_query()] == ["shared:name"]  # every page, not just the first
 
 
 async def test_update_keeps_the_entry_expiry(bb: Blackboard) -> None:
