@@ -39,6 +39,7 @@ from colony.vcm import PageSource, PageTable
 
 STEPS = [{"action": "add", "parameters": {"amount": "$input"}}]
 LATER = 1000.0  # judge ages this far in the future: every state is past the grace period
+TICK = 0.01  # entries carry millisecond timestamps: a heartbeat this much later is newer
 
 
 @dataclass
@@ -155,6 +156,7 @@ async def test_registry_places_agent_on_the_wrong_replica(colony: Colony) -> Non
     await populate(colony)
     record = await colony.registry.get("a1")
     await colony.registry.put(record.model_copy(update={"replica": "rb"}))  # ra hosts it
+    await asyncio.sleep(TICK)
     for host in colony.hosts.values():  # heartbeats newer than the record (no registry healing)
         await colony.registry.beat(host.replica_id, host.info(), 60)
     assert found(await colony.check()) == {(ViolationKind.REGISTRY_MISMATCH.value, "a1")}
@@ -211,6 +213,7 @@ async def test_suspended_agent_the_registry_still_places_on_a_replica(colony: Co
     not host it, its lifecycle says suspended. ra's next heartbeat heals it."""
     await populate(colony)
     await colony.registry.put(AgentRecord(agent_id="s1", role="counter", state="idle", replica="ra"))
+    await asyncio.sleep(TICK)
     await colony.registry.beat("ra", colony.hosts["ra"].info(), 60)
     assert found(await colony.check()) == {(ViolationKind.SUSPENDED_NOT_INDEXED.value, "s1")}
     await colony.beat()
@@ -220,6 +223,7 @@ async def test_suspended_agent_the_registry_still_places_on_a_replica(colony: Co
 async def test_agent_lost_on_a_live_replica(colony: Colony) -> None:
     await populate(colony)
     await colony.registry.put(AgentRecord(agent_id="ghost", state="idle", replica="ra"))
+    await asyncio.sleep(TICK)
     await colony.registry.beat("ra", colony.hosts["ra"].info(), 60)
     assert (ViolationKind.AGENT_LOST.value, "ghost") in found(await colony.check())
 
@@ -259,6 +263,7 @@ async def test_named_runs_unclaimed_lost_or_waiting(colony: Colony) -> None:
     runs = RunService(colony.bb, colony.registry, colony_id=colony.colony_id, settings=colony.settings)
     unserved = await runs.submit("a1", 1, timeout_s=5000)  # a1 has no run capability: never claimed
     waiting = await runs.submit("s1", 1, timeout_s=5000)  # s1 is suspended: waits, legitimately
+    await asyncio.sleep(TICK)
     await colony.beat()  # a1's replica reports after the submit
     report = await colony.check(run_ids=[unserved.run_id, waiting.run_id, "run-neveraccepted"])
     assert found(report) == {
