@@ -268,8 +268,8 @@ class _Checker:
                         agent_id,
                         f"the registry says agent {agent_id} is {record.state} (written "
                         f"{_ago(self.now, entry.updated_at)}), yet live replica(s) {', '.join(newer)} host "
-                        "it (heartbeats newer than that): the monitor may resume a second copy. Stop the "
-                        "agent (DELETE /v1/agents/{id}) or restart the replica hosting it.",
+                        "it (heartbeats newer than that): the monitor may resume a second copy. The hosting "
+                        "replica rewrites the record each heartbeat; if this stays, restart that replica.",
                     )
                 continue
             if not record.replica or len(hosts) > 1:
@@ -327,8 +327,9 @@ class _Checker:
                     ViolationKind.SUSPENDED_NOT_INDEXED,
                     agent_id,
                     f"{where}; its lifecycle says suspended, so the resource monitor (which reads the "
-                    "registry's suspended agents) will never resume it. Resume it by hand "
-                    "(POST /v1/agents/{id}/resume) or restart replica " + str(record.replica) + ".",
+                    "registry's suspended agents) will never resume it. That replica's heartbeat heals such "
+                    "records; if this stays, restart replica " + str(record.replica) + " (its agents are "
+                    "then re-placed).",
                 )
             else:
                 self.flag(
@@ -362,8 +363,11 @@ class _Checker:
                     agent_id,
                     f"agent {agent_id} is suspended in the registry but missing from its suspended index "
                     f"(tag {AgentRegistryProtocol.state_tag('suspended')}), which is where the resource "
-                    "monitor looks: it will never be resumed. Rewrite its registry record (suspend it "
-                    "again: POST /v1/agents/{id}/suspend after a resume) to re-index it.",
+                    "monitor looks: it will never be resumed. Rewrite the record with its tags to "
+                    f"re-index it: `colony bb write {AgentRegistryProtocol.agent_key(agent_id)} "
+                    "'<its value>' "
+                    f"--tag {AgentRegistryProtocol.index_tag('agent')} "
+                    f"--tag {AgentRegistryProtocol.state_tag('suspended')}`.",
                 )
         for agent_id in sorted(seen):
             await self.check_resumable(agent_id)
@@ -400,8 +404,9 @@ class _Checker:
                 ViolationKind.SUSPENDED_UNRESUMABLE,
                 agent_id,
                 f"suspended agent {agent_id}: {'; '.join(problems)}. The resource monitor "
-                "fails on it every round (an unreadable one stops the whole round). Stop the agent "
-                f"(DELETE /v1/agents/{agent_id}) or repair its state in scope {board.scope_id}.",
+                "fails on it every round (an unreadable one stops the whole round). Repair its state "
+                f"in scope {board.scope_id} (`colony bb --scope {board.scope_id} read agent:suspension`), "
+                "or mark it ended: write its registry record with state failed.",
             )
 
     # -- pages ----------------------------------------------------------------------------------
