@@ -186,15 +186,18 @@ async def test_agent_and_pages_on_a_dead_replica_until_the_monitor_recovers(colo
 
 
 async def test_page_on_a_dead_replica_that_hosted_no_agent(colony: Colony) -> None:
-    """The monitor drops a dead replica's pages only when it re-places its agents: a replica that
-    hosted none stays listed (the checker says so, and drop_replica clears it)."""
+    """A replica that hosted no agent is named only by the page table: the checker reports its
+    pages, and the monitor's round finds it there and drops them."""
     await colony.hosts["rb"].ensure_pages(colony.page_ids)
     await colony.beat()
     dead = colony.hosts["rb"]
     await colony.kill("rb")
     report = await colony.check()
     assert found(report) == {(ViolationKind.PAGE_ON_DEAD_REPLICA.value, p) for p in colony.page_ids}
-    await colony.pages.drop_replica("rb")
+    monitor = ResumptionMonitor(
+        colony.bb, colony.hosts, colony.registry, page_table=colony.pages, colony_id=colony.colony_id
+    )
+    assert await monitor.tick() == []  # no agent to move, but rb's pages are dropped
     assert (await colony.check()).clean
     await dead.close()
 

@@ -41,6 +41,11 @@ from colony.vcm import PageTable
 
 log = logging.getLogger(__name__)
 
+# Serve's controller notices a dead replica at its next health check (default every 10 s), and
+# until then the proxy may still route to it: 2 s bounds how long a killed replica goes unnoticed
+# (the chaos suite's API-replica kill recovered in ~11 s with the default).
+HEALTH_CHECK_PERIOD_S = 2.0
+
 
 def settings_to_dict(settings: ColonySettings) -> dict[str, Any]:
     """Settings as plain JSON with secrets revealed, to hand to replica processes.
@@ -88,6 +93,7 @@ def api_services(
     name="EngineReplica",
     ray_actor_options={"num_cpus": 0.5},
     max_ongoing_requests=64,
+    health_check_period_s=HEALTH_CHECK_PERIOD_S,
     request_router_config=RequestRouterConfig(
         request_router_class="colony.serve.router:PageAffinityRouter", request_routing_stats_period_s=0.5
     ),
@@ -159,7 +165,9 @@ class EngineReplica:
             await self._started()
 
 
-@serve.deployment(name="AgentSystem", ray_actor_options={"num_cpus": 0.1})
+@serve.deployment(
+    name="AgentSystem", ray_actor_options={"num_cpus": 0.1}, health_check_period_s=HEALTH_CHECK_PERIOD_S
+)
 class AgentSystemDeployment:
     def __init__(self, settings: dict[str, Any], replicas: DeploymentHandle) -> None:
         self.settings = ColonySettings(**settings)
@@ -217,7 +225,12 @@ class ServeAgentControl:
         return result
 
 
-@serve.deployment(name="ColonyAPI", ray_actor_options={"num_cpus": 0.1}, max_ongoing_requests=256)
+@serve.deployment(
+    name="ColonyAPI",
+    ray_actor_options={"num_cpus": 0.1},
+    max_ongoing_requests=256,
+    health_check_period_s=HEALTH_CHECK_PERIOD_S,
+)
 @serve.ingress()
 class ColonyAPI:
     """The HTTP API. Its FastAPI app is built in the replica (`__serve_build_asgi_app__`), not

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import time
 from collections.abc import Mapping
 from typing import TYPE_CHECKING
 
@@ -35,6 +36,10 @@ if TYPE_CHECKING:
     from colony.system.host import ReplicaHost
 
 log = logging.getLogger(__name__)
+
+# How often the monitor also reads the page table for replicas it names that are gone: a replica
+# that dies hosting no agent is found only there (the registry names it nowhere).
+PAGE_SWEEP_SECONDS = 10.0
 
 
 class ResumptionMonitor:
@@ -66,6 +71,7 @@ class ResumptionMonitor:
         self._custom: set[str] = set()
         self._ports: dict[str, ReplicaPort] = {}
         self._views: list[ReplicaView] = []
+        self._next_page_sweep = 0.0
 
     def request_resume(self, agent_id: str) -> None:
         """The external trigger of CUSTOM conditions (and a push for any other kind)."""
@@ -160,7 +166,10 @@ class ResumptionMonitor:
         if not self._ports:
             return []  # nothing alive to move them to (or the directory is not answering)
         records = [r for r in await self.registry.list() if r.replica and r.state not in NOT_HOSTED]
-        suspects = sorted({r.replica for r in records if r.replica and r.replica not in self._ports})
+        suspects = sorted(
+            {r.replica for r in records if r.replica and r.replica not in self._ports}
+            | await self._page_table_suspects()
+        )
         gone = set()
         for replica_id in suspects:
             try:
@@ -189,6 +198,17 @@ class ResumptionMonitor:
             await self._refresh()
             recovered.append(record.agent_id)
         return recovered
+
+    async def _page_table_suspects(self) -> set[str]:
+        """Replicas the page table lists pages on that are not among the live ones (read every
+        `PAGE_SWEEP_SECONDS`, through the page index, not every tick)."""
+        if self.page_table is None or time.monotonic() < self._next_page_sweep:
+            return set()
+        self._next_page_sweep = time.monotonic() + PAGE_SWEEP_SECONDS
+        named: set[str] = set()
+        for record in await self.page_table.pages():
+            named.update(record.resident_on, record.swapped_on)
+        return named - set(self._ports)
 
     async def _resume(self, replica_id: str, agent_id: str) -> bool:
         """Resume one agent; a failure is logged and retried next round, not the round's end."""
