@@ -257,41 +257,117 @@ def cmd_run(args: argparse.Namespace) -> int:
         submitted = client.submit(args.agent, input_data, timeout_s=args.timeout)
         run_id = submitted["run_id"]
         print(f"run {run_id} on {args.agent}", file=sys.stderr, flush=True)
-        streamed: list[str] = []  # token text shown so far
-        line_open = False  # tokens were printed without a newline after them
+        display = RunDisplay()
         for event in client.events(run_id):
-            kind, data = event.get("event_type"), event.get("data") or {}
-            if kind == "token":
-                streamed.append(str(data.get("text", "")))
-                print(streamed[-1], end="", file=sys.stderr, flush=True)
-                line_open = True
-                continue
-            if line_open:
-                print(file=sys.stderr, flush=True)
-                line_open = False
-            if kind == "step":
-                action = (data.get("action") or {}).get("success")
-                print(
-                    f"  step {data.get('step')}: {'ok' if action else 'failed'}", file=sys.stderr, flush=True
-                )
-            elif kind == "workers":
-                print(f"  {len(data.get('workers', []))} page workers started", file=sys.stderr, flush=True)
-            elif kind not in ("started",):
-                print(f"  {kind}", file=sys.stderr, flush=True)
-        if line_open:
-            print(file=sys.stderr, flush=True)
+            _to_stderr(display.feed(event))
+        _to_stderr(display.end())
         view = client.get(run_id)
     if view["status"] != "succeeded":
         print(f"run {run_id} {view['status']}: {view.get('error')}", file=sys.stderr)
         return 1
     output = view["output"]
-    if answer_already_shown(output, "".join(streamed), same_terminal=_same_terminal()):
+    if answer_already_shown(output, display.shown, same_terminal=_same_terminal()):
         return 0  # the streamed tokens were the answer, on the terminal stdout goes to
     if isinstance(output, dict) and isinstance(output.get("report"), str):
         print(output["report"])  # a report (analyze): the text, not its JSON
     else:
         print(output if isinstance(output, str) else json.dumps(output, indent=2))
     return 0
+
+
+def _to_stderr(text: str) -> None:
+    if text:
+        print(text, end="", file=sys.stderr, flush=True)
+
+
+def _printable(value: Any, limit: int = 300) -> str:
+    """Text from the server for the terminal: control characters out, bounded."""
+    text = value if isinstance(value, str) else ""
+    return "".join(c if c.isprintable() else " " for c in text[:limit]).strip()
+
+
+def _int_or_none(value: Any) -> int | None:
+    return value if isinstance(value, int) and not isinstance(value, bool) else None
+
+
+class RunDisplay:
+    """What `colony run` writes to stderr for a run's events: `feed(event)` returns the text for one
+    event, `end()` the text after the last one; no I/O, so recorded streams test it.
+
+    Each token's text is shown once. A `restarted` event (a step redone after its replica died)
+    says so on a line of its own; the new attempt's text is then not shown while it re-traces what
+    is already on screen, and once it goes past that, only the rest is shown (the same text, not
+    repeated). If it departs from what is on screen, it is shown from its start under a line saying
+    so: the abandoned attempt's words are never passed off as the answer. `shown` is the visible
+    token text (the last block), compared with the run's output to decide whether to print it."""
+
+    def __init__(self) -> None:
+        self.shown = ""  # token text of the visible block
+        self.text = ""  # the current attempt's token text (what stands of earlier attempts included)
+        self.attempt = 1
+        self._marks: list[tuple[int, int]] = [(0, 0)]  # (seq, len(text)) from the attempt's start
+        self._seq = 0
+        self._line_open = False  # token text was written without a newline after it
+
+    def feed(self, event: dict[str, Any]) -> str:
+        kind = event.get("event_type")
+        data = event.get("data") if isinstance(event.get("data"), dict) else {}
+        seq = _int_or_none(event.get("seq"))
+        if seq is not None and seq > self._seq:
+            self._seq = seq
+        if kind == "token":
+            return self._token(str(data.get("text", "")))
+        out = self._close_line()
+        if kind == "restarted":
+            return out + self._restarted(data)
+        if kind == "step":
+            ok = (data.get("action") or {}).get("success")
+            return out + f"  step {data.get('step')}: {'ok' if ok else 'failed'}\n"
+        if kind == "workers":
+            return out + f"  {len(data.get('workers', []))} page workers started\n"
+        if kind != "started":
+            return out + f"  {_printable(str(kind), 40)}\n"
+        return out
+
+    def end(self) -> str:
+        out = self._close_line()
+        if self.shown != self.text:  # a redo ended inside the text shown before it
+            out += "  the text above is partly an abandoned attempt's; the run's output is printed in full\n"
+        return out
+
+    def _close_line(self) -> str:
+        if not self._line_open:
+            return ""
+        self._line_open = False
+        return "\n"
+
+    def _token(self, piece: str) -> str:
+        self.text += piece
+        self._marks.append((self._seq, len(self.text)))
+        if self.shown.startswith(self.text):
+            return ""  # a redo re-tracing what is on screen
+        if self.text.startswith(self.shown):
+            new, self.shown = self.text[len(self.shown) :], self.text
+            self._line_open = True
+            return new
+        out = self._close_line()
+        out += "  the new attempt's text differs from the text above; here it is from its start:\n"
+        self.shown, self._line_open = self.text, True
+        return out + self.text
+
+    def _restarted(self, data: dict[str, Any]) -> str:
+        attempt = _int_or_none(data.get("attempt"))
+        self.attempt = attempt if attempt is not None and attempt > self.attempt else self.attempt + 1
+        after = _int_or_none(data.get("supersedes_after"))
+        standing = [n for seq, n in self._marks if after is not None and seq <= after]
+        keep = max(standing, default=self._marks[0][1])  # the text of events up to `after` stands
+        self.text = self.text[:keep]
+        self._marks = [(self._seq, keep)]
+        reason = _printable(data.get("reason"))
+        return (
+            f"  run restarted (attempt {self.attempt}){': ' + reason if reason else ''}; "
+            "text already shown is not shown again, only what the new attempt adds to it\n"
+        )
 
 
 def _same_terminal() -> bool:

@@ -114,7 +114,10 @@ class ColonyClient:
         return dict(response.json())
 
     def events(self, run_id: str, last_event_id: str | None = None) -> Iterator[dict[str, Any]]:
-        """The run's events, ending with its terminal one."""
+        """The run's events, ending with its terminal one, as the server sends them: a run that
+        redid a step after its replica died has a `restarted` event, and the abandoned attempt's
+        events stay in the stream (docs/api.md, Run events; `colony.cli.RunDisplay` shows how to
+        render them without repeating text)."""
         headers = {"Last-Event-ID": last_event_id} if last_event_id else {}
         with self._http.stream("GET", f"/v1/runs/{run_id}/events", headers=headers, timeout=None) as response:
             if response.status_code >= 400:
@@ -214,6 +217,7 @@ class AsyncColonyClient:
         return dict(response.json())
 
     async def events(self, run_id: str, last_event_id: str | None = None) -> AsyncIterator[dict[str, Any]]:
+        """As `ColonyClient.events`: raw, `restarted` events included."""
         headers = {"Last-Event-ID": last_event_id} if last_event_id else {}
         async with self._http.stream(
             "GET", f"/v1/runs/{run_id}/events", headers=headers, timeout=None

@@ -105,3 +105,47 @@ def counter_blueprint(
         capabilities=capabilities,
         action_policy=ScriptedActionPolicy.bind(steps=steps),
     )
+
+
+class TokenCapability(AgentCapability):
+    """Streams the words of a text as `token` events, as `ask` streams a model's tokens, with a
+    pause before each (`delay`) so a test can kill the host mid-stream."""
+
+    def __init__(
+        self,
+        agent: Agent | None = None,
+        scope_id: str | None = None,
+        *,
+        blackboard: Blackboard | None = None,
+        delay: float = 0.0,
+    ) -> None:
+        super().__init__(agent, scope_id, blackboard=blackboard)
+        self.delay = delay
+
+    @action_executor(action_type=ActionType.ANALYZE)
+    async def speak(self, text: str) -> str:
+        """Stream `text` word by word as `token` events; returns it."""
+        for i, word in enumerate(text.split(" ")):
+            await asyncio.sleep(self.delay)
+            if self.agent is not None:
+                await self.agent.emit_run_event("token", {"text": word if i == 0 else f" {word}"})
+        return text
+
+
+def speaker_blueprint(agent_id: str, *, delay: float, serve_namespace: str) -> AgentBlueprint:
+    """Adds 1 (a checkpointed step), then streams its input text as tokens (the step a restart redoes)."""
+    return AgentBlueprint(
+        agent_class=Agent,
+        metadata=AgentMetadata(agent_id=agent_id, role="speaker"),
+        capabilities=[
+            CounterCapability.bind(),
+            TokenCapability.bind(delay=delay),
+            AgentRunCapability.bind(namespace=serve_namespace),
+        ],
+        action_policy=ScriptedActionPolicy.bind(
+            steps=[
+                {"action": "add", "parameters": {"amount": 1}},
+                {"action": "speak", "parameters": {"text": "$input"}},
+            ]
+        ),
+    )

@@ -36,6 +36,10 @@ log = logging.getLogger(__name__)
 
 COMPLETED, FAILED, CANCELLED = "completed", "failed", "cancelled"
 TERMINAL_EVENTS = frozenset({COMPLETED, FAILED, CANCELLED})
+# A run interrupted mid-step (its replica died, or it was suspended mid-step) redoes that step from
+# its last checkpoint: this event says so, once per redo, before the redo's own events. Events after
+# `data.supersedes_after` and before it belong to the abandoned attempt (see docs/api.md, Run events).
+RESTARTED = "restarted"
 
 
 def terminal_event(status: RunStatus | str | None) -> str:
@@ -47,12 +51,20 @@ def terminal_event(status: RunStatus | str | None) -> str:
 
 
 class AgentRunEvent(BaseModel):
-    """One event of a streamed run."""
+    """One event of a streamed run.
+
+    `seq` numbers a request's events 1, 2, 3, ... across restarts (never reused). `attempt` is the
+    attempt at the run the event belongs to: 1, and one more after each `restarted` event.
+    `during_step` is the index (0-based) of the run step in progress when the event was emitted,
+    None for events outside a step (`started`, `step`, `restarted`, terminal ones): a restored run
+    redoing step `n` supersedes the events its abandoned attempt emitted during steps `>= n`."""
 
     request_id: str
     event_type: str
     data: Any = None
     seq: int = 0
+    attempt: int = 1
+    during_step: int | None = None
     ts: float = Field(default_factory=time.time)
 
 

@@ -7,15 +7,17 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from colony.agents.capability import AgentCapability
 from colony.agents.events import event_handler
-from colony.agents.handle import TERMINAL_EVENTS, AgentRunEvent, terminal_event
+from colony.agents.handle import RESTARTED, TERMINAL_EVENTS, AgentRunEvent, terminal_event
 from colony.agents.hooks import HookContext, HookType, Pointcut
 from colony.agents.models import AgentRun, RunStatus
 from colony.blackboard import (
     Blackboard,
+    BlackboardEntry,
     BlackboardEvent,
     BlackboardScope,
     TagFilter,
@@ -36,6 +38,22 @@ if TYPE_CHECKING:
 
 log = logging.getLogger(__name__)
 
+MAX_ATTEMPT = 1_000_000  # an `attempt` read back from Redis above this is not one this code wrote
+
+
+@dataclass(frozen=True)
+class StoredEvents:
+    """What a request's stored events say, read (bounded, validated) when the request is adopted.
+
+    `current` lists `(seq, during_step)` of the events of the current attempt: those after the
+    newest `restarted` event (all of them when there is none)."""
+
+    last_seq: int = 0
+    attempt: int = 1
+    started: bool = False
+    ended: bool = False  # a terminal event is stored
+    current: tuple[tuple[int, int | None], ...] = ()
+
 
 class AgentRunCapability(AgentCapability):
     """Serves AgentHandle requests of one namespace: runs the agent, streams events, writes the result.
@@ -45,6 +63,12 @@ class AgentRunCapability(AgentCapability):
     numbered from what is already stored. So after a restart `start()` finds every claimed
     request without a result, adopts the one the restored run is serving and queues the others
     in claim order: none is lost, none runs twice, and event numbers go on where they were.
+
+    A restored run goes on from its last checkpoint (the steps it had persisted), so what those
+    steps emitted stands and is not emitted again; the step it was in when its host died runs
+    again. If that step had already emitted events (e.g. `ask`'s tokens), they are superseded:
+    one `restarted` event says which (`supersedes_after`), and the redo's events carry the next
+    `attempt`. A request re-served before its run began gets no second `started` event.
 
     Every key a request leaves carries its request tag; once answered, the claim is rewritten with
     its expiry and without tags (out of the open claims index) and all the request's other keys
@@ -77,6 +101,7 @@ class AgentRunCapability(AgentCapability):
         self.one_shot = one_shot  # a worker with one job: the agent stops once it is answered
         self.active_request: str | None = None
         self._seq = 0
+        self._attempt = 1  # of the active request: 1, one more after each `restarted` event
         self._queue: asyncio.Queue[str] = asyncio.Queue()
         self._queued: set[str] = set()
         self._idle = asyncio.Event()
@@ -101,14 +126,18 @@ class AgentRunCapability(AgentCapability):
         request_ids = [self.protocol.parse("claim", e.key)["request_id"] for e in claims]
         results = await self.blackboard.read_many([self.protocol.result_key(r) for r in request_ids])
         run = agent.current_run
+        restored: AgentRun | None = None
         for request_id, result in zip(request_ids, results, strict=True):
-            if result is not None:
-                await self._retire(request_id)  # answered before a restart could retire it
-                continue
-            if run is not None and not run.done and run.request_id == request_id:
-                await self._adopt(request_id)  # the host drives the restored run; _after_step answers
+            if result is not None:  # answered before a restart could retire it
+                await self._end_stream(request_id, result)
+                await self._retire(request_id)
+            elif run is not None and not run.done and run.request_id == request_id:
+                restored = run  # adopted below, once no other request is made active
             else:
-                self._enqueue(request_id)
+                self._enqueue(request_id)  # a done run unanswered is answered from the run, not re-run
+        if restored is not None and restored.request_id is not None:
+            # the host drives the restored run; _after_step answers
+            await self._announce_restart(restored, await self._adopt(restored.request_id))
         self._tasks.append(asyncio.create_task(self._work(), name=f"{agent.agent_id}-{self.name}-requests"))
 
     @event_handler(pattern="request:*")
@@ -202,15 +231,22 @@ class AgentRunCapability(AgentCapability):
         await self._idle.wait()
         while agent.current_run is not None and not agent.current_run.done:  # noqa: ASYNC110 - set by other code paths
             await asyncio.sleep(0.05)
-        if await self.blackboard.read(self.protocol.result_key(request_id)) is None:
-            await self._serve(request_id)
-        else:
+        if await self.blackboard.read(self.protocol.result_key(request_id)) is not None:
             await self._retire(request_id)  # ended by its requester before it was served
+            return
+        run = agent.current_run
+        if run is not None and run.done and run.request_id == request_id:
+            # its run ended, then the host died before the answer was stored: answer from the run
+            # (running it again would do its work twice and stream all its events again)
+            await self._adopt(request_id)
+            await self._respond(request_id, run.status, run.output, run.error, run.run_id, run.steps)
+            return
+        await self._serve(request_id)
 
     async def _fail_request(self, request_id: str, reason: str) -> None:
         """End a request whose serving raised (e.g. an input Redis would not store in an event) as
         failed with the reason, and leave the capability idle; never raises."""
-        self.active_request, self._seq = request_id, 0  # never the previous request's numbering
+        self.active_request, self._seq, self._attempt = request_id, 0, 1  # never the previous request's
         try:
             with contextlib.suppress(Exception):
                 await self._adopt(request_id)  # numbering goes on after what this request stored
@@ -222,20 +258,108 @@ class AgentRunCapability(AgentCapability):
             self.active_request = None
             self._idle.set()
 
-    async def _adopt(self, request_id: str) -> None:
-        """Make `request_id` the active one; its event numbering continues after what is stored."""
+    async def _adopt(self, request_id: str) -> StoredEvents:
+        """Make `request_id` the active one; its event numbering (and attempt) continues after what
+        is stored. What is stored, for the caller."""
         self.active_request = request_id
+        stored = await self._stored_events(request_id)
+        self._seq, self._attempt = stored.last_seq, stored.attempt
+        self._idle.clear()
+        return stored
+
+    async def _stored_events(self, request_id: str) -> StoredEvents:
+        """Read the request's stored events (through its tag index, never a SCAN). Untrusted: a key
+        whose name is not `{seq}.{type}` is skipped, a bad `attempt`/`during_step` reads as absent,
+        and at most twice `runs.max_events_per_run` entries are read (more were never written here)."""
         tags = TagFilter(all_of=frozenset({self.protocol.request_tag(request_id)}))
         pattern = self.protocol.event_pattern(request_id)
-        self._seq = len([e async for e in self.blackboard.iter_query(pattern, tags=tags)])
-        self._idle.clear()
+        found: list[tuple[int, str, int, int | None]] = []  # (seq, type, attempt, during_step)
+        limit = 2 * self.max_events + 10
+        async for entry in self.blackboard.iter_query(pattern, tags=tags):
+            if len(found) >= limit:
+                log.warning("request %s has more than %d events stored; read the first", request_id, limit)
+                break
+            identified = self.protocol.identify(entry.key)
+            if identified is None or identified[0] != "event":
+                continue
+            seq_text, _, kind = identified[1]["event_name"].partition(".")
+            if not (seq_text.isdigit() and len(seq_text) <= 9):
+                continue
+            value = entry.value if isinstance(entry.value, dict) else {}
+            attempt = value.get("attempt")
+            during = value.get("during_step")
+            found.append(
+                (
+                    int(seq_text),
+                    kind,
+                    attempt if _is_int(attempt) and 1 <= attempt <= MAX_ATTEMPT else 1,
+                    during if _is_int(during) and 0 <= during <= 10**9 else None,
+                )
+            )
+        if not found:
+            return StoredEvents()
+        found.sort()
+        restarts = [seq for seq, kind, _, _ in found if kind == RESTARTED]
+        since = restarts[-1] if restarts else 0
+        return StoredEvents(
+            last_seq=found[-1][0],
+            attempt=max(attempt for _, _, attempt, _ in found),
+            started=any(kind == "started" for _, kind, _, _ in found),
+            ended=any(kind in TERMINAL_EVENTS for _, kind, _, _ in found),
+            current=tuple((seq, during) for seq, _, _, during in found if seq > since),
+        )
+
+    async def _end_stream(self, request_id: str, result: BlackboardEntry) -> None:
+        """A request this agent answered before its host died, maybe before the terminal event that
+        follows the result was stored: store that event now (once), so the stream ends with it rather
+        than with a `gap`. A result the requester wrote (cancel, timeout) is the requester's to
+        report. Best effort: a failure is logged."""
+        agent = self._agent()
+        if result.created_by != agent.agent_id:
+            return
+        value = result.value if isinstance(result.value, dict) else {}
+        try:
+            if not (await self._adopt(request_id)).ended:
+                data = {"output": value.get("output"), "error": value.get("error")}
+                await self._emit(terminal_event(value.get("status")), data, during_step=None)
+        except Exception as exc:  # e.g. Redis away, or an output it will not store: runs.py sends a gap
+            log.warning("terminal event of request %s not stored: %r", request_id, exc)
+        finally:
+            self.active_request = None
+            self._idle.set()
+
+    async def _announce_restart(self, run: AgentRun, stored: StoredEvents) -> None:
+        """The restored `run` redoes step `run.steps` (0-based; the steps before it are checkpointed).
+        If its abandoned attempt had emitted events during that step or later, those are superseded:
+        emit one `restarted` event, and number what follows as the next attempt. A restart that
+        takes nothing back emits nothing (the stream reads as an uninterrupted one). A failure
+        to store it is logged: the run goes on either way."""
+        redo = run.steps
+        superseded = [seq for seq, during in stored.current if during is not None and during >= redo]
+        if not superseded:
+            return
+        self._attempt = stored.attempt + 1
+        step = redo + 1  # 1-based, as in `step` events
+        data = {
+            "attempt": self._attempt,
+            "supersedes_after": min(superseded) - 1,
+            "superseded": len(superseded),
+            "step": step,
+            "reason": f"the run was interrupted during step {step} (its replica stopped, or the agent "
+            f"was suspended mid-step); it goes on from its last checkpoint and does step {step} again",
+        }
+        try:
+            await self._emit(RESTARTED, data, during_step=None)
+        except BlackboardError as exc:
+            log.warning("restart of request %s not announced: %s", self.active_request, exc)
 
     async def _serve(self, request_id: str) -> None:
         agent = self._agent()
         request = await self.blackboard.read(self.protocol.request_key(request_id))
         input_data = request.value.get("input") if request is not None else None
-        await self._adopt(request_id)
-        await self.emit("started", {"input": input_data})
+        stored = await self._adopt(request_id)
+        if not stored.started:  # re-served after a restart before its run began: one `started`
+            await self.emit("started", {"input": input_data})
         try:
             if agent.host is not None:
                 await agent.host.start_run(agent.agent_id, input_data, request_id=request_id)
@@ -405,22 +529,40 @@ class AgentRunCapability(AgentCapability):
             await api_board.expire([ApiRunProtocol.run_key(request_id)], ttl)
 
     async def emit(self, event_type: str, data: Any = None) -> None:
-        """Write the next event of the active request (ordered by its sequence number).
+        """Write the next event of the active request (ordered by its sequence number), marked with
+        the current attempt and the run step in progress (what a restart may supersede).
 
         A request stores at most `runs.max_events_per_run` events plus its terminal one: the last
         of them is a `truncated` event saying later ones were dropped (the terminal one always goes)."""
+        await self._emit(event_type, data, during_step=self._step_in_progress())
+
+    def _step_in_progress(self) -> int | None:
+        """Index of the step the active request's run is in (None outside one: not begun, done)."""
+        run = self.agent.current_run if self.agent is not None else None
+        if run is None or run.done or run.request_id is None or run.request_id != self.active_request:
+            return None
+        return run.steps
+
+    async def _emit(self, event_type: str, data: Any, *, during_step: int | None) -> None:
         if self.active_request is None:
             return
         if event_type not in TERMINAL_EVENTS and self._seq >= self.max_events - 1:
             if self._seq == self.max_events - 1:
-                await self._write_event("truncated", {"dropped_after": self._seq})
+                await self._write_event("truncated", {"dropped_after": self._seq}, during_step)
             return
-        await self._write_event(event_type, data)
+        await self._write_event(event_type, data, during_step)
 
-    async def _write_event(self, event_type: str, data: Any) -> None:
+    async def _write_event(self, event_type: str, data: Any, during_step: int | None) -> None:
         assert self.active_request is not None
         seq = self._seq + 1  # taken once stored: a write retried after an outage keeps its number
-        event = AgentRunEvent(request_id=self.active_request, event_type=event_type, data=data, seq=seq)
+        event = AgentRunEvent(
+            request_id=self.active_request,
+            event_type=event_type,
+            data=data,
+            seq=seq,
+            attempt=self._attempt,
+            during_step=during_step,
+        )
         await self.blackboard.write(
             self.protocol.event_key(self.active_request, f"{seq:05d}.{event_type}"),
             event.model_dump(mode="json"),
@@ -435,11 +577,15 @@ class AgentRunCapability(AgentCapability):
         if self.active_request is None or run is None or run.request_id != self.active_request:
             return
         action = agent.last_result.model_dump(mode="json") if agent.last_result else None
-        try:
-            await self.emit("step", {"step": run.steps, "action": action})
+        try:  # after the step is persisted: a checkpoint, never superseded (during_step None)
+            await self._emit("step", {"step": run.steps, "action": action}, during_step=None)
         except Exception as exc:  # a step event Redis will not store is dropped; the run goes on
             log.warning("step event of request %s not stored: %r", self.active_request, exc)
         if not run.done and await self.blackboard.read(self.protocol.result_key(self.active_request)):
             await agent.cancel_run("the requester ended the run (cancelled or timed out)")
         if run.done:
             await self._respond(self.active_request, run.status, run.output, run.error, run.run_id, run.steps)
+
+
+def _is_int(value: Any) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
