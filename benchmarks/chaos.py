@@ -36,7 +36,7 @@ from typing import Any
 import httpx
 
 from colony.blackboard import Blackboard, BlackboardScope, scope_id
-from colony.blackboard.redis_server import EmbeddedRedis, free_port, process_alive
+from colony.blackboard.redis_server import EmbeddedRedis, RedisRestarts, free_port, process_alive
 from colony.client import ApiError, ColonyClient
 from colony.config import ColonySettings
 from colony.serve.cluster import ClusterInfo, read_state
@@ -47,7 +47,7 @@ RECOVERY_BAR_S = 15.0  # the issue's bar: new runs succeed within this long of t
 ASK = {"question": "Name one colour."}
 
 
-def _wait(predicate: Callable[[], bool], timeout: float, step: float = 0.2) -> bool:
+def wait_until(predicate: Callable[[], bool], timeout: float, step: float = 0.2) -> bool:
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         if predicate():
@@ -153,6 +153,11 @@ class ChaosCluster:
         return asyncio.run(check())
 
 
+def redis_restarts(cluster: ChaosCluster) -> int:
+    """How often the daemon's supervisor restarted the embedded redis-server (`colony status`)."""
+    return RedisRestarts.read(EmbeddedRedis(cluster.data_dir)).restarts
+
+
 def _kill(pid: int, sig: signal.Signals = signal.SIGKILL) -> None:
     with contextlib.suppress(ProcessLookupError):
         os.kill(pid, sig)
@@ -160,7 +165,7 @@ def _kill(pid: int, sig: signal.Signals = signal.SIGKILL) -> None:
 
 def _kill_and_wait(pid: int) -> None:
     _kill(pid)
-    _wait(lambda: not process_alive(pid), 10, step=0.05)
+    wait_until(lambda: not process_alive(pid), 10, step=0.05)
 
 
 # --- the faults: each returns when the fault has ended -------------------------------------------
@@ -170,7 +175,7 @@ def redis_kill(cluster: ChaosCluster) -> None:
     """SIGKILL the embedded redis-server; the daemon's supervisor restarts it (AOF replayed)."""
     pid = cluster.redis_pid()
     _kill_and_wait(pid)
-    _wait(lambda: EmbeddedRedis(cluster.data_dir).status() is not None, 30)
+    wait_until(lambda: EmbeddedRedis(cluster.data_dir).status() is not None, 30)
 
 
 def redis_pause(cluster: ChaosCluster, seconds: float = 5.0) -> None:
@@ -338,7 +343,7 @@ def settle(cluster: ChaosCluster, run_ids: list[str], result: FaultResult, timeo
             return False
         return all(views.get(r, {}).get("status") in TERMINAL for r in run_ids)
 
-    _wait(poll, timeout, step=0.5)
+    wait_until(poll, timeout, step=0.5)
     for run_id in run_ids:
         status = views.get(run_id, {}).get("status")
         result.statuses[run_id] = status or ("lost" if run_id in missing else "unknown")
@@ -367,7 +372,7 @@ def doctor(cluster: ChaosCluster, run_ids: list[str], result: FaultResult, timeo
             return False
         return not report.violations
 
-    result.doctor_clean = _wait(clean, timeout, step=1.0)
+    result.doctor_clean = wait_until(clean, timeout, step=1.0)
     if report is not None and report.violations:
         result.violations = [f"{v.kind} {v.subject}: {v.message}" for v in report.violations]
 

@@ -52,7 +52,7 @@ def cmd_redis(args: argparse.Namespace) -> int:
             return 1
         print(
             f"redis-server running: pid {status.pid}, {status.masked_url} (binary {status.binary}, "
-            f"password in {status.password_file})"
+            f"password in {status.password_file}); {_restarts_text(_redis_report(settings))}"
         )
     return 0
 
@@ -231,12 +231,23 @@ def _redis_line(redis: dict[str, Any]) -> str:
     if redis.get("kind") == "external":
         return f"Redis: external, {redis['url']}"
     state = f"pid {redis['pid']}, {redis['url']}" if redis.get("running") else "not running"
-    line = f"Redis: embedded, {state}; restarted {redis.get('restarts', 0)} time(s) by the supervisor"
+    return f"Redis: embedded, {state}; {_restarts_text(redis)}"
+
+
+def _restarts_text(redis: dict[str, Any]) -> str:
+    """`restarted N time(s) by the supervisor[, last at ...][; last failed restart: ...]`."""
+    text = f"restarted {redis.get('restarts', 0)} time(s) by the supervisor"
     if redis.get("last_restart_at"):
-        line += f", last at {time.strftime('%Y-%m-%d %H:%M:%S', time.localtime(redis['last_restart_at']))}"
+        text += f", last at {time.strftime('%Y-%m-%d %H:%M:%S', time.localtime(redis['last_restart_at']))}"
     if redis.get("last_restart_error"):
-        line += f"; last failed restart: {redis['last_restart_error'].splitlines()[0]}"
-    return line
+        text += f"; last failed restart: {redis['last_restart_error'].splitlines()[0]}"
+    return text
+
+
+def cmd_doctor(args: argparse.Namespace) -> int:
+    from colony.system.doctor import doctor_command
+
+    return doctor_command(_settings(args), as_json=args.json, grace_seconds=args.grace, run_ids=args.run)
 
 
 def cmd_run(args: argparse.Namespace) -> int:
@@ -449,6 +460,16 @@ def build_parser() -> argparse.ArgumentParser:
     status = sub.add_parser("status", help="where the cluster answers, its replicas and agents")
     status.add_argument("--json", action="store_true", help="machine-readable output")
     status.set_defaults(func=cmd_status)
+    doctor = sub.add_parser(
+        "doctor", help="check the colony's invariants (exit 0 clean, 1 violations, 2 no Redis)"
+    )
+    doctor.add_argument("--json", action="store_true", help="machine-readable output")
+    doctor.add_argument(
+        "--grace", type=float, default=10.0, help="seconds a state must last to be reported (default 10)"
+    )
+    doctor.add_argument("--run", action="append", default=[], help="also check this run id (repeatable)")
+    doctor.set_defaults(func=cmd_doctor)
+
     run = sub.add_parser("run", help="submit a run over HTTP, stream its events, print its output")
     run.add_argument("agent", help="agent name, e.g. echo or ask")
     run.add_argument("--input", help="JSON input of the run")

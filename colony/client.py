@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import asyncio
 import json
+import time
 from collections.abc import AsyncIterator, Iterator
 from typing import Any
 
@@ -52,6 +54,52 @@ class _SseParser:
         return {"id": fields.get("id"), **json.loads(fields["data"])} if "data" in fields else None
 
 
+RETRYABLE_STATUSES = frozenset({502, 503, 504})  # the API (or the proxy before it) is restarting
+
+
+class _StreamResumer:
+    """When a run's event stream breaks before its terminal event (the API replica serving it died,
+    the proxy dropped it, the API answers 503 while it restarts), the clients reconnect with the
+    last event id they handed out (`Last-Event-ID`), so nothing is repeated and nothing skipped.
+    They give up when no event arrived for `window` seconds, raising the last error."""
+
+    def __init__(self, last_event_id: str | None, window: float) -> None:
+        self.last_event_id = last_event_id
+        self.window = window
+        self._since: float | None = None  # when the current run of failures began
+        self._failures = 0
+
+    @property
+    def headers(self) -> dict[str, str]:
+        return {"Last-Event-ID": self.last_event_id} if self.last_event_id else {}
+
+    def seen(self, event: dict[str, Any]) -> None:
+        self.last_event_id = event.get("id") or self.last_event_id
+        self._since, self._failures = None, 0
+
+    def retryable(self, exc: Exception) -> bool:
+        return isinstance(exc, httpx.TransportError) or (
+            isinstance(exc, ApiError) and exc.status in RETRYABLE_STATUSES
+        )
+
+    def delay(self, exc: Exception | None) -> float:
+        """Seconds to wait before reconnecting; raises `exc` (or a `StreamInterrupted`) once the
+        window has passed without an event."""
+        now = time.monotonic()
+        if self._since is None:
+            self._since = now
+        if now - self._since >= self.window:
+            if exc is not None:
+                raise exc
+            raise ApiError(
+                503,
+                "stream_interrupted",
+                f"the event stream kept ending before the run's terminal event for {self.window:g}s",
+            )
+        self._failures += 1
+        return min(0.2 * 2 ** (self._failures - 1), 2.0)
+
+
 def _body(agent: str, input_data: Any, namespace: str | None, timeout_s: float | None) -> dict[str, Any]:
     body: dict[str, Any] = {"agent": agent, "input": input_data}
     if namespace:
@@ -71,8 +119,12 @@ class ColonyClient:
         *,
         timeout: float = 30.0,
         transport: httpx.BaseTransport | None = None,
+        reconnect_seconds: float = 30.0,
     ) -> None:
+        """`reconnect_seconds`: how long `events()` keeps reconnecting a broken event stream
+        without receiving an event (0: never reconnects)."""
         headers = _auth_headers(token)
+        self.reconnect_seconds = reconnect_seconds
         self._http = httpx.Client(
             base_url=url.rstrip("/"), headers=headers, timeout=timeout, transport=transport
         )
@@ -117,19 +169,31 @@ class ColonyClient:
         """The run's events, ending with its terminal one, as the server sends them: a run that
         redid a step after its replica died has a `restarted` event, and the abandoned attempt's
         events stay in the stream (docs/api.md, Run events; `colony.cli.RunDisplay` shows how to
-        render them without repeating text)."""
-        headers = {"Last-Event-ID": last_event_id} if last_event_id else {}
-        with self._http.stream("GET", f"/v1/runs/{run_id}/events", headers=headers, timeout=None) as response:
-            if response.status_code >= 400:
-                response.read()
-                _raise_for(response)
-            parser = _SseParser()
-            for line in response.iter_lines():
-                event = parser.feed(line)
-                if event is not None:
-                    yield event
-                    if event.get("event_type") in TERMINAL_EVENTS:
-                        return
+        render them without repeating text). A stream that breaks before the terminal event is
+        resumed after the last event received (`reconnect_seconds`)."""
+        resumer = _StreamResumer(last_event_id, self.reconnect_seconds)
+        while True:
+            error: Exception | None = None
+            try:
+                with self._http.stream(
+                    "GET", f"/v1/runs/{run_id}/events", headers=resumer.headers, timeout=None
+                ) as response:
+                    if response.status_code >= 400:
+                        response.read()
+                        _raise_for(response)
+                    parser = _SseParser()
+                    for line in response.iter_lines():
+                        event = parser.feed(line)
+                        if event is not None:
+                            resumer.seen(event)
+                            yield event
+                            if event.get("event_type") in TERMINAL_EVENTS:
+                                return
+            except (httpx.TransportError, ApiError) as exc:
+                if not resumer.retryable(exc):
+                    raise
+                error = exc
+            time.sleep(resumer.delay(error))
 
     def run(self, agent: str, input_data: Any = None, **kwargs: Any) -> dict[str, Any]:
         """Submit and wait (through the event stream); the final run view."""
@@ -179,8 +243,10 @@ class AsyncColonyClient:
         *,
         timeout: float = 30.0,
         transport: httpx.AsyncBaseTransport | None = None,
+        reconnect_seconds: float = 30.0,
     ) -> None:
         headers = _auth_headers(token)
+        self.reconnect_seconds = reconnect_seconds
         self._http = httpx.AsyncClient(
             base_url=url.rstrip("/"), headers=headers, timeout=timeout, transport=transport
         )
@@ -217,21 +283,30 @@ class AsyncColonyClient:
         return dict(response.json())
 
     async def events(self, run_id: str, last_event_id: str | None = None) -> AsyncIterator[dict[str, Any]]:
-        """As `ColonyClient.events`: raw, `restarted` events included."""
-        headers = {"Last-Event-ID": last_event_id} if last_event_id else {}
-        async with self._http.stream(
-            "GET", f"/v1/runs/{run_id}/events", headers=headers, timeout=None
-        ) as response:
-            if response.status_code >= 400:
-                await response.aread()
-                _raise_for(response)
-            parser = _SseParser()
-            async for line in response.aiter_lines():
-                event = parser.feed(line)
-                if event is not None:
-                    yield event
-                    if event.get("event_type") in TERMINAL_EVENTS:
-                        return
+        """As `ColonyClient.events`: raw, `restarted` events included, a broken stream resumed."""
+        resumer = _StreamResumer(last_event_id, self.reconnect_seconds)
+        while True:
+            error: Exception | None = None
+            try:
+                async with self._http.stream(
+                    "GET", f"/v1/runs/{run_id}/events", headers=resumer.headers, timeout=None
+                ) as response:
+                    if response.status_code >= 400:
+                        await response.aread()
+                        _raise_for(response)
+                    parser = _SseParser()
+                    async for line in response.aiter_lines():
+                        event = parser.feed(line)
+                        if event is not None:
+                            resumer.seen(event)
+                            yield event
+                            if event.get("event_type") in TERMINAL_EVENTS:
+                                return
+            except (httpx.TransportError, ApiError) as exc:
+                if not resumer.retryable(exc):
+                    raise
+                error = exc
+            await asyncio.sleep(resumer.delay(error))
 
     async def run(self, agent: str, input_data: Any = None, **kwargs: Any) -> dict[str, Any]:
         run_id = (await self.submit(agent, input_data, **kwargs))["run_id"]

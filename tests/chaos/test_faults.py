@@ -46,3 +46,14 @@ def test_every_accepted_run_ends_and_the_cluster_heals(cluster: chaos.ChaosClust
     assert result.doctor_clean, detail
     # a failed run says why (never a bare "failed")
     assert "(no reason)" not in result.reasons, detail
+
+
+def test_the_restarted_daemon_supervises_redis_again(cluster: chaos.ChaosCluster) -> None:
+    """After the daemon was killed and `colony up` ran again (the last fault above), the new daemon
+    supervises the embedded redis-server: killed once more, it comes back and runs succeed."""
+    if "daemon-restart" not in {r.fault for r in RESULTS}:
+        chaos.daemon_restart(cluster)
+    before = chaos.redis_restarts(cluster)
+    chaos.redis_kill(cluster)
+    assert chaos.wait_until(lambda: chaos.redis_restarts(cluster) == before + 1, 20)
+    assert chaos.time_to_first_success(cluster, 30) is not None

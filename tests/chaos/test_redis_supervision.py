@@ -189,6 +189,8 @@ def test_colony_up_restarts_a_killed_redis_and_status_shows_it(tmp_path: Path) -
         assert time.monotonic() - killed < 20
         text = run_cli("status", cwd=tmp_path, env=env, timeout=60).stdout
         assert "restarted 1 time(s)" in text
+        redis_status = run_cli("redis", "status", cwd=tmp_path, env=env, timeout=60)
+        assert redis_status.returncode == 0 and "restarted 1 time(s) by the supervisor" in redis_status.stdout
         assert "embedded redis-server restarted (restart 1)" in (data_dir / "cluster.log").read_text()
 
         # appendfsync always: every accepted run is still there after the restart (none lost)
@@ -222,6 +224,15 @@ def test_colony_up_restarts_a_killed_redis_and_status_shows_it(tmp_path: Path) -
         # the rest of the cluster reconnects to the address it knows: a new echo run succeeds
         ran = run_cli("run", "echo", "--input", '{"n": 2}', cwd=tmp_path, env=env, timeout=60)
         assert ran.returncode == 0 and json.loads(ran.stdout) == {"n": 2}, ran.stderr[-2000:]
+        # and `colony doctor`, given the accepted runs, finds the colony consistent (exit 0)
+        doctor = run_cli(
+            "doctor",
+            *[a for r in accepted for a in ("--run", r)],
+            cwd=tmp_path,
+            env=env,
+            timeout=60,
+        )
+        assert doctor.returncode == 0 and "clean" in doctor.stdout, doctor.stdout + doctor.stderr
     finally:
         down = run_cli("down", cwd=tmp_path, env=env, timeout=180)
         assert down.returncode == 0, down.stderr[-2000:]
