@@ -17,7 +17,7 @@ from colony.agents.base import build_agent
 from colony.agents.handle import CANCELLED, COMPLETED, FAILED, terminal_event
 from colony.agents.models import AgentRun
 from colony.agents.ring import ContextRing
-from colony.agents.run_capability import AgentRunCapability
+from colony.agents.run_capability import TRIES_WHILE_UP, AgentRunCapability
 from colony.blackboard import AgentRunProtocol, Blackboard, BlackboardScope
 from colony.blackboard.protocol import AgentStateProtocol
 from colony.config import ColonySettings
@@ -33,13 +33,13 @@ def handle_for(runtime: LocalAgentRuntime, agent_id: str) -> AgentHandle:
     return AgentHandle(agent_id, owner=caller)
 
 
-def fail_persist_once(agent: Agent, when: Callable[[AgentRun], bool]) -> dict[str, int]:
-    """Make the agent's next persist that matches `when` raise as a Redis outage would."""
+def fail_persist_once(agent: Agent, when: Callable[[AgentRun], bool], times: int = 1) -> dict[str, int]:
+    """Make the agent's next `times` persists that match `when` raise as a Redis outage would."""
     original, fired = agent.persist, {"count": 0}
 
     async def flaky() -> None:
         run = agent.current_run
-        if not fired["count"] and run is not None and when(run):
+        if fired["count"] < times and run is not None and when(run):
             fired["count"] += 1
             raise BlackboardUnavailable("commit", "redis://test", TimeoutError("injected"))
         await original()
@@ -87,12 +87,54 @@ async def test_a_run_that_cannot_begin_fails_and_the_agent_serves_on(runtime: Lo
     first = await handle.run("first", namespace=RUNS_NAMESPACE, timeout=10)
     assert first.status is RunStatus.SUCCEEDED
     before = agent.current_run
-    fired = fail_persist_once(agent, lambda run: run.input == "bad" and not run.done)
-    bad = await handle.run("bad", namespace=RUNS_NAMESPACE, timeout=10)
-    assert fired["count"] == 1 and bad.status is RunStatus.FAILED and "injected" in (bad.error or "")
+    # it keeps failing while Redis answers: after TRIES_WHILE_UP tries it is not an outage, the run fails
+    fired = fail_persist_once(agent, lambda run: run.input == "bad" and not run.done, times=100)
+    bad = await handle.run("bad", namespace=RUNS_NAMESPACE, timeout=20)
+    assert fired["count"] == TRIES_WHILE_UP
+    assert bad.status is RunStatus.FAILED and "injected" in (bad.error or "")
     assert agent.current_run is before  # the run that never began left the agent as it was
     good = await handle.run("good", namespace=RUNS_NAMESPACE, timeout=10)
     assert good.status is RunStatus.SUCCEEDED and good.output == "good"
+
+
+async def test_a_run_whose_begin_timed_out_once_is_begun_again(runtime: LocalAgentRuntime) -> None:
+    """One blackboard timeout before the run began (e.g. Redis paused by SIGSTOP, answering again
+    by the time the agent looks) is retried, not the run's failure."""
+    agent = await runtime.spawn(echo_blueprint(f"beg{uuid.uuid4().hex[:6]}"))
+    handle = handle_for(runtime, agent.agent_id)
+    fired = fail_persist_once(agent, lambda run: run.input == "flaky" and not run.done)
+    run = await handle.run("flaky", namespace=RUNS_NAMESPACE, timeout=20)
+    assert fired["count"] == 1 and run.status is RunStatus.SUCCEEDED and run.output == "flaky"
+
+
+async def test_an_event_write_that_times_out_is_written_again_not_the_runs_failure(
+    runtime: LocalAgentRuntime,
+) -> None:
+    """An event write caught by a Redis pause waits until Redis answers and is written again (the
+    same key: idempotent): the run succeeds and the event is stored once."""
+    agent = await runtime.spawn(echo_blueprint(f"evt{uuid.uuid4().hex[:6]}"))
+    capability = next(c for c in agent.capabilities.values() if isinstance(c, AgentRunCapability))
+    board, original, fired = capability.blackboard, capability.blackboard.write, {"count": 0}
+
+    async def flaky(key: str, *args: Any, **kwargs: Any) -> Any:
+        if key.endswith(".step") and not fired["count"]:
+            fired["count"] += 1
+            await original(key, *args, **kwargs)  # applied, but its answer is lost
+            raise BlackboardUnavailable("write", "redis://test", TimeoutError("injected"))
+        return await original(key, *args, **kwargs)
+
+    board.write = flaky  # type: ignore[method-assign]
+    handle = handle_for(runtime, agent.agent_id)
+    run = await handle.run("x", namespace=RUNS_NAMESPACE, timeout=20)
+    assert fired["count"] == 1 and run.status is RunStatus.SUCCEEDED and run.output == "x"
+    request_id = agent.current_run.request_id if agent.current_run else None
+    assert request_id
+    events = [e async for e in board.iter_query(AgentRunProtocol.event_pattern(request_id))]
+    assert [e.key.rsplit(".", 1)[-1] for e in sorted(events, key=lambda e: e.key)] == [
+        "started",
+        "step",
+        "completed",
+    ]
 
 
 async def test_a_driver_failure_without_a_handle_is_stored_and_the_agent_stays_usable(

@@ -38,6 +38,8 @@ if TYPE_CHECKING:
 
 log = logging.getLogger(__name__)
 
+TRIES_WHILE_UP = 3  # a blackboard error while Redis answers is retried this often before it fails a run
+
 MAX_ATTEMPT = 1_000_000  # an `attempt` read back from Redis above this is not one this code wrote
 
 
@@ -209,14 +211,19 @@ class AgentRunCapability(AgentCapability):
         while True:
             request_id = await self._queue.get()
             try:
+                failures_while_up = 0
                 while True:  # a Redis outage before the run begins: the same request again, later
                     try:
                         await self._serve_queued(agent, request_id)
                         backoff.recovered()
                         break
                     except BlackboardUnavailable as exc:
+                        # an operation that timed out while Redis was paused finds it answering
+                        # again: tried again a few times before it counts as this request's failure
                         if await self._redis_answers():
-                            raise  # not an outage: this request failed (ended failed, below)
+                            failures_while_up += 1
+                            if failures_while_up >= TRIES_WHILE_UP:
+                                raise  # not an outage: this request failed (ended failed, below)
                         if self.active_request == request_id:
                             self.active_request = None
                             self._idle.set()
@@ -368,8 +375,8 @@ class AgentRunCapability(AgentCapability):
         except Exception as exc:
             run = agent.current_run
             begun = run is not None and run.request_id == request_id
-            if not begun and isinstance(exc, BlackboardUnavailable) and not await self._redis_answers():
-                raise  # not begun, Redis away: served again once it is back
+            if not begun and isinstance(exc, BlackboardUnavailable):
+                raise  # not begun, Redis away (or paused): `_work` serves it again once it answers
             if run is not None and run.request_id == request_id and self.active_request == request_id:
                 # begun, then raised inside the agent (no host drives it): the run fails, answered
                 await agent.fail_run(f"the run failed inside the agent: {type(exc).__name__}: {exc}")
@@ -563,11 +570,17 @@ class AgentRunCapability(AgentCapability):
             attempt=self._attempt,
             during_step=during_step,
         )
-        await self.blackboard.write(
-            self.protocol.event_key(self.active_request, f"{seq:05d}.{event_type}"),
-            event.model_dump(mode="json"),
-            tags={self.protocol.request_tag(self.active_request)},
-            created_by=self.agent.agent_id if self.agent else None,
+        key = self.protocol.event_key(self.active_request, f"{seq:05d}.{event_type}")
+        tags = {self.protocol.request_tag(self.active_request)}
+        owner = self.agent.agent_id if self.agent else None
+        # a Redis outage (or pause) delays the event, it does not fail the run emitting it; the
+        # write is idempotent (same key, same value), so one Redis applied before its answer was
+        # lost is simply written again
+        await retry_unavailable(
+            lambda: self.blackboard.write(key, event.model_dump(mode="json"), tags=tags, created_by=owner),
+            f"event {seq} of request {self.active_request}",
+            log,
+            answers=self._redis_answers,
         )
         self._seq = seq
 
