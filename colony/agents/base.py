@@ -11,6 +11,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
+import uuid
 from typing import Any
 
 from colony.agents.actions import ActionDispatcher, discover_actions
@@ -36,7 +37,18 @@ from colony.agents.models import (
     SuspensionRequest,
     check_transition,
 )
-from colony.agents.persistence import MAX_CONTEXT_ITEMS, build_agent, persist_agent, restore_agent
+from colony.agents.persistence import (
+    LIFECYCLE,
+    MAX_CONTEXT_ITEMS,
+    Verdict,
+    adopt_lifecycle,
+    build_agent,
+    judge_lifecycle,
+    persist_agent,
+    recover_lifecycle,
+    restore_agent,
+    yield_to_other_copy,
+)
 from colony.agents.policy import (
     ActionPolicy,
     ActionPolicyExecutionState,
@@ -51,6 +63,7 @@ from colony.config import load_settings
 from colony.errors import (
     AgentUsageError,
     BlackboardUnavailable,
+    ConcurrentModificationError,
     ResourceExhausted,
 )
 
@@ -107,7 +120,8 @@ class Agent(Bindable):
         self.last_result: ActionResult | None = None
         self.suspension: SuspensionRequest | None = None
         self._state = AgentState.INITIALIZED
-        self._state_version = 0
+        self._state_version = 0  # of the `agent:lifecycle` value this copy last wrote or read
+        self._state_mark: str | None = None  # ... and that value's holder mark
         self._handlers: dict[str, list[EventHandlerSpec]] = {}
         self._event_positions: dict[str, str] = {}
         self._handler_tasks: list[asyncio.Task[None]] = []
@@ -115,6 +129,11 @@ class Agent(Bindable):
         self._blueprint: AgentBlueprint | None = None  # set once recorded; kept in sync with capabilities
         self._capability_specs: dict[str, CapabilitySpec] = {}
         self._retention: float | None = None
+        # This copy's mark on its lifecycle writes and when it came to life: they tell its own
+        # writes, and earlier ones, from another live copy's after Redis lost data (`recover_lifecycle`).
+        self.holder = uuid.uuid4().hex
+        self.born = time.time()
+        self._yielded = False  # logged once that another live copy holds this agent
 
     @property
     def retention_seconds(self) -> float:
@@ -141,42 +160,87 @@ class Agent(Bindable):
     def state(self) -> AgentState:
         return self._state
 
+    @property
+    def stored_blueprint(self) -> AgentBlueprint | None:
+        """The blueprint recorded for this agent (None for an agent built without one)."""
+        return self._blueprint
+
     # -- lifecycle ------------------------------------------------------------------------
 
     async def initialize(self, blueprint: AgentBlueprint | None = None) -> None:
-        """Record a new agent in the blackboard (its blueprint too, so it can be restored)."""
+        """Record a new agent in the blackboard (its blueprint too, so it can be restored): one
+        transaction, applied only if no lifecycle is stored under this id (else nothing is written
+        and `ConcurrentModificationError` says so: a live agent of that id is never overwritten)."""
         if blueprint is not None:
             self._blueprint = blueprint
-            await self.blackboard.write(Keys.key("blueprint"), blueprint.to_text(), created_by=self.agent_id)
-        await self.blackboard.write(
-            Keys.key("metadata"), self.metadata.model_dump(mode="json"), created_by=self.agent_id
-        )
-        entry = await self.blackboard.write(
-            Keys.key("lifecycle"),
-            {"state": self._state.value, "since": time.time(), "reason": "created"},
-            expected_version=0,
-            created_by=self.agent_id,
-        )
-        self._state_version = entry.version
+        async with self.blackboard.transaction() as tx:
+            if blueprint is not None:
+                tx.write(Keys.key("blueprint"), blueprint.to_text(), created_by=self.agent_id)
+            tx.write(Keys.key("metadata"), self.metadata.model_dump(mode="json"), created_by=self.agent_id)
+            tx.write(
+                LIFECYCLE,
+                self.lifecycle_value(self._state, "created"),
+                expected_version=0,
+                created_by=self.agent_id,
+            )
+        written = next(e for e in tx.results if e is not None and e.key == LIFECYCLE)
+        self._state_version, self._state_mark = written.version, self.holder
+
+    def lifecycle_value(
+        self, state: AgentState, reason: str | None, previous: AgentState | None = None
+    ) -> dict[str, Any]:
+        """The `agent:lifecycle` value this copy writes (with its holder mark)."""
+        value: dict[str, Any] = {"state": state.value, "since": time.time(), "reason": reason}
+        if previous is not None:
+            value["previous"] = previous.value
+        value["holder"] = self.holder
+        return value
 
     async def reload_lifecycle(self) -> AgentState:
         """Take the lifecycle state (and its version) from the blackboard, e.g. after a write whose
-        reply was lost to a cancellation."""
-        entry = await self.blackboard.read(Keys.key("lifecycle"))
-        if entry is not None:
-            self._state, self._state_version = AgentState(entry.value["state"]), entry.version
+        reply was lost to a cancellation. When Redis lost it (gone, older), the agent re-persists
+        what it holds instead; another live copy's is not taken: `AgentStateConflict`
+        (see `judge_lifecycle`)."""
+        entry = await self.blackboard.read(LIFECYCLE)
+        verdict = judge_lifecycle(self, entry)
+        if verdict is Verdict.LOST:
+            await recover_lifecycle(self)
+        elif verdict is Verdict.OTHER_COPY:
+            assert entry is not None
+            raise yield_to_other_copy(self, entry)
+        elif verdict is not Verdict.IN_SYNC:
+            assert entry is not None
+            adopt_lifecycle(self, entry)
         return self._state
 
     async def transition(self, new_state: AgentState, reason: str | None = None) -> None:
-        """Move to `new_state` (checked against the transition table; a blackboard event records it)."""
-        check_transition(self._state, new_state)
-        entry = await self.blackboard.write(
-            Keys.key("lifecycle"),
-            {"state": new_state.value, "since": time.time(), "reason": reason, "previous": self._state.value},
-            expected_version=self._state_version,
-            created_by=self.agent_id,
-        )
-        self._state, self._state_version = new_state, entry.version
+        """Move to `new_state` (checked against the transition table; a blackboard event records it).
+
+        The write applies only over the lifecycle value this copy holds (version and holder mark).
+        A conflict caused by Redis losing the agent's state is recovered once (`recover_lifecycle`);
+        another copy's write is never overwritten."""
+        for attempt in (1, 2):
+            check_transition(self._state, new_state)
+            try:
+                async with self.blackboard.transaction() as tx:
+                    stored = await tx.read(LIFECYCLE)  # in the read set: checked again at commit
+                    if judge_lifecycle(self, stored) is not Verdict.IN_SYNC:
+                        found = stored.version if stored is not None else 0
+                        raise ConcurrentModificationError(LIFECYCLE, self._state_version, found)
+                    tx.write(
+                        LIFECYCLE,
+                        self.lifecycle_value(new_state, reason, previous=self._state),
+                        created_by=self.agent_id,
+                    )
+            except ConcurrentModificationError:
+                if attempt == 2 or not await recover_lifecycle(self):
+                    raise
+                if self._state is new_state:  # its own write, whose answer was lost, had done it
+                    return
+                continue
+            written = next(e for e in tx.results if e is not None and e.key == LIFECYCLE)
+            self._state, self._state_version, self._state_mark = new_state, written.version, self.holder
+            return
 
     # -- capabilities -----------------------------------------------------------------------
 
@@ -530,8 +594,14 @@ class Agent(Bindable):
 
     async def persist(self) -> None:
         """Write the run, policy state, capability states and context in one transaction
-        (see `persist_agent`)."""
-        await persist_agent(self)
+        (see `persist_agent`), fenced by the lifecycle version this copy holds. After Redis lost
+        the agent's state, everything it holds is re-persisted instead (`recover_lifecycle`)."""
+        try:
+            await persist_agent(self)
+        except ConcurrentModificationError:
+            if not await recover_lifecycle(self):
+                raise
+            await persist_agent(self)
 
     @classmethod
     async def restore(

@@ -3,10 +3,20 @@
 `persist_agent` writes everything an agent holds (run, policy and capability states, context) in
 one transaction; `restore_agent` rebuilds an identical agent from it; `build_agent` instantiates
 an agent from a blueprint (no I/O). `Agent.persist` / `Agent.restore` call these.
+
+Every persist and lifecycle write is fenced by the agent's `agent:lifecycle`: it applies only
+while Redis holds the value this copy of the agent last wrote or read (its version and holder
+mark). `judge_lifecycle` / `recover_lifecycle` decide what a mismatch means: Redis lost data (the
+key is gone or went back to an older value; the copy re-persists everything it holds,
+`repersist_agent`), the copy's own write whose answer was lost (adopted), or another live copy's
+write (never overwritten).
 """
 
 from __future__ import annotations
 
+import logging
+import math
+from enum import StrEnum
 from typing import TYPE_CHECKING, Any
 
 from colony.agents.blueprint import AgentBlueprint, Blueprint, CapabilitySpec, fail_refused_agent
@@ -14,10 +24,15 @@ from colony.agents.models import ActionResult, AgentMetadata, AgentRun, AgentSta
 from colony.agents.ring import ContextRing
 from colony.blackboard import Blackboard, BlackboardScope, scope_id
 from colony.blackboard.protocol import AgentStateProtocol as Keys
-from colony.errors import AgentNotFound, BlueprintTampered
+from colony.errors import AgentNotFound, AgentStateConflict, BlueprintTampered, ConcurrentModificationError
 
 if TYPE_CHECKING:
     from colony.agents.base import Agent
+    from colony.blackboard.models import BlackboardEntry
+    from colony.blackboard.transaction import Transaction
+
+log = logging.getLogger(__name__)
+LIFECYCLE = Keys.key("lifecycle")
 
 # Context entries an agent keeps (a ring: the oldest go first; compaction comes with context management).
 MAX_CONTEXT_ITEMS = 1000
@@ -31,31 +46,218 @@ async def persist_agent(agent: Agent) -> None:
     The context goes by appends (only entries added since the last persist) to a capped list;
     the `context` entry holds the small rest (its position, the last result, page accesses).
     A finished run's record expires after the retention. Entries an event handler appends while
-    the transaction commits stay pending for the next persist."""
+    the transaction commits stay pending for the next persist.
+
+    Fenced: nothing is written (`ConcurrentModificationError` on `agent:lifecycle`) unless Redis
+    still holds the lifecycle value this copy holds (`judge_lifecycle`), so a copy that lost its
+    place (another copy wrote after it) or whose state Redis lost never writes blindly over it."""
     context = agent.context
     pending, position = context.pending(), len(context)
     async with agent.blackboard.transaction() as tx:
-        if agent.current_run is not None:
-            run = agent.current_run
-            tx.write(
-                Keys.run_key(run.run_id),
-                run.model_dump(mode="json"),
-                created_by=agent.agent_id,
-                ttl_seconds=agent.retention_seconds if run.done else None,
-            )
-            tx.write(Keys.key("current_run"), run.run_id, created_by=agent.agent_id)
-        if agent.action_policy is not None:
-            tx.write(Keys.key("policy_state"), agent.action_policy.get_state(), created_by=agent.agent_id)
-        for name, capability in agent.capabilities.items():
-            state = {"state": capability.get_state(), "events_from": agent._event_positions.get(name)}
-            tx.write(Keys.capability_state_key(name), state, created_by=agent.agent_id)
-        last = agent.last_result.model_dump(mode="json") if agent.last_result else None
+        stored = await tx.read(LIFECYCLE)  # in the read set: the commit checks it did not change
+        if judge_lifecycle(agent, stored) is not Verdict.IN_SYNC:
+            found = stored.version if stored is not None else 0
+            raise ConcurrentModificationError(LIFECYCLE, agent._state_version, found)
+        _write_state(tx, agent)
         tx.ring_push(Keys.key("context"), pending, context.cap)
+        _write_context_head(tx, agent, position)
+    context.mark_persisted(position)
+
+
+def _write_state(tx: Transaction, agent: Agent) -> None:
+    """The run, policy and capability states (what every persist rewrites whole)."""
+    if agent.current_run is not None:
+        run = agent.current_run
         tx.write(
-            Keys.key("context"),
-            {"context_total": position, "last_result": last, "page_accesses": agent.page_accesses},
+            Keys.run_key(run.run_id),
+            run.model_dump(mode="json"),
+            created_by=agent.agent_id,
+            ttl_seconds=agent.retention_seconds if run.done else None,
+        )
+        tx.write(Keys.key("current_run"), run.run_id, created_by=agent.agent_id)
+    if agent.action_policy is not None:
+        tx.write(Keys.key("policy_state"), agent.action_policy.get_state(), created_by=agent.agent_id)
+    for name, capability in agent.capabilities.items():
+        state = {"state": capability.get_state(), "events_from": agent._event_positions.get(name)}
+        tx.write(Keys.capability_state_key(name), state, created_by=agent.agent_id)
+
+
+def _write_context_head(tx: Transaction, agent: Agent, position: int) -> None:
+    last = agent.last_result.model_dump(mode="json") if agent.last_result else None
+    tx.write(
+        Keys.key("context"),
+        {"context_total": position, "last_result": last, "page_accesses": agent.page_accesses},
+        created_by=agent.agent_id,
+    )
+
+
+# -- when Redis lost the agent's state ----------------------------------------------------------
+
+
+class Verdict(StrEnum):
+    """What the stored `agent:lifecycle` says about the one this copy of the agent holds."""
+
+    IN_SYNC = "in_sync"  # the very value this copy last wrote or read (same version, same mark)
+    LOST = "lost"  # gone, or an older value no live copy wrote: Redis lost data
+    OWN_NEWER = "own_newer"  # this copy's own later write (its answer was lost)
+    UNMARKED_NEWER = "unmarked_newer"  # a later write without a holder mark (older code, refusal)
+    OTHER_COPY = "other_copy"  # another live copy wrote it: never written over
+
+
+def stored_holder(entry: BlackboardEntry | None) -> str | None:
+    """The holder mark of a stored lifecycle value (None: written without one, e.g. by older code)."""
+    value = entry.value if entry is not None and isinstance(entry.value, dict) else {}
+    holder = value.get("holder")
+    return holder if isinstance(holder, str) and len(holder) <= 64 else None
+
+
+def _written_before(agent: Agent, entry: BlackboardEntry) -> bool:
+    """Whether `entry` was written before this copy came to life (by its `since`, the writer's
+    clock). Untrusted: a value no live copy would write (no finite `since`) counts as earlier."""
+    value = entry.value if isinstance(entry.value, dict) else {}
+    since = value.get("since")
+    if isinstance(since, bool) or not isinstance(since, int | float) or not math.isfinite(since):
+        return True
+    return since < agent.born
+
+
+def judge_lifecycle(agent: Agent, entry: BlackboardEntry | None) -> Verdict:
+    """Compare the stored lifecycle with the one this copy holds (`_state_version` and the holder
+    mark of that value, `_state_mark`).
+
+    Without data loss a lifecycle version only grows and every write is checked against the
+    version its writer holds, so Redis never holds an older version than a live copy does. A
+    stored value that is gone, older, or the same version written by someone else (versions
+    restart from 1 after a flush) means Redis lost data. It is taken back by this copy unless
+    another live copy wrote it: a mark that is not this copy's on a value written after this copy
+    came to life (`born`). Every copy writes its own random mark (`Agent.holder`)."""
+    found = entry.version if entry is not None else 0
+    held = agent._state_version
+    mark = stored_holder(entry)
+    if found == held and (entry is None or mark == agent._state_mark):
+        return Verdict.IN_SYNC
+    if entry is None:
+        return Verdict.LOST
+    if mark == agent.holder:
+        return Verdict.OWN_NEWER if found > held else Verdict.LOST
+    if found > held:
+        return Verdict.UNMARKED_NEWER if mark is None else Verdict.OTHER_COPY
+    return Verdict.LOST if _written_before(agent, entry) else Verdict.OTHER_COPY
+
+
+def yield_to_other_copy(agent: Agent, entry: BlackboardEntry) -> AgentStateConflict:
+    """The error for a copy that found another live copy's lifecycle write: it writes nothing
+    over it and refuses its runs (logged once per copy at WARNING)."""
+    value = entry.value if isinstance(entry.value, dict) else {}
+    state = str(value.get("state"))[:32]
+    if not agent._yielded:
+        agent._yielded = True
+        log.warning(
+            "agent %s: another live copy of this agent wrote its state (%s, version %d); this "
+            "copy writes nothing over it and refuses its runs",
+            agent.agent_id,
+            state,
+            entry.version,
+        )
+    return AgentStateConflict(
+        f"agent {agent.agent_id} is held by another live copy (its lifecycle {state!r} at version "
+        f"{entry.version} was written by another replica or runtime); this copy yields. Stop or "
+        "drop this copy; the other one serves the agent"
+    )
+
+
+def _stored_state(entry: BlackboardEntry) -> AgentState | None:
+    value = entry.value if isinstance(entry.value, dict) else {}
+    try:
+        return AgentState(value.get("state"))
+    except ValueError:
+        return None
+
+
+def adopt_lifecycle(agent: Agent, entry: BlackboardEntry) -> bool:
+    """Take a stored lifecycle as this copy's (False when its state is not one)."""
+    state = _stored_state(entry)
+    if state is None:
+        return False
+    agent._state, agent._state_version, agent._state_mark = state, entry.version, stored_holder(entry)
+    return True
+
+
+async def recover_lifecycle(agent: Agent) -> bool:
+    """After a conflict on `agent:lifecycle`, make the lifecycle this copy holds Redis's again when
+    that is safe (see `judge_lifecycle`). True: the caller retries its write once; False: the
+    caller raises its conflict, as before this recovery existed.
+
+    - LOST: logged at WARNING (once per loss: the re-persist ends it) and everything the copy
+      holds is re-persisted (`repersist_agent`, one transaction fenced on what was found).
+    - OWN_NEWER (a write whose answer was lost): adopted.
+    - OTHER_COPY: this copy yields, `AgentStateConflict`, and writes nothing.
+    - UNMARKED_NEWER: False (another writer; nothing is written over it).
+    """
+    for _ in range(3):  # a re-persist that loses a race looks again (bounded)
+        entry = await agent.blackboard.read(LIFECYCLE)
+        verdict = judge_lifecycle(agent, entry)
+        if verdict is Verdict.IN_SYNC:
+            return True
+        if verdict is Verdict.UNMARKED_NEWER:
+            return False
+        if verdict is Verdict.OTHER_COPY:
+            assert entry is not None
+            raise yield_to_other_copy(agent, entry)
+        if verdict is Verdict.OWN_NEWER:
+            assert entry is not None
+            return adopt_lifecycle(agent, entry)
+        found = entry.version if entry is not None else 0
+        log.warning(
+            "agent %s: Redis lost its state (agent:lifecycle %s; this agent holds version %d); "
+            "re-persisting the state it holds (%s) and carrying on",
+            agent.agent_id,
+            "is gone" if entry is None else f"went back to version {found}",
+            agent._state_version,
+            agent.state.value,
+        )
+        try:
+            await repersist_agent(agent, found)
+        except ConcurrentModificationError:
+            continue  # it changed meanwhile (another copy re-created it?): judge again
+        return True
+    return False
+
+
+async def repersist_agent(agent: Agent, lifecycle_version: int) -> None:
+    """Write everything the agent holds (blueprint, metadata, lifecycle, suspension, run, policy and
+    capability states, context) in one transaction, applied only if `agent:lifecycle` is still at
+    `lifecycle_version` (0: absent). Context entries the stored ring lacks (it holds those before
+    the stored `context_total`) are pushed again."""
+    context = agent.context
+    position = len(context)
+    async with agent.blackboard.transaction() as tx:
+        stored = await tx.read(LIFECYCLE)  # in the read set: the commit checks it did not change
+        if (stored.version if stored is not None else 0) != lifecycle_version:
+            raise ConcurrentModificationError(LIFECYCLE, lifecycle_version, stored.version if stored else 0)
+        head = await tx.read(Keys.key("context"))
+        stored_total = head.value.get("context_total") if head and isinstance(head.value, dict) else 0
+        if isinstance(stored_total, bool) or not isinstance(stored_total, int):
+            stored_total = 0
+        missing = context[max(0, min(stored_total, position)) : position]
+        blueprint = agent.stored_blueprint
+        if blueprint is not None:
+            tx.write(Keys.key("blueprint"), blueprint.to_text(), created_by=agent.agent_id)
+        tx.write(Keys.key("metadata"), agent.metadata.model_dump(mode="json"), created_by=agent.agent_id)
+        tx.write(
+            LIFECYCLE,
+            agent.lifecycle_value(agent.state, "re-persisted: Redis had lost it"),
             created_by=agent.agent_id,
         )
+        if agent.suspension is not None:
+            tx.write(
+                Keys.key("suspension"), agent.suspension.model_dump(mode="json"), created_by=agent.agent_id
+            )
+        _write_state(tx, agent)
+        tx.ring_push(Keys.key("context"), missing, context.cap)
+        _write_context_head(tx, agent, position)
+    written = next(e for e in tx.results if e is not None and e.key == LIFECYCLE)
+    agent._state_version, agent._state_mark = written.version, agent.holder
     context.mark_persisted(position)
 
 
@@ -87,7 +289,7 @@ async def restore_agent(
     agent = build_agent(blueprint, blackboard, **services)
     agent._blueprint = blueprint
     agent._state = AgentState(lifecycle_e.value["state"])
-    agent._state_version = lifecycle_e.version
+    agent._state_version, agent._state_mark = lifecycle_e.version, stored_holder(lifecycle_e)
     if current_e is not None:
         run_e = await board.read(Keys.run_key(current_e.value))
         if run_e is not None:
