@@ -135,3 +135,35 @@ def test_down_leaves_nothing_running(colony_up) -> None:
     assert _group_pids(info.pid) == []
     assert cluster.status(settings) is None
     assert EmbeddedRedis(settings.data_dir).status() is None
+
+
+def test_a_dead_daemons_leftover_processes_are_reaped(tmp_path: Path) -> None:
+    """`up` after the daemon was SIGKILLed stops what is left of its Ray cluster (processes of its
+    session), and only those: a process of another session is left alone."""
+    import subprocess
+
+    from colony.blackboard.redis_server import process_alive
+    from colony.serve.cluster import reap_session
+
+    script = (
+        "import os, subprocess, sys, time\n"
+        "os.setsid()\n"  # a session leader, as the daemon is
+        "child = subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(60)', 'ray::Fake'])\n"
+        "print(os.getpid(), child.pid, flush=True)\n"
+        "time.sleep(60)\n"
+    )
+    leader = subprocess.Popen(
+        [sys.executable, "-c", script, "colony-daemon"], stdout=subprocess.PIPE, text=True
+    )
+    stranger = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)", "ray::Other"])
+    try:
+        assert leader.stdout is not None
+        sid, child = (int(x) for x in leader.stdout.readline().split())
+        os.kill(sid, signal.SIGKILL)  # the daemon dies; its child lives on
+        leader.wait()
+        assert process_alive(child)
+        assert reap_session(sid) == 1
+        assert not process_alive(child) and process_alive(stranger.pid)
+    finally:
+        stranger.kill()
+        stranger.wait()

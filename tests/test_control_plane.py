@@ -238,3 +238,45 @@ def test_big_folders_get_bigger_page_groups_not_more_workers() -> None:
     groups = page_groups(pages, 1, 4)
     assert len(groups) == 4 and [p for g in groups for p in g] == pages  # every page, in order
     assert page_groups(pages, 5, 16) == [pages[:5], pages[5:]]
+
+
+async def test_a_placement_racing_the_monitors_recovery_starts_no_second_copy(
+    bb: Blackboard, redis_url: str
+) -> None:
+    """Issue 12 (found by the chaos suite's daemon restart): the API places the built-in agents
+    while the monitor's round is re-placing them off their dead replica. The placement must find
+    the agent hosted once the round is done, not start a second copy of it on another replica."""
+    settings = ColonySettings(
+        redis_url=redis_url,
+        colony_id=f"cp{uuid.uuid4().hex[:8]}",
+        serve=ServeSettings(monitor_period_seconds=0.1, heartbeat_seconds=0.2, max_agents_per_replica=8),
+    )
+    cluster = Cluster(bb, settings, ("ra", "rb", "rc"))
+    for host in cluster.hosts.values():
+        await host.start(bb)  # no monitor loop: the test drives its round
+    try:
+        blueprint = counter_blueprint("twice-1", STEPS, serve_namespace="jobs")
+        placed = await cluster.control.place(blueprint)
+        doomed = cluster.hosts.pop(placed.replica_id)
+        await doomed.runtime.drop("twice-1")  # its replica dies
+        await doomed.close()
+
+        monitor = cluster.control.monitor
+        original, in_round, go_on = monitor._resume, asyncio.Event(), asyncio.Event()
+
+        async def slow_resume(replica_id: str, agent_id: str) -> bool:
+            in_round.set()
+            await go_on.wait()  # the round is re-placing the agent when the placement comes in
+            return await original(replica_id, agent_id)
+
+        monitor._resume = slow_resume  # type: ignore[method-assign]
+        round_ = asyncio.create_task(monitor.tick())
+        await in_round.wait()
+        placement = asyncio.create_task(cluster.control.place(blueprint))
+        await asyncio.sleep(0.2)
+        go_on.set()
+        assert await round_ == ["twice-1"]
+        await placement
+        assert len(cluster.where("twice-1")) == 1, cluster.where("twice-1")
+    finally:
+        await cluster.close()

@@ -96,8 +96,12 @@ def up(settings: ColonySettings, config: str | None = None, *, echo: bool = True
     if running is not None:
         return running
     stale = read_state(settings)
-    if stale is not None and process_alive(stale.pid):
-        _stop_daemon(stale.pid)
+    if stale is not None:
+        if process_alive(stale.pid):
+            _stop_daemon(stale.pid)
+        # a daemon that was killed leaves its Ray processes dying (the Serve proxy may still hold
+        # the port, an old replica may still serve an agent the new cluster is about to host)
+        reap_session(stale.pid)
     state_file(settings).unlink(missing_ok=True)
     error_file(settings).unlink(missing_ok=True)
     check_port_free(settings.serve.host, settings.serve.port)
@@ -257,6 +261,40 @@ def _stop_daemon(pid: int, timeout: float = 60.0) -> None:
         deadline = time.monotonic() + grace
         while time.monotonic() < deadline and _group_alive(pid):
             time.sleep(0.1)
+
+
+def _session_members(sid: int) -> list[int]:
+    """Ray and Colony processes of session `sid`: a daemon is a session leader, and every process
+    of the Ray cluster it started (GCS, raylet, workers: each in a process group of its own) is in
+    its session. Matched by command line too, so a reused session id never reaches a stranger."""
+    members = []
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit() or int(entry.name) == os.getpid():
+            continue
+        try:
+            if os.getsid(int(entry.name)) != sid:
+                continue
+            cmdline = (entry / "cmdline").read_bytes()
+        except (OSError, ProcessLookupError):
+            continue
+        if b"ray" in cmdline or b"colony" in cmdline:
+            members.append(int(entry.name))
+    return members
+
+
+def reap_session(sid: int, timeout: float = 15.0) -> int:
+    """SIGKILL what is left of a dead daemon's Ray cluster and wait until it is gone; how many
+    processes were killed."""
+    members = _session_members(sid)
+    for pid in members:
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.kill(pid, signal.SIGKILL)
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline and any(process_alive(pid) for pid in members):
+        time.sleep(0.1)
+    if members:
+        log.info("stopped %d leftover process(es) of the previous cluster (session %d)", len(members), sid)
+    return len(members)
 
 
 def redis_restarts(settings: ColonySettings) -> RedisRestarts | None:

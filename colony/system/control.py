@@ -76,12 +76,16 @@ class ControlPlane:
         """Host an agent: where it already runs (its record), else through the placement cascade
         (a known but suspended or orphaned agent resumes with its state)."""
         bp = AgentBlueprint.from_text(blueprint) if isinstance(blueprint, str) else blueprint
-        record = await self.registry.get(bp.metadata.agent_id)
-        if record is not None and record.replica and record.state not in NOT_HOSTED:
-            live = {port.replica_id for port in await self.directory.ports()}
-            if record.replica in live:
-                return record
-        return await self.placer.place(bp)
+        # checked under the lock the monitor's rounds hold: a round that is re-placing this very
+        # agent (its replica died) finishes first, and this call then finds it hosted rather than
+        # starting a second copy of it on another replica
+        async with self.placer.lock:
+            record = await self.registry.get(bp.metadata.agent_id)
+            if record is not None and record.replica and record.state not in NOT_HOSTED:
+                live = {port.replica_id for port in await self.directory.ports()}
+                if record.replica in live:
+                    return record
+            return await self.placer.place_locked(bp)
 
     async def _hosted(self, agent_id: str) -> AgentRecord:
         record = await self.registry.get(agent_id)

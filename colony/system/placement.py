@@ -92,9 +92,11 @@ class AgentPlacer:
 
     async def place(self, blueprint: AgentBlueprint) -> Placement:
         async with self.lock:
-            return await self._place(blueprint)
+            return await self.place_locked(blueprint)
 
-    async def _place(self, blueprint: AgentBlueprint) -> Placement:
+    async def place_locked(self, blueprint: AgentBlueprint) -> Placement:
+        """`place` for a caller that holds `self.lock` (and checked, under it, that the agent is
+        not hosted already)."""
         agent_id = blueprint.metadata.agent_id
         required = blueprint.resources.required_pages
         preferred = blueprint.resources.preferred_pages or required or blueprint.metadata.bound_pages
