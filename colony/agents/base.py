@@ -136,6 +136,12 @@ class Agent(Bindable):
         self._yielded = False  # logged once that another live copy holds this agent
 
     @property
+    def yielded(self) -> bool:
+        """Another live copy of this agent wrote its state after this copy came to life: this copy
+        writes nothing more and its host drops it (`ReplicaHost`'s heartbeat)."""
+        return self._yielded
+
+    @property
     def retention_seconds(self) -> float:
         """How long finished runs (and an ended agent's state) stay in Redis: `runs.retention_seconds`
         of the settings its host was given (`services["settings"]`); `load_settings()` only for an

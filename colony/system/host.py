@@ -373,6 +373,7 @@ class ReplicaHost:
             accessed, self._accessed = self._accessed, set()
             await self.pages.touch(sorted(accessed))
         await registry.publish(metrics.published_counters(), ttl, self.replica_id)
+        await self._drop_yielded()
         hosted = set(runtime.agent_ids)
         for agent_id in sorted(hosted):
             record = await registry.get(agent_id)
@@ -382,6 +383,16 @@ class ReplicaHost:
             if record is None or record.state != agent.state.value or record.replica != self.replica_id:
                 await registry.put(self._record(agent))
         await self._heal_registry(hosted)
+
+    async def _drop_yielded(self) -> None:
+        """A copy that found another live copy of its agent (e.g. one placed while Redis had lost
+        the agent's state) has stopped writing and refuses runs: drop it, without a write, so it
+        stops claiming the agent's runs and the registry names the copy that serves them."""
+        runtime, _ = self._ready()
+        for agent_id in list(runtime.agent_ids):
+            if runtime.get(agent_id).yielded:
+                log.warning("agent %s: another live copy serves it; this replica drops its copy", agent_id)
+                await runtime.drop(agent_id)
 
     async def _heal_registry(self, hosted: set[str]) -> None:
         """Records that place an agent here that is not here (a registry write lost a race with a

@@ -217,3 +217,54 @@ async def test_a_lifecycle_left_unreadable_by_the_loss_is_taken_back(rig: Rig, g
     _succeeded(await rig.run(10), 11)
     lifecycle = await rig.agent().blackboard.read(Keys.key("lifecycle"))
     assert lifecycle.value["holder"] == rig.agent().holder and lifecycle.value["state"] == "idle"
+
+
+async def test_a_host_drops_its_copy_once_another_live_copy_serves_the_agent(
+    private_redis: EmbeddedRedis,
+) -> None:
+    """Two replicas, Redis flushed, the agent placed again on the other replica (a second copy):
+    the first copy yields, and its replica's heartbeat drops it, so it stops claiming the agent's
+    runs (which it could only refuse) and every later run is served by the copy that holds it."""
+    import uuid
+
+    from colony.config import ColonySettings, ServeSettings
+    from colony.inference.scripted import ScriptedEngine
+    from colony.system.host import ReplicaHost
+
+    info = private_redis.start()
+    settings = ColonySettings(
+        redis_url=info.url,
+        colony_id=f"dl{uuid.uuid4().hex[:6]}",
+        serve=ServeSettings(heartbeat_seconds=0.2),
+    )
+    client = create_redis(info.url, settings.blackboard)
+    board = Blackboard(client, "test:data-loss", settings=settings.blackboard)
+    hosts = {n: ReplicaHost(settings, n, engine=ScriptedEngine(lambda r: "x")) for n in ("ra", "rb")}
+    for host in hosts.values():
+        await host.start(board)
+    try:
+        blueprint = counter_blueprint(AGENT, STEPS, serve_namespace="ns")
+        await hosts["ra"].ensure_agent(blueprint)
+        first = hosts["ra"].runtime.get(AGENT)  # type: ignore[union-attr]
+        await client.flushall()
+        await hosts["rb"].ensure_agent(blueprint)  # the agent is unknown now: a second copy
+        with pytest.raises(AgentStateConflict):
+            await first.persist()
+        assert first.yielded
+
+        async def dropped() -> None:
+            while AGENT in hosts["ra"].runtime.agent_ids:  # type: ignore[union-attr]  # noqa: ASYNC110
+                await asyncio.sleep(0.05)
+
+        await asyncio.wait_for(dropped(), 5)
+        handle = AgentHandle(
+            AGENT, owner=Agent(AgentMetadata(agent_id="p", colony_id=settings.colony_id), board)
+        )
+        for value in (1, 2, 3):
+            run = await handle.run(value, namespace="ns", timeout=PROMPTLY)
+            assert run.status.value == "succeeded", run.error
+        assert AGENT in hosts["rb"].runtime.agent_ids  # type: ignore[union-attr]
+    finally:
+        for host in hosts.values():
+            await host.close()
+        await client.aclose()
