@@ -172,10 +172,9 @@ def _kill_and_wait(pid: int) -> None:
 
 
 def redis_kill(cluster: ChaosCluster) -> None:
-    """SIGKILL the embedded redis-server; the daemon's supervisor restarts it (AOF replayed)."""
-    pid = cluster.redis_pid()
-    _kill_and_wait(pid)
-    wait_until(lambda: EmbeddedRedis(cluster.data_dir).status() is not None, 30)
+    """SIGKILL the embedded redis-server; the daemon's supervisor restarts it (AOF replayed). The
+    fault ends with the kill: the restart is part of the recovery time."""
+    _kill_and_wait(cluster.redis_pid())
 
 
 def redis_pause(cluster: ChaosCluster, seconds: float = 5.0) -> None:
@@ -234,6 +233,7 @@ FAULTS: dict[str, Callable[[ChaosCluster], None]] = {
 class FaultResult:
     fault: str
     accepted: int = 0
+    in_flight: int = 0  # accepted before the fault began, ended after it: caught by the fault
     rejected: int = 0  # submissions answered with an error (e.g. 503 while Redis is away): not accepted
     succeeded: int = 0
     failed: int = 0
@@ -242,6 +242,7 @@ class FaultResult:
     recovery_s: float | None = None
     fault_s: float = 0.0
     doctor_clean: bool | None = None
+    stream_problem: str | None = None  # what was wrong with the followed `ask` run's event stream
     reasons: Counter[str] = field(default_factory=Counter)
     violations: list[str] = field(default_factory=list)
     statuses: dict[str, str] = field(default_factory=dict)
@@ -253,6 +254,7 @@ class FaultResult:
             and self.recovery_s is not None
             and self.recovery_s <= recovery_bar
             and bool(self.doctor_clean)
+            and self.stream_problem is None
         )
 
 
@@ -278,6 +280,9 @@ class Load:
             with self._lock:
                 self.rejected += 1
             return
+        self.add(run_id)
+
+    def add(self, run_id: str) -> None:
         with self._lock:
             self.accepted.append(run_id)
 
@@ -297,6 +302,65 @@ class Load:
         thread = threading.Thread(target=body, daemon=True)
         thread.start()
         return thread
+
+
+class StreamFollower:
+    """Follows one `ask` run's event stream through the fault, the way `colony run` does
+    (`ColonyClient.events`: a broken stream is resumed after its last event), and then checks it:
+    it reached its terminal event, no event came twice, sequence numbers only grew, and the token
+    text, read as docs/api.md says (`restarted` events supersede an abandoned attempt's tokens;
+    `colony.cli.RunDisplay`), is the run's output: nothing repeated, nothing missing."""
+
+    def __init__(self, cluster: ChaosCluster) -> None:
+        self.cluster = cluster
+        self.run_id: str | None = None
+        self.events: list[dict[str, Any]] = []
+        self.error: str | None = None
+        self._thread = threading.Thread(target=self._follow, daemon=True)
+
+    def start(self, load: Load) -> StreamFollower:
+        with self.cluster.client() as client:
+            self.run_id = client.submit("ask", ASK)["run_id"]
+        load.add(self.run_id)
+        self._thread.start()
+        return self
+
+    def _follow(self) -> None:
+        assert self.run_id is not None
+        try:
+            info = self.cluster.info()
+            with ColonyClient(info.url, info.token, reconnect_seconds=90) as client:
+                for event in client.events(self.run_id):
+                    self.events.append(event)
+        except Exception as exc:  # reported as the stream's problem
+            self.error = f"{type(exc).__name__}: {exc}"
+
+    def problem(self, view: dict[str, Any] | None, timeout: float = 60) -> str | None:
+        from colony.cli import RunDisplay
+
+        self._thread.join(timeout)
+        if self._thread.is_alive():
+            return "the event stream did not end"
+        if self.error:
+            return f"the event stream failed: {self.error}"
+        if not self.events or self.events[-1].get("event_type") not in ("completed", "failed", "cancelled"):
+            return "the event stream ended without its terminal event"
+        ids = [tuple(int(p) for p in str(e.get("id")).split("-")) for e in self.events]
+        if ids != sorted(set(ids)):
+            return "an event id came twice or out of order"
+        seqs = [e["seq"] for e in self.events if isinstance(e.get("seq"), int)]
+        if seqs != sorted(set(seqs)):
+            return f"sequence numbers did not only grow: {seqs}"
+        if view is not None and view.get("status") == "succeeded":
+            display = RunDisplay()
+            for event in self.events:
+                display.feed(event)
+            if display.text.strip() != str(view.get("output", "")).strip():
+                return (
+                    f"the streamed text {display.text.strip()[:80]!r} is not the output "
+                    f"{str(view.get('output'))[:80]!r}"
+                )
+        return None
 
 
 def time_to_first_success(cluster: ChaosCluster, budget: float) -> float | None:
@@ -321,8 +385,11 @@ def time_to_first_success(cluster: ChaosCluster, budget: float) -> float | None:
     return None
 
 
-def settle(cluster: ChaosCluster, run_ids: list[str], result: FaultResult, timeout: float) -> None:
-    """Follow every accepted run until it ends or `timeout` passes; count the outcomes."""
+def settle(
+    cluster: ChaosCluster, run_ids: list[str], result: FaultResult, timeout: float, fault_at: float
+) -> dict[str, dict[str, Any]]:
+    """Follow every accepted run until it ends or `timeout` passes; count the outcomes (and the
+    runs the fault caught: accepted before `fault_at`, a wall-clock time, and not ended by then)."""
     views: dict[str, dict[str, Any]] = {}
     missing: set[str] = set()
 
@@ -345,7 +412,12 @@ def settle(cluster: ChaosCluster, run_ids: list[str], result: FaultResult, timeo
 
     wait_until(poll, timeout, step=0.5)
     for run_id in run_ids:
-        status = views.get(run_id, {}).get("status")
+        view = views.get(run_id, {})
+        if view.get("created_at", fault_at) < fault_at and (
+            view.get("status") not in TERMINAL or view.get("updated_at", 0) >= fault_at
+        ):
+            result.in_flight += 1
+        status = view.get("status")
         result.statuses[run_id] = status or ("lost" if run_id in missing else "unknown")
         if run_id in missing and status is None:
             result.lost += 1
@@ -356,6 +428,7 @@ def settle(cluster: ChaosCluster, run_ids: list[str], result: FaultResult, timeo
             result.reasons[str(views[run_id].get("error") or "(no reason)")[:80]] += 1
         else:
             result.stuck += 1
+    return views
 
 
 def doctor(cluster: ChaosCluster, run_ids: list[str], result: FaultResult, timeout: float) -> None:
@@ -390,9 +463,10 @@ def run_fault(
     result = FaultResult(name)
     load = Load(cluster)
     load.burst(runs)  # the 202s are back; most of these runs are still queued or running
+    follower = StreamFollower(cluster).start(load)
     stop = threading.Event()
     trickle = load.trickle(stop)
-    started = time.monotonic()
+    started, fault_at = time.monotonic(), time.time()
     try:
         FAULTS[name](cluster)
     finally:
@@ -402,20 +476,25 @@ def run_fault(
         trickle.join(timeout=30)
     result.recovery_s = recovery
     result.accepted, result.rejected = len(load.accepted), load.rejected
-    settle(cluster, list(load.accepted), result, settle_timeout)
+    views = settle(cluster, list(load.accepted), result, settle_timeout, fault_at)
+    result.stream_problem = follower.problem(views.get(follower.run_id or ""))
     doctor(cluster, list(load.accepted), result, doctor_timeout)
     return result
 
 
 def table(results: list[FaultResult]) -> str:
-    head = "| fault | accepted | rejected | succeeded | failed | lost | stuck | recovery s | doctor |"
-    lines = [head, "|" + "---|" * 9]
+    head = (
+        "| fault | accepted | in flight | rejected | succeeded | failed | lost | stuck "
+        "| recovery s | doctor | ask stream |"
+    )
+    lines = [head, "|" + "---|" * 11]
     for r in results:
         recovery = f"{r.recovery_s:.1f}" if r.recovery_s is not None else "never"
         doctor = "clean" if r.doctor_clean else f"{len(r.violations)} violation(s)"
+        stream = "ok" if r.stream_problem is None else r.stream_problem[:60]
         lines.append(
-            f"| {r.fault} | {r.accepted} | {r.rejected} | {r.succeeded} | {r.failed} | {r.lost} "
-            f"| {r.stuck} | {recovery} | {doctor} |"
+            f"| {r.fault} | {r.accepted} | {r.in_flight} | {r.rejected} | {r.succeeded} | {r.failed} "
+            f"| {r.lost} | {r.stuck} | {recovery} | {doctor} | {stream} |"
         )
     reasons = Counter[str]()
     for r in results:

@@ -44,6 +44,8 @@ def test_every_accepted_run_ends_and_the_cluster_heals(cluster: chaos.ChaosClust
     assert result.stuck == 0, detail
     assert result.recovery_s is not None and result.recovery_s <= chaos.RECOVERY_BAR_S, detail
     assert result.doctor_clean, detail
+    # the `ask` run followed through the fault: its stream ended, nothing repeated (item 5)
+    assert result.stream_problem is None, detail
     # a failed run says why (never a bare "failed")
     assert "(no reason)" not in result.reasons, detail
 
