@@ -18,6 +18,7 @@ from colony.agents.handle import CANCELLED, COMPLETED, FAILED, terminal_event
 from colony.agents.models import AgentRun
 from colony.agents.ring import ContextRing
 from colony.agents.run_capability import TRIES_WHILE_UP, AgentRunCapability
+from colony.agents.runtime import MAX_OUTAGE_REDOS
 from colony.blackboard import AgentRunProtocol, Blackboard, BlackboardScope
 from colony.blackboard.protocol import AgentStateProtocol
 from colony.config import ColonySettings
@@ -170,13 +171,53 @@ async def test_a_step_that_cannot_be_saved_fails_the_run_hosted_or_not(bb: Black
     try:
         fail_persist_once(agent, lambda run: run.input == 5 and run.steps == 1 and not run.done)
         handle = handle_for(runtime, agent.agent_id)
-        bad = await handle.run(5, namespace="jobs", timeout=10)
-        assert bad.status is RunStatus.FAILED and "injected" in (bad.error or "")
+        cut = await handle.run(5, namespace="jobs", timeout=10)
+        if hosted:  # the runtime redoes the step from the last checkpoint: the run succeeds, once
+            assert cut.status is RunStatus.SUCCEEDED and cut.output == 6, cut.error
+        else:  # no runtime drives it: the run fails, with the reason
+            assert cut.status is RunStatus.FAILED and "injected" in (cut.error or "")
+        good = await handle.run(1, namespace="jobs", timeout=10)
+        assert good.status is RunStatus.SUCCEEDED
+        if hosted:  # the redone step's +1 counted once: 6, then +1 +1
+            assert good.output == 8
+    finally:
+        await runtime.shutdown()
+        await agent.close()
+
+
+async def test_a_step_an_outage_keeps_cutting_short_fails_after_the_redos(
+    bb: Blackboard, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The redo after an outage is bounded: a step whose save keeps failing (every restored copy
+    too) fails the run after MAX_OUTAGE_REDOS redos, and the agent serves the next run."""
+    colony_id = f"c{uuid.uuid4().hex[:8]}"
+    steps = [
+        {"action": "add", "parameters": {"amount": "$input"}},
+        {"action": "add", "parameters": {"amount": 1}},
+    ]
+    blueprint = counter_blueprint(f"stp{uuid.uuid4().hex[:6]}", steps, serve_namespace="jobs")
+    runtime = LocalAgentRuntime(bb, colony_id=colony_id)
+    original, fired = Agent.persist, {"count": 0}
+
+    async def failing(self: Agent) -> None:
+        run = self.current_run
+        mine = self.agent_id == blueprint.metadata.agent_id
+        if mine and run and run.input == 5 and run.steps == 1 and not run.done:
+            fired["count"] += 1
+            raise BlackboardUnavailable("commit", "redis://test", TimeoutError("injected"))
+        await original(self)
+
+    monkeypatch.setattr(Agent, "persist", failing)
+    agent = await runtime.spawn(blueprint)
+    try:
+        handle = handle_for(runtime, agent.agent_id)
+        cut = await handle.run(5, namespace="jobs", timeout=20)
+        assert cut.status is RunStatus.FAILED and "injected" in (cut.error or "")
+        assert fired["count"] == MAX_OUTAGE_REDOS + 1
         good = await handle.run(1, namespace="jobs", timeout=10)
         assert good.status is RunStatus.SUCCEEDED
     finally:
         await runtime.shutdown()
-        await agent.close()
 
 
 async def test_a_request_failed_before_it_is_served_numbers_its_events_from_one(

@@ -17,7 +17,7 @@ from colony.agents.models import TERMINAL_STATES, AgentRun, AgentState, Resumpti
 from colony.agents.persistence import STATE_NAMES
 from colony.aio import cancel_and_wait
 from colony.blackboard import Blackboard
-from colony.blackboard.connection import OutageBackoff, redis_answers
+from colony.blackboard.connection import OutageBackoff, redis_answers, retry_unavailable
 from colony.blackboard.protocol import AgentStateProtocol
 from colony.config import load_settings
 from colony.errors import AgentNotFound, BlackboardError, BlackboardUnavailable, BlueprintTampered
@@ -61,6 +61,9 @@ async def clear_ended_state(board: Blackboard, capability_scopes: list[Blackboar
     return True
 
 
+MAX_OUTAGE_REDOS = 3  # a run's step cut short by a Redis outage is redone at most this often
+
+
 class LocalAgentRuntime:
     """Hosts agents of one tenant/colony in this process."""
 
@@ -83,6 +86,9 @@ class LocalAgentRuntime:
         # ... and when an agent is stopped here (registry)
         self.on_stopped: Callable[[str], Awaitable[None]] | None = None
         self._retiring: set[asyncio.Task[None]] = set()
+        self._resuming: dict[str, asyncio.Lock] = {}  # one restore of an agent at a time
+        self._outage_redos: dict[str, int] = {}  # run id -> redos after a Redis outage
+        self._redoing: set[asyncio.Task[None]] = set()
 
     def get(self, agent_id: str) -> Agent:
         try:
@@ -164,6 +170,17 @@ class LocalAgentRuntime:
         """Rebuild a suspended (or dropped) agent from the blackboard and carry on where it was."""
         if agent_id in self._agents:
             return self._agents[agent_id]
+        lock = self._resuming.setdefault(agent_id, asyncio.Lock())
+        try:
+            async with lock:  # two resumes at once (a monitor round, a placement) make one copy
+                if agent_id in self._agents:
+                    return self._agents[agent_id]
+                return await self._restore(agent_id)
+        finally:
+            if not lock.locked():
+                self._resuming.pop(agent_id, None)
+
+    async def _restore(self, agent_id: str) -> Agent:
         try:
             agent = await Agent.restore(
                 agent_id, self.blackboard, tenant_id=self.tenant_id, colony_id=self.colony_id, **self.services
@@ -225,6 +242,7 @@ class LocalAgentRuntime:
 
     async def shutdown(self) -> None:
         """Detach every agent (state stays in the blackboard)."""
+        await cancel_and_wait(list(self._redoing))
         for agent_id in list(self._agents):
             await self._detach(agent_id)
 
@@ -256,10 +274,47 @@ class LocalAgentRuntime:
         except asyncio.CancelledError:
             raise
         except Exception as exc:  # the run fails, with the reason; the agent goes on serving (IDLE)
-            log.exception("run of agent %s failed inside the agent", agent.agent_id)
+            run = agent.current_run
             if isinstance(exc, BlackboardUnavailable):
-                await self._await_redis(agent)  # so that the failure below is stored, not lost
+                await self._await_redis(agent)  # so that what follows is stored, not lost
+                if run is not None and not run.done and self._redo_after_outage(agent, run):
+                    return
+            log.exception("run of agent %s failed inside the agent", agent.agent_id)
             await agent.fail_run(f"the run failed inside the agent: {type(exc).__name__}: {exc}")
+
+    def _redo_after_outage(self, agent: Agent, run: AgentRun) -> bool:
+        """A step cut short by a Redis outage (killed, restarted, paused) is redone rather than the
+        run failed: this copy of the agent, whose memory may be ahead of what Redis holds, is
+        dropped and the agent restored from its last checkpoint, as after a replica death (the
+        step's superseded events are announced by a `restarted` event). At most
+        `MAX_OUTAGE_REDOS` times per run; False when that is spent (the run then fails)."""
+        done = self._outage_redos.get(run.run_id, 0)
+        if done >= MAX_OUTAGE_REDOS:
+            self._outage_redos.pop(run.run_id, None)
+            return False
+        if len(self._outage_redos) >= 1000:  # bounded: forget the oldest runs' counts
+            self._outage_redos.pop(next(iter(self._outage_redos)))
+        self._outage_redos[run.run_id] = done + 1
+        log.warning(
+            "agent %s: step %d of run %s was cut short by a Redis outage; restoring the agent from "
+            "its last checkpoint to do it again (redo %d of %d)",
+            agent.agent_id,
+            run.steps + 1,
+            run.run_id,
+            done + 1,
+            MAX_OUTAGE_REDOS,
+        )
+        task = asyncio.create_task(self._restore_after_outage(agent.agent_id), name=f"{agent.agent_id}-redo")
+        self._redoing.add(task)
+        task.add_done_callback(self._redoing.discard)
+        return True
+
+    async def _restore_after_outage(self, agent_id: str) -> None:
+        await self.drop(agent_id)  # no goodbye: nothing this copy holds is written
+        try:
+            await retry_unavailable(lambda: self.resume(agent_id), f"restoring agent {agent_id}", log)
+        except Exception:
+            log.exception("agent %s could not be restored after a Redis outage", agent_id)
 
     @staticmethod
     async def _await_redis(agent: Agent, attempts: int = 60) -> None:

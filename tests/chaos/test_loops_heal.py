@@ -186,7 +186,7 @@ async def test_a_capability_event_feed_goes_on_after_redis_restarts(tmp_path: Pa
         EmbeddedRedis(tmp_path / "data").stop()
 
 
-async def test_a_run_broken_by_a_redis_kill_is_stored_ended_and_its_waiter_gets_it(tmp_path: Path) -> None:
+async def test_a_run_broken_by_a_redis_kill_is_redone_and_its_waiter_gets_it(tmp_path: Path) -> None:
     server = EmbeddedRedis(tmp_path / "data")
     info = server.start()
     settings = BlackboardSettings(op_timeout_seconds=1.0, connect_timeout_seconds=0.5)
@@ -202,10 +202,11 @@ async def test_a_run_broken_by_a_redis_kill_is_stored_ended_and_its_waiter_gets_
         await asyncio.sleep(1.5)
         server.stop()
         EmbeddedRedis(tmp_path / "data", server.settings.model_copy(update={"port": info.port})).start()
-        ended = await asyncio.wait_for(waiter, 20)  # neither raised by the outage nor `running` for ever
-        assert (
-            ended.done and ended.status.value == "failed" and "BlackboardUnavailable" in (ended.error or "")
-        )
+        ended = await asyncio.wait_for(waiter, 30)  # neither raised by the outage nor `running` for ever
+        # the step the kill cut short is redone from the last checkpoint (its agent restored from
+        # Redis), so the run finishes, every step counted once
+        assert ended.done and ended.status.value == "succeeded", ended.error
+        assert ended.output == 40
         again = await runtime.start_run("slow", 2)  # the agent serves on
         assert (await runtime.wait_for_run("slow", again.run_id, timeout=20)).status.value != "running"
     finally:
