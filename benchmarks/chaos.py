@@ -2,10 +2,13 @@
 
 For each fault: 30 runs are submitted (a mix of `echo` and short `ask` runs), the fault is injected
 right after their 202s while a background client keeps submitting, then every accepted run is
-followed to its end. The table reports, per fault: runs accepted, succeeded, failed (with their
-reasons), lost (accepted, then unknown to the API), stuck (not ended within the bound), the seconds
-from the fault's end until a new run succeeded, and whether the invariant checker (`colony doctor`)
-was clean afterwards.
+followed to its end. The table reports, per fault: runs accepted, in flight when the fault hit
+(accepted before it, ended after it), rejected (submissions answered with an error), succeeded,
+failed (with their reasons), lost (accepted, then unknown to the API), stuck (not ended within the
+bound), how long the fault lasted (a kill: the kill itself; a pause: 5 s; a daemon restart: the
+kill and the new `colony up`), the seconds from its end until a new run succeeded, whether the
+invariant checker (`colony doctor`) was clean afterwards, and whether one `ask` run's event stream,
+followed through the fault, ended without repeating anything.
 
     python benchmarks/chaos.py                      # every fault once, 30 runs each
     python benchmarks/chaos.py --faults redis-kill,engine-kill --runs 60 --repeat 3
@@ -485,16 +488,16 @@ def run_fault(
 def table(results: list[FaultResult]) -> str:
     head = (
         "| fault | accepted | in flight | rejected | succeeded | failed | lost | stuck "
-        "| recovery s | doctor | ask stream |"
+        "| fault s | recovery s | doctor | ask stream |"
     )
-    lines = [head, "|" + "---|" * 11]
+    lines = [head, "|" + "---|" * 12]
     for r in results:
         recovery = f"{r.recovery_s:.1f}" if r.recovery_s is not None else "never"
         doctor = "clean" if r.doctor_clean else f"{len(r.violations)} violation(s)"
         stream = "ok" if r.stream_problem is None else r.stream_problem[:60]
         lines.append(
             f"| {r.fault} | {r.accepted} | {r.in_flight} | {r.rejected} | {r.succeeded} | {r.failed} "
-            f"| {r.lost} | {r.stuck} | {recovery} | {doctor} | {stream} |"
+            f"| {r.lost} | {r.stuck} | {r.fault_s:.1f} | {recovery} | {doctor} | {stream} |"
         )
     reasons = Counter[str]()
     for r in results:
