@@ -139,11 +139,12 @@ def test_down_leaves_nothing_running(colony_up) -> None:
 
 def test_a_dead_daemons_leftover_processes_are_reaped(tmp_path: Path) -> None:
     """`up` after the daemon was SIGKILLed stops what is left of its Ray cluster (processes of its
-    session), and only those: a process of another session is left alone."""
+    session carrying its id), and only those: a process of another session, or of a session whose
+    leader got the dead daemon's pid since (no id in its environment), is left alone."""
     import subprocess
 
     from colony.blackboard.redis_server import process_alive
-    from colony.serve.cluster import reap_session
+    from colony.serve.cluster import DAEMON_ID_VARIABLE, reap_session
 
     script = (
         "import os, subprocess, sys, time\n"
@@ -153,17 +154,27 @@ def test_a_dead_daemons_leftover_processes_are_reaped(tmp_path: Path) -> None:
         "time.sleep(60)\n"
     )
     leader = subprocess.Popen(
-        [sys.executable, "-c", script, "colony-daemon"], stdout=subprocess.PIPE, text=True
+        [sys.executable, "-c", script, "colony-daemon"],
+        stdout=subprocess.PIPE,
+        text=True,
+        env={**os.environ, DAEMON_ID_VARIABLE: "d1"},
     )
     stranger = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)", "ray::Other"])
+    # a session leader the OS could have given the dead daemon's pid: `ray` in its command line
+    reused = subprocess.Popen(
+        [sys.executable, "-c", "import time; time.sleep(60)", "ray::Reused"], start_new_session=True
+    )
     try:
         assert leader.stdout is not None
         sid, child = (int(x) for x in leader.stdout.readline().split())
         os.kill(sid, signal.SIGKILL)  # the daemon dies; its child lives on
         leader.wait()
         assert process_alive(child)
-        assert reap_session(sid) == 1
+        assert reap_session(reused.pid, "d1") == 0 and process_alive(reused.pid)
+        assert reap_session(sid, "") == 0 and process_alive(child)  # a record without an id: nothing
+        assert reap_session(sid, "d1") == 1
         assert not process_alive(child) and process_alive(stranger.pid)
     finally:
-        stranger.kill()
-        stranger.wait()
+        for process in (stranger, reused):
+            process.kill()
+            process.wait()

@@ -122,7 +122,7 @@ class AgentRunCapability(AgentCapability):
         claims = [
             e
             async for e in self.blackboard.iter_query(self.protocol.pattern("claim"), tags=open_claims)
-            if e.value == agent.agent_id
+            if _claimant(e.value) == agent.agent_id
         ]
         claims.sort(key=lambda e: (e.created_at, e.key))
         request_ids = [self.protocol.parse("claim", e.key)["request_id"] for e in claims]
@@ -149,11 +149,14 @@ class AgentRunCapability(AgentCapability):
             return None
         request_id = identified[1]["request_id"]
         agent = self._agent()
+        if agent.yielded:  # another live copy serves this agent: it claims the request, not us
+            return None
         # a Redis outage pauses the claim (and so this feed), it does not drop the request; a claim
-        # already there (an event replayed after a restart, or another worker's) is not ours
+        # already there (an event replayed after a restart, or another worker's) is not ours. The
+        # value names this copy, so a retried claim never mistakes another copy's for its own
         claimed = await self._create_once(
             self.protocol.claim_key(request_id),
-            agent.agent_id,
+            {"agent_id": agent.agent_id, "holder": agent.holder},
             tags={self.protocol.request_tag(request_id), self.protocol.open_claims_tag()},
             what=f"agent {agent.agent_id}: claim of request {request_id}",
         )
@@ -375,6 +378,14 @@ class AgentRunCapability(AgentCapability):
         except Exception as exc:
             run = agent.current_run
             begun = run is not None and run.request_id == request_id
+            redo = getattr(agent.host, "redo_after_outage", None)
+            if isinstance(exc, BlackboardUnavailable) and redo is not None:
+                # whether the run's beginning was stored or not (a write Redis applied though its
+                # answer was lost), the agent restored from Redis knows: it drives the run on, or
+                # serves the request again; this copy, which may be wrong about it, goes
+                await agent.host.await_redis(agent)
+                if redo(agent, request_id):
+                    return
             if not begun and isinstance(exc, BlackboardUnavailable):
                 raise  # not begun, Redis away (or paused): `_work` serves it again once it answers
             if run is not None and run.request_id == request_id and self.active_request == request_id:
@@ -571,18 +582,18 @@ class AgentRunCapability(AgentCapability):
             during_step=during_step,
         )
         key = self.protocol.event_key(self.active_request, f"{seq:05d}.{event_type}")
-        tags = {self.protocol.request_tag(self.active_request)}
-        owner = self.agent.agent_id if self.agent else None
-        # a Redis outage (or pause) delays the event, it does not fail the run emitting it; the
-        # write is idempotent (same key, same value), so one Redis applied before its answer was
-        # lost is simply written again
-        await retry_unavailable(
-            lambda: self.blackboard.write(key, event.model_dump(mode="json"), tags=tags, created_by=owner),
-            f"event {seq} of request {self.active_request}",
-            log,
-            answers=self._redis_answers,
+        # create-only, waiting out a Redis outage (or pause): the run emitting it does not fail, and
+        # a write Redis applied before its answer was lost is recognised, not written (and so
+        # streamed) a second time
+        stored = await self._create_once(
+            key,
+            event.model_dump(mode="json"),
+            tags={self.protocol.request_tag(self.active_request)},
+            what=f"event {seq} of request {self.active_request}",
         )
         self._seq = seq
+        if not stored:
+            log.warning("event %s of request %s was stored already; not written again", seq, key)
 
     async def _after_step(self, ctx: HookContext, result: Any) -> None:
         agent = self._agent()
@@ -598,6 +609,14 @@ class AgentRunCapability(AgentCapability):
             await agent.cancel_run("the requester ended the run (cancelled or timed out)")
         if run.done:
             await self._respond(self.active_request, run.status, run.output, run.error, run.run_id, run.steps)
+
+
+def _claimant(value: Any) -> str | None:
+    """The agent id a claim names: `{"agent_id": ..., "holder": ...}` (a copy's claim), or the bare
+    agent id claims were before copies were told apart."""
+    if isinstance(value, dict):
+        value = value.get("agent_id")
+    return value if isinstance(value, str) else None
 
 
 def _is_int(value: Any) -> bool:

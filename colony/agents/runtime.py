@@ -7,6 +7,7 @@ object) and resumes them (rebuild from the blackboard). Ray Serve replicas (M4) 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 from collections.abc import Awaitable, Callable
 from typing import Any
@@ -62,6 +63,7 @@ async def clear_ended_state(board: Blackboard, capability_scopes: list[Blackboar
 
 
 MAX_OUTAGE_REDOS = 3  # a run's step cut short by a Redis outage is redone at most this often
+RESTORE_ATTEMPTS = 5  # a restore after an outage failing otherwise than by the outage: tries
 
 
 class LocalAgentRuntime:
@@ -86,9 +88,9 @@ class LocalAgentRuntime:
         # ... and when an agent is stopped here (registry)
         self.on_stopped: Callable[[str], Awaitable[None]] | None = None
         self._retiring: set[asyncio.Task[None]] = set()
-        self._resuming: dict[str, asyncio.Lock] = {}  # one restore of an agent at a time
+        self._resuming: dict[str, tuple[asyncio.Lock, int]] = {}  # one restore of an agent at a time
         self._outage_redos: dict[str, int] = {}  # run id -> redos after a Redis outage
-        self._redoing: set[asyncio.Task[None]] = set()
+        self._redo_tasks: dict[str, asyncio.Task[None]] = {}  # agent id -> its restore after an outage
 
     def get(self, agent_id: str) -> Agent:
         try:
@@ -170,15 +172,19 @@ class LocalAgentRuntime:
         """Rebuild a suspended (or dropped) agent from the blackboard and carry on where it was."""
         if agent_id in self._agents:
             return self._agents[agent_id]
-        lock = self._resuming.setdefault(agent_id, asyncio.Lock())
+        lock, users = self._resuming.get(agent_id, (asyncio.Lock(), 0))
+        self._resuming[agent_id] = (lock, users + 1)
         try:
             async with lock:  # two resumes at once (a monitor round, a placement) make one copy
                 if agent_id in self._agents:
                     return self._agents[agent_id]
                 return await self._restore(agent_id)
-        finally:
-            if not lock.locked():
-                self._resuming.pop(agent_id, None)
+        finally:  # the lock goes when its last user is done (never while one still waits on it)
+            lock, users = self._resuming[agent_id]
+            if users <= 1:
+                del self._resuming[agent_id]
+            else:
+                self._resuming[agent_id] = (lock, users - 1)
 
     async def _restore(self, agent_id: str) -> Agent:
         try:
@@ -193,7 +199,13 @@ class LocalAgentRuntime:
         if agent.suspension is not None:
             await agent.clear_suspension()
         run_pending = agent.current_run is not None and not agent.current_run.done
-        if agent.state in (AgentState.SUSPENDED, AgentState.WAITING):
+        # IDLE (or INITIALIZED) with a run pending: the host stopped, or an outage cut in, between
+        # storing the run's beginning and entering RUNNING; the run is driven on, not left undriven
+        if agent.state in (AgentState.SUSPENDED, AgentState.WAITING) or (
+            run_pending
+            and agent.state
+            in (AgentState.IDLE, AgentState.INITIALIZED, AgentState.LOADED, AgentState.UNLOADED)
+        ):
             await agent.transition(AgentState.RUNNING if run_pending else AgentState.IDLE, "resumed")
         await self._activate(agent)
         return agent
@@ -206,6 +218,12 @@ class LocalAgentRuntime:
             del agent
 
     async def stop(self, agent_id: str) -> None:
+        redo = self._redo_tasks.pop(agent_id, None)
+        if redo is not None:  # stopped while being restored after an outage: not brought back
+            await cancel_and_wait([redo])
+            if agent_id not in self._agents:
+                with contextlib.suppress(AgentNotFound, BlackboardError):
+                    await self.resume(agent_id)  # to stop it for good, with its goodbye
         agent = self._agents.get(agent_id)
         if agent is None:
             return
@@ -242,7 +260,7 @@ class LocalAgentRuntime:
 
     async def shutdown(self) -> None:
         """Detach every agent (state stays in the blackboard)."""
-        await cancel_and_wait(list(self._redoing))
+        await cancel_and_wait(list(self._redo_tasks.values()))
         for agent_id in list(self._agents):
             await self._detach(agent_id)
 
@@ -276,52 +294,70 @@ class LocalAgentRuntime:
         except Exception as exc:  # the run fails, with the reason; the agent goes on serving (IDLE)
             run = agent.current_run
             if isinstance(exc, BlackboardUnavailable):
-                await self._await_redis(agent)  # so that what follows is stored, not lost
-                if run is not None and not run.done and self._redo_after_outage(agent, run):
+                await self.await_redis(agent)  # so that what follows is stored, not lost
+                # the run's last save (the run already done in memory) is redone like any other
+                if run is not None and self.redo_after_outage(agent, run.run_id, run.steps + 1):
                     return
             log.exception("run of agent %s failed inside the agent", agent.agent_id)
             await agent.fail_run(f"the run failed inside the agent: {type(exc).__name__}: {exc}")
 
-    def _redo_after_outage(self, agent: Agent, run: AgentRun) -> bool:
-        """A step cut short by a Redis outage (killed, restarted, paused) is redone rather than the
-        run failed: this copy of the agent, whose memory may be ahead of what Redis holds, is
-        dropped and the agent restored from its last checkpoint, as after a replica death (the
-        step's superseded events are announced by a `restarted` event). At most
-        `MAX_OUTAGE_REDOS` times per run; False when that is spent (the run then fails)."""
-        done = self._outage_redos.get(run.run_id, 0)
-        if done >= MAX_OUTAGE_REDOS:
-            self._outage_redos.pop(run.run_id, None)
+    def redo_after_outage(self, agent: Agent, key: str, step: int | None = None) -> bool:
+        """Work cut short by a Redis outage (killed, restarted, paused) is redone rather than the run
+        failed: this copy of the agent, whose memory may be ahead of (or behind) what Redis holds,
+        is dropped without a write and the agent restored from its last checkpoint, as after a
+        replica death (a step's superseded events are announced by a `restarted` event; a run
+        whose beginning was stored is driven on, one whose beginning was not is served again).
+        At most `MAX_OUTAGE_REDOS` times per `key` (a run or request id); False when that is spent
+        or this runtime does not host the agent (the caller then fails the run, with the reason)."""
+        if self._agents.get(agent.agent_id) is not agent:
             return False
-        if len(self._outage_redos) >= 1000:  # bounded: forget the oldest runs' counts
+        done = self._outage_redos.get(key, 0)
+        if done >= MAX_OUTAGE_REDOS:
+            return False  # spent (and stays spent: the count is kept, bounded below)
+        if len(self._outage_redos) >= 1000:  # bounded: forget the oldest counts
             self._outage_redos.pop(next(iter(self._outage_redos)))
-        self._outage_redos[run.run_id] = done + 1
+        self._outage_redos[key] = done + 1
         log.warning(
-            "agent %s: step %d of run %s was cut short by a Redis outage; restoring the agent from "
-            "its last checkpoint to do it again (redo %d of %d)",
+            "agent %s: %s was cut short by a Redis outage; restoring the agent from its last "
+            "checkpoint to do it again (redo %d of %d)",
             agent.agent_id,
-            run.steps + 1,
-            run.run_id,
+            f"step {step} of {key}" if step is not None else key,
             done + 1,
             MAX_OUTAGE_REDOS,
         )
+        previous = self._redo_tasks.get(agent.agent_id)
+        if previous is not None and not previous.done():
+            return True  # a restore of this agent is already under way
         task = asyncio.create_task(self._restore_after_outage(agent.agent_id), name=f"{agent.agent_id}-redo")
-        self._redoing.add(task)
-        task.add_done_callback(self._redoing.discard)
+        self._redo_tasks[agent.agent_id] = task
+        task.add_done_callback(lambda t, a=agent.agent_id: self._redo_tasks.pop(a, None))
         return True
 
     async def _restore_after_outage(self, agent_id: str) -> None:
+        """Drop, then restore: outages are waited out; any other failure is retried a few times
+        (with backoff) before it is logged, as the agent is hosted nowhere until it succeeds."""
         await self.drop(agent_id)  # no goodbye: nothing this copy holds is written
-        try:
-            await retry_unavailable(lambda: self.resume(agent_id), f"restoring agent {agent_id}", log)
-        except Exception:
-            log.exception("agent %s could not be restored after a Redis outage", agent_id)
+        for attempt in range(1, RESTORE_ATTEMPTS + 1):
+            try:
+                await retry_unavailable(lambda: self.resume(agent_id), f"restoring agent {agent_id}", log)
+                return
+            except asyncio.CancelledError:
+                raise
+            except Exception:
+                log.exception(
+                    "agent %s could not be restored after a Redis outage (attempt %d of %d)",
+                    agent_id,
+                    attempt,
+                    RESTORE_ATTEMPTS,
+                )
+                await asyncio.sleep(min(0.5 * 2**attempt, 10.0))
 
     @staticmethod
-    async def _await_redis(agent: Agent, attempts: int = 60) -> None:
-        """Wait (bounded backoff, about two minutes at most) until Redis answers again: a run that
-        failed because Redis went away is then stored failed and answered, never left `running`,
-        and no next run begins before it is."""
-        outage = OutageBackoff(f"agent {agent.agent_id}: storing its failed run", log)
+    async def await_redis(agent: Agent, attempts: int = 60) -> None:
+        """Wait (bounded backoff, about two minutes at most) until Redis answers again: a run cut
+        short by an outage is then redone or stored failed, never left `running`, and no next run
+        begins before it is."""
+        outage = OutageBackoff(f"agent {agent.agent_id}: waiting for Redis", log)
         for _ in range(attempts):
             if await redis_answers(agent.blackboard.redis):
                 outage.recovered()

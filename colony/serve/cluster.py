@@ -14,6 +14,7 @@ import json
 import logging
 import os
 import re
+import secrets
 import signal
 import socket
 import subprocess
@@ -45,6 +46,10 @@ class ClusterInfo:
     redis_url: str
     started_at: float
     replicas: int
+    daemon_id: str = ""  # in the environment of the daemon and every process of its Ray cluster
+
+
+DAEMON_ID_VARIABLE = "_COLONY_DAEMON_ID"  # not COLONY_*: that prefix is the settings' own
 
 
 def state_file(settings: ColonySettings) -> Path:
@@ -97,11 +102,11 @@ def up(settings: ColonySettings, config: str | None = None, *, echo: bool = True
         return running
     stale = read_state(settings)
     if stale is not None:
-        if process_alive(stale.pid):
+        if process_alive(stale.pid) and _carries(stale.pid, stale.daemon_id):
             _stop_daemon(stale.pid)
         # a daemon that was killed leaves its Ray processes dying (the Serve proxy may still hold
         # the port, an old replica may still serve an agent the new cluster is about to host)
-        reap_session(stale.pid)
+        reap_session(stale.pid, stale.daemon_id)
     state_file(settings).unlink(missing_ok=True)
     error_file(settings).unlink(missing_ok=True)
     check_port_free(settings.serve.host, settings.serve.port)
@@ -169,6 +174,7 @@ def _daemon_settings(settings: ColonySettings, env: dict[str, str]) -> bytes:
 def _launch(settings: ColonySettings, env: dict[str, str]) -> ClusterInfo:
     """Start the daemon and wait until it records the cluster, or report why it did not: the
     cause the daemon wrote (a replica's exception, a busy port), never a bare exit code."""
+    env = {**env, DAEMON_ID_VARIABLE: secrets.token_hex(16)}
     command = [sys.executable, "-m", "colony.serve.cluster", "--settings-stdin"]
     if not settings.redis_url and settings.embedded_redis.supervise:
         command.append("--supervise-redis")  # the daemon restarts the embedded server if it dies
@@ -226,9 +232,11 @@ def down(settings: ColonySettings) -> bool:
     """Stop the daemon (Serve and Ray with it) and the embedded Redis; True if a cluster was running."""
     info = read_state(settings)
     stopped = False
-    if info is not None and process_alive(info.pid):
+    if info is not None and process_alive(info.pid) and _carries(info.pid, info.daemon_id):
         _stop_daemon(info.pid)
         stopped = True
+    if info is not None:
+        reap_session(info.pid, info.daemon_id)
     state_file(settings).unlink(missing_ok=True)
     if not settings.redis_url:
         EmbeddedRedis(settings.data_dir, settings.embedded_redis).stop()
@@ -263,10 +271,24 @@ def _stop_daemon(pid: int, timeout: float = 60.0) -> None:
             time.sleep(0.1)
 
 
-def _session_members(sid: int) -> list[int]:
-    """Ray and Colony processes of session `sid`: a daemon is a session leader, and every process
-    of the Ray cluster it started (GCS, raylet, workers: each in a process group of its own) is in
-    its session. Matched by command line too, so a reused session id never reaches a stranger."""
+def _carries(pid: int, daemon_id: str) -> bool:
+    """Whether process `pid` has this daemon's id in its environment: the daemon, or a process of
+    the Ray cluster it started (they inherit it). A recorded pid the OS gave to another process
+    since does not; nor does anything when the record has no id (written by an older Colony)."""
+    if not daemon_id:
+        return False
+    try:
+        environ = Path(f"/proc/{pid}/environ").read_bytes()
+    except OSError:
+        return False
+    return f"{DAEMON_ID_VARIABLE}={daemon_id}".encode() in environ.split(b"\0")
+
+
+def _session_members(sid: int, daemon_id: str) -> list[int]:
+    """The processes of session `sid` that carry `daemon_id`: a daemon is a session leader, and
+    every process of the Ray cluster it started (GCS, raylet, workers: each in a process group of
+    its own) is in its session, its id in their environment. A session id reused by the OS since,
+    or a process that is not the daemon's, never matches both."""
     members = []
     for entry in Path("/proc").iterdir():
         if not entry.name.isdigit() or int(entry.name) == os.getpid():
@@ -274,18 +296,17 @@ def _session_members(sid: int) -> list[int]:
         try:
             if os.getsid(int(entry.name)) != sid:
                 continue
-            cmdline = (entry / "cmdline").read_bytes()
         except (OSError, ProcessLookupError):
             continue
-        if b"ray" in cmdline or b"colony" in cmdline:
+        if _carries(int(entry.name), daemon_id):
             members.append(int(entry.name))
     return members
 
 
-def reap_session(sid: int, timeout: float = 15.0) -> int:
+def reap_session(sid: int, daemon_id: str, timeout: float = 15.0) -> int:
     """SIGKILL what is left of a dead daemon's Ray cluster and wait until it is gone; how many
-    processes were killed."""
-    members = _session_members(sid)
+    processes were killed (none without a daemon id)."""
+    members = _session_members(sid, daemon_id) if daemon_id else []
     for pid in members:
         with contextlib.suppress(ProcessLookupError, PermissionError):
             os.kill(pid, signal.SIGKILL)
@@ -348,6 +369,7 @@ def _serve_forever(settings: ColonySettings, supervise_redis: bool = False) -> N
             redis_url=settings.redis_url or "",
             started_at=time.time(),
             replicas=cfg.replicas,
+            daemon_id=os.environ.get(DAEMON_ID_VARIABLE, ""),
         )
         path = state_file(settings)
         write_private_file(path, json.dumps(asdict(info)))  # holds the token and the Redis password

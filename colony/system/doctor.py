@@ -51,7 +51,7 @@ PAGE_SIZE = 500
 MAX_QUERY_PAGES = 10_000  # a listing's pages at most (each query page is bounded work already)
 MAX_AGENT_IDS_IN_HEARTBEAT = 100_000
 MESSAGE_LIMIT = 600
-EXIT_CLEAN, EXIT_VIOLATIONS, EXIT_UNREACHABLE = 0, 1, 2
+EXIT_CLEAN, EXIT_VIOLATIONS, EXIT_UNREACHABLE, EXIT_INCOMPLETE = 0, 1, 2, 3
 
 
 class ViolationKind(StrEnum):
@@ -693,4 +693,8 @@ def doctor_command(
         print(json.dumps(report.model_dump(mode="json"), indent=2, sort_keys=True))
     else:
         print(format_report(report))
-    return EXIT_CLEAN if report.clean else EXIT_VIOLATIONS
+    if not report.clean:
+        return EXIT_VIOLATIONS
+    # nothing found, but not everything was read (a listing hit max_entries, a check was skipped):
+    # not "clean", which would claim what was not checked
+    return EXIT_INCOMPLETE if report.truncated or report.skipped else EXIT_CLEAN

@@ -31,7 +31,7 @@ from colony.blackboard import Blackboard, BlackboardScope, create_redis, resolve
 from colony.blackboard.connection import OutageBackoff
 from colony.blackboard.protocol import AgentStateProtocol
 from colony.config import ColonySettings
-from colony.errors import BlackboardUnavailable, BlueprintTampered, ResourceExhausted
+from colony.errors import AgentNotFound, BlackboardUnavailable, BlueprintTampered, ResourceExhausted
 from colony.inference import InferenceEngine, InferenceRequest, Page, create_engine
 from colony.system.registry import HEARTBEAT_MISSES, NOT_HOSTED, AgentRecord, AgentRegistry
 from colony.system.replicas import AgentSlot, ReplicaSnapshot
@@ -390,7 +390,11 @@ class ReplicaHost:
         stops claiming the agent's runs and the registry names the copy that serves them."""
         runtime, _ = self._ready()
         for agent_id in list(runtime.agent_ids):
-            if runtime.get(agent_id).yielded:
+            try:
+                yielded = runtime.get(agent_id).yielded
+            except AgentNotFound:  # stopped or suspended while an earlier one was dropped
+                continue
+            if yielded:
                 log.warning("agent %s: another live copy serves it; this replica drops its copy", agent_id)
                 await runtime.drop(agent_id)
 

@@ -205,10 +205,7 @@ class ResumptionMonitor:
         if self.page_table is None or time.monotonic() < self._next_page_sweep:
             return set()
         self._next_page_sweep = time.monotonic() + PAGE_SWEEP_SECONDS
-        named: set[str] = set()
-        for record in await self.page_table.pages():
-            named.update(record.resident_on, record.swapped_on)
-        return named - set(self._ports)
+        return await self.page_table.holders() - set(self._ports)
 
     async def _resume(self, replica_id: str, agent_id: str) -> bool:
         """Resume one agent; a failure is logged and retried next round, not the round's end."""

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import logging
 import random
 import time
 from collections.abc import Iterable, Mapping
@@ -29,6 +30,9 @@ from colony.vcm.pages import PageInfo, PageSource
 from colony.vcm.placement import ReplicaView
 
 RECONCILE_ATTEMPTS = 20
+
+
+log = logging.getLogger(__name__)
 
 
 class PageRecord(PageInfo):
@@ -162,6 +166,24 @@ class PageTable:
         tags = TagFilter(all_of=frozenset({tag}))
         entries = [e async for e in self.board.iter_query(Keys.pattern("page"), tags=tags)]
         return sorted((e.value_as(PageRecord) for e in entries), key=lambda r: r.page_id)
+
+    async def holders(self, limit: int = 100_000) -> set[str]:
+        """Every replica the table lists a page on (resident or swapped), from at most `limit` page
+        records; a record that does not validate is skipped (`colony doctor` reports it)."""
+        tags = TagFilter(all_of=frozenset({Keys.index_tag("page")}))
+        named: set[str] = set()
+        read = 0
+        async for entry in self.board.iter_query(Keys.pattern("page"), tags=tags):
+            read += 1
+            if read > limit:
+                log.warning("page table: more than %d pages; their holders were read from the first", limit)
+                break
+            try:
+                record = entry.value_as(PageRecord)
+            except ValueError:
+                continue
+            named.update(record.resident_on, record.swapped_on)
+        return named
 
     async def sources(self) -> list[SourceRecord]:
         tags = TagFilter(all_of=frozenset({Keys.index_tag("source")}))

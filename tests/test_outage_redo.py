@@ -1,0 +1,68 @@
+"""Issue 12 (review findings): a Redis outage or pause that cuts into a run at any point, from its
+beginning to its last save, never fails it and never leaves a second record of it: the runtime
+restores the agent from Redis, which knows what was stored, and the run goes on or is served again."""
+
+from __future__ import annotations
+
+import uuid
+
+from test_agent_robustness import fail_persist_once, handle_for
+
+from colony.agents import AgentState, LocalAgentRuntime, RunStatus
+from colony.blackboard.protocol import AgentStateProtocol
+from colony.errors import BlackboardUnavailable
+from colony.system.builtin import RUNS_NAMESPACE, echo_blueprint
+
+
+def _injected() -> BlackboardUnavailable:
+    return BlackboardUnavailable("commit", "redis://test", TimeoutError("injected"))
+
+
+async def test_the_save_of_the_last_step_cut_short_is_redone(runtime: LocalAgentRuntime) -> None:
+    """The run is already done in memory when its last save times out."""
+    agent = await runtime.spawn(echo_blueprint(f"fin{uuid.uuid4().hex[:6]}"))
+    fired = fail_persist_once(agent, lambda run: run.done and run.status is RunStatus.SUCCEEDED)
+    run = await handle_for(runtime, agent.agent_id).run("x", namespace=RUNS_NAMESPACE, timeout=20)
+    assert fired["count"] == 1
+    assert run.status is RunStatus.SUCCEEDED and run.output == "x", run.error
+
+
+async def test_a_timeout_entering_running_does_not_fail_the_run(runtime: LocalAgentRuntime) -> None:
+    """The run's beginning is stored, the transition to RUNNING after it times out."""
+    agent = await runtime.spawn(echo_blueprint(f"beg{uuid.uuid4().hex[:6]}"))
+    original, fired = agent.transition, {"n": 0}
+
+    async def flaky(new_state: AgentState, reason: str | None = None) -> None:
+        if new_state is AgentState.RUNNING and not fired["n"]:
+            fired["n"] += 1
+            raise _injected()
+        await original(new_state, reason)
+
+    agent.transition = flaky  # type: ignore[method-assign,assignment]
+    run = await handle_for(runtime, agent.agent_id).run("x", namespace=RUNS_NAMESPACE, timeout=20)
+    assert fired["n"] == 1 and run.status is RunStatus.SUCCEEDED, run.error
+
+
+async def test_a_beginning_stored_though_its_answer_was_lost_leaves_one_run(
+    runtime: LocalAgentRuntime,
+) -> None:
+    """Redis applied the run's first save but the answer timed out (a pause): the run is driven on
+    from what Redis holds, not begun a second time beside a record left `running` for ever."""
+    agent = await runtime.spawn(echo_blueprint(f"orp{uuid.uuid4().hex[:6]}"))
+    original, fired = agent.persist, {"n": 0}
+
+    async def flaky() -> None:
+        run = agent.current_run
+        if run is not None and not run.done and run.steps == 0 and not fired["n"]:
+            fired["n"] += 1
+            await original()  # applied
+            raise _injected()  # ... but its answer was lost
+        await original()
+
+    agent.persist = flaky  # type: ignore[method-assign]
+    run = await handle_for(runtime, agent.agent_id).run("x", namespace=RUNS_NAMESPACE, timeout=20)
+    assert run.status is RunStatus.SUCCEEDED
+    board = runtime.agent_board(agent.agent_id)
+    runs = [e async for e in board.iter_query(AgentStateProtocol.pattern("run"))]
+    states = [(e.value["status"], e.value.get("request_id")) for e in runs]
+    assert [s for s, _ in states] == ["succeeded"], states  # one record of it, ended
