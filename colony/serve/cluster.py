@@ -109,7 +109,8 @@ def up(settings: ColonySettings, config: str | None = None, *, echo: bool = True
         reap_session(stale.pid, stale.daemon_id)
     state_file(settings).unlink(missing_ok=True)
     error_file(settings).unlink(missing_ok=True)
-    check_port_free(settings.serve.host, settings.serve.port)
+    # a previous cluster just reaped may hold the port a moment longer
+    check_port_free(settings.serve.host, settings.serve.port, wait_seconds=20.0 if stale else 0.0)
     ensure_token_file(settings)  # a token from env/config file/<data_dir>/api-token, else a new file
     # an embedded Redis this call starts is stopped again if the cluster does not come up
     own_redis = (
@@ -137,18 +138,39 @@ def error_file(settings: ColonySettings) -> Path:
     return settings.data_dir / "cluster-error.txt"
 
 
-def check_port_free(host: str, port: int) -> None:
+def check_port_free(host: str, port: int, wait_seconds: float = 0.0) -> None:
     """Refuse early, and by name, a port another process listens on: Serve's proxy would fail to
-    bind it only inside a Ray actor, and `up` would wait for an API that never answers."""
-    with socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET, socket.SOCK_STREAM) as sock:
-        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-        try:
-            sock.bind((host, port))
-        except OSError as exc:
-            raise ClusterError(
-                f"cannot serve the API on {host}:{port}: {exc.strerror or exc}; another process uses "
-                "the port. Stop it, or pick another port (serve.port, COLONY_SERVE__PORT)"
-            ) from None
+    bind it only inside a Ray actor, and `up` would wait for an API that never answers. With
+    `wait_seconds`, a port still held (a previous cluster's proxy on its way out) is waited for."""
+    deadline = time.monotonic() + wait_seconds
+    while True:
+        with socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET, socket.SOCK_STREAM) as sock:
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+            try:
+                sock.bind((host, port))
+                return
+            except OSError as exc:
+                if time.monotonic() < deadline:
+                    time.sleep(0.2)
+                    continue
+                raise ClusterError(
+                    f"cannot serve the API on {host}:{port}: {exc.strerror or exc}; another process "
+                    f"uses the port{_listener(port)}. Stop it, or pick another port (serve.port, "
+                    "COLONY_SERVE__PORT)"
+                ) from None
+
+
+def _listener(port: int) -> str:
+    """` (pid N, name)` of the process listening on `port`, where the OS tells (else "")."""
+    try:
+        import psutil
+
+        for conn in psutil.net_connections(kind="tcp"):
+            if conn.status == psutil.CONN_LISTEN and conn.laddr and conn.laddr.port == port and conn.pid:
+                return f" (pid {conn.pid}, {psutil.Process(conn.pid).name()})"
+    except Exception:  # psutil missing, or not allowed to look: the message goes without it
+        return ""
+    return ""
 
 
 def _daemon_settings(settings: ColonySettings, env: dict[str, str]) -> bytes:
