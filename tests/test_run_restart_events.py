@@ -192,6 +192,20 @@ async def test_a_restart_that_takes_nothing_back_is_not_announced(bb: Blackboard
     assert {e["attempt"] for e in events} == {1}
 
 
+async def claimed_and_started(board: Blackboard) -> tuple[str, str]:
+    """What a host that died right after emitting `started` leaves: the request, its claim (the
+    bare agent id, as claims were written before copies were told apart), the `started` event."""
+    request_id = f"req-{uuid.uuid4().hex[:8]}"
+    tag = AgentRunProtocol.request_tag(request_id)
+    await board.write(AgentRunProtocol.request_key(request_id), {"input": TEXT}, tags={tag})
+    await board.write(
+        AgentRunProtocol.claim_key(request_id), "speaker", tags={tag, AgentRunProtocol.open_claims_tag()}
+    )
+    started = {"request_id": request_id, "event_type": "started", "data": {"input": TEXT}, "seq": 1}
+    await board.write(AgentRunProtocol.event_key(request_id, "00001.started"), started, tags={tag})
+    return request_id, tag
+
+
 async def test_a_request_re_served_before_its_run_began_has_one_started_event(bb: Blackboard) -> None:
     """The host claimed the request and emitted `started`, then died before the run began."""
     _, first, second = hosts(bb)
@@ -199,14 +213,7 @@ async def test_a_request_re_served_before_its_run_began_has_one_started_event(bb
         await first.spawn(speaker_blueprint("speaker", delay=0.0, serve_namespace=NS))
         await first.shutdown()
         board = run_board(first, "speaker")
-        request_id = f"req-{uuid.uuid4().hex[:8]}"
-        tag = AgentRunProtocol.request_tag(request_id)
-        await board.write(AgentRunProtocol.request_key(request_id), {"input": TEXT}, tags={tag})
-        await board.write(
-            AgentRunProtocol.claim_key(request_id), "speaker", tags={tag, AgentRunProtocol.open_claims_tag()}
-        )
-        started = {"request_id": request_id, "event_type": "started", "data": {"input": TEXT}, "seq": 1}
-        await board.write(AgentRunProtocol.event_key(request_id, "00001.started"), started, tags={tag})
+        request_id, _tag = await claimed_and_started(board)
         await second.resume("speaker")
         handle = AgentHandle(
             "speaker", owner=Agent(AgentMetadata(agent_id="p", colony_id=first.colony_id), bb)
@@ -267,14 +274,7 @@ async def test_a_run_answered_before_its_terminal_event_gets_it_after_a_restart(
         await first.spawn(speaker_blueprint("speaker", delay=0.0, serve_namespace=NS))
         await first.shutdown()
         board = run_board(first, "speaker")
-        request_id = f"req-{uuid.uuid4().hex[:8]}"
-        tag = AgentRunProtocol.request_tag(request_id)
-        await board.write(AgentRunProtocol.request_key(request_id), {"input": TEXT}, tags={tag})
-        await board.write(
-            AgentRunProtocol.claim_key(request_id), "speaker", tags={tag, AgentRunProtocol.open_claims_tag()}
-        )
-        started = {"request_id": request_id, "event_type": "started", "data": {"input": TEXT}, "seq": 1}
-        await board.write(AgentRunProtocol.event_key(request_id, "00001.started"), started, tags={tag})
+        request_id, tag = await claimed_and_started(board)
         result = {"status": "succeeded", "output": TEXT, "error": None, "run_id": "r1", "steps": 2}
         await board.write(AgentRunProtocol.result_key(request_id), result, tags={tag}, created_by="speaker")
         await second.resume("speaker")
