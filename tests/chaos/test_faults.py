@@ -46,8 +46,10 @@ def test_every_accepted_run_ends_and_the_cluster_heals(cluster: chaos.ChaosClust
     assert result.doctor_clean, detail
     # the `ask` run followed through the fault: its stream ended, nothing repeated (item 5)
     assert result.stream_problem is None, detail
-    # a failed run says why (never a bare "failed")
-    assert "(no reason)" not in result.reasons, detail
+    # and none failed: an outage or pause is waited out and the work it cut short redone, a dead
+    # replica's agents are restored elsewhere (failing with a reason is allowed by the bar,
+    # but nothing here has a reason to fail; before the redo, a Redis pause failed 1-2 runs in 30)
+    assert result.failed == 0, detail
 
 
 def test_the_restarted_daemon_supervises_redis_again(cluster: chaos.ChaosCluster) -> None:
