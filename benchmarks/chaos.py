@@ -1,6 +1,7 @@
 """Chaos benchmark (issue 12): faults injected into a real `colony up` cluster while runs are in flight.
 
-For each fault: 30 runs are submitted (a mix of `echo` and short `ask` runs), the fault is injected
+For each fault: 45 runs are submitted (a mix of `echo` and short `ask` runs; on 2 cores 20-30 of them
+are still unfinished when the fault hits, the `in flight` column), the fault is injected
 right after their 202s while a background client keeps submitting, then every accepted run is
 followed to its end. The table reports, per fault: runs accepted, in flight when the fault hit
 (accepted before it, ended after it), rejected (submissions answered with an error), succeeded,
@@ -10,7 +11,7 @@ kill and the new `colony up`), the seconds from its end until a new run succeede
 invariant checker (`colony doctor`) was clean afterwards, and whether one `ask` run's event stream,
 followed through the fault, ended without repeating anything.
 
-    python benchmarks/chaos.py                      # every fault once, 30 runs each
+    python benchmarks/chaos.py                      # every fault once, 45 runs submitted each
     python benchmarks/chaos.py --faults redis-kill,engine-kill --runs 60 --repeat 3
 
 The same harness drives `tests/chaos/test_faults.py` (bounded, in CI). The baseline it compares
@@ -457,7 +458,7 @@ def run_fault(
     cluster: ChaosCluster,
     name: str,
     *,
-    runs: int = 30,
+    runs: int = 45,
     settle_timeout: float = 90.0,
     recovery_budget: float = 60.0,
     doctor_timeout: float = 30.0,
@@ -515,7 +516,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument(
         "--faults", default=",".join(FAULTS), help="comma-separated, from: " + ", ".join(FAULTS)
     )
-    parser.add_argument("--runs", type=int, default=30, help="runs in flight per fault (default 30)")
+    parser.add_argument(
+        "--runs", type=int, default=45, help="runs submitted right before each fault (default 45)"
+    )
     parser.add_argument("--repeat", type=int, default=1, help="rounds over the faults")
     parser.add_argument("--replicas", type=int, default=2, help="engine replicas (default 2)")
     parser.add_argument("--workdir", type=Path, default=Path("/tmp/colony-chaos"))
@@ -533,7 +536,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         for round_ in range(args.repeat):
             for name in names:
-                print(f"round {round_ + 1}: {name} with {args.runs} runs in flight ...", flush=True)
+                print(f"round {round_ + 1}: {name}, {args.runs} runs submitted just before ...", flush=True)
                 results.append(run_fault(cluster, name, runs=args.runs))
                 print(table(results[-1:]).splitlines()[2], flush=True)
     finally:
