@@ -8,9 +8,11 @@ import json
 import logging
 import os
 import sys
+import threading
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
+from queue import Empty, Queue
 from typing import Any
 
 from colony import __version__
@@ -250,6 +252,10 @@ def cmd_doctor(args: argparse.Namespace) -> int:
     return doctor_command(_settings(args), as_json=args.json, grace_seconds=args.grace, run_ids=args.run)
 
 
+RUN_FAILED = 1  # the run failed or was cancelled (2: the command itself could not run it)
+RUN_PARTIAL = 3  # the run succeeded, yet its output says `partial`: some files were not analysed
+
+
 def cmd_run(args: argparse.Namespace) -> int:
     from colony.client import ColonyClient
     from colony.serve import cluster
@@ -262,28 +268,61 @@ def cmd_run(args: argparse.Namespace) -> int:
         input_data = json.loads(args.input) if args.input is not None else None
     except json.JSONDecodeError as exc:
         raise ColonyError(f"--input is not valid JSON: {exc}") from None
+    note = _silent if args.quiet else _to_stderr
     with ColonyClient(info.url, info.token) as client:
         if args.map is not None:
-            input_data = _mapped_input(client, args, input_data)
+            input_data = _mapped_input(client, args, input_data, note)
         submitted = client.submit(args.agent, input_data, timeout_s=args.timeout)
         run_id = submitted["run_id"]
-        print(f"run {run_id} on {args.agent}", file=sys.stderr, flush=True)
-        display = RunDisplay()
-        for event in client.events(run_id):
-            _to_stderr(display.feed(event))
-        _to_stderr(display.end())
+        note(f"run {run_id} on {args.agent}\n")
+        live = not args.quiet and _stderr_terminal()
+        display = AnalyzeProgress(
+            live=live, started=time.monotonic(), width=_stderr_width(), active=args.agent == "analyze"
+        )
+        events = client.events(run_id)
+        for event in _with_ticks(events, PROGRESS_TICK_SECONDS) if live else events:
+            now = time.monotonic()
+            note(display.tick(now) if event is None else display.feed(event, now))
+        note(display.end(time.monotonic()))
         view = client.get(run_id)
-    if view["status"] != "succeeded":
+    output = view.get("output")
+    failed = view["status"] != "succeeded"
+    partial = not failed and isinstance(output, dict) and output.get("partial") is True
+    _print_output(args, output, failed=failed, streamed=display.shown)
+    # after the report: the last thing on the terminal says what is missing from it
+    if failed:
         print(f"run {run_id} {view['status']}: {view.get('error')}", file=sys.stderr)
-        return 1
-    output = view["output"]
-    if answer_already_shown(output, display.shown, same_terminal=_same_terminal()):
-        return 0  # the streamed tokens were the answer, on the terminal stdout goes to
-    if isinstance(output, dict) and isinstance(output.get("report"), str):
+    elif partial:
+        print(
+            f"run {run_id} succeeded, but partial: not every file was analysed (exit code {RUN_PARTIAL})",
+            file=sys.stderr,
+        )
+    notice = not_analysed_notice(output) if failed or partial else ""
+    if partial and not notice:
+        notice = "  the output names no files (it has no `not_analysed` entries)\n"
+    print(notice, end="", file=sys.stderr, flush=True)
+    return RUN_FAILED if failed else RUN_PARTIAL if partial else 0
+
+
+def _print_output(args: argparse.Namespace, output: Any, *, failed: bool, streamed: str) -> None:
+    """The run's output on stdout: its JSON (`--json`), a report's text, else as it is, and nothing
+    when the run failed without one, or when the token stream already showed it on this terminal."""
+    if args.json:
+        if output is not None or not failed:
+            print(json.dumps(output, indent=2))
+    elif output is None and failed:
+        pass  # nothing to print: the error goes to stderr
+    elif not failed and answer_already_shown(output, streamed, same_terminal=_same_terminal()):
+        pass  # the streamed tokens were the answer, on the terminal stdout goes to
+    elif isinstance(output, dict) and isinstance(output.get("report"), str):
         print(output["report"])  # a report (analyze): the text, not its JSON
     else:
         print(output if isinstance(output, str) else json.dumps(output, indent=2))
-    return 0
+    sys.stdout.flush()
+
+
+def _silent(text: str) -> None:
+    """`--quiet`: progress and event lines are dropped (errors still reach stderr)."""
 
 
 def _to_stderr(text: str) -> None:
@@ -328,7 +367,7 @@ class RunDisplay:
             self._seq = seq
         if kind == "token":
             return self._token(str(data.get("text", "")))
-        out = self._close_line()
+        out = self.close_line()
         if kind == "restarted":
             return out + self._restarted(data)
         if kind == "step":
@@ -341,12 +380,13 @@ class RunDisplay:
         return out
 
     def end(self) -> str:
-        out = self._close_line()
+        out = self.close_line()
         if self.shown != self.text:  # a redo ended inside the text shown before it
             out += "  the text above is partly an abandoned attempt's; the run's output is printed in full\n"
         return out
 
-    def _close_line(self) -> str:
+    def close_line(self) -> str:
+        """A newline if token text was left without one (else "")."""
         if not self._line_open:
             return ""
         self._line_open = False
@@ -361,7 +401,7 @@ class RunDisplay:
             new, self.shown = self.text[len(self.shown) :], self.text
             self._line_open = True
             return new
-        out = self._close_line()
+        out = self.close_line()
         out += "  the new attempt's text differs from the text above; here it is from its start:\n"
         self.shown, self._line_open = self.text, True
         return out + self.text
@@ -379,6 +419,211 @@ class RunDisplay:
             f"  run restarted (attempt {self.attempt}){': ' + reason if reason else ''}; "
             "text already shown is not shown again, only what the new attempt adds to it\n"
         )
+
+
+PROGRESS_EVENTS = frozenset({"mapped", "workers", "worker_done"})  # an analyze job's (docs/api.md)
+PROGRESS_TICK_SECONDS = 0.5  # the live line's elapsed seconds are redrawn at least this often
+_CLEAR_LINE = "\r\x1b[K"  # back to the line's start, erase to its end
+
+
+class AnalyzeProgress:
+    """What `colony run` writes to stderr for a job that reports page workers (`analyze`):
+    `feed(event, now)` returns the text for one event, `tick(now)` the redrawn line when only time
+    passed, `end(now)` the text after the last event; no I/O and no clock of its own, so recorded
+    event lists test it.
+
+    On a terminal (`live`) the job's progress is ONE line, rewritten in place (`\\r` + erase to end
+    of line): workers done / total, pages faulted in, elapsed seconds. Anything else worth a line
+    (a restart, a gap, a mapping) is written above it and the line redrawn below. Elsewhere (a log
+    file, a pipe) no control characters: one plain line per finished worker. Until the first
+    progress event (and for runs that send none), events go to a `RunDisplay` unchanged, so other
+    agents look as they always did; `active` starts in progress mode (`colony run analyze`).
+
+    Worker results are kept by worker id, so a worker reported twice (a redone step, a retry)
+    counts once, with its last result; a `workers` event (sent again when failed workers are
+    retried, `retrying` naming them) sets the total afresh and takes the retried ones off `done`."""
+
+    def __init__(self, *, live: bool, started: float, width: int = 0, active: bool = False) -> None:
+        self.live, self.started, self.width, self.active = live, started, width, active
+        self.display = RunDisplay()  # the events of runs (or their parts) without progress
+        self.total: int | None = None  # workers dispatched, once a `workers` event said so
+        self.done: dict[str, dict[str, Any]] = {}  # worker id -> {"ok", "pages", "faulted", "files"}
+        self._drawn = ""  # the progress line now on screen ("" = none)
+
+    @property
+    def shown(self) -> str:
+        """The token text on screen (see `RunDisplay.shown`)."""
+        return self.display.shown
+
+    def feed(self, event: dict[str, Any], now: float) -> str:
+        from colony.agents.handle import TERMINAL_EVENTS  # not at import: `colony version` stays quick
+
+        kind = event.get("event_type")
+        data = event.get("data") if isinstance(event.get("data"), dict) else {}
+        if kind in PROGRESS_EVENTS:
+            opened = "" if self.active else self.display.close_line()  # no token text under `\r`
+            self.active = True
+            return opened + self._progress(str(kind), data, now)
+        if not self.active:
+            return self.display.feed(event)
+        if kind in ("started", "step", "token"):
+            return ""  # the progress line says more than a step of the coordinator does
+        text = self.display.feed(event)  # restarted, gap, truncated, the terminal event...
+        if kind in TERMINAL_EVENTS:
+            return self._finish(now) + text
+        return self._above(text, now)
+
+    def tick(self, now: float) -> str:
+        """The line again when its elapsed seconds changed (live only)."""
+        if not (self.live and self.active):
+            return ""
+        line = self._fit(self.line(now))
+        return "" if line == self._drawn else self._draw(line)
+
+    def end(self, now: float) -> str:
+        return self._finish(now) + self.display.end()
+
+    def line(self, now: float) -> str:
+        """`analyzing: 3/6 workers done (1 failed), 4 pages faulted in, 12s`."""
+        elapsed = _elapsed(now - self.started)
+        if self.total is None and not self.done:
+            return f"analyzing: starting page workers, {elapsed}"
+        total = max(self.total or 0, len(self.done))
+        failed = sum(1 for result in self.done.values() if not result["ok"])
+        faulted = sum(result["faulted"] for result in self.done.values())
+        return (
+            f"analyzing: {len(self.done)}/{total} workers done{f' ({failed} failed)' if failed else ''}, "
+            f"{faulted} page{'' if faulted == 1 else 's'} faulted in, {elapsed}"
+        )
+
+    def _progress(self, kind: str, data: dict[str, Any], now: float) -> str:
+        if kind == "mapped":
+            pages = _int_or_none(data.get("pages"))
+            path = _printable(data.get("path")) or "a folder"
+            return self._above(f"mapped {path}: {'?' if pages is None else pages} pages\n", now)
+        if kind == "workers":
+            workers = data.get("workers") if isinstance(data.get("workers"), list) else []
+            retrying = data.get("retrying") if isinstance(data.get("retrying"), list) else []
+            ids = {_printable(w, 120) for w in workers}
+            again = {_printable(w, 120) for w in retrying}  # failed before, running again
+            self.total = len(ids)
+            self.done = {w: result for w, result in self.done.items() if w in ids and w not in again}
+            if self.live:
+                return self._draw(self.line(now))
+            pages = _int_or_none(data.get("pages"))
+            return f"  {self.total} page workers started{'' if pages is None else f' for {pages} pages'}\n"
+        worker = _printable(data.get("worker"), 120) or "?"
+        files = data.get("files") if isinstance(data.get("files"), list) else []
+        result = {
+            "ok": data.get("ok") is True,
+            "pages": _int_or_none(data.get("pages")) or 0,
+            "faulted": max(0, _int_or_none(data.get("faulted")) or 0),
+            "files": [_printable(f) for f in files[:MAX_LISTED_FILES]],
+        }
+        self.done[worker] = result
+        if self.live:
+            return self._draw(self.line(now))
+        what = (
+            f"done, {result['pages']} page(s), {result['faulted']} faulted in"
+            if result["ok"]
+            else f"failed ({_listing(result['files'], len(files)) or 'its pages'})"
+        )
+        return f"  worker {worker} {what}; {self.line(now).removeprefix('analyzing: ')}\n"
+
+    def _fit(self, line: str) -> str:
+        """Cut to the terminal's width: a wrapped line could not be rewritten in place."""
+        return line[: self.width - 1] if self.width > 1 else line
+
+    def _draw(self, line: str) -> str:
+        self._drawn = self._fit(line)
+        return _CLEAR_LINE + self._drawn
+
+    def _above(self, text: str, now: float) -> str:
+        """`text` (whole lines) above the live line, which is drawn again below it."""
+        if not (self.live and text):
+            return text
+        return _CLEAR_LINE + text + self._draw(self.line(now))
+
+    def _finish(self, now: float) -> str:
+        """The live line's last state, left on screen (the cursor on the next line)."""
+        if not self._drawn:
+            return ""
+        out, self._drawn = self._draw(self.line(now)) + "\n", ""
+        return out
+
+
+MAX_LISTED_FILES = 50  # files named per failed worker (and workers per not-analysed notice)
+
+
+def _listing(files: list[str], count: int) -> str:
+    more = count - len(files)
+    return ", ".join(files) + (f" and {more} more" if more > 0 else "")
+
+
+def _elapsed(seconds: float) -> str:
+    whole = max(0, int(seconds))
+    return f"{whole}s" if whole < 60 else f"{whole // 60}m{whole % 60:02d}s"
+
+
+def not_analysed_notice(output: Any) -> str:
+    """Lines naming what a run's output lists under `not_analysed` (the files of each worker that
+    failed, with its error); "" when it lists nothing. Server data: bounded, control characters out."""
+    entries = output.get("not_analysed") if isinstance(output, dict) else None
+    lines = []
+    for entry in entries[:MAX_LISTED_FILES] if isinstance(entries, list) else []:
+        if not isinstance(entry, dict):
+            continue
+        files = entry.get("files") if isinstance(entry.get("files"), list) else []
+        named = _listing([_printable(f) for f in files[:MAX_LISTED_FILES]], len(files))
+        error = _printable(entry.get("error"))
+        worker = _printable(entry.get("worker"), 120) or "?"
+        lines.append(
+            f"  not analysed: {named or 'its pages'} (worker {worker}{': ' + error if error else ''})\n"
+        )
+    return "".join(lines)
+
+
+def _with_ticks(events: Iterator[dict[str, Any]], every: float) -> Iterator[dict[str, Any] | None]:
+    """`events`, with None whenever `every` seconds pass without one (to redraw the elapsed time).
+    The stream is read by a daemon thread; its errors are raised here, in the caller's thread."""
+    queue: Queue[tuple[str, Any]] = Queue()
+
+    def pump() -> None:
+        try:
+            for event in events:
+                queue.put(("event", event))
+        except BaseException as exc:  # handed to the reader, raised there
+            queue.put(("error", exc))
+        else:
+            queue.put(("end", None))
+
+    threading.Thread(target=pump, name="colony-run-events", daemon=True).start()
+    while True:
+        try:
+            kind, item = queue.get(timeout=every)
+        except Empty:
+            yield None
+            continue
+        if kind == "end":
+            return
+        if kind == "error":
+            raise item
+        yield item
+
+
+def _stderr_terminal() -> bool:
+    try:
+        return sys.stderr.isatty()
+    except (OSError, ValueError):
+        return False
+
+
+def _stderr_width() -> int:
+    """Columns of the terminal stderr is on (0: unknown, nothing is cut)."""
+    try:
+        return os.get_terminal_size(sys.stderr.fileno()).columns
+    except (OSError, ValueError):
+        return 0
 
 
 def _same_terminal() -> bool:
@@ -405,14 +650,16 @@ def answer_already_shown(output: Any, streamed: str, *, same_terminal: bool) -> 
     )
 
 
-def _mapped_input(client: Any, args: argparse.Namespace, input_data: Any) -> dict[str, Any]:
+def _mapped_input(
+    client: Any, args: argparse.Namespace, input_data: Any, note: Callable[[str], None]
+) -> dict[str, Any]:
     """`--map PATH`: cut the folder into pages first; the run gets their ids (and the path)."""
     path = str(Path(args.map).expanduser().resolve())
     if not Path(path).is_dir():
         raise ColonyError(f"--map {args.map}: not a folder")
     source = client.map_source(path, args.page_tokens)
     pages = [page["page_id"] for page in source["pages"]]
-    print(f"mapped {path}: {len(pages)} pages", file=sys.stderr, flush=True)
+    note(f"mapped {path}: {len(pages)} pages\n")
     base = input_data if isinstance(input_data, dict) else {}
     return {**base, "path": path, "pages": pages}
 
@@ -470,13 +717,23 @@ def build_parser() -> argparse.ArgumentParser:
     doctor.add_argument("--run", action="append", default=[], help="also check this run id (repeatable)")
     doctor.set_defaults(func=cmd_doctor)
 
-    run = sub.add_parser("run", help="submit a run over HTTP, stream its events, print its output")
+    run = sub.add_parser(
+        "run",
+        help="submit a run over HTTP, stream its events, print its output "
+        "(exit 0 succeeded, 1 failed or cancelled, 3 succeeded but partial)",
+    )
     run.add_argument("agent", help="agent name, e.g. echo or ask")
     run.add_argument("--input", help="JSON input of the run")
     run.add_argument("--timeout", type=float, default=None, help="seconds before the run fails")
     run.add_argument("--map", metavar="PATH", help="map this folder as pages first; the run gets their ids")
     run.add_argument(
         "--page-tokens", type=int, default=1024, help="page size for --map (tokens, estimated; default 1024)"
+    )
+    run.add_argument(
+        "-q", "--quiet", action="store_true", help="no progress or event lines: only the output (the report)"
+    )
+    run.add_argument(
+        "--json", action="store_true", help="print the run's output as JSON on stdout (nothing else there)"
     )
     run.set_defaults(func=cmd_run)
     return parser
