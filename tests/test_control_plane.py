@@ -197,6 +197,8 @@ async def test_analyze_coordinator_waits_suspended_for_its_page_workers(
         assert name in report["report"]
     assert "helper functions" in report["report"] and report["failed_workers"] == 0
     assert len(report["workers"]) == report["pages"] >= 3
+    # plain words name nothing that is not in the pages: every summary accepted as the model said it
+    assert report["stats"] == {"accepted": report["pages"], "regenerated": 0, "extractive": 0}
     registry = cluster.control.registry
 
     async def workers_stopped() -> bool:  # one-shot workers are done (the registry follows)

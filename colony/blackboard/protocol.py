@@ -213,6 +213,17 @@ class RequestResultProtocol(BlackboardProtocol):
         return cls.build("event", request_id=request_id, event_name=event_name)
 
     @classmethod
+    def child_event_key(cls, request_id: str, child_id: str, event_type: str) -> str:
+        """A progress event a child agent writes into its parent's request stream (e.g. an `analyze`
+        page worker's `worker_done`): `event:{kind}:{request_id}:child.{child_id}.{event_type}`.
+        Its name has no `{seq}.` prefix, so it is streamed with the request's events but never
+        counted in (nor numbered by) the parent's own sequence; one key per child and type, so a
+        child's event written twice (a redo, a backfill by the parent) is stored once."""
+        child = validate_segment(child_id, "child_id")
+        kind = validate_segment(event_type, "event_type")
+        return cls.event_key(request_id, f"child.{child}.{kind}")
+
+    @classmethod
     def claim_key(cls, request_id: str) -> str:
         """Written create-only (expected_version=0) by whoever takes the request, so it runs once."""
         return cls.build("claim", request_id=request_id)

@@ -16,9 +16,13 @@ report is `partial` and lists them, and a run where no page could be analysed fa
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
+import json
 import logging
-import re
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Literal
+
+from pydantic import BaseModel, Field
 
 from colony.agents import (
     ActionResult,
@@ -34,11 +38,26 @@ from colony.agents import (
     ScriptedActionPolicy,
     action_executor,
 )
-from colony.blackboard import Blackboard
-from colony.config import VcmSettings
-from colony.errors import AgentUsageError, InvalidArgument
+from colony.agents.handle import AgentRunEvent
+from colony.blackboard import AgentRunProtocol, Blackboard, BlackboardScope, scope_id
+from colony.config import ColonySettings, RunsSettings, VcmSettings
+from colony.errors import AgentUsageError, ConcurrentModificationError, InvalidArgument
 from colony.inference import ChatMessage, InferenceRequest
 from colony.inference.engine import InferenceEngine
+from colony.system.analyze_check import (
+    Verdict,
+    Vocabulary,
+    check_summary,
+    first_sentences,
+    whole_sentences,
+)
+from colony.system.analyze_facts import (
+    FileFacts,
+    extract_facts,
+    extractive_summary,
+    facts_text,
+    overview_paragraph,
+)
 from colony.system.builtin import RUNS_NAMESPACE
 from colony.vcm import PageSource, PageTable
 
@@ -47,12 +66,19 @@ if TYPE_CHECKING:
 
 log = logging.getLogger(__name__)
 DEFAULT_PAGE_TOKENS = 1024
+MAX_DEFINES = 24  # names listed under a section
+WORKER_DONE = "worker_done"  # a page worker's progress event in its coordinator's run stream
 SUMMARY_SYSTEM = "You summarise source code for an engineer. Be brief, concrete and accurate."
-SUMMARY_ASK = "Summarise the code above in two sentences: what it is for and its main classes or functions."
-
-
-DEFINITION = re.compile(
-    r"^(?:export\s+)?(?:pub\s+)?(?:async\s+def|def|class|function|fn|func|interface|struct|enum|trait)\s+([A-Za-z_]\w*)"
+SUMMARY_ASK = (
+    "Facts taken from the code above:\n{facts}\n\n"
+    "Summarise these facts in at most two sentences: what the code is for and its main definitions. "
+    "Name only files and definitions that appear in the facts."
+)
+RETRY_ASK = (
+    "\n\nYour previous summary was rejected ({problems}). Do not use those words and do not repeat yourself."
+)
+OVERVIEW_ASK = (
+    "{digest}\n\nIn one sentence, what is this code base for? Name only files and definitions above."
 )
 
 
@@ -65,13 +91,6 @@ def _spans_of(record: Any) -> list[str]:
     return [f"{s.path}:{s.start_line}-{s.end_line}" for s in (record.files if record is not None else [])]
 
 
-def whole_sentences(text: str) -> str:
-    """The text up to its last full stop (a reply cut off by max_tokens ends mid-sentence)."""
-    text = text.strip()
-    end = text.rfind(". ") + 1 if not text.endswith(".") else len(text)
-    return text[:end] if end > 0 else text
-
-
 def page_groups(pages: list[str], per_worker: int, max_workers: int) -> list[list[str]]:
     """Consecutive pages in groups of `per_worker`, larger where that would take more than
     `max_workers` workers (a big folder gets bigger groups, not more agents than replicas host)."""
@@ -79,19 +98,63 @@ def page_groups(pages: list[str], per_worker: int, max_workers: int) -> list[lis
     return [pages[i : i + size] for i in range(0, len(pages), size)]
 
 
-def outline(text: str, limit: int = 12) -> list[str]:
-    """The top-level definitions in a page's text (classes, functions, types), in order: a map of
-    the code that does not depend on the model."""
-    names: list[str] = []
-    for line in text.splitlines():
-        match = DEFINITION.match(line)
-        if match and match.group(1) not in names:
-            names.append(match.group(1))
-    return names[:limit]
+class ReportTo(BaseModel):
+    """Where a page worker reports its progress: its coordinator's run (the request being served)."""
+
+    agent_id: str
+    request_id: str
+    namespace: str = RUNS_NAMESPACE
+
+
+async def emit_child_event(
+    board: Blackboard,
+    owner: Agent,
+    report_to: ReportTo,
+    child_id: str,
+    event_type: str,
+    data: dict[str, Any],
+    settings: ColonySettings | None,
+) -> bool:
+    """Write one progress event of `child_id` into the run stream of `report_to` (so
+    `GET /v1/runs/{id}/events` of the coordinator's run streams it, though the coordinator is
+    suspended). Create-only under a key per child and type: written once, whoever writes it (the
+    worker, or its coordinator for a worker that died first). Tagged with the run's request tag,
+    so the run's retention removes it; `seq` 0: it is not one of the run's own numbered events.
+    True when this call stored it; a failure is logged, never raised (progress is not the result)."""
+    meta = owner.metadata
+    scope = AgentRunProtocol.namespaced_scope(
+        scope_id(
+            BlackboardScope.AGENT,
+            tenant_id=meta.tenant_id,
+            colony_id=meta.colony_id,
+            agent_id=report_to.agent_id,
+        ),
+        report_to.namespace,
+    )
+    runs = settings.runs if settings is not None else RunsSettings()
+    event = AgentRunEvent(request_id=report_to.request_id, event_type=event_type, data=data, seq=0)
+    try:
+        await board.scoped(scope).write(
+            AgentRunProtocol.child_event_key(report_to.request_id, child_id, event_type),
+            event.model_dump(mode="json"),
+            tags={AgentRunProtocol.request_tag(report_to.request_id)},
+            created_by=owner.agent_id,
+            ttl_seconds=runs.retention_seconds + runs.default_timeout_seconds,
+            expected_version=0,
+        )
+    except ConcurrentModificationError:
+        return False
+    except Exception as exc:
+        log.warning(
+            "%s event of %s for run %s not stored: %r", event_type, child_id, report_to.request_id, exc
+        )
+        return False
+    return True
 
 
 class PageSummaryCapability(AgentCapability):
-    """A worker's one job: summarise its pages with the engine of the replica that holds them."""
+    """A worker's one job: summarise its pages with the engine of the replica that holds them,
+    from facts extracted from each page, checked against the page (see docs/analyze.md)."""
 
     def __init__(
         self,
@@ -109,41 +172,129 @@ class PageSummaryCapability(AgentCapability):
         self.max_tokens = max_tokens
 
     @action_executor(action_type=ActionType.CONTEXT_SUMMARIZE)
-    async def summarize_pages(self, page_ids: list[str]) -> dict[str, Any]:
-        """Summarise each page (its files) with the page's KV cache as the prompt prefix."""
+    async def summarize_pages(
+        self,
+        page_ids: list[str],
+        files: list[str] | None = None,
+        root: str | None = None,
+        report_to: dict[str, Any] | None = None,
+    ) -> dict[str, Any]:
+        """Summarise each page (its files) with the page's KV cache as the prompt prefix; `files`:
+        every mapped file (imports between them are facts), `root`: the mapped folder,
+        `report_to`: the coordinator's run, which gets one `worker_done` event when this ends."""
         if self.replica is None or self.pages is None:
             raise AgentUsageError(
                 "page workers run on an engine replica (no replica/page table was injected)"
             )
-        summaries = []
-        for page_id in page_ids:
-            record = await self.pages.page(page_id)
-            request = {
-                "messages": [
-                    ChatMessage(role="system", content=SUMMARY_SYSTEM).model_dump(),
-                    ChatMessage(role="user", content=SUMMARY_ASK).model_dump(),
-                ],
-                "max_tokens": self.max_tokens,
-            }
-            # pinned from fault to answer (no other worker's fault evicts it meanwhile); as the holder
-            # of its bound pages this worker may evict its own previous page for its next one
-            holder = self.agent.agent_id if self.agent is not None else None
-            answer = await self.replica.generate(request, [page_id], holder=holder)
-            text = whole_sentences(str(answer.get("text", "")))
-            cached = int(answer.get("usage", {}).get("cached_tokens", 0))
-            if self.agent is not None:
-                self.agent.record_page_access([page_id], self.replica.replica_id, cached)
-            summaries.append(
-                {
-                    "page_id": page_id,
-                    "files": _files_of(record),
-                    "spans": _spans_of(record),
-                    "defines": outline((await self.pages.content(page_id)).text),
-                    "summary": text,
-                    "cached_tokens": cached,
-                }
-            )
-        return {"replica_id": self.replica.replica_id, "pages": summaries}
+        summaries: list[dict[str, Any]] = []
+        faulted = 0
+        seen: list[str] = []
+        try:
+            for page_id in page_ids:
+                record = await self.pages.page(page_id)
+                seen.extend(f for f in _files_of(record) if f not in seen)
+                section, faults = await self._summarize(page_id, record, files, root)
+                faulted += faults
+                summaries.append(section)
+        except Exception:  # (not a cancellation: a step cut off by its host's end is redone elsewhere)
+            await self._report_done(report_to, False, page_ids, faulted, seen)
+            raise
+        await self._report_done(report_to, True, page_ids, faulted, seen)
+        return {"replica_id": self.replica.replica_id, "pages": summaries, "faulted": faulted}
+
+    async def _summarize(
+        self, page_id: str, record: Any, files: list[str] | None, root: str | None
+    ) -> tuple[dict[str, Any], int]:
+        """One page's section: facts, a checked summary (or the extractive one), the faults it took."""
+        assert self.pages is not None
+        text = (await self.pages.content(page_id)).text
+        spans = record.files if record is not None else []
+        facts = extract_facts(text, spans, mapped_files=files or _files_of(record), root=root)
+        described = facts_text(facts)
+        vocabulary = Vocabulary(text, described)
+        if not any(f.doc or f.names or f.comments for f in facts):  # e.g. a split file's last lines
+            section = self._section(page_id, record, facts, extractive_summary(facts), "extractive", 0)
+            return section, 0  # nothing to ground a model's summary on: it would make one up
+        summary, faults, cached = await self._ask(page_id, described, None)
+        verdict = check_summary(summary, vocabulary)
+        grounding = "accepted"
+        if not verdict.ok:
+            log.info("summary of %s rejected (%s); asking again", page_id, verdict.problems())
+            summary, more, cached = await self._ask(page_id, described, verdict)
+            faults += more
+            grounding = "regenerated"
+            retry = check_summary(summary, vocabulary)
+            if not retry.ok:
+                log.info("summary of %s rejected again (%s); extractive", page_id, retry.problems())
+                summary, grounding = extractive_summary(facts), "extractive"
+        return self._section(page_id, record, facts, summary, grounding, cached), faults
+
+    @staticmethod
+    def _section(
+        page_id: str, record: Any, facts: list[FileFacts], summary: str, grounding: str, cached: int
+    ) -> dict[str, Any]:
+        return {
+            "page_id": page_id,
+            "files": _files_of(record),
+            "spans": _spans_of(record),
+            "defines": [n for f in facts for n in f.names][:MAX_DEFINES],
+            "summary": summary,
+            "grounding": grounding,
+            "facts": [f.to_dict() for f in facts],
+            "cached_tokens": cached,
+        }
+
+    async def _ask(self, page_id: str, described: str, rejected: Verdict | None) -> tuple[str, int, int]:
+        """(at most two whole sentences of the model's summary, pages faulted in, cached tokens)."""
+        assert self.replica is not None
+        ask = SUMMARY_ASK.format(facts=described)
+        if rejected is not None:
+            ask += RETRY_ASK.format(problems=rejected.problems())
+        request = {
+            "messages": [
+                ChatMessage(role="system", content=SUMMARY_SYSTEM).model_dump(),
+                ChatMessage(role="user", content=ask).model_dump(),
+            ],
+            "max_tokens": self.max_tokens,
+        }
+        # pinned from fault to answer (no other worker's fault evicts it meanwhile); as the holder
+        # of its bound pages this worker may evict its own previous page for its next one
+        holder = self.agent.agent_id if self.agent is not None else None
+        answer = await self.replica.generate(request, [page_id], holder=holder)
+        cached = int(answer.get("usage", {}).get("cached_tokens", 0))
+        if self.agent is not None:
+            self.agent.record_page_access([page_id], self.replica.replica_id, cached)
+        text = first_sentences(whole_sentences(str(answer.get("text", ""))), 2)
+        return text, len(answer.get("faulted") or []), cached
+
+    async def _report_done(
+        self, report_to: dict[str, Any] | None, ok: bool, page_ids: list[str], faulted: int, files: list[str]
+    ) -> None:
+        if report_to is None or self.agent is None:
+            return
+        try:
+            target = ReportTo.model_validate(report_to)
+        except ValueError as exc:
+            log.warning("worker %s: bad report_to %r: %s", self.agent.agent_id, report_to, exc)
+            return
+        if target.agent_id != self.agent.metadata.parent_id:  # it reports to its own coordinator only
+            log.warning("worker %s: report_to %s is not its parent", self.agent.agent_id, target.agent_id)
+            return
+        if not ok and self.pages is not None:  # name the files of the pages it did not get to
+            for page_id in page_ids:
+                with contextlib.suppress(Exception):
+                    files.extend(f for f in _files_of(await self.pages.page(page_id)) if f not in files)
+        data = {
+            "worker": self.agent.agent_id,
+            "ok": ok,
+            "pages": len(page_ids),
+            "faulted": faulted,
+            "files": sorted(files),
+        }
+        settings = self.replica.settings if self.replica is not None else None
+        await emit_child_event(
+            self.agent.blackboard, self.agent, target, self.agent.agent_id, WORKER_DONE, data, settings
+        )
 
 
 def page_worker_blueprint(
@@ -164,10 +315,36 @@ def page_worker_blueprint(
             AgentRunCapability.bind(namespace=RUNS_NAMESPACE, one_shot=True),
         ],
         action_policy=ScriptedActionPolicy.bind(
-            steps=[{"action": "summarize_pages", "parameters": {"page_ids": "$input.pages"}}]
+            steps=[
+                {
+                    "action": "summarize_pages",
+                    "parameters": {
+                        "page_ids": "$input.pages",
+                        "files": "$input.files",
+                        "root": "$input.root",
+                        "report_to": "$input.report_to",
+                    },
+                }
+            ]
         ),
         resources=ResourceRequirements(preferred_pages=page_ids),
     )
+
+
+def _failed(run: Any) -> bool:
+    return run is None or bool(run.error) or not isinstance(run.output, dict)
+
+
+class Section(BaseModel):
+    """One page's section as a worker answered it (read back from Redis: validated, untrusted)."""
+
+    page_id: str
+    files: list[str] = Field(default_factory=list)
+    spans: list[str] = Field(default_factory=list)
+    defines: list[str] = Field(default_factory=list)
+    summary: str = ""
+    grounding: Literal["accepted", "regenerated", "extractive"] = "extractive"
+    facts: list[dict[str, Any]] = Field(default_factory=list)
 
 
 class AnalyzeCapability(AgentCapability):
@@ -186,18 +363,20 @@ class AnalyzeCapability(AgentCapability):
         replica: ReplicaHost | None = None,
         pages_per_worker: int = 1,
         max_workers: int = 16,
-        overview_tokens: int = 80,
+        overview_tokens: int = 60,
     ) -> None:
         super().__init__(agent, scope_id, blackboard=blackboard)
         self.pages = pages
         self.spawner = spawner
         self.engine = engine
+        self.settings = replica.settings if replica is not None else None
         # the replica's settings say which folders may be mapped (none without a replica)
         self.vcm = replica.settings.vcm if replica is not None else VcmSettings()
         self.pages_per_worker = pages_per_worker
         self.max_workers = max_workers  # a big folder gets bigger page groups, not more agents
         self.overview_tokens = overview_tokens
-        # {"run_id", "path", "workers": {worker_id: request_id}, "groups": {worker_id: page ids}}
+        # {"run_id", "path", "request_id", "workers": {worker_id: request_id},
+        #  "groups": {worker_id: page ids}, "retries": {failed worker: its retry}, "retried": bool}
         self.job: dict[str, Any] = {}
 
     def get_state(self) -> dict[str, Any]:
@@ -216,7 +395,8 @@ class AnalyzeCapability(AgentCapability):
         self, path: str | None = None, pages: list[str] | None = None, page_tokens: int | None = None
     ) -> ActionResult:
         """Summarise a folder (`path`, mapped here) or already mapped `pages` with page-bound workers
-        and report on every file."""
+        and report on every file. A worker that failed is retried once (a fresh worker for its
+        pages); pages still not analysed make the output `partial` and are named."""
         if self.pages is None or self.spawner is None:
             raise AgentUsageError("the analyze agent runs on an engine replica with a control plane")
         agent = self._agent()
@@ -235,6 +415,16 @@ class AnalyzeCapability(AgentCapability):
                 blocked_reason=f"waiting for {len(waiting)} of {len(results)} page workers",
                 blocking_agent_ids=waiting,
             )
+        await self._backfill_done(results)
+        if not self.job.get("retried"):
+            retries = await self._retry([w for w, run in sorted(results.items()) if _failed(run)])
+            if retries:
+                return ActionResult(
+                    success=True,
+                    blocked=True,
+                    blocked_reason=f"retrying {len(retries)} failed page worker(s)",
+                    blocking_agent_ids=sorted(retries),
+                )
         report = await self._report(results)
         if not report["pages"]:
             reasons = "; ".join(f"{n['worker']}: {n['error']}" for n in report["not_analysed"])
@@ -258,82 +448,230 @@ class AnalyzeCapability(AgentCapability):
             raise InvalidArgument(
                 f"there is nothing to analyze in {path or 'the given pages'} (no text files)"
             )
-        groups = page_groups(pages, self.pages_per_worker, self.max_workers)
-        workers: dict[str, str] = {}
-        for index, group in enumerate(groups):
-            worker_id = f"{agent.agent_id}-{run_id[-8:]}-w{index}"
-            blueprint = page_worker_blueprint(
-                worker_id, group, parent_id=agent.agent_id, priority=agent.metadata.priority
-            )
-            await self.spawner(blueprint)
-            workers[worker_id] = await AgentHandle(worker_id, owner=agent).submit(
-                {"pages": group}, namespace=RUNS_NAMESPACE
-            )
+        records = await asyncio.gather(*(self.pages.page(p) for p in pages))
+        files = sorted({f for record in records for f in _files_of(record)})
+        request_id = agent.current_run.request_id if agent.current_run else None
         self.job = {
             "run_id": run_id,
             "path": path,
-            "workers": workers,
-            "groups": {worker: groups[index] for index, worker in enumerate(workers)},
+            "files": files,
+            "request_id": request_id,
+            "workers": {},
+            "groups": {},
+            "retries": {},
         }
-        await agent.emit_run_event("workers", {"workers": sorted(workers), "pages": len(pages)})
-        log.info("analyze %s: %d pages, %d workers", run_id, len(pages), len(workers))
+        groups = page_groups(pages, self.pages_per_worker, self.max_workers)
+        for index, group in enumerate(groups):
+            await self._start_worker(f"{agent.agent_id}-{run_id[-8:]}-w{index}", group)
+        await agent.emit_run_event("workers", {"workers": sorted(self.job["workers"]), "pages": len(pages)})
+        log.info("analyze %s: %d pages, %d workers", run_id, len(pages), len(groups))
+
+    async def _start_worker(self, worker_id: str, group: list[str]) -> None:
+        """Place a page worker for `group` and submit its pages (with where to report progress)."""
+        assert self.spawner is not None
+        agent = self._agent()
+        blueprint = page_worker_blueprint(
+            worker_id, group, parent_id=agent.agent_id, priority=agent.metadata.priority
+        )
+        await self.spawner(blueprint)
+        request = {"pages": group, "files": self.job.get("files"), "root": self.job.get("path")}
+        if self.job.get("request_id"):
+            request["report_to"] = {"agent_id": agent.agent_id, "request_id": self.job["request_id"]}
+        self.job["workers"][worker_id] = await AgentHandle(worker_id, owner=agent).submit(
+            request, namespace=RUNS_NAMESPACE
+        )
+        self.job["groups"][worker_id] = group
+
+    async def _retry(self, failed: list[str]) -> list[str]:
+        """A fresh worker for the pages of each failed one (once per run); the retries started."""
+        self.job["retried"] = True
+        started: list[str] = []
+        for worker in failed:
+            retry = f"{worker}-r"
+            try:
+                await self._start_worker(retry, list(self.job["groups"][worker]))
+            except Exception as exc:  # e.g. no replica can take it: the first failure stands
+                log.warning("analyze: retry of %s could not start: %r", worker, exc)
+                continue
+            self.job["retries"][worker] = retry
+            started.append(retry)
+        if started:  # the workers whose answers count now: each retry in place of the worker it retries
+            retries = self.job["retries"]
+            originals = [w for w in self.job["groups"] if w not in retries.values()]
+            await self._agent().emit_run_event(
+                "workers",
+                {
+                    "workers": sorted(retries.get(w, w) for w in originals),
+                    "pages": sum(len(self.job["groups"][w]) for w in originals),
+                    "retrying": started,
+                },
+            )
+        return started
+
+    async def _backfill_done(self, results: dict[str, Any]) -> None:
+        """A `worker_done` event for each finished worker that did not write its own (it died, or
+        failed before its action ran); create-only, so one the worker wrote stands."""
+        request_id = self.job.get("request_id")
+        if not request_id:
+            return
+        agent = self._agent()
+        target = ReportTo(agent_id=agent.agent_id, request_id=request_id)
+        for worker, run in sorted(results.items()):
+            if run is None:
+                continue
+            group = list(self.job["groups"].get(worker, []))
+            ok = not _failed(run)
+            data = {
+                "worker": worker,
+                "ok": ok,
+                "pages": len(group),
+                "faulted": int(run.output.get("faulted", 0)) if ok else 0,
+                "files": await self._files_of_pages(group),
+            }
+            await emit_child_event(agent.blackboard, agent, target, worker, WORKER_DONE, data, self.settings)
+
+    async def _files_of_pages(self, page_ids: list[str]) -> list[str]:
+        assert self.pages is not None
+        records = await asyncio.gather(*(self.pages.page(p) for p in page_ids))
+        return sorted({f for record in records for f in _files_of(record)})
 
     async def _report(self, results: dict[str, Any]) -> dict[str, Any]:
-        assert self.pages is not None
-        sections: list[str] = []
-        files: list[str] = []
-        failures: list[str] = []
+        sections: list[Section] = []
+        done: list[str] = []
         not_analysed: list[dict[str, Any]] = []
-        for worker_id, run in sorted(results.items()):
-            if run.error or not isinstance(run.output, dict):
-                group = list(self.job.get("groups", {}).get(worker_id, []))
-                lost = sorted({f for page_id in group for f in _files_of(await self.pages.page(page_id))})
-                error = str(run.error or "no output")
-                not_analysed.append({"worker": worker_id, "pages": group, "files": lost, "error": error})
-                failures.append(f"{worker_id} ({', '.join(lost) or 'its pages'}): {error}")
-                continue
-            for page in run.output.get("pages", []):
-                files.extend(page["files"])
-                defines = f"\n\nDefines: {', '.join(page['defines'])}." if page.get("defines") else ""
-                heading = ", ".join(page.get("spans") or page["files"])
-                sections.append(f"## {heading}\n\n{page['summary'] or '(no summary)'}{defines}\n")
-        files = sorted(set(files))
+        retries: dict[str, str] = self.job.get("retries", {})
+        for worker in sorted(w for w in self.job["groups"] if w not in retries.values()):
+            final = retries.get(worker, worker)
+            run = results.get(final)
+            group = list(self.job["groups"][worker])
+            answered: set[str] = set()
+            if not _failed(run):
+                for raw in run.output.get("pages") or []:
+                    try:
+                        section = Section.model_validate(raw)
+                    except ValueError:
+                        continue
+                    if section.page_id in group and section.page_id not in answered:
+                        answered.add(section.page_id)
+                        sections.append(section)
+                done.append(final)
+            lost = [p for p in group if p not in answered]
+            if lost:
+                error = str(run.error or "no output") if _failed(run) else "no summary for these pages"
+                not_analysed.append(
+                    {
+                        "worker": final,
+                        "pages": lost,
+                        "files": await self._files_of_pages(lost),
+                        "error": error[:2000],
+                        "retried": final != worker,
+                    }
+                )
+        return await self._compose(sections, done, not_analysed, sorted(retries))
+
+    async def _compose(
+        self,
+        sections: list[Section],
+        workers: list[str],
+        not_analysed: list[dict[str, Any]],
+        retried: list[str],
+    ) -> dict[str, Any]:
+        files = sorted({f for s in sections for f in s.files})
+        lost_files = sorted({f for n in not_analysed for f in n["files"]})
+        failed = [n for n in not_analysed if n["error"] != "no summary for these pages"]
+        stats = {
+            kind: sum(1 for s in sections if s.grounding == kind)
+            for kind in ("accepted", "regenerated", "extractive")
+        }
         title = f"# Analysis of {self.job.get('path') or 'the mapped pages'}"
         head = (
             f"{len(files)} files in {len(sections)} page(s), "
-            f"summarised by {len(results)} page-bound worker(s)."
+            f"summarised by {len(workers)} page-bound worker(s)."
+        )
+        if retried:
+            head += f" {len(retried)} worker(s) failed and were retried."
+        if not_analysed:
+            head += (
+                f" Not analysed: {len(lost_files)} file(s) in "
+                f"{sum(len(n['pages']) for n in not_analysed)} page(s)"
+                f" ({len(failed)} worker(s) failed after a retry); see the end."
+            )
+        head += (
+            f" Summaries: {stats['accepted']} accepted, {stats['regenerated']} regenerated, "
+            f"{stats['extractive']} extractive (the model's named things not in the code)."
         )
         overview = await self._overview(sections) if sections else ""
         parts = [title, "", head, ""]
         if overview:
             parts += ["## Overview", "", overview, ""]
-        parts += sections
-        if failures:
-            parts += ["## Not analysed", "", *(f"- {f}" for f in failures), ""]
+        for section in sections:
+            heading = ", ".join(section.spans or section.files)
+            mark = " (extractive)" if section.grounding == "extractive" else ""
+            defines = f"\n\nDefines: {', '.join(section.defines)}." if section.defines else ""
+            imports = sorted({i for f in section.facts for i in f.get("imports") or [] if isinstance(i, str)})
+            imported = f"\n\nImports: {', '.join(imports)}." if imports else ""
+            parts.append(f"## {heading}\n\n{section.summary or '(no summary)'}{mark}{defines}{imported}\n")
+        if not_analysed:
+            parts += ["## Not analysed", ""]
+            parts += [
+                f"- {', '.join(n['files']) or ', '.join(n['pages'])}: {n['worker']}: {n['error']}"
+                for n in not_analysed
+            ]
+            parts.append("")
         return {
             "report": "\n".join(parts),
+            "path": self.job.get("path"),
             "files": files,
             "pages": len(sections),
-            "workers": sorted(results),
-            "failed_workers": len(failures),
-            "partial": bool(failures),
+            "workers": sorted(workers),
+            "failed_workers": len(failed),
+            "retried": retried,
+            "partial": bool(not_analysed),
             "not_analysed": not_analysed,
+            "sections": [
+                {
+                    "files": s.files,
+                    "spans": s.spans,
+                    "summary": s.summary,
+                    "grounding": s.grounding,
+                    "defines": s.defines,
+                }
+                for s in sections
+            ],
+            "stats": stats,
         }
 
-    async def _overview(self, sections: list[str]) -> str:
+    async def _overview(self, sections: list[Section]) -> str:
+        """The files' roles and import graph (from the facts), then at most one model sentence
+        over that and the accepted summaries, kept only if it passes the grounding check."""
+        facts = [f for s in sections for f in s.facts]
+        paragraph = overview_paragraph(facts)
         if self.engine is None or self.overview_tokens <= 0:
-            return ""
-        digest = "\n".join(sections)[:6000]
-        request = InferenceRequest(
-            messages=[
-                ChatMessage(role="system", content=SUMMARY_SYSTEM),
-                ChatMessage(
-                    role="user", content=f"{digest}\n\nIn two sentences, what is this code base about?"
-                ),
-            ],
-            max_tokens=self.overview_tokens,
-        )
-        return whole_sentences((await self.engine.generate(request)).text)
+            return paragraph
+        grounded = [s.summary for s in sections if s.grounding != "extractive"]
+        digest = "\n".join([paragraph, *grounded])[:4000]
+        vocabulary = Vocabulary(digest, *(json.dumps(f) for f in facts))
+        rejected: Verdict | None = None
+        for _ in range(2):
+            ask = OVERVIEW_ASK.format(digest=digest)
+            if rejected is not None:
+                ask += RETRY_ASK.format(problems=rejected.problems())
+            request = InferenceRequest(
+                messages=[
+                    ChatMessage(role="system", content=SUMMARY_SYSTEM),
+                    ChatMessage(role="user", content=ask),
+                ],
+                max_tokens=self.overview_tokens,
+            )
+            try:
+                said = first_sentences(whole_sentences((await self.engine.generate(request)).text), 1)
+            except Exception as exc:  # the overview's model sentence is optional
+                log.warning("analyze: overview sentence not generated: %r", exc)
+                return paragraph
+            rejected = check_summary(said, vocabulary)
+            if rejected.ok:
+                return f"{said}\n\n{paragraph}" if paragraph else said
+        return paragraph
 
 
 def analyze_blueprint(agent_id: str = "analyze", *, max_workers: int = 16) -> AgentBlueprint:
