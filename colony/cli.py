@@ -439,9 +439,10 @@ class AnalyzeProgress:
     progress event (and for runs that send none), events go to a `RunDisplay` unchanged, so other
     agents look as they always did; `active` starts in progress mode (`colony run analyze`).
 
-    Worker results are kept by worker id, so a worker reported twice (a redone step, a retry)
-    counts once, with its last result; a `workers` event (sent again when failed workers are
-    retried, `retrying` naming them) sets the total afresh and takes the retried ones off `done`."""
+    Worker results are kept by worker id, so a worker reported twice (a redone step) counts once,
+    with its last result. A `workers` event sets the total afresh; sent again when failed workers
+    are retried, it lists each retry in place of the worker it retries (docs/analyze.md), so the
+    results of workers it no longer lists are dropped."""
 
     def __init__(self, *, live: bool, started: float, width: int = 0, active: bool = False) -> None:
         self.live, self.started, self.width, self.active = live, started, width, active
@@ -503,11 +504,10 @@ class AnalyzeProgress:
             return self._above(f"mapped {path}: {'?' if pages is None else pages} pages\n", now)
         if kind == "workers":
             workers = data.get("workers") if isinstance(data.get("workers"), list) else []
-            retrying = data.get("retrying") if isinstance(data.get("retrying"), list) else []
             ids = {_printable(w, 120) for w in workers}
-            again = {_printable(w, 120) for w in retrying}  # failed before, running again
             self.total = len(ids)
-            self.done = {w: result for w, result in self.done.items() if w in ids and w not in again}
+            # a retry lists its worker in place of the failed one, whose result no longer counts
+            self.done = {w: result for w, result in self.done.items() if w in ids}
             if self.live:
                 return self._draw(self.line(now))
             pages = _int_or_none(data.get("pages"))
