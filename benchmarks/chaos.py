@@ -313,7 +313,7 @@ class StreamFollower:
     (`ColonyClient.events`: a broken stream is resumed after its last event), and then checks it:
     it reached its terminal event, no event came twice, sequence numbers only grew, and the token
     text, read as docs/api.md says (`restarted` events supersede an abandoned attempt's tokens;
-    `colony.cli.RunDisplay`), is the run's output: nothing repeated, nothing missing."""
+    `colony.run_display.RunDisplay`), is the run's output: nothing repeated, nothing missing."""
 
     def __init__(self, cluster: ChaosCluster) -> None:
         self.cluster = cluster
@@ -340,7 +340,7 @@ class StreamFollower:
             self.error = f"{type(exc).__name__}: {exc}"
 
     def problem(self, view: dict[str, Any] | None, timeout: float = 60) -> str | None:
-        from colony.cli import RunDisplay
+        from colony.run_display import RunDisplay
 
         self._thread.join(timeout)
         if self._thread.is_alive():

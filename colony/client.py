@@ -168,7 +168,7 @@ class ColonyClient:
     def events(self, run_id: str, last_event_id: str | None = None) -> Iterator[dict[str, Any]]:
         """The run's events, ending with its terminal one, as the server sends them: a run that
         redid a step after its replica died has a `restarted` event, and the abandoned attempt's
-        events stay in the stream (docs/api.md, Run events; `colony.cli.RunDisplay` shows how to
+        events stay in the stream (docs/api.md, Run events; `colony.run_display.RunDisplay` shows how to
         render them without repeating text). A stream that breaks before the terminal event is
         resumed after the last event received (`reconnect_seconds`)."""
         resumer = _StreamResumer(last_event_id, self.reconnect_seconds)

@@ -26,15 +26,9 @@ from typing import Any
 
 import pytest
 
-from colony.cli import (
-    RUN_FAILED,
-    RUN_PARTIAL,
-    AnalyzeProgress,
-    RunDisplay,
-    _with_ticks,
-    not_analysed_notice,
-)
+from colony.cli import RUN_FAILED, RUN_PARTIAL
 from colony.errors import ApiError
+from colony.run_display import AnalyzeProgress, RunDisplay, not_analysed_notice, with_ticks
 
 CLEAR = "\r\x1b[K"
 TOKEN = "stub-token-0123456789"
@@ -225,7 +219,7 @@ def test_ticks_come_between_slow_events_and_stream_errors_reach_the_reader() -> 
         time.sleep(0.35)
         yield {"event_type": "completed"}
 
-    seen = list(_with_ticks(slow(), 0.1))
+    seen = list(with_ticks(slow(), 0.1))
     assert seen[0] == {"event_type": "started"} and seen[-1] == {"event_type": "completed"}
     assert seen[1:-1] and all(item is None for item in seen[1:-1])
 
@@ -233,7 +227,7 @@ def test_ticks_come_between_slow_events_and_stream_errors_reach_the_reader() -> 
         yield {"event_type": "started"}
         raise ApiError(404, "not_found", "no run")
 
-    ticks = _with_ticks(broken(), 1.0)
+    ticks = with_ticks(broken(), 1.0)
     assert next(ticks) == {"event_type": "started"}
     with pytest.raises(ApiError, match="no run"):
         next(ticks)

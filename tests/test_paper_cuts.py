@@ -22,10 +22,10 @@ from cli_kit import run_cli
 
 from colony.blackboard import Blackboard, create_redis
 from colony.blackboard.redis_server import EmbeddedRedis, free_port
-from colony.cli import answer_already_shown
 from colony.client import ColonyClient
 from colony.config import ColonySettings
 from colony.errors import InvalidArgument
+from colony.run_display import answer_already_shown
 from colony.serve import cluster
 from colony.serve.cluster import _exception_of
 

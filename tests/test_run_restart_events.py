@@ -24,7 +24,7 @@ from colony.agents.handle import TERMINAL_EVENTS
 from colony.agents.hooks import HookType, Pointcut
 from colony.blackboard import Blackboard, BlackboardScope
 from colony.blackboard.protocol import AgentRunProtocol
-from colony.cli import RunDisplay, answer_already_shown
+from colony.run_display import RunDisplay, answer_already_shown
 
 TEXT = "alpha bravo charlie delta kilo foxtrot golf hotel india juliet"
 WORDS = TEXT.split(" ")
