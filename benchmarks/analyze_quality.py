@@ -59,31 +59,37 @@ def identifiers(summary: str) -> set[str]:
 
 
 def span_text(spans: list[str], root: Path) -> str:
-    """The lines of `path:first-last` spans, read from the files themselves."""
+    """The lines of `path:first-last` spans (paths relative to the mapped folder `root`), read from
+    the files themselves."""
     parts = []
     for span in spans:
         path, _, lines = span.rpartition(":")
         first, _, last = lines.partition("-")
         try:
-            text = (
-                (root / path).read_text(errors="replace")
-                if not Path(path).is_absolute()
-                else Path(path).read_text(errors="replace")
-            )
-        except OSError:
+            text = (root / path).read_text(errors="replace")
+            rows = text.splitlines()[max(0, int(first) - 1) : int(last)]
+        except (OSError, ValueError):
             continue
-        rows = text.splitlines()
-        parts.append("\n".join(rows[max(0, int(first) - 1) : int(last)]))
+        parts.append("\n".join(rows))
     return "\n".join(parts)
 
 
 def grounded(name: str, page: str, files: list[str]) -> bool:
-    """`name` occurs in the page's text, or is one of its files (by path or base name)."""
-    bases = {Path(f).name for f in files} | set(files)
-    if name in bases or name in page:
+    """`name` occurs in the page's text (any case), is one of its files (by path or base name), or
+    is a file the page imports (`pages.py` for `from .pages import ...`)."""
+    lowered, low = page.lower(), name.lower()
+    bases = {Path(f).name.lower() for f in files} | {f.lower() for f in files}
+    if low in bases or low in lowered:
         return True
-    parts = name.split(".")  # `module.function`: every part in the page
-    return len(parts) > 1 and all(p in page for p in parts if p)
+    stem, dot, suffix = low.rpartition(".")
+    if (
+        dot
+        and suffix in {"py", "js", "ts", "rs", "go", "md"}
+        and re.search(rf"\b{re.escape(stem)}\b", lowered)
+    ):
+        return True
+    parts = low.split(".")  # `module.function`: every part in the page
+    return len(parts) > 1 and all(p in lowered for p in parts if p)
 
 
 def covers(summary: str, page: str) -> bool:
@@ -118,6 +124,7 @@ class PackageResult:
 
 def measure(package: str, output: dict[str, Any], seconds: float, code: int) -> PackageResult:
     result = PackageResult(package, seconds, code, partial=bool(output.get("partial")))
+    root = Path(str(output.get("path") or REPO / package))  # spans are relative to the mapped folder
     stats = output.get("stats") or {}
     result.accepted = int(stats.get("accepted", 0))
     result.regenerated = int(stats.get("regenerated", 0))
@@ -125,7 +132,7 @@ def measure(package: str, output: dict[str, Any], seconds: float, code: int) -> 
     for section in output.get("sections") or []:
         summary = str(section.get("summary") or "")
         files = [str(f) for f in section.get("files") or []]
-        page = span_text([str(s) for s in section.get("spans") or []], REPO)
+        page = span_text([str(s) for s in section.get("spans") or []], root)
         result.sections += 1
         for name in sorted(identifiers(summary)):
             result.names += 1

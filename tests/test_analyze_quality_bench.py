@@ -28,13 +28,17 @@ def test_identifiers_are_code_names_not_english_words() -> None:
 
 def test_a_grounded_summary_scores_full_and_an_invented_one_does_not(tmp_path: Path) -> None:
     (tmp_path / "page_table.py").write_text(PAGE)
-    section = {"files": ["page_table.py"], "spans": [f"{tmp_path}/page_table.py:1-6"]}
+    section = {"files": ["page_table.py"], "spans": ["page_table.py:1-6"]}
     good = {
         **section,
         "summary": "`PageTable` in page_table.py keeps where pages are; drop_replica forgets one.",
     }
     bad = {**section, "summary": "A web scraper built on BeautifulSoup with fetch_url and days_in_month."}
-    output = {"sections": [good, bad], "stats": {"accepted": 1, "regenerated": 1, "extractive": 0}}
+    output = {
+        "path": str(tmp_path),
+        "sections": [good, bad],
+        "stats": {"accepted": 1, "regenerated": 1, "extractive": 0},
+    }
     result = quality.measure("pkg", output, 1.0, 0)
     assert result.sections == 2 and result.covered == 1  # the invented one names nothing of the page
     assert result.grounded_names == 3 and result.names == 6  # BeautifulSoup, fetch_url, days_in_month
