@@ -3,7 +3,10 @@ model), runs over HTTP, an API replica killed mid-life, metrics, `colony down` l
 
 from __future__ import annotations
 
+import asyncio
+import json
 import os
+import shutil
 import signal
 import sys
 import time
@@ -18,6 +21,7 @@ from colony.blackboard.redis_server import EmbeddedRedis, free_port
 from colony.client import ApiError, ColonyClient
 from colony.config import ColonySettings, ServeSettings, VcmSettings
 from colony.serve import cluster
+from colony.system.analyze_check import repetitions
 
 
 def _group_pids(pgid: int) -> list[int]:
@@ -105,27 +109,78 @@ def test_runs_survive_a_killed_api_replica(colony_up) -> None:
         assert [client.get(r)["output"] for r in run_ids] == [0, 1, 2, 3, 4]
 
 
-def test_analyze_a_folder_with_the_embedded_model(
+def test_analyze_colony_vcm_with_the_embedded_model(
     colony_up, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    """The README's main job: `colony run analyze --map PATH` on the embedded model."""
+    """Issue 13's acceptance, the README's main job: `colony run analyze --map colony/vcm` on the
+    embedded model names every file, analyses all of them, its header agrees with its lists, no
+    summary repeats itself, and none names an identifier, file or library its page does not hold
+    (checked with benchmarks/analyze_quality.py's rules, not the job's own checker)."""
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
+    import analyze_quality as quality
+
     settings, _info = colony_up
-    (tmp_path / "stack.py").write_text(
-        "class Stack:\n    def __init__(self):\n        self.items = []\n\n"
-        "    def push(self, item):\n        self.items.append(item)\n\n"
-        "    def pop(self):\n        return self.items.pop()\n" * 3
-    )
-    (tmp_path / "greet.py").write_text(
-        "def greet(name):\n    return f'Hello, {name}!'\n\n\nprint(greet('world'))\n" * 4
-    )
+    package = Path(__file__).resolve().parents[1] / "colony" / "vcm"
+    folder = tmp_path / "vcm"  # a copy under the cluster's allowed roots
+    shutil.copytree(package, folder, ignore=shutil.ignore_patterns("__pycache__"))
+    expected = sorted(p.name for p in folder.glob("*.py"))
     monkeypatch.setenv("COLONY_DATA_DIR", str(settings.data_dir))
     started = time.monotonic()
-    code = cli.main(["run", "analyze", "--map", str(tmp_path), "--page-tokens", "256", "--timeout", "600"])
+    code = cli.main(
+        ["run", "analyze", "--map", str(folder), "--page-tokens", "2048", "--json", "--timeout", "900"]
+    )
     out, err = capsys.readouterr()
     assert code == 0, err
-    assert "stack.py" in out and "greet.py" in out and out.startswith("# Analysis of")
-    assert "page workers started" in err
-    print(f"analyze took {time.monotonic() - started:.1f} s", file=sys.stderr)
+    output = json.loads(out)
+    assert output["files"] == expected and not output["partial"] and output["not_analysed"] == []
+    report = output["report"]
+    assert "Not analysed" not in report and all(name in report for name in expected)
+    header = f"{len(expected)} files in {output['pages']} page(s), summarised by {len(output['workers'])}"
+    assert header in report and output["pages"] == len(output["sections"])
+    for section in output["sections"]:
+        page = quality.span_text(section["spans"], folder)
+        assert not repetitions(section["summary"]), section
+        for name in quality.identifiers(section["summary"]):
+            assert quality.grounded(name, page, section["files"]), (name, section)
+    print(
+        f"analyze of colony/vcm took {time.monotonic() - started:.1f} s: {output['stats']}", file=sys.stderr
+    )
+
+
+def test_a_worker_that_cannot_analyse_its_page_makes_analyze_exit_non_zero_naming_the_files(
+    colony_up, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A page whose text is gone from Redis (its worker fails, and so does its retry): the run is
+    `partial`, `colony run` exits 3 and names the file on stderr."""
+    settings, info = colony_up
+    for name in ("kept", "gone"):  # each bigger than a 64-token page: pages of their own
+        body = "".join(f"def {name}_{n}(value):\n    return value + {n}\n\n\n" for n in range(12))
+        (tmp_path / f"{name}.py").write_text(f'"""{name.title()}."""\n\n\n{body}')
+    with ColonyClient(info.url, info.token, timeout=120) as client:
+        mapped = client.map_source(str(tmp_path), 64)
+    pages = {page["page_id"]: page for page in mapped["pages"]}
+    doomed = [pid for pid, page in pages.items() if "gone.py" in json.dumps(page)]
+    assert doomed and len(doomed) < len(pages), mapped
+
+    async def lose_text() -> None:
+        from colony.blackboard import Blackboard, BlackboardScope, scope_id
+        from colony.blackboard.protocol import VcmProtocol
+
+        board = Blackboard.connect(scope_id(BlackboardScope.COLONY, namespace="vcm"), settings)
+        try:
+            for page_id in doomed:
+                await board.delete(VcmProtocol.content_key(page_id))
+        finally:
+            await board.close()
+
+    asyncio.run(lose_text())
+    monkeypatch.setenv("COLONY_DATA_DIR", str(settings.data_dir))
+    body = json.dumps({"path": str(tmp_path), "pages": sorted(pages)})
+    code = cli.main(["run", "analyze", "--input", body, "--timeout", "600"])
+    out, err = capsys.readouterr()
+    assert code == cli.RUN_PARTIAL, err
+    assert "not analysed" in err and "gone.py" in err.split("partial")[-1]
+    assert "kept.py" in out
 
 
 def test_down_leaves_nothing_running(colony_up) -> None:
