@@ -11,18 +11,19 @@ A folder given as `path` is mapped here, on the replica, so the replica's `vcm` 
 (allowed roots, caps) exactly as on the API's `POST /v1/vcm/sources`. A worker holds its page
 pinned while it works on it, so workers sharing a replica with fewer slots than pages take turns
 instead of evicting each other's pages. Pages whose worker failed are never passed off as done: the
-report is `partial` and lists them, and a run where no page could be analysed fails.
+report is `partial` and lists them, and a run where no page could be analysed fails. The report
+itself (sections, header, overview, output) is built by colony/system/analyze_report.py from the
+answers this coordinator says count.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
-import json
 import logging
-from typing import TYPE_CHECKING, Any, Literal
+from typing import TYPE_CHECKING, Any
 
-from pydantic import BaseModel, Field
+from pydantic import BaseModel
 
 from colony.agents import (
     ActionResult,
@@ -42,7 +43,7 @@ from colony.agents.handle import AgentRunEvent
 from colony.blackboard import AgentRunProtocol, Blackboard, BlackboardScope, scope_id
 from colony.config import ColonySettings, RunsSettings, VcmSettings
 from colony.errors import AgentUsageError, ConcurrentModificationError, InvalidArgument
-from colony.inference import ChatMessage, InferenceRequest
+from colony.inference import ChatMessage
 from colony.inference.engine import InferenceEngine
 from colony.system.analyze_check import (
     Verdict,
@@ -51,13 +52,8 @@ from colony.system.analyze_check import (
     first_sentences,
     whole_sentences,
 )
-from colony.system.analyze_facts import (
-    FileFacts,
-    extract_facts,
-    extractive_summary,
-    facts_text,
-    overview_paragraph,
-)
+from colony.system.analyze_facts import FileFacts, extract_facts, extractive_summary, facts_text
+from colony.system.analyze_report import RETRY_ASK, SUMMARY_SYSTEM, build_report, run_failed
 from colony.system.builtin import RUNS_NAMESPACE
 from colony.vcm import PageSource, PageTable
 
@@ -68,17 +64,10 @@ log = logging.getLogger(__name__)
 DEFAULT_PAGE_TOKENS = 1024
 MAX_DEFINES = 24  # names listed under a section
 WORKER_DONE = "worker_done"  # a page worker's progress event in its coordinator's run stream
-SUMMARY_SYSTEM = "You summarise source code for an engineer. Be brief, concrete and accurate."
 SUMMARY_ASK = (
     "Facts taken from the code above:\n{facts}\n\n"
     "Summarise these facts in at most two sentences: what the code is for and its main definitions. "
     "Name only files and definitions that appear in the facts."
-)
-RETRY_ASK = (
-    "\n\nYour previous summary was rejected ({problems}). Do not use those words and do not repeat yourself."
-)
-OVERVIEW_ASK = (
-    "{digest}\n\nIn one sentence, what is this code base for? Name only files and definitions above."
 )
 
 
@@ -331,22 +320,6 @@ def page_worker_blueprint(
     )
 
 
-def _failed(run: Any) -> bool:
-    return run is None or bool(run.error) or not isinstance(run.output, dict)
-
-
-class Section(BaseModel):
-    """One page's section as a worker answered it (read back from Redis: validated, untrusted)."""
-
-    page_id: str
-    files: list[str] = Field(default_factory=list)
-    spans: list[str] = Field(default_factory=list)
-    defines: list[str] = Field(default_factory=list)
-    summary: str = ""
-    grounding: Literal["accepted", "regenerated", "extractive"] = "extractive"
-    facts: list[dict[str, Any]] = Field(default_factory=list)
-
-
 class AnalyzeCapability(AgentCapability):
     """The coordinator's action; its progress (the workers of the current run and their requests)
     is capability state, so it survives the coordinator's suspension."""
@@ -417,7 +390,7 @@ class AnalyzeCapability(AgentCapability):
             )
         await self._backfill_done(results)
         if not self.job.get("retried"):
-            retries = await self._retry([w for w, run in sorted(results.items()) if _failed(run)])
+            retries = await self._retry([w for w, run in sorted(results.items()) if run_failed(run)])
             if retries:
                 return ActionResult(
                     success=True,
@@ -425,7 +398,13 @@ class AnalyzeCapability(AgentCapability):
                     blocked_reason=f"retrying {len(retries)} failed page worker(s)",
                     blocking_agent_ids=sorted(retries),
                 )
-        report = await self._report(results)
+        report = await build_report(
+            self.job,
+            results,
+            files_of_pages=self._files_of_pages,
+            engine=self.engine,
+            overview_tokens=self.overview_tokens,
+        )
         if not report["pages"]:
             reasons = "; ".join(f"{n['worker']}: {n['error']}" for n in report["not_analysed"])
             return ActionResult(success=False, error=f"no page could be analysed ({reasons[:2000]})")
@@ -520,7 +499,7 @@ class AnalyzeCapability(AgentCapability):
             if run is None:
                 continue
             group = list(self.job["groups"].get(worker, []))
-            ok = not _failed(run)
+            ok = not run_failed(run)
             data = {
                 "worker": worker,
                 "ok": ok,
@@ -534,144 +513,6 @@ class AnalyzeCapability(AgentCapability):
         assert self.pages is not None
         records = await asyncio.gather(*(self.pages.page(p) for p in page_ids))
         return sorted({f for record in records for f in _files_of(record)})
-
-    async def _report(self, results: dict[str, Any]) -> dict[str, Any]:
-        sections: list[Section] = []
-        done: list[str] = []
-        not_analysed: list[dict[str, Any]] = []
-        retries: dict[str, str] = self.job.get("retries", {})
-        for worker in sorted(w for w in self.job["groups"] if w not in retries.values()):
-            final = retries.get(worker, worker)
-            run = results.get(final)
-            group = list(self.job["groups"][worker])
-            answered: set[str] = set()
-            if not _failed(run):
-                for raw in run.output.get("pages") or []:
-                    try:
-                        section = Section.model_validate(raw)
-                    except ValueError:
-                        continue
-                    if section.page_id in group and section.page_id not in answered:
-                        answered.add(section.page_id)
-                        sections.append(section)
-                done.append(final)
-            lost = [p for p in group if p not in answered]
-            if lost:
-                error = str(run.error or "no output") if _failed(run) else "no summary for these pages"
-                not_analysed.append(
-                    {
-                        "worker": final,
-                        "pages": lost,
-                        "files": await self._files_of_pages(lost),
-                        "error": error[:2000],
-                        "retried": final != worker,
-                    }
-                )
-        return await self._compose(sections, done, not_analysed, sorted(retries))
-
-    async def _compose(
-        self,
-        sections: list[Section],
-        workers: list[str],
-        not_analysed: list[dict[str, Any]],
-        retried: list[str],
-    ) -> dict[str, Any]:
-        files = sorted({f for s in sections for f in s.files})
-        lost_files = sorted({f for n in not_analysed for f in n["files"]})
-        failed = [n for n in not_analysed if n["error"] != "no summary for these pages"]
-        stats = {
-            kind: sum(1 for s in sections if s.grounding == kind)
-            for kind in ("accepted", "regenerated", "extractive")
-        }
-        title = f"# Analysis of {self.job.get('path') or 'the mapped pages'}"
-        head = (
-            f"{len(files)} files in {len(sections)} page(s), "
-            f"summarised by {len(workers)} page-bound worker(s)."
-        )
-        if retried:
-            head += f" {len(retried)} worker(s) failed and were retried."
-        if not_analysed:
-            head += (
-                f" Not analysed: {len(lost_files)} file(s) in "
-                f"{sum(len(n['pages']) for n in not_analysed)} page(s)"
-                f" ({len(failed)} worker(s) failed after a retry); see the end."
-            )
-        head += (
-            f" Summaries: {stats['accepted']} accepted, {stats['regenerated']} regenerated, "
-            f"{stats['extractive']} extractive (the model's named things not in the code)."
-        )
-        overview = await self._overview(sections) if sections else ""
-        parts = [title, "", head, ""]
-        if overview:
-            parts += ["## Overview", "", overview, ""]
-        for section in sections:
-            heading = ", ".join(section.spans or section.files)
-            mark = " (extractive)" if section.grounding == "extractive" else ""
-            defines = f"\n\nDefines: {', '.join(section.defines)}." if section.defines else ""
-            imports = sorted({i for f in section.facts for i in f.get("imports") or [] if isinstance(i, str)})
-            imported = f"\n\nImports: {', '.join(imports)}." if imports else ""
-            parts.append(f"## {heading}\n\n{section.summary or '(no summary)'}{mark}{defines}{imported}\n")
-        if not_analysed:
-            parts += ["## Not analysed", ""]
-            parts += [
-                f"- {', '.join(n['files']) or ', '.join(n['pages'])}: {n['worker']}: {n['error']}"
-                for n in not_analysed
-            ]
-            parts.append("")
-        return {
-            "report": "\n".join(parts),
-            "path": self.job.get("path"),
-            "files": files,
-            "pages": len(sections),
-            "workers": sorted(workers),
-            "failed_workers": len(failed),
-            "retried": retried,
-            "partial": bool(not_analysed),
-            "not_analysed": not_analysed,
-            "sections": [
-                {
-                    "files": s.files,
-                    "spans": s.spans,
-                    "summary": s.summary,
-                    "grounding": s.grounding,
-                    "defines": s.defines,
-                }
-                for s in sections
-            ],
-            "stats": stats,
-        }
-
-    async def _overview(self, sections: list[Section]) -> str:
-        """The files' roles and import graph (from the facts), then at most one model sentence
-        over that and the accepted summaries, kept only if it passes the grounding check."""
-        facts = [f for s in sections for f in s.facts]
-        paragraph = overview_paragraph(facts)
-        if self.engine is None or self.overview_tokens <= 0:
-            return paragraph
-        grounded = [s.summary for s in sections if s.grounding != "extractive"]
-        digest = "\n".join([paragraph, *grounded])[:4000]
-        vocabulary = Vocabulary(digest, *(json.dumps(f) for f in facts))
-        rejected: Verdict | None = None
-        for _ in range(2):
-            ask = OVERVIEW_ASK.format(digest=digest)
-            if rejected is not None:
-                ask += RETRY_ASK.format(problems=rejected.problems())
-            request = InferenceRequest(
-                messages=[
-                    ChatMessage(role="system", content=SUMMARY_SYSTEM),
-                    ChatMessage(role="user", content=ask),
-                ],
-                max_tokens=self.overview_tokens,
-            )
-            try:
-                said = first_sentences(whole_sentences((await self.engine.generate(request)).text), 1)
-            except Exception as exc:  # the overview's model sentence is optional
-                log.warning("analyze: overview sentence not generated: %r", exc)
-                return paragraph
-            rejected = check_summary(said, vocabulary)
-            if rejected.ok:
-                return f"{said}\n\n{paragraph}" if paragraph else said
-        return paragraph
 
 
 def analyze_blueprint(agent_id: str = "analyze", *, max_workers: int = 16) -> AgentBlueprint:

@@ -1,0 +1,227 @@
+"""The `analyze` report: the workers' answers (untrusted, read back from Redis) turned into the
+report, its overview and the run's output (docs/analyze.md).
+
+Kept apart from the coordinator (colony/system/analyze.py), which only decides *which* worker's
+answer counts for which pages (a failed worker is replaced by its retry); everything here is a
+function of the job's record, those answers and, for the overview's one optional sentence, an
+engine. `build_report` is the entry point; `compose_report` is pure, so the header's counts can
+be checked without a model.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+from collections.abc import Awaitable, Callable, Mapping
+from typing import Any, Literal
+
+from pydantic import BaseModel, Field
+
+from colony.inference import ChatMessage, InferenceRequest
+from colony.inference.engine import InferenceEngine
+from colony.system.analyze_check import (
+    Verdict,
+    Vocabulary,
+    check_summary,
+    first_sentences,
+    whole_sentences,
+)
+from colony.system.analyze_facts import overview_paragraph
+
+log = logging.getLogger(__name__)
+
+# prompts shared with the page workers' section summaries (colony/system/analyze.py)
+SUMMARY_SYSTEM = "You summarise source code for an engineer. Be brief, concrete and accurate."
+RETRY_ASK = (
+    "\n\nYour previous summary was rejected ({problems}). Do not use those words and do not repeat yourself."
+)
+OVERVIEW_ASK = (
+    "{digest}\n\nIn one sentence, what is this code base for? Name only files and definitions above."
+)
+NO_SUMMARY = "no summary for these pages"  # a worker answered, but not for these pages
+GROUNDINGS = ("accepted", "regenerated", "extractive")
+
+FilesOfPages = Callable[[list[str]], Awaitable[list[str]]]
+
+
+def run_failed(run: Any) -> bool:
+    """A worker's run that gave no usable answer (missing, failed, or an output not a dict)."""
+    return run is None or bool(run.error) or not isinstance(run.output, dict)
+
+
+class Section(BaseModel):
+    """One page's section as a worker answered it (read back from Redis: validated, untrusted)."""
+
+    page_id: str
+    files: list[str] = Field(default_factory=list)
+    spans: list[str] = Field(default_factory=list)
+    defines: list[str] = Field(default_factory=list)
+    summary: str = ""
+    grounding: Literal["accepted", "regenerated", "extractive"] = "extractive"
+    facts: list[dict[str, Any]] = Field(default_factory=list)
+
+
+async def build_report(
+    job: Mapping[str, Any],
+    results: Mapping[str, Any],
+    *,
+    files_of_pages: FilesOfPages,
+    engine: InferenceEngine | None,
+    overview_tokens: int,
+) -> dict[str, Any]:
+    """The run's output. `job`: the coordinator's record (`path`, `groups` {worker: page ids},
+    `retries` {failed worker: its retry}); `results`: each worker's run (None: none);
+    `files_of_pages`: the files of page ids (for pages not analysed); `engine` and
+    `overview_tokens`: the overview's model sentence (None or 0: facts only)."""
+    sections, workers, not_analysed = await collect_sections(job, results, files_of_pages)
+    overview = await build_overview(sections, engine, overview_tokens) if sections else ""
+    retried = sorted(job.get("retries") or {})
+    return compose_report(job.get("path"), sections, workers, not_analysed, retried, overview)
+
+
+async def collect_sections(
+    job: Mapping[str, Any], results: Mapping[str, Any], files_of_pages: FilesOfPages
+) -> tuple[list[Section], list[str], list[dict[str, Any]]]:
+    """(the valid sections, in page-group order; the workers whose answers count; the pages not
+    analysed, by worker). For each group the retry's answer counts where there is one; a section
+    for a page outside the worker's group, or a second one for a page, is ignored."""
+    sections: list[Section] = []
+    done: list[str] = []
+    not_analysed: list[dict[str, Any]] = []
+    retries: Mapping[str, str] = job.get("retries") or {}
+    groups: Mapping[str, list[str]] = job.get("groups") or {}
+    for worker in sorted(w for w in groups if w not in retries.values()):
+        final = retries.get(worker, worker)
+        run = results.get(final)
+        group = list(groups[worker])
+        answered: set[str] = set()
+        if not run_failed(run):
+            for raw in run.output.get("pages") or []:
+                try:
+                    section = Section.model_validate(raw)
+                except ValueError:
+                    continue
+                if section.page_id in group and section.page_id not in answered:
+                    answered.add(section.page_id)
+                    sections.append(section)
+            done.append(final)
+        lost = [p for p in group if p not in answered]
+        if lost:
+            error = str(run.error or "no output") if run_failed(run) else NO_SUMMARY
+            not_analysed.append(
+                {
+                    "worker": final,
+                    "pages": lost,
+                    "files": await files_of_pages(lost),
+                    "error": error[:2000],
+                    "retried": final != worker,
+                }
+            )
+    return sections, done, not_analysed
+
+
+def compose_report(
+    path: str | None,
+    sections: list[Section],
+    workers: list[str],
+    not_analysed: list[dict[str, Any]],
+    retried: list[str],
+    overview: str,
+) -> dict[str, Any]:
+    """The output: the report's Markdown (header, overview, a section per page, "Not analysed")
+    and the structured fields its header counts come from."""
+    files = sorted({f for s in sections for f in s.files})
+    lost_files = sorted({f for n in not_analysed for f in n["files"]})
+    failed = [n for n in not_analysed if n["error"] != NO_SUMMARY]
+    stats = {kind: sum(1 for s in sections if s.grounding == kind) for kind in GROUNDINGS}
+    title = f"# Analysis of {path or 'the mapped pages'}"
+    head = (
+        f"{len(files)} files in {len(sections)} page(s), summarised by {len(workers)} page-bound worker(s)."
+    )
+    if retried:
+        head += f" {len(retried)} worker(s) failed and were retried."
+    if not_analysed:
+        head += (
+            f" Not analysed: {len(lost_files)} file(s) in "
+            f"{sum(len(n['pages']) for n in not_analysed)} page(s)"
+            f" ({len(failed)} worker(s) failed after a retry); see the end."
+        )
+    head += (
+        f" Summaries: {stats['accepted']} accepted, {stats['regenerated']} regenerated, "
+        f"{stats['extractive']} extractive (the model's named things not in the code)."
+    )
+    parts = [title, "", head, ""]
+    if overview:
+        parts += ["## Overview", "", overview, ""]
+    parts += [_section_text(section) for section in sections]
+    if not_analysed:
+        parts += ["## Not analysed", ""]
+        parts += [
+            f"- {', '.join(n['files']) or ', '.join(n['pages'])}: {n['worker']}: {n['error']}"
+            for n in not_analysed
+        ]
+        parts.append("")
+    return {
+        "report": "\n".join(parts),
+        "path": path,
+        "files": files,
+        "pages": len(sections),
+        "workers": sorted(workers),
+        "failed_workers": len(failed),
+        "retried": retried,
+        "partial": bool(not_analysed),
+        "not_analysed": not_analysed,
+        "sections": [
+            {
+                "files": s.files,
+                "spans": s.spans,
+                "summary": s.summary,
+                "grounding": s.grounding,
+                "defines": s.defines,
+            }
+            for s in sections
+        ],
+        "stats": stats,
+    }
+
+
+def _section_text(section: Section) -> str:
+    heading = ", ".join(section.spans or section.files)
+    mark = " (extractive)" if section.grounding == "extractive" else ""
+    defines = f"\n\nDefines: {', '.join(section.defines)}." if section.defines else ""
+    imports = sorted({i for f in section.facts for i in f.get("imports") or [] if isinstance(i, str)})
+    imported = f"\n\nImports: {', '.join(imports)}." if imports else ""
+    return f"## {heading}\n\n{section.summary or '(no summary)'}{mark}{defines}{imported}\n"
+
+
+async def build_overview(sections: list[Section], engine: InferenceEngine | None, max_tokens: int) -> str:
+    """The files' roles and import graph (from the facts), then at most one model sentence
+    over that and the accepted summaries, kept only if it passes the grounding check."""
+    facts = [f for s in sections for f in s.facts]
+    paragraph = overview_paragraph(facts)
+    if engine is None or max_tokens <= 0:
+        return paragraph
+    grounded = [s.summary for s in sections if s.grounding != "extractive"]
+    digest = "\n".join([paragraph, *grounded])[:4000]
+    vocabulary = Vocabulary(digest, *(json.dumps(f) for f in facts))
+    rejected: Verdict | None = None
+    for _ in range(2):
+        ask = OVERVIEW_ASK.format(digest=digest)
+        if rejected is not None:
+            ask += RETRY_ASK.format(problems=rejected.problems())
+        request = InferenceRequest(
+            messages=[
+                ChatMessage(role="system", content=SUMMARY_SYSTEM),
+                ChatMessage(role="user", content=ask),
+            ],
+            max_tokens=max_tokens,
+        )
+        try:
+            said = first_sentences(whole_sentences((await engine.generate(request)).text), 1)
+        except Exception as exc:  # the overview's model sentence is optional
+            log.warning("analyze: overview sentence not generated: %r", exc)
+            return paragraph
+        rejected = check_summary(said, vocabulary)
+        if rejected.ok:
+            return f"{said}\n\n{paragraph}" if paragraph else said
+    return paragraph
