@@ -430,3 +430,18 @@ async def test_a_worker_that_fails_once_is_retried_and_the_report_is_complete(
     assert retry_events[0]["data"]["workers"] == report["workers"]  # the retry in place of the worker
     assert retry_events[0]["data"]["pages"] == report["pages"] == 3
     assert {d["worker"]: d["ok"] for d in worker_done(events)}[retried] is False
+
+
+def test_adjacent_parts_of_one_file_in_a_page_read_as_one_span() -> None:
+    from types import SimpleNamespace
+
+    from colony.system.analyze import _spans_of
+
+    span = SimpleNamespace
+    files = [
+        span(path="ring.py", start_line=1, end_line=13),
+        span(path="ring.py", start_line=14, end_line=14),
+        span(path="clock.py", start_line=1, end_line=9),
+    ]
+    record = SimpleNamespace(files=files)
+    assert _spans_of(record) == ["ring.py:1-14", "clock.py:1-9"]

@@ -76,8 +76,15 @@ def _files_of(record: Any) -> list[str]:
 
 
 def _spans_of(record: Any) -> list[str]:
-    """`path:first-last` of each file (or part of a split file) in the page."""
-    return [f"{s.path}:{s.start_line}-{s.end_line}" for s in (record.files if record is not None else [])]
+    """`path:first-last` of each file (or part of a split file) in the page; adjacent parts of one
+    file (a split that left its last line in the same page) read as one span."""
+    merged: list[list[Any]] = []
+    for span in record.files if record is not None else []:
+        if merged and merged[-1][0] == span.path and merged[-1][2] + 1 >= span.start_line:
+            merged[-1][2] = max(merged[-1][2], span.end_line)
+        else:
+            merged.append([span.path, span.start_line, span.end_line])
+    return [f"{path}:{first}-{last}" for path, first, last in merged]
 
 
 def page_groups(pages: list[str], per_worker: int, max_workers: int) -> list[list[str]]:
