@@ -9,9 +9,12 @@ import logging
 import os
 import sys
 import time
+import unicodedata
 from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
+
+import httpx
 
 from colony import __version__
 from colony.config import ColonySettings, load_settings
@@ -296,7 +299,7 @@ def cmd_run(args: argparse.Namespace) -> int:
     _print_output(args, output, failed=failed, streamed=display.shown)
     # after the report: the last thing on the terminal says what is missing from it
     if failed:
-        print(f"run {run_id} {view['status']}: {view.get('error')}", file=sys.stderr)
+        print(f"run {run_id} {view['status']}: {terminal_text(str(view.get('error')))}", file=sys.stderr)
     elif partial:
         print(
             f"run {run_id} succeeded, but partial: not every file was analysed (exit code {RUN_PARTIAL})",
@@ -320,10 +323,17 @@ def _print_output(args: argparse.Namespace, output: Any, *, failed: bool, stream
     elif not failed and answer_already_shown(output, streamed, same_terminal=_same_terminal()):
         pass  # the streamed tokens were the answer, on the terminal stdout goes to
     elif isinstance(output, dict) and isinstance(output.get("report"), str):
-        print(output["report"])  # a report (analyze): the text, not its JSON
+        print(terminal_text(output["report"]))  # a report (analyze): the text, not its JSON
     else:
-        print(output if isinstance(output, str) else json.dumps(output, indent=2))
+        print(terminal_text(output) if isinstance(output, str) else json.dumps(output, indent=2))
     sys.stdout.flush()
+
+
+def terminal_text(text: str) -> str:
+    """Text from the server (a report built from the files it read, a model's answer, an error) as
+    it may reach a terminal: control characters (escape sequences included) and invisible format
+    characters (bidi overrides, zero-width) are dropped; newlines and tabs stay."""
+    return "".join(c for c in text if c in "\n\t" or (unicodedata.category(c) not in ("Cc", "Cf", "Cs")))
 
 
 def _silent(text: str) -> None:
@@ -460,6 +470,13 @@ def main(argv: Sequence[str] | None = None) -> int:
         return int(args.func(args))
     except ColonyError as exc:
         print(f"colony: error: {exc}", file=sys.stderr)
+        return 2
+    except httpx.HTTPError as exc:  # the API went away for longer than the client waits for it
+        print(
+            f"colony: error: lost the connection to the API ({type(exc).__name__}: {exc}); the run may "
+            "still finish: `colony status`, then GET /v1/runs/{id}",
+            file=sys.stderr,
+        )
         return 2
     except KeyboardInterrupt:
         return 130
