@@ -238,6 +238,9 @@ def main(argv: list[str] | None = None) -> int:
                 continue
             result = measure(package, output, seconds, ran.returncode)
             results.append(result)
+            for missing in output.get("not_analysed") or []:  # why a partial report is partial
+                why = str(missing.get("error"))[:300]
+                print(f"  not analysed: {missing.get('files')}: {why}", flush=True)
             print(table([result]).splitlines()[2], flush=True)
     finally:
         if not args.keep_cluster:
