@@ -6,8 +6,12 @@ the real embedded model over a tiny folder; the failure and retry paths use the 
 
 from __future__ import annotations
 
+import ast
 import asyncio
+import json
 import re
+import time
+import unicodedata
 import uuid
 from collections.abc import AsyncIterator
 from pathlib import Path
@@ -24,6 +28,7 @@ from colony.inference.scripted import ScriptedEngine
 from colony.system.analyze import analyze_blueprint
 from colony.system.analyze_check import Vocabulary, check_summary, names_in, repetitions
 from colony.system.analyze_facts import (
+    clean,
     extract_facts,
     extractive_summary,
     facts_text,
@@ -241,6 +246,129 @@ def test_child_event_keys_stream_with_the_run_but_outside_its_numbering() -> Non
     assert not seq.isdigit()  # `AgentRunCapability._stored_events` skips it: no seq of the run
     with pytest.raises(InvalidKey):
         AgentRunProtocol.child_event_key("run-1", "w:0", "worker_done")
+
+
+# -- the check and the facts against hostile text (review of issue 13) ----------------------------
+
+# what the page shows for the ring and clock files (the page's text and its facts' file names)
+GROUNDED = Vocabulary(PAGE, "File ring.py\nFile clock.py")
+
+
+@pytest.mark.parametrize(
+    ("summary", "invented"),
+    [
+        ("RecentRing.rebalance() evicts the oldest item.", "RecentRing.rebalance"),  # a method
+        ("The Scheduler class rebalances items on every tick.", "Scheduler"),  # before "class"
+        ("It serves the items with the Werkzeug app.", "Werkzeug"),  # before "app"
+        ("The ring uses Elasticsearch for its items.", "Elasticsearch"),  # a proper name
+        ("It calls rebalance on every tick.", "rebalance"),  # lowercase code named by "calls"
+        ("The rebalance method evicts items.", "rebalance"),  # lowercase before "method"
+        ("It defines the push method of class Scheduler.", "Scheduler"),  # after "class"
+        ("See ing.py for the ring.", "ing.py"),  # a substring of ring.py is no file of the page
+        ("The ring lives in invented_pkg/made_up/ring.py.", "invented_pkg/made_up/ring.py"),
+        ("It uses the \uff2e\uff55\uff4d\uff50\uff59 library.", "Numpy"),  # fullwidth letters
+        ("It is built on num\u200bpy arrays.", "numpy"),  # a zero-width space inside the name
+    ],
+)
+def test_the_check_rejects_names_that_slipped_through_before(summary: str, invented: str) -> None:
+    verdict = check_summary(summary, GROUNDED)
+    assert not verdict.ok and invented in verdict.unknown, verdict
+
+
+@pytest.mark.parametrize(
+    "summary",
+    [
+        "The RecentRing class keeps the last items pushed, and its push method adds one.",
+        "This Python module defines the RecentRing class, a bounded ring of the most recent items.",
+        "The clock module provides deadline_after and remaining, deadlines on the monotonic clock.",
+        "It defines two functions, deadline_after and remaining, for deadlines of waits.",
+        "The code in clock.py defines functions for Deadlines on the Monotonic clock.",
+        "The module calls time.monotonic to compute a deadline; a helper function returns the rest.",
+        "It calls push for each item, and the oldest item leaves when the ring is full.",
+        "This file defines a class RecentRing with a method push (see ring.py and ./clock.py).",
+        "It is a small utility module for Python, with a ring buffer class. It uses the JSON format.",
+        "RecentRing keeps items in a deque, e.g. the Last items pushed: The oldest leaves first.",
+    ],
+)
+def test_the_check_still_accepts_grounded_text(summary: str) -> None:
+    verdict = check_summary(summary, GROUNDED)
+    assert verdict.ok, verdict.problems()
+
+
+HOSTILE_SUMMARIES = {
+    "nested CamelCase": "Ab" + "A" * 26 + "_",  # exponential in the old CamelCase pattern
+    "capitals before snake": "It wraps the XmlRPCSERVERCONFIGURATIONSX_v2 class.",
+    "digits": "a1" + "1" * 20000 + "_",
+    "hyphens before a kind": "a-" * 20000 + " x",
+    "dots": "a." * 20000,
+    "slashes": "a/" * 20000 + "b.py",
+    "underscores": "a_" * 20000 + "!",
+    "repeated words": "word " * 20000,
+}
+
+
+@pytest.mark.parametrize("name", sorted(HOSTILE_SUMMARIES))
+def test_a_hostile_summary_is_checked_in_well_under_a_second(name: str) -> None:
+    started = time.perf_counter()
+    check_summary(HOSTILE_SUMMARIES[name], Vocabulary(PAGE))
+    assert time.perf_counter() - started < 1.0
+
+
+HOSTILE_LINES = {
+    "relative import of dots": "from " + "." * 40000 + " x",  # quadratic in the old import pattern
+    "import keywords": "import " * 9000,
+    "requires": "require(" * 9000,
+    "includes": '#include "' * 9000,
+    "indent": " " * 40000 + "x",
+}
+
+
+@pytest.mark.parametrize("name", sorted(HOSTILE_LINES))
+@pytest.mark.parametrize("suffix", ["py", "ts", "txt"])
+def test_a_hostile_page_line_is_read_in_well_under_a_second(name: str, suffix: str) -> None:
+    from types import SimpleNamespace
+
+    text = f"### a.{suffix} (lines 1-2)\ndef f():\n{HOSTILE_LINES[name]}"
+    started = time.perf_counter()
+    (facts,) = extract_facts(text, [SimpleNamespace(path=f"a.{suffix}", start_line=1, end_line=2)])
+    assert time.perf_counter() - started < 1.0
+    assert facts.names == ["f"]
+
+
+def test_a_piece_ast_cannot_read_for_memory_gets_line_pattern_facts() -> None:
+    from types import SimpleNamespace
+
+    body = '"""Deep."""\n\ndef shallow(a):\n    return a\n\nx = ' + "-" * 6000 + "1\n"
+    lines = body.count("\n")
+    with pytest.raises(MemoryError):  # what `ast` does with it (and what escaped the worker)
+        ast.parse(body)
+    text = f"### deep.py (lines 1-{lines})\n{body}"
+    (facts,) = extract_facts(text, [SimpleNamespace(path="deep.py", start_line=1, end_line=lines)])
+    assert not facts.parsed and facts.names == ["shallow"] and facts.definitions == ["def shallow(a)"]
+
+
+def test_control_and_format_characters_never_reach_facts() -> None:
+    from types import SimpleNamespace
+
+    path = "evil\x1b[7m\u202e.py"
+    body = (
+        '"""Pages\x1b]52;c;cHduZWQ=\x07 and\x1b[2J cleared\u200b."""\n'
+        "import os\n\ndef f():\n    '''Runs\u202e\x9b backwards.'''\n"
+    )
+    comment_first = "# \x1b[31mred\tcomment\x85\n" + body
+    pages = [(path, body, 6), ("notes\x07.py", comment_first, 7)]
+    for name, text, lines in pages:
+        span = SimpleNamespace(path=name, start_line=1, end_line=lines)
+        facts = extract_facts(f"### {name} (lines 1-{lines})\n{text}", [span], mapped_files=[name])
+        shown = json.dumps([f.to_dict() for f in facts], ensure_ascii=False)
+        shown += extractive_summary(facts) + overview_paragraph([f.to_dict() for f in facts])
+        hidden = {ch for ch in shown if unicodedata.category(ch) in ("Cc", "Cf", "Zl", "Zp")}
+        assert not hidden, sorted(hidden)
+        (fact,) = facts
+        assert fact.path in (clean(name), "evil[7m.py", "notes.py")
+        assert fact.definitions == ["def f(): Runs backwards."]  # the text is kept
+        assert fact.doc == "Pages]52;c;cHduZWQ= and[2J cleared."
+        assert fact.comments == ([] if lines == 6 else ["[31mred comment"])
 
 
 # -- the job, end to end ---------------------------------------------------------------------------

@@ -10,6 +10,12 @@ The model is then asked to summarise these facts, and what it says is checked ag
 (`colony.system.analyze_check`); when it cannot be trusted, `extractive_summary` says the same
 from the facts alone.
 
+Page text is untrusted and may be hostile: every line pattern below runs on at most MAX_LINE
+characters of a line with quantifiers that cannot backtrack into one another (so its time is
+linear in the page), `ast` failing in any way (a MemoryError on a deeply nested expression
+included) falls back to the line patterns for that piece, and every text a fact carries is
+`clean` (no terminal escapes, bidi overrides or zero-width characters reach a report).
+
 A page's text is what `colony.vcm.pages.PageSource` wrote: pieces `### {path} (lines a-b)` then
 the lines, joined by blank lines; the page record's spans say where each piece is, so a line of a
 file that happens to look like a header is never taken for one.
@@ -20,6 +26,7 @@ from __future__ import annotations
 import ast
 import posixpath
 import re
+import unicodedata
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -28,6 +35,7 @@ MAX_DEFINITIONS = 24  # per file piece: a prompt stays small, an outline stays r
 MAX_SIGNATURE = 100  # characters of one signature
 MAX_DOC = 160  # characters of one docstring line or comment
 MAX_COMMENTS = 3  # leading comment lines kept
+MAX_LINE = 2000  # characters of one line the line patterns read (a longer line is cut)
 
 # a definition line in any common language (the fallback where `ast` cannot read the piece)
 DEFINITION = re.compile(
@@ -35,12 +43,26 @@ DEFINITION = re.compile(
     r"(?P<kind>async\s+def|def|class|function|fn|func|interface|struct|enum|trait|type)\s+"
     r"(?P<name>[A-Za-z_]\w*)(?P<rest>.*)$"
 )
-_JS_IMPORT = re.compile(
-    r"""(?:import|export)\b[^'"]*?from\s+['"]([^'"]+)['"]|require\(\s*['"]([^'"]+)['"]\s*\)"""
-)
-_C_INCLUDE = re.compile(r'^\s*#\s*include\s+"([^"]+)"')
-_PY_IMPORT = re.compile(r"^\s*(?:from\s+(\.*[\w.]*)\s+import\s+([\w., ()*]+)|import\s+([\w., ]+))")
-_COMMENT = re.compile(r"^\s*(?:#(?!!)|//|--|;)\s?(.*)$")
+# possessive quantifiers (`*+`, `++`): no backtracking, so hostile lines cost linear time
+_JS_IMPORT = re.compile(r"""^\s*+(?P<kw>import|export)\b(?P<mid>[^'"]*+)['"](?P<module>[^'"]++)['"]""")
+_JS_REQUIRE = re.compile(r"""\brequire\(\s*+['"]([^'"]++)['"]\s*+\)""")
+_C_INCLUDE = re.compile(r'^\s*+#\s*+include\s++"([^"]++)"')
+_PY_IMPORT = re.compile(r"^\s*+(?:from\s++(\.*+[\w.]*+)\s++import\s++([\w., ()*]++)|import\s++([\w., ]++))")
+_COMMENT = re.compile(r"^\s*+(?:#(?!!)|//|--|;)\s?(.*)$")
+# characters a terminal or an editor acts on rather than shows: controls, bidi overrides, zero-width
+_HIDDEN_CATEGORIES = frozenset({"Cc", "Cf", "Zl", "Zp"})
+
+
+def clean(text: str) -> str:
+    """`text` without C0/C1 control characters, Unicode format characters (bidi overrides,
+    zero-width) and line/paragraph separators: whitespace among them becomes a space, the rest
+    is dropped. Facts are copied into headings, summaries and the overview shown on a terminal,
+    so a file name or docstring of a hostile page must not carry escape sequences there."""
+    if text.isascii() and text.isprintable():
+        return text
+    return "".join(
+        (" " if ch.isspace() else "") if unicodedata.category(ch) in _HIDDEN_CATEGORIES else ch for ch in text
+    )
 
 
 @dataclass
@@ -64,6 +86,16 @@ class FileFacts:
     @property
     def span(self) -> str:
         return f"{self.path}:{self.start_line}-{self.end_line}"
+
+    def cleaned(self) -> FileFacts:
+        """These facts with every text field `clean` (the path included: it is shown)."""
+        self.path = clean(self.path)
+        self.doc = clean(self.doc)
+        self.comments = [clean(c) for c in self.comments]
+        self.definitions = [clean(d) for d in self.definitions]
+        self.names = [clean(n) for n in self.names]
+        self.imports = [clean(i) for i in self.imports]
+        return self
 
     def to_dict(self) -> dict[str, Any]:
         return {
@@ -135,8 +167,8 @@ def parseable_part(body: str, tries: int = 8) -> tuple[ast.Module, str, str] | N
                 return None
             end = cut
             continue
-        except (ValueError, RecursionError):
-            return None
+        except Exception:  # MemoryError/RecursionError (deep nesting), ValueError (NUL bytes)...
+            return None  # ...: line patterns read the piece
         return tree, "\n".join(lines[:start]), "\n".join(lines[end:])
     return None
 
@@ -191,7 +223,8 @@ def _python_facts(facts: FileFacts, body: str) -> list[tuple[int, str | None]]:
 def _pattern_facts(facts: FileFacts, body: str) -> list[tuple[int, str | None]]:
     """Fill `facts` with line patterns (any language, or Python `ast` could not read)."""
     imports: list[tuple[int, str | None]] = []
-    for line in body.splitlines():
+    for whole in body.splitlines():
+        line = whole[:MAX_LINE]
         match = DEFINITION.match(line)
         if match and len(facts.definitions) < MAX_DEFINITIONS and len(match.group("indent")) <= 4:
             kind = " ".join(match.group("kind").split())
@@ -209,8 +242,10 @@ def _pattern_facts(facts: FileFacts, body: str) -> list[tuple[int, str | None]]:
                     imports.append((dots, f"{module}.{name}" if module else name))
             else:
                 imports.extend((0, m.strip()) for m in py.group(3).split(",") if m.strip())
-        for js in _JS_IMPORT.finditer(line):
-            imports.append((-1, js.group(1) or js.group(2)))
+        js = _JS_IMPORT.match(line)
+        if js and (js.group("mid").rstrip().endswith("from") or js.group("mid").strip() == ""):
+            imports.append((-1, js.group("module")))  # `import x from './x'`, `import './x'`
+        imports.extend((-1, module) for module in _JS_REQUIRE.findall(line))
         include = _C_INCLUDE.match(line)
         if include:
             imports.append((-1, include.group(1)))
@@ -220,7 +255,8 @@ def _pattern_facts(facts: FileFacts, body: str) -> list[tuple[int, str | None]]:
 def _leading_comments(body: str) -> list[str]:
     """The comment lines at the top of the piece (a shebang and blank lines skipped)."""
     found: list[str] = []
-    for line in body.splitlines():
+    for whole in body.splitlines():
+        line = whole[:MAX_LINE]
         if not line.strip() or line.startswith("#!"):
             if found:
                 break
@@ -302,8 +338,8 @@ def extract_facts(
             if not span.path.endswith((".py", ".pyi")):
                 raise SyntaxError("not Python")
             imports = _python_facts(facts, body)
-        except (SyntaxError, ValueError, RecursionError):
-            facts.definitions, facts.names = [], []
+        except Exception:  # whatever `ast` raised on a hostile piece: line patterns read it
+            facts.definitions, facts.names, facts.doc, facts.parsed = [], [], "", False
             imports = _pattern_facts(facts, body)
         facts.comments = _leading_comments(body)
         if not facts.doc and facts.start_line == 1 and facts.comments:
@@ -316,7 +352,7 @@ def extract_facts(
             found = resolve_import(span.path, level, module, mapped, root_parts)
             if found is not None and found != span.path and found not in facts.imports:
                 facts.imports.append(found)
-        result.append(facts)
+        result.append(facts.cleaned())
     return result
 
 
