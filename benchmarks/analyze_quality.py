@@ -79,6 +79,7 @@ def grounded(name: str, page: str, files: list[str]) -> bool:
     is a file the page imports (`pages.py` for `from .pages import ...`)."""
     lowered, low = page.lower(), name.lower()
     bases = {Path(f).name.lower() for f in files} | {f.lower() for f in files}
+    bases |= {Path(f).stem.lower() for f in files}  # the module a file is (`redis_server`)
     if low in bases or low in lowered:
         return True
     stem, dot, suffix = low.rpartition(".")
