@@ -6,8 +6,8 @@ For each package: `colony run analyze --map <package> --json` on a `colony up` c
 
 - grounding: the share of the identifiers and file names the summary names that occur in the
   section's own files (the lines of its spans), goal 100%;
-- coverage: whether the summary names at least one of the section's definitions or a word of its
-  docstrings, goal >= 80% of sections;
+- coverage: whether the summary names at least one of the section's definitions or a term of its
+  docstrings (six letters or more, not a common word), goal >= 80% of sections;
 - how the summary was produced: accepted at once, regenerated once, or replaced by the extractive
   summary (the job's own `stats`).
 
@@ -93,12 +93,98 @@ def grounded(name: str, page: str, files: list[str]) -> bool:
     return len(parts) > 1 and all(p in lowered for p in parts if p)
 
 
+# words too common to show that a summary is about its page's docstrings
+COMMON = frozenset(
+    [
+        "about",
+        "above",
+        "after",
+        "again",
+        "against",
+        "because",
+        "before",
+        "being",
+        "below",
+        "between",
+        "both",
+        "could",
+        "does",
+        "doing",
+        "during",
+        "each",
+        "every",
+        "first",
+        "from",
+        "further",
+        "have",
+        "having",
+        "into",
+        "itself",
+        "more",
+        "most",
+        "once",
+        "only",
+        "other",
+        "should",
+        "some",
+        "such",
+        "than",
+        "that",
+        "their",
+        "them",
+        "then",
+        "there",
+        "these",
+        "they",
+        "this",
+        "those",
+        "through",
+        "under",
+        "until",
+        "very",
+        "were",
+        "what",
+        "when",
+        "where",
+        "which",
+        "while",
+        "with",
+        "would",
+        "your",
+        "returns",
+        "return",
+        "value",
+        "values",
+        "given",
+        "using",
+        "used",
+        "uses",
+        "none",
+        "true",
+        "false",
+        "object",
+        "objects",
+        "class",
+        "function",
+        "method",
+        "module",
+        "default",
+    ]
+)
+
+
 def covers(summary: str, page: str) -> bool:
-    """The summary names one of the page's definitions, or a word of its docstrings."""
+    """The summary names one of the page's definitions, or a term of its docstrings (a word of
+    six letters or more that is not a common word)."""
     names = set(_DEFINITION.findall(page))
-    doc_words = {w.lower() for d in _DOCSTRING.findall(page) for w in _WORD.findall(d)}
-    words = {w.lower() for w in _WORD.findall(summary)}
-    return bool(names & set(_WORD.findall(summary))) or bool(words & doc_words)
+    terms = {
+        w.lower()
+        for d in _DOCSTRING.findall(page)
+        for w in _WORD.findall(d)
+        if len(w) >= 6 and w.lower() not in COMMON
+    }
+    said = set(_WORD.findall(summary))
+    return bool(names & said) or bool({w.lower() for w in said} & terms)
 
 
 @dataclass
