@@ -122,13 +122,18 @@ class AnalyzeProgress:
     Worker results are kept by worker id, so a worker reported twice (a redone step) counts once,
     with its last result. A `workers` event sets the total afresh; sent again when failed workers
     are retried, it lists each retry in place of the worker it retries (docs/analyze.md), so the
-    results of workers it no longer lists are dropped."""
+    results of workers it no longer lists are dropped. A `restarted` event takes back the `workers`
+    events after its `supersedes_after`: the redone step dispatches (or retries) again under new
+    ids, so the results of the workers only those events listed are forgotten (a late one from
+    them is ignored), and the last `workers` list that stands counts again."""
 
     def __init__(self, *, live: bool, started: float, width: int = 0, active: bool = False) -> None:
         self.live, self.started, self.width, self.active = live, started, width, active
         self.display = RunDisplay()  # the events of runs (or their parts) without progress
         self.total: int | None = None  # workers dispatched, once a `workers` event said so
         self.done: dict[str, dict[str, Any]] = {}  # worker id -> {"ok", "pages", "faulted", "files"}
+        self._lists: list[tuple[int | None, list[str]]] = []  # (seq, ids) of each `workers` event
+        self._forgotten: set[str] = set()  # workers of dispatches a restart took back
         self._drawn = ""  # the progress line now on screen ("" = none)
 
     @property
@@ -144,7 +149,9 @@ class AnalyzeProgress:
         if kind in PROGRESS_EVENTS:
             opened = "" if self.active else self.display.close_line()  # no token text under `\r`
             self.active = True
-            return opened + self._progress(str(kind), data, now)
+            return opened + self._progress(str(kind), data, now, _int_or_none(event.get("seq")))
+        if kind == "restarted":
+            self._take_back(_int_or_none(data.get("supersedes_after")))
         if not self.active:
             return self.display.feed(event)
         if kind in ("started", "step", "token"):
@@ -177,7 +184,21 @@ class AnalyzeProgress:
             f"{faulted} page{'' if faulted == 1 else 's'} faulted in, {elapsed}"
         )
 
-    def _progress(self, kind: str, data: dict[str, Any], now: float) -> str:
+    def _take_back(self, after: int | None) -> None:
+        """A restart supersedes the events after seq `after` (all numbered ones when None):
+        `workers` lists among them are void, and so are the results of the workers only they
+        listed. A list without a seq (not from a server) is kept: nothing says it was taken back."""
+        standing = [
+            (seq, ids) for seq, ids in self._lists if seq is None or (after is not None and seq <= after)
+        ]
+        void = {w for entry in self._lists if entry not in standing for w in entry[1]}
+        kept = set(standing[-1][1]) if standing else set()
+        self._forgotten |= void - kept
+        self._lists = standing
+        self.done = {w: result for w, result in self.done.items() if w not in self._forgotten}
+        self.total = len(kept) if standing else None
+
+    def _progress(self, kind: str, data: dict[str, Any], now: float, seq: int | None = None) -> str:
         if kind == "mapped":
             pages = _int_or_none(data.get("pages"))
             path = _printable(data.get("path")) or "a folder"
@@ -185,6 +206,8 @@ class AnalyzeProgress:
         if kind == "workers":
             workers = data.get("workers") if isinstance(data.get("workers"), list) else []
             ids = {_printable(w, 120) for w in workers}
+            self._lists.append((seq, sorted(ids)))
+            self._forgotten -= ids
             self.total = len(ids)
             # a retry lists its worker in place of the failed one, whose result no longer counts
             self.done = {w: result for w, result in self.done.items() if w in ids}
@@ -193,6 +216,8 @@ class AnalyzeProgress:
             pages = _int_or_none(data.get("pages"))
             return f"  {self.total} page workers started{'' if pages is None else f' for {pages} pages'}\n"
         worker = _printable(data.get("worker"), 120) or "?"
+        if worker in self._forgotten:  # a worker of a dispatch a restart took back
+            return ""
         files = data.get("files") if isinstance(data.get("files"), list) else []
         result = {
             "ok": data.get("ok") is True,

@@ -490,3 +490,27 @@ def test_a_failed_run_exits_1_and_says_why_and_which_files(stub: Stub) -> None:
         f"  failed\nrun run-00000001 failed: {error}\n"
         f"  not analysed: m2.py (worker {WORKERS[2]}: PageNotResident: page-c)\n"
     )
+
+
+def test_a_restart_forgets_the_results_of_the_dispatch_it_takes_back() -> None:
+    display = AnalyzeProgress(live=True, started=0.0, active=True)
+    first = {"workers": WORKERS[:2], "pages": 2}
+    display.feed({"event_type": "workers", "seq": 3, "data": first}, 0.0)
+    display.feed(_done(0, faulted=1), 0.0)
+    display.feed(_done(1, ok=False, faulted=0), 0.0)
+    assert display.line(0.0) == "analyzing: 2/2 workers done (1 failed), 1 page faulted in, 0s"
+    # the coordinator's replica died mid-step: the step is redone and dispatches again
+    restarted = {"attempt": 2, "supersedes_after": 1, "step": 1, "reason": "replica stopped"}
+    out = display.feed({"event_type": "restarted", "seq": 4, "data": restarted}, 0.0)
+    assert "run restarted (attempt 2)" in out
+    assert display.line(0.0) == "analyzing: starting page workers, 0s"  # no stale "2/2 (1 failed)"
+    display.feed(_done(1, ok=False, faulted=0), 0.0)  # late news from the abandoned dispatch
+    again = [f"{w}-redo" for w in WORKERS[:2]]
+    display.feed({"event_type": "workers", "seq": 5, "data": {"workers": again, "pages": 2}}, 0.0)
+    assert display.line(0.0) == "analyzing: 0/2 workers done, 0 pages faulted in, 0s"
+    display.feed({"event_type": "worker_done", "data": {"worker": again[0], "ok": True, "faulted": 1}}, 0.0)
+    assert display.line(0.0) == "analyzing: 1/2 workers done, 1 page faulted in, 0s"
+    # a restart that leaves the dispatch standing (a later step redone) keeps its results
+    later = {"attempt": 3, "supersedes_after": 6, "step": 2}
+    display.feed({"event_type": "restarted", "seq": 7, "data": later}, 0.0)
+    assert display.line(0.0) == "analyzing: 1/2 workers done, 1 page faulted in, 0s"

@@ -21,6 +21,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import secrets
 from typing import TYPE_CHECKING, Any
 
 from pydantic import BaseModel
@@ -42,7 +43,12 @@ from colony.agents import (
 from colony.agents.handle import AgentRunEvent
 from colony.blackboard import AgentRunProtocol, Blackboard, BlackboardScope, scope_id
 from colony.config import ColonySettings, RunsSettings, VcmSettings
-from colony.errors import AgentUsageError, ConcurrentModificationError, InvalidArgument
+from colony.errors import (
+    AgentUsageError,
+    ConcurrentModificationError,
+    InvalidArgument,
+    PageNotResident,
+)
 from colony.inference import ChatMessage
 from colony.inference.engine import InferenceEngine
 from colony.system.analyze_check import (
@@ -85,6 +91,15 @@ def _spans_of(record: Any) -> list[str]:
         else:
             merged.append([span.path, span.start_line, span.end_line])
     return [f"{path}:{first}-{last}" for path, first, last in merged]
+
+
+MAX_FAULTS = 1_000_000  # a worker's `faulted` read back from Redis above this is not one it counted
+
+
+def _bounded_count(value: Any) -> int:
+    """A count from a worker's output (untrusted): an int in [0, MAX_FAULTS], else 0."""
+    ok = isinstance(value, int) and not isinstance(value, bool) and 0 <= value <= MAX_FAULTS
+    return value if ok else 0
 
 
 def page_groups(pages: list[str], per_worker: int, max_workers: int) -> list[list[str]]:
@@ -188,6 +203,10 @@ class PageSummaryCapability(AgentCapability):
         try:
             for page_id in page_ids:
                 record = await self.pages.page(page_id)
+                if record is None:  # a section naming no files would pass a lost file off as done
+                    raise PageNotResident(
+                        f"page {page_id!r} has no page record (unmapped meanwhile?); map the folder again"
+                    )
                 seen.extend(f for f in _files_of(record) if f not in seen)
                 section, faults = await self._summarize(page_id, record, files, root)
                 faulted += faults
@@ -205,12 +224,16 @@ class PageSummaryCapability(AgentCapability):
         assert self.pages is not None
         text = (await self.pages.content(page_id)).text
         spans = record.files if record is not None else []
-        facts = extract_facts(text, spans, mapped_files=files or _files_of(record), root=root)
+        # off the event loop: parsing a large page must not stall the replica's other agents
+        facts = await asyncio.to_thread(
+            extract_facts, text, spans, mapped_files=files or _files_of(record), root=root
+        )
         described = facts_text(facts)
         vocabulary = Vocabulary(text, described)
         if not any(f.doc or f.names or f.comments for f in facts):  # e.g. a split file's last lines
+            # nothing to ground a model's summary on: it would make one up (no model is asked)
             section = self._section(page_id, record, facts, extractive_summary(facts), "extractive", 0)
-            return section, 0  # nothing to ground a model's summary on: it would make one up
+            return {**section, "asked": False}, 0
         summary, faults, cached = await self._ask(page_id, described, None)
         verdict = check_summary(summary, vocabulary)
         grounding = "accepted"
@@ -276,6 +299,15 @@ class PageSummaryCapability(AgentCapability):
         if target.agent_id != self.agent.metadata.parent_id:  # it reports to its own coordinator only
             log.warning("worker %s: report_to %s is not its parent", self.agent.agent_id, target.agent_id)
             return
+        requester = await self._requester()
+        if requester != self.agent.metadata.parent_id:  # anyone may submit a run naming a report_to
+            log.warning(
+                "worker %s: report_to ignored: the run was requested by %r, not its parent %r",
+                self.agent.agent_id,
+                requester,
+                self.agent.metadata.parent_id,
+            )
+            return
         if not ok and self.pages is not None:  # name the files of the pages it did not get to
             for page_id in page_ids:
                 with contextlib.suppress(Exception):
@@ -291,6 +323,26 @@ class PageSummaryCapability(AgentCapability):
         await emit_child_event(
             self.agent.blackboard, self.agent, target, self.agent.agent_id, WORKER_DONE, data, settings
         )
+
+    async def _requester(self) -> str | None:
+        """Who wrote the request this run serves: `AgentHandle` stores its owner's id as the
+        request's `requester` (the HTTP API stores its own name), read from the worker's runs
+        namespace. None when there is no such request (or it cannot be read)."""
+        agent = self.agent
+        run = agent.current_run if agent is not None else None
+        if agent is None or run is None or not run.request_id:
+            return None
+        for capability in agent.capabilities.values():
+            if isinstance(capability, AgentRunCapability) and capability.namespace == RUNS_NAMESPACE:
+                try:
+                    entry = await capability.blackboard.read(capability.protocol.request_key(run.request_id))
+                except Exception as exc:
+                    log.warning("worker %s: its request not read: %r", agent.agent_id, exc)
+                    return None
+                value = entry.value if entry is not None else None
+                requester = value.get("requester") if isinstance(value, dict) else None
+                return requester if isinstance(requester, str) else None
+        return None
 
 
 def page_worker_blueprint(
@@ -397,7 +449,7 @@ class AnalyzeCapability(AgentCapability):
             )
         await self._backfill_done(results)
         if not self.job.get("retried"):
-            retries = await self._retry([w for w, run in sorted(results.items()) if run_failed(run)])
+            retries = await self._retry([w for w, run in results.items() if run_failed(run)])
             if retries:
                 return ActionResult(
                     success=True,
@@ -430,6 +482,9 @@ class AnalyzeCapability(AgentCapability):
             )
             pages, path = source.page_ids, source.path
             await agent.emit_run_event("mapped", {"path": path, "pages": len(pages)})
+        if not all(isinstance(p, str) for p in pages):
+            raise InvalidArgument("analyze's `pages` are page ids (strings, as GET /v1/vcm/pages lists)")
+        pages = list(dict.fromkeys(pages))  # a page given twice is analysed (and counted) once
         if not pages:
             raise InvalidArgument(
                 f"there is nothing to analyze in {path or 'the given pages'} (no text files)"
@@ -437,8 +492,13 @@ class AnalyzeCapability(AgentCapability):
         records = await asyncio.gather(*(self.pages.page(p) for p in pages))
         files = sorted({f for record in records for f in _files_of(record)})
         request_id = agent.current_run.request_id if agent.current_run else None
+        # unique per dispatch: a step redone after the coordinator's replica died mid-dispatch
+        # starts workers under new ids, so their requests, agents and `worker_done` events (one
+        # create-only key per worker) are not taken for the abandoned dispatch's
+        dispatch = secrets.token_hex(3)
         self.job = {
             "run_id": run_id,
+            "dispatch": dispatch,
             "path": path,
             "files": files,
             "request_id": request_id,
@@ -448,7 +508,7 @@ class AnalyzeCapability(AgentCapability):
         }
         groups = page_groups(pages, self.pages_per_worker, self.max_workers)
         for index, group in enumerate(groups):
-            await self._start_worker(f"{agent.agent_id}-{run_id[-8:]}-w{index}", group)
+            await self._start_worker(f"{agent.agent_id}-{run_id[-8:]}-{dispatch}-w{index}", group)
         await agent.emit_run_event("workers", {"workers": sorted(self.job["workers"]), "pages": len(pages)})
         log.info("analyze %s: %d pages, %d workers", run_id, len(pages), len(groups))
 
@@ -502,19 +562,24 @@ class AnalyzeCapability(AgentCapability):
             return
         agent = self._agent()
         target = ReportTo(agent_id=agent.agent_id, request_id=request_id)
-        for worker, run in sorted(results.items()):
+        for worker, run in results.items():
             if run is None:
                 continue
-            group = list(self.job["groups"].get(worker, []))
-            ok = not run_failed(run)
-            data = {
-                "worker": worker,
-                "ok": ok,
-                "pages": len(group),
-                "faulted": int(run.output.get("faulted", 0)) if ok else 0,
-                "files": await self._files_of_pages(group),
-            }
-            await emit_child_event(agent.blackboard, agent, target, worker, WORKER_DONE, data, self.settings)
+            try:
+                group = [p for p in self.job["groups"].get(worker, []) if isinstance(p, str)]
+                ok = not run_failed(run)
+                data = {
+                    "worker": worker,
+                    "ok": ok,
+                    "pages": len(group),
+                    "faulted": _bounded_count(run.output.get("faulted")) if ok else 0,
+                    "files": await self._files_of_pages(group),
+                }
+                await emit_child_event(
+                    agent.blackboard, agent, target, worker, WORKER_DONE, data, self.settings
+                )
+            except Exception as exc:  # progress is not the result: the report is still written
+                log.warning("analyze: worker_done of %s not backfilled: %r", worker, exc)
 
     async def _files_of_pages(self, page_ids: list[str]) -> list[str]:
         assert self.pages is not None

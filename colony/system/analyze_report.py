@@ -39,6 +39,7 @@ OVERVIEW_ASK = (
     "{digest}\n\nIn one sentence, what is this code base for? Name only files and definitions above."
 )
 NO_SUMMARY = "no summary for these pages"  # a worker answered, but not for these pages
+UNCOVERED = "no worker's answer covers these mapped files (their pages' records may be gone)"
 GROUNDINGS = ("accepted", "regenerated", "extractive")
 
 FilesOfPages = Callable[[list[str]], Awaitable[list[str]]]
@@ -58,6 +59,9 @@ class Section(BaseModel):
     defines: list[str] = Field(default_factory=list)
     summary: str = ""
     grounding: Literal["accepted", "regenerated", "extractive"] = "extractive"
+    # whether a model was asked at all: a piece with no facts (a split file's last lines) is
+    # extractive without one, so "the model named things not in the code" is not said of it
+    asked: bool = True
     facts: list[dict[str, Any]] = Field(default_factory=list)
 
 
@@ -72,11 +76,39 @@ async def build_report(
     """The run's output. `job`: the coordinator's record (`path`, `groups` {worker: page ids},
     `retries` {failed worker: its retry}); `results`: each worker's run (None: none);
     `files_of_pages`: the files of page ids (for pages not analysed); `engine` and
-    `overview_tokens`: the overview's model sentence (None or 0: facts only)."""
+    `overview_tokens`: the overview's model sentence (None or 0: facts only). A mapped file (the
+    job's `files`) that neither a section nor a failure names is listed as not analysed (the run
+    is `partial`), and a section's files outside the mapped ones are dropped."""
     sections, workers, not_analysed = await collect_sections(job, results, files_of_pages)
+    mapped = _mapped_files(job)
+    if mapped:  # every mapped file is in a section or named as not analysed (untrusted answers)
+        sections = [s.model_copy(update={"files": [f for f in s.files if f in mapped]}) for s in sections]
+        covered = {f for s in sections for f in s.files} | {f for n in not_analysed for f in n["files"]}
+        missing = [f for f in mapped if f not in covered]
+        if missing:
+            log.warning("analyze: no answer covers %d mapped file(s): %s", len(missing), missing[:10])
+            not_analysed.append(
+                {
+                    "worker": "",
+                    "pages": [],
+                    "files": missing,
+                    "error": UNCOVERED,
+                    "retried": False,
+                }
+            )
     overview = await build_overview(sections, engine, overview_tokens) if sections else ""
     retried = sorted(job.get("retries") or {})
-    return compose_report(job.get("path"), sections, workers, not_analysed, retried, overview)
+    return compose_report(
+        job.get("path"), sections, workers, not_analysed, retried, overview, mapped_files=mapped
+    )
+
+
+def _mapped_files(job: Mapping[str, Any]) -> list[str]:
+    """The job's mapped files (what the dispatch read from the page records), validated."""
+    files = job.get("files")
+    if not isinstance(files, list):
+        return []
+    return sorted({f for f in files if isinstance(f, str) and f})
 
 
 async def collect_sections(
@@ -84,17 +116,19 @@ async def collect_sections(
 ) -> tuple[list[Section], list[str], list[dict[str, Any]]]:
     """(the valid sections, in page-group order; the workers whose answers count; the pages not
     analysed, by worker). For each group the retry's answer counts where there is one; a section
-    for a page outside the worker's group, or a second one for a page, is ignored."""
+    for a page outside the worker's group, or a second one for a page (in any group), is ignored."""
     sections: list[Section] = []
     done: list[str] = []
     not_analysed: list[dict[str, Any]] = []
     retries: Mapping[str, str] = job.get("retries") or {}
     groups: Mapping[str, list[str]] = job.get("groups") or {}
-    for worker in sorted(w for w in groups if w not in retries.values()):
+    # dispatch order (the groups' insertion order, kept in the job's stored state), which is page
+    # order: sorted ids would put `-w10` before `-w2`
+    answered: set[str] = set()  # across groups: a page in two groups is one section
+    for worker in [w for w in groups if w not in retries.values()]:
         final = retries.get(worker, worker)
         run = results.get(final)
         group = list(groups[worker])
-        answered: set[str] = set()
         if not run_failed(run):
             for raw in run.output.get("pages") or []:
                 try:
@@ -127,12 +161,17 @@ def compose_report(
     not_analysed: list[dict[str, Any]],
     retried: list[str],
     overview: str,
+    *,
+    mapped_files: list[str] | None = None,
 ) -> dict[str, Any]:
     """The output: the report's Markdown (header, overview, a section per page, "Not analysed")
-    and the structured fields its header counts come from."""
+    and the structured fields its header counts come from. Each mapped file is counted once: in
+    full (all its pages have a section), in part (a split file with a page lost) or not at all."""
     files = sorted({f for s in sections for f in s.files})
-    lost_files = sorted({f for n in not_analysed for f in n["files"]})
-    failed = [n for n in not_analysed if n["error"] != NO_SUMMARY]
+    lost_files = {f for n in not_analysed for f in n["files"]}
+    every = sorted(set(mapped_files or []) | set(files) | lost_files)
+    partly = [f for f in files if f in lost_files]
+    failed = [n for n in not_analysed if n["error"] not in (NO_SUMMARY, UNCOVERED)]
     stats = {kind: sum(1 for s in sections if s.grounding == kind) for kind in GROUNDINGS}
     title = f"# Analysis of {path or 'the mapped pages'}"
     head = (
@@ -141,14 +180,26 @@ def compose_report(
     if retried:
         head += f" {len(retried)} worker(s) failed and were retried."
     if not_analysed:
-        head += (
-            f" Not analysed: {len(lost_files)} file(s) in "
-            f"{sum(len(n['pages']) for n in not_analysed)} page(s)"
-            f" ({len(failed)} worker(s) failed after a retry); see the end."
+        head += f" {len(files) - len(partly)} of {len(every)} mapped file(s) analysed in full"
+        if partly:
+            head += f", {len(partly)} in part ({', '.join(partly[:10])}{', ...' if len(partly) > 10 else ''})"
+        head += f", {len(every) - len(files)} not at all."
+        why = _counted(
+            (sum(1 for n in failed if n["retried"]), "worker(s) failed after a retry"),
+            (sum(1 for n in failed if not n["retried"]), "worker(s) failed and could not be retried"),
+            (sum(1 for n in not_analysed if n["error"] == NO_SUMMARY), "answer(s) left pages out"),
+            (sum(1 for n in not_analysed if n["error"] == UNCOVERED), "set of files no answer covers"),
         )
+        pages_lost = len({p for n in not_analysed for p in n["pages"]})
+        head += f" Not analysed: {pages_lost} page(s) ({why}); see the end."
+    rejected = sum(1 for s in sections if s.grounding == "extractive" and s.asked)
+    why_extractive = _counted(
+        (rejected, "after the model's summary was rejected twice"),
+        (stats["extractive"] - rejected, "with nothing a model could summarise"),
+    )
     head += (
         f" Summaries: {stats['accepted']} accepted, {stats['regenerated']} regenerated, "
-        f"{stats['extractive']} extractive (the model's named things not in the code)."
+        f"{stats['extractive']} extractive{f' ({why_extractive})' if why_extractive else ''}."
     )
     parts = [title, "", head, ""]
     if overview:
@@ -157,7 +208,8 @@ def compose_report(
     if not_analysed:
         parts += ["## Not analysed", ""]
         parts += [
-            f"- {', '.join(n['files']) or ', '.join(n['pages'])}: {n['worker']}: {n['error']}"
+            f"- {', '.join(n['files']) or ', '.join(n['pages'])}: "
+            f"{n['worker'] + ': ' if n['worker'] else ''}{n['error']}"
             for n in not_analysed
         ]
         parts.append("")
@@ -165,6 +217,8 @@ def compose_report(
         "report": "\n".join(parts),
         "path": path,
         "files": files,
+        "mapped_files": len(every),
+        "partly_analysed": partly,
         "pages": len(sections),
         "workers": sorted(workers),
         "failed_workers": len(failed),
@@ -183,6 +237,11 @@ def compose_report(
         ],
         "stats": stats,
     }
+
+
+def _counted(*counts: tuple[int, str]) -> str:
+    """`2 x, 1 y` of the (count, what) pairs whose count is not 0."""
+    return ", ".join(f"{count} {what}" for count, what in counts if count)
 
 
 def _section_text(section: Section) -> str:
