@@ -148,6 +148,11 @@ class ResourceExhausted(AgentError):
     """A replica has not enough resources for an agent; the system places, retries or suspends."""
 
 
+class PageSlotsBusy(ResourceExhausted):
+    """Every page slot of an engine is held by work in progress and none was released in time:
+    transient (the holders finish), unlike a request that can never fit."""
+
+
 class ReplicaUnavailable(AgentError):
     """The engine replica a call was addressed to is not running (it died or was scaled away)."""
 

@@ -19,7 +19,7 @@ from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Mappin
 
 from colony import metrics
 from colony.config import ColonySettings, EngineSettings
-from colony.errors import PageNotResident, ResourceExhausted
+from colony.errors import PageNotResident, PageSlotsBusy
 from colony.inference.models import (
     ChatMessage,
     EngineStats,
@@ -216,7 +216,7 @@ class InferenceEngine(ABC):
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(asyncio.shield(waiter), min(remaining, PIN_POLL_SECONDS))
             return
-        raise ResourceExhausted(
+        raise PageSlotsBusy(
             f"{self.kind} engine: every page slot holds a page in use (pinned) and none was released within "
             f"{self.pin_wait_seconds:g}s, so page {page_id!r} cannot be loaded here; retry later or use "
             "another replica (vcm.page_wait_seconds bounds the wait, engine.page_slots the slots)"

@@ -22,6 +22,7 @@ import asyncio
 import contextlib
 import logging
 import secrets
+import time
 from typing import TYPE_CHECKING, Any
 
 from pydantic import BaseModel
@@ -48,6 +49,7 @@ from colony.errors import (
     ConcurrentModificationError,
     InvalidArgument,
     PageNotResident,
+    PageSlotsBusy,
 )
 from colony.inference import ChatMessage
 from colony.inference.engine import InferenceEngine
@@ -67,6 +69,8 @@ if TYPE_CHECKING:
     from colony.system.host import ReplicaHost, Spawner
 
 log = logging.getLogger(__name__)
+# how long a worker waits in all for a page slot its siblings hold (they take turns on one replica)
+SLOT_WAIT_SECONDS = 1800.0
 DEFAULT_PAGE_TOKENS = 1024
 MAX_DEFINES = 24  # names listed under a section
 WORKER_DONE = "worker_done"  # a page worker's progress event in its coordinator's run stream
@@ -263,6 +267,22 @@ class PageSummaryCapability(AgentCapability):
             "cached_tokens": cached,
         }
 
+    async def _generate_when_a_slot_frees(
+        self, request: dict[str, Any], page_id: str, holder: str | None
+    ) -> dict[str, Any]:
+        """`replica.generate`, waiting for a page slot as long as other workers hold them all: more
+        workers than slots on one replica take turns (each waits `vcm.page_wait_seconds` per try),
+        up to `SLOT_WAIT_SECONDS` in all; only then is the page given up as not analysed."""
+        assert self.replica is not None
+        deadline = time.monotonic() + SLOT_WAIT_SECONDS
+        while True:
+            try:
+                return await self.replica.generate(request, [page_id], holder=holder)
+            except PageSlotsBusy:
+                if time.monotonic() >= deadline:
+                    raise
+                log.info("page %s: every slot is busy with other workers' pages; waiting on", page_id)
+
     async def _ask(self, page_id: str, described: str, rejected: Verdict | None) -> tuple[str, int, int]:
         """(at most two whole sentences of the model's summary, pages faulted in, cached tokens)."""
         assert self.replica is not None
@@ -279,7 +299,7 @@ class PageSummaryCapability(AgentCapability):
         # pinned from fault to answer (no other worker's fault evicts it meanwhile); as the holder
         # of its bound pages this worker may evict its own previous page for its next one
         holder = self.agent.agent_id if self.agent is not None else None
-        answer = await self.replica.generate(request, [page_id], holder=holder)
+        answer = await self._generate_when_a_slot_frees(request, page_id, holder)
         cached = int(answer.get("usage", {}).get("cached_tokens", 0))
         if self.agent is not None:
             self.agent.record_page_access([page_id], self.replica.replica_id, cached)
