@@ -281,10 +281,9 @@ def not_analysed_notice(output: Any) -> str:
         files = entry.get("files") if isinstance(entry.get("files"), list) else []
         named = _listing([_printable(f) for f in files[:MAX_LISTED_FILES]], len(files))
         error = _printable(entry.get("error"))
-        worker = _printable(entry.get("worker"), 120) or "?"
-        lines.append(
-            f"  not analysed: {named or 'its pages'} (worker {worker}{': ' + error if error else ''})\n"
-        )
+        worker = _printable(entry.get("worker"), 120)
+        why = ": ".join(part for part in (f"worker {worker}" if worker else "", error) if part)
+        lines.append(f"  not analysed: {named or 'its pages'}{f' ({why})' if why else ''}\n")
     return "".join(lines)
 
 
