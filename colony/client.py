@@ -78,8 +78,11 @@ class _StreamResumer:
         self._since, self._failures = None, 0
 
     def retryable(self, exc: Exception) -> bool:
+        """A transport error, a 502/503/504, or a 404 that is not the API's own (no Colony error
+        body: Serve's proxy answering before the app is deployed again, e.g. after `colony up`)."""
         return isinstance(exc, httpx.TransportError) or (
-            isinstance(exc, ApiError) and exc.status in RETRYABLE_STATUSES
+            isinstance(exc, ApiError)
+            and (exc.status in RETRYABLE_STATUSES or (exc.status == 404 and exc.code == "http_error"))
         )
 
     def delay(self, exc: Exception | None) -> float:

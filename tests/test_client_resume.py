@@ -80,3 +80,18 @@ async def test_the_async_client_resumes_the_same_way() -> None:
         events = [e async for e in client.events("run-1")]
     assert [e["id"] for e in events] == ["1-0", "2-0", "3-0"]
     assert server.seen_ids == [None, "2-0", "2-0"]
+
+
+def test_a_404_from_the_proxy_before_the_app_is_back_is_resumed() -> None:
+    """After `colony up` restarts the cluster, Serve's proxy answers 404 (a plain text body, not the
+    API's error) until the app is deployed: the stream is resumed, not given up."""
+    calls = {"n": 0}
+
+    def handler(request: httpx.Request) -> httpx.Response:
+        calls["n"] += 1
+        if calls["n"] == 1:
+            return httpx.Response(404, text="Path '/v1/runs/run-1/events' not found. Ping /-/routes")
+        return httpx.Response(200, content=_sse(DONE))
+
+    with ColonyClient("http://api", "t", transport=httpx.MockTransport(handler)) as client:
+        assert [e["id"] for e in client.events("run-1")] == ["3-0"]

@@ -237,8 +237,16 @@ class AgentRunCapability(AgentCapability):
             finally:
                 self._queued.discard(request_id)
 
+    def _hosted(self, agent: Agent) -> bool:
+        """False once the host dropped this copy (to restore the agent from Redis): it must neither
+        serve nor answer a request; the claims stay open for the copy that replaces it."""
+        hosts = getattr(agent.host, "hosts", None)
+        return hosts is None or bool(hosts(agent))
+
     async def _serve_queued(self, agent: Agent, request_id: str) -> None:
         await self._idle.wait()
+        if not self._hosted(agent):
+            return
         while agent.current_run is not None and not agent.current_run.done:  # noqa: ASYNC110 - set by other code paths
             await asyncio.sleep(0.05)
         if await self.blackboard.read(self.protocol.result_key(request_id)) is not None:
@@ -376,6 +384,8 @@ class AgentRunCapability(AgentCapability):
             else:
                 await agent.run(input_data, request_id=request_id)
         except Exception as exc:
+            if not self._hosted(agent):
+                return  # dropped for a restore meanwhile: the restored copy serves this request
             run = agent.current_run
             begun = run is not None and run.request_id == request_id
             redo = getattr(agent.host, "redo_after_outage", None)

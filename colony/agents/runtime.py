@@ -292,6 +292,8 @@ class LocalAgentRuntime:
         except asyncio.CancelledError:
             raise
         except Exception as exc:  # the run fails, with the reason; the agent goes on serving (IDLE)
+            if not self.hosts(agent):
+                return  # a copy dropped meanwhile (restored from Redis): the restored one carries on
             run = agent.current_run
             if isinstance(exc, BlackboardUnavailable):
                 await self.await_redis(agent)  # so that what follows is stored, not lost
@@ -300,6 +302,11 @@ class LocalAgentRuntime:
                     return
             log.exception("run of agent %s failed inside the agent", agent.agent_id)
             await agent.fail_run(f"the run failed inside the agent: {type(exc).__name__}: {exc}")
+
+    def hosts(self, agent: Agent) -> bool:
+        """Whether this very copy of the agent is hosted here (a copy dropped for a restore, or
+        replaced by its restored self, is not: it must answer and write nothing more)."""
+        return self._agents.get(agent.agent_id) is agent
 
     def redo_after_outage(self, agent: Agent, key: str, step: int | None = None) -> bool:
         """Work cut short by a Redis outage (killed, restarted, paused) is redone rather than the run
