@@ -227,8 +227,14 @@ def test_a_dead_daemons_leftover_processes_are_reaped(tmp_path: Path) -> None:
         assert process_alive(child)
         assert reap_session(reused.pid, "d1") == 0 and process_alive(reused.pid)
         assert reap_session(sid, "") == 0 and process_alive(child)  # a record without an id: nothing
-        assert reap_session(sid, "d1") == 1
-        assert not process_alive(child) and process_alive(stranger.pid)
+        # the daemon's leftover carries its id: it is stopped (asked again for a few seconds: on a
+        # busy CI box one listing of /proc once came back without it)
+        deadline = time.monotonic() + 10
+        killed = 0
+        while process_alive(child) and time.monotonic() < deadline:
+            killed += reap_session(sid, "d1")
+            time.sleep(0.2)
+        assert killed >= 1 and not process_alive(child) and process_alive(stranger.pid)
     finally:
         for process in (stranger, reused):
             process.kill()
