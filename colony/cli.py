@@ -255,7 +255,7 @@ def _restarts_text(redis: dict[str, Any]) -> str:
 
 
 def cmd_doctor(args: argparse.Namespace) -> int:
-    from colony.system.doctor import doctor_command
+    from colony.system.doctor_command import doctor_command
 
     return doctor_command(_settings(args), as_json=args.json, grace_seconds=args.grace, run_ids=args.run)
 

@@ -27,14 +27,12 @@ from colony.blackboard.protocol import (
 from colony.config import ColonySettings
 from colony.inference.scripted import ScriptedEngine
 from colony.system.builtin import RUNS_NAMESPACE
-from colony.system.doctor import (
+from colony.system.doctor import DoctorReport, ViolationKind, check_invariants
+from colony.system.doctor_command import (
     EXIT_CLEAN,
     EXIT_INCOMPLETE,
     EXIT_UNREACHABLE,
     EXIT_VIOLATIONS,
-    DoctorReport,
-    ViolationKind,
-    check_invariants,
     doctor_command,
 )
 from colony.system.host import ReplicaHost
