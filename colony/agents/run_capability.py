@@ -7,7 +7,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from colony.agents.capability import AgentCapability
@@ -15,6 +14,7 @@ from colony.agents.events import event_handler
 from colony.agents.handle import RESTARTED, TERMINAL_EVENTS, AgentRunEvent, terminal_event
 from colony.agents.hooks import HookContext, HookType, Pointcut
 from colony.agents.models import AgentRun, RunStatus
+from colony.agents.stored_events import StoredEvents, read_stored_events
 from colony.blackboard import (
     Blackboard,
     BlackboardEntry,
@@ -39,22 +39,6 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 
 TRIES_WHILE_UP = 3  # a blackboard error while Redis answers is retried this often before it fails a run
-
-MAX_ATTEMPT = 1_000_000  # an `attempt` read back from Redis above this is not one this code wrote
-
-
-@dataclass(frozen=True)
-class StoredEvents:
-    """What a request's stored events say, read (bounded, validated) when the request is adopted.
-
-    `current` lists `(seq, during_step)` of the events of the current attempt: those after the
-    newest `restarted` event (all of them when there is none)."""
-
-    last_seq: int = 0
-    attempt: int = 1
-    started: bool = False
-    ended: bool = False  # a terminal event is stored
-    current: tuple[tuple[int, int | None], ...] = ()
 
 
 class AgentRunCapability(AgentCapability):
@@ -286,45 +270,9 @@ class AgentRunCapability(AgentCapability):
         return stored
 
     async def _stored_events(self, request_id: str) -> StoredEvents:
-        """Read the request's stored events (through its tag index, never a SCAN). Untrusted: a key
-        whose name is not `{seq}.{type}` is skipped, a bad `attempt`/`during_step` reads as absent,
-        and at most twice `runs.max_events_per_run` entries are read (more were never written here)."""
-        tags = TagFilter(all_of=frozenset({self.protocol.request_tag(request_id)}))
-        pattern = self.protocol.event_pattern(request_id)
-        found: list[tuple[int, str, int, int | None]] = []  # (seq, type, attempt, during_step)
-        limit = 2 * self.max_events + 10
-        async for entry in self.blackboard.iter_query(pattern, tags=tags):
-            if len(found) >= limit:
-                log.warning("request %s has more than %d events stored; read the first", request_id, limit)
-                break
-            identified = self.protocol.identify(entry.key)
-            if identified is None or identified[0] != "event":
-                continue
-            seq_text, _, kind = identified[1]["event_name"].partition(".")
-            if not (seq_text.isdigit() and len(seq_text) <= 9):
-                continue
-            value = entry.value if isinstance(entry.value, dict) else {}
-            attempt = value.get("attempt")
-            during = value.get("during_step")
-            found.append(
-                (
-                    int(seq_text),
-                    kind,
-                    attempt if _is_int(attempt) and 1 <= attempt <= MAX_ATTEMPT else 1,
-                    during if _is_int(during) and 0 <= during <= 10**9 else None,
-                )
-            )
-        if not found:
-            return StoredEvents()
-        found.sort()
-        restarts = [seq for seq, kind, _, _ in found if kind == RESTARTED]
-        since = restarts[-1] if restarts else 0
-        return StoredEvents(
-            last_seq=found[-1][0],
-            attempt=max(attempt for _, _, attempt, _ in found),
-            started=any(kind == "started" for _, kind, _, _ in found),
-            ended=any(kind in TERMINAL_EVENTS for _, kind, _, _ in found),
-            current=tuple((seq, during) for seq, _, _, during in found if seq > since),
+        """The request's stored events (bounded: twice `runs.max_events_per_run`)."""
+        return await read_stored_events(
+            self.blackboard, self.protocol, request_id, limit=2 * self.max_events + 10
         )
 
     async def _end_stream(self, request_id: str, result: BlackboardEntry) -> None:
@@ -627,7 +575,3 @@ def _claimant(value: Any) -> str | None:
     if isinstance(value, dict):
         value = value.get("agent_id")
     return value if isinstance(value, str) else None
-
-
-def _is_int(value: Any) -> bool:
-    return isinstance(value, int) and not isinstance(value, bool)
