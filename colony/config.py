@@ -296,7 +296,7 @@ def _describe(error: dict[str, Any]) -> str:
 
 
 # COLONY_* environment variables that are read outside the settings model (so match no field)
-NON_SETTINGS_ENV_VARS = frozenset({CONFIG_ENV_VAR})
+NON_SETTINGS_ENV_VARS = frozenset({CONFIG_ENV_VAR, "COLONY_URL"})  # COLONY_URL: the CLI's --url
 
 
 def _section(annotation: Any) -> type[BaseModel] | None:
