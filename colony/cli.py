@@ -17,6 +17,7 @@ from typing import Any
 import httpx
 
 from colony import __version__
+from colony.cli_target import TOKEN_ENV, URL_ENV, ApiTarget, api_error, api_target, remote_health
 from colony.config import ColonySettings, load_settings
 from colony.errors import ColonyError
 from colony.run_display import (
@@ -157,38 +158,46 @@ def cmd_status(args: argparse.Namespace) -> int:
     from colony.serve import cluster
 
     settings = _settings(args)
-    info = cluster.status(settings)
-    if info is None:
+    target = ApiTarget.of(args, settings)
+    info = target.local if target is not None else None
+    if target is None:
         report: dict[str, Any] = {"running": False}
     else:
         agents: list[dict[str, Any]] = []
         replicas: list[Any] = []
         problem = None
-        try:  # the API answers /healthz, yet a call may fail while Redis is away: say so, still report
-            with ColonyClient(info.url, info.token) as client:
+        with ColonyClient(target.url, target.token) as client:
+            health = remote_health(client, target) if target.remote else None
+            try:  # the API answers /healthz, yet a call may fail while Redis is away: say so, still report
                 agents = client.agents()
                 replicas = client.replicas()
-        except (ColonyError, httpx.HTTPError) as exc:
-            problem = str(exc) or type(exc).__name__
+            except ColonyError as exc:
+                problem = str(api_error(target, exc)) or type(exc).__name__
+            except httpx.HTTPError as exc:
+                problem = str(exc) or type(exc).__name__
         by_state: dict[str, int] = {}
         for agent in agents:
             by_state[agent["state"]] = by_state.get(agent["state"], 0) + 1
         report = {
             "running": True,
-            "url": info.url,
-            "token": info.token,
-            "pid": info.pid,
+            "url": target.url,
+            "pid": info.pid if info is not None else None,
             "replicas": len(replicas),
             "agents": len(agents),
             "agents_by_state": by_state,
         }
         if problem:
             report["problem"] = problem
-        state = cluster.health(info) or {"status": "unknown"}
+        if info is not None:
+            report["token"] = info.token  # the local cluster's own token (a remote one is not echoed)
+            state = cluster.health(info) or {"status": "unknown"}
+        else:
+            state = health or {"status": "unknown"}
         report["health"] = state.get("status")
         if state.get("reason"):
             report["health_reason"] = state["reason"]
-    report["redis"] = _redis_report(settings)
+    if target is None or not target.remote:
+        report["redis"] = _redis_report(settings)  # the local Redis says nothing of a remote cluster
     if args.json:
         print(json.dumps(report, indent=2))
     elif not report["running"]:
@@ -202,7 +211,7 @@ def cmd_status(args: argparse.Namespace) -> int:
             print(f"{where}: answers, but listing agents and replicas failed: {report['problem']}")
         else:
             print(f"{where}: {report['replicas']} replica(s), {report['agents']} agent(s) ({states})")
-    if not args.json and (report["running"] or report["redis"].get("restarts")):
+    if not args.json and "redis" in report and (report["running"] or report["redis"].get("restarts")):
         print(_redis_line(report["redis"]))
     return 0 if report["running"] else 1
 
@@ -265,21 +274,25 @@ RUN_PARTIAL = 3  # the run succeeded, yet its output says `partial`: some files 
 
 
 def cmd_run(args: argparse.Namespace) -> int:
-    from colony.client import ColonyClient
-    from colony.serve import cluster
-
     settings = _settings(args)
-    info = cluster.status(settings)
-    if info is None:
-        raise ColonyError("Colony is not running; start it with `colony up`")
     try:
         input_data = json.loads(args.input) if args.input is not None else None
     except json.JSONDecodeError as exc:
         raise ColonyError(f"--input is not valid JSON: {exc}") from None
+    target = api_target(args, settings)
+    try:
+        return _run(args, target, input_data)
+    except ColonyError as exc:
+        raise api_error(target, exc) from None
+
+
+def _run(args: argparse.Namespace, target: ApiTarget, input_data: Any) -> int:
+    from colony.client import ColonyClient
+
     note = _silent if args.quiet else _to_stderr
-    with ColonyClient(info.url, info.token) as client:
+    with ColonyClient(target.url, target.token) as client:
         if args.map is not None:
-            input_data = _mapped_input(client, args, input_data, note)
+            input_data = _mapped_input(client, args, input_data, note, remote=target.remote)
         submitted = client.submit(args.agent, input_data, timeout_s=args.timeout)
         run_id = submitted["run_id"]
         note(f"run {run_id} on {args.agent}\n")
@@ -373,12 +386,21 @@ def _same_terminal() -> bool:
 
 
 def _mapped_input(
-    client: Any, args: argparse.Namespace, input_data: Any, note: Callable[[str], None]
+    client: Any, args: argparse.Namespace, input_data: Any, note: Callable[[str], None], *, remote: bool
 ) -> dict[str, Any]:
-    """`--map PATH`: cut the folder into pages first; the run gets their ids (and the path)."""
-    path = str(Path(args.map).expanduser().resolve())
-    if not Path(path).is_dir():
-        raise ColonyError(f"--map {args.map}: not a folder")
+    """`--map PATH`: cut the folder into pages first; the run gets their ids (and the path). The
+    replicas read the folder: on a cluster started elsewhere PATH is a folder on its side (a volume
+    of its pods), so it is sent as given (absolute), not looked up here."""
+    if remote:
+        if not args.map.startswith("/"):
+            raise ColonyError(
+                f"--map {args.map}: with --url give the folder's absolute path as the cluster's pods see it"
+            )
+        path = args.map
+    else:
+        path = str(Path(args.map).expanduser().resolve())
+        if not Path(path).is_dir():
+            raise ColonyError(f"--map {args.map}: not a folder")
     source = client.map_source(path, args.page_tokens)
     pages = [page["page_id"] for page in source["pages"]]
     note(f"mapped {path}: {len(pages)} pages\n")
@@ -426,7 +448,18 @@ def build_parser() -> argparse.ArgumentParser:
         "up", help="start the local cluster (Ray, Redis, Serve app); reuse a running one"
     ).set_defaults(func=cmd_up)
     sub.add_parser("down", help="stop everything `colony up` started").set_defaults(func=cmd_down)
-    status = sub.add_parser("status", help="where the cluster answers, its replicas and agents")
+    remote = argparse.ArgumentParser(add_help=False)
+    remote.add_argument(
+        "--url",
+        help=f"the API of a cluster started elsewhere (default: ${URL_ENV}, else the local cluster)",
+    )
+    remote.add_argument(
+        "--token",
+        help=f"that API's token (default: ${TOKEN_ENV}, which keeps it out of the process list)",
+    )
+    status = sub.add_parser(
+        "status", parents=[remote], help="where the cluster answers, its replicas and agents"
+    )
     status.add_argument("--json", action="store_true", help="machine-readable output")
     status.set_defaults(func=cmd_status)
     doctor = sub.add_parser(
@@ -441,13 +474,18 @@ def build_parser() -> argparse.ArgumentParser:
 
     run = sub.add_parser(
         "run",
+        parents=[remote],
         help="submit a run over HTTP, stream its events, print its output "
         "(exit 0 succeeded, 1 failed or cancelled, 3 succeeded but partial)",
     )
     run.add_argument("agent", help="agent name, e.g. echo or ask")
     run.add_argument("--input", help="JSON input of the run")
     run.add_argument("--timeout", type=float, default=None, help="seconds before the run fails")
-    run.add_argument("--map", metavar="PATH", help="map this folder as pages first; the run gets their ids")
+    run.add_argument(
+        "--map",
+        metavar="PATH",
+        help="map this folder as pages first; the run gets their ids (with --url: a folder the cluster sees)",
+    )
     run.add_argument(
         "--page-tokens", type=int, default=1024, help="page size for --map (tokens, estimated; default 1024)"
     )

@@ -1,0 +1,104 @@
+"""Which HTTP API a `colony` command talks to, and with which token: `--url`/`$COLONY_URL` (a cluster
+started elsewhere, e.g. the Kubernetes Service, with `--token`/`$COLONY_API_TOKEN`), else the local
+cluster `colony up` started. The local cluster's token is sent only to the local cluster's address."""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+from typing import Any
+
+import httpx
+
+from colony.config import ColonySettings
+from colony.errors import ColonyError
+
+URL_ENV = "COLONY_URL"  # the API of a cluster started elsewhere (e.g. the Kubernetes Service)
+TOKEN_ENV = "COLONY_API_TOKEN"
+
+
+class ApiTarget:
+    """Which API a command talks to and with which token: `--url`/`$COLONY_URL` (a cluster started
+    elsewhere, with `--token`/`$COLONY_API_TOKEN`), else the local cluster `colony up` started."""
+
+    def __init__(self, url: str, token: str, *, remote: bool, local: Any = None) -> None:
+        self.url, self.token, self.remote, self.local = url, token, remote, local
+
+    @classmethod
+    def of(cls, args: argparse.Namespace, settings: ColonySettings) -> ApiTarget | None:
+        """None: no `--url` and no local cluster running."""
+        from colony.serve import cluster
+
+        url = getattr(args, "url", None) or os.environ.get(URL_ENV) or None
+        token = getattr(args, "token", None) or os.environ.get(TOKEN_ENV) or None
+        if url is None:
+            info = cluster.status(settings)
+            if info is None:
+                return None
+            return cls(info.url, token or info.token, remote=False, local=info)
+        url = checked_url(url)
+        if token is None:  # the local cluster's token goes only to the local cluster's own address
+            info = cluster.status(settings)
+            if info is not None and info.url.rstrip("/") == url:
+                return cls(url, info.token, remote=False, local=info)
+        return cls(url, token or "", remote=True)
+
+
+def checked_url(url: str) -> str:
+    """`--url`: an http(s) address with a host, and no credentials or query in it."""
+    parsed = httpx.URL(url) if "://" in url else None
+    if parsed is None or parsed.scheme not in ("http", "https") or not parsed.host:
+        raise ColonyError(f"--url {url!r}: give the API's address, e.g. http://colony.example:8000")
+    if parsed.userinfo or parsed.query or parsed.fragment:
+        raise ColonyError("--url: no user, password, query or fragment in the address (give --token)")
+    if parsed.scheme == "http" and parsed.host not in ("localhost", "127.0.0.1", "::1"):
+        print(
+            f"colony: warning: {parsed.host} is reached over plain http: the token travels unencrypted "
+            "(use https, or a port-forward to localhost)",
+            file=sys.stderr,
+        )
+    return str(parsed).rstrip("/")
+
+
+def api_target(args: argparse.Namespace, settings: ColonySettings) -> ApiTarget:
+    target = ApiTarget.of(args, settings)
+    if target is None:
+        raise ColonyError(
+            "Colony is not running here; start it with `colony up`, or give the address of a cluster "
+            f"started elsewhere with --url (or ${URL_ENV}) and its token with --token (or ${TOKEN_ENV})"
+        )
+    return target
+
+
+def api_error(target: ApiTarget, exc: ColonyError) -> ColonyError:
+    """An error of a call to `target`, with what to do when the token was refused."""
+    from colony.client import ApiError
+
+    if isinstance(exc, ApiError) and exc.status == 401:
+        given = "the token given was refused" if target.token else "no token was given"
+        return ColonyError(
+            f"{exc} ({given}: pass the cluster's API token with --token or ${TOKEN_ENV}; on Kubernetes "
+            "it is in the chart's token Secret, see docs/deploy.md)"
+        )
+    return exc
+
+
+def remote_health(client: Any, target: ApiTarget) -> dict[str, Any]:
+    """`/healthz` of a cluster started elsewhere (no token needed); an address where no Colony API
+    answers is an error, a degraded one (Redis away) is reported."""
+    from colony.client import ApiError
+
+    try:
+        health: dict[str, Any] = client.health()
+    except ValueError:  # not JSON: some other web server
+        raise ColonyError(f"{target.url} does not answer like a Colony API (/healthz is not JSON)") from None
+    except httpx.HTTPError as exc:
+        raise ColonyError(f"no Colony API answers at {target.url}: {exc or type(exc).__name__}") from None
+    except ApiError as exc:
+        if exc.status != 503:
+            raise ColonyError(f"{target.url} does not answer like a Colony API: {exc}") from None
+        return {"status": "degraded", "reason": str(exc)}
+    if not isinstance(health, dict) or "status" not in health:
+        raise ColonyError(f"{target.url} does not answer like a Colony API (its /healthz has no status)")
+    return health

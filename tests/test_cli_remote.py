@@ -1,0 +1,169 @@
+"""`colony run|status --url/--token` (and COLONY_URL / COLONY_API_TOKEN) against an address that is
+not the local cluster: what is sent, what is refused, and the messages a user gets. The API here is
+a small recording HTTP server (the CLI's behaviour is under test, not the API's); the same commands
+against a real cluster started elsewhere are in tests/test_cluster.py."""
+
+from __future__ import annotations
+
+import json
+import threading
+from collections.abc import Iterator
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from colony import cli
+
+
+class Recorder:
+    """What the fake API saw, and how it answers: `token` None accepts any request."""
+
+    def __init__(self) -> None:
+        self.requests: list[tuple[str, str, str | None]] = []  # method, path, Authorization
+        self.token: str | None = None
+        self.healthz: tuple[int, bytes] = (200, b'{"status": "ok", "version": "0.1.0"}')
+
+
+@pytest.fixture
+def fake_api() -> Iterator[tuple[str, Recorder]]:
+    recorder = Recorder()
+
+    class Handler(BaseHTTPRequestHandler):
+        def log_message(self, *args: Any) -> None:
+            pass
+
+        def _answer(self, code: int, body: Any) -> None:
+            data = body if isinstance(body, bytes) else json.dumps(body).encode()
+            self.send_response(code)
+            self.send_header("Content-Type", "application/json")
+            self.send_header("Content-Length", str(len(data)))
+            self.end_headers()
+            self.wfile.write(data)
+
+        def _handle(self) -> None:
+            auth = self.headers.get("Authorization")
+            recorder.requests.append((self.command, self.path, auth))
+            if self.path == "/healthz":
+                return self._answer(*recorder.healthz)
+            if recorder.token is not None and auth != f"Bearer {recorder.token}":
+                return self._answer(401, {"error": {"code": "unauthorized", "message": "bad token"}})
+            if self.path in ("/v1/agents", "/v1/replicas"):
+                listed = [{"agent_id": "echo", "state": "idle"}] if "agents" in self.path else []
+                return self._answer(200, listed)
+            if self.path == "/v1/runs" and self.command == "POST":
+                return self._answer(202, {"run_id": "run-1", "status": "queued"})
+            if self.path == "/v1/runs/run-1/events":
+                event = {"event_type": "completed", "run_id": "run-1", "seq": 1, "data": {}}
+                return self._answer(200, f"id: 1-0\ndata: {json.dumps(event)}\n\n".encode())
+            if self.path == "/v1/runs/run-1":
+                return self._answer(200, {"run_id": "run-1", "status": "succeeded", "output": {"ok": 1}})
+            return self._answer(404, {"error": {"code": "not_found", "message": self.path}})
+
+        do_GET = do_POST = _handle
+
+    server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    yield f"http://127.0.0.1:{server.server_address[1]}", recorder
+    server.shutdown()
+    server.server_close()
+
+
+@pytest.fixture(autouse=True)
+def no_local_cluster(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    """A data dir with a local token file and no running cluster: nothing here may leak it."""
+    for name in ("COLONY_URL", "COLONY_API_TOKEN", "COLONY_CONFIG"):
+        monkeypatch.delenv(name, raising=False)
+    monkeypatch.setenv("COLONY_DATA_DIR", str(tmp_path))
+    (tmp_path / "api-token").write_text("local-secret-token\n")
+    return tmp_path
+
+
+def test_status_reaches_a_cluster_elsewhere_without_sending_the_local_token(
+    fake_api: tuple[str, Recorder], capsys: pytest.CaptureFixture[str]
+) -> None:
+    url, recorder = fake_api
+    assert cli.main(["status", "--url", url, "--json"]) == 0
+    report = json.loads(capsys.readouterr().out)
+    assert report["running"] and report["url"] == url and report["health"] == "ok"
+    assert report["agents"] == 1 and "redis" not in report and "token" not in report
+    assert recorder.requests and all(auth is None for _m, _p, auth in recorder.requests)
+    assert not any("local-secret-token" in str(r) for r in recorder.requests)
+
+
+def test_run_with_url_and_token_from_the_environment(
+    fake_api: tuple[str, Recorder], monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    url, recorder = fake_api
+    recorder.token = "remote-T"
+    monkeypatch.setenv("COLONY_URL", url + "/")
+    monkeypatch.setenv("COLONY_API_TOKEN", "remote-T")
+    assert cli.main(["run", "echo", "--input", '{"ok": 1}', "--json", "-q"]) == 0
+    assert json.loads(capsys.readouterr().out) == {"ok": 1}
+    posted = [r for r in recorder.requests if r[0] == "POST"]
+    assert posted == [("POST", "/v1/runs", "Bearer remote-T")]
+
+
+def test_a_refused_token_says_where_to_get_the_right_one(
+    fake_api: tuple[str, Recorder], capsys: pytest.CaptureFixture[str]
+) -> None:
+    url, recorder = fake_api
+    recorder.token = "remote-T"
+    assert cli.main(["run", "echo", "--url", url, "--token", "wrong"]) == 2
+    err = capsys.readouterr().err
+    assert "HTTP 401" in err and "--token" in err and "COLONY_API_TOKEN" in err and "the token given" in err
+    assert cli.main(["run", "echo", "--url", url]) == 2
+    assert "no token was given" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize(
+    "url, message",
+    [
+        ("colony.example:8000", "give the API's address"),
+        ("ftp://colony.example", "give the API's address"),
+        ("http://user:pw@colony.example:8000", "no user, password"),
+        ("http://colony.example:8000/?x=1", "no user, password"),
+    ],
+)
+def test_bad_urls_are_refused_before_anything_is_sent(
+    url: str, message: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    assert cli.main(["run", "echo", "--url", url]) == 2
+    assert message in capsys.readouterr().err
+
+
+def test_plain_http_to_another_host_warns_that_the_token_travels_unencrypted(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    # a reserved address nothing answers on: the command fails, after the warning
+    code = cli.main(["status", "--url", "http://192.0.2.1:9", "--token", "T"])
+    err = capsys.readouterr().err
+    assert "plain http" in err and code == 2 and "no Colony API answers at http://192.0.2.1:9" in err
+
+
+def test_an_address_that_is_not_a_colony_api_is_named(
+    fake_api: tuple[str, Recorder], capsys: pytest.CaptureFixture[str]
+) -> None:
+    url, recorder = fake_api
+    recorder.healthz = (200, b"<html>hello</html>")
+    assert cli.main(["status", "--url", url]) == 2
+    assert "does not answer like a Colony API" in capsys.readouterr().err
+    recorder.healthz = (503, b'{"status": "degraded", "reason": "Redis unavailable"}')
+    assert cli.main(["status", "--url", url, "--json"]) == 0
+    assert json.loads(capsys.readouterr().out)["health"] == "degraded"
+
+
+def test_no_cluster_and_no_url_names_both_ways(capsys: pytest.CaptureFixture[str]) -> None:
+    assert cli.main(["run", "echo"]) == 2
+    err = capsys.readouterr().err
+    assert "colony up" in err and "--url" in err and "COLONY_URL" in err
+
+
+def test_map_with_url_sends_the_clusters_absolute_path_and_refuses_a_relative_one(
+    fake_api: tuple[str, Recorder], capsys: pytest.CaptureFixture[str]
+) -> None:
+    url, _recorder = fake_api
+    assert cli.main(["run", "analyze", "--url", url, "--token", "T", "--map", "src"]) == 2
+    assert "absolute path as the cluster's pods see it" in capsys.readouterr().err
