@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import os
 import time
 from collections.abc import AsyncIterator, Iterator
 from typing import Any
@@ -16,9 +17,16 @@ from colony.errors import ApiError
 __all__ = ["ApiError", "AsyncColonyClient", "ColonyClient"]
 
 
-def _auth_headers(token: str | None) -> dict[str, str]:
-    """`Authorization` for `token`; None: the token the API itself reads (COLONY_API_TOKEN, the
-    config file's `api_token`, else the token file `api.token_file` / `<data_dir>/api-token`)."""
+LOOPBACK_HOSTS = frozenset({"localhost", "127.0.0.1", "::1"})
+
+
+def _auth_headers(token: str | None, url: str) -> dict[str, str]:
+    """`Authorization` for `token`; None: for an API on this machine, the token it reads itself
+    (COLONY_API_TOKEN, the config file's `api_token`, else the token file `api.token_file` /
+    `<data_dir>/api-token`); for any other address only $COLONY_API_TOKEN, so the local cluster's
+    token never goes to a server elsewhere. "" sends no token."""
+    if token is None and httpx.URL(url).host not in LOOPBACK_HOSTS:
+        token = os.environ.get("COLONY_API_TOKEN") or ""
     if token is None:
         from colony.api.auth import TokenSource
         from colony.config import load_settings
@@ -126,7 +134,7 @@ class ColonyClient:
     ) -> None:
         """`reconnect_seconds`: how long `events()` keeps reconnecting a broken event stream
         without receiving an event (0: never reconnects)."""
-        headers = _auth_headers(token)
+        headers = _auth_headers(token, url)
         self.reconnect_seconds = reconnect_seconds
         self._http = httpx.Client(
             base_url=url.rstrip("/"), headers=headers, timeout=timeout, transport=transport
@@ -248,7 +256,7 @@ class AsyncColonyClient:
         transport: httpx.AsyncBaseTransport | None = None,
         reconnect_seconds: float = 30.0,
     ) -> None:
-        headers = _auth_headers(token)
+        headers = _auth_headers(token, url)
         self.reconnect_seconds = reconnect_seconds
         self._http = httpx.AsyncClient(
             base_url=url.rstrip("/"), headers=headers, timeout=timeout, transport=transport

@@ -167,3 +167,20 @@ def test_map_with_url_sends_the_clusters_absolute_path_and_refuses_a_relative_on
     url, _recorder = fake_api
     assert cli.main(["run", "analyze", "--url", url, "--token", "T", "--map", "src"]) == 2
     assert "absolute path as the cluster's pods see it" in capsys.readouterr().err
+
+
+def test_the_python_client_sends_the_local_token_only_to_this_machine(
+    fake_api: tuple[str, Recorder], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from colony.client import ColonyClient
+
+    url, recorder = fake_api
+    with ColonyClient(url) as client:  # 127.0.0.1: the token this machine's API reads (its token file)
+        client.agents()
+    with ColonyClient(url.replace("127.0.0.1", "localhost")) as client:
+        client.agents()
+    remote = ColonyClient("http://colony.example:8000")  # elsewhere: no token unless given
+    assert "authorization" not in remote._http.headers
+    monkeypatch.setenv("COLONY_API_TOKEN", "env-T")
+    assert ColonyClient("https://colony.example")._http.headers["authorization"] == "Bearer env-T"
+    assert [auth for _m, _p, auth in recorder.requests] == ["Bearer local-secret-token"] * 2
