@@ -218,6 +218,12 @@ class RunsSettings(BaseModel):
     )
 
 
+# `agents:` names, like the built-ins' (echo, ask, analyze): a run names its agent by it over HTTP
+AGENT_NAME_PATTERN = re.compile(r"[a-z][a-z0-9_-]{0,63}")
+# `agents:` values: "package.module:factory", a dotted module path and an attribute of it
+AGENT_FACTORY_PATTERN = re.compile(r"[A-Za-z_]\w*(?:\.[A-Za-z_]\w*)*:[A-Za-z_]\w*", re.ASCII)
+
+
 class ColonySettings(BaseSettings):
     """Every setting of a Colony process."""
 
@@ -249,11 +255,38 @@ class ColonySettings(BaseSettings):
     planning: PlanningSettings = Field(default_factory=PlanningSettings)
     vcm: VcmSettings = Field(default_factory=VcmSettings)
     runs: RunsSettings = Field(default_factory=RunsSettings)
+    agents: dict[str, str] = Field(
+        default_factory=dict,
+        description="User agents: name -> 'package.module:factory' (a function of the agent id returning "
+        "an AgentBlueprint). Operator config, trusted: the module is imported by every replica "
+        "(docs/agents.md, User agents).",
+    )
 
     @field_validator("data_dir")
     @classmethod
     def _expand_data_dir(cls, value: Path) -> Path:
         return value.expanduser()
+
+    @field_validator("agents")
+    @classmethod
+    def _check_agents(cls, value: dict[str, str]) -> dict[str, str]:
+        """Names a run can address and import paths of the "module:function" form, checked when the
+        settings load; whether the module imports and what the factory returns is checked where the
+        agents are built (colony.system.catalog), since only the replicas' image has the package."""
+        problems = []
+        for name, path in value.items():
+            if not AGENT_NAME_PATTERN.fullmatch(name):
+                problems.append(
+                    f"agents: {name!r} is not an agent name (1-64 characters: lowercase letters, "
+                    "digits, '_' and '-', starting with a letter)"
+                )
+            if not isinstance(path, str) or not AGENT_FACTORY_PATTERN.fullmatch(path):
+                problems.append(
+                    f"agents.{name}: {path!r} is not an import path of the form 'package.module:factory'"
+                )
+        if problems:
+            raise ValueError("; ".join(problems))
+        return value
 
     @field_validator("redis_url")
     @classmethod

@@ -32,7 +32,7 @@ from colony.blackboard import Blackboard, BlackboardScope, create_redis, resolve
 from colony.config import ColonySettings, load_settings
 from colony.errors import ReplicaUnavailable
 from colony.serve.replicas import ServeReplicas, remote_result
-from colony.system.catalog import BUILTIN_AGENTS
+from colony.system.catalog import BUILTIN_AGENTS, colony_blueprints
 from colony.system.control import ControlPlane
 from colony.system.host import ReplicaHost
 from colony.system.registry import AgentRegistry
@@ -198,13 +198,15 @@ class AgentSystemDeployment:
         return (await (await self._plane()).resume(agent_id)).model_dump(mode="json")
 
     async def ensure_builtins(self) -> list[str]:
+        """Place the agents the colony starts with: the built-ins and the `agents:` user agents
+        (their packages must be importable in this replica and the engine replicas)."""
         async with self._lock:
             if not self._builtins_ready:
                 plane = await self._plane()
-                for name, make in BUILTIN_AGENTS.items():
-                    await plane.place(make(name))
+                for blueprint in colony_blueprints(self.settings).values():
+                    await plane.place(blueprint)
                 self._builtins_ready = True
-        return sorted(BUILTIN_AGENTS)
+        return sorted({*BUILTIN_AGENTS, *self.settings.agents})
 
     async def check_health(self) -> None:
         await self._plane()
@@ -270,6 +272,10 @@ def build_app(args: dict[str, Any] | None = None, *, settings: ColonySettings | 
     if settings is None:
         config = args.get("config")
         settings = load_settings(Path(config) if config else None)
+    # user agents (`agents:`) are imported and built here first: a module that does not import, a
+    # factory that returns no blueprint or a name taken by a built-in stops the deploy with a
+    # ConfigError naming the setting (`colony up` prints it) instead of failing inside a replica
+    colony_blueprints(settings)
     data = settings_to_dict(settings)
     replicas = EngineReplica.options(
         num_replicas=int(args.get("replicas", 1)),

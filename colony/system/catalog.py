@@ -1,15 +1,113 @@
-"""The built-in agents every colony starts with, by name."""
+"""The agents every colony starts with, by name: the built-ins, and the operator's own agents named
+in the `agents:` settings (`name: "package.module:factory"`).
+
+A user agent is built exactly like a built-in: a factory called with the agent id returns an
+`AgentBlueprint`, the control plane places it when the colony starts, and runs reach it through
+`POST /v1/runs` by that name. The import path is operator configuration and trusted like the code
+of the image itself: importing it runs the package's code in every replica. Nothing a request
+carries ever chooses what is imported; requests can only name an agent that is already placed.
+"""
 
 from __future__ import annotations
 
-from collections.abc import Callable
+import importlib
+from collections.abc import Callable, Mapping
+from typing import cast
 
 from colony.agents import AgentBlueprint
+from colony.config import ColonySettings
+from colony.errors import ConfigError
 from colony.system.analyze import analyze_blueprint
 from colony.system.builtin import ask_blueprint, echo_blueprint
 
-BUILTIN_AGENTS: dict[str, Callable[[str], AgentBlueprint]] = {
+AgentFactory = Callable[[str], AgentBlueprint]
+
+BUILTIN_AGENTS: dict[str, AgentFactory] = {
     "echo": echo_blueprint,
     "ask": ask_blueprint,
     "analyze": analyze_blueprint,
 }
+
+_INSTALL_HINT = (
+    "install the package where Colony runs (the image: a `FROM colony` image that pip-installs it, "
+    "docker/README.md; a local `colony up`: the venv, or its folder on PYTHONPATH)"
+)
+
+
+def _problem(name: str, path: str, what: str) -> ConfigError:
+    return ConfigError(f"user agent agents.{name} = {path!r}: {what}")
+
+
+def resolve_factory(name: str, path: str) -> AgentFactory:
+    """Import `package.module:factory` and return the factory; `ConfigError` naming the setting and
+    the fix when the module does not import or has no such callable."""
+    module_name, _, attribute = path.partition(":")
+    try:
+        module = importlib.import_module(module_name)
+    except ModuleNotFoundError as exc:
+        missing = exc.name or module_name
+        raise _problem(
+            name, path, f"cannot import module {module_name!r} (no module named {missing!r}); {_INSTALL_HINT}"
+        ) from exc
+    except Exception as exc:  # the package's own code failed while importing
+        raise _problem(
+            name, path, f"importing module {module_name!r} raised {type(exc).__name__}: {exc}"
+        ) from exc
+    factory = getattr(module, attribute, None)
+    if factory is None:
+        raise _problem(name, path, f"module {module_name!r} has no attribute {attribute!r}")
+    if not callable(factory):
+        raise _problem(
+            name, path, f"{attribute!r} is a {type(factory).__name__}, not a function returning a blueprint"
+        )
+    return cast(AgentFactory, factory)
+
+
+def build_blueprint(name: str, factory: AgentFactory, path: str = "") -> AgentBlueprint:
+    """`factory(name)`, checked: it must return an `AgentBlueprint` whose agent id is `name` (the id
+    runs address), else `ConfigError` saying what it returned."""
+    where = path or getattr(factory, "__qualname__", repr(factory))
+    try:
+        blueprint = factory(name)
+    except Exception as exc:
+        raise _problem(name, where, f"the factory raised {type(exc).__name__}: {exc}") from exc
+    if not isinstance(blueprint, AgentBlueprint):
+        raise _problem(
+            name,
+            where,
+            f"the factory returned a {type(blueprint).__module__}.{type(blueprint).__qualname__}; "
+            "it must return a colony.agents.AgentBlueprint",
+        )
+    if blueprint.metadata.agent_id != name:
+        raise _problem(
+            name,
+            where,
+            f"the factory returned a blueprint for agent {blueprint.metadata.agent_id!r}; it must use the "
+            f"agent id it is called with ({name!r}), e.g. AgentMetadata(agent_id=agent_id)",
+        )
+    return blueprint
+
+
+def user_agents(agents: Mapping[str, str]) -> dict[str, AgentFactory]:
+    """The factories of the `agents:` settings, imported; `ConfigError` listing the first problem
+    (a name taken by a built-in, a module that does not import, no such factory)."""
+    factories: dict[str, AgentFactory] = {}
+    for name, path in agents.items():
+        if name in BUILTIN_AGENTS:
+            raise _problem(
+                name,
+                path,
+                f"{name!r} is a built-in agent ({', '.join(sorted(BUILTIN_AGENTS))}) and cannot be "
+                "replaced; give the user agent another name",
+            )
+        factories[name] = resolve_factory(name, path)
+    return factories
+
+
+def colony_blueprints(settings: ColonySettings) -> dict[str, AgentBlueprint]:
+    """Every agent the colony starts with, built: the built-ins, then the user agents, each checked
+    (`ConfigError` on the first bad one)."""
+    blueprints = {name: make(name) for name, make in BUILTIN_AGENTS.items()}
+    for name, factory in user_agents(settings.agents).items():
+        blueprints[name] = build_blueprint(name, factory, settings.agents[name])
+    return blueprints

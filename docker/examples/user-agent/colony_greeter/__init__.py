@@ -1,0 +1,1 @@
+"""Example user agents for Colony (docker/README.md, User agents)."""
