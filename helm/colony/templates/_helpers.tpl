@@ -1,0 +1,150 @@
+{{/* Names and labels shared by every template. */}}
+
+{{- define "colony.name" -}}
+{{- default .Chart.Name .Values.nameOverride | trunc 63 | trimSuffix "-" -}}
+{{- end -}}
+
+{{/* <release>-colony, or the release name alone when it already contains the chart name. */}}
+{{- define "colony.fullname" -}}
+{{- if .Values.fullnameOverride -}}
+{{- .Values.fullnameOverride | trunc 40 | trimSuffix "-" -}}
+{{- else -}}
+{{- $name := default .Chart.Name .Values.nameOverride -}}
+{{- if contains $name .Release.Name -}}
+{{- .Release.Name | trunc 40 | trimSuffix "-" -}}
+{{- else -}}
+{{- printf "%s-%s" .Release.Name $name | trunc 40 | trimSuffix "-" -}}
+{{- end -}}
+{{- end -}}
+{{- end -}}
+
+{{- define "colony.selectorLabels" -}}
+app.kubernetes.io/name: {{ include "colony.name" . }}
+app.kubernetes.io/instance: {{ .Release.Name }}
+{{- end -}}
+
+{{- define "colony.labels" -}}
+helm.sh/chart: {{ printf "%s-%s" .Chart.Name .Chart.Version | replace "+" "_" }}
+{{ include "colony.selectorLabels" . }}
+app.kubernetes.io/version: {{ .Chart.AppVersion | quote }}
+app.kubernetes.io/managed-by: {{ .Release.Service }}
+{{- end -}}
+
+{{- define "colony.authSecretName" -}}
+{{- .Values.auth.existingSecret | default (printf "%s-auth" (include "colony.fullname" .)) -}}
+{{- end -}}
+
+{{- define "colony.redisSecretName" -}}
+{{- .Values.redis.auth.existingSecret | default (printf "%s-redis" (include "colony.fullname" .)) -}}
+{{- end -}}
+
+{{- define "colony.redisHost" -}}
+{{- printf "%s-redis" (include "colony.fullname" .) -}}
+{{- end -}}
+
+{{- define "colony.externalRedisSecretName" -}}
+{{- .Values.redis.external.existingSecret | default (printf "%s-redis-url" (include "colony.fullname" .)) -}}
+{{- end -}}
+
+{{- define "colony.configPath" -}}/etc/colony/colony.yaml{{- end -}}
+
+{{- define "colony.clusterLabel" -}}
+{{- .Values.metrics.cluster | default .Release.Name -}}
+{{- end -}}
+
+{{/* A value kept across upgrades: given > already in the cluster's Secret > new random.
+     Arguments: dict "given" "existing" (the Secret's data map) "key" "length". Result: base64. */}}
+{{- define "colony.keptSecretValue" -}}
+{{- if .given -}}
+{{- .given | b64enc -}}
+{{- else if (get .existing .key) -}}
+{{- get .existing .key -}}
+{{- else -}}
+{{- randAlphaNum (int .length) | b64enc -}}
+{{- end -}}
+{{- end -}}
+
+{{/* The colony settings file as it lands in the ConfigMap (also hashed into the pods). */}}
+{{- define "colony.settingsYaml" -}}
+# Colony settings (colony.config.ColonySettings), rendered by the Helm chart from `.Values.colony`.
+# Secrets come from the environment: COLONY_API_TOKEN, COLONY_SECRET, COLONY_REDIS_URL.
+{{ toYaml .Values.colony }}
+{{- end -}}
+
+{{/* The environment every Ray container gets: secrets only by reference. */}}
+{{- define "colony.rayEnv" -}}
+- name: COLONY_CONFIG
+  value: {{ include "colony.configPath" . }}
+- name: COLONY_API_TOKEN
+  valueFrom:
+    secretKeyRef:
+      name: {{ include "colony.authSecretName" . }}
+      key: api-token
+- name: COLONY_SECRET
+  valueFrom:
+    secretKeyRef:
+      name: {{ include "colony.authSecretName" . }}
+      key: colony-secret
+{{- if .Values.redis.enabled }}
+- name: REDIS_PASSWORD
+  valueFrom:
+    secretKeyRef:
+      name: {{ include "colony.redisSecretName" . }}
+      key: redis-password
+- name: COLONY_REDIS_URL
+  # $(REDIS_PASSWORD) is expanded by the kubelet from the variable above
+  value: {{ printf "redis://:$(REDIS_PASSWORD)@%s:%d/0" (include "colony.redisHost" .) (int .Values.redis.port) | quote }}
+{{- else }}
+- name: COLONY_REDIS_URL
+  valueFrom:
+    secretKeyRef:
+      name: {{ include "colony.externalRedisSecretName" . }}
+      key: redis-url
+{{- end }}
+- name: RAY_USAGE_STATS_ENABLED
+  value: "0"
+{{- with .Values.extraEnv }}
+{{ toYaml . }}
+{{- end }}
+{{- end -}}
+
+{{- define "colony.rayVolumeMounts" -}}
+- name: colony-config
+  mountPath: /etc/colony
+  readOnly: true
+- name: colony-data
+  mountPath: {{ .Values.colony.data_dir | default "/var/lib/colony" }}
+- name: dshm
+  mountPath: /dev/shm
+{{- end -}}
+
+{{/* Volumes of a Ray pod; argument: dict "root" $ "shm" "<size>". */}}
+{{- define "colony.rayVolumes" -}}
+- name: colony-config
+  configMap:
+    name: {{ include "colony.fullname" .root }}-config
+- name: colony-data
+  emptyDir: {}
+- name: dshm
+  emptyDir:
+    medium: Memory
+    sizeLimit: {{ .shm }}
+{{- end -}}
+
+{{/* Pod-level settings of every Ray pod. */}}
+{{- define "colony.rayPodSpec" -}}
+enableServiceLinks: false
+automountServiceAccountToken: false
+{{- with .Values.imagePullSecrets }}
+imagePullSecrets:
+{{ toYaml . }}
+{{- end }}
+{{- with .Values.podSecurityContext }}
+securityContext:
+{{ toYaml . | indent 2 }}
+{{- end }}
+{{- end -}}
+
+{{- define "colony.image" -}}
+{{- printf "%s:%s" .Values.image.repository .Values.image.tag -}}
+{{- end -}}
