@@ -13,6 +13,8 @@ offline), image pulls, a real install, GPUs. docs/deploy.md says the same.
 from __future__ import annotations
 
 import base64
+import importlib.util
+import json
 import os
 import shutil
 from pathlib import Path
@@ -303,15 +305,32 @@ def _ray_env_names(out: Rendered) -> set[str]:
     return {name for name in names if name.startswith("COLONY_")}
 
 
+def test_values_schema_is_the_generated_one() -> None:
+    """values.schema.json is what helm/values_schema.py writes (its `colony:` block is derived from
+    ColonySettings): a new or changed setting needs the generator run again."""
+    spec = importlib.util.spec_from_file_location("values_schema", CHART.parent / "values_schema.py")
+    assert spec is not None and spec.loader is not None
+    generator = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(generator)
+    committed = json.loads((CHART / "values.schema.json").read_text())
+    assert committed == generator.schema(), "run: .venv/bin/python helm/values_schema.py"
+
+
 def test_colony_block_accepts_only_settings_and_no_secrets() -> None:
     """values.schema.json's `colony` block lists settings of ColonySettings, never the secret ones."""
     from colony.config import ColonySettings
 
-    schema = yaml.safe_load((CHART / "values.schema.json").read_text())
-    keys = set(schema["properties"]["colony"]["properties"])
+    block = json.loads((CHART / "values.schema.json").read_text())["properties"]["colony"]
+    keys = set(block["properties"])
     assert keys <= set(ColonySettings.model_fields), keys - set(ColonySettings.model_fields)
-    assert not keys & {"api_token", "secret", "redis_url", "secret_file"}
-    assert schema["properties"]["colony"]["additionalProperties"] is False
+    assert not keys & {"api_token", "secret", "redis_url"}
+    assert "api_key" not in block["properties"]["engine"]["properties"]
+    assert block["additionalProperties"] is False
+    assert all(
+        section.get("additionalProperties") is False
+        for section in block["properties"].values()
+        if "properties" in section
+    )
 
 
 # --- what users rely on -----------------------------------------------------------------------------
@@ -326,7 +345,11 @@ def test_colony_block_accepts_only_settings_and_no_secrets() -> None:
         ({"serve": {"engine": {"replicaz": 2}}}, "additional properties 'replicaz'"),
         ({"colony": {"api_token": "t" * 40}}, "additional properties 'api_token'"),
         ({"colony": {"redis_url": "redis://:p@h:6379/0"}}, "additional properties 'redis_url'"),
-        ({"colony": {"serve": {"host": "127.0.0.1"}}}, "/colony/serve/host"),
+        ({"colony": {"engine": {"modle": "x"}}}, "additional properties 'modle'"),
+        ({"colony": {"engine": {"api_key": "sk-plain"}}}, "additional properties 'api_key'"),
+        ({"colony": {"runs": {"retention_seconds": 0}}}, "/colony/runs/retention_seconds"),
+        ({"colony": {"engine": {"kind": "gpt"}}}, "/colony/engine/kind"),
+        ({"colony": {"data_dir": "relative/dir"}}, "/colony/data_dir"),
         ({"colony": {"agents": {"Bad Name": "pkg.mod:make"}}}, "'Bad Name' does not match"),
         ({"colony": {"agents": {"mine": "not an import path"}}}, "/colony/agents/mine"),
         ({"redis": {"auth": {"password": "short"}}}, "/redis/auth/password"),
