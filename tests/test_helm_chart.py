@@ -511,6 +511,7 @@ def test_one_dashboard_configmap_per_json_file(rendered: dict[str, Rendered], tm
     # zero files render none; many render one each, labelled for Grafana's sidecar
     chart = tmp_path / "colony"
     shutil.copytree(CHART, chart)
+    (chart / "dashboards").mkdir(exist_ok=True)  # git keeps no empty folder
     for old in (chart / "dashboards").glob("*.json"):
         old.unlink()
     assert [
