@@ -254,6 +254,8 @@ def test_serve_config_parses_and_the_app_builds_from_it(
     assert config.http_options.host == "0.0.0.0" and config.http_options.port == 8000
     (app,) = config.applications
     assert app.import_path == "colony.serve.app:build_app"
+    # the args build_app reads (a misspelt one would be ignored without a word)
+    assert set(app.args) == {"config", "replicas", "replica_cpus"}
 
     # the settings file the pods mount, at the path args.config names
     configmap = out.one("ConfigMap", f"{RELEASE}-config")
