@@ -2,11 +2,33 @@
 
 Names follow Prometheus conventions (`colony_*_total` for counters, `_seconds` for durations);
 label values are bounded sets (operation names, never keys or ids).
+
+Cluster-wide figures. A scrape of `/metrics` reaches one API replica, while most figures are
+observed in other processes (engine replicas, the control plane, other API replicas). So every
+process publishes the families in `PUBLISHED` into Redis (`published_counters()`: counters, and
+histograms as bucket counts), and the answering API sums them as `colony_cluster_*`; replica
+heartbeats give the per-replica `colony_replica_*` families (engine tokens and latency histograms,
+pages, agents). Both are read from Redis at scrape time, so any API replica answers the same. The
+dashboards (colony/dashboards.py) read only those families and `colony_agents`. What is read back
+is treated as hostile: bounded counts, finite numbers, known names and label arities only; a
+malformed entry is skipped, never an error of /metrics. docs/metrics.md lists every metric.
 """
 
 from __future__ import annotations
 
+import logging
+import math
+import os
+import socket
+from collections.abc import Iterable, Iterator, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
 from prometheus_client import REGISTRY, Counter, Gauge, Histogram
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily, Metric
+from prometheus_client.utils import floatToGoString
+
+log = logging.getLogger(__name__)
 
 _FAST_BUCKETS = (0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5)
 
@@ -59,11 +81,19 @@ INFERENCE_TOKENS = Counter(
     "Tokens processed by engine kind and kind of token (prompt, cached, completion).",
     ["engine", "kind"],
 )
+# bounds of every inference latency histogram (TTFT, request duration; process and replica ones)
+INFERENCE_LATENCY_BUCKETS = (0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 120.0)
 INFERENCE_TTFT_SECONDS = Histogram(
     "colony_inference_ttft_seconds",
     "Time to first token of inference requests.",
     ["engine"],
-    buckets=(0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0),
+    buckets=INFERENCE_LATENCY_BUCKETS,
+)
+INFERENCE_REQUEST_SECONDS = Histogram(
+    "colony_inference_request_seconds",
+    "Duration of inference requests, from the call to the last token.",
+    ["engine"],
+    buckets=INFERENCE_LATENCY_BUCKETS,
 )
 INFERENCE_PAGE_OPS = Counter(
     "colony_inference_page_ops_total",
@@ -77,10 +107,9 @@ RUNS_SUBMITTED = Counter(
 RUNS_COMPLETED = Counter(
     "colony_runs_completed_total", "Runs that reached a terminal state, by status.", ["status"]
 )
+_RUN_BUCKETS = (0.01, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 300.0)
 RUN_DURATION_SECONDS = Histogram(
-    "colony_run_duration_seconds",
-    "Submit-to-terminal time of runs.",
-    buckets=(0.01, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 300.0),
+    "colony_run_duration_seconds", "Submit-to-terminal time of runs.", buckets=_RUN_BUCKETS
 )
 AGENTS = Gauge("colony_agents", "Agents in the registry, by lifecycle state.", ["state"])
 HTTP_REQUESTS = Counter(
@@ -102,91 +131,6 @@ HTTP_REQUEST_SECONDS = Histogram(
 )
 
 
-class ReplicaStatsCollector:
-    """Cluster-wide figures read from Redis at scrape time, so the API's /metrics shows what other
-    processes did: each replica's engine counters, agents and pages (from its heartbeat), and the
-    counters every process publishes (`published_counters()`), summed over processes as
-    `colony_cluster_*`."""
-
-    PAGE_OPS = ("hits", "faults", "loads", "swap_ins", "evictions")
-
-    def __init__(self) -> None:
-        self.snapshot: list[dict[str, object]] = []  # replica heartbeats, set before each scrape
-        self.published: list[dict[str, object]] = []  # one publication per process
-
-    def collect(self):  # type: ignore[no-untyped-def]
-        from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
-
-        tokens = CounterMetricFamily(
-            "colony_replica_inference_tokens",
-            "Tokens processed by each replica's engine.",
-            labels=["replica", "kind"],
-        )
-        requests = CounterMetricFamily(
-            "colony_replica_inference_requests",
-            "Requests served by each replica's engine.",
-            labels=["replica"],
-        )
-        ttft = CounterMetricFamily(
-            "colony_replica_inference_ttft_seconds",
-            "Summed time to first token of each replica's engine (divide by requests for the mean).",
-            labels=["replica"],
-        )
-        agents = GaugeMetricFamily(
-            "colony_replica_agents", "Agents hosted by each replica.", labels=["replica"]
-        )
-        page_ops = CounterMetricFamily(
-            "colony_replica_page_ops",
-            "Page operations of each replica: hits, faults, loads, swap_ins, evictions.",
-            labels=["replica", "op"],
-        )
-        resident = GaugeMetricFamily(
-            "colony_replica_resident_pages", "Pages resident in each replica's KV cache.", labels=["replica"]
-        )
-        swapped = GaugeMetricFamily(
-            "colony_replica_swapped_pages", "Pages in each replica's disk tier.", labels=["replica"]
-        )
-        for replica in self.snapshot:
-            name = str(replica.get("replica_id"))
-            stats = replica.get("stats") or {}
-            pages = replica.get("pages") or {}
-            assert isinstance(stats, dict) and isinstance(pages, dict)
-            for kind in ("prompt", "cached", "completion"):
-                tokens.add_metric([name, kind], float(stats.get(f"{kind}_tokens", 0)))
-            requests.add_metric([name], float(stats.get("requests", 0)))
-            ttft.add_metric([name], float(stats.get("ttft_seconds_total", 0.0)))
-            agents.add_metric([name], float(replica.get("agents", 0)))  # type: ignore[arg-type]
-            for op in self.PAGE_OPS:
-                page_ops.add_metric([name, op], float(pages.get(op, 0)))
-            resident.add_metric([name], float(pages.get("resident", 0)))
-            swapped.add_metric([name], float(pages.get("swapped", 0)))
-        return [tokens, requests, ttft, agents, page_ops, resident, swapped, *self._cluster_counters()]
-
-    def _cluster_counters(self):  # type: ignore[no-untyped-def]
-        from prometheus_client.core import CounterMetricFamily
-
-        sums: dict[str, dict[tuple[tuple[str, str], ...], float]] = {}
-        for publication in self.published:
-            for sample in publication.get("samples") or []:  # type: ignore[attr-defined]
-                labels = tuple(sorted(sample["labels"].items()))
-                series = sums.setdefault(sample["name"], {})
-                series[labels] = series.get(labels, 0.0) + float(sample["value"])
-        families = []
-        for counter, label_names in PUBLISHED_COUNTERS:
-            (description,) = counter.describe()
-            name = description.name  # the family name, without _total
-            family = CounterMetricFamily(
-                name.replace("colony_", "colony_cluster_", 1),
-                f"{description.documentation} Summed over every Colony process.",
-                labels=list(label_names),
-            )
-            for labels, value in sorted(sums.get(name + "_total", {}).items()):
-                values = dict(labels)
-                family.add_metric([values.get(n, "") for n in label_names], value)
-            families.append(family)
-        return families
-
-
 PLACEMENTS = Counter(
     "colony_placements_total", "Agent placements by cascade step (hard, soft, retry, suspend).", ["step"]
 )
@@ -196,29 +140,386 @@ AGENT_RESUMPTIONS = Counter(
     "colony_agent_resumptions_total", "Agents resumed, by condition kind.", ["condition"]
 )
 
-PUBLISHED_COUNTERS: tuple[tuple[Counter, tuple[str, ...]], ...] = (
-    (PLACEMENTS, ("step",)),
-    (PLACEMENTS_QUEUED, ()),
-    (AGENT_SUSPENSIONS, ("reason",)),
-    (AGENT_RESUMPTIONS, ("condition",)),
+
+# -- cluster-wide sums: what each process publishes, and how the API adds it up --------------------
+
+
+@dataclass(frozen=True)
+class Published:
+    """One family every process publishes and the API sums as `colony_cluster_<rest of name>`."""
+
+    metric: Counter | Histogram
+    labels: tuple[str, ...] = ()
+    buckets: tuple[float, ...] = ()  # finite upper bounds of a histogram (+Inf is implied)
+
+    @property
+    def name(self) -> str:
+        """The family name (a counter's without `_total`)."""
+        return str(self.metric.describe()[0].name)
+
+    @property
+    def kind(self) -> str:
+        return "histogram" if isinstance(self.metric, Histogram) else "counter"
+
+    @property
+    def cluster_name(self) -> str:
+        return cluster_name(self.name)
+
+    @property
+    def documentation(self) -> str:
+        return f"{self.metric.describe()[0].documentation} Summed over every Colony process."
+
+
+def cluster_name(name: str) -> str:
+    """`colony_x` -> `colony_cluster_x`: the cluster-wide sum of a published family."""
+    return name.replace("colony_", "colony_cluster_", 1)
+
+
+PUBLISHED: tuple[Published, ...] = (
+    Published(PLACEMENTS, ("step",)),
+    Published(PLACEMENTS_QUEUED),
+    Published(AGENT_SUSPENSIONS, ("reason",)),
+    Published(AGENT_RESUMPTIONS, ("condition",)),
+    Published(RUNS_SUBMITTED, ("agent",)),
+    Published(RUNS_COMPLETED, ("status",)),
+    Published(RUN_DURATION_SECONDS, (), _RUN_BUCKETS),
+    Published(HTTP_REQUESTS, ("route", "method", "code")),
+    Published(HTTP_REQUEST_SECONDS, ("route",), _FAST_BUCKETS),
+    Published(BLACKBOARD_OPS, ("op",)),
+    Published(BLACKBOARD_OP_ERRORS, ("op", "error")),
+    Published(BLACKBOARD_CONFLICTS),
+    Published(BLACKBOARD_UPDATE_RETRIES),
+    Published(BLACKBOARD_OP_SECONDS, ("op",), _FAST_BUCKETS),
+    Published(BLACKBOARD_EVENTS_RECEIVED, ("mode",)),
+    Published(BLACKBOARD_EVENT_LAG_SECONDS, (), _FAST_BUCKETS),
+    Published(BLACKBOARD_EVENTS_RECLAIMED),
+    Published(INFERENCE_REQUESTS, ("engine", "outcome")),
+    Published(INFERENCE_TOKENS, ("engine", "kind")),
+    Published(INFERENCE_TTFT_SECONDS, ("engine",), INFERENCE_LATENCY_BUCKETS),
+    Published(INFERENCE_REQUEST_SECONDS, ("engine",), INFERENCE_LATENCY_BUCKETS),
+    Published(INFERENCE_PAGE_OPS, ("engine", "op")),
 )
+PUBLISHED_BY_NAME = {p.name: p for p in PUBLISHED}
+PUBLICATION_FORMAT = 2  # a publication of another format (another Colony version) is skipped
+MAX_SERIES_PER_FAMILY = 512  # label sets one family may show; more are dropped (and logged)
+MAX_PUBLICATIONS = 512  # processes whose publications one scrape sums
+MAX_REPLICAS = 1024
+MAX_LABEL_CHARS = 128
+MAX_COUNT = 1e15  # larger "counts" read back from Redis are not believed
 
 
-def published_counters() -> dict[str, object]:
-    """This process's control-plane counters, for its heartbeat: the API sums them over processes
-    (`colony_cluster_*`). Keyed by process so a process publishing twice is counted once."""
-    import os
-    import socket
+def process_id() -> str:
+    """This process's publication key: host and pid (a restarted process publishes anew)."""
+    return f"{socket.gethostname()}-{os.getpid()}"[:MAX_LABEL_CHARS]
 
-    samples = [
-        {"name": sample.name, "labels": dict(sample.labels), "value": sample.value}
-        for counter, _labels in PUBLISHED_COUNTERS
-        for family in counter.collect()
-        for sample in family.samples
-        if sample.name.endswith("_total")
-    ]
-    return {"process": f"{socket.gethostname()}-{os.getpid()}", "samples": samples}
+
+def _counts(cumulative: Sequence[float]) -> list[float]:
+    """Per-bucket counts from cumulative ones (what is published: sums of them stay valid)."""
+    return [c - (cumulative[i - 1] if i else 0.0) for i, c in enumerate(cumulative)]
+
+
+def _published_family(spec: Published) -> list[list[Any]]:
+    """This process's series of one family: `[label values, value]` for a counter, `[label values,
+    per-bucket counts (the last is +Inf), sum]` for a histogram."""
+    counters: list[list[Any]] = []
+    buckets: dict[tuple[str, ...], list[float]] = {}
+    sums: dict[tuple[str, ...], float] = {}
+    for family in spec.metric.collect():
+        for sample in family.samples:
+            values = tuple(str(sample.labels.get(n, "")) for n in spec.labels)
+            if spec.kind == "counter" and sample.name.endswith("_total"):
+                counters.append([list(values), float(sample.value)])
+            elif sample.name.endswith("_bucket"):
+                buckets.setdefault(values, []).append(float(sample.value))
+            elif sample.name.endswith("_sum"):
+                sums[values] = float(sample.value)
+    if spec.kind == "counter":
+        return counters
+    return [[list(v), _counts(c), sums.get(v, 0.0)] for v, c in sorted(buckets.items())]
+
+
+def published_counters() -> dict[str, Any]:
+    """This process's published families (`PUBLISHED`), for Redis: the API sums them over processes
+    (`colony_cluster_*`). Keyed by process, so a process publishing twice is counted once."""
+    families = {spec.name: _published_family(spec) for spec in PUBLISHED}
+    return {"process": process_id(), "format": PUBLICATION_FORMAT, "families": families}
+
+
+def _count(value: Any) -> float | None:
+    """A count read back from Redis: a finite number in [0, MAX_COUNT], else None."""
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        return None
+    number = float(value)
+    return number if math.isfinite(number) and 0.0 <= number <= MAX_COUNT else None
+
+
+def _label(value: Any) -> str | None:
+    """A label value read back from Redis: a short printable string, else None."""
+    if isinstance(value, str) and 0 < len(value) <= MAX_LABEL_CHARS and value.isprintable():
+        return value
+    return None
+
+
+def _label_values(raw: Any, arity: int) -> tuple[str, ...] | None:
+    if not isinstance(raw, list) or len(raw) != arity:
+        return None
+    values = tuple(
+        v if isinstance(v, str) and len(v) <= MAX_LABEL_CHARS and v.isprintable() else None for v in raw
+    )
+    return None if None in values else values  # type: ignore[return-value]
+
+
+def _bucket_counts(raw: Any, size: int) -> list[float] | None:
+    """Per-bucket counts of a histogram, `size` of them (bounds plus +Inf), each a valid count."""
+    if not isinstance(raw, list) or len(raw) != size:
+        return None
+    counts = [_count(c) for c in raw]
+    return None if None in counts else counts  # type: ignore[return-value]
+
+
+class _Sums:
+    """Series of one family summed over processes, at most MAX_SERIES_PER_FAMILY label sets."""
+
+    def __init__(self, spec: Published) -> None:
+        self.spec = spec
+        self.counters: dict[tuple[str, ...], float] = {}
+        self.histograms: dict[tuple[str, ...], tuple[list[float], float]] = {}
+        self.dropped = 0
+
+    def _room(self, labels: tuple[str, ...], table: Mapping[tuple[str, ...], object]) -> bool:
+        if labels in table or len(table) < MAX_SERIES_PER_FAMILY:
+            return True
+        self.dropped += 1
+        return False
+
+    def add(self, entry: Any) -> None:
+        """Add one published series; a malformed one is skipped."""
+        spec = self.spec
+        if not isinstance(entry, list) or len(entry) != (2 if spec.kind == "counter" else 3):
+            return
+        labels = _label_values(entry[0], len(spec.labels))
+        if labels is None:
+            return
+        if spec.kind == "counter":
+            value = _count(entry[1])
+            if value is not None and self._room(labels, self.counters):
+                self.counters[labels] = self.counters.get(labels, 0.0) + value
+            return
+        counts, total = _bucket_counts(entry[1], len(spec.buckets) + 1), entry[2]
+        if counts is None or isinstance(total, bool) or not isinstance(total, int | float):
+            return
+        if not math.isfinite(float(total)) or not self._room(labels, self.histograms):
+            return
+        old, old_sum = self.histograms.get(labels, ([0.0] * len(counts), 0.0))
+        self.histograms[labels] = ([a + b for a, b in zip(old, counts, strict=True)], old_sum + float(total))
+
+    def family(self) -> Metric:
+        spec = self.spec
+        if self.dropped:
+            log.warning("%s: %d published series over the cap dropped", spec.cluster_name, self.dropped)
+        if spec.kind == "counter":
+            counter = CounterMetricFamily(spec.cluster_name, spec.documentation, labels=list(spec.labels))
+            for labels, value in sorted(self.counters.items()):
+                counter.add_metric(list(labels), value)
+            return counter
+        histogram = HistogramMetricFamily(spec.cluster_name, spec.documentation, labels=list(spec.labels))
+        for labels, (counts, total) in sorted(self.histograms.items()):
+            histogram.add_metric(list(labels), _cumulative(spec.buckets, counts), total)
+        return histogram
+
+
+def _cumulative(bounds: Sequence[float], counts: Sequence[float]) -> list[tuple[str, float]]:
+    """`(le, cumulative count)` pairs for HistogramMetricFamily, the last one `+Inf`."""
+    running, out = 0.0, []
+    for bound, count in zip([*bounds, math.inf], counts, strict=True):
+        running += count
+        out.append((floatToGoString(bound), running))
+    return out
+
+
+def cluster_families(publications: Iterable[Any]) -> list[Metric]:
+    """Every `PUBLISHED` family summed over `publications` (one per process; malformed parts and
+    publications past MAX_PUBLICATIONS skipped)."""
+    sums = {spec.name: _Sums(spec) for spec in PUBLISHED}
+    for index, publication in enumerate(publications):
+        if index >= MAX_PUBLICATIONS:
+            log.warning("more than %d processes published metrics; the rest are not summed", MAX_PUBLICATIONS)
+            break
+        if not isinstance(publication, dict) or publication.get("format") != PUBLICATION_FORMAT:
+            continue
+        families = publication.get("families")
+        if not isinstance(families, dict):
+            continue
+        for name, table in sums.items():
+            series = families.get(name)
+            if isinstance(series, list):
+                for entry in series[:MAX_SERIES_PER_FAMILY]:
+                    table.add(entry)
+    return [table.family() for table in sums.values()]
+
+
+# -- per-replica figures from replica heartbeats ---------------------------------------------------
+
+REPLICA_PAGE_OPS = ("hits", "faults", "loads", "swap_ins", "evictions")
+REPLICA_TOKEN_KINDS = ("prompt", "cached", "completion")
+# heartbeat stats fields of the per-bucket counts and of the sum, by replica latency histogram
+REPLICA_LATENCY = {
+    "colony_replica_inference_ttft_seconds": ("ttft_histogram", "ttft_seconds_total"),
+    "colony_replica_inference_request_seconds": ("request_histogram", "request_seconds_total"),
+}
+# every per-replica family: its kind, labels and help
+REPLICA_FAMILIES: dict[str, tuple[type[Metric], tuple[str, ...], str]] = {
+    "colony_replica_inference_tokens": (
+        CounterMetricFamily,
+        ("replica", "kind"),
+        "Tokens processed by each replica's engine (prompt, cached, completion).",
+    ),
+    "colony_replica_inference_requests": (
+        CounterMetricFamily,
+        ("replica",),
+        "Requests served by each replica's engine.",
+    ),
+    "colony_replica_inference_ttft_seconds": (
+        HistogramMetricFamily,
+        ("replica",),
+        "Time to first token of each replica's engine.",
+    ),
+    "colony_replica_inference_request_seconds": (
+        HistogramMetricFamily,
+        ("replica",),
+        "Duration of each replica's inference requests, from the call to the last token.",
+    ),
+    "colony_replica_agents": (GaugeMetricFamily, ("replica",), "Agents hosted by each replica."),
+    "colony_replica_page_ops": (
+        CounterMetricFamily,
+        ("replica", "op"),
+        "Page operations of each replica: hits, faults, loads, swap_ins, evictions.",
+    ),
+    "colony_replica_resident_pages": (
+        GaugeMetricFamily,
+        ("replica",),
+        "Pages resident in each replica's KV cache.",
+    ),
+    "colony_replica_swapped_pages": (GaugeMetricFamily, ("replica",), "Pages in each replica's disk tier."),
+}
+
+
+def latency_bucket(seconds: float) -> int:
+    """The index of the INFERENCE_LATENCY_BUCKETS bucket (len() of them for +Inf) `seconds` falls in:
+    engines count their own requests so (EngineStats), and their heartbeat carries the counts."""
+    for index, bound in enumerate(INFERENCE_LATENCY_BUCKETS):
+        if seconds <= bound:
+            return index
+    return len(INFERENCE_LATENCY_BUCKETS)
+
+
+def _dict(value: Any) -> dict[str, Any]:
+    return value if isinstance(value, dict) else {}
+
+
+class ReplicaStatsCollector:
+    """Cluster-wide figures read from Redis at scrape time, so the API's /metrics shows what other
+    processes did: each replica's engine counters and latency histograms, agents and pages (from its
+    heartbeat), and the families every process publishes (`published_counters()`), summed over
+    processes as `colony_cluster_*`. The API sets `snapshot` and `published` before each scrape."""
+
+    PAGE_OPS = REPLICA_PAGE_OPS
+
+    def __init__(self) -> None:
+        self.snapshot: list[Any] = []  # replica heartbeats
+        self.published: list[Any] = []  # one publication per process
+
+    def describe(self) -> list[Metric]:
+        """The families (no samples), without reading anything: what registration checks."""
+        return [*self._replica_families([]), *cluster_families([])]
+
+    def collect(self) -> Iterator[Metric]:
+        try:
+            families = [*self._replica_families(self.snapshot), *cluster_families(self.published)]
+        except Exception:  # never a failed scrape for what Redis held; the families are still named
+            log.exception("cluster metrics could not be read; exported empty")
+            families = self.describe()
+        yield from families
+
+    def _replica_families(self, snapshot: Iterable[Any]) -> list[Metric]:
+        families: dict[str, Any] = {
+            name: kind(name, doc, labels=list(labels))
+            for name, (kind, labels, doc) in REPLICA_FAMILIES.items()
+        }
+        seen: set[str] = set()
+        for replica in list(snapshot)[:MAX_REPLICAS]:
+            info = _dict(replica)
+            name = _label(info.get("replica_id"))
+            if name is None or name in seen:
+                continue
+            seen.add(name)
+            stats, pages = _dict(info.get("stats")), _dict(info.get("pages"))
+            for kind in REPLICA_TOKEN_KINDS:
+                value = _count(stats.get(f"{kind}_tokens")) or 0.0
+                families["colony_replica_inference_tokens"].add_metric([name, kind], value)
+            families["colony_replica_inference_requests"].add_metric(
+                [name], _count(stats.get("requests")) or 0.0
+            )
+            for family_name, (counts_field, sum_field) in REPLICA_LATENCY.items():
+                counts = _bucket_counts(stats.get(counts_field), len(INFERENCE_LATENCY_BUCKETS) + 1)
+                if counts is not None:
+                    buckets = _cumulative(INFERENCE_LATENCY_BUCKETS, counts)
+                    families[family_name].add_metric([name], buckets, _count(stats.get(sum_field)) or 0.0)
+            families["colony_replica_agents"].add_metric([name], _count(info.get("agents")) or 0.0)
+            for op in REPLICA_PAGE_OPS:
+                families["colony_replica_page_ops"].add_metric([name, op], _count(pages.get(op)) or 0.0)
+            for tier in ("resident", "swapped"):
+                value = _count(pages.get(tier)) or 0.0
+                families[f"colony_replica_{tier}_pages"].add_metric([name], value)
+        return list(families.values())
+
+
+def family_labels() -> dict[str, tuple[str, ...]]:
+    """The labels of every family a dashboard may read (the cluster-wide ones and `colony_agents`),
+    by family name: the dashboards keep them when they drop duplicate scrape targets."""
+    labels = {name: spec[1] for name, spec in REPLICA_FAMILIES.items()}
+    labels.update({p.cluster_name: p.labels for p in PUBLISHED})
+    labels["colony_agents"] = ("state",)
+    return labels
+
+
+def exported_names() -> set[str]:
+    """Every sample name Colony's /metrics can carry (with `_total`, `_bucket`, `_sum`, `_count`,
+    `_created` suffixes): what a dashboard query may name (tests/test_dashboards.py)."""
+    own = {"counter": ("_total", "_created"), "histogram": ("_bucket", "_sum", "_count", "_created")}
+    collected = {"counter": ("_total",), "histogram": ("_bucket", "_sum", "_count")}
+    names: set[str] = set()
+    for family in (m for c in _COLONY_COLLECTORS for m in c.describe()):
+        names.update(family.name + s for s in own.get(family.type, ("",)))
+    for family in REPLICA_STATS.describe():
+        names.update(family.name + s for s in collected.get(family.type, ("",)))
+    return names
 
 
 REPLICA_STATS = ReplicaStatsCollector()
 REGISTRY.register(REPLICA_STATS)
+_COLONY_COLLECTORS: tuple[Counter | Gauge | Histogram, ...] = (
+    BLACKBOARD_OPS,
+    BLACKBOARD_OP_ERRORS,
+    BLACKBOARD_CONFLICTS,
+    BLACKBOARD_UPDATE_RETRIES,
+    BLACKBOARD_OP_SECONDS,
+    BLACKBOARD_EVENTS_RECEIVED,
+    BLACKBOARD_EVENT_LAG_SECONDS,
+    BLACKBOARD_EVENTS_RECLAIMED,
+    INFERENCE_REQUESTS,
+    INFERENCE_TOKENS,
+    INFERENCE_TTFT_SECONDS,
+    INFERENCE_REQUEST_SECONDS,
+    INFERENCE_PAGE_OPS,
+    RUNS_SUBMITTED,
+    RUNS_COMPLETED,
+    RUN_DURATION_SECONDS,
+    AGENTS,
+    HTTP_REQUESTS,
+    HTTP_REQUEST_SECONDS,
+    PLACEMENTS,
+    PLACEMENTS_QUEUED,
+    AGENT_SUSPENSIONS,
+    AGENT_RESUMPTIONS,
+)

@@ -80,7 +80,7 @@ def test_up_is_idempotent_and_serves_runs(colony_up) -> None:
         metrics = httpx.get(f"{info.url}/metrics", headers={"Authorization": f"Bearer {info.token}"}).text
         assert 'colony_runs_submitted_total{agent="ask"}' in metrics
         assert 'colony_replica_inference_tokens_total{kind="completion"' in metrics
-        assert "colony_replica_inference_ttft_seconds_total" in metrics
+        assert "colony_replica_inference_ttft_seconds_bucket{le=" in metrics  # a real histogram
         pages = httpx.get(f"{info.url}/v1/vcm/pages", headers={"Authorization": f"Bearer {info.token}"})
         assert pages.status_code == 200 and isinstance(pages.json(), list)
 

@@ -450,9 +450,15 @@ async def replicas_of(services: ApiServices) -> list[dict[str, Any]]:
     return await services.registry.replicas()
 
 
-async def published_of(services: ApiServices) -> list[dict[str, Any]]:
-    """The counters each live process published, plus this process's own (latest wins)."""
-    found = {p["process"]: p for p in await services.registry.publications()}
+async def published_of(services: ApiServices) -> list[Any]:
+    """What every process published (colony.metrics validates it), this process's own counted
+    from memory: fresh, and once. This process publishes too, so other API replicas answering a
+    later scrape count what it did (at most once per heartbeat period)."""
     own = metrics.published_counters()
-    found[str(own["process"])] = own
-    return list(found.values())
+    await services.registry.publish(own, "api")
+    found: dict[str, Any] = {}
+    for publication in await services.registry.publications(limit=metrics.MAX_PUBLICATIONS):
+        process = publication.get("process") if isinstance(publication, dict) else None
+        if isinstance(process, str) and process != own["process"]:
+            found[process] = publication
+    return [own, *found.values()]

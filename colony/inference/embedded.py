@@ -172,6 +172,7 @@ class EmbeddedEngine(InferenceEngine):
 
     async def _stream(self, request: InferenceRequest) -> AsyncIterator[StreamChunk]:
         _slot, body = await self._body(request)
+        started = time.perf_counter()
         body["stream"] = True
         body["stream_options"] = {"include_usage": True}
         loop = asyncio.get_running_loop()
@@ -210,7 +211,7 @@ class EmbeddedEngine(InferenceEngine):
                 if not item.get("choices") and item.get("usage"):
                     usage = usage_from_result(item)
                     timings = item.get("timings") or {}
-                    self._record_usage(usage, float(timings.get("prompt_ms", 0.0)) / 1000.0)
+                    self._record_usage(usage, float(timings.get("prompt_ms", 0.0)) / 1000.0, elapsed(started))
                     yield StreamChunk(usage=usage)
         finally:
             cancelled = True

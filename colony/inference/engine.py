@@ -256,20 +256,28 @@ class InferenceEngine(ABC):
         return self._stats.model_copy(update={"resident_pages": self.resident_pages()})
 
     def _record(self, response: InferenceResponse) -> InferenceResponse:
-        self._record_usage(response.usage, response.timings.ttft)
+        self._record_usage(response.usage, response.timings.ttft, response.timings.total)
         return response
 
-    def _record_usage(self, usage: Usage, ttft: float) -> None:
-        self._stats.requests += 1
-        self._stats.prompt_tokens += usage.prompt_tokens
-        self._stats.cached_tokens += usage.cached_tokens
-        self._stats.completion_tokens += usage.completion_tokens
-        self._stats.ttft_seconds_total += ttft
+    def _record_usage(self, usage: Usage, ttft: float, total: float) -> None:
+        """Count a finished request: this engine's stats (the replica's heartbeat carries them,
+        latency histograms included) and this process's metrics (published for the cluster sums)."""
+        ttft, total = max(0.0, ttft), max(0.0, total, ttft)
+        stats = self._stats
+        stats.requests += 1
+        stats.prompt_tokens += usage.prompt_tokens
+        stats.cached_tokens += usage.cached_tokens
+        stats.completion_tokens += usage.completion_tokens
+        stats.ttft_seconds_total += ttft
+        stats.request_seconds_total += total
+        stats.ttft_histogram[metrics.latency_bucket(ttft)] += 1
+        stats.request_histogram[metrics.latency_bucket(total)] += 1
         metrics.INFERENCE_REQUESTS.labels(self.kind, "ok").inc()
         metrics.INFERENCE_TOKENS.labels(self.kind, "prompt").inc(usage.prompt_tokens)
         metrics.INFERENCE_TOKENS.labels(self.kind, "cached").inc(usage.cached_tokens)
         metrics.INFERENCE_TOKENS.labels(self.kind, "completion").inc(usage.completion_tokens)
         metrics.INFERENCE_TTFT_SECONDS.labels(self.kind).observe(ttft)
+        metrics.INFERENCE_REQUEST_SECONDS.labels(self.kind).observe(total)
 
     def _page_op(self, op: str) -> None:
         metrics.INFERENCE_PAGE_OPS.labels(self.kind, op).inc()

@@ -11,6 +11,7 @@ from pydantic import BaseModel, Field, field_validator, model_validator
 
 from colony.blackboard.protocol import validate_segment
 from colony.errors import InvalidSchema
+from colony.metrics import INFERENCE_LATENCY_BUCKETS
 
 
 class ChatMessage(BaseModel):
@@ -129,4 +130,14 @@ class EngineStats(BaseModel):
     cached_tokens: int = 0
     completion_tokens: int = 0
     ttft_seconds_total: float = Field(0.0, description="summed time to first token (mean = / requests)")
+    request_seconds_total: float = Field(0.0, description="summed request duration (mean = / requests)")
+    ttft_histogram: list[int] = Field(
+        default_factory=lambda: [0] * (len(INFERENCE_LATENCY_BUCKETS) + 1),
+        description="requests per time-to-first-token bucket (colony.metrics.INFERENCE_LATENCY_BUCKETS, "
+        "then +Inf); the heartbeat carries it to the API's colony_replica_inference_ttft_seconds",
+    )
+    request_histogram: list[int] = Field(
+        default_factory=lambda: [0] * (len(INFERENCE_LATENCY_BUCKETS) + 1),
+        description="requests per duration bucket (same bounds): colony_replica_inference_request_seconds",
+    )
     started_at: float = Field(default_factory=time.time)

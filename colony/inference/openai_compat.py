@@ -159,7 +159,7 @@ class OpenAICompatibleEngine(InferenceEngine):
                             yield StreamChunk(text=text, finish_reason=choice.get("finish_reason"))
                     if item.get("usage"):
                         usage = usage_from_result(item)
-                        self._record_usage(usage, first or elapsed(started))
+                        self._record_usage(usage, first or elapsed(started), elapsed(started))
                         yield StreamChunk(usage=usage)
         except httpx.TimeoutException as exc:
             raise InferenceTimeout(f"{self.base_url} stream stalled past {self.timeout_seconds}s") from exc

@@ -166,12 +166,18 @@ class VLLMEngine(InferenceEngine):
         await self.start()
         prompt = self._prompt(prefixed_messages(self._pages_of(request), request))
         sent = 0
+        started = time.perf_counter()
+        first: float | None = None
         async for output in self._run(prompt, sampling_options(request)):
             text = output.outputs[0].text
+            if first is None and output.outputs[0].token_ids:
+                first = elapsed(started)
             yield StreamChunk(text=text[sent:], finish_reason=output.outputs[0].finish_reason)
             sent = len(text)
             if output.finished:
-                yield StreamChunk(usage=usage_of(output))
+                usage = usage_of(output)
+                self._record_usage(usage, first or elapsed(started), elapsed(started))
+                yield StreamChunk(usage=usage)
 
     async def load_page(self, page: Page) -> PageLoad:
         """Prefill the page (max_tokens=1, generator consumed to the end) so its blocks are cached.

@@ -22,7 +22,7 @@ from colony.config import ColonySettings
 from colony.errors import AgentNotFound, AgentStateConflict, BlackboardUnavailable
 from colony.system.monitor import ResumptionMonitor
 from colony.system.placement import AgentPlacer, Placement
-from colony.system.registry import HEARTBEAT_MISSES, NOT_HOSTED, AgentRecord, AgentRegistry
+from colony.system.registry import NOT_HOSTED, AgentRecord, AgentRegistry
 from colony.system.replicas import ReplicaDirectory, as_directory
 from colony.vcm import PageTable
 
@@ -124,9 +124,8 @@ class ControlPlane:
         return await self._hosted(agent_id)
 
     async def publish(self) -> None:
-        """This process's counters for the API's /metrics."""
-        ttl = self.settings.serve.heartbeat_seconds * HEARTBEAT_MISSES
-        await self.registry.publish(metrics.published_counters(), ttl, "control")
+        """This process's metrics for the API's /metrics (at most once per heartbeat period)."""
+        await self.registry.publish(metrics.published_counters(), "control")
 
     def start(self) -> None:
         """Start the resource monitor loop (idempotent)."""

@@ -372,7 +372,7 @@ class ReplicaHost:
         if self._accessed and self.pages is not None:
             accessed, self._accessed = self._accessed, set()
             await self.pages.touch(sorted(accessed))
-        await registry.publish(metrics.published_counters(), ttl, self.replica_id)
+        await registry.publish(metrics.published_counters(), self.replica_id)
         await self._drop_yielded()
         hosted = set(runtime.agent_ids)
         for agent_id in sorted(hosted):

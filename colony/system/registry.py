@@ -12,6 +12,7 @@ finished runs); writing it again in a live state makes it permanent again.
 from __future__ import annotations
 
 import contextlib
+import math
 import time
 from typing import Any
 
@@ -25,7 +26,11 @@ from colony.errors import ConcurrentModificationError
 
 DONE_STATES = frozenset({"stopped", "failed"})  # the agent has ended
 NOT_HOSTED = DONE_STATES | {"suspended"}  # states in which no replica hosts the agent
-HEARTBEAT_MISSES = 5  # a heartbeat (or a publication) lives this many periods
+HEARTBEAT_MISSES = 5  # a heartbeat lives this many periods
+# A process's published metrics outlive it this long: the cluster sums (`colony_cluster_*`) keep
+# counting what a process did after it is gone, so a replaced replica does not make them drop (which
+# Prometheus would read as a counter reset); one gone longer drops out of the sums once.
+PUBLICATION_RETENTION_SECONDS = 86400.0
 
 
 class AgentRecord(BaseModel):
@@ -53,6 +58,9 @@ class AgentRegistry:
         if self._retention is None and settings is not None:
             self._retention = settings.runs.retention_seconds
         self._indexed_once = False
+        # a process publishes at most once per heartbeat period (its loops may call more often)
+        self._publish_every = settings.serve.heartbeat_seconds if settings is not None else 0.0
+        self._published_at: dict[str, float] = {}
 
     @property
     def retention_seconds(self) -> float:
@@ -143,11 +151,28 @@ class AgentRegistry:
         """The live replicas' heartbeats (engine and page stats, agent counts)."""
         return [e.value async for e in self._indexed("replica")]
 
-    async def publish(self, counters: dict[str, Any], ttl_seconds: float, created_by: str) -> None:
-        """A process's counters (`metrics.published_counters()`), summed over processes by the API."""
-        key = Keys.process_key(str(counters["process"]))
+    async def publish(self, counters: dict[str, Any], created_by: str, *, force: bool = False) -> bool:
+        """A process's metrics (`metrics.published_counters()`), summed over processes by the API;
+        kept `PUBLICATION_RETENTION_SECONDS` after the last one. Skipped (False) when this process
+        published less than a heartbeat period ago, unless `force`."""
+        process = str(counters["process"])
+        now = time.monotonic()
+        if not force and now - self._published_at.get(process, -math.inf) < self._publish_every:
+            return False
+        key = Keys.process_key(process)
         tags = {Keys.index_tag("process")}
-        await self.board.write(key, counters, tags=tags, ttl_seconds=ttl_seconds, created_by=created_by)
+        await self.board.write(
+            key, counters, tags=tags, ttl_seconds=PUBLICATION_RETENTION_SECONDS, created_by=created_by
+        )
+        self._published_at[process] = now
+        return True
 
-    async def publications(self) -> list[dict[str, Any]]:
-        return [e.value async for e in self._indexed("process")]
+    async def publications(self, limit: int | None = None) -> list[Any]:
+        """What processes published (at most `limit`), as stored: the reader validates it
+        (colony.metrics treats it as hostile)."""
+        found: list[Any] = []
+        async for entry in self._indexed("process"):
+            if limit is not None and len(found) >= limit:
+                break
+            found.append(entry.value)
+        return found
