@@ -58,8 +58,9 @@ class AgentRegistry:
         if self._retention is None and settings is not None:
             self._retention = settings.runs.retention_seconds
         self._indexed_once = False
-        # a process publishes at most once per heartbeat period (its loops may call more often)
-        self._publish_every = settings.serve.heartbeat_seconds if settings is not None else 0.0
+        # a process publishes about once per heartbeat period (its loops may call more often); a
+        # little less, so a heartbeat that wakes a hair early still publishes
+        self._publish_every = 0.9 * settings.serve.heartbeat_seconds if settings is not None else 0.0
         self._published_at: dict[str, float] = {}
 
     @property
