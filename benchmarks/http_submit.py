@@ -26,7 +26,7 @@ from ray import serve
 
 from colony.blackboard.redis_server import EmbeddedRedis, free_port
 from colony.config import ColonySettings
-from colony.serve.app import build_app
+from colony.serve.app import build_app_with_settings
 
 bare = FastAPI()
 
@@ -104,7 +104,7 @@ def main() -> None:
     ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False)
     try:
         serve.start(http_options={"host": "127.0.0.1", "port": port})
-        serve.run(build_app(settings=settings), name="colony", route_prefix="/")
+        serve.run(build_app_with_settings(settings=settings), name="colony", route_prefix="/")
         serve.run(BareEcho.bind(), name="bare", route_prefix="/bare")
         url = f"http://127.0.0.1:{port}"
         headers = {"Authorization": "Bearer bench"}

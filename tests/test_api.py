@@ -184,22 +184,30 @@ async def test_agents_listing_and_metrics(api) -> None:
 
 
 def test_serve_configs_build_the_application() -> None:
+    """deployments/*.yaml as `serve deploy` takes them: Ray's own schema parses them, and Serve's
+    own builder call (which wants a builder of exactly one parameter) builds the app."""
     from pathlib import Path
 
     import yaml
     from ray.serve import Application
+    from ray.serve._private.api import call_user_app_builder_with_args_if_necessary
+    from ray.serve.schema import ServeDeploySchema
 
     from colony.serve.app import build_app
 
     root = Path(__file__).resolve().parents[1]
-    app_args = yaml.safe_load((root / "deployments" / "local-cpu.yaml").read_text())["applications"][0][
-        "args"
-    ]
+    local = ServeDeploySchema.model_validate(
+        yaml.safe_load((root / "deployments" / "local-cpu.yaml").read_text())
+    )
+    (app,) = local.applications
+    assert app.import_path == "colony.serve.app:build_app"
+    app_args = dict(app.args)
     app_args["config"] = str(root / app_args["config"])
-    assert isinstance(build_app(app_args), Application)
-    gpu = yaml.safe_load((root / "deployments" / "gpu-vllm.yaml").read_text())["applications"][0]
-    assert gpu["import_path"] == "colony.serve.app:build_app"
-    assert any(d.get("ray_actor_options", {}).get("num_gpus") == 1 for d in gpu["deployments"])
+    assert isinstance(call_user_app_builder_with_args_if_necessary(build_app, app_args), Application)
+    gpu_doc = yaml.safe_load((root / "deployments" / "gpu-vllm.yaml").read_text())
+    gpu = ServeDeploySchema.model_validate(gpu_doc).applications[0]
+    assert gpu.import_path == "colony.serve.app:build_app"
+    assert any(d.ray_actor_options and d.ray_actor_options.num_gpus == 1 for d in gpu.deployments)
 
 
 async def test_vcm_sources_and_pages_over_http(api, tmp_path) -> None:

@@ -21,7 +21,7 @@ def serve_app(
 ) -> Iterator[tuple[ColonySettings, object]]:
     from ray import serve
 
-    from colony.serve.app import build_app
+    from colony.serve.app import build_app_with_settings
     from colony.vcm import PageSource, PageTable
 
     os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
@@ -49,7 +49,9 @@ def serve_app(
 
     page_ids = asyncio.run(map_tree())
     serve.run(
-        build_app({"replicas": 2, "replica_cpus": 0.5}, settings=settings), name="vcm", route_prefix=None
+        build_app_with_settings({"replicas": 2, "replica_cpus": 0.5}, settings=settings),
+        name="vcm",
+        route_prefix=None,
     )
     try:
         handle = serve.get_deployment_handle("EngineReplica", app_name="vcm")

@@ -24,7 +24,7 @@ def client(
 ) -> Iterator[ColonyClient]:
     from ray import serve
 
-    from colony.serve.app import build_app
+    from colony.serve.app import build_app_with_settings
 
     settings = ColonySettings(
         redis_url=redis_server.url,
@@ -35,7 +35,11 @@ def client(
         vcm=VcmSettings(allowed_roots=[tmp_path_factory.getbasetemp()]),  # the folders tests map
         api_token="ctl-token",
     )
-    serve.run(build_app({"replicas": 2, "replica_cpus": 0.25}, settings=settings), name=APP, route_prefix="/")
+    serve.run(
+        build_app_with_settings({"replicas": 2, "replica_cpus": 0.25}, settings=settings),
+        name=APP,
+        route_prefix="/",
+    )
     try:
         with ColonyClient(f"http://127.0.0.1:{serve_instance}", "ctl-token", timeout=60) as made:
             deadline = time.monotonic() + 120

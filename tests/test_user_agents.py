@@ -134,12 +134,12 @@ def test_agents_settings_refuse_bad_names_and_import_paths(tmp_path: Path) -> No
 def test_a_bad_user_agent_stops_the_deploy_naming_the_setting(
     importable: Path, tmp_path: Path, agents: dict[str, str], expected: str
 ) -> None:
-    from colony.serve.app import build_app
+    from colony.serve.app import build_app_with_settings
 
     name, path = next(iter(agents.items()))
     settings = ColonySettings(data_dir=tmp_path, agents=agents)
     with pytest.raises(ConfigError) as refused:
-        build_app({"replicas": 1}, settings=settings)
+        build_app_with_settings({"replicas": 1}, settings=settings)
     assert str(refused.value).startswith(f"user agent agents.{name} = {path!r}: ")
     assert expected in str(refused.value)
 

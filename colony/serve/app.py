@@ -265,9 +265,18 @@ class ColonyAPI:
         return self._services
 
 
-def build_app(args: dict[str, Any] | None = None, *, settings: ColonySettings | None = None) -> Any:
-    """The Serve application. `args` (Serve config): `config` (YAML path), `replicas` (engine replicas),
-    `replica_cpus` (CPUs per engine replica)."""
+def build_app(args: dict[str, Any]) -> Any:
+    """The Serve application as a Serve config deploys it (`import_path: colony.serve.app:build_app`
+    in deployments/*.yaml and the chart's serveConfigV2): Serve calls a builder with exactly one
+    argument, the `args` dict: `config` (YAML path), `replicas` (engine replicas), `replica_cpus`
+    (CPUs per engine replica)."""
+    return build_app_with_settings(args)
+
+
+def build_app_with_settings(
+    args: dict[str, Any] | None = None, *, settings: ColonySettings | None = None
+) -> Any:
+    """`build_app` with settings made in code (`colony up`, tests) instead of the `config` file."""
     args = dict(args or {})
     if settings is None:
         config = args.get("config")
