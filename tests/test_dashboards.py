@@ -284,3 +284,27 @@ async def test_processes_publish_through_redis_and_the_sum_counts_each_once(bb: 
     assert len(found) == 3 and len(await registry.publications(limit=1)) == 1
     scraped = _scrape([], found)
     assert scraped["colony_cluster_runs_completed_total"] == {(("status", "x"),): 5.0}
+
+
+async def test_the_sums_never_go_back_whichever_api_replica_answers(
+    bb: Blackboard, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Two API replicas answer scrapes in turn: the one answering counts its own figures from memory
+    and publishes them at once, so the other, answering next, never shows less (a drop would read
+    as a counter reset in Prometheus)."""
+    from types import SimpleNamespace
+
+    from colony.api.app import published_of
+
+    settings = ColonySettings(serve=ServeSettings(heartbeat_seconds=30.0))
+    registry = AgentRegistry(bb.scoped(f"colony:{uuid.uuid4().hex[:8]}"), settings=settings)
+    services: Any = SimpleNamespace(registry=registry)
+    done = {"api-a": 0.0, "api-b": 5.0}  # what each API process has counted so far
+    sums = []
+    for answering in ("api-a", "api-a", "api-b", "api-a", "api-b"):
+        done["api-a"] += 10.0  # api-a is the busy one
+        monkeypatch.setattr(metrics, "published_counters", lambda who=answering: _publication(who, done[who]))
+        scraped = _scrape([], await published_of(services))
+        sums.append(scraped["colony_cluster_runs_completed_total"][(("status", "x"),)])
+    # the answering replica counts itself fresh, the other as it last published (when it answered)
+    assert sums == [10.0, 20.0, 25.0, 45.0, 45.0], sums

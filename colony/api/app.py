@@ -452,10 +452,11 @@ async def replicas_of(services: ApiServices) -> list[dict[str, Any]]:
 
 async def published_of(services: ApiServices) -> list[Any]:
     """What every process published (colony.metrics validates it), this process's own counted
-    from memory: fresh, and once. This process publishes too, so other API replicas answering a
-    later scrape count what it did (at most once per heartbeat period)."""
+    from memory: fresh, and once. What this process counts here it also publishes, every time, so
+    another API replica answering the next scrape counts at least as much: the sums never go back
+    between scrapes (Prometheus would read that as a counter reset), whichever replica answers."""
     own = metrics.published_counters()
-    await services.registry.publish(own, "api")
+    await services.registry.publish(own, "api", force=True)
     found: dict[str, Any] = {}
     for publication in await services.registry.publications(limit=metrics.MAX_PUBLICATIONS):
         process = publication.get("process") if isinstance(publication, dict) else None
