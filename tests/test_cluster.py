@@ -183,6 +183,44 @@ def test_a_worker_that_cannot_analyse_its_page_makes_analyze_exit_non_zero_namin
     assert "kept.py" in out
 
 
+def test_cli_runs_on_a_cluster_started_elsewhere_with_url_and_token(colony_up, tmp_path: Path) -> None:
+    """Issue 14's acceptance: `colony run echo --url URL --token T` from a machine (a data dir, a
+    config) that started no cluster; the same with $COLONY_URL / $COLONY_API_TOKEN; a wrong token
+    is refused with what to do."""
+    from cli_kit import run_cli
+
+    _settings, info = colony_up
+    env = {k: v for k, v in os.environ.items() if not k.startswith("COLONY_")}
+    env["COLONY_DATA_DIR"] = str(tmp_path / "elsewhere")  # no state file, no token file of that cluster
+    assert run_cli("status", cwd=tmp_path, env=env).returncode == 1  # nothing runs "here"
+    ran = run_cli(
+        "run",
+        "echo",
+        "--url",
+        info.url,
+        "--token",
+        info.token,
+        "--input",
+        '{"from": "afar"}',
+        "--json",
+        cwd=tmp_path,
+        env=env,
+        timeout=120,
+    )
+    assert ran.returncode == 0, ran.stderr
+    assert json.loads(ran.stdout) == {"from": "afar"}
+    by_env = dict(env, COLONY_URL=info.url, COLONY_API_TOKEN=info.token)
+    status = run_cli("status", "--json", cwd=tmp_path, env=by_env, timeout=60)
+    assert status.returncode == 0, status.stderr
+    report = json.loads(status.stdout)
+    assert report["url"] == info.url and report["health"] == "ok" and report["replicas"] >= 1
+    assert "token" not in report and report["agents"] >= 3
+    quiet = run_cli("run", "echo", "--input", "7", "-q", cwd=tmp_path, env=by_env, timeout=120)
+    assert quiet.returncode == 0 and quiet.stdout.strip() == "7", quiet.stderr
+    refused = run_cli("run", "echo", "--url", info.url, "--token", "wrong", cwd=tmp_path, env=env, timeout=60)
+    assert refused.returncode == 2 and "HTTP 401" in refused.stderr and "--token" in refused.stderr
+
+
 def test_down_leaves_nothing_running(colony_up) -> None:
     settings, info = colony_up
     assert _group_pids(info.pid)

@@ -25,6 +25,7 @@ from ray import serve
 from ray.serve.config import RequestRouterConfig
 from ray.serve.handle import DeploymentHandle
 
+from colony import metrics
 from colony.agents import AgentBlueprint
 from colony.api.app import ApiServices, create_app
 from colony.api.auth import TOKEN_ENV, ensure_token_file
@@ -245,8 +246,19 @@ class ColonyAPI:
         # this creates the token file on a loopback host and refuses to start on any other
         self.tokens = ensure_token_file(self.settings)
         self._services: ApiServices | None = None
+        self._publisher: asyncio.Task[None] | None = None
         self._builtins_ready = False
         self._lock = asyncio.Lock()
+
+    async def _publish_loop(self, services: ApiServices) -> None:
+        """This replica's own metrics (runs, HTTP) go into the cluster-wide sums even when no scrape
+        reaches it (a scrape publishes too): one write per heartbeat period, for the replica's life."""
+        while True:
+            await asyncio.sleep(self.settings.serve.heartbeat_seconds)
+            try:
+                await services.registry.publish(metrics.published_counters(), "api")
+            except Exception:  # Redis away: the next period retries; /metrics still answers
+                log.debug("API metrics publication failed; the next one retries", exc_info=True)
 
     def __serve_build_asgi_app__(self) -> Any:
         return create_app(self._get_services, token=self.tokens, api=self.settings.api)
@@ -259,6 +271,7 @@ class ColonyAPI:
                 self._services = api_services(
                     self.settings, token=self.tokens, control=ServeAgentControl(self.system)
                 )
+                self._publisher = asyncio.create_task(self._publish_loop(self._services))
             if not self._builtins_ready:
                 await self.system.ensure_builtins.remote()
                 self._builtins_ready = True
