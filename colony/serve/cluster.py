@@ -47,6 +47,9 @@ class ClusterInfo:
     started_at: float
     replicas: int
     daemon_id: str = ""  # in the environment of the daemon and every process of its Ray cluster
+    # the Ray cluster's GCS address: a process that deploys a new Serve config to the running
+    # cluster (an upgrade, the way KubeRay applies a changed serveConfigV2) connects here
+    ray_address: str = ""
 
 
 DAEMON_ID_VARIABLE = "_COLONY_DAEMON_ID"  # not COLONY_*: that prefix is the settings' own
@@ -353,7 +356,7 @@ def _serve_forever(settings: ColonySettings, supervise_redis: bool = False) -> N
     import ray
     from ray import serve
 
-    from colony.serve.app import build_app
+    from colony.serve.app import build_app_with_settings
 
     stopping = False
 
@@ -371,7 +374,9 @@ def _serve_forever(settings: ColonySettings, supervise_redis: bool = False) -> N
     ray.init(num_cpus=cfg.num_cpus, include_dashboard=False, log_to_driver=False, namespace="colony")
     try:
         serve.start(http_options={"host": cfg.host, "port": cfg.port})
-        app = build_app({"replicas": cfg.replicas, "replica_cpus": cfg.replica_cpus}, settings=settings)
+        app = build_app_with_settings(
+            {"replicas": cfg.replicas, "replica_cpus": cfg.replica_cpus}, settings=settings
+        )
         try:
             serve.run(app, name="colony", route_prefix="/", blocking=False)
         except RuntimeError as exc:  # DEPLOY_FAILED: Serve's own message names only the deployments
@@ -392,6 +397,7 @@ def _serve_forever(settings: ColonySettings, supervise_redis: bool = False) -> N
             started_at=time.time(),
             replicas=cfg.replicas,
             daemon_id=os.environ.get(DAEMON_ID_VARIABLE, ""),
+            ray_address=ray.get_runtime_context().gcs_address,
         )
         path = state_file(settings)
         write_private_file(path, json.dumps(asdict(info)))  # holds the token and the Redis password

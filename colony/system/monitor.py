@@ -9,7 +9,14 @@ and restored state, on the best replica for its pages.
 
 The same loop handles dead replicas: agents the registry places on a replica that is no longer
 alive are re-placed (resumed from their last blackboard state on a live replica, their accepted
-runs carried on), and the page table forgets the dead replica's pages.
+runs carried on), and the page table forgets the dead replica's pages. Where the directory can
+tell (`liveness`: on Serve, the Ray actor table), a replica that does not answer but whose process
+lives (starting, or draining while an upgrade replaces it) keeps its agents until it is gone: a
+copy started elsewhere meanwhile would race the draining one for the agent. A replica of another
+Ray cluster on the same Redis (a NewCluster upgrade) is left to that cluster's control plane
+while it heartbeats. And an agent the registry places on a live replica that does not host it
+(that copy yielded to another, which then ended with its replica) is re-placed after
+`missing_grace` seconds, instead of waiting for ever on a replica that will never serve it.
 """
 
 from __future__ import annotations
@@ -17,8 +24,8 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections.abc import Mapping
-from typing import TYPE_CHECKING
+from collections.abc import Iterable, Mapping
+from typing import TYPE_CHECKING, Any
 
 from colony import metrics
 from colony.agents.blueprint import AgentBlueprint
@@ -27,7 +34,7 @@ from colony.blackboard import Blackboard, BlackboardScope, scope_id
 from colony.blackboard.protocol import AgentStateProtocol
 from colony.errors import BlueprintTampered, ReplicaUnavailable, ResourceExhausted
 from colony.system.placement import gather_snapshots
-from colony.system.registry import DONE_STATES, NOT_HOSTED, AgentRegistry
+from colony.system.registry import DONE_STATES, NOT_HOSTED, AgentRecord, AgentRegistry
 from colony.system.replicas import ReplicaDirectory, ReplicaPort, as_directory, views_of
 from colony.vcm.page_table import PageTable
 from colony.vcm.placement import ReplicaView, choose_replica
@@ -40,6 +47,10 @@ log = logging.getLogger(__name__)
 # How often the monitor also reads the page table for replicas it names that are gone: a replica
 # that dies hosting no agent is found only there (the registry names it nowhere).
 PAGE_SWEEP_SECONDS = 10.0
+# How long the registry may place an agent on a live replica that does not host it before the
+# monitor re-places it: well past a heartbeat period (the hosting replica rewrites its agents'
+# records each beat) and any suspension or stop in progress (their registry write follows at once).
+MISSING_GRACE_SECONDS = 10.0
 
 
 class ResumptionMonitor:
@@ -57,6 +68,7 @@ class ResumptionMonitor:
         lock: asyncio.Lock | None = None,
         tenant_id: str = "default",
         colony_id: str = "default",
+        missing_grace: float = MISSING_GRACE_SECONDS,
     ) -> None:
         self.blackboard = blackboard
         self.directory = as_directory(replicas)
@@ -71,7 +83,10 @@ class ResumptionMonitor:
         self._custom: set[str] = set()
         self._ports: dict[str, ReplicaPort] = {}
         self._views: list[ReplicaView] = []
+        self._hosted: dict[str, set[str]] = {}  # agents each answering replica hosts (its snapshot)
         self._next_page_sweep = 0.0
+        self.missing_grace = missing_grace
+        self._missing_since: dict[str, float] = {}  # agent -> when first found on no replica
 
     def request_resume(self, agent_id: str) -> None:
         """The external trigger of CUSTOM conditions (and a push for any other kind)."""
@@ -81,6 +96,7 @@ class ResumptionMonitor:
         found = await gather_snapshots(self.directory)
         self._ports = {rid: port for rid, (port, _) in found.items()}
         self._views = views_of([s for _, s in found.values()], self.max_agents, self.memory_mb)
+        self._hosted = {rid: {slot.agent_id for slot in s.agents} for rid, (_, s) in found.items()}
 
     async def _pending(self) -> list[tuple[int, float, str, ResumptionCondition, list[str]]]:
         items = []
@@ -160,8 +176,9 @@ class ResumptionMonitor:
     async def recover_orphans(self) -> list[str]:
         """Re-place the agents of replicas that are gone; drop those replicas from the page table.
 
-        A replica counts as gone only when a call addressed to it says so (`ReplicaUnavailable`),
-        never because it was slow to answer: moving the agents of a live replica would run them twice.
+        A replica counts as gone only when the directory's `liveness` says its process is dead,
+        or (where it cannot tell) a call addressed to it says so (`ReplicaUnavailable`), never
+        because it was slow to answer: moving the agents of a live replica would run them twice.
         """
         if not self._ports:
             return []  # nothing alive to move them to (or the directory is not answering)
@@ -170,8 +187,47 @@ class ResumptionMonitor:
             {r.replica for r in records if r.replica and r.replica not in self._ports}
             | await self._page_table_suspects()
         )
+        gone = await self._gone(suspects)
+        recovered: list[str] = []
+        for dead in sorted(gone):
+            log.warning("replica %s is gone; re-placing its agents", dead)
+            if self.page_table is not None:
+                await self.page_table.drop_replica(dead)
+        orphans = [r.agent_id for r in records if r.replica in gone]
+        for agent_id in self._missing(records):
+            # one that left its replica suspended or ended (its registry write was lost) is not
+            # an orphan: its lifecycle says so, and its replica's heartbeat heals the record
+            lifecycle = await self._agent_board(agent_id).read(AgentStateProtocol.key("lifecycle"))
+            if lifecycle is None or lifecycle.value.get("state") not in NOT_HOSTED:
+                orphans.append(agent_id)
+        for agent_id in orphans:
+            pages = await self._bound_pages(agent_id)
+            try:
+                target = choose_replica(self._views, pages, memory_mb=await self._memory(agent_id))
+            except ResourceExhausted:
+                continue  # every replica is full; next round
+            if not await self._resume(target.replica_id, agent_id):
+                continue
+            self._missing_since.pop(agent_id, None)
+            metrics.AGENT_RESUMPTIONS.labels("replica_lost").inc()
+            await self._refresh()
+            recovered.append(agent_id)
+        return recovered
+
+    async def _gone(self, suspects: list[str]) -> set[str]:
+        """Which of the replicas that did not answer are gone: by the directory's `liveness`
+        where it has one (a live process, or another cluster's heartbeating replica, is not),
+        else by asking each (`ReplicaUnavailable`)."""
+        liveness = await self._liveness(suspects)
         gone = set()
         for replica_id in suspects:
+            state = liveness.get(replica_id, "unknown")
+            if state == "dead":
+                gone.add(replica_id)
+                continue
+            if state in ("alive", "elsewhere"):
+                log.debug("replica %s does not answer but is %s; its agents stay", replica_id, state)
+                continue
             try:
                 async with asyncio.timeout(self.probe_timeout):
                     await self.directory.port(replica_id).snapshot()
@@ -179,25 +235,32 @@ class ResumptionMonitor:
                 gone.add(replica_id)
             except Exception as exc:  # slow or unreachable: decide next round
                 log.info("replica %s did not answer (%s); not moving its agents yet", replica_id, exc)
-        recovered: list[str] = []
-        for dead in sorted(gone):
-            log.warning("replica %s is gone; re-placing its agents", dead)
-            if self.page_table is not None:
-                await self.page_table.drop_replica(dead)
-        for record in records:
-            if record.replica not in gone:
-                continue
-            pages = await self._bound_pages(record.agent_id)
-            try:
-                target = choose_replica(self._views, pages, memory_mb=await self._memory(record.agent_id))
-            except ResourceExhausted:
-                continue  # every replica is full; next round
-            if not await self._resume(target.replica_id, record.agent_id):
-                continue
-            metrics.AGENT_RESUMPTIONS.labels("replica_lost").inc()
-            await self._refresh()
-            recovered.append(record.agent_id)
-        return recovered
+        return gone
+
+    async def _liveness(self, replica_ids: Iterable[str]) -> dict[str, Any]:
+        """The directory's `liveness` answer (Serve: the Ray actor table), {} where it has none."""
+        ask = getattr(self.directory, "liveness", None)
+        if ask is None or not replica_ids:
+            return {}
+        answer: dict[str, Any] = await ask(replica_ids)
+        return answer
+
+    def _missing(self, records: list[AgentRecord]) -> list[str]:
+        """Agents the registry places on an answering replica that hosts no copy of them, nor does
+        any other answering replica, for `missing_grace` seconds (a copy that yielded to another,
+        which then ended with its replica, left its record behind naming it)."""
+        now = time.monotonic()
+        anywhere = set().union(*self._hosted.values()) if self._hosted else set()
+        missing = {r.agent_id for r in records if r.replica in self._hosted and r.agent_id not in anywhere}
+        for agent_id in list(self._missing_since):
+            if agent_id not in missing:
+                del self._missing_since[agent_id]
+        for agent_id in missing:
+            self._missing_since.setdefault(agent_id, now)
+        overdue = sorted(a for a in missing if now - self._missing_since[a] >= self.missing_grace)
+        for agent_id in overdue:
+            log.warning("agent %s: no replica hosts it, though the registry places it on one", agent_id)
+        return overdue
 
     async def _page_table_suspects(self) -> set[str]:
         """Replicas the page table lists pages on that are not among the live ones (read every
