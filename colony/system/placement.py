@@ -20,7 +20,7 @@ from pydantic import BaseModel, Field
 
 from colony import metrics
 from colony.agents import AgentBlueprint, ResumptionCondition, ResumptionKind
-from colony.errors import ResourceExhausted
+from colony.errors import ReplicaUnavailable, ResourceExhausted
 from colony.system.replicas import (
     ReplicaDirectory,
     ReplicaPort,
@@ -51,6 +51,12 @@ async def gather_snapshots(directory: ReplicaDirectory) -> dict[str, tuple[Repli
     answers = await asyncio.gather(*(port.snapshot() for port in ports), return_exceptions=True)
     found = {}
     for port, answer in zip(ports, answers, strict=True):
+        if isinstance(answer, ReplicaUnavailable):
+            # not routed to: starting, draining in an upgrade, another Ray cluster's (NewCluster
+            # upgrade), or dead; the monitor tells these apart and logs a dead one. At warning
+            # level this said so twice a second for as long as an upgrade's overlap lasts
+            log.debug("replica %s did not report its state: %s", port.replica_id, answer)
+            continue
         if isinstance(answer, BaseException):
             log.warning("replica %s did not report its state: %s", port.replica_id, answer)
             continue
