@@ -135,6 +135,11 @@ class ApiSettings(BaseModel):
     token_file: Path | None = Field(
         None, description="File holding the API token, read at run time; default data_dir/api-token."
     )
+    metrics_token: SecretStr | None = Field(
+        None,
+        description="A second token accepted on /metrics only (give Prometheus this one, not the API "
+        "token); COLONY_API__METRICS_TOKEN is re-read at run time like COLONY_API_TOKEN.",
+    )
 
 
 class PlanningSettings(BaseModel):

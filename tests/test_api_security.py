@@ -194,7 +194,7 @@ async def test_client_reads_the_token_the_way_the_api_does(
     source = ensure_token_file(settings)  # generated: <data_dir>/api-token
     app = create_app(services(bb, "cli", source), api=settings.api)
     transport = httpx.ASGITransport(app=app)
-    async with AsyncColonyClient("http://c", transport=transport) as client:  # no token given
+    async with AsyncColonyClient("http://127.0.0.1", transport=transport) as client:  # no token: local
         with pytest.raises(ApiError) as missing:
             await client.get("run-0123456789ab")
         assert missing.value.status == 404  # past the token check
@@ -219,3 +219,43 @@ async def test_an_unreadable_token_file_is_a_503_not_a_way_in(
         token_file.mkdir()  # now a folder: reading it fails
         broken = await client.get("/v1/agents", headers=auth)
         assert broken.status_code == 503 and str(token_file) in broken.json()["error"]["message"]
+
+
+async def test_the_metrics_token_opens_metrics_and_nothing_else(
+    bb: Blackboard, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """`api.metrics_token` (what a Prometheus ServiceMonitor holds) reads /metrics only: every other
+    route refuses it; the API token still reads /metrics; the env variable is re-read per request."""
+    from colony.api.auth import METRICS_TOKEN_ENV
+
+    monkeypatch.delenv(TOKEN_ENV, raising=False)
+    monkeypatch.delenv(METRICS_TOKEN_ENV, raising=False)
+    settings = ColonySettings(data_dir=tmp_path, api_token="api-T", api={"metrics_token": "scrape-T"})
+    source = TokenSource.from_settings(settings)
+    app = create_app(services(bb, f"met{uuid.uuid4().hex[:8]}", source), api=settings.api)
+    async with httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://c") as client:
+
+        async def code(method: str, path: str, token: str) -> int:
+            headers = {"Authorization": f"Bearer {token}"}
+            return (await client.request(method, path, headers=headers, json={"agent": "echo"})).status_code
+
+        assert await code("GET", "/metrics", "scrape-T") == 200
+        assert await code("GET", "/metrics", "api-T") == 200
+        assert await code("GET", "/metrics", "scrape-T-x") == 401
+        routes = [
+            (method, concrete(route.path))
+            for route in app.routes
+            if isinstance(route, APIRoute) and route.path not in ("/healthz", "/metrics")
+            for method in sorted(route.methods or {"GET"})
+            if method != "HEAD"
+        ]
+        assert len(routes) > 5
+        for method, path in routes:
+            assert await code(method, path, "scrape-T") == 401, (method, path)
+        monkeypatch.setenv(METRICS_TOKEN_ENV, "rotated-T")  # a Secret as env, rotated: read per request
+        assert await code("GET", "/metrics", "rotated-T") == 200
+        assert await code("GET", "/metrics", "scrape-T") == 401
+    # without a metrics token configured, only the API token reads /metrics
+    plain = TokenSource.from_settings(ColonySettings(data_dir=tmp_path, api_token="api-T"))
+    monkeypatch.delenv(METRICS_TOKEN_ENV)
+    assert plain.accepts_for_metrics("Bearer api-T") and not plain.accepts_for_metrics("Bearer ")

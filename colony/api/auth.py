@@ -25,6 +25,7 @@ from colony.errors import ConfigError
 log = logging.getLogger(__name__)
 
 TOKEN_ENV = "COLONY_API_TOKEN"
+METRICS_TOKEN_ENV = "COLONY_API__METRICS_TOKEN"  # the settings' api.metrics_token, re-read per request
 LOOPBACK_HOSTS = frozenset({"127.0.0.1", "::1", "localhost"})
 
 
@@ -55,6 +56,7 @@ class TokenSource:
     file: Path | None = None
     configured: str | None = None
     read_env: bool = True
+    metrics_configured: str | None = None  # api.metrics_token from the config file
     _cache: tuple[tuple[int, int, int], str | None] | None = field(default=None, repr=False)
 
     @classmethod
@@ -70,7 +72,8 @@ class TokenSource:
         configured = None
         if settings.api_token is not None and not os.environ.get(TOKEN_ENV):
             configured = settings.api_token.get_secret_value() or None
-        return cls(file=token_file_path(settings), configured=configured)
+        metrics = settings.api.metrics_token.get_secret_value() if settings.api.metrics_token else None
+        return cls(file=token_file_path(settings), configured=configured, metrics_configured=metrics or None)
 
     def current(self) -> str | None:
         """The token a request must carry now; None when none is configured anywhere."""
@@ -94,15 +97,33 @@ class TokenSource:
             self._cache = (signature, _read_token_file(self.file))
         return self._cache[1]
 
+    def metrics_token(self) -> str | None:
+        """The token accepted on /metrics besides the API token: $COLONY_API__METRICS_TOKEN at
+        call time, else `api.metrics_token` of the config file; None when neither is set."""
+        if self.read_env:
+            env = os.environ.get(METRICS_TOKEN_ENV, "").strip()
+            if env:
+                return env
+        return self.metrics_configured
+
     def accepts(self, authorization: str | None) -> bool:
         """Whether an `Authorization` header value carries the current token (constant time)."""
-        token = self.current()
-        if token is None or authorization is None:
-            return False
-        scheme, _, presented = authorization.partition(" ")
-        if scheme.lower() != "bearer":
-            return False
-        return hmac.compare_digest(presented.strip().encode(), token.encode())
+        return _carries(authorization, self.current())
+
+    def accepts_for_metrics(self, authorization: str | None) -> bool:
+        """Whether the header may read /metrics: the API token, or the metrics-only token (which
+        opens nothing else, so a scraper's copy of it cannot submit runs or stop agents)."""
+        return self.accepts(authorization) or _carries(authorization, self.metrics_token())
+
+
+def _carries(authorization: str | None, token: str | None) -> bool:
+    """`Authorization: Bearer <token>` with exactly this token (constant-time comparison)."""
+    if token is None or authorization is None:
+        return False
+    scheme, _, presented = authorization.partition(" ")
+    if scheme.lower() != "bearer":
+        return False
+    return hmac.compare_digest(presented.strip().encode(), token.encode())
 
 
 def is_loopback(host: str) -> bool:

@@ -28,6 +28,7 @@ Send = Callable[[Message], Awaitable[None]]
 ASGIApp = Callable[[Scope, Receive, Send], Awaitable[None]]
 
 OPEN_PATHS = frozenset({"/healthz"})
+METRICS_PATH = "/metrics"  # the one route the metrics-only token (api.metrics_token) opens
 DOCS_PATHS = frozenset({"/docs", "/docs/oauth2-redirect", "/redoc", "/openapi.json"})
 
 
@@ -84,7 +85,11 @@ class GuardMiddleware:
                     authorization = value.decode("latin-1")
                     break
             try:
-                accepted = (await self.tokens()).accepts(authorization)
+                tokens = await self.tokens()
+                if scope.get("path") == METRICS_PATH:
+                    accepted = tokens.accepts_for_metrics(authorization)
+                else:
+                    accepted = tokens.accepts(authorization)
             except ColonyError as exc:  # e.g. the token file exists but cannot be read: the operator's
                 await send_error(send, 503, "unavailable", str(exc), [])
                 return

@@ -60,6 +60,8 @@ def settings_to_dict(settings: ColonySettings) -> dict[str, Any]:
     data["secret"] = settings.secret.get_secret_value() if settings.secret else None
     if settings.engine.api_key is not None:
         data["engine"]["api_key"] = settings.engine.api_key.get_secret_value()
+    if settings.api.metrics_token is not None:
+        data["api"]["metrics_token"] = settings.api.metrics_token.get_secret_value()
     return data
 
 
