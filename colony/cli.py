@@ -133,6 +133,13 @@ def cmd_up(args: argparse.Namespace) -> int:
     from colony.serve import cluster
 
     settings = _settings(args)
+    if os.environ.get(URL_ENV) and os.environ.get(TOKEN_ENV):
+        print(
+            f"colony: warning: ${URL_ENV} points this shell at a cluster elsewhere, and ${TOKEN_ENV} "
+            "(its token?) becomes the local cluster's API token too (`colony status` prints it); unset "
+            f"{TOKEN_ENV} before `colony up` to have a local token generated",
+            file=sys.stderr,
+        )
     print(
         "starting Colony (local Ray, Redis, Serve app on the embedded engine)...", file=sys.stderr, flush=True
     )

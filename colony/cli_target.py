@@ -11,6 +11,7 @@ from typing import Any
 
 import httpx
 
+from colony.client import LOOPBACK_HOSTS
 from colony.config import ColonySettings
 from colony.errors import ColonyError
 
@@ -40,9 +41,17 @@ class ApiTarget:
         url = checked_url(url)
         if token is None:  # the local cluster's token goes only to the local cluster's own address
             info = cluster.status(settings)
-            if info is not None and info.url.rstrip("/") == url:
+            if info is not None and same_address(info.url, url):
                 return cls(url, info.token, remote=False, local=info)
         return cls(url, token or "", remote=True)
+
+
+def same_address(a: str, b: str) -> bool:
+    """Whether two API URLs name the same listener: scheme, port and path equal, and the same host
+    or both loopback (`colony up` records 127.0.0.1; users type localhost)."""
+    x, y = httpx.URL(a.rstrip("/")), httpx.URL(b.rstrip("/"))
+    hosts_match = x.host == y.host or (x.host in LOOPBACK_HOSTS and y.host in LOOPBACK_HOSTS)
+    return hosts_match and (x.scheme, x.port, x.path) == (y.scheme, y.port, y.path)
 
 
 def checked_url(url: str) -> str:
@@ -52,7 +61,9 @@ def checked_url(url: str) -> str:
         raise ColonyError(f"--url {url!r}: give the API's address, e.g. http://colony.example:8000")
     if parsed.userinfo or parsed.query or parsed.fragment:
         raise ColonyError("--url: no user, password, query or fragment in the address (give --token)")
-    if parsed.scheme == "http" and parsed.host not in ("localhost", "127.0.0.1", "::1"):
+    if parsed.port is not None and not 1 <= parsed.port <= 65535:
+        raise ColonyError(f"--url {url!r}: port {parsed.port} is not a TCP port (1-65535)")
+    if parsed.scheme == "http" and parsed.host not in LOOPBACK_HOSTS:
         print(
             f"colony: warning: {parsed.host} is reached over plain http: the token travels unencrypted "
             "(use https, or a port-forward to localhost)",

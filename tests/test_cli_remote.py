@@ -184,3 +184,54 @@ def test_the_python_client_sends_the_local_token_only_to_this_machine(
     monkeypatch.setenv("COLONY_API_TOKEN", "env-T")
     assert ColonyClient("https://colony.example")._http.headers["authorization"] == "Bearer env-T"
     assert [auth for _m, _p, auth in recorder.requests] == ["Bearer local-secret-token"] * 2
+
+
+def test_localhost_names_the_local_cluster_recorded_as_127_0_0_1(
+    fake_api: tuple[str, Recorder], no_local_cluster: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """`--url http://localhost:PORT` for the cluster `colony up` recorded as http://127.0.0.1:PORT
+    is the local one: its token goes with the request (it would not to any other address)."""
+    import os
+
+    url, recorder = fake_api
+    recorder.token = "local-T"
+    state = {
+        "pid": os.getpid(),
+        "url": url,
+        "token": "local-T",
+        "redis_url": "",
+        "started_at": 0,
+        "replicas": 1,
+    }
+    (no_local_cluster / "cluster.json").write_text(json.dumps(state))
+    assert cli.main(["status", "--url", url.replace("127.0.0.1", "localhost"), "--json"]) == 0
+    assert json.loads(capsys.readouterr().out)["agents"] == 1
+    assert ("GET", "/v1/agents", "Bearer local-T") in recorder.requests
+    other_port = url.rsplit(":", 1)[0] + ":1"  # loopback, yet not the recorded listener
+    assert cli.main(["status", "--url", other_port]) == 2
+    assert not any(auth for _m, path, auth in recorder.requests if path == "/healthz")
+
+
+def test_a_port_out_of_range_is_refused(capsys: pytest.CaptureFixture[str]) -> None:
+    assert cli.main(["status", "--url", "http://colony.example:99999"]) == 2
+    assert "not a TCP port" in capsys.readouterr().err
+
+
+def test_up_warns_when_the_shell_holds_a_remote_clusters_url_and_token(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from colony.errors import ColonyError
+    from colony.serve import cluster
+
+    def refuse(*args: object, **kwargs: object) -> None:
+        raise ColonyError("not starting anything in this test")
+
+    monkeypatch.setattr(cluster, "up", refuse)
+    monkeypatch.setenv("COLONY_URL", "https://colony.example")
+    monkeypatch.setenv("COLONY_API_TOKEN", "remote-T")
+    assert cli.main(["up"]) == 2
+    err = capsys.readouterr().err
+    assert "becomes the local cluster's API token" in err and "remote-T" not in err
+    monkeypatch.delenv("COLONY_URL")
+    assert cli.main(["up"]) == 2
+    assert "becomes the local" not in capsys.readouterr().err
