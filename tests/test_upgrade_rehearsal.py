@@ -308,16 +308,27 @@ def shared(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, str]]
         redis.stop()
 
 
+START_TIMEOUT = 150  # serve.start_timeout_seconds of the clusters here
+
+
 def _cluster(workdir: Path, shared: dict[str, str]) -> chaos.ChaosCluster:
     cluster = chaos.ChaosCluster(workdir, replicas=REPLICAS)
-    cluster.env.update(shared)
+    cluster.env.update({**shared, "COLONY_SERVE__START_TIMEOUT_SECONDS": str(START_TIMEOUT)})
     return cluster
+
+
+def _up(cluster: chaos.ChaosCluster) -> None:
+    """`colony up`, waited for longer than its own start timeout: a cluster that does not come up
+    is then stopped by `up` itself (its daemon, Ray), never left running by a killed `up`."""
+    done = cluster.cli("up", timeout=START_TIMEOUT + 60)
+    if done.returncode != 0:
+        raise RuntimeError(f"colony up failed: {done.stderr[-3000:]}")
 
 
 @pytest.fixture(scope="module")
 def cluster(tmp_path_factory: pytest.TempPathFactory, shared: dict[str, str]) -> Iterator[chaos.ChaosCluster]:
     cluster = _cluster(tmp_path_factory.mktemp("upgrade"), shared)
-    cluster.up()
+    _up(cluster)
     try:
         yield cluster
     finally:
@@ -330,14 +341,15 @@ def _hosted(client: ColonyClient) -> dict[str, str | None]:
 
 def _table(row: dict[str, Any]) -> str:
     head = (
-        "| accepted | in flight | succeeded | failed | lost | stuck | upgrade s | recovery s | rehosted s |"
+        "| accepted | rejected | in flight | succeeded | failed | lost | stuck | upgrade s "
+        "| recovery s | rehosted s |"
     )
     return "\n".join(
         [
             head,
-            "|" + "---|" * 9,
-            "| {accepted} | {in_flight} | {succeeded} | {failed} | {lost} | {stuck} | {upgrade_s:.1f} "
-            "| {recovery_s} | {rehosted_s} |".format(**row),
+            "|" + "---|" * 10,
+            "| {accepted} | {rejected} | {in_flight} | {succeeded} | {failed} | {lost} | {stuck} "
+            "| {upgrade_s:.1f} | {recovery_s} | {rehosted_s} |".format(**row),
         ]
     )
 
@@ -409,6 +421,7 @@ def test_an_upgrade_replaces_every_replica_and_loses_no_run(cluster: chaos.Chaos
     result.stream_problem = follower.problem(views.get(follower.run_id or ""))
     row = {
         "accepted": result.accepted,
+        "rejected": result.rejected,
         "in_flight": result.in_flight,
         "succeeded": result.succeeded,
         "failed": result.failed,
@@ -470,8 +483,8 @@ def test_a_new_cluster_takes_over_the_old_ones_agents_and_runs(
         old_agents = _hosted(client)
         old_engines = {r["replica_id"] for r in client.replicas()}
     new = _cluster(tmp_path_factory.mktemp("upgrade-new"), shared)
-    new.up()
     try:
+        _up(new)
         # both clusters run: sample who hosts what for a while; nothing may move
         samples = []
         overlap_until = time.monotonic() + 12
@@ -527,6 +540,7 @@ def test_a_new_cluster_takes_over_the_old_ones_agents_and_runs(
         result.stream_problem = follower.problem(views.get(follower.run_id or ""))
         row = {
             "accepted": result.accepted,
+            "rejected": result.rejected,
             "in_flight": result.in_flight,
             "succeeded": result.succeeded,
             "failed": result.failed,
