@@ -222,9 +222,13 @@ def test_colony_up_with_an_unimportable_user_agent_exits_2_naming_it(tmp_path: P
     config = tmp_path / "colony.yaml"
     config.write_text(yaml.safe_dump({"agents": {"greeter": f"{PACKAGE}.agents:greeter"}}))
     env = _env(tmp_path / "data", free_port(), None)
+    started = time.monotonic()
     up = run_cli("--config", str(config), "up", cwd=tmp_path, env=env)
+    took = time.monotonic() - started
     try:
         assert up.returncode == 2, up.stdout + up.stderr
+        assert took < 10, f"the bad entry should be named before Ray starts, took {took:.1f}s"
+        assert not (tmp_path / "data" / "redis").exists()  # nothing was started, not even Redis
         assert f"user agent agents.greeter = '{PACKAGE}.agents:greeter': cannot import module" in up.stderr
         assert "install the package where Colony runs" in up.stderr
         assert not (tmp_path / "data" / "cluster.json").exists()

@@ -103,6 +103,11 @@ def up(settings: ColonySettings, config: str | None = None, *, echo: bool = True
     running = status(settings)
     if running is not None:
         return running
+    # user agents (`agents:`) import here first: a bad entry is named in a second, before Ray starts
+    # (the daemon builds them again; it runs with the same environment)
+    from colony.system.catalog import colony_blueprints
+
+    colony_blueprints(settings)
     stale = read_state(settings)
     if stale is not None:
         if process_alive(stale.pid) and _carries(stale.pid, stale.daemon_id):
