@@ -1,8 +1,9 @@
 """What each Colony dashboard shows: the panels, as data (rendered by colony/dashboards.py).
 
 Every query reads a cluster-wide family (docs/metrics.md): what every process publishes in Redis,
-summed (`colony_cluster_*`), each engine replica's heartbeat (`colony_replica_*`) and the registry
-(`colony_agents`). Add or change a panel here, then run `python -m colony.dashboards`.
+one series per process (`colony_cluster_*`, summed over processes by the query helpers), each engine
+replica's heartbeat (`colony_replica_*`) and the registry (`colony_agents`).
+Add or change a panel here, then run `python -m colony.dashboards`.
 """
 
 from __future__ import annotations

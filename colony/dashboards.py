@@ -9,10 +9,12 @@ files differ from what this renders, and tests/test_dashboards_prometheus.py run
 against a real Prometheus scraping a real cluster.
 
 Queries read only cluster-wide families (`colony_cluster_*`, `colony_replica_*`, `colony_agents`:
-the same whichever API replica answers a scrape). When Prometheus scrapes several targets of one
-cluster (a ServiceMonitor lists every endpoint behind the API Service), each returns the same
-figures: every query first keeps one copy per series (`max by (cluster, <the family's labels>)`),
-then aggregates, so nothing is counted twice.
+the same whichever API replica answers a scrape). `colony_cluster_*` has one series per process
+(label `process`): a counter's `rate()`/`increase()` is taken per process series (a process that
+restarted or whose publication expired starts or ends a series, never a counter reset) and summed
+after. When Prometheus scrapes several targets of one cluster (a ServiceMonitor lists every endpoint
+behind the API Service), each returns the same figures: every query first keeps one copy per series
+(`max by (cluster, <the family's labels, process included>)`), then sums, so nothing is counted twice.
 """
 
 from __future__ import annotations

@@ -6,11 +6,15 @@ label values are bounded sets (operation names, never keys or ids).
 Cluster-wide figures. A scrape of `/metrics` reaches one API replica, while most figures are
 observed in other processes (engine replicas, the control plane, other API replicas). So every
 process publishes the families in `PUBLISHED` into Redis (`published_counters()`: counters, and
-histograms as bucket counts), and the answering API sums them as `colony_cluster_*`; replica
-heartbeats give the per-replica `colony_replica_*` families (engine tokens and latency histograms,
-pages, agents). Both are read from Redis at scrape time, so any API replica answers the same. The
-dashboards (colony/dashboards.py) read only those families and `colony_agents`. What is read back
-is treated as hostile: bounded counts, finite numbers, known names and label arities only; a
+histograms as bucket counts), and the answering API exports them as `colony_cluster_*`, one series
+per process (a `process` label: host, pid and a nonce drawn at process start). They are not summed
+here: a sum over processes goes back whenever a process's publication ends (expiry, a restart, the
+cap), which Prometheus reads as a counter reset; a series per process simply ends, a restarted
+process starts a new one, and the dashboards sum `rate()` over processes. Replica heartbeats give
+the per-replica `colony_replica_*` families (engine tokens and latency histograms, pages, agents).
+Both are read from Redis at scrape time, so any API replica answers the same. The dashboards
+(colony/dashboards.py) read only those families and `colony_agents`. What is read back is treated
+as hostile: bounded counts, finite numbers, known names, label arities and process ids only; a
 malformed entry is skipped, never an error of /metrics. docs/metrics.md lists every metric.
 """
 
@@ -19,8 +23,10 @@ from __future__ import annotations
 import logging
 import math
 import os
+import re
+import secrets
 import socket
-from collections.abc import Iterable, Iterator, Mapping, Sequence
+from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -146,7 +152,8 @@ AGENT_RESUMPTIONS = Counter(
 
 @dataclass(frozen=True)
 class Published:
-    """One family every process publishes and the API sums as `colony_cluster_<rest of name>`."""
+    """One family every process publishes and the API exports per process as
+    `colony_cluster_<rest of name>` (labels: `process`, then `labels`)."""
 
     metric: Counter | Histogram
     labels: tuple[str, ...] = ()
@@ -167,11 +174,11 @@ class Published:
 
     @property
     def documentation(self) -> str:
-        return f"{self.metric.describe()[0].documentation} Summed over every Colony process."
+        return f"{self.metric.describe()[0].documentation} One series per Colony process (label process)."
 
 
 def cluster_name(name: str) -> str:
-    """`colony_x` -> `colony_cluster_x`: the cluster-wide sum of a published family."""
+    """`colony_x` -> `colony_cluster_x`: a published family as the API exports it, per process."""
     return name.replace("colony_", "colony_cluster_", 1)
 
 
@@ -201,16 +208,35 @@ PUBLISHED: tuple[Published, ...] = (
 )
 PUBLISHED_BY_NAME = {p.name: p for p in PUBLISHED}
 PUBLICATION_FORMAT = 2  # a publication of another format (another Colony version) is skipped
-MAX_SERIES_PER_FAMILY = 512  # label sets one family may show; more are dropped (and logged)
-MAX_PUBLICATIONS = 512  # processes whose publications one scrape sums
+PROCESS_LABEL = "process"  # the label of the process a `colony_cluster_*` series comes from
+MAX_SERIES_PER_FAMILY = 512  # label sets one process may show in one family; more are dropped (logged)
+MAX_CLUSTER_SERIES_PER_FAMILY = 8192  # series of one family over all processes; more are dropped
+# Processes whose publications one scrape exports: the most recently published ones (registry
+# `publications`), so the subset is the same from one scrape to the next (docs/metrics.md, Limits)
+MAX_PUBLICATIONS = 512
 MAX_REPLICAS = 1024
 MAX_LABEL_CHARS = 128
 MAX_COUNT = 1e15  # larger "counts" read back from Redis are not believed
+# what a process id may hold: it is a label value and a key segment
+_PROCESS_ID = re.compile(rf"[A-Za-z0-9._-]{{1,{MAX_LABEL_CHARS}}}")
+_HOST_CHARS = re.compile(r"[^A-Za-z0-9._-]")
+# Drawn once when this module is first imported, i.e. once per process start: a container restarted
+# in the same pod has the same hostname and often the same pid, and must not take over (overwrite)
+# the publication, and so the series, of the process it replaces.
+_START_NONCE = secrets.token_hex(4)
 
 
 def process_id() -> str:
-    """This process's publication key: host and pid (a restarted process publishes anew)."""
-    return f"{socket.gethostname()}-{os.getpid()}"[:MAX_LABEL_CHARS]
+    """This process's id: its publication key and the `process` label of its `colony_cluster_*`
+    series. Host (characters outside [A-Za-z0-9._-] replaced), pid and the start nonce: a restarted
+    process is a new process, whatever its host and pid."""
+    host = _HOST_CHARS.sub("_", socket.gethostname())[:96] or "host"
+    return f"{host}-{os.getpid()}-{_START_NONCE}"
+
+
+def process_label(value: Any) -> str | None:
+    """A process id read back from Redis: [A-Za-z0-9._-], 1 to MAX_LABEL_CHARS characters, else None."""
+    return value if isinstance(value, str) and _PROCESS_ID.fullmatch(value) else None
 
 
 def _counts(cumulative: Sequence[float]) -> list[float]:
@@ -239,7 +265,7 @@ def _published_family(spec: Published) -> list[list[Any]]:
 
 
 def published_counters() -> dict[str, Any]:
-    """This process's published families (`PUBLISHED`), for Redis: the API sums them over processes
+    """This process's published families (`PUBLISHED`), for Redis: the API exports them per process
     (`colony_cluster_*`). Keyed by process, so a process publishing twice is counted once."""
     families = {spec.name: _published_family(spec) for spec in PUBLISHED}
     return {"process": process_id(), "format": PUBLICATION_FORMAT, "families": families}
@@ -277,8 +303,10 @@ def _bucket_counts(raw: Any, size: int) -> list[float] | None:
     return None if None in counts else counts  # type: ignore[return-value]
 
 
-class _Sums:
-    """Series of one family summed over processes, at most MAX_SERIES_PER_FAMILY label sets."""
+class _PerProcess:
+    """One family's series, per process: at most MAX_SERIES_PER_FAMILY label sets of one process and
+    MAX_CLUSTER_SERIES_PER_FAMILY in all. Processes are added in a stable order (most recently
+    published first), so what a cap drops is the same from one scrape to the next."""
 
     def __init__(self, spec: Published) -> None:
         self.spec = spec
@@ -286,45 +314,54 @@ class _Sums:
         self.histograms: dict[tuple[str, ...], tuple[list[float], float]] = {}
         self.dropped = 0
 
-    def _room(self, labels: tuple[str, ...], table: Mapping[tuple[str, ...], object]) -> bool:
-        if labels in table or len(table) < MAX_SERIES_PER_FAMILY:
-            return True
-        self.dropped += 1
-        return False
-
-    def add(self, entry: Any) -> None:
-        """Add one published series; a malformed one is skipped."""
+    def _valid(self, entry: Any) -> tuple[tuple[str, ...], Any] | None:
+        """(label values, value) of one published series, None when malformed. A histogram's value
+        is (per-bucket counts, sum)."""
         spec = self.spec
         if not isinstance(entry, list) or len(entry) != (2 if spec.kind == "counter" else 3):
-            return
+            return None
         labels = _label_values(entry[0], len(spec.labels))
         if labels is None:
-            return
+            return None
         if spec.kind == "counter":
             value = _count(entry[1])
-            if value is not None and self._room(labels, self.counters):
-                self.counters[labels] = self.counters.get(labels, 0.0) + value
-            return
+            return None if value is None else (labels, value)
         counts, total = _bucket_counts(entry[1], len(spec.buckets) + 1), entry[2]
         if counts is None or isinstance(total, bool) or not isinstance(total, int | float):
-            return
-        if not math.isfinite(float(total)) or not self._room(labels, self.histograms):
-            return
-        old, old_sum = self.histograms.get(labels, ([0.0] * len(counts), 0.0))
-        self.histograms[labels] = ([a + b for a, b in zip(old, counts, strict=True)], old_sum + float(total))
+            return None
+        if not math.isfinite(float(total)):
+            return None
+        return labels, (counts, float(total))
+
+    def add(self, process: str, series: list[Any]) -> None:
+        """One process's published series of this family; malformed ones skipped, a label set
+        repeated keeps its first value (a process publishes each once)."""
+        found: dict[tuple[str, ...], Any] = {}
+        for entry in series[:MAX_SERIES_PER_FAMILY]:
+            valid = self._valid(entry)
+            if valid is not None:
+                found.setdefault(valid[0], valid[1])
+        self.dropped += max(0, len(series) - MAX_SERIES_PER_FAMILY)
+        table: dict[tuple[str, ...], Any] = self.counters if self.spec.kind == "counter" else self.histograms
+        for labels, value in sorted(found.items()):
+            if len(table) >= MAX_CLUSTER_SERIES_PER_FAMILY:
+                self.dropped += 1
+                continue
+            table[(process, *labels)] = value
 
     def family(self) -> Metric:
         spec = self.spec
         if self.dropped:
-            log.warning("%s: %d published series over the cap dropped", spec.cluster_name, self.dropped)
+            log.warning("%s: %d published series over the caps dropped", spec.cluster_name, self.dropped)
+        labels = [PROCESS_LABEL, *spec.labels]
         if spec.kind == "counter":
-            counter = CounterMetricFamily(spec.cluster_name, spec.documentation, labels=list(spec.labels))
-            for labels, value in sorted(self.counters.items()):
-                counter.add_metric(list(labels), value)
+            counter = CounterMetricFamily(spec.cluster_name, spec.documentation, labels=labels)
+            for key, value in sorted(self.counters.items()):
+                counter.add_metric(list(key), value)
             return counter
-        histogram = HistogramMetricFamily(spec.cluster_name, spec.documentation, labels=list(spec.labels))
-        for labels, (counts, total) in sorted(self.histograms.items()):
-            histogram.add_metric(list(labels), _cumulative(spec.buckets, counts), total)
+        histogram = HistogramMetricFamily(spec.cluster_name, spec.documentation, labels=labels)
+        for key, (counts, total) in sorted(self.histograms.items()):
+            histogram.add_metric(list(key), _cumulative(spec.buckets, counts), total)
         return histogram
 
 
@@ -338,24 +375,26 @@ def _cumulative(bounds: Sequence[float], counts: Sequence[float]) -> list[tuple[
 
 
 def cluster_families(publications: Iterable[Any]) -> list[Metric]:
-    """Every `PUBLISHED` family summed over `publications` (one per process; malformed parts and
-    publications past MAX_PUBLICATIONS skipped)."""
-    sums = {spec.name: _Sums(spec) for spec in PUBLISHED}
-    for index, publication in enumerate(publications):
-        if index >= MAX_PUBLICATIONS:
-            log.warning("more than %d processes published metrics; the rest are not summed", MAX_PUBLICATIONS)
+    """Every `PUBLISHED` family, one series per process and label set, from `publications` (one per
+    process, in the order given: the caller puts the most recently published first). Malformed
+    parts, a process id seen before and publications past MAX_PUBLICATIONS are skipped."""
+    tables = {spec.name: _PerProcess(spec) for spec in PUBLISHED}
+    seen: set[str] = set()
+    for publication in publications:
+        if len(seen) >= MAX_PUBLICATIONS:
+            log.warning("more than %d processes published metrics; the rest not exported", MAX_PUBLICATIONS)
             break
         if not isinstance(publication, dict) or publication.get("format") != PUBLICATION_FORMAT:
             continue
-        families = publication.get("families")
-        if not isinstance(families, dict):
+        process, families = process_label(publication.get("process")), publication.get("families")
+        if process is None or process in seen or not isinstance(families, dict):
             continue
-        for name, table in sums.items():
+        seen.add(process)
+        for name, table in tables.items():
             series = families.get(name)
             if isinstance(series, list):
-                for entry in series[:MAX_SERIES_PER_FAMILY]:
-                    table.add(entry)
-    return [table.family() for table in sums.values()]
+                table.add(process, series)
+    return [table.family() for table in tables.values()]
 
 
 # -- per-replica figures from replica heartbeats ---------------------------------------------------
@@ -420,8 +459,8 @@ def _dict(value: Any) -> dict[str, Any]:
 class ReplicaStatsCollector:
     """Cluster-wide figures read from Redis at scrape time, so the API's /metrics shows what other
     processes did: each replica's engine counters and latency histograms, agents and pages (from its
-    heartbeat), and the families every process publishes (`published_counters()`), summed over
-    processes as `colony_cluster_*`. The API sets `snapshot` and `published` before each scrape."""
+    heartbeat), and the families every process publishes (`published_counters()`), per process as
+    `colony_cluster_*`. The API sets `snapshot` and `published` before each scrape."""
 
     PAGE_OPS = REPLICA_PAGE_OPS
 
@@ -476,9 +515,10 @@ class ReplicaStatsCollector:
 
 def family_labels() -> dict[str, tuple[str, ...]]:
     """The labels of every family a dashboard may read (the cluster-wide ones and `colony_agents`),
-    by family name: the dashboards keep them when they drop duplicate scrape targets."""
+    by family name: the dashboards keep them (`process` included) when they drop duplicate scrape
+    targets, so each process's series is kept once and summed after."""
     labels = {name: spec[1] for name, spec in REPLICA_FAMILIES.items()}
-    labels.update({p.cluster_name: p.labels for p in PUBLISHED})
+    labels.update({p.cluster_name: (PROCESS_LABEL, *p.labels) for p in PUBLISHED})
     labels["colony_agents"] = ("state",)
     return labels
 

@@ -183,13 +183,16 @@ def test_every_dashboard_panel_has_data(
             result = wait_for(prometheus, promql, max(0.0, deadline - time.monotonic()))
             if not has_number(result):
                 empty.append(f"{document['title']} / {title}: {promql} -> {result}")
-    # the figures come from other processes (replicas, the control plane) through Redis
+    # the figures come from other processes (replicas, the control plane) through Redis, a series
+    # per process (label `process`)
     checks = {
         f'sum(colony_cluster_runs_completed_total{{cluster="{CLUSTER}", status="succeeded"}})': 4,
         f'sum(colony_cluster_agent_suspensions_total{{cluster="{CLUSTER}", reason="request"}})': 1,
         f'sum(colony_cluster_agent_resumptions_total{{cluster="{CLUSTER}", condition="custom"}})': 1,
         f'sum(colony_cluster_placements_total{{cluster="{CLUSTER}"}})': 3,
         f'sum(colony_replica_inference_ttft_seconds_count{{cluster="{CLUSTER}"}})': 2,
+        # one series per process (API, control plane, engine replicas), summed by the dashboards
+        f'count(count by (process) (colony_cluster_blackboard_ops_total{{cluster="{CLUSTER}"}}))': 3,
     }
     short = [
         f"{expr} < {least}: {query(prometheus, expr)}"

@@ -11,6 +11,7 @@ finished runs); writing it again in a live state makes it permanent again.
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import math
 import time
@@ -27,10 +28,13 @@ from colony.errors import ConcurrentModificationError
 DONE_STATES = frozenset({"stopped", "failed"})  # the agent has ended
 NOT_HOSTED = DONE_STATES | {"suspended"}  # states in which no replica hosts the agent
 HEARTBEAT_MISSES = 5  # a heartbeat lives this many periods
-# A process's published metrics outlive it this long: the cluster sums (`colony_cluster_*`) keep
-# counting what a process did after it is gone, so a replaced replica does not make them drop (which
-# Prometheus would read as a counter reset); one gone longer drops out of the sums once.
+# A process's published metrics outlive it this long: its `colony_cluster_*` series (one per process)
+# go on being exported for a day after it is gone, then end. A series that ends is no counter reset,
+# so what a dashboard sums over processes (of rate()) never sees a drop.
 PUBLICATION_RETENTION_SECONDS = 86400.0
+# Publications one read looks at (those listed first by the index scan) to pick the most recently
+# published: far more than a cluster's processes in a retention period (metrics.MAX_PUBLICATIONS)
+PUBLICATIONS_READ_LIMIT = 4096
 
 
 class AgentRecord(BaseModel):
@@ -62,6 +66,9 @@ class AgentRegistry:
         # little less, so a heartbeat that wakes a hair early still publishes
         self._publish_every = 0.9 * settings.serve.heartbeat_seconds if settings is not None else 0.0
         self._published_at: dict[str, float] = {}
+        # one publication write at a time, in the order of the calls (and so of the figures taken
+        # before them): an older figure never lands after a newer one of the same process
+        self._publishing = asyncio.Lock()
 
     @property
     def retention_seconds(self) -> float:
@@ -153,27 +160,34 @@ class AgentRegistry:
         return [e.value async for e in self._indexed("replica")]
 
     async def publish(self, counters: dict[str, Any], created_by: str, *, force: bool = False) -> bool:
-        """A process's metrics (`metrics.published_counters()`), summed over processes by the API;
+        """A process's metrics (`metrics.published_counters()`), exported per process by the API;
         kept `PUBLICATION_RETENTION_SECONDS` after the last one. Skipped (False) when this process
-        published less than a heartbeat period ago, unless `force`."""
+        published less than a heartbeat period ago, unless `force`. Writes go out one at a time in
+        call order, so a process's publication in Redis never goes back to an older figure."""
         process = str(counters["process"])
         now = time.monotonic()
         if not force and now - self._published_at.get(process, -math.inf) < self._publish_every:
             return False
         key = Keys.process_key(process)
         tags = {Keys.index_tag("process")}
-        await self.board.write(
-            key, counters, tags=tags, ttl_seconds=PUBLICATION_RETENTION_SECONDS, created_by=created_by
-        )
+        async with self._publishing:
+            await self.board.write(
+                key, counters, tags=tags, ttl_seconds=PUBLICATION_RETENTION_SECONDS, created_by=created_by
+            )
         self._published_at[process] = now
         return True
 
     async def publications(self, limit: int | None = None) -> list[Any]:
-        """What processes published (at most `limit`), as stored: the reader validates it
-        (colony.metrics treats it as hostile)."""
-        found: list[Any] = []
+        """What processes published, as stored (the reader validates it: colony.metrics treats it
+        as hostile): the `limit` most recently published (by Redis' clock), newest first, ties by
+        key. So the subset under a cap does not depend on the index scan order, and stays the same
+        from one read to the next while at most `limit` processes are publishing (a live process
+        publishes every heartbeat period and stays ahead of the ones gone). At most
+        PUBLICATIONS_READ_LIMIT entries are looked at."""
+        entries = []
         async for entry in self._indexed("process"):
-            if limit is not None and len(found) >= limit:
+            entries.append(entry)
+            if len(entries) >= PUBLICATIONS_READ_LIMIT:
                 break
-            found.append(entry.value)
-        return found
+        entries.sort(key=lambda e: (-e.updated_at, e.key))
+        return [e.value for e in (entries if limit is None else entries[: max(0, limit)])]

@@ -195,7 +195,7 @@ class RunService:
         if result is not None:
             value = result.value
             status = {"succeeded": "succeeded", "cancelled": "cancelled"}.get(value.get("status"), "failed")
-            if self._count(record, status, result.created_at):
+            if await self._count(record, status, result.created_at):
                 await self._retire_record(run_id)  # the agent retires it too; this covers a lost call
             return RunView(
                 run_id=run_id,
@@ -248,13 +248,33 @@ class RunService:
     async def _retire_record(self, run_id: str) -> None:
         await self.api_board.expire([ApiRunProtocol.run_key(run_id)], self.retention_seconds)
 
-    def _count(self, record: RunRecord, status: str, finished_at: float) -> bool:
-        """Count a run's end once per process; True the first time."""
+    async def _count(self, record: RunRecord, status: str, finished_at: float) -> bool:
+        """Count a run's end once in the whole cluster; True the first time this process sees it.
+
+        Every API replica reading the run sees it end, and each process's counters are exported
+        (`colony_cluster_*`, summed by the dashboards): counted in each, a run would count once per
+        replica. So the first reader writes a create-only marker (`ApiRunProtocol.counted_key`, it
+        expires with the run's retention) and only the one whose write created it counts; the
+        others (a ConcurrentModificationError) do not. Remembered per process, so the marker is
+        written at most once per process and run."""
         if record.run_id in self._counted:
             return False
+        try:
+            await self.api_board.write(
+                ApiRunProtocol.counted_key(record.run_id),
+                {"status": status},
+                created_by=API_WRITER,
+                ttl_seconds=self.retention_seconds,
+                expected_version=0,
+            )
+            first = True
+        except ConcurrentModificationError:
+            first = False  # another process (or this one, before a restart) counted it
         self._counted[record.run_id] = None
         if len(self._counted) > 100_000:
             self._counted.pop(next(iter(self._counted)))
+        if not first:
+            return True
         metrics.RUNS_COMPLETED.labels(status).inc()
         metrics.RUN_DURATION_SECONDS.observe(max(0.0, finished_at - record.created_at))
         return True
