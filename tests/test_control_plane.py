@@ -4,6 +4,7 @@ job (coordinator suspended on CHILDREN_COMPLETED and resumed), and the cluster-w
 from __future__ import annotations
 
 import asyncio
+import re
 import time
 import uuid
 from collections.abc import AsyncIterator
@@ -115,11 +116,15 @@ async def test_suspend_and_resume_over_http(cluster: Cluster) -> None:
 
 
 def sample(text: str, series: str) -> float:
-    """The value of one series in Prometheus text (0 when absent)."""
+    """The value of one series in Prometheus text (0 when absent). A `colony_cluster_*` family has
+    one series per process (label `process`): the sum of the processes' series."""
+    total = 0.0
     for line in text.splitlines():
-        if line.startswith(series + " "):
-            return float(line.split()[-1])
-    return 0.0
+        head, _, value = line.rpartition(" ")
+        head = re.sub(r',?process="[^"]*"', "", head).replace("{,", "{").replace("{}", "")
+        if head == series:
+            total += float(value)
+    return total
 
 
 async def test_agents_of_a_dead_replica_are_re_placed_and_finish_their_runs(
