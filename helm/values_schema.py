@@ -4,8 +4,9 @@ against (draft-07; a bad value fails naming its field).
 The `colony:` block (Colony's settings file) is derived from `colony.config.ColonySettings`, so a
 misspelt or invalid setting fails at `helm install` rather than in a pod, and a new setting reaches
 the chart by running this again: `.venv/bin/python helm/values_schema.py`. Left out of that block:
-the secrets (`api_token`, `secret`, `redis_url`, `engine.api_key`: they reach the pods from Secrets)
-and `embedded_redis` (the chart's pods always use a Redis server). tests/test_helm_chart.py fails
+the secrets (`api_token`, `secret`, `redis_url`, `engine.api_key`, `api.metrics_token`: they reach the
+pods from Secrets), `embedded_redis` (the chart's pods always use a Redis server) and `serve.port`
+(the chart writes its own `serve.port` there, so the two cannot disagree). tests/test_helm_chart.py fails
 when the committed file differs from what this writes.
 """
 
@@ -19,7 +20,32 @@ from typing import Any
 
 SCHEMA_PATH = Path(__file__).resolve().parent / "colony" / "values.schema.json"
 # settings that must not be plain values (Secrets carry them) or mean nothing in the chart
-LEFT_OUT = {("api_token",), ("secret",), ("redis_url",), ("embedded_redis",), ("engine", "api_key")}
+LEFT_OUT = {
+    ("api_token",),
+    ("secret",),
+    ("redis_url",),
+    ("embedded_redis",),
+    ("engine", "api_key"),
+    ("api", "metrics_token"),
+    ("serve", "port"),
+}
+# environment variables the chart sets in the Ray containers, refused in extraEnv; pydantic-settings
+# matches env names case-insensitively, so the check ignores case
+CHART_ENV = (
+    "COLONY_API_TOKEN",
+    "COLONY_SECRET",
+    "COLONY_REDIS_URL",
+    "COLONY_CONFIG",
+    "COLONY_API__METRICS_TOKEN",
+    "REDIS_PASSWORD",
+)
+# where data_dir (an emptyDir mount) must not go: the settings mount, Ray's install and session
+# folders, system folders (a mount there hides what the image put there)
+DATA_DIR_REFUSED = (
+    r"^/(home|home/ray|etc|var|opt|tmp|root|run|srv|mnt|models)?/?$",
+    r"^/(etc|dev|proc|sys|usr|bin|sbin|lib|lib32|lib64|boot|home/ray/anaconda3|tmp/ray)(/.*)?$",
+    r"(^|/)\.\.?(/|$)",
+)
 # pydantic's annotations that are no JSON-schema constraint (or one Helm's validator would misread)
 DROPPED_KEYS = {"title", "default", "format", "writeOnly"}
 
@@ -58,13 +84,14 @@ def colony_block() -> dict[str, Any]:
     block = _close(_inline({k: v for k, v in raw.items() if k != "$defs"}, raw.get("$defs", {})))
     block["description"] = (
         "Colony's settings file (colony.config.ColonySettings), mounted into every Ray pod. No "
-        "secrets: api_token, secret, redis_url and engine.api_key come from Secrets."
+        "secrets: api_token, secret, redis_url, engine.api_key and api.metrics_token come from Secrets."
     )
     props = block["properties"]
-    # the chart mounts a volume at data_dir: an absolute path
+    # the chart mounts a volume at data_dir: an absolute path, not over a folder the pod needs
     props["data_dir"] = {
         "type": "string",
         "pattern": r"^/\S*$",
+        "not": {"anyOf": [{"pattern": refused} for refused in DATA_DIR_REFUSED]},
         "description": props["data_dir"]["description"],
     }
     # what the settings' validators check, as patterns (the same expressions)
@@ -77,6 +104,11 @@ def colony_block() -> dict[str, Any]:
 
 
 NAME = r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$"
+# names that become the RayService's (KubeRay wants a DNS-1035 label: a letter first)
+DNS1035 = r"^$|^[a-z]([-a-z0-9]*[a-z0-9])?$"
+# ports of the Ray pods Serve's HTTP port must not take: GCS, dashboard, client, metrics, the
+# dashboard agent's, the object manager's and node manager's defaults; 10002-19999 are Ray's workers'
+RAY_PORTS = [6379, 8076, 8077, 8080, 8265, 10001, 52365, 52366, 44217, 44227]
 QTY = {"type": ["string", "number"], "pattern": r"^[0-9]+(\.[0-9]+)?(m|k|Ki|Mi|Gi|Ti|M|G|T)?$"}
 QTY_NUM = {
     "anyOf": [
@@ -180,8 +212,8 @@ def schema() -> dict[str, Any]:
                 "pattern": r"^[0-9]+\.[0-9]+\.[0-9]+$",
                 "description": "Ray of the images; equals the pin in pyproject.toml",
             },
-            "nameOverride": {"type": "string", "pattern": r"^$|" + NAME[1:], "maxLength": 40},
-            "fullnameOverride": {"type": "string", "pattern": r"^$|" + NAME[1:], "maxLength": 40},
+            "nameOverride": {"type": "string", "pattern": DNS1035, "maxLength": 40},
+            "fullnameOverride": {"type": "string", "pattern": DNS1035, "maxLength": 40},
             "image": image,
             "imagePullSecrets": {
                 "type": "array",
@@ -192,7 +224,13 @@ def schema() -> dict[str, Any]:
                 {
                     "appName": {"type": "string", "pattern": r"^[a-z][a-z0-9_-]{0,62}$"},
                     "routePrefix": {"type": "string", "pattern": r"^/[A-Za-z0-9/_-]*$"},
-                    "port": {"type": "integer", "minimum": 1024, "maximum": 65535},
+                    "port": {
+                        "type": "integer",
+                        "minimum": 1024,
+                        "maximum": 65535,
+                        "not": {"anyOf": [{"enum": RAY_PORTS}, {"minimum": 10002, "maximum": 19999}]},
+                        "description": "Serve's HTTP port; not one of Ray's ports (nor 10002-19999)",
+                    },
                     "api": obj(
                         {
                             "numReplicas": {"type": "integer", "minimum": 1},
@@ -224,12 +262,11 @@ def schema() -> dict[str, Any]:
                 required=["appName", "routePrefix", "port", "api", "agentSystem", "engine"],
             ),
             "rayService": obj(
-                {
-                    "serviceUnhealthySecondThreshold": {"type": "integer", "minimum": 1},
-                    "deploymentUnhealthySecondThreshold": {"type": "integer", "minimum": 1},
-                    "upgradeStrategy": {"enum": ["NewCluster", "None"]},
-                },
-                required=["upgradeStrategy"],
+                {"upgradeStrategy": {"enum": ["NewCluster", "None"]}}, required=["upgradeStrategy"]
+            ),
+            "rayAuth": obj(
+                {"enabled": {"type": "boolean"}, "existingSecret": secret_name()},
+                required=["enabled", "existingSecret"],
             ),
             "head": obj(
                 {
@@ -250,15 +287,7 @@ def schema() -> dict[str, Any]:
                         "name": {
                             "type": "string",
                             "pattern": r"^[A-Za-z_][A-Za-z0-9_]*$",
-                            "not": {
-                                "enum": [
-                                    "COLONY_API_TOKEN",
-                                    "COLONY_SECRET",
-                                    "COLONY_REDIS_URL",
-                                    "COLONY_CONFIG",
-                                    "REDIS_PASSWORD",
-                                ]
-                            },
+                            "not": {"pattern": "(?i)^(" + "|".join(CHART_ENV) + ")$"},
                         },
                         "value": {"type": "string"},
                         "valueFrom": {"type": "object"},
@@ -282,8 +311,13 @@ def schema() -> dict[str, Any]:
                         "pattern": r"^$|^[\x21-\x7e]{32,512}$",
                         "description": "32+ printable characters; empty = generated",
                     },
+                    "metricsToken": {
+                        "type": "string",
+                        "pattern": r"^$|^[A-Za-z0-9._~+/=-]{32,512}$",
+                        "description": "32+ URL/header-safe characters; empty = generated",
+                    },
                 },
-                required=["existingSecret", "apiToken", "colonySecret"],
+                required=["existingSecret", "apiToken", "colonySecret", "metricsToken"],
             ),
             "redis": obj(
                 {
@@ -376,10 +410,16 @@ def schema() -> dict[str, Any]:
                 },
                 required=["enabled", "label", "labelValue"],
             ),
-            "podDisruptionBudget": obj(
-                {"enabled": {"type": "boolean"}, "maxUnavailable": {"type": "integer", "minimum": 1}},
-                required=["enabled", "maxUnavailable"],
+            "networkPolicy": obj(
+                {
+                    "enabled": {"type": "boolean"},
+                    "apiIngressFrom": {"type": "array", "items": {"type": "object"}},
+                    "operatorFrom": {"type": "array", "items": {"type": "object"}},
+                    "monitoringFrom": {"type": "array", "items": {"type": "object"}},
+                },
+                required=["enabled", "apiIngressFrom", "operatorFrom", "monitoringFrom"],
             ),
+            "podDisruptionBudget": obj({"enabled": {"type": "boolean"}}, required=["enabled"]),
         },
     }
 

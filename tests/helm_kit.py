@@ -243,3 +243,72 @@ def render_against(api: FakeKubeApi, values: dict[str, Any], *, upgrade: bool) -
             revision=2 if upgrade else 1,
         )
     return Rendered(texts)
+
+
+# --- NetworkPolicy semantics (what a network plugin enforces), for the policy tests ---------------
+
+
+@dataclass(frozen=True)
+class Peer:
+    """A pod that sends traffic: its namespace (with the namespace's labels) and its own labels."""
+
+    namespace: str
+    labels: dict[str, str]
+    namespace_labels: dict[str, str] = field(default_factory=dict)
+
+
+def selector_matches(selector: dict[str, Any] | None, labels: dict[str, str]) -> bool:
+    """A Kubernetes LabelSelector against labels (`{}` selects everything)."""
+    selector = selector or {}
+    if any(labels.get(key) != value for key, value in (selector.get("matchLabels") or {}).items()):
+        return False
+    for expression in selector.get("matchExpressions") or []:
+        key, operator, values = expression["key"], expression["operator"], expression.get("values") or []
+        present = key in labels
+        if operator == "In" and not (present and labels[key] in values):
+            return False
+        if operator == "NotIn" and present and labels[key] in values:
+            return False
+        if operator == "Exists" and not present:
+            return False
+        if operator == "DoesNotExist" and present:
+            return False
+    return True
+
+
+def _peer_matches(peer: dict[str, Any], source: Peer, policy_namespace: str) -> bool:
+    if "ipBlock" in peer:  # pod traffic is matched by the selectors (an ipBlock is for outside)
+        return False
+    pods, namespaces = peer.get("podSelector"), peer.get("namespaceSelector")
+    if namespaces is None:
+        in_namespace = source.namespace == policy_namespace
+    else:
+        in_namespace = selector_matches(namespaces, source.namespace_labels)
+    return in_namespace and (pods is None or selector_matches(pods, source.labels))
+
+
+def ingress_allowed(
+    policies: list[dict[str, Any]], pod_labels: dict[str, str], source: Peer, port: int, namespace: str
+) -> bool:
+    """Whether `source` may open TCP `port` on a pod with `pod_labels` in `namespace` under these
+    NetworkPolicies (Kubernetes semantics: a pod no Ingress policy selects accepts everything; a
+    selected pod accepts what any rule of any selecting policy allows; rules match by port number)."""
+    selecting = [
+        p
+        for p in policies
+        if p["kind"] == "NetworkPolicy"
+        and "Ingress" in (p["spec"].get("policyTypes") or ["Ingress"])
+        and selector_matches(p["spec"]["podSelector"], pod_labels)
+    ]
+    if not selecting:
+        return True
+    for policy in selecting:
+        for rule in policy["spec"].get("ingress") or []:
+            peers = rule.get("from")
+            if peers and not any(_peer_matches(peer, source, namespace) for peer in peers):
+                continue
+            ports = rule.get("ports")
+            if ports and not any(p.get("port") in (None, port) for p in ports):
+                continue
+            return True
+    return False

@@ -3,8 +3,13 @@ library) and lints; the RayService validates against KubeRay's CRD schemas and e
 against Kubernetes' OpenAPI schemas (strict); the monitors have the shape Prometheus Operator needs;
 serveConfigV2 parses with Ray Serve's ServeDeploySchema and the app builds from it in-process the way
 Serve's controller builds it; and what users rely on: bad values fail naming the field, secrets
-never appear in plain text outside Secrets, Redis always has a password, the external-Redis profile
-runs no Redis, generated secrets survive `helm upgrade`, one dashboard ConfigMap per JSON file.
+never appear in plain text outside Secrets (nor on Redis's command line: its start script runs here
+on a real redis-server), Redis always has a password, the external-Redis profile runs no Redis,
+generated secrets survive `helm upgrade`, one dashboard ConfigMap per JSON file; and the hostile
+review's findings (issue 14): disruption budgets that let drains proceed, the service account token
+only where Ray's autoscaler needs it, NetworkPolicies evaluated with Kubernetes' semantics, Ray's
+token auth, the API through KubeRay's serve Service, secret checksums, the metrics token, pod
+security settings.
 
 Not checked here (no cluster): ServiceMonitor/PodMonitor against their CRD schemas (not available
 offline), image pulls, a real install, GPUs. docs/deploy.md says the same.
@@ -17,6 +22,10 @@ import importlib.util
 import json
 import os
 import shutil
+import socket
+import subprocess
+import sys
+import time
 from pathlib import Path
 from typing import Any
 
@@ -30,8 +39,10 @@ from helm_kit import (
     PROFILES,
     RELEASE,
     FakeKubeApi,
+    Peer,
     Rendered,
     crd_validator,
+    ingress_allowed,
     merge,
     profile_values,
     ray_pod_templates,
@@ -43,9 +54,13 @@ from helm_kit import (
 # Kubernetes versions the core kinds are validated against: the oldest the chart declares
 # (Chart.yaml kubeVersion >=1.25) and the newest kubernetes-validate 1.37.0 ships.
 K8S_VERSIONS = ("1.25.0", "1.37.0")
-CORE_KINDS = {"ConfigMap", "Secret", "Service", "StatefulSet", "PodDisruptionBudget"}
+CORE_KINDS = {"ConfigMap", "Secret", "Service", "StatefulSet", "PodDisruptionBudget", "NetworkPolicy"}
 MONITOR_KINDS = {"ServiceMonitor", "PodMonitor"}
-SECRET_ENV = {"COLONY_API_TOKEN": "api-token", "COLONY_SECRET": "colony-secret"}
+SECRET_ENV = {
+    "COLONY_API_TOKEN": "api-token",
+    "COLONY_SECRET": "colony-secret",
+    "COLONY_API__METRICS_TOKEN": "metrics-token",
+}
 
 
 @pytest.fixture(scope="module")
@@ -67,7 +82,7 @@ def test_every_profile_lints_clean(profile: str) -> None:
 def test_every_profile_renders_the_expected_kinds(rendered: dict[str, Rendered]) -> None:
     for profile, out in rendered.items():
         kinds = sorted({doc["kind"] for doc in out.docs})
-        assert {"RayService", "ConfigMap", "Secret", "Service", "PodDisruptionBudget"} <= set(kinds), profile
+        assert {"RayService", "ConfigMap", "Secret", "NetworkPolicy"} <= set(kinds), profile
         assert set(kinds) <= CORE_KINDS | MONITOR_KINDS | {"RayService"}, (profile, kinds)
         assert out.notes.count("kubectl") >= 3, "NOTES.txt tells how to get the token and reach the API"
     assert {d["kind"] for d in rendered["gpu-vllm"].docs} >= MONITOR_KINDS
@@ -134,20 +149,25 @@ def test_core_kind_check_is_strict() -> None:
 def test_monitors_have_the_prometheus_operator_shape(rendered: dict[str, Rendered]) -> None:
     """No ServiceMonitor/PodMonitor schema offline: check the fields Prometheus Operator reads."""
     out = rendered["gpu-vllm"]
-    api_service = out.one("Service", f"{RELEASE}-api")
+    # the Service it scrapes is KubeRay's <name>-serve-svc, made from spec.serveService
+    api_service = out.one("RayService")["spec"]["serveService"]
     auth_secret = f"{RELEASE}-auth"
 
     monitor = out.one("ServiceMonitor")
     assert monitor["apiVersion"] == "monitoring.coreos.com/v1"
     assert _selects(monitor["spec"]["selector"]["matchLabels"], api_service["metadata"]["labels"])
+    assert not out.kinds("Service") or not any(
+        _selects(monitor["spec"]["selector"]["matchLabels"], s["metadata"]["labels"])
+        for s in out.kinds("Service")
+    ), "the monitor selects only the serve Service (one cluster's pods), no Service of the chart"
     assert monitor["spec"]["namespaceSelector"] == {"matchNames": [NAMESPACE]}
     (endpoint,) = monitor["spec"]["endpoints"]
     assert endpoint["port"] in {p["name"] for p in api_service["spec"]["ports"]}
     assert endpoint["path"] == "/metrics"
-    # the API's /metrics needs the bearer token: read from the Secret, never written out
+    # /metrics with the metrics-only token (accepted nowhere else), read from the Secret
     assert endpoint["authorization"] == {
         "type": "Bearer",
-        "credentials": {"name": auth_secret, "key": "api-token"},
+        "credentials": {"name": auth_secret, "key": "metrics-token"},
     }
     assert {"action": "replace", "targetLabel": "cluster", "replacement": RELEASE} in endpoint["relabelings"]
 
@@ -174,28 +194,85 @@ def _selects(selector: dict[str, str], labels: dict[str, str]) -> bool:
     return all(labels.get(key) == value for key, value in selector.items())
 
 
-def test_services_and_budget_select_the_right_pods(rendered: dict[str, Rendered]) -> None:
+def test_the_api_is_kuberays_serve_service_where_the_proxies_run(rendered: dict[str, Rendered]) -> None:
+    """The API is reached through KubeRay's <name>-serve-svc (spec.serveService: our labels, type,
+    port; KubeRay sets its selector to the active cluster's pods, so an upgrade never splits traffic
+    across two clusters), no Service of the chart selects Ray pods, and Serve's HTTP proxy listens
+    on the port the Service targets on every pod it can select."""
+    for profile, out in rendered.items():
+        rayservice = out.one("RayService")
+        serve_service = rayservice["spec"]["serveService"]
+        assert "selector" not in serve_service["spec"], "KubeRay sets the selector; ours would be ignored"
+        assert serve_service["metadata"]["labels"]["app.kubernetes.io/component"] == "api"
+        (port,) = serve_service["spec"]["ports"]
+        assert port["name"] == "serve" and port["targetPort"] == "serve" and port["port"] == 8000
+        templates = ray_pod_templates(rayservice)
+        for service in out.kinds("Service"):
+            assert not any(
+                _selects(service["spec"]["selector"], t["metadata"]["labels"]) for t in templates.values()
+            )
+        # the proxy: on every node (KubeRay marks each pod whose proxy is healthy), on the port named serve
+        config = _serve_config(out)
+        assert config["proxy_location"] == "EveryNode", profile
+        head_ports = {
+            p["name"]: p["containerPort"] for p in templates["head"]["spec"]["containers"][0]["ports"]
+        }
+        assert head_ports["serve"] == config["http_options"]["port"], profile
+        settings = yaml.safe_load(out.one("ConfigMap", f"{RELEASE}-config")["data"]["colony.yaml"])
+        assert settings["serve"]["port"] == config["http_options"]["port"], "the settings and Serve agree"
+    custom = render({"serve": {"port": 9000}, "service": {"type": "LoadBalancer", "annotations": {"a": "b"}}})
+    serve_service = custom.one("RayService")["spec"]["serveService"]
+    assert serve_service["spec"]["type"] == "LoadBalancer" and serve_service["metadata"]["annotations"] == {
+        "a": "b"
+    }
+    assert (
+        yaml.safe_load(custom.one("ConfigMap", f"{RELEASE}-config")["data"]["colony.yaml"])["serve"]["port"]
+        == 9000
+    )
+    assert _serve_config(custom)["http_options"]["port"] == 9000
+    assert f"svc/{RELEASE}-serve-svc" in custom.notes and f"{RELEASE}-api" not in custom.notes
+
+
+def test_redis_service_selects_only_redis(rendered: dict[str, Rendered]) -> None:
     out = rendered["default"]
     templates = ray_pod_templates(out.one("RayService"))
-    head = templates.pop("head")["metadata"]["labels"]
-    api = out.one("Service", f"{RELEASE}-api")["spec"]
-    # KubeRay sets ray.io/serve=true on the head pod once its Serve proxy is healthy
-    assert api["selector"].pop("ray.io/serve") == "true"
-    assert _selects(api["selector"], head)
-    assert api["ports"][0]["targetPort"] == "serve"
-    assert all(not _selects(api["selector"], t["metadata"]["labels"]) for t in templates.values())
-
-    budget = out.one("PodDisruptionBudget")["spec"]
-    assert budget["maxUnavailable"] == 1
-    assert all(
-        _selects(budget["selector"]["matchLabels"], t["metadata"]["labels"]) for t in templates.values()
-    )
-    assert not _selects(budget["selector"]["matchLabels"], head)
-
     redis_service = out.one("Service", f"{RELEASE}-redis")["spec"]
     redis_pod = out.one("StatefulSet")["spec"]["template"]["metadata"]["labels"]
     assert _selects(redis_service["selector"], redis_pod)
     assert all(not _selects(redis_service["selector"], t["metadata"]["labels"]) for t in templates.values())
+
+
+@pytest.mark.parametrize(
+    ("values", "budgets"),
+    [
+        ({}, {}),  # one CPU worker: a budget could only block drains
+        ({"workers": {"cpu": {"replicas": 3, "maxReplicas": 4}}}, {"cpu": 2}),
+        ({"workers": {"cpu": {"replicas": 2}}, "podDisruptionBudget": {"enabled": False}}, {}),
+        (profile_values("cpu"), {"cpu": 1}),
+        # the autoscaler may take the GPU group down to minReplicas 2; the CPU group to 1 pod
+        (profile_values("gpu-vllm"), {"gpu": 1}),
+        (merge(profile_values("gpu-vllm"), {"workers": {"gpu": {"minReplicas": 1}}}), {}),
+    ],
+)
+def test_disruption_budgets_let_drains_proceed(values: dict[str, Any], budgets: dict[str, int]) -> None:
+    """Ray pods are owned by a RayCluster (no scale subresource): with maxUnavailable or a percentage
+    the disruption controller allows 0 evictions and every drain hangs. So an integer minAvailable of
+    N-1 per worker group of N pods, and no budget where N could be 1."""
+    out = render(values)
+    found = {}
+    templates = ray_pod_templates(out.one("RayService"))
+    for budget in out.kinds("PodDisruptionBudget"):
+        spec = budget["spec"]
+        assert set(spec) == {"minAvailable", "selector"}, "no maxUnavailable: it blocks every eviction here"
+        assert isinstance(spec["minAvailable"], int) and spec["minAvailable"] >= 1
+        selected = [
+            g
+            for g, t in templates.items()
+            if _selects(spec["selector"]["matchLabels"], t["metadata"]["labels"])
+        ]
+        assert len(selected) == 1 and selected[0] != "head", selected
+        found[selected[0].removesuffix("-workers")] = spec["minAvailable"]
+    assert found == budgets
 
 
 # --- serveConfigV2 and the app --------------------------------------------------------------------
@@ -280,6 +357,7 @@ def test_serve_config_parses_and_the_app_builds_from_it(
         )
     settings = load_settings(settings_file)  # unknown keys or env names would raise ConfigError
     assert settings.api_token is not None and settings.secret is not None and settings.redis_url
+    assert settings.api.metrics_token is not None, "the metrics token reaches the settings from the env"
     assert settings.serve.host == "0.0.0.0"
     data = next(m for m in head["containers"][0]["volumeMounts"] if m["name"] == "colony-data")
     assert settings.data_dir == Path(data["mountPath"])
@@ -327,6 +405,10 @@ def test_colony_block_accepts_only_settings_and_no_secrets() -> None:
     assert keys <= set(ColonySettings.model_fields), keys - set(ColonySettings.model_fields)
     assert not keys & {"api_token", "secret", "redis_url"}
     assert "api_key" not in block["properties"]["engine"]["properties"]
+    assert "metrics_token" not in block["properties"]["api"]["properties"]
+    assert "metrics_token" in ColonySettings.model_fields["api"].annotation.model_fields  # type: ignore[union-attr]
+    # serve.port is the chart's serve.port, written into the settings: no second value to disagree
+    assert "port" not in block["properties"]["serve"]["properties"]
     assert block["additionalProperties"] is False
     assert all(
         section.get("additionalProperties") is False
@@ -364,6 +446,35 @@ def test_colony_block_accepts_only_settings_and_no_secrets() -> None:
         ({"rayVersion": "latest"}, "/rayVersion"),
         ({"workers": {"gpu": {"gpusPerPod": 0}}}, "/workers/gpu/gpusPerPod"),
         ({"extraEnv": [{"name": "COLONY_API_TOKEN", "value": "plain"}]}, "/extraEnv/0/name"),
+        # pydantic-settings reads env names whatever their case
+        ({"extraEnv": [{"name": "colony_api_token", "value": "plain"}]}, "/extraEnv/0/name"),
+        ({"extraEnv": [{"name": "Colony_Redis_Url", "value": "redis://x"}]}, "/extraEnv/0/name"),
+        ({"extraEnv": [{"name": "COLONY_API__METRICS_TOKEN", "value": "plain"}]}, "/extraEnv/0/name"),
+        ({"colony": {"api": {"metrics_token": "m" * 40}}}, "additional properties 'metrics_token'"),
+        ({"auth": {"metricsToken": "short"}}, "/auth/metricsToken"),
+        # names: DNS-1035 (the RayService's), anchored at both ends
+        ({"nameOverride": "Evil x"}, "/nameOverride"),
+        ({"nameOverride": "evil: x"}, "/nameOverride"),
+        ({"fullnameOverride": "Evil-ok"}, "/fullnameOverride"),
+        ({"fullnameOverride": "1colony"}, "/fullnameOverride"),
+        # Serve's port and Ray's, the settings' serve.port (the chart derives it)
+        ({"serve": {"port": 8265}}, "/serve/port"),
+        ({"serve": {"port": 6379}}, "/serve/port"),
+        ({"serve": {"port": 10001}}, "/serve/port"),
+        ({"serve": {"port": 12000}}, "/serve/port"),
+        ({"colony": {"serve": {"port": 9000}}}, "additional properties 'port'"),
+        # data_dir (an emptyDir mount) over a folder the pod needs
+        ({"colony": {"data_dir": "/etc/colony"}}, "/colony/data_dir"),
+        ({"colony": {"data_dir": "/home/ray"}}, "/colony/data_dir"),
+        ({"colony": {"data_dir": "/home"}}, "/colony/data_dir"),
+        ({"colony": {"data_dir": "/"}}, "/colony/data_dir"),
+        ({"colony": {"data_dir": "/usr/lib/colony"}}, "/colony/data_dir"),
+        ({"colony": {"data_dir": "/var/lib/../../etc"}}, "/colony/data_dir"),
+        ({"colony": {"data_dir": "/dev/shm"}}, "/colony/data_dir"),
+        # KubeRay ignores these since v1.1 (the CRD marks them deprecated, unused)
+        ({"rayService": {"serviceUnhealthySecondThreshold": 900}}, "serviceUnhealthySecondThreshold"),
+        ({"podDisruptionBudget": {"maxUnavailable": 1}}, "additional properties 'maxUnavailable'"),
+        ({"rayAuth": {"existingSecret": "Bad_Name"}}, "/rayAuth/existingSecret"),
     ],
 )
 def test_values_schema_rejects_bad_values_naming_the_field(values: dict[str, Any], field: str) -> None:
@@ -376,12 +487,32 @@ def test_values_schema_rejects_bad_values_naming_the_field(values: dict[str, Any
             chart.render(values, name=RELEASE, namespace=NAMESPACE)
 
 
+def test_a_release_name_that_is_no_dns_1035_label_fails() -> None:
+    """KubeRay refuses a RayService whose name does not start with a letter: say so at install."""
+    with pytest.raises(helm.HelmRenderError, match="DNS-1035"):
+        render(release="1st")
+    assert (
+        render({"fullnameOverride": "first"}, release="1st").one("RayService")["metadata"]["name"] == "first"
+    )
+
+
 @pytest.mark.parametrize(
     ("values", "message"),
     [
         ({"workers": {"cpu": {"enabled": False}}}, "need a worker group"),
         ({"serve": {"engine": {"numGpus": 1}}}, "needs workers.gpu.enabled"),
         ({"redis": {"enabled": False}}, "set redis.external.url or redis.external.existingSecret"),
+        (
+            {"workers": {"cpu": {"minReplicas": 3, "maxReplicas": 2, "replicas": 2}}},
+            "minReplicas \\(3\\) is above",
+        ),
+        ({"workers": {"cpu": {"replicas": 5, "maxReplicas": 4}}}, "replicas \\(5\\) is outside"),
+        (
+            {"serve": {"engine": {"autoscaling": {"enabled": True, "minReplicas": 3, "maxReplicas": 2}}}},
+            "autoscaling.minReplicas \\(3\\) is above maxReplicas",
+        ),
+        ({"head": {"rayStartParams": {"num-cpus": "4"}}}, "head.rayStartParams.num-cpus is set by the chart"),
+        ({"head": {"rayStartParams": {"dashboard-host": "127.0.0.1"}}}, "dashboard-host is set by the chart"),
     ],
 )
 def test_inconsistent_values_fail_with_a_message(values: dict[str, Any], message: str) -> None:
@@ -391,17 +522,22 @@ def test_inconsistent_values_fail_with_a_message(values: dict[str, Any], message
 
 def test_secrets_never_appear_in_plain_text_outside_secrets() -> None:
     token, secret, password = "T" * 40 + "tok", "S" * 40 + "sec", "redispass0123456789"
+    metrics = "M" * 40 + "met"
     out = render(
-        {"auth": {"apiToken": token, "colonySecret": secret}, "redis": {"auth": {"password": password}}}
+        {
+            "auth": {"apiToken": token, "colonySecret": secret, "metricsToken": metrics},
+            "redis": {"auth": {"password": password}},
+        }
     )
     for doc in out.docs:
         text = yaml.safe_dump(doc)
         if doc["kind"] != "Secret":
-            for value in (token, secret, password):
+            for value in (token, secret, password, metrics):
                 assert value not in text, f"{doc['kind']} {doc['metadata']['name']} holds a secret"
     auth = out.one("Secret", f"{RELEASE}-auth")
     assert base64.b64decode(auth["data"]["api-token"]).decode() == token
     assert base64.b64decode(auth["data"]["colony-secret"]).decode() == secret
+    assert base64.b64decode(auth["data"]["metrics-token"]).decode() == metrics
     assert auth["metadata"]["annotations"]["helm.sh/resource-policy"] == "keep"
     redis_secret = out.one("Secret", f"{RELEASE}-redis")
     assert base64.b64decode(redis_secret["data"]["redis-password"]).decode() == password
@@ -430,6 +566,10 @@ def test_existing_secrets_are_used_and_none_generated() -> None:
     for template in ray_pod_templates(out.one("RayService")).values():
         env = {e["name"]: e for e in template["spec"]["containers"][0]["env"]}
         assert env["COLONY_API_TOKEN"]["valueFrom"]["secretKeyRef"]["name"] == "my-colony-auth"
+        assert env["COLONY_API__METRICS_TOKEN"]["valueFrom"]["secretKeyRef"] == {
+            "name": "my-colony-auth",
+            "key": "metrics-token",
+        }
         assert env["REDIS_PASSWORD"]["valueFrom"]["secretKeyRef"]["name"] == "my-redis"
     redis_env = {
         e["name"]: e for e in out.one("StatefulSet")["spec"]["template"]["spec"]["containers"][0]["env"]
@@ -443,9 +583,11 @@ def test_redis_runs_apart_with_a_password_and_an_fsynced_aof(rendered: dict[str,
     (container,) = statefulset["spec"]["template"]["spec"]["containers"]
     args = container["args"]
     option = {args[i]: args[i + 1] for i in range(0, len(args), 2)}
-    assert option["--requirepass"] == "$(REDIS_PASSWORD)"
     assert option["--appendonly"] == "yes" and option["--appendfsync"] == "always"
     assert option["--dir"] == "/data"
+    # the password is in no argument: the start script writes it into a file (next test runs it)
+    assert not any("PASSWORD" in part or "requirepass" in part for part in args)
+    assert "requirepass" in container["command"][2] and "$(REDIS_PASSWORD)" not in container["command"][2]
     env = {e["name"]: e for e in container["env"]}
     assert env["REDIS_PASSWORD"]["valueFrom"]["secretKeyRef"]["key"] == "redis-password"
     assert {"name": "data", "mountPath": "/data"} in container["volumeMounts"]
@@ -453,17 +595,93 @@ def test_redis_runs_apart_with_a_password_and_an_fsynced_aof(rendered: dict[str,
     assert claim["metadata"]["name"] == "data" and claim["spec"]["resources"]["requests"]["storage"] == "8Gi"
     # not in a Ray pod: port 6379 of the Ray head is Ray's GCS
     for template in ray_pod_templates(out.one("RayService")).values():
-        assert all("redis" not in c["image"] for c in template["spec"]["containers"])
+        assert all(
+            "redis" not in c["image"] and "valkey" not in c["image"] for c in template["spec"]["containers"]
+        )
     # and no way to turn the password off: the schema has no such value, an empty one is generated
     assert (
         "requirepass" not in yaml.safe_load((CHART / "values.schema.json").read_text())["properties"]["redis"]
     )
 
 
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def test_redis_start_script_keeps_the_password_off_the_command_line(
+    rendered: dict[str, Rendered], tmp_path: Path
+) -> None:
+    """The StatefulSet's command and args, run here as the kubelet would (sh, a real redis-server):
+    the password is on no process's command line, its file is mode 0600, and the server requires it.
+    A password a config file could misread is refused before the server starts."""
+    import redis
+    from redis.backoff import NoBackoff
+    from redis.retry import Retry
+
+    def connect(password: str | None) -> redis.Redis:
+        return redis.Redis(port=port, password=password, socket_timeout=5, retry=Retry(NoBackoff(), 0))
+
+    (container,) = rendered["default"].one("StatefulSet")["spec"]["template"]["spec"]["containers"]
+    mount = next(m["mountPath"] for m in container["volumeMounts"] if m["name"] == "auth-conf")
+    run_dir, data = tmp_path / "run", tmp_path / "data"
+    run_dir.mkdir()
+    data.mkdir()
+    port = _free_port()
+    # the pod's paths and port, moved into tmp_path
+    script = container["command"][2].replace(mount, str(run_dir))
+    args = [str(data) if a == "/data" else str(port) if a == "6379" else a for a in container["args"]]
+    argv = [*container["command"][:2], script, *container["command"][3:], *args]
+    assert shutil.which("redis-server", path=str(Path(sys.executable).parent)), "the venv's redis-server"
+    path_env = f"{Path(sys.executable).parent}:/usr/bin:/bin"
+    password = "chart-pass-0123456789_~.x"
+
+    bad = subprocess.run(
+        argv, env={"PATH": path_env, "REDIS_PASSWORD": "has space and $"}, capture_output=True, timeout=30
+    )
+    assert bad.returncode == 1 and b"characters other than" in bad.stderr
+
+    server = subprocess.Popen(
+        argv, env={"PATH": path_env, "REDIS_PASSWORD": password}, stdout=subprocess.DEVNULL
+    )
+    try:
+        deadline = time.monotonic() + 20
+        while True:  # the port answers once the server listens
+            try:
+                socket.create_connection(("127.0.0.1", port), timeout=1).close()
+                break
+            except OSError:
+                assert server.poll() is None and time.monotonic() < deadline, "redis-server did not start"
+                time.sleep(0.02)
+        client = connect(password)
+        assert client.ping()
+        with pytest.raises(redis.AuthenticationError):
+            connect("wrong-password-0123456").ping()
+        with pytest.raises(redis.RedisError, match=r"(?i)auth"):
+            connect(None).ping()
+        assert client.config_get("appendfsync") == {"appendfsync": "always"}
+        # exec'd: the server is the process the kubelet started (it gets SIGTERM), and no process
+        # has the password on its command line
+        executable = Path(os.readlink(f"/proc/{server.pid}/exe")).name
+        assert executable.startswith("redis-server"), (
+            f"the kubelet's process runs {executable}, not the server"
+        )
+        for proc in Path("/proc").glob("[0-9]*"):
+            try:
+                assert password.encode() not in (proc / "cmdline").read_bytes(), proc
+            except (FileNotFoundError, ProcessLookupError, PermissionError):
+                continue
+        assert oct((run_dir / "auth.conf").stat().st_mode & 0o777) == "0o600"
+    finally:
+        server.terminate()
+        server.wait(timeout=10)
+
+
 def test_external_redis_profile_runs_no_redis(rendered: dict[str, Rendered]) -> None:
     out = rendered["external-redis"]
     assert out.kinds("StatefulSet") == []
-    assert {s["metadata"]["name"] for s in out.kinds("Service")} == {f"{RELEASE}-api"}
+    assert out.kinds("Service") == []
     assert [s["metadata"]["name"] for s in out.kinds("Secret")] == [f"{RELEASE}-auth"]
     for template in ray_pod_templates(out.one("RayService")).values():
         env = {e["name"]: e for e in template["spec"]["containers"][0]["env"]}
@@ -490,6 +708,11 @@ def test_generated_secrets_survive_an_upgrade() -> None:
         for secret in first.kinds("Secret"):
             api.secrets[(NAMESPACE, secret["metadata"]["name"])] = secret
         upgraded = render_against(api, {"serve": {"engine": {"numReplicas": 3}}}, upgrade=True)
+    assert set(first.one("Secret", f"{RELEASE}-auth")["data"]) == {
+        "api-token",
+        "colony-secret",
+        "metrics-token",
+    }
     for name in (f"{RELEASE}-auth", f"{RELEASE}-redis"):
         before, after = first.one("Secret", name)["data"], upgraded.one("Secret", name)["data"]
         assert before == after, name
@@ -587,3 +810,194 @@ def test_gpu_profile_mounts_the_model_weights_where_engine_model_points(
     volumes = {v["name"]: v for v in templates["gpu-workers"]["spec"]["volumes"]}
     assert volumes["models"]["persistentVolumeClaim"] == {"claimName": "colony-models", "readOnly": True}
     assert "models" not in {v["name"] for v in templates["head"]["spec"]["volumes"]}
+
+
+# --- the hostile review's findings (issue 14) --------------------------------------------------------
+
+
+def test_only_the_autoscaling_head_mounts_the_service_account_token(rendered: dict[str, Rendered]) -> None:
+    """Ray's autoscaler (a sidecar KubeRay adds to the head) calls the Kubernetes API with the pod's
+    service account token; no other pod needs one, so no other pod gets one."""
+    for profile, out in rendered.items():
+        autoscaling = out.one("RayService")["spec"]["rayClusterConfig"]["enableInTreeAutoscaling"]
+        assert autoscaling is (profile == "gpu-vllm")
+        for group, template in ray_pod_templates(out.one("RayService")).items():
+            mounted = template["spec"]["automountServiceAccountToken"]
+            assert mounted is (autoscaling and group == "head"), (profile, group)
+        for statefulset in out.kinds("StatefulSet"):
+            assert statefulset["spec"]["template"]["spec"]["automountServiceAccountToken"] is False
+    on = render({"enableInTreeAutoscaling": True})
+    assert ray_pod_templates(on.one("RayService"))["head"]["spec"]["automountServiceAccountToken"] is True
+    assert (
+        ray_pod_templates(on.one("RayService"))["cpu-workers"]["spec"]["automountServiceAccountToken"]
+        is False
+    )
+
+
+RAY_CONTROL_PORTS = (8265, 6379, 10001, 52365)  # dashboard/Jobs API, GCS, client, dashboard agent
+
+
+def _network(values: dict[str, Any]) -> tuple[list[dict[str, Any]], dict[str, dict[str, str]]]:
+    out = render(values)
+    pods = {g: t["metadata"]["labels"] for g, t in ray_pod_templates(out.one("RayService")).items()}
+    if out.kinds("StatefulSet"):
+        pods["redis"] = out.one("StatefulSet")["spec"]["template"]["metadata"]["labels"]
+    return out.kinds("NetworkPolicy"), pods
+
+
+def test_network_policies_close_ray_control_ports_and_redis() -> None:
+    """Evaluated with Kubernetes' NetworkPolicy semantics: a pod of this namespace that is not of
+    this release reaches the API port and nothing else (no `ray job submit` to read the secrets,
+    no Redis); the release's own pods reach everything; KubeRay's operator reaches the dashboard;
+    Prometheus reaches the metrics ports only while the monitors are on."""
+    policies, pods = _network({})
+    release = Peer(
+        NAMESPACE, {"app.kubernetes.io/name": "colony", "app.kubernetes.io/instance": RELEASE, "x": "y"}
+    )
+    neighbour = Peer(NAMESPACE, {"app": "something-else"})
+    other_release = Peer(
+        NAMESPACE, {"app.kubernetes.io/name": "colony", "app.kubernetes.io/instance": "other"}
+    )
+    operator = Peer(
+        "kuberay-system",
+        {"app.kubernetes.io/name": "kuberay-operator"},
+        {"kubernetes.io/metadata.name": "kuberay-system"},
+    )
+    stranger = Peer("elsewhere", {}, {"kubernetes.io/metadata.name": "elsewhere"})
+    prometheus = Peer("monitoring", {"app": "prometheus"}, {"kubernetes.io/metadata.name": "monitoring"})
+    for group in ("head", "cpu-workers"):
+        labels = pods[group]
+        assert ingress_allowed(policies, labels, neighbour, 8000, NAMESPACE), group
+        for port in (*RAY_CONTROL_PORTS, 8080, 20000):
+            assert not ingress_allowed(policies, labels, neighbour, port, NAMESPACE), (group, port)
+            assert not ingress_allowed(policies, labels, other_release, port, NAMESPACE), (group, port)
+            assert ingress_allowed(policies, labels, release, port, NAMESPACE), (group, port)
+        assert ingress_allowed(policies, labels, operator, 8265, NAMESPACE)
+        assert not ingress_allowed(policies, labels, stranger, 8000, NAMESPACE)
+        assert not ingress_allowed(policies, labels, prometheus, 8080, NAMESPACE), "monitors off"
+    for peer in (neighbour, other_release, operator, stranger):
+        assert not ingress_allowed(policies, pods["redis"], peer, 6379, NAMESPACE)
+    assert ingress_allowed(policies, pods["redis"], release, 6379, NAMESPACE)
+
+    policies, pods = _network(profile_values("gpu-vllm"))  # both monitors on
+    for group in ("head", "gpu-workers"):
+        assert ingress_allowed(policies, pods[group], prometheus, 8080, NAMESPACE)
+        assert ingress_allowed(policies, pods[group], prometheus, 8000, NAMESPACE)
+        assert not ingress_allowed(policies, pods[group], prometheus, 8265, NAMESPACE)
+
+    # an ingress controller's namespace added; the policies off
+    ingress = Peer("ingress-nginx", {}, {"kubernetes.io/metadata.name": "ingress-nginx"})
+    values = {
+        "networkPolicy": {
+            "apiIngressFrom": [
+                {"namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": "ingress-nginx"}}}
+            ]
+        }
+    }
+    policies, pods = _network(values)
+    assert ingress_allowed(policies, pods["head"], ingress, 8000, NAMESPACE)
+    assert not ingress_allowed(policies, pods["head"], ingress, 8265, NAMESPACE)
+    assert not ingress_allowed(policies, pods["head"], neighbour, 8000, NAMESPACE), "replaced, not added"
+    assert _network({"networkPolicy": {"enabled": False}})[0] == []
+
+
+def test_ray_token_auth_is_on(rendered: dict[str, Rendered]) -> None:
+    """KubeRay's authOptions (mode: token; Ray >= 2.52, the CRD's field): Ray's dashboard, Jobs API,
+    GCS and client refuse callers without the token KubeRay generates per cluster (or yours)."""
+    for profile, out in rendered.items():
+        cluster = out.one("RayService")["spec"]["rayClusterConfig"]
+        assert cluster["authOptions"] == {"mode": "token"}, profile
+        assert tuple(map(int, cluster["rayVersion"].split("."))) >= (2, 52, 0), "KubeRay's minimum for token"
+    own = render({"rayAuth": {"existingSecret": "my-ray-token"}}).one("RayService")
+    assert own["spec"]["rayClusterConfig"]["authOptions"] == {"mode": "token", "secretName": "my-ray-token"}
+    cluster_spec = crd_validator("ray.io_rayclusters.yaml", part="spec")
+    assert schema_errors(cluster_spec, own["spec"]["rayClusterConfig"]) == []
+    off = render({"rayAuth": {"enabled": False}}).one("RayService")
+    assert "authOptions" not in off["spec"]["rayClusterConfig"]
+
+
+def test_deprecated_rayservice_fields_are_gone(rendered: dict[str, Rendered]) -> None:
+    """KubeRay ignores serviceUnhealthySecondThreshold/deploymentUnhealthySecondThreshold since v1.1
+    (ray-operator/apis/ray/v1/rayservice_types.go at feeaf72f: "Deprecated: This field is not used
+    anymore", kuberay#1685): the chart sets neither, and its schema refuses them (test above)."""
+    for out in rendered.values():
+        spec = out.one("RayService")["spec"]
+        assert not {"serviceUnhealthySecondThreshold", "deploymentUnhealthySecondThreshold"} & set(spec)
+
+
+def _pod_annotations(out: Rendered) -> dict[str, dict[str, str]]:
+    annotations = {
+        g: t["metadata"]["annotations"] for g, t in ray_pod_templates(out.one("RayService")).items()
+    }
+    if out.kinds("StatefulSet"):
+        annotations["redis"] = out.one("StatefulSet")["spec"]["template"]["metadata"]["annotations"]
+    return annotations
+
+
+def test_a_changed_secret_value_rolls_the_pods_that_read_it() -> None:
+    """A secret given in the values is hashed onto the pod templates that read it (never written
+    out): changing it rolls them; generated secrets (looked up, or new in `helm template`) leave
+    the hash alone, so rendering again rolls nothing."""
+    token, password = "T" * 40, "redispass0123456789"
+    base = _pod_annotations(render({"auth": {"apiToken": token}, "redis": {"auth": {"password": password}}}))
+    same = _pod_annotations(render({"auth": {"apiToken": token}, "redis": {"auth": {"password": password}}}))
+    assert base == same
+    new_token = _pod_annotations(
+        render({"auth": {"apiToken": "U" * 40}, "redis": {"auth": {"password": password}}})
+    )
+    new_password = _pod_annotations(
+        render({"auth": {"apiToken": token}, "redis": {"auth": {"password": "otherpass0123456789"}}})
+    )
+    for group in ("head", "cpu-workers"):
+        assert new_token[group]["checksum/given-secrets"] != base[group]["checksum/given-secrets"], group
+        assert new_password[group]["checksum/given-secrets"] != base[group]["checksum/given-secrets"], group
+        assert new_token[group]["checksum/colony-config"] == base[group]["checksum/colony-config"]
+    assert new_password["redis"]["checksum/given-password"] != base["redis"]["checksum/given-password"]
+    assert new_token["redis"] == base["redis"], "the API token is not Redis's business"
+    for values in (base, new_token, new_password):
+        text = json.dumps(values)
+        assert token not in text and password not in text and "U" * 40 not in text
+    # generated secrets: two renders (two fresh random sets) give the same pods
+    assert _pod_annotations(render()) == _pod_annotations(render())
+    notes = render().notes
+    assert "WARNING" in notes and "existingSecret" in notes, "GitOps users are told generated secrets rotate"
+    given = {"apiToken": token, "colonySecret": "S" * 40, "metricsToken": "M" * 40}
+    assert "WARNING" not in render({"auth": given, "redis": {"auth": {"password": password}}}).notes
+
+
+@pytest.mark.parametrize("profile", list(PROFILES))
+def test_pods_run_unprivileged(profile: str, rendered: dict[str, Rendered]) -> None:
+    """Ray containers: the image's ray user (1000:100), no privilege escalation, no capabilities,
+    the runtime's seccomp profile; Redis: non-root, read-only root; no pod mounts a service
+    account token unless Ray's autoscaler needs it; the settings are mounted read-only."""
+    out = rendered[profile]
+    for group, template in ray_pod_templates(out.one("RayService")).items():
+        spec = template["spec"]
+        (container,) = spec["containers"]
+        context = container["securityContext"]
+        assert (
+            context["runAsNonRoot"] is True and context["runAsUser"] == 1000 and context["runAsGroup"] == 100
+        )
+        assert context["allowPrivilegeEscalation"] is False
+        assert context["capabilities"] == {"drop": ["ALL"]}
+        assert context["seccompProfile"] == {"type": "RuntimeDefault"}
+        assert spec["securityContext"]["runAsNonRoot"] is True and spec["securityContext"]["fsGroup"] == 100
+        assert spec["securityContext"]["seccompProfile"] == {"type": "RuntimeDefault"}
+        assert not context.get("privileged")
+        config = next(m for m in container["volumeMounts"] if m["name"] == "colony-config")
+        assert config["readOnly"] is True, group
+        assert spec["enableServiceLinks"] is False
+    settings = yaml.safe_load(out.one("ConfigMap", f"{RELEASE}-config")["data"]["colony.yaml"])
+    # bubblewrap cannot make user namespaces under RuntimeDefault seccomp: the weak fallback stays refused
+    assert settings["planning"] == {"sandbox_isolation": "auto", "allow_weak_sandbox": False}
+    for statefulset in out.kinds("StatefulSet"):
+        pod = statefulset["spec"]["template"]["spec"]
+        (container,) = pod["containers"]
+        assert pod["securityContext"]["runAsNonRoot"] is True and pod["securityContext"]["runAsUser"] != 0
+        assert pod["securityContext"]["seccompProfile"] == {"type": "RuntimeDefault"}
+        assert container["securityContext"] == {
+            "allowPrivilegeEscalation": False,
+            "readOnlyRootFilesystem": True,
+            "capabilities": {"drop": ["ALL"]},
+        }
+        assert pod["automountServiceAccountToken"] is False and pod["enableServiceLinks"] is False

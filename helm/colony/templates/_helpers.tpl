@@ -64,11 +64,29 @@ app.kubernetes.io/managed-by: {{ .Release.Service }}
 {{- end -}}
 {{- end -}}
 
-{{/* The colony settings file as it lands in the ConfigMap (also hashed into the pods). */}}
+{{/* The colony settings file as it lands in the ConfigMap (also hashed into the pods).
+     serve.port is the chart's serve.port (Serve's HTTP port), never set apart. */}}
 {{- define "colony.settingsYaml" -}}
+{{- $colony := deepCopy .Values.colony -}}
+{{- $serve := get $colony "serve" | default dict -}}
+{{- $_ := set $serve "port" (int .Values.serve.port) -}}
+{{- $_ := set $colony "serve" $serve -}}
 # Colony settings (colony.config.ColonySettings), rendered by the Helm chart from `.Values.colony`.
-# Secrets come from the environment: COLONY_API_TOKEN, COLONY_SECRET, COLONY_REDIS_URL.
-{{ toYaml .Values.colony }}
+# Secrets come from the environment: COLONY_API_TOKEN, COLONY_SECRET, COLONY_REDIS_URL,
+# COLONY_API__METRICS_TOKEN.
+{{ toYaml $colony }}
+{{- end -}}
+
+{{/* A hash of the secret values given in the values (never the values themselves), on the pod
+     templates so that changing one rolls the pods that read it. Generated and existingSecret
+     values are not in it: the chart cannot see a change of those (docs/deploy.md). */}}
+{{- define "colony.givenSecretsChecksum" -}}
+{{- $given := list .Values.auth.apiToken .Values.auth.colonySecret .Values.auth.metricsToken .Values.redis.auth.password .Values.redis.external.url -}}
+{{- printf "colony-secrets-v1\x00%s\x00%s" .Release.Name (join "\x00" $given) | sha256sum -}}
+{{- end -}}
+
+{{- define "colony.redisSecretsChecksum" -}}
+{{- printf "colony-redis-v1\x00%s\x00%s" .Release.Name .Values.redis.auth.password | sha256sum -}}
 {{- end -}}
 
 {{/* The environment every Ray container gets: secrets only by reference. */}}
@@ -85,6 +103,11 @@ app.kubernetes.io/managed-by: {{ .Release.Service }}
     secretKeyRef:
       name: {{ include "colony.authSecretName" . }}
       key: colony-secret
+- name: COLONY_API__METRICS_TOKEN
+  valueFrom:
+    secretKeyRef:
+      name: {{ include "colony.authSecretName" . }}
+      key: metrics-token
 {{- if .Values.redis.enabled }}
 - name: REDIS_PASSWORD
   valueFrom:
@@ -131,15 +154,18 @@ app.kubernetes.io/managed-by: {{ .Release.Service }}
     sizeLimit: {{ .shm }}
 {{- end -}}
 
-{{/* Pod-level settings of every Ray pod. */}}
+{{/* Pod-level settings of a Ray pod; argument: dict "root" $ "head" true|false. Only the head
+     with Ray's autoscaler on mounts the service account token: the autoscaler sidecar KubeRay adds
+     there calls the Kubernetes API with it. */}}
 {{- define "colony.rayPodSpec" -}}
+{{- $root := .root -}}
 enableServiceLinks: false
-automountServiceAccountToken: false
-{{- with .Values.imagePullSecrets }}
+automountServiceAccountToken: {{ and .head $root.Values.enableInTreeAutoscaling | ternary true false }}
+{{- with $root.Values.imagePullSecrets }}
 imagePullSecrets:
 {{ toYaml . }}
 {{- end }}
-{{- with .Values.podSecurityContext }}
+{{- with $root.Values.podSecurityContext }}
 securityContext:
 {{ toYaml . | indent 2 }}
 {{- end }}
