@@ -39,6 +39,8 @@ CHART_ENV = (
     "COLONY_API__METRICS_TOKEN",
     "REDIS_PASSWORD",
 )
+# extraEnv names that hold a secret: only `valueFrom` (a Secret), never a plain `value`
+SECRET_ENV_NAME = "(?i)(KEY|TOKEN|SECRET|PASSWORD|PASSWD|CREDENTIAL)"
 # where data_dir (an emptyDir mount) must not go: the settings mount, Ray's install and session
 # folders, system folders (a mount there hides what the image put there)
 DATA_DIR_REFUSED = (
@@ -293,8 +295,14 @@ def schema() -> dict[str, Any]:
                         "valueFrom": {"type": "object"},
                     },
                     required=["name"],
+                    # a secret-looking variable comes from a Secret (valueFrom), never as a plain value
+                    **{
+                        "if": {"properties": {"name": {"pattern": SECRET_ENV_NAME}}, "required": ["name"]},
+                        "then": {"not": {"required": ["value"]}},
+                    },
                 ),
-                "description": "extra env of the Ray containers (not the variables the chart sets)",
+                "description": "extra env of the Ray containers (not the variables the chart sets; "
+                "KEY/TOKEN/SECRET/PASSWORD ones only with valueFrom)",
             },
             "podSecurityContext": {"type": "object"},
             "containerSecurityContext": {"type": "object"},

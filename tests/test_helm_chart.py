@@ -208,8 +208,11 @@ def test_the_api_is_kuberays_serve_service_where_the_proxies_run(rendered: dict[
         assert port["name"] == "serve" and port["targetPort"] == "serve" and port["port"] == 8000
         templates = ray_pod_templates(rayservice)
         for service in out.kinds("Service"):
-            assert not any(
-                _selects(service["spec"]["selector"], t["metadata"]["labels"]) for t in templates.values()
+            # KubeRay adds ray.io/* labels to the pods at run time (ray.io/serve on every pod with a
+            # healthy proxy, in both clusters during an upgrade): a selector on them selects too
+            selector = {k: v for k, v in service["spec"]["selector"].items() if not k.startswith("ray.io/")}
+            assert not any(_selects(selector, t["metadata"]["labels"]) for t in templates.values()), (
+                f"{service['metadata']['name']} selects Ray pods of whichever cluster: use the serve Service"
             )
         # the proxy: on every node (KubeRay marks each pod whose proxy is healthy), on the port named serve
         config = _serve_config(out)
@@ -450,6 +453,9 @@ def test_colony_block_accepts_only_settings_and_no_secrets() -> None:
         ({"extraEnv": [{"name": "colony_api_token", "value": "plain"}]}, "/extraEnv/0/name"),
         ({"extraEnv": [{"name": "Colony_Redis_Url", "value": "redis://x"}]}, "/extraEnv/0/name"),
         ({"extraEnv": [{"name": "COLONY_API__METRICS_TOKEN", "value": "plain"}]}, "/extraEnv/0/name"),
+        # a secret-looking variable only from a Secret
+        ({"extraEnv": [{"name": "COLONY_ENGINE__API_KEY", "value": "sk-plain"}]}, "/extraEnv/0"),
+        ({"extraEnv": [{"name": "HF_token", "value": "hf_plain"}]}, "/extraEnv/0"),
         ({"colony": {"api": {"metrics_token": "m" * 40}}}, "additional properties 'metrics_token'"),
         ({"auth": {"metricsToken": "short"}}, "/auth/metricsToken"),
         # names: DNS-1035 (the RayService's), anchored at both ends
@@ -717,6 +723,12 @@ def test_generated_secrets_survive_an_upgrade() -> None:
         before, after = first.one("Secret", name)["data"], upgraded.one("Secret", name)["data"]
         assert before == after, name
         assert all(len(base64.b64decode(value)) >= 40 for value in before.values())
+    assert "found no Secret" not in upgraded.notes
+    # an upgrade that finds no Secret (deleted, or no access) says that it generated new values
+    with FakeKubeApi().running() as empty:
+        lost = render_against(empty, {}, upgrade=True)
+    for name in (f"{RELEASE}-auth", f"{RELEASE}-redis"):
+        assert f"found no Secret {name}" in lost.notes
     # without the cluster's Secrets (a fresh install) the values are new: the lookup is what keeps them
     fresh = render()
     assert fresh.one("Secret", f"{RELEASE}-auth")["data"] != first.one("Secret", f"{RELEASE}-auth")["data"]
