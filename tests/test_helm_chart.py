@@ -18,10 +18,12 @@ offline), image pulls, a real install, GPUs. docs/deploy.md says the same.
 from __future__ import annotations
 
 import base64
+import contextlib
 import importlib.util
 import json
 import os
 import shutil
+import signal
 import socket
 import subprocess
 import sys
@@ -648,8 +650,12 @@ def test_redis_start_script_keeps_the_password_off_the_command_line(
     )
     assert bad.returncode == 1 and b"characters other than" in bad.stderr
 
+    # its own process group, so that cleanup reaches whatever the script started
     server = subprocess.Popen(
-        argv, env={"PATH": path_env, "REDIS_PASSWORD": password}, stdout=subprocess.DEVNULL
+        argv,
+        env={"PATH": path_env, "REDIS_PASSWORD": password},
+        stdout=subprocess.DEVNULL,
+        start_new_session=True,
     )
     try:
         deadline = time.monotonic() + 20
@@ -680,8 +686,13 @@ def test_redis_start_script_keeps_the_password_off_the_command_line(
                 continue
         assert oct((run_dir / "auth.conf").stat().st_mode & 0o777) == "0o600"
     finally:
-        server.terminate()
-        server.wait(timeout=10)
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(server.pid, signal.SIGTERM)
+        try:
+            server.wait(timeout=10)
+        except subprocess.TimeoutExpired:
+            os.killpg(server.pid, signal.SIGKILL)
+            server.wait(timeout=10)
 
 
 def test_external_redis_profile_runs_no_redis(rendered: dict[str, Rendered]) -> None:
