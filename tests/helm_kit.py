@@ -13,6 +13,7 @@
 from __future__ import annotations
 
 import copy
+import functools
 import json
 import threading
 from collections.abc import Iterator
@@ -312,3 +313,9 @@ def ingress_allowed(
                 continue
             return True
     return False
+
+
+@functools.lru_cache(maxsize=1)
+def rendered_profiles() -> dict[str, Rendered]:
+    """Every profile rendered once per test session (the chart tests only read the result)."""
+    return {profile: render(profile_values(profile)) for profile in PROFILES}
