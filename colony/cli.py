@@ -462,7 +462,8 @@ def build_parser() -> argparse.ArgumentParser:
     )
     remote.add_argument(
         "--token",
-        help=f"that API's token (default: ${TOKEN_ENV}, which keeps it out of the process list)",
+        help=f"that API's token (with --url: default ${TOKEN_ENV}, which keeps it off the process list; "
+        "without: the local cluster's own)",
     )
     status = sub.add_parser(
         "status", parents=[remote], help="where the cluster answers, its replicas and agents"

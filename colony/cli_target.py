@@ -21,7 +21,8 @@ TOKEN_ENV = "COLONY_API_TOKEN"
 
 class ApiTarget:
     """Which API a command talks to and with which token: `--url`/`$COLONY_URL` (a cluster started
-    elsewhere, with `--token`/`$COLONY_API_TOKEN`), else the local cluster `colony up` started."""
+    elsewhere, with `--token`/`$COLONY_API_TOKEN`), else the local cluster `colony up` started, with
+    the token it recorded (or `--token`)."""
 
     def __init__(self, url: str, token: str, *, remote: bool, local: Any = None) -> None:
         self.url, self.token, self.remote, self.local = url, token, remote, local
@@ -32,13 +33,14 @@ class ApiTarget:
         from colony.serve import cluster
 
         url = getattr(args, "url", None) or os.environ.get(URL_ENV) or None
-        token = getattr(args, "token", None) or os.environ.get(TOKEN_ENV) or None
-        if url is None:
-            info = cluster.status(settings)
+        given = getattr(args, "token", None) or None
+        if url is None:  # the local cluster, with the token it recorded (not a $COLONY_API_TOKEN
+            info = cluster.status(settings)  # exported for a cluster elsewhere), unless --token
             if info is None:
                 return None
-            return cls(info.url, token or info.token, remote=False, local=info)
+            return cls(info.url, given or info.token, remote=False, local=info)
         url = checked_url(url)
+        token = given or os.environ.get(TOKEN_ENV) or None
         if token is None:  # the local cluster's token goes only to the local cluster's own address
             info = cluster.status(settings)
             if info is not None and same_address(info.url, url):
