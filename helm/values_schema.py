@@ -225,7 +225,8 @@ def schema() -> dict[str, Any]:
             "serve": obj(
                 {
                     "appName": {"type": "string", "pattern": r"^[a-z][a-z0-9_-]{0,62}$"},
-                    "routePrefix": {"type": "string", "pattern": r"^/[A-Za-z0-9/_-]*$"},
+                    # "/" only: the ServiceMonitor, NOTES and clients address the API at the root
+                    "routePrefix": {"const": "/"},
                     "port": {
                         "type": "integer",
                         "minimum": 1024,

@@ -178,6 +178,14 @@ def test_serve_replica_gets_no_frozen_env_token(monkeypatch: pytest.MonkeyPatch)
     assert settings_to_dict(ColonySettings())["api_token"] is None
     monkeypatch.delenv(TOKEN_ENV)
     assert settings_to_dict(ColonySettings(api_token="from-config"))["api_token"] == "from-config"
+    # the metrics-only token likewise: from the environment it is read per request, not frozen
+    from colony.api.auth import METRICS_TOKEN_ENV
+
+    monkeypatch.setenv(METRICS_TOKEN_ENV, "scrape-env")
+    assert settings_to_dict(ColonySettings())["api"]["metrics_token"] is None
+    monkeypatch.delenv(METRICS_TOKEN_ENV)
+    frozen = settings_to_dict(ColonySettings(api={"metrics_token": "scrape-config"}))
+    assert frozen["api"]["metrics_token"] == "scrape-config"
 
 
 async def test_client_reads_the_token_the_way_the_api_does(
@@ -259,3 +267,26 @@ async def test_the_metrics_token_opens_metrics_and_nothing_else(
     plain = TokenSource.from_settings(ColonySettings(data_dir=tmp_path, api_token="api-T"))
     monkeypatch.delenv(METRICS_TOKEN_ENV)
     assert plain.accepts_for_metrics("Bearer api-T") and not plain.accepts_for_metrics("Bearer ")
+
+
+async def test_under_a_route_prefix_the_open_and_metrics_only_routes_stay_what_they_are(
+    bb: Blackboard, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Serve mounts the app under its route prefix with `root_path` set and the full path kept: the
+    guard matches /healthz and /metrics inside the app, as the router does."""
+    from colony.api.auth import METRICS_TOKEN_ENV
+
+    monkeypatch.delenv(TOKEN_ENV, raising=False)
+    monkeypatch.delenv(METRICS_TOKEN_ENV, raising=False)
+    settings = ColonySettings(data_dir=tmp_path, api_token="api-T", api={"metrics_token": "scrape-T"})
+    app = create_app(services(bb, f"pre{uuid.uuid4().hex[:8]}", TokenSource.from_settings(settings)))
+    transport = httpx.ASGITransport(app=app, root_path="/colony")
+    async with httpx.AsyncClient(transport=transport, base_url="http://c") as client:
+        scrape = {"Authorization": "Bearer scrape-T"}
+        assert (await client.get("/colony/healthz")).status_code == 200
+        assert (await client.get("/colony/metrics", headers=scrape)).status_code == 200
+        assert (await client.get("/colony/v1/agents", headers=scrape)).status_code == 401
+        assert (await client.get("/colony/v1/agents")).status_code == 401
+        api = {"Authorization": "Bearer api-T"}
+        assert (await client.get("/colony/v1/agents", headers=api)).status_code == 200
+        assert (await client.get("/colonyx/metrics", headers=scrape)).status_code == 401

@@ -451,6 +451,7 @@ def test_colony_block_accepts_only_settings_and_no_secrets() -> None:
         ({"fullnameOverride": "Evil-ok"}, "/fullnameOverride"),
         ({"fullnameOverride": "1colony"}, "/fullnameOverride"),
         # Serve's port and Ray's, the settings' serve.port (the chart derives it)
+        ({"serve": {"routePrefix": "/colony"}}, "/serve/routePrefix"),  # monitors and clients use "/"
         ({"serve": {"port": 8265}}, "/serve/port"),
         ({"serve": {"port": 6379}}, "/serve/port"),
         ({"serve": {"port": 10001}}, "/serve/port"),

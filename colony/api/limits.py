@@ -58,6 +58,17 @@ async def send_error(
     await send({"type": "http.response.body", "body": body})
 
 
+def app_path(scope: Scope) -> str:
+    """The request's path inside the app: Serve mounts an app under its route prefix by setting
+    `root_path` and keeping the full path, so `/colony/healthz` under prefix `/colony` is `/healthz`
+    (the open and metrics-only routes are matched on this, as the router matches its routes)."""
+    path = str(scope.get("path", ""))
+    root = str(scope.get("root_path", "")).rstrip("/")
+    if root and (path == root or path.startswith(root + "/")):
+        return path[len(root) :] or "/"
+    return path
+
+
 class GuardMiddleware:
     """Token first (401 with `WWW-Authenticate: Bearer`), then a streamed body limit (413)."""
 
@@ -78,7 +89,8 @@ class GuardMiddleware:
         if scope["type"] != "http":
             await self.app(scope, receive, send)
             return
-        if scope.get("path") not in self.open_paths:
+        path = app_path(scope)
+        if path not in self.open_paths:
             authorization = None
             for name, value in scope.get("headers", []):
                 if name == b"authorization":
@@ -86,7 +98,7 @@ class GuardMiddleware:
                     break
             try:
                 tokens = await self.tokens()
-                if scope.get("path") == METRICS_PATH:
+                if path == METRICS_PATH:
                     accepted = tokens.accepts_for_metrics(authorization)
                 else:
                     accepted = tokens.accepts(authorization)

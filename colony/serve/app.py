@@ -28,7 +28,7 @@ from ray.serve.handle import DeploymentHandle
 from colony import metrics
 from colony.agents import AgentBlueprint
 from colony.api.app import ApiServices, create_app
-from colony.api.auth import TOKEN_ENV, ensure_token_file
+from colony.api.auth import METRICS_TOKEN_ENV, TOKEN_ENV, ensure_token_file
 from colony.blackboard import Blackboard, BlackboardScope, create_redis, resolve_redis_url, scope_id
 from colony.config import ColonySettings, load_settings
 from colony.errors import ReplicaUnavailable
@@ -60,8 +60,13 @@ def settings_to_dict(settings: ColonySettings) -> dict[str, Any]:
     data["secret"] = settings.secret.get_secret_value() if settings.secret else None
     if settings.engine.api_key is not None:
         data["engine"]["api_key"] = settings.engine.api_key.get_secret_value()
-    if settings.api.metrics_token is not None:
-        data["api"]["metrics_token"] = settings.api.metrics_token.get_secret_value()
+    # like the API token: one from the environment is read by the API replica from its own
+    # environment per request (a rotated Secret takes effect, an unset one is revoked)
+    data["api"]["metrics_token"] = (
+        settings.api.metrics_token.get_secret_value()
+        if settings.api.metrics_token and not os.environ.get(METRICS_TOKEN_ENV)
+        else None
+    )
     return data
 
 

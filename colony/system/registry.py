@@ -29,9 +29,11 @@ DONE_STATES = frozenset({"stopped", "failed"})  # the agent has ended
 NOT_HOSTED = DONE_STATES | {"suspended"}  # states in which no replica hosts the agent
 HEARTBEAT_MISSES = 5  # a heartbeat lives this many periods
 # A process's published metrics outlive it this long: its `colony_cluster_*` series (one per process)
-# go on being exported for a day after it is gone, then end. A series that ends is no counter reset,
-# so what a dashboard sums over processes (of rate()) never sees a drop.
-PUBLICATION_RETENTION_SECONDS = 86400.0
+# go on being exported for 15 minutes after it is gone, then end. A series that ends is no counter
+# reset (`increase()` over a range still counts it), so what a dashboard sums over processes never
+# sees a drop; 15 minutes lets any sane scrape interval see a dead process's last figures, and keeps
+# the export small when processes churn (a day of restarts was 512 processes x ~500 samples).
+PUBLICATION_RETENTION_SECONDS = 900.0
 # Publications one read looks at (those listed first by the index scan) to pick the most recently
 # published: far more than a cluster's processes in a retention period (metrics.MAX_PUBLICATIONS)
 PUBLICATIONS_READ_LIMIT = 4096
