@@ -220,7 +220,8 @@ async def test_a_running_page_bound_agents_page_is_not_evicted_for_another(tiny_
 async def test_an_abandoned_stream_releases_its_pin(tmp_path: Path) -> None:
     """A stream's pin ends when the consumer closes it, and when the request's time is up if it
     never does (before: held until the generator was garbage collected, here: never)."""
-    settings = EngineSettings(page_slots=1, slot_context_tokens=1024, timeout_seconds=3)
+    # the request's time bounds the abandoned pin; 8 s leaves a loaded CI box time for the first token
+    settings = EngineSettings(page_slots=1, slot_context_tokens=1024, timeout_seconds=8)
     engine = EmbeddedEngine(settings, data_dir=tmp_path)
     try:
         await engine.load_page(Page(page_id="p0", text="def f():\n    return 0\n"))
@@ -233,7 +234,7 @@ async def test_an_abandoned_stream_releases_its_pin(tmp_path: Path) -> None:
         abandoned = engine.stream(request)
         await anext(abandoned)  # then never read again, never closed (still referenced)
         assert engine.pinned_pages() == {"p0"}
-        async with asyncio.timeout(10):
+        async with asyncio.timeout(20):
             while engine.pinned_pages():  # noqa: ASYNC110 - the pin's lifetime runs out
                 await asyncio.sleep(0.1)
         load = await engine.load_page(Page(page_id="p1", text="def g():\n    return 1\n"))
