@@ -8,13 +8,15 @@ call instead, or translated from Ray's actor-died errors), never a silent call t
 Not being routed to is not being dead, though: a replica Serve is stopping (an upgrade replaces
 it) keeps running its agents until its process exits, and a replica of another Ray cluster (a
 KubeRay NewCluster upgrade runs two against one Redis) is alive but unreachable from here. So
-whether a replica is gone is read from this Ray cluster's actor table (`liveness`), not from a call.
+whether a replica is gone is read from this Ray cluster's actor table (`liveness`), not from a call;
+where that table cannot be read, the monitor decides by the replica's heartbeat.
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
+import time
 from collections.abc import Awaitable, Iterable
 from typing import Any, Literal, TypeVar
 
@@ -32,7 +34,9 @@ log = logging.getLogger(__name__)
 Liveness = Literal["alive", "dead", "elsewhere", "unknown"]
 REPLICA_ACTOR_PREFIX = "SERVE_REPLICA::"  # Serve names replica actors SERVE_REPLICA::<app>#<deployment>#<id>
 _LIVE_ACTOR_STATES = frozenset({"ALIVE", "PENDING_CREATION", "DEPENDENCIES_UNREADY", "RESTARTING"})
-_KNOWN_LIMIT = 10_000  # replica ids whose fate is settled (dead, or another cluster's), remembered
+# dead replica ids remembered (and recent full-table verdicts); past this many, memory starts over
+_KNOWN_LIMIT = 10_000
+RECHECK_SECONDS = 5.0  # how long a full-table verdict on a heartbeating, not ALIVE replica is kept
 
 
 async def remote_result(response: Awaitable[T], replica_id: str | None = None) -> T:
@@ -83,47 +87,88 @@ class ServeReplicas:
         self.handle = handle
         self.registry = registry
         # replicas this cluster's actor table says are dead: that never changes, so each is
-        # looked up once (another cluster's replica is re-checked: its heartbeat may stop)
-        self._settled: dict[str, Liveness] = {}
+        # looked up once
+        self._dead: set[str] = set()
+        # full-table verdicts on heartbeating replicas with no ALIVE actor here (another
+        # cluster's, or starting): replica id -> (verdict, monotonic time it expires)
+        self._recent: dict[str, tuple[Liveness, float]] = {}
+        self._outage = False  # the actor table could not be read last time (logged once)
 
     async def liveness(self, replica_ids: Iterable[str]) -> dict[str, Liveness]:
         """Whether each replica is alive, from this Ray cluster's actor table (GCS), which knows
         the moment a replica's process is gone and never mistakes a replica it does not route to
-        for a dead one. A replica with no actor here is another cluster's while it heartbeats
-        ("elsewhere"), and gone for this cluster once it stops. "unknown": the table could not
-        be read (the caller falls back to asking the replica)."""
+        for a dead one. "unknown": the table could not be read (the caller decides by heartbeat).
+
+        Cheap first: the GCS lists only its ALIVE actors (it keeps up to 100,000 dead ones, whose
+        parsing took about a second a call). An ALIVE replica is alive; one that is not and whose
+        heartbeat expired is dead. Only a heartbeating replica with no ALIVE actor here needs the
+        whole table: dead here (a killed replica, found at once, not after its heartbeat expires),
+        starting, or no actor of this cluster ("elsewhere", another cluster's). That verdict is
+        kept `RECHECK_SECONDS` (a NewCluster overlap asks every round); "dead" for good."""
         ids = set(replica_ids)
-        found: dict[str, Liveness] = {r: self._settled[r] for r in ids if r in self._settled}
+        found: dict[str, Liveness] = {r: "dead" for r in ids if r in self._dead}
         todo = ids - set(found)
         if not todo:
             return found
+        now = time.monotonic()
         try:
-            actors = await asyncio.to_thread(self._replica_actors)
+            alive = await asyncio.to_thread(self._replica_actors, "ALIVE")
             beating = {beat.get("replica_id") for beat in await self.registry.replicas()}
+            unsure = {r for r in todo if r not in alive and r in beating and not self._cached(r, now)}
+            actors = await asyncio.to_thread(self._replica_actors) if unsure else {}
         except Exception as exc:  # no GCS answer: say so, never guess "dead"
-            log.info("could not read the actor table (%s); asking the replicas instead", exc)
+            if not self._outage:
+                log.warning(
+                    "could not read the Ray actor table (%s); deciding by heartbeat until it answers", exc
+                )
+            self._outage = True
             return {**found, **dict.fromkeys(todo, "unknown")}
+        if self._outage:
+            log.warning("the Ray actor table answers again")
+            self._outage = False
         for replica_id in todo:
-            state = actors.get(replica_id)
-            if state is None:  # no actor of this cluster: another cluster's, while it heartbeats
-                found[replica_id] = "elsewhere" if replica_id in beating else "dead"
-                continue
-            found[replica_id] = "alive" if state in _LIVE_ACTOR_STATES else "dead"
-            if found[replica_id] == "dead":  # final: remembered (bounded)
-                if len(self._settled) >= _KNOWN_LIMIT:
-                    self._settled.clear()
-                self._settled[replica_id] = "dead"
+            if replica_id in alive:
+                found[replica_id] = "alive"
+            elif replica_id not in beating:
+                found[replica_id] = "dead"  # no live actor here, no heartbeat anywhere
+            elif replica_id not in unsure:
+                found[replica_id] = self._recent[replica_id][0]
+            else:
+                found[replica_id] = self._full_verdict(replica_id, actors.get(replica_id), now)
         return found
 
-    def _replica_actors(self) -> dict[str, str]:
+    def _cached(self, replica_id: str, now: float) -> bool:
+        verdict = self._recent.get(replica_id)
+        if verdict is not None and verdict[1] > now:
+            return True
+        self._recent.pop(replica_id, None)
+        return False
+
+    def _full_verdict(self, replica_id: str, state: str | None, now: float) -> Liveness:
+        """A heartbeating replica's verdict from its whole-table actor state (None: no actor here)."""
+        verdict: Liveness = (
+            "elsewhere" if state is None else "alive" if state in _LIVE_ACTOR_STATES else "dead"
+        )
+        if verdict == "dead":
+            if len(self._dead) >= _KNOWN_LIMIT:
+                self._dead.clear()
+            self._dead.add(replica_id)
+            self._recent.pop(replica_id, None)
+        else:
+            if len(self._recent) >= _KNOWN_LIMIT:
+                self._recent.clear()
+            self._recent[replica_id] = (verdict, now + RECHECK_SECONDS)
+        return verdict
+
+    def _replica_actors(self, state: str | None = None) -> dict[str, str]:
         """Replica id -> actor state of this deployment's replicas in this Ray cluster's actor
-        table (dead ones included; Ray keeps them there)."""
+        table: those in `state` only (the GCS filters), or all, dead ones included."""
         from ray._private import state as ray_state  # no public call lists dead actors by name
 
         prefix = f"{REPLICA_ACTOR_PREFIX}{self.handle.app_name}#{self.handle.deployment_name}#"
         return {
             str(info["Name"]).removeprefix(prefix): str(info["State"])
-            for info in ray_state.actors().values()
+            for info in ray_state.actors(actor_state_name=state).values()
             if str(info.get("Name", "")).startswith(prefix)
         }
 

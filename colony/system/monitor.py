@@ -14,9 +14,13 @@ tell (`liveness`: on Serve, the Ray actor table), a replica that does not answer
 lives (starting, or draining while an upgrade replaces it) keeps its agents until it is gone: a
 copy started elsewhere meanwhile would race the draining one for the agent. A replica of another
 Ray cluster on the same Redis (a NewCluster upgrade) is left to that cluster's control plane
-while it heartbeats. And an agent the registry places on a live replica that does not host it
+while it heartbeats. Where `liveness` cannot answer (the actor table is unreadable), the replica's
+heartbeat decides: fresh, it keeps its agents (a probe would take a draining replica for a dead
+one); expired, it is gone. And an agent the registry places on a live replica that does not host it
 (that copy yielded to another, which then ended with its replica) is re-placed after
-`missing_grace` seconds, instead of waiting for ever on a replica that will never serve it.
+`missing_grace` seconds, instead of waiting for ever on a replica that will never serve it; one
+whose suspension is under way (recorded, not yet done: a slow persist) is given
+`SUSPENDING_GRACE_FACTOR` times that, so it is not taken for lost and started twice.
 """
 
 from __future__ import annotations
@@ -24,7 +28,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections.abc import Iterable, Mapping
+from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
 from colony import metrics
@@ -51,6 +55,9 @@ PAGE_SWEEP_SECONDS = 10.0
 # monitor re-places it: well past a heartbeat period (the hosting replica rewrites its agents'
 # records each beat) and any suspension or stop in progress (their registry write follows at once).
 MISSING_GRACE_SECONDS = 10.0
+# An agent whose suspension is recorded but not done (its replica detached it and is persisting its
+# state) waits this many missing graces: a suspension that failed half-way is still re-placed.
+SUSPENDING_GRACE_FACTOR = 6.0
 
 
 class ResumptionMonitor:
@@ -87,6 +94,7 @@ class ResumptionMonitor:
         self._next_page_sweep = 0.0
         self.missing_grace = missing_grace
         self._missing_since: dict[str, float] = {}  # agent -> when first found on no replica
+        self._liveness_outage = False  # `liveness` could not answer last round (logged once)
 
     def request_resume(self, agent_id: str) -> None:
         """The external trigger of CUSTOM conditions (and a push for any other kind)."""
@@ -197,9 +205,15 @@ class ResumptionMonitor:
         for agent_id in self._missing(records):
             # one that left its replica suspended or ended (its registry write was lost) is not
             # an orphan: its lifecycle says so, and its replica's heartbeat heals the record
-            lifecycle = await self._agent_board(agent_id).read(AgentStateProtocol.key("lifecycle"))
-            if lifecycle is None or lifecycle.value.get("state") not in NOT_HOSTED:
-                orphans.append(agent_id)
+            lifecycle, suspension = await self._agent_board(agent_id).read_many(
+                [AgentStateProtocol.key("lifecycle"), AgentStateProtocol.key("suspension")]
+            )
+            if lifecycle is not None and lifecycle.value.get("state") in NOT_HOSTED:
+                continue
+            if self._suspending(agent_id, lifecycle, suspension):
+                continue
+            log.warning("agent %s: no replica hosts it, though the registry places it on one", agent_id)
+            orphans.append(agent_id)
         for agent_id in orphans:
             pages = await self._bound_pages(agent_id)
             try:
@@ -219,6 +233,7 @@ class ResumptionMonitor:
         where it has one (a live process, or another cluster's heartbeating replica, is not),
         else by asking each (`ReplicaUnavailable`)."""
         liveness = await self._liveness(suspects)
+        beating = await self._beating(suspects, liveness)
         gone = set()
         for replica_id in suspects:
             state = liveness.get(replica_id, "unknown")
@@ -227,6 +242,10 @@ class ResumptionMonitor:
                 continue
             if state in ("alive", "elsewhere"):
                 log.debug("replica %s does not answer but is %s; its agents stay", replica_id, state)
+                continue
+            if beating is not None:  # liveness could not tell: the heartbeat decides, not a probe
+                if replica_id not in beating:
+                    gone.add(replica_id)
                 continue
             try:
                 async with asyncio.timeout(self.probe_timeout):
@@ -237,13 +256,38 @@ class ResumptionMonitor:
                 log.info("replica %s did not answer (%s); not moving its agents yet", replica_id, exc)
         return gone
 
-    async def _liveness(self, replica_ids: Iterable[str]) -> dict[str, Any]:
-        """The directory's `liveness` answer (Serve: the Ray actor table), {} where it has none."""
+    async def _liveness(self, replica_ids: list[str]) -> dict[str, Any]:
+        """The directory's `liveness` answer (Serve: the Ray actor table), {} where it has none;
+        every replica "unknown" where it failed."""
         ask = getattr(self.directory, "liveness", None)
         if ask is None or not replica_ids:
             return {}
-        answer: dict[str, Any] = await ask(replica_ids)
+        try:
+            answer: dict[str, Any] = await ask(replica_ids)
+        except Exception as exc:
+            if not self._liveness_outage:
+                log.warning("replica liveness could not be read (%s); deciding by heartbeat", exc)
+                self._liveness_outage = True
+            return dict.fromkeys(replica_ids, "unknown")
         return answer
+
+    async def _beating(self, suspects: list[str], liveness: dict[str, Any]) -> set[str] | None:
+        """The replicas with a live heartbeat, read only when a directory that has `liveness`
+        could not tell some suspect's (None otherwise: where there is no `liveness`, in-process
+        hosts, a probe decides). A replica Serve is draining does not answer a probe, but its
+        process, and its heartbeat, go on until it exits: the heartbeat is the safe fallback."""
+        if not hasattr(self.directory, "liveness"):
+            return None
+        unknown = [r for r in suspects if liveness.get(r, "unknown") not in ("alive", "elsewhere", "dead")]
+        if not unknown:
+            if self._liveness_outage:
+                log.warning("replica liveness answers again")
+            self._liveness_outage = False
+            return None
+        if not self._liveness_outage:
+            log.warning("replica liveness unknown for %s; deciding by heartbeat", ", ".join(unknown))
+            self._liveness_outage = True
+        return {str(beat.get("replica_id")) for beat in await self.registry.replicas()}
 
     def _missing(self, records: list[AgentRecord]) -> list[str]:
         """Agents the registry places on an answering replica that hosts no copy of them, nor does
@@ -257,10 +301,17 @@ class ResumptionMonitor:
                 del self._missing_since[agent_id]
         for agent_id in missing:
             self._missing_since.setdefault(agent_id, now)
-        overdue = sorted(a for a in missing if now - self._missing_since[a] >= self.missing_grace)
-        for agent_id in overdue:
-            log.warning("agent %s: no replica hosts it, though the registry places it on one", agent_id)
-        return overdue
+        return sorted(a for a in missing if now - self._missing_since[a] >= self.missing_grace)
+
+    def _suspending(self, agent_id: str, lifecycle: Any, suspension: Any) -> bool:
+        """Whether the agent's suspension is under way: recorded (the replica detached it, then
+        records the request) after its lifecycle's last change, which turns SUSPENDED once its
+        state is persisted. A slow persist is not a lost agent; one that stays so past
+        `SUSPENDING_GRACE_FACTOR` missing graces (the suspension failed half-way) is re-placed."""
+        if suspension is None or (lifecycle is not None and lifecycle.updated_at >= suspension.updated_at):
+            return False
+        since = self._missing_since.get(agent_id, time.monotonic())
+        return time.monotonic() - since < self.missing_grace * SUSPENDING_GRACE_FACTOR
 
     async def _page_table_suspects(self) -> set[str]:
         """Replicas the page table lists pages on that are not among the live ones (read every
