@@ -12,7 +12,13 @@ Asserted: every replica id changed (EngineReplica, AgentSystem, ColonyAPI); ever
 succeeded (0 lost, 0 failed, 0 stuck); the agents (built-ins and the extra one) keep their ids and
 are hosted on the new engine replicas; `colony doctor --run ...` exits 0; an `ask` run's event
 stream followed across the upgrade ends with its terminal event; the `colony up` daemon still
-serves, and `colony down` stops every process of its Ray cluster.
+serves, and `colony down` stops every process of its Ray cluster; the control plane's own
+actor-table lookup (`ServeReplicas.liveness`, run in the helper process) says the old engine
+replicas are dead and the new ones alive.
+
+Kept cheap for CI (was ~93 s): a few runs in flight rather than dozens, a 5 s overlap of the two
+clusters, a 1.5 s heartbeat (the NewCluster takeover waits for heartbeats to expire), and the
+second cluster's `colony up` started while the in-place test checks its runs.
 
 The file is also the helper the test runs in a subprocess (`python tests/test_upgrade_rehearsal.py
 actors|place|upgrade ...`), so the pytest process never joins the cluster's Ray.
@@ -171,6 +177,29 @@ def _extra_blueprint(page_ids: list[str]) -> str:
     return blueprint.to_text()
 
 
+def _liveness(replica_ids: list[str]) -> dict[str, Any]:
+    """What the control plane's `ServeReplicas` (the real actor-table lookup) says of each
+    EngineReplica id, and each one's state in the whole actor table."""
+    from ray import serve
+
+    from colony.config import load_settings
+    from colony.serve.app import connect_registry
+    from colony.serve.replicas import ServeReplicas
+
+    handle = serve.get_deployment_handle("EngineReplica", app_name=APP)
+
+    async def ask() -> dict[str, Any]:
+        _board, registry = connect_registry(load_settings(), "rehearsal:liveness")
+        directory = ServeReplicas(handle, registry)
+        table = await asyncio.to_thread(directory._replica_actors)
+        return {
+            "liveness": await directory.liveness(replica_ids),
+            "table": {r: table.get(r) for r in replica_ids},
+        }
+
+    return asyncio.run(ask())
+
+
 def _helper(argv: list[str]) -> None:
     import ray
 
@@ -183,6 +212,8 @@ def _helper(argv: list[str]) -> None:
             out = _place(_extra_blueprint(payload["pages"]))
         elif command == "upgrade":
             out = _upgrade(payload["config"], payload["timeout"])
+        elif command == "liveness":
+            out = _liveness(payload["ids"])
         else:
             raise SystemExit(f"unknown command {command!r}")
     finally:
@@ -309,11 +340,21 @@ def shared(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, str]]
 
 
 START_TIMEOUT = 150  # serve.start_timeout_seconds of the clusters here
+# serve.heartbeat_seconds of the clusters here (default 2): the NewCluster takeover waits for the
+# old replicas' heartbeats to expire (5 periods), 7.5 s instead of 10 s of the test's wall time
+HEARTBEAT_SECONDS = 1.5
+OVERLAP_SECONDS = 5.0  # how long both clusters run side by side, sampled for agent moves
 
 
 def _cluster(workdir: Path, shared: dict[str, str]) -> chaos.ChaosCluster:
     cluster = chaos.ChaosCluster(workdir, replicas=REPLICAS)
-    cluster.env.update({**shared, "COLONY_SERVE__START_TIMEOUT_SECONDS": str(START_TIMEOUT)})
+    cluster.env.update(
+        {
+            **shared,
+            "COLONY_SERVE__START_TIMEOUT_SECONDS": str(START_TIMEOUT),
+            "COLONY_SERVE__HEARTBEAT_SECONDS": str(HEARTBEAT_SECONDS),
+        }
+    )
     return cluster
 
 
@@ -335,6 +376,50 @@ def cluster(tmp_path_factory: pytest.TempPathFactory, shared: dict[str, str]) ->
         cluster.down()
 
 
+class Successor:
+    """The NewCluster upgrade's second cluster, whose `colony up` (the slowest step, ~25 s) the
+    in-place test starts in the background once its agents are re-hosted, while it checks its
+    runs and doctor: the second cluster then comes up beside a settled first one, as in the
+    NewCluster test (where its control plane must leave the first one's agents alone)."""
+
+    def __init__(self, workdir: Path, shared: dict[str, str]) -> None:
+        self.cluster = _cluster(workdir, shared)
+        self._thread: threading.Thread | None = None
+        self._error: BaseException | None = None
+
+    def start(self) -> None:
+        if self._thread is None:
+            self._thread = threading.Thread(target=self._run, name="successor-up", daemon=True)
+            self._thread.start()
+
+    def _run(self) -> None:
+        try:
+            _up(self.cluster)
+        except BaseException as exc:  # handed to the test that waits for the cluster
+            self._error = exc
+
+    def get(self) -> chaos.ChaosCluster:
+        self.start()
+        assert self._thread is not None
+        self._thread.join(START_TIMEOUT + 90)
+        if self._thread.is_alive():
+            raise RuntimeError("the second cluster's colony up did not return")
+        if self._error is not None:
+            raise self._error
+        return self.cluster
+
+
+@pytest.fixture(scope="module")
+def successor(tmp_path_factory: pytest.TempPathFactory, shared: dict[str, str]) -> Iterator[Successor]:
+    successor = Successor(tmp_path_factory.mktemp("upgrade-new"), shared)
+    try:
+        yield successor
+    finally:
+        if successor._thread is not None:
+            successor._thread.join(START_TIMEOUT + 90)
+            successor.cluster.down()
+
+
 def _hosted(client: ColonyClient) -> dict[str, str | None]:
     return {a["agent_id"]: a.get("replica") for a in client.agents()}
 
@@ -354,7 +439,9 @@ def _table(row: dict[str, Any]) -> str:
     )
 
 
-def test_an_upgrade_replaces_every_replica_and_loses_no_run(cluster: chaos.ChaosCluster) -> None:
+def test_an_upgrade_replaces_every_replica_and_loses_no_run(
+    cluster: chaos.ChaosCluster, successor: Successor
+) -> None:
     wall = time.monotonic()
     info = cluster.info()
     # a page for the extra agent to be bound to: one small file mapped from the folder `up` ran in
@@ -374,14 +461,14 @@ def test_an_upgrade_replaces_every_replica_and_loses_no_run(cluster: chaos.Chaos
 
     # runs in flight: a burst (echo and every 6th an `ask`), runs of the extra agent, one `ask`
     # followed over SSE, and a trickle of new submissions while the upgrade goes on
-    load = chaos.Load(cluster, ask_every=6)
-    load.burst(30)
+    load = chaos.Load(cluster, ask_every=4)
+    load.burst(12)
     with cluster.client() as client:
-        for n in range(6):
+        for n in range(3):
             load.add(client.submit(EXTRA_AGENT, {"extra": n})["run_id"])
     follower = chaos.StreamFollower(cluster).start(load)
     stop = threading.Event()
-    trickle = load.trickle(stop, interval=0.5)
+    trickle = load.trickle(stop, interval=1.0)
     upgrade_at = time.time()
     config = serve_config("127.0.0.1", int(info.url.rsplit(":", 1)[1]), REPLICAS, UPGRADED_REPLICA_CPUS)
     try:
@@ -414,6 +501,19 @@ def test_an_upgrade_replaces_every_replica_and_loses_no_run(cluster: chaos.Chaos
     with cluster.client() as client:
         after_agents = _hosted(client)
     assert rehosted_ok, f"agents not re-hosted on {new_engines}: {after_agents}"
+    successor.start()  # the NewCluster test's cluster comes up while the checks below run
+
+    # the control plane's own lookup (ServeReplicas.liveness on this Ray cluster's actor table)
+    # says the old engine replicas are dead, the new ones alive (and the table lists the old ones
+    # as DEAD actors): a lookup that found no actors would answer "elsewhere" for the new ones
+    seen = helper(cluster, "liveness", {"ids": sorted(old_engines | new_engines)})
+    assert seen["liveness"] == {
+        **dict.fromkeys(old_engines, "dead"),
+        **dict.fromkeys(new_engines, "alive"),
+    }, seen
+    assert seen["table"] == {**dict.fromkeys(old_engines, "DEAD"), **dict.fromkeys(new_engines, "ALIVE")}, (
+        seen
+    )
 
     # every accepted run ends, and succeeds
     result = chaos.FaultResult("upgrade", accepted=len(load.accepted), rejected=load.rejected)
@@ -470,7 +570,7 @@ def _moves(samples: list[dict[str, str | None]]) -> list[str]:
 
 
 def test_a_new_cluster_takes_over_the_old_ones_agents_and_runs(
-    cluster: chaos.ChaosCluster, shared: dict[str, str], tmp_path_factory: pytest.TempPathFactory
+    cluster: chaos.ChaosCluster, successor: Successor
 ) -> None:
     """KubeRay's other upgrade (a change to rayClusterConfig): a whole new Ray cluster with its own
     Serve app starts against the same Redis, traffic switches to it, the old cluster is deleted.
@@ -481,88 +581,91 @@ def test_a_new_cluster_takes_over_the_old_ones_agents_and_runs(
     old = cluster
     with old.client() as client:
         old_agents = _hosted(client)
-        old_engines = {r["replica_id"] for r in client.replicas()}
-    new = _cluster(tmp_path_factory.mktemp("upgrade-new"), shared)
+    # this Ray cluster's engine replicas, from its actor table (the heartbeats in the shared Redis
+    # list the second cluster's too, once it is up)
+    old_engines = set(helper(old, "actors", {})["EngineReplica"])
+    assert len(old_engines) == REPLICAS, old_engines
+    new = successor.get()  # up already (started by the in-place test), or brought up now
+    # both clusters run: sample who hosts what for a while; nothing may move
+    samples = []
+    overlap_until = time.monotonic() + OVERLAP_SECONDS
+    while time.monotonic() < overlap_until:
+        with new.client() as client:
+            samples.append(_hosted(client))
+        time.sleep(0.5)
+    with new.client() as client:
+        engines = {r["replica_id"] for r in client.replicas()}
+    new_engines = engines - old_engines
+    assert len(new_engines) == REPLICAS, engines
+    moved = _moves(samples)
+    assert not moved, f"agents moved between the clusters while both ran: {moved}"
+    assert all(samples[-1].get(a) in old_engines for a, r in old_agents.items() if r), samples[-1]
+
+    # runs in flight on the old cluster's agents, submitted to the new API (traffic switched)
+    load = chaos.Load(new, ask_every=4)
+    load.burst(10)
+    with new.client() as client:
+        for n in range(2):
+            load.add(client.submit(EXTRA_AGENT, {"extra": n})["run_id"])
+    follower = chaos.StreamFollower(new).start(load)
+    stop = threading.Event()
+    trickle = load.trickle(stop, interval=1.0)
+    switched_at, started = time.time(), time.monotonic()
+    old_info = old.info()
     try:
-        _up(new)
-        # both clusters run: sample who hosts what for a while; nothing may move
-        samples = []
-        overlap_until = time.monotonic() + 12
-        while time.monotonic() < overlap_until:
+        down = old.cli("down")  # the old RayCluster is deleted; Redis is not its own
+        assert down.returncode == 0, down.stderr
+        gone = chaos.wait_until(
+            lambda: not cluster_mod._session_members(old_info.pid, old_info.daemon_id), 30
+        )
+        down_s = time.monotonic() - started
+
+        def rehosted() -> bool:
             with new.client() as client:
-                samples.append(_hosted(client))
-            time.sleep(0.5)
-        with new.client() as client:
-            engines = {r["replica_id"] for r in client.replicas()}
-        new_engines = engines - old_engines
-        assert len(new_engines) == REPLICAS, engines
-        moved = _moves(samples)
-        assert not moved, f"agents moved between the clusters while both ran: {moved}"
-        assert all(samples[-1].get(a) in old_engines for a, r in old_agents.items() if r), samples[-1]
+                hosted = _hosted(client)
+            return all(hosted.get(a) in new_engines for a, r in old_agents.items() if r)
 
-        # runs in flight on the old cluster's agents, submitted to the new API (traffic switched)
-        load = chaos.Load(new, ask_every=6)
-        load.burst(24)
-        with new.client() as client:
-            for n in range(4):
-                load.add(client.submit(EXTRA_AGENT, {"extra": n})["run_id"])
-        follower = chaos.StreamFollower(new).start(load)
-        stop = threading.Event()
-        trickle = load.trickle(stop, interval=0.5)
-        switched_at, started = time.time(), time.monotonic()
-        old_info = old.info()
-        try:
-            down = old.cli("down")  # the old RayCluster is deleted; Redis is not its own
-            assert down.returncode == 0, down.stderr
-            gone = chaos.wait_until(
-                lambda: not cluster_mod._session_members(old_info.pid, old_info.daemon_id), 30
-            )
-            down_s = time.monotonic() - started
-
-            def rehosted() -> bool:
-                with new.client() as client:
-                    hosted = _hosted(client)
-                return all(hosted.get(a) in new_engines for a, r in old_agents.items() if r)
-
-            rehosted_ok = chaos.wait_until(rehosted, 60, step=0.5)
-            rehosted_s = time.monotonic() - started
-        finally:
-            stop.set()
-            trickle.join(timeout=30)
-        assert gone, "colony down left processes of the upgraded cluster running"
-        with new.client() as client:
-            after_agents = _hosted(client)
-        assert rehosted_ok, f"agents not re-hosted on the new cluster {new_engines}: {after_agents}"
-        assert set(old_agents) <= set(after_agents)
-
-        result = chaos.FaultResult("new-cluster", accepted=len(load.accepted), rejected=load.rejected)
-        views = chaos.settle(new, list(load.accepted), result, 120, switched_at)
-        result.stream_problem = follower.problem(views.get(follower.run_id or ""))
-        row = {
-            "accepted": result.accepted,
-            "rejected": result.rejected,
-            "in_flight": result.in_flight,
-            "succeeded": result.succeeded,
-            "failed": result.failed,
-            "lost": result.lost,
-            "stuck": result.stuck,
-            "upgrade_s": down_s,
-            "recovery_s": "-",
-            "rehosted_s": f"{rehosted_s:.1f}",
-        }
-        print("\nNewCluster (upgrade s: the old cluster's `colony down`)\n" + _table(row))
-        unfinished = {r: s for r, s in result.statuses.items() if s != "succeeded"}
-        detail = f"\n{_table(row)}\nnot succeeded: {unfinished}\nreasons: {dict(result.reasons)}"
-        assert result.in_flight >= 1, detail
-        assert result.lost == 0 and result.failed == 0 and result.stuck == 0, detail
-        assert result.stream_problem is None, result.stream_problem
-        run_args = [arg for run_id in load.accepted for arg in ("--run", run_id)]
-        doctor = new.cli("doctor", *run_args, timeout=60)
-        assert chaos.wait_until(lambda: new.cli("doctor", *run_args, timeout=60).returncode == 0, 30), (
-            doctor.stdout + doctor.stderr
-        )[-3000:]
+        rehosted_ok = chaos.wait_until(rehosted, 60, step=0.5)
+        rehosted_s = time.monotonic() - started
     finally:
-        new.down()
+        stop.set()
+        trickle.join(timeout=30)
+    assert gone, "colony down left processes of the upgraded cluster running"
+    with new.client() as client:
+        after_agents = _hosted(client)
+    assert rehosted_ok, f"agents not re-hosted on the new cluster {new_engines}: {after_agents}"
+    assert set(old_agents) <= set(after_agents)
+
+    result = chaos.FaultResult("new-cluster", accepted=len(load.accepted), rejected=load.rejected)
+    views = chaos.settle(new, list(load.accepted), result, 120, switched_at)
+    result.stream_problem = follower.problem(views.get(follower.run_id or ""))
+    row = {
+        "accepted": result.accepted,
+        "rejected": result.rejected,
+        "in_flight": result.in_flight,
+        "succeeded": result.succeeded,
+        "failed": result.failed,
+        "lost": result.lost,
+        "stuck": result.stuck,
+        "upgrade_s": down_s,
+        "recovery_s": "-",
+        "rehosted_s": f"{rehosted_s:.1f}",
+    }
+    print("\nNewCluster (upgrade s: the old cluster's `colony down`)\n" + _table(row))
+    unfinished = {r: s for r, s in result.statuses.items() if s != "succeeded"}
+    detail = f"\n{_table(row)}\nnot succeeded: {unfinished}\nreasons: {dict(result.reasons)}"
+    assert result.in_flight >= 1, detail
+    assert result.lost == 0 and result.failed == 0 and result.stuck == 0, detail
+    assert result.stream_problem is None, result.stream_problem
+    run_args = [arg for run_id in load.accepted for arg in ("--run", run_id)]
+    doctor: subprocess.CompletedProcess[str] | None = None
+
+    def clean() -> bool:
+        nonlocal doctor
+        doctor = new.cli("doctor", *run_args, timeout=60)
+        return doctor.returncode == 0
+
+    assert chaos.wait_until(clean, 30, step=1.0), doctor and (doctor.stdout + doctor.stderr)[-3000:]
 
 
 if __name__ == "__main__":
