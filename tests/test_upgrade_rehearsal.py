@@ -16,7 +16,7 @@ serves, and `colony down` stops every process of its Ray cluster; the control pl
 actor-table lookup (`ServeReplicas.liveness`, run in the helper process) says the old engine
 replicas are dead and the new ones alive.
 
-Kept cheap for CI (was ~93 s): a few runs in flight rather than dozens, a 5 s overlap of the two
+Kept cheap for CI (~78 s, was ~93 s): a few runs in flight rather than dozens, a 5 s overlap of the two
 clusters, a 1.5 s heartbeat (the NewCluster takeover waits for heartbeats to expire), and the
 second cluster's `colony up` started while the in-place test checks its runs.
 
@@ -384,6 +384,7 @@ class Successor:
 
     def __init__(self, workdir: Path, shared: dict[str, str]) -> None:
         self.cluster = _cluster(workdir, shared)
+        self.old_engines: set[str] = set()  # the first cluster's engine replicas, after its upgrade
         self._thread: threading.Thread | None = None
         self._error: BaseException | None = None
 
@@ -461,7 +462,7 @@ def test_an_upgrade_replaces_every_replica_and_loses_no_run(
 
     # runs in flight: a burst (echo and every 6th an `ask`), runs of the extra agent, one `ask`
     # followed over SSE, and a trickle of new submissions while the upgrade goes on
-    load = chaos.Load(cluster, ask_every=4)
+    load = chaos.Load(cluster, ask_every=6)
     load.burst(12)
     with cluster.client() as client:
         for n in range(3):
@@ -501,19 +502,15 @@ def test_an_upgrade_replaces_every_replica_and_loses_no_run(
     with cluster.client() as client:
         after_agents = _hosted(client)
     assert rehosted_ok, f"agents not re-hosted on {new_engines}: {after_agents}"
+    successor.old_engines = new_engines
     successor.start()  # the NewCluster test's cluster comes up while the checks below run
 
-    # the control plane's own lookup (ServeReplicas.liveness on this Ray cluster's actor table)
-    # says the old engine replicas are dead, the new ones alive (and the table lists the old ones
-    # as DEAD actors): a lookup that found no actors would answer "elsewhere" for the new ones
-    seen = helper(cluster, "liveness", {"ids": sorted(old_engines | new_engines)})
-    assert seen["liveness"] == {
-        **dict.fromkeys(old_engines, "dead"),
-        **dict.fromkeys(new_engines, "alive"),
-    }, seen
-    assert seen["table"] == {**dict.fromkeys(old_engines, "DEAD"), **dict.fromkeys(new_engines, "ALIVE")}, (
-        seen
-    )
+    # the control plane's own lookup (ServeReplicas.liveness on this Ray cluster's actor table),
+    # asked from the helper process while the runs settle
+    seen: dict[str, Any] = {}
+    ids = sorted(old_engines | new_engines)
+    asking = threading.Thread(target=lambda: seen.update(helper(cluster, "liveness", {"ids": ids})))
+    asking.start()
 
     # every accepted run ends, and succeeds
     result = chaos.FaultResult("upgrade", accepted=len(load.accepted), rejected=load.rejected)
@@ -541,6 +538,18 @@ def test_an_upgrade_replaces_every_replica_and_loses_no_run(
     follow = views.get(follower.run_id or "", {})
     assert follow.get("updated_at", 0) >= upgrade_at, f"the followed run ended before the upgrade: {follow}"
     assert result.stream_problem is None, result.stream_problem
+
+    # the old engine replicas are dead, the new ones alive (and the table lists the old ones as
+    # DEAD actors): a lookup that found no actors would answer "elsewhere" for the new ones
+    asking.join(120)
+    assert seen.get("liveness") == {
+        **dict.fromkeys(old_engines, "dead"),
+        **dict.fromkeys(new_engines, "alive"),
+    }, seen
+    assert seen.get("table") == {
+        **dict.fromkeys(old_engines, "DEAD"),
+        **dict.fromkeys(new_engines, "ALIVE"),
+    }, seen
 
     # the invariant checker is clean, with every accepted run named
     run_args = [arg for run_id in load.accepted for arg in ("--run", run_id)]
@@ -582,8 +591,8 @@ def test_a_new_cluster_takes_over_the_old_ones_agents_and_runs(
     with old.client() as client:
         old_agents = _hosted(client)
     # this Ray cluster's engine replicas, from its actor table (the heartbeats in the shared Redis
-    # list the second cluster's too, once it is up)
-    old_engines = set(helper(old, "actors", {})["EngineReplica"])
+    # list the second cluster's too, once it is up): as the in-place test found them, or asked
+    old_engines = successor.old_engines or set(helper(old, "actors", {})["EngineReplica"])
     assert len(old_engines) == REPLICAS, old_engines
     new = successor.get()  # up already (started by the in-place test), or brought up now
     # both clusters run: sample who hosts what for a while; nothing may move
@@ -602,7 +611,7 @@ def test_a_new_cluster_takes_over_the_old_ones_agents_and_runs(
     assert all(samples[-1].get(a) in old_engines for a, r in old_agents.items() if r), samples[-1]
 
     # runs in flight on the old cluster's agents, submitted to the new API (traffic switched)
-    load = chaos.Load(new, ask_every=4)
+    load = chaos.Load(new, ask_every=6)
     load.burst(10)
     with new.client() as client:
         for n in range(2):
@@ -612,13 +621,15 @@ def test_a_new_cluster_takes_over_the_old_ones_agents_and_runs(
     trickle = load.trickle(stop, interval=1.0)
     switched_at, started = time.time(), time.monotonic()
     old_info = old.info()
+    downs: list[tuple[subprocess.CompletedProcess[str], float]] = []
+
+    def delete_old() -> None:  # the old RayCluster is deleted; Redis is not its own
+        down = old.cli("down")
+        downs.append((down, time.monotonic() - started))
+
+    deleting = threading.Thread(target=delete_old)
     try:
-        down = old.cli("down")  # the old RayCluster is deleted; Redis is not its own
-        assert down.returncode == 0, down.stderr
-        gone = chaos.wait_until(
-            lambda: not cluster_mod._session_members(old_info.pid, old_info.daemon_id), 30
-        )
-        down_s = time.monotonic() - started
+        deleting.start()  # the new cluster's take-over is watched while `colony down` runs
 
         def rehosted() -> bool:
             with new.client() as client:
@@ -627,9 +638,14 @@ def test_a_new_cluster_takes_over_the_old_ones_agents_and_runs(
 
         rehosted_ok = chaos.wait_until(rehosted, 60, step=0.5)
         rehosted_s = time.monotonic() - started
+        deleting.join(120)
     finally:
         stop.set()
         trickle.join(timeout=30)
+    assert downs, "colony down of the old cluster did not return"
+    down, down_s = downs[0]
+    assert down.returncode == 0, down.stderr
+    gone = chaos.wait_until(lambda: not cluster_mod._session_members(old_info.pid, old_info.daemon_id), 30)
     assert gone, "colony down left processes of the upgraded cluster running"
     with new.client() as client:
         after_agents = _hosted(client)

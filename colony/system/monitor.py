@@ -276,8 +276,8 @@ class ResumptionMonitor:
         could not tell some suspect's (None otherwise: where there is no `liveness`, in-process
         hosts, a probe decides). A replica Serve is draining does not answer a probe, but its
         process, and its heartbeat, go on until it exits: the heartbeat is the safe fallback."""
-        if not hasattr(self.directory, "liveness"):
-            return None
+        if not suspects or not hasattr(self.directory, "liveness"):
+            return None  # (nothing asked: an outage is not over yet)
         unknown = [r for r in suspects if liveness.get(r, "unknown") not in ("alive", "elsewhere", "dead")]
         if not unknown:
             if self._liveness_outage:
