@@ -1,5 +1,7 @@
-"""The resource monitor's replica liveness when the Ray actor table cannot tell, the Serve
-directory's cheap liveness lookup, and a slow suspension (issue 14 item 7, review findings).
+"""The resource monitor's replica liveness in an upgrade (issue 14 item 7): a draining or another
+cluster's replica keeps its agents, a dead one's move, and so when the Ray actor table cannot tell
+(by heartbeat); the Serve directory's cheap liveness lookup; a missing agent re-placed after the
+grace, a slow suspension not taken for one. The cluster rehearsal is tests/test_upgrade_rehearsal.py.
 
 In-process: real Redis, real ReplicaHosts with the scripted engine, the directory a stand-in for
 Serve's (only `answering` replicas take calls; `liveness` raises or answers as told)."""
@@ -14,6 +16,7 @@ from typing import Any
 import pytest
 from agent_kit import counter_blueprint
 
+from colony.agents import ResumptionCondition, ResumptionKind
 from colony.blackboard import Blackboard
 from colony.config import ColonySettings
 from colony.inference.scripted import ScriptedEngine
@@ -70,6 +73,48 @@ def _where(hosts: dict[str, ReplicaHost], agent_id: str) -> list[str]:
 
 async def _beat(host: ReplicaHost, ttl: float) -> None:
     await host.registry.beat(host.replica_id, host.info(), ttl)
+
+
+async def test_a_draining_or_other_clusters_replica_keeps_its_agents_a_dead_ones_move(
+    bb: Blackboard, hosts: dict[str, ReplicaHost]
+) -> None:
+    """The in-place upgrade's race: a replica Serve is stopping no longer takes calls, but its
+    agents run until its process exits; moving them then made two copies race, and the one on the
+    draining replica could win and die with it (runs stuck for ever). Only a dead one is left."""
+    await hosts["old"].ensure_agent(counter_blueprint("w", STEPS))
+    states = {"old": "alive"}
+    monitor = _monitor(bb, hosts, Directory(hosts, {"new"}, states))
+    assert await monitor.tick() == []  # draining: its process lives
+    states["old"] = "elsewhere"  # another Ray cluster's replica, heartbeating
+    assert await monitor.tick() == []
+    assert (await hosts["old"].registry.get("w")).replica == "old"
+    states["old"] = "dead"
+    assert await monitor.tick() == ["w"]
+    assert (await hosts["old"].registry.get("w")).replica == "new"
+    assert "w" in hosts["new"].runtime.agent_ids
+
+
+async def test_an_agent_no_replica_hosts_is_replaced_after_the_grace(
+    bb: Blackboard, hosts: dict[str, ReplicaHost]
+) -> None:
+    """A copy that yielded to another copy, which then ended with its replica, leaves the
+    registry naming a live replica that does not host the agent: re-placed after the grace.
+    One whose lifecycle says it left (suspended; its registry write lost) is not."""
+    for agent_id in ("gone", "asleep"):
+        await hosts["old"].ensure_agent(counter_blueprint(agent_id, STEPS))
+    await hosts["old"].runtime.drop("gone")  # no write: the record still names "old"
+    registry = hosts["old"].registry
+    record = await registry.get("asleep")
+    await hosts["old"].runtime.suspend("asleep", "request", ResumptionCondition(kind=ResumptionKind.CUSTOM))
+    await registry.put(record)  # the suspension's registry write was lost: still "running" on old
+    monitor = _monitor(bb, hosts, Directory(hosts, {"old", "new"}, {}))
+    monitor.missing_grace = 0.5
+    assert await monitor.tick() == []  # not yet: a record may lag a heartbeat behind
+    await asyncio.sleep(0.6)
+    assert await monitor.tick() == ["gone"]
+    where = [name for name, host in hosts.items() if "gone" in host.runtime.agent_ids]
+    assert len(where) == 1 and (await registry.get("gone")).replica == where[0]
+    assert not any("asleep" in host.runtime.agent_ids for host in hosts.values())
 
 
 @pytest.mark.parametrize("states", [None, {}], ids=["lookup-raises", "lookup-unknown"])

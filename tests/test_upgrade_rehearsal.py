@@ -39,23 +39,13 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
 
 import asyncio
 import subprocess
-import uuid
-from collections.abc import AsyncIterator
 
 import chaos
 import pytest
-from agent_kit import counter_blueprint
 
-from colony.agents import ResumptionCondition, ResumptionKind
-from colony.blackboard import Blackboard
 from colony.blackboard.redis_server import EmbeddedRedis
 from colony.client import ColonyClient
-from colony.config import ColonySettings
-from colony.inference.scripted import ScriptedEngine
 from colony.serve import cluster as cluster_mod
-from colony.system.host import ReplicaHost
-from colony.system.monitor import ResumptionMonitor
-from colony.system.replicas import GoneReplica, ReplicaPort
 
 APP = "colony"
 DEPLOYMENTS = ("EngineReplica", "AgentSystem", "ColonyAPI")
@@ -221,89 +211,8 @@ def _helper(argv: list[str]) -> None:
     print("RESULT " + json.dumps(out), flush=True)
 
 
-STEPS = [{"action": "add", "parameters": {"amount": "$input"}}]
-
 pytestmark = pytest.mark.timeout(600)
 REPLICAS = 2
-
-
-# --- the control plane's decisions, in-process (fast; the cluster tests below need them) ------
-
-
-class Directory:
-    """In-process replicas as the Serve control plane sees them in an upgrade: only `answering`
-    ones take calls (a draining replica, another cluster's, or a dead one does not), and
-    `liveness` says what the Ray actor table would."""
-
-    def __init__(self, hosts: dict[str, ReplicaHost], answering: set[str], states: dict[str, str]) -> None:
-        self.hosts, self.answering, self.states = hosts, answering, states
-
-    async def ports(self) -> list[ReplicaPort]:
-        return [self.hosts[name] for name in sorted(self.answering)]
-
-    def port(self, replica_id: str) -> ReplicaPort:
-        return self.hosts[replica_id] if replica_id in self.answering else GoneReplica(replica_id)
-
-    async def liveness(self, replica_ids: list[str]) -> dict[str, str]:
-        return {r: self.states.get(r, "unknown") for r in replica_ids}
-
-
-@pytest.fixture
-async def hosts(bb: Blackboard, redis_url: str) -> AsyncIterator[dict[str, ReplicaHost]]:
-    settings = ColonySettings(redis_url=redis_url, colony_id=f"upg{uuid.uuid4().hex[:8]}")
-    hosts = {name: ReplicaHost(settings, name, engine=ScriptedEngine()) for name in ("old", "new")}
-    for host in hosts.values():
-        await host.start(bb)
-    yield hosts
-    for host in hosts.values():
-        await host.close()
-
-
-def _monitor(bb: Blackboard, hosts: dict[str, ReplicaHost], directory: Directory) -> ResumptionMonitor:
-    colony_id = hosts["old"].settings.colony_id
-    return ResumptionMonitor(bb, directory, hosts["old"].registry, period=0.1, colony_id=colony_id)
-
-
-async def test_a_draining_or_other_clusters_replica_keeps_its_agents_a_dead_ones_move(
-    bb: Blackboard, hosts: dict[str, ReplicaHost]
-) -> None:
-    """The in-place upgrade's race: a replica Serve is stopping no longer takes calls, but its
-    agents run until its process exits; moving them then made two copies race, and the one on the
-    draining replica could win and die with it (runs stuck for ever). Only a dead one is left."""
-    await hosts["old"].ensure_agent(counter_blueprint("w", STEPS))
-    states = {"old": "alive"}
-    monitor = _monitor(bb, hosts, Directory(hosts, {"new"}, states))
-    assert await monitor.tick() == []  # draining: its process lives
-    states["old"] = "elsewhere"  # another Ray cluster's replica, heartbeating
-    assert await monitor.tick() == []
-    assert (await hosts["old"].registry.get("w")).replica == "old"
-    states["old"] = "dead"
-    assert await monitor.tick() == ["w"]
-    assert (await hosts["old"].registry.get("w")).replica == "new"
-    assert "w" in hosts["new"].runtime.agent_ids
-
-
-async def test_an_agent_no_replica_hosts_is_replaced_after_the_grace(
-    bb: Blackboard, hosts: dict[str, ReplicaHost]
-) -> None:
-    """A copy that yielded to another copy, which then ended with its replica, leaves the
-    registry naming a live replica that does not host the agent: re-placed after the grace.
-    One whose lifecycle says it left (suspended; its registry write lost) is not."""
-    for agent_id in ("gone", "asleep"):
-        await hosts["old"].ensure_agent(counter_blueprint(agent_id, STEPS))
-    await hosts["old"].runtime.drop("gone")  # no write: the record still names "old"
-    registry = hosts["old"].registry
-    record = await registry.get("asleep")
-    await hosts["old"].runtime.suspend("asleep", "request", ResumptionCondition(kind=ResumptionKind.CUSTOM))
-    await registry.put(record)  # the suspension's registry write was lost: still "running" on old
-    monitor = _monitor(bb, hosts, Directory(hosts, {"old", "new"}, {}))
-    monitor.missing_grace = 0.5
-    assert await monitor.tick() == []  # not yet: a record may lag a heartbeat behind
-    await asyncio.sleep(0.6)
-    assert await monitor.tick() == ["gone"]
-    where = [name for name, host in hosts.items() if "gone" in host.runtime.agent_ids]
-    assert len(where) == 1 and (await registry.get("gone")).replica == where[0]
-    assert not any("asleep" in host.runtime.agent_ids for host in hosts.values())
 
 
 def helper(cluster: chaos.ChaosCluster, command: str, payload: dict[str, Any], timeout: float = 180) -> Any:
