@@ -319,3 +319,11 @@ def ingress_allowed(
 def rendered_profiles() -> dict[str, Rendered]:
     """Every profile rendered once per test session (the chart tests only read the result)."""
     return {profile: render(profile_values(profile)) for profile in PROFILES}
+
+
+# The Ray pods' secret variables and the auth Secret's keys they come from.
+SECRET_ENV = {
+    "COLONY_API_TOKEN": "api-token",
+    "COLONY_SECRET": "colony-secret",
+    "COLONY_API__METRICS_TOKEN": "metrics-token",
+}

@@ -43,11 +43,6 @@ from helm_kit import (
 K8S_VERSIONS = ("1.25.0", "1.37.0")
 CORE_KINDS = {"ConfigMap", "Secret", "Service", "StatefulSet", "PodDisruptionBudget", "NetworkPolicy"}
 MONITOR_KINDS = {"ServiceMonitor", "PodMonitor"}
-SECRET_ENV = {
-    "COLONY_API_TOKEN": "api-token",
-    "COLONY_SECRET": "colony-secret",
-    "COLONY_API__METRICS_TOKEN": "metrics-token",
-}
 
 
 @pytest.fixture(scope="module")

@@ -28,6 +28,7 @@ from helm_kit import (
     NAMESPACE,
     PROFILES,
     RELEASE,
+    SECRET_ENV,
     FakeKubeApi,
     Peer,
     Rendered,
@@ -40,12 +41,6 @@ from helm_kit import (
     rendered_profiles,
     schema_errors,
 )
-
-SECRET_ENV = {
-    "COLONY_API_TOKEN": "api-token",
-    "COLONY_SECRET": "colony-secret",
-    "COLONY_API__METRICS_TOKEN": "metrics-token",
-}
 
 
 @pytest.fixture(scope="module")
