@@ -2,7 +2,8 @@
 
 Prometheus (the Debian package's binary, started the way users start it: --config.file,
 --storage.tsdb.path, --web.listen-address) scrapes a real `colony up` cluster every second, with the
-API token from a credentials file and a static `cluster` label on the target. The test runs an
+metrics-only token (`api.metrics_token`, as the chart's ServiceMonitor) from a credentials file
+and a static `cluster` label on the target. The test runs an
 echo and an ask, an `analyze` of a tiny folder and a suspend/resume of an agent over HTTP, then
 sends every panel target's query, with the dashboard variables substituted as Grafana would, to
 Prometheus' HTTP API: each must return at least one series with a number (not NaN). A panel
@@ -26,14 +27,15 @@ import pytest
 
 from colony import cli, dashboards
 from colony.blackboard.redis_server import free_port
-from colony.client import ColonyClient
-from colony.config import ColonySettings, ServeSettings, VcmSettings
+from colony.client import ApiError, ColonyClient
+from colony.config import ApiSettings, ColonySettings, ServeSettings, VcmSettings
 from colony.serve import cluster
 
 CLUSTER = "ci-cluster"
 DASHBOARD_FOLDER = Path(__file__).resolve().parents[1] / "helm" / "colony" / "dashboards"
 PROMETHEUS = shutil.which("prometheus") or "/usr/bin/prometheus"
 QUERY_DEADLINE_SECONDS = 60.0  # how long the queries together may wait for scrapes to show data
+SCRAPE_TOKEN = "prometheus-only-token"  # api.metrics_token: opens /metrics and nothing else
 
 
 @pytest.fixture(scope="module")
@@ -44,6 +46,7 @@ def colony_up(
         data_dir=tmp_path_factory.mktemp("colony-prom"),
         serve=ServeSettings(port=free_port(), num_cpus=2, replica_cpus=0.5, heartbeat_seconds=1.0),
         vcm=VcmSettings(allowed_roots=[tmp_path_factory.getbasetemp()]),
+        api=ApiSettings(metrics_token=SCRAPE_TOKEN),  # what the chart's ServiceMonitor holds
     )
     info = cluster.up(settings)
     try:
@@ -63,7 +66,7 @@ def prometheus(
     _settings, info = colony_up
     folder = tmp_path_factory.mktemp("prometheus")
     token = folder / "token"
-    token.write_text(info.token)
+    token.write_text(SCRAPE_TOKEN)  # the metrics-only token, as the chart's ServiceMonitor has it
     token.chmod(0o600)
     target = httpx.URL(info.url)
     (folder / "prometheus.yml").write_text(
@@ -149,6 +152,10 @@ def test_every_dashboard_panel_has_data(
     settings, info = colony_up
     up = wait_for(prometheus, f'up{{job="colony", cluster="{CLUSTER}"}} == 1', 30)
     assert up, "Prometheus never scraped the cluster's /metrics (token? address?)"
+    with ColonyClient(info.url, SCRAPE_TOKEN) as scraper:  # the scrape token reads metrics only
+        with pytest.raises(ApiError) as refused:
+            scraper.submit("echo", 1)
+        assert refused.value.status == 401
 
     with ColonyClient(info.url, info.token, timeout=120) as client:
         echo = client.run("echo", {"ping": 1})
