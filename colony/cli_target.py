@@ -11,12 +11,12 @@ from typing import Any
 
 import httpx
 
-from colony.client import LOOPBACK_HOSTS
+from colony.api.auth import TOKEN_ENV, is_loopback
 from colony.config import ColonySettings
 from colony.errors import ColonyError
 
 URL_ENV = "COLONY_URL"  # the API of a cluster started elsewhere (e.g. the Kubernetes Service)
-TOKEN_ENV = "COLONY_API_TOKEN"
+__all__ = ["TOKEN_ENV", "URL_ENV", "ApiTarget", "api_error", "api_target", "remote_health"]
 
 
 class ApiTarget:
@@ -52,7 +52,7 @@ def same_address(a: str, b: str) -> bool:
     """Whether two API URLs name the same listener: scheme, port and path equal, and the same host
     or both loopback (`colony up` records 127.0.0.1; users type localhost)."""
     x, y = httpx.URL(a.rstrip("/")), httpx.URL(b.rstrip("/"))
-    hosts_match = x.host == y.host or (x.host in LOOPBACK_HOSTS and y.host in LOOPBACK_HOSTS)
+    hosts_match = x.host == y.host or (is_loopback(x.host) and is_loopback(y.host))
     return hosts_match and (x.scheme, x.port, x.path) == (y.scheme, y.port, y.path)
 
 
@@ -65,7 +65,7 @@ def checked_url(url: str) -> str:
         raise ColonyError("--url: no user, password, query or fragment in the address (give --token)")
     if parsed.port is not None and not 1 <= parsed.port <= 65535:
         raise ColonyError(f"--url {url!r}: port {parsed.port} is not a TCP port (1-65535)")
-    if parsed.scheme == "http" and parsed.host not in LOOPBACK_HOSTS:
+    if parsed.scheme == "http" and not is_loopback(parsed.host):
         print(
             f"colony: warning: {parsed.host} is reached over plain http: the token travels unencrypted "
             "(use https, or a port-forward to localhost)",

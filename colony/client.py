@@ -12,12 +12,10 @@ from typing import Any
 import httpx
 
 from colony.agents.handle import TERMINAL_EVENTS
+from colony.api.auth import TOKEN_ENV, TokenSource, is_loopback
 from colony.errors import ApiError
 
 __all__ = ["ApiError", "AsyncColonyClient", "ColonyClient"]
-
-
-LOOPBACK_HOSTS = frozenset({"localhost", "127.0.0.1", "::1"})
 
 
 def _auth_headers(token: str | None, url: str) -> dict[str, str]:
@@ -25,10 +23,9 @@ def _auth_headers(token: str | None, url: str) -> dict[str, str]:
     (COLONY_API_TOKEN, the config file's `api_token`, else the token file `api.token_file` /
     `<data_dir>/api-token`); for any other address only $COLONY_API_TOKEN, so the local cluster's
     token never goes to a server elsewhere. "" sends no token."""
-    if token is None and httpx.URL(url).host not in LOOPBACK_HOSTS:
-        token = os.environ.get("COLONY_API_TOKEN") or ""
+    if token is None and not is_loopback(httpx.URL(url).host):
+        token = os.environ.get(TOKEN_ENV) or ""
     if token is None:
-        from colony.api.auth import TokenSource
         from colony.config import load_settings
 
         token = TokenSource.from_settings(load_settings()).current()
