@@ -22,9 +22,8 @@ older than the registry's last write may simply predate a move.
 from __future__ import annotations
 
 from collections.abc import Iterable, Sequence
-from enum import StrEnum
 
-from pydantic import BaseModel, Field, ValidationError, computed_field
+from pydantic import BaseModel, ValidationError
 
 from colony.agents.models import AgentMetadata, SuspensionRequest
 from colony.blackboard import Blackboard, BlackboardEntry, BlackboardScope, TagFilter, scope_id
@@ -37,6 +36,7 @@ from colony.blackboard.protocol import (
 )
 from colony.errors import InvalidArgument, InvalidKey
 from colony.system.builtin import RUNS_NAMESPACE
+from colony.system.doctor_report import DoctorReport, Violation, ViolationKind
 from colony.system.registry import DONE_STATES, NOT_HOSTED, AgentRecord
 from colony.system.runs import RunRecord
 from colony.vcm.page_table import PageRecord
@@ -47,59 +47,6 @@ PAGE_SIZE = 500
 MAX_QUERY_PAGES = 10_000  # a listing's pages at most (each query page is bounded work already)
 MAX_AGENT_IDS_IN_HEARTBEAT = 100_000
 MESSAGE_LIMIT = 600
-
-
-class ViolationKind(StrEnum):
-    HOSTED_TWICE = "hosted_twice"  # two live replicas' heartbeats list the agent
-    REGISTRY_MISMATCH = "registry_mismatch"  # the registry and the live heartbeats disagree on where
-    AGENT_ON_DEAD_REPLICA = "agent_on_dead_replica"  # hosted state, its replica has no heartbeat
-    AGENT_LOST = "agent_lost"  # placed on a live replica that does not host it; nobody does
-    PAGE_ON_DEAD_REPLICA = "page_on_dead_replica"  # page table lists a replica with no heartbeat
-    SUSPENDED_NOT_INDEXED = "suspended_not_indexed"  # suspended, but the monitor will not find it
-    SUSPENDED_UNRESUMABLE = "suspended_unresumable"  # the monitor finds it but cannot resume it
-    RUN_STUCK = "run_stuck"  # no one will answer the run before its deadline
-    RUN_LOST = "run_lost"  # a run the caller knows was accepted has no record
-    RECORD_UNREADABLE = "record_unreadable"  # a value the loops read does not validate
-
-
-class Violation(BaseModel):
-    kind: ViolationKind
-    subject: str = Field(description="The agent, page, run or key the violation is about.")
-    message: str = Field(description="What is wrong and what to do about it.")
-
-
-class CheckedCounts(BaseModel):
-    """What was read: a clean report over nothing is not a clean cluster."""
-
-    agents: int = 0
-    replicas: int = 0
-    suspended: int = 0
-    pages: int = 0
-    open_claims: int = 0
-    runs: int = 0
-
-
-class DoctorReport(BaseModel):
-    tenant_id: str
-    colony_id: str
-    checked_at: float = Field(description="Unix time of the check, by Redis' clock.")
-    grace_seconds: float
-    violations: list[Violation] = Field(default_factory=list)
-    checked: CheckedCounts = Field(default_factory=CheckedCounts)
-    truncated: bool = Field(False, description="Some listing stopped at max_entries: not all was checked.")
-    truncated_listings: list[str] = Field(default_factory=list)
-    skipped: list[str] = Field(default_factory=list, description="Checks not made, and why.")
-
-    @computed_field  # type: ignore[prop-decorator]
-    @property
-    def clean(self) -> bool:
-        return not self.violations
-
-    def kinds(self) -> dict[str, int]:
-        counts: dict[str, int] = {}
-        for violation in self.violations:
-            counts[violation.kind.value] = counts.get(violation.kind.value, 0) + 1
-        return counts
 
 
 def _short(text: str) -> str:
