@@ -563,7 +563,7 @@ async def test_a_worker_that_fails_once_is_retried_and_the_report_is_complete(
 def test_adjacent_parts_of_one_file_in_a_page_read_as_one_span() -> None:
     from types import SimpleNamespace
 
-    from colony.system.analyze import _spans_of
+    from colony.system.analyze_worker import _spans_of
 
     span = SimpleNamespace
     files = [

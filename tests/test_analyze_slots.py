@@ -10,8 +10,8 @@ from typing import Any
 import pytest
 
 from colony.errors import PageSlotsBusy, ResourceExhausted
-from colony.system import analyze
-from colony.system.analyze import PageSummaryCapability
+from colony.system import analyze_worker
+from colony.system.analyze_worker import PageSummaryCapability
 
 
 class BusyReplica:
@@ -35,7 +35,7 @@ async def test_a_worker_waits_its_turn_for_a_slot() -> None:
 
 
 async def test_it_gives_up_after_the_total_wait(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(analyze, "SLOT_WAIT_SECONDS", 0.0)
+    monkeypatch.setattr(analyze_worker, "SLOT_WAIT_SECONDS", 0.0)
     worker = PageSummaryCapability(scope_id="t:s", replica=BusyReplica(busy=10))  # type: ignore[arg-type]
     with pytest.raises(PageSlotsBusy):
         await worker._generate_when_a_slot_frees({"messages": []}, "p1", "w0")
