@@ -206,6 +206,49 @@ class VcmSettings(BaseModel):
     )
 
 
+class ChromaServerSettings(BaseModel):
+    """The Chroma server `colony up` starts beside the embedded Redis when `memory.chroma_url` is unset."""
+
+    enabled: bool = Field(True, description="Start a Chroma server with `colony up` (the `chroma` CLI).")
+    binary: Path | None = Field(None, description="`chroma` CLI to run; default: the one beside Python.")
+    host: str = "127.0.0.1"
+    port: int | None = Field(None, ge=1, le=65535, description="Port to listen on; unset picks a free one.")
+    start_timeout_seconds: float = Field(60.0, gt=0)
+
+
+class MemorySettings(BaseModel):
+    """Agent memory: where the vector index lives, the local embedder, ranking and bounds
+    (docs/memory.md). Redis holds every entry; the Chroma index is derived and rebuildable."""
+
+    chroma_url: str | None = Field(
+        None,
+        description="Chroma server (http://host:port) every replica uses; unset = the one `colony up` "
+        "starts beside Redis, else an in-process index under data_dir (library use).",
+    )
+    chroma: ChromaServerSettings = Field(default_factory=ChromaServerSettings)
+    collection_prefix: str = Field(
+        "colony", pattern=r"^[a-zA-Z0-9][a-zA-Z0-9_-]{0,40}$", description="Prefix of Chroma collection names."
+    )
+    embedder_cache_dir: Path | None = Field(
+        None, description="Where the packaged embedding model is unpacked; default data_dir/models."
+    )
+    vector_weight: float = Field(0.7, ge=0, le=1, description="Weight of cosine similarity in relevance.")
+    keyword_weight: float = Field(0.3, ge=0, le=1, description="Weight of the BM25 keyword score.")
+    recency_weight: float = Field(
+        0.2, ge=0, le=1, description="How much age lowers relevance (0 = not at all)."
+    )
+    recency_half_life_seconds: float = Field(
+        7 * 24 * 3600.0, gt=0, description="Age at which the recency factor is one half."
+    )
+    max_content_chars: int = Field(8000, ge=100, le=200_000, description="Longest entry text (422 above).")
+    max_tags_per_entry: int = Field(32, ge=1, le=256)
+    default_max_entries: int = Field(
+        10_000, ge=1, description="Cap of a scope whose capability sets no max_entries."
+    )
+    max_recall_results: int = Field(100, ge=1, le=1000, description="Most entries one recall returns.")
+    ingest_batch: int = Field(64, ge=1, le=1000, description="Source entries ingested per transaction.")
+
+
 class RunsSettings(BaseModel):
     """How long finished work stays in Redis."""
 
@@ -260,6 +303,7 @@ class ColonySettings(BaseSettings):
     planning: PlanningSettings = Field(default_factory=PlanningSettings)
     vcm: VcmSettings = Field(default_factory=VcmSettings)
     runs: RunsSettings = Field(default_factory=RunsSettings)
+    memory: MemorySettings = Field(default_factory=MemorySettings)
     agents: dict[str, str] = Field(
         default_factory=dict,
         description="User agents: name -> 'package.module:factory' (a function of the agent id returning "
@@ -291,6 +335,16 @@ class ColonySettings(BaseSettings):
                 )
         if problems:
             raise ValueError("; ".join(problems))
+        return value
+
+    @field_validator("memory")
+    @classmethod
+    def _check_chroma_url(cls, value: MemorySettings) -> MemorySettings:
+        url = value.chroma_url
+        if url in ("", None):
+            value.chroma_url = None
+        elif not url.startswith(("http://", "https://")):
+            raise ValueError("memory.chroma_url must start with http:// or https://")
         return value
 
     @field_validator("redis_url")

@@ -7,6 +7,7 @@ a key built from user input can never match more than intended.
 
 from __future__ import annotations
 
+import hashlib
 import re
 from typing import ClassVar
 
@@ -411,3 +412,48 @@ class VcmProtocol(BlackboardProtocol):
     @staticmethod
     def swapped_tag(replica_id: str) -> str:
         return f"swapped:{validate_segment(replica_id, 'replica')}"
+
+
+class MemoryProtocol(BlackboardProtocol):
+    """Keys of one memory scope (a namespace of an agent's or the colony's scope, see
+    `colony.memory.scopes.MemoryScope`): entries, the exact-dedup index by content hash, the
+    scope's stored configuration, and ingestion positions per subscription (one per source scope,
+    named by a hash of the source's scope id).
+
+    Every entry carries the `index:memory` tag: counting and listing a scope reads that index set,
+    never a SCAN."""
+
+    templates = {
+        "entry": "mem:entry:{entry_id}",
+        "hash": "mem:hash:{digest}",
+        "config": "mem:config",
+        "position": "mem:position:{source}",
+        "index_position": "mem:indexed",
+    }
+    INDEX_TAG = "index:memory"
+    ENTRY_PATTERN = "mem:entry:*"
+
+    @classmethod
+    def entry_key(cls, entry_id: str) -> str:
+        return cls.build("entry", entry_id=entry_id)
+
+    @classmethod
+    def parse_entry_key(cls, key: str) -> str:
+        return cls.parse("entry", key)["entry_id"]
+
+    @classmethod
+    def hash_key(cls, digest: str) -> str:
+        return cls.build("hash", digest=digest)
+
+    @classmethod
+    def config_key(cls) -> str:
+        return cls.build("config")
+
+    @classmethod
+    def position_key(cls, source_scope_id: str) -> str:
+        digest = hashlib.sha256(validate_key(source_scope_id, "source scope").encode()).hexdigest()[:24]
+        return cls.build("position", source=digest)
+
+    @classmethod
+    def index_position_key(cls) -> str:
+        return cls.build("index_position")
