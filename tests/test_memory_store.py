@@ -1,0 +1,97 @@
+"""MemoryStore on a real redis-server: writes, dedup, idempotent ids, caps, TTL, the change feed."""
+
+from __future__ import annotations
+
+import asyncio
+import uuid
+
+import pytest
+
+from colony.blackboard import Blackboard, TagFilter
+from colony.config import ColonySettings
+from colony.errors import InvalidArgument
+from colony.memory.scopes import MemoryScope
+from colony.memory.store import MemoryStore
+from colony.memory.types import MaintenanceConfig, MemoryQuery, NewMemory
+
+
+@pytest.fixture
+def scope() -> str:
+    return MemoryScope.agent_working(f"a{uuid.uuid4().hex[:10]}")
+
+
+@pytest.fixture
+def store(bb: Blackboard) -> MemoryStore:
+    return MemoryStore(bb, ColonySettings())
+
+
+async def test_write_read_and_exact_dedup(store: MemoryStore, scope: str) -> None:
+    first = await store.write(scope, NewMemory(content="The deploy key is in vault A", tags={"fact"}))
+    assert first.created and first.entry.scope_id == scope
+    again = await store.write(scope, NewMemory(content="  the DEPLOY key is in   vault a "))
+    assert not again.created and again.duplicate_of == first.entry.entry_id
+    assert await store.count(scope) == 1
+    got = await store.get(scope, first.entry.entry_id)
+    assert got is not None and got.tags == frozenset({"fact"})
+
+
+async def test_explicit_id_is_idempotent_and_concurrent_same_content_is_one_entry(
+    store: MemoryStore, scope: str
+) -> None:
+    a = await store.write(scope, NewMemory(content="x1", entry_id="step-1"))
+    b = await store.write(scope, NewMemory(content="x1 changed", entry_id="step-1"))
+    assert a.created and not b.created and b.entry.content == "x1"
+    outcomes = await asyncio.gather(*(store.write(scope, NewMemory(content="same text")) for _ in range(8)))
+    assert sum(o.created for o in outcomes) == 1
+    assert await store.count(scope) == 2
+
+
+async def test_bounds_refused_with_the_field(store: MemoryStore, scope: str) -> None:
+    with pytest.raises(InvalidArgument, match="content"):
+        await store.write(scope, NewMemory(content="x" * 9000))
+    with pytest.raises(InvalidArgument, match="tags"):
+        await store.write(scope, NewMemory(content="y", tags={f"t{i}" for i in range(40)}))
+
+
+async def test_cap_keeps_max_entries_by_relevance(store: MemoryStore, scope: str) -> None:
+    memories = [NewMemory(content=f"fact number {i}", importance=0.9 if i % 2 else 0.1) for i in range(600)]
+    await store.write_many(scope, memories)
+    assert await store.count(scope) == 600
+    pruned = await store.enforce_cap(scope, 500, MaintenanceConfig())
+    assert pruned == 100 and await store.count(scope) == 500
+    kept = await store.entries(scope)
+    assert sum(e.importance < 0.5 for e in kept) == 200  # the 100 pruned were low-importance ones
+
+
+async def test_ttl_entry_is_gone_and_not_counted(store: MemoryStore, scope: str) -> None:
+    await store.write(scope, NewMemory(content="short lived", ttl_seconds=1.0, tags={"tmp"}))
+    await store.write(scope, NewMemory(content="long lived", tags={"tmp"}))
+    assert await store.count(scope) == 2
+    await asyncio.sleep(1.6)
+    assert await store.count(scope) == 1
+    assert [e.content for e in await store.entries(scope)] == ["long lived"]
+
+
+async def test_query_filters(store: MemoryStore, scope: str) -> None:
+    await store.write(scope, NewMemory(content="a", tags={"action", "success"}, entry_id="e-a"))
+    await store.write(scope, NewMemory(content="b", tags={"action", "failure"}, entry_id="e-b"))
+    await store.write(scope, NewMemory(content="c", tags={"note"}, entry_id="n-c"))
+    q = MemoryQuery(tag_filter=TagFilter(all_of={"action"}, none_of={"failure"}))
+    assert [e.entry_id for e in await store.entries(scope, query=q)] == ["e-a"]
+    q = MemoryQuery(key_pattern="e-*")
+    assert sorted(e.entry_id for e in await store.entries(scope, query=q)) == ["e-a", "e-b"]
+    assert (await store.tag_counts(scope))["action"] == 2
+
+
+async def test_change_feed_and_delete(store: MemoryStore, scope: str) -> None:
+    start = await store.latest_position(scope)
+    w = await store.write(scope, NewMemory(content="one"))
+    await store.write(scope, NewMemory(content="two"))
+    assert await store.delete(scope, [w.entry.entry_id]) == 1
+    batch = await store.changes(scope, start)
+    assert batch.upserted[0] == w.entry.entry_id and len(batch.upserted) == 2
+    assert batch.deleted == [w.entry.entry_id] and not batch.truncated
+    again = await store.changes(scope, batch.position)
+    assert again.upserted == [] and again.position == batch.position
+    # the deleted entry's content can be stored again (its hash key went with it)
+    assert (await store.write(scope, NewMemory(content="one"))).created
