@@ -146,6 +146,31 @@ AGENT_RESUMPTIONS = Counter(
     "colony_agent_resumptions_total", "Agents resumed, by condition kind.", ["condition"]
 )
 
+# -- memory (colony/memory) ------------------------------------------------------------------------
+
+MEMORY_WRITES = Counter(
+    "colony_memory_writes_total",
+    "Memory entries written, by scope type and outcome (created, or duplicate of a held entry).",
+    ["scope_type", "outcome"],
+)
+MEMORY_INGESTED = Counter(
+    "colony_memory_ingested_total", "Source entries a memory scope took in, by scope type.", ["scope_type"]
+)
+MEMORY_INGESTION_LAG_SECONDS = Histogram(
+    "colony_memory_ingestion_lag_seconds",
+    "Time from a source entry's write to its ingestion by a subscribing scope.",
+    buckets=(0.01, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 300.0),
+)
+MEMORY_PRUNED = Counter(
+    "colony_memory_pruned_total", "Memory entries removed by maintenance, by reason.", ["reason"]
+)
+MEMORY_RECALL_SECONDS = Histogram(
+    "colony_memory_recall_seconds",
+    "Latency of memory recalls, by ranking mode.",
+    ["mode"],
+    buckets=_FAST_BUCKETS,
+)
+
 
 # -- cluster-wide sums: what each process publishes, and how the API adds it up --------------------
 

@@ -429,6 +429,7 @@ class MemoryProtocol(BlackboardProtocol):
         "config": "mem:config",
         "position": "mem:position:{source}",
         "index_position": "mem:indexed",
+        "scopes": "mem:scopes",  # in an agent's own scope: the memory scopes it has
     }
     INDEX_TAG = "index:memory"
     ENTRY_PATTERN = "mem:entry:*"
@@ -457,3 +458,7 @@ class MemoryProtocol(BlackboardProtocol):
     @classmethod
     def index_position_key(cls) -> str:
         return cls.build("index_position")
+
+    @classmethod
+    def scopes_key(cls) -> str:
+        return cls.build("scopes")

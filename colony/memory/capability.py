@@ -1,0 +1,393 @@
+"""MemoryCapability: one memory scope of an agent, its ingestion, its producers and its upkeep.
+
+Pull model: a capability manages only its own scope. It *pulls* from the scopes it subscribes to
+(their event streams), turns what it pulled into entries of its own with its transformer, and
+keeps its scope within its cap and TTL. Nothing pushes into it, and agents never write their own
+action memories: producers (hooks on `@hookable` methods) do.
+
+Exactly once: the derived entries of a batch and the subscription's new position are written in
+one blackboard transaction on this scope, and a derived entry's id is a function of its sources.
+A capability that stops (suspension, replica death) between two batches resumes from the stored
+position on whichever replica hosts the agent next; a batch is never half applied, never applied
+twice. Everything is in Redis: this object holds no state worth persisting.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import hashlib
+import inspect
+import logging
+import time
+from collections.abc import Sequence
+from typing import TYPE_CHECKING, Any
+
+from colony import metrics
+from colony.agents.capability import AgentCapability
+from colony.agents.hooks import HookContext, HookType, Pointcut
+from colony.blackboard import Blackboard
+from colony.blackboard.protocol import MemoryProtocol
+from colony.config import ColonySettings, load_settings
+from colony.errors import BlackboardUnavailable, ConcurrentModificationError
+from colony.memory.scopes import AGENT_LEVELS, PURPOSES, MemoryScope
+from colony.memory.store import MemoryStore
+from colony.memory.types import (
+    MaintenanceConfig,
+    MemoryEntry,
+    MemoryIngestPolicy,
+    MemoryProducerConfig,
+    MemoryScopeConfig,
+    MemorySubscription,
+    NewMemory,
+)
+
+if TYPE_CHECKING:
+    from colony.agents.base import Agent
+
+log = logging.getLogger(__name__)
+Keys = MemoryProtocol
+IDLE_WAIT_SECONDS = 1.0
+
+
+def derived_id(prefix: str, refs: Sequence[str]) -> str:
+    """The id of an entry derived from `refs`: the same sources always give the same id."""
+    digest = hashlib.sha256("\n".join(sorted(refs)).encode()).hexdigest()[:32]
+    return f"{prefix}-{digest}"
+
+
+def copy_transform(entries: Sequence[MemoryEntry], ttl_seconds: float | None) -> list[NewMemory]:
+    """The default transformer: each source entry once, with its provenance."""
+    return [
+        NewMemory(
+            content=e.content,
+            data=e.data,
+            tags=e.tags,
+            kind=e.kind,
+            ttl_seconds=ttl_seconds,
+            entry_id=derived_id("d", [e.ref]),
+            sources=[e.ref],
+            importance=e.importance,
+            metadata={"source_created_at": e.created_at},
+        )
+        for e in entries
+    ]
+
+
+def resolve_memory_scope(agent: Agent | None, ref: str | None, level: str | None) -> str:
+    """A full memory scope id from a full id, or a level name of the agent's own hierarchy."""
+    candidate = ref or level
+    if candidate is None:
+        raise ValueError("MemoryCapability needs scope_id (a memory scope id) or level (e.g. 'working')")
+    if ":" in candidate and candidate not in AGENT_LEVELS:
+        return candidate
+    if agent is None:
+        raise ValueError(f"memory level {candidate!r} needs the agent it belongs to")
+    return MemoryScope.agent(
+        agent.agent_id, candidate, tenant_id=agent.metadata.tenant_id, colony_id=agent.metadata.colony_id
+    )
+
+
+class MemoryCapability(AgentCapability):
+    """One memory scope: `scope_id` (full id) or `level` ("working", "stm", "ltm:episodic", ...)."""
+
+    def __init__(
+        self,
+        agent: Agent | None = None,
+        scope_id: str | None = None,
+        *,
+        blackboard: Blackboard | None = None,
+        level: str | None = None,
+        ingestion_policy: MemoryIngestPolicy | None = None,
+        ttl_seconds: float | None = None,
+        max_entries: int | None = None,
+        maintenance: MaintenanceConfig | None = None,
+        producers: Sequence[MemoryProducerConfig] = (),
+        purpose: str = "",
+        capability_key: str | None = None,
+        engine: Any = None,
+        settings: ColonySettings | None = None,
+    ) -> None:
+        memory_scope = resolve_memory_scope(agent, scope_id, level)
+        self.scope_type = MemoryScope.scope_type(memory_scope)
+        super().__init__(
+            agent,
+            memory_scope,
+            blackboard=blackboard,
+            capability_key=capability_key or f"memory-{self.scope_type.replace(':', '-')}",
+        )
+        self.memory_scope = memory_scope
+        self.ingestion_policy = ingestion_policy or MemoryIngestPolicy()
+        self.ttl_seconds = ttl_seconds
+        self.max_entries = max_entries
+        self.maintenance = maintenance or MaintenanceConfig()
+        self.producers = list(producers)
+        self.purpose = purpose or PURPOSES.get(self.scope_type, "")
+        self.engine = engine
+        self.settings = settings
+        self._ingest_wakeup = asyncio.Event()
+        if agent is not None:
+            for producer in self.producers:
+                self._register_producer(agent, producer)
+
+    # -- wiring -----------------------------------------------------------------------------------
+
+    @property
+    def store(self) -> MemoryStore:
+        return MemoryStore(self.blackboard, self._settings())
+
+    def _settings(self) -> ColonySettings:
+        if self.settings is None:
+            host = self.agent.host if self.agent is not None else None
+            services = getattr(host, "services", None) or {}
+            self.settings = services.get("settings") or load_settings()
+        return self.settings
+
+    @property
+    def cap(self) -> int:
+        return self.max_entries or self._settings().memory.default_max_entries
+
+    def source_scopes(self) -> list[str]:
+        return [self._source(s) for s in self.ingestion_policy.subscriptions]
+
+    def _source(self, subscription: MemorySubscription) -> str:
+        return resolve_memory_scope(self.agent, subscription.source_scope_id, None)
+
+    def scope_config(self) -> MemoryScopeConfig:
+        return MemoryScopeConfig(
+            scope_id=self.memory_scope,
+            scope_type=self.scope_type,
+            purpose=self.purpose,
+            ttl_seconds=self.ttl_seconds,
+            max_entries=self.cap,
+            subscribed_to=self.source_scopes(),
+            maintenance=self.maintenance,
+            owner=self.agent.agent_id if self.agent is not None else None,
+        )
+
+    async def start(self) -> None:
+        """Record the scope (config, and in the agent's list of scopes), then ingest."""
+        store = self.store
+        await store.configure(self.scope_config())
+        if self.agent is not None:
+            await register_scope(self.agent.blackboard, self.memory_scope)
+        if self.ingestion_policy.subscriptions:
+            self._tasks.append(asyncio.create_task(self._ingest_forever(), name=f"{self.name}-ingest"))
+
+    # -- writes -----------------------------------------------------------------------------------
+
+    async def write(self, memory: NewMemory, *, dedup: bool = True) -> Any:
+        """Store an entry in this scope (its TTL defaults to the scope's), then keep the cap."""
+        if memory.ttl_seconds is None and self.ttl_seconds is not None:
+            memory = memory.model_copy(update={"ttl_seconds": self.ttl_seconds})
+        creator = self.agent.agent_id if self.agent is not None else None
+        outcome = await self.store.write(self.memory_scope, memory, created_by=creator, dedup=dedup)
+        metrics.MEMORY_WRITES.labels(self.scope_type, "created" if outcome.created else "duplicate").inc()
+        if outcome.created:
+            await self.enforce_cap()
+        return outcome
+
+    async def enforce_cap(self) -> int:
+        pruned = await self.store.enforce_cap(self.memory_scope, self.cap, self.maintenance)
+        if pruned:
+            metrics.MEMORY_PRUNED.labels("cap").inc(pruned)
+        return pruned
+
+    # -- producers --------------------------------------------------------------------------------
+
+    def _register_producer(self, agent: Agent, producer: MemoryProducerConfig) -> None:
+        pointcut = producer.pointcut
+        if isinstance(pointcut, str):
+            pointcut = Pointcut.pattern(pointcut)
+
+        async def produce(ctx: HookContext, result: Any) -> None:
+            try:
+                await self._produce(producer, ctx, result)
+            except Exception:  # a memory that could not be formed never fails the action
+                log.exception("agent %s: memory producer %s failed", agent.agent_id, producer.name)
+
+        agent.hooks.register(pointcut, HookType.AFTER, produce, priority=-100, owner=self)
+
+    async def _produce(self, producer: MemoryProducerConfig, ctx: HookContext, result: Any) -> None:
+        extracted = producer.extractor(ctx, result)
+        if inspect.isawaitable(extracted):
+            extracted = await extracted
+        if extracted is None:
+            return
+        items = extracted if isinstance(extracted, list) else [extracted]
+        agent = self.agent
+        run = agent.current_run if agent is not None else None
+        for n, item in enumerate(items):
+            memory = item if isinstance(item, NewMemory) else NewMemory.model_validate(item)
+            if memory.entry_id is None:  # the same call (a re-run step) gives the same entry
+                where = [
+                    producer.name,
+                    ctx.join_point,
+                    run.run_id if run is not None else "-",
+                    str(run.steps if run is not None else time.time()),
+                    str(n),
+                ]
+                memory = memory.model_copy(update={"entry_id": derived_id("p", where)})
+            if memory.ttl_seconds is None and producer.ttl_seconds is not None:
+                memory = memory.model_copy(update={"ttl_seconds": producer.ttl_seconds})
+            await self.write(memory, dedup=False)
+
+    # -- ingestion --------------------------------------------------------------------------------
+
+    async def _ingest_forever(self) -> None:
+        delay = 0.2
+        while True:
+            try:
+                moved = await self.ingest_once()
+                delay = 0.2
+            except BlackboardUnavailable as exc:
+                log.warning("%s of agent %s: ingestion paused (%s)", self.name, self._who(), exc)
+                await asyncio.sleep(delay)
+                delay = min(delay * 2, 5.0)
+                continue
+            except Exception:
+                log.exception("%s of agent %s: ingestion failed; retrying", self.name, self._who())
+                await asyncio.sleep(delay)
+                delay = min(delay * 2, 30.0)
+                continue
+            if not moved:
+                self._ingest_wakeup.clear()
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(self._ingest_wakeup.wait(), IDLE_WAIT_SECONDS)
+
+    def _who(self) -> str:
+        return self.agent.agent_id if self.agent is not None else "-"
+
+    async def ingest_once(self) -> int:
+        """One batch from every subscription; how many source entries were taken in."""
+        total = 0
+        for subscription in self.ingestion_policy.subscriptions:
+            total += await self._ingest_batch(subscription)
+        if total:
+            await self.enforce_cap()
+        return total
+
+    async def pending(self) -> int:
+        """Source entries written after this scope's positions (not yet ingested), bounded."""
+        pending = 0
+        store = self.store
+        for subscription in self.ingestion_policy.subscriptions:
+            source = self._source(subscription)
+            position = await self._position(source)
+            batch = await store.changes(source, position or "0-0", count=10_000)
+            pending += len(batch.upserted)
+        return pending
+
+    async def _position(self, source: str) -> str | None:
+        stored = await self.blackboard.read(Keys.position_key(source))
+        return str(stored.value["position"]) if stored is not None else None
+
+    async def _ingest_batch(self, subscription: MemorySubscription) -> int:
+        store = self.store
+        source = self._source(subscription)
+        settings = self._settings().memory
+        position_key = Keys.position_key(source)
+        stored = await self.blackboard.read(position_key)
+        position = str(stored.value["position"]) if stored is not None else "0-0"
+        batch = await store.changes(source, position, count=settings.ingest_batch)
+        if batch.truncated:  # events lost to the stream cap: take what the source holds now
+            newest = await store.latest_position(source)
+            taken = [e.entry_id for e in await store.entries(source)]
+            batch.upserted, batch.position = taken, newest
+        if batch.position == position:
+            return 0
+        wanted = list(dict.fromkeys(batch.upserted))
+        found = await store.get_many([(source, i) for i in wanted])
+        entries = [e for e in found if e is not None]
+        if subscription.tag_filter is not None:
+            entries = [e for e in entries if subscription.tag_filter.matches(e.tags)]
+        derived = await self._transform(entries)
+        await self._commit(derived, position_key, source, batch.position, stored.version if stored else 0)
+        for entry in entries:
+            metrics.MEMORY_INGESTED.labels(self.scope_type).inc()
+            metrics.MEMORY_INGESTION_LAG_SECONDS.observe(max(0.0, time.time() - entry.created_at))
+        return max(1, len(entries))
+
+    async def _transform(self, entries: list[MemoryEntry]) -> list[NewMemory]:
+        if not entries:
+            return []
+        transformer = self.ingestion_policy.transformer
+        if transformer is None:
+            return copy_transform(entries, self.ttl_seconds)
+        out: list[NewMemory] = []
+        size = self.ingestion_policy.batch_size
+        for start in range(0, len(entries), size):
+            group = entries[start : start + size]
+            made = await transformer.transform(group, self)
+            for memory in made:
+                memory = memory if isinstance(memory, NewMemory) else NewMemory.model_validate(memory)
+                updates: dict[str, Any] = {}
+                if memory.entry_id is None:
+                    updates["entry_id"] = derived_id("t", [e.ref for e in group] + [memory.content[:64]])
+                if not memory.sources:
+                    updates["sources"] = [e.ref for e in group][:256]
+                if memory.ttl_seconds is None and self.ttl_seconds is not None:
+                    updates["ttl_seconds"] = self.ttl_seconds
+                out.append(memory.model_copy(update=updates) if updates else memory)
+        return out
+
+    async def _commit(
+        self, derived: list[NewMemory], position_key: str, source: str, position: str, seen_version: int
+    ) -> None:
+        """Derived entries (those not already held) and the new position, in one transaction that
+        applies only if the position is still the one this batch started from."""
+        store = self.store
+        board = self.blackboard
+        creator = self.agent.agent_id if self.agent is not None else None
+        built = [store._build(self.memory_scope, m, creator) for m in derived]
+        for memory in derived:
+            store._check(memory)
+        present = await board.read_many([Keys.entry_key(e.entry_id) for e in built])
+        holders = await board.read_many([Keys.hash_key(e.content_hash) for e in built])
+        try:
+            async with board.transaction() as tx:
+                current = await tx.read(position_key)
+                if (current.version if current else 0) != seen_version:
+                    raise ConcurrentModificationError(
+                        position_key, seen_version, current.version if current else 0
+                    )
+                hashes: set[str] = set()
+                for entry, memory, same, holder in zip(built, derived, present, holders, strict=True):
+                    if same is not None:
+                        continue
+                    if holder is None and entry.content_hash not in hashes:
+                        store._stage(tx, entry, memory.ttl_seconds, creator)
+                        hashes.add(entry.content_hash)
+                    else:  # same text already held: keep the entry, not a second hash key
+                        tx.write(
+                            Keys.entry_key(entry.entry_id),
+                            entry.model_dump(mode="json"),
+                            tags={*entry.tags, Keys.INDEX_TAG},
+                            created_by=creator,
+                            ttl_seconds=memory.ttl_seconds,
+                            expected_version=0,
+                        )
+                tx.write(position_key, {"source": source, "position": position}, created_by=creator)
+        except ConcurrentModificationError:
+            log.info("%s: ingestion batch from %s raced another copy; it is retried", self.name, source)
+            return
+        metrics.MEMORY_WRITES.labels(self.scope_type, "created").inc(len(built))
+
+    def wake(self) -> None:
+        """Ingest now rather than at the next poll (e.g. after `consolidate`)."""
+        self._ingest_wakeup.set()
+
+
+async def register_scope(agent_board: Blackboard, memory_scope: str) -> None:
+    """Add a memory scope to the agent's list (what the MemoryMap and the HTTP API read)."""
+
+    def add(current: Any) -> list[str]:
+        scopes = list(current) if isinstance(current, list) else []
+        if memory_scope not in scopes:
+            scopes.append(memory_scope)
+        return scopes[-64:]
+
+    stored = await agent_board.read(Keys.scopes_key())
+    if stored is not None and isinstance(stored.value, list) and memory_scope in stored.value:
+        return
+    await agent_board.update(Keys.scopes_key(), add)
