@@ -1,0 +1,116 @@
+"""One memory service per process and Redis: the store plus the recall pipeline.
+
+The embedding model loads once per process and the keyword index is kept per process, so every
+capability, the HTTP API and the CLI of one process share them. The vector index is the Chroma
+server named by the settings (the same for every replica); when it cannot be reached, recall falls
+back to keyword + recency ranking and says so in the log (never silently different results: the
+`scores` of each recalled entry show which parts ranked it).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+import logging
+import re
+import time
+from collections.abc import Sequence
+from typing import Any
+
+from colony import metrics
+from colony.blackboard import Blackboard
+from colony.config import ColonySettings, load_settings
+from colony.memory.store import MemoryStore
+from colony.memory.types import MemoryQuery, RecalledEntry
+
+log = logging.getLogger(__name__)
+_SAFE_NAME = re.compile(r"[a-zA-Z0-9_-]{1,40}")
+
+
+def collection_name(settings: ColonySettings) -> str:
+    """The Chroma collection of a colony's memory (ids that are not plain names are hashed)."""
+
+    def part(value: str) -> str:
+        return value if _SAFE_NAME.fullmatch(value) else hashlib.sha256(value.encode()).hexdigest()[:16]
+
+    return f"{settings.memory.collection_prefix}-{part(settings.tenant_id)}-{part(settings.colony_id)}-memory"
+
+
+class MemoryService:
+    """Store + retriever on one Redis client; build with `memory_service()`."""
+
+    def __init__(self, board: Blackboard, settings: ColonySettings, *, vector: bool = True) -> None:
+        self.settings = settings
+        self.store = MemoryStore(board, settings)
+        self._want_vector = vector
+        self._retriever: Any = None
+        self._lock = asyncio.Lock()
+        self.vector_error: str | None = None
+
+    async def retriever(self) -> Any:
+        """The recall pipeline, built on first use (loads the embedder, connects to Chroma)."""
+        if self._retriever is not None:
+            return self._retriever
+        async with self._lock:
+            if self._retriever is None:
+                from colony.memory.keyword import KeywordIndex
+                from colony.memory.retrieval import MemoryRetriever
+
+                vector = await self._vector_index() if self._want_vector else None
+                self._retriever = MemoryRetriever(self.store, vector, KeywordIndex(), self.settings)
+        return self._retriever
+
+    async def _vector_index(self) -> Any:
+        from colony.memory.chroma_server import chroma_client
+        from colony.memory.embedding import get_embedder
+        from colony.memory.index import ChromaVectorIndex
+
+        def build() -> Any:
+            client = chroma_client(self.settings)
+            return ChromaVectorIndex(client, get_embedder(self.settings), collection_name(self.settings))
+
+        try:
+            return await asyncio.to_thread(build)
+        except Exception as exc:
+            self.vector_error = f"{type(exc).__name__}: {exc}"
+            log.warning(
+                "memory: no vector index (%s); recall ranks by keywords and recency only until this "
+                "process restarts. Start Chroma (`colony up` does) or set memory.chroma_url.",
+                self.vector_error,
+            )
+            return None
+
+    async def recall(self, query: MemoryQuery, scope_ids: Sequence[str]) -> list[RecalledEntry]:
+        retriever = await self.retriever()
+        started = time.perf_counter()
+        try:
+            return await retriever.recall(query, list(scope_ids))
+        finally:
+            metrics.MEMORY_RECALL_SECONDS.labels(query.mode).observe(time.perf_counter() - started)
+
+    async def reindex(self, scope_id: str) -> int:
+        return int(await (await self.retriever()).reindex(scope_id))
+
+    async def sync(self, scope_id: str) -> None:
+        await (await self.retriever()).sync(scope_id)
+
+    async def nearest(self, scope_id: str, text: str) -> tuple[str, float] | None:
+        retriever = await self.retriever()
+        return await retriever.nearest(scope_id, text)
+
+
+_services: dict[tuple[int, str, str], MemoryService] = {}
+MAX_SERVICES = 16
+
+
+def memory_service(board: Blackboard, settings: ColonySettings | None = None) -> MemoryService:
+    """The process's MemoryService for this Redis client and colony (created on first use)."""
+    settings = settings or load_settings()
+    key = (id(board.redis), settings.tenant_id, settings.colony_id)
+    service = _services.get(key)
+    if service is None or service.store._root.redis is not board.redis:
+        service = MemoryService(board, settings)
+        _services[key] = service
+        while len(_services) > MAX_SERVICES:  # clients come and go (tests, CLI): keep the newest
+            _services.pop(next(iter(_services)))
+    return service
