@@ -52,7 +52,10 @@ class RunDisplay:
             return out + self._restarted(data)
         if kind == "step":
             ok = (data.get("action") or {}).get("success")
-            return out + f"  step {data.get('step')}: {'ok' if ok else 'failed'}\n"
+            name = data.get("name")
+            named = f"{_printable(str(name), 40)} " if isinstance(name, str) and name else ""
+            verdict = "" if named and data.get("action") is None else ("ok" if ok else "failed")
+            return out + f"  step {data.get('step')}: {named}{verdict}".rstrip() + "\n"
         if kind == "workers":
             return out + f"  {len(data.get('workers', []))} page workers started\n"
         if kind != "started":

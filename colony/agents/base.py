@@ -118,6 +118,7 @@ class Agent(Bindable):
         self.page_accesses: list[dict[str, Any]] = []
         self.context_changed = asyncio.Event()  # set when an event handler adds context
         self.last_result: ActionResult | None = None
+        self.last_action: str | None = None  # name of the last step's action (for its step event)
         self.suspension: SuspensionRequest | None = None
         self._state = AgentState.INITIALIZED
         self._state_version = 0  # of the `agent:lifecycle` value this copy last wrote or read
@@ -486,6 +487,7 @@ class Agent(Bindable):
     async def _apply_iteration_result(self, run: AgentRun, result: ActionPolicyIterationResult) -> None:
         run.steps += 1
         self.last_result = result.action_result
+        self.last_action = result.action
         action_result = result.action_result
         if action_result is not None and action_result.blocked and action_result.blocking_agent_ids:
             await self.request_suspension(

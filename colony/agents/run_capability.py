@@ -560,7 +560,8 @@ class AgentRunCapability(AgentCapability):
             return
         action = agent.last_result.model_dump(mode="json") if agent.last_result else None
         try:  # after the step is persisted: a checkpoint, never superseded (during_step None)
-            await self._emit("step", {"step": run.steps, "action": action}, during_step=None)
+            step = {"step": run.steps, "name": agent.last_action, "action": action}
+            await self._emit("step", step, during_step=None)
         except Exception as exc:  # a step event Redis will not store is dropped; the run goes on
             log.warning("step event of request %s not stored: %r", self.active_request, exc)
         if not run.done and await self.blackboard.read(self.protocol.result_key(self.active_request)):

@@ -80,11 +80,25 @@ class MemoryService:
             )
             return None
 
-    async def recall(self, query: MemoryQuery, scope_ids: Sequence[str]) -> list[RecalledEntry]:
+    async def recall(
+        self, query: MemoryQuery, scope_ids: Sequence[str], *, distinct: bool = True
+    ) -> list[RecalledEntry]:
+        """Ranked entries of `scope_ids`; `distinct` keeps one entry per content (a fact copied
+        down the hierarchy, working -> stm -> ltm, shows once, at its best relevance)."""
         retriever = await self.retriever()
         started = time.perf_counter()
         try:
-            return await retriever.recall(query, list(scope_ids))
+            if not distinct or len(scope_ids) < 2:
+                return list(await retriever.recall(query, list(scope_ids)))
+            wider = query.model_copy(update={"max_results": min(query.max_results * 3, 1000)})
+            seen: set[str] = set()
+            out: list[RecalledEntry] = []
+            for item in await retriever.recall(wider, list(scope_ids)):
+                digest = item.entry.content_hash or item.entry.ref
+                if digest not in seen:
+                    seen.add(digest)
+                    out.append(item)
+            return out[: query.max_results]
         finally:
             metrics.MEMORY_RECALL_SECONDS.labels(query.mode).observe(time.perf_counter() - started)
 

@@ -13,7 +13,7 @@ class PlanningContext(BaseModel):
     goals: list[str] = Field(default_factory=list)
     constraints: list[str] = Field(default_factory=list)
     stream_sections: list[str] = Field(default_factory=list, description="rendered streams, declared order")
-    memory_sections: list[str] = Field(default_factory=list, description="room for memory (later milestone)")
+    memory_sections: list[str] = Field(default_factory=list, description="rendered memory lenses")
     actions: list[dict[str, Any]] = Field(default_factory=list, description="name, description, parameters")
     step: int = 0
 

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import logging
 from collections.abc import Iterable
 from typing import TYPE_CHECKING, Any
 
@@ -25,6 +26,9 @@ from colony.planning.streams import ConsciousnessStream
 
 if TYPE_CHECKING:
     from colony.agents.base import Agent
+
+log = logging.getLogger(__name__)
+MAX_PROMPT_EVENT_CHARS = 50_000
 
 FINISH = "finish"
 FINISH_ACTION = {
@@ -123,15 +127,46 @@ class EventDrivenActionPolicy(ActionPolicy):
         raise AgentUsageError(f"{type(self).__name__} must implement plan_step (e.g. StructuredActionPolicy)")
 
     def planning_context(
-        self, state: ActionPolicyExecutionState, actions: list[dict[str, Any]]
+        self,
+        state: ActionPolicyExecutionState,
+        actions: list[dict[str, Any]],
+        memory_sections: list[str] | None = None,
     ) -> PlanningContext:
-        task = state.run.input if isinstance(state.run.input, str) else json.dumps(state.run.input)
         return self.builder.get_planning_context(
-            goals=[*self.goals, f"Task: {task}"],
+            goals=[*self.goals, f"Task: {task_text(state.run.input)}"],
             constraints=self.constraints,
             actions=actions,
+            memory_sections=memory_sections,
             step=state.step,
         )
+
+    async def memory_sections(self, state: ActionPolicyExecutionState) -> list[str]:
+        """The agent's memory lenses rendered for this task (capabilities offering
+        `memory_sections(task)`, e.g. MemoryToolsCapability). Memory that cannot be read leaves its
+        section out: planning goes on without it."""
+        if self.agent is None:
+            return []
+        sections: list[str] = []
+        for capability in list(self.agent.capabilities.values()):
+            render = getattr(capability, "memory_sections", None)
+            if render is None or not callable(render):
+                continue
+            try:
+                sections += await render(task_text(state.run.input))
+            except Exception as exc:
+                log.warning(
+                    "agent %s: memory section of %s left out: %r", self.agent.agent_id, capability.name, exc
+                )
+        return sections
+
+    async def emit_prompt(self, state: ActionPolicyExecutionState, prompt: str) -> None:
+        """The whole prompt as a `prompt` run event, when the run asked for it (input
+        `{"emit_prompt": true, ...}`): what the planner saw, for debugging and tests."""
+        run_input = state.run.input
+        if self.agent is not None and isinstance(run_input, dict) and run_input.get("emit_prompt") is True:
+            await self.agent.emit_run_event(
+                "prompt", {"step": state.step, "text": prompt[:MAX_PROMPT_EVENT_CHARS]}
+            )
 
     async def dispatch(self, action: str, parameters: dict[str, Any]) -> ActionResult:
         if self.agent is None:
@@ -160,6 +195,13 @@ class EventDrivenActionPolicy(ActionPolicy):
             stream.entries = list(saved.get(stream.name, []))
         self.call_trace = list(state.get("call_trace") or [])
         self._context_seen = int(state.get("context_seen", 0))
+
+
+def task_text(run_input: Any) -> str:
+    """The task a run was given, as text: its `task` field when it has one."""
+    if isinstance(run_input, dict) and isinstance(run_input.get("task"), str):
+        return run_input["task"]
+    return run_input if isinstance(run_input, str) else json.dumps(run_input, default=str)
 
 
 def choice_schema(actions: list[dict[str, Any]]) -> dict[str, Any]:
@@ -215,9 +257,10 @@ class StructuredActionPolicy(EventDrivenActionPolicy):
         if self.allow_finish and state.step > 0:
             actions.append(FINISH_ACTION)
         prompt = format_planning_prompt(
-            self.planning_context(state, actions),
+            self.planning_context(state, actions, await self.memory_sections(state)),
             instructions="Answer with JSON naming the next action and its parameters.",
         )
+        await self.emit_prompt(state, prompt)
         response = await self.engine.generate(
             InferenceRequest(
                 messages=[

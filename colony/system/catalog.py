@@ -18,6 +18,7 @@ from colony.agents import AgentBlueprint
 from colony.config import ColonySettings
 from colony.errors import ConfigError
 from colony.system.analyze import analyze_blueprint
+from colony.system.assistant import assistant_blueprint
 from colony.system.builtin import ask_blueprint, echo_blueprint
 
 AgentFactory = Callable[[str], AgentBlueprint]
@@ -26,6 +27,7 @@ BUILTIN_AGENTS: dict[str, AgentFactory] = {
     "echo": echo_blueprint,
     "ask": ask_blueprint,
     "analyze": analyze_blueprint,
+    "assistant": assistant_blueprint,
 }
 
 _INSTALL_HINT = (

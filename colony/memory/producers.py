@@ -1,0 +1,101 @@
+"""Memory producers: what an agent's behaviour leaves in memory, extracted by hooks.
+
+`action_producer()` turns every dispatched action into a working-memory entry tagged with the
+action, its type and its outcome; `conversation_producer()` records each run's task and answer.
+Extractors are plain module-level functions so blueprints that carry them pickle by reference.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+from colony.agents.hooks import HookContext, Pointcut
+from colony.memory.types import MemoryProducerConfig, NewMemory
+
+PREVIEW_CHARS = 400
+
+
+def _preview(value: Any, limit: int = PREVIEW_CHARS) -> str:
+    text = value if isinstance(value, str) else json.dumps(value, default=str, ensure_ascii=False)
+    return text if len(text) <= limit else text[: limit - 3] + "..."
+
+
+def extract_action_from_dispatch(ctx: HookContext, result: Any) -> NewMemory | None:
+    """An `ActionDispatcher.dispatch` call -> "Action X(params) succeeded: output", tagged
+    `action`, `action:X`, `action_type:T` and `success` or `failure`."""
+    action = ctx.args[0] if ctx.args else ctx.kwargs.get("action")
+    if not isinstance(action, str):
+        return None
+    parameters = ctx.args[1] if len(ctx.args) > 1 else ctx.kwargs.get("parameters")
+    spec = ctx.instance.get(action) if hasattr(ctx.instance, "get") else None
+    action_type = getattr(getattr(spec, "action_type", None), "value", None) or "unspecified"
+    success = bool(getattr(result, "success", False))
+    outcome = _preview(result.output) if success else str(getattr(result, "error", "") or "")[:PREVIEW_CHARS]
+    verdict = "succeeded" if success else "failed"
+    content = f"Action {action}({_preview(parameters or {}, 200)}) {verdict}: {outcome}"
+    tag_action = action if len(action) <= 64 and action.isidentifier() else "other"
+    return NewMemory(
+        content=content,
+        tags={
+            "action",
+            f"action:{tag_action}",
+            f"action_type:{action_type}",
+            "success" if success else "failure",
+        },
+        kind="action",
+        data={"action": action, "parameters": parameters or {}, "success": success},
+        importance=0.5 if success else 0.7,
+    )
+
+
+def extract_run_turn(ctx: HookContext, result: Any) -> list[NewMemory] | None:
+    """After a run's first step: the task it was given; after its last: the answer it gave."""
+    agent = ctx.instance
+    run = getattr(agent, "current_run", None)
+    if run is None:
+        return None
+    made: list[NewMemory] = []
+    if run.steps == 1:
+        task = run.input.get("task", run.input) if isinstance(run.input, dict) else run.input
+        if task not in (None, ""):
+            made.append(
+                NewMemory(
+                    content=f"User: {_preview(task, 4000)}",
+                    tags={"conversation", "user"},
+                    kind="conversation",
+                    entry_id=f"turn-{run.run_id}-in",
+                    importance=0.8,
+                )
+            )
+    if run.done and run.output not in (None, ""):
+        made.append(
+            NewMemory(
+                content=f"Assistant: {_preview(run.output, 4000)}",
+                tags={"conversation", "assistant"},
+                kind="conversation",
+                entry_id=f"turn-{run.run_id}-out",
+                importance=0.6,
+            )
+        )
+    return made or None
+
+
+def action_producer(ttl_seconds: float | None = None) -> MemoryProducerConfig:
+    """Every action the agent dispatches, as a memory of the scope holding this producer."""
+    return MemoryProducerConfig(
+        pointcut=Pointcut.pattern("ActionDispatcher.dispatch"),
+        extractor=extract_action_from_dispatch,
+        ttl_seconds=ttl_seconds,
+        name="actions",
+    )
+
+
+def conversation_producer(ttl_seconds: float | None = None) -> MemoryProducerConfig:
+    """Each run's task and answer (the conversation stream), as memories."""
+    return MemoryProducerConfig(
+        pointcut=Pointcut.pattern("Agent.run_step"),
+        extractor=extract_run_turn,
+        ttl_seconds=ttl_seconds,
+        name="conversation",
+    )

@@ -1,0 +1,236 @@
+"""The planner's side of memory: actions (recall, list_tags, memory_map, forget, consolidate,
+remember) and lenses rendered into the planning prompt.
+
+The actions reach only this agent's own memory scopes (those of its MemoryCapabilities): a scope a
+model names is looked up among them, never used as a key, so model output cannot read or change
+another agent's memory.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Sequence
+from typing import TYPE_CHECKING, Any
+
+from colony.agents.actions import action_executor
+from colony.agents.capability import AgentCapability
+from colony.agents.models import ActionType
+from colony.blackboard import Blackboard, TagFilter
+from colony.config import ColonySettings, load_settings
+from colony.errors import AgentUsageError
+from colony.memory.capability import MemoryCapability
+from colony.memory.introspection import agent_memory_map
+from colony.memory.service import MemoryService, memory_service
+from colony.memory.transformers import SummarizingTransformer
+from colony.memory.types import PLANNING_LENS, MemoryEntry, MemoryLens, MemoryQuery, NewMemory, RecalledEntry
+
+if TYPE_CHECKING:
+    from colony.agents.base import Agent
+
+LINE_CHARS = 300
+MAX_ACTION_RESULTS = 20
+
+
+def _age(seconds: float) -> str:
+    for unit, size in (("d", 86400), ("h", 3600), ("m", 60)):
+        if seconds >= size:
+            return f"{int(seconds // size)}{unit} ago"
+    return "just now"
+
+
+def render_lens(lens: MemoryLens, recalled: Sequence[RecalledEntry], now: float | None = None) -> str:
+    """A lens as a prompt section: one line per entry, newest facts first as ranked ("" when empty)."""
+    if not recalled:
+        return ""
+    now = now or time.time()
+    title = f"## Memory: {lens.name}" + (f" ({lens.description})" if lens.description else "")
+    lines = [title, ""]
+    for item in recalled:
+        entry = item.entry
+        text = " ".join(entry.content.split())
+        text = text if len(text) <= LINE_CHARS else text[: LINE_CHARS - 3] + "..."
+        lines.append(f"- [{_kind(entry)}, {_age(entry.age_seconds(now))}] {text}")
+    return "\n".join(lines)
+
+
+def _kind(entry: MemoryEntry) -> str:
+    from colony.memory.scopes import MemoryScope
+
+    return MemoryScope.scope_type(entry.scope_id)
+
+
+def _brief(item: RecalledEntry) -> dict[str, Any]:
+    entry = item.entry
+    from colony.memory.scopes import MemoryScope
+
+    return {
+        "entry_id": entry.entry_id,
+        "scope": MemoryScope.scope_type(entry.scope_id),
+        "content": entry.content[:1000],
+        "tags": sorted(entry.tags),
+        "relevance": round(item.relevance, 4),
+    }
+
+
+class MemoryToolsCapability(AgentCapability):
+    """Memory actions over the agent's own MemoryCapabilities, and its prompt lenses."""
+
+    def __init__(
+        self,
+        agent: Agent | None = None,
+        scope_id: str | None = None,
+        *,
+        blackboard: Blackboard | None = None,
+        lenses: Sequence[MemoryLens] = (PLANNING_LENS,),
+        remember_level: str = "ltm:semantic",
+        settings: ColonySettings | None = None,
+        capability_key: str = "memory",
+    ) -> None:
+        super().__init__(agent, scope_id, blackboard=blackboard, capability_key=capability_key)
+        self.lenses = list(lenses)
+        self.remember_level = remember_level
+        self.settings = settings
+
+    # -- the agent's scopes -------------------------------------------------------------------------
+
+    def scopes(self) -> dict[str, MemoryCapability]:
+        """The agent's memory capabilities by scope type."""
+        if self.agent is None:
+            return {}
+        return {c.scope_type: c for c in self.agent.capabilities.values() if isinstance(c, MemoryCapability)}
+
+    def resolve(self, names: Sequence[str] | None) -> list[str]:
+        """Scope ids for scope types (or full ids) of this agent; None = all of them."""
+        own = self.scopes()
+        if not names:
+            return [c.memory_scope for c in own.values()]
+        by_id = {c.memory_scope: c for c in own.values()}
+        out = []
+        for name in names:
+            if name in own:
+                out.append(own[name].memory_scope)
+            elif name in by_id:
+                out.append(name)
+            else:
+                raise AgentUsageError(
+                    f"no memory scope {name!r} here; this agent has: {', '.join(sorted(own)) or 'none'}"
+                )
+        return out
+
+    def service(self) -> MemoryService:
+        if self.settings is None:
+            host = self.agent.host if self.agent is not None else None
+            services = getattr(host, "services", None) or {}
+            self.settings = services.get("settings") or load_settings()
+        return memory_service(self.blackboard, self.settings)
+
+    # -- actions ------------------------------------------------------------------------------------
+
+    @action_executor(action_type=ActionType.MEMORY_SEARCH)
+    async def recall(
+        self,
+        query: str,
+        tags: list[str] | None = None,
+        scopes: list[str] | None = None,
+        max_results: int = 5,
+        min_relevance: float = 0.0,
+    ) -> list[dict[str, Any]]:
+        """Search your memory by meaning (and optionally tags): the most relevant entries first."""
+        found = await self.service().recall(
+            MemoryQuery(
+                query=query,
+                tag_filter=TagFilter(all_of=frozenset(tags)) if tags else None,
+                max_results=max(1, min(max_results, MAX_ACTION_RESULTS)),
+                min_relevance=min_relevance,
+            ),
+            self.resolve(scopes),
+        )
+        return [_brief(item) for item in found]
+
+    @action_executor(action_type=ActionType.MEMORY_READ)
+    async def list_tags(self, scope: str | None = None) -> dict[str, dict[str, int]]:
+        """The tags present in your memory (per scope, with counts), to build targeted recalls."""
+        store = self.service().store
+        own = self.scopes()
+        wanted = [scope] if scope else sorted(own)
+        self.resolve(wanted)
+        return {
+            name: dict(list((await store.tag_counts(own[name].memory_scope)).items())[:50]) for name in wanted
+        }
+
+    @action_executor(action_type=ActionType.MEMORY_READ)
+    async def memory_map(self) -> dict[str, Any]:
+        """Your memory's layout: scopes, purposes, counts, caps, TTLs, pending ingestion, edges."""
+        if self.agent is None:
+            return {}
+        memory_map = await agent_memory_map(
+            self.service().store,
+            self.agent.agent_id,
+            tenant_id=self.agent.metadata.tenant_id,
+            colony_id=self.agent.metadata.colony_id,
+        )
+        return memory_map.model_dump(mode="json")
+
+    @action_executor(action_type=ActionType.MEMORY_WRITE)
+    async def forget(self, entry_id: str, scope: str) -> dict[str, Any]:
+        """Delete one entry of your memory (by the entry_id a recall returned)."""
+        [scope_id] = self.resolve([scope])
+        removed = await self.service().store.delete(scope_id, [entry_id], created_by=self._who())
+        return {"forgotten": bool(removed), "entry_id": entry_id}
+
+    @action_executor(action_type=ActionType.MEMORY_WRITE)
+    async def remember(self, fact: str, tags: list[str] | None = None) -> dict[str, Any]:
+        """Store a fact in long-term memory so later runs can recall it."""
+        target = self.scopes().get(self.remember_level)
+        if target is None:
+            raise AgentUsageError(f"this agent has no {self.remember_level} memory to remember into")
+        outcome = await target.write(
+            NewMemory(content=fact, tags=frozenset(tags or ()) | {"fact"}, kind="fact")
+        )
+        return {
+            "entry_id": outcome.entry.entry_id,
+            "stored": outcome.created,
+            "duplicate_of": outcome.duplicate_of,
+        }
+
+    @action_executor(action_type=ActionType.CONTEXT_SUMMARIZE)
+    async def consolidate(
+        self, source: str = "working", target: str = "stm", max_entries: int = 20
+    ) -> dict[str, Any]:
+        """Summarise your newest `source` memories into one `target` entry that names them as its
+        sources (the sources stay until their own scope prunes them)."""
+        own = self.scopes()
+        self.resolve([source, target])
+        store = self.service().store
+        entries = sorted(await store.entries(own[source].memory_scope), key=lambda e: e.created_at)
+        picked = entries[-max(1, min(max_entries, 100)) :]
+        if not picked:
+            return {"consolidated": 0}
+        target_cap = own[target]
+        made = await SummarizingTransformer().transform(picked, target_cap)
+        ids = []
+        for memory in made:
+            outcome = await target_cap.write(memory)
+            ids.append(outcome.entry.entry_id)
+        return {"consolidated": len(picked), "entries": ids}
+
+    def _who(self) -> str | None:
+        return self.agent.agent_id if self.agent is not None else None
+
+    # -- the prompt ---------------------------------------------------------------------------------
+
+    async def memory_sections(self, task: str | None = None) -> list[str]:
+        """One rendered section per lens (those with entries), ranked by the task's meaning."""
+        own = self.scopes()
+        sections = []
+        for lens in self.lenses:
+            scope_ids = (
+                [own[s].memory_scope for s in lens.scopes if s in own] if lens.scopes else self.resolve(None)
+            )
+            if not scope_ids:
+                continue
+            found = await self.service().recall(lens.to_query(task), scope_ids)
+            rendered = render_lens(lens, found)
+            if rendered:
+                sections.append(rendered)
+        return sections

@@ -1,0 +1,165 @@
+"""Built-in agent `assistant`: planned by the model, with a memory hierarchy it can use.
+
+The replica's model picks each step as schema-constrained JSON (StructuredActionPolicy) among the
+memory actions (recall, remember, list_tags, memory_map, forget, consolidate) and `answer`, which
+writes the reply from the memories relevant to the question and streams its tokens. Producers
+record every action and every run's task and answer, so a later run can recall what an earlier one
+was told. `answer` ends the run; a run that has not answered after `max_plan_steps` answers then.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from typing import Any
+
+from colony.agents import (
+    ActionType,
+    Agent,
+    AgentBlueprint,
+    AgentCapability,
+    AgentMetadata,
+    AgentRunCapability,
+    AgentType,
+    action_executor,
+)
+from colony.agents.policy import ActionPolicyExecutionState, ActionPolicyIterationResult
+from colony.blackboard import Blackboard
+from colony.errors import AgentUsageError
+from colony.inference import ChatMessage, InferenceRequest
+from colony.inference.engine import InferenceEngine
+from colony.memory.hierarchy import default_memory_hierarchy
+from colony.memory.tools import MemoryToolsCapability
+from colony.memory.types import MemoryQuery
+from colony.planning.policies import StructuredActionPolicy, task_text
+from colony.system.builtin import RUNS_NAMESPACE
+
+ANSWER = "answer"
+MEMORY_LINES = 6
+
+
+class AnswerCapability(AgentCapability):
+    """`answer`: the reply, written by the model from the question and the agent's memories."""
+
+    def __init__(
+        self,
+        agent: Agent | None = None,
+        scope_id: str | None = None,
+        *,
+        blackboard: Blackboard | None = None,
+        engine: InferenceEngine | None = None,
+        max_tokens: int = 200,
+        min_relevance: float = 0.25,
+    ) -> None:
+        super().__init__(agent, scope_id, blackboard=blackboard)
+        self.engine = engine
+        self.max_tokens = max_tokens
+        self.min_relevance = min_relevance
+
+    async def _memories(self, question: str) -> list[str]:
+        tools = next(
+            (
+                c
+                for c in (self.agent.capabilities.values() if self.agent else [])
+                if isinstance(c, MemoryToolsCapability)
+            ),
+            None,
+        )
+        if tools is None:
+            return []
+        run = self.agent.current_run if self.agent is not None else None
+        found = await tools.service().recall(
+            MemoryQuery(query=question, max_results=MEMORY_LINES * 2, min_relevance=self.min_relevance),
+            tools.resolve(None),
+        )
+        lines: list[str] = []
+        for item in found:
+            entry = item.entry
+            if run is not None and entry.entry_id.startswith(f"turn-{run.run_id}-"):
+                continue  # this run's own question is not a memory of it
+            text = " ".join(entry.content.split())[:400]
+            if text not in lines:
+                lines.append(text)
+        return lines[:MEMORY_LINES]
+
+    @action_executor(action_type=ActionType.OUTPUT_WRITE)
+    async def answer(self, question: str) -> str:
+        """Reply to the user (uses your memories of earlier conversations); ends the task."""
+        if self.engine is None:
+            raise AgentUsageError("the assistant answers on an engine replica (no engine was injected)")
+        memories = await self._memories(question)
+        context = "\n".join(f"- {m}" for m in memories) or "- (nothing relevant remembered)"
+        request = InferenceRequest(
+            messages=[
+                ChatMessage(
+                    role="system",
+                    content="You are a helpful assistant. Use what you remember from earlier "
+                    "conversations when it answers the question. Answer briefly.",
+                ),
+                ChatMessage(role="user", content=f"What you remember:\n{context}\n\nQuestion: {question}"),
+            ],
+            max_tokens=self.max_tokens,
+            temperature=0.0,
+        )
+        parts: list[str] = []
+        async with contextlib.aclosing(self.engine.stream(request)) as chunks:
+            async for chunk in chunks:
+                if chunk.text:
+                    parts.append(chunk.text)
+                    if self.agent is not None:
+                        await self.agent.emit_run_event("token", {"text": chunk.text})
+        return "".join(parts).strip()
+
+
+class AssistantPolicy(StructuredActionPolicy):
+    """StructuredActionPolicy where `answer` ends the run and a run answers by `max_plan_steps`."""
+
+    def __init__(self, agent: Agent | None = None, *, max_plan_steps: int = 4, **kwargs: Any) -> None:
+        super().__init__(agent, allow_finish=False, **kwargs)
+        self.max_plan_steps = max_plan_steps
+
+    async def plan_step(self, state: ActionPolicyExecutionState) -> ActionPolicyIterationResult:
+        if state.step >= self.max_plan_steps - 1:
+            parameters = {"question": task_text(state.run.input)}
+            result = await self.dispatch(ANSWER, parameters)
+            return ActionPolicyIterationResult(
+                action=ANSWER,
+                parameters=parameters,
+                action_result=result,
+                done=True,
+                output=result.output if result.success else None,
+                error=None if result.success else result.error,
+            )
+        step = await super().plan_step(state)
+        if step.action == ANSWER and step.action_result is not None:
+            ok = step.action_result.success
+            return step.model_copy(
+                update={
+                    "done": True,
+                    "output": step.action_result.output if ok else None,
+                    "error": None if ok else step.action_result.error,
+                }
+            )
+        return step
+
+
+def assistant_blueprint(agent_id: str = "assistant", max_tokens: int = 200) -> AgentBlueprint:
+    return AgentBlueprint(
+        agent_class=Agent,
+        metadata=AgentMetadata(
+            agent_id=agent_id,
+            agent_type=AgentType.SERVICE,
+            role="assistant",
+        ),
+        capabilities=[
+            *default_memory_hierarchy(),
+            AnswerCapability.bind(max_tokens=max_tokens),
+            AgentRunCapability.bind(namespace=RUNS_NAMESPACE),
+        ],
+        action_policy=AssistantPolicy.bind(
+            goals=[
+                "Help the user. To store something the user wants remembered, use `remember`; "
+                "to look something up, use `recall`; reply with `answer`.",
+            ],
+            max_tokens=160,
+        ),
+    )
