@@ -183,8 +183,6 @@ class MemoryCapability(AgentCapability):
         creator = self.agent.agent_id if self.agent is not None else None
         outcome = await self.store.write(self.memory_scope, memory, created_by=creator, dedup=dedup)
         metrics.MEMORY_WRITES.labels(self.scope_type, "created" if outcome.created else "duplicate").inc()
-        if outcome.created:
-            await self.enforce_cap()
         return outcome
 
     async def enforce_cap(self) -> int:

@@ -16,6 +16,7 @@ from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from colony import metrics
 from colony.blackboard import Blackboard, TagFilter
 from colony.blackboard.protocol import MemoryProtocol
 from colony.config import ColonySettings, load_settings
@@ -116,6 +117,8 @@ class MemoryStore:
         retry), of the same normalised content, or (with `similar`) one whose cosine similarity
         reaches `dedup_threshold`. The entry and its content-hash key commit together."""
         self._check(memory)
+        config = await self.config(scope_id)
+        memory = _with_scope_ttl(memory, config)
         board = self.board(scope_id)
         entry = self._build(scope_id, memory, created_by)
         for _attempt in range(5):
@@ -133,6 +136,7 @@ class MemoryStore:
                     self._stage(tx, entry, memory.ttl_seconds, created_by)
             except ConcurrentModificationError:
                 continue  # the same id or content was stored meanwhile: report that one
+            await self._keep_cap(scope_id, config)
             return WriteOutcome(entry=entry, created=True)
         raise InvalidArgument(f"memory write to {scope_id} kept conflicting with concurrent writes")
 
@@ -181,6 +185,8 @@ class MemoryStore:
         the batch) and idempotent ids, no near-duplicate check (that needs the vector index)."""
         for memory in memories:
             self._check(memory)
+        config = await self.config(scope_id)
+        memories = [_with_scope_ttl(m, config) for m in memories]
         board = self.board(scope_id)
         entries = [self._build(scope_id, m, created_by) for m in memories]
         hashes = await board.read_many([Keys.hash_key(e.content_hash) for e in entries])
@@ -232,7 +238,16 @@ class MemoryStore:
             outcomes.append(WriteOutcome(entry=entry, created=True))
         if writes:
             await board.write_many(writes)
+            await self._keep_cap(scope_id, config)
         return outcomes
+
+    async def _keep_cap(self, scope_id: str, config: MemoryScopeConfig | None) -> None:
+        """Writes never leave a configured scope over its cap (whoever writes: a capability, the
+        HTTP API, a transformer)."""
+        if config is not None and config.max_entries:
+            pruned = await self.enforce_cap(scope_id, config.max_entries, config.maintenance)
+            if pruned:
+                metrics.MEMORY_PRUNED.labels("cap").inc(pruned)
 
     # -- reads -----------------------------------------------------------------------------------
 
@@ -366,6 +381,13 @@ class MemoryStore:
             else:
                 batch.deleted.append(entry_id)
         return batch
+
+
+def _with_scope_ttl(memory: NewMemory, config: MemoryScopeConfig | None) -> NewMemory:
+    """An entry written without a TTL lives as long as its scope's TTL says."""
+    if memory.ttl_seconds is None and config is not None and config.ttl_seconds:
+        return memory.model_copy(update={"ttl_seconds": config.ttl_seconds})
+    return memory
 
 
 def _entry(value: Any) -> MemoryEntry | None:

@@ -1,0 +1,64 @@
+"""Agents with memory for the memory tests (a module, so their blueprints pickle by reference)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from colony.agents import (
+    ActionType,
+    Agent,
+    AgentBlueprint,
+    AgentCapability,
+    AgentMetadata,
+    ScriptedActionPolicy,
+    action_executor,
+)
+from colony.memory.capability import MemoryCapability
+from colony.memory.producers import action_producer
+from colony.memory.types import MemoryIngestPolicy, MemorySubscription
+
+
+class ToolboxCapability(AgentCapability):
+    """Three actions of different types, and one that fails."""
+
+    @action_executor(action_type=ActionType.CONTEXT_FETCH)
+    async def lookup(self, topic: str) -> str:
+        """Look a topic up."""
+        return f"notes on {topic}"
+
+    @action_executor(action_type=ActionType.ANALYZE)
+    async def weigh(self, options: list[str]) -> str:
+        """Pick the best option."""
+        return max(options, key=len) if options else ""
+
+    @action_executor(action_type=ActionType.OUTPUT_WRITE)
+    async def report(self, text: str) -> str:
+        """Write the result."""
+        return text.upper()
+
+    @action_executor(action_type=ActionType.TOOL_USE)
+    async def explode(self) -> None:
+        """Always fails."""
+        raise RuntimeError("boom")
+
+
+def two_level_memory(stm_max: int | None = None, working_ttl: float | None = None) -> list[Any]:
+    return [
+        MemoryCapability.bind(level="working", ttl_seconds=working_ttl, producers=[action_producer()]),
+        MemoryCapability.bind(
+            level="stm",
+            max_entries=stm_max,
+            ingestion_policy=MemoryIngestPolicy(
+                subscriptions=[MemorySubscription(source_scope_id="working")]
+            ),
+        ),
+    ]
+
+
+def scripted_memory_agent(agent_id: str, steps: list[dict[str, Any]], **memory: Any) -> AgentBlueprint:
+    return AgentBlueprint(
+        agent_class=Agent,
+        metadata=AgentMetadata(agent_id=agent_id),
+        capabilities=[ToolboxCapability.bind(), *two_level_memory(**memory)],
+        action_policy=ScriptedActionPolicy.bind(steps=steps, continue_on_error=True),
+    )

@@ -1,0 +1,117 @@
+"""MemoryCapability on a real Redis and a local runtime: producers write action memories (the
+agent's code writes none), ingestion is exactly once across suspend/resume, caps and TTLs hold."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+
+from colony.agents import LocalAgentRuntime
+from colony.blackboard import TagFilter
+from colony.config import ColonySettings
+from colony.memory.capability import MemoryCapability
+from colony.memory.introspection import agent_memory_map
+from colony.memory.scopes import MemoryScope
+from colony.memory.store import MemoryStore
+from colony.memory.types import MemoryQuery, NewMemory
+from tests.memory_kit import scripted_memory_agent
+
+STEPS = [
+    {"action": "lookup", "parameters": {"topic": "$input"}},
+    {"action": "weigh", "parameters": {"options": ["a", "bbb"]}},
+    {"action": "explode"},
+]
+
+
+def _scope(runtime: LocalAgentRuntime, agent_id: str, level: str) -> str:
+    return MemoryScope.agent(agent_id, level, colony_id=runtime.colony_id)
+
+
+async def _wait_count(store: MemoryStore, scope: str, want: int, timeout: float = 10.0) -> int:
+    deadline = time.monotonic() + timeout
+    count = await store.count(scope)
+    while count != want and time.monotonic() < deadline:
+        await asyncio.sleep(0.05)
+        count = await store.count(scope)
+    return count
+
+
+async def test_producers_record_each_action_with_type_and_outcome(runtime: LocalAgentRuntime) -> None:
+    agent = await runtime.spawn(scripted_memory_agent("producing", STEPS))
+    run = await agent.run("memory")
+    assert run.steps == 3
+    store = MemoryStore(runtime.blackboard, ColonySettings())
+    working = _scope(runtime, "producing", "working")
+    entries = await store.entries(working, query=MemoryQuery(tag_filter=TagFilter(all_of={"action"})))
+    by_action = {e.data["action"]: e for e in entries}
+    assert set(by_action) == {"lookup", "weigh", "explode"}
+    assert {"action_type:context_fetch", "success"} <= by_action["lookup"].tags
+    assert {"action_type:analyze", "success"} <= by_action["weigh"].tags
+    assert {"action_type:tool_use", "failure"} <= by_action["explode"].tags
+    assert "boom" in by_action["explode"].content
+    # the entries were made by the producer hook, under ids derived from run and step
+    assert all(e.entry_id.startswith("p-") for e in entries)
+    # ...and flow on to STM by ingestion, each once, with provenance
+    stm = _scope(runtime, "producing", "stm")
+    assert await _wait_count(store, stm, 3) == 3
+    derived = await store.entries(stm)
+    assert sorted(s for e in derived for s in e.sources) == sorted(e.ref for e in entries)
+
+
+async def test_ingestion_is_exactly_once_across_suspend_and_resume(runtime: LocalAgentRuntime) -> None:
+    await runtime.spawn(scripted_memory_agent("ingesting", []))
+    store = MemoryStore(runtime.blackboard, ColonySettings())
+    working, stm = _scope(runtime, "ingesting", "working"), _scope(runtime, "ingesting", "stm")
+    for n in range(2):
+        await store.write(working, NewMemory(content=f"observation {n}"))
+    assert await _wait_count(store, stm, 2) == 2
+    await runtime.suspend("ingesting")
+    for n in range(2, 5):
+        await store.write(working, NewMemory(content=f"observation {n}"))
+    await asyncio.sleep(1.5)
+    assert await store.count(stm) == 2  # nobody ingests while the agent is suspended
+    memory_map = await agent_memory_map(store, "ingesting", colony_id=runtime.colony_id)
+    assert memory_map.scopes[stm].pending_ingestion == 3
+    assert memory_map.dataflow_edges == [(working, stm)]
+    await runtime.resume("ingesting")
+    assert await _wait_count(store, stm, 5) == 5
+    await asyncio.sleep(1.5)  # nothing is ingested twice afterwards
+    assert await store.count(stm) == 5
+    contents = sorted(e.content for e in await store.entries(stm))
+    assert contents == [f"observation {n}" for n in range(5)]
+    memory_map = await agent_memory_map(store, "ingesting", colony_id=runtime.colony_id)
+    assert memory_map.scopes[stm].pending_ingestion == 0 and memory_map.total_entries == 10
+
+
+async def test_a_second_copy_ingesting_the_same_batch_applies_it_once(runtime: LocalAgentRuntime) -> None:
+    agent = await runtime.spawn(scripted_memory_agent("racing", []))
+    await runtime.suspend("racing")
+    store = MemoryStore(runtime.blackboard, ColonySettings())
+    working, stm = _scope(runtime, "racing", "working"), _scope(runtime, "racing", "stm")
+    await store.write_many(working, [NewMemory(content=f"item {n}") for n in range(20)])
+    capability = next(
+        c for c in agent.capabilities.values() if isinstance(c, MemoryCapability) and c.scope_type == "stm"
+    )
+    twin = MemoryCapability(
+        agent,
+        level="stm",
+        ingestion_policy=capability.ingestion_policy,
+        capability_key="twin",
+        settings=ColonySettings(),
+    )
+    for _ in range(10):
+        await asyncio.gather(capability.ingest_once(), twin.ingest_once())
+    assert await store.count(stm) == 20
+
+
+async def test_cap_and_ttl_of_a_scope_hold_for_every_writer(runtime: LocalAgentRuntime) -> None:
+    await runtime.spawn(scripted_memory_agent("capped", [], stm_max=500, working_ttl=2.0))
+    store = MemoryStore(runtime.blackboard, ColonySettings())
+    working, stm = _scope(runtime, "capped", "working"), _scope(runtime, "capped", "stm")
+    await runtime.suspend("capped")  # no ingestion: the writes below are the only writers
+    await store.write_many(stm, [NewMemory(content=f"fact {n}") for n in range(600)])
+    assert await store.count(stm) == 500
+    await store.write(working, NewMemory(content="fleeting"))  # the scope's TTL applies: 2 s
+    assert await store.count(working) == 1
+    await asyncio.sleep(3.0)
+    assert await store.count(working) == 0
