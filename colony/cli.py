@@ -141,7 +141,9 @@ def cmd_up(args: argparse.Namespace) -> int:
             file=sys.stderr,
         )
     print(
-        "starting Colony (local Ray, Redis, Serve app on the embedded engine)...", file=sys.stderr, flush=True
+        "starting Colony (local Ray, Redis, Chroma, Serve app on the embedded engine)...",
+        file=sys.stderr,
+        flush=True,
     )
     info = cluster.up(settings, args.config)
     print(f"Colony is up at {info.url}")
@@ -154,7 +156,11 @@ def cmd_down(args: argparse.Namespace) -> int:
     from colony.serve import cluster
 
     stopped = cluster.down(_settings(args))
-    print("Colony stopped" if stopped else "no Colony cluster was running (embedded Redis stopped if it ran)")
+    print(
+        "Colony stopped"
+        if stopped
+        else "no Colony cluster was running (embedded Redis and Chroma stopped if they ran)"
+    )
     return 0
 
 
@@ -205,6 +211,7 @@ def cmd_status(args: argparse.Namespace) -> int:
             report["health_reason"] = state["reason"]
     if target is None or not target.remote:
         report["redis"] = _redis_report(settings)  # the local Redis says nothing of a remote cluster
+        report["chroma"] = _chroma_report(settings)
     if args.json:
         print(json.dumps(report, indent=2))
     elif not report["running"]:
@@ -220,7 +227,37 @@ def cmd_status(args: argparse.Namespace) -> int:
             print(f"{where}: {report['replicas']} replica(s), {report['agents']} agent(s) ({states})")
     if not args.json and "redis" in report and (report["running"] or report["redis"].get("restarts")):
         print(_redis_line(report["redis"]))
+    if not args.json and report["running"] and "chroma" in report:
+        print(_chroma_line(report["chroma"]))
     return 0 if report["running"] else 1
+
+
+def _chroma_report(settings: ColonySettings) -> dict[str, Any]:
+    """The Chroma server memory uses: external (`memory.chroma_url`), the embedded one `up` started,
+    or none (`memory.chroma.enabled` false: an in-process index per replica)."""
+    from colony.memory.chroma_server import EmbeddedChroma
+
+    if settings.memory.chroma_url:
+        return {"kind": "external", "url": settings.memory.chroma_url}
+    running = EmbeddedChroma(settings.data_dir, settings.memory.chroma).status()
+    if running is None and not settings.memory.chroma.enabled:
+        return {"kind": "disabled", "running": False}
+    return {
+        "kind": "embedded",
+        "running": running is not None,
+        "pid": running.pid if running else None,
+        "url": running.url if running else None,
+        "path": running.path if running else None,
+    }
+
+
+def _chroma_line(chroma: dict[str, Any]) -> str:
+    if chroma["kind"] == "external":
+        return f"Chroma: external, {chroma['url']}"
+    if chroma["kind"] == "disabled":
+        return "Chroma: none (memory.chroma.enabled is false; in-process index)"
+    state = f"pid {chroma['pid']}, {chroma['url']}" if chroma["running"] else "not running"
+    return f"Chroma: embedded, {state}"
 
 
 def _redis_report(settings: ColonySettings) -> dict[str, Any]:

@@ -3,7 +3,8 @@
 The daemon (`python -m colony.serve.cluster`) calls `ray.init()` (so the Ray processes are its
 own), deploys the app, waits until the built-in agents answer, records `cluster.json` under
 `data_dir`, and on SIGTERM shuts Serve and Ray down. `up` is idempotent: a healthy recorded
-cluster is reused. `down` stops the daemon (and so Ray) and the embedded Redis.
+cluster is reused. `down` stops the daemon (and so Ray), the embedded Redis and the embedded Chroma
+server (the memory vector index, started beside Redis when `memory.chroma_url` is unset).
 """
 
 from __future__ import annotations
@@ -32,6 +33,7 @@ from colony.api.auth import TokenSource, ensure_token_file
 from colony.blackboard.redis_server import EmbeddedRedis, RedisRestarts, RedisSupervisor, process_alive
 from colony.config import ColonySettings, load_settings
 from colony.errors import ClusterError, ColonyError
+from colony.memory.chroma_server import EmbeddedChroma
 from colony.security import write_private_file
 from colony.vcm.pages import default_roots_env
 
@@ -125,6 +127,13 @@ def up(settings: ColonySettings, config: str | None = None, *, echo: bool = True
         not settings.redis_url and not EmbeddedRedis(settings.data_dir, settings.embedded_redis).status()
     )
     redis_url = settings.redis_url or EmbeddedRedis(settings.data_dir, settings.embedded_redis).start().url
+    own_chroma = False
+    try:
+        own_chroma = start_chroma(settings)
+    except BaseException:
+        if own_redis:
+            EmbeddedRedis(settings.data_dir, settings.embedded_redis).stop()
+        raise
     settings.data_dir.mkdir(parents=True, exist_ok=True)
     env = {
         **os.environ,
@@ -136,9 +145,29 @@ def up(settings: ColonySettings, config: str | None = None, *, echo: bool = True
     try:
         return _launch(settings, env)
     except BaseException:
+        if own_chroma:
+            EmbeddedChroma(settings.data_dir, settings.memory.chroma).stop()
         if own_redis:
             EmbeddedRedis(settings.data_dir, settings.embedded_redis).stop()
         raise
+
+
+def embedded_chroma(settings: ColonySettings) -> EmbeddedChroma | None:
+    """The Chroma server `up` runs beside the embedded Redis: None when `memory.chroma_url` names
+    one elsewhere or `memory.chroma.enabled` is false (memory then keeps an in-process index)."""
+    if settings.memory.chroma_url or not settings.memory.chroma.enabled:
+        return None
+    return EmbeddedChroma(settings.data_dir, settings.memory.chroma)
+
+
+def start_chroma(settings: ColonySettings) -> bool:
+    """Start (or reuse) the embedded Chroma server; True if this call started it. Replicas find its
+    URL in `<data_dir>/chroma-server.json` (`resolve_chroma_url`); nothing secret is involved."""
+    server = embedded_chroma(settings)
+    if server is None or server.status() is not None:
+        return False
+    server.start()
+    return True
 
 
 def error_file(settings: ColonySettings) -> Path:
@@ -259,7 +288,8 @@ def _failure(settings: ColonySettings, code: int, log_path: Path) -> str:
 
 
 def down(settings: ColonySettings) -> bool:
-    """Stop the daemon (Serve and Ray with it) and the embedded Redis; True if a cluster was running."""
+    """Stop the daemon (Serve and Ray with it), the embedded Redis and the embedded Chroma server;
+    True if a cluster was running."""
     info = read_state(settings)
     stopped = False
     if info is not None and process_alive(info.pid) and _carries(info.pid, info.daemon_id):
@@ -270,6 +300,8 @@ def down(settings: ColonySettings) -> bool:
     state_file(settings).unlink(missing_ok=True)
     if not settings.redis_url:
         EmbeddedRedis(settings.data_dir, settings.embedded_redis).stop()
+    if not settings.memory.chroma_url:  # one started while enabled is stopped even if disabled since
+        EmbeddedChroma(settings.data_dir, settings.memory.chroma).stop()
     return stopped
 
 
