@@ -1,0 +1,472 @@
+"""Recall: filter memory entries exactly, then rank the survivors by meaning, words and age.
+
+Redis is the only source of truth. Two derived indexes serve ranking:
+
+- a per-process mirror of each recalled scope: the metadata the logical filter needs (tags,
+  created_at, expires_at, importance) and a BM25 keyword index of the text. It follows the scope's
+  event stream with `MemoryStore.changes` before every recall (a write by any process is seen by
+  the next recall of every other), and is rebuilt from `MemoryStore.entries` when it is new or the
+  stream was trimmed past its position. Filtering runs over it in memory: a recall never re-reads
+  every entry from Redis.
+- the shared Chroma collection (colony.memory.index), followed the same way; its position per scope
+  is stored in Redis (`MemoryProtocol.index_position_key`, with the collection's id, so a recreated
+  collection is rebuilt) and only moves forward, so any process may catch it up.
+
+The entries finally returned are read from Redis and checked again: an entry Redis no longer holds
+(deleted, expired) is never returned even if an index still has it, and its index rows are dropped.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections import OrderedDict
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from colony.blackboard.protocol import MemoryProtocol
+from colony.config import ColonySettings, load_settings
+from colony.errors import ConcurrentModificationError
+from colony.memory.index import VectorIndex, ref_of, split_ref
+from colony.memory.keyword import KeywordIndex
+from colony.memory.ranking import (
+    fuse,
+    keyword_score,
+    mode_weights,
+    recency,
+    stream_id_after,
+    unranked_relevance,
+)
+from colony.memory.scopes import MemoryScope
+from colony.memory.store import MemoryStore
+from colony.memory.types import MaintenanceConfig, MemoryEntry, MemoryQuery, RecalledEntry
+
+__all__ = ["EntryMeta", "MemoryRetriever"]
+
+log = logging.getLogger(__name__)
+
+# (Chroma-style ref, relevance, (cosine, keyword score, recency))
+Ranked = tuple[str, float, tuple[float, float, float]]
+
+MAX_MIRRORED_SCOPES = 512  # scopes whose mirror a process keeps (least recently recalled go first)
+CHANGES_BATCH = 500
+RANK_POOL_MIN = 30  # candidates each ranker contributes to fusion, at least
+VERIFY_SLACK = 4  # extra entries read from Redis per verification round (some may be gone)
+
+
+@dataclass(slots=True)
+class EntryMeta:
+    """What the logical filter needs of an entry; duck-types MemoryEntry for `MemoryQuery.passes`."""
+
+    entry_id: str
+    tags: frozenset[str]
+    created_at: float
+    expires_at: float | None
+    importance: float
+
+    @classmethod
+    def of(cls, entry: MemoryEntry) -> EntryMeta:
+        return cls(entry.entry_id, entry.tags, entry.created_at, entry.expires_at, entry.importance)
+
+    def age_seconds(self, now: float | None = None) -> float:
+        return max(0.0, (now or time.time()) - self.created_at)
+
+
+@dataclass
+class _Mirror:
+    """This process's view of one scope: entry metadata and the stream position it reflects."""
+
+    position: str | None = None
+    meta: dict[str, EntryMeta] = field(default_factory=dict)
+    lock: asyncio.Lock = field(default_factory=asyncio.Lock)
+
+
+def _has_logic(query: MemoryQuery) -> bool:
+    return any(
+        v is not None for v in (query.tag_filter, query.key_pattern, query.time_range, query.max_age_seconds)
+    )
+
+
+class MemoryRetriever:
+    """Recall over memory scopes (see the module docstring); one per process is enough."""
+
+    def __init__(
+        self,
+        store: MemoryStore,
+        vector: VectorIndex | None,
+        keyword: KeywordIndex | None = None,
+        settings: ColonySettings | None = None,
+    ) -> None:
+        self.store = store
+        self.vector = vector
+        self.keyword = keyword or KeywordIndex()
+        self.settings = settings or store.settings or load_settings()
+        self._mirrors: OrderedDict[str, _Mirror] = OrderedDict()
+        self._vector_locks: dict[str, asyncio.Lock] = {}
+        self._pending: set[asyncio.Task[None]] = set()
+
+    # -- the per-process mirror ----------------------------------------------------------------
+
+    def _mirror(self, scope_id: str) -> _Mirror:
+        mirror = self._mirrors.get(scope_id)
+        if mirror is None:
+            mirror = self._mirrors[scope_id] = _Mirror()
+            while len(self._mirrors) > MAX_MIRRORED_SCOPES:
+                evicted, _ = self._mirrors.popitem(last=False)
+                self.keyword.clear(evicted)
+        else:
+            self._mirrors.move_to_end(scope_id)
+        return mirror
+
+    def _index(self, mirror: _Mirror, scope_id: str, entry: MemoryEntry) -> None:
+        mirror.meta[entry.entry_id] = EntryMeta.of(entry)
+        self.keyword.add(scope_id, entry.entry_id, entry.content)
+
+    def _unindex(self, mirror: _Mirror, scope_id: str, entry_id: str) -> None:
+        mirror.meta.pop(entry_id, None)
+        self.keyword.remove(scope_id, entry_id)
+
+    async def _rebuild_mirror(self, scope_id: str, mirror: _Mirror) -> None:
+        position = await self.store.latest_position(scope_id)
+        entries = await self.store.entries(scope_id)
+        mirror.meta.clear()
+        self.keyword.clear(scope_id)
+        for entry in entries:
+            self._index(mirror, scope_id, entry)
+        mirror.position = position
+
+    async def _sync_mirror(self, scope_id: str) -> _Mirror:
+        mirror = self._mirror(scope_id)
+        async with mirror.lock:
+            if mirror.position is None:
+                await self._rebuild_mirror(scope_id, mirror)
+            while True:
+                assert mirror.position is not None
+                batch = await self.store.changes(scope_id, mirror.position, CHANGES_BATCH)
+                if batch.truncated:
+                    log.info("memory scope %s: events trimmed past the keyword index; rebuilding", scope_id)
+                    await self._rebuild_mirror(scope_id, mirror)
+                    continue
+                if batch.upserted:
+                    ids = list(dict.fromkeys(batch.upserted))
+                    for entry_id, entry in zip(
+                        ids, await self.store.get_many([(scope_id, i) for i in ids]), strict=True
+                    ):
+                        if entry is None:
+                            self._unindex(mirror, scope_id, entry_id)
+                        else:
+                            self._index(mirror, scope_id, entry)
+                for entry_id in batch.deleted:
+                    self._unindex(mirror, scope_id, entry_id)
+                if batch.position == mirror.position:
+                    return mirror
+                mirror.position = batch.position
+
+    # -- the shared vector index ---------------------------------------------------------------
+
+    async def _vector_position(self, scope_id: str, generation: str) -> tuple[str | None, int | None]:
+        stored = await self.store.board(scope_id).read(MemoryProtocol.index_position_key())
+        if stored is None:
+            return None, None
+        value = stored.value if isinstance(stored.value, dict) else {}
+        if value.get("collection") != generation or not isinstance(value.get("position"), str):
+            return None, stored.version
+        return value["position"], stored.version
+
+    async def _advance_vector(self, scope_id: str, generation: str, position: str) -> None:
+        """Store the index position; only forward (within one collection generation)."""
+
+        def forward(current: Any) -> dict[str, str]:
+            if (
+                isinstance(current, dict)
+                and current.get("collection") == generation
+                and isinstance(current.get("position"), str)
+                and not stream_id_after(position, current["position"])
+            ):
+                return current
+            return {"collection": generation, "position": position}
+
+        board = self.store.board(scope_id)
+        try:
+            await board.update(MemoryProtocol.index_position_key(), forward, created_by="memory-index")
+        except ConcurrentModificationError:  # others kept moving it; they are ahead or will be
+            log.debug("memory scope %s: index position contended", scope_id)
+
+    async def _upsert_vectors(self, scope_id: str, entry_ids: Sequence[str]) -> None:
+        assert self.vector is not None
+        ids = list(dict.fromkeys(entry_ids))
+        found = await self.store.get_many([(scope_id, i) for i in ids])
+        live = [e for e in found if e is not None]
+        gone = [ref_of(scope_id, i) for i, e in zip(ids, found, strict=True) if e is None]
+        if live:
+            await self.vector.upsert(live)
+        if gone:
+            await self.vector.delete(gone)
+
+    async def _sync_vector(self, scope_id: str) -> None:
+        if self.vector is None:
+            return
+        lock = self._vector_locks.setdefault(scope_id, asyncio.Lock())
+        async with lock:
+            generation = await self.vector.generation()
+            position, _ = await self._vector_position(scope_id, generation)
+            if position is None:
+                await self._reindex(scope_id, generation)
+                return
+            while True:
+                batch = await self.store.changes(scope_id, position, CHANGES_BATCH)
+                if batch.truncated:
+                    log.info("memory scope %s: events trimmed past the vector index; reindexing", scope_id)
+                    await self._reindex(scope_id, generation)
+                    return
+                upserted = [i for i in batch.upserted if i not in set(batch.deleted)]
+                if upserted:
+                    await self._upsert_vectors(scope_id, upserted)
+                if batch.deleted:
+                    await self.vector.delete([ref_of(scope_id, i) for i in dict.fromkeys(batch.deleted)])
+                if batch.upserted or batch.deleted:
+                    await self._advance_vector(scope_id, generation, batch.position)
+                if batch.position == position:
+                    return
+                position = batch.position
+
+    async def _reindex(self, scope_id: str, generation: str) -> int:
+        assert self.vector is not None
+        position = await self.store.latest_position(scope_id)
+        await self.vector.drop_scope(scope_id)
+        entries = await self.store.entries(scope_id)
+        await self.vector.upsert(entries)
+        await self._advance_vector(scope_id, generation, position)
+        return len(entries)
+
+    # -- public ----------------------------------------------------------------------------------
+
+    async def sync(self, scope_id: str) -> None:
+        """Catch this process's keyword index and the shared vector index up with the scope."""
+        await self._sync_mirror(scope_id)
+        await self._sync_vector(scope_id)
+
+    async def reindex(self, scope_id: str) -> int:
+        """Rebuild the scope's vector rows (and this process's keyword index) from Redis; returns
+        how many entries were embedded."""
+        mirror = self._mirror(scope_id)
+        async with mirror.lock:
+            await self._rebuild_mirror(scope_id, mirror)
+        if self.vector is None:
+            return 0
+        async with self._vector_locks.setdefault(scope_id, asyncio.Lock()):
+            return await self._reindex(scope_id, await self.vector.generation())
+
+    async def nearest(self, scope_id: str, text: str) -> tuple[str, float] | None:
+        """The scope's entry most similar to `text` and its cosine (near-duplicate check at write)."""
+        if self.vector is None:
+            return None
+        mirror = await self._sync_mirror(scope_id)
+        await self._sync_vector(scope_id)
+        if not mirror.meta:
+            return None
+        now = time.time()
+        refs = {
+            ref_of(scope_id, i) for i, m in mirror.meta.items() if m.expires_at is None or m.expires_at > now
+        }
+        hits = await self.vector.search(await self.vector.embed_query(text), refs, 1)
+        if not hits:
+            return None
+        ref, cosine = max(hits.items(), key=lambda kv: kv[1])
+        return split_ref(ref)[1], cosine
+
+    async def recall(self, query: MemoryQuery, scope_ids: Sequence[str]) -> list[RecalledEntry]:
+        """Entries of `scope_ids` passing the query's logical filter, ranked (see the module
+        docstring), above `min_relevance`, at most `max_results` (and memory.max_recall_results)."""
+        scopes = [s for s in dict.fromkeys(scope_ids) if _scope_selected(query, s)]
+        if not scopes:
+            return []
+        text = (query.query or "").strip()
+        use_vector = self.vector is not None and bool(text) and query.mode != "keyword"
+        mirrors = await asyncio.gather(*(self._sync_mirror(s) for s in scopes))
+        if use_vector:
+            try:
+                await asyncio.gather(*(self._sync_vector(s) for s in scopes))
+            except Exception:  # a Chroma outage degrades ranking, never recall itself
+                log.warning("memory: vector index unavailable; ranking by keywords only", exc_info=True)
+                use_vector = False
+        now = time.time()
+        candidates, narrowed = self._filter(query, scopes, mirrors, now)
+        total = sum(len(c) for c in candidates.values())
+        if not total:
+            return []
+        limit = min(query.max_results, self.settings.memory.max_recall_results)
+        if text:
+            ranked = await self._rank_text(query, text, candidates, narrowed, use_vector, limit, now)
+        else:
+            ranked = await self._rank_unranked(candidates, mirrors, scopes, now)
+        ranked = [r for r in ranked if r[1] >= query.min_relevance]
+        return await self._verify(query, ranked, limit, now)
+
+    # -- recall steps ----------------------------------------------------------------------------
+
+    def _filter(
+        self, query: MemoryQuery, scopes: list[str], mirrors: Sequence[_Mirror], now: float
+    ) -> tuple[dict[str, set[str]], bool]:
+        """Entry ids per scope passing the logical part of the query; whether any live one failed.
+        Entries found expired are dropped from the indexes on the way."""
+        logic = _has_logic(query)
+        out: dict[str, set[str]] = {}
+        narrowed = False
+        for scope_id, mirror in zip(scopes, mirrors, strict=True):
+            expired = [i for i, m in mirror.meta.items() if m.expires_at is not None and m.expires_at <= now]
+            for entry_id in expired:
+                self._unindex(mirror, scope_id, entry_id)
+            if expired and self.vector is not None:
+                self._spawn_delete([ref_of(scope_id, i) for i in expired])
+            if logic:
+                kept = {i for i, m in mirror.meta.items() if query.passes(m, now)}  # type: ignore[arg-type]
+                narrowed = narrowed or len(kept) < len(mirror.meta)
+            else:
+                kept = set(mirror.meta)
+            out[scope_id] = kept
+        return out, narrowed
+
+    async def _rank_text(
+        self,
+        query: MemoryQuery,
+        text: str,
+        candidates: dict[str, set[str]],
+        narrowed: bool,
+        use_vector: bool,
+        limit: int,
+        now: float,
+    ) -> list[Ranked]:
+        memory = self.settings.memory
+        wv, wk = mode_weights(query.mode, memory, vector_available=use_vector)
+        pool = max(RANK_POOL_MIN, limit * 3)
+        cosines: dict[str, float] = {}
+        bm25: dict[str, float] = {}
+        qv = None
+        if wv > 0 and self.vector is not None:
+            try:
+                qv = await self.vector.embed_query(text)
+                refs = {ref_of(s, i) for s, ids in candidates.items() for i in ids}
+                cosines = await self.vector.search(qv, refs, pool)
+            except Exception:
+                log.warning("memory: vector search failed; ranking by keywords only", exc_info=True)
+                wv, wk, qv = 0.0, 1.0, None
+        if wk > 0:
+            for scope_id, ids in candidates.items():
+                for entry_id, score in self.keyword.search(
+                    scope_id, text, candidates=ids if narrowed else None, limit=pool
+                ):
+                    bm25[ref_of(scope_id, entry_id)] = score
+        if wk > 0 and wv > 0 and not bm25:
+            wv, wk = 1.0, 0.0  # no candidate shares a word with the query: the keyword ranker abstains
+        union = set(cosines) | set(bm25)
+        if wv > 0 and qv is not None and self.vector is not None:
+            missing = union - set(cosines)
+            if missing:
+                cosines.update(await self.vector.similarities(qv, missing))
+        if wk > 0:
+            by_scope: dict[str, set[str]] = {}
+            for ref in union - set(bm25):
+                scope_id, entry_id = split_ref(ref)
+                by_scope.setdefault(scope_id, set()).add(entry_id)
+            for scope_id, ids in by_scope.items():
+                for entry_id, score in self.keyword.scores(scope_id, text, ids).items():
+                    bm25[ref_of(scope_id, entry_id)] = score
+        half_life, wr = memory.recency_half_life_seconds, memory.recency_weight
+        ranked: list[Ranked] = []
+        for ref in union:
+            scope_id, entry_id = split_ref(ref)
+            meta = self._mirrors[scope_id].meta.get(entry_id) if scope_id in self._mirrors else None
+            if meta is None:
+                continue
+            cos, kw = cosines.get(ref, 0.0), keyword_score(bm25.get(ref, 0.0))
+            rec = recency(now - meta.created_at, half_life)
+            ranked.append((ref, fuse(cos, kw, rec, wv=wv, wk=wk, wr=wr), (max(0.0, cos), kw, rec)))
+        ranked.sort(key=lambda r: r[1], reverse=True)
+        return ranked
+
+    async def _rank_unranked(
+        self, candidates: dict[str, set[str]], mirrors: Sequence[_Mirror], scopes: list[str], now: float
+    ) -> list[Ranked]:
+        """No query text: decayed importance (the scope's maintenance) times recency."""
+        configs = await asyncio.gather(*(self.store.config(s) for s in scopes))
+        half_life = self.settings.memory.recency_half_life_seconds
+        ranked: list[tuple[float, float, str, float]] = []
+        for scope_id, mirror, config in zip(scopes, mirrors, configs, strict=True):
+            maintenance = config.maintenance if config is not None else MaintenanceConfig()
+            per_minute = 1.0 - maintenance.decay_rate
+            for entry_id in candidates[scope_id]:
+                meta = mirror.meta[entry_id]
+                age = max(0.0, now - meta.created_at)
+                rec = recency(age, half_life)
+                decayed = meta.importance * per_minute ** (age / 60.0)
+                relevance = unranked_relevance(decayed, rec)
+                ranked.append((relevance, meta.created_at, ref_of(scope_id, entry_id), rec))
+        ranked.sort(reverse=True)  # most relevant first, the newest on ties
+        return [(ref, relevance, (0.0, 0.0, rec)) for relevance, _, ref, rec in ranked]
+
+    async def _verify(
+        self, query: MemoryQuery, ranked: list[Ranked], limit: int, now: float
+    ) -> list[RecalledEntry]:
+        """Read the best entries from Redis until `limit` are confirmed live and passing."""
+        out: list[RecalledEntry] = []
+        stale: list[str] = []
+        cursor = 0
+        while len(out) < limit and cursor < len(ranked):
+            chunk = ranked[cursor : cursor + (limit - len(out)) + VERIFY_SLACK]
+            cursor += len(chunk)
+            entries = await self.store.get_many([split_ref(ref) for ref, _, _ in chunk])
+            for (ref, relevance, (cos, kw, rec)), entry in zip(chunk, entries, strict=True):
+                if entry is None:
+                    stale.append(ref)
+                    continue
+                if not query.passes(entry, now):
+                    continue
+                scores = {"vector": round(cos, 6), "keyword": round(kw, 6), "recency": round(rec, 6)}
+                out.append(RecalledEntry(entry=entry, relevance=round(relevance, 6), scores=scores))
+                if len(out) >= limit:
+                    break
+        if stale:
+            self._forget(stale)
+        return out
+
+    def _forget(self, refs: Iterable[str]) -> None:
+        """Drop entries Redis no longer holds from this process's mirror and from Chroma."""
+        refs = list(refs)
+        for ref in refs:
+            scope_id, entry_id = split_ref(ref)
+            mirror = self._mirrors.get(scope_id)
+            if mirror is not None:
+                self._unindex(mirror, scope_id, entry_id)
+        if self.vector is not None:
+            self._spawn_delete(refs)
+
+    def _spawn_delete(self, refs: list[str]) -> None:
+        assert self.vector is not None
+        task = asyncio.get_running_loop().create_task(self.vector.delete(refs))
+        self._pending.add(task)
+        task.add_done_callback(self._deleted)
+
+    def _deleted(self, task: asyncio.Task[None]) -> None:
+        self._pending.discard(task)
+        if not task.cancelled() and task.exception() is not None:
+            log.warning("memory: dropping stale vector rows failed: %s", task.exception())
+
+    async def drain(self) -> None:
+        """Wait for background index deletions (tests, shutdown)."""
+        while self._pending:
+            await asyncio.gather(*list(self._pending), return_exceptions=True)
+
+
+def _scope_selected(query: MemoryQuery, scope_id: str) -> bool:
+    """Whether `query.scopes` (scope types or full ids; None = all) selects this scope."""
+    if query.scopes is None:
+        return True
+    if scope_id in query.scopes:
+        return True
+    try:
+        return MemoryScope.scope_type(scope_id) in query.scopes
+    except ValueError:
+        return False
