@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Literal
 
 from colony.agents import (
     ActionType,
@@ -62,3 +62,42 @@ def scripted_memory_agent(agent_id: str, steps: list[dict[str, Any]], **memory: 
         capabilities=[ToolboxCapability.bind(), *two_level_memory(**memory)],
         action_policy=ScriptedActionPolicy.bind(steps=steps, continue_on_error=True),
     )
+
+
+class TripDesk(AgentCapability):
+    """A three-step workflow, one action possible at a time (so a small model can only follow it)."""
+
+    def __init__(
+        self, agent: Agent | None = None, scope_id: str | None = None, *, blackboard: Any = None
+    ) -> None:
+        super().__init__(agent, scope_id, blackboard=blackboard)
+        self.stage = "new"
+
+    def available_actions(self) -> set[str]:
+        return {"new": {"find_train"}, "found": {"choose_seat"}, "chosen": {"book_ticket"}}.get(
+            self.stage, set()
+        )
+
+    @action_executor(action_type=ActionType.CONTEXT_FETCH)
+    async def find_train(self, destination: str) -> str:
+        """Find a train to the destination the traveller named."""
+        self.stage = "found"
+        return f"train found to {destination}: departs 10:04"
+
+    @action_executor(action_type=ActionType.DECISION_MAKE)
+    async def choose_seat(self, seat: Literal["window", "aisle"]) -> str:
+        """Choose the seat the traveller prefers."""
+        self.stage = "chosen"
+        return f"{seat} seat held"
+
+    @action_executor(action_type=ActionType.OUTPUT_WRITE)
+    async def book_ticket(self, passenger: str) -> str:
+        """Book the ticket in the passenger's name."""
+        self.stage = "booked"
+        return f"ticket booked for {passenger}"
+
+    def get_state(self) -> dict[str, Any]:
+        return {"stage": self.stage}
+
+    def set_state(self, state: dict[str, Any]) -> None:
+        self.stage = state.get("stage", "new")

@@ -240,9 +240,24 @@ class StructuredActionPolicy(EventDrivenActionPolicy):
         engine: InferenceEngine | None = None,
         max_tokens: int = 256,
         allow_finish: bool = True,
-        **kwargs: Any,
+        consciousness_streams: Iterable[ConsciousnessStream | Blueprint[ConsciousnessStream]] = (),
+        goals: Iterable[str] = (),
+        constraints: Iterable[str] = (),
+        priority_context_keys: Iterable[str] = (),
+        wait_for_events: bool = False,
+        event_wait_seconds: float = 30.0,
     ) -> None:
-        super().__init__(agent, **kwargs)
+        # explicit parameters, no **kwargs: a host injects only the services a policy names
+        # (engine=), not its settings, replica or page table
+        super().__init__(
+            agent,
+            consciousness_streams=consciousness_streams,
+            goals=goals,
+            constraints=constraints,
+            priority_context_keys=priority_context_keys,
+            wait_for_events=wait_for_events,
+            event_wait_seconds=event_wait_seconds,
+        )
         self.engine = engine
         self.max_tokens = max_tokens
         self.allow_finish = allow_finish

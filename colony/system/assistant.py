@@ -10,7 +10,7 @@ was told. `answer` ends the run; a run that has not answered after `max_plan_ste
 from __future__ import annotations
 
 import contextlib
-from typing import Any
+from collections.abc import Sequence
 
 from colony.agents import (
     ActionType,
@@ -113,8 +113,16 @@ class AnswerCapability(AgentCapability):
 class AssistantPolicy(StructuredActionPolicy):
     """StructuredActionPolicy where `answer` ends the run and a run answers by `max_plan_steps`."""
 
-    def __init__(self, agent: Agent | None = None, *, max_plan_steps: int = 4, **kwargs: Any) -> None:
-        super().__init__(agent, allow_finish=False, **kwargs)
+    def __init__(
+        self,
+        agent: Agent | None = None,
+        *,
+        engine: InferenceEngine | None = None,
+        max_plan_steps: int = 4,
+        max_tokens: int = 160,
+        goals: Sequence[str] = (),
+    ) -> None:
+        super().__init__(agent, engine=engine, max_tokens=max_tokens, allow_finish=False, goals=goals)
         self.max_plan_steps = max_plan_steps
 
     async def plan_step(self, state: ActionPolicyExecutionState) -> ActionPolicyIterationResult:
