@@ -8,6 +8,7 @@ import os
 import time
 from collections.abc import AsyncIterator, Iterator
 from typing import Any
+from urllib.parse import quote
 
 import httpx
 
@@ -115,6 +116,22 @@ def _body(agent: str, input_data: Any, namespace: str | None, timeout_s: float |
     if timeout_s:
         body["timeout_s"] = timeout_s
     return body
+
+
+def _agent_path(agent: str) -> str:
+    """`/v1/agents/{agent}`, the id escaped (the API refuses ids outside its pattern anyway)."""
+    return f"/v1/agents/{quote(agent, safe='')}"
+
+
+def _memory_query(query: str | None, **fields: Any) -> dict[str, Any]:
+    """A MemoryQuery body: `query` text plus any of its fields (None ones left out)."""
+    body = {"query": query, **fields}
+    return {k: v for k, v in body.items() if v is not None}
+
+
+def _memory_write(scope: str, content: str, **fields: Any) -> dict[str, Any]:
+    body = {"scope": scope, "content": content, **fields}
+    return {k: v for k, v in body.items() if v is not None}
 
 
 class ColonyClient:
@@ -231,6 +248,41 @@ class ColonyClient:
         _raise_for(response)
         return dict(response.json())
 
+    def catalog(self) -> list[dict[str, Any]]:
+        """Every agent the colony starts with: built-ins and user agents (`GET /v1/agents/catalog`)."""
+        response = self._http.get("/v1/agents/catalog")
+        _raise_for(response)
+        return list(response.json())
+
+    def memory_map(self, agent: str) -> dict[str, Any]:
+        """The agent's MemoryMap: scopes (type, entries, cap, TTL, pending, tags) and dataflow edges."""
+        response = self._http.get(f"{_agent_path(agent)}/memory")
+        _raise_for(response)
+        return dict(response.json())
+
+    def memory_query(self, agent: str, query: str | None = None, **fields: Any) -> list[dict[str, Any]]:
+        """Recall from the agent's memory; `fields`: MemoryQuery's (tag_filter, scopes, max_results,
+        min_relevance, mode, ...). The RecalledEntry list, most relevant first."""
+        response = self._http.post(f"{_agent_path(agent)}/memory/query", json=_memory_query(query, **fields))
+        _raise_for(response)
+        return list(response.json()["entries"])
+
+    def memory_write(self, agent: str, scope: str, content: str, **fields: Any) -> dict[str, Any]:
+        """Store an entry in one of the agent's scopes (`scope`: "working", "stm", ... or a full id);
+        `fields`: NewMemory's (tags, data, kind, ttl_seconds, entry_id, importance, ...).
+        {"entry", "created", "duplicate_of"}."""
+        response = self._http.post(
+            f"{_agent_path(agent)}/memory", json=_memory_write(scope, content, **fields)
+        )
+        _raise_for(response)
+        return dict(response.json())
+
+    def memory_reindex(self, agent: str) -> dict[str, Any]:
+        """Rebuild the agent's memory indexes from Redis: {"scopes": {scope_id: entries}, "vector"}."""
+        response = self._http.post(f"{_agent_path(agent)}/memory/reindex")
+        _raise_for(response)
+        return dict(response.json())
+
     def map_source(self, path: str, page_tokens: int | None = None) -> dict[str, Any]:
         """Cut a folder (readable by the cluster) into pages; {"source_id", "path", "pages": [...]}."""
         body: dict[str, Any] = {"path": path}
@@ -321,3 +373,30 @@ class AsyncColonyClient:
         async for _event in self.events(run_id):
             pass
         return await self.get(run_id)
+
+    async def catalog(self) -> list[dict[str, Any]]:
+        response = await self._http.get("/v1/agents/catalog")
+        _raise_for(response)
+        return list(response.json())
+
+    async def memory_map(self, agent: str) -> dict[str, Any]:
+        response = await self._http.get(f"{_agent_path(agent)}/memory")
+        _raise_for(response)
+        return dict(response.json())
+
+    async def memory_query(self, agent: str, query: str | None = None, **fields: Any) -> list[dict[str, Any]]:
+        body = _memory_query(query, **fields)
+        response = await self._http.post(f"{_agent_path(agent)}/memory/query", json=body)
+        _raise_for(response)
+        return list(response.json()["entries"])
+
+    async def memory_write(self, agent: str, scope: str, content: str, **fields: Any) -> dict[str, Any]:
+        body = _memory_write(scope, content, **fields)
+        response = await self._http.post(f"{_agent_path(agent)}/memory", json=body)
+        _raise_for(response)
+        return dict(response.json())
+
+    async def memory_reindex(self, agent: str) -> dict[str, Any]:
+        response = await self._http.post(f"{_agent_path(agent)}/memory/reindex")
+        _raise_for(response)
+        return dict(response.json())

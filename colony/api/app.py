@@ -22,14 +22,17 @@ from fastapi import Depends, FastAPI, Header, Path, Query, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.openapi.utils import get_openapi
 from fastapi.responses import JSONResponse, Response, StreamingResponse
+from fastapi.routing import APIRoute
 from fastapi.security import HTTPBearer
 from prometheus_client import REGISTRY, generate_latest
 from pydantic import Field
 from starlette.exceptions import HTTPException as StarletteHTTPException
+from starlette.routing import Match
 
 from colony import __version__, metrics
 from colony.api.auth import TokenSource
 from colony.api.limits import GuardMiddleware, check_input
+from colony.api.memory_routes import InvalidMemoryInput, MemoryScopeNotFound, add_memory_routes
 from colony.api.schemas import (
     CONTROL,
     EVENTS,
@@ -42,13 +45,14 @@ from colony.api.schemas import (
     SSE_EVENT,
     SUBMIT,
     AgentStateName,
+    CatalogAgent,
     Health,
     MappedSource,
     MapSource,
     SubmitRun,
     SubmittedRun,
 )
-from colony.config import ApiSettings, VcmSettings
+from colony.config import ApiSettings, ColonySettings, VcmSettings
 from colony.errors import (
     AgentNotFound,
     AgentStateConflict,
@@ -62,6 +66,7 @@ from colony.errors import (
     RunNotFound,
     SourceTooLarge,
 )
+from colony.system.catalog import BUILTIN_AGENTS
 from colony.system.registry import AgentRecord, AgentRegistry
 from colony.system.runs import RunService, RunView
 from colony.vcm import PageSource, PageTable
@@ -103,6 +108,9 @@ class ApiServices:
     pages: PageTable | None = None
     control: AgentControl | None = None
     vcm: VcmSettings | None = None  # which folders `POST /v1/vcm/sources` may read
+    # the process's settings: the user agents of the catalog, memory bounds, the Chroma server;
+    # None (library use, tests): defaults for the run service's colony (colony.api.memory_routes)
+    settings: ColonySettings | None = None
 
 
 class _AsciiJSON(JSONResponse):
@@ -192,10 +200,13 @@ def create_app(
             413: "body_too_large",
         }
         message = str(exc.detail)
+        headers = exc.headers
+        if exc.status_code == 405:  # every method of the path (the router names only one route's)
+            headers = {**(headers or {}), "Allow": ", ".join(allowed_methods(app, request))}
         if exc.status_code == 400 and message == "There was an error parsing the body":
             message = "the request body is not valid JSON (UTF-8, at most a few hundred levels deep)"
         # headers kept: a 405 carries `Allow`
-        return _error(exc.status_code, codes.get(exc.status_code, "http_error"), message, exc.headers)
+        return _error(exc.status_code, codes.get(exc.status_code, "http_error"), message, headers)
 
     @app.exception_handler(RequestValidationError)
     async def bad_body(request: Request, exc: RequestValidationError) -> JSONResponse:
@@ -211,9 +222,13 @@ def create_app(
     async def bad_input(request: Request, exc: InvalidRunInput) -> JSONResponse:
         return _error(422, "invalid_request", str(exc))
 
+    @app.exception_handler(InvalidMemoryInput)
+    async def bad_memory_input(request: Request, exc: InvalidMemoryInput) -> JSONResponse:
+        return _error(422, "invalid_request", str(exc))
+
     @app.exception_handler(ColonyError)
     async def colony_error(request: Request, exc: ColonyError) -> JSONResponse:
-        if isinstance(exc, AgentNotFound | RunNotFound):
+        if isinstance(exc, AgentNotFound | RunNotFound | MemoryScopeNotFound):
             return _error(404, "not_found", str(exc))
         if isinstance(exc, AgentStateConflict):
             return _error(409, "conflict", str(exc))
@@ -363,6 +378,40 @@ def create_app(
     async def list_agents(state: AgentStateName | None = None) -> list[AgentRecord]:
         return await (await svc()).registry.list(state=state)
 
+    # before /v1/agents/{agent_id}: routes match in order, so this path is the catalog even if an
+    # agent were named "catalog" (that agent's record: GET /v1/agents; its memory and control
+    # routes are unaffected)
+    @app.get(
+        "/v1/agents/catalog",
+        response_model=list[CatalogAgent],
+        response_model_exclude_none=True,
+        dependencies=[Depends(authorized)],
+        responses=NO_PARAMS,
+    )
+    async def agent_catalog() -> list[CatalogAgent]:
+        """Every agent the colony starts with: the built-ins, then the user agents of the `agents:`
+        settings, with role, type, state and replica once placed (read from the registry: the API
+        never imports a user agent's package)."""
+        services = await svc()
+        users = services.settings.agents if services.settings is not None else {}
+        listed = [(name, "builtin", None) for name in BUILTIN_AGENTS]
+        listed += [(name, "user", path) for name, path in users.items() if name not in BUILTIN_AGENTS]
+        catalog = []
+        for name, kind, factory in listed:
+            record = await services.registry.get(name)
+            catalog.append(
+                CatalogAgent(
+                    name=name,
+                    kind=kind,
+                    factory=factory,
+                    role=record.role if record else None,
+                    agent_type=record.agent_type if record else None,
+                    state=record.state if record else None,
+                    replica=record.replica if record else None,
+                )
+            )
+        return catalog
+
     @app.get(
         "/v1/agents/{agent_id}",
         response_model=AgentRecord,
@@ -438,7 +487,18 @@ def create_app(
     async def list_replicas() -> list[dict[str, Any]]:
         return await replicas_of(await svc())
 
+    add_memory_routes(app, svc, authorized, api)
     return app
+
+
+def allowed_methods(app: FastAPI, request: Request) -> list[str]:
+    """The methods of every route whose path matches the request's (a path served by two routes,
+    GET and POST /v1/agents/{id}/memory, answers a 405 with both in `Allow`)."""
+    methods: set[str] = set()
+    for route in app.router.routes:
+        if isinstance(route, APIRoute) and route.matches(request.scope)[0] != Match.NONE:
+            methods |= route.methods
+    return sorted(methods)
 
 
 class InvalidRunInput(InvalidArgument):

@@ -11,6 +11,8 @@ from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, StringConstraints, field_validator
 
+from colony.memory.types import MemoryEntry, RecalledEntry
+
 ID_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9_.\-]{0,127}$"
 ID_RULE = "1-128 characters: letters, digits, '_', '.', '-' (starting with a letter or digit)"
 Identifier = Annotated[str, StringConstraints(min_length=1, max_length=128, pattern=ID_PATTERN)]
@@ -116,3 +118,130 @@ SSE_EVENT: dict[str, Any] = {
     },
     "required": ["id", "event", "data"],
 }
+
+
+# -- agent memory (colony.api.memory_routes) and the agent catalog -------------------------------------
+#
+# The request models below repeat the memory models' bounds as JSON-schema constraints (patterns,
+# lengths, counts), so what the document promises is exactly what the API validates before a route
+# runs. Bounds set in `memory.*` settings (max_content_chars, max_tags_per_entry) may be tighter
+# than these ceilings; the store checks them and answers 422 naming the field.
+
+TAG_PATTERN = r"^[^*?\[\]\\{}\s\x00-\x1f\x7f]{1,256}$"
+Tag = Annotated[str, StringConstraints(pattern=TAG_PATTERN)]
+MEMORY_ENTRY_ID = r"^[A-Za-z0-9][A-Za-z0-9_.\-]{0,127}$"
+MAX_MEMORY_CONTENT = 200_000  # the ceiling of memory.max_content_chars
+MAX_MEMORY_TAGS = 256  # the ceiling of memory.max_tags_per_entry
+MAX_SCOPE_REF = 512
+
+
+class MemoryTagFilter(BaseModel):
+    """Tags a recalled entry must carry: every one of `all_of`, one of `any_of`, none of `none_of`."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    all_of: list[Tag] = Field(default_factory=list, max_length=64)
+    any_of: list[Tag] = Field(default_factory=list, max_length=64)
+    none_of: list[Tag] = Field(default_factory=list, max_length=64)
+
+
+class MemoryQueryBody(BaseModel):
+    """A recall (colony.memory.types.MemoryQuery): the logical filters first, then ranking by
+    meaning (`query`) or, without text, by importance and recency."""
+
+    model_config = ConfigDict(
+        extra="forbid",
+        json_schema_extra={
+            "examples": [{"query": "where does the user live?", "scopes": ["working"], "min_relevance": 0.3}]
+        },
+    )
+
+    query: str | None = Field(None, max_length=2000, description="what to look for, by meaning")
+    tag_filter: MemoryTagFilter | None = None
+    key_pattern: str | None = Field(
+        None, max_length=128, pattern=r"^[A-Za-z0-9_.*?\[\]-]+$", description="glob on entry ids"
+    )
+    time_range: tuple[float, float] | None = Field(
+        None, description="created_at between [start, end] (unix seconds; start <= end, else 422)"
+    )
+    max_age_seconds: float | None = Field(None, gt=0, allow_inf_nan=False)
+    min_relevance: float = Field(0.0, ge=0, le=1)
+    max_results: int = Field(
+        10, ge=1, le=1000, description="at most this many (and at most memory.max_recall_results)"
+    )
+    scopes: list[Annotated[str, StringConstraints(min_length=1, max_length=MAX_SCOPE_REF)]] | None = Field(
+        None,
+        max_length=32,
+        description="scope types (working, stm, ltm:episodic, ...) or full scope ids, of this agent's "
+        "scopes only (another scope: 404); absent = all of them",
+    )
+    mode: Literal["hybrid", "vector", "keyword"] = "hybrid"
+
+
+class MemoryWrite(BaseModel):
+    """An entry to store in one of the agent's scopes (colony.memory.types.NewMemory plus `scope`)."""
+
+    model_config = ConfigDict(
+        extra="forbid",
+        json_schema_extra={
+            "examples": [{"scope": "working", "content": "The user lives in Lyon.", "tags": ["fact"]}]
+        },
+    )
+
+    scope: str = Field(
+        min_length=1,
+        max_length=MAX_SCOPE_REF,
+        description="a scope type of the agent (working, stm, ...) or the full id of one of its scopes",
+    )
+    content: str = Field(min_length=1, max_length=MAX_MEMORY_CONTENT, description="the indexed text")
+    data: Any = Field(None, description="any JSON payload kept with the entry (not indexed)")
+    tags: list[Tag] = Field(default_factory=list, max_length=MAX_MEMORY_TAGS)
+    kind: str | None = Field(None, pattern=r"^[a-z][a-z0-9_:-]{0,63}$")
+    ttl_seconds: float | None = Field(None, gt=0, le=10 * 365 * 24 * 3600, description="default: the scope's")
+    entry_id: str | None = Field(
+        None, pattern=MEMORY_ENTRY_ID, description="makes the write idempotent: one entry per id"
+    )
+    sources: list[Annotated[str, StringConstraints(min_length=1, max_length=1024)]] = Field(
+        default_factory=list, max_length=256, description="`scope_id#entry_id` of entries it came from"
+    )
+    importance: float = Field(0.5, ge=0, le=1)
+    metadata: dict[str, Any] = Field(default_factory=dict)
+
+
+class RecalledEntries(BaseModel):
+    """What a recall found, most relevant first."""
+
+    entries: list[RecalledEntry] = Field(description="entries with relevance in [0, 1] and its parts")
+
+
+class WrittenMemory(BaseModel):
+    """What a write did: `created` false when the scope already held the entry (`duplicate_of`)."""
+
+    entry: MemoryEntry = Field(description="the entry stored (or the one already holding it)")
+    created: bool
+    duplicate_of: str | None = None
+
+
+class Reindexed(BaseModel):
+    """Entries re-embedded per scope; `vector` false when this API process has no vector index
+    (then only its keyword index was rebuilt; `vector_error` says why)."""
+
+    scopes: dict[str, int]
+    vector: bool
+    vector_error: str | None = None
+
+
+class CatalogAgent(BaseModel):
+    """An agent the colony starts with: a built-in, or a user agent of the `agents:` settings."""
+
+    name: str
+    kind: Literal["builtin", "user"]
+    factory: str | None = Field(None, description="user agents: the `package.module:factory` it is built by")
+    role: str | None = Field(None, description="the blueprint's role, once the agent is placed")
+    agent_type: str | None = None
+    state: str | None = Field(None, description="its state (absent: not placed yet)")
+    replica: str | None = None
+
+
+MEMORY = _errors(*COMMON, 404)
+MEMORY_WRITE = _errors(*COMMON, 400, 404, 413)
