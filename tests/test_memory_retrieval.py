@@ -209,9 +209,17 @@ async def test_recall_without_text_ranks_by_importance_and_age(
     assert [r.entry.entry_id for r in found] == [high, mid, low]
     assert found[0].relevance == pytest.approx(0.9, abs=0.01)
     assert (await retriever.recall(MemoryQuery(max_results=2), [scope]))[-1].entry.entry_id == mid
+    # many entries: the best are picked without ranking every one, and they are the same
+    await store.write_many(
+        scope, [NewMemory(content=f"note {n}", importance=(n * 37 % 100) / 100) for n in range(100)]
+    )
+    found = await retriever.recall(MemoryQuery(max_results=5), [scope])
+    assert [r.entry.importance for r in found] == [0.99, 0.98, 0.97, 0.96, 0.95]
+    assert [r.relevance for r in found] == sorted((r.relevance for r in found), reverse=True)
     # a scope selection by type that does not match selects nothing
     assert await retriever.recall(MemoryQuery(scopes=["working"]), [scope]) == []
-    assert len(await retriever.recall(MemoryQuery(scopes=["ltm:semantic"]), [scope])) == 3
+    every = await retriever.recall(MemoryQuery(scopes=["ltm:semantic"], max_results=200), [scope])
+    assert len(every) == settings.memory.max_recall_results == 100  # 103 held; the cap applies
 
 
 # -- Redis is the truth ----------------------------------------------------------------------------
@@ -408,3 +416,23 @@ def test_collection_names_are_checked() -> None:
     assert collection_name(MemorySettings(), "default", "main") == "colony-default-main-memory"
     with pytest.raises(ValueError, match="collection name"):
         collection_name(MemorySettings(), "bad/tenant", "main")
+
+
+async def test_a_delete_and_rewrite_of_one_id_between_syncs_keeps_the_new_entry(
+    store: MemoryStore,
+    other_store: MemoryStore,
+    vector: ChromaVectorIndex,
+    settings: ColonySettings,
+    scope: str,
+) -> None:
+    """One change batch holds both a delete and a re-write of the same id: what Redis holds wins."""
+    retriever = MemoryRetriever(store, vector, settings=settings)
+    await other_store.write(scope, NewMemory(content="the lighthouse is painted red", entry_id="beacon"))
+    await retriever.sync(scope)
+    await other_store.delete(scope, ["beacon"])
+    await other_store.write(scope, NewMemory(content="the lighthouse is painted white", entry_id="beacon"))
+    await retriever.sync(scope)
+    assert (scope, "beacon") in retriever.keyword
+    assert await chroma_has(vector, ref_of(scope, "beacon")) == {ref_of(scope, "beacon")}
+    found = await retriever.recall(MemoryQuery(query="white lighthouse", mode="keyword"), [scope])
+    assert [r.entry.content for r in found] == ["the lighthouse is painted white"]

@@ -18,6 +18,7 @@ from __future__ import annotations
 import asyncio
 import math
 import re
+from collections import OrderedDict
 from collections.abc import Collection, Sequence
 from typing import Any, Protocol, runtime_checkable
 
@@ -35,6 +36,7 @@ _COLLECTION_NAME = re.compile(r"^[a-zA-Z0-9][a-zA-Z0-9._-]{1,510}[a-zA-Z0-9]$")
 # (10k rows: n=200 ~4 ms, n=1000 ~10 ms, n=5000 ~29 ms)
 DIRECT_MAX = 128
 UPSERT_BATCH = 256
+QUERY_CACHE = 256
 
 
 def ref_of(scope_id: str, entry_id: str) -> str:
@@ -102,6 +104,7 @@ class ChromaVectorIndex:
         self._collection: Any = None
         self._lock = asyncio.Lock()
         self._count: tuple[float, int] | None = None
+        self._queries: OrderedDict[str, np.ndarray] = OrderedDict()
 
     @classmethod
     def for_colony(
@@ -130,7 +133,16 @@ class ChromaVectorIndex:
         return vectors / np.where(norms > 0, norms, 1.0)
 
     async def embed_query(self, text: str) -> np.ndarray:
-        return (await asyncio.to_thread(self._embed, [text]))[0]
+        """The embedding of a query (recently asked ones are remembered: lenses repeat theirs)."""
+        cached = self._queries.get(text)
+        if cached is not None:
+            self._queries.move_to_end(text)
+            return cached
+        vector = (await asyncio.to_thread(self._embed, [text]))[0]
+        self._queries[text] = vector
+        while len(self._queries) > QUERY_CACHE:
+            self._queries.popitem(last=False)
+        return vector
 
     async def upsert(self, entries: Sequence[MemoryEntry]) -> None:
         """Embed and store entries (replacing rows of the same id)."""

@@ -19,12 +19,16 @@ The entries finally returned are read from Redis and checked again: an entry Red
 from __future__ import annotations
 
 import asyncio
+import heapq
 import logging
+import math
 import time
 from collections import OrderedDict
-from collections.abc import Iterable, Sequence
+from collections.abc import Collection, Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import Any
+
+import numpy as np
 
 from colony.blackboard.protocol import MemoryProtocol
 from colony.config import ColonySettings, load_settings
@@ -80,7 +84,32 @@ class _Mirror:
 
     position: str | None = None
     meta: dict[str, EntryMeta] = field(default_factory=dict)
+    expiring: set[str] = field(default_factory=set)  # ids of entries with a TTL
     lock: asyncio.Lock = field(default_factory=asyncio.Lock)
+
+
+class _Candidates(Collection[str]):
+    """Chroma refs of a filter's survivors, answered from the per-scope id sets (no string per
+    entry is built unless iterated, which a search does only for a few candidates)."""
+
+    def __init__(self, by_scope: dict[str, set[str]]) -> None:
+        self.by_scope = by_scope
+        self._len = sum(len(ids) for ids in by_scope.values())
+
+    def __contains__(self, ref: object) -> bool:
+        if not isinstance(ref, str):
+            return False
+        scope_id, entry_id = split_ref(ref)
+        ids = self.by_scope.get(scope_id)
+        return ids is not None and entry_id in ids
+
+    def __len__(self) -> int:
+        return self._len
+
+    def __iter__(self) -> Iterator[str]:
+        for scope_id, ids in self.by_scope.items():
+            for entry_id in ids:
+                yield ref_of(scope_id, entry_id)
 
 
 def _has_logic(query: MemoryQuery) -> bool:
@@ -122,16 +151,22 @@ class MemoryRetriever:
 
     def _index(self, mirror: _Mirror, scope_id: str, entry: MemoryEntry) -> None:
         mirror.meta[entry.entry_id] = EntryMeta.of(entry)
+        if entry.expires_at is not None:
+            mirror.expiring.add(entry.entry_id)
+        else:
+            mirror.expiring.discard(entry.entry_id)
         self.keyword.add(scope_id, entry.entry_id, entry.content)
 
     def _unindex(self, mirror: _Mirror, scope_id: str, entry_id: str) -> None:
         mirror.meta.pop(entry_id, None)
+        mirror.expiring.discard(entry_id)
         self.keyword.remove(scope_id, entry_id)
 
     async def _rebuild_mirror(self, scope_id: str, mirror: _Mirror) -> None:
         position = await self.store.latest_position(scope_id)
         entries = await self.store.entries(scope_id)
         mirror.meta.clear()
+        mirror.expiring.clear()
         self.keyword.clear(scope_id)
         for entry in entries:
             self._index(mirror, scope_id, entry)
@@ -149,31 +184,31 @@ class MemoryRetriever:
                     log.info("memory scope %s: events trimmed past the keyword index; rebuilding", scope_id)
                     await self._rebuild_mirror(scope_id, mirror)
                     continue
-                if batch.upserted:
-                    ids = list(dict.fromkeys(batch.upserted))
-                    for entry_id, entry in zip(
-                        ids, await self.store.get_many([(scope_id, i) for i in ids]), strict=True
-                    ):
+                # a batch loses the order of a delete and a re-write of one id: written ids are
+                # read back, and what Redis holds now decides
+                written = list(dict.fromkeys(batch.upserted))
+                for entry_id in set(batch.deleted).difference(written):
+                    self._unindex(mirror, scope_id, entry_id)
+                if written:
+                    current = await self.store.get_many([(scope_id, i) for i in written])
+                    for entry_id, entry in zip(written, current, strict=True):
                         if entry is None:
                             self._unindex(mirror, scope_id, entry_id)
                         else:
                             self._index(mirror, scope_id, entry)
-                for entry_id in batch.deleted:
-                    self._unindex(mirror, scope_id, entry_id)
                 if batch.position == mirror.position:
                     return mirror
                 mirror.position = batch.position
 
     # -- the shared vector index ---------------------------------------------------------------
 
-    async def _vector_position(self, scope_id: str, generation: str) -> tuple[str | None, int | None]:
+    async def _vector_position(self, scope_id: str, generation: str) -> str | None:
+        """How far the vector index has followed the scope; None if never (in this collection)."""
         stored = await self.store.board(scope_id).read(MemoryProtocol.index_position_key())
-        if stored is None:
-            return None, None
-        value = stored.value if isinstance(stored.value, dict) else {}
+        value = stored.value if stored is not None and isinstance(stored.value, dict) else {}
         if value.get("collection") != generation or not isinstance(value.get("position"), str):
-            return None, stored.version
-        return value["position"], stored.version
+            return None
+        return str(value["position"])
 
     async def _advance_vector(self, scope_id: str, generation: str, position: str) -> None:
         """Store the index position; only forward (within one collection generation)."""
@@ -211,7 +246,7 @@ class MemoryRetriever:
         lock = self._vector_locks.setdefault(scope_id, asyncio.Lock())
         async with lock:
             generation = await self.vector.generation()
-            position, _ = await self._vector_position(scope_id, generation)
+            position = await self._vector_position(scope_id, generation)
             if position is None:
                 await self._reindex(scope_id, generation)
                 return
@@ -221,11 +256,12 @@ class MemoryRetriever:
                     log.info("memory scope %s: events trimmed past the vector index; reindexing", scope_id)
                     await self._reindex(scope_id, generation)
                     return
-                upserted = [i for i in batch.upserted if i not in set(batch.deleted)]
-                if upserted:
-                    await self._upsert_vectors(scope_id, upserted)
-                if batch.deleted:
-                    await self.vector.delete([ref_of(scope_id, i) for i in dict.fromkeys(batch.deleted)])
+                written = list(dict.fromkeys(batch.upserted))
+                deleted = set(batch.deleted).difference(written)
+                if deleted:
+                    await self.vector.delete([ref_of(scope_id, i) for i in deleted])
+                if written:
+                    await self._upsert_vectors(scope_id, written)  # as Redis holds them now
                 if batch.upserted or batch.deleted:
                     await self._advance_vector(scope_id, generation, batch.position)
                 if batch.position == position:
@@ -268,10 +304,8 @@ class MemoryRetriever:
         if not mirror.meta:
             return None
         now = time.time()
-        refs = {
-            ref_of(scope_id, i) for i, m in mirror.meta.items() if m.expires_at is None or m.expires_at > now
-        }
-        hits = await self.vector.search(await self.vector.embed_query(text), refs, 1)
+        live = {i for i, m in mirror.meta.items() if m.expires_at is None or m.expires_at > now}
+        hits = await self.vector.search(await self.vector.embed_query(text), _Candidates({scope_id: live}), 1)
         if not hits:
             return None
         ref, cosine = max(hits.items(), key=lambda kv: kv[1])
@@ -285,25 +319,53 @@ class MemoryRetriever:
             return []
         text = (query.query or "").strip()
         use_vector = self.vector is not None and bool(text) and query.mode != "keyword"
-        mirrors = await asyncio.gather(*(self._sync_mirror(s) for s in scopes))
-        if use_vector:
-            try:
-                await asyncio.gather(*(self._sync_vector(s) for s in scopes))
-            except Exception:  # a Chroma outage degrades ranking, never recall itself
-                log.warning("memory: vector index unavailable; ranking by keywords only", exc_info=True)
-                use_vector = False
-        now = time.time()
-        candidates, narrowed = self._filter(query, scopes, mirrors, now)
-        total = sum(len(c) for c in candidates.values())
-        if not total:
-            return []
-        limit = min(query.max_results, self.settings.memory.max_recall_results)
-        if text:
-            ranked = await self._rank_text(query, text, candidates, narrowed, use_vector, limit, now)
-        else:
-            ranked = await self._rank_unranked(candidates, mirrors, scopes, now)
-        ranked = [r for r in ranked if r[1] >= query.min_relevance]
-        return await self._verify(query, ranked, limit, now)
+        # the query's embedding (the slowest step) is computed while the indexes catch up
+        embedding = (
+            asyncio.ensure_future(self.vector.embed_query(text)) if use_vector and self.vector else None
+        )
+        try:
+            mirrors = await asyncio.gather(*(self._sync_mirror(s) for s in scopes))
+            if use_vector:
+                try:
+                    await asyncio.gather(*(self._sync_vector(s) for s in scopes))
+                except Exception:  # a Chroma outage degrades ranking, never recall itself
+                    log.warning("memory: vector index unavailable; ranking by keywords only", exc_info=True)
+                    use_vector = False
+            now = time.time()
+            candidates, narrowed = self._filter(query, scopes, mirrors, now)
+            if not any(candidates.values()):
+                return []
+            limit = min(query.max_results, self.settings.memory.max_recall_results)
+            if text:
+                qv = await self._embedding(embedding) if use_vector else None
+                ranked = await self._rank_text(query, text, candidates, narrowed, qv, limit, now)
+            else:
+                top = limit * 2 + RANK_POOL_MIN
+                ranked = await self._rank_unranked(candidates, mirrors, scopes, now, top)
+                found = await self._verify(
+                    query, [r for r in ranked if r[1] >= query.min_relevance], limit, now
+                )
+                if len(found) >= limit or len(ranked) < top:
+                    return found
+                # many of the best were gone from Redis: rank every candidate
+                ranked = await self._rank_unranked(candidates, mirrors, scopes, now, None)
+            ranked = [r for r in ranked if r[1] >= query.min_relevance]
+            return await self._verify(query, ranked, limit, now)
+        finally:
+            if embedding is not None and not embedding.done():
+                embedding.cancel()
+            elif embedding is not None and not embedding.cancelled():
+                embedding.exception()  # retrieved: a failure was logged by _embedding or is moot
+
+    @staticmethod
+    async def _embedding(task: asyncio.Future[np.ndarray] | None) -> np.ndarray | None:
+        if task is None:
+            return None
+        try:
+            return await task
+        except Exception:  # the query's embedding failed: rank by keywords
+            log.warning("memory: embedding the query failed; ranking by keywords only", exc_info=True)
+            return None
 
     # -- recall steps ----------------------------------------------------------------------------
 
@@ -316,7 +378,9 @@ class MemoryRetriever:
         out: dict[str, set[str]] = {}
         narrowed = False
         for scope_id, mirror in zip(scopes, mirrors, strict=True):
-            expired = [i for i, m in mirror.meta.items() if m.expires_at is not None and m.expires_at <= now]
+            expired = [
+                i for i in mirror.expiring if (m := mirror.meta.get(i)) is None or (m.expires_at or 0) <= now
+            ]
             for entry_id in expired:
                 self._unindex(mirror, scope_id, entry_id)
             if expired and self.vector is not None:
@@ -335,21 +399,20 @@ class MemoryRetriever:
         text: str,
         candidates: dict[str, set[str]],
         narrowed: bool,
-        use_vector: bool,
+        qv: np.ndarray | None,
         limit: int,
         now: float,
     ) -> list[Ranked]:
+        """Fuse the vector and keyword rankers' best `pool` candidates each (the scores either
+        lacks for the other's picks are computed exactly, so fusion sees both for every one)."""
         memory = self.settings.memory
-        wv, wk = mode_weights(query.mode, memory, vector_available=use_vector)
+        wv, wk = mode_weights(query.mode, memory, vector_available=qv is not None)
         pool = max(RANK_POOL_MIN, limit * 3)
         cosines: dict[str, float] = {}
         bm25: dict[str, float] = {}
-        qv = None
-        if wv > 0 and self.vector is not None:
+        if wv > 0 and qv is not None and self.vector is not None:
             try:
-                qv = await self.vector.embed_query(text)
-                refs = {ref_of(s, i) for s, ids in candidates.items() for i in ids}
-                cosines = await self.vector.search(qv, refs, pool)
+                cosines = await self.vector.search(qv, _Candidates(candidates), pool)
             except Exception:
                 log.warning("memory: vector search failed; ranking by keywords only", exc_info=True)
                 wv, wk, qv = 0.0, 1.0, None
@@ -388,22 +451,39 @@ class MemoryRetriever:
         return ranked
 
     async def _rank_unranked(
-        self, candidates: dict[str, set[str]], mirrors: Sequence[_Mirror], scopes: list[str], now: float
+        self,
+        candidates: dict[str, set[str]],
+        mirrors: Sequence[_Mirror],
+        scopes: list[str],
+        now: float,
+        top: int | None,
     ) -> list[Ranked]:
-        """No query text: decayed importance (the scope's maintenance) times recency."""
+        """No query text: decayed importance (the scope's maintenance) times recency, best `top`.
+
+        Both factors decay exponentially with age, so log(relevance) = log(importance) + k x
+        created_at + a constant of the scope: the best `top` of each scope are picked on that key
+        without computing every entry's relevance."""
         configs = await asyncio.gather(*(self.store.config(s) for s in scopes))
         half_life = self.settings.memory.recency_half_life_seconds
         ranked: list[tuple[float, float, str, float]] = []
         for scope_id, mirror, config in zip(scopes, mirrors, configs, strict=True):
             maintenance = config.maintenance if config is not None else MaintenanceConfig()
             per_minute = 1.0 - maintenance.decay_rate
-            for entry_id in candidates[scope_id]:
-                meta = mirror.meta[entry_id]
+            metas = [m for i in candidates[scope_id] if (m := mirror.meta.get(i)) is not None]
+            if top is not None and len(metas) > top:
+                k = -math.log(0.5) / half_life - math.log(per_minute) / 60.0  # decay_rate < 1
+                metas = heapq.nlargest(
+                    top,
+                    metas,
+                    key=lambda m: (math.log(m.importance) if m.importance > 0 else -1e300) + k * m.created_at,
+                )
+            for meta in metas:
                 age = max(0.0, now - meta.created_at)
                 rec = recency(age, half_life)
                 decayed = meta.importance * per_minute ** (age / 60.0)
-                relevance = unranked_relevance(decayed, rec)
-                ranked.append((relevance, meta.created_at, ref_of(scope_id, entry_id), rec))
+                ranked.append(
+                    (unranked_relevance(decayed, rec), meta.created_at, ref_of(scope_id, meta.entry_id), rec)
+                )
         ranked.sort(reverse=True)  # most relevant first, the newest on ties
         return [(ref, relevance, (0.0, 0.0, rec)) for relevance, _, ref, rec in ranked]
 
