@@ -7,6 +7,7 @@ from __future__ import annotations
 import ipaddress
 import json
 import os
+import signal
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -102,15 +103,21 @@ def test_start_reuse_stop_and_the_url_memory_uses(tmp_path: Path, no_download: P
     assert server.stop() is False
 
 
-def test_a_stale_state_file_is_dropped_and_a_new_server_started(tmp_path: Path) -> None:
-    settings = _settings(tmp_path)
-    dead = {"pid": 2**22 + 17, "host": "127.0.0.1", "port": free_port(), "binary": "chroma", "path": "x"}
-    (tmp_path / "chroma-server.json").write_text(json.dumps(dead))
+def test_a_killed_server_comes_back_on_its_port_and_foreign_pids_are_left_alone(tmp_path: Path) -> None:
+    settings = ColonySettings(data_dir=tmp_path)  # no port configured: a free one is picked
     server = EmbeddedChroma(tmp_path, settings.memory.chroma)
-    assert server.status() is None and not (tmp_path / "chroma-server.json").exists()
-    (tmp_path / "chroma-server.json").write_text(json.dumps({**dead, "pid": os.getpid()}))  # not chroma
-    assert resolve_chroma_url(settings) is None
-    assert server.stop() is False  # a recorded pid that is not a chroma server is never signalled
+    first = server.start()
+    try:
+        os.kill(first.pid, signal.SIGKILL)
+        assert server.status() is None and resolve_chroma_url(settings) is None
+        assert cluster.start_chroma(settings) is True  # what `up` does, also for a running cluster
+        second = server.status()
+        assert second is not None and second.pid != first.pid and second.url == first.url
+    finally:
+        server.stop()
+    (tmp_path / "chroma-server.json").write_text(json.dumps({**first.__dict__, "pid": os.getpid()}))
+    assert server.status() is None and resolve_chroma_url(settings) is None  # this process: no chroma
+    assert server.stop() is False and process_alive(os.getpid())  # a foreign pid is never signalled
 
 
 def test_bad_settings_are_refused_by_name(tmp_path: Path) -> None:

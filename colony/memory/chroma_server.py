@@ -31,6 +31,7 @@ import logging
 import os
 import shutil
 import signal
+import socket
 import subprocess
 import sys
 import sysconfig
@@ -152,19 +153,19 @@ class EmbeddedChroma:
             return None
 
     def status(self) -> ChromaServerInfo | None:
-        """The running server, or None (a stale state file is removed)."""
+        """The running server, or None. The state file of a server that died stays (only `stop()`
+        removes it): the next `start()` brings the server back on the port it recorded."""
         info = self.recorded()
         if info is None:
             return None
         if process_alive(info.pid) and _is_chroma_process(info.pid) and heartbeat(info.url):
             return info
-        log.info("removing stale embedded chroma state (pid %s, port %s)", info.pid, info.port)
-        self.state_file.unlink(missing_ok=True)
         return None
 
     def start(self) -> ChromaServerInfo:
         """Start the server, or return the one already running for this data_dir."""
         with self._locked():
+            previous = self.recorded()
             running = self.status()
             if running is not None:
                 return running
@@ -175,7 +176,10 @@ class EmbeddedChroma:
                     "one between machines, run Chroma yourself and set memory.chroma_url."
                 )
             binary = find_chroma_binary(self.settings.binary)
-            port = self.settings.port or free_port(self.settings.host)
+            # a server that died comes back on its port: clients holding its URL reconnect to it
+            reusable = previous is not None and previous.host == self.settings.host and _free(previous)
+            port = self.settings.port or (previous.port if previous and reusable else None)
+            port = port or free_port(self.settings.host)
             self.path.mkdir(parents=True, exist_ok=True)
             self.path.chmod(0o700)
             self.log_file.parent.mkdir(parents=True, exist_ok=True)
@@ -241,6 +245,16 @@ class EmbeddedChroma:
             return "\n".join(self.log_file.read_text(errors="replace").splitlines()[-lines:])
         except OSError:
             return "(no log)"
+
+
+def _free(info: ChromaServerInfo) -> bool:
+    """Whether nothing listens on the port `info` recorded."""
+    with socket.socket(socket.AF_INET6 if ":" in info.host else socket.AF_INET, socket.SOCK_STREAM) as sock:
+        try:
+            sock.bind((info.host, info.port))
+        except OSError:
+            return False
+    return True
 
 
 def _wait_exit(pid: int, timeout: float) -> bool:

@@ -104,6 +104,10 @@ def up(settings: ColonySettings, config: str | None = None, *, echo: bool = True
     raises `ClusterError` with the cause and leaves nothing running that this call started."""
     running = status(settings)
     if running is not None:
+        try:  # a Chroma server that died under a running cluster comes back, on its port
+            start_chroma(settings)
+        except ColonyError as exc:
+            log.warning("the embedded Chroma server is down and could not be started again: %s", exc)
         return running
     # user agents (`agents:`) import here first: a bad entry is named in a second, before Ray starts
     # (the daemon builds them again; it runs with the same environment)
