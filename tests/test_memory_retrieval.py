@@ -396,6 +396,9 @@ async def test_min_relevance_keeps_a_paraphrase_and_drops_unrelated_entries(
     ranked = await retriever.recall(MemoryQuery(query=question, max_results=len(FACTS)), [scope])
     assert ranked[0].entry.entry_id == ids[0]
     assert ranked[0].relevance > 0.3
+    # no fact shares a word with the question: the keyword ranker abstains (cosine alone ranks)
+    assert ranked[0].scores["keyword"] == 0.0
+    assert ranked[0].relevance == pytest.approx(ranked[0].scores["vector"], abs=1e-3)
     assert all(r.relevance < 0.3 for r in ranked[1:]), [(r.entry.content, r.relevance) for r in ranked]
     assert ranked[0].relevance - ranked[1].relevance > 0.1
     kept = await retriever.recall(MemoryQuery(query=question, min_relevance=0.3), [scope])
@@ -436,3 +439,21 @@ async def test_a_delete_and_rewrite_of_one_id_between_syncs_keeps_the_new_entry(
     assert await chroma_has(vector, ref_of(scope, "beacon")) == {ref_of(scope, "beacon")}
     found = await retriever.recall(MemoryQuery(query="white lighthouse", mode="keyword"), [scope])
     assert [r.entry.content for r in found] == ["the lighthouse is painted white"]
+
+
+async def test_a_lost_collection_degrades_to_keywords_then_is_rebuilt(
+    store: MemoryStore, chroma: Any, settings: ColonySettings, scope: str
+) -> None:
+    """Chroma losing the collection (server wiped, collection dropped) never fails a recall: it
+    ranks by keywords, and the next recall finds the new collection and refills it from Redis."""
+    vector = new_index(chroma)
+    retriever = MemoryRetriever(store, vector, settings=settings)
+    owl = await write(store, scope, "the snowy owl hunts lemmings")
+    await write(store, scope, "the barn owl nests in lofts")
+    q = MemoryQuery(query="snowy owl lemmings")
+    assert (await retriever.recall(q, [scope]))[0].entry.entry_id == owl
+    chroma.delete_collection(vector.name)
+    degraded = await retriever.recall(q, [scope])
+    assert degraded[0].entry.entry_id == owl and degraded[0].scores["vector"] == 0.0
+    recovered = await retriever.recall(q.model_copy(update={"mode": "vector"}), [scope])
+    assert recovered[0].entry.entry_id == owl and recovered[0].scores["vector"] > 0.5

@@ -19,8 +19,8 @@ import asyncio
 import math
 import re
 from collections import OrderedDict
-from collections.abc import Collection, Sequence
-from typing import Any, Protocol, runtime_checkable
+from collections.abc import Callable, Collection, Sequence
+from typing import Any, Protocol, TypeVar, runtime_checkable
 
 import numpy as np
 
@@ -36,6 +36,7 @@ _COLLECTION_NAME = re.compile(r"^[a-zA-Z0-9][a-zA-Z0-9._-]{1,510}[a-zA-Z0-9]$")
 # (10k rows: n=200 ~4 ms, n=1000 ~10 ms, n=5000 ~29 ms)
 DIRECT_MAX = 128
 UPSERT_BATCH = 256
+T = TypeVar("T")
 QUERY_CACHE = 256
 
 
@@ -124,6 +125,16 @@ class ChromaVectorIndex:
                     )
         return self._collection
 
+    async def _run(self, op: Callable[[Any], T]) -> T:
+        """Run `op(collection)` in a worker thread; after a failure the collection is looked up
+        again on the next call (it may have been recreated, or the server restarted empty)."""
+        coll = await self._coll()
+        try:
+            return await asyncio.to_thread(op, coll)
+        except Exception:
+            self._collection = None
+            raise
+
     async def generation(self) -> str:
         return str((await self._coll()).id)
 
@@ -146,41 +157,34 @@ class ChromaVectorIndex:
 
     async def upsert(self, entries: Sequence[MemoryEntry]) -> None:
         """Embed and store entries (replacing rows of the same id)."""
-        coll = await self._coll()
         for start in range(0, len(entries), UPSERT_BATCH):
             chunk = entries[start : start + UPSERT_BATCH]
             vectors = await asyncio.to_thread(self._embed, [e.content for e in chunk])
-            await asyncio.to_thread(
-                coll.upsert,
-                ids=[ref_of(e.scope_id, e.entry_id) for e in chunk],
-                embeddings=vectors,
-                metadatas=[{"scope": e.scope_id, "created_at": float(e.created_at)} for e in chunk],
-            )
+            ids = [ref_of(e.scope_id, e.entry_id) for e in chunk]
+            metadatas = [{"scope": e.scope_id, "created_at": float(e.created_at)} for e in chunk]
+            await self._run(lambda c: c.upsert(ids=ids, embeddings=vectors, metadatas=metadatas))  # noqa: B023
         self._count = None
 
     async def delete(self, refs: Sequence[str]) -> None:
         if refs:
-            coll = await self._coll()
-            await asyncio.to_thread(coll.delete, ids=list(refs))
+            ids = list(refs)
+            await self._run(lambda c: c.delete(ids=ids))
             self._count = None
 
     async def drop_scope(self, scope_id: str) -> None:
-        coll = await self._coll()
-        await asyncio.to_thread(coll.delete, where={"scope": scope_id})
+        await self._run(lambda c: c.delete(where={"scope": scope_id}))
         self._count = None
 
     async def count(self) -> int:
         """Rows in the collection (cached a few seconds: it only sizes a search's first try)."""
         now = asyncio.get_running_loop().time()
         if self._count is None or now - self._count[0] > 5.0:
-            coll = await self._coll()
-            self._count = (now, int(await asyncio.to_thread(coll.count)))
+            self._count = (now, int(await self._run(lambda c: c.count())))
         return self._count[1]
 
     async def _query(self, vector: np.ndarray, n: int) -> dict[str, float]:
-        coll = await self._coll()
-        reply = await asyncio.to_thread(
-            coll.query, query_embeddings=[vector], n_results=max(1, n), include=["distances"]
+        reply = await self._run(
+            lambda c: c.query(query_embeddings=[vector], n_results=max(1, n), include=["distances"])
         )
         found_ids = reply["ids"][0] if reply["ids"] else []
         distances = reply["distances"][0] if reply.get("distances") else []
@@ -214,8 +218,8 @@ class ChromaVectorIndex:
     async def similarities(self, vector: np.ndarray, refs: Collection[str]) -> dict[str, float]:
         if not refs:
             return {}
-        coll = await self._coll()
-        got = await asyncio.to_thread(coll.get, ids=list(refs), include=["embeddings"])
+        ids = list(refs)
+        got = await self._run(lambda c: c.get(ids=ids, include=["embeddings"]))
         embeddings = got.get("embeddings")
         if embeddings is None or not len(got["ids"]):
             return {}
