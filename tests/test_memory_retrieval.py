@@ -457,3 +457,55 @@ async def test_a_lost_collection_degrades_to_keywords_then_is_rebuilt(
     assert degraded[0].entry.entry_id == owl and degraded[0].scores["vector"] == 0.0
     recovered = await retriever.recall(q.model_copy(update={"mode": "vector"}), [scope])
     assert recovered[0].entry.entry_id == owl and recovered[0].scores["vector"] > 0.5
+
+
+# -- over a real Chroma server, as replicas use it -----------------------------------------------------
+
+
+async def test_two_replicas_share_one_chroma_server(
+    tmp_path: Path, store: MemoryStore, other_store: MemoryStore, scope: str
+) -> None:
+    """Two retrievers (two replicas: their own Redis clients and keyword indexes) on one `chroma
+    run` server: one's writes are indexed by the other's recall, a selective filter still finds
+    its best match over HTTP, and the index position in Redis is shared (no re-embedding)."""
+    from colony.blackboard.redis_server import free_port
+    from colony.config import ChromaServerSettings
+    from colony.memory.chroma_server import EmbeddedChroma, chroma_client
+
+    settings = ColonySettings(
+        data_dir=tmp_path,
+        memory=MemorySettings(chroma=ChromaServerSettings(port=free_port(), start_timeout_seconds=60)),
+    )
+    server = EmbeddedChroma(tmp_path, settings.memory.chroma)
+    server.start()
+    try:
+        name = f"t{uuid.uuid4().hex[:12]}-memory"
+        first = MemoryRetriever(
+            store, ChromaVectorIndex(chroma_client(settings), HashEmbedder(), name), settings=settings
+        )
+        second = MemoryRetriever(
+            other_store, ChromaVectorIndex(chroma_client(settings), HashEmbedder(), name), settings=settings
+        )
+        await store.write_many(
+            scope,
+            [
+                NewMemory(content=f"glacier ice core sample {n}", tags=frozenset({"noise"}))
+                for n in range(200)
+            ],
+        )
+        wanted = await write(
+            other_store, scope, "the glacier ice core was drilled in 1998", tags=frozenset({"keep"})
+        )
+        await write(other_store, scope, "a glacier hike", tags=frozenset({"keep"}))
+        q = MemoryQuery(query="glacier ice core sample", tag_filter=TagFilter(all_of={"keep"}), mode="vector")
+        found = await first.recall(q, [scope])
+        assert found[0].entry.entry_id == wanted and all("keep" in r.entry.tags for r in found)
+        calls = HashEmbedder.calls
+        found = await second.recall(q, [scope])  # the first replica indexed everything already
+        assert found[0].entry.entry_id == wanted
+        assert HashEmbedder.calls == calls + 1  # only the query was embedded
+        await store.delete(scope, [wanted])
+        assert all(r.entry.entry_id != wanted for r in await second.recall(q, [scope]))
+        assert not await chroma_has(second.vector, ref_of(scope, wanted))  # type: ignore[arg-type]
+    finally:
+        server.stop()

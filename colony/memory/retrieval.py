@@ -337,8 +337,10 @@ class MemoryRetriever:
                 return []
             limit = min(query.max_results, self.settings.memory.max_recall_results)
             if text:
-                qv = await self._embedding(embedding) if use_vector else None
-                ranked = await self._rank_text(query, text, candidates, narrowed, qv, limit, now)
+                vector_embedding = embedding if use_vector else None
+                ranked = await self._rank_text(
+                    query, text, candidates, narrowed, vector_embedding, limit, now
+                )
             else:
                 top = limit * 2 + RANK_POOL_MIN
                 ranked = await self._rank_unranked(candidates, mirrors, scopes, now, top)
@@ -399,36 +401,34 @@ class MemoryRetriever:
         text: str,
         candidates: dict[str, set[str]],
         narrowed: bool,
-        qv: np.ndarray | None,
+        embedding: asyncio.Future[np.ndarray] | None,
         limit: int,
         now: float,
     ) -> list[Ranked]:
         """Fuse the vector and keyword rankers' best `pool` candidates each (the scores either
         lacks for the other's picks are computed exactly, so fusion sees both for every one)."""
         memory = self.settings.memory
-        wv, wk = mode_weights(query.mode, memory, vector_available=qv is not None)
         pool = max(RANK_POOL_MIN, limit * 3)
+        # keywords first: they are ranked while the query's embedding is still being computed
+        bm25 = self._keyword_pool(text, candidates, narrowed, pool) if query.mode != "vector" else {}
+        qv = await self._embedding(embedding)
+        wv, wk = mode_weights(query.mode, memory, vector_available=qv is not None)
         cosines: dict[str, float] = {}
-        bm25: dict[str, float] = {}
         if wv > 0 and qv is not None and self.vector is not None:
             try:
-                cosines = await self.vector.search(qv, _Candidates(candidates), pool)
+                searched, known = await asyncio.gather(
+                    self.vector.search(qv, _Candidates(candidates), pool),
+                    self.vector.similarities(qv, list(bm25)) if wk > 0 else _nothing(),
+                )
+                cosines = {**known, **searched}
             except Exception:
                 log.warning("memory: vector search failed; ranking by keywords only", exc_info=True)
-                wv, wk, qv = 0.0, 1.0, None
-        if wk > 0:
-            for scope_id, ids in candidates.items():
-                for entry_id, score in self.keyword.search(
-                    scope_id, text, candidates=ids if narrowed else None, limit=pool
-                ):
-                    bm25[ref_of(scope_id, entry_id)] = score
+                wv, wk = 0.0, 1.0
+        if wk > 0 and not bm25 and query.mode == "vector":  # the vector ranker was not available
+            bm25 = self._keyword_pool(text, candidates, narrowed, pool)
         if wk > 0 and wv > 0 and not bm25:
             wv, wk = 1.0, 0.0  # no candidate shares a word with the query: the keyword ranker abstains
         union = set(cosines) | set(bm25)
-        if wv > 0 and qv is not None and self.vector is not None:
-            missing = union - set(cosines)
-            if missing:
-                cosines.update(await self.vector.similarities(qv, missing))
         if wk > 0:
             by_scope: dict[str, set[str]] = {}
             for ref in union - set(bm25):
@@ -449,6 +449,18 @@ class MemoryRetriever:
             ranked.append((ref, fuse(cos, kw, rec, wv=wv, wk=wk, wr=wr), (max(0.0, cos), kw, rec)))
         ranked.sort(key=lambda r: r[1], reverse=True)
         return ranked
+
+    def _keyword_pool(
+        self, text: str, candidates: dict[str, set[str]], narrowed: bool, pool: int
+    ) -> dict[str, float]:
+        """BM25 of the best `pool` candidates of each scope sharing a word with the query."""
+        bm25: dict[str, float] = {}
+        for scope_id, ids in candidates.items():
+            for entry_id, score in self.keyword.search(
+                scope_id, text, candidates=ids if narrowed else None, limit=pool
+            ):
+                bm25[ref_of(scope_id, entry_id)] = score
+        return bm25
 
     async def _rank_unranked(
         self,
@@ -538,6 +550,10 @@ class MemoryRetriever:
         """Wait for background index deletions (tests, shutdown)."""
         while self._pending:
             await asyncio.gather(*list(self._pending), return_exceptions=True)
+
+
+async def _nothing() -> dict[str, float]:
+    return {}
 
 
 def _scope_selected(query: MemoryQuery, scope_id: str) -> bool:
