@@ -209,6 +209,7 @@ def test_write_dedups_is_ingested_and_refuses_bad_input(served: MemoryApp, http:
     refused({"scope": "working", "content": "x" * 501}, 422, "content", "memory.max_content_chars")
     refused({"scope": "working", "content": "x", "entry_id": "a*{b}"}, 422, "entry_id")
     refused({"scope": "working", "content": "x", "colour": "red"}, 422, "colour")
+    refused({"scope": "working", "content": "x", "sources": ["a*#b"]}, 422, "sources")
     refused({"scope": "working", "content": "x", "tags": ["index:memory"]}, 422, "reserved")
     refused({"scope": "ltm:semantic", "content": "x"}, 404, "no memory scope", "working", "stm")
     nan = http.post(

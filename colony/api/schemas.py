@@ -127,12 +127,17 @@ SSE_EVENT: dict[str, Any] = {
 # runs. Bounds set in `memory.*` settings (max_content_chars, max_tags_per_entry) may be tighter
 # than these ceilings; the store checks them and answers 422 naming the field.
 
-TAG_PATTERN = r"^[^*?\[\]\\{}\s\x00-\x1f\x7f]{1,256}$"
+# characters no tag or scope id holds: wildcards, braces, controls (C0, DEL, C1) and whitespace, the
+# whitespace spelled out (`\s` differs between Python, Rust (pydantic) and ECMA (the document) regexes)
+_NOT_IN_KEYS = r"*?\[\]\\{}\x00-\x20\x7f-\xa0\u1680\u2000-\u200a\u2028\u2029\u202f\u205f\u3000\ufeff"
+TAG_PATTERN = rf"^[^{_NOT_IN_KEYS}]{{1,256}}$"
 Tag = Annotated[str, StringConstraints(pattern=TAG_PATTERN)]
 MEMORY_ENTRY_ID = r"^[A-Za-z0-9][A-Za-z0-9_.\-]{0,127}$"
 MAX_MEMORY_CONTENT = 200_000  # the ceiling of memory.max_content_chars
 MAX_MEMORY_TAGS = 256  # the ceiling of memory.max_tags_per_entry
 MAX_SCOPE_REF = 512
+# provenance: `scope_id#entry_id` (a scope id without wildcards, braces or whitespace; an entry id)
+SOURCE_REF = rf"^[^{_NOT_IN_KEYS}#]{{1,895}}#[A-Za-z0-9][A-Za-z0-9_.\-]{{0,127}}$"
 
 
 class MemoryTagFilter(BaseModel):
@@ -201,7 +206,7 @@ class MemoryWrite(BaseModel):
     entry_id: str | None = Field(
         None, pattern=MEMORY_ENTRY_ID, description="makes the write idempotent: one entry per id"
     )
-    sources: list[Annotated[str, StringConstraints(min_length=1, max_length=1024)]] = Field(
+    sources: list[Annotated[str, StringConstraints(max_length=1024, pattern=SOURCE_REF)]] = Field(
         default_factory=list, max_length=256, description="`scope_id#entry_id` of entries it came from"
     )
     importance: float = Field(0.5, ge=0, le=1)
