@@ -6,7 +6,9 @@ misspelt or invalid setting fails at `helm install` rather than in a pod, and a 
 the chart by running this again: `.venv/bin/python helm/values_schema.py`. Left out of that block:
 the secrets (`api_token`, `secret`, `redis_url`, `engine.api_key`, `api.metrics_token`: they reach the
 pods from Secrets), `embedded_redis` (the chart's pods always use a Redis server) and `serve.port`
-(the chart writes its own `serve.port` there, so the two cannot disagree). tests/test_helm_chart.py fails
+(the chart writes its own `serve.port` there, so the two cannot disagree), and `memory.chroma_url` and
+`memory.chroma` (the chart writes the shared Chroma server's URL, from its `memory:` values, and
+turns the per-process server off). tests/test_helm_chart.py fails
 when the committed file differs from what this writes.
 """
 
@@ -28,6 +30,8 @@ LEFT_OUT = {
     ("engine", "api_key"),
     ("api", "metrics_token"),
     ("serve", "port"),
+    ("memory", "chroma_url"),
+    ("memory", "chroma"),
 }
 # environment variables the chart sets in the Ray containers, refused in extraEnv; pydantic-settings
 # matches env names case-insensitively, so the check ignores case
@@ -181,6 +185,62 @@ image = obj(
 )
 
 
+def persistence() -> dict[str, Any]:
+    """A StatefulSet's PVC: size, storage class, access modes."""
+    return obj(
+        {
+            "size": {"type": "string", "pattern": r"^[0-9]+(Mi|Gi|Ti|M|G|T)$"},
+            "storageClass": {"type": "string"},
+            "accessModes": {
+                "type": "array",
+                "minItems": 1,
+                "items": {"enum": ["ReadWriteOnce", "ReadWriteOncePod", "ReadWriteMany"]},
+            },
+        },
+        required=["size", "accessModes"],
+    )
+
+
+def memory_block() -> dict[str, Any]:
+    """The Chroma server of agent memory: run here (`enabled`) or an external one by URL. The URL
+    lands in a ConfigMap, so it may carry no credentials (Colony sends none to Chroma either)."""
+    optional_image = obj(
+        {
+            "repository": {"type": "string", "pattern": r"^$|^[a-z0-9][a-z0-9._/:-]*$"},
+            "tag": {"type": "string", "pattern": r"^$|^[A-Za-z0-9_][A-Za-z0-9_.-]{0,127}$"},
+            "pullPolicy": {"enum": ["Always", "IfNotPresent", "Never"]},
+        },
+        required=["repository", "tag", "pullPolicy"],
+        description="empty repository and tag: the chart's image (the client's chromadb)",
+    )
+    return obj(
+        {
+            "enabled": {"type": "boolean", "description": "run the Chroma server here (else external.url)"},
+            "chroma": obj(
+                {
+                    "image": optional_image,
+                    "port": {"type": "integer", "minimum": 1024, "maximum": 65535},
+                    "persistence": persistence(),
+                    "resources": resources,
+                    **scheduling,
+                    "external": obj(
+                        {
+                            "url": {
+                                "type": "string",
+                                "pattern": r"^$|^https?://[A-Za-z0-9]([A-Za-z0-9.-]*[A-Za-z0-9])?(:[0-9]{1,5})?/?$",
+                                "description": "http(s)://host[:port] of a Chroma server; no credentials",
+                            }
+                        },
+                        required=["url"],
+                    ),
+                },
+                required=["image", "port", "persistence", "resources", "external"],
+            ),
+        },
+        required=["enabled", "chroma"],
+    )
+
+
 def worker_group(gpu: bool) -> dict[str, Any]:
     """A Ray worker group's values (the GPU one also says how many GPUs each pod gets)."""
     props: dict[str, Any] = {
@@ -206,7 +266,7 @@ def schema() -> dict[str, Any]:
         "title": "Values of the colony Helm chart",
         "type": "object",
         "additionalProperties": False,
-        "required": ["rayVersion", "image", "colony", "serve", "head", "workers", "auth", "redis"],
+        "required": ["rayVersion", "image", "colony", "serve", "head", "workers", "auth", "redis", "memory"],
         "properties": {
             "global": {"type": "object"},
             "rayVersion": {
@@ -346,18 +406,7 @@ def schema() -> dict[str, Any]:
                         },
                         required=["existingSecret", "password"],
                     ),
-                    "persistence": obj(
-                        {
-                            "size": {"type": "string", "pattern": r"^[0-9]+(Mi|Gi|Ti|M|G|T)$"},
-                            "storageClass": {"type": "string"},
-                            "accessModes": {
-                                "type": "array",
-                                "minItems": 1,
-                                "items": {"enum": ["ReadWriteOnce", "ReadWriteOncePod", "ReadWriteMany"]},
-                            },
-                        },
-                        required=["size", "accessModes"],
-                    ),
+                    "persistence": persistence(),
                     "resources": resources,
                     **scheduling,
                     "external": obj(
@@ -374,6 +423,7 @@ def schema() -> dict[str, Any]:
                 },
                 required=["enabled", "port", "appendfsync", "auth", "persistence", "external"],
             ),
+            "memory": memory_block(),
             "service": obj(
                 {
                     "type": {"enum": ["ClusterIP", "NodePort", "LoadBalancer"]},

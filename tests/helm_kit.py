@@ -8,14 +8,24 @@
   field fails here instead of being pruned silently by the API server.
 - `FakeKubeApi`: a tiny Kubernetes API stand-in (discovery of v1 and GET of Secrets) so Helm's
   `lookup` runs for real: what `helm upgrade` sees of the Secrets an install created.
+- `ingress_allowed`: NetworkPolicies evaluated as a network plugin enforces them.
+- `build_like_serve`: serveConfigV2's application built in-process as Serve's controller builds it.
+- `server_process`: a server container's command (Redis's, Chroma's) run here in its own process
+  group, yielded once it listens, stopped with its group.
 """
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import functools
 import json
+import os
+import signal
+import socket
+import subprocess
 import threading
+import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
@@ -327,3 +337,87 @@ SECRET_ENV = {
     "COLONY_SECRET": "colony-secret",
     "COLONY_API__METRICS_TOKEN": "metrics-token",
 }
+
+
+# --- serveConfigV2 as Serve's controller reads it ---------------------------------------------------
+
+
+def build_like_serve(app_config: Any) -> dict[str, Any]:
+    """Build the application the way Serve's controller does for a config deploy
+    (`build_serve_application`, then `override_deployment_info`): import the import_path, call it
+    with the args, build the deployments, apply the config's per-deployment options."""
+    from ray._common.utils import import_attr
+    from ray.serve._private.api import call_user_app_builder_with_args_if_necessary
+    from ray.serve._private.application_state import override_deployment_info
+    from ray.serve._private.build_app import build_app
+    from ray.serve._private.deploy_utils import deploy_args_to_deployment_info
+
+    try:
+        application = call_user_app_builder_with_args_if_necessary(
+            import_attr(app_config.import_path), app_config.args
+        )
+    except TypeError as exc:  # Serve's own check of the builder's signature
+        raise AssertionError(
+            f"Serve cannot build {app_config.import_path} from serveConfigV2: {exc} "
+            "(an application builder takes exactly one parameter, the args dict)"
+        ) from exc
+    built = build_app(application, name=app_config.name)
+    assert built.ingress_deployment_name == "ColonyAPI"
+    infos = {
+        deployment.name: deploy_args_to_deployment_info(
+            deployment_name=deployment.name,
+            deployment_config_proto_bytes=deployment._deployment_config.to_proto_bytes(),
+            replica_config_proto_bytes=deployment._replica_config.to_proto_bytes(),
+            deployer_job_id="offline",
+            app_name=app_config.name,
+        )
+        for deployment in built.deployments
+    }
+    return override_deployment_info(infos, app_config)  # type: ignore[no-any-return]
+
+
+# --- the chart's servers run here as the kubelet would (Redis, Chroma) ----------------------------------
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+@contextmanager
+def server_process(
+    argv: list[str], env: dict[str, str], port: int, *, cwd: Path | None = None, timeout: float = 60
+) -> Iterator[subprocess.Popen[bytes]]:
+    """`argv` started in its own process group (cleanup reaches whatever it starts), yielded once
+    127.0.0.1:`port` accepts connections; SIGTERM to the group on exit (SIGKILL after 15 s)."""
+    server = subprocess.Popen(
+        argv, env=env, cwd=cwd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, start_new_session=True
+    )
+    try:
+        deadline = time.monotonic() + timeout
+        while True:
+            try:
+                socket.create_connection(("127.0.0.1", port), timeout=1).close()
+                break
+            except OSError:
+                if server.poll() is not None or time.monotonic() > deadline:
+                    stop_process_group(server)
+                    err = server.stderr.read().decode(errors="replace")[-2000:] if server.stderr else ""
+                    raise AssertionError(f"{argv[0]} did not listen on {port}: {err}") from None
+                time.sleep(0.05)
+        yield server
+    finally:
+        stop_process_group(server)
+
+
+def stop_process_group(server: subprocess.Popen[bytes], grace: float = 15) -> int:
+    """SIGTERM to the process group `server` leads, SIGKILL after `grace` seconds; its exit status."""
+    with contextlib.suppress(ProcessLookupError):
+        os.killpg(server.pid, signal.SIGTERM)
+    try:
+        return server.wait(timeout=grace)
+    except subprocess.TimeoutExpired:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(server.pid, signal.SIGKILL)
+        return server.wait(timeout=10)

@@ -4,7 +4,8 @@ against Kubernetes' OpenAPI schemas (strict); the monitors have the shape Promet
 serveConfigV2 parses with Ray Serve's ServeDeploySchema and the app builds from it in-process the way
 Serve's controller builds it; and what users rely on: bad values fail naming the field,
 one dashboard ConfigMap per JSON file, disruption budgets that let drains proceed, the API through
-KubeRay's serve Service. Secrets, Redis, NetworkPolicies and pod security: tests/test_helm_chart_security.py.
+KubeRay's serve Service, the Chroma server's chromadb being the client's pinned one. Secrets, Redis,
+Chroma, NetworkPolicies and pod security: tests/test_helm_chart_security.py.
 
 Not checked here (no cluster): ServiceMonitor/PodMonitor against their CRD schemas (not available
 offline), image pulls, a real install, GPUs. docs/deploy.md says the same.
@@ -12,10 +13,13 @@ offline), image pulls, a real install, GPUs. docs/deploy.md says the same.
 
 from __future__ import annotations
 
+import importlib.metadata
 import importlib.util
 import json
 import os
+import re
 import shutil
+import tomllib
 from pathlib import Path
 from typing import Any
 
@@ -29,6 +33,7 @@ from helm_kit import (
     PROFILES,
     RELEASE,
     Rendered,
+    build_like_serve,
     crd_validator,
     merge,
     profile_values,
@@ -222,7 +227,7 @@ def test_redis_service_selects_only_redis(rendered: dict[str, Rendered]) -> None
     out = rendered["default"]
     templates = ray_pod_templates(out.one("RayService"))
     redis_service = out.one("Service", f"{RELEASE}-redis")["spec"]
-    redis_pod = out.one("StatefulSet")["spec"]["template"]["metadata"]["labels"]
+    redis_pod = out.one("StatefulSet", f"{RELEASE}-redis")["spec"]["template"]["metadata"]["labels"]
     assert _selects(redis_service["selector"], redis_pod)
     assert all(not _selects(redis_service["selector"], t["metadata"]["labels"]) for t in templates.values())
 
@@ -269,40 +274,6 @@ def _serve_config(out: Rendered) -> dict[str, Any]:
     return yaml.safe_load(text)  # type: ignore[no-any-return]
 
 
-def _build_like_serve(app_config: Any) -> dict[str, Any]:
-    """Build the application the way Serve's controller does for a config deploy
-    (`build_serve_application`, then `override_deployment_info`): import the import_path, call it
-    with the args, build the deployments, apply the config's per-deployment options."""
-    from ray._common.utils import import_attr
-    from ray.serve._private.api import call_user_app_builder_with_args_if_necessary
-    from ray.serve._private.application_state import override_deployment_info
-    from ray.serve._private.build_app import build_app
-    from ray.serve._private.deploy_utils import deploy_args_to_deployment_info
-
-    try:
-        application = call_user_app_builder_with_args_if_necessary(
-            import_attr(app_config.import_path), app_config.args
-        )
-    except TypeError as exc:  # Serve's own check of the builder's signature
-        raise AssertionError(
-            f"Serve cannot build {app_config.import_path} from serveConfigV2: {exc} "
-            "(an application builder takes exactly one parameter, the args dict)"
-        ) from exc
-    built = build_app(application, name=app_config.name)
-    assert built.ingress_deployment_name == "ColonyAPI"
-    infos = {
-        deployment.name: deploy_args_to_deployment_info(
-            deployment_name=deployment.name,
-            deployment_config_proto_bytes=deployment._deployment_config.to_proto_bytes(),
-            replica_config_proto_bytes=deployment._replica_config.to_proto_bytes(),
-            deployer_job_id="offline",
-            app_name=app_config.name,
-        )
-        for deployment in built.deployments
-    }
-    return override_deployment_info(infos, app_config)  # type: ignore[no-any-return]
-
-
 @pytest.mark.parametrize("profile", list(PROFILES))
 def test_serve_config_parses_and_the_app_builds_from_it(
     profile: str, rendered: dict[str, Rendered], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
@@ -344,11 +315,14 @@ def test_serve_config_parses_and_the_app_builds_from_it(
     assert settings.api_token is not None and settings.secret is not None and settings.redis_url
     assert settings.api.metrics_token is not None, "the metrics token reaches the settings from the env"
     assert settings.serve.host == "0.0.0.0"
+    # agent memory: every replica uses the release's Chroma server and starts none of its own
+    assert settings.memory.chroma_url == f"http://{RELEASE}-chroma:8000"
+    assert settings.memory.chroma.enabled is False
     data = next(m for m in head["containers"][0]["volumeMounts"] if m["name"] == "colony-data")
     assert settings.data_dir == Path(data["mountPath"])
 
     app.args["config"] = str(settings_file)
-    infos = _build_like_serve(app)
+    infos = build_like_serve(app)
     assert set(infos) == {d.name for d in app.deployments} == {"ColonyAPI", "AgentSystem", "EngineReplica"}
     engine = infos["EngineReplica"]
     if profile == "gpu-vllm":
@@ -464,6 +438,17 @@ def test_colony_block_accepts_only_settings_and_no_secrets() -> None:
         ({"rayService": {"serviceUnhealthySecondThreshold": 900}}, "serviceUnhealthySecondThreshold"),
         ({"podDisruptionBudget": {"maxUnavailable": 1}}, "additional properties 'maxUnavailable'"),
         ({"rayAuth": {"existingSecret": "Bad_Name"}}, "/rayAuth/existingSecret"),
+        # agent memory: the chart writes the Chroma URL; an external one is a plain URL (a ConfigMap)
+        ({"colony": {"memory": {"chroma_url": "http://x:8000"}}}, "additional properties 'chroma_url'"),
+        ({"colony": {"memory": {"chroma": {"enabled": True}}}}, "additional properties 'chroma'"),
+        (
+            {"memory": {"chroma": {"external": {"url": "http://u:pw@chroma:8000"}}}},
+            "/memory/chroma/external/url",
+        ),
+        ({"memory": {"chroma": {"external": {"url": "chroma:8000"}}}}, "/memory/chroma/external/url"),
+        ({"memory": {"chroma": {"port": 80}}}, "/memory/chroma/port"),
+        ({"memory": {"chroma": {"persistence": {"size": "lots"}}}}, "/memory/chroma/persistence/size"),
+        ({"memory": {"chroma": {"image": {"tag": "latest!"}}}}, "/memory/chroma/image/tag"),
     ],
 )
 def test_values_schema_rejects_bad_values_naming_the_field(values: dict[str, Any], field: str) -> None:
@@ -502,6 +487,12 @@ def test_a_release_name_that_is_no_dns_1035_label_fails() -> None:
         ),
         ({"head": {"rayStartParams": {"num-cpus": "4"}}}, "head.rayStartParams.num-cpus is set by the chart"),
         ({"head": {"rayStartParams": {"dashboard-host": "127.0.0.1"}}}, "dashboard-host is set by the chart"),
+        ({"memory": {"enabled": False}}, "set memory.chroma.external.url"),
+        ({"memory": {"chroma": {"external": {"url": "http://c:8000"}}}}, "while memory.enabled is true"),
+        (
+            {"memory": {"chroma": {"image": {"repository": "chromadb/chroma"}}}},
+            "without memory.chroma.image.tag",
+        ),
     ],
 )
 def test_inconsistent_values_fail_with_a_message(values: dict[str, Any], message: str) -> None:
@@ -600,3 +591,35 @@ def test_gpu_profile_mounts_the_model_weights_where_engine_model_points(
 
 
 # --- the hostile review's findings (issue 14) --------------------------------------------------------
+
+
+# --- agent memory's Chroma server (M11; its pod, probes, NetworkPolicy, an external one: the security tests)
+
+
+def test_the_chroma_server_is_the_clients_chromadb(rendered: dict[str, Rendered]) -> None:
+    """Chroma's server and client are one version (its HTTP API and on-disk format change between
+    releases): pyproject.toml pins chromadb exactly in the default install, so every image built
+    from it has that version; the venv runs it; the chart's Chroma runs the Ray pods' image; and
+    every version the chart and docs/deploy.md name is that pin."""
+    project = tomllib.loads((CHART.parent.parent / "pyproject.toml").read_text())["project"]
+    pins = [r for r in project["dependencies"] if re.match(r"chromadb\s*[=<>~!]", r)]
+    assert len(pins) == 1 and re.fullmatch(r"chromadb==[0-9]+\.[0-9]+\.[0-9]+", pins[0]), pins
+    version = pins[0].removeprefix("chromadb==")
+    assert importlib.metadata.version("chromadb") == version
+    for profile, out in rendered.items():
+        (chroma,) = out.one("StatefulSet", f"{RELEASE}-chroma")["spec"]["template"]["spec"]["containers"]
+        ray = {
+            c["image"]
+            for t in ray_pod_templates(out.one("RayService")).values()
+            for c in t["spec"]["containers"]
+        }
+        assert ray == {chroma["image"]}, profile
+    texts = [p.read_text() for p in (CHART / "templates").glob("*") if p.is_file()]
+    texts += [(CHART / "values.yaml").read_text(), (CHART.parent.parent / "docs" / "deploy.md").read_text()]
+    named = {
+        v for text in texts for v in re.findall(r"(?i)chroma(?:db)?(?:==|:| )([0-9]+\.[0-9]+\.[0-9]+)", text)
+    }
+    assert named == {version}, f"the chart and docs name Chroma {named}, the pin is {version}"
+    own = render({"memory": {"chroma": {"image": {"repository": "chromadb/chroma", "tag": version}}}})
+    (chroma,) = own.one("StatefulSet", f"{RELEASE}-chroma")["spec"]["template"]["spec"]["containers"]
+    assert chroma["image"] == f"chromadb/chroma:{version}"

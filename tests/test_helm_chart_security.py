@@ -3,21 +3,20 @@ review): secrets never in plain text outside Secrets (nor on Redis's command lin
 runs here on a real redis-server), existing secrets used and generated ones kept across `helm
 upgrade`, a changed secret rolls the pods that read it, Redis apart with a password and an fsynced
 AOF (none with an external Redis), the service account token only where Ray's autoscaler needs it,
-NetworkPolicies evaluated with Kubernetes' semantics, Ray's token auth, pods unprivileged. The
-rendering, schema and serve-config checks are in tests/test_helm_chart.py."""
+NetworkPolicies evaluated with Kubernetes' semantics, Ray's token auth, pods unprivileged; agent
+memory's Chroma server (M11): its start command run here on the real `chroma` CLI, its probes,
+only the release's Ray pods reaching it, the settings pointing every replica at it or at an
+external one. The rendering, schema and serve-config checks are in tests/test_helm_chart.py."""
 
 from __future__ import annotations
 
 import base64
-import contextlib
 import json
 import os
 import shutil
 import signal
-import socket
 import subprocess
 import sys
-import time
 from pathlib import Path
 from typing import Any
 
@@ -33,6 +32,7 @@ from helm_kit import (
     Peer,
     Rendered,
     crd_validator,
+    free_port,
     ingress_allowed,
     profile_values,
     ray_pod_templates,
@@ -40,6 +40,8 @@ from helm_kit import (
     render_against,
     rendered_profiles,
     schema_errors,
+    selector_matches,
+    server_process,
 )
 
 
@@ -99,9 +101,8 @@ def test_existing_secrets_are_used_and_none_generated() -> None:
             "key": "metrics-token",
         }
         assert env["REDIS_PASSWORD"]["valueFrom"]["secretKeyRef"]["name"] == "my-redis"
-    redis_env = {
-        e["name"]: e for e in out.one("StatefulSet")["spec"]["template"]["spec"]["containers"][0]["env"]
-    }
+    redis_pod = out.one("StatefulSet", f"{RELEASE}-redis")["spec"]["template"]["spec"]
+    redis_env = {e["name"]: e for e in redis_pod["containers"][0]["env"]}
     assert redis_env["REDIS_PASSWORD"]["valueFrom"]["secretKeyRef"]["name"] == "my-redis"
 
 
@@ -132,12 +133,6 @@ def test_redis_runs_apart_with_a_password_and_an_fsynced_aof(rendered: dict[str,
     )
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
 def test_redis_start_script_keeps_the_password_off_the_command_line(
     rendered: dict[str, Rendered], tmp_path: Path
 ) -> None:
@@ -151,12 +146,13 @@ def test_redis_start_script_keeps_the_password_off_the_command_line(
     def connect(password: str | None) -> redis.Redis:
         return redis.Redis(port=port, password=password, socket_timeout=5, retry=Retry(NoBackoff(), 0))
 
-    (container,) = rendered["default"].one("StatefulSet")["spec"]["template"]["spec"]["containers"]
+    statefulset = rendered["default"].one("StatefulSet", f"{RELEASE}-redis")
+    (container,) = statefulset["spec"]["template"]["spec"]["containers"]
     mount = next(m["mountPath"] for m in container["volumeMounts"] if m["name"] == "auth-conf")
     run_dir, data = tmp_path / "run", tmp_path / "data"
     run_dir.mkdir()
     data.mkdir()
-    port = _free_port()
+    port = free_port()
     # the pod's paths and port, moved into tmp_path
     script = container["command"][2].replace(mount, str(run_dir))
     args = [str(data) if a == "/data" else str(port) if a == "6379" else a for a in container["args"]]
@@ -171,21 +167,7 @@ def test_redis_start_script_keeps_the_password_off_the_command_line(
     assert bad.returncode == 1 and b"characters other than" in bad.stderr
 
     # its own process group, so that cleanup reaches whatever the script started
-    server = subprocess.Popen(
-        argv,
-        env={"PATH": path_env, "REDIS_PASSWORD": password},
-        stdout=subprocess.DEVNULL,
-        start_new_session=True,
-    )
-    try:
-        deadline = time.monotonic() + 20
-        while True:  # the port answers once the server listens
-            try:
-                socket.create_connection(("127.0.0.1", port), timeout=1).close()
-                break
-            except OSError:
-                assert server.poll() is None and time.monotonic() < deadline, "redis-server did not start"
-                time.sleep(0.02)
+    with server_process(argv, {"PATH": path_env, "REDIS_PASSWORD": password}, port, timeout=20) as server:
         client = connect(password)
         assert client.ping()
         with pytest.raises(redis.AuthenticationError):
@@ -205,20 +187,14 @@ def test_redis_start_script_keeps_the_password_off_the_command_line(
             except (FileNotFoundError, ProcessLookupError, PermissionError):
                 continue
         assert oct((run_dir / "auth.conf").stat().st_mode & 0o777) == "0o600"
-    finally:
-        with contextlib.suppress(ProcessLookupError):
-            os.killpg(server.pid, signal.SIGTERM)
-        try:
-            server.wait(timeout=10)
-        except subprocess.TimeoutExpired:
-            os.killpg(server.pid, signal.SIGKILL)
-            server.wait(timeout=10)
 
 
 def test_external_redis_profile_runs_no_redis(rendered: dict[str, Rendered]) -> None:
     out = rendered["external-redis"]
-    assert out.kinds("StatefulSet") == []
-    assert out.kinds("Service") == []
+    # the Chroma server (agent memory) still runs here; nothing of Redis does
+    assert [s["metadata"]["name"] for s in out.kinds("StatefulSet")] == [f"{RELEASE}-chroma"]
+    assert [s["metadata"]["name"] for s in out.kinds("Service")] == [f"{RELEASE}-chroma"]
+    assert f"{RELEASE}-redis" not in {p["metadata"]["name"] for p in out.kinds("NetworkPolicy")}
     assert [s["metadata"]["name"] for s in out.kinds("Secret")] == [f"{RELEASE}-auth"]
     for template in ray_pod_templates(out.one("RayService")).values():
         env = {e["name"]: e for e in template["spec"]["containers"][0]["env"]}
@@ -287,11 +263,27 @@ def test_only_the_autoscaling_head_mounts_the_service_account_token(rendered: di
 RAY_CONTROL_PORTS = (8265, 6379, 10001, 52365)  # dashboard/Jobs API, GCS, client, dashboard agent
 
 
+# who sends traffic in the NetworkPolicy tests
+RELEASE_POD = Peer(
+    NAMESPACE, {"app.kubernetes.io/name": "colony", "app.kubernetes.io/instance": RELEASE, "x": "y"}
+)
+NEIGHBOUR = Peer(NAMESPACE, {"app": "something-else"})
+OTHER_RELEASE = Peer(NAMESPACE, {"app.kubernetes.io/name": "colony", "app.kubernetes.io/instance": "other"})
+OPERATOR = Peer(
+    "kuberay-system",
+    {"app.kubernetes.io/name": "kuberay-operator"},
+    {"kubernetes.io/metadata.name": "kuberay-system"},
+)
+STRANGER = Peer("elsewhere", {}, {"kubernetes.io/metadata.name": "elsewhere"})
+PROMETHEUS = Peer("monitoring", {"app": "prometheus"}, {"kubernetes.io/metadata.name": "monitoring"})
+
+
 def _network(values: dict[str, Any]) -> tuple[list[dict[str, Any]], dict[str, dict[str, str]]]:
     out = render(values)
     pods = {g: t["metadata"]["labels"] for g, t in ray_pod_templates(out.one("RayService")).items()}
-    if out.kinds("StatefulSet"):
-        pods["redis"] = out.one("StatefulSet")["spec"]["template"]["metadata"]["labels"]
+    for statefulset in out.kinds("StatefulSet"):  # <release>-redis, <release>-chroma
+        component = statefulset["metadata"]["name"].removeprefix(f"{RELEASE}-")
+        pods[component] = statefulset["spec"]["template"]["metadata"]["labels"]
     return out.kinds("NetworkPolicy"), pods
 
 
@@ -301,20 +293,8 @@ def test_network_policies_close_ray_control_ports_and_redis() -> None:
     no Redis); the release's own pods reach everything; KubeRay's operator reaches the dashboard;
     Prometheus reaches the metrics ports only while the monitors are on."""
     policies, pods = _network({})
-    release = Peer(
-        NAMESPACE, {"app.kubernetes.io/name": "colony", "app.kubernetes.io/instance": RELEASE, "x": "y"}
-    )
-    neighbour = Peer(NAMESPACE, {"app": "something-else"})
-    other_release = Peer(
-        NAMESPACE, {"app.kubernetes.io/name": "colony", "app.kubernetes.io/instance": "other"}
-    )
-    operator = Peer(
-        "kuberay-system",
-        {"app.kubernetes.io/name": "kuberay-operator"},
-        {"kubernetes.io/metadata.name": "kuberay-system"},
-    )
-    stranger = Peer("elsewhere", {}, {"kubernetes.io/metadata.name": "elsewhere"})
-    prometheus = Peer("monitoring", {"app": "prometheus"}, {"kubernetes.io/metadata.name": "monitoring"})
+    release, neighbour, other_release = RELEASE_POD, NEIGHBOUR, OTHER_RELEASE
+    operator, stranger, prometheus = OPERATOR, STRANGER, PROMETHEUS
     for group in ("head", "cpu-workers"):
         labels = pods[group]
         assert ingress_allowed(policies, labels, neighbour, 8000, NAMESPACE), group
@@ -379,8 +359,9 @@ def _pod_annotations(out: Rendered) -> dict[str, dict[str, str]]:
     annotations = {
         g: t["metadata"]["annotations"] for g, t in ray_pod_templates(out.one("RayService")).items()
     }
-    if out.kinds("StatefulSet"):
-        annotations["redis"] = out.one("StatefulSet")["spec"]["template"]["metadata"]["annotations"]
+    for statefulset in out.kinds("StatefulSet"):
+        component = statefulset["metadata"]["name"].removeprefix(f"{RELEASE}-")
+        annotations[component] = statefulset["spec"]["template"]["metadata"].get("annotations", {})
     return annotations
 
 
@@ -451,3 +432,165 @@ def test_pods_run_unprivileged(profile: str, rendered: dict[str, Rendered]) -> N
             "capabilities": {"drop": ["ALL"]},
         }
         assert pod["automountServiceAccountToken"] is False and pod["enableServiceLinks"] is False
+
+
+# --- agent memory's Chroma server (M11) -----------------------------------------------------------------
+
+
+def _chroma(out: Rendered) -> tuple[dict[str, Any], dict[str, Any], dict[str, Any]]:
+    """The Chroma StatefulSet, its one container and its Service."""
+    statefulset = out.one("StatefulSet", f"{RELEASE}-chroma")
+    (container,) = statefulset["spec"]["template"]["spec"]["containers"]
+    return statefulset, container, out.one("Service", f"{RELEASE}-chroma")
+
+
+@pytest.mark.parametrize("profile", list(PROFILES))
+def test_chroma_runs_apart_probed_on_its_heartbeat(profile: str, rendered: dict[str, Rendered]) -> None:
+    """One Chroma server per release: a StatefulSet on a PVC from the Ray pods' own image (its
+    chromadb is the client's), probed on GET /api/v2/heartbeat at the port its ClusterIP Service
+    targets; that Service selects the Chroma pod only; the settings every Ray pod mounts name it
+    as memory.chroma_url and turn the per-replica server off."""
+    out = rendered[profile]
+    statefulset, container, service = _chroma(out)
+    labels = statefulset["spec"]["template"]["metadata"]["labels"]
+    selector = {"matchLabels": service["spec"]["selector"]}
+    assert service["spec"]["type"] == "ClusterIP" and selector_matches(selector, labels)
+    others = [t["metadata"]["labels"] for t in ray_pod_templates(out.one("RayService")).values()]
+    others += [
+        o["spec"]["template"]["metadata"]["labels"] for o in out.kinds("StatefulSet") if o != statefulset
+    ]
+    assert others and not any(selector_matches(selector, other) for other in others)
+    (port,) = service["spec"]["ports"]
+    ports = {p["name"]: p["containerPort"] for p in container["ports"]}
+    assert ports[port["targetPort"]] == port["port"] == 8000
+    assert container["command"] == ["chroma", "run", "--path", "/data", "--host", "0.0.0.0", "--port", "8000"]
+    assert {"name": "data", "mountPath": "/data"} in container["volumeMounts"]
+    (claim,) = statefulset["spec"]["volumeClaimTemplates"]
+    assert claim["metadata"]["name"] == "data" and claim["spec"]["resources"]["requests"]["storage"] == "4Gi"
+    for kind in ("startupProbe", "readinessProbe", "livenessProbe"):
+        probe = container[kind]["httpGet"]
+        assert probe["path"] == "/api/v2/heartbeat" and ports[probe["port"]] == 8000, kind
+    assert container["resources"]["requests"] and container["resources"]["limits"]
+    ray_images = {
+        c["image"] for t in ray_pod_templates(out.one("RayService")).values() for c in t["spec"]["containers"]
+    }
+    assert ray_images == {container["image"]}, "the Chroma server is the Ray pods' chromadb"
+    settings = yaml.safe_load(out.one("ConfigMap", f"{RELEASE}-config")["data"]["colony.yaml"])
+    assert settings["memory"]["chroma_url"] == f"http://{service['metadata']['name']}:{port['port']}"
+    assert settings["memory"]["chroma"] == {"enabled": False}, "no replica starts its own server"
+
+
+def test_chroma_start_command_serves_its_probe_and_keeps_the_index(
+    rendered: dict[str, Rendered], tmp_path: Path
+) -> None:
+    """The StatefulSet's command run here as the kubelet would, with the venv's `chroma` (the
+    chromadb the client pins): the probes' path answers on the probed port, the client stores and
+    queries vectors, nothing is written outside --path and TMPDIR (the root filesystem is
+    read-only), the first process is the server (SIGTERM reaches it; it exits 0), and a restart on
+    the same path (the PVC) still has the index."""
+    import chromadb
+    import httpx
+
+    _, container, _ = _chroma(rendered["default"])
+    folders = {name: tmp_path / name for name in ("data", "tmp", "home", "cwd")}
+    for folder in folders.values():
+        folder.mkdir()
+    bin_dir = Path(sys.executable).parent
+    assert (bin_dir / container["command"][0]).is_file(), "the venv's chroma CLI (chromadb)"
+    env = {e["name"]: e["value"] for e in container["env"]}
+    assert env == {"TMPDIR": "/tmp"} and {"name": "tmp", "mountPath": "/tmp"} in container["volumeMounts"]
+    env = {"PATH": f"{bin_dir}:/usr/bin:/bin", "HOME": str(folders["home"]), "TMPDIR": str(folders["tmp"])}
+    probe = container["readinessProbe"]["httpGet"]
+
+    def start(port: int) -> Any:
+        moved = {"/data": str(folders["data"]), "0.0.0.0": "127.0.0.1", "8000": str(port)}
+        return server_process([moved.get(a, a) for a in container["command"]], env, port, cwd=folders["cwd"])
+
+    port = free_port()
+    with start(port) as server:
+        beat = httpx.get(f"http://127.0.0.1:{port}{probe['path']}", timeout=10)
+        assert beat.status_code == 200 and "nanosecond heartbeat" in beat.json()
+        assert Path(os.readlink(f"/proc/{server.pid}/exe")).name.startswith("python")
+        children = [
+            c for t in Path(f"/proc/{server.pid}/task").glob("*/children") for c in t.read_text().split()
+        ]
+        assert children == [], "the server runs in the first process, no child to orphan"
+        client = chromadb.HttpClient(host="127.0.0.1", port=port)
+        index = client.create_collection("colony-default-default-memory", metadata={"hnsw:space": "cosine"})
+        index.add(
+            ids=["s#a", "s#b"],
+            embeddings=[[1.0, 0.0, 0.0], [0.0, 1.0, 0.0]],
+            metadatas=[{"scope": "s", "created_at": 1.0}, {"scope": "s", "created_at": 2.0}],
+        )
+        assert index.query(query_embeddings=[[0.9, 0.1, 0.0]], n_results=1)["ids"] == [["s#a"]]
+        rss_kib = next(
+            int(line.split()[1])
+            for line in Path(f"/proc/{server.pid}/status").read_text().splitlines()
+            if line.startswith("VmRSS")
+        )
+        assert rss_kib * 1024 < 512 * 2**20, "idle Chroma fits in its memory request"
+        os.kill(server.pid, signal.SIGTERM)  # the kubelet signals the container's first process
+        assert server.wait(timeout=30) == 0, "stops within the default grace period"
+    assert list(folders["home"].iterdir()) == [] and list(folders["cwd"].iterdir()) == []
+    assert (folders["data"] / "chroma.sqlite3").is_file()
+
+    port = free_port()
+    with start(port):
+        index = chromadb.HttpClient(host="127.0.0.1", port=port).get_collection(
+            "colony-default-default-memory"
+        )
+        assert index.count() == 2
+        assert index.query(query_embeddings=[[0.1, 0.9, 0.0]], n_results=1)["ids"] == [["s#b"]]
+
+
+def test_only_the_releases_ray_pods_reach_chroma() -> None:
+    """Chroma has no authentication of its own: its NetworkPolicy admits this release's Ray pods
+    on its port and nobody else, not even the release's other pods (Redis) nor Prometheus."""
+    for values, groups in (
+        ({}, ("head", "cpu-workers")),
+        (profile_values("gpu-vllm"), ("head", "gpu-workers")),
+    ):
+        policies, pods = _network(values)
+        for group in groups:
+            assert ingress_allowed(policies, pods["chroma"], Peer(NAMESPACE, pods[group]), 8000, NAMESPACE)
+        other_ray = Peer(NAMESPACE, {**pods["head"], "app.kubernetes.io/instance": "other"})
+        redis_pod = Peer(NAMESPACE, pods["redis"])
+        for peer in (RELEASE_POD, redis_pod, other_ray, NEIGHBOUR, OPERATOR, STRANGER, PROMETHEUS):
+            assert not ingress_allowed(policies, pods["chroma"], peer, 8000, NAMESPACE), peer
+    policies, pods = _network({"memory": {"chroma": {"port": 8100}}})
+    head = Peer(NAMESPACE, pods["head"])
+    assert ingress_allowed(policies, pods["chroma"], head, 8100, NAMESPACE)
+    assert not ingress_allowed(policies, pods["chroma"], head, 8000, NAMESPACE)
+    off = render(
+        {"memory": {"enabled": False, "chroma": {"external": {"url": "http://chroma.example:8000"}}}}
+    )
+    assert f"{RELEASE}-chroma" not in {p["metadata"]["name"] for p in off.kinds("NetworkPolicy")}
+
+
+def test_an_external_chroma_replaces_the_charts_and_settings_are_kept() -> None:
+    """memory.enabled false: no Chroma here, the Ray pods use memory.chroma.external.url; other
+    memory settings given under `colony.memory` reach the settings file untouched; moving the
+    server's port moves the URL and rolls the Ray pods (the settings' checksum)."""
+    url = "https://chroma.example:8443/"
+    out = render({"memory": {"enabled": False, "chroma": {"external": {"url": url}}}})
+    assert not [d for d in out.docs if d["metadata"]["name"] == f"{RELEASE}-chroma"]
+    settings = yaml.safe_load(out.one("ConfigMap", f"{RELEASE}-config")["data"]["colony.yaml"])
+    assert settings["memory"] == {"chroma_url": url.rstrip("/"), "chroma": {"enabled": False}}
+    assert "external Chroma at https://chroma.example:8443" in out.notes
+
+    tuned = render({"colony": {"memory": {"vector_weight": 0.5, "collection_prefix": "team"}}})
+    settings = yaml.safe_load(tuned.one("ConfigMap", f"{RELEASE}-config")["data"]["colony.yaml"])
+    assert settings["memory"] == {
+        "vector_weight": 0.5,
+        "collection_prefix": "team",
+        "chroma_url": f"http://{RELEASE}-chroma:8000",
+        "chroma": {"enabled": False},
+    }
+    moved = render({"memory": {"chroma": {"port": 8100}}})
+    settings = yaml.safe_load(moved.one("ConfigMap", f"{RELEASE}-config")["data"]["colony.yaml"])
+    assert settings["memory"]["chroma_url"] == f"http://{RELEASE}-chroma:8100"
+    assert moved.one("Service", f"{RELEASE}-chroma")["spec"]["ports"][0]["port"] == 8100
+    before = ray_pod_templates(render().one("RayService"))
+    for group, template in ray_pod_templates(moved.one("RayService")).items():
+        key = "checksum/colony-config"
+        assert template["metadata"]["annotations"][key] != before[group]["metadata"]["annotations"][key]

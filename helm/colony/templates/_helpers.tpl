@@ -46,6 +46,30 @@ app.kubernetes.io/managed-by: {{ .Release.Service }}
 {{- .Values.redis.external.existingSecret | default (printf "%s-redis-url" (include "colony.fullname" .)) -}}
 {{- end -}}
 
+{{- define "colony.chromaHost" -}}
+{{- printf "%s-chroma" (include "colony.fullname" .) -}}
+{{- end -}}
+
+{{/* The Chroma server every Ray pod uses: the chart's own, or memory.chroma.external.url. */}}
+{{- define "colony.chromaUrl" -}}
+{{- if .Values.memory.enabled -}}
+{{- printf "http://%s:%d" (include "colony.chromaHost" .) (int .Values.memory.chroma.port) -}}
+{{- else -}}
+{{- .Values.memory.chroma.external.url | trimSuffix "/" -}}
+{{- end -}}
+{{- end -}}
+
+{{/* The Chroma container's image: memory.chroma.image, else the chart's own (the same chromadb as
+     the Ray pods' client). */}}
+{{- define "colony.chromaImage" -}}
+{{- $i := .Values.memory.chroma.image -}}
+{{- if and $i.repository $i.tag -}}
+{{- printf "%s:%s" $i.repository $i.tag -}}
+{{- else -}}
+{{- include "colony.image" . -}}
+{{- end -}}
+{{- end -}}
+
 {{- define "colony.configPath" -}}/etc/colony/colony.yaml{{- end -}}
 
 {{- define "colony.clusterLabel" -}}
@@ -65,12 +89,17 @@ app.kubernetes.io/managed-by: {{ .Release.Service }}
 {{- end -}}
 
 {{/* The colony settings file as it lands in the ConfigMap (also hashed into the pods).
-     serve.port is the chart's serve.port (Serve's HTTP port), never set apart. */}}
+     serve.port is the chart's serve.port (Serve's HTTP port), never set apart; memory.chroma_url is
+     the shared Chroma server and memory.chroma.enabled false (no replica starts its own). */}}
 {{- define "colony.settingsYaml" -}}
 {{- $colony := deepCopy .Values.colony -}}
 {{- $serve := get $colony "serve" | default dict -}}
 {{- $_ := set $serve "port" (int .Values.serve.port) -}}
 {{- $_ := set $colony "serve" $serve -}}
+{{- $memory := get $colony "memory" | default dict -}}
+{{- $_ := set $memory "chroma_url" (include "colony.chromaUrl" .) -}}
+{{- $_ := set $memory "chroma" (dict "enabled" false) -}}
+{{- $_ := set $colony "memory" $memory -}}
 # Colony settings (colony.config.ColonySettings), rendered by the Helm chart from `.Values.colony`.
 # Secrets come from the environment: COLONY_API_TOKEN, COLONY_SECRET, COLONY_REDIS_URL,
 # COLONY_API__METRICS_TOKEN.
