@@ -370,3 +370,26 @@ def test_openapi_documents_every_memory_route_with_auth(http: httpx.Client) -> N
     # the catalog is declared before /v1/agents/{agent_id}: its path is the catalog's
     ordered = list(paths)
     assert ordered.index("/v1/agents/catalog") < ordered.index("/v1/agents/{agent_id}")
+
+
+async def test_async_client_memory_methods(served: MemoryApp) -> None:
+    from colony.client import ApiError, AsyncColonyClient
+
+    async with AsyncColonyClient(served.url, TOKEN) as colony:
+        written = await colony.memory_write(
+            AGENT, "working", "The printer on floor 2 needs toner.", tags=["office"]
+        )
+        assert written["created"] is True and written["entry"]["tags"] == ["office"]
+        found = await colony.memory_query(
+            AGENT, "who should refill the printer?", tag_filter={"all_of": ["office"]}
+        )
+        assert [e["entry"]["content"] for e in found] == ["The printer on floor 2 needs toner."]
+        assert (await colony.memory_map(AGENT))["agent_id"] == AGENT
+        assert set((await colony.memory_reindex(AGENT))["scopes"]) == {
+            served.scope(AGENT, "working"),
+            served.scope(AGENT, "stm"),
+        }
+        assert {a["name"] for a in await colony.catalog()} >= {"echo", "greeter"}
+        with pytest.raises(ApiError) as missing:
+            await colony.memory_map("nobody")
+        assert missing.value.status == 404
