@@ -4,7 +4,8 @@ runs here on a real redis-server), existing secrets used and generated ones kept
 upgrade`, a changed secret rolls the pods that read it, Redis apart with a password and an fsynced
 AOF (none with an external Redis), the service account token only where Ray's autoscaler needs it,
 NetworkPolicies evaluated with Kubernetes' semantics, Ray's token auth, pods unprivileged; agent
-memory's Chroma server (M11): its start command run here on the real `chroma` CLI, its probes,
+memory's Chroma server (M11): its start command run here on the real `chroma` CLI (in bubblewrap,
+as the pod's user on a read-only root), its probes,
 only the release's Ray pods reaching it, the settings pointing every replica at it or at an
 external one. The rendering, schema and serve-config checks are in tests/test_helm_chart.py."""
 
@@ -480,41 +481,52 @@ def test_chroma_runs_apart_probed_on_its_heartbeat(profile: str, rendered: dict[
     assert settings["memory"]["chroma"] == {"enabled": False}, "no replica starts its own server"
 
 
+def _children(pid: int) -> list[int]:
+    return [int(c) for t in Path(f"/proc/{pid}/task").glob("*/children") for c in t.read_text().split()]
+
+
 def test_chroma_start_command_serves_its_probe_and_keeps_the_index(
     rendered: dict[str, Rendered], tmp_path: Path
 ) -> None:
     """The StatefulSet's command run here as the kubelet would, with the venv's `chroma` (the
-    chromadb the client pins): the probes' path answers on the probed port, the client stores and
-    queries vectors, nothing is written outside --path and TMPDIR (the root filesystem is
-    read-only), the first process is the server (SIGTERM reaches it; it exits 0), and a restart on
-    the same path (the PVC) still has the index."""
+    chromadb the client pins), in bubblewrap as the pod's user (runAsUser/runAsGroup in a user
+    namespace) on a read-only root with a fresh /tmp (the emptyDir) and the data folder (the PVC)
+    writable: the probes' path answers on the probed port, a client stores and queries vectors,
+    the server is the container's process itself (SIGTERM reaches it; it exits 0) and fits its
+    memory request idle, and a restart on the same data folder still has the index."""
     import chromadb
     import httpx
 
-    _, container, _ = _chroma(rendered["default"])
-    folders = {name: tmp_path / name for name in ("data", "tmp", "home", "cwd")}
-    for folder in folders.values():
-        folder.mkdir()
+    statefulset, container, _ = _chroma(rendered["default"])
+    pod = statefulset["spec"]["template"]["spec"]
+    assert container["securityContext"]["readOnlyRootFilesystem"] is True
+    volumes = {v["name"]: v for v in pod["volumes"]}
+    assert {m["mountPath"]: m["name"] for m in container["volumeMounts"]} == {"/data": "data", "/tmp": "tmp"}
+    assert "emptyDir" in volumes["tmp"] and "data" not in volumes, "data is the PVC (volumeClaimTemplates)"
+    assert {e["name"]: e["value"] for e in container["env"]} == {"TMPDIR": "/tmp"}
     bin_dir = Path(sys.executable).parent
     assert (bin_dir / container["command"][0]).is_file(), "the venv's chroma CLI (chromadb)"
-    env = {e["name"]: e["value"] for e in container["env"]}
-    assert env == {"TMPDIR": "/tmp"} and {"name": "tmp", "mountPath": "/tmp"} in container["volumeMounts"]
-    env = {"PATH": f"{bin_dir}:/usr/bin:/bin", "HOME": str(folders["home"]), "TMPDIR": str(folders["tmp"])}
+    assert shutil.which("bwrap"), "bubblewrap (.ci/run installs it)"
+    data = tmp_path / "data"
+    data.mkdir()
+    user, group = pod["securityContext"]["runAsUser"], pod["securityContext"]["runAsGroup"]
+    jail = ["bwrap", "--ro-bind", "/", "/", "--tmpfs", "/tmp", "--bind", str(data), str(data)]
+    jail += ["--proc", "/proc", "--dev", "/dev", "--unshare-user", "--uid", str(user), "--gid", str(group)]
+    jail += ["--chdir", "/", "--die-with-parent", "--"]
+    env = {"PATH": f"{bin_dir}:/usr/bin:/bin", "HOME": "/home/ray", "TMPDIR": "/tmp"}
     probe = container["readinessProbe"]["httpGet"]
 
     def start(port: int) -> Any:
-        moved = {"/data": str(folders["data"]), "0.0.0.0": "127.0.0.1", "8000": str(port)}
-        return server_process([moved.get(a, a) for a in container["command"]], env, port, cwd=folders["cwd"])
+        moved = {"/data": str(data), "0.0.0.0": "127.0.0.1", "8000": str(port)}
+        return server_process([*jail, *(moved.get(a, a) for a in container["command"])], env, port)
 
     port = free_port()
-    with start(port) as server:
+    with start(port) as sandbox:
         beat = httpx.get(f"http://127.0.0.1:{port}{probe['path']}", timeout=10)
         assert beat.status_code == 200 and "nanosecond heartbeat" in beat.json()
-        assert Path(os.readlink(f"/proc/{server.pid}/exe")).name.startswith("python")
-        children = [
-            c for t in Path(f"/proc/{server.pid}/task").glob("*/children") for c in t.read_text().split()
-        ]
-        assert children == [], "the server runs in the first process, no child to orphan"
+        (server,) = _children(sandbox.pid)  # bwrap's one child is the container's process
+        assert Path(os.readlink(f"/proc/{server}/exe")).name.startswith("python")
+        assert _children(server) == [], "the server runs in the container's process, no child to orphan"
         client = chromadb.HttpClient(host="127.0.0.1", port=port)
         index = client.create_collection("colony-default-default-memory", metadata={"hnsw:space": "cosine"})
         index.add(
@@ -525,14 +537,14 @@ def test_chroma_start_command_serves_its_probe_and_keeps_the_index(
         assert index.query(query_embeddings=[[0.9, 0.1, 0.0]], n_results=1)["ids"] == [["s#a"]]
         rss_kib = next(
             int(line.split()[1])
-            for line in Path(f"/proc/{server.pid}/status").read_text().splitlines()
+            for line in Path(f"/proc/{server}/status").read_text().splitlines()
             if line.startswith("VmRSS")
         )
-        assert rss_kib * 1024 < 512 * 2**20, "idle Chroma fits in its memory request"
-        os.kill(server.pid, signal.SIGTERM)  # the kubelet signals the container's first process
-        assert server.wait(timeout=30) == 0, "stops within the default grace period"
-    assert list(folders["home"].iterdir()) == [] and list(folders["cwd"].iterdir()) == []
-    assert (folders["data"] / "chroma.sqlite3").is_file()
+        request = container["resources"]["requests"]["memory"]
+        assert request.endswith("Mi") and rss_kib * 1024 < int(request[:-2]) * 2**20, "fits its request"
+        os.kill(server, signal.SIGTERM)  # the kubelet signals the container's process
+        assert sandbox.wait(timeout=30) == 0, "stops within the default grace period, exit status 0"
+    assert (data / "chroma.sqlite3").is_file()
 
     port = free_port()
     with start(port):
