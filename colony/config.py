@@ -270,6 +270,8 @@ class RunsSettings(BaseModel):
 
 # `agents:` names, like the built-ins' (echo, ask, analyze): a run names its agent by it over HTTP
 AGENT_NAME_PATTERN = re.compile(r"[a-z][a-z0-9_-]{0,63}")
+# names a user agent may not take: they are routes under /v1/agents/
+RESERVED_AGENT_NAMES = frozenset({"catalog"})
 # `agents:` values: "package.module:factory", a dotted module path and an attribute of it
 AGENT_FACTORY_PATTERN = re.compile(r"[A-Za-z_]\w*(?:\.[A-Za-z_]\w*)*:[A-Za-z_]\w*", re.ASCII)
 
@@ -326,7 +328,11 @@ class ColonySettings(BaseSettings):
         agents are built (colony.system.catalog), since only the replicas' image has the package."""
         problems = []
         for name, path in value.items():
-            if not AGENT_NAME_PATTERN.fullmatch(name):
+            if name in RESERVED_AGENT_NAMES:
+                problems.append(
+                    f"agents: {name!r} is reserved (/v1/agents/{name} is another route); choose another name"
+                )
+            elif not AGENT_NAME_PATTERN.fullmatch(name):
                 problems.append(
                     f"agents: {name!r} is not an agent name (1-64 characters: lowercase letters, "
                     "digits, '_' and '-', starting with a letter)"

@@ -148,6 +148,8 @@ AGENT_RESUMPTIONS = Counter(
 
 # -- memory (colony/memory) ------------------------------------------------------------------------
 
+_MEMORY_LAG_BUCKETS = (0.01, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 300.0)
+
 MEMORY_WRITES = Counter(
     "colony_memory_writes_total",
     "Memory entries written, by scope type and outcome (created, or duplicate of a held entry).",
@@ -159,7 +161,7 @@ MEMORY_INGESTED = Counter(
 MEMORY_INGESTION_LAG_SECONDS = Histogram(
     "colony_memory_ingestion_lag_seconds",
     "Time from a source entry's write to its ingestion by a subscribing scope.",
-    buckets=(0.01, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 300.0),
+    buckets=_MEMORY_LAG_BUCKETS,
 )
 MEMORY_PRUNED = Counter(
     "colony_memory_pruned_total", "Memory entries removed by maintenance, by reason.", ["reason"]
@@ -230,6 +232,11 @@ PUBLISHED: tuple[Published, ...] = (
     Published(INFERENCE_TTFT_SECONDS, ("engine",), INFERENCE_LATENCY_BUCKETS),
     Published(INFERENCE_REQUEST_SECONDS, ("engine",), INFERENCE_LATENCY_BUCKETS),
     Published(INFERENCE_PAGE_OPS, ("engine", "op")),
+    Published(MEMORY_WRITES, ("scope_type", "outcome")),
+    Published(MEMORY_INGESTED, ("scope_type",)),
+    Published(MEMORY_INGESTION_LAG_SECONDS, (), _MEMORY_LAG_BUCKETS),
+    Published(MEMORY_PRUNED, ("reason",)),
+    Published(MEMORY_RECALL_SECONDS, ("mode",), _FAST_BUCKETS),
 )
 PUBLISHED_BY_NAME = {p.name: p for p in PUBLISHED}
 PUBLICATION_FORMAT = 2  # a publication of another format (another Colony version) is skipped

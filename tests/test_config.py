@@ -5,8 +5,9 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
+from pydantic import ValidationError
 
-from colony.config import load_settings
+from colony.config import ColonySettings, load_settings
 from colony.errors import ConfigError
 
 
@@ -163,3 +164,8 @@ def test_kubernetes_service_links_are_not_settings_typos(
     assert info.value.problems == [
         "environment variable COLONY_SERVE__PROT: matches no setting; did you mean COLONY_SERVE__PORT?"
     ]
+
+
+def test_a_user_agent_cannot_take_a_reserved_name() -> None:
+    with pytest.raises(ValidationError, match="'catalog' is reserved"):
+        ColonySettings(agents={"catalog": "pkg.mod:factory"})

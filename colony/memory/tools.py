@@ -10,7 +10,9 @@ from __future__ import annotations
 
 import time
 from collections.abc import Sequence
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Annotated, Any
+
+from pydantic import Field
 
 from colony.agents.actions import action_executor
 from colony.agents.capability import AgentCapability
@@ -129,11 +131,11 @@ class MemoryToolsCapability(AgentCapability):
     @action_executor(action_type=ActionType.MEMORY_SEARCH)
     async def recall(
         self,
-        query: str,
-        tags: list[str] | None = None,
-        scopes: list[str] | None = None,
-        max_results: int = 5,
-        min_relevance: float = 0.0,
+        query: Annotated[str, Field(max_length=2000)],
+        tags: Annotated[list[str], Field(max_length=8)] | None = None,
+        scopes: Annotated[list[str], Field(max_length=8)] | None = None,
+        max_results: Annotated[int, Field(ge=1, le=MAX_ACTION_RESULTS)] = 5,
+        min_relevance: Annotated[float, Field(ge=0, le=1)] = 0.0,
     ) -> list[dict[str, Any]]:
         """Search your memory by meaning (and optionally tags): the most relevant entries first."""
         found = await self.service().recall(
@@ -179,7 +181,11 @@ class MemoryToolsCapability(AgentCapability):
         return {"forgotten": bool(removed), "entry_id": entry_id}
 
     @action_executor(action_type=ActionType.MEMORY_WRITE)
-    async def remember(self, fact: str, tags: list[str] | None = None) -> dict[str, Any]:
+    async def remember(
+        self,
+        fact: Annotated[str, Field(min_length=1, max_length=4000)],
+        tags: Annotated[list[str], Field(max_length=4)] | None = None,
+    ) -> dict[str, Any]:
         """Store a fact in long-term memory so later runs can recall it."""
         target = self.scopes().get(self.remember_level)
         if target is None:

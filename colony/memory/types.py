@@ -97,7 +97,7 @@ class NewMemory(BaseModel):
     tags: frozenset[str] = frozenset()
     kind: str | None = Field(None, pattern=r"^[a-z][a-z0-9_:-]{0,63}$")
     ttl_seconds: float | None = Field(None, gt=0, le=10 * 365 * 24 * 3600)
-    entry_id: str | None = Field(None, pattern=ENTRY_ID_PATTERN.pattern)
+    entry_id: str | None = Field(None, pattern=rf"^{ENTRY_ID_PATTERN.pattern}$")
     sources: list[str] = Field(default_factory=list, max_length=MAX_SOURCES)
     importance: float = Field(0.5, ge=0, le=1)
     metadata: dict[str, Any] = Field(default_factory=dict)

@@ -94,6 +94,7 @@ def api_services(
         pages=PageTable(board, settings=settings, **ids),
         control=control,
         vcm=settings.vcm,
+        settings=settings,
     )
 
 

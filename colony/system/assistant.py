@@ -10,6 +10,7 @@ was told. `answer` ends the run; a run that has not answered after `max_plan_ste
 from __future__ import annotations
 
 import contextlib
+import logging
 from collections.abc import Sequence
 
 from colony.agents import (
@@ -24,7 +25,7 @@ from colony.agents import (
 )
 from colony.agents.policy import ActionPolicyExecutionState, ActionPolicyIterationResult
 from colony.blackboard import Blackboard
-from colony.errors import AgentUsageError
+from colony.errors import AgentUsageError, InferenceError
 from colony.inference import ChatMessage, InferenceRequest
 from colony.inference.engine import InferenceEngine
 from colony.memory.hierarchy import default_memory_hierarchy
@@ -33,6 +34,7 @@ from colony.memory.types import MemoryQuery
 from colony.planning.policies import StructuredActionPolicy, task_text
 from colony.system.builtin import RUNS_NAMESPACE
 
+log = logging.getLogger(__name__)
 ANSWER = "answer"
 MEMORY_LINES = 6
 
@@ -127,17 +129,12 @@ class AssistantPolicy(StructuredActionPolicy):
 
     async def plan_step(self, state: ActionPolicyExecutionState) -> ActionPolicyIterationResult:
         if state.step >= self.max_plan_steps - 1:
-            parameters = {"question": task_text(state.run.input)}
-            result = await self.dispatch(ANSWER, parameters)
-            return ActionPolicyIterationResult(
-                action=ANSWER,
-                parameters=parameters,
-                action_result=result,
-                done=True,
-                output=result.output if result.success else None,
-                error=None if result.success else result.error,
-            )
-        step = await super().plan_step(state)
+            return await self._answer(state)
+        try:
+            step = await super().plan_step(state)
+        except InferenceError as exc:  # the model's plan was no usable JSON: answer instead
+            log.warning("assistant %s: planning step failed (%s); answering", self._who(), exc)
+            return await self._answer(state)
         if step.action == ANSWER and step.action_result is not None:
             ok = step.action_result.success
             return step.model_copy(
@@ -148,6 +145,22 @@ class AssistantPolicy(StructuredActionPolicy):
                 }
             )
         return step
+
+    async def _answer(self, state: ActionPolicyExecutionState) -> ActionPolicyIterationResult:
+        """Answer the task as asked (the last step, or when planning failed)."""
+        parameters = {"question": task_text(state.run.input)}
+        result = await self.dispatch(ANSWER, parameters)
+        return ActionPolicyIterationResult(
+            action=ANSWER,
+            parameters=parameters,
+            action_result=result,
+            done=True,
+            output=result.output if result.success else None,
+            error=None if result.success else result.error,
+        )
+
+    def _who(self) -> str:
+        return self.agent.agent_id if self.agent is not None else "-"
 
 
 def assistant_blueprint(agent_id: str = "assistant", max_tokens: int = 200) -> AgentBlueprint:
