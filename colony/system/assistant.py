@@ -24,7 +24,7 @@ from colony.agents import (
     action_executor,
 )
 from colony.agents.policy import ActionPolicyExecutionState, ActionPolicyIterationResult
-from colony.blackboard import Blackboard
+from colony.blackboard import Blackboard, TagFilter
 from colony.errors import AgentUsageError, InferenceError
 from colony.inference import ChatMessage, InferenceRequest
 from colony.inference.engine import InferenceEngine
@@ -70,7 +70,14 @@ class AnswerCapability(AgentCapability):
             return []
         run = self.agent.current_run if self.agent is not None else None
         found = await tools.service().recall(
-            MemoryQuery(query=question, max_results=MEMORY_LINES * 2, min_relevance=self.min_relevance),
+            MemoryQuery(
+                query=question,
+                # what the user said and the facts stored, not earlier generated replies (a wrong
+                # answer once given would otherwise be repeated as if remembered)
+                tag_filter=TagFilter(none_of=frozenset({"assistant"})),
+                max_results=MEMORY_LINES * 2,
+                min_relevance=self.min_relevance,
+            ),
             tools.resolve(None),
         )
         lines: list[str] = []
