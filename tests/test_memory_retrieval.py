@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import hashlib
+import time
 import uuid
 from collections.abc import AsyncIterator, Sequence
 from pathlib import Path
@@ -155,6 +156,7 @@ async def test_filter_then_rank_returns_only_passing_entries_best_first(
     await write(store, scope, "lunch menu for tuesday", tags=frozenset({"keep"}))
     await write(store, scope, "quarterly budget review", tags=frozenset({"keep", "finance"}))
     retriever = MemoryRetriever(store, vector, settings=settings)
+    await retriever.sync(scope)  # index everything (a recall embeds only a few lagging entries itself)
 
     q = MemoryQuery(query="redis password rotation", mode=mode, max_results=3)  # type: ignore[arg-type]
     unfiltered = await retriever.recall(q, [scope])
@@ -497,6 +499,7 @@ async def test_two_replicas_share_one_chroma_server(
             other_store, scope, "the glacier ice core was drilled in 1998", tags=frozenset({"keep"})
         )
         await write(other_store, scope, "a glacier hike", tags=frozenset({"keep"}))
+        await first.sync(scope)
         q = MemoryQuery(query="glacier ice core sample", tag_filter=TagFilter(all_of={"keep"}), mode="vector")
         found = await first.recall(q, [scope])
         assert found[0].entry.entry_id == wanted and all("keep" in r.entry.tags for r in found)
@@ -509,3 +512,47 @@ async def test_two_replicas_share_one_chroma_server(
         assert not await chroma_has(second.vector, ref_of(scope, wanted))  # type: ignore[arg-type]
     finally:
         server.stop()
+
+
+async def test_a_recall_never_waits_for_a_large_backlog(
+    store: MemoryStore,
+    chroma: Any,
+    settings: ColonySettings,
+    scope: str,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A recall embeds a few lagging entries itself; a larger backlog (or a whole scope to index)
+    goes to a background task, and the recall ranks by what is indexed plus keywords meanwhile."""
+    from colony.memory import retrieval
+
+    class SlowEmbedder(HashEmbedder):
+        """Entries embed slowly (queries do not): the background work is still running while
+        the recalls below rank."""
+
+        def embed(self, texts: Sequence[str]) -> np.ndarray:
+            if any(t.startswith(("moth species", "a beetle", "a cricket")) for t in texts):
+                time.sleep(1.0)
+            return super().embed(texts)
+
+    monkeypatch.setattr(retrieval, "INLINE_EMBED", 3)
+    vector = new_index(chroma, SlowEmbedder())
+    retriever = MemoryRetriever(store, vector, settings=settings)
+    await store.write_many(scope, [NewMemory(content=f"moth species {n} flies at night") for n in range(10)])
+    q = MemoryQuery(query="moth species flies", max_results=10)
+    found = await retriever.recall(q, [scope])  # 10 to index > 3: not now
+    assert len(found) == 10 and all(r.scores["vector"] == 0.0 for r in found)  # keywords found them
+    await retriever.drain()
+    refs = [ref_of(scope, r.entry.entry_id) for r in found]
+    assert await chroma_has(vector, *refs) == set(refs)  # the background task indexed them
+    few = [await write(store, scope, f"a beetle note {n}") for n in range(2)]
+    await retriever.recall(MemoryQuery(query="beetle"), [scope])  # 2 lagging <= 3: embedded inline
+    assert await chroma_has(vector, *(ref_of(scope, i) for i in few)) == {ref_of(scope, i) for i in few}
+    many = [await write(store, scope, f"a cricket note {n}") for n in range(5)]
+    # 5 lagging > 3: not embedded by this recall, yet found by their words
+    crickets = await retriever.recall(MemoryQuery(query="cricket note 4"), [scope])
+    best_words = max(crickets, key=lambda r: r.scores["keyword"])
+    assert best_words.entry.entry_id == many[4] and best_words.scores["vector"] == 0.0
+    assert crickets[0].entry.content.startswith("a beetle")  # embedded: ranked by meaning too
+    await retriever.drain()
+    assert await chroma_has(vector, *(ref_of(scope, i) for i in many)) == {ref_of(scope, i) for i in many}
+    await retriever.sync(scope)  # an explicit sync always catches up fully
