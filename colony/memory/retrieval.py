@@ -60,7 +60,7 @@ RANK_POOL_MIN = 30  # candidates each ranker contributes to fusion, at least
 VERIFY_SLACK = 4  # extra entries read from Redis per verification round (some may be gone)
 # entries a recall (or a write's dedup check) embeds itself when the vector index lags; a larger
 # backlog is embedded in the background (the local model embeds ~70-100 entries/s on 2 cores)
-INLINE_EMBED = 32
+INLINE_EMBED = 256
 
 
 @dataclass(slots=True)
