@@ -108,11 +108,14 @@ def test_a_killed_server_comes_back_on_its_port_and_foreign_pids_are_left_alone(
     server = EmbeddedChroma(tmp_path, settings.memory.chroma)
     first = server.start()
     try:
+        client = chroma_client(settings)
+        client.list_collections()  # connections the dead server leaves in TIME_WAIT on its port
         os.kill(first.pid, signal.SIGKILL)
         assert server.status() is None and resolve_chroma_url(settings) is None
         assert cluster.start_chroma(settings) is True  # what `up` does, also for a running cluster
         second = server.status()
         assert second is not None and second.pid != first.pid and second.url == first.url
+        assert client.list_collections() == []  # the client made before the crash carries on
     finally:
         server.stop()
     (tmp_path / "chroma-server.json").write_text(json.dumps({**first.__dict__, "pid": os.getpid()}))

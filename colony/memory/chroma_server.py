@@ -176,6 +176,8 @@ class EmbeddedChroma:
                     "one between machines, run Chroma yourself and set memory.chroma_url."
                 )
             binary = find_chroma_binary(self.settings.binary)
+            if previous is not None and self._answers_late(previous):
+                return previous
             # a server that died comes back on its port: clients holding its URL reconnect to it
             reusable = previous is not None and previous.host == self.settings.host and _free(previous)
             port = self.settings.port or (previous.port if previous and reusable else None)
@@ -221,6 +223,29 @@ class EmbeddedChroma:
                 _wait_exit(info.pid, 5.0)
             return True
 
+    def _answers_late(self, info: ChromaServerInfo) -> bool:
+        """Whether the recorded server, which did not answer `status()`, is only slow. One that
+        still runs gets 5 s more to answer; else it is dying (a SIGKILL not yet done) or hung, and
+        is stopped so that its port frees up for the new one (a state file is only ever written
+        for a server that answered, so it is not one still starting)."""
+        if not process_alive(info.pid):
+            return False
+        if not _is_chroma_process(info.pid):
+            # exiting (its leader a zombie, with an empty command line, while its other threads
+            # still hold the port) or the pid went to another process: wait for a dying one
+            _wait_exit(info.pid, 3.0)
+            return False
+        if heartbeat(info.url, timeout=5.0):
+            return True
+        log.warning("the embedded chroma server pid %s does not answer; stopping it", info.pid)
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(info.pid, signal.SIGTERM)
+        if not _wait_exit(info.pid, 5.0):
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(info.pid, signal.SIGKILL)
+            _wait_exit(info.pid, 5.0)
+        return False
+
     def _wait_ready(self, process: subprocess.Popen[bytes], info: ChromaServerInfo) -> None:
         deadline = time.monotonic() + self.settings.start_timeout_seconds
         while time.monotonic() < deadline:
@@ -248,8 +273,10 @@ class EmbeddedChroma:
 
 
 def _free(info: ChromaServerInfo) -> bool:
-    """Whether nothing listens on the port `info` recorded."""
+    """Whether nothing listens on the port `info` recorded (connections of the dead server left in
+    TIME_WAIT do not count: the server binds with SO_REUSEADDR too)."""
     with socket.socket(socket.AF_INET6 if ":" in info.host else socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         try:
             sock.bind((info.host, info.port))
         except OSError:
