@@ -62,6 +62,7 @@ GOAL_RECALL_AT_5 = 0.9
 GOAL_P50_MS = 50.0
 GOAL_P50_AT = 10_000
 GOAL_INGEST_PER_S = 500.0
+BLAS_ENV = ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS")
 EMBED_BASELINE_SAMPLE = 1000  # texts the bare embedder is timed on (its rate does not depend on size)
 
 
@@ -70,6 +71,11 @@ def _percentile(values: Sequence[float], q: float) -> float:
     if not ordered:
         return float("nan")
     return ordered[min(len(ordered) - 1, max(0, round(q * (len(ordered) - 1))))]
+
+
+def _progress(message: str) -> None:
+    """Where a long run is (stderr, so --json output stays one document)."""
+    print(f"[memory_recall] {message}", file=sys.stderr, flush=True)
 
 
 def tokenizer_overlap(data: facts.Dataset) -> float:
@@ -199,9 +205,16 @@ async def run_size(
     }
     try:
         result: dict[str, Any] = {"size": len(data.entries), "questions": len(data.questions)}
+        _progress(f"{size} entries: ingesting")
         result["ingestion"] = await ingest(store, board, scope_id, data, args.batch)
+        _progress(f"{size} entries: catching the indexes up (embedding every entry)")
         result["catch_up"] = await catch_up(store, retrievers["hybrid"], scope_id, data)
+        _progress(f"{size} entries: {result['catch_up']['total_seconds']:.0f} s; recalling")
+        load_before = os.getloadavg()[0]
         result["recall"] = await recall(retrievers, scope_id, data)
+        # the machine's load while recalling (1-minute averages): latency on a shared box is only
+        # comparable between runs at similar load
+        result["load_average"] = [round(load_before, 2), round(os.getloadavg()[0], 2)]
         return result
     finally:
         for retriever in retrievers.values():
@@ -251,6 +264,9 @@ async def main(args: argparse.Namespace) -> dict:
     quality = facts.overlap_report(data)
     report: dict[str, Any] = {
         "cpus": os.cpu_count(),
+        # BLAS threads of the embedder's matmuls: on a busy machine, 2 threads make a one-text
+        # (query) embedding far slower than 1 (measured ~400 ms vs ~17 ms at load 7 on 2 cores)
+        "blas_threads_env": {k: os.environ.get(k) for k in BLAS_ENV},
         "questions": len(data.questions),
         "relations": len({q.relation for q in data.questions}),
         "overlap_fraction": quality["fraction"],
@@ -291,7 +307,8 @@ def print_report(report: dict) -> None:
         f"{report['overlap_fraction']:.1%} (generator's words), "
         f"{report['overlap_fraction_keyword_tokens']:.1%} (keyword index tokens)"
     )
-    print(f"    embedder load {report['embedder_load_seconds']:.1f} s")
+    threads = ", ".join(f"{k}={v or 'unset'}" for k, v in report["blas_threads_env"].items())
+    print(f"    embedder load {report['embedder_load_seconds']:.1f} s; {threads}")
     for result in report["sizes"]:
         size, ing, cat, rec = result["size"], result["ingestion"], result["catch_up"], result["recall"]
         print(f"--- {size} entries")
@@ -309,7 +326,11 @@ def print_report(report: dict) -> None:
             f"embedding into Chroma {cat['vector_per_s']:.0f} entries/s "
             f"(bare embedder {cat['bare_embed_per_s']:.0f} texts/s)"
         )
-        print(f"(c) recall of {result['questions']} questions, max_results 5")
+        load = result.get("load_average", [float("nan")] * 2)
+        print(
+            f"(c) recall of {result['questions']} questions, max_results 5 "
+            f"(load average {load[0]:.1f} -> {load[1]:.1f} on {report['cpus']} CPUs)"
+        )
         print(f"    {'mode':8}  {'R@1':>6}  {'R@5':>6}  {'p50 ms':>8}  {'p99 ms':>8}")
         for mode in MODES:
             r = rec[mode]

@@ -91,6 +91,8 @@ def test_the_benchmark_prints_every_figure_beside_its_baselines_and_goals(
         "goal hybrid R@5 >= 0.9",
         "goal p50 <= 50 ms",
         "(keyword index tokens)",
+        "load average",
+        "OMP_NUM_THREADS=",
     ):
         assert expected in text, expected
     rows = {
