@@ -21,7 +21,8 @@ ingestion >= 500 entries/s. Usage:
         [--redis-url URL] [--chroma-url URL] [--json]
 Without --redis-url / --chroma-url an embedded redis-server and Chroma server are started in a
 temporary directory (the way `colony up` starts them) and stopped at the end. Everything is local:
-the embedder is the packaged all-MiniLM-L6-v2; nothing is downloaded.
+the embedder is the packaged all-MiniLM-L6-v2; nothing is downloaded. OMP_NUM_THREADS defaults to 1
+(as in a Ray replica); set it to compare.
 """
 
 from __future__ import annotations
@@ -41,6 +42,11 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit
 
+# One BLAS thread unless told otherwise, set before numpy loads: what a Ray replica gets (Ray sets
+# OMP_NUM_THREADS to the CPUs assigned to a worker, 1 when none are) and what .ci/run sets. On a
+# busy 2-core machine two BLAS threads made one query embedding ~25x slower (they wait on each
+# other); the setting in force is printed with the figures.
+os.environ.setdefault("OMP_NUM_THREADS", "1")
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import memory_facts as facts
@@ -264,8 +270,7 @@ async def main(args: argparse.Namespace) -> dict:
     quality = facts.overlap_report(data)
     report: dict[str, Any] = {
         "cpus": os.cpu_count(),
-        # BLAS threads of the embedder's matmuls: on a busy machine, 2 threads make a one-text
-        # (query) embedding far slower than 1 (measured ~400 ms vs ~17 ms at load 7 on 2 cores)
+        # the embedder's BLAS threads (see the top of the module)
         "blas_threads_env": {k: os.environ.get(k) for k in BLAS_ENV},
         "questions": len(data.questions),
         "relations": len({q.relation for q in data.questions}),
