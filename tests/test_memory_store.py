@@ -95,3 +95,13 @@ async def test_change_feed_and_delete(store: MemoryStore, scope: str) -> None:
     assert again.upserted == [] and again.position == batch.position
     # the deleted entry's content can be stored again (its hash key went with it)
     assert (await store.write(scope, NewMemory(content="one"))).created
+
+
+async def test_without_dedup_the_same_text_is_stored_again(store: MemoryStore, scope: str) -> None:
+    """Producers write without dedup: an action repeated with the same outcome is two memories."""
+    first = await store.write(scope, NewMemory(content="Action ping() succeeded: pong"), dedup=False)
+    second = await store.write(scope, NewMemory(content="Action ping() succeeded: pong"), dedup=False)
+    assert first.created and second.created and first.entry.entry_id != second.entry.entry_id
+    assert await store.count(scope) == 2
+    third = await store.write(scope, NewMemory(content="action PING() succeeded: pong"))
+    assert not third.created and third.duplicate_of == first.entry.entry_id

@@ -353,18 +353,10 @@ class MemoryCapability(AgentCapability):
                 for entry, memory, same, holder in zip(built, derived, present, holders, strict=True):
                     if same is not None:
                         continue
-                    if holder is None and entry.content_hash not in hashes:
-                        store._stage(tx, entry, memory.ttl_seconds, creator)
-                        hashes.add(entry.content_hash)
-                    else:  # same text already held: keep the entry, not a second hash key
-                        tx.write(
-                            Keys.entry_key(entry.entry_id),
-                            entry.model_dump(mode="json"),
-                            tags={*entry.tags, Keys.INDEX_TAG},
-                            created_by=creator,
-                            ttl_seconds=memory.ttl_seconds,
-                            expected_version=0,
-                        )
+                    # same text already held: keep the entry, not a second hash key
+                    fresh = holder is None and entry.content_hash not in hashes
+                    store._stage(tx, entry, memory.ttl_seconds, creator, hash_key=fresh)
+                    hashes.add(entry.content_hash)
                 tx.write(position_key, {"source": source, "position": position}, created_by=creator)
         except ConcurrentModificationError:
             log.info("%s: ingestion batch from %s raced another copy; it is retried", self.name, source)

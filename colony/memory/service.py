@@ -25,6 +25,7 @@ from colony.memory.types import MemoryQuery, RecalledEntry
 
 log = logging.getLogger(__name__)
 _SAFE_NAME = re.compile(r"[a-zA-Z0-9_-]{1,40}")
+VECTOR_RETRY_SECONDS = 30.0
 
 
 def collection_name(settings: ColonySettings) -> str:
@@ -46,10 +47,21 @@ class MemoryService:
         self._retriever: Any = None
         self._lock = asyncio.Lock()
         self.vector_error: str | None = None
+        self._vector_failed_at = 0.0
 
     async def retriever(self) -> Any:
-        """The recall pipeline, built on first use (loads the embedder, connects to Chroma)."""
+        """The recall pipeline, built on first use (loads the embedder, connects to Chroma). A
+        vector index that could not be reached is tried again `VECTOR_RETRY_SECONDS` later (a
+        restarted Chroma server is used again without restarting this process)."""
         if self._retriever is not None:
+            if (
+                self._retriever.vector is None
+                and self._want_vector
+                and time.monotonic() - self._vector_failed_at > VECTOR_RETRY_SECONDS
+            ):
+                async with self._lock:
+                    if self._retriever.vector is None:
+                        self._retriever.vector = await self._vector_index()
             return self._retriever
         async with self._lock:
             if self._retriever is None:
@@ -70,15 +82,20 @@ class MemoryService:
             return ChromaVectorIndex(client, get_embedder(self.settings), collection_name(self.settings))
 
         try:
-            return await asyncio.to_thread(build)
+            index = await asyncio.to_thread(build)
         except Exception as exc:
+            self._vector_failed_at = time.monotonic()
             self.vector_error = f"{type(exc).__name__}: {exc}"
             log.warning(
-                "memory: no vector index (%s); recall ranks by keywords and recency only until this "
-                "process restarts. Start Chroma (`colony up` does) or set memory.chroma_url.",
+                "memory: no vector index (%s); recall ranks by keywords and recency only until the "
+                "index answers again (retried every %.0f s). Start Chroma (`colony up` does) or set "
+                "memory.chroma_url.",
                 self.vector_error,
+                VECTOR_RETRY_SECONDS,
             )
             return None
+        self.vector_error = None
+        return index
 
     async def recall(
         self, query: MemoryQuery, scope_ids: Sequence[str], *, distinct: bool = True

@@ -131,14 +131,17 @@ class MemoryStore:
                     found = await self.get(scope_id, near[0])
                     if found is not None:
                         return WriteOutcome(entry=found, created=False, duplicate_of=found.entry_id)
+            # without dedup, text already held is stored again as its own entry (the hash key
+            # keeps naming the first holder); with dedup, the create-only hash key decides
+            hashed = dedup or await board.read(Keys.hash_key(entry.content_hash)) is None
             try:
                 async with board.transaction() as tx:
-                    self._stage(tx, entry, memory.ttl_seconds, created_by)
+                    self._stage(tx, entry, memory.ttl_seconds, created_by, hash_key=hashed)
             except ConcurrentModificationError:
                 continue  # the same id or content was stored meanwhile: report that one
             await self._keep_cap(scope_id, config)
             return WriteOutcome(entry=entry, created=True)
-        raise InvalidArgument(f"memory write to {scope_id} kept conflicting with concurrent writes")
+        raise ConcurrentModificationError(Keys.entry_key(entry.entry_id), 0, -1)
 
     async def _held(
         self, board: Blackboard, entry: MemoryEntry, *, explicit: bool, dedup: bool
@@ -159,7 +162,9 @@ class MemoryStore:
                     await board.delete(Keys.hash_key(entry.content_hash), expected_version=holder.version)
         return None
 
-    def _stage(self, tx: Any, entry: MemoryEntry, ttl: float | None, created_by: str | None) -> None:
+    def _stage(
+        self, tx: Any, entry: MemoryEntry, ttl: float | None, created_by: str | None, *, hash_key: bool = True
+    ) -> None:
         """Entry and content-hash key, both create-only: of two concurrent writers of the same
         content one commits, the other finds it on its retry."""
         tx.write(
@@ -170,6 +175,8 @@ class MemoryStore:
             ttl_seconds=ttl,
             expected_version=0,
         )
+        if not hash_key:
+            return
         tx.write(
             Keys.hash_key(entry.content_hash),
             entry.entry_id,

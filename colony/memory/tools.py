@@ -31,6 +31,7 @@ if TYPE_CHECKING:
 
 LINE_CHARS = 300
 MAX_ACTION_RESULTS = 20
+MIN_FACT_WORDS = 3  # a "fact" of one or two words ("fact", a bare number) carries no meaning alone
 
 
 def _age(seconds: float) -> str:
@@ -132,20 +133,21 @@ class MemoryToolsCapability(AgentCapability):
     async def recall(
         self,
         query: Annotated[str, Field(max_length=2000)],
-        tags: Annotated[list[str], Field(max_length=8)] | None = None,
-        scopes: Annotated[list[str], Field(max_length=8)] | None = None,
+        tag: Annotated[str, Field(max_length=64)] | None = None,
+        scope: Annotated[str, Field(max_length=64)] | None = None,
         max_results: Annotated[int, Field(ge=1, le=MAX_ACTION_RESULTS)] = 5,
         min_relevance: Annotated[float, Field(ge=0, le=1)] = 0.0,
     ) -> list[dict[str, Any]]:
-        """Search your memory by meaning (and optionally tags): the most relevant entries first."""
+        """Search your memory by meaning (optionally only entries with `tag`, or one `scope`, e.g.
+        working, stm, ltm:semantic): the most relevant entries first."""
         found = await self.service().recall(
             MemoryQuery(
                 query=query,
-                tag_filter=TagFilter(all_of=frozenset(tags)) if tags else None,
+                tag_filter=TagFilter(all_of=frozenset({tag})) if tag else None,
                 max_results=max(1, min(max_results, MAX_ACTION_RESULTS)),
                 min_relevance=min_relevance,
             ),
-            self.resolve(scopes),
+            self.resolve([scope] if scope else None),
         )
         return [_brief(item) for item in found]
 
@@ -183,21 +185,37 @@ class MemoryToolsCapability(AgentCapability):
     @action_executor(action_type=ActionType.MEMORY_WRITE)
     async def remember(
         self,
-        fact: Annotated[str, Field(min_length=1, max_length=4000)],
-        tags: Annotated[list[str], Field(max_length=4)] | None = None,
+        fact: Annotated[str, Field(max_length=4000)] = "",
+        tag: Annotated[str, Field(max_length=64)] | None = None,
     ) -> dict[str, Any]:
-        """Store a fact in long-term memory so later runs can recall it."""
+        """Store what the user told you (their message, unless it is a question) in long-term memory
+        so later runs can recall it; `fact` adds a sentence of your own."""
         target = self.scopes().get(self.remember_level)
         if target is None:
             raise AgentUsageError(f"this agent has no {self.remember_level} memory to remember into")
-        outcome = await target.write(
-            NewMemory(content=fact, tags=frozenset(tags or ()) | {"fact"}, kind="fact")
-        )
-        return {
-            "entry_id": outcome.entry.entry_id,
-            "stored": outcome.created,
-            "duplicate_of": outcome.duplicate_of,
-        }
+        tags = frozenset({"fact", tag} if tag else {"fact"})
+        texts = [
+            t
+            for t in (self._message(), fact.strip())
+            if len(t.split()) >= MIN_FACT_WORDS and not t.endswith("?")  # a question is no fact
+        ]
+        if not texts:
+            raise AgentUsageError("nothing to remember: give `fact` as a whole sentence")
+        stored = []
+        for text in dict.fromkeys(texts):
+            outcome = await target.write(NewMemory(content=text, tags=tags, kind="fact"))
+            stored.append(
+                {"entry_id": outcome.entry.entry_id, "stored": outcome.created, "content": text[:200]}
+            )
+        return {"remembered": stored}
+
+    def _message(self) -> str:
+        """The current run's task, as text (what the user said)."""
+        run = self.agent.current_run if self.agent is not None else None
+        if run is None:
+            return ""
+        task = run.input.get("task") if isinstance(run.input, dict) else run.input
+        return task.strip() if isinstance(task, str) else ""
 
     @action_executor(action_type=ActionType.CONTEXT_SUMMARIZE)
     async def consolidate(

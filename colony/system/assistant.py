@@ -4,7 +4,8 @@ The replica's model picks each step as schema-constrained JSON (StructuredAction
 memory actions (recall, remember, list_tags, memory_map, forget, consolidate) and `answer`, which
 writes the reply from the memories relevant to the question and streams its tokens. Producers
 record every action and every run's task and answer, so a later run can recall what an earlier one
-was told. `answer` ends the run; a run that has not answered after `max_plan_steps` answers then.
+was told. `answer` ends the run; after `max_memory_steps` planned memory steps (default 1: a small model
+repeats a step rather than moving on) the run answers.
 """
 
 from __future__ import annotations
@@ -37,6 +38,8 @@ from colony.system.builtin import RUNS_NAMESPACE
 log = logging.getLogger(__name__)
 ANSWER = "answer"
 MEMORY_LINES = 6
+MAX_NOTES = 3
+NOTE_MARGIN = 0.1  # notes within this much relevance of the best one go into the answer's prompt
 
 
 class AnswerCapability(AgentCapability):
@@ -74,38 +77,51 @@ class AnswerCapability(AgentCapability):
                 query=question,
                 # what the user said and the facts stored, not earlier generated replies (a wrong
                 # answer once given would otherwise be repeated as if remembered)
-                tag_filter=TagFilter(none_of=frozenset({"assistant"})),
+                tag_filter=TagFilter(none_of=frozenset({"assistant", "action"})),
                 max_results=MEMORY_LINES * 2,
                 min_relevance=self.min_relevance,
             ),
             tools.resolve(None),
         )
-        lines: list[str] = []
+        notes: list[str] = []
+        best = None
         for item in found:
             entry = item.entry
-            if run is not None and entry.entry_id.startswith(f"turn-{run.run_id}-"):
-                continue  # this run's own question is not a memory of it
+            if run is not None and (
+                entry.created_at >= (run.started_at or 0) or run.run_id in entry.entry_id
+            ):
+                continue  # written during this run (its own message): not a memory of it
+            if entry.content.rstrip().endswith("?"):
+                continue  # an earlier question states no fact
+            best = item.relevance if best is None else best
+            if item.relevance < best - NOTE_MARGIN:
+                break  # only the notes about as relevant as the best: a small model copies distractors
             text = " ".join(entry.content.split())[:400]
-            if text not in lines:
-                lines.append(text)
-        return lines[:MEMORY_LINES]
+            text = text.removeprefix("User: ") if "user" in entry.tags else text
+            if text not in notes:
+                notes.append(text)
+        return notes[:MAX_NOTES]
+
+    @staticmethod
+    def prompt(question: str, notes: list[str]) -> str:
+        """Notes first (the most relevant first), then the question: the shape even the 135M
+        default model answers from (a system prompt about "memories" makes it refuse instead)."""
+        if not notes:
+            return f"Question: {question}\nAnswer briefly."
+        lines = "\n".join(f"Note: {n}" for n in notes)
+        return f"{lines}\nQuestion: {question}\nAnswer using the notes."
 
     @action_executor(action_type=ActionType.OUTPUT_WRITE)
     async def answer(self, question: str) -> str:
         """Reply to the user (uses your memories of earlier conversations); ends the task."""
         if self.engine is None:
             raise AgentUsageError("the assistant answers on an engine replica (no engine was injected)")
-        memories = await self._memories(question)
-        context = "\n".join(f"- {m}" for m in memories) or "- (nothing relevant remembered)"
+        run = self.agent.current_run if self.agent is not None else None
+        if len(question.split()) < 3 and run is not None:  # a planner's placeholder, not a question
+            question = task_text(run.input)
+        notes = await self._memories(question)
         request = InferenceRequest(
-            messages=[
-                ChatMessage(
-                    role="system",
-                    content="You are a helpful assistant. Use what you remember from earlier "
-                    "conversations when it answers the question. Answer briefly.",
-                ),
-                ChatMessage(role="user", content=f"What you remember:\n{context}\n\nQuestion: {question}"),
-            ],
+            messages=[ChatMessage(role="user", content=self.prompt(question, notes))],
             max_tokens=self.max_tokens,
             temperature=0.0,
         )
@@ -128,14 +144,18 @@ class AssistantPolicy(StructuredActionPolicy):
         *,
         engine: InferenceEngine | None = None,
         max_plan_steps: int = 4,
+        max_memory_steps: int = 1,
         max_tokens: int = 160,
         goals: Sequence[str] = (),
     ) -> None:
         super().__init__(agent, engine=engine, max_tokens=max_tokens, allow_finish=False, goals=goals)
         self.max_plan_steps = max_plan_steps
+        self.max_memory_steps = max_memory_steps
 
     async def plan_step(self, state: ActionPolicyExecutionState) -> ActionPolicyIterationResult:
-        if state.step >= self.max_plan_steps - 1:
+        # after `max_memory_steps` planned steps, or at the last step: answer (a small model
+        # otherwise repeats the step it just took)
+        if len(self.call_trace) >= self.max_memory_steps or state.step >= self.max_plan_steps - 1:
             return await self._answer(state)
         try:
             step = await super().plan_step(state)
