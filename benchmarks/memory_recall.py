@@ -170,6 +170,7 @@ async def recall(
     hits1 = dict.fromkeys(MODES, 0)
     hits5 = dict.fromkeys(MODES, 0)
     latencies: dict[str, list[float]] = {m: [] for m in MODES}
+    misses: dict[str, dict[str, int]] = {m: {} for m in MODES}  # relation -> questions missed at 5
     for q in data.questions:
         for mode in MODES:
             query = MemoryQuery(query=q.text, max_results=5, mode=mode)
@@ -179,6 +180,8 @@ async def recall(
             ids = [r.entry.entry_id for r in found]
             hits1[mode] += ids[:1] == [q.answer_id]
             hits5[mode] += q.answer_id in ids[:5]
+            if q.answer_id not in ids[:5]:
+                misses[mode][q.relation] = misses[mode].get(q.relation, 0) + 1
     n = max(1, len(data.questions))
     return {
         mode: {
@@ -187,6 +190,7 @@ async def recall(
             "p50_ms": _percentile(latencies[mode], 0.50) * 1000,
             "p99_ms": _percentile(latencies[mode], 0.99) * 1000,
             "mean_ms": statistics.fmean(latencies[mode]) * 1000 if latencies[mode] else float("nan"),
+            "misses_at_5_by_relation": dict(sorted(misses[mode].items(), key=lambda kv: (-kv[1], kv[0]))),
         }
         for mode in MODES
     }
@@ -345,6 +349,9 @@ def print_report(report: dict) -> None:
                 f"{r['p50_ms']:8.1f}  {r['p99_ms']:8.1f}  {label}"
             )
         hybrid = rec["hybrid"]
+        worst = list(hybrid.get("misses_at_5_by_relation", {}).items())[:6]
+        if worst:
+            print("    hybrid misses at 5, by relation: " + ", ".join(f"{r} {k}" for r, k in worst))
         print(
             f"    goal hybrid R@5 >= {goals['hybrid_recall_at_5']}: "
             f"{_mark(hybrid['recall_at_5'] >= goals['hybrid_recall_at_5'])}"

@@ -77,6 +77,9 @@ def test_the_benchmark_prints_every_figure_beside_its_baselines_and_goals(
     assert recall["vector"]["recall_at_5"] >= recall["keyword"]["recall_at_5"] + 0.3
     assert recall["hybrid"]["recall_at_5"] >= 0.8
     assert recall["hybrid"]["recall_at_1"] <= recall["hybrid"]["recall_at_5"]
+    for mode in bench.MODES:  # every miss is attributed to its question's relation
+        missed = sum(recall[mode]["misses_at_5_by_relation"].values())
+        assert missed == round((1 - recall[mode]["recall_at_5"]) * 40)
 
     bench.print_report(report)
     text = capsys.readouterr().out
