@@ -17,6 +17,7 @@ from typing import Any
 import httpx
 
 from colony import __version__
+from colony.cli_memory import add_memory_commands
 from colony.cli_target import TOKEN_ENV, URL_ENV, ApiTarget, api_error, api_target, remote_health
 from colony.config import ColonySettings, load_settings
 from colony.errors import ColonyError
@@ -541,6 +542,7 @@ def build_parser() -> argparse.ArgumentParser:
         "--json", action="store_true", help="print the run's output as JSON on stdout (nothing else there)"
     )
     run.set_defaults(func=cmd_run)
+    add_memory_commands(sub, [remote])
     return parser
 
 
