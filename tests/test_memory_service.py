@@ -70,3 +70,25 @@ async def test_a_fact_copied_down_the_hierarchy_is_recalled_once(bb: Blackboard,
     ]
     both = await service.recall(MemoryQuery(query="Lisbon office"), [working, stm], distinct=False)
     assert len(both) == 3
+
+
+async def test_near_duplicates_are_one_entry_but_a_different_particular_is_kept(
+    bb: Blackboard, tmp_path: Path
+) -> None:
+    """Dedup at write time by nearest neighbour: the same statement reworded slightly is held
+    once; a statement that differs in a number or a name is a different fact and is stored."""
+    service = MemoryService(bb, ColonySettings(data_dir=tmp_path))
+    scope = MemoryScope.agent_ltm_semantic(f"a{uuid.uuid4().hex[:8]}")
+
+    async def write(text: str):  # noqa: ANN202
+        return await service.store.write(scope, NewMemory(content=text), similar=service.nearest)
+
+    first = await write("The deploy key lives in vault A.")
+    assert first.created
+    again = await write("The deploy key lives in vault A!")
+    assert not again.created and again.duplicate_of == first.entry.entry_id
+    assert (await write("The deploy key lives in vault B.")).created
+    code = await write("My locker code is 7291.")
+    other = await write("My locker code is 7292.")
+    assert code.created and other.created
+    assert await service.store.count(scope) == 4

@@ -7,7 +7,8 @@ those scopes, by type ("working", "stm", "ltm:episodic", ...) or by full id, and
 does not have is a 404, never a read of some other scope. Scope ids, entry ids and tags reach
 Redis keys only after that check or the patterns of colony.api.schemas.
 
-Writes are for seeding and tests: they go through MemoryStore.write (exact dedup, bounds of the
+Writes are for seeding and tests: they go through MemoryStore.write (exact and near-duplicate
+dedup, bounds of the
 `memory.*` settings: 422 naming the field; the scope's TTL and cap, as for every writer); the
 agent's own ingestion takes the entry in from the scope's event stream.
 """
@@ -208,7 +209,9 @@ def add_memory_routes(
         except ValidationError as exc:
             raise InvalidMemoryInput(_problems(exc)) from None
         try:  # the store applies the scope's TTL (when none is given) and keeps its cap
-            outcome = await memory.service.store.write(scope, new, created_by=WRITER)
+            outcome = await memory.service.store.write(
+                scope, new, created_by=WRITER, similar=memory.service.nearest
+            )
         except InvalidArgument as exc:
             raise InvalidMemoryInput(str(exc)) from None
         created = "created" if outcome.created else "duplicate"

@@ -31,6 +31,7 @@ from colony.blackboard.protocol import MemoryProtocol
 from colony.config import ColonySettings, load_settings
 from colony.errors import BlackboardUnavailable, ConcurrentModificationError
 from colony.memory.scopes import AGENT_LEVELS, PURPOSES, MemoryScope
+from colony.memory.service import memory_service
 from colony.memory.store import MemoryStore
 from colony.memory.types import (
     MaintenanceConfig,
@@ -181,9 +182,23 @@ class MemoryCapability(AgentCapability):
         if memory.ttl_seconds is None and self.ttl_seconds is not None:
             memory = memory.model_copy(update={"ttl_seconds": self.ttl_seconds})
         creator = self.agent.agent_id if self.agent is not None else None
-        outcome = await self.store.write(self.memory_scope, memory, created_by=creator, dedup=dedup)
+        outcome = await self.store.write(
+            self.memory_scope,
+            memory,
+            created_by=creator,
+            dedup=dedup,
+            similar=self._nearest if dedup else None,
+        )
         metrics.MEMORY_WRITES.labels(self.scope_type, "created" if outcome.created else "duplicate").inc()
         return outcome
+
+    async def _nearest(self, scope_id: str, text: str) -> tuple[str, float] | None:
+        """The most similar entry of the scope (near-duplicate check); None without a vector index."""
+        try:
+            return await memory_service(self.blackboard, self._settings()).nearest(scope_id, text)
+        except Exception as exc:  # no index now: the write goes on with exact dedup only
+            log.warning("%s: near-duplicate check skipped (%r)", self.name, exc)
+            return None
 
     async def enforce_cap(self) -> int:
         pruned = await self.store.enforce_cap(self.memory_scope, self.cap, self.maintenance)

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import re
 import time
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
@@ -111,11 +112,12 @@ class MemoryStore:
         created_by: str | None = None,
         dedup: bool = True,
         similar: Similar | None = None,
-        dedup_threshold: float = 0.95,
+        dedup_threshold: float | None = None,
     ) -> WriteOutcome:
         """Store one entry, unless it is already held: an entry of the same id (an idempotent
         retry), of the same normalised content, or (with `similar`) one whose cosine similarity
-        reaches `dedup_threshold`. The entry and its content-hash key commit together."""
+        reaches `dedup_threshold` (default: the scope's) and that names the same particulars
+        (`same_particulars`). The entry and its content-hash key commit together."""
         self._check(memory)
         config = await self.config(scope_id)
         memory = _with_scope_ttl(memory, config)
@@ -126,10 +128,11 @@ class MemoryStore:
             if held is not None:
                 return held
             if dedup and similar is not None:
+                threshold = dedup_threshold or (config.maintenance.dedup_threshold if config else 0.95)
                 near = await similar(scope_id, entry.content)
-                if near is not None and near[1] >= dedup_threshold:
+                if near is not None and near[1] >= threshold:
                     found = await self.get(scope_id, near[0])
-                    if found is not None:
+                    if found is not None and same_particulars(found.content, entry.content):
                         return WriteOutcome(entry=found, created=False, duplicate_of=found.entry_id)
             # without dedup, text already held is stored again as its own entry (the hash key
             # keeps naming the first holder); with dedup, the create-only hash key decides
@@ -388,6 +391,16 @@ class MemoryStore:
             else:
                 batch.deleted.append(entry_id)
         return batch
+
+
+_PARTICULAR = re.compile(r"\w*\d\w*|[A-Z]\w*")
+
+
+def same_particulars(a: str, b: str) -> bool:
+    """Whether two texts name the same particulars (numbers, names): a near-duplicate by meaning
+    that differs in one ("locker code 7291" / "locker code 7292", "Sensor 1" / "Sensor 2") is a
+    different fact, and is kept."""
+    return {t.lower() for t in _PARTICULAR.findall(a)} == {t.lower() for t in _PARTICULAR.findall(b)}
 
 
 def _with_scope_ttl(memory: NewMemory, config: MemoryScopeConfig | None) -> NewMemory:
