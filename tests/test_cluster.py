@@ -17,9 +17,10 @@ import httpx
 import pytest
 
 from colony import cli
-from colony.blackboard.redis_server import EmbeddedRedis, free_port
+from colony.blackboard.redis_server import EmbeddedRedis, free_port, process_alive
 from colony.client import ApiError, ColonyClient
 from colony.config import ColonySettings, ServeSettings, VcmSettings
+from colony.memory.chroma_server import EmbeddedChroma, heartbeat
 from colony.serve import cluster
 from colony.system.analyze_check import repetitions
 
@@ -64,6 +65,8 @@ def colony_up(
 def test_up_is_idempotent_and_serves_runs(colony_up) -> None:
     settings, info = colony_up
     assert cluster.up(settings).pid == info.pid  # a second `up` reuses the running cluster
+    chroma = EmbeddedChroma(settings.data_dir).status()  # memory's vector index, beside Redis
+    assert chroma is not None and heartbeat(chroma.url)
     with ColonyClient(info.url, info.token, timeout=120) as client:
         assert client.health()["status"] == "ok"
         echo = client.run("echo", {"ping": [1, 2, 3]})
@@ -221,13 +224,107 @@ def test_cli_runs_on_a_cluster_started_elsewhere_with_url_and_token(colony_up, t
     assert refused.returncode == 2 and "HTTP 401" in refused.stderr and "--token" in refused.stderr
 
 
+def _memory_counts(client: ColonyClient, agent: str) -> tuple[dict[str, int], int]:
+    memory_map = client.memory_map(agent)
+    counts = {info["scope_type"]: info["entry_count"] for info in memory_map["scopes"].values()}
+    return counts, memory_map["total_pending_ingestion"]
+
+
+def _settled_counts(client: ColonyClient, agent: str, timeout: float = 120.0) -> dict[str, int]:
+    """The agent's entry counts once nothing is pending ingestion (the same twice, 1 s apart)."""
+    deadline = time.monotonic() + timeout
+    last = None
+    while time.monotonic() < deadline:
+        try:
+            counts, pending = _memory_counts(client, agent)
+        except (httpx.HTTPError, ApiError):
+            counts, pending = None, -1
+        if pending == 0 and counts == last:
+            return counts
+        last = counts if pending == 0 else None
+        time.sleep(1)
+    raise AssertionError(f"the memory of {agent} did not settle: {last}")
+
+
+def test_assistant_uses_a_fact_from_an_earlier_run(colony_up, tmp_path: Path) -> None:
+    """Issue 15's acceptance: `colony run assistant` (planned by the embedded SmolLM2) streams its
+    steps by action name, shows its PLANNING lens in the opt-in prompt event, and answers a question
+    with a fact it was told in an earlier run."""
+    from cli_kit import run_cli
+
+    _settings, info = colony_up
+    env = {k: v for k, v in os.environ.items() if not k.startswith("COLONY_")}
+    env.update(COLONY_URL=info.url, COLONY_API_TOKEN=info.token)
+    task = {"task": "Please remember that my locker code is 7291."}
+    told = run_cli("run", "assistant", "--input", json.dumps(task), cwd=tmp_path, env=env, timeout=600)
+    assert told.returncode == 0, told.stderr[-3000:]
+    assert "step 1: " in told.stderr and ("answer" in told.stderr or "remember" in told.stderr)
+    with ColonyClient(info.url, info.token, timeout=600) as client:
+        question = {"task": "What is my locker code?", "emit_prompt": True}
+        run_id = client.submit("assistant", question)["run_id"]
+        events = list(client.events(run_id))
+        view = client.get(run_id)
+        assert view["status"] == "succeeded", view
+        assert "7291" in view["output"], view["output"]
+        steps = [e["data"] for e in events if e["event_type"] == "step"]
+        assert steps and steps[-1]["name"] == "answer"
+        prompts = [e["data"]["text"] for e in events if e["event_type"] == "prompt"]
+        assert prompts, [e["event_type"] for e in events]
+        assert "## Memory: planning" in prompts[0] and "7291" in prompts[0]
+        counts = _settled_counts(client, "assistant")
+        assert counts["working"] >= 2 and counts["stm"] == counts["working"]
+
+
+def test_memory_ingestion_is_exactly_once_across_suspension_and_a_killed_replica(colony_up) -> None:
+    """Issue 15's acceptance: 5 writes to working memory with a suspend/resume between the 2nd and
+    3rd leave exactly 5 more entries in STM; after the replica hosting the agent is killed, the
+    memory map shows the same counts."""
+    _settings, info = colony_up
+    with ColonyClient(info.url, info.token, timeout=120) as client:
+        before = _settled_counts(client, "assistant")
+        for n in range(2):
+            client.memory_write(
+                "assistant", "working", f"Sensor {n} reads {20 + n} degrees.", tags=["reading"]
+            )
+        client.suspend("assistant")
+        for n in range(2, 5):
+            client.memory_write(
+                "assistant", "working", f"Sensor {n} reads {20 + n} degrees.", tags=["reading"]
+            )
+        client.resume("assistant")
+        after = _settled_counts(client, "assistant")
+        assert after["working"] == before["working"] + 5
+        assert after["stm"] == before["stm"] + 5
+        readings = client.memory_query(
+            "assistant", None, tag_filter={"all_of": ["reading"]}, scopes=["stm"], max_results=50
+        )
+        assert sorted(r["entry"]["content"] for r in readings) == [
+            f"Sensor {n} reads {20 + n} degrees." for n in range(5)
+        ]
+        replica = _pid_of("EngineReplica")
+        assert replica is not None
+        os.kill(replica, signal.SIGKILL)  # the only engine replica: the one hosting the assistant
+        deadline = time.monotonic() + 180
+        while time.monotonic() < deadline:
+            agents = {a["agent_id"]: a for a in client.agents()}
+            if _pid_of("EngineReplica") not in (None, replica) and agents["assistant"]["state"] == "idle":
+                break
+            time.sleep(1)
+        assert _settled_counts(client, "assistant") == after
+        again = client.run("assistant", {"task": "Which sensor reads 22 degrees?"})
+        assert again["status"] == "succeeded", again
+
+
 def test_down_leaves_nothing_running(colony_up) -> None:
     settings, info = colony_up
     assert _group_pids(info.pid)
+    chroma = EmbeddedChroma(settings.data_dir).status()
+    assert chroma is not None
     assert cluster.down(settings) is True
     assert _group_pids(info.pid) == []
     assert cluster.status(settings) is None
     assert EmbeddedRedis(settings.data_dir).status() is None
+    assert EmbeddedChroma(settings.data_dir).status() is None and not process_alive(chroma.pid)
 
 
 def test_a_dead_daemons_leftover_processes_are_reaped(tmp_path: Path) -> None:

@@ -10,7 +10,7 @@ these, change them, or assemble a graph of its own.
 
 from __future__ import annotations
 
-from colony.agents.blueprint import Blueprint
+from colony.agents.blueprint import Blueprint, CapabilitySpec
 from colony.blackboard import TagFilter
 from colony.memory.capability import MemoryCapability
 from colony.memory.producers import action_producer, conversation_producer
@@ -36,9 +36,12 @@ def default_memory_hierarchy(
     ltm_max_entries: int = 10_000,
     summarize_stm: bool = False,
     lenses: tuple[MemoryLens, ...] = (PLANNING_LENS, REFLECTION_LENS),
-) -> list[Blueprint[object]]:
-    """Blueprints of the default levels and of the memory actions (MemoryToolsCapability).
-    `summarize_stm` consolidates working memory into STM with the model instead of copying."""
+    exclude_actions: list[str] | None = None,
+) -> list[Blueprint[object] | CapabilitySpec]:
+    """Blueprints of the default levels and of the memory actions (MemoryToolsCapability, less
+    `exclude_actions`). `summarize_stm` consolidates working memory into STM with the model
+    instead of copying."""
+    tools = MemoryToolsCapability.bind(lenses=list(lenses))
     return [
         MemoryCapability.bind(
             level="working",
@@ -66,5 +69,5 @@ def default_memory_hierarchy(
         ),
         MemoryCapability.bind(level="ltm:semantic", max_entries=ltm_max_entries),
         MemoryCapability.bind(level="ltm:procedural", max_entries=1000),
-        MemoryToolsCapability.bind(lenses=list(lenses)),
+        CapabilitySpec(blueprint=tools, exclude_actions=exclude_actions) if exclude_actions else tools,
     ]

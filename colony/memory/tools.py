@@ -185,29 +185,33 @@ class MemoryToolsCapability(AgentCapability):
     @action_executor(action_type=ActionType.MEMORY_WRITE)
     async def remember(
         self,
-        fact: Annotated[str, Field(max_length=4000)] = "",
+        fact: Annotated[str, Field(min_length=1, max_length=4000)],
         tag: Annotated[str, Field(max_length=64)] | None = None,
     ) -> dict[str, Any]:
-        """Store what the user told you (their message, unless it is a question) in long-term memory
-        so later runs can recall it; `fact` adds a sentence of your own."""
+        """Store a fact (a whole sentence) in long-term memory so later runs can recall it."""
+        return await self._remember(fact.strip(), tag)
+
+    @action_executor(action_type=ActionType.MEMORY_WRITE)
+    async def remember_message(self) -> dict[str, Any]:
+        """Store what the user just told you in long-term memory so later runs can recall it."""
+        message = self._message()
+        if len(message.split()) < MIN_FACT_WORDS or message.endswith("?"):
+            raise AgentUsageError(
+                "the user's message is a question or too short to be a fact; nothing stored"
+            )
+        return await self._remember(message, None)
+
+    async def _remember(self, text: str, tag: str | None) -> dict[str, Any]:
         target = self.scopes().get(self.remember_level)
         if target is None:
             raise AgentUsageError(f"this agent has no {self.remember_level} memory to remember into")
         tags = frozenset({"fact", tag} if tag else {"fact"})
-        texts = [
-            t
-            for t in (self._message(), fact.strip())
-            if len(t.split()) >= MIN_FACT_WORDS and not t.endswith("?")  # a question is no fact
-        ]
-        if not texts:
-            raise AgentUsageError("nothing to remember: give `fact` as a whole sentence")
-        stored = []
-        for text in dict.fromkeys(texts):
-            outcome = await target.write(NewMemory(content=text, tags=tags, kind="fact"))
-            stored.append(
-                {"entry_id": outcome.entry.entry_id, "stored": outcome.created, "content": text[:200]}
-            )
-        return {"remembered": stored}
+        outcome = await target.write(NewMemory(content=text, tags=tags, kind="fact"))
+        return {
+            "entry_id": outcome.entry.entry_id,
+            "stored": outcome.created,
+            "duplicate_of": outcome.duplicate_of,
+        }
 
     def _message(self) -> str:
         """The current run's task, as text (what the user said)."""

@@ -1,7 +1,7 @@
 """Built-in agent `assistant`: planned by the model, with a memory hierarchy it can use.
 
 The replica's model picks each step as schema-constrained JSON (StructuredActionPolicy) among the
-memory actions (recall, remember, list_tags, memory_map, forget, consolidate) and `answer`, which
+memory actions (recall, remember_message, list_tags, memory_map, forget, consolidate) and `answer`, which
 writes the reply from the memories relevant to the question and streams its tokens. Producers
 record every action and every run's task and answer, so a later run can recall what an earlier one
 was told. `answer` ends the run; after `max_memory_steps` planned memory steps (default 1: a small model
@@ -199,13 +199,15 @@ def assistant_blueprint(agent_id: str = "assistant", max_tokens: int = 200) -> A
             role="assistant",
         ),
         capabilities=[
-            *default_memory_hierarchy(),
+            # `remember(fact)` left out: a small model's own "facts" are often junk that later
+            # answers copy; `remember_message` stores what the user said
+            *default_memory_hierarchy(exclude_actions=["remember"]),
             AnswerCapability.bind(max_tokens=max_tokens),
             AgentRunCapability.bind(namespace=RUNS_NAMESPACE),
         ],
         action_policy=AssistantPolicy.bind(
             goals=[
-                "Help the user. To store something the user wants remembered, use `remember`; "
+                "Help the user. To store what the user wants remembered, use `remember_message`; "
                 "to look something up, use `recall`; reply with `answer`.",
             ],
             max_tokens=160,
