@@ -15,14 +15,14 @@ from colony.memory import service as service_module
 from colony.memory.chroma_server import EmbeddedChroma
 from colony.memory.scopes import MemoryScope
 from colony.memory.service import MemoryService, collection_name, memory_service
-from colony.memory.types import MemoryQuery, NewMemory
+from colony.memory.types import MemoryQuery, NewMemory, WriteOutcome
 
 
 def test_collection_names_are_safe_and_distinct() -> None:
     plain = collection_name(ColonySettings(colony_id="prod"))
     assert plain == "colony-default-prod-memory"
-    odd = collection_name(ColonySettings(colony_id="team.α"))
-    assert odd.startswith("colony-default-") and "α" not in odd and odd != plain
+    odd = collection_name(ColonySettings(colony_id="team.\u00e9t\u00e9"))
+    assert odd.startswith("colony-default-") and "\u00e9" not in odd and odd != plain
 
 
 async def test_one_service_per_client(bb: Blackboard) -> None:
@@ -80,7 +80,7 @@ async def test_near_duplicates_are_one_entry_but_a_different_particular_is_kept(
     service = MemoryService(bb, ColonySettings(data_dir=tmp_path))
     scope = MemoryScope.agent_ltm_semantic(f"a{uuid.uuid4().hex[:8]}")
 
-    async def write(text: str):  # noqa: ANN202
+    async def write(text: str) -> WriteOutcome:
         return await service.store.write(scope, NewMemory(content=text), similar=service.nearest)
 
     first = await write("The deploy key lives in vault A.")
