@@ -10,7 +10,6 @@ repeats a step rather than moving on) the run answers.
 
 from __future__ import annotations
 
-import contextlib
 import logging
 from collections.abc import Sequence
 
@@ -33,7 +32,7 @@ from colony.memory.hierarchy import default_memory_hierarchy
 from colony.memory.tools import MemoryToolsCapability
 from colony.memory.types import MemoryQuery
 from colony.planning.policies import StructuredActionPolicy, task_text
-from colony.system.builtin import RUNS_NAMESPACE
+from colony.system.builtin import RUNS_NAMESPACE, stream_reply
 
 log = logging.getLogger(__name__)
 ANSWER = "answer"
@@ -125,14 +124,7 @@ class AnswerCapability(AgentCapability):
             max_tokens=self.max_tokens,
             temperature=0.0,
         )
-        parts: list[str] = []
-        async with contextlib.aclosing(self.engine.stream(request)) as chunks:
-            async for chunk in chunks:
-                if chunk.text:
-                    parts.append(chunk.text)
-                    if self.agent is not None:
-                        await self.agent.emit_run_event("token", {"text": chunk.text})
-        return "".join(parts).strip()
+        return await stream_reply(self.agent, self.engine, request)
 
 
 class AssistantPolicy(StructuredActionPolicy):

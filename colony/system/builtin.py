@@ -62,16 +62,22 @@ class AskCapability(AgentCapability):
             ],
             max_tokens=self.max_tokens,
         )
-        parts: list[str] = []
-        # aclosing: a run failing mid-stream (e.g. its event cannot be stored) ends the stream, and
-        # with it the engine's hold on its slot, at once rather than when it is collected
-        async with contextlib.aclosing(self.engine.stream(request)) as chunks:
-            async for chunk in chunks:
-                if chunk.text:
-                    parts.append(chunk.text)
-                    if self.agent is not None:
-                        await self.agent.emit_run_event("token", {"text": chunk.text})
-        return "".join(parts).strip()
+        return await stream_reply(self.agent, self.engine, request)
+
+
+async def stream_reply(agent: Agent | None, engine: InferenceEngine, request: InferenceRequest) -> str:
+    """Generate `request` on `engine`, each piece of text streamed to the run's requester as a
+    `token` event; the whole text, stripped."""
+    parts: list[str] = []
+    # aclosing: a run failing mid-stream (e.g. its event cannot be stored) ends the stream, and
+    # with it the engine's hold on its slot, at once rather than when it is collected
+    async with contextlib.aclosing(engine.stream(request)) as chunks:
+        async for chunk in chunks:
+            if chunk.text:
+                parts.append(chunk.text)
+                if agent is not None:
+                    await agent.emit_run_event("token", {"text": chunk.text})
+    return "".join(parts).strip()
 
 
 def echo_blueprint(agent_id: str = "echo") -> AgentBlueprint:
