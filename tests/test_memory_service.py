@@ -92,3 +92,29 @@ async def test_near_duplicates_are_one_entry_but_a_different_particular_is_kept(
     other = await write("My locker code is 7292.")
     assert code.created and other.created
     assert await service.store.count(scope) == 4
+
+
+async def test_a_dead_embedded_server_is_not_replaced_by_a_private_index(
+    bb: Blackboard, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A process that starts while `colony up`'s Chroma server is down ranks by keywords and waits
+    for the shared server; it never indexes into a private copy of its own (two indexes would
+    each rebuild the scope on every recall, and recall would differ between replicas)."""
+    import os
+    import signal
+
+    chroma = EmbeddedChroma(tmp_path, ChromaServerSettings())
+    info = chroma.start()
+    os.kill(info.pid, signal.SIGKILL)  # died: its state file is left, as after a crash
+    settings = ColonySettings(data_dir=tmp_path)
+    service = MemoryService(bb, settings)
+    retriever = await service.retriever()
+    assert retriever.vector is None and "not answering" in (service.vector_error or "")
+    assert not (tmp_path / "chroma-local").exists()
+    chroma.start()  # `colony up` brings it back
+    try:
+        monkeypatch.setattr(service_module, "VECTOR_RETRY_SECONDS", 0.0)
+        assert (await service.retriever()).vector is not None
+        assert not (tmp_path / "chroma-local").exists()
+    finally:
+        chroma.stop()

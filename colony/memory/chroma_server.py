@@ -310,12 +310,21 @@ def client_settings() -> Any:
 
 
 def chroma_client(settings: ColonySettings) -> Any:
-    """A Chroma client: HTTP to `resolve_chroma_url(settings)`, else an in-process persistent one
-    under `<data_dir>/chroma-local`. Collections must be given an embedding function explicitly
-    (`colony.memory.embedding.get_embedder`): Chroma's default one downloads a model."""
+    """A Chroma client: HTTP to `resolve_chroma_url(settings)`, else (library use: no server was ever
+    started under this data_dir) an in-process persistent one under `<data_dir>/chroma-local`.
+    When `colony up` started a server here that is not answering now, `ClusterError`: a process
+    must not quietly index into a private copy while the others use the shared server (the caller
+    ranks by keywords meanwhile and tries again). Collections must be given an embedding function
+    explicitly (`colony.memory.embedding.get_embedder`): Chroma's default one downloads a model."""
     import chromadb
 
     url = resolve_chroma_url(settings)
+    embedded = EmbeddedChroma(settings.data_dir, settings.memory.chroma)
+    if url is None and embedded.recorded() is not None:
+        raise ClusterError(
+            f"the embedded Chroma server of {settings.data_dir} is not answering (see "
+            f"{embedded.log_file}); `colony up` restarts it"
+        )
     if url is None:
         path = settings.data_dir / "chroma-local"
         path.mkdir(parents=True, exist_ok=True)
