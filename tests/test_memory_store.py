@@ -105,3 +105,22 @@ async def test_without_dedup_the_same_text_is_stored_again(store: MemoryStore, s
     assert await store.count(scope) == 2
     third = await store.write(scope, NewMemory(content="action PING() succeeded: pong"))
     assert not third.created and third.duplicate_of == first.entry.entry_id
+
+
+async def test_cap_pruning_order_is_rebuilt_when_lost_and_skips_gone_entries(
+    store: MemoryStore, scope: str
+) -> None:
+    """The pruning order is derived: lost (or left over by entries that went), it is rebuilt, and
+    the entries pruned are still the least relevant live ones."""
+    from colony.memory.pruning import ORDER_RING
+
+    memories = [NewMemory(content=f"note {i}", importance=0.2 if i < 10 else 0.8) for i in range(40)]
+    written = await store.write_many(scope, memories)
+    board = store.board(scope)
+    await board.redis.delete(board.keyspace.ring_key(ORDER_RING))  # the derived order is lost
+    low = [o.entry.entry_id for o in written[:10]]
+    await store.delete(scope, low[:4])  # some low ones are gone already
+    assert await store.enforce_cap(scope, 30, MaintenanceConfig()) == 6
+    kept = await store.entries(scope)
+    assert len(kept) == 30 and all(e.importance == 0.8 for e in kept)
+    assert await board.redis.zcard(board.keyspace.ring_key(ORDER_RING)) == 30

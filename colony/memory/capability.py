@@ -376,7 +376,9 @@ class MemoryCapability(AgentCapability):
         except ConcurrentModificationError:
             log.info("%s: ingestion batch from %s raced another copy; it is retried", self.name, source)
             return
-        metrics.MEMORY_WRITES.labels(self.scope_type, "created").inc(len(built))
+        written = [e for e, same in zip(built, present, strict=True) if same is None]
+        await store.ordered(self.memory_scope, written, self.scope_config())
+        metrics.MEMORY_WRITES.labels(self.scope_type, "created").inc(len(written))
 
     def wake(self) -> None:
         """Ingest now rather than at the next poll (e.g. after `consolidate`)."""

@@ -22,6 +22,7 @@ from colony.blackboard import Blackboard, TagFilter
 from colony.blackboard.protocol import MemoryProtocol
 from colony.config import ColonySettings, load_settings
 from colony.errors import ConcurrentModificationError, InvalidArgument
+from colony.memory.pruning import PruneOrder
 from colony.memory.types import (
     MaintenanceConfig,
     MemoryEntry,
@@ -33,6 +34,7 @@ from colony.memory.types import (
 )
 
 Keys = MemoryProtocol
+PRUNE_LOOKAHEAD = 16  # extra lowest members read per pruning round (some may be gone already)
 ENTRY_PREFIX = "mem:entry:"
 Similar = Callable[[str, str], Awaitable[tuple[str, float] | None]]
 
@@ -142,6 +144,7 @@ class MemoryStore:
                     self._stage(tx, entry, memory.ttl_seconds, created_by, hash_key=hashed)
             except ConcurrentModificationError:
                 continue  # the same id or content was stored meanwhile: report that one
+            await self.ordered(scope_id, [entry], config)
             await self._keep_cap(scope_id, config)
             return WriteOutcome(entry=entry, created=True)
         raise ConcurrentModificationError(Keys.entry_key(entry.entry_id), 0, -1)
@@ -248,6 +251,7 @@ class MemoryStore:
             outcomes.append(WriteOutcome(entry=entry, created=True))
         if writes:
             await board.write_many(writes)
+            await self.ordered(scope_id, [o.entry for o in outcomes if o.created], config)
             await self._keep_cap(scope_id, config)
         return outcomes
 
@@ -329,24 +333,47 @@ class MemoryStore:
             if entry is not None and entry.content_hash:
                 holder = await board.read(Keys.hash_key(entry.content_hash))
                 if holder is not None and holder.value == entry_id:
-                    await board.delete(Keys.hash_key(entry.content_hash), created_by=created_by)
+                    with contextlib.suppress(ConcurrentModificationError):  # re-created meanwhile
+                        await board.delete(
+                            Keys.hash_key(entry.content_hash),
+                            expected_version=holder.version,
+                            created_by=created_by,
+                        )
+        await PruneOrder(board).remove(entry_ids)
         return removed
 
     async def enforce_cap(
         self, scope_id: str, max_entries: int, maintenance: MaintenanceConfig | None = None
     ) -> int:
-        """Keep at most `max_entries`: the entries with the lowest decayed relevance go first
-        (below `prune_threshold` before the rest, the oldest on ties). Returns how many went."""
-        if await self.count(scope_id) <= max_entries:
-            return 0
+        """Keep at most `max_entries`: the entries with the lowest decayed relevance go first (the
+        oldest on ties), taken from the scope's pruning order (colony/memory/pruning.py) in
+        O(log n), not by reading the scope. Returns how many went."""
         maintenance = maintenance or MaintenanceConfig()
-        now = time.time()
-        entries = await self.entries(scope_id)
-        excess = len(entries) - max_entries
-        if excess <= 0:
-            return 0
-        ranked = sorted(entries, key=lambda e: (maintenance.decayed(e, now), e.created_at, e.entry_id))
-        return await self.delete(scope_id, [e.entry_id for e in ranked[:excess]], created_by="maintenance")
+        board = self.board(scope_id)
+        live = await self.count(scope_id)
+        order = PruneOrder(board)
+        if order.needs_rebuild(await order.size(), live):
+            await order.rebuild(await self.entries(scope_id), maintenance)
+        excess, removed = live - max_entries, 0
+        while excess > 0:
+            ids = await order.lowest(excess + PRUNE_LOOKAHEAD)
+            stored = await board.read_many([Keys.entry_key(i) for i in ids])
+            gone = [i for i, item in zip(ids, stored, strict=True) if item is None]
+            doomed = [i for i, item in zip(ids, stored, strict=True) if item is not None][:excess]
+            await order.remove(gone)
+            removed += await self.delete(scope_id, doomed, created_by="maintenance")
+            excess -= len(doomed)
+            if not doomed and not gone:
+                break
+        return removed
+
+    async def ordered(
+        self, scope_id: str, entries: Sequence[MemoryEntry], config: MemoryScopeConfig | None
+    ) -> None:
+        """Put newly written entries in the scope's pruning order."""
+        await PruneOrder(self.board(scope_id)).add(
+            entries, config.maintenance if config else MaintenanceConfig()
+        )
 
     # -- configuration ------------------------------------------------------------------------------
 
