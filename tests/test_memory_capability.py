@@ -5,15 +5,17 @@ from __future__ import annotations
 
 import asyncio
 import time
+import uuid
 
 from colony.agents import LocalAgentRuntime
-from colony.blackboard import TagFilter
-from colony.config import ColonySettings
+from colony.blackboard import Blackboard, TagFilter, create_redis
+from colony.blackboard.protocol import MemoryProtocol
+from colony.config import BlackboardSettings, ColonySettings
 from colony.memory.capability import MemoryCapability
-from colony.memory.introspection import agent_memory_map
+from colony.memory.introspection import agent_memory_map, pending_ingestion
 from colony.memory.scopes import MemoryScope
 from colony.memory.store import MemoryStore
-from colony.memory.types import MemoryQuery, NewMemory
+from colony.memory.types import MemoryIngestPolicy, MemoryQuery, MemorySubscription, NewMemory
 from tests.memory_kit import scripted_memory_agent
 
 STEPS = [
@@ -115,3 +117,45 @@ async def test_cap_and_ttl_of_a_scope_hold_for_every_writer(runtime: LocalAgentR
     assert await store.count(working) == 1
     await asyncio.sleep(3.0)
     assert await store.count(working) == 0
+
+
+async def test_ingestion_catches_up_from_entries_when_the_stream_was_trimmed(
+    redis_url: str,
+) -> None:
+    """A new subscription takes in every live source entry, though the source's event stream was
+    capped long ago; a subscription whose position the stream was trimmed past takes in the entries
+    written since then, and nothing it had taken in and forgotten comes back."""
+    small = BlackboardSettings(events_maxlen=100)
+    client = create_redis(redis_url, small)
+    board = Blackboard(client, "test:memory-trim", settings=small)
+    try:
+        store = MemoryStore(board, ColonySettings())
+        agent = f"t{uuid.uuid4().hex[:8]}"
+        working, stm = MemoryScope.agent_working(agent), MemoryScope.agent_stm(agent)
+        await store.write_many(working, [NewMemory(content=f"reading {n}") for n in range(300)])
+        assert await board.scoped(working).redis.xlen(board.scoped(working).keyspace.events_key) < 600
+        stm_memory = MemoryCapability(
+            None,
+            stm,
+            blackboard=board,
+            ingestion_policy=MemoryIngestPolicy(subscriptions=[MemorySubscription(source_scope_id=working)]),
+            settings=ColonySettings(),
+        )
+        assert await pending_ingestion(store, stm, [working]) == 300
+        while await stm_memory.ingest_once():
+            pass
+        assert await store.count(stm) == 300
+        assert await pending_ingestion(store, stm, [working]) == 0
+        forgotten = (await store.entries(stm))[0]
+        await store.delete(stm, [forgotten.entry_id])
+        await asyncio.sleep(0.01)  # the next writes are at least a millisecond after the position
+        await store.write_many(working, [NewMemory(content=f"later reading {n}") for n in range(300)])
+        position = await store.board(stm).read(MemoryProtocol.position_key(working))
+        assert position is not None
+        assert (await store.changes(working, position.value["position"])).truncated  # the case at hand
+        while await stm_memory.ingest_once():
+            pass
+        assert await store.count(stm) == 599  # 300 new; the forgotten one stays forgotten
+        assert await store.get(stm, forgotten.entry_id) is None
+    finally:
+        await client.aclose()

@@ -280,17 +280,6 @@ class MemoryCapability(AgentCapability):
             await self.enforce_cap()
         return total
 
-    async def pending(self) -> int:
-        """Source entries written after this scope's positions (not yet ingested), bounded."""
-        pending = 0
-        store = self.store
-        for subscription in self.ingestion_policy.subscriptions:
-            source = self._source(subscription)
-            position = await self._position(source)
-            batch = await store.changes(source, position or "0-0", count=10_000)
-            pending += len(batch.upserted)
-        return pending
-
     async def _position(self, source: str) -> str | None:
         stored = await self.blackboard.read(Keys.position_key(source))
         return str(stored.value["position"]) if stored is not None else None
@@ -301,12 +290,14 @@ class MemoryCapability(AgentCapability):
         settings = self._settings().memory
         position_key = Keys.position_key(source)
         stored = await self.blackboard.read(position_key)
-        position = str(stored.value["position"]) if stored is not None else "0-0"
+        seen = stored.version if stored is not None else 0
+        if stored is None:  # a new subscription: what the source holds, whatever its stream kept
+            return await self._catch_up(subscription, source, position_key, seen, since=None)
+        position = str(stored.value["position"])
         batch = await store.changes(source, position, count=settings.ingest_batch)
-        if batch.truncated:  # events lost to the stream cap: take what the source holds now
-            newest = await store.latest_position(source)
-            taken = [e.entry_id for e in await store.entries(source)]
-            batch.upserted, batch.position = taken, newest
+        if batch.truncated:  # events lost to the stream cap: the entries written since then
+            since = int(position.split("-")[0]) / 1000.0  # stream ids and write times: Redis' clock
+            return await self._catch_up(subscription, source, position_key, seen, since=since)
         if batch.position == position:
             return 0
         wanted = list(dict.fromkeys(batch.upserted))
@@ -315,11 +306,42 @@ class MemoryCapability(AgentCapability):
         if subscription.tag_filter is not None:
             entries = [e for e in entries if subscription.tag_filter.matches(e.tags)]
         derived = await self._transform(entries)
-        await self._commit(derived, position_key, source, batch.position, stored.version if stored else 0)
+        await self._commit(derived, position_key, source, batch.position, seen)
+        self._count_ingested(entries)
+        return max(1, len(entries))
+
+    async def _catch_up(
+        self,
+        subscription: MemorySubscription,
+        source: str,
+        position_key: str,
+        seen: int,
+        since: float | None,
+    ) -> int:
+        """Ingest the source's live entries created since `since` (its stream cannot say which
+        ones are new: a new subscription, or a stream trimmed past the stored position), in chunks;
+        the position moves to the stream's newest event with the last chunk. Entries derived
+        before are skipped (their ids are the same), so a catch-up cut short is simply redone."""
+        store = self.store
+        newest = await store.latest_position(source)  # first: later writes come through the stream
+        entries = sorted(
+            await store.entries(source, written_since=since), key=lambda e: (e.created_at, e.entry_id)
+        )
+        if subscription.tag_filter is not None:
+            entries = [e for e in entries if subscription.tag_filter.matches(e.tags)]
+        size = self._settings().memory.ingest_batch
+        chunks = [entries[n : n + size] for n in range(0, len(entries), size)] or [[]]
+        for n, chunk in enumerate(chunks):
+            final = n == len(chunks) - 1
+            derived = await self._transform(chunk)
+            await self._commit(derived, position_key, source, newest if final else None, seen)
+        self._count_ingested(entries)
+        return max(1, len(entries))
+
+    def _count_ingested(self, entries: list[MemoryEntry]) -> None:
         for entry in entries:
             metrics.MEMORY_INGESTED.labels(self.scope_type).inc()
             metrics.MEMORY_INGESTION_LAG_SECONDS.observe(max(0.0, time.time() - entry.created_at))
-        return max(1, len(entries))
 
     async def _transform(self, entries: list[MemoryEntry]) -> list[NewMemory]:
         if not entries:
@@ -345,10 +367,16 @@ class MemoryCapability(AgentCapability):
         return out
 
     async def _commit(
-        self, derived: list[NewMemory], position_key: str, source: str, position: str, seen_version: int
+        self,
+        derived: list[NewMemory],
+        position_key: str,
+        source: str,
+        position: str | None,
+        seen_version: int,
     ) -> None:
-        """Derived entries (those not already held) and the new position, in one transaction that
-        applies only if the position is still the one this batch started from."""
+        """Derived entries (those not already held) and the new position (None: not moved, a
+        catch-up's earlier chunk), in one transaction that applies only if the position is still
+        the one this batch started from."""
         store = self.store
         board = self.blackboard
         creator = self.agent.agent_id if self.agent is not None else None
@@ -372,7 +400,8 @@ class MemoryCapability(AgentCapability):
                     fresh = holder is None and entry.content_hash not in hashes
                     store._stage(tx, entry, memory.ttl_seconds, creator, hash_key=fresh)
                     hashes.add(entry.content_hash)
-                tx.write(position_key, {"source": source, "position": position}, created_by=creator)
+                if position is not None:
+                    tx.write(position_key, {"source": source, "position": position}, created_by=creator)
         except ConcurrentModificationError:
             log.info("%s: ingestion batch from %s raced another copy; it is retried", self.name, source)
             return

@@ -35,14 +35,24 @@ async def agent_memory_scopes(board: Blackboard, agent_scope_id: str) -> list[st
 
 
 async def pending_ingestion(store: MemoryStore, scope: str, sources: list[str]) -> int:
-    """Source entries not yet taken in by `scope` (bounded count)."""
+    """Live source entries not yet taken in by `scope` (bounded count): those written after its
+    position that still exist; every live one for a subscription that has no position yet or
+    whose position the stream was trimmed past (an upper bound: it re-takes them)."""
     pending = 0
     board = store.board(scope)
     for source in sources:
         stored = await board.read(Keys.position_key(source))
-        position = str(stored.value.get("position", "0-0")) if stored is not None else "0-0"
-        batch = await store.changes(source, position, count=MAX_PENDING_COUNTED)
-        pending += len(batch.upserted) if not batch.truncated else await store.count(source)
+        if stored is None or not isinstance(stored.value, dict):
+            pending += await store.count(source)
+            continue
+        batch = await store.changes(
+            source, str(stored.value.get("position", "0-0")), count=MAX_PENDING_COUNTED
+        )
+        if batch.truncated:
+            pending += await store.count(source)
+            continue
+        live = await store.get_many([(source, i) for i in dict.fromkeys(batch.upserted)])
+        pending += sum(entry is not None for entry in live)
     return pending
 
 

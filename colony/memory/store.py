@@ -282,14 +282,23 @@ class MemoryStore:
         return found
 
     async def entries(
-        self, scope_id: str, *, query: MemoryQuery | None = None, limit: int | None = None
+        self,
+        scope_id: str,
+        *,
+        query: MemoryQuery | None = None,
+        limit: int | None = None,
+        written_since: float | None = None,
     ) -> list[MemoryEntry]:
         """Every live entry of the scope passing the logical part of `query` (from the scope's
-        `index:memory` set; stale members of expired entries are pruned as they are met)."""
+        `index:memory` set; stale members of expired entries are pruned as they are met);
+        `written_since`: only those last written at or after that time by Redis' clock (the clock
+        of its event stream's ids, so a stream position can be compared with it)."""
         tags = TagFilter(all_of={Keys.INDEX_TAG})
         now = time.time()
         out: list[MemoryEntry] = []
         async for stored in self.board(scope_id).iter_query(Keys.ENTRY_PATTERN, tags=tags, page_size=500):
+            if written_since is not None and stored.updated_at < written_since:
+                continue
             entry = _entry(stored.value)
             if entry is None or (query is not None and not query.passes(entry, now)):
                 continue
