@@ -101,3 +101,14 @@ class TripDesk(AgentCapability):
 
     def set_state(self, state: dict[str, Any]) -> None:
         self.stage = state.get("stage", "new")
+
+
+def tools_memory_agent(agent_id: str) -> AgentBlueprint:
+    """Two levels of memory and the memory actions, driven by the test itself (no policy)."""
+    from colony.memory.tools import MemoryToolsCapability
+
+    return AgentBlueprint(
+        agent_class=Agent,
+        metadata=AgentMetadata(agent_id=agent_id),
+        capabilities=[*two_level_memory(), MemoryToolsCapability.bind()],
+    )

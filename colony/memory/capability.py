@@ -41,6 +41,7 @@ from colony.memory.types import (
     MemoryScopeConfig,
     MemorySubscription,
     NewMemory,
+    content_hash,
 )
 
 if TYPE_CHECKING:
@@ -354,11 +355,13 @@ class MemoryCapability(AgentCapability):
         for start in range(0, len(entries), size):
             group = entries[start : start + size]
             made = await transformer.transform(group, self)
-            for memory in made:
+            for index, memory in enumerate(made):
                 memory = memory if isinstance(memory, NewMemory) else NewMemory.model_validate(memory)
                 updates: dict[str, Any] = {}
                 if memory.entry_id is None:
-                    updates["entry_id"] = derived_id("t", [e.ref for e in group] + [memory.content[:64]])
+                    updates["entry_id"] = derived_id(
+                        "t", [e.ref for e in group] + [content_hash(memory.content), str(index)]
+                    )
                 if not memory.sources:
                     updates["sources"] = [e.ref for e in group][:256]
                 if memory.ttl_seconds is None and self.ttl_seconds is not None:

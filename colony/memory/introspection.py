@@ -31,7 +31,16 @@ async def agent_memory_scopes(board: Blackboard, agent_scope_id: str) -> list[st
     stored = await board.scoped(agent_scope_id).read(Keys.scopes_key())
     if stored is None or not isinstance(stored.value, list):
         return []
-    return [s for s in stored.value if isinstance(s, str) and MemoryScope.is_memory_scope(s)]
+    # only the agent's own namespaces and shared ones of its colony: a list some writer of Redis
+    # changed cannot point the API at another tenant's or colony's memory
+    colony_prefix = agent_scope_id.rsplit(":agent:", 1)[0] + ":namespace:"
+    return [
+        s
+        for s in stored.value
+        if isinstance(s, str)
+        and MemoryScope.is_memory_scope(s)
+        and (s.startswith(agent_scope_id + ":namespace:") or s.startswith(colony_prefix))
+    ]
 
 
 async def pending_ingestion(store: MemoryStore, scope: str, sources: list[str]) -> int:

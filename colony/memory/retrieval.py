@@ -55,6 +55,7 @@ log = logging.getLogger(__name__)
 Ranked = tuple[str, float, tuple[float, float, float]]
 
 MAX_MIRRORED_SCOPES = 512  # scopes whose mirror a process keeps (least recently recalled go first)
+MAX_MIRRORED_ENTRIES = 200_000  # ... and entries in them all (~3 KB each with the keyword index)
 CHANGES_BATCH = 500
 RANK_POOL_MIN = 30  # candidates each ranker contributes to fusion, at least
 VERIFY_SLACK = 4  # extra entries read from Redis per verification round (some may be gone)
@@ -146,9 +147,16 @@ class MemoryRetriever:
         mirror = self._mirrors.get(scope_id)
         if mirror is None:
             mirror = self._mirrors[scope_id] = _Mirror()
-            while len(self._mirrors) > MAX_MIRRORED_SCOPES:
-                evicted, _ = self._mirrors.popitem(last=False)
+            mirrored = sum(len(m.meta) for m in self._mirrors.values())
+            while len(self._mirrors) > 1 and (
+                len(self._mirrors) > MAX_MIRRORED_SCOPES or mirrored > MAX_MIRRORED_ENTRIES
+            ):
+                evicted, dropped = self._mirrors.popitem(last=False)
+                mirrored -= len(dropped.meta)
                 self.keyword.clear(evicted)
+                self._vector_locks.pop(evicted, None)
+                if (task := self._syncing.get(evicted)) is None or task.done():
+                    self._syncing.pop(evicted, None)
         else:
             self._mirrors.move_to_end(scope_id)
         return mirror

@@ -130,16 +130,16 @@ class MemoryService:
         return await retriever.nearest(scope_id, text)
 
 
-_services: dict[tuple[int, str, str], MemoryService] = {}
+_services: dict[tuple[int, str, str, int], MemoryService] = {}
 MAX_SERVICES = 16
 
 
 def memory_service(board: Blackboard, settings: ColonySettings | None = None) -> MemoryService:
     """The process's MemoryService for this Redis client and colony (created on first use)."""
     settings = settings or load_settings()
-    key = (id(board.redis), settings.tenant_id, settings.colony_id)
+    key = (id(board.redis), settings.tenant_id, settings.colony_id, id(settings))
     service = _services.get(key)
-    if service is None or service.store._root.redis is not board.redis:
+    if service is None or service.store._root.redis is not board.redis or service.settings is not settings:
         service = MemoryService(board, settings)
         _services[key] = service
         while len(_services) > MAX_SERVICES:  # clients come and go (tests, CLI): keep the newest

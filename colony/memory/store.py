@@ -309,6 +309,13 @@ class MemoryStore:
                 break
         return out
 
+    async def holding(self, scope_id: str, text: str) -> list[str]:
+        """Ids of the scope's entries holding `text` (normalised), by its content-hash key."""
+        holder = await self.board(scope_id).read(Keys.hash_key(content_hash(text)))
+        if holder is None or not isinstance(holder.value, str):
+            return []
+        return [holder.value] if await self.get(scope_id, holder.value) is not None else []
+
     async def count(self, scope_id: str) -> int:
         """Live entries of the scope: the index set's size, after pruning members of entries that
         expired (only read when some did)."""

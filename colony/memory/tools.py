@@ -9,6 +9,7 @@ another agent's memory.
 from __future__ import annotations
 
 import time
+import unicodedata
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Annotated, Any
 
@@ -22,6 +23,7 @@ from colony.config import ColonySettings, load_settings
 from colony.errors import AgentUsageError
 from colony.memory.capability import MemoryCapability
 from colony.memory.introspection import agent_memory_map
+from colony.memory.scopes import MemoryScope
 from colony.memory.service import MemoryService, memory_service
 from colony.memory.transformers import SummarizingTransformer
 from colony.memory.types import PLANNING_LENS, MemoryEntry, MemoryLens, MemoryQuery, NewMemory, RecalledEntry
@@ -50,22 +52,25 @@ def render_lens(lens: MemoryLens, recalled: Sequence[RecalledEntry], now: float 
     lines = [title, ""]
     for item in recalled:
         entry = item.entry
-        text = " ".join(entry.content.split())
+        text = prompt_line(entry.content)
         text = text if len(text) <= LINE_CHARS else text[: LINE_CHARS - 3] + "..."
         lines.append(f"- [{_kind(entry)}, {_age(entry.age_seconds(now))}] {text}")
     return "\n".join(lines)
 
 
-def _kind(entry: MemoryEntry) -> str:
-    from colony.memory.scopes import MemoryScope
+def prompt_line(text: str) -> str:
+    """Stored text as one line of a prompt: whitespace runs (line breaks included) become one
+    space, and invisible format characters (zero-width, bidirectional overrides) are dropped, so
+    remembered text cannot change how the prompt around it reads."""
+    return " ".join("".join(c for c in text if unicodedata.category(c) != "Cf").split())
 
+
+def _kind(entry: MemoryEntry) -> str:
     return MemoryScope.scope_type(entry.scope_id)
 
 
 def _brief(item: RecalledEntry) -> dict[str, Any]:
     entry = item.entry
-    from colony.memory.scopes import MemoryScope
-
     return {
         "entry_id": entry.entry_id,
         "scope": MemoryScope.scope_type(entry.scope_id),
@@ -155,11 +160,9 @@ class MemoryToolsCapability(AgentCapability):
     async def list_tags(self, scope: str | None = None) -> dict[str, dict[str, int]]:
         """The tags present in your memory (per scope, with counts), to build targeted recalls."""
         store = self.service().store
-        own = self.scopes()
-        wanted = [scope] if scope else sorted(own)
-        self.resolve(wanted)
+        scope_ids = self.resolve([scope] if scope else None)
         return {
-            name: dict(list((await store.tag_counts(own[name].memory_scope)).items())[:50]) for name in wanted
+            MemoryScope.scope_type(s): dict(list((await store.tag_counts(s)).items())[:50]) for s in scope_ids
         }
 
     @action_executor(action_type=ActionType.MEMORY_READ)
@@ -177,10 +180,20 @@ class MemoryToolsCapability(AgentCapability):
 
     @action_executor(action_type=ActionType.MEMORY_WRITE)
     async def forget(self, entry_id: str, scope: str) -> dict[str, Any]:
-        """Delete one entry of your memory (by the entry_id a recall returned)."""
+        """Delete one entry of your memory (by the entry_id a recall returned), with its copies in
+        your other scopes (the same text, copied down the hierarchy)."""
         [scope_id] = self.resolve([scope])
-        removed = await self.service().store.delete(scope_id, [entry_id], created_by=self._who())
-        return {"forgotten": bool(removed), "entry_id": entry_id}
+        store = self.service().store
+        entry = await store.get(scope_id, entry_id)
+        if entry is None:
+            return {"forgotten": False, "entry_id": entry_id}
+        removed = await store.delete(scope_id, [entry_id], created_by=self._who())
+        copies = 0
+        for other in self.resolve(None):
+            if other != scope_id:
+                for copy_id in await store.holding(other, entry.content):
+                    copies += await store.delete(other, [copy_id], created_by=self._who())
+        return {"forgotten": bool(removed), "entry_id": entry_id, "copies_forgotten": copies}
 
     @action_executor(action_type=ActionType.MEMORY_WRITE)
     async def remember(
@@ -227,14 +240,14 @@ class MemoryToolsCapability(AgentCapability):
     ) -> dict[str, Any]:
         """Summarise your newest `source` memories into one `target` entry that names them as its
         sources (the sources stay until their own scope prunes them)."""
-        own = self.scopes()
-        self.resolve([source, target])
+        source_id, target_id = self.resolve([source, target])
+        by_id = {c.memory_scope: c for c in self.scopes().values()}
         store = self.service().store
-        entries = sorted(await store.entries(own[source].memory_scope), key=lambda e: e.created_at)
+        entries = sorted(await store.entries(source_id), key=lambda e: e.created_at)
         picked = entries[-max(1, min(max_entries, 100)) :]
         if not picked:
             return {"consolidated": 0}
-        target_cap = own[target]
+        target_cap = by_id[target_id]
         made = await SummarizingTransformer().transform(picked, target_cap)
         ids = []
         for memory in made:

@@ -164,13 +164,14 @@ class MemoryQuery(BaseModel):
 
 class MaintenanceConfig(BaseModel):
     """The subconscious upkeep of one scope. Relevance decays at read time (nothing is rewritten in
-    the background): relevance = importance x (1 - decay_rate) ** age_minutes."""
+    the background): decayed relevance = importance x (1 - decay_rate) ** age_minutes, the order in
+    which a scope over its cap loses entries. The seed's prune_threshold, reindex_interval and
+    track_access are not kept: pruning happens at the cap (an entry below a threshold is simply
+    first in line), the indexes follow the event streams instead of a timer, and recalls write
+    nothing (docs/memory.md, What we chose)."""
 
     decay_rate: float = Field(0.01, ge=0, lt=1, description="relevance decay per minute")
-    prune_threshold: float = Field(0.1, ge=0, le=1, description="over the cap, entries below go first")
     dedup_threshold: float = Field(0.95, gt=0, le=1, description="cosine above which a write is a duplicate")
-    reindex_interval: float = Field(300.0, gt=0, description="how often the vector index catches up (s)")
-    track_access: bool = Field(False, description="count recalls per entry (one write per recalled entry)")
 
     def decayed(self, entry: MemoryEntry, now: float | None = None) -> float:
         return entry.importance * (1.0 - self.decay_rate) ** (entry.age_seconds(now) / 60.0)

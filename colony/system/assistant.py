@@ -29,7 +29,7 @@ from colony.errors import AgentUsageError, InferenceError
 from colony.inference import ChatMessage, InferenceRequest
 from colony.inference.engine import InferenceEngine
 from colony.memory.hierarchy import default_memory_hierarchy
-from colony.memory.tools import MemoryToolsCapability
+from colony.memory.tools import MemoryToolsCapability, prompt_line
 from colony.memory.types import MemoryQuery
 from colony.planning.policies import StructuredActionPolicy, task_text
 from colony.system.builtin import RUNS_NAMESPACE, stream_reply
@@ -95,7 +95,7 @@ class AnswerCapability(AgentCapability):
             best = item.relevance if best is None else best
             if item.relevance < best - NOTE_MARGIN:
                 break  # only the notes about as relevant as the best: a small model copies distractors
-            text = " ".join(entry.content.split())[:400]
+            text = prompt_line(entry.content)[:400]
             text = text.removeprefix("User: ") if "user" in entry.tags else text
             if text not in notes:
                 notes.append(text)
