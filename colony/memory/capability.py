@@ -15,7 +15,6 @@ twice. Everything is in Redis: this object holds no state worth persisting.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import hashlib
 import inspect
 import logging
@@ -49,7 +48,8 @@ if TYPE_CHECKING:
 
 log = logging.getLogger(__name__)
 Keys = MemoryProtocol
-IDLE_WAIT_SECONDS = 1.0
+IDLE_WAIT_SECONDS = 0.5
+MAX_IDLE_WAIT_SECONDS = 8.0
 
 
 def derived_id(prefix: str, refs: Sequence[str]) -> str:
@@ -191,7 +191,17 @@ class MemoryCapability(AgentCapability):
             similar=self._nearest if dedup else None,
         )
         metrics.MEMORY_WRITES.labels(self.scope_type, "created" if outcome.created else "duplicate").inc()
+        if outcome.created:
+            self._wake_subscribers()
         return outcome
+
+    def _wake_subscribers(self) -> None:
+        """The agent's scopes that pull from this one ingest now, not at their next look."""
+        if self.agent is None:
+            return
+        for capability in self.agent.capabilities.values():
+            if isinstance(capability, MemoryCapability) and self.memory_scope in capability.source_scopes():
+                capability.wake()
 
     async def _nearest(self, scope_id: str, text: str) -> tuple[str, float] | None:
         """The most similar entry of the scope (near-duplicate check); None without a vector index."""
@@ -249,7 +259,10 @@ class MemoryCapability(AgentCapability):
     # -- ingestion --------------------------------------------------------------------------------
 
     async def _ingest_forever(self) -> None:
-        delay = 0.2
+        """Ingest until closed. Idle, it looks again after a wait that doubles up to
+        `MAX_IDLE_WAIT_SECONDS` (an idle agent costs little Redis), and at once when a scope of
+        the same agent it pulls from is written (`wake`)."""
+        delay, idle = 0.2, IDLE_WAIT_SECONDS
         while True:
             try:
                 moved = await self.ingest_once()
@@ -264,10 +277,15 @@ class MemoryCapability(AgentCapability):
                 await asyncio.sleep(delay)
                 delay = min(delay * 2, 30.0)
                 continue
-            if not moved:
-                self._ingest_wakeup.clear()
-                with contextlib.suppress(TimeoutError):
-                    await asyncio.wait_for(self._ingest_wakeup.wait(), IDLE_WAIT_SECONDS)
+            if moved:
+                idle = IDLE_WAIT_SECONDS
+                continue
+            self._ingest_wakeup.clear()
+            try:
+                await asyncio.wait_for(self._ingest_wakeup.wait(), idle)
+                idle = IDLE_WAIT_SECONDS
+            except TimeoutError:
+                idle = min(idle * 2, MAX_IDLE_WAIT_SECONDS)
 
     def _who(self) -> str:
         return self.agent.agent_id if self.agent is not None else "-"
@@ -411,6 +429,8 @@ class MemoryCapability(AgentCapability):
         written = [e for e, same in zip(built, present, strict=True) if same is None]
         await store.ordered(self.memory_scope, written, self.scope_config())
         metrics.MEMORY_WRITES.labels(self.scope_type, "created").inc(len(written))
+        if written:
+            self._wake_subscribers()
 
     def wake(self) -> None:
         """Ingest now rather than at the next poll (e.g. after `consolidate`)."""
