@@ -124,3 +124,19 @@ async def test_cap_pruning_order_is_rebuilt_when_lost_and_skips_gone_entries(
     kept = await store.entries(scope)
     assert len(kept) == 30 and all(e.importance == 0.8 for e in kept)
     assert await board.redis.zcard(board.keyspace.ring_key(ORDER_RING)) == 30
+
+
+async def test_concurrent_batches_store_each_text_and_id_once(store: MemoryStore, scope: str) -> None:
+    texts = [NewMemory(content=f"shared fact {n}") for n in range(20)]
+    results = await asyncio.gather(*(store.write_many(scope, texts) for _ in range(6)))
+    assert await store.count(scope) == 20
+    assert sum(o.created for batch in results for o in batch) == 20
+    same_id = [[NewMemory(content=f"version {v}", entry_id="fixed-id")] for v in range(6)]
+    results = await asyncio.gather(*(store.write_many(scope, batch) for batch in same_id))
+    assert sum(o.created for batch in results for o in batch) == 1
+    stored = await store.get(scope, "fixed-id")
+    winner = next(o.entry.content for batch in results for o in batch if o.created)
+    assert stored is not None and stored.content == winner
+    assert await store.count(scope) == 21
+    loser = next(f"version {v}" for v in range(6) if f"version {v}" != winner)
+    assert (await store.write(scope, NewMemory(content=loser))).created  # no stale hash key claims it

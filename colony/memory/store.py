@@ -21,7 +21,7 @@ from colony import metrics
 from colony.blackboard import Blackboard, TagFilter
 from colony.blackboard.protocol import MemoryProtocol
 from colony.config import ColonySettings, load_settings
-from colony.errors import ConcurrentModificationError, InvalidArgument
+from colony.errors import BatchConflictError, ConcurrentModificationError, InvalidArgument
 from colony.memory.pruning import PruneOrder
 from colony.memory.types import (
     MaintenanceConfig,
@@ -195,39 +195,38 @@ class MemoryStore:
         self, scope_id: str, memories: Sequence[NewMemory], *, created_by: str | None = None
     ) -> list[WriteOutcome]:
         """Store many entries in one round trip per chunk: exact dedup (content hash, also within
-        the batch) and idempotent ids, no near-duplicate check (that needs the vector index)."""
+        the batch) and idempotent ids, no near-duplicate check (that needs the vector index). The
+        writes are create-only like `write`'s: against a concurrent writer of the same id or text,
+        the entry is reported as held, never stored twice or overwritten."""
         for memory in memories:
             self._check(memory)
         config = await self.config(scope_id)
         memories = [_with_scope_ttl(m, config) for m in memories]
         board = self.board(scope_id)
         entries = [self._build(scope_id, m, created_by) for m in memories]
-        hashes = await board.read_many([Keys.hash_key(e.content_hash) for e in entries])
-        explicit = await board.read_many(
-            [Keys.entry_key(e.entry_id) for e, m in zip(entries, memories, strict=True) if m.entry_id]
+        holders = await board.read_many([Keys.hash_key(e.content_hash) for e in entries])
+        held = await board.read_many(
+            [
+                Keys.entry_key(str(h.value)) if h is not None else Keys.entry_key(e.entry_id)
+                for e, h in zip(entries, holders, strict=True)
+            ]
         )
-        explicit_iter = iter(explicit)
+        explicit = await board.read_many([Keys.entry_key(e.entry_id) for e in entries])
         outcomes: list[WriteOutcome] = []
         writes: list[dict[str, Any]] = []
         seen: dict[str, MemoryEntry] = {}
-        for entry, memory, holder in zip(entries, memories, hashes, strict=True):
-            same = next(explicit_iter) if memory.entry_id else None
-            if same is not None:
-                found = MemoryEntry.model_validate(same.value)
+        for entry, memory, holder, holding, same in zip(
+            entries, memories, holders, held, explicit, strict=True
+        ):
+            if memory.entry_id and same is not None and (found := _entry(same.value)) is not None:
                 outcomes.append(WriteOutcome(entry=found, created=False, duplicate_of=found.entry_id))
                 continue
             if entry.content_hash in seen:
                 first = seen[entry.content_hash]
                 outcomes.append(WriteOutcome(entry=first, created=False, duplicate_of=first.entry_id))
                 continue
-            if holder is not None:
-                outcomes.append(
-                    WriteOutcome(
-                        entry=entry.model_copy(update={"entry_id": str(holder.value)}),
-                        created=False,
-                        duplicate_of=str(holder.value),
-                    )
-                )
+            if holder is not None and holding is not None and (found := _entry(holding.value)) is not None:
+                outcomes.append(WriteOutcome(entry=found, created=False, duplicate_of=found.entry_id))
                 continue
             seen[entry.content_hash] = entry
             ttl = memory.ttl_seconds
@@ -238,6 +237,7 @@ class MemoryStore:
                     "tags": sorted({*entry.tags, Keys.INDEX_TAG}),
                     "created_by": created_by,
                     "ttl_seconds": ttl,
+                    "expected_version": 0,
                 }
             )
             writes.append(
@@ -246,14 +246,46 @@ class MemoryStore:
                     "value": entry.entry_id,
                     "created_by": created_by,
                     "ttl_seconds": ttl,
+                    # an orphan key (its entry gone) is taken over at the version read
+                    "expected_version": holder.version if holder is not None else 0,
                 }
             )
             outcomes.append(WriteOutcome(entry=entry, created=True))
         if writes:
-            await board.write_many(writes)
+            try:
+                await board.write_many(writes)
+            except BatchConflictError as exc:
+                outcomes = await self._settle_conflicts(board, outcomes, {k for k, _, _ in exc.conflicts})
             await self.ordered(scope_id, [o.entry for o in outcomes if o.created], config)
             await self._keep_cap(scope_id, config)
         return outcomes
+
+    async def _settle_conflicts(
+        self, board: Blackboard, outcomes: list[WriteOutcome], conflicted: set[str]
+    ) -> list[WriteOutcome]:
+        """After concurrent writers won some keys of a batch: an entry whose text another writer
+        stored meanwhile is removed again (the other one holds it); a hash key written for an id
+        another writer took is removed again. Those outcomes become "held"."""
+        settled: list[WriteOutcome] = []
+        for outcome in outcomes:
+            entry = outcome.entry
+            entry_key, hash_key = Keys.entry_key(entry.entry_id), Keys.hash_key(entry.content_hash)
+            if not outcome.created or (entry_key not in conflicted and hash_key not in conflicted):
+                settled.append(outcome)
+                continue
+            if entry_key not in conflicted:  # ours was written, the text's hash key is another's
+                with contextlib.suppress(ConcurrentModificationError):
+                    await board.delete(entry_key, expected_version=1)
+                holder = await board.read(hash_key)
+                holder_id = str(holder.value) if holder is not None else entry.entry_id
+            else:  # the id was taken: ours was not written; a hash key of ours goes again
+                if hash_key not in conflicted:
+                    with contextlib.suppress(ConcurrentModificationError):
+                        await board.delete(hash_key, expected_version=1)
+                holder_id = entry.entry_id
+            found = await self.get(entry.scope_id, holder_id)
+            settled.append(WriteOutcome(entry=found or entry, created=False, duplicate_of=holder_id))
+        return settled
 
     async def _keep_cap(self, scope_id: str, config: MemoryScopeConfig | None) -> None:
         """Writes never leave a configured scope over its cap (whoever writes: a capability, the
