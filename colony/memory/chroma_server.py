@@ -103,14 +103,17 @@ def heartbeat(url: str, timeout: float = 1.0) -> bool:
     return response.status_code == 200 and "heartbeat" in response.text
 
 
-def _is_chroma_process(pid: int) -> bool:
-    """Whether `pid` still runs a `chroma run` (a recorded pid the OS gave to another process since
-    must never be signalled)."""
+def _is_chroma_process(pid: int, path: Path | None = None) -> bool:
+    """Whether `pid` still runs a `chroma run` (of the data folder `path`, when given): a recorded
+    pid the OS gave to another process since, or another colony's server, must never be signalled."""
     try:
         argv = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")
     except OSError:
         return False
-    return b"run" in argv and any(Path(arg.decode(errors="replace")).name == "chroma" for arg in argv)
+    ours = path is None or str(path).encode() in argv
+    return (
+        ours and b"run" in argv and any(Path(arg.decode(errors="replace")).name == "chroma" for arg in argv)
+    )
 
 
 def _server_environment() -> dict[str, str]:
@@ -158,7 +161,7 @@ class EmbeddedChroma:
         info = self.recorded()
         if info is None:
             return None
-        if process_alive(info.pid) and _is_chroma_process(info.pid) and heartbeat(info.url):
+        if process_alive(info.pid) and _is_chroma_process(info.pid, self.path) and heartbeat(info.url):
             return info
         return None
 
@@ -212,7 +215,7 @@ class EmbeddedChroma:
         with self._locked():
             info = self.recorded()
             self.state_file.unlink(missing_ok=True)
-            if info is None or not process_alive(info.pid) or not _is_chroma_process(info.pid):
+            if info is None or not process_alive(info.pid) or not _is_chroma_process(info.pid, self.path):
                 return False
             with contextlib.suppress(ProcessLookupError):
                 os.kill(info.pid, signal.SIGTERM)
@@ -230,7 +233,7 @@ class EmbeddedChroma:
         for a server that answered, so it is not one still starting)."""
         if not process_alive(info.pid):
             return False
-        if not _is_chroma_process(info.pid):
+        if not _is_chroma_process(info.pid, self.path):
             # exiting (its leader a zombie, with an empty command line, while its other threads
             # still hold the port) or the pid went to another process: wait for a dying one
             _wait_exit(info.pid, 3.0)
