@@ -176,6 +176,13 @@ def test_every_dashboard_panel_has_data(
     out, err = capsys.readouterr()
     assert code == 0, err
     assert "greet.py" in out and "count.py" in out
+    # rate() needs an increase after a series' first sample: on a slow machine the first sample of
+    # the submit-latency histogram can already hold every submission above (it then reads NaN), so
+    # one more run goes in once Prometheus has seen the series
+    seen = f'colony_cluster_http_request_seconds_count{{cluster="{CLUSTER}", route="/v1/runs"}}'
+    assert wait_for(prometheus, seen, QUERY_DEADLINE_SECONDS), "the submit-latency series never appeared"
+    with ColonyClient(info.url, info.token, timeout=120) as client:
+        assert client.run("echo", 3)["output"] == 3
     worked = time.monotonic() - started
 
     deadline = time.monotonic() + QUERY_DEADLINE_SECONDS  # for scrapes to catch up, all queries together

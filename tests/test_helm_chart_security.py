@@ -511,6 +511,7 @@ def test_chroma_start_command_serves_its_probe_and_keeps_the_index(
     data.mkdir()
     user, group = pod["securityContext"]["runAsUser"], pod["securityContext"]["runAsGroup"]
     jail = ["bwrap", "--ro-bind", "/", "/", "--tmpfs", "/tmp", "--bind", str(data), str(data)]
+    jail += ["--ro-bind", sys.prefix, sys.prefix]  # the venv, also when it lies under /tmp (a CI clone)
     jail += ["--proc", "/proc", "--dev", "/dev", "--unshare-user", "--uid", str(user), "--gid", str(group)]
     jail += ["--chdir", "/", "--die-with-parent", "--"]
     env = {"PATH": f"{bin_dir}:/usr/bin:/bin", "HOME": "/home/ray", "TMPDIR": "/tmp"}
