@@ -271,6 +271,8 @@ def test_assistant_uses_a_fact_from_an_earlier_run(colony_up, tmp_path: Path) ->
         prompts = [e["data"]["text"] for e in events if e["event_type"] == "prompt"]
         assert prompts, [e["event_type"] for e in events]
         assert "## Memory: planning" in prompts[0] and "7291" in prompts[0]
+        # its conversation and action streams carry the earlier run into this one's prompt
+        assert "## Conversation" in prompts[0] and "## Recent Actions" in prompts[0]
         counts = _settled_counts(client, "assistant")
         assert counts["working"] >= 2 and counts["stm"] == counts["working"]
 

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Sequence
+from typing import Any
 
 from colony.agents import (
     ActionType,
@@ -32,12 +33,20 @@ from colony.memory.hierarchy import default_memory_hierarchy
 from colony.memory.tools import MemoryToolsCapability, prompt_line
 from colony.memory.types import MemoryQuery
 from colony.planning.policies import StructuredActionPolicy, task_text
+from colony.planning.streams import (
+    ActionKeySubstringFilter,
+    ConsciousnessStream,
+    ConversationFormatter,
+    JSONStreamFormatter,
+    SuccessfulActionFilter,
+)
 from colony.system.builtin import RUNS_NAMESPACE, stream_reply
 
 log = logging.getLogger(__name__)
 ANSWER = "answer"
 MEMORY_LINES = 6
 MAX_NOTES = 3
+STREAM_ENTRIES = 4
 NOTE_MARGIN = 0.1  # notes within this much relevance of the best one go into the answer's prompt
 
 
@@ -182,6 +191,25 @@ class AssistantPolicy(StructuredActionPolicy):
         return self.agent.agent_id if self.agent is not None else "-"
 
 
+def assistant_streams() -> list[Any]:
+    """The assistant's consciousness streams: its conversation (the answers it gave) and its
+    actions (every call and outcome), each the last few, rendered into the planning prompt."""
+    return [
+        ConsciousnessStream.bind(
+            name="conversation",
+            formatter=ConversationFormatter.bind(),
+            action_filter=SuccessfulActionFilter(ActionKeySubstringFilter(ANSWER)),
+            max_entries=STREAM_ENTRIES,
+        ),
+        ConsciousnessStream.bind(
+            name="actions",
+            formatter=JSONStreamFormatter.bind(section_title="## Recent Actions", max_value_chars=200),
+            action_filter=ActionKeySubstringFilter(""),
+            max_entries=STREAM_ENTRIES,
+        ),
+    ]
+
+
 def assistant_blueprint(agent_id: str = "assistant", max_tokens: int = 200) -> AgentBlueprint:
     return AgentBlueprint(
         agent_class=Agent,
@@ -189,6 +217,7 @@ def assistant_blueprint(agent_id: str = "assistant", max_tokens: int = 200) -> A
             agent_id=agent_id,
             agent_type=AgentType.SERVICE,
             role="assistant",
+            action_policy_blueprints={"consciousness_streams": assistant_streams()},
         ),
         capabilities=[
             # `remember(fact)` left out: a small model's own "facts" are often junk that later
