@@ -82,3 +82,25 @@ async def test_a_scope_list_naming_foreign_scopes_is_ignored(bb: Blackboard) -> 
     ]
     await bb.scoped(own).write(MemoryProtocol.scopes_key(), [mine, shared, *foreign])
     assert await agent_memory_scopes(bb, own) == [mine, shared]
+
+
+def test_streams_given_to_a_policy_that_takes_none_are_refused(bb: Blackboard) -> None:
+    """A policy blueprint entry the policy does not take is an error at build time, not silently
+    dropped (the assistant's streams once vanished that way)."""
+    import pytest
+
+    from colony.agents import Agent, AgentBlueprint, AgentMetadata, ScriptedActionPolicy, build_agent
+    from colony.errors import BlueprintError
+    from colony.system.assistant import assistant_blueprint, assistant_streams
+
+    blueprint = AgentBlueprint(
+        agent_class=Agent,
+        metadata=AgentMetadata(
+            agent_id="s", action_policy_blueprints={"consciousness_streams": assistant_streams()}
+        ),
+        action_policy=ScriptedActionPolicy.bind(steps=[]),
+    )
+    with pytest.raises(BlueprintError, match="takes no consciousness_streams"):
+        build_agent(blueprint, bb)
+    agent = build_agent(assistant_blueprint(), bb)
+    assert [s.name for s in agent.action_policy.streams] == ["conversation", "actions"]

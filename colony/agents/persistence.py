@@ -14,6 +14,7 @@ write (never overwritten).
 
 from __future__ import annotations
 
+import inspect
 import logging
 import math
 from enum import StrEnum
@@ -24,7 +25,13 @@ from colony.agents.models import ActionResult, AgentMetadata, AgentRun, AgentSta
 from colony.agents.ring import ContextRing
 from colony.blackboard import Blackboard, BlackboardScope, scope_id
 from colony.blackboard.protocol import AgentStateProtocol as Keys
-from colony.errors import AgentNotFound, AgentStateConflict, BlueprintTampered, ConcurrentModificationError
+from colony.errors import (
+    AgentNotFound,
+    AgentStateConflict,
+    BlueprintError,
+    BlueprintTampered,
+    ConcurrentModificationError,
+)
 
 if TYPE_CHECKING:
     from colony.agents.base import Agent
@@ -314,6 +321,22 @@ async def restore_agent(
     return agent
 
 
+def _check_policy_blueprints(blueprint: AgentBlueprint) -> None:
+    """Every `metadata.action_policy_blueprints` entry must be a parameter of the policy: one it
+    does not take would be dropped without a word (e.g. streams given to a policy without them)."""
+    policy = blueprint.action_policy
+    assert policy is not None
+    parameters = inspect.signature(policy.cls).parameters
+    if any(p.kind is p.VAR_KEYWORD for p in parameters.values()):
+        return
+    unknown = sorted(set(blueprint.metadata.action_policy_blueprints) - set(parameters))
+    if unknown:
+        raise BlueprintError(
+            f"{policy.cls.__qualname__} takes no {', '.join(unknown)} (given in "
+            "metadata.action_policy_blueprints); add the parameter to the policy or drop the entry"
+        )
+
+
 def build_agent(blueprint: AgentBlueprint, blackboard: Blackboard, **services: Any) -> Agent:
     """Instantiate an agent with its capabilities and policy from a blueprint (no I/O).
 
@@ -327,6 +350,7 @@ def build_agent(blueprint: AgentBlueprint, blackboard: Blackboard, **services: A
             capability, include_actions=spec.include_actions, exclude_actions=spec.exclude_actions
         )
     if blueprint.action_policy is not None:
+        _check_policy_blueprints(blueprint)
         resolved = {
             name: [b.local_instance() if isinstance(b, Blueprint) else b for b in value]
             if isinstance(value, list)

@@ -148,8 +148,16 @@ class AssistantPolicy(StructuredActionPolicy):
         max_memory_steps: int = 1,
         max_tokens: int = 160,
         goals: Sequence[str] = (),
+        consciousness_streams: Sequence[Any] = (),
     ) -> None:
-        super().__init__(agent, engine=engine, max_tokens=max_tokens, allow_finish=False, goals=goals)
+        super().__init__(
+            agent,
+            engine=engine,
+            max_tokens=max_tokens,
+            allow_finish=False,
+            goals=goals,
+            consciousness_streams=consciousness_streams,
+        )
         self.max_plan_steps = max_plan_steps
         self.max_memory_steps = max_memory_steps
 
