@@ -2,12 +2,11 @@
 
 Redis is the only source of truth. Two derived indexes serve ranking:
 
-- a per-process mirror of each recalled scope: the metadata the logical filter needs (tags,
-  created_at, expires_at, importance) and a BM25 keyword index of the text. It follows the scope's
-  event stream with `MemoryStore.changes` before every recall (a write by any process is seen by
-  the next recall of every other), and is rebuilt from `MemoryStore.entries` when it is new or the
-  stream was trimmed past its position. Filtering runs over it in memory: a recall never re-reads
-  every entry from Redis.
+- a per-process mirror of each recalled scope (colony/memory/mirror.py): the metadata the logical
+  filter needs (tags, created_at, expires_at, importance) and a BM25 keyword index of the text,
+  caught up from the scope's event stream before every recall (a write by any process is seen by
+  the next recall of every other). Filtering runs over it in memory: a recall never re-reads every
+  entry from Redis.
 - the shared Chroma collection (colony.memory.index), followed the same way; its position per scope
   is stored in Redis (`MemoryProtocol.index_position_key`, with the collection's id, so a recreated
   collection is rebuilt) and only moves forward, so any process may catch it up.
@@ -23,9 +22,7 @@ import heapq
 import logging
 import math
 import time
-from collections import OrderedDict
 from collections.abc import Collection, Iterable, Iterator, Sequence
-from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
@@ -35,6 +32,7 @@ from colony.config import ColonySettings, load_settings
 from colony.errors import ConcurrentModificationError
 from colony.memory.index import VectorIndex, ref_of, split_ref
 from colony.memory.keyword import KeywordIndex
+from colony.memory.mirror import CHANGES_BATCH, EntryMeta, ScopeMirror, ScopeMirrors
 from colony.memory.ranking import (
     fuse,
     keyword_score,
@@ -45,7 +43,7 @@ from colony.memory.ranking import (
 )
 from colony.memory.scopes import MemoryScope
 from colony.memory.store import MemoryStore
-from colony.memory.types import MaintenanceConfig, MemoryEntry, MemoryQuery, RecalledEntry
+from colony.memory.types import MaintenanceConfig, MemoryQuery, RecalledEntry
 
 __all__ = ["EntryMeta", "MemoryRetriever"]
 
@@ -54,42 +52,11 @@ log = logging.getLogger(__name__)
 # (Chroma-style ref, relevance, (cosine, keyword score, recency))
 Ranked = tuple[str, float, tuple[float, float, float]]
 
-MAX_MIRRORED_SCOPES = 512  # scopes whose mirror a process keeps (least recently recalled go first)
-MAX_MIRRORED_ENTRIES = 200_000  # ... and entries in them all (~3 KB each with the keyword index)
-CHANGES_BATCH = 500
 RANK_POOL_MIN = 30  # candidates each ranker contributes to fusion, at least
 VERIFY_SLACK = 4  # extra entries read from Redis per verification round (some may be gone)
 # entries a recall (or a write's dedup check) embeds itself when the vector index lags; a larger
 # backlog is embedded in the background (the local model embeds ~70-100 entries/s on 2 cores)
 INLINE_EMBED = 256
-
-
-@dataclass(slots=True)
-class EntryMeta:
-    """What the logical filter needs of an entry; duck-types MemoryEntry for `MemoryQuery.passes`."""
-
-    entry_id: str
-    tags: frozenset[str]
-    created_at: float
-    expires_at: float | None
-    importance: float
-
-    @classmethod
-    def of(cls, entry: MemoryEntry) -> EntryMeta:
-        return cls(entry.entry_id, entry.tags, entry.created_at, entry.expires_at, entry.importance)
-
-    def age_seconds(self, now: float | None = None) -> float:
-        return max(0.0, (now or time.time()) - self.created_at)
-
-
-@dataclass
-class _Mirror:
-    """This process's view of one scope: entry metadata and the stream position it reflects."""
-
-    position: str | None = None
-    meta: dict[str, EntryMeta] = field(default_factory=dict)
-    expiring: set[str] = field(default_factory=set)  # ids of entries with a TTL
-    lock: asyncio.Lock = field(default_factory=asyncio.Lock)
 
 
 class _Candidates(Collection[str]):
@@ -136,81 +103,16 @@ class MemoryRetriever:
         self.vector = vector
         self.keyword = keyword or KeywordIndex()
         self.settings = settings or store.settings or load_settings()
-        self._mirrors: OrderedDict[str, _Mirror] = OrderedDict()
+        self.mirrors = ScopeMirrors(store, self.keyword, on_evict=self._evicted)
         self._vector_locks: dict[str, asyncio.Lock] = {}
         self._pending: set[asyncio.Task[None]] = set()
         self._syncing: dict[str, asyncio.Task[None]] = {}
 
-    # -- the per-process mirror ----------------------------------------------------------------
-
-    def _mirror(self, scope_id: str) -> _Mirror:
-        mirror = self._mirrors.get(scope_id)
-        if mirror is None:
-            mirror = self._mirrors[scope_id] = _Mirror()
-            mirrored = sum(len(m.meta) for m in self._mirrors.values())
-            while len(self._mirrors) > 1 and (
-                len(self._mirrors) > MAX_MIRRORED_SCOPES or mirrored > MAX_MIRRORED_ENTRIES
-            ):
-                evicted, dropped = self._mirrors.popitem(last=False)
-                mirrored -= len(dropped.meta)
-                self.keyword.clear(evicted)
-                self._vector_locks.pop(evicted, None)
-                if (task := self._syncing.get(evicted)) is None or task.done():
-                    self._syncing.pop(evicted, None)
-        else:
-            self._mirrors.move_to_end(scope_id)
-        return mirror
-
-    def _index(self, mirror: _Mirror, scope_id: str, entry: MemoryEntry) -> None:
-        mirror.meta[entry.entry_id] = EntryMeta.of(entry)
-        if entry.expires_at is not None:
-            mirror.expiring.add(entry.entry_id)
-        else:
-            mirror.expiring.discard(entry.entry_id)
-        self.keyword.add(scope_id, entry.entry_id, entry.content)
-
-    def _unindex(self, mirror: _Mirror, scope_id: str, entry_id: str) -> None:
-        mirror.meta.pop(entry_id, None)
-        mirror.expiring.discard(entry_id)
-        self.keyword.remove(scope_id, entry_id)
-
-    async def _rebuild_mirror(self, scope_id: str, mirror: _Mirror) -> None:
-        position = await self.store.latest_position(scope_id)
-        entries = await self.store.entries(scope_id)
-        mirror.meta.clear()
-        mirror.expiring.clear()
-        self.keyword.clear(scope_id)
-        for entry in entries:
-            self._index(mirror, scope_id, entry)
-        mirror.position = position
-
-    async def _sync_mirror(self, scope_id: str) -> _Mirror:
-        mirror = self._mirror(scope_id)
-        async with mirror.lock:
-            if mirror.position is None:
-                await self._rebuild_mirror(scope_id, mirror)
-            while True:
-                assert mirror.position is not None
-                batch = await self.store.changes(scope_id, mirror.position, CHANGES_BATCH)
-                if batch.truncated:
-                    log.info("memory scope %s: events trimmed past the keyword index; rebuilding", scope_id)
-                    await self._rebuild_mirror(scope_id, mirror)
-                    continue
-                # a batch loses the order of a delete and a re-write of one id: written ids are
-                # read back, and what Redis holds now decides
-                written = list(dict.fromkeys(batch.upserted))
-                for entry_id in set(batch.deleted).difference(written):
-                    self._unindex(mirror, scope_id, entry_id)
-                if written:
-                    current = await self.store.get_many([(scope_id, i) for i in written])
-                    for entry_id, entry in zip(written, current, strict=True):
-                        if entry is None:
-                            self._unindex(mirror, scope_id, entry_id)
-                        else:
-                            self._index(mirror, scope_id, entry)
-                if batch.position == mirror.position:
-                    return mirror
-                mirror.position = batch.position
+    def _evicted(self, scope_id: str) -> None:
+        """A scope's mirror left this process: its vector lock and finished sync task go too."""
+        self._vector_locks.pop(scope_id, None)
+        if (task := self._syncing.get(scope_id)) is None or task.done():
+            self._syncing.pop(scope_id, None)
 
     # -- the shared vector index ---------------------------------------------------------------
 
@@ -317,15 +219,15 @@ class MemoryRetriever:
 
     async def sync(self, scope_id: str) -> None:
         """Catch this process's keyword index and the shared vector index up with the scope."""
-        await self._sync_mirror(scope_id)
+        await self.mirrors.sync(scope_id)
         await self._sync_vector(scope_id)
 
     async def reindex(self, scope_id: str) -> int:
         """Rebuild the scope's vector rows (and this process's keyword index) from Redis; returns
         how many entries were embedded."""
-        mirror = self._mirror(scope_id)
+        mirror = self.mirrors.get(scope_id)
         async with mirror.lock:
-            await self._rebuild_mirror(scope_id, mirror)
+            await self.mirrors.rebuild(scope_id, mirror)
         if self.vector is None:
             return 0
         async with self._vector_locks.setdefault(scope_id, asyncio.Lock()):
@@ -335,7 +237,7 @@ class MemoryRetriever:
         """The scope's entry most similar to `text` and its cosine (near-duplicate check at write)."""
         if self.vector is None:
             return None
-        mirror = await self._sync_mirror(scope_id)
+        mirror = await self.mirrors.sync(scope_id)
         await self._sync_vector(scope_id, INLINE_EMBED)
         if not mirror.meta:
             return None
@@ -360,7 +262,7 @@ class MemoryRetriever:
             asyncio.ensure_future(self.vector.embed_query(text)) if use_vector and self.vector else None
         )
         try:
-            mirrors = await asyncio.gather(*(self._sync_mirror(s) for s in scopes))
+            mirrors = await asyncio.gather(*(self.mirrors.sync(s) for s in scopes))
             if use_vector:
                 try:
                     await asyncio.gather(*(self._sync_vector(s, INLINE_EMBED) for s in scopes))
@@ -408,7 +310,7 @@ class MemoryRetriever:
     # -- recall steps ----------------------------------------------------------------------------
 
     def _filter(
-        self, query: MemoryQuery, scopes: list[str], mirrors: Sequence[_Mirror], now: float
+        self, query: MemoryQuery, scopes: list[str], mirrors: Sequence[ScopeMirror], now: float
     ) -> tuple[dict[str, set[str]], bool]:
         """Entry ids per scope passing the logical part of the query; whether any live one failed.
         Entries found expired are dropped from the indexes on the way."""
@@ -420,7 +322,7 @@ class MemoryRetriever:
                 i for i in mirror.expiring if (m := mirror.meta.get(i)) is None or (m.expires_at or 0) <= now
             ]
             for entry_id in expired:
-                self._unindex(mirror, scope_id, entry_id)
+                self.mirrors.unindex(mirror, scope_id, entry_id)
             if expired and self.vector is not None:
                 self._spawn_delete([ref_of(scope_id, i) for i in expired])
             if logic:
@@ -477,7 +379,7 @@ class MemoryRetriever:
         ranked: list[Ranked] = []
         for ref in union:
             scope_id, entry_id = split_ref(ref)
-            meta = self._mirrors[scope_id].meta.get(entry_id) if scope_id in self._mirrors else None
+            meta = self.mirrors.meta(scope_id, entry_id)
             if meta is None:
                 continue
             cos, kw = cosines.get(ref, 0.0), keyword_score(bm25.get(ref, 0.0))
@@ -501,7 +403,7 @@ class MemoryRetriever:
     async def _rank_unranked(
         self,
         candidates: dict[str, set[str]],
-        mirrors: Sequence[_Mirror],
+        mirrors: Sequence[ScopeMirror],
         scopes: list[str],
         now: float,
         top: int | None,
@@ -565,9 +467,7 @@ class MemoryRetriever:
         refs = list(refs)
         for ref in refs:
             scope_id, entry_id = split_ref(ref)
-            mirror = self._mirrors.get(scope_id)
-            if mirror is not None:
-                self._unindex(mirror, scope_id, entry_id)
+            self.mirrors.forget(scope_id, entry_id)
         if self.vector is not None:
             self._spawn_delete(refs)
 
