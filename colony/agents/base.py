@@ -23,6 +23,7 @@ from colony.agents.blueprint import (
     ResourceRequirements,
 )
 from colony.agents.capability import AgentCapability, CapabilityMode
+from colony.agents.event_delivery import EventDelivery
 from colony.agents.events import EventHandlerSpec, discover_event_handlers
 from colony.agents.hooks import HOOK_HANDLER_ATTR, HookHandlerSpec, HookRegistry, hookable
 from colony.agents.models import (
@@ -56,13 +57,11 @@ from colony.agents.policy import (
     ScriptedActionPolicy,
 )
 from colony.agents.ring import ContextRing
-from colony.aio import cancel_and_wait
-from colony.blackboard import Blackboard, BlackboardEvent, BlackboardScope, scope_id
+from colony.blackboard import Blackboard, BlackboardScope, scope_id
 from colony.blackboard.protocol import AgentStateProtocol
 from colony.config import load_settings
 from colony.errors import (
     AgentUsageError,
-    BlackboardUnavailable,
     ConcurrentModificationError,
     ResourceExhausted,
 )
@@ -87,7 +86,7 @@ __all__ = [
 MAX_PAGE_ACCESSES = 256
 
 
-class Agent(Bindable):
+class Agent(EventDelivery, Bindable):
     """An agent: `run()` drives `run_step()` until its action policy says the run is done."""
 
     def __init__(
@@ -347,64 +346,6 @@ class Agent(Bindable):
         for capability in list(self.capabilities.values()):
             await capability.start()
         await self.start_event_handlers()
-
-    async def start_event_handlers(self) -> None:
-        """Subscribe each capability with handlers to its scope, from where it last stopped.
-
-        A fresh subscription starts "now"; that position is persisted at once, so events that
-        arrive while the agent is down (dropped before its first step) are still delivered later.
-        """
-        fresh = False
-        for name in self._handlers:
-            if name not in self._event_positions:
-                board = self.capabilities[name].blackboard
-                self._event_positions[name] = await board.latest_event_id()
-                fresh = True
-        if fresh:
-            await self.persist()
-        for name, handlers in self._handlers.items():
-            self._handler_tasks.append(
-                asyncio.create_task(self._feed(name, handlers), name=f"{self.agent_id}-{name}-events")
-            )
-
-    async def _feed(self, name: str, handlers: list[EventHandlerSpec]) -> None:
-        """Deliver events to handlers; a Redis outage pauses delivery, it does not end it."""
-        board = self.capabilities[name].blackboard
-        delay = 0.1
-        while True:
-            try:
-                async for event in board.subscribe(from_id=self._event_positions[name]):
-                    await self._handle(name, handlers, event)
-                    delay = 0.1
-                return
-            except BlackboardUnavailable as exc:
-                log.warning(
-                    "agent %s: events of %s paused (%s); retrying in %.1fs", self.agent_id, name, exc, delay
-                )
-                await asyncio.sleep(delay)
-                delay = min(delay * 2, 5.0)
-
-    async def _handle(self, name: str, handlers: list[EventHandlerSpec], event: BlackboardEvent) -> None:
-        """Broadcast one event to the handlers; what they return, merged, is one context entry
-        (`{context_key: context}`) for the policy."""
-        accumulated: dict[str, Any] = {}
-        for spec in handlers:
-            if spec.matches(event.key):
-                try:
-                    produced = await spec.handler(event)
-                except Exception:
-                    log.exception("event handler %s of agent %s failed on %s", name, self.agent_id, event.key)
-                    continue
-                if produced:
-                    accumulated.update(produced)
-        if accumulated:
-            self.context.append(accumulated)
-            self.context_changed.set()
-        self._event_positions[name] = event.id
-
-    async def stop_event_handlers(self) -> None:
-        await cancel_and_wait(self._handler_tasks)
-        self._handler_tasks.clear()
 
     # -- runs -------------------------------------------------------------------------------
 
