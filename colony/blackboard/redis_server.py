@@ -15,7 +15,6 @@ for eyes or logs uses `masked_url`. Every file holding the password is 0600 (the
 from __future__ import annotations
 
 import contextlib
-import fcntl
 import importlib.util
 import ipaddress
 import json
@@ -28,7 +27,6 @@ import socket
 import subprocess
 import threading
 import time
-from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from urllib.parse import quote, urlsplit, urlunsplit
@@ -39,6 +37,7 @@ from redis.retry import Retry
 
 from colony.config import EmbeddedRedisSettings
 from colony.errors import ConfigError, RedisBinaryNotFound, RedisServerError
+from colony.file_lock import file_lock
 from colony.security import read_private_file, write_private_file
 
 log = logging.getLogger(__name__)
@@ -122,6 +121,24 @@ def free_port(host: str = "127.0.0.1") -> int:
         return int(sock.getsockname()[1])
 
 
+def wait_exit(pid: int, timeout: float) -> bool:
+    """Whether process `pid` is gone within `timeout` seconds."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if not process_alive(pid):
+            return True
+        time.sleep(0.05)
+    return not process_alive(pid)
+
+
+def log_tail(path: Path, lines: int = 15) -> str:
+    """The last `lines` lines of a server's log (for an error message that says why it stopped)."""
+    try:
+        return "\n".join(path.read_text(errors="replace").splitlines()[-lines:])
+    except OSError:
+        return "(no log)"
+
+
 def process_alive(pid: int) -> bool:
     try:
         os.kill(pid, 0)
@@ -185,17 +202,11 @@ class EmbeddedRedis:
         self.stopped_file = self.dir / "stopped"  # `stop()` was asked: a supervisor leaves it down
         self.restarts_file = self.dir / "restarts.json"
 
-    @contextlib.contextmanager
-    def _locked(self) -> Iterator[None]:
+    def _locked(self) -> contextlib.AbstractContextManager[None]:
         """Serialise start/stop across processes sharing this data_dir."""
         self.dir.mkdir(parents=True, exist_ok=True)
         self.dir.chmod(0o700)  # the AOF, the config and the password live here
-        with open(self.dir / ".lock", "w") as handle:
-            fcntl.flock(handle, fcntl.LOCK_EX)
-            try:
-                yield
-            finally:
-                fcntl.flock(handle, fcntl.LOCK_UN)
+        return file_lock(self.dir / ".lock")
 
     def status(self) -> RedisServerInfo | None:
         """The running server, or None (a stale state file is removed)."""
@@ -284,11 +295,11 @@ class EmbeddedRedis:
                 os.kill(info.pid, signal.SIGTERM)
             finally:
                 client.close()
-            if not self._wait_exit(info.pid, timeout):
+            if not wait_exit(info.pid, timeout):
                 log.warning("redis-server pid %s did not exit in %.0fs; killing it", info.pid, timeout)
                 with contextlib.suppress(ProcessLookupError):
                     os.kill(info.pid, signal.SIGKILL)
-                self._wait_exit(info.pid, 5.0)
+                wait_exit(info.pid, 5.0)
             self.state_file.unlink(missing_ok=True)
             return True
 
@@ -353,20 +364,8 @@ class EmbeddedRedis:
             f"see {self.log_file}:\n{self._log_tail()}"
         )
 
-    @staticmethod
-    def _wait_exit(pid: int, timeout: float) -> bool:
-        deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline:
-            if not process_alive(pid):
-                return True
-            time.sleep(0.05)
-        return not process_alive(pid)
-
     def _log_tail(self, lines: int = 15) -> str:
-        try:
-            return "\n".join(self.log_file.read_text(errors="replace").splitlines()[-lines:])
-        except OSError:
-            return "(no log)"
+        return log_tail(self.log_file, lines)
 
 
 @dataclass(frozen=True)

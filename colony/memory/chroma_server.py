@@ -25,7 +25,6 @@ in-process `PersistentClient` under `<data_dir>/chroma-local` (library use witho
 from __future__ import annotations
 
 import contextlib
-import fcntl
 import json
 import logging
 import os
@@ -36,7 +35,6 @@ import subprocess
 import sys
 import sysconfig
 import time
-from collections.abc import Iterator
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
@@ -44,9 +42,10 @@ from urllib.parse import urlsplit
 
 import httpx
 
-from colony.blackboard.redis_server import free_port, is_loopback, process_alive
+from colony.blackboard.redis_server import free_port, is_loopback, log_tail, process_alive, wait_exit
 from colony.config import ChromaServerSettings, ColonySettings
 from colony.errors import ClusterError
+from colony.file_lock import file_lock
 
 log = logging.getLogger(__name__)
 
@@ -134,16 +133,9 @@ class EmbeddedChroma:
         self.state_file = self.data_dir / STATE_FILE_NAME
         self.log_file = self.data_dir / "logs" / "chroma.log"
 
-    @contextlib.contextmanager
-    def _locked(self) -> Iterator[None]:
+    def _locked(self) -> contextlib.AbstractContextManager[None]:
         """Serialise start/stop across processes sharing this data_dir."""
-        self.data_dir.mkdir(parents=True, exist_ok=True)
-        with open(self.data_dir / ".chroma-server.lock", "w") as handle:
-            fcntl.flock(handle, fcntl.LOCK_EX)
-            try:
-                yield
-            finally:
-                fcntl.flock(handle, fcntl.LOCK_UN)
+        return file_lock(self.data_dir / ".chroma-server.lock")
 
     def recorded(self) -> ChromaServerInfo | None:
         """What the state file says (alive or not); None without one (a damaged one is removed)."""
@@ -219,11 +211,11 @@ class EmbeddedChroma:
                 return False
             with contextlib.suppress(ProcessLookupError):
                 os.kill(info.pid, signal.SIGTERM)
-            if not _wait_exit(info.pid, timeout):
+            if not wait_exit(info.pid, timeout):
                 log.warning("chroma server pid %s did not exit in %.0fs; killing it", info.pid, timeout)
                 with contextlib.suppress(ProcessLookupError):
                     os.kill(info.pid, signal.SIGKILL)
-                _wait_exit(info.pid, 5.0)
+                wait_exit(info.pid, 5.0)
             return True
 
     def _answers_late(self, info: ChromaServerInfo) -> bool:
@@ -236,17 +228,17 @@ class EmbeddedChroma:
         if not _is_chroma_process(info.pid, self.path):
             # exiting (its leader a zombie, with an empty command line, while its other threads
             # still hold the port) or the pid went to another process: wait for a dying one
-            _wait_exit(info.pid, 3.0)
+            wait_exit(info.pid, 3.0)
             return False
         if heartbeat(info.url, timeout=5.0):
             return True
         log.warning("the embedded chroma server pid %s does not answer; stopping it", info.pid)
         with contextlib.suppress(ProcessLookupError):
             os.kill(info.pid, signal.SIGTERM)
-        if not _wait_exit(info.pid, 5.0):
+        if not wait_exit(info.pid, 5.0):
             with contextlib.suppress(ProcessLookupError):
                 os.kill(info.pid, signal.SIGKILL)
-            _wait_exit(info.pid, 5.0)
+            wait_exit(info.pid, 5.0)
         return False
 
     def _wait_ready(self, process: subprocess.Popen[bytes], info: ChromaServerInfo) -> None:
@@ -269,10 +261,7 @@ class EmbeddedChroma:
         )
 
     def _log_tail(self, lines: int = 15) -> str:
-        try:
-            return "\n".join(self.log_file.read_text(errors="replace").splitlines()[-lines:])
-        except OSError:
-            return "(no log)"
+        return log_tail(self.log_file, lines)
 
 
 def _free(info: ChromaServerInfo) -> bool:
@@ -285,15 +274,6 @@ def _free(info: ChromaServerInfo) -> bool:
         except OSError:
             return False
     return True
-
-
-def _wait_exit(pid: int, timeout: float) -> bool:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if not process_alive(pid):
-            return True
-        time.sleep(0.05)
-    return not process_alive(pid)
 
 
 def resolve_chroma_url(settings: ColonySettings) -> str | None:

