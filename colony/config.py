@@ -251,6 +251,28 @@ class MemorySettings(BaseModel):
     ingest_batch: int = Field(64, ge=1, le=1000, description="Source entries ingested per transaction.")
 
 
+class BlockSettings(BaseModel):
+    """Memory blocks (docs/blocks.md): defaults and bounds of Loro-versioned blocks in Redis."""
+
+    default_char_limit: int = Field(5000, ge=100, le=100_000, description="Char limit of a new block.")
+    max_char_limit: int = Field(100_000, ge=1000, le=1_000_000, description="Largest char limit allowed.")
+    max_blocks_per_owner: int = Field(64, ge=1, le=10_000, description="Blocks one agent may own.")
+    max_shares_per_block: int = Field(256, ge=1, le=10_000, description="Agents one block is shared with.")
+    compact_after_updates: int = Field(
+        32, ge=1, le=10_000, description="Update-log length at which the log is folded into the snapshot."
+    )
+    history_versions: int = Field(
+        500,
+        ge=10,
+        le=100_000,
+        description="Versions kept viewable; older history goes into a shallow snapshot when compacting.",
+    )
+    log_max_entries: int = Field(200, ge=1, le=10_000, description="Default cap of a rolling log block.")
+    log_shown_entries: int = Field(10, ge=1, le=1000, description="Log entries rendered into the prompt.")
+    max_edit_chars: int = Field(20_000, ge=100, le=1_000_000, description="Longest text one edit may carry.")
+    cached_documents: int = Field(256, ge=1, le=100_000, description="Block documents a process keeps.")
+
+
 class RunsSettings(BaseModel):
     """How long finished work stays in Redis."""
 
@@ -308,6 +330,7 @@ class ColonySettings(BaseSettings):
     vcm: VcmSettings = Field(default_factory=VcmSettings)
     runs: RunsSettings = Field(default_factory=RunsSettings)
     memory: MemorySettings = Field(default_factory=MemorySettings)
+    blocks: BlockSettings = Field(default_factory=BlockSettings)
     agents: dict[str, str] = Field(
         default_factory=dict,
         description="User agents: name -> 'package.module:factory' (a function of the agent id returning "

@@ -215,3 +215,32 @@ class ApiError(ColonyError):
     def __init__(self, status: int, code: str, message: str) -> None:
         self.status, self.code = status, code
         super().__init__(f"HTTP {status} {code}: {message}")
+
+
+class BlockError(ColonyError):
+    """A memory block operation was refused; the message says why and what to do instead."""
+
+
+class BlockNotFound(BlockError, LookupError):
+    """No block with that label is visible to that agent (or owned by that owner)."""
+
+
+class BlockExists(BlockError):
+    """A block with that label already exists for that agent (labels are unique per owner and
+    per agent's view: own, shared and colony blocks)."""
+
+
+class BlockAccessDenied(BlockError, PermissionError):
+    """The agent's access to the block does not allow this (read-only, append-only, not shared)."""
+
+
+class BlockEditRejected(BlockError, InvalidArgument):
+    """The edit itself cannot be applied (over the character limit, no unique match, bad line)."""
+
+
+class BlockVersionConflict(BlockError):
+    """The client asked to edit from a base version that is no longer the head."""
+
+    def __init__(self, message: str, *, current_version: int) -> None:
+        self.current_version = current_version
+        super().__init__(message)

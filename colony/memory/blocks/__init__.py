@@ -1,1 +1,38 @@
-"""Loro-versioned memory blocks: core/working/archival/log, sharing, history (later milestone)."""
+"""Loro-versioned memory blocks: core / working / log blocks per agent and colony-wide, shared with
+access levels, full history with rollback and selective undo (docs/blocks.md)."""
+
+from colony.memory.blocks.document import BlockDocument, EditMeta
+from colony.memory.blocks.store import COLONY, BlockStore, block_store, render_log
+from colony.memory.blocks.types import (
+    OPERATOR,
+    SYSTEM,
+    BlockHistory,
+    BlockInfo,
+    BlockType,
+    BlockVersion,
+    BlockView,
+    EditOutcome,
+    NewBlock,
+    Share,
+    SharedAccess,
+)
+
+__all__ = [
+    "COLONY",
+    "OPERATOR",
+    "SYSTEM",
+    "BlockDocument",
+    "BlockHistory",
+    "BlockInfo",
+    "BlockStore",
+    "BlockType",
+    "BlockVersion",
+    "BlockView",
+    "EditMeta",
+    "EditOutcome",
+    "NewBlock",
+    "Share",
+    "SharedAccess",
+    "block_store",
+    "render_log",
+]

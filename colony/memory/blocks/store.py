@@ -1,0 +1,607 @@
+"""Memory blocks in Redis: a Loro snapshot + an append-only update log per block, access checked on
+every call.
+
+An edit loads the block (a per-process cache imports only the updates it has not seen), checks the
+caller's access, applies the edit as one Loro commit and appends that commit's update to the log.
+Concurrent edits from other processes are other updates in the same log: Loro merges them, so
+nothing is lost and nobody gets a conflict (unless a client asked to edit from a given version).
+When the log grows past `compact_after_updates` it is folded into the snapshot (a shallow one once
+history exceeds `history_versions`); a generation number makes concurrent compactions safe.
+
+Metadata hash fields: owner, label, description, block_type, char_limit, read_only, swapped_out,
+template, colony_access, log_max_entries, log_shown_entries, created_at, updated_at, created_by,
+gen (snapshot generation), base_version (versions folded into a shallow snapshot).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections import OrderedDict
+from dataclasses import dataclass, field
+from typing import Any
+
+import redis.asyncio as aioredis
+
+from colony.blackboard.protocol import BlockProtocol
+from colony.config import BlockSettings, ColonySettings, load_settings
+from colony.errors import (
+    BlockAccessDenied,
+    BlockEditRejected,
+    BlockExists,
+    BlockNotFound,
+    BlockVersionConflict,
+    InvalidArgument,
+)
+from colony.memory.blocks import scripts
+from colony.memory.blocks.directory import (
+    COLONY,
+    BlockDirectory,
+    b64,
+    check_agent,
+    check_label,
+    info_from_fields,
+    unb64,
+)
+from colony.memory.blocks.document import BlockDocument, EditMeta
+from colony.memory.blocks.types import (
+    MAX_DESCRIPTION_CHARS,
+    OPERATOR,
+    SYSTEM,
+    BlockHistory,
+    BlockInfo,
+    BlockType,
+    BlockView,
+    EditOutcome,
+    NewBlock,
+    Principal,
+    SharedAccess,
+)
+
+
+@dataclass
+class _Cached:
+    """A process's copy of one block's document and how much of the Redis log it has imported."""
+
+    gen: str = ""
+    applied: int = 0
+    document: BlockDocument | None = None
+    fields: dict[str, str] = field(default_factory=dict)
+    lock: asyncio.Lock = field(default_factory=asyncio.Lock)
+
+
+class BlockStore(BlockDirectory):
+    """Blocks of one colony on one Redis client (`block_store()` gives the process's instance)."""
+
+    def __init__(
+        self,
+        redis: aioredis.Redis,
+        settings: ColonySettings | None = None,
+    ) -> None:
+        self.redis = redis
+        colony_settings = settings or load_settings()
+        self.settings: BlockSettings = colony_settings.blocks
+        self.namespace = BlockProtocol.namespace(colony_settings.tenant_id, colony_settings.colony_id)
+        self._create = redis.register_script(scripts.CREATE)
+        self._read = redis.register_script(scripts.READ)
+        self._append = redis.register_script(scripts.APPEND)
+        self._compact = redis.register_script(scripts.COMPACT)
+        self._cache: OrderedDict[str, _Cached] = OrderedDict()
+
+    # -- keys and cache -------------------------------------------------------------------------
+
+    def _keys(self, block_id: str, *parts: str) -> list[str]:
+        return [BlockProtocol.key(block_id, p) for p in parts]
+
+    def _cached(self, block_id: str) -> _Cached:
+        entry = self._cache.get(block_id)
+        if entry is None:
+            entry = self._cache[block_id] = _Cached()
+            while len(self._cache) > self.settings.cached_documents:
+                oldest, victim = next(iter(self._cache.items()))
+                if victim.lock.locked():
+                    break
+                self._cache.pop(oldest)
+        else:
+            self._cache.move_to_end(block_id)
+        return entry
+
+    def _drop(self, block_id: str) -> None:
+        entry = self._cache.get(block_id)
+        if entry is not None:
+            entry.document, entry.gen, entry.applied = None, "", 0
+
+    async def _refresh(self, block_id: str, entry: _Cached) -> BlockDocument:
+        """Bring the cached document up to Redis (the caller holds `entry.lock`)."""
+        reply = await self._read(
+            keys=self._keys(block_id, "meta", "snap", "log"),
+            args=[entry.gen if entry.document is not None else "-", entry.applied],
+        )
+        if reply is None:
+            self._drop(block_id)
+            raise BlockNotFound(f"block {block_id} does not exist (it was deleted)")
+        gen = reply[0]
+        bar = reply.index("|")
+        flat = reply[1:bar]
+        fields = dict(zip(flat[0::2], flat[1::2], strict=False))
+        snapshot, updates = reply[bar + 1], reply[bar + 2 :]
+        try:
+            if entry.document is None or gen != entry.gen:
+                entry.document = BlockDocument.load(unb64(snapshot) if snapshot else None, [])
+                entry.applied = 0
+            entry.document.import_updates([unb64(u) for u in updates])
+        except Exception:
+            self._drop(block_id)
+            raise
+        entry.gen = gen
+        entry.applied += len(updates)
+        entry.fields = fields
+        return entry.document
+
+    # -- creation, lookup, listing ------------------------------------------------------------------
+
+    async def create(self, owner: str, block: NewBlock, *, created_by: Principal = SYSTEM) -> BlockInfo:
+        """Create a block of agent `owner` (colony-wide blocks: `create_colony_block`)."""
+        check_agent(owner)
+        return await self._create_block(owner, block, created_by=created_by, colony_access=None)
+
+    async def create_colony_block(
+        self, block: NewBlock, access: SharedAccess, *, created_by: Principal = OPERATOR
+    ) -> BlockInfo:
+        """A colony-wide block: every agent, present and future, sees it with `access`."""
+        return await self._create_block(COLONY, block, created_by=created_by, colony_access=access)
+
+    async def _create_block(
+        self, owner: str, block: NewBlock, *, created_by: Principal, colony_access: SharedAccess | None
+    ) -> BlockInfo:
+        if owner != COLONY:
+            check_agent(owner)
+        check_label(block.label)
+        limit = block.char_limit or self.settings.default_char_limit
+        if limit > self.settings.max_char_limit:
+            raise InvalidArgument(f"char_limit {limit} is above the maximum {self.settings.max_char_limit}")
+        if len(block.description) > MAX_DESCRIPTION_CHARS:
+            raise InvalidArgument(f"description is longer than {MAX_DESCRIPTION_CHARS} characters")
+        if block.block_type is not BlockType.LOG and len(block.content) > limit:
+            raise BlockEditRejected(
+                f"initial content has {len(block.content)} characters; the block's limit is {limit}"
+            )
+        if owner != COLONY and await self._shared_label(owner, block.label) is not None:
+            raise BlockExists(
+                f"agent {owner} already sees a shared block labelled {block.label!r}; pick another label"
+            )
+        index = BlockProtocol.owner_index(self.namespace, owner)
+        if await self.redis.hlen(index) >= self.settings.max_blocks_per_owner:
+            raise InvalidArgument(
+                f"{owner} has {self.settings.max_blocks_per_owner} blocks (blocks.max_blocks_per_owner); "
+                "delete one first"
+            )
+        block_id = self.block_id(owner, block.label)
+        document = BlockDocument()
+        meta = EditMeta(created_by, "system" if created_by == SYSTEM else "library", "create", "created")
+        if block.block_type is BlockType.LOG:
+            document.create("", meta)
+        else:
+            document.create(block.content, meta)
+        now = time.time()
+        fields: dict[str, Any] = {
+            "owner": owner,
+            "label": block.label,
+            "description": block.description,
+            "block_type": block.block_type.value,
+            "char_limit": limit,
+            "read_only": "1" if block.read_only else "0",
+            "swapped_out": "0",
+            "template": block.template or "",
+            "colony_access": colony_access.value if colony_access else "",
+            "log_max_entries": block.log_max_entries
+            or (self.settings.log_max_entries if block.block_type is BlockType.LOG else ""),
+            "log_shown_entries": block.log_shown_entries
+            or (self.settings.log_shown_entries if block.block_type is BlockType.LOG else ""),
+            "created_at": repr(now),
+            "updated_at": repr(now),
+            "created_by": created_by,
+            "gen": "1",
+            "base_version": "0",
+        }
+        args: list[Any] = [b64(document.snapshot())]
+        for name, value in fields.items():
+            args += [name, str(value)]
+        created = await self._create(keys=self._keys(block_id, "meta", "snap", "log"), args=args)
+        if not created:
+            raise BlockExists(f"{owner} already has a block labelled {block.label!r}")
+        async with self.redis.pipeline(transaction=True) as pipe:
+            pipe.hset(index, block.label, block_id)
+            pipe.sadd(BlockProtocol.owners_key(self.namespace), owner)
+            await pipe.execute()
+        return info_from_fields({k: str(v) for k, v in fields.items()}, block_id)
+
+    async def ensure(self, owner: str, block: NewBlock, *, created_by: Principal = SYSTEM) -> BlockInfo:
+        """The block, created if missing (templates and capabilities call this at start)."""
+        try:
+            return await self.create(owner, block, created_by=created_by)
+        except BlockExists:
+            info = await self.info_of(self.block_id(owner, block.label))
+            if info is None:
+                raise
+            return info
+
+    def _forget(self, block_id: str) -> None:
+        self._cache.pop(block_id, None)
+
+    # -- reading ------------------------------------------------------------------------------------
+
+    async def read(
+        self, principal: Principal, label: str, *, owner: str | None = None, version: int | None = None
+    ) -> BlockView:
+        info, access = await self.resolve(principal, label, owner=owner)
+        entry = self._cached(info.block_id)
+        async with entry.lock:
+            document = await self._refresh(info.block_id, entry)
+            base = int(entry.fields.get("base_version", "0"))
+            head = document.head_version(base)
+            if version is None or version == head:
+                content, entries = document.content(), document.entries()
+                version_out, is_head = head, True
+            else:
+                content, entries = document.view(version, base)
+                version_out, is_head = version, False
+            fresh = info_from_fields(entry.fields, info.block_id)
+        if fresh.block_type is BlockType.LOG:
+            content = render_log(entries, fresh.log_shown_entries or self.settings.log_shown_entries)
+        return BlockView(
+            info=fresh,
+            content=content,
+            chars=len(content),
+            version=version_out,
+            access=access,
+            entries=entries if fresh.block_type is BlockType.LOG else None,
+            head=is_head,
+        )
+
+    async def history(
+        self, principal: Principal, label: str, *, owner: str | None = None, limit: int = 100
+    ) -> BlockHistory:
+        info, _ = await self.resolve(principal, label, owner=owner)
+        entry = self._cached(info.block_id)
+        async with entry.lock:
+            document = await self._refresh(info.block_id, entry)
+            base = int(entry.fields.get("base_version", "0"))
+            versions = document.versions(base)
+        limit = max(1, min(limit, 10_000))
+        return BlockHistory(
+            block_id=info.block_id,
+            label=info.label,
+            owner=info.owner,
+            versions=versions[-limit:],
+            head=base + len(versions),
+            oldest_viewable=base + 1,
+        )
+
+    # -- edits ----------------------------------------------------------------------------------
+
+    async def _edit(
+        self,
+        principal: Principal,
+        label: str,
+        op: str,
+        *,
+        owner: str | None,
+        via: str,
+        message: str,
+        base_version: int | None,
+        needs: str,
+        apply: Any,
+    ) -> EditOutcome:
+        """Check access, apply `apply(document, meta, access, base_version)` -> update, check the
+        character limit, append the update to the log (folding the log when it is long)."""
+        info, access = await self.resolve(principal, label, owner=owner)
+        if principal not in (SYSTEM,):
+            self._check_access(info, access, needs, principal)
+        if len(message) > 500:
+            message = message[:500]
+        entry = self._cached(info.block_id)
+        async with entry.lock:
+            document = await self._refresh(info.block_id, entry)
+            base = int(entry.fields.get("base_version", "0"))
+            if base_version is not None:
+                head = document.head_version(base)
+                if head != base_version:
+                    raise BlockVersionConflict(
+                        f"block {label!r} is at version {head}, not {base_version}; read it again and "
+                        "redo the edit on the current content (or leave base_version out to merge)",
+                        current_version=head,
+                    )
+            before = document.size()
+            meta = EditMeta(principal, via, op, message)
+            try:
+                update = apply(document, meta, access, base)
+            except Exception:
+                self._drop(info.block_id)  # the cached document may hold a partial local change
+                raise
+            after = document.size()
+            limit = int(entry.fields.get("char_limit", info.char_limit))
+            if info.block_type is not BlockType.LOG and after > limit and after > before:
+                self._drop(info.block_id)
+                raise BlockEditRejected(
+                    f"block {label!r} would have {after}/{limit} characters (it has {before}); nothing was "
+                    "changed. Shorten it first (core_memory_replace or memory_rethink), move details to "
+                    "archival memory (archival_insert), or raise its char_limit"
+                )
+            try:
+                length = await self._append(
+                    keys=self._keys(info.block_id, "meta", "log"), args=[b64(update), repr(time.time())]
+                )
+            except Exception:
+                self._drop(info.block_id)
+                raise
+            if length < 0:
+                self._drop(info.block_id)
+                raise BlockNotFound(f"block {label!r} was deleted while being edited")
+            version = document.head_version(base)
+            if length > self.settings.compact_after_updates:
+                await self._fold(info.block_id, entry)
+        return EditOutcome(
+            block_id=info.block_id,
+            label=info.label,
+            owner=info.owner,
+            version=version,
+            chars=after,
+            char_limit=limit,
+            op=op,
+        )
+
+    @staticmethod
+    def _check_access(info: BlockInfo, access: SharedAccess, needs: str, principal: str) -> None:
+        where = f"{info.owner}'s block {info.label!r}" if info.owner != principal else f"block {info.label!r}"
+        if info.block_type is BlockType.LOG:
+            raise BlockAccessDenied(f"{where} is a log the system writes; it is read-only to agents")
+        if info.read_only:
+            raise BlockAccessDenied(f"{where} is read-only; only the system or the operator changes it")
+        if needs == "write" and access is not SharedAccess.READ_WRITE:
+            raise BlockAccessDenied(
+                f"{principal} has {access.value} access to {where}; this edit removes or rewrites text"
+                + ("; only add text (core_memory_append / memory_insert)" if access.can_write else "")
+            )
+        if needs == "append" and not access.can_write:
+            raise BlockAccessDenied(f"{principal} has read-only access to {where}; it cannot be changed")
+
+    async def _fold(self, block_id: str, entry: _Cached) -> None:
+        """Fold the update log into the snapshot (the caller holds the lock, document current)."""
+        document = entry.document
+        if document is None:
+            return
+        base = int(entry.fields.get("base_version", "0"))
+        snapshot, folded = document.compacted(self.settings.history_versions)
+        done = await self._compact(
+            keys=self._keys(block_id, "meta", "snap", "log"),
+            args=[entry.gen, entry.applied, b64(snapshot), base + folded],
+        )
+        if done:
+            self._drop(block_id)  # reload from the new snapshot (versions renumbered from its base)
+
+    async def append(
+        self,
+        principal: Principal,
+        label: str,
+        text: str,
+        *,
+        owner: str | None = None,
+        via: str = "library",
+        message: str = "",
+        base_version: int | None = None,
+    ) -> EditOutcome:
+        self._check_text(text)
+        return await self._edit(
+            principal,
+            label,
+            "append",
+            owner=owner,
+            via=via,
+            message=message,
+            base_version=base_version,
+            needs="append",
+            apply=lambda d, m, a, b: d.append(text, m),
+        )
+
+    async def insert(
+        self,
+        principal: Principal,
+        label: str,
+        text: str,
+        line: int = -1,
+        *,
+        owner: str | None = None,
+        via: str = "library",
+        message: str = "",
+        base_version: int | None = None,
+    ) -> EditOutcome:
+        self._check_text(text)
+        return await self._edit(
+            principal,
+            label,
+            "insert",
+            owner=owner,
+            via=via,
+            message=message,
+            base_version=base_version,
+            needs="append",
+            apply=lambda d, m, a, b: d.insert_line(text, line, m),
+        )
+
+    async def replace(
+        self,
+        principal: Principal,
+        label: str,
+        old: str,
+        new: str,
+        *,
+        owner: str | None = None,
+        via: str = "library",
+        message: str = "",
+        base_version: int | None = None,
+    ) -> EditOutcome:
+        self._check_text(old)
+        self._check_text(new)
+
+        def apply(document: BlockDocument, meta: EditMeta, access: SharedAccess, base: int) -> bytes:
+            if access is SharedAccess.APPEND_ONLY and principal != SYSTEM:
+                current = document.content()
+                if current.count(old) == 1 and new.startswith(old):  # only adds after the match
+                    at = current.index(old) + len(old)
+                    return document.set_content(
+                        current[:at] + new[len(old) :] + current[at:], meta, inserts_only=True
+                    )
+                raise BlockAccessDenied(
+                    "your access to this block is append-only and this replacement deletes text; only "
+                    "add text (core_memory_append / memory_insert)"
+                )
+            return document.replace(old, new, meta)
+
+        return await self._edit(
+            principal,
+            label,
+            "replace",
+            owner=owner,
+            via=via,
+            message=message,
+            base_version=base_version,
+            needs="append",
+            apply=apply,
+        )
+
+    async def set_content(
+        self,
+        principal: Principal,
+        label: str,
+        content: str,
+        *,
+        owner: str | None = None,
+        via: str = "library",
+        message: str = "",
+        base_version: int | None = None,
+        op: str = "rethink",
+    ) -> EditOutcome:
+        self._check_text(content)
+
+        def apply(document: BlockDocument, meta: EditMeta, access: SharedAccess, base: int) -> bytes:
+            append_only = access is SharedAccess.APPEND_ONLY and principal != SYSTEM
+            return document.set_content(content, meta, inserts_only=append_only)
+
+        return await self._edit(
+            principal,
+            label,
+            op,
+            owner=owner,
+            via=via,
+            message=message,
+            base_version=base_version,
+            needs="append",
+            apply=apply,
+        )
+
+    async def rollback(
+        self,
+        principal: Principal,
+        label: str,
+        version: int,
+        *,
+        owner: str | None = None,
+        via: str = "library",
+        message: str = "",
+    ) -> EditOutcome:
+        def apply(document: BlockDocument, meta: EditMeta, access: SharedAccess, base: int) -> bytes:
+            return document.rollback(version, meta, base)
+
+        return await self._edit(
+            principal,
+            label,
+            "rollback",
+            owner=owner,
+            via=via,
+            message=message or f"rollback to v{version}",
+            base_version=None,
+            needs="write",
+            apply=apply,
+        )
+
+    async def undo(
+        self,
+        principal: Principal,
+        label: str,
+        *,
+        owner: str | None = None,
+        via: str = "library",
+        author: str | None = None,
+    ) -> EditOutcome:
+        """Undo `author`'s (default: the principal's) latest edit, keeping everyone else's."""
+        who = author or principal
+        return await self._edit(
+            principal,
+            label,
+            "undo",
+            owner=owner,
+            via=via,
+            message="",
+            base_version=None,
+            needs="write",
+            apply=lambda d, m, a, b: d.undo_last_of(who, m)[0],
+        )
+
+    async def log_append(
+        self, owner: str, label: str, entry: dict[str, Any], *, via: str = "system"
+    ) -> EditOutcome:
+        """The system appends an entry to a rolling LOG block (capped at its log_max_entries)."""
+        info = await self.info_of(self.block_id(owner, label))
+        if info is None:
+            raise BlockNotFound(f"{owner} has no log block labelled {label!r}")
+        if info.block_type is not BlockType.LOG:
+            raise InvalidArgument(f"block {label!r} of {owner} is not a LOG block")
+        cap = info.log_max_entries or self.settings.log_max_entries
+        stamped = {"at": round(time.time(), 3), **entry}
+        return await self._edit(
+            SYSTEM,
+            label,
+            "log",
+            owner=owner,
+            via=via,
+            message="",
+            base_version=None,
+            needs="append",
+            apply=lambda d, m, a, b: d.log_append(stamped, cap, m),
+        )
+
+    def _check_text(self, text: str) -> None:
+        if not isinstance(text, str):
+            raise InvalidArgument("block text must be a string")
+        if len(text) > self.settings.max_edit_chars:
+            raise BlockEditRejected(
+                f"the edit carries {len(text)} characters; one edit takes at most "
+                f"{self.settings.max_edit_chars}"
+            )
+
+
+def render_log(entries: list[dict[str, Any]], shown: int) -> str:
+    """A LOG block's content as the prompt shows it: its last `shown` entries, one line each."""
+    lines = []
+    for entry in entries[-shown:]:
+        kind = str(entry.get("kind", "event"))
+        text = " ".join(str(entry.get("text", "")).split())[:300]
+        lines.append(f"- [{kind}] {text}")
+    return "\n".join(lines)
+
+
+_stores: dict[tuple[int, int], BlockStore] = {}
+MAX_STORES = 16
+
+
+def block_store(redis: aioredis.Redis, settings: ColonySettings | None = None) -> BlockStore:
+    """The process's BlockStore for this Redis client and settings (one document cache each)."""
+    settings = settings or load_settings()
+    key = (id(redis), id(settings))
+    store = _stores.get(key)
+    if store is None or store.redis is not redis:
+        store = _stores[key] = BlockStore(redis, settings)
+        while len(_stores) > MAX_STORES:
+            _stores.pop(next(iter(_stores)))
+    return store

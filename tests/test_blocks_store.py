@@ -1,0 +1,205 @@
+"""The block store on a real redis-server: versions, rollback, undo, access levels, concurrency,
+compaction with shallow snapshots, and refusals that change nothing."""
+
+from __future__ import annotations
+
+import asyncio
+import uuid
+from collections.abc import AsyncIterator
+
+import pytest
+
+from colony.blackboard import create_redis
+from colony.config import ColonySettings
+from colony.errors import (
+    BlockAccessDenied,
+    BlockEditRejected,
+    BlockExists,
+    BlockNotFound,
+    BlockVersionConflict,
+    InvalidArgument,
+)
+from colony.memory.blocks.store import COLONY, BlockStore
+from colony.memory.blocks.types import OPERATOR, BlockType, NewBlock, SharedAccess
+
+
+def _settings(**blocks: object) -> ColonySettings:
+    return ColonySettings(colony_id=f"c{uuid.uuid4().hex[:10]}", blocks=blocks)  # type: ignore[arg-type]
+
+
+@pytest.fixture
+async def store(redis_url: str) -> AsyncIterator[BlockStore]:
+    settings = _settings()
+    client = create_redis(redis_url, settings.blackboard)
+    yield BlockStore(client, settings)
+    await client.aclose()
+
+
+async def test_three_edits_give_four_versions_view_and_rollback(store: BlockStore) -> None:
+    await store.create("alice", NewBlock(label="notes", content="v1 text", block_type=BlockType.CORE))
+    await store.append("alice", "notes", "second", via="tool")
+    await store.replace("bob-not-owner" if False else "alice", "notes", "v1", "V1")
+    await store.set_content("alice", "notes", "rewritten", via="http")
+    history = await store.history("alice", "notes")
+    assert [v.version for v in history.versions] == [1, 2, 3, 4]
+    assert [v.op for v in history.versions] == ["create", "append", "replace", "rethink"]
+    assert all(v.author for v in history.versions)
+    old = await store.read("alice", "notes", version=1)
+    assert old.content == "v1 text" and not old.head
+    head = await store.read("alice", "notes")
+    assert head.content == "rewritten" and head.version == 4
+    await store.rollback("alice", "notes", 1)
+    assert (await store.read("alice", "notes")).content == "v1 text"
+    history = await store.history("alice", "notes")
+    assert len(history.versions) == 5 and history.versions[-1].op == "rollback"
+
+
+async def test_refused_edits_change_nothing(store: BlockStore) -> None:
+    await store.create("alice", NewBlock(label="human", content="abc", char_limit=10))
+    before = await store.history("alice", "human")
+    with pytest.raises(BlockEditRejected, match=r"would have .*/10"):
+        await store.append("alice", "human", "0123456789")
+    with pytest.raises(BlockEditRejected, match="does not occur"):
+        await store.replace("alice", "human", "zzz", "y")
+    await store.append("alice", "human", "ab")
+    with pytest.raises(BlockEditRejected, match="occurs 2 times"):
+        await store.replace("alice", "human", "ab", "y")
+    with pytest.raises(BlockVersionConflict):
+        await store.append("alice", "human", "x", base_version=1)
+    after = await store.history("alice", "human")
+    assert len(after.versions) == len(before.versions) + 1
+    assert (await store.read("alice", "human")).content == "abc\nab"
+
+
+async def test_access_levels_are_enforced(store: BlockStore) -> None:
+    await store.create("owner", NewBlock(label="board", content="task 1"))
+    await store.share(OPERATOR, "owner", "board", "reader", SharedAccess.READ_ONLY)
+    await store.share("owner", "owner", "board", "adder", SharedAccess.APPEND_ONLY)
+    await store.share(OPERATOR, "owner", "board", "writer", SharedAccess.READ_WRITE)
+    head = (await store.history("owner", "board")).head
+    with pytest.raises(BlockAccessDenied, match="read-only"):
+        await store.append("reader", "board", "x")
+    with pytest.raises(BlockAccessDenied):
+        await store.set_content("adder", "board", "task")
+    with pytest.raises(BlockAccessDenied):
+        await store.replace("adder", "board", "task 1", "task one")
+    await store.append("adder", "board", "task 2")
+    await store.set_content("adder", "board", "task 1\ntask 2\ntask 3")  # only adds: allowed
+    await store.set_content("writer", "board", "all done")
+    assert (await store.read("reader", "board")).content == "all done"
+    assert (await store.history("owner", "board")).head == head + 3
+    with pytest.raises(BlockNotFound):
+        await store.read("stranger", "board")
+    with pytest.raises(BlockAccessDenied, match="no access"):
+        await store.read("stranger", "board", owner="owner")
+    with pytest.raises(BlockAccessDenied):
+        await store.share("stranger", "owner", "board", "stranger", SharedAccess.READ_WRITE)
+    await store.unshare(OPERATOR, "owner", "board", "writer")
+    with pytest.raises(BlockNotFound):
+        await store.read("writer", "board")
+
+
+async def test_colony_blocks_reach_every_agent(store: BlockStore) -> None:
+    await store.create_colony_block(
+        NewBlock(label="organization", content="Be honest.", block_type=BlockType.CORE),
+        SharedAccess.READ_ONLY,
+    )
+    view = await store.read("spawned-later", "organization")
+    assert view.content == "Be honest." and view.access is SharedAccess.READ_ONLY
+    with pytest.raises(BlockAccessDenied):
+        await store.append("spawned-later", "organization", "x")
+    await store.append(OPERATOR, "organization", "Be kind.", owner=COLONY)
+    assert [i.label for i, _ in await store.list_for("anyone")] == ["organization"]
+
+
+async def test_labels_are_unique_per_owner_and_view(store: BlockStore) -> None:
+    await store.create("a", NewBlock(label="human"))
+    with pytest.raises(BlockExists):
+        await store.create("a", NewBlock(label="human"))
+    await store.create("b", NewBlock(label="human"))
+    await store.create("c", NewBlock(label="board"))
+    with pytest.raises(BlockExists):
+        await store.share(OPERATOR, "a", "human", "b", SharedAccess.READ_ONLY)
+    await store.share(OPERATOR, "c", "board", "a", SharedAccess.READ_ONLY)
+    with pytest.raises(BlockExists):
+        await store.create("a", NewBlock(label="board"))
+    with pytest.raises(InvalidArgument):
+        await store.create("a", NewBlock.model_construct(label="../etc", content=""))
+    with pytest.raises(InvalidArgument):
+        await store.create("_colony", NewBlock(label="x"))
+
+
+async def test_concurrent_appends_from_separate_processes_all_survive(redis_url: str) -> None:
+    settings = _settings(compact_after_updates=16)
+    clients = [create_redis(redis_url, settings.blackboard) for _ in range(2)]
+    stores = [BlockStore(c, settings) for c in clients]  # two caches: as two replicas
+    await stores[0].create("owner", NewBlock(label="board", char_limit=50_000))
+    await stores[0].share(OPERATOR, "owner", "board", "other", SharedAccess.APPEND_ONLY)
+
+    async def writer(store: BlockStore, agent: str) -> None:
+        for i in range(50):
+            await store.append(agent, "board", f"{agent} line {i}")
+
+    await asyncio.gather(writer(stores[0], "owner"), writer(stores[1], "other"))
+    content = (await stores[0].read("owner", "board")).content
+    lines = set(content.split("\n"))
+    assert {f"owner line {i}" for i in range(50)} <= lines
+    assert {f"other line {i}" for i in range(50)} <= lines
+    for c in clients:
+        await c.aclose()
+
+
+async def test_selective_undo_keeps_the_other_agents_edit(redis_url: str) -> None:
+    settings = _settings()
+    clients = [create_redis(redis_url, settings.blackboard) for _ in range(2)]
+    a, b = (BlockStore(c, settings) for c in clients)
+    await a.create("a", NewBlock(label="plan", content="start"))
+    await a.share(OPERATOR, "a", "plan", "b", SharedAccess.READ_WRITE)
+    await a.read("a", "plan")
+    await b.read("b", "plan")
+    await asyncio.gather(a.append("a", "plan", "A's step"), b.append("b", "plan", "B's step"))
+    await b.append("b", "plan", "B's second step")
+    await a.undo("a", "plan")
+    content = (await b.read("b", "plan")).content
+    assert "A's step" not in content
+    assert "B's step" in content and "B's second step" in content and "start" in content
+    history = await a.history("a", "plan")
+    assert history.versions[-1].op == "undo" and history.versions[-1].author == "a"
+    with pytest.raises(BlockEditRejected, match="no edit"):
+        await a.undo("a", "plan")
+    for c in clients:
+        await c.aclose()
+
+
+async def test_compaction_and_shallow_history_keep_content_and_numbering(redis_url: str) -> None:
+    settings = _settings(compact_after_updates=8, history_versions=20)
+    client = create_redis(redis_url, settings.blackboard)
+    store = BlockStore(client, settings)
+    await store.create("a", NewBlock(label="log2", char_limit=100_000))
+    for i in range(60):
+        await store.append("a", "log2", f"line {i}")
+    history = await store.history("a", "log2")
+    assert history.head == 61
+    assert history.oldest_viewable > 1 and len(history.versions) <= 20 + 8 + 1
+    assert history.versions[-1].version == 61
+    view = await store.read("a", "log2", version=history.oldest_viewable + 1)
+    assert view.content.endswith(f"line {history.oldest_viewable - 1}")
+    fresh = BlockStore(client, settings)
+    assert (await fresh.read("a", "log2")).content.split("\n")[-1] == "line 59"
+    assert (await fresh.history("a", "log2")).head == 61
+    with pytest.raises(BlockNotFound):
+        await store.read("a", "log2", version=1)
+    await client.aclose()
+
+
+async def test_log_blocks_are_capped_and_read_only_to_agents(store: BlockStore) -> None:
+    await store.create(
+        "a", NewBlock(label="tool_log", block_type=BlockType.LOG, log_max_entries=3, log_shown_entries=2)
+    )
+    for i in range(5):
+        await store.log_append("a", "tool_log", {"kind": "tool", "text": f"call {i}"})
+    view = await store.read("a", "tool_log")
+    assert [e["text"] for e in view.entries or []] == ["call 2", "call 3", "call 4"]
+    assert view.content == "- [tool] call 3\n- [tool] call 4"
+    with pytest.raises(BlockAccessDenied, match="log"):
+        await store.append("a", "tool_log", "x")
