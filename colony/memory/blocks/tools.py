@@ -1,0 +1,385 @@
+"""The planner's side of memory blocks: block-editing tools, archival memory, recall, the rolling
+tool log and the `## Memory blocks` prompt section.
+
+Every edit goes through the BlockStore with the agent's own id as principal (`via="tool"`), so the
+access an agent has (own, shared read-only / append-only / read-write, colony-wide) is enforced
+there, on the same path as the HTTP API's. A refused edit raises the store's error, which the
+dispatcher turns into a failed ActionResult carrying its message (why, and what to do instead);
+the block is left as it was. Archival memory is the agent's LTM memory scope (one store, one
+index): `archival_insert` writes through its MemoryCapability, searches go through the memory
+service's recall.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+from collections.abc import Sequence
+from typing import TYPE_CHECKING, Annotated, Any
+
+from pydantic import Field
+
+from colony.agents.actions import action_executor
+from colony.agents.capability import AgentCapability
+from colony.agents.hooks import HookContext, HookType, hook_handler
+from colony.agents.models import ActionType
+from colony.blackboard import Blackboard
+from colony.config import BlockSettings, ColonySettings, load_settings
+from colony.errors import AgentUsageError, BlockExists, BlockNotFound, InvalidArgument
+from colony.memory.blocks.rendering import one_line, render_blocks
+from colony.memory.blocks.store import BlockStore, block_store
+from colony.memory.blocks.templates import apply_template
+from colony.memory.blocks.types import BlockType, BlockView, EditOutcome, Label, NewBlock
+from colony.memory.capability import MemoryCapability
+from colony.memory.scopes import MemoryScope
+from colony.memory.service import MemoryService, memory_service
+from colony.memory.types import MemoryQuery, NewMemory, RecalledEntry
+
+if TYPE_CHECKING:
+    from colony.agents.base import Agent
+
+log = logging.getLogger(__name__)
+
+TOOL_LOG = "tool_log"
+TOOL_LOG_DESCRIPTION = (
+    "The actions you ran most recently and how they went; the system writes it, you cannot edit it"
+)
+# The JSON schema the planner sees is fixed when the class is defined, so the bound is the default
+# of blocks.max_edit_chars; the store applies the configured value on every edit as well.
+EDIT_CHARS = BlockSettings.model_fields["max_edit_chars"].default
+MAX_RESULTS = 20
+RESULT_CHARS = 1000
+LOG_PREVIEW_CHARS = 160
+QUERY_CHARS = 2000
+ARCHIVAL_CHARS = 4000
+MAX_TAGS = 10
+ARCHIVAL_LEVELS = ("ltm:semantic", "ltm:episodic", "ltm:procedural")
+_colony_settings: dict[tuple[int, str, str], ColonySettings] = {}
+
+EditText = Annotated[str, Field(max_length=EDIT_CHARS)]
+SearchText = Annotated[str, Field(min_length=1, max_length=QUERY_CHARS)]
+Limit = Annotated[int, Field(ge=1, le=MAX_RESULTS)]
+Tag = Annotated[str, Field(min_length=1, max_length=64, pattern=r"^[A-Za-z0-9_.:-]+$")]
+
+
+def _settings_for(base: ColonySettings, tenant_id: str, colony_id: str) -> ColonySettings:
+    """`base` for the agent's own tenant and colony (block keys are per colony), one copy each."""
+    if (base.tenant_id, base.colony_id) == (tenant_id, colony_id):
+        return base
+    key = (id(base), tenant_id, colony_id)
+    found = _colony_settings.get(key)
+    if found is None:
+        found = _colony_settings[key] = base.model_copy(
+            update={"tenant_id": tenant_id, "colony_id": colony_id}
+        )
+        while len(_colony_settings) > 64:
+            _colony_settings.pop(next(iter(_colony_settings)))
+    return found
+
+
+def _brief(item: RecalledEntry) -> dict[str, Any]:
+    entry = item.entry
+    return {
+        "entry_id": entry.entry_id,
+        "scope": MemoryScope.scope_type(entry.scope_id),
+        "content": entry.content[:RESULT_CHARS],
+        "tags": sorted(entry.tags),
+        "relevance": round(item.relevance, 4),
+    }
+
+
+def _bound(field: str, text: str, most: int) -> str:
+    """Refuse text longer than `most` (the parameter models carry the same bounds; this holds
+    whatever the dispatcher does with them)."""
+    if len(text) > most:
+        raise InvalidArgument(f"{field} has {len(text)} characters; at most {most}")
+    return text
+
+
+def _edited(outcome: EditOutcome) -> dict[str, Any]:
+    return {
+        "label": outcome.label,
+        "owner": outcome.owner,
+        "version": outcome.version,
+        "chars": outcome.chars,
+        "char_limit": outcome.char_limit,
+    }
+
+
+def _preview(value: Any) -> str:
+    text = value if isinstance(value, str) else json.dumps(value, default=str, ensure_ascii=False)
+    text = one_line(text)
+    return text if len(text) <= LOG_PREVIEW_CHARS else text[: LOG_PREVIEW_CHARS - 3] + "..."
+
+
+class MemoryBlocksCapability(AgentCapability):
+    """Memory blocks for a planner: its blocks in the prompt, tools to edit them, archival memory
+    (the agent's LTM scope) and recall, and a rolling log of the actions it ran.
+
+    `blocks` (NewBlocks) and `templates` (names, or `(name, fields)` pairs; see
+    colony.memory.blocks.templates) are created for the agent when it starts, unless it has them
+    already (edits survive restarts). `tool_log` keeps a LOG block `tool_log` with one entry per
+    action the agent dispatches, written by the system and read-only to the agent.
+
+    `recall` is also an action of MemoryToolsCapability: an agent holding both must leave it out
+    of one, `agent.add_capability(cap, exclude_actions=["recall"])` (in a blueprint, the
+    capability spec's `exclude_actions`), or the dispatcher refuses the second. `include_recall=False`
+    only hides this capability's `recall` from the planner.
+    """
+
+    def __init__(
+        self,
+        agent: Agent | None = None,
+        scope_id: str | None = None,
+        *,
+        blackboard: Blackboard | None = None,
+        blocks: Sequence[NewBlock] = (),
+        templates: Sequence[str | tuple[str, dict[str, Any]]] = (),
+        tool_log: bool = True,
+        include_recall: bool = True,
+        archival_level: str | None = None,
+        settings: ColonySettings | None = None,
+        capability_key: str = "memory_blocks",
+    ) -> None:
+        super().__init__(agent, scope_id, blackboard=blackboard, capability_key=capability_key)
+        made = []
+        for template in templates:  # applied now: bad fields fail when the agent is built
+            name, fields = (template, None) if isinstance(template, str) else template
+            made.append(apply_template(name, fields))
+        self.blocks: list[NewBlock] = [*made, *(NewBlock.model_validate(b) for b in blocks)]
+        self.tool_log = tool_log
+        self.include_recall = include_recall
+        self.archival_level = archival_level
+        self.settings = settings
+
+    # -- wiring -------------------------------------------------------------------------------------
+
+    def _base_settings(self) -> ColonySettings:
+        if self.settings is None:
+            host = self.agent.host if self.agent is not None else None
+            services = getattr(host, "services", None) or {}
+            self.settings = services.get("settings") or load_settings()
+        return self.settings
+
+    def _me(self) -> str:
+        if self.agent is None:
+            raise AgentUsageError("memory blocks belong to an agent; this capability has none")
+        return self.agent.agent_id
+
+    def store(self) -> BlockStore:
+        """The process's block store for the agent's colony."""
+        me = self.agent
+        if me is None:
+            raise AgentUsageError("memory blocks belong to an agent; this capability has none")
+        settings = _settings_for(self._base_settings(), me.metadata.tenant_id, me.metadata.colony_id)
+        return block_store(me.blackboard.redis, settings)
+
+    def service(self) -> MemoryService:
+        return memory_service(self.blackboard, self._base_settings())
+
+    def memory_scopes(self) -> dict[str, MemoryCapability]:
+        """The agent's memory capabilities by scope type."""
+        if self.agent is None:
+            return {}
+        return {c.scope_type: c for c in self.agent.capabilities.values() if isinstance(c, MemoryCapability)}
+
+    def archival(self) -> MemoryCapability:
+        """The LTM scope archival memory lives in: `archival_level`, else the first of
+        ltm:semantic, ltm:episodic, ltm:procedural the agent has."""
+        scopes = self.memory_scopes()
+        wanted = [self.archival_level] if self.archival_level else list(ARCHIVAL_LEVELS)
+        for level in wanted:
+            if level in scopes:
+                return scopes[level]
+        raise AgentUsageError(
+            f"this agent has no long-term memory ({' or '.join(wanted)}) to hold archival memory; "
+            f"its memory scopes: {', '.join(sorted(scopes)) or 'none'}"
+        )
+
+    def available_actions(self) -> set[str] | None:
+        if self.include_recall:
+            return None
+        return {
+            "core_memory_append",
+            "core_memory_replace",
+            "memory_insert",
+            "memory_rethink",
+            "archival_insert",
+            "archival_search",
+        }
+
+    async def start(self) -> None:
+        """Create the configured blocks and the tool log the agent does not have yet."""
+        if self.agent is None:
+            return
+        store, me = self.store(), self._me()
+        wanted = list(self.blocks)
+        if self.tool_log:
+            wanted.append(
+                NewBlock(label=TOOL_LOG, block_type=BlockType.LOG, description=TOOL_LOG_DESCRIPTION)
+            )
+        for block in wanted:
+            try:
+                await store.ensure(me, block)
+            except BlockExists as exc:  # a block shared with the agent holds that label
+                log.warning("agent %s: block %r not created: %s", me, block.label, exc)
+
+    # -- block edits ----------------------------------------------------------------------------------
+
+    async def _labels_hint(self, exc: BlockNotFound) -> BlockNotFound:
+        try:
+            seen = await self.store().list_for(self._me())
+        except Exception:
+            return exc
+        writable = sorted(i.label for i, a in seen if a.can_write and i.block_type is not BlockType.LOG)
+        return BlockNotFound(f"{exc}. Your writable blocks: {', '.join(writable) or 'none'}")
+
+    async def _edit(self, call: Any) -> dict[str, Any]:
+        try:
+            return _edited(await call)
+        except BlockNotFound as exc:
+            raise await self._labels_hint(exc) from None
+
+    @action_executor(action_type=ActionType.MEMORY_WRITE)
+    async def core_memory_append(self, label: Label, content: EditText) -> dict[str, Any]:
+        """Add content to the end of one of your memory blocks (persona, human, ...) as a new line,
+        without replacing what is there. Useful for building up information bit by bit; the block
+        in your prompt shows it at once."""
+        return await self._edit(self.store().append(self._me(), label, content, via="tool"))
+
+    @action_executor(action_type=ActionType.MEMORY_WRITE)
+    async def core_memory_replace(
+        self,
+        label: Label,
+        old_content: Annotated[str, Field(min_length=1, max_length=EDIT_CHARS)],
+        new_content: EditText,
+    ) -> dict[str, Any]:
+        """Replace old_content, which must occur exactly once in the block (copy it exactly as
+        shown), with new_content; an empty new_content deletes it. Use this to correct or update
+        one detail of a memory block."""
+        return await self._edit(self.store().replace(self._me(), label, old_content, new_content, via="tool"))
+
+    @action_executor(action_type=ActionType.MEMORY_WRITE)
+    async def memory_insert(
+        self,
+        label: Label,
+        content: EditText,
+        line: Annotated[int, Field(ge=-1, le=100_000)] = -1,
+    ) -> dict[str, Any]:
+        """Insert content as a new line of a memory block before line `line` (0 = the top, -1 =
+        after the last line)."""
+        return await self._edit(self.store().insert(self._me(), label, content, line, via="tool"))
+
+    @action_executor(action_type=ActionType.MEMORY_WRITE)
+    async def memory_rethink(self, label: Label, new_content: EditText) -> dict[str, Any]:
+        """Rewrite a memory block entirely with new_content: to reorganise or condense it when it
+        grows long, or when much of it is out of date."""
+        return await self._edit(self.store().set_content(self._me(), label, new_content, via="tool"))
+
+    # -- archival memory and recall -------------------------------------------------------------------
+
+    @action_executor(action_type=ActionType.MEMORY_WRITE)
+    async def archival_insert(
+        self,
+        content: Annotated[str, Field(min_length=1, max_length=ARCHIVAL_CHARS)],
+        tags: Annotated[list[Tag], Field(max_length=MAX_TAGS)] | None = None,
+    ) -> dict[str, Any]:
+        """Save important information to your archival memory for future reference: facts worth
+        remembering that do not belong in a memory block (learned preferences, important events,
+        reference material)."""
+        _bound("content", content, ARCHIVAL_CHARS)
+        if len(tags or []) > MAX_TAGS:
+            raise InvalidArgument(f"archival_insert takes at most {MAX_TAGS} tags")
+        target = self.archival()
+        outcome = await target.write(
+            NewMemory(content=content.strip(), tags=frozenset({"archival", *(tags or [])}), kind="archival")
+        )
+        return {
+            "entry_id": outcome.entry.entry_id,
+            "stored": outcome.created,
+            "duplicate_of": outcome.duplicate_of,
+            "scope": target.scope_type,
+        }
+
+    async def _search(self, query: str, limit: int, scope_ids: list[str]) -> list[dict[str, Any]]:
+        _bound("query", query, QUERY_CHARS)
+        if not scope_ids:
+            return []
+        found = await self.service().recall(
+            MemoryQuery(query=query, max_results=max(1, min(limit, MAX_RESULTS))), scope_ids
+        )
+        return [_brief(item) for item in found]
+
+    @action_executor(action_type=ActionType.MEMORY_SEARCH)
+    async def archival_search(self, query: SearchText, limit: Limit = 5) -> list[dict[str, Any]]:
+        """Search your long-term archival memory by meaning. Use this when you need specific
+        facts, past conversations or reference material that is not in your current context."""
+        scopes = [c.memory_scope for t, c in self.memory_scopes().items() if t.startswith("ltm:")]
+        if not scopes:
+            self.archival()  # raises, naming the scopes the agent has
+        return await self._search(query, limit, scopes)
+
+    @action_executor(action_type=ActionType.MEMORY_SEARCH)
+    async def recall(self, query: SearchText, limit: Limit = 5) -> list[dict[str, Any]]:
+        """Search your conversation history AND your archival memory (all your memory). Use this
+        when you are trying to remember something but are not sure whether it was said in a
+        conversation or saved to archival memory."""
+        if not self.include_recall:
+            raise AgentUsageError("recall is not offered by this agent's memory blocks; use archival_search")
+        return await self._search(query, limit, [c.memory_scope for c in self.memory_scopes().values()])
+
+    # -- the tool log ---------------------------------------------------------------------------------
+
+    @hook_handler("ActionDispatcher.dispatch", HookType.AFTER, priority=-100)
+    async def _log_action(self, ctx: HookContext, result: Any) -> None:
+        """One tool-log entry per dispatched action: name, success, a short result. A log that
+        cannot be written never fails the action."""
+        if not self.tool_log or self.agent is None:
+            return None
+        action = ctx.args[0] if ctx.args else ctx.kwargs.get("action")
+        if not isinstance(action, str):
+            return None
+        name = one_line(action)[:64] or "?"
+        success = bool(getattr(result, "success", False))
+        short = _preview(result.output) if success else _preview(str(getattr(result, "error", "") or ""))
+        entry = {
+            "kind": "tool",
+            "tool": name,
+            "success": success,
+            "text": f"{name} {'ok' if success else 'failed'}: {short}",
+        }
+        try:
+            await self.store().log_append(self._me(), TOOL_LOG, entry)
+        except Exception as exc:
+            log.warning("agent %s: tool log entry for %s not written: %r", self.agent.agent_id, name, exc)
+        return None
+
+    # -- the prompt -----------------------------------------------------------------------------------
+
+    async def views(self) -> list[BlockView]:
+        """The blocks the agent sees (own, shared, colony) that go in its prompt, read at head."""
+        store, me = self.store(), self._me()
+        infos = [
+            info
+            for info, _access in await store.list_for(me)
+            if not (info.block_type is BlockType.WORKING and info.swapped_out)
+        ]
+        read = await asyncio.gather(
+            *(store.read(me, info.label, owner=info.owner) for info in infos), return_exceptions=True
+        )
+        views = []
+        for item in read:
+            if isinstance(item, BlockNotFound):  # deleted since the listing
+                continue
+            if isinstance(item, BaseException):
+                raise item
+            views.append(item)
+        return views
+
+    async def memory_sections(self, task: str | None = None) -> list[str]:
+        """The `## Memory blocks` section (docs/blocks.md), or none when the agent sees no block."""
+        if self.agent is None:
+            return []
+        rendered = render_blocks(await self.views())
+        return [rendered] if rendered else []
