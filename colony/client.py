@@ -123,6 +123,17 @@ def _agent_path(agent: str) -> str:
     return f"/v1/agents/{quote(agent, safe='')}"
 
 
+def _blocks_path(agent: str | None, label: str | None = None) -> str:
+    """`/v1/agents/{agent}/blocks[/{label}]`, or `/v1/colony/blocks[/{label}]` when `agent` is None
+    (colony-wide blocks, as the operator); parts escaped (the API checks them against its patterns)."""
+    base = f"{_agent_path(agent)}/blocks" if agent is not None else "/v1/colony/blocks"
+    return base if label is None else f"{base}/{quote(label, safe='')}"
+
+
+def _present(**fields: Any) -> dict[str, Any]:
+    return {k: v for k, v in fields.items() if v is not None}
+
+
 def _memory_query(query: str | None, **fields: Any) -> dict[str, Any]:
     """A MemoryQuery body: `query` text plus any of its fields (None ones left out)."""
     body = {"query": query, **fields}
@@ -282,6 +293,97 @@ class ColonyClient:
         response = self._http.post(f"{_agent_path(agent)}/memory/reindex")
         _raise_for(response)
         return dict(response.json())
+
+    # -- memory blocks: `agent` None means the colony-wide blocks (acting as the operator) ---------
+
+    def _blocks(self, method: str, path: str, **kwargs: Any) -> Any:
+        response = self._http.request(method, path, **kwargs)
+        _raise_for(response)
+        return None if response.status_code == 204 else response.json()
+
+    def blocks(self, agent: str | None) -> list[dict[str, Any]]:
+        """Every block `agent` sees (own, shared, colony) with its access and size; None: colony blocks."""
+        return list(self._blocks("GET", _blocks_path(agent)))
+
+    def block_create(self, agent: str | None, label: str, **fields: Any) -> dict[str, Any]:
+        """Create a block owned by `agent` (None: a colony block; `access` in `fields`); `fields`:
+        description, block_type, char_limit, read_only, content, template, ... Its BlockInfo."""
+        return dict(self._blocks("POST", _blocks_path(agent), json=_present(label=label, **fields)))
+
+    def block(
+        self, agent: str | None, label: str, *, owner: str | None = None, version: int | None = None
+    ) -> dict[str, Any]:
+        """The BlockView `agent` gets (content, version, access, info); `version`: a past one."""
+        params = _present(owner=owner, version=version)
+        return dict(self._blocks("GET", _blocks_path(agent, label), params=params))
+
+    def block_put(
+        self,
+        agent: str | None,
+        label: str,
+        content: str,
+        *,
+        base_version: int | None = None,
+        message: str | None = None,
+        owner: str | None = None,
+    ) -> dict[str, Any]:
+        """Rewrite the content as `agent` (409 only when `base_version` is given and stale)."""
+        body = _present(content=content, base_version=base_version, message=message)
+        return dict(self._blocks("PUT", _blocks_path(agent, label), json=body, params=_present(owner=owner)))
+
+    def block_append(
+        self,
+        agent: str | None,
+        label: str,
+        text: str,
+        *,
+        base_version: int | None = None,
+        message: str | None = None,
+        owner: str | None = None,
+    ) -> dict[str, Any]:
+        body = _present(text=text, base_version=base_version, message=message)
+        path = f"{_blocks_path(agent, label)}/append"
+        return dict(self._blocks("POST", path, json=body, params=_present(owner=owner)))
+
+    def block_settings(self, agent: str | None, label: str, **fields: Any) -> dict[str, Any]:
+        """Change description, char_limit or swapped_out (the owner only); the new BlockInfo."""
+        return dict(self._blocks("PATCH", _blocks_path(agent, label), json=_present(**fields)))
+
+    def block_history(
+        self, agent: str | None, label: str, *, owner: str | None = None, limit: int | None = None
+    ) -> dict[str, Any]:
+        params = _present(owner=owner, limit=limit)
+        return dict(self._blocks("GET", f"{_blocks_path(agent, label)}/history", params=params))
+
+    def block_rollback(
+        self,
+        agent: str | None,
+        label: str,
+        version: int,
+        *,
+        message: str | None = None,
+        owner: str | None = None,
+    ) -> dict[str, Any]:
+        body = _present(version=version, message=message)
+        path = f"{_blocks_path(agent, label)}/rollback"
+        return dict(self._blocks("POST", path, json=body, params=_present(owner=owner)))
+
+    def block_undo(self, agent: str, label: str, *, owner: str | None = None) -> dict[str, Any]:
+        """Undo `agent`'s own latest edit of the block, keeping everyone else's."""
+        path = f"{_blocks_path(agent, label)}/undo"
+        return dict(self._blocks("POST", path, json={}, params=_present(owner=owner)))
+
+    def block_delete(self, agent: str | None, label: str) -> None:
+        self._blocks("DELETE", _blocks_path(agent, label))
+
+    def block_share(self, owner: str, label: str, agent: str, access: str) -> dict[str, Any]:
+        """Give `agent` `access` (read_only, append_only, read_write) to `owner`'s block."""
+        body = {"owner": owner, "label": label, "agent_id": agent, "access": access}
+        return dict(self._blocks("POST", "/v1/blocks/share", json=body))
+
+    def block_unshare(self, owner: str, label: str, agent: str) -> bool:
+        body = {"owner": owner, "label": label, "agent_id": agent}
+        return bool(self._blocks("DELETE", "/v1/blocks/share", json=body)["removed"])
 
     def map_source(self, path: str, page_tokens: int | None = None) -> dict[str, Any]:
         """Cut a folder (readable by the cluster) into pages; {"source_id", "path", "pages": [...]}."""

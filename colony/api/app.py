@@ -31,6 +31,7 @@ from starlette.routing import Match
 
 from colony import __version__, metrics
 from colony.api.auth import TokenSource
+from colony.api.block_routes import InvalidBlockInput, add_block_routes
 from colony.api.limits import GuardMiddleware, check_input
 from colony.api.memory_routes import InvalidMemoryInput, MemoryScopeNotFound, add_memory_routes
 from colony.api.schemas import (
@@ -57,6 +58,11 @@ from colony.errors import (
     AgentNotFound,
     AgentStateConflict,
     BlackboardUnavailable,
+    BlockAccessDenied,
+    BlockEditRejected,
+    BlockExists,
+    BlockNotFound,
+    BlockVersionConflict,
     ColonyError,
     ConfigError,
     InvalidArgument,
@@ -228,6 +234,17 @@ def create_app(
 
     @app.exception_handler(ColonyError)
     async def colony_error(request: Request, exc: ColonyError) -> JSONResponse:
+        if isinstance(exc, BlockVersionConflict):  # the head the client should read and redo from
+            error = {"code": "version_conflict", "message": str(exc), "current_version": exc.current_version}
+            return _AsciiJSON(status_code=409, content={"error": error})
+        if isinstance(exc, BlockNotFound):
+            return _error(404, "not_found", str(exc))
+        if isinstance(exc, BlockAccessDenied):
+            return _error(403, "forbidden", str(exc))
+        if isinstance(exc, BlockExists):
+            return _error(409, "conflict", str(exc))
+        if isinstance(exc, BlockEditRejected | InvalidBlockInput):
+            return _error(422, "invalid_request", str(exc))
         if isinstance(exc, AgentNotFound | RunNotFound | MemoryScopeNotFound):
             return _error(404, "not_found", str(exc))
         if isinstance(exc, AgentStateConflict):
@@ -488,6 +505,7 @@ def create_app(
         return await replicas_of(await svc())
 
     add_memory_routes(app, svc, authorized, api)
+    add_block_routes(app, svc, authorized, api)
     return app
 
 

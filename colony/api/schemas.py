@@ -250,3 +250,198 @@ class CatalogAgent(BaseModel):
 
 MEMORY = _errors(*COMMON, 404)
 MEMORY_WRITE = _errors(*COMMON, 400, 404, 413)
+
+
+# -- memory blocks (colony.api.block_routes) -----------------------------------------------------------
+#
+# Ceilings of what one request may carry; the `blocks.*` settings (max_edit_chars, max_char_limit)
+# may be tighter, and the store answers 422 naming the bound.
+
+BLOCK_LABEL = r"^[a-z][a-z0-9_]{0,63}$"
+BLOCK_LABEL_RULE = "1-64 characters: lowercase letters, digits and '_', starting with a letter"
+BlockLabel = Annotated[str, StringConstraints(pattern=BLOCK_LABEL)]
+MAX_BLOCK_TEXT = 1_000_000  # the ceiling of blocks.max_edit_chars and blocks.max_char_limit
+MAX_BLOCK_MESSAGE = 500
+MAX_BLOCK_DESCRIPTION = 1000
+BlockAccessName = Literal["read_only", "append_only", "read_write"]
+BlockTypeName = Literal["core", "working", "log"]
+
+
+class BlockCreate(BaseModel):
+    """A block to create (colony.memory.blocks.NewBlock, bounded)."""
+
+    model_config = ConfigDict(
+        extra="forbid",
+        json_schema_extra={
+            "examples": [{"label": "human", "description": "Key details about the user", "content": ""}]
+        },
+    )
+
+    label: BlockLabel = Field(description=BLOCK_LABEL_RULE)
+    description: str = Field("", max_length=MAX_BLOCK_DESCRIPTION, description="what the block is for")
+    block_type: BlockTypeName = "working"
+    char_limit: int | None = Field(
+        None,
+        ge=1,
+        le=MAX_BLOCK_TEXT,
+        description="default blocks.default_char_limit; at most blocks.max_char_limit",
+    )
+    read_only: bool = Field(False, description="only the system or the operator changes it")
+    content: str = Field("", max_length=MAX_BLOCK_TEXT, description="initial content (not for log blocks)")
+    template: BlockLabel | None = Field(
+        None,
+        description="a block template (persona, human, scratchpad, organization, custom): its type, "
+        "description and limit are the defaults, its fields the initial content",
+    )
+    template_fields: dict[str, Any] | None = Field(
+        None,
+        max_length=256,
+        description="with `template`: the fields its schema takes (the content is rendered from them)",
+    )
+    template_schema: dict[str, Any] | None = Field(
+        None, description="with the `custom` template: the JSON schema (type object) of its fields"
+    )
+    log_max_entries: int | None = Field(None, ge=1, le=10_000, description="log blocks: entries kept")
+    log_shown_entries: int | None = Field(None, ge=1, le=1000, description="log blocks: entries rendered")
+
+
+class ColonyBlockCreate(BlockCreate):
+    """A colony-wide block: every agent, present and future, sees it with `access`."""
+
+    access: BlockAccessName = Field("read_only", description="what every agent may do with it")
+
+
+class BlockPut(BaseModel):
+    """New content of a block (a rewrite: an append-only agent may only add text)."""
+
+    model_config = ConfigDict(
+        extra="forbid", json_schema_extra={"examples": [{"content": "The user is Ada."}]}
+    )
+
+    content: str = Field(max_length=MAX_BLOCK_TEXT, description="the whole new content")
+    base_version: int | None = Field(
+        None, ge=1, le=2**31, description="edit only if the block is still at this version (else 409)"
+    )
+    message: str = Field("", max_length=MAX_BLOCK_MESSAGE, description="kept in the block's history")
+
+
+class BlockAppend(BaseModel):
+    """Text to add at the end of a block (on a new line)."""
+
+    model_config = ConfigDict(extra="forbid", json_schema_extra={"examples": [{"text": "Likes tea."}]})
+
+    text: str = Field(min_length=1, max_length=MAX_BLOCK_TEXT)
+    base_version: int | None = Field(
+        None, ge=1, le=2**31, description="edit only if the block is still at this version (else 409)"
+    )
+    message: str = Field("", max_length=MAX_BLOCK_MESSAGE)
+
+
+class BlockPatch(BaseModel):
+    """A block's settings (its owner, or the operator for colony blocks); absent fields unchanged."""
+
+    model_config = ConfigDict(extra="forbid", json_schema_extra={"examples": [{"swapped_out": True}]})
+
+    description: str | None = Field(None, max_length=MAX_BLOCK_DESCRIPTION)
+    char_limit: int | None = Field(None, ge=1, le=MAX_BLOCK_TEXT, description="at most blocks.max_char_limit")
+    swapped_out: bool | None = Field(None, description="working blocks: out of the prompt while true")
+
+
+class BlockRollback(BaseModel):
+    """Roll back to a version: a new commit holding that version's content (history kept)."""
+
+    model_config = ConfigDict(extra="forbid", json_schema_extra={"examples": [{"version": 1}]})
+
+    version: int = Field(ge=1, le=2**31)
+    message: str = Field("", max_length=MAX_BLOCK_MESSAGE)
+
+
+class BlockUndo(BaseModel):
+    """Undo the acting agent's own latest edit of the block (others' edits are kept)."""
+
+    model_config = ConfigDict(extra="forbid")
+
+
+class BlockShareBody(BaseModel):
+    """Give `agent_id` `access` to `owner`'s block `label`."""
+
+    model_config = ConfigDict(
+        extra="forbid",
+        json_schema_extra={
+            "examples": [
+                {"owner": "assistant", "label": "human", "agent_id": "helper", "access": "read_only"}
+            ]
+        },
+    )
+
+    owner: Identifier = Field(description=f"the owning agent; {ID_RULE}")
+    label: BlockLabel = Field(description=BLOCK_LABEL_RULE)
+    agent_id: Identifier = Field(description="the agent the block is shared with")
+    access: BlockAccessName
+
+
+class BlockUnshareBody(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    owner: Identifier
+    label: BlockLabel
+    agent_id: Identifier
+
+
+class Unshared(BaseModel):
+    removed: bool = Field(description="false when the agent had no grant")
+
+
+class BlockListItem(BaseModel):
+    """One block an agent sees (or one colony block): metadata, size and the agent's access."""
+
+    label: str
+    owner: str
+    block_type: BlockTypeName
+    description: str
+    chars: int = Field(description="characters of the content (log blocks: of the rendered entries)")
+    char_limit: int
+    access: BlockAccessName
+    read_only: bool
+    swapped_out: bool
+    colony: bool = Field(description="a colony-wide block")
+    updated_at: float
+
+
+class VersionConflictDetail(ErrorDetail):
+    current_version: int = Field(description="the block's head version now")
+
+
+class VersionConflictBody(BaseModel):
+    """409 of an edit sent with a stale `base_version` (edits without one merge, never 409)."""
+
+    error: VersionConflictDetail
+
+
+def _block_errors(*statuses: int) -> dict[int | str, dict[str, Any]]:
+    what = {
+        401: "missing or wrong bearer token",
+        403: "the agent's access does not allow this (read-only, append-only, not shared, not the owner)",
+        404: "the agent sees no such block (or no such version of it)",
+        409: "a block with that label exists",
+        413: "the request body is too large",
+        422: "a parameter or body field is invalid, or the edit is refused (over the char limit, too "
+        "long, no unique match); the message names it",
+        503: "Redis is unavailable; retry later",
+    }
+    out: dict[int | str, dict[str, Any]] = {
+        status: {"model": ErrorBody, "description": what[status]} for status in statuses
+    }
+    return out
+
+
+BLOCK_READ = _block_errors(401, 403, 404, 422, 503)
+BLOCK_CREATE = _block_errors(401, 403, 404, 409, 413, 422, 503)
+BLOCK_EDIT = {
+    **_block_errors(401, 403, 404, 413, 422, 503),
+    409: {
+        "model": VersionConflictBody,
+        "description": "`base_version` was given and the block has moved on (`current_version`)",
+    },
+}
+BLOCK_SHARE = _block_errors(401, 403, 404, 409, 413, 422, 503)

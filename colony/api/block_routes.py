@@ -1,0 +1,504 @@
+"""Memory blocks over HTTP: an agent's blocks (`/v1/agents/{id}/blocks*`), sharing
+(`/v1/blocks/share`) and colony-wide blocks (`/v1/colony/blocks*`).
+
+Under `/v1/agents/{id}/...` the API acts *as agent {id}*: the token holder (the operator) speaks
+for that agent and gets exactly that agent's access, no more (its own blocks, blocks shared with it
+at their access level, colony blocks at theirs). So an operator tool cannot be used to read a block
+the agent could not read, and an edit made here is recorded in the block's history with the agent
+as its author and `via: http`. Sharing and colony blocks are operator acts (the principal
+OPERATOR); colony blocks are owned by `COLONY`.
+
+Every path goes through the BlockStore (colony.memory.blocks), which enforces access and bounds
+and builds every Redis key: labels reach it only through the path pattern and its check_label,
+agent ids through ID_PATTERN and its check_agent. Blocks are keyed by agent id, not by a running
+agent: an agent's blocks may be prepared before it starts (no registry lookup).
+
+Errors (colony.api.app): BlockNotFound 404, BlockAccessDenied 403, BlockExists 409,
+BlockVersionConflict 409 `version_conflict` with `current_version` (only when `base_version` was
+sent: concurrent edits without it merge), BlockEditRejected and any other refused argument 422.
+"""
+
+from __future__ import annotations
+
+import functools
+from collections.abc import Awaitable, Callable
+from typing import TYPE_CHECKING, Annotated, Any, TypeVar
+
+from fastapi import APIRouter, Depends, FastAPI, Path, Query, Response
+
+from colony.api.limits import check_input
+from colony.api.memory_routes import settings_of
+from colony.api.schemas import (
+    BLOCK_CREATE,
+    BLOCK_EDIT,
+    BLOCK_LABEL,
+    BLOCK_LABEL_RULE,
+    BLOCK_READ,
+    BLOCK_SHARE,
+    ID_PATTERN,
+    BlockAppend,
+    BlockCreate,
+    BlockListItem,
+    BlockPatch,
+    BlockPut,
+    BlockRollback,
+    BlockShareBody,
+    BlockUndo,
+    BlockUnshareBody,
+    ColonyBlockCreate,
+    Unshared,
+)
+from colony.config import ApiSettings
+from colony.errors import BlockAccessDenied, BlockError, BlockExists, BlockNotFound, InvalidArgument
+from colony.memory.blocks import (
+    COLONY,
+    OPERATOR,
+    BlockHistory,
+    BlockInfo,
+    BlockStore,
+    BlockView,
+    EditOutcome,
+    NewBlock,
+    Share,
+    SharedAccess,
+    block_store,
+    templates,
+)
+
+if TYPE_CHECKING:
+    from colony.api.app import ApiServices
+
+AgentId = Annotated[str, Path(min_length=1, max_length=128, pattern=ID_PATTERN, description="agent id")]
+Label = Annotated[str, Path(min_length=1, max_length=64, pattern=BLOCK_LABEL, description=BLOCK_LABEL_RULE)]
+Owner = Annotated[
+    str | None,
+    Query(
+        min_length=1,
+        max_length=128,
+        pattern=ID_PATTERN,
+        description="the block's owner (another agent's block shared with this one); absent: the "
+        "agent's view (own, then shared, then colony)",
+    ),
+]
+Version = Annotated[int, Path(ge=1, le=2**31, description="a version number (1: the creation)")]
+AtVersion = Annotated[
+    int | None, Query(ge=1, le=2**31, description="a historical version (read-only view, head false)")
+]
+Limit = Annotated[int, Query(ge=1, le=10_000, description="the newest this many versions")]
+F = TypeVar("F", bound=Callable[..., Awaitable[Any]])
+VIA = "http"
+
+
+class InvalidBlockInput(InvalidArgument):
+    """A block request the store refuses as an argument (bad label or agent id, a bound): 422."""
+
+
+def refusals(route: F) -> F:
+    """Any InvalidArgument the store raises becomes a 422 (elsewhere in the API an InvalidArgument
+    is a 400); the Block* errors keep their own statuses."""
+
+    @functools.wraps(route)
+    async def wrapped(*args: Any, **kwargs: Any) -> Any:
+        try:
+            return await route(*args, **kwargs)
+        except BlockError:
+            raise
+        except InvalidArgument as exc:
+            raise InvalidBlockInput(str(exc)) from None
+
+    return wrapped  # type: ignore[return-value]
+
+
+def _new_block(body: BlockCreate, max_depth: int) -> NewBlock:
+    """The store's NewBlock; with `template`, made by colony.memory.blocks.templates (the packaged
+    templates): the template's defaults, overridden by the fields the body sets, and the content
+    rendered from `template_fields` (validated against the template's schema, 422 naming the field)."""
+    extra = {"access", "template_fields", "template_schema"}
+    if body.template is None:
+        if body.template_fields is not None or body.template_schema is not None:
+            raise InvalidBlockInput("template_fields and template_schema go with a template; name one")
+        return NewBlock(**body.model_dump(exclude=extra))
+    try:
+        check_input([body.template_fields, body.template_schema], max_depth, "template")
+    except ValueError as exc:
+        raise InvalidBlockInput(str(exc)) from None
+    overrides = {
+        name: getattr(body, name)
+        for name in body.model_fields_set & set(templates.OVERRIDABLE)
+        if getattr(body, name) is not None
+    }
+    return templates.apply_template(
+        body.template, body.template_fields, body.label, schema=body.template_schema, **overrides
+    )
+
+
+async def _item(store: BlockStore, principal: str, info: BlockInfo, access: SharedAccess) -> BlockListItem:
+    try:
+        view = await store.read(principal, info.label, owner=info.owner)
+        chars = view.chars
+    except BlockNotFound:  # deleted between the listing and the read
+        chars = 0
+    return BlockListItem(
+        label=info.label,
+        owner=info.owner,
+        block_type=info.block_type.value,
+        description=info.description,
+        chars=chars,
+        char_limit=info.char_limit,
+        access=access.value,
+        read_only=info.read_only,
+        swapped_out=info.swapped_out,
+        colony=info.is_colony,
+        updated_at=info.updated_at,
+    )
+
+
+async def _update_info(
+    store: BlockStore, principal: str, label: str, owner: str | None, body: BlockPatch
+) -> Any:
+    # the store names this method `update_info` (m12_spec); the first commit spelled it
+    # `updateinfo_from_fields`: whichever this store has
+    update = getattr(store, "update_info", None) or store.updateinfo_from_fields
+    return await update(principal, label, owner=owner, **body.model_dump(exclude_none=True))
+
+
+def add_block_routes(
+    router: FastAPI | APIRouter,
+    services: Callable[[], Awaitable[ApiServices]],
+    authorized: Any,
+    api: ApiSettings,
+) -> None:
+    """Declare the memory block routes on `router` (the app itself). Auth and the body limit:
+    colony.api.limits, as for every /v1 route."""
+    guarded = [Depends(authorized)]
+
+    async def blocks() -> BlockStore:
+        svc = await services()
+        return block_store(svc.runs.api_board.redis, settings_of(svc))
+
+    # -- an agent's blocks ----------------------------------------------------------------------
+
+    @router.get(
+        "/v1/agents/{agent_id}/blocks",
+        response_model=list[BlockListItem],
+        dependencies=guarded,
+        responses=BLOCK_READ,
+    )
+    @refusals
+    async def list_blocks(agent_id: AgentId) -> list[BlockListItem]:
+        """Every block the agent sees: its own, then those shared with it, then colony blocks, with
+        its access to each and the characters used of the limit."""
+        store = await blocks()
+        return [await _item(store, agent_id, info, access) for info, access in await store.list_for(agent_id)]
+
+    @router.post(
+        "/v1/agents/{agent_id}/blocks",
+        status_code=201,
+        response_model=BlockInfo,
+        dependencies=guarded,
+        responses=BLOCK_CREATE,
+    )
+    @refusals
+    async def create_block(agent_id: AgentId, body: BlockCreate) -> BlockInfo:
+        """Create a block owned by the agent; 409 when its view already has that label (its own, a
+        shared one or a colony block: the new one would hide it)."""
+        store = await blocks()
+        new = _new_block(body, api.max_input_depth)
+        if await store.info_of(store.block_id(COLONY, new.label)) is not None:
+            raise BlockExists(f"{agent_id} already sees the colony block {new.label!r}; pick another label")
+        return await store.create(agent_id, new, created_by=agent_id)
+
+    @router.get(
+        "/v1/agents/{agent_id}/blocks/{label}",
+        response_model=BlockView,
+        dependencies=guarded,
+        responses=BLOCK_READ,
+    )
+    @refusals
+    async def read_block(
+        agent_id: AgentId, label: Label, owner: Owner = None, version: AtVersion = None
+    ) -> BlockView:
+        """The block as the agent sees it (its access included); with `version`, that version's
+        content (`head` false: a view, nothing changes)."""
+        return await (await blocks()).read(agent_id, label, owner=owner, version=version)
+
+    @router.put(
+        "/v1/agents/{agent_id}/blocks/{label}",
+        response_model=EditOutcome,
+        dependencies=guarded,
+        responses=BLOCK_EDIT,
+    )
+    @refusals
+    async def put_block(agent_id: AgentId, label: Label, body: BlockPut, owner: Owner = None) -> EditOutcome:
+        """Rewrite the content as the agent (read-only: 403; append-only: 403 unless the new content
+        only adds text). Without `base_version` a concurrent edit merges; with it, 409 when the
+        block moved on."""
+        return await (await blocks()).set_content(
+            agent_id,
+            label,
+            body.content,
+            owner=owner,
+            via=VIA,
+            message=body.message,
+            base_version=body.base_version,
+            op="put",
+        )
+
+    @router.patch(
+        "/v1/agents/{agent_id}/blocks/{label}",
+        response_model=BlockInfo,
+        dependencies=guarded,
+        responses=BLOCK_SHARE,
+    )
+    @refusals
+    async def patch_block(agent_id: AgentId, label: Label, body: BlockPatch) -> BlockInfo:
+        """Change the description, char limit or swapped-out state (the owner only: 403 otherwise)."""
+        info: BlockInfo = await _update_info(await blocks(), agent_id, label, None, body)
+        return info
+
+    @router.delete(
+        "/v1/agents/{agent_id}/blocks/{label}",
+        status_code=204,
+        response_class=Response,
+        dependencies=guarded,
+        responses=BLOCK_READ,
+    )
+    @refusals
+    async def delete_block(agent_id: AgentId, label: Label) -> Response:
+        """Delete one of the agent's own blocks with its history and shares (another owner's
+        block it sees: 403)."""
+        store = await blocks()
+        info, _ = await store.resolve(agent_id, label)
+        if info.owner != agent_id:
+            raise BlockAccessDenied(f"{agent_id} does not own block {label!r} (its owner is {info.owner})")
+        await store.delete(agent_id, agent_id, label)
+        return Response(status_code=204)
+
+    @router.post(
+        "/v1/agents/{agent_id}/blocks/{label}/append",
+        response_model=EditOutcome,
+        dependencies=guarded,
+        responses=BLOCK_EDIT,
+    )
+    @refusals
+    async def append_block(
+        agent_id: AgentId, label: Label, body: BlockAppend, owner: Owner = None
+    ) -> EditOutcome:
+        """Add text at the end (read-only: 403). Appends without `base_version` never conflict."""
+        return await (await blocks()).append(
+            agent_id,
+            label,
+            body.text,
+            owner=owner,
+            via=VIA,
+            message=body.message,
+            base_version=body.base_version,
+        )
+
+    @router.get(
+        "/v1/agents/{agent_id}/blocks/{label}/history",
+        response_model=BlockHistory,
+        dependencies=guarded,
+        responses=BLOCK_READ,
+    )
+    @refusals
+    async def block_history(
+        agent_id: AgentId, label: Label, owner: Owner = None, limit: Limit = 100
+    ) -> BlockHistory:
+        """The block's versions, oldest first (each with author, via, op and message)."""
+        return await (await blocks()).history(agent_id, label, owner=owner, limit=limit)
+
+    @router.get(
+        "/v1/agents/{agent_id}/blocks/{label}/versions/{version}",
+        response_model=BlockView,
+        dependencies=guarded,
+        responses=BLOCK_READ,
+    )
+    @refusals
+    async def block_version(
+        agent_id: AgentId, label: Label, version: Version, owner: Owner = None
+    ) -> BlockView:
+        """The block at `version` (404 when that version is not viewable: past the head, or folded
+        into a shallow snapshot)."""
+        return await (await blocks()).read(agent_id, label, owner=owner, version=version)
+
+    @router.post(
+        "/v1/agents/{agent_id}/blocks/{label}/rollback",
+        response_model=EditOutcome,
+        dependencies=guarded,
+        responses=BLOCK_EDIT,
+    )
+    @refusals
+    async def rollback_block(
+        agent_id: AgentId, label: Label, body: BlockRollback, owner: Owner = None
+    ) -> EditOutcome:
+        """A new version holding `version`'s content (history kept; needs read-write access)."""
+        return await (await blocks()).rollback(
+            agent_id, label, body.version, owner=owner, via=VIA, message=body.message
+        )
+
+    @router.post(
+        "/v1/agents/{agent_id}/blocks/{label}/undo",
+        response_model=EditOutcome,
+        dependencies=guarded,
+        responses=BLOCK_EDIT,
+    )
+    @refusals
+    async def undo_block(
+        agent_id: AgentId, label: Label, body: BlockUndo | None = None, owner: Owner = None
+    ) -> EditOutcome:
+        """Undo the agent's own latest edit of the block, keeping every other agent's edits (422
+        when it has none left to undo)."""
+        return await (await blocks()).undo(agent_id, label, owner=owner, via=VIA)
+
+    @router.get(
+        "/v1/agents/{agent_id}/blocks/{label}/shares",
+        response_model=list[Share],
+        dependencies=guarded,
+        responses=BLOCK_READ,
+    )
+    @refusals
+    async def block_shares(agent_id: AgentId, label: Label) -> list[Share]:
+        """The grants of one of the agent's own blocks."""
+        store = await blocks()
+        info, _ = await store.resolve(agent_id, label, owner=agent_id)
+        grants = await store.shares_of(agent_id, label)
+        return [
+            Share(block_id=info.block_id, owner=agent_id, label=label, agent_id=agent, access=access)
+            for agent, access in sorted(grants.items())
+        ]
+
+    # -- sharing (the operator) ---------------------------------------------------------------------
+
+    @router.post("/v1/blocks/share", response_model=Share, dependencies=guarded, responses=BLOCK_SHARE)
+    @refusals
+    async def share_block(body: BlockShareBody) -> Share:
+        """Give `agent_id` `access` to `owner`'s block (again: the access is changed). 409 when
+        that agent already sees another block with the label."""
+        return await (await blocks()).share(
+            OPERATOR, body.owner, body.label, body.agent_id, SharedAccess(body.access)
+        )
+
+    @router.delete("/v1/blocks/share", response_model=Unshared, dependencies=guarded, responses=BLOCK_SHARE)
+    @refusals
+    async def unshare_block(body: BlockUnshareBody) -> Unshared:
+        """Take `agent_id`'s access to `owner`'s block away (`removed` false: it had none)."""
+        removed = await (await blocks()).unshare(OPERATOR, body.owner, body.label, body.agent_id)
+        return Unshared(removed=removed)
+
+    # -- colony-wide blocks (the operator) --------------------------------------------------------
+
+    @router.get(
+        "/v1/colony/blocks", response_model=list[BlockListItem], dependencies=guarded, responses=BLOCK_READ
+    )
+    @refusals
+    async def list_colony_blocks() -> list[BlockListItem]:
+        """Every colony block, with the access every agent has to it."""
+        store = await blocks()
+        found = []
+        for info in await store.list_owned(COLONY):
+            access = info.colony_access or SharedAccess.READ_ONLY
+            if info.read_only or info.block_type.value == "log":
+                access = SharedAccess.READ_ONLY
+            found.append(await _item(store, OPERATOR, info, access))
+        return found
+
+    @router.post(
+        "/v1/colony/blocks",
+        status_code=201,
+        response_model=BlockInfo,
+        dependencies=guarded,
+        responses=BLOCK_CREATE,
+    )
+    @refusals
+    async def create_colony_block(body: ColonyBlockCreate) -> BlockInfo:
+        """A block every agent, present and future, sees with `access` (its own block of the same
+        label hides it from that agent)."""
+        return await (await blocks()).create_colony_block(
+            _new_block(body, api.max_input_depth), SharedAccess(body.access)
+        )
+
+    @router.get(
+        "/v1/colony/blocks/{label}", response_model=BlockView, dependencies=guarded, responses=BLOCK_READ
+    )
+    @refusals
+    async def read_colony_block(label: Label, version: AtVersion = None) -> BlockView:
+        return await (await blocks()).read(OPERATOR, label, owner=COLONY, version=version)
+
+    @router.put(
+        "/v1/colony/blocks/{label}", response_model=EditOutcome, dependencies=guarded, responses=BLOCK_EDIT
+    )
+    @refusals
+    async def put_colony_block(label: Label, body: BlockPut) -> EditOutcome:
+        return await (await blocks()).set_content(
+            OPERATOR,
+            label,
+            body.content,
+            owner=COLONY,
+            via=VIA,
+            message=body.message,
+            base_version=body.base_version,
+            op="put",
+        )
+
+    @router.patch(
+        "/v1/colony/blocks/{label}", response_model=BlockInfo, dependencies=guarded, responses=BLOCK_SHARE
+    )
+    @refusals
+    async def patch_colony_block(label: Label, body: BlockPatch) -> BlockInfo:
+        info: BlockInfo = await _update_info(await blocks(), OPERATOR, label, COLONY, body)
+        return info
+
+    @router.delete(
+        "/v1/colony/blocks/{label}",
+        status_code=204,
+        response_class=Response,
+        dependencies=guarded,
+        responses=BLOCK_READ,
+    )
+    @refusals
+    async def delete_colony_block(label: Label) -> Response:
+        store = await blocks()
+        await store.resolve(OPERATOR, label, owner=COLONY)  # 404 when there is none
+        await store.delete(OPERATOR, COLONY, label)
+        return Response(status_code=204)
+
+    @router.post(
+        "/v1/colony/blocks/{label}/append",
+        response_model=EditOutcome,
+        dependencies=guarded,
+        responses=BLOCK_EDIT,
+    )
+    @refusals
+    async def append_colony_block(label: Label, body: BlockAppend) -> EditOutcome:
+        return await (await blocks()).append(
+            OPERATOR,
+            label,
+            body.text,
+            owner=COLONY,
+            via=VIA,
+            message=body.message,
+            base_version=body.base_version,
+        )
+
+    @router.get(
+        "/v1/colony/blocks/{label}/history",
+        response_model=BlockHistory,
+        dependencies=guarded,
+        responses=BLOCK_READ,
+    )
+    @refusals
+    async def colony_block_history(label: Label, limit: Limit = 100) -> BlockHistory:
+        return await (await blocks()).history(OPERATOR, label, owner=COLONY, limit=limit)
+
+    @router.post(
+        "/v1/colony/blocks/{label}/rollback",
+        response_model=EditOutcome,
+        dependencies=guarded,
+        responses=BLOCK_EDIT,
+    )
+    @refusals
+    async def rollback_colony_block(label: Label, body: BlockRollback) -> EditOutcome:
+        return await (await blocks()).rollback(
+            OPERATOR, label, body.version, owner=COLONY, via=VIA, message=body.message
+        )
