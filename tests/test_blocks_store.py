@@ -68,7 +68,7 @@ async def test_refused_edits_change_nothing(store: BlockStore) -> None:
         await store.append("alice", "human", "x", base_version=1)
     after = await store.history("alice", "human")
     assert len(after.versions) == len(before.versions) + 1
-    assert (await store.read("alice", "human")).content == "abc\nab"
+    assert (await store.read("alice", "human")).content == "abc\nab\n"
 
 
 async def test_access_levels_are_enforced(store: BlockStore) -> None:
@@ -84,7 +84,7 @@ async def test_access_levels_are_enforced(store: BlockStore) -> None:
     with pytest.raises(BlockAccessDenied):
         await store.replace("adder", "board", "task 1", "task one")
     await store.append("adder", "board", "task 2")
-    await store.set_content("adder", "board", "task 1\ntask 2\ntask 3")  # only adds: allowed
+    await store.set_content("adder", "board", "task 1\ntask 2\ntask 3\n")  # only adds: allowed
     await store.set_content("writer", "board", "all done")
     assert (await store.read("reader", "board")).content == "all done"
     assert (await store.history("owner", "board")).head == head + 3
@@ -134,14 +134,18 @@ async def test_concurrent_appends_from_separate_processes_all_survive(redis_url:
     clients = [create_redis(redis_url, settings.blackboard) for _ in range(2)]
     stores = [BlockStore(c, settings) for c in clients]  # two caches: as two replicas
     await stores[0].create("owner", NewBlock(label="board", char_limit=50_000))
+    for store in stores:
+        await store.read("owner", "board")  # both caches hold the empty block
     await stores[0].share(OPERATOR, "owner", "board", "other", SharedAccess.APPEND_ONLY)
 
     async def writer(store: BlockStore, agent: str) -> None:
         for i in range(50):
             await store.append(agent, "board", f"{agent} line {i}")
 
+    # both start from the empty block: the first appends are concurrent too
     await asyncio.gather(writer(stores[0], "owner"), writer(stores[1], "other"))
     content = (await stores[0].read("owner", "board")).content
+    assert content.count("\n") == 100
     lines = set(content.split("\n"))
     assert {f"owner line {i}" for i in range(50)} <= lines
     assert {f"other line {i}" for i in range(50)} <= lines
@@ -183,9 +187,9 @@ async def test_compaction_and_shallow_history_keep_content_and_numbering(redis_u
     assert history.oldest_viewable > 1 and len(history.versions) <= 20 + 8 + 1
     assert history.versions[-1].version == 61
     view = await store.read("a", "log2", version=history.oldest_viewable + 1)
-    assert view.content.endswith(f"line {history.oldest_viewable - 1}")
+    assert view.content.endswith(f"line {history.oldest_viewable - 1}\n")
     fresh = BlockStore(client, settings)
-    assert (await fresh.read("a", "log2")).content.split("\n")[-1] == "line 59"
+    assert (await fresh.read("a", "log2")).content.split("\n")[-2] == "line 59"
     assert (await fresh.history("a", "log2")).head == 61
     with pytest.raises(BlockNotFound):
         await store.read("a", "log2", version=1)

@@ -171,10 +171,12 @@ class BlockDocument:
 
         return self._commit(meta, apply, len(content))
 
-    def append(self, text: str, meta: EditMeta, *, separator: str = "\n") -> bytes:
+    def append(self, text: str, meta: EditMeta) -> bytes:
+        """Add `text` as a line at the end. Appended lines end with a line break, so appends made
+        concurrently (even to an empty block) never run into one another."""
         current = self.content()
-        glue = separator if current and not current.endswith(separator) and separator else ""
-        addition = glue + text
+        glue = "\n" if current and not current.endswith("\n") else ""
+        addition = glue + text + ("" if text.endswith("\n") else "\n")
         return self._commit(meta, lambda: self.text.insert(self.text.len_unicode, addition), len(addition))
 
     def replace(self, old: str, new: str, meta: EditMeta) -> bytes:
@@ -202,9 +204,11 @@ class BlockDocument:
         return self._commit(meta, apply, len(new) - len(old))
 
     def insert_line(self, text: str, line: int, meta: EditMeta) -> bytes:
-        """Insert `text` as a line before line `line` (0 = top, -1 = after the last line)."""
+        """Insert `text` as a line before line `line` (0 = top; -1 or the line count = the end)."""
         current = self.content()
         lines = current.split("\n") if current else []
+        if lines and lines[-1] == "":  # the break after the last line starts no line
+            lines.pop()
         if line == -1 or line == len(lines):
             return self.append(text, meta)
         if not 0 <= line < len(lines):
@@ -213,7 +217,7 @@ class BlockDocument:
                 "for the end)"
             )
         at = sum(len(x) + 1 for x in lines[:line])
-        addition = text + "\n"
+        addition = text + ("" if text.endswith("\n") else "\n")
         return self._commit(meta, lambda: self.text.insert(at, addition), len(addition))
 
     def set_content(self, new: str, meta: EditMeta, *, inserts_only: bool = False) -> bytes:
@@ -300,7 +304,9 @@ class BlockDocument:
         return out
 
     def head_version(self, base_version: int = 0) -> int:
-        return base_version + len(self._groups())
+        """The head's version number: one Loro change per edit (merging is off and every commit
+        message is unique), so the change count is the version count without walking history."""
+        return base_version + self.doc.len_changes
 
     def _frontier(self, groups: list[_Group]) -> Frontiers:
         vv = VersionVector()
