@@ -67,15 +67,16 @@ def _status(view: BlockView) -> str:
 
 
 def render_block(view: BlockView, labels: Iterable[str]) -> str:
-    """One block: `<label>`, its description line, its status line, its content, `</label>`."""
+    """One block: `<label>`, its description line, its status line, its content as stored (then a
+    line break unless it ends with one; nothing when empty), `</label>`."""
     labels = list(labels)
     label = view.info.label
     description = one_line(view.info.description) or NO_DESCRIPTION
-    lines = [f"<{label}>", escape_line(description, labels), _status(view)]
-    if view.content:
-        lines.append(escape_content(view.content, labels))
-    lines.append(f"</{label}>")
-    return "\n".join(lines)
+    head = f"<{label}>\n{escape_line(description, labels)}\n{_status(view)}\n"
+    content = escape_content(view.content, labels)
+    if content and not content.endswith("\n"):
+        content += "\n"  # the closing tag goes on a line of its own; a final line break is not doubled
+    return f"{head}{content}</{label}>"
 
 
 def escape_content(content: str, labels: Iterable[str]) -> str:

@@ -101,7 +101,7 @@ def _packaged() -> dict[str, BlockTemplate]:
 
 
 @functools.lru_cache(maxsize=16)
-def _with_operator_file(path: str, _mtime_ns: int) -> dict[str, BlockTemplate]:
+def _with_operator_file(path: str, _stamp: tuple[int, int]) -> dict[str, BlockTemplate]:
     file = Path(path)
     if file.stat().st_size > MAX_TEMPLATE_FILE_BYTES:
         raise InvalidArgument(f"template file {path} is larger than {MAX_TEMPLATE_FILE_BYTES} bytes")
@@ -115,10 +115,10 @@ def load_templates(path: str | Path | None = None) -> dict[str, BlockTemplate]:
         return dict(_packaged())
     file = Path(path).expanduser()
     try:
-        mtime = file.stat().st_mtime_ns
+        stat = file.stat()
     except OSError as exc:
         raise InvalidArgument(f"template file {file} cannot be read: {exc.strerror}") from None
-    return dict(_with_operator_file(str(file.resolve()), mtime))
+    return dict(_with_operator_file(str(file.resolve()), (stat.st_mtime_ns, stat.st_size)))
 
 
 def validate_fields(template: str, schema: dict[str, Any], fields: dict[str, Any]) -> None:

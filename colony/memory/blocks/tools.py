@@ -342,7 +342,13 @@ class MemoryBlocksCapability(AgentCapability):
             return None
         name = one_line(action)[:64] or "?"
         success = bool(getattr(result, "success", False))
-        short = _preview(result.output) if success else _preview(str(getattr(result, "error", "") or ""))
+        if success:
+            short = _preview(result.output)
+        else:  # the dispatcher's "<action> failed: " / "<action>: " prefix would say the name twice
+            error = str(getattr(result, "error", "") or "")
+            for prefix in (f"{action} failed: ", f"{action}: "):
+                error = error.removeprefix(prefix)
+            short = _preview(error)
         entry = {
             "kind": "tool",
             "tool": name,
