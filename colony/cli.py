@@ -17,6 +17,7 @@ from typing import Any
 import httpx
 
 from colony import __version__
+from colony.cli_blocks import add_block_commands
 from colony.cli_memory import add_memory_commands
 from colony.cli_target import TOKEN_ENV, URL_ENV, ApiTarget, api_error, api_target, remote_health
 from colony.config import ColonySettings, load_settings
@@ -543,6 +544,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     run.set_defaults(func=cmd_run)
     add_memory_commands(sub, [remote])
+    add_block_commands(sub, [remote])
     return parser
 
 
