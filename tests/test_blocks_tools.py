@@ -356,6 +356,12 @@ async def test_recall_is_excluded_from_one_of_two_capabilities_that_offer_it(kit
     assert agent.dispatcher.get("recall").capability == "memory"
     assert agent.dispatcher.get("archival_search").capability == "memory_blocks"
 
+    hidden = await kit.runtime.spawn(_blueprint("no-recall", include_recall=False))
+    planned = {spec.name for spec in hidden.dispatcher.planning_actions()}
+    assert "recall" not in planned and {"archival_search", "core_memory_append"} <= planned
+    refused = await hidden.dispatcher.dispatch("recall", {"query": "anything"})
+    assert not refused.success and "use archival_search" in refused.error
+
 
 def test_templates_validate_their_fields_and_render_the_content(tmp_path: Path) -> None:
     assert set(load_templates()) == {"persona", "human", "scratchpad", "organization", "custom"}
