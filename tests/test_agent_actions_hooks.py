@@ -3,9 +3,11 @@
 from __future__ import annotations
 
 import threading
+from typing import Annotated
 
 import pytest
 from agent_kit import CounterCapability, counter_blueprint
+from pydantic import Field
 
 from colony.agents import (
     ActionResult,
@@ -19,6 +21,7 @@ from colony.agents import (
     LocalAgentRuntime,
     Pointcut,
     ScriptedActionPolicy,
+    action_executor,
     hook_handler,
     hookable,
 )
@@ -237,3 +240,28 @@ async def test_action_result_passthrough(agent: Agent) -> None:
     result = await agent.dispatcher.dispatch("wait_for_children", {"ids": ["a", "b"]})
     assert isinstance(result, ActionResult) and result.blocked and result.blocking_agent_ids == ["a", "b"]
     assert isinstance(agent.dispatcher, ActionDispatcher)
+
+
+class _Bounded(AgentCapability):
+    @action_executor(action_type=ActionType.MEMORY_WRITE)
+    async def note(
+        self, text: Annotated[str, Field(max_length=5)], times: Annotated[int, Field(ge=1, le=3)] = 1
+    ) -> str:
+        """Note `text` up to three times."""
+        return text * times
+
+
+async def test_annotated_bounds_reach_the_schema_and_are_enforced(bb: Blackboard) -> None:
+    """Bounds declared with Annotated[..., Field(...)] are part of the planner's schema and refuse
+    a call that breaks them (get_type_hints without include_extras used to drop them)."""
+    agent = Agent(AgentMetadata(agent_id="bounded"), bb)
+    agent.add_capability(_Bounded(agent))
+    spec = agent.dispatcher.get("note")
+    assert spec is not None
+    properties = spec.json_schema()["parameters"]["properties"]
+    assert properties["text"]["maxLength"] == 5 and properties["times"]["maximum"] == 3
+    assert (await agent.dispatcher.dispatch("note", {"text": "abc", "times": 2})).output == "abcabc"
+    long = await agent.dispatcher.dispatch("note", {"text": "abcdefgh"})
+    assert not long.success and "text" in long.error
+    many = await agent.dispatcher.dispatch("note", {"text": "a", "times": 9})
+    assert not many.success and "times" in many.error

@@ -14,6 +14,7 @@ import pytest
 
 from colony.agents import Agent, AgentBlueprint, AgentMetadata, LocalAgentRuntime
 from colony.agents.blueprint import CapabilitySpec
+from colony.agents.models import AgentRun
 from colony.blackboard import Blackboard
 from colony.config import ColonySettings
 from colony.errors import AgentUsageError, InvalidArgument
@@ -273,8 +274,7 @@ async def test_memory_sections_show_every_block_the_agent_sees(kit: Kit) -> None
         NewBlock(label="mission", content="help people"), SharedAccess.READ_ONLY
     )
     await kit.store.create("ada", NewBlock(label="archive", content="old"))
-    # m12_spec names it update_info; the first store commit spelled it updateinfo_from_fields
-    update_info = getattr(kit.store, "update_info", None) or kit.store.updateinfo_from_fields
+    update_info = kit.store.update_info
     await update_info("ada", "archive", swapped_out=True)
     await agent.dispatcher.dispatch("core_memory_append", {"label": "notes", "content": "more"})
 
@@ -453,3 +453,25 @@ def test_templates_validate_their_fields_and_render_the_content(tmp_path: Path) 
 def test_bad_template_fields_fail_when_the_capability_is_built() -> None:
     with pytest.raises(InvalidArgument, match="traits"):
         MemoryBlocksCapability(scope_id="t:c:agent:x", templates=[("persona", {"traits": "curious"})])
+
+
+async def test_save_message_keeps_what_the_user_said_and_refuses_questions(kit: Kit) -> None:
+    """The tool a small model can drive (no text of its own to write): the run's task, word for
+    word, as a line of the block; a question or a two-word message is refused and changes nothing."""
+    agent = await kit.runtime.spawn(_blueprint("ada"))
+
+    async def in_run(task: str) -> Any:
+        agent.current_run = AgentRun(agent_id="ada", input={"task": task})
+        try:
+            return await agent.dispatcher.dispatch("core_memory_save_message", {"label": "human"})
+        finally:
+            agent.current_run = None
+
+    saved = await in_run("Please remember that my  name\nis Ada.")
+    assert saved.success, saved
+    assert await kit.content("ada", "human") == "User said: Please remember that my name is Ada.\n"
+    head = await kit.head("ada", "human")
+    for refused in ("What is my name?", "hi there"):
+        result = await in_run(refused)
+        assert not result.success and "nothing saved" in result.error
+    assert await kit.head("ada", "human") == head

@@ -74,7 +74,7 @@ class ActionSpec:
 
 def _parameters_model(fn: Callable[..., Any], model_name: str) -> type[BaseModel]:
     signature = inspect.signature(fn)
-    hints = typing.get_type_hints(fn)
+    hints = typing.get_type_hints(fn, include_extras=True)  # keep Annotated bounds (max_length, ge...)
     fields: dict[str, Any] = {}
     for param in signature.parameters.values():
         if param.name == "self" or param.kind in (param.VAR_POSITIONAL, param.VAR_KEYWORD):

@@ -24,11 +24,14 @@ from colony.agents import (
     AgentType,
     action_executor,
 )
+from colony.agents.blueprint import CapabilitySpec
 from colony.agents.policy import ActionPolicyExecutionState, ActionPolicyIterationResult
 from colony.blackboard import Blackboard, TagFilter
 from colony.errors import AgentUsageError, InferenceError
 from colony.inference import ChatMessage, InferenceRequest
 from colony.inference.engine import InferenceEngine
+from colony.memory.blocks.tools import MemoryBlocksCapability
+from colony.memory.blocks.types import BlockType
 from colony.memory.hierarchy import default_memory_hierarchy
 from colony.memory.tools import MemoryToolsCapability, prompt_line
 from colony.memory.types import MemoryQuery
@@ -47,6 +50,8 @@ ANSWER = "answer"
 MEMORY_LINES = 6
 MAX_NOTES = 3
 STREAM_ENTRIES = 4
+HUMAN_BLOCK = "human"
+MAX_BLOCK_NOTES = 6  # the newest lines of the core blocks that go into the answer's prompt
 NOTE_MARGIN = 0.1  # notes within this much relevance of the best one go into the answer's prompt
 
 
@@ -67,6 +72,30 @@ class AnswerCapability(AgentCapability):
         self.engine = engine
         self.max_tokens = max_tokens
         self.min_relevance = min_relevance
+
+    async def _block_notes(self) -> list[str]:
+        """The lines of the `human` core block (what the agent was told about the user): notes of
+        every answer, whatever the question, as core memory is always in context. The persona
+        block stays out of the notes: "Name: Colony assistant" would answer "what is my name?"."""
+        blocks = next(
+            (
+                c
+                for c in (self.agent.capabilities.values() if self.agent else [])
+                if isinstance(c, MemoryBlocksCapability)
+            ),
+            None,
+        )
+        if blocks is None:
+            return []
+        notes = []
+        for view in await blocks.views():
+            if view.info.block_type is not BlockType.CORE or view.info.label != HUMAN_BLOCK:
+                continue
+            for line in view.content.splitlines():
+                text = prompt_line(line)[:400]
+                if text and text not in notes:
+                    notes.append(text)
+        return notes[-MAX_BLOCK_NOTES:]
 
     async def _memories(self, question: str) -> list[str]:
         tools = next(
@@ -127,7 +156,7 @@ class AnswerCapability(AgentCapability):
         run = self.agent.current_run if self.agent is not None else None
         if len(question.split()) < 3 and run is not None:  # a planner's placeholder, not a question
             question = task_text(run.input)
-        notes = await self._memories(question)
+        notes = [*await self._block_notes(), *await self._memories(question)]
         request = InferenceRequest(
             messages=[ChatMessage(role="user", content=self.prompt(question, notes))],
             max_tokens=self.max_tokens,
@@ -218,6 +247,13 @@ def assistant_streams() -> list[Any]:
     ]
 
 
+PERSONA = {
+    "name": "Colony assistant",
+    "style": "brief and friendly",
+    "guidelines": "Answer from what you remember about the user; say so when you do not know.",
+}
+
+
 def assistant_blueprint(agent_id: str = "assistant", max_tokens: int = 200) -> AgentBlueprint:
     return AgentBlueprint(
         agent_class=Agent,
@@ -231,13 +267,24 @@ def assistant_blueprint(agent_id: str = "assistant", max_tokens: int = 200) -> A
             # `remember(fact)` left out: a small model's own "facts" are often junk that later
             # answers copy; `remember_message` stores what the user said
             *default_memory_hierarchy(exclude_actions=["remember"]),
+            # core blocks `persona` and `human` in every prompt, with the block tools (recall is
+            # the memory tools' one: the same search over conversation and archival memory)
+            CapabilitySpec(
+                blueprint=MemoryBlocksCapability.bind(
+                    templates=[("persona", PERSONA), "human"], tool_log=False
+                ),
+                exclude_actions=["recall"],
+            ),
             AnswerCapability.bind(max_tokens=max_tokens),
             AgentRunCapability.bind(namespace=RUNS_NAMESPACE),
         ],
         action_policy=AssistantPolicy.bind(
             goals=[
-                "Help the user. To store what the user wants remembered, use `remember_message`; "
-                "to look something up, use `recall`; reply with `answer`.",
+                "Help the user. When the user tells you something about themselves (their name, what "
+                "they like), keep it in your `human` block with `core_memory_save_message`. Example: "
+                "the user says \"Remember that I like tea.\" -> {\"action\": "
+                "\"core_memory_save_message\", \"parameters\": {\"label\": \"human\"}}. When the "
+                "user asks a question, reply with `answer`.",
             ],
             max_tokens=160,
         ),

@@ -201,7 +201,7 @@ class BlockDirectory:
 
     # -- metadata, sharing, deletion ------------------------------------------------------------------
 
-    async def updateinfo_from_fields(
+    async def update_info(
         self,
         principal: Principal,
         label: str,

@@ -39,6 +39,7 @@ from colony.memory.types import MemoryQuery, NewMemory, RecalledEntry
 if TYPE_CHECKING:
     from colony.agents.base import Agent
 
+MIN_MESSAGE_WORDS = 3  # a message of one or two words states nothing worth keeping
 log = logging.getLogger(__name__)
 
 TOOL_LOG = "tool_log"
@@ -247,6 +248,25 @@ class MemoryBlocksCapability(AgentCapability):
         without replacing what is there. Useful for building up information bit by bit; the block
         in your prompt shows it at once."""
         return await self._edit(self.store().append(self._me(), label, content, via="tool"))
+
+    @action_executor(action_type=ActionType.MEMORY_WRITE)
+    async def core_memory_save_message(self, label: Label = "human") -> dict[str, Any]:
+        """Save what the user just told you (their message, word for word) as a new line of one of
+        your memory blocks: `human` for what they say about themselves. Questions are not saved."""
+        message = self._message()
+        if len(message.split()) < MIN_MESSAGE_WORDS or message.endswith("?"):
+            raise AgentUsageError("the user's message is a question or too short to keep; nothing saved")
+        return await self._edit(
+            self.store().append(self._me(), label, f"User said: {message}", via="tool", message="message")
+        )
+
+    def _message(self) -> str:
+        """The current run's task as text (what the user said), one line."""
+        run = self.agent.current_run if self.agent is not None else None
+        if run is None:
+            return ""
+        task = run.input.get("task") if isinstance(run.input, dict) else run.input
+        return " ".join(task.split())[:EDIT_CHARS - 20] if isinstance(task, str) else ""
 
     @action_executor(action_type=ActionType.MEMORY_WRITE)
     async def core_memory_replace(

@@ -1,0 +1,178 @@
+"""Issue 16's acceptance on a real `colony up` with two engine replicas (the embedded model): two
+agents on two replicas append to one shared block at the same time and lose nothing; the assistant
+keeps what it is told in a core block and answers from it in a later run; blocks of different
+agents stay separate across `colony down` and `colony up`.
+
+The appending agents are a user package (on PYTHONPATH, as a user brings one) whose scripted policy
+calls the `core_memory_append` tool 50 times: the model's words do not matter there. They ask for
+more memory than a replica can give two of them, so placement puts them on different replicas.
+"""
+
+from __future__ import annotations
+
+import os
+import textwrap
+import threading
+from collections.abc import Iterator
+
+import pytest
+
+from colony.blackboard.redis_server import free_port
+from colony.client import ApiError, ColonyClient
+from colony.config import ColonySettings, ServeSettings
+from colony.serve import cluster
+
+PACKAGE = "colony_blocks_appender"
+LINES = 50
+MODULE = textwrap.dedent(
+    f'''
+    """Agents that append {LINES} lines to the shared block `board` through the block tool."""
+
+    from colony.agents import (
+        Agent,
+        AgentBlueprint,
+        AgentMetadata,
+        AgentRunCapability,
+        AgentType,
+        ScriptedActionPolicy,
+    )
+    from colony.agents.blueprint import ResourceRequirements
+    from colony.memory.blocks.tools import MemoryBlocksCapability
+    from colony.system.builtin import RUNS_NAMESPACE
+
+
+    def appender(agent_id: str) -> AgentBlueprint:
+        steps = [
+            {{
+                "action": "core_memory_append",
+                "parameters": {{"label": "board", "content": f"{{agent_id}} line {{i}}"}},
+            }}
+            for i in range({LINES})
+        ]
+        return AgentBlueprint(
+            agent_class=Agent,
+            metadata=AgentMetadata(agent_id=agent_id, agent_type=AgentType.SERVICE, role="appender"),
+            capabilities=[
+                MemoryBlocksCapability.bind(tool_log=False, include_recall=False),
+                AgentRunCapability.bind(namespace=RUNS_NAMESPACE),
+            ],
+            action_policy=ScriptedActionPolicy.bind(steps=steps),
+            resources=ResourceRequirements(memory_mb=1100),
+        )
+    '''
+)
+
+
+@pytest.fixture(scope="module")
+def blocks_cluster(
+    tmp_path_factory: pytest.TempPathFactory,
+) -> Iterator[tuple[ColonySettings, cluster.ClusterInfo]]:
+    root = tmp_path_factory.mktemp("appender-pkg")
+    (root / PACKAGE).mkdir()
+    (root / PACKAGE / "__init__.py").write_text("")
+    (root / PACKAGE / "agents.py").write_text(MODULE)
+    previous = os.environ.get("PYTHONPATH")
+    os.environ["PYTHONPATH"] = os.pathsep.join(filter(None, [str(root), previous]))
+    settings = ColonySettings(
+        data_dir=tmp_path_factory.mktemp("colony-blocks"),
+        serve=ServeSettings(
+            port=free_port(), num_cpus=2, replicas=2, replica_cpus=0.5, replica_memory_mb=2200
+        ),
+        agents={"appender-a": f"{PACKAGE}.agents:appender", "appender-b": f"{PACKAGE}.agents:appender"},
+    )
+    info = cluster.up(settings)
+    try:
+        yield settings, info
+    finally:
+        cluster.down(settings)
+        if previous is None:
+            os.environ.pop("PYTHONPATH", None)
+        else:
+            os.environ["PYTHONPATH"] = previous
+
+
+def _client(info: cluster.ClusterInfo) -> ColonyClient:
+    return ColonyClient(info.url, info.token, timeout=600)
+
+
+def test_two_agents_on_two_replicas_append_at_once_and_lose_nothing(blocks_cluster) -> None:
+    _settings, info = blocks_cluster
+    with _client(info) as client:
+        replicas = {a["agent_id"]: a.get("replica") for a in client.agents()}
+        assert replicas["appender-a"] and replicas["appender-b"]
+        assert replicas["appender-a"] != replicas["appender-b"], replicas
+        client.block_create("appender-a", "board", block_type="working", char_limit=20_000)
+        client.block_share("appender-a", "board", "appender-b", "append_only")
+        results: dict[str, dict] = {}
+
+        def run(agent: str) -> None:
+            with _client(info) as own:
+                results[agent] = own.run(agent, {}, timeout_s=600)
+
+        threads = [threading.Thread(target=run, args=(a,)) for a in ("appender-a", "appender-b")]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join(700)
+        assert all(r["status"] == "succeeded" for r in results.values()), results
+        content = client.block("appender-a", "board")["content"]
+        lines = [line for line in content.split("\n") if line]
+        expected = {f"{agent} line {i}" for agent in ("appender-a", "appender-b") for i in range(LINES)}
+        assert set(lines) == expected and len(lines) == 2 * LINES
+        history = client.block_history("appender-a", "board", limit=1000)
+        authors = {v["author"] for v in history["versions"]}
+        assert {"appender-a", "appender-b"} <= authors
+        # appender-b (append-only) may not rewrite the block
+        with pytest.raises(ApiError) as refused:
+            client.block_put("appender-b", "board", "gone")
+        assert refused.value.status == 403, refused.value
+        assert client.block("appender-a", "board")["content"] == content
+
+
+def test_assistant_keeps_a_name_in_a_core_block_and_answers_with_it(blocks_cluster) -> None:
+    _settings, info = blocks_cluster
+    with _client(info) as client:
+        told = client.run("assistant", {"task": "Please remember that my name is Ada."})
+        assert told["status"] == "succeeded", told
+        human = client.block("assistant", "human")
+        assert "Ada" in human["content"], human
+        history = client.block_history("assistant", "human")
+        assert history["versions"][-1]["author"] == "assistant"
+        assert history["versions"][-1]["via"] == "tool"
+        asked = client.submit("assistant", {"task": "What is my name?", "emit_prompt": True})["run_id"]
+        events = list(client.events(asked))
+        view = client.get(asked)
+        assert view["status"] == "succeeded", view
+        assert "Ada" in view["output"], view["output"]
+        prompts = [e["data"]["text"] for e in events if e["event_type"] == "prompt"]
+        assert prompts and "<human>" in prompts[0] and "Ada" in prompts[0]
+
+
+def test_blocks_of_two_agents_stay_separate_across_down_and_up(blocks_cluster) -> None:
+    settings, info = blocks_cluster
+    with _client(info) as client:
+        client.block_create("appender-a", "notes", content="A's own notes\n")
+        client.block_create("appender-b", "notes", content="B's own notes\n")
+        client.block_append("appender-b", "notes", "B again")
+        before = {
+            agent: (client.block(agent, "notes"), client.block_history(agent, "notes"))
+            for agent in ("appender-a", "appender-b")
+        }
+        human = client.block("assistant", "human")["content"]
+    assert cluster.down(settings) is True
+    info = cluster.up(settings)
+    with _client(info) as client:
+        for agent, (view, history) in before.items():
+            assert client.block(agent, "notes")["content"] == view["content"]
+            assert client.block_history(agent, "notes")["versions"] == history["versions"]
+        assert client.block("appender-a", "notes")["content"] == "A's own notes\n"
+        assert client.block("appender-b", "notes")["content"] == "B's own notes\nB again\n"
+        assert client.block("assistant", "human")["content"] == human
+        asked = client.run("assistant", {"task": "What is my name?"})
+        assert asked["status"] == "succeeded" and "Ada" in asked["output"], asked
+
+
+def test_down_stops_the_two_replica_cluster(blocks_cluster) -> None:
+    settings, _info = blocks_cluster
+    assert cluster.down(settings) is True
+    assert cluster.status(settings) is None
