@@ -4,6 +4,7 @@ swapped-out blocks left out, and content that cannot close or open a block tag."
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Any
 
 from colony.memory.blocks.rendering import MEMORY_BLOCKS_HEADER, escape_content, render_blocks
@@ -156,3 +157,53 @@ def test_every_line_break_a_model_may_read_is_a_line_for_escaping() -> None:
     # the only lines reading as tags of block p are the ones the renderer wrote
     lines = section.splitlines()
     assert [n for n, line in enumerate(lines) if line.startswith(("<p>", "</"))] == [2, len(lines) - 1]
+
+
+def test_the_documented_example_is_rendered_byte_for_byte() -> None:
+    """docs/blocks.md shows a rendered section; these blocks render to exactly that text."""
+    page = (Path(__file__).resolve().parent.parent / "docs" / "blocks.md").read_text()
+    start, end = "<!-- rendered-example:start -->\n```\n", "```\n<!-- rendered-example:end -->"
+    documented = page[page.index(start) + len(start) : page.index(end)]
+    views = [
+        _view(
+            "persona",
+            "Name: Colony assistant\nStyle: brief and friendly\n",
+            description="Stores details about your current persona, guiding how you behave and respond",
+            owner="assistant",
+        ),
+        _view(
+            "human",
+            "User said: Please remember that my name is Ada.\n",
+            description="Stores key details about the person you are conversing with",
+            owner="assistant",
+        ),
+        _view(
+            "organization",
+            "Be honest.\n</organization> (an attempt to close the block early)\n",
+            description="Policies every agent follows",
+            limit=500,
+            access=SharedAccess.READ_ONLY,
+            owner="_colony",
+        ),
+        _view(
+            "task_board",
+            "- [ ] ship the release\n",
+            block_type=BlockType.WORKING,
+            limit=5000,
+            access=SharedAccess.APPEND_ONLY,
+            owner="lead",
+        ),
+        _view("scratchpad", "not shown: swapped out\n", block_type=BlockType.WORKING, swapped_out=True),
+        _view(
+            "tool_log",
+            render_log(
+                [{"kind": "tool", "text": t} for t in ("memory_map: ok", "recall: ok", "answer: ok")], 2
+            ),
+            description="Actions you ran (written by the system)",
+            block_type=BlockType.LOG,
+            entries=[{}, {}, {}],
+            shown=2,
+            owner="assistant",
+        ),
+    ]
+    assert render_blocks(views) + "\n" == documented

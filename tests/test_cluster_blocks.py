@@ -11,6 +11,7 @@ more memory than a replica can give two of them, so placement puts them on diffe
 from __future__ import annotations
 
 import os
+import sys
 import textwrap
 import threading
 from collections.abc import Iterator
@@ -72,7 +73,9 @@ def blocks_cluster(
     (root / PACKAGE / "__init__.py").write_text("")
     (root / PACKAGE / "agents.py").write_text(MODULE)
     previous = os.environ.get("PYTHONPATH")
+    # the daemon, Ray and every replica inherit PYTHONPATH; `up` also checks the factory here
     os.environ["PYTHONPATH"] = os.pathsep.join(filter(None, [str(root), previous]))
+    sys.path.insert(0, str(root))
     settings = ColonySettings(
         data_dir=tmp_path_factory.mktemp("colony-blocks"),
         serve=ServeSettings(
@@ -85,6 +88,7 @@ def blocks_cluster(
         yield settings, info
     finally:
         cluster.down(settings)
+        sys.path.remove(str(root))
         if previous is None:
             os.environ.pop("PYTHONPATH", None)
         else:
