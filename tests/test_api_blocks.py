@@ -8,6 +8,7 @@ uses its own agent ids, so tests never see each other's blocks (colony blocks: t
 from __future__ import annotations
 
 import asyncio
+import json
 import socket
 import threading
 import uuid
@@ -20,6 +21,7 @@ import pytest
 import uvicorn
 
 from colony.api.app import ApiServices, create_app
+from colony.api.schemas import MAX_BLOCK_TEXT
 from colony.blackboard import Blackboard, create_redis
 from colony.config import ColonySettings
 from colony.system.registry import AgentRegistry
@@ -242,7 +244,7 @@ def test_three_edits_history_views_and_rollback(http: httpx.Client) -> None:
     at = http.get(f"/v1/agents/{agent}/blocks/human/versions/1").json()
     assert (at["content"], at["head"]) == ("v1 text", False)
     head = http.get(f"/v1/agents/{agent}/blocks/human").json()
-    assert (head["content"], head["version"], head["head"]) == ("rewritten\nmore", 4, True)
+    assert (head["content"], head["version"], head["head"]) == ("rewritten\nmore\n", 4, True)
     assert len(versions_of(http, agent, "human")) == 4  # viewing changed nothing
     error = error_of(http.get(f"/v1/agents/{agent}/blocks/human/versions/9"), 404, "not_found")
     assert "version 9" in error["message"]
@@ -407,6 +409,15 @@ def test_refusals_are_422_naming_the_field_or_reason(http: httpx.Client) -> None
         http.post(f"/v1/agents/{agent}/blocks/small/rollback", json={"version": 0}), 422, "invalid_request"
     )
     error_of(http.get(f"/v1/agents/{agent}/blocks/small", params={"owner": "a b"}), 422, "invalid_request")
+    # text that is not valid Unicode (a lone surrogate) never reaches the store
+    lone = json.dumps({"text": "a\ud800b"})
+    response = http.post(
+        f"/v1/agents/{agent}/blocks/small/append", content=lone, headers={"Content-Type": "application/json"}
+    )
+    assert "text" in error_of(response, 422, "invalid_request")["message"]
+    # the longest text one request carries is below the body limit: a longer one is a 422 naming it
+    too_long = http.put(f"/v1/agents/{agent}/blocks/small", json={"content": "x" * (MAX_BLOCK_TEXT + 1)})
+    assert "content" in error_of(too_long, 422, "invalid_request")["message"]
     error = error_of(
         http.post(f"/v1/agents/{agent}/blocks", json={"label": "who", "template": "nonesuch"}),
         422,
@@ -487,7 +498,7 @@ def test_colony_blocks(http: httpx.Client) -> None:
     assert put.status_code == 200 and put.json()["version"] == 3
     assert http.post(f"/v1/colony/blocks/{label}/append", json={"text": "eat"}).status_code == 200
     view = http.get(f"/v1/colony/blocks/{label}").json()
-    assert view["content"] == "be kind\nshare tools\nrest\neat" and view["access"] == "read_write"
+    assert view["content"] == "be kind\nshare tools\nrest\neat\n" and view["access"] == "read_write"
     assert http.get(f"/v1/colony/blocks/{label}", params={"version": 1}).json()["content"] == "be kind"
     history = http.get(f"/v1/colony/blocks/{label}/history").json()
     assert [(v["author"], v["op"]) for v in history["versions"]] == [
@@ -498,7 +509,7 @@ def test_colony_blocks(http: httpx.Client) -> None:
     ]
     rolled = http.post(f"/v1/colony/blocks/{label}/rollback", json={"version": 2})
     assert rolled.status_code == 200 and rolled.json()["version"] == 5
-    assert http.get(f"/v1/agents/{later}/blocks/{label}").json()["content"] == "be kind\nshare tools"
+    assert http.get(f"/v1/agents/{later}/blocks/{label}").json()["content"] == "be kind\nshare tools\n"
     patched = http.patch(f"/v1/colony/blocks/{label}", json={"description": "rules"})
     assert patched.status_code == 200 and patched.json()["description"] == "rules"
 

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, StringConstraints, field_validator
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field, StringConstraints, field_validator
 
 from colony.memory.types import MemoryEntry, RecalledEntry
 
@@ -260,7 +260,23 @@ MEMORY_WRITE = _errors(*COMMON, 400, 404, 413)
 BLOCK_LABEL = r"^[a-z][a-z0-9_]{0,63}$"
 BLOCK_LABEL_RULE = "1-64 characters: lowercase letters, digits and '_', starting with a letter"
 BlockLabel = Annotated[str, StringConstraints(pattern=BLOCK_LABEL)]
-MAX_BLOCK_TEXT = 1_000_000  # the ceiling of blocks.max_edit_chars and blocks.max_char_limit
+MAX_BLOCK_LIMIT = 1_000_000  # the ceiling of blocks.max_char_limit
+# the most text one request carries: a longer text is a 422 naming the field, not a 413, even
+# written as JSON escapes of astral characters (12 bytes each) within api.max_body_bytes' default
+# 1 MiB; blocks.max_edit_chars (default 20,000) is the tighter bound of one edit
+MAX_BLOCK_TEXT = 80_000
+
+
+def _unicode(value: str) -> str:
+    """Text Redis, Loro and other clients can take: valid Unicode (no lone surrogate)."""
+    try:
+        value.encode("utf-8")
+    except UnicodeEncodeError:
+        raise ValueError("must be valid Unicode (it holds a lone surrogate)") from None
+    return value
+
+
+BlockText = Annotated[str, AfterValidator(_unicode)]
 MAX_BLOCK_MESSAGE = 500
 MAX_BLOCK_DESCRIPTION = 1000
 BlockAccessName = Literal["read_only", "append_only", "read_write"]
@@ -278,16 +294,18 @@ class BlockCreate(BaseModel):
     )
 
     label: BlockLabel = Field(description=BLOCK_LABEL_RULE)
-    description: str = Field("", max_length=MAX_BLOCK_DESCRIPTION, description="what the block is for")
+    description: BlockText = Field("", max_length=MAX_BLOCK_DESCRIPTION, description="what the block is for")
     block_type: BlockTypeName = "working"
     char_limit: int | None = Field(
         None,
         ge=1,
-        le=MAX_BLOCK_TEXT,
+        le=MAX_BLOCK_LIMIT,
         description="default blocks.default_char_limit; at most blocks.max_char_limit",
     )
     read_only: bool = Field(False, description="only the system or the operator changes it")
-    content: str = Field("", max_length=MAX_BLOCK_TEXT, description="initial content (not for log blocks)")
+    content: BlockText = Field(
+        "", max_length=MAX_BLOCK_TEXT, description="initial content (not for log blocks)"
+    )
     template: BlockLabel | None = Field(
         None,
         description="a block template (persona, human, scratchpad, organization, custom): its type, "
@@ -318,11 +336,11 @@ class BlockPut(BaseModel):
         extra="forbid", json_schema_extra={"examples": [{"content": "The user is Ada."}]}
     )
 
-    content: str = Field(max_length=MAX_BLOCK_TEXT, description="the whole new content")
+    content: BlockText = Field(max_length=MAX_BLOCK_TEXT, description="the whole new content")
     base_version: int | None = Field(
         None, ge=1, le=2**31, description="edit only if the block is still at this version (else 409)"
     )
-    message: str = Field("", max_length=MAX_BLOCK_MESSAGE, description="kept in the block's history")
+    message: BlockText = Field("", max_length=MAX_BLOCK_MESSAGE, description="kept in the block's history")
 
 
 class BlockAppend(BaseModel):
@@ -330,11 +348,11 @@ class BlockAppend(BaseModel):
 
     model_config = ConfigDict(extra="forbid", json_schema_extra={"examples": [{"text": "Likes tea."}]})
 
-    text: str = Field(min_length=1, max_length=MAX_BLOCK_TEXT)
+    text: BlockText = Field(min_length=1, max_length=MAX_BLOCK_TEXT)
     base_version: int | None = Field(
         None, ge=1, le=2**31, description="edit only if the block is still at this version (else 409)"
     )
-    message: str = Field("", max_length=MAX_BLOCK_MESSAGE)
+    message: BlockText = Field("", max_length=MAX_BLOCK_MESSAGE)
 
 
 class BlockPatch(BaseModel):
@@ -342,8 +360,10 @@ class BlockPatch(BaseModel):
 
     model_config = ConfigDict(extra="forbid", json_schema_extra={"examples": [{"swapped_out": True}]})
 
-    description: str | None = Field(None, max_length=MAX_BLOCK_DESCRIPTION)
-    char_limit: int | None = Field(None, ge=1, le=MAX_BLOCK_TEXT, description="at most blocks.max_char_limit")
+    description: BlockText | None = Field(None, max_length=MAX_BLOCK_DESCRIPTION)
+    char_limit: int | None = Field(
+        None, ge=1, le=MAX_BLOCK_LIMIT, description="at most blocks.max_char_limit"
+    )
     swapped_out: bool | None = Field(None, description="working blocks: out of the prompt while true")
 
 
@@ -353,7 +373,7 @@ class BlockRollback(BaseModel):
     model_config = ConfigDict(extra="forbid", json_schema_extra={"examples": [{"version": 1}]})
 
     version: int = Field(ge=1, le=2**31)
-    message: str = Field("", max_length=MAX_BLOCK_MESSAGE)
+    message: BlockText = Field("", max_length=MAX_BLOCK_MESSAGE)
 
 
 class BlockUndo(BaseModel):
@@ -420,6 +440,7 @@ class VersionConflictBody(BaseModel):
 
 def _block_errors(*statuses: int) -> dict[int | str, dict[str, Any]]:
     what = {
+        400: "the request is malformed (a body that is not JSON)",
         401: "missing or wrong bearer token",
         403: "the agent's access does not allow this (read-only, append-only, not shared, not the owner)",
         404: "the agent sees no such block (or no such version of it)",
@@ -435,13 +456,13 @@ def _block_errors(*statuses: int) -> dict[int | str, dict[str, Any]]:
     return out
 
 
-BLOCK_READ = _block_errors(401, 403, 404, 422, 503)
-BLOCK_CREATE = _block_errors(401, 403, 404, 409, 413, 422, 503)
+BLOCK_READ = _block_errors(400, 401, 403, 404, 422, 503)
+BLOCK_CREATE = _block_errors(400, 401, 403, 404, 409, 413, 422, 503)
 BLOCK_EDIT = {
-    **_block_errors(401, 403, 404, 413, 422, 503),
+    **_block_errors(400, 401, 403, 404, 413, 422, 503),
     409: {
         "model": VersionConflictBody,
         "description": "`base_version` was given and the block has moved on (`current_version`)",
     },
 }
-BLOCK_SHARE = _block_errors(401, 403, 404, 409, 413, 422, 503)
+BLOCK_SHARE = _block_errors(400, 401, 403, 404, 409, 413, 422, 503)
