@@ -287,6 +287,22 @@ def cmd_unshare(args: argparse.Namespace) -> int:
     return _call(args, work)
 
 
+def _fields(pairs: Sequence[str]) -> dict[str, Any]:
+    """`--field NAME=VALUE` pairs of a template: a JSON list, number or boolean where VALUE parses
+    as one, else the text."""
+    fields: dict[str, Any] = {}
+    for pair in pairs:
+        name, sep, raw = pair.partition("=")
+        if not sep or not name:
+            raise ColonyError(f"--field {pair!r}: give NAME=VALUE, e.g. --field name=Ada")
+        try:
+            value = json.loads(raw)
+        except ValueError:
+            value = raw
+        fields[name] = value if isinstance(value, list | int | float | bool) else raw
+    return fields
+
+
 def cmd_create(args: argparse.Namespace) -> int:
     agent, label = _names(args, "LABEL")
     fields: dict[str, Any] = {
@@ -296,6 +312,7 @@ def cmd_create(args: argparse.Namespace) -> int:
         "content": args.content,
         "read_only": True if args.read_only else None,
         "template": args.template,
+        "fields": _fields(args.field) if args.field else None,
     }
     if args.colony:
         fields["access"] = args.access
@@ -403,6 +420,13 @@ def add_block_commands(
     create.add_argument("--content", help="initial content")
     create.add_argument("--read-only", action="store_true", help="only the system or the operator changes it")
     create.add_argument("--template", help="a block template: persona, human, scratchpad, organization")
+    create.add_argument(
+        "--field",
+        action="append",
+        default=[],
+        metavar="NAME=VALUE",
+        help="a field of the template (repeatable; VALUE as JSON when it is a list, number or boolean)",
+    )
     create.add_argument("--access", choices=ACCESS, help="--colony: what every agent may do with it")
     create.set_defaults(func=cmd_create)
     return blocks

@@ -202,7 +202,7 @@ def test_create_list_read_settings_and_delete(http: httpx.Client) -> None:
 
 def test_create_from_a_template(http: httpx.Client) -> None:
     (agent,) = names("templated")
-    body = {"label": "human", "template": "human", "template_fields": {"name": "Ada", "preferences": ["tea"]}}
+    body = {"label": "human", "template": "human", "fields": {"name": "Ada", "preferences": ["tea"]}}
     info = create(http, agent, body.pop("label"), **body)
     assert (info["block_type"], info["char_limit"], info["template"]) == ("core", 2000, "human")
     assert info["description"].startswith("Stores key details about the person")
@@ -424,11 +424,11 @@ def test_refusals_are_422_naming_the_field_or_reason(http: httpx.Client) -> None
         "invalid_request",
     )
     assert "nonesuch" in error["message"] and "persona" in error["message"]
-    body = {"label": "who", "template": "human", "template_fields": {"name": 7}}
+    body = {"label": "who", "template": "human", "fields": {"name": 7}}
     error = error_of(http.post(f"/v1/agents/{agent}/blocks", json=body), 422, "invalid_request")
     assert "name" in error["message"]
     error = error_of(
-        http.post(f"/v1/agents/{agent}/blocks", json={"label": "who", "template_fields": {"name": "x"}}),
+        http.post(f"/v1/agents/{agent}/blocks", json={"label": "who", "fields": {"name": "x"}}),
         422,
         "invalid_request",
     )

@@ -90,6 +90,23 @@ def test_create_ls_show(colony: Colony) -> None:
     assert colony.ok("show", agent, "notes") == f"notes ({agent}, core) 5/100 v1\nhello\n"
     assert colony.json("show", agent, "notes")["content"] == "hello"
 
+    # from a template, its fields given as NAME=VALUE
+    out = colony.ok(
+        "create",
+        agent,
+        "human",
+        "--template",
+        "human",
+        "--field",
+        "name=Ada",
+        "--field",
+        'preferences=["tea"]',
+    )
+    assert out == f"created human ({agent}, core), limit 2000 characters\n"
+    assert colony.json("show", agent, "human")["content"] == "Name: Ada\nPreferences: tea"
+    code, _, err = colony("create", agent, "other", "--template", "human", "--field", "age=7")
+    assert code == 1 and "HTTP 422" in err and "age" in err
+
     # the server's refusals: message on stderr, exit 1
     code, out, err = colony("create", agent, "notes")
     assert code == 1 and out == "" and "HTTP 409 conflict" in err

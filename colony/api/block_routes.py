@@ -112,14 +112,16 @@ def refusals(route: F) -> F:
 def _new_block(body: BlockCreate, max_depth: int) -> NewBlock:
     """The store's NewBlock; with `template`, made by colony.memory.blocks.templates (the packaged
     templates): the template's defaults, overridden by the fields the body sets, and the content
-    rendered from `template_fields` (validated against the template's schema, 422 naming the field)."""
-    extra = {"access", "template_fields", "template_schema"}
+    rendered from `fields` (validated against the template's schema, 422 naming the field)."""
+    extra = {"access", "fields", "template_schema"}
     if body.template is None:
-        if body.template_fields is not None or body.template_schema is not None:
-            raise InvalidBlockInput("template_fields and template_schema go with a template; name one")
+        if body.fields is not None or body.template_schema is not None:
+            raise InvalidBlockInput(
+                "fields and template_schema go with a template: name one (persona, human, ...)"
+            )
         return NewBlock(**body.model_dump(exclude=extra))
     try:
-        check_input([body.template_fields, body.template_schema], max_depth, "template")
+        check_input([body.fields, body.template_schema], max_depth, "template")
     except ValueError as exc:
         raise InvalidBlockInput(str(exc)) from None
     overrides = {
@@ -128,7 +130,7 @@ def _new_block(body: BlockCreate, max_depth: int) -> NewBlock:
         if getattr(body, name) is not None
     }
     return templates.apply_template(
-        body.template, body.template_fields, body.label, schema=body.template_schema, **overrides
+        body.template, body.fields, body.label, schema=body.template_schema, **overrides
     )
 
 
@@ -155,11 +157,8 @@ async def _item(store: BlockStore, principal: str, info: BlockInfo, access: Shar
 
 async def _update_info(
     store: BlockStore, principal: str, label: str, owner: str | None, body: BlockPatch
-) -> Any:
-    # the store names this method `update_info` (m12_spec); the first commit spelled it
-    # `updateinfo_from_fields`: whichever this store has
-    update = getattr(store, "update_info", None) or store.updateinfo_from_fields
-    return await update(principal, label, owner=owner, **body.model_dump(exclude_none=True))
+) -> BlockInfo:
+    return await store.update_info(principal, label, owner=owner, **body.model_dump(exclude_none=True))
 
 
 def add_block_routes(
@@ -253,8 +252,7 @@ def add_block_routes(
     @refusals
     async def patch_block(agent_id: AgentId, label: Label, body: BlockPatch) -> BlockInfo:
         """Change the description, char limit or swapped-out state (the owner only: 403 otherwise)."""
-        info: BlockInfo = await _update_info(await blocks(), agent_id, label, None, body)
-        return info
+        return await _update_info(await blocks(), agent_id, label, None, body)
 
     @router.delete(
         "/v1/agents/{agent_id}/blocks/{label}",
@@ -446,8 +444,7 @@ def add_block_routes(
     )
     @refusals
     async def patch_colony_block(label: Label, body: BlockPatch) -> BlockInfo:
-        info: BlockInfo = await _update_info(await blocks(), OPERATOR, label, COLONY, body)
-        return info
+        return await _update_info(await blocks(), OPERATOR, label, COLONY, body)
 
     @router.delete(
         "/v1/colony/blocks/{label}",

@@ -311,7 +311,7 @@ class BlockCreate(BaseModel):
         description="a block template (persona, human, scratchpad, organization, custom): its type, "
         "description and limit are the defaults, its fields the initial content",
     )
-    template_fields: dict[str, Any] | None = Field(
+    fields: dict[str, Any] | None = Field(
         None,
         max_length=256,
         description="with `template`: the fields its schema takes (the content is rendered from them)",
