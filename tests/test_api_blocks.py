@@ -43,7 +43,9 @@ class BlocksApp:
             colony_id=f"blk{uuid.uuid4().hex[:8]}",
             blocks={"max_edit_chars": MAX_EDIT},
         )
-        self.sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+        # IPPROTO_TCP, not 0: asyncio sets TCP_NODELAY only on sockets whose proto says TCP;
+        # without it every response waits ~40 ms on Nagle and the client's delayed ACK
+        self.sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM, socket.IPPROTO_TCP)
         self.sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         self.sock.bind(("127.0.0.1", 0))
         self.url = f"http://127.0.0.1:{self.sock.getsockname()[1]}"
