@@ -150,7 +150,7 @@ def test_create_list_read_settings_and_delete(http: httpx.Client) -> None:
     create(http, owner, "notes", content="n1")
     # the label exists in the agent's view: 409, nothing changed
     error_of(http.post(f"/v1/agents/{owner}/blocks", json={"label": "persona"}), 409, "conflict")
-    assert http.get(f"/v1/agents/{owner}/blocks/persona").json()["content"] == "I help."
+    assert http.get(f"/v1/agents/{owner}/blocks/persona").json()["content"] == "I help.\n"
 
     listed = http.get(f"/v1/agents/{owner}/blocks").json()
     mine = {b["label"]: b for b in listed if not b["colony"]}
@@ -160,7 +160,7 @@ def test_create_list_read_settings_and_delete(http: httpx.Client) -> None:
         "owner": owner,
         "block_type": "core",
         "description": "who I am",
-        "chars": len("I help."),
+        "chars": len("I help.\n"),
         "char_limit": 500,
         "access": "read_write",
         "read_only": False,
@@ -170,8 +170,8 @@ def test_create_list_read_settings_and_delete(http: httpx.Client) -> None:
     }
     view = http.get(f"/v1/agents/{owner}/blocks/persona").json()
     assert (view["content"], view["chars"], view["version"], view["access"], view["head"]) == (
-        "I help.",
-        7,
+        "I help.\n",
+        8,
         1,
         "read_write",
         True,
@@ -208,7 +208,7 @@ def test_create_from_a_template(http: httpx.Client) -> None:
     info = create(http, agent, body.pop("label"), **body)
     assert (info["block_type"], info["char_limit"], info["template"]) == ("core", 2000, "human")
     assert info["description"].startswith("Stores key details about the person")
-    assert http.get(f"/v1/agents/{agent}/blocks/human").json()["content"] == "Name: Ada\nPreferences: tea"
+    assert http.get(f"/v1/agents/{agent}/blocks/human").json()["content"] == "Name: Ada\nPreferences: tea\n"
     # what the body sets wins over the template's defaults
     info = create(http, agent, "user2", template="human", char_limit=300, description="the other user")
     assert (info["char_limit"], info["description"], info["block_type"]) == (300, "the other user", "core")
@@ -227,7 +227,7 @@ def test_three_edits_history_views_and_rollback(http: httpx.Client) -> None:
         "label": "human",
         "owner": agent,
         "version": 3,
-        "chars": len("rewritten"),
+        "chars": len("rewritten\n"),  # content is lines: a final break
         "char_limit": 5000,
         "op": "put",
     }
@@ -242,9 +242,9 @@ def test_three_edits_history_views_and_rollback(http: httpx.Client) -> None:
     assert [v["version"] for v in versions_of(http, agent, "human", limit=2)] == [3, 4]
 
     old = http.get(f"/v1/agents/{agent}/blocks/human", params={"version": 1}).json()
-    assert (old["content"], old["version"], old["head"]) == ("v1 text", 1, False)
+    assert (old["content"], old["version"], old["head"]) == ("v1 text\n", 1, False)
     at = http.get(f"/v1/agents/{agent}/blocks/human/versions/1").json()
-    assert (at["content"], at["head"]) == ("v1 text", False)
+    assert (at["content"], at["head"]) == ("v1 text\n", False)
     head = http.get(f"/v1/agents/{agent}/blocks/human").json()
     assert (head["content"], head["version"], head["head"]) == ("rewritten\nmore\n", 4, True)
     assert len(versions_of(http, agent, "human")) == 4  # viewing changed nothing
@@ -253,7 +253,7 @@ def test_three_edits_history_views_and_rollback(http: httpx.Client) -> None:
 
     rolled = http.post(f"/v1/agents/{agent}/blocks/human/rollback", json={"version": 1})
     assert rolled.status_code == 200 and rolled.json()["version"] == 5 and rolled.json()["op"] == "rollback"
-    assert http.get(f"/v1/agents/{agent}/blocks/human").json()["content"] == "v1 text"
+    assert http.get(f"/v1/agents/{agent}/blocks/human").json()["content"] == "v1 text\n"
     versions = versions_of(http, agent, "human")
     assert len(versions) == 5 and versions[-1]["op"] == "rollback" and versions[-1]["author"] == agent
 
@@ -278,7 +278,7 @@ def test_access_levels_are_enforced_and_refusals_add_no_version(http: httpx.Clie
     error_of(http.post(f"/v1/agents/{reader}/blocks/plan/append", json={"text": "x"}), 403, "forbidden")
     error_of(http.post(f"/v1/agents/{reader}/blocks/plan/rollback", json={"version": 1}), 403, "forbidden")
     assert versions_of(http, owner, "plan") == before
-    assert http.get(f"/v1/agents/{owner}/blocks/plan").json()["content"] == "step one\nstep two"
+    assert http.get(f"/v1/agents/{owner}/blocks/plan").json()["content"] == "step one\nstep two\n"
 
     # append-only: adding is fine (append, or a PUT that only inserts); deleting text is refused
     error = error_of(
@@ -437,7 +437,7 @@ def test_refusals_are_422_naming_the_field_or_reason(http: httpx.Client) -> None
     assert "template" in error["message"]
     error_of(http.get(f"/v1/agents/{agent}/blocks/who"), 404, "not_found")
     assert versions_of(http, agent, "small") == before
-    assert http.get(f"/v1/agents/{agent}/blocks/small").json()["content"] == "0123456789"
+    assert http.get(f"/v1/agents/{agent}/blocks/small").json()["content"] == "0123456789\n"
 
     # every block route needs the token
     with httpx.Client(base_url=http.base_url, timeout=30) as anonymous:
@@ -467,7 +467,7 @@ def test_undo_removes_the_agents_own_latest_edit_and_keeps_others(http: httpx.Cl
     assert "undo" in error["message"]
     # bob's undo (no body at all) takes his line out
     assert http.post(f"/v1/agents/{bob}/blocks/shared/undo", params={"owner": alice}).status_code == 200
-    assert http.get(f"/v1/agents/{alice}/blocks/shared").json()["content"] == "base"
+    assert http.get(f"/v1/agents/{alice}/blocks/shared").json()["content"] == "base\n"
 
 
 def test_colony_blocks(http: httpx.Client) -> None:
@@ -481,7 +481,7 @@ def test_colony_blocks(http: httpx.Client) -> None:
     assert made.json()["owner"] == "_colony" and made.json()["colony_access"] == "append_only"
     error_of(http.post("/v1/colony/blocks", json={"label": label}), 409, "conflict")
     rows = [b for b in http.get("/v1/colony/blocks").json() if b["label"] == label]
-    assert rows and rows[0]["colony"] is True and rows[0]["access"] == "append_only" and rows[0]["chars"] == 7
+    assert rows and rows[0]["colony"] is True and rows[0]["access"] == "append_only" and rows[0]["chars"] == 8
 
     # every agent sees it (one that never had a block too), with the colony's access
     for who in (agent, later):
@@ -501,7 +501,7 @@ def test_colony_blocks(http: httpx.Client) -> None:
     assert http.post(f"/v1/colony/blocks/{label}/append", json={"text": "eat"}).status_code == 200
     view = http.get(f"/v1/colony/blocks/{label}").json()
     assert view["content"] == "be kind\nshare tools\nrest\neat\n" and view["access"] == "read_write"
-    assert http.get(f"/v1/colony/blocks/{label}", params={"version": 1}).json()["content"] == "be kind"
+    assert http.get(f"/v1/colony/blocks/{label}", params={"version": 1}).json()["content"] == "be kind\n"
     history = http.get(f"/v1/colony/blocks/{label}/history").json()
     assert [(v["author"], v["op"]) for v in history["versions"]] == [
         ("_operator", "create"),

@@ -45,11 +45,11 @@ async def test_three_edits_give_four_versions_view_and_rollback(store: BlockStor
     assert [v.op for v in history.versions] == ["create", "append", "replace", "rethink"]
     assert all(v.author for v in history.versions)
     old = await store.read("alice", "notes", version=1)
-    assert old.content == "v1 text" and not old.head
+    assert old.content == "v1 text\n" and not old.head  # content is lines: a final break
     head = await store.read("alice", "notes")
-    assert head.content == "rewritten" and head.version == 4
+    assert head.content == "rewritten\n" and head.version == 4
     await store.rollback("alice", "notes", 1)
-    assert (await store.read("alice", "notes")).content == "v1 text"
+    assert (await store.read("alice", "notes")).content == "v1 text\n"
     history = await store.history("alice", "notes")
     assert len(history.versions) == 5 and history.versions[-1].op == "rollback"
 
@@ -86,7 +86,7 @@ async def test_access_levels_are_enforced(store: BlockStore) -> None:
     await store.append("adder", "board", "task 2")
     await store.set_content("adder", "board", "task 1\ntask 2\ntask 3\n")  # only adds: allowed
     await store.set_content("writer", "board", "all done")
-    assert (await store.read("reader", "board")).content == "all done"
+    assert (await store.read("reader", "board")).content == "all done\n"
     assert (await store.history("owner", "board")).head == head + 3
     with pytest.raises(BlockNotFound):
         await store.read("stranger", "board")
@@ -105,7 +105,7 @@ async def test_colony_blocks_reach_every_agent(store: BlockStore) -> None:
         SharedAccess.READ_ONLY,
     )
     view = await store.read("spawned-later", "organization")
-    assert view.content == "Be honest." and view.access is SharedAccess.READ_ONLY
+    assert view.content == "Be honest.\n" and view.access is SharedAccess.READ_ONLY
     with pytest.raises(BlockAccessDenied):
         await store.append("spawned-later", "organization", "x")
     await store.append(OPERATOR, "organization", "Be kind.", owner=COLONY)
@@ -207,3 +207,20 @@ async def test_log_blocks_are_capped_and_read_only_to_agents(store: BlockStore) 
     assert view.content == "- [tool] call 3\n- [tool] call 4"
     with pytest.raises(BlockAccessDenied, match="log"):
         await store.append("a", "tool_log", "x")
+
+
+async def test_undo_never_joins_the_lines_around_the_undone_edit(store: BlockStore) -> None:
+    """Content is lines (a non-empty block ends with a break), so undoing A's line between the
+    creation and B's later line leaves both intact, not 'step onepeer line'."""
+    await store.create("a", NewBlock(label="plan", content="step one"))  # no final break given
+    await store.share(OPERATOR, "a", "plan", "b", SharedAccess.READ_WRITE)
+    await store.append("a", "plan", "owner line")
+    await store.append("b", "plan", "peer line")
+    await store.undo("a", "plan")
+    assert (await store.read("a", "plan")).content == "step one\npeer line\n"
+    await store.set_content("b", "plan", "rewritten")
+    await store.replace("b", "plan", "rewritten\n", "")
+    assert (await store.read("a", "plan")).content == ""
+    await store.set_content("b", "plan", "x\ny")
+    await store.replace("b", "plan", "\ny", "")
+    assert (await store.read("a", "plan")).content == "x\n"

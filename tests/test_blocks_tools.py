@@ -85,7 +85,7 @@ async def test_blocks_and_templates_are_created_once_and_each_tool_edits_as_the_
     assert set(owned) == {"persona", "human", "notes", "rules", TOOL_LOG}
     assert owned["persona"].block_type is BlockType.CORE and owned["persona"].template == "persona"
     assert owned[TOOL_LOG].block_type is BlockType.LOG
-    assert await kit.content("ada", "persona") == "Name: Ada\nTraits: curious, kind\nStyle: brief"
+    assert await kit.content("ada", "persona") == "Name: Ada\nTraits: curious, kind\nStyle: brief\n"
 
     dispatch = agent.dispatcher.dispatch
     result = await dispatch("core_memory_append", {"label": "human", "content": "Name: Bob"})
@@ -102,7 +102,7 @@ async def test_blocks_and_templates_are_created_once_and_each_tool_edits_as_the_
     assert (await dispatch("memory_insert", {"label": "human", "content": "From: Leeds"})).success
     assert await kit.content("ada", "human") == "Name: Bob\nPronouns: he\nLikes green tea\nFrom: Leeds\n"
     assert (await dispatch("memory_rethink", {"label": "human", "new_content": "Bob, from Leeds"})).success
-    assert await kit.content("ada", "human") == "Bob, from Leeds"
+    assert await kit.content("ada", "human") == "Bob, from Leeds\n"
     history = await kit.store.history(SYSTEM, "human", owner="ada")
     assert [v.op for v in history.versions] == [
         "create",
@@ -117,7 +117,7 @@ async def test_blocks_and_templates_are_created_once_and_each_tool_edits_as_the_
 
     # start again (a restore): existing blocks keep their edits
     await agent.get_capability("memory_blocks").start()
-    assert await kit.content("ada", "human") == "Bob, from Leeds"
+    assert await kit.content("ada", "human") == "Bob, from Leeds\n"
     assert await kit.head("ada", "human") == history.head
 
 
@@ -283,15 +283,15 @@ async def test_memory_sections_show_every_block_the_agent_sees(kit: Kit) -> None
     assert section.startswith("## Memory blocks\n\n<human>\n")
     assert (
         "<persona>\nStores details about your current persona, guiding how you behave and respond\n"
-        "chars: 44/2000\nName: Ada\nTraits: curious, kind\nStyle: brief\n</persona>"
+        "chars: 45/2000\nName: Ada\nTraits: curious, kind\nStyle: brief\n</persona>"
     ) in section
     assert (
         "<human>\nStores key details about the person you are conversing with\nchars: 0/2000\n</human>"
         in section
     )
-    assert "<board>\n(no description)\nchars: 6/5000, append-only\ntask 1\n</board>" in section
-    assert "<mission>\n(no description)\nchars: 11/5000, read-only\nhelp people\n</mission>" in section
-    assert "<rules>\n(no description)\nchars: 7/5000, read-only\nbe kind\n</rules>" in section
+    assert "<board>\n(no description)\nchars: 7/5000, append-only\ntask 1\n</board>" in section
+    assert "<mission>\n(no description)\nchars: 12/5000, read-only\nhelp people\n</mission>" in section
+    assert "<rules>\n(no description)\nchars: 8/5000, read-only\nbe kind\n</rules>" in section
     assert "<notes>\n(no description)\nchars: 16/40\nfirst line\nmore\n</notes>" in section
     assert (
         "<tool_log>\nThe actions you ran most recently and how they went; the system writes it, you cannot "
@@ -306,7 +306,7 @@ async def test_memory_sections_show_every_block_the_agent_sees(kit: Kit) -> None
     # an agent with no block of its own sees the colony's
     [only_colony] = await bare.get_capability("memory_blocks").memory_sections("task")
     assert (
-        only_colony == "## Memory blocks\n\n<mission>\n(no description)\nchars: 11/5000, read-only\n"
+        only_colony == "## Memory blocks\n\n<mission>\n(no description)\nchars: 12/5000, read-only\n"
         "help people\n</mission>"
     )
 

@@ -282,8 +282,8 @@ def assistant_blueprint(agent_id: str = "assistant", max_tokens: int = 200) -> A
             goals=[
                 "Help the user. When the user tells you something about themselves (their name, what "
                 "they like), keep it in your `human` block with `core_memory_save_message`. Example: "
-                "the user says \"Remember that I like tea.\" -> {\"action\": "
-                "\"core_memory_save_message\", \"parameters\": {\"label\": \"human\"}}. When the "
+                'the user says "Remember that I like tea." -> {"action": '
+                '"core_memory_save_message", "parameters": {"label": "human"}}. When the '
                 "user asks a question, reply with `answer`.",
             ],
             max_tokens=160,

@@ -77,6 +77,12 @@ def _decode(message: str | None) -> dict[str, Any]:
     return value if isinstance(value, dict) else {}
 
 
+def as_lines(text: str) -> str:
+    """Block text as lines: non-empty content ends with a line break, so a line appended later
+    never joins the last one, and undoing one agent's line never joins two others'."""
+    return text if not text or text.endswith("\n") else text + "\n"
+
+
 def is_subsequence(old: str, new: str) -> bool:
     """Whether `new` keeps every character of `old` in order (an edit that only inserts)."""
     it = iter(new)
@@ -164,6 +170,8 @@ class BlockDocument:
     def create(self, content: str, meta: EditMeta) -> bytes:
         """Version 1 (a commit even when empty: the document records when it was created)."""
 
+        content = as_lines(content)
+
         def apply() -> None:
             self.doc.get_map(META).insert("created", time.time())
             if content:
@@ -195,6 +203,9 @@ class BlockDocument:
                 "matches exactly once"
             )
         at = current.index(old)
+        result = current[:at] + new + current[at + len(old) :]
+        if result and not result.endswith("\n"):  # the match ended the block: keep its final break
+            new += "\n"
 
         def apply() -> None:
             self.text.delete(at, len(old))
@@ -223,6 +234,7 @@ class BlockDocument:
     def set_content(self, new: str, meta: EditMeta, *, inserts_only: bool = False) -> bytes:
         """Rewrite the whole content (a minimal diff: unchanged text keeps its identity, so edits
         made concurrently elsewhere in the block survive). `inserts_only` refuses any deletion."""
+        new = as_lines(new)
         current = self.content()
         if inserts_only:
             if not is_subsequence(current, new):

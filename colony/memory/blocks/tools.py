@@ -266,7 +266,7 @@ class MemoryBlocksCapability(AgentCapability):
         if run is None:
             return ""
         task = run.input.get("task") if isinstance(run.input, dict) else run.input
-        return " ".join(task.split())[:EDIT_CHARS - 20] if isinstance(task, str) else ""
+        return " ".join(task.split())[: EDIT_CHARS - 20] if isinstance(task, str) else ""
 
     @action_executor(action_type=ActionType.MEMORY_WRITE)
     async def core_memory_replace(
