@@ -159,7 +159,7 @@ def test_schemathesis_finds_no_contract_failures(served: AppThread) -> None:
                             "expected-statuses": ["2xx", "400", "401", "403", "404", "409", "429"]
                         }
                     },
-                }
+                },
             ],
             "workers": 1,
         }
