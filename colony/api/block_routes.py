@@ -25,6 +25,7 @@ from collections.abc import Awaitable, Callable
 from typing import TYPE_CHECKING, Annotated, Any, TypeVar
 
 from fastapi import APIRouter, Depends, FastAPI, Path, Query, Response
+from pydantic import BaseModel
 
 from colony.api.limits import check_input
 from colony.api.memory_routes import settings_of
@@ -155,6 +156,16 @@ async def _item(store: BlockStore, principal: str, info: BlockInfo, access: Shar
     )
 
 
+def _options(owner: str | None, body: BaseModel) -> dict[str, Any]:
+    """The store's edit options from a request: whose block, the channel, the note, the base."""
+    return {
+        "owner": owner,
+        "via": VIA,
+        "message": getattr(body, "message", None) or "",
+        "base_version": getattr(body, "base_version", None),
+    }
+
+
 async def _update_info(
     store: BlockStore, principal: str, label: str, owner: str | None, body: BlockPatch
 ) -> BlockInfo:
@@ -233,14 +244,7 @@ def add_block_routes(
         only adds text). Without `base_version` a concurrent edit merges; with it, 409 when the
         block moved on."""
         return await (await blocks()).set_content(
-            agent_id,
-            label,
-            body.content,
-            owner=owner,
-            via=VIA,
-            message=body.message,
-            base_version=body.base_version,
-            op="put",
+            agent_id, label, body.content, op="put", **_options(owner, body)
         )
 
     @router.patch(
@@ -283,15 +287,7 @@ def add_block_routes(
         agent_id: AgentId, label: Label, body: BlockAppend, owner: Owner = None
     ) -> EditOutcome:
         """Add text at the end (read-only: 403). Appends without `base_version` never conflict."""
-        return await (await blocks()).append(
-            agent_id,
-            label,
-            body.text,
-            owner=owner,
-            via=VIA,
-            message=body.message,
-            base_version=body.base_version,
-        )
+        return await (await blocks()).append(agent_id, label, body.text, **_options(owner, body))
 
     @router.get(
         "/v1/agents/{agent_id}/blocks/{label}/history",
@@ -331,9 +327,7 @@ def add_block_routes(
         agent_id: AgentId, label: Label, body: BlockRollback, owner: Owner = None
     ) -> EditOutcome:
         """A new version holding `version`'s content (history kept; needs read-write access)."""
-        return await (await blocks()).rollback(
-            agent_id, label, body.version, owner=owner, via=VIA, message=body.message
-        )
+        return await (await blocks()).rollback(agent_id, label, body.version, **_options(owner, body))
 
     @router.post(
         "/v1/agents/{agent_id}/blocks/{label}/undo",
@@ -429,14 +423,7 @@ def add_block_routes(
     @refusals
     async def put_colony_block(label: Label, body: BlockPut) -> EditOutcome:
         return await (await blocks()).set_content(
-            OPERATOR,
-            label,
-            body.content,
-            owner=COLONY,
-            via=VIA,
-            message=body.message,
-            base_version=body.base_version,
-            op="put",
+            OPERATOR, label, body.content, op="put", **_options(COLONY, body)
         )
 
     @router.patch(
@@ -468,15 +455,7 @@ def add_block_routes(
     )
     @refusals
     async def append_colony_block(label: Label, body: BlockAppend) -> EditOutcome:
-        return await (await blocks()).append(
-            OPERATOR,
-            label,
-            body.text,
-            owner=COLONY,
-            via=VIA,
-            message=body.message,
-            base_version=body.base_version,
-        )
+        return await (await blocks()).append(OPERATOR, label, body.text, **_options(COLONY, body))
 
     @router.get(
         "/v1/colony/blocks/{label}/history",
@@ -496,6 +475,4 @@ def add_block_routes(
     )
     @refusals
     async def rollback_colony_block(label: Label, body: BlockRollback) -> EditOutcome:
-        return await (await blocks()).rollback(
-            OPERATOR, label, body.version, owner=COLONY, via=VIA, message=body.message
-        )
+        return await (await blocks()).rollback(OPERATOR, label, body.version, **_options(COLONY, body))

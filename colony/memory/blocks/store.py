@@ -18,8 +18,9 @@ from __future__ import annotations
 import asyncio
 import time
 from collections import OrderedDict
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, TypedDict, Unpack
 
 import redis.asyncio as aioredis
 
@@ -57,6 +58,17 @@ from colony.memory.blocks.types import (
     Principal,
     SharedAccess,
 )
+
+
+class EditOptions(TypedDict, total=False):
+    """Options every edit takes: `owner` (another owner's block, or COLONY), `via` (the channel
+    kept in history: tool, http, cli, library, system), `message` (a note kept in history) and
+    `base_version` (edit only if the block is still at that version: BlockVersionConflict if not)."""
+
+    owner: str | None
+    via: str
+    message: str
+    base_version: int | None
 
 
 @dataclass
@@ -285,21 +297,20 @@ class BlockStore(BlockDirectory):
         principal: Principal,
         label: str,
         op: str,
-        *,
-        owner: str | None,
-        via: str,
-        message: str,
-        base_version: int | None,
         needs: str,
-        apply: Any,
+        apply: Callable[[BlockDocument, EditMeta, SharedAccess, int], bytes],
+        *,
+        owner: str | None = None,
+        via: str = "library",
+        message: str = "",
+        base_version: int | None = None,
     ) -> EditOutcome:
         """Check access, apply `apply(document, meta, access, base_version)` -> update, check the
         character limit, append the update to the log (folding the log when it is long)."""
         info, access = await self.resolve(principal, label, owner=owner)
         if principal not in (SYSTEM,):
             self._check_access(info, access, needs, principal)
-        if len(message) > 500:
-            message = message[:500]
+        message = (message or "")[:500]
         entry = self._cached(info.block_id)
         async with entry.lock:
             document = await self._refresh(info.block_id, entry)
@@ -381,66 +392,27 @@ class BlockStore(BlockDirectory):
             self._drop(block_id)  # reload from the new snapshot (versions renumbered from its base)
 
     async def append(
-        self,
-        principal: Principal,
-        label: str,
-        text: str,
-        *,
-        owner: str | None = None,
-        via: str = "library",
-        message: str = "",
-        base_version: int | None = None,
+        self, principal: Principal, label: str, text: str, **options: Unpack[EditOptions]
     ) -> EditOutcome:
+        """Add `text` as a line at the end."""
         self._check_text(text)
         return await self._edit(
-            principal,
-            label,
-            "append",
-            owner=owner,
-            via=via,
-            message=message,
-            base_version=base_version,
-            needs="append",
-            apply=lambda d, m, a, b: d.append(text, m),
+            principal, label, "append", "append", lambda d, m, a, b: d.append(text, m), **options
         )
 
     async def insert(
-        self,
-        principal: Principal,
-        label: str,
-        text: str,
-        line: int = -1,
-        *,
-        owner: str | None = None,
-        via: str = "library",
-        message: str = "",
-        base_version: int | None = None,
+        self, principal: Principal, label: str, text: str, line: int = -1, **options: Unpack[EditOptions]
     ) -> EditOutcome:
+        """Insert `text` as a line before line `line` (0 = top, -1 = the end)."""
         self._check_text(text)
         return await self._edit(
-            principal,
-            label,
-            "insert",
-            owner=owner,
-            via=via,
-            message=message,
-            base_version=base_version,
-            needs="append",
-            apply=lambda d, m, a, b: d.insert_line(text, line, m),
+            principal, label, "insert", "append", lambda d, m, a, b: d.insert_line(text, line, m), **options
         )
 
     async def replace(
-        self,
-        principal: Principal,
-        label: str,
-        old: str,
-        new: str,
-        *,
-        owner: str | None = None,
-        via: str = "library",
-        message: str = "",
-        base_version: int | None = None,
+        self, principal: Principal, label: str, old: str, new: str, **options: Unpack[EditOptions]
     ) -> EditOutcome:
+        """Replace the one occurrence of `old` by `new` (append-only: only when `new` keeps `old`)."""
         self._check_text(old)
         self._check_text(new)
 
@@ -449,26 +421,15 @@ class BlockStore(BlockDirectory):
                 current = document.content()
                 if current.count(old) == 1 and new.startswith(old):  # only adds after the match
                     at = current.index(old) + len(old)
-                    return document.set_content(
-                        current[:at] + new[len(old) :] + current[at:], meta, inserts_only=True
-                    )
+                    grown = current[:at] + new[len(old) :] + current[at:]
+                    return document.set_content(grown, meta, inserts_only=True)
                 raise BlockAccessDenied(
                     "your access to this block is append-only and this replacement deletes text; only "
                     "add text (core_memory_append / memory_insert)"
                 )
             return document.replace(old, new, meta)
 
-        return await self._edit(
-            principal,
-            label,
-            "replace",
-            owner=owner,
-            via=via,
-            message=message,
-            base_version=base_version,
-            needs="append",
-            apply=apply,
-        )
+        return await self._edit(principal, label, "replace", "append", apply, **options)
 
     async def set_content(
         self,
@@ -476,76 +437,36 @@ class BlockStore(BlockDirectory):
         label: str,
         content: str,
         *,
-        owner: str | None = None,
-        via: str = "library",
-        message: str = "",
-        base_version: int | None = None,
         op: str = "rethink",
+        **options: Unpack[EditOptions],
     ) -> EditOutcome:
+        """Rewrite the whole content (append-only: only when nothing is deleted)."""
         self._check_text(content)
 
         def apply(document: BlockDocument, meta: EditMeta, access: SharedAccess, base: int) -> bytes:
             append_only = access is SharedAccess.APPEND_ONLY and principal != SYSTEM
             return document.set_content(content, meta, inserts_only=append_only)
 
-        return await self._edit(
-            principal,
-            label,
-            op,
-            owner=owner,
-            via=via,
-            message=message,
-            base_version=base_version,
-            needs="append",
-            apply=apply,
-        )
+        return await self._edit(principal, label, op, "append", apply, **options)
 
     async def rollback(
-        self,
-        principal: Principal,
-        label: str,
-        version: int,
-        *,
-        owner: str | None = None,
-        via: str = "library",
-        message: str = "",
+        self, principal: Principal, label: str, version: int, **options: Unpack[EditOptions]
     ) -> EditOutcome:
-        def apply(document: BlockDocument, meta: EditMeta, access: SharedAccess, base: int) -> bytes:
-            return document.rollback(version, meta, base)
-
+        """A new version whose content is `version`'s (the versions in between stay)."""
+        options["message"] = options.get("message") or f"rollback to v{version}"
+        options.pop("base_version", None)
         return await self._edit(
-            principal,
-            label,
-            "rollback",
-            owner=owner,
-            via=via,
-            message=message or f"rollback to v{version}",
-            base_version=None,
-            needs="write",
-            apply=apply,
+            principal, label, "rollback", "write", lambda d, m, a, b: d.rollback(version, m, b), **options
         )
 
     async def undo(
-        self,
-        principal: Principal,
-        label: str,
-        *,
-        owner: str | None = None,
-        via: str = "library",
-        author: str | None = None,
+        self, principal: Principal, label: str, *, author: str | None = None, **options: Unpack[EditOptions]
     ) -> EditOutcome:
         """Undo `author`'s (default: the principal's) latest edit, keeping everyone else's."""
         who = author or principal
+        options.pop("base_version", None)
         return await self._edit(
-            principal,
-            label,
-            "undo",
-            owner=owner,
-            via=via,
-            message="",
-            base_version=None,
-            needs="write",
-            apply=lambda d, m, a, b: d.undo_last_of(who, m)[0],
+            principal, label, "undo", "write", lambda d, m, a, b: d.undo_last_of(who, m)[0], **options
         )
 
     async def log_append(
@@ -563,12 +484,10 @@ class BlockStore(BlockDirectory):
             SYSTEM,
             label,
             "log",
+            "append",
+            lambda d, m, a, b: d.log_append(stamped, cap, m),
             owner=owner,
             via=via,
-            message="",
-            base_version=None,
-            needs="append",
-            apply=lambda d, m, a, b: d.log_append(stamped, cap, m),
         )
 
     def _check_text(self, text: str) -> None:
