@@ -12,7 +12,7 @@ from typing import Any
 
 import pytest
 
-from colony.agents import Agent, AgentBlueprint, AgentMetadata, LocalAgentRuntime
+from colony.agents import Agent, AgentBlueprint, AgentMetadata, LocalAgentRuntime, ScriptedActionPolicy
 from colony.agents.blueprint import CapabilitySpec
 from colony.agents.models import AgentRun
 from colony.blackboard import Blackboard
@@ -22,7 +22,7 @@ from colony.inference.scripted import ScriptedEngine
 from colony.memory.blocks.rendering import render_blocks
 from colony.memory.blocks.store import BlockStore
 from colony.memory.blocks.templates import apply_template, load_templates
-from colony.memory.blocks.tools import TOOL_LOG, MemoryBlocksCapability
+from colony.memory.blocks.tools import EVENT_LOG, TOOL_LOG, MemoryBlocksCapability
 from colony.memory.blocks.types import OPERATOR, SYSTEM, BlockType, NewBlock, SharedAccess
 from colony.memory.capability import MemoryCapability
 from colony.memory.scopes import MemoryScope
@@ -475,3 +475,22 @@ async def test_save_message_keeps_what_the_user_said_and_refuses_questions(kit: 
         result = await in_run(refused)
         assert not result.success and "nothing saved" in result.error
     assert await kit.head("ada", "human") == head
+
+
+async def test_the_event_log_has_one_entry_per_finished_run(kit: Kit) -> None:
+    steps = [{"action": "core_memory_append", "parameters": {"label": "human", "content": "$input.fact"}}]
+    agent = await kit.runtime.spawn(
+        _blueprint("ada", event_log=True, policy=ScriptedActionPolicy.bind(steps=steps))
+    )
+    first = await agent.run({"task": "keep this", "fact": "Likes tea"})
+    second = await agent.run({"task": "keep that", "fact": "x" * 5000})  # over the block's limit
+    view = await kit.store.read("ada", EVENT_LOG)
+    entries = view.entries or []
+    assert first.status.value == "succeeded"
+    assert [e["status"] for e in entries] == [first.status.value, second.status.value]
+    assert entries[0]["text"].startswith(f"run {first.status.value}: keep this -> ")
+    assert "keep that" in entries[1]["text"]
+    assert view.info.block_type is BlockType.LOG and view.access is SharedAccess.READ_ONLY
+    plain = await kit.runtime.spawn(_blueprint("plain", policy=ScriptedActionPolicy.bind(steps=steps)))
+    await plain.run({"task": "t", "fact": "f"})
+    assert EVENT_LOG not in {i.label for i in await kit.store.list_owned("plain")}

@@ -20,7 +20,7 @@ from typing import TYPE_CHECKING, Annotated, Any
 
 from pydantic import Field
 
-from colony.agents.actions import action_executor
+from colony.agents.actions import action_executor, discover_actions
 from colony.agents.capability import AgentCapability
 from colony.agents.hooks import HookContext, HookType, hook_handler
 from colony.agents.models import ActionType
@@ -43,6 +43,11 @@ MIN_MESSAGE_WORDS = 3  # a message of one or two words states nothing worth keep
 log = logging.getLogger(__name__)
 
 TOOL_LOG = "tool_log"
+EVENT_LOG = "event_log"
+EVENT_LOG_DESCRIPTION = (
+    "What happened in your recent runs (finished, failed) and what came of them; the system writes "
+    "it, you cannot edit it"
+)
 TOOL_LOG_DESCRIPTION = (
     "The actions you ran most recently and how they went; the system writes it, you cannot edit it"
 )
@@ -121,7 +126,8 @@ class MemoryBlocksCapability(AgentCapability):
     `blocks` (NewBlocks) and `templates` (names, or `(name, fields)` pairs; see
     colony.memory.blocks.templates) are created for the agent when it starts, unless it has them
     already (edits survive restarts). `tool_log` keeps a LOG block `tool_log` with one entry per
-    action the agent dispatches, written by the system and read-only to the agent.
+    action the agent dispatches, written by the system and read-only to the agent; `event_log` a
+    LOG block `event_log` with one entry per finished run (status, task, outcome).
 
     `recall` is also an action of MemoryToolsCapability: an agent holding both must leave it out
     of one, `agent.add_capability(cap, exclude_actions=["recall"])` (in a blueprint, the
@@ -138,6 +144,7 @@ class MemoryBlocksCapability(AgentCapability):
         blocks: Sequence[NewBlock] = (),
         templates: Sequence[str | tuple[str, dict[str, Any]]] = (),
         tool_log: bool = True,
+        event_log: bool = False,
         include_recall: bool = True,
         archival_level: str | None = None,
         settings: ColonySettings | None = None,
@@ -150,6 +157,8 @@ class MemoryBlocksCapability(AgentCapability):
             made.append(apply_template(name, fields))
         self.blocks: list[NewBlock] = [*made, *(NewBlock.model_validate(b) for b in blocks)]
         self.tool_log = tool_log
+        self.event_log = event_log
+        self._logged_run: str | None = None
         self.include_recall = include_recall
         self.archival_level = archival_level
         self.settings = settings
@@ -201,14 +210,7 @@ class MemoryBlocksCapability(AgentCapability):
     def available_actions(self) -> set[str] | None:
         if self.include_recall:
             return None
-        return {
-            "core_memory_append",
-            "core_memory_replace",
-            "memory_insert",
-            "memory_rethink",
-            "archival_insert",
-            "archival_search",
-        }
+        return {spec.name for spec in discover_actions(self)} - {"recall"}
 
     async def start(self) -> None:
         """Create the configured blocks and the tool log the agent does not have yet."""
@@ -219,6 +221,10 @@ class MemoryBlocksCapability(AgentCapability):
         if self.tool_log:
             wanted.append(
                 NewBlock(label=TOOL_LOG, block_type=BlockType.LOG, description=TOOL_LOG_DESCRIPTION)
+            )
+        if self.event_log:
+            wanted.append(
+                NewBlock(label=EVENT_LOG, block_type=BlockType.LOG, description=EVENT_LOG_DESCRIPTION)
             )
         for block in wanted:
             try:
@@ -379,6 +385,27 @@ class MemoryBlocksCapability(AgentCapability):
             await self.store().log_append(self._me(), TOOL_LOG, entry)
         except Exception as exc:
             log.warning("agent %s: tool log entry for %s not written: %r", self.agent.agent_id, name, exc)
+        return None
+
+    @hook_handler("Agent.run_step", HookType.AFTER, priority=-100)
+    async def _log_run_end(self, ctx: HookContext, result: Any) -> None:
+        """One event-log entry per finished run: its outcome, what was asked, what came of it. A
+        log that cannot be written never fails the run."""
+        run = self.agent.current_run if self.agent is not None and self.event_log else None
+        if run is None or not run.done or run.run_id == self._logged_run:
+            return None
+        self._logged_run = run.run_id
+        task = run.input.get("task", run.input) if isinstance(run.input, dict) else run.input
+        outcome = run.error if run.error else run.output
+        entry = {
+            "kind": "run",
+            "status": run.status.value,
+            "text": f"run {run.status.value}: {_preview(task)} -> {_preview(outcome)}",
+        }
+        try:
+            await self.store().log_append(self._me(), EVENT_LOG, entry)
+        except Exception as exc:
+            log.warning("agent %s: event log entry for run %s not written: %r", self._me(), run.run_id, exc)
         return None
 
     # -- the prompt -----------------------------------------------------------------------------------
