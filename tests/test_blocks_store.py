@@ -224,3 +224,20 @@ async def test_undo_never_joins_the_lines_around_the_undone_edit(store: BlockSto
     await store.set_content("b", "plan", "x\ny")
     await store.replace("b", "plan", "\ny", "")
     assert (await store.read("a", "plan")).content == "x\n"
+
+
+async def test_a_block_deleted_and_made_again_is_not_mistaken_for_the_cached_one(redis_url: str) -> None:
+    settings = _settings()
+    clients = [create_redis(redis_url, settings.blackboard) for _ in range(2)]
+    a, b = (BlockStore(c, settings) for c in clients)
+    await a.create("x", NewBlock(label="notes", content="old one"))
+    await a.append("x", "notes", "old two")
+    assert "old two" in (await b.read("x", "notes")).content  # b caches the old block
+    await a.delete("x", "x", "notes")
+    await a.create("x", NewBlock(label="notes", content="new one"))
+    assert (await b.read("x", "notes")).content == "new one\n"
+    await b.append("x", "notes", "new two")
+    assert (await a.read("x", "notes")).content == "new one\nnew two\n"
+    assert (await a.history("x", "notes")).head == 2
+    for c in clients:
+        await c.aclose()

@@ -46,13 +46,14 @@ redis.call('HSET', KEYS[1], 'updated_at', ARGV[2])
 return n
 """
 
-# KEYS: meta, snap, log. ARGV: expected generation, updates folded in, snapshot, base version.
+# KEYS: meta, snap, log. ARGV: expected generation, updates folded in, snapshot, base version,
+# the new generation.
 # 1 = compacted, 0 = someone else compacted first.
 COMPACT = r"""
 local gen = redis.call('HGET', KEYS[1], 'gen')
 if gen == false or gen ~= ARGV[1] then return 0 end
 redis.call('SET', KEYS[2], ARGV[3])
 redis.call('LTRIM', KEYS[3], tonumber(ARGV[2]), -1)
-redis.call('HSET', KEYS[1], 'gen', tostring(tonumber(gen) + 1), 'base_version', ARGV[4])
+redis.call('HSET', KEYS[1], 'gen', ARGV[5], 'base_version', ARGV[4])
 return 1
 """

@@ -10,13 +10,14 @@ history exceeds `history_versions`); a generation number makes concurrent compac
 
 Metadata hash fields: owner, label, description, block_type, char_limit, read_only, swapped_out,
 template, colony_access, log_max_entries, log_shown_entries, created_at, updated_at, created_by,
-gen (snapshot generation), base_version (versions folded into a shallow snapshot).
+gen (a fresh token per snapshot), base_version (versions folded into a shallow snapshot).
 """
 
 from __future__ import annotations
 
 import asyncio
 import time
+import uuid
 from collections import OrderedDict
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -213,7 +214,9 @@ class BlockStore(BlockDirectory):
             "created_at": repr(now),
             "updated_at": repr(now),
             "created_by": created_by,
-            "gen": "1",
+            # a fresh token per snapshot (not a counter): a process that cached a deleted block
+            # must not mistake a new block of the same label for it
+            "gen": uuid.uuid4().hex[:16],
             "base_version": "0",
         }
         args: list[Any] = [b64(document.snapshot())]
@@ -386,7 +389,7 @@ class BlockStore(BlockDirectory):
         snapshot, folded = document.compacted(self.settings.history_versions)
         done = await self._compact(
             keys=self._keys(block_id, "meta", "snap", "log"),
-            args=[entry.gen, entry.applied, b64(snapshot), base + folded],
+            args=[entry.gen, entry.applied, b64(snapshot), base + folded, uuid.uuid4().hex[:16]],
         )
         if done:
             self._drop(block_id)  # reload from the new snapshot (versions renumbered from its base)
