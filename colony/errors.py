@@ -238,6 +238,10 @@ class BlockEditRejected(BlockError, InvalidArgument):
     """The edit itself cannot be applied (over the character limit, no unique match, bad line)."""
 
 
+class BlockLimitExceeded(BlockEditRejected):
+    """The edit would grow the block past its character limit; the message says how to make room."""
+
+
 class BlockVersionConflict(BlockError):
     """The client asked to edit from a base version that is no longer the head."""
 

@@ -173,6 +173,19 @@ MEMORY_RECALL_SECONDS = Histogram(
     buckets=_FAST_BUCKETS,
 )
 
+# -- memory blocks (colony/memory/blocks) --------------------------------------------------------------
+
+BLOCK_EDITS = Counter(
+    "colony_block_edits_total",
+    "Memory block edits, by operation and outcome (applied, or refused: access, limit, conflict, invalid).",
+    ["op", "outcome"],
+)
+BLOCK_COMPACTIONS = Counter(
+    "colony_block_compactions_total",
+    "Update logs folded into a block's snapshot, by kind (full, or shallow: old history dropped).",
+    ["kind"],
+)
+
 
 # -- cluster-wide sums: what each process publishes, and how the API adds it up --------------------
 
@@ -237,6 +250,8 @@ PUBLISHED: tuple[Published, ...] = (
     Published(MEMORY_INGESTION_LAG_SECONDS, (), _MEMORY_LAG_BUCKETS),
     Published(MEMORY_PRUNED, ("reason",)),
     Published(MEMORY_RECALL_SECONDS, ("mode",), _FAST_BUCKETS),
+    Published(BLOCK_EDITS, ("op", "outcome")),
+    Published(BLOCK_COMPACTIONS, ("kind",)),
 )
 PUBLISHED_BY_NAME = {p.name: p for p in PUBLISHED}
 PUBLICATION_FORMAT = 2  # a publication of another format (another Colony version) is skipped

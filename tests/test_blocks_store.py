@@ -241,3 +241,22 @@ async def test_a_block_deleted_and_made_again_is_not_mistaken_for_the_cached_one
     assert (await a.history("x", "notes")).head == 2
     for c in clients:
         await c.aclose()
+
+
+async def test_edits_and_refusals_are_counted(store: BlockStore) -> None:
+    from prometheus_client import REGISTRY
+
+    def count(op: str, outcome: str) -> float:
+        return REGISTRY.get_sample_value("colony_block_edits_total", {"op": op, "outcome": outcome}) or 0.0
+
+    before = {k: count(*k) for k in (("append", "applied"), ("append", "limit"), ("put", "access"))}
+    await store.create("m", NewBlock(label="tiny", content="abc", char_limit=8))
+    await store.create("m", NewBlock(label="fixed", content="abc", read_only=True))
+    await store.append("m", "tiny", "de")
+    with pytest.raises(BlockEditRejected):
+        await store.append("m", "tiny", "far too long")
+    with pytest.raises(BlockAccessDenied):
+        await store.set_content("m", "fixed", "x", op="put")
+    assert count("append", "applied") == before[("append", "applied")] + 1
+    assert count("append", "limit") == before[("append", "limit")] + 1
+    assert count("put", "access") == before[("put", "access")] + 1

@@ -25,12 +25,15 @@ from typing import Any, TypedDict, Unpack
 
 import redis.asyncio as aioredis
 
+from colony import metrics
 from colony.blackboard.protocol import BlockProtocol
 from colony.config import BlockSettings, ColonySettings, load_settings
 from colony.errors import (
     BlockAccessDenied,
     BlockEditRejected,
+    BlockError,
     BlockExists,
+    BlockLimitExceeded,
     BlockNotFound,
     BlockVersionConflict,
     InvalidArgument,
@@ -302,6 +305,27 @@ class BlockStore(BlockDirectory):
         op: str,
         needs: str,
         apply: Callable[[BlockDocument, EditMeta, SharedAccess, int], bytes],
+        **options: Unpack[EditOptions],
+    ) -> EditOutcome:
+        """`_apply_edit`, counted by operation and outcome (colony_block_edits_total)."""
+        try:
+            outcome = await self._apply_edit(principal, label, op, needs, apply, **options)
+        except BlockError as exc:
+            metrics.BLOCK_EDITS.labels(op, _refusal(exc)).inc()
+            raise
+        except InvalidArgument:
+            metrics.BLOCK_EDITS.labels(op, "invalid").inc()
+            raise
+        metrics.BLOCK_EDITS.labels(op, "applied").inc()
+        return outcome
+
+    async def _apply_edit(
+        self,
+        principal: Principal,
+        label: str,
+        op: str,
+        needs: str,
+        apply: Callable[[BlockDocument, EditMeta, SharedAccess, int], bytes],
         *,
         owner: str | None = None,
         via: str = "library",
@@ -337,7 +361,7 @@ class BlockStore(BlockDirectory):
             limit = int(entry.fields.get("char_limit", info.char_limit))
             if info.block_type is not BlockType.LOG and after > limit and after > before:
                 self._drop(info.block_id)
-                raise BlockEditRejected(
+                raise BlockLimitExceeded(
                     f"block {label!r} would have {after}/{limit} characters (it has {before}); nothing was "
                     "changed. Shorten it first (core_memory_replace or memory_rethink), move details to "
                     "archival memory (archival_insert), or raise its char_limit"
@@ -392,6 +416,7 @@ class BlockStore(BlockDirectory):
             args=[entry.gen, entry.applied, b64(snapshot), base + folded, uuid.uuid4().hex[:16]],
         )
         if done:
+            metrics.BLOCK_COMPACTIONS.labels("shallow" if folded else "full").inc()
             self._drop(block_id)  # reload from the new snapshot (versions renumbered from its base)
 
     async def append(
@@ -501,6 +526,17 @@ class BlockStore(BlockDirectory):
                 f"the edit carries {len(text)} characters; one edit takes at most "
                 f"{self.settings.max_edit_chars}"
             )
+
+
+def _refusal(exc: BlockError) -> str:
+    """The outcome label of a refused edit."""
+    if isinstance(exc, BlockAccessDenied):
+        return "access"
+    if isinstance(exc, BlockLimitExceeded):
+        return "limit"
+    if isinstance(exc, BlockVersionConflict):
+        return "conflict"
+    return "invalid"
 
 
 def render_log(entries: list[dict[str, Any]], shown: int) -> str:
