@@ -260,3 +260,61 @@ async def test_edits_and_refusals_are_counted(store: BlockStore) -> None:
     assert count("append", "applied") == before[("append", "applied")] + 1
     assert count("append", "limit") == before[("append", "limit")] + 1
     assert count("put", "access") == before[("put", "access")] + 1
+
+
+async def test_an_edit_delayed_past_a_shallow_compaction_is_redone_not_lost(redis_url: str) -> None:
+    """A slow replica's update reaches Redis after another replica folded history into a shallow
+    snapshot newer than the update's base: the append is refused and the edit redone on the new
+    snapshot, so the block stays loadable everywhere and the line is there."""
+    settings = _settings(history_versions=10, compact_after_updates=2)
+    clients = [create_redis(redis_url, settings.blackboard) for _ in range(3)]
+    a, b, c = (BlockStore(cl, settings) for cl in clients)
+    await a.create("alice", NewBlock(label="board", content="start", char_limit=100_000))
+    await a.share("alice", "alice", "board", "bob", SharedAccess.READ_WRITE)
+    gate = asyncio.Event()
+    real = b._append
+
+    async def slow_append(**kwargs: object) -> object:
+        await gate.wait()
+        return await real(**kwargs)
+
+    b._append = slow_append  # type: ignore[method-assign]
+    slow = asyncio.create_task(b.append("bob", "board", "bob's slow line", owner="alice"))
+    await asyncio.sleep(0.2)  # bob has read the block and committed locally; his append waits
+    for i in range(14):
+        await a.append("alice", "board", f"alice {i}")
+    b._append = real  # type: ignore[method-assign]
+    gate.set()
+    done = await slow
+    await a.append("alice", "board", "alice after")
+    content = (await c.read("alice", "board")).content
+    assert "bob's slow line\n" in content and "alice after\n" in content
+    history = await c.history("alice", "board")
+    assert history.head == 17 and done.version in {v.version for v in history.versions}
+    for cl in clients:
+        await cl.aclose()
+
+
+async def test_version_numbers_never_change_across_shallow_compactions(redis_url: str) -> None:
+    """Two replicas taking turns, history well past `history_versions`: every edit keeps the
+    number its EditOutcome gave it, and viewing that number shows that edit's line last."""
+    settings = _settings(history_versions=20, compact_after_updates=4)
+    clients = [create_redis(redis_url, settings.blackboard) for _ in range(2)]
+    stores = [BlockStore(cl, settings) for cl in clients]
+    await stores[0].create("alice", NewBlock(label="notes", char_limit=100_000))
+    given = {}
+    for i in range(90):
+        outcome = await stores[i % 2].append("alice", "notes", f"line {i}", message=f"m{i}")
+        given[f"m{i}"] = outcome.version
+    assert list(given.values()) == list(range(2, 92))
+    history = await stores[0].history("alice", "notes", limit=1000)
+    assert history.head == 91 and 60 < history.oldest_viewable <= 91 - 20 + 1
+    assert all(given[v.message] == v.version for v in history.versions if v.message in given)
+    assert [v.version for v in history.versions] == list(range(history.oldest_viewable, 92))
+    for i in (75, 80, 89):
+        view = await stores[1].read("alice", "notes", version=given[f"m{i}"])
+        assert view.content.splitlines()[-1] == f"line {i}"
+    await stores[1].rollback("alice", "notes", given["m75"])
+    assert (await stores[0].read("alice", "notes")).content.splitlines()[-1] == "line 75"
+    for cl in clients:
+        await cl.aclose()

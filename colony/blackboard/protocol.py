@@ -467,12 +467,13 @@ class MemoryProtocol(BlackboardProtocol):
 class BlockProtocol:
     """Keys of memory blocks (`colony.memory.blocks`) of one colony (`namespace`, a digest of
     tenant and colony). A block's own keys (metadata hash, Loro snapshot, update log, access list)
-    share the block id as a hash tag, so one Lua script edits them atomically. Directories: an
+    share the block id as a hash tag, so one Lua script edits them atomically (`ver`: edit ids in log
+    order, which number the versions). Directories: an
     owner's labels (label -> block id), the blocks shared with an agent (block id -> grant) and
     the owners that have blocks. Block ids are digests of (namespace, owner, label), never raw input."""
 
     ROOT = "colony:blk"
-    PARTS = frozenset({"meta", "snap", "log", "acl"})
+    PARTS = frozenset({"meta", "snap", "log", "ver", "acl"})
     COLONY_OWNER = "_colony"  # owner of colony-wide blocks; agent names cannot start with "_"
 
     @staticmethod

@@ -3,8 +3,8 @@
 Every edit is one Loro commit whose message (JSON) names the edit id, author, channel, operation and
 note, so history, authorship and selective undo come from the document itself. Edits check their
 preconditions (unique match, line in range, append-only) before touching the document, so a
-refused edit changes nothing. Versions are the document's commits in causal (Lamport) order,
-numbered from 1 (the creation); a shallow snapshot folds the oldest ones away (`base_version`).
+refused edit changes nothing. Version numbers come from the block's edit ids in log order (kept in
+Redis, see `groups`); a shallow snapshot folds the oldest versions away.
 """
 
 from __future__ import annotations
@@ -16,7 +16,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from loro import ID, ExportMode, Frontiers, LoroDoc, LoroList, LoroText, UndoManager, VersionVector
+from loro import ID, ExportMode, Frontiers, LoroDoc, LoroList, LoroText, UndoManager
 
 from colony.errors import BlockAccessDenied, BlockEditRejected, BlockNotFound
 from colony.memory.blocks.types import BlockVersion
@@ -115,6 +115,7 @@ class BlockDocument:
 
     def __init__(self, doc: LoroDoc | None = None) -> None:
         self.doc = doc or new_document()
+        self.last_edit_id = ""  # the edit id of the latest local commit
 
     @classmethod
     def load(cls, snapshot: bytes | None, updates: list[bytes]) -> BlockDocument:
@@ -161,7 +162,7 @@ class BlockDocument:
     def _commit(self, meta: EditMeta, apply: Callable[[], None], delta: int) -> bytes:
         before = self.doc.oplog_vv
         apply()
-        edit_id = uuid.uuid4().hex[:16]
+        edit_id = self.last_edit_id = uuid.uuid4().hex[:16]
         self.doc.set_next_commit_message(meta.encode(edit_id, delta))
         self.doc.set_next_commit_timestamp(int(time.time()))
         self.doc.commit()
@@ -263,12 +264,17 @@ class BlockDocument:
         return self._commit(meta, apply, len(raw))
 
     # -- history --------------------------------------------------------------------------------
+    #
+    # Version numbers come from Redis, not from the document: the block's `ver` list holds edit ids
+    # in the order their updates were appended to the log (version = base + position + 1). An
+    # update is appended only by a process whose document held every update before it, so that
+    # order is causal, and every replica numbers every edit the same, forever.
 
-    def _groups(self) -> list[_Group]:
+    def groups(self) -> dict[str, _Group]:
+        """The document's edits by edit id (those folded into a shallow root are gone)."""
         spans = self.doc.oplog_vv.to_spans().inner
         spans = spans() if callable(spans) else spans
-        shallow = self.doc.is_shallow()
-        since = self.doc.shallow_since_vv if shallow else None
+        since = self.doc.shallow_since_vv if self.doc.is_shallow() else None
         groups: dict[str, _Group] = {}
         for peer, (start, end) in spans.items():
             counter = start
@@ -293,18 +299,22 @@ class BlockDocument:
                     groups[key] = _Group(meta, change.lamport, peer, [(peer, first, last_counter)])
                 else:
                     group.spans.append((peer, first, last_counter))
-                    group.lamport = min(group.lamport, change.lamport)
                 counter = last_counter + 1
-        return sorted(groups.values(), key=lambda g: (g.lamport, g.peer))
+        return groups
 
-    def versions(self, base_version: int = 0) -> list[BlockVersion]:
+    def versions(self, order: list[str], base: int) -> list[BlockVersion]:
+        """The versions of `order` (edit ids in log order, the first numbered base + 1)."""
+        groups = self.groups()
         out = []
-        for number, group in enumerate(self._groups(), start=base_version + 1):
+        for number, edit_id in enumerate(order, start=base + 1):
+            group = groups.get(edit_id)
+            if group is None:
+                continue
             meta = group.meta
             out.append(
                 BlockVersion(
                     version=number,
-                    edit_id=str(meta.get("e", "")),
+                    edit_id=edit_id,
                     author=str(meta.get("by", "unknown")),
                     via=str(meta.get("via", "")),
                     op=str(meta.get("op", "")),
@@ -315,74 +325,65 @@ class BlockDocument:
             )
         return out
 
-    def head_version(self, base_version: int = 0) -> int:
-        """The head's version number: one Loro change per edit (merging is off and every commit
-        message is unique), so the change count is the version count without walking history."""
-        return base_version + self.doc.len_changes
-
-    def _frontier(self, groups: list[_Group]) -> Frontiers:
-        vv = VersionVector()
-        if self.doc.is_shallow():
-            vv.merge(self.doc.shallow_since_vv)
-        for group in groups:
-            for peer, _first, last in group.spans:
-                vv.extend_to_include_last_id(ID(peer, last))
+    def _without(self, later: list[str], groups: dict[str, _Group]) -> Frontiers:
+        """The document's head without the edits `later` (and what depends on them: nothing,
+        as they come last in causal order)."""
+        vv = self.doc.oplog_vv
+        ends: dict[int, int] = {}
+        for edit_id in later:
+            group = groups.get(edit_id)
+            for peer, first, _last in group.spans if group else []:
+                ends[peer] = min(first, ends.get(peer, first))
+        for peer, end in ends.items():
+            vv.set_end(ID(peer, end))
         return self.doc.vv_to_frontiers(vv)
 
-    def frontier_of(self, version: int, base_version: int = 0) -> Frontiers:
-        groups = self._groups()
-        index = version - base_version
-        if index < 1 or index > len(groups):
+    def frontier_of(self, version: int, order: list[str], base: int) -> Frontiers:
+        index = version - base
+        if index < 1 or index > len(order):
             raise BlockNotFound(
-                f"version {version} is not in this block's history (viewable: {base_version + 1}.."
-                f"{base_version + len(groups)})"
+                f"version {version} is not in this block's history (viewable: {base + 1}.."
+                f"{base + len(order)})"
             )
-        return self._frontier(groups[:index])
+        return self._without(order[index:], self.groups())
 
-    def view(self, version: int, base_version: int = 0) -> tuple[str, list[dict[str, Any]]]:
+    def view(self, version: int, order: list[str], base: int) -> tuple[str, list[dict[str, Any]]]:
         """Content and entries at `version` (the document returns to its head afterwards)."""
-        frontier = self.frontier_of(version, base_version)
+        frontier = self.frontier_of(version, order, base)
         self.doc.checkout(frontier)
         try:
             return self.content(), self.entries()
         finally:
             self.doc.checkout_to_latest()
 
-    def rollback(self, version: int, meta: EditMeta, base_version: int = 0) -> bytes:
+    def rollback(self, version: int, meta: EditMeta, order: list[str], base: int) -> bytes:
         """A new commit whose content is `version`'s (history kept: nothing is rewritten)."""
-        frontier = self.frontier_of(version, base_version)
-        old, _ = self.view(version, base_version)
+        frontier = self.frontier_of(version, order, base)
+        old, _ = self.view(version, order, base)
         return self._commit(meta, lambda: self.doc.revert_to(frontier), len(old) - len(self.content()))
 
-    def undo_last_of(self, author: str, meta: EditMeta) -> tuple[bytes, int]:
-        """Undo `author`'s latest edit (not an undo itself already undone) and keep everything
-        others did, before or after it: Loro's UndoManager inverts that edit transformed over the
-        rest. Returns the update and the version number undone (relative to the first kept)."""
-        groups = self._groups()
-        undone = {str(g.meta.get("undoes")) for g in groups if g.meta.get("undoes")}
+    def undo_last_of(self, author: str, meta: EditMeta, order: list[str]) -> bytes:
+        """Undo `author`'s latest edit (not the creation, not an undo, not undone already) and keep
+        everything others did, before or after it: Loro's UndoManager inverts that edit
+        transformed over the rest. `order`: the block's edit ids in log order."""
+        groups = self.groups()
+        undone = {str(g.meta.get("undoes")) for g in groups.values() if g.meta.get("undoes")}
         target_index = None
-        for index in range(len(groups) - 1, -1, -1):
-            g = groups[index]
+        for index in range(len(order) - 1, -1, -1):
+            g = groups.get(order[index])
             if (
-                g.meta.get("by") == author
-                and str(g.meta.get("e")) not in undone
+                g is not None
+                and g.meta.get("by") == author
+                and order[index] not in undone
                 and g.meta.get("op") not in ("create", "undo")
             ):
                 target_index = index
                 break
         if target_index is None:
-            raise BlockEditRejected(f"{author} has no edit of this block left to undo")
-        target = groups[target_index]
-        before = self._frontier(groups[:target_index])
-        after_vv = VersionVector()
-        if self.doc.is_shallow():
-            after_vv.merge(self.doc.shallow_since_vv)
-        for g in groups[:target_index]:
-            for peer, _f, last in g.spans:
-                after_vv.extend_to_include_last_id(ID(peer, last))
-        for peer, _f, last in target.spans:
-            after_vv.extend_to_include_last_id(ID(peer, last))
-        after = self.doc.vv_to_frontiers(after_vv)
+            raise BlockEditRejected(f"{author} has no edit of this block left to undo (in its kept history)")
+        target = groups[order[target_index]]
+        before = self._without(order[target_index:], groups)
+        after = self._without(order[target_index + 1 :], groups)
         head = self.doc.oplog_frontiers
         # replay: the state before the edit, the edit as a local (undoable) change, the rest as
         # excluded-origin changes; undo then yields head minus that edit
@@ -421,16 +422,21 @@ class BlockDocument:
         self.doc.set_next_commit_message(json.dumps(message, separators=(",", ":")))
         self.doc.set_next_commit_timestamp(int(time.time()))
         self.doc.commit()
-        return self.doc.export(ExportMode.Updates(before_vv)), target_index
+        self.last_edit_id = str(message["e"])
+        return self.doc.export(ExportMode.Updates(before_vv))
 
     # -- compaction -----------------------------------------------------------------------------
 
-    def compacted(self, keep_versions: int) -> tuple[bytes, int]:
-        """A snapshot to store, and how many versions it folded away: a full snapshot, or a
-        shallow one starting `keep_versions` before the head when history is longer."""
-        groups = self._groups()
-        if len(groups) <= keep_versions:
+    def compacted(self, order: list[str], keep_versions: int) -> tuple[bytes, int]:
+        """A snapshot to store and how many versions of `order` it folds away: a full snapshot,
+        or a shallow one whose root is the oldest version kept when `order` is longer than
+        `keep_versions` (only over edits this document holds)."""
+        groups = self.groups()
+        known = 0
+        while known < len(order) and order[known] in groups:
+            known += 1
+        drop = min(len(order) - keep_versions, known - 1)
+        if drop <= 0:
             return self.snapshot(), 0
-        root_index = len(groups) - keep_versions  # this group's state becomes the shallow root
-        frontier = self._frontier(groups[: root_index + 1])
-        return self.doc.export(ExportMode.ShallowSnapshot(frontier)), root_index
+        root = self._without(order[drop + 1 :], groups)  # the state of the oldest version kept
+        return self.doc.export(ExportMode.ShallowSnapshot(root)), drop

@@ -10,7 +10,7 @@ history exceeds `history_versions`); a generation number makes concurrent compac
 
 Metadata hash fields: owner, label, description, block_type, char_limit, read_only, swapped_out,
 template, colony_access, log_max_entries, log_shown_entries, created_at, updated_at, created_by,
-gen (a fresh token per snapshot), base_version (versions folded into a shallow snapshot).
+gen (a fresh token per snapshot), vbase (versions trimmed from the front of the `ver` list).
 """
 
 from __future__ import annotations
@@ -64,6 +64,18 @@ from colony.memory.blocks.types import (
 )
 
 
+@dataclass(frozen=True)
+class History:
+    """The block's edit ids in log order and how many versions came before the first."""
+
+    order: list[str]
+    base: int
+
+
+Apply = Callable[[BlockDocument, EditMeta, SharedAccess, History], bytes]
+EDIT_ATTEMPTS = 5  # an edit redone after this many compactions in a row gives up
+
+
 class EditOptions(TypedDict, total=False):
     """Options every edit takes: `owner` (another owner's block, or COLONY), `via` (the channel
     kept in history: tool, http, cli, library, system), `message` (a note kept in history) and
@@ -83,6 +95,14 @@ class _Cached:
     applied: int = 0
     document: BlockDocument | None = None
     fields: dict[str, str] = field(default_factory=dict)
+    vbase: int = 0  # versions folded away before the first of `order`
+    vcount: int = 0  # versions listed in Redis (head = vbase + vcount)
+    order: list[str] | None = None  # edit ids in log order, when the last refresh asked for them
+
+    @property
+    def head(self) -> int:
+        return self.vbase + self.vcount
+
     lock: asyncio.Lock = field(default_factory=asyncio.Lock)
 
 
@@ -127,31 +147,39 @@ class BlockStore(BlockDirectory):
         if entry is not None:
             entry.document, entry.gen, entry.applied = None, "", 0
 
-    async def _refresh(self, block_id: str, entry: _Cached) -> BlockDocument:
-        """Bring the cached document up to Redis (the caller holds `entry.lock`)."""
+    async def _refresh(self, block_id: str, entry: _Cached, *, versions: bool = False) -> BlockDocument:
+        """Bring the cached document up to Redis (the caller holds `entry.lock`); with `versions`,
+        also the block's edit ids in log order (`entry.order`), read in the same script."""
         reply = await self._read(
-            keys=self._keys(block_id, "meta", "snap", "log"),
-            args=[entry.gen if entry.document is not None else "-", entry.applied],
+            keys=self._keys(block_id, "meta", "snap", "log", "ver"),
+            args=[entry.gen if entry.document is not None else "-", entry.applied, "1" if versions else "0"],
         )
         if reply is None:
             self._drop(block_id)
             raise BlockNotFound(f"block {block_id} does not exist (it was deleted)")
-        gen = reply[0]
-        bar = reply.index("|")
-        flat = reply[1:bar]
-        fields = dict(zip(flat[0::2], flat[1::2], strict=False))
-        snapshot, updates = reply[bar + 1], reply[bar + 2 :]
+        gen, vbase, vcount, nmeta = reply[0], int(reply[1]), int(reply[2]), int(reply[3])
+        flat = reply[4 : 4 + nmeta]
+        at = 4 + nmeta
+        snapshot, nids = reply[at], int(reply[at + 1])
+        ids, updates = reply[at + 2 : at + 2 + nids], reply[at + 2 + nids :]
         try:
             if entry.document is None or gen != entry.gen:
                 entry.document = BlockDocument.load(unb64(snapshot) if snapshot else None, [])
                 entry.applied = 0
             entry.document.import_updates([unb64(u) for u in updates])
-        except Exception:
+        except BaseException as exc:  # Loro raises BaseException itself
             self._drop(block_id)
-            raise
+            if not _from_loro(exc):
+                raise
+            raise BlockError(
+                f"block {block_id}'s stored history could not be loaded ({exc}); it needs an operator "
+                "(docs/blocks.md, Storage)"
+            ) from exc
         entry.gen = gen
         entry.applied += len(updates)
-        entry.fields = fields
+        entry.fields = dict(zip(flat[0::2], flat[1::2], strict=False))
+        entry.vbase, entry.vcount = vbase, vcount
+        entry.order = list(ids) if versions else None
         return entry.document
 
     # -- creation, lookup, listing ------------------------------------------------------------------
@@ -220,12 +248,12 @@ class BlockStore(BlockDirectory):
             # a fresh token per snapshot (not a counter): a process that cached a deleted block
             # must not mistake a new block of the same label for it
             "gen": uuid.uuid4().hex[:16],
-            "base_version": "0",
+            "vbase": "0",
         }
-        args: list[Any] = [b64(document.snapshot())]
+        args: list[Any] = [b64(document.snapshot()), document.last_edit_id]
         for name, value in fields.items():
             args += [name, str(value)]
-        created = await self._create(keys=self._keys(block_id, "meta", "snap", "log"), args=args)
+        created = await self._create(keys=self._keys(block_id, "meta", "snap", "log", "ver"), args=args)
         if not created:
             raise BlockExists(f"{owner} already has a block labelled {block.label!r}")
         async with self.redis.pipeline(transaction=True) as pipe:
@@ -255,14 +283,14 @@ class BlockStore(BlockDirectory):
         info, access = await self.resolve(principal, label, owner=owner)
         entry = self._cached(info.block_id)
         async with entry.lock:
-            document = await self._refresh(info.block_id, entry)
-            base = int(entry.fields.get("base_version", "0"))
-            head = document.head_version(base)
+            past = version is not None
+            document = await self._refresh(info.block_id, entry, versions=past)
+            head = entry.head
             if version is None or version == head:
                 content, entries = document.content(), document.entries()
                 version_out, is_head = head, True
             else:
-                content, entries = document.view(version, base)
+                content, entries = document.view(version, entry.order or [], entry.vbase)
                 version_out, is_head = version, False
             fresh = info_from_fields(entry.fields, info.block_id)
         if fresh.block_type is BlockType.LOG:
@@ -283,16 +311,16 @@ class BlockStore(BlockDirectory):
         info, _ = await self.resolve(principal, label, owner=owner)
         entry = self._cached(info.block_id)
         async with entry.lock:
-            document = await self._refresh(info.block_id, entry)
-            base = int(entry.fields.get("base_version", "0"))
-            versions = document.versions(base)
+            document = await self._refresh(info.block_id, entry, versions=True)
+            versions = document.versions(entry.order or [], entry.vbase)
+            head, base = entry.head, entry.vbase
         limit = max(1, min(limit, 10_000))
         return BlockHistory(
             block_id=info.block_id,
             label=info.label,
             owner=info.owner,
             versions=versions[-limit:],
-            head=base + len(versions),
+            head=head,
             oldest_viewable=base + 1,
         )
 
@@ -304,7 +332,7 @@ class BlockStore(BlockDirectory):
         label: str,
         op: str,
         needs: str,
-        apply: Callable[[BlockDocument, EditMeta, SharedAccess, int], bytes],
+        apply: Apply,
         **options: Unpack[EditOptions],
     ) -> EditOutcome:
         """`_apply_edit`, counted by operation and outcome (colony_block_edits_total)."""
@@ -325,68 +353,77 @@ class BlockStore(BlockDirectory):
         label: str,
         op: str,
         needs: str,
-        apply: Callable[[BlockDocument, EditMeta, SharedAccess, int], bytes],
+        apply: Apply,
         *,
         owner: str | None = None,
         via: str = "library",
         message: str = "",
         base_version: int | None = None,
     ) -> EditOutcome:
-        """Check access, apply `apply(document, meta, access, base_version)` -> update, check the
-        character limit, append the update to the log (folding the log when it is long)."""
+        """Check access, apply `apply(document, meta, access, history)` -> update, check the
+        character limit, append the update to the log (folding the log when it is long). An edit
+        whose block was compacted between its read and its append is redone on the new snapshot
+        (its update could depend on history the snapshot folded away)."""
         info, access = await self.resolve(principal, label, owner=owner)
         if principal not in (SYSTEM,):
             self._check_access(info, access, needs, principal)
-        message = (message or "")[:500]
+        meta = EditMeta(principal, via, op, (message or "")[:500])
         entry = self._cached(info.block_id)
-        async with entry.lock:
-            document = await self._refresh(info.block_id, entry)
-            base = int(entry.fields.get("base_version", "0"))
-            if base_version is not None:
-                head = document.head_version(base)
-                if head != base_version:
+        for _attempt in range(EDIT_ATTEMPTS):
+            async with entry.lock:
+                document = await self._refresh(info.block_id, entry, versions=op in ("rollback", "undo"))
+                if base_version is not None and entry.head != base_version:
                     raise BlockVersionConflict(
-                        f"block {label!r} is at version {head}, not {base_version}; read it again and "
-                        "redo the edit on the current content (or leave base_version out to merge)",
-                        current_version=head,
+                        f"block {label!r} is at version {entry.head}, not {base_version}; read it again "
+                        "and redo the edit on the current content (or leave base_version out to merge)",
+                        current_version=entry.head,
                     )
-            before = document.size()
-            meta = EditMeta(principal, via, op, message)
-            try:
-                update = apply(document, meta, access, base)
-            except Exception:
-                self._drop(info.block_id)  # the cached document may hold a partial local change
-                raise
-            after = document.size()
-            limit = int(entry.fields.get("char_limit", info.char_limit))
-            if info.block_type is not BlockType.LOG and after > limit and after > before:
-                self._drop(info.block_id)
-                raise BlockLimitExceeded(
-                    f"block {label!r} would have {after}/{limit} characters (it has {before}); nothing was "
-                    "changed. Shorten it first (core_memory_replace or memory_rethink), move details to "
-                    "archival memory (archival_insert), or raise its char_limit"
-                )
-            try:
-                length = await self._append(
-                    keys=self._keys(info.block_id, "meta", "log"), args=[b64(update), repr(time.time())]
-                )
-            except Exception:
-                self._drop(info.block_id)
-                raise
-            if length < 0:
-                self._drop(info.block_id)
-                raise BlockNotFound(f"block {label!r} was deleted while being edited")
-            version = document.head_version(base)
-            if length > self.settings.compact_after_updates:
-                await self._fold(info.block_id, entry)
-        return EditOutcome(
-            block_id=info.block_id,
-            label=info.label,
-            owner=info.owner,
-            version=version,
-            chars=after,
-            char_limit=limit,
-            op=op,
+                before = document.size()
+                try:
+                    update = apply(document, meta, access, History(entry.order or [], entry.vbase))
+                except BaseException as exc:
+                    self._drop(info.block_id)  # the cached document may hold a partial local change
+                    if not _from_loro(exc):
+                        raise
+                    raise BlockError(f"the edit of block {label!r} failed in Loro: {exc}") from exc
+                after = document.size()
+                limit = int(entry.fields.get("char_limit", info.char_limit))
+                if info.block_type is not BlockType.LOG and after > limit and after > before:
+                    self._drop(info.block_id)
+                    raise BlockLimitExceeded(
+                        f"block {label!r} would have {after}/{limit} characters (it has {before}); nothing "
+                        "was changed. Shorten it first (core_memory_replace or memory_rethink), move "
+                        "details to archival memory (archival_insert), or raise its char_limit"
+                    )
+                try:
+                    reply = await self._append(
+                        keys=self._keys(info.block_id, "meta", "log", "ver"),
+                        args=[b64(update), repr(time.time()), document.last_edit_id, entry.gen],
+                    )
+                except Exception:
+                    self._drop(info.block_id)
+                    raise
+                if reply == -1:
+                    self._drop(info.block_id)
+                    raise BlockNotFound(f"block {label!r} was deleted while being edited")
+                if reply == -2:  # compacted meanwhile: reload and redo
+                    self._drop(info.block_id)
+                    continue
+                length, version = int(reply[0]), int(reply[1])
+                if length > self.settings.compact_after_updates:
+                    await self._fold(info.block_id, entry)
+            return EditOutcome(
+                block_id=info.block_id,
+                label=info.label,
+                owner=info.owner,
+                version=version,
+                chars=after,
+                char_limit=limit,
+                op=op,
+            )
+        raise BlockError(
+            f"block {label!r} was compacted {EDIT_ATTEMPTS} times while this edit was made; nothing was "
+            "changed, try again"
         )
 
     @staticmethod
@@ -405,19 +442,17 @@ class BlockStore(BlockDirectory):
             raise BlockAccessDenied(f"{principal} has read-only access to {where}; it cannot be changed")
 
     async def _fold(self, block_id: str, entry: _Cached) -> None:
-        """Fold the update log into the snapshot (the caller holds the lock, document current)."""
-        document = entry.document
-        if document is None:
-            return
-        base = int(entry.fields.get("base_version", "0"))
-        snapshot, folded = document.compacted(self.settings.history_versions)
+        """Fold the update log into the snapshot (the caller holds the lock): a full snapshot, or a
+        shallow one when more than `history_versions` versions are listed."""
+        document = await self._refresh(block_id, entry, versions=True)
+        snapshot, dropped = document.compacted(entry.order or [], self.settings.history_versions)
         done = await self._compact(
-            keys=self._keys(block_id, "meta", "snap", "log"),
-            args=[entry.gen, entry.applied, b64(snapshot), base + folded, uuid.uuid4().hex[:16]],
+            keys=self._keys(block_id, "meta", "snap", "log", "ver"),
+            args=[entry.gen, entry.applied, b64(snapshot), uuid.uuid4().hex[:16], dropped],
         )
         if done:
-            metrics.BLOCK_COMPACTIONS.labels("shallow" if folded else "full").inc()
-            self._drop(block_id)  # reload from the new snapshot (versions renumbered from its base)
+            metrics.BLOCK_COMPACTIONS.labels("shallow" if dropped else "full").inc()
+            self._drop(block_id)  # the next use loads the new snapshot
 
     async def append(
         self, principal: Principal, label: str, text: str, **options: Unpack[EditOptions]
@@ -444,7 +479,7 @@ class BlockStore(BlockDirectory):
         self._check_text(old)
         self._check_text(new)
 
-        def apply(document: BlockDocument, meta: EditMeta, access: SharedAccess, base: int) -> bytes:
+        def apply(document: BlockDocument, meta: EditMeta, access: SharedAccess, history: History) -> bytes:
             if access is SharedAccess.APPEND_ONLY and principal != SYSTEM:
                 current = document.content()
                 if current.count(old) == 1 and new.startswith(old):  # only adds after the match
@@ -471,7 +506,7 @@ class BlockStore(BlockDirectory):
         """Rewrite the whole content (append-only: only when nothing is deleted)."""
         self._check_text(content)
 
-        def apply(document: BlockDocument, meta: EditMeta, access: SharedAccess, base: int) -> bytes:
+        def apply(document: BlockDocument, meta: EditMeta, access: SharedAccess, history: History) -> bytes:
             append_only = access is SharedAccess.APPEND_ONLY and principal != SYSTEM
             return document.set_content(content, meta, inserts_only=append_only)
 
@@ -484,7 +519,12 @@ class BlockStore(BlockDirectory):
         options["message"] = options.get("message") or f"rollback to v{version}"
         options.pop("base_version", None)
         return await self._edit(
-            principal, label, "rollback", "write", lambda d, m, a, b: d.rollback(version, m, b), **options
+            principal,
+            label,
+            "rollback",
+            "write",
+            lambda d, m, a, h: d.rollback(version, m, h.order, h.base),
+            **options,
         )
 
     async def undo(
@@ -494,7 +534,7 @@ class BlockStore(BlockDirectory):
         who = author or principal
         options.pop("base_version", None)
         return await self._edit(
-            principal, label, "undo", "write", lambda d, m, a, b: d.undo_last_of(who, m)[0], **options
+            principal, label, "undo", "write", lambda d, m, a, h: d.undo_last_of(who, m, h.order), **options
         )
 
     async def log_append(
@@ -526,6 +566,14 @@ class BlockStore(BlockDirectory):
                 f"the edit carries {len(text)} characters; one edit takes at most "
                 f"{self.settings.max_edit_chars}"
             )
+
+
+def _from_loro(exc: BaseException) -> bool:
+    """Whether `exc` is an error Loro raised (its Python binding raises plain BaseException and
+    pyo3 panics), as opposed to cancellation or exit, which must pass through untouched."""
+    return not isinstance(
+        exc, Exception | asyncio.CancelledError | KeyboardInterrupt | SystemExit | GeneratorExit
+    )
 
 
 def _refusal(exc: BlockError) -> str:
