@@ -160,7 +160,7 @@ def test_create_list_read_settings_and_delete(http: httpx.Client) -> None:
         "owner": owner,
         "block_type": "core",
         "description": "who I am",
-        "chars": len("I help.\n"),
+        "chars": len("I help."),  # the final line break is not counted
         "char_limit": 500,
         "access": "read_write",
         "read_only": False,
@@ -171,7 +171,7 @@ def test_create_list_read_settings_and_delete(http: httpx.Client) -> None:
     view = http.get(f"/v1/agents/{owner}/blocks/persona").json()
     assert (view["content"], view["chars"], view["version"], view["access"], view["head"]) == (
         "I help.\n",
-        8,
+        7,
         1,
         "read_write",
         True,
@@ -227,7 +227,7 @@ def test_three_edits_history_views_and_rollback(http: httpx.Client) -> None:
         "label": "human",
         "owner": agent,
         "version": 3,
-        "chars": len("rewritten\n"),  # content is lines: a final break
+        "chars": len("rewritten"),  # content is lines; the final break is not counted
         "char_limit": 5000,
         "op": "put",
     }
@@ -481,7 +481,7 @@ def test_colony_blocks(http: httpx.Client) -> None:
     assert made.json()["owner"] == "_colony" and made.json()["colony_access"] == "append_only"
     error_of(http.post("/v1/colony/blocks", json={"label": label}), 409, "conflict")
     rows = [b for b in http.get("/v1/colony/blocks").json() if b["label"] == label]
-    assert rows and rows[0]["colony"] is True and rows[0]["access"] == "append_only" and rows[0]["chars"] == 8
+    assert rows and rows[0]["colony"] is True and rows[0]["access"] == "append_only" and rows[0]["chars"] == 7
 
     # every agent sees it (one that never had a block too), with the colony's access
     for who in (agent, later):

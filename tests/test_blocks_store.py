@@ -10,6 +10,7 @@ from collections.abc import AsyncIterator
 import pytest
 
 from colony.blackboard import create_redis
+from colony.blackboard.protocol import BlockProtocol
 from colony.config import ColonySettings
 from colony.errors import (
     BlockAccessDenied,
@@ -318,3 +319,66 @@ async def test_version_numbers_never_change_across_shallow_compactions(redis_url
     assert (await stores[0].read("alice", "notes")).content.splitlines()[-1] == "line 75"
     for cl in clients:
         await cl.aclose()
+
+
+async def test_review_hardening(store: BlockStore, redis_url: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    """What a hostile review found, each pinned: the operator edits read-only blocks; the block's
+    own access list decides a by-label read; colony labels never collide with an agent's own; log
+    blocks start empty and bound their entries; lone surrogates are refused; a block of exactly its
+    limit fits; a slow character diff falls back to lines."""
+    await store.create_colony_block(
+        NewBlock(label="policy", content="v1", read_only=True), SharedAccess.READ_WRITE
+    )
+    await store.set_content(OPERATOR, "policy", "v2", owner=COLONY)
+    assert (await store.read("anyone", "policy")).content == "v2\n"
+    with pytest.raises(BlockAccessDenied):
+        await store.append("anyone", "policy", "x")
+
+    await store.create("owner", NewBlock(label="board", content="t"))
+    await store.share(OPERATOR, "owner", "board", "guest", SharedAccess.READ_WRITE)
+    await store.redis.hdel(BlockProtocol.key(store.block_id("owner", "board"), "acl"), "guest")
+    with pytest.raises(BlockNotFound):  # the agent's index still names it; the block says no
+        await store.read("guest", "board")
+    assert "board" not in [i.label for i, _ in await store.list_for("guest")]
+
+    with pytest.raises(BlockExists):
+        await store.create("owner", NewBlock(label="policy"))
+    with pytest.raises(BlockExists):
+        await store.create_colony_block(NewBlock(label="board"), SharedAccess.READ_ONLY)
+
+    with pytest.raises(InvalidArgument, match="starts empty"):
+        await store.create("owner", NewBlock(label="events", block_type=BlockType.LOG, content="x"))
+    await store.create("owner", NewBlock(label="events", block_type=BlockType.LOG, log_max_entries=2))
+    await store.log_append("owner", "events", {"kind": "big\nkind", "text": "y" * 1_000_000})
+    entry = (await store.read("owner", "events")).entries[-1]  # type: ignore[index]
+    assert len(entry["text"]) == 1000 and entry["kind"] == "big\nkind"
+    assert "- [big kind] " in (await store.read("owner", "events")).content
+
+    with pytest.raises(BlockEditRejected, match="surrogate"):
+        await store.append("owner", "board", "bad \ud800")
+    await store.append("owner", "board", "ok", message="note \ud800")  # a note is kept, repaired
+
+    await store.create("owner", NewBlock(label="exact", content="x" * 10, char_limit=10))
+    await store.set_content("owner", "exact", "y" * 10)
+    view = await store.read("owner", "exact")
+    assert view.content == "y" * 10 + "\n" and view.chars == 10
+
+    await store.create("solo", NewBlock(label="only"))
+    await store.delete("solo", "solo", "only")
+    assert "solo" not in await store.redis.smembers(BlockProtocol.owners_key(store.namespace))
+
+    monkeypatch.setattr("colony.memory.blocks.document.REWRITE_DIFF_MS", 0)
+    await store.set_content("owner", "board", "line one\nline two")
+    assert (await store.read("owner", "board")).content == "line one\nline two\n"
+
+
+def test_the_process_store_is_per_colony_whatever_the_settings_objects(redis_url: str) -> None:
+    from colony.memory.blocks.store import block_store
+
+    client = create_redis(redis_url)
+    stores = [block_store(client, ColonySettings(colony_id=f"colony{n % 3}")) for n in range(60)]
+    assert {s.namespace for s in stores} == {
+        BlockProtocol.namespace("default", f"colony{n}") for n in range(3)
+    }
+    for n, s in enumerate(stores):
+        assert s.namespace == BlockProtocol.namespace("default", f"colony{n % 3}")

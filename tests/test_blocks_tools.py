@@ -90,7 +90,7 @@ async def test_blocks_and_templates_are_created_once_and_each_tool_edits_as_the_
     dispatch = agent.dispatcher.dispatch
     result = await dispatch("core_memory_append", {"label": "human", "content": "Name: Bob"})
     assert result.success, result
-    assert result.output == {"label": "human", "owner": "ada", "version": 2, "chars": 10, "char_limit": 2000}
+    assert result.output == {"label": "human", "owner": "ada", "version": 2, "chars": 9, "char_limit": 2000}
     assert (await dispatch("core_memory_append", {"label": "human", "content": "Likes tea"})).success
     assert await kit.content("ada", "human") == "Name: Bob\nLikes tea\n"  # appended lines end with a break
     assert (
@@ -162,7 +162,13 @@ async def test_refused_edits_fail_with_the_reason_and_change_nothing(kit: Kit) -
             "core_memory_replace",
             {"label": "board", "old_content": "task 1", "new_content": "done"},
             "lead",
-            ["append-only", "only add text"],
+            ["append-only", "add text at its end only"],
+        ),
+        (
+            "memory_insert",
+            {"label": "board", "content": "NOT", "line": 0},
+            "lead",
+            ["append-only", "not insert"],
         ),
         (
             "memory_rethink",
@@ -283,16 +289,16 @@ async def test_memory_sections_show_every_block_the_agent_sees(kit: Kit) -> None
     assert section.startswith("## Memory blocks\n\n<human>\n")
     assert (
         "<persona>\nStores details about your current persona, guiding how you behave and respond\n"
-        "chars: 45/2000\nName: Ada\nTraits: curious, kind\nStyle: brief\n</persona>"
+        "chars: 44/2000\nName: Ada\nTraits: curious, kind\nStyle: brief\n</persona>"
     ) in section
     assert (
         "<human>\nStores key details about the person you are conversing with\nchars: 0/2000\n</human>"
         in section
     )
-    assert "<board>\n(no description)\nchars: 7/5000, append-only\ntask 1\n</board>" in section
-    assert "<mission>\n(no description)\nchars: 12/5000, read-only\nhelp people\n</mission>" in section
-    assert "<rules>\n(no description)\nchars: 8/5000, read-only\nbe kind\n</rules>" in section
-    assert "<notes>\n(no description)\nchars: 16/40\nfirst line\nmore\n</notes>" in section
+    assert "<board>\n(no description)\nchars: 6/5000, append-only\ntask 1\n</board>" in section
+    assert "<mission>\n(no description)\nchars: 11/5000, read-only\nhelp people\n</mission>" in section
+    assert "<rules>\n(no description)\nchars: 7/5000, read-only\nbe kind\n</rules>" in section
+    assert "<notes>\n(no description)\nchars: 15/40\nfirst line\nmore\n</notes>" in section
     assert (
         "<tool_log>\nThe actions you ran most recently and how they went; the system writes it, you cannot "
         "edit it\nentries: 1/1, read-only\n- [tool] core_memory_append ok: "
@@ -306,7 +312,7 @@ async def test_memory_sections_show_every_block_the_agent_sees(kit: Kit) -> None
     # an agent with no block of its own sees the colony's
     [only_colony] = await bare.get_capability("memory_blocks").memory_sections("task")
     assert (
-        only_colony == "## Memory blocks\n\n<mission>\n(no description)\nchars: 12/5000, read-only\n"
+        only_colony == "## Memory blocks\n\n<mission>\n(no description)\nchars: 11/5000, read-only\n"
         "help people\n</mission>"
     )
 
@@ -331,7 +337,7 @@ async def test_the_planner_sees_its_blocks_and_its_own_edit_on_the_next_step(
             "<human>\nStores key details about the person you are conversing with\nchars: 0/2000\n</human>"
             in first
         )
-        assert "chars: 10/2000\nName: Ada\n</human>" in second
+        assert "chars: 9/2000\nName: Ada\n</human>" in second
         assert "- [tool] core_memory_append ok:" in second
         assert "core_memory_append(label: string, content: string)" in first
     finally:
@@ -494,3 +500,16 @@ async def test_the_event_log_has_one_entry_per_finished_run(kit: Kit) -> None:
     plain = await kit.runtime.spawn(_blueprint("plain", policy=ScriptedActionPolicy.bind(steps=steps)))
     await plain.run({"task": "t", "fact": "f"})
     assert EVENT_LOG not in {i.label for i in await kit.store.list_owned("plain")}
+
+
+def test_a_callers_schema_may_not_run_regular_expressions() -> None:
+    """A `custom` template's schema comes from the caller (HTTP): a backtracking `pattern` would
+    stall the event loop, so schemas with regex keywords are refused; a field named `pattern` is fine."""
+    evil = {"type": "object", "properties": {"name": {"type": "string", "pattern": "^(a+)+$"}}}
+    with pytest.raises(InvalidArgument, match="regular expressions are not accepted"):
+        apply_template("custom", {"name": "a" * 40 + "!"}, "x", schema=evil)
+    nested = {"type": "object", "properties": {"n": {"type": "object", "patternProperties": {"^a": {}}}}}
+    with pytest.raises(InvalidArgument, match="patternProperties"):
+        apply_template("custom", {}, "x", schema=nested)
+    named = {"type": "object", "properties": {"pattern": {"type": "string"}}}
+    assert apply_template("custom", {"pattern": "stripes"}, "x", schema=named).content == "Pattern: stripes"

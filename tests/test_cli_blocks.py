@@ -82,12 +82,12 @@ def test_create_ls_show(colony: Colony) -> None:
     lines = colony.ok("ls", agent).splitlines()
     assert lines[0].split() == ["LABEL", "OWNER", "TYPE", "CHARS/LIMIT", "ACCESS", "FLAGS", "DESCRIPTION"]
     rows = {line.split()[0]: line.split() for line in lines[1:]}
-    assert rows["notes"] == ["notes", agent, "core", "6/100", "read_write", "-", "my", "notes"]
+    assert rows["notes"] == ["notes", agent, "core", "5/100", "read_write", "-", "my", "notes"]
     assert rows["scratch"][:6] == ["scratch", agent, "working", "0/5000", "read_write", "-"]
     listed = colony.json("ls", agent)
-    assert {(b["label"], b["chars"]) for b in listed if not b["colony"]} == {("notes", 6), ("scratch", 0)}
+    assert {(b["label"], b["chars"]) for b in listed if not b["colony"]} == {("notes", 5), ("scratch", 0)}
 
-    assert colony.ok("show", agent, "notes") == f"notes ({agent}, core) 6/100 v1\nhello\n"
+    assert colony.ok("show", agent, "notes") == f"notes ({agent}, core) 5/100 v1\nhello\n"
     assert colony.json("show", agent, "notes")["content"] == "hello\n"
 
     # from a template, its fields given as NAME=VALUE
@@ -129,7 +129,7 @@ def test_edit_history_show_version_and_rollback(colony: Colony, tmp_path: Path) 
     )
     assert "put -> v3" in colony.ok("edit", agent, "human", "--text", "rewritten", "--message", "fresh")
     (tmp_path / "new.txt").write_text("from a file\nwith two lines")
-    assert "put -> v4, 27/5000 characters" in colony.ok("edit", agent, "human", "--file", "new.txt")
+    assert "put -> v4, 26/5000 characters" in colony.ok("edit", agent, "human", "--file", "new.txt")
 
     out = colony.ok("history", agent, "human")
     lines = out.splitlines()
@@ -142,11 +142,11 @@ def test_edit_history_show_version_and_rollback(colony: Colony, tmp_path: Path) 
     assert [v["version"] for v in history["versions"]] == [3, 4]
 
     assert colony.ok("show", agent, "human", "--version", "1") == (
-        f"human ({agent}, working) 8/5000 v1 (a past version)\nv1 text\n"
+        f"human ({agent}, working) 7/5000 v1 (a past version)\nv1 text\n"
     )
-    assert colony.ok("show", agent, "human").startswith(f"human ({agent}, working) 27/5000 v4\n")
+    assert colony.ok("show", agent, "human").startswith(f"human ({agent}, working) 26/5000 v4\n")
 
-    assert "rollback -> v5, 8/5000" in colony.ok("rollback", agent, "human", "1")
+    assert "rollback -> v5, 7/5000" in colony.ok("rollback", agent, "human", "1")
     assert colony.ok("show", agent, "human").endswith("\nv1 text\n")
     assert len(colony.json("history", agent, "human")["versions"]) == 5
 
@@ -167,9 +167,9 @@ def test_share_access_undo_and_unshare(colony: Colony) -> None:
     assert out == f"shared {owner}'s block plan with {reader} (read_only)\n"
     colony.ok("share", owner, "plan", peer, "--access", "read_write")
 
-    assert colony.ok("show", reader, "plan") == f"plan ({owner}, working) 9/5000 v1\nstep one\n"
+    assert colony.ok("show", reader, "plan") == f"plan ({owner}, working) 8/5000 v1\nstep one\n"
     row = next(line.split() for line in colony.ok("ls", reader).splitlines() if line.startswith("plan "))
-    assert row[:5] == ["plan", owner, "working", "9/5000", "read_only"]
+    assert row[:5] == ["plan", owner, "working", "8/5000", "read_only"]
     code, _, err = colony("edit", reader, "plan", "--append", "mine")
     assert code == 1 and "HTTP 403 forbidden" in err and "read-only" in err
     assert len(colony.json("history", owner, "plan")["versions"]) == 1
@@ -197,7 +197,7 @@ def test_colony_blocks(colony: Colony) -> None:
     out = colony.ok("create", "--colony", label, "--access", "append_only", "--content", "be kind")
     assert out == f"created {label} (_colony, working), limit 5000 characters\n"
     row = next(line.split() for line in colony.ok("ls", "--colony").splitlines() if line.startswith(label))
-    assert row[:6] == [label, "_colony", "working", "8/5000", "append_only", "colony"]
+    assert row[:6] == [label, "_colony", "working", "7/5000", "append_only", "colony"]
     row = next(line.split() for line in colony.ok("ls", agent).splitlines() if line.startswith(label))
     assert row[4:6] == ["append_only", "colony"]
 

@@ -35,6 +35,19 @@ def unb64(text: str) -> bytes:
     return base64.b64decode(text.encode("ascii"))
 
 
+def encodable(text: str) -> bool:
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:
+        return False
+    return True
+
+
+def clean_text(text: str) -> str:
+    """Text that Loro can store (lone surrogates replaced): notes and descriptions are kept, not refused."""
+    return text if encodable(text) else text.encode("utf-8", "replace").decode("utf-8")
+
+
 def check_label(label: str) -> str:
     if not isinstance(label, str) or not LABEL_PATTERN.fullmatch(label):
         raise InvalidArgument(
@@ -143,8 +156,11 @@ class BlockDirectory:
             shared = await self._shared_label(principal, label)
             if shared is not None:
                 info = await self.info_of(shared[0])
-                if info is not None:
-                    return info, SharedAccess.READ_ONLY if info.read_only else shared[1]
+                # the block's own access list decides; the agent's index only finds it
+                granted = await self.redis.hget(BlockProtocol.key(shared[0], "acl"), principal)
+                if info is not None and granted is not None:
+                    access = SharedAccess(granted)
+                    return info, SharedAccess.READ_ONLY if info.read_only else access
             info = await self.info_of(self.block_id(COLONY, label))
             if info is not None:
                 return info, self._colony_access(info)
@@ -183,10 +199,15 @@ class BlockDirectory:
             if info is not None:
                 out.append((info, self._own_access(info)))
                 seen.add(info.label)
-        shared_infos = await self._infos(sorted(grants))
+        shared_ids = sorted(grants)
+        shared_infos = await self._infos(shared_ids)
+        async with self.redis.pipeline(transaction=False) as pipe:
+            for block_id in shared_ids:
+                pipe.hget(BlockProtocol.key(block_id, "acl"), principal)
+            granted = dict(zip(shared_ids, await pipe.execute(), strict=True))
         for info in shared_infos:
-            if info is not None and info.label not in seen:
-                access = SharedAccess(json.loads(grants[info.block_id])["access"])
+            if info is not None and info.label not in seen and granted.get(info.block_id):
+                access = SharedAccess(granted[info.block_id])
                 out.append((info, SharedAccess.READ_ONLY if info.read_only else access))
                 seen.add(info.label)
         for info in await self._infos(sorted(colony_ids)):
@@ -219,7 +240,7 @@ class BlockDirectory:
         if description is not None:
             if len(description) > MAX_DESCRIPTION_CHARS:
                 raise InvalidArgument(f"description is longer than {MAX_DESCRIPTION_CHARS} characters")
-            fields["description"] = description
+            fields["description"] = clean_text(description)
         if char_limit is not None:
             if not 1 <= char_limit <= self.settings.max_char_limit:
                 raise InvalidArgument(f"char_limit must be 1..{self.settings.max_char_limit}")
@@ -249,6 +270,12 @@ class BlockDirectory:
             raise BlockNotFound(f"{owner} has no block labelled {label!r}")
         acl = BlockProtocol.key(block_id, "acl")
         if not await self.redis.hexists(acl, agent_id):
+            shared_with = BlockProtocol.shared_index(self.namespace, agent_id)
+            if await self.redis.hlen(shared_with) >= self.settings.max_shares_per_block:
+                raise InvalidArgument(
+                    f"{agent_id} has {self.settings.max_shares_per_block} blocks shared with it "
+                    "(blocks.max_shares_per_block); unshare one first"
+                )
             if await self.redis.hlen(acl) >= self.settings.max_shares_per_block:
                 raise InvalidArgument(
                     f"block {label!r} is shared with {self.settings.max_shares_per_block} agents"
@@ -287,7 +314,10 @@ class BlockDirectory:
         for agent in agents:
             await self.redis.hdel(BlockProtocol.shared_index(self.namespace, agent), block_id)
         removed = await self.redis.delete(*(BlockProtocol.key(block_id, p) for p in BlockProtocol.PARTS))
-        await self.redis.hdel(BlockProtocol.owner_index(self.namespace, owner), label)
+        index = BlockProtocol.owner_index(self.namespace, owner)
+        await self.redis.hdel(index, label)
+        if not await self.redis.hlen(index):
+            await self.redis.srem(BlockProtocol.owners_key(self.namespace), owner)
         self._forget(block_id)
         return bool(removed)
 

@@ -24,6 +24,7 @@ from colony.memory.blocks.types import BlockVersion
 CONTENT = "content"
 ENTRIES = "entries"
 META = "meta"
+REWRITE_DIFF_MS = 50  # longest character diff of a rewrite before falling back to lines
 REST_ORIGIN = "colony:rest"  # the undo replay's "other edits": not recorded by the UndoManager
 
 
@@ -155,7 +156,13 @@ class BlockDocument:
         return self.doc.export(ExportMode.Snapshot())
 
     def size(self) -> int:
-        return len(self.content())
+        """Characters counted against the limit: the content without its final line break (which
+        Colony adds itself; a block of exactly `char_limit` characters fits)."""
+        return len(self.content().removesuffix("\n"))
+
+    def line_count(self) -> int:
+        content = self.content()
+        return content.count("\n") + (0 if not content or content.endswith("\n") else 1)
 
     # -- edits --------------------------------------------------------------------------------
 
@@ -249,7 +256,17 @@ class BlockDocument:
                     self.text.insert(pos, piece)
 
             return self._commit(meta, apply, len(new) - len(current))
-        return self._commit(meta, lambda: self.text.update(new), len(new) - len(current))
+        return self._commit(meta, lambda: self._rewrite(new), len(new) - len(current))
+
+    def _rewrite(self, new: str) -> None:
+        """A minimal character diff when it is quick, else a line diff (Myers' diff of two large,
+        unrelated texts took tens of seconds on the event loop)."""
+        try:
+            self.text.update(new, timeout_ms=REWRITE_DIFF_MS)
+        except BaseException as exc:  # Loro raises BaseException on its timeout
+            if isinstance(exc, Exception | KeyboardInterrupt | SystemExit):
+                raise
+            self.text.update_by_line(new)
 
     def log_append(self, entry: dict[str, Any], max_entries: int, meta: EditMeta) -> bytes:
         raw = json.dumps(entry, separators=(",", ":"), default=str)
@@ -380,7 +397,10 @@ class BlockDocument:
                 target_index = index
                 break
         if target_index is None:
-            raise BlockEditRejected(f"{author} has no edit of this block left to undo (in its kept history)")
+            raise BlockEditRejected(
+                f"{author} has no edit of this block left to undo in its kept history (versions older than "
+                "the oldest viewable one were folded away; use rollback to an older kept version instead)"
+            )
         target = groups[order[target_index]]
         before = self._without(order[target_index:], groups)
         after = self._without(order[target_index + 1 :], groups)

@@ -12,8 +12,9 @@ I am a helpful assistant.
 
 Rendering is a pure function of the views an agent was given, and it never fails because of a
 limit: a block over its limit shows `chars > limit` (the tools refuse edits that grow it further,
-and say how to shrink it). Content cannot close its block early or open a fake one: a line that
-would read as a block tag has its leading `<` written `&lt;`.
+and say how to shrink it). Content cannot close its block early, open a fake one or start a prompt
+section: a line whose first visible character is `<` or `#` has it escaped, and invisible format
+characters are dropped.
 """
 
 from __future__ import annotations
@@ -37,12 +38,20 @@ def one_line(text: str) -> str:
     return " ".join("".join(c for c in text if unicodedata.category(c) != "Cf").split())
 
 
-def escape_line(line: str, labels: Iterable[str]) -> str:
-    """`line` with its leading `<` written `&lt;` when it would read as a block tag: any line
-    starting with `</`, or with `<label>` for a label of a rendered block."""
-    if line.startswith("</") or any(line.startswith(f"<{label}>") for label in labels):
-        return "&lt;" + line[1:]
-    return line
+def escape_line(line: str, labels: Iterable[str] = ()) -> str:
+    """`line` as the prompt shows it: invisible format characters (zero-width, bidirectional
+    overrides) dropped, and when its first visible character is `<` or `#` (a tag, a section
+    heading: stored text must not close its block, open a fake one or start a prompt section),
+    that character written `&lt;` or `\\#`. `labels` is kept for callers; every tag is escaped."""
+    visible = "".join(c for c in line if unicodedata.category(c) != "Cf")
+    probe = visible.lstrip()
+    if probe[:1] == "<":
+        at = visible.index("<")
+        return visible[:at] + "&lt;" + visible[at + 1 :]
+    if probe[:1] == "#":
+        at = visible.index("#")
+        return visible[:at] + "\\#" + visible[at + 1 :]
+    return visible
 
 
 def shown(view: BlockView) -> bool:

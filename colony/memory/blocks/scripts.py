@@ -62,10 +62,13 @@ return {n, tonumber(redis.call('HGET', KEYS[1], 'vbase') or '0') + v}
 """
 
 # KEYS: meta, snap, log, ver. ARGV: expected generation, updates folded in, snapshot, new
-# generation, versions dropped from the front of `ver`. 1 = compacted, 0 = someone else did first.
+# generation, versions dropped from the front of `ver`. 1 = compacted; 0 = someone else compacted
+# first, or an update arrived after the compactor read the log (its base may predate the new
+# shallow root): the next edit tries again.
 COMPACT = r"""
 local gen = redis.call('HGET', KEYS[1], 'gen')
 if gen == false or gen ~= ARGV[1] then return 0 end
+if redis.call('LLEN', KEYS[3]) ~= tonumber(ARGV[2]) then return 0 end
 redis.call('SET', KEYS[2], ARGV[3])
 redis.call('LTRIM', KEYS[3], tonumber(ARGV[2]), -1)
 local drop = tonumber(ARGV[5])

@@ -16,6 +16,7 @@ gen (a fresh token per snapshot), vbase (versions trimmed from the front of the 
 from __future__ import annotations
 
 import asyncio
+import logging
 import time
 import uuid
 from collections import OrderedDict
@@ -45,10 +46,12 @@ from colony.memory.blocks.directory import (
     b64,
     check_agent,
     check_label,
+    clean_text,
+    encodable,
     info_from_fields,
     unb64,
 )
-from colony.memory.blocks.document import BlockDocument, EditMeta
+from colony.memory.blocks.document import BlockDocument, EditMeta, as_lines
 from colony.memory.blocks.types import (
     MAX_DESCRIPTION_CHARS,
     OPERATOR,
@@ -63,6 +66,8 @@ from colony.memory.blocks.types import (
     SharedAccess,
 )
 
+log = logging.getLogger(__name__)
+
 
 @dataclass(frozen=True)
 class History:
@@ -73,6 +78,10 @@ class History:
 
 
 Apply = Callable[[BlockDocument, EditMeta, SharedAccess, History], bytes]
+APPEND_ONLY_REFUSAL = (
+    "your access to this block is append-only: you may add text at its end only (core_memory_append), "
+    "not insert, replace or remove text"
+)
 EDIT_ATTEMPTS = 5  # an edit redone after this many compactions in a row gives up
 
 
@@ -206,10 +215,28 @@ class BlockStore(BlockDirectory):
             raise InvalidArgument(f"char_limit {limit} is above the maximum {self.settings.max_char_limit}")
         if len(block.description) > MAX_DESCRIPTION_CHARS:
             raise InvalidArgument(f"description is longer than {MAX_DESCRIPTION_CHARS} characters")
-        if block.block_type is not BlockType.LOG and len(block.content) > limit:
+        self._check_text(block.content)
+        if block.block_type is not BlockType.LOG and len(block.content.removesuffix("\n")) > limit:
             raise BlockEditRejected(
                 f"initial content has {len(block.content)} characters; the block's limit is {limit}"
             )
+        if block.block_type is BlockType.LOG and block.content:
+            raise InvalidArgument(
+                "a log block starts empty: the system appends its entries (leave content out)"
+            )
+        if owner != COLONY and await self.info_of(self.block_id(COLONY, block.label)) is not None:
+            raise BlockExists(
+                f"{block.label!r} is a colony-wide block every agent sees; pick another label for {owner}'s"
+            )
+        if owner == COLONY:
+            for agent in await self.redis.smembers(BlockProtocol.owners_key(self.namespace)):
+                if agent != COLONY and await self.redis.hexists(
+                    BlockProtocol.owner_index(self.namespace, agent), block.label
+                ):
+                    raise BlockExists(
+                        f"agent {agent} has a block labelled {block.label!r}; a colony block of that label "
+                        "would collide with it in its view"
+                    )
         if owner != COLONY and await self._shared_label(owner, block.label) is not None:
             raise BlockExists(
                 f"agent {owner} already sees a shared block labelled {block.label!r}; pick another label"
@@ -231,7 +258,7 @@ class BlockStore(BlockDirectory):
         fields: dict[str, Any] = {
             "owner": owner,
             "label": block.label,
-            "description": block.description,
+            "description": clean_text(block.description),
             "block_type": block.block_type.value,
             "char_limit": limit,
             "read_only": "1" if block.read_only else "0",
@@ -298,7 +325,7 @@ class BlockStore(BlockDirectory):
         return BlockView(
             info=fresh,
             content=content,
-            chars=len(content),
+            chars=len(content.removesuffix("\n")),
             version=version_out,
             access=access,
             entries=entries if fresh.block_type is BlockType.LOG else None,
@@ -365,9 +392,9 @@ class BlockStore(BlockDirectory):
         whose block was compacted between its read and its append is redone on the new snapshot
         (its update could depend on history the snapshot folded away)."""
         info, access = await self.resolve(principal, label, owner=owner)
-        if principal not in (SYSTEM,):
+        if principal != SYSTEM:
             self._check_access(info, access, needs, principal)
-        meta = EditMeta(principal, via, op, (message or "")[:500])
+        meta = EditMeta(principal, via, op, clean_text((message or "")[:500]))
         entry = self._cached(info.block_id)
         for _attempt in range(EDIT_ATTEMPTS):
             async with entry.lock:
@@ -411,7 +438,11 @@ class BlockStore(BlockDirectory):
                     continue
                 length, version = int(reply[0]), int(reply[1])
                 if length > self.settings.compact_after_updates:
-                    await self._fold(info.block_id, entry)
+                    try:  # the edit is stored: folding is housekeeping, retried by the next edit
+                        await self._fold(info.block_id, entry, info)
+                    except Exception as exc:
+                        self._drop(info.block_id)
+                        log.warning("block %s: folding the update log failed (%r); will retry", label, exc)
             return EditOutcome(
                 block_id=info.block_id,
                 label=info.label,
@@ -431,7 +462,7 @@ class BlockStore(BlockDirectory):
         where = f"{info.owner}'s block {info.label!r}" if info.owner != principal else f"block {info.label!r}"
         if info.block_type is BlockType.LOG:
             raise BlockAccessDenied(f"{where} is a log the system writes; it is read-only to agents")
-        if info.read_only:
+        if info.read_only and principal != OPERATOR:
             raise BlockAccessDenied(f"{where} is read-only; only the system or the operator changes it")
         if needs == "write" and access is not SharedAccess.READ_WRITE:
             raise BlockAccessDenied(
@@ -441,11 +472,15 @@ class BlockStore(BlockDirectory):
         if needs == "append" and not access.can_write:
             raise BlockAccessDenied(f"{principal} has read-only access to {where}; it cannot be changed")
 
-    async def _fold(self, block_id: str, entry: _Cached) -> None:
+    async def _fold(self, block_id: str, entry: _Cached, info: BlockInfo) -> None:
         """Fold the update log into the snapshot (the caller holds the lock): a full snapshot, or a
-        shallow one when more than `history_versions` versions are listed."""
+        shallow one when more than `history_versions` versions are listed (a LOG block keeps as many
+        versions as entries: older ones say nothing its cap kept)."""
         document = await self._refresh(block_id, entry, versions=True)
-        snapshot, dropped = document.compacted(entry.order or [], self.settings.history_versions)
+        keep = self.settings.history_versions
+        if info.block_type is BlockType.LOG:
+            keep = max(10, min(keep, info.log_max_entries or self.settings.log_max_entries))
+        snapshot, dropped = document.compacted(entry.order or [], keep)
         done = await self._compact(
             keys=self._keys(block_id, "meta", "snap", "log", "ver"),
             args=[entry.gen, entry.applied, b64(snapshot), uuid.uuid4().hex[:16], dropped],
@@ -466,11 +501,17 @@ class BlockStore(BlockDirectory):
     async def insert(
         self, principal: Principal, label: str, text: str, line: int = -1, **options: Unpack[EditOptions]
     ) -> EditOutcome:
-        """Insert `text` as a line before line `line` (0 = top, -1 = the end)."""
+        """Insert `text` as a line before line `line` (0 = top, -1 = the end; append-only access:
+        the end only)."""
         self._check_text(text)
-        return await self._edit(
-            principal, label, "insert", "append", lambda d, m, a, b: d.insert_line(text, line, m), **options
-        )
+
+        def apply(document: BlockDocument, meta: EditMeta, access: SharedAccess, history: History) -> bytes:
+            at_end = line in (-1, document.line_count())
+            if access is SharedAccess.APPEND_ONLY and principal != SYSTEM and not at_end:
+                raise BlockAccessDenied(APPEND_ONLY_REFUSAL)
+            return document.insert_line(text, line, meta)
+
+        return await self._edit(principal, label, "insert", "append", apply, **options)
 
     async def replace(
         self, principal: Principal, label: str, old: str, new: str, **options: Unpack[EditOptions]
@@ -481,15 +522,7 @@ class BlockStore(BlockDirectory):
 
         def apply(document: BlockDocument, meta: EditMeta, access: SharedAccess, history: History) -> bytes:
             if access is SharedAccess.APPEND_ONLY and principal != SYSTEM:
-                current = document.content()
-                if current.count(old) == 1 and new.startswith(old):  # only adds after the match
-                    at = current.index(old) + len(old)
-                    grown = current[:at] + new[len(old) :] + current[at:]
-                    return document.set_content(grown, meta, inserts_only=True)
-                raise BlockAccessDenied(
-                    "your access to this block is append-only and this replacement deletes text; only "
-                    "add text (core_memory_append / memory_insert)"
-                )
+                raise BlockAccessDenied(APPEND_ONLY_REFUSAL)
             return document.replace(old, new, meta)
 
         return await self._edit(principal, label, "replace", "append", apply, **options)
@@ -507,8 +540,11 @@ class BlockStore(BlockDirectory):
         self._check_text(content)
 
         def apply(document: BlockDocument, meta: EditMeta, access: SharedAccess, history: History) -> bytes:
-            append_only = access is SharedAccess.APPEND_ONLY and principal != SYSTEM
-            return document.set_content(content, meta, inserts_only=append_only)
+            if access is SharedAccess.APPEND_ONLY and principal != SYSTEM:
+                if not as_lines(content).startswith(document.content()):
+                    raise BlockAccessDenied(APPEND_ONLY_REFUSAL)
+                return document.set_content(content, meta, inserts_only=True)  # adds at the end only
+            return document.set_content(content, meta)
 
         return await self._edit(principal, label, op, "append", apply, **options)
 
@@ -547,7 +583,10 @@ class BlockStore(BlockDirectory):
         if info.block_type is not BlockType.LOG:
             raise InvalidArgument(f"block {label!r} of {owner} is not a LOG block")
         cap = info.log_max_entries or self.settings.log_max_entries
-        stamped = {"at": round(time.time(), 3), **entry}
+        stamped = {
+            "at": round(time.time(), 3),
+            **{str(k)[:64]: _bounded(v) for k, v in list(entry.items())[:MAX_LOG_FIELDS]},
+        }
         return await self._edit(
             SYSTEM,
             label,
@@ -561,11 +600,25 @@ class BlockStore(BlockDirectory):
     def _check_text(self, text: str) -> None:
         if not isinstance(text, str):
             raise InvalidArgument("block text must be a string")
+        if not encodable(text):
+            raise BlockEditRejected("the text holds a lone surrogate (not valid Unicode); send valid UTF-8")
         if len(text) > self.settings.max_edit_chars:
             raise BlockEditRejected(
                 f"the edit carries {len(text)} characters; one edit takes at most "
                 f"{self.settings.max_edit_chars}"
             )
+
+
+MAX_LOG_FIELDS = 16
+MAX_LOG_VALUE_CHARS = 1000
+
+
+def _bounded(value: Any) -> Any:
+    """A log entry's field as stored: numbers and booleans as they are, the rest as text of at most
+    MAX_LOG_VALUE_CHARS characters (a log keeps its last entries and their history: bounded)."""
+    if isinstance(value, bool | int | float) or value is None:
+        return value
+    return clean_text(str(value))[:MAX_LOG_VALUE_CHARS]
 
 
 def _from_loro(exc: BaseException) -> bool:
@@ -591,7 +644,7 @@ def render_log(entries: list[dict[str, Any]], shown: int) -> str:
     """A LOG block's content as the prompt shows it: its last `shown` entries, one line each."""
     lines = []
     for entry in entries[-shown:]:
-        kind = str(entry.get("kind", "event"))
+        kind = " ".join(str(entry.get("kind", "event")).split())[:32]
         text = " ".join(str(entry.get("text", "")).split())[:300]
         lines.append(f"- [{kind}] {text}")
     return "\n".join(lines)
@@ -602,11 +655,13 @@ MAX_STORES = 16
 
 
 def block_store(redis: aioredis.Redis, settings: ColonySettings | None = None) -> BlockStore:
-    """The process's BlockStore for this Redis client and settings (one document cache each)."""
+    """The process's BlockStore for this Redis client and colony (one document cache each)."""
     settings = settings or load_settings()
-    key = (id(redis), id(settings))
+    # by the colony, never by id(settings): a collected settings object's id is reused by the next
+    # one, which may name another colony
+    key = (id(redis), settings.tenant_id, settings.colony_id)
     store = _stores.get(key)
-    if store is None or store.redis is not redis:
+    if store is None or store.redis is not redis or store.settings != settings.blocks:
         store = _stores[key] = BlockStore(redis, settings)
         while len(_stores) > MAX_STORES:
             _stores.pop(next(iter(_stores)))

@@ -53,12 +53,43 @@ class BlockTemplate(BaseModel):
     fields_schema: dict[str, Any] | None = Field(None, alias="schema")
 
 
+REGEX_KEYWORDS = frozenset({"pattern", "patternProperties", "format"})
+
+
+def _regex_keyword(node: Any, depth: int = 0) -> str | None:
+    """The first keyword of `node` (a schema, walked to a bounded depth) that runs a regular
+    expression when validating (`format` too: some formats are checked by regexes)."""
+    if depth > 32:
+        return "nesting deeper than 32"
+    if isinstance(node, dict):
+        for key, value in node.items():
+            if key in REGEX_KEYWORDS and not (key == "format" and not isinstance(value, str)):
+                return str(key)
+            if key in ("properties", "$defs", "definitions") and isinstance(value, dict):
+                value = list(value.values())  # names of fields, not keywords
+            found = _regex_keyword(value, depth + 1)
+            if found is not None:
+                return found
+    elif isinstance(node, list):
+        for item in node:
+            found = _regex_keyword(item, depth + 1)
+            if found is not None:
+                return found
+    return None
+
+
 def check_schema(schema: Any, where: str) -> dict[str, Any]:
     """A fields schema: a JSON schema of an object, valid for its draft, of bounded size."""
     if not isinstance(schema, dict) or schema.get("type") != "object":
         raise InvalidArgument(f"{where}: the fields schema must be a JSON schema with type 'object'")
     if len(json.dumps(schema, default=str)) > MAX_SCHEMA_CHARS:
         raise InvalidArgument(f"{where}: the fields schema is longer than {MAX_SCHEMA_CHARS} characters")
+    regex = _regex_keyword(schema)
+    if regex is not None:
+        raise InvalidArgument(
+            f"{where}: the fields schema uses {regex!r}; regular expressions are not accepted in a "
+            "caller's schema (a backtracking pattern can stall the server); use enum, maxLength or type"
+        )
     try:
         validator_for(schema).check_schema(schema)
     except schema_errors.SchemaError as exc:
