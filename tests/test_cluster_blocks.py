@@ -10,6 +10,7 @@ more memory than a replica can give two of them, so placement puts them on diffe
 
 from __future__ import annotations
 
+import itertools
 import os
 import sys
 import textwrap
@@ -124,8 +125,10 @@ def test_two_agents_on_two_replicas_append_at_once_and_lose_nothing(blocks_clust
         expected = {f"{agent} line {i}" for agent in ("appender-a", "appender-b") for i in range(LINES)}
         assert set(lines) == expected and len(lines) == 2 * LINES
         history = client.block_history("appender-a", "board", limit=1000)
-        authors = {v["author"] for v in history["versions"]}
-        assert {"appender-a", "appender-b"} <= authors
+        authors = [v["author"] for v in history["versions"] if v["op"] == "append"]
+        assert sorted(authors) == ["appender-a"] * LINES + ["appender-b"] * LINES
+        switches = sum(1 for x, y in itertools.pairwise(authors) if x != y)
+        assert switches >= 2, "the two runs did not append at the same time"
         # appender-b (append-only) may not rewrite the block
         with pytest.raises(ApiError) as refused:
             client.block_put("appender-b", "board", "gone")
