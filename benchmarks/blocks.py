@@ -26,28 +26,26 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
-import socket
 import statistics
 import sys
 import tempfile
-import threading
 import time
 import uuid
 from pathlib import Path
 from typing import Any
 
 import httpx
-import uvicorn
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from colony.api.app import ApiServices, create_app
+from colony.api.app import ApiServices
 from colony.blackboard import Blackboard, create_redis
 from colony.blackboard.redis_server import EmbeddedRedis
 from colony.config import BlockSettings, ColonySettings, EmbeddedRedisSettings
 from colony.memory.blocks import OPERATOR, BlockStore, NewBlock, SharedAccess
 from colony.system.registry import AgentRegistry
 from colony.system.runs import RunService
+from tests.api_kit import ServedApi
 
 TOKEN = "bench-token"
 
@@ -90,55 +88,29 @@ async def library_append(url: str, appends: int) -> dict[str, Any]:
     return {"library": stats(lib), "baseline_bare_redis": stats(bare)}
 
 
-class ApiServer:
-    """The real FastAPI app under uvicorn on a local socket, in a thread with its own loop."""
+class ApiServer(ServedApi):
+    """The real FastAPI app under uvicorn on a local socket (tests/api_kit.py), over the colony's Redis."""
 
     def __init__(self, settings: ColonySettings) -> None:
-        self.settings = settings
-        # IPPROTO_TCP, not 0: asyncio sets TCP_NODELAY only on sockets whose proto says TCP;
-        # without it every response waits ~40 ms on Nagle and the client's delayed ACK
-        self.sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM, socket.IPPROTO_TCP)
-        self.sock.bind(("127.0.0.1", 0))
-        self.url = f"http://127.0.0.1:{self.sock.getsockname()[1]}"
-        self.ready: ApiServices | None = None
-        self.app = create_app(self._services, token=TOKEN, api=settings.api)
-        self.server = uvicorn.Server(uvicorn.Config(self.app, log_level="warning", lifespan="off"))
-        self.thread = threading.Thread(target=lambda: asyncio.run(self._main()), daemon=True)
+        super().__init__(settings, TOKEN)
+        self._client: Any = None
 
-    async def _services(self) -> ApiServices:
-        assert self.ready is not None
-        return self.ready
-
-    async def _main(self) -> None:
+    async def start_services(self) -> ApiServices:
         settings = self.settings
         assert settings.redis_url
-        client = create_redis(settings.redis_url, settings.blackboard)
-        board = Blackboard(client, "colony:blocks-bench", settings=settings.blackboard)
+        self._client = create_redis(settings.redis_url, settings.blackboard)
+        board = Blackboard(self._client, "colony:blocks-bench", settings=settings.blackboard)
         ids = {"tenant_id": settings.tenant_id, "colony_id": settings.colony_id}
         registry = AgentRegistry(board.scoped(f"bench:{settings.colony_id}"), settings=settings)
-        self.ready = ApiServices(
+        return ApiServices(
             runs=RunService(board, registry, settings=settings, **ids),
             registry=registry,
             token=TOKEN,
             settings=settings,
         )
-        try:
-            await self.server.serve(sockets=[self.sock])
-        finally:
-            await client.aclose()
 
-    def __enter__(self) -> ApiServer:
-        self.thread.start()
-        deadline = time.monotonic() + 30
-        while not self.server.started:
-            if time.monotonic() > deadline:
-                raise RuntimeError("the API server did not start")
-            time.sleep(0.05)
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.server.should_exit = True
-        self.thread.join(10)
+    async def stop_services(self) -> None:
+        await self._client.aclose()
 
 
 def http_append(url: str, appends: int) -> dict[str, Any]:

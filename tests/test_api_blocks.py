@@ -9,8 +9,6 @@ from __future__ import annotations
 
 import asyncio
 import json
-import socket
-import threading
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
@@ -18,9 +16,9 @@ from typing import Any
 
 import httpx
 import pytest
-import uvicorn
+from api_kit import ServedApi
 
-from colony.api.app import ApiServices, create_app
+from colony.api.app import ApiServices
 from colony.api.schemas import MAX_BLOCK_TEXT
 from colony.blackboard import Blackboard, create_redis
 from colony.config import ColonySettings
@@ -32,62 +30,35 @@ AUTH = {"Authorization": f"Bearer {TOKEN}"}
 MAX_EDIT = 300  # blocks.max_edit_chars of the app: one edit carries at most this many characters
 
 
-class BlocksApp:
-    """The API over a real Redis in a background event loop, served over HTTP on 127.0.0.1 (the CLI
-    tests use it too). Blocks need no running agent: they are keyed by agent id."""
+class BlocksApp(ServedApi):
+    """The API over a real Redis, served over HTTP (the CLI tests use it too). Blocks need no running
+    agent: they are keyed by agent id."""
 
     def __init__(self, redis_url: str, data_dir: Path) -> None:
-        self.settings = ColonySettings(
+        settings = ColonySettings(
             redis_url=redis_url,
             data_dir=data_dir,
             colony_id=f"blk{uuid.uuid4().hex[:8]}",
             blocks={"max_edit_chars": MAX_EDIT},
         )
-        # IPPROTO_TCP, not 0: asyncio sets TCP_NODELAY only on sockets whose proto says TCP;
-        # without it every response waits ~40 ms on Nagle and the client's delayed ACK
-        self.sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM, socket.IPPROTO_TCP)
-        self.sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-        self.sock.bind(("127.0.0.1", 0))
-        self.url = f"http://127.0.0.1:{self.sock.getsockname()[1]}"
-        self.app = create_app(self._services, token=TOKEN, api=self.settings.api)
-        self.server = uvicorn.Server(uvicorn.Config(self.app, log_level="warning", lifespan="off"))
-        self.thread = threading.Thread(target=lambda: asyncio.run(self._main()), daemon=True)
-        self.ready: ApiServices | None = None
+        super().__init__(settings, TOKEN)
+        self._client: Any = None
 
-    async def _services(self) -> ApiServices:
-        assert self.ready is not None
-        return self.ready
-
-    async def _main(self) -> None:
+    async def start_services(self) -> ApiServices:
         settings = self.settings
-        client = create_redis(settings.redis_url, settings.blackboard)
-        board = Blackboard(client, f"colony:{settings.colony_id}", settings=settings.blackboard)
+        self._client = create_redis(settings.redis_url, settings.blackboard)
+        board = Blackboard(self._client, f"colony:{settings.colony_id}", settings=settings.blackboard)
         registry = AgentRegistry(board, settings=settings)
         ids = {"tenant_id": settings.tenant_id, "colony_id": settings.colony_id}
-        self.ready = ApiServices(
+        return ApiServices(
             runs=RunService(board, registry, settings=settings, **ids),
             registry=registry,
             token=TOKEN,
             settings=settings,
         )
-        try:
-            await self.server.serve(sockets=[self.sock])
-        finally:
-            await client.aclose()
 
-    def __enter__(self) -> BlocksApp:
-        self.thread.start()
-        for _ in range(600):
-            if self.server.started:
-                return self
-            self.thread.join(0.05)
-            if not self.thread.is_alive():
-                break
-        raise RuntimeError("the API did not start")
-
-    def __exit__(self, *exc: object) -> None:
-        self.server.should_exit = True
-        self.thread.join(15)
+    async def stop_services(self) -> None:
+        await self._client.aclose()
 
 
 @pytest.fixture(scope="module")

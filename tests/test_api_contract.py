@@ -8,20 +8,18 @@ The app runs in this process under uvicorn on a loopback port, in a thread with 
 
 from __future__ import annotations
 
-import asyncio
-import socket
-import threading
 import time
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 import schemathesis
-import uvicorn
+from api_kit import ServedApi
 from schemathesis.engine import Status, events, from_schema
 
-from colony.api.app import ApiServices, create_app
+from colony.api.app import ApiServices
 from colony.blackboard import Blackboard, create_redis
 from colony.config import ColonySettings
 from colony.inference.scripted import ScriptedEngine
@@ -33,67 +31,41 @@ from colony.vcm import PageTable
 TOKEN = "contract-token"
 
 
-class AppThread:
-    """The API and its agents in a background event loop, served over HTTP on 127.0.0.1."""
+class AppThread(ServedApi):
+    """The API and its agents (echo, ask on a scripted engine), served over HTTP."""
 
     def __init__(self, redis_url: str, roots: list[Path]) -> None:
-        self.settings = ColonySettings(
+        settings = ColonySettings(
             redis_url=redis_url,
             colony_id=f"contract{uuid.uuid4().hex[:8]}",
             vcm={"allowed_roots": [str(r) for r in roots]},
         )
-        # IPPROTO_TCP, not 0: asyncio sets TCP_NODELAY only on sockets whose proto says TCP;
-        # without it every response waits ~40 ms on Nagle and the client's delayed ACK
-        self.sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM, socket.IPPROTO_TCP)
-        self.sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-        self.sock.bind(("127.0.0.1", 0))
-        self.url = f"http://127.0.0.1:{self.sock.getsockname()[1]}"
-        self.app = create_app(self._services, token=TOKEN, api=self.settings.api)
-        self._services_ready: ApiServices | None = None
-        self.server = uvicorn.Server(uvicorn.Config(self.app, log_level="warning", lifespan="off"))
-        self.thread = threading.Thread(target=lambda: asyncio.run(self._main()), daemon=True)
+        super().__init__(settings, TOKEN, start_timeout=10)
         self.host: ReplicaHost | None = None
+        self._client: Any = None
 
-    async def _services(self) -> ApiServices:
-        assert self._services_ready is not None
-        return self._services_ready
-
-    async def _main(self) -> None:
+    async def start_services(self) -> ApiServices:
         settings = self.settings
-        client = create_redis(settings.redis_url, settings.blackboard)
-        board = Blackboard(client, "colony:contract", settings=settings.blackboard)
+        self._client = create_redis(settings.redis_url, settings.blackboard)
+        board = Blackboard(self._client, "colony:contract", settings=settings.blackboard)
         self.host = ReplicaHost(settings, "replica-c", engine=ScriptedEngine(["Forty two."]))
         await self.host.start(board)
         await self.host.ensure_agent(echo_blueprint())
         await self.host.ensure_agent(ask_blueprint())
         assert self.host.registry is not None
         ids = {"tenant_id": settings.tenant_id, "colony_id": settings.colony_id}
-        self._services_ready = ApiServices(
+        return ApiServices(
             runs=RunService(board, self.host.registry, **ids),
             registry=self.host.registry,
             token=TOKEN,
             pages=PageTable(board, **ids),
             vcm=settings.vcm,
         )
-        try:
-            await self.server.serve(sockets=[self.sock])
-        finally:
-            await self.host.close()
-            await client.aclose()
 
-    def __enter__(self) -> AppThread:
-        self.thread.start()
-        for _ in range(200):
-            if self.server.started:
-                return self
-            self.thread.join(0.05)
-            if not self.thread.is_alive():
-                break
-        raise RuntimeError("the API did not start")
-
-    def __exit__(self, *exc: object) -> None:
-        self.server.should_exit = True
-        self.thread.join(15)
+    async def stop_services(self) -> None:
+        assert self.host is not None
+        await self.host.close()
+        await self._client.aclose()
 
 
 @pytest.fixture

@@ -5,22 +5,19 @@ Chroma. One app for the module (the agents and the Redis client live in its thre
 
 from __future__ import annotations
 
-import asyncio
-import socket
-import threading
 import time
 import uuid
-from collections.abc import Callable, Coroutine, Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
 import httpx
 import pytest
-import uvicorn
+from api_kit import ServedApi
 from memory_kit import two_level_memory
 
 from colony.agents import Agent, AgentBlueprint, AgentMetadata
-from colony.api.app import ApiServices, create_app
+from colony.api.app import ApiServices
 from colony.blackboard import Blackboard, create_redis
 from colony.config import ColonySettings
 from colony.inference.scripted import ScriptedEngine
@@ -47,38 +44,23 @@ def memory_agent(agent_id: str) -> AgentBlueprint:
     )
 
 
-class MemoryApp:
-    """The API, a ReplicaHost with the memory agents and echo, in a background event loop, served
-    over HTTP on 127.0.0.1 (the CLI tests use it too)."""
+class MemoryApp(ServedApi):
+    """The API, a ReplicaHost with the memory agents and echo, served over HTTP (the CLI tests use
+    it too)."""
 
     def __init__(self, redis_url: str, data_dir: Path) -> None:
-        self.settings = ColonySettings(
+        settings = ColonySettings(
             redis_url=redis_url,
             data_dir=data_dir,
             colony_id=f"mem{uuid.uuid4().hex[:8]}",
             agents={"greeter": "colony_memtest_pkg.a:greeter"},
             memory={"max_recall_results": MAX_RECALL, "max_content_chars": 500},
         )
-        # IPPROTO_TCP, not 0: asyncio sets TCP_NODELAY only on sockets whose proto says TCP;
-        # without it every response waits ~40 ms on Nagle and the client's delayed ACK
-        self.sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM, socket.IPPROTO_TCP)
-        self.sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-        self.sock.bind(("127.0.0.1", 0))
-        self.url = f"http://127.0.0.1:{self.sock.getsockname()[1]}"
-        self.app = create_app(self._services, token=TOKEN, api=self.settings.api)
-        self.server = uvicorn.Server(uvicorn.Config(self.app, log_level="warning", lifespan="off"))
-        self.thread = threading.Thread(target=lambda: asyncio.run(self._main()), daemon=True)
-        self.loop: asyncio.AbstractEventLoop | None = None
-        self.ready: ApiServices | None = None
+        super().__init__(settings, TOKEN)
         self.host: ReplicaHost | None = None
         self.board: Blackboard | None = None
 
-    async def _services(self) -> ApiServices:
-        assert self.ready is not None
-        return self.ready
-
-    async def _main(self) -> None:
-        self.loop = asyncio.get_running_loop()
+    async def start_services(self) -> ApiServices:
         settings = self.settings
         client = create_redis(settings.redis_url, settings.blackboard)
         self.board = Blackboard(client, "colony:memory-api", settings=settings.blackboard)
@@ -91,22 +73,17 @@ class MemoryApp:
         # spawned by library code), placed
         await self.host.registry.put(AgentRecord(agent_id="catalog", role="cataloguer", state="idle"))
         ids = {"tenant_id": settings.tenant_id, "colony_id": settings.colony_id}
-        self.ready = ApiServices(
+        return ApiServices(
             runs=RunService(self.board, self.host.registry, settings=settings, **ids),
             registry=self.host.registry,
             token=TOKEN,
             settings=settings,
         )
-        try:
-            await self.server.serve(sockets=[self.sock])
-        finally:
-            await self.host.close()
-            await client.aclose()
 
-    def call(self, make: Callable[[], Coroutine[Any, Any, Any]], timeout: float = 60) -> Any:
-        """Run a coroutine in the app's loop (where its Redis client and agents live)."""
-        assert self.loop is not None
-        return asyncio.run_coroutine_threadsafe(make(), self.loop).result(timeout)
+    async def stop_services(self) -> None:
+        assert self.host is not None and self.board is not None
+        await self.host.close()
+        await self.board.redis.aclose()
 
     def scope(self, agent: str, level: str) -> str:
         ids = {"tenant_id": self.settings.tenant_id, "colony_id": self.settings.colony_id}
@@ -117,20 +94,6 @@ class MemoryApp:
         while not check():
             assert time.monotonic() < deadline, "condition not reached in time"
             time.sleep(0.1)
-
-    def __enter__(self) -> MemoryApp:
-        self.thread.start()
-        for _ in range(600):
-            if self.server.started:
-                return self
-            self.thread.join(0.05)
-            if not self.thread.is_alive():
-                break
-        raise RuntimeError("the API did not start")
-
-    def __exit__(self, *exc: object) -> None:
-        self.server.should_exit = True
-        self.thread.join(15)
 
 
 @pytest.fixture(scope="module")
