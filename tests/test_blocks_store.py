@@ -20,6 +20,7 @@ from colony.errors import (
     BlockVersionConflict,
     InvalidArgument,
 )
+from colony.memory.blocks.document import as_lines
 from colony.memory.blocks.store import COLONY, BlockStore
 from colony.memory.blocks.types import OPERATOR, BlockType, NewBlock, SharedAccess
 
@@ -367,9 +368,15 @@ async def test_review_hardening(store: BlockStore, redis_url: str, monkeypatch: 
     await store.delete("solo", "solo", "only")
     assert "solo" not in await store.redis.smembers(BlockProtocol.owners_key(store.namespace))
 
-    monkeypatch.setattr("colony.memory.blocks.document.REWRITE_DIFF_MS", 0)
-    await store.set_content("owner", "board", "line one\nline two")
-    assert (await store.read("owner", "board")).content == "line one\nline two\n"
+    import random
+
+    rng = random.Random(7)
+    first = "".join(rng.choice("abcdefgh \n") for _ in range(15_000))
+    second = "".join(rng.choice("abcdefgh \n") for _ in range(15_000))
+    await store.create("owner", NewBlock(label="big", content=first, char_limit=50_000))
+    monkeypatch.setattr("colony.memory.blocks.document.REWRITE_DIFF_MS", 1)  # the diff runs out of time
+    await store.set_content("owner", "big", second)
+    assert (await store.read("owner", "big")).content == as_lines(second)
 
 
 def test_the_process_store_is_per_colony_whatever_the_settings_objects(redis_url: str) -> None:

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import random
 import time
 import uuid
 from collections import OrderedDict
@@ -82,7 +83,7 @@ APPEND_ONLY_REFUSAL = (
     "your access to this block is append-only: you may add text at its end only (core_memory_append), "
     "not insert, replace or remove text"
 )
-EDIT_ATTEMPTS = 5  # an edit redone after this many compactions in a row gives up
+EDIT_ATTEMPTS = 10  # an edit redone after this many compactions in a row gives up
 
 
 class EditOptions(TypedDict, total=False):
@@ -396,7 +397,9 @@ class BlockStore(BlockDirectory):
             self._check_access(info, access, needs, principal)
         meta = EditMeta(principal, via, op, clean_text((message or "")[:500]))
         entry = self._cached(info.block_id)
-        for _attempt in range(EDIT_ATTEMPTS):
+        for attempt in range(EDIT_ATTEMPTS):
+            if attempt:  # the last try met a compaction: let the compactor's burst pass
+                await asyncio.sleep(random.uniform(0, 0.005 * attempt))
             async with entry.lock:
                 document = await self._refresh(info.block_id, entry, versions=op in ("rollback", "undo"))
                 if base_version is not None and entry.head != base_version:
@@ -433,7 +436,7 @@ class BlockStore(BlockDirectory):
                 if reply == -1:
                     self._drop(info.block_id)
                     raise BlockNotFound(f"block {label!r} was deleted while being edited")
-                if reply == -2:  # compacted meanwhile: reload and redo
+                if reply == -2:  # compacted meanwhile: reload and redo (after a short, growing pause)
                     self._drop(info.block_id)
                     continue
                 length, version = int(reply[0]), int(reply[1])
