@@ -7,8 +7,8 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
+from colony.memory.blocks.logs import render_log
 from colony.memory.blocks.rendering import MEMORY_BLOCKS_HEADER, escape_content, render_blocks
-from colony.memory.blocks.store import render_log
 from colony.memory.blocks.types import BlockInfo, BlockType, BlockView, SharedAccess
 
 

@@ -88,6 +88,21 @@ def info_from_fields(fields: dict[str, str], block_id: str) -> BlockInfo:
     )
 
 
+def check_access(info: BlockInfo, access: SharedAccess, needs: str, principal: str) -> None:
+    where = f"{info.owner}'s block {info.label!r}" if info.owner != principal else f"block {info.label!r}"
+    if info.block_type is BlockType.LOG:
+        raise BlockAccessDenied(f"{where} is a log the system writes; it is read-only to agents")
+    if info.read_only and principal != OPERATOR:
+        raise BlockAccessDenied(f"{where} is read-only; only the system or the operator changes it")
+    if needs == "write" and access is not SharedAccess.READ_WRITE:
+        raise BlockAccessDenied(
+            f"{principal} has {access.value} access to {where}; this edit removes or rewrites text"
+            + ("; only add text (core_memory_append / memory_insert)" if access.can_write else "")
+        )
+    if needs == "append" and not access.can_write:
+        raise BlockAccessDenied(f"{principal} has read-only access to {where}; it cannot be changed")
+
+
 class BlockDirectory:
     """Lookup, access and sharing of blocks (the parts of BlockStore that need no document)."""
 

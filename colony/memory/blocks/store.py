@@ -23,7 +23,7 @@ import uuid
 from collections import OrderedDict
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any, TypedDict, Unpack
+from typing import Any, Unpack
 
 import redis.asyncio as aioredis
 
@@ -45,6 +45,7 @@ from colony.memory.blocks.directory import (
     COLONY,
     BlockDirectory,
     b64,
+    check_access,
     check_agent,
     check_label,
     clean_text,
@@ -53,6 +54,7 @@ from colony.memory.blocks.directory import (
     unb64,
 )
 from colony.memory.blocks.document import BlockDocument, EditMeta, as_lines
+from colony.memory.blocks.logs import MAX_LOG_FIELDS, bounded_log_value, render_log
 from colony.memory.blocks.types import (
     MAX_DESCRIPTION_CHARS,
     OPERATOR,
@@ -61,7 +63,9 @@ from colony.memory.blocks.types import (
     BlockInfo,
     BlockType,
     BlockView,
+    EditOptions,
     EditOutcome,
+    History,
     NewBlock,
     Principal,
     SharedAccess,
@@ -70,31 +74,12 @@ from colony.memory.blocks.types import (
 log = logging.getLogger(__name__)
 
 
-@dataclass(frozen=True)
-class History:
-    """The block's edit ids in log order and how many versions came before the first."""
-
-    order: list[str]
-    base: int
-
-
 Apply = Callable[[BlockDocument, EditMeta, SharedAccess, History], bytes]
 APPEND_ONLY_REFUSAL = (
     "your access to this block is append-only: you may add text at its end only (core_memory_append), "
     "not insert, replace or remove text"
 )
 EDIT_ATTEMPTS = 10  # an edit redone after this many compactions in a row gives up
-
-
-class EditOptions(TypedDict, total=False):
-    """Options every edit takes: `owner` (another owner's block, or COLONY), `via` (the channel
-    kept in history: tool, http, cli, library, system), `message` (a note kept in history) and
-    `base_version` (edit only if the block is still at that version: BlockVersionConflict if not)."""
-
-    owner: str | None
-    via: str
-    message: str
-    base_version: int | None
 
 
 @dataclass
@@ -394,7 +379,7 @@ class BlockStore(BlockDirectory):
         (its update could depend on history the snapshot folded away)."""
         info, access = await self.resolve(principal, label, owner=owner)
         if principal != SYSTEM:
-            self._check_access(info, access, needs, principal)
+            check_access(info, access, needs, principal)
         meta = EditMeta(principal, via, op, clean_text((message or "")[:500]))
         entry = self._cached(info.block_id)
         for attempt in range(EDIT_ATTEMPTS):
@@ -459,21 +444,6 @@ class BlockStore(BlockDirectory):
             f"block {label!r} was compacted {EDIT_ATTEMPTS} times while this edit was made; nothing was "
             "changed, try again"
         )
-
-    @staticmethod
-    def _check_access(info: BlockInfo, access: SharedAccess, needs: str, principal: str) -> None:
-        where = f"{info.owner}'s block {info.label!r}" if info.owner != principal else f"block {info.label!r}"
-        if info.block_type is BlockType.LOG:
-            raise BlockAccessDenied(f"{where} is a log the system writes; it is read-only to agents")
-        if info.read_only and principal != OPERATOR:
-            raise BlockAccessDenied(f"{where} is read-only; only the system or the operator changes it")
-        if needs == "write" and access is not SharedAccess.READ_WRITE:
-            raise BlockAccessDenied(
-                f"{principal} has {access.value} access to {where}; this edit removes or rewrites text"
-                + ("; only add text (core_memory_append / memory_insert)" if access.can_write else "")
-            )
-        if needs == "append" and not access.can_write:
-            raise BlockAccessDenied(f"{principal} has read-only access to {where}; it cannot be changed")
 
     async def _fold(self, block_id: str, entry: _Cached, info: BlockInfo) -> None:
         """Fold the update log into the snapshot (the caller holds the lock): a full snapshot, or a
@@ -588,7 +558,7 @@ class BlockStore(BlockDirectory):
         cap = info.log_max_entries or self.settings.log_max_entries
         stamped = {
             "at": round(time.time(), 3),
-            **{str(k)[:64]: _bounded(v) for k, v in list(entry.items())[:MAX_LOG_FIELDS]},
+            **{str(k)[:64]: bounded_log_value(v) for k, v in list(entry.items())[:MAX_LOG_FIELDS]},
         }
         return await self._edit(
             SYSTEM,
@@ -612,18 +582,6 @@ class BlockStore(BlockDirectory):
             )
 
 
-MAX_LOG_FIELDS = 16
-MAX_LOG_VALUE_CHARS = 1000
-
-
-def _bounded(value: Any) -> Any:
-    """A log entry's field as stored: numbers and booleans as they are, the rest as text of at most
-    MAX_LOG_VALUE_CHARS characters (a log keeps its last entries and their history: bounded)."""
-    if isinstance(value, bool | int | float) or value is None:
-        return value
-    return clean_text(str(value))[:MAX_LOG_VALUE_CHARS]
-
-
 def _from_loro(exc: BaseException) -> bool:
     """Whether `exc` is an error Loro raised (its Python binding raises plain BaseException and
     pyo3 panics), as opposed to cancellation or exit, which must pass through untouched."""
@@ -641,16 +599,6 @@ def _refusal(exc: BlockError) -> str:
     if isinstance(exc, BlockVersionConflict):
         return "conflict"
     return "invalid"
-
-
-def render_log(entries: list[dict[str, Any]], shown: int) -> str:
-    """A LOG block's content as the prompt shows it: its last `shown` entries, one line each."""
-    lines = []
-    for entry in entries[-shown:]:
-        kind = " ".join(str(entry.get("kind", "event")).split())[:32]
-        text = " ".join(str(entry.get("text", "")).split())[:300]
-        lines.append(f"- [{kind}] {text}")
-    return "\n".join(lines)
 
 
 _stores: dict[tuple[int, int], BlockStore] = {}

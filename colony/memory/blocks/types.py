@@ -8,8 +8,9 @@ are the metadata and the views callers get back.
 from __future__ import annotations
 
 import re
+from dataclasses import dataclass
 from enum import StrEnum
-from typing import Annotated, Any, Literal
+from typing import Annotated, Any, Literal, TypedDict
 
 from pydantic import BaseModel, ConfigDict, Field, StringConstraints
 
@@ -146,3 +147,22 @@ Principal = str  # an agent id, or SYSTEM / OPERATOR below
 SYSTEM = "_system"  # Colony itself (rolling logs, templates): not bound by access levels
 OPERATOR = "_operator"  # the HTTP API's colony endpoints (bearer token): owns colony blocks
 EditVia = Literal["tool", "http", "system", "cli", "library"]
+
+
+@dataclass(frozen=True)
+class History:
+    """The block's edit ids in log order and how many versions came before the first."""
+
+    order: list[str]
+    base: int
+
+
+class EditOptions(TypedDict, total=False):
+    """Options every edit takes: `owner` (another owner's block, or COLONY), `via` (the channel
+    kept in history: tool, http, cli, library, system), `message` (a note kept in history) and
+    `base_version` (edit only if the block is still at that version: BlockVersionConflict if not)."""
+
+    owner: str | None
+    via: str
+    message: str
+    base_version: int | None
