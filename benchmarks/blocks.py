@@ -38,14 +38,11 @@ import httpx
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from colony.api.app import ApiServices
-from colony.blackboard import Blackboard, create_redis
+from colony.blackboard import create_redis
 from colony.blackboard.redis_server import EmbeddedRedis
 from colony.config import BlockSettings, ColonySettings, EmbeddedRedisSettings
 from colony.memory.blocks import OPERATOR, BlockStore, NewBlock, SharedAccess
-from colony.system.registry import AgentRegistry
-from colony.system.runs import RunService
-from tests.api_kit import ServedApi
+from tests.api_kit import BareApi
 
 TOKEN = "bench-token"
 
@@ -88,35 +85,10 @@ async def library_append(url: str, appends: int) -> dict[str, Any]:
     return {"library": stats(lib), "baseline_bare_redis": stats(bare)}
 
 
-class ApiServer(ServedApi):
-    """The real FastAPI app under uvicorn on a local socket (tests/api_kit.py), over the colony's Redis."""
-
-    def __init__(self, settings: ColonySettings) -> None:
-        super().__init__(settings, TOKEN)
-        self._client: Any = None
-
-    async def start_services(self) -> ApiServices:
-        settings = self.settings
-        assert settings.redis_url
-        self._client = create_redis(settings.redis_url, settings.blackboard)
-        board = Blackboard(self._client, "colony:blocks-bench", settings=settings.blackboard)
-        ids = {"tenant_id": settings.tenant_id, "colony_id": settings.colony_id}
-        registry = AgentRegistry(board.scoped(f"bench:{settings.colony_id}"), settings=settings)
-        return ApiServices(
-            runs=RunService(board, registry, settings=settings, **ids),
-            registry=registry,
-            token=TOKEN,
-            settings=settings,
-        )
-
-    async def stop_services(self) -> None:
-        await self._client.aclose()
-
-
 def http_append(url: str, appends: int) -> dict[str, Any]:
     settings = settings_for(url)
     headers = {"Authorization": f"Bearer {TOKEN}"}
-    with ApiServer(settings) as server, httpx.Client(base_url=server.url, headers=headers) as http:
+    with BareApi(settings, TOKEN) as server, httpx.Client(base_url=server.url, headers=headers) as http:
         made = http.post("/v1/agents/bench/blocks", json={"label": "notes", "char_limit": 100_000})
         if made.status_code != 201:
             raise RuntimeError(f"creating the block answered {made.status_code}: {made.text[:300]}")

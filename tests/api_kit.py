@@ -78,3 +78,33 @@ class ServedApi(abc.ABC):
     def __exit__(self, *exc: object) -> None:
         self.server.should_exit = True
         self.thread.join(15)
+
+
+class BareApi(ServedApi):
+    """The API over the colony's Redis with no replica behind it: what routes that read and write
+    Redis alone (memory blocks) need."""
+
+    def __init__(self, settings: ColonySettings, token: str) -> None:
+        super().__init__(settings, token)
+        self._client: Any = None
+
+    async def start_services(self) -> ApiServices:
+        from colony.blackboard import Blackboard, create_redis
+        from colony.system.registry import AgentRegistry
+        from colony.system.runs import RunService
+
+        settings = self.settings
+        assert settings.redis_url
+        self._client = create_redis(settings.redis_url, settings.blackboard)
+        board = Blackboard(self._client, f"colony:{settings.colony_id}", settings=settings.blackboard)
+        registry = AgentRegistry(board, settings=settings)
+        ids = {"tenant_id": settings.tenant_id, "colony_id": settings.colony_id}
+        return ApiServices(
+            runs=RunService(board, registry, settings=settings, **ids),
+            registry=registry,
+            token=self.token,
+            settings=settings,
+        )
+
+    async def stop_services(self) -> None:
+        await self._client.aclose()

@@ -16,21 +16,17 @@ from typing import Any
 
 import httpx
 import pytest
-from api_kit import ServedApi
+from api_kit import BareApi
 
-from colony.api.app import ApiServices
 from colony.api.schemas import MAX_BLOCK_TEXT
-from colony.blackboard import Blackboard, create_redis
 from colony.config import ColonySettings
-from colony.system.registry import AgentRegistry
-from colony.system.runs import RunService
 
 TOKEN = "blocks-token"
 AUTH = {"Authorization": f"Bearer {TOKEN}"}
 MAX_EDIT = 300  # blocks.max_edit_chars of the app: one edit carries at most this many characters
 
 
-class BlocksApp(ServedApi):
+class BlocksApp(BareApi):
     """The API over a real Redis, served over HTTP (the CLI tests use it too). Blocks need no running
     agent: they are keyed by agent id."""
 
@@ -42,23 +38,6 @@ class BlocksApp(ServedApi):
             blocks={"max_edit_chars": MAX_EDIT},
         )
         super().__init__(settings, TOKEN)
-        self._client: Any = None
-
-    async def start_services(self) -> ApiServices:
-        settings = self.settings
-        self._client = create_redis(settings.redis_url, settings.blackboard)
-        board = Blackboard(self._client, f"colony:{settings.colony_id}", settings=settings.blackboard)
-        registry = AgentRegistry(board, settings=settings)
-        ids = {"tenant_id": settings.tenant_id, "colony_id": settings.colony_id}
-        return ApiServices(
-            runs=RunService(board, registry, settings=settings, **ids),
-            registry=registry,
-            token=TOKEN,
-            settings=settings,
-        )
-
-    async def stop_services(self) -> None:
-        await self._client.aclose()
 
 
 @pytest.fixture(scope="module")
