@@ -17,7 +17,9 @@ from typing import Any
 import httpx
 
 from colony import __version__
+from colony.cli_agent import add_agent_commands
 from colony.cli_blocks import add_block_commands
+from colony.cli_chat import add_chat_command
 from colony.cli_memory import add_memory_commands
 from colony.cli_target import TOKEN_ENV, URL_ENV, ApiTarget, api_error, api_target, remote_health
 from colony.config import ColonySettings, load_settings
@@ -545,6 +547,8 @@ def build_parser() -> argparse.ArgumentParser:
     run.set_defaults(func=cmd_run)
     add_memory_commands(sub, [remote])
     add_block_commands(sub, [remote])
+    add_agent_commands(sub, [remote])
+    add_chat_command(sub, [remote])
     return parser
 
 

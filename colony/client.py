@@ -14,6 +14,9 @@ import httpx
 
 from colony.agents.handle import TERMINAL_EVENTS
 from colony.api.auth import TOKEN_ENV, TokenSource, is_loopback
+from colony.client_context import ContextClientMixin
+from colony.client_sessions import SessionClientMixin
+from colony.client_transfer import TransferClientMixin
 from colony.errors import ApiError
 
 __all__ = ["ApiError", "AsyncColonyClient", "ColonyClient"]
@@ -145,7 +148,7 @@ def _memory_write(scope: str, content: str, **fields: Any) -> dict[str, Any]:
     return {k: v for k, v in body.items() if v is not None}
 
 
-class ColonyClient:
+class ColonyClient(ContextClientMixin, TransferClientMixin, SessionClientMixin):
     """`with ColonyClient(url, token) as client: run = client.run("echo", {"x": 1})`."""
 
     def __init__(

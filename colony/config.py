@@ -273,6 +273,54 @@ class BlockSettings(BaseModel):
     cached_documents: int = Field(256, ge=1, le=100_000, description="Block documents a process keeps.")
 
 
+class ContextSettings(BaseModel):
+    """Context management (docs/context.md): checkpoints, the action log, compaction, sessions."""
+
+    checkpoints_kept: int = Field(
+        10, ge=1, le=1000, description="Checkpoints kept per agent (one per step; the oldest go first)."
+    )
+    action_log_max_entries: int = Field(
+        2000,
+        ge=10,
+        le=100_000,
+        description="Recorded model and action results kept for an agent's current run (write-ahead log).",
+    )
+    token_budget: int = Field(
+        0,
+        ge=0,
+        le=10_000_000,
+        description="Prompt tokens an agent's planning prompt may hold; 0 = the engine's context window.",
+    )
+    summary_max_tokens: int = Field(
+        256, ge=16, le=32_768, description="Most tokens the summariser may write (its output headroom)."
+    )
+    summariser_input_tokens: int = Field(
+        2048, ge=64, le=1_000_000, description="Most tokens of history given to one summariser call."
+    )
+    keep_first_items: int = Field(
+        2, ge=0, le=1000, description="History items kept verbatim at the start when summarising."
+    )
+    keep_recent_items: int = Field(
+        6, ge=1, le=1000, description="History items kept verbatim at the end when summarising."
+    )
+    mask_output_chars: int = Field(
+        2000,
+        ge=100,
+        le=10_000_000,
+        description="Action outputs longer than this are stored aside and shown by reference.",
+    )
+    max_export_bytes: int = Field(
+        64 * 1024 * 1024, ge=1024, le=1024**3, description="Largest agent export document accepted."
+    )
+    session_max_messages: int = Field(
+        10_000, ge=10, le=1_000_000, description="Messages one session's conversation tree may hold."
+    )
+    session_max_message_chars: int = Field(
+        20_000, ge=100, le=1_000_000, description="Longest message a user may send to a session."
+    )
+    session_max_branches: int = Field(256, ge=1, le=10_000, description="Branches one session may hold.")
+
+
 class RunsSettings(BaseModel):
     """How long finished work stays in Redis."""
 
@@ -331,6 +379,7 @@ class ColonySettings(BaseSettings):
     runs: RunsSettings = Field(default_factory=RunsSettings)
     memory: MemorySettings = Field(default_factory=MemorySettings)
     blocks: BlockSettings = Field(default_factory=BlockSettings)
+    context: ContextSettings = Field(default_factory=ContextSettings)
     agents: dict[str, str] = Field(
         default_factory=dict,
         description="User agents: name -> 'package.module:factory' (a function of the agent id returning "

@@ -248,3 +248,31 @@ class BlockVersionConflict(BlockError):
     def __init__(self, message: str, *, current_version: int) -> None:
         self.current_version = current_version
         super().__init__(message)
+
+
+class ContextError(ColonyError):
+    """Context management (colony.context): checkpoints, the action log, compaction, sessions."""
+
+
+class CheckpointNotFound(ContextError, LookupError):
+    """No kept checkpoint has that step number (the message lists the steps that are kept)."""
+
+
+class NothingToUndo(ContextError):
+    """The agent has no earlier checkpoint to go back to."""
+
+
+class ImportRejected(ContextError, InvalidArgument):
+    """An agent export document was refused (malformed, too large, tampered, or its id is taken)."""
+
+
+class SessionNotFound(ContextError, LookupError):
+    """No session of that id in this colony."""
+
+
+class MessageNotFound(ContextError, LookupError):
+    """No message of that id in the session's conversation tree."""
+
+
+class NoActiveBranch(ContextError):
+    """The session's conversation tree has no active branch to revert or reply on."""

@@ -186,6 +186,35 @@ BLOCK_COMPACTIONS = Counter(
     ["kind"],
 )
 
+# -- context management (colony/context) --------------------------------------------------------------
+
+CONTEXT_CHECKPOINTS = Counter(
+    "colony_context_checkpoints_total",
+    "Agent checkpoints, by operation (created after a step; restored by undo or restore).",
+    ["op"],
+)
+CONTEXT_COMPACTIONS = Counter(
+    "colony_context_compactions_total",
+    "Context compactions, by stage (masked: large outputs replaced by references; summarized: the "
+    "middle summarised by the model; failed: the summariser failed and the masked view was kept).",
+    ["stage"],
+)
+CONTEXT_COMPACTED_TOKENS = Counter(
+    "colony_context_compacted_tokens_total",
+    "Prompt tokens removed from agents' contexts by compaction (estimated before minus after).",
+)
+ACTION_LOG_REPLAYS = Counter(
+    "colony_action_log_replays_total",
+    "Recorded results used on resume instead of calling again, and calls made again, by kind "
+    "(model, action) and outcome (replayed, reexecuted).",
+    ["kind", "outcome"],
+)
+SESSION_MESSAGES = Counter(
+    "colony_session_messages_total",
+    "Messages added to session conversation trees, by role (user, assistant).",
+    ["role"],
+)
+
 
 # -- cluster-wide sums: what each process publishes, and how the API adds it up --------------------
 
@@ -252,6 +281,11 @@ PUBLISHED: tuple[Published, ...] = (
     Published(MEMORY_RECALL_SECONDS, ("mode",), _FAST_BUCKETS),
     Published(BLOCK_EDITS, ("op", "outcome")),
     Published(BLOCK_COMPACTIONS, ("kind",)),
+    Published(CONTEXT_CHECKPOINTS, ("op",)),
+    Published(CONTEXT_COMPACTIONS, ("stage",)),
+    Published(CONTEXT_COMPACTED_TOKENS),
+    Published(ACTION_LOG_REPLAYS, ("kind", "outcome")),
+    Published(SESSION_MESSAGES, ("role",)),
 )
 PUBLISHED_BY_NAME = {p.name: p for p in PUBLISHED}
 PUBLICATION_FORMAT = 2  # a publication of another format (another Colony version) is skipped

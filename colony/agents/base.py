@@ -60,6 +60,7 @@ from colony.agents.ring import ContextRing
 from colony.blackboard import Blackboard, BlackboardScope, scope_id
 from colony.blackboard.protocol import AgentStateProtocol
 from colony.config import load_settings
+from colony.context.action_log import ActionLog
 from colony.errors import (
     AgentUsageError,
     ConcurrentModificationError,
@@ -109,6 +110,7 @@ class Agent(EventDelivery, Bindable):
         self.max_steps = max_steps
         self.hooks = HookRegistry()
         self.dispatcher = ActionDispatcher(self)
+        self.action_log = ActionLog(self)  # write-ahead log of the current run (colony.context)
         self.capabilities: dict[str, AgentCapability] = {}
         self.current_run: AgentRun | None = None
         # gathered context, bounded; persisted by appending what is new to a capped Redis list

@@ -32,6 +32,7 @@ from starlette.routing import Match
 from colony import __version__, metrics
 from colony.api.auth import TokenSource
 from colony.api.block_routes import InvalidBlockInput, add_block_routes
+from colony.api.context_routes import add_context_routes
 from colony.api.limits import GuardMiddleware, check_input
 from colony.api.memory_routes import InvalidMemoryInput, MemoryScopeNotFound, add_memory_routes
 from colony.api.schemas import (
@@ -53,6 +54,8 @@ from colony.api.schemas import (
     SubmitRun,
     SubmittedRun,
 )
+from colony.api.session_routes import add_session_routes
+from colony.api.transfer_routes import add_transfer_routes
 from colony.config import ApiSettings, ColonySettings, VcmSettings
 from colony.errors import (
     AgentNotFound,
@@ -63,13 +66,19 @@ from colony.errors import (
     BlockExists,
     BlockNotFound,
     BlockVersionConflict,
+    CheckpointNotFound,
     ColonyError,
     ConfigError,
+    ImportRejected,
     InvalidArgument,
+    MessageNotFound,
+    NoActiveBranch,
+    NothingToUndo,
     PathNotAllowed,
     ReplicaUnavailable,
     ResourceExhausted,
     RunNotFound,
+    SessionNotFound,
     SourceTooLarge,
 )
 from colony.system.catalog import BUILTIN_AGENTS
@@ -104,6 +113,10 @@ class AgentControl(Protocol):
     async def suspend(self, agent_id: str) -> Any: ...
 
     async def resume(self, agent_id: str) -> Any: ...
+
+    async def undo(self, agent_id: str) -> Any: ...
+
+    async def restore(self, agent_id: str, step: int, mode: str) -> Any: ...
 
 
 @dataclass
@@ -245,6 +258,12 @@ def create_app(
             return _error(409, "conflict", str(exc))
         if isinstance(exc, BlockEditRejected | InvalidBlockInput):
             return _error(422, "invalid_request", str(exc))
+        if isinstance(exc, ImportRejected):
+            return _error(422, "invalid_request", str(exc))
+        if isinstance(exc, CheckpointNotFound | SessionNotFound | MessageNotFound):
+            return _error(404, "not_found", str(exc))
+        if isinstance(exc, NothingToUndo | NoActiveBranch):
+            return _error(409, "conflict", str(exc))
         if isinstance(exc, AgentNotFound | RunNotFound | MemoryScopeNotFound):
             return _error(404, "not_found", str(exc))
         if isinstance(exc, AgentStateConflict):
@@ -506,6 +525,9 @@ def create_app(
 
     add_memory_routes(app, svc, authorized, api)
     add_block_routes(app, svc, authorized, api)
+    add_context_routes(app, svc, authorized, api)
+    add_transfer_routes(app, svc, authorized, api)
+    add_session_routes(app, svc, authorized, api)
     return app
 
 

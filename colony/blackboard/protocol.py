@@ -298,6 +298,11 @@ class AgentStateProtocol(BlackboardProtocol):
         "capability_state": "agent:capability:{name}",
         "context": "agent:context",
         "suspension": "agent:suspension",
+        # colony.context: the checkpoint ring, the write-ahead action log of the current run, and
+        # action outputs kept aside by compaction (by digest)
+        "checkpoints": "agent:checkpoints",
+        "action_log": "agent:action_log",
+        "archived_output": "agent:archived:{digest}",
     }
 
     @classmethod
@@ -311,6 +316,28 @@ class AgentStateProtocol(BlackboardProtocol):
     @classmethod
     def capability_state_key(cls, name: str) -> str:
         return cls.build("capability_state", name=name)
+
+    @classmethod
+    def archived_output_key(cls, digest: str) -> str:
+        return cls.build("archived_output", digest=digest)
+
+
+class SessionProtocol(BlackboardProtocol):
+    """A session's conversation tree, inside the session agent's own AGENT scope: one entry per
+    message (ids are generated, never taken from input) and the tree head (branches, active one)."""
+
+    templates = {
+        "tree": "session:tree",
+        "message": "session:message:{message_id}",
+    }
+
+    @classmethod
+    def tree_key(cls) -> str:
+        return cls.build("tree")
+
+    @classmethod
+    def message_key(cls, message_id: str) -> str:
+        return cls.build("message", message_id=message_id)
 
 
 class AgentRegistryProtocol(BlackboardProtocol):

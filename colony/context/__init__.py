@@ -1,1 +1,3 @@
-"""Checkpoint/undo, compaction, resume and conversation-tree revert (later milestone)."""
+"""Context management: per-agent checkpoints and undo, a write-ahead action log (resume re-runs
+only the unfinished action), compaction under a token budget, export/import, and sessions with a
+conversation tree (docs/context.md)."""

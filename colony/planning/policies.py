@@ -19,7 +19,7 @@ from colony.agents.blueprint import Blueprint
 from colony.agents.models import ActionResult
 from colony.agents.policy import ActionPolicy, ActionPolicyExecutionState, ActionPolicyIterationResult
 from colony.errors import AgentUsageError
-from colony.inference import ChatMessage, InferenceRequest
+from colony.inference import ChatMessage, InferenceRequest, InferenceResponse
 from colony.inference.engine import InferenceEngine
 from colony.planning.context import PlanningContext, PlanningContextBuilder, format_planning_prompt
 from colony.planning.streams import ConsciousnessStream
@@ -168,6 +168,13 @@ class EventDrivenActionPolicy(ActionPolicy):
                 "prompt", {"step": state.step, "text": prompt[:MAX_PROMPT_EVENT_CHARS]}
             )
 
+    async def generate(self, engine: InferenceEngine, request: InferenceRequest) -> InferenceResponse:
+        """A model call of this policy, through the agent's write-ahead action log: a resumed run
+        gets the recorded response back instead of calling the model again."""
+        if self.agent is None:
+            return await engine.generate(request)
+        return await self.agent.action_log.model_call(request, lambda: engine.generate(request))
+
     async def dispatch(self, action: str, parameters: dict[str, Any]) -> ActionResult:
         if self.agent is None:
             raise AgentUsageError("the policy has no agent to dispatch with; build it with agent=...")
@@ -276,7 +283,8 @@ class StructuredActionPolicy(EventDrivenActionPolicy):
             instructions="Answer with JSON naming the next action and its parameters.",
         )
         await self.emit_prompt(state, prompt)
-        response = await self.engine.generate(
+        response = await self.generate(
+            self.engine,
             InferenceRequest(
                 messages=[
                     ChatMessage(role="system", content=self.SYSTEM),
@@ -285,7 +293,7 @@ class StructuredActionPolicy(EventDrivenActionPolicy):
                 response_format=choice_schema(actions),
                 max_tokens=self.max_tokens,
                 temperature=0.0,
-            )
+            ),
         )
         decision = response.parsed
         action, parameters = decision["action"], decision.get("parameters") or {}
