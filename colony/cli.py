@@ -341,6 +341,8 @@ def _run(args: argparse.Namespace, target: ApiTarget, input_data: Any) -> int:
     with ColonyClient(target.url, target.token) as client:
         if args.map is not None:
             input_data = _mapped_input(client, args, input_data, note, remote=target.remote)
+        if args.show_prompt:
+            input_data = with_prompt_events(input_data)
         submitted = client.submit(args.agent, input_data, timeout_s=args.timeout)
         run_id = submitted["run_id"]
         note(f"run {run_id} on {args.agent}\n")
@@ -371,6 +373,16 @@ def _run(args: argparse.Namespace, target: ApiTarget, input_data: Any) -> int:
         notice = "  the output names no files (it has no `not_analysed` entries)\n"
     print(notice, end="", file=sys.stderr, flush=True)
     return RUN_FAILED if failed else RUN_PARTIAL if partial else 0
+
+
+def with_prompt_events(input_data: Any) -> Any:
+    """The run's input asking its planner for a `prompt` event per step (`--show-prompt`): an
+    object gets `"emit_prompt": true`; any other input becomes the task of one (`{"task": input}`),
+    the field planning agents read their task from."""
+    if isinstance(input_data, dict):
+        return {**input_data, "emit_prompt": True}
+    task = input_data if isinstance(input_data, str) else json.dumps(input_data)
+    return {"task": task, "emit_prompt": True}
 
 
 def _print_output(args: argparse.Namespace, output: Any, *, failed: bool, streamed: str) -> None:
@@ -543,6 +555,11 @@ def build_parser() -> argparse.ArgumentParser:
     )
     run.add_argument(
         "--json", action="store_true", help="print the run's output as JSON on stdout (nothing else there)"
+    )
+    run.add_argument(
+        "--show-prompt",
+        action="store_true",
+        help="print each step's whole planning prompt to stderr (planning agents: ask, session, yours)",
     )
     run.set_defaults(func=cmd_run)
     add_memory_commands(sub, [remote])

@@ -16,6 +16,16 @@ def _printable(value: Any, limit: int = 300) -> str:
     return "".join(c if c.isprintable() else " " for c in text[:limit]).strip()
 
 
+def _prompt_text(data: dict[str, Any]) -> str:
+    """A `prompt` event (`colony run --show-prompt`): the planner's whole prompt for one step,
+    indented under a header line; control characters dropped, newlines and tabs kept."""
+    text = data.get("text") if isinstance(data.get("text"), str) else ""
+    step = _int_or_none(data.get("step"))
+    lines = ["".join(c if c.isprintable() or c == "\t" else " " for c in line) for line in text.splitlines()]
+    header = f"  prompt of step {step}:" if step is not None else "  prompt:"
+    return "\n".join([header, *(f"    {line}" for line in lines)]) + "\n"
+
+
 def _int_or_none(value: Any) -> int | None:
     return value if isinstance(value, int) and not isinstance(value, bool) else None
 
@@ -56,6 +66,8 @@ class RunDisplay:
             named = f"{_printable(str(name), 40)} " if isinstance(name, str) and name else ""
             verdict = "" if named and data.get("action") is None else ("ok" if ok else "failed")
             return out + f"  step {data.get('step')}: {named}{verdict}".rstrip() + "\n"
+        if kind == "prompt":
+            return out + _prompt_text(data)
         if kind == "workers":
             return out + f"  {len(data.get('workers', []))} page workers started\n"
         if kind != "started":

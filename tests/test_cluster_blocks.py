@@ -19,6 +19,7 @@ from collections.abc import Iterator
 
 import pytest
 
+from colony.api.auth import TOKEN_ENV
 from colony.blackboard.redis_server import free_port
 from colony.client import ApiError, ColonyClient
 from colony.config import ColonySettings, ServeSettings
@@ -153,6 +154,21 @@ def test_assistant_keeps_a_name_in_a_core_block_and_answers_with_it(blocks_clust
         assert "Ada" in view["output"], view["output"]
         prompts = [e["data"]["text"] for e in events if e["event_type"] == "prompt"]
         assert prompts and "<human>" in prompts[0] and "Ada" in prompts[0]
+
+
+def test_run_show_prompt_prints_each_steps_prompt(blocks_cluster, tmp_path) -> None:
+    """`colony run --show-prompt`: the planner's whole prompt of each step on stderr (the text
+    input became the task), the answer alone on stdout."""
+    from cli_kit import run_cli
+
+    _settings, info = blocks_cluster
+    args = ["run", "assistant", "--input", '"What is my name?"', "--show-prompt", "--url", info.url]
+    done = run_cli(*args, cwd=tmp_path, env={**os.environ, TOKEN_ENV: info.token or ""})
+    assert done.returncode == 0, done.stderr
+    assert "prompt of step 0:" in done.stderr, done.stderr
+    assert "    - Task: What is my name?" in done.stderr, done.stderr
+    assert "    <human>" in done.stderr and "## Goals" not in done.stdout
+    assert "Ada" in done.stdout
 
 
 def test_blocks_of_two_agents_stay_separate_across_down_and_up(blocks_cluster) -> None:

@@ -1,0 +1,29 @@
+"""`colony run --show-prompt`: the run's input asks for prompt events, and the display prints each
+step's prompt (control characters dropped). The end-to-end check against a real cluster and the
+embedded model is tests/test_cluster_blocks.py::test_run_show_prompt_prints_each_steps_prompt."""
+
+from __future__ import annotations
+
+from colony.cli import build_parser, with_prompt_events
+from colony.run_display import RunDisplay
+
+
+def test_the_input_asks_for_prompt_events() -> None:
+    assert with_prompt_events({"task": "t", "k": 1}) == {"task": "t", "k": 1, "emit_prompt": True}
+    assert with_prompt_events("What is my name?") == {"task": "What is my name?", "emit_prompt": True}
+    assert with_prompt_events(None) == {"task": "null", "emit_prompt": True}
+    assert with_prompt_events([1, 2]) == {"task": "[1, 2]", "emit_prompt": True}
+    args = build_parser().parse_args(["run", "ask", "--show-prompt"])
+    assert args.show_prompt is True
+    assert build_parser().parse_args(["run", "ask"]).show_prompt is False
+
+
+def test_each_steps_prompt_is_printed_indented_without_control_characters() -> None:
+    display = RunDisplay()
+    text = "## Goals\n\n- Task: hi \x1b[31mred\x1b[0m\n\tindented"
+    out = display.feed({"event_type": "prompt", "data": {"step": 2, "text": text}})
+    assert out == "  prompt of step 2:\n    ## Goals\n    \n    - Task: hi  [31mred [0m\n    \tindented\n"
+    assert "\x1b" not in out
+    # a token line left open is closed before the prompt
+    display.feed({"event_type": "token", "data": {"text": "half"}})
+    assert display.feed({"event_type": "prompt", "data": {"text": "x"}}).startswith("\n  prompt:\n")
