@@ -1,14 +1,157 @@
-"""`colony chat`: an interactive terminal chat with a session agent (docs/sessions.md)."""
+"""`colony chat`: an interactive terminal chat with a session agent (docs/sessions.md).
+
+Each line typed is a turn: the reply's tokens print as the model writes them. Lines starting with
+`/` are commands: `/history` (the active branch, numbered), `/revert N` (go back to message N of
+`/history`, or a message id; later messages stay in the tree), `/fork N [NAME]` (a new branch from
+message N, made active), `/branches`, `/switch NAME`, `/quit` (or end of input). Works with piped
+stdin (no prompt is printed then), so scripts and tests drive it like a user. Every call is to the
+HTTP API (colony.client), so `--url`/`--token` reach a cluster started elsewhere; text from the
+server is printed without control characters.
+"""
 
 from __future__ import annotations
 
 import argparse
+import sys
 from collections.abc import Sequence
-from typing import Any
+from typing import Any, TextIO
+
+from colony.cli_target import api_error, api_target
+from colony.config import load_settings
+from colony.errors import ApiError, ColonyError
+
+HELP = "commands: /history, /revert N, /fork N [NAME], /branches, /switch NAME, /quit"
+
+
+def _clean(text: Any, keep_newlines: bool = False) -> str:
+    value = text if isinstance(text, str) else "" if text is None else str(text)
+    return "".join(c if c.isprintable() or (keep_newlines and c == "\n") else " " for c in value)
+
+
+class Chat:
+    """One chat over `client` (a ColonyClient) in session `session_id`, writing to `out`."""
+
+    def __init__(self, client: Any, session_id: str, out: TextIO) -> None:
+        self.client, self.session_id, self.out = client, session_id, out
+
+    def say(self, text: str) -> None:
+        self.out.write(text + "\n")
+        self.out.flush()
+
+    def transcript(self) -> list[dict[str, Any]]:
+        return list(self.client.session_messages(self.session_id)["messages"])
+
+    def message_id(self, ref: str) -> str:
+        """A message by its number in `/history` (1 = the first) or by its id."""
+        if ref.isdigit():
+            messages = self.transcript()
+            index = int(ref)
+            if not 1 <= index <= len(messages):
+                raise ColonyError(f"no message {index}: the active branch has {len(messages)} (see /history)")
+            return str(messages[index - 1]["id"])
+        return ref
+
+    def turn(self, text: str) -> None:
+        """Send one message; print the reply's tokens as they come."""
+        streamed = False
+        for event in self.client.session_send(self.session_id, text):
+            kind, data = event.get("event_type"), event.get("data") or {}
+            if kind == "token":
+                self.out.write(_clean(data.get("text")))
+                self.out.flush()
+                streamed = True
+            elif kind == "restarted":  # the replica died mid-reply: the reply starts again
+                self.out.write("\n[restarted]\n")
+                streamed = False
+            elif kind == "message":
+                if not streamed:
+                    self.out.write(_clean((data.get("message") or {}).get("content"), keep_newlines=True))
+                self.say("")
+            elif kind == "error":
+                self.say(f"\n[error] {_clean(data.get('error'))}")
+
+    def command(self, line: str) -> bool:
+        """Run a `/` command; False when the chat should end."""
+        name, *rest = line[1:].split()
+        if name in ("quit", "exit", "q"):
+            return False
+        if name == "history":
+            for i, message in enumerate(self.transcript(), 1):
+                self.say(f"[{i}] {message['role']}: {_clean(message['content'])[:200]}")
+        elif name == "branches":
+            view = self.client.session(self.session_id)
+            for branch in view["branches"]:
+                mark = "*" if branch["name"] == view["active"] else " "
+                self.say(f"{mark} {_clean(branch['name'])} ({branch['length']} messages)")
+        elif name == "revert" and len(rest) == 1:
+            target = self.message_id(rest[0])
+            self.client.session_revert(self.session_id, target)
+            self.say(f"reverted to {target}; the next message continues from it")
+        elif name == "fork" and len(rest) in (1, 2):
+            view = self.client.session_fork(self.session_id, self.message_id(rest[0]), *rest[1:])
+            self.say(f"on branch {_clean(view['active'])}")
+        elif name == "switch" and len(rest) == 1:
+            view = self.client.session_switch(self.session_id, rest[0])
+            self.say(f"on branch {_clean(view['active'])}")
+        else:
+            self.say(HELP)
+        return True
+
+    def loop(self, lines: TextIO, interactive: bool) -> None:
+        while True:
+            if interactive:
+                self.out.write("> ")
+                self.out.flush()
+            line = lines.readline()
+            if not line:
+                return
+            line = line.strip()
+            if not line:
+                continue
+            try:
+                if line.startswith("/"):
+                    if not self.command(line):
+                        return
+                else:
+                    self.turn(line)
+            except ApiError as exc:
+                if exc.status == 401:
+                    raise
+                self.say(f"[error] {_clean(str(exc))}")
+            except ColonyError as exc:
+                self.say(f"[error] {_clean(str(exc))}")
+
+
+def cmd_chat(args: argparse.Namespace) -> int:
+    target = api_target(args, load_settings(args.config))
+    from colony.client import ColonyClient
+
+    try:
+        with ColonyClient(target.url, target.token) as client:
+            session_id = args.session or client.session_start()["session_id"]
+            if args.session:
+                client.session(session_id)  # 404 now rather than at the first message
+            chat = Chat(client, session_id, sys.stdout)
+            chat.say(f"session {session_id} ({HELP})")
+            chat.loop(sys.stdin, sys.stdin.isatty())
+    except ApiError as exc:
+        if exc.status == 401:
+            raise api_error(target, exc) from None
+        print(f"colony: error: {exc}", file=sys.stderr)
+        return 1
+    return 0
 
 
 def add_chat_command(
     subparsers: Any, parents: Sequence[argparse.ArgumentParser] | None = None
 ) -> argparse.ArgumentParser:
     """Add `chat` to the `colony` command's subparsers."""
-    return subparsers.add_parser("chat", help="chat with a session agent", parents=list(parents or []))
+    chat = subparsers.add_parser(
+        "chat",
+        help="chat with a session agent",
+        description="Chat with a session agent: each line is a message, the reply streams back. " + HELP,
+        parents=list(parents or []),
+    )
+    chat.add_argument("--session", help="continue this session (its id) instead of starting one")
+    chat.set_defaults(func=cmd_chat)
+    return chat

@@ -1,9 +1,11 @@
-"""Built-in agents `echo` (returns its input) and `ask` (answers a question with the replica's
-engine, streaming its tokens as run events). `colony.system.catalog` lists every built-in."""
+"""Built-in agents `echo` (returns its input), `ask` (answers a question with the replica's
+engine, streaming its tokens as run events) and `session` (starts chat sessions: one session agent
+per session, docs/sessions.md). `colony.system.catalog` lists every built-in."""
 
 from __future__ import annotations
 
 import contextlib
+from collections.abc import Awaitable, Callable
 from typing import Any
 
 from colony.agents import (
@@ -18,9 +20,13 @@ from colony.agents import (
     action_executor,
 )
 from colony.blackboard import Blackboard
+from colony.context.session_agent import SessionCapability
+from colony.context.sessions import SESSION_ROLE, SessionStore, new_session_id, session_scope
 from colony.errors import AgentUsageError
 from colony.inference import ChatMessage, InferenceRequest
 from colony.inference.engine import InferenceEngine
+
+Spawner = Callable[[AgentBlueprint], Awaitable[Any]]
 
 RUNS_NAMESPACE = "runs"  # the namespace HTTP runs are served in
 
@@ -102,4 +108,75 @@ def ask_blueprint(agent_id: str = "ask", max_tokens: int = 256) -> AgentBlueprin
         action_policy=ScriptedActionPolicy.bind(
             steps=[{"action": "ask", "parameters": {"question": "$input.question"}}]
         ),
+    )
+
+
+class SessionStarterCapability(AgentCapability):
+    """`start_session`: a new session agent (placed through the control plane) with an empty tree."""
+
+    def __init__(
+        self,
+        agent: Agent | None = None,
+        scope_id: str | None = None,
+        *,
+        blackboard: Blackboard | None = None,
+        spawner: Spawner | None = None,
+        max_tokens: int = 256,
+    ) -> None:
+        super().__init__(agent, scope_id, blackboard=blackboard)
+        self.spawner = spawner
+        self.max_tokens = max_tokens
+
+    @action_executor(action_type=ActionType.AGENT_SPAWN)
+    async def start_session(self) -> dict[str, Any]:
+        """Start a session; returns {"session_id"}: the id of its agent, which serves its turns."""
+        if self.spawner is None or self.agent is None:
+            raise AgentUsageError("the session agent runs on a replica with a control plane (no spawner)")
+        session_id = new_session_id()
+        # the tree first: the session exists for the API as soon as its agent is registered
+        await SessionStore(self.agent.blackboard.scoped(session_scope_of(self.agent, session_id))).create()
+        await self.spawner(
+            session_blueprint(session_id, parent_id=self.agent.agent_id, max_tokens=self.max_tokens)
+        )
+        return {"session_id": session_id}
+
+
+def session_scope_of(agent: Agent, session_id: str) -> str:
+    metadata = agent.metadata
+    return session_scope(session_id, tenant_id=metadata.tenant_id, colony_id=metadata.colony_id)
+
+
+def session_blueprint(
+    session_id: str, *, parent_id: str | None = None, max_tokens: int = 256
+) -> AgentBlueprint:
+    """One session's agent: a turn (a run with input {"message"}) adds the user's message and the
+    streamed reply to its conversation tree (colony.context.session_agent)."""
+    return AgentBlueprint(
+        agent_class=Agent,
+        metadata=AgentMetadata(
+            agent_id=session_id, agent_type=AgentType.SERVICE, role=SESSION_ROLE, parent_id=parent_id
+        ),
+        capabilities=[
+            SessionCapability.bind(max_tokens=max_tokens),
+            AgentRunCapability.bind(namespace=RUNS_NAMESPACE),
+        ],
+        action_policy=ScriptedActionPolicy.bind(
+            steps=[
+                {"action": "handle_user_message", "parameters": {"message": "$input.message"}},
+                {"action": "respond_to_user", "parameters": {}},
+            ]
+        ),
+    )
+
+
+def session_starter_blueprint(agent_id: str = "session", max_tokens: int = 256) -> AgentBlueprint:
+    """The catalog's `session` agent: each run starts one session (`POST /v1/sessions`)."""
+    return AgentBlueprint(
+        agent_class=Agent,
+        metadata=AgentMetadata(agent_id=agent_id, agent_type=AgentType.SERVICE, role="session-starter"),
+        capabilities=[
+            SessionStarterCapability.bind(max_tokens=max_tokens),
+            AgentRunCapability.bind(namespace=RUNS_NAMESPACE),
+        ],
+        action_policy=ScriptedActionPolicy.bind(steps=[{"action": "start_session", "parameters": {}}]),
     )

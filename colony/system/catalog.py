@@ -19,7 +19,7 @@ from colony.config import ColonySettings
 from colony.errors import ConfigError
 from colony.system.analyze import analyze_blueprint
 from colony.system.assistant import assistant_blueprint
-from colony.system.builtin import ask_blueprint, echo_blueprint
+from colony.system.builtin import ask_blueprint, echo_blueprint, session_starter_blueprint
 
 AgentFactory = Callable[[str], AgentBlueprint]
 
@@ -28,6 +28,7 @@ BUILTIN_AGENTS: dict[str, AgentFactory] = {
     "ask": ask_blueprint,
     "analyze": analyze_blueprint,
     "assistant": assistant_blueprint,
+    "session": session_starter_blueprint,
 }
 
 _INSTALL_HINT = (

@@ -1,0 +1,193 @@
+"""Sessions: the conversation tree of one session agent, stored in that agent's own AGENT scope.
+
+One entry per message (`SessionProtocol.message_key(id)`, written once, never changed) and one tree
+head (`SessionProtocol.tree_key()`: branches, the active one, each message's parent). Both the API
+process (revert, fork, switch) and the session agent (the user's message and the reply) change the
+head, so every change is a compare-and-set on its version (`Blackboard.update`) that re-applies
+the change to the newest head when it loses a race. Keys are built only from ids this module
+generates (`new_message_id`, `new_session_id`) or that match their pattern.
+
+Bounds (settings.context): messages per session, characters per message, branches per session.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import re
+import secrets
+from collections.abc import Callable, Sequence
+from typing import Any, TypeVar
+
+from colony import metrics
+from colony.blackboard import Blackboard, BlackboardScope, scope_id
+from colony.blackboard.protocol import SessionProtocol
+from colony.config import ContextSettings
+from colony.context.tree import (
+    Branch,
+    Message,
+    Role,
+    TreeHead,
+    add_message,
+    fork,
+    linearize,
+    new_message_id,
+    revert_to_message,
+    switch_branch,
+)
+from colony.errors import ConcurrentModificationError, InvalidArgument, MessageNotFound
+
+SESSION_ID_PATTERN = r"^session-[0-9a-f]{16}$"
+SESSION_ROLE = "session"  # the role of every per-session agent (the catalog's `session` spawns them)
+WRITER = "session"
+READ_CHUNK = 500  # messages read per round trip when listing a whole tree
+
+_SESSION_ID = re.compile(SESSION_ID_PATTERN)
+T = TypeVar("T")
+
+
+def new_session_id() -> str:
+    return f"session-{secrets.token_hex(8)}"
+
+
+def is_session_id(text: str) -> bool:
+    return bool(_SESSION_ID.match(text))
+
+
+def session_scope(session_id: str, *, tenant_id: str, colony_id: str) -> str:
+    """The AGENT scope of the session's agent (the session id is its agent id)."""
+    if not is_session_id(session_id):
+        raise InvalidArgument(f"{session_id[:80]!r} is not a session id (session-<16 hex digits>)")
+    return scope_id(BlackboardScope.AGENT, tenant_id=tenant_id, colony_id=colony_id, agent_id=session_id)
+
+
+class SessionStore:
+    """One session's conversation tree over the blackboard scope of its agent."""
+
+    def __init__(self, board: Blackboard, settings: ContextSettings | None = None) -> None:
+        self.board = board
+        self.settings = settings or ContextSettings()
+
+    @classmethod
+    def of(
+        cls,
+        root: Blackboard,
+        session_id: str,
+        *,
+        tenant_id: str,
+        colony_id: str,
+        settings: ContextSettings | None = None,
+    ) -> SessionStore:
+        return cls(root.scoped(session_scope(session_id, tenant_id=tenant_id, colony_id=colony_id)), settings)
+
+    async def head(self) -> TreeHead:
+        """The tree head; an empty tree (no branch, no message) when none was written yet."""
+        entry = await self.board.read(SessionProtocol.tree_key())
+        return TreeHead() if entry is None else entry.value_as(TreeHead)
+
+    async def create(self) -> TreeHead:
+        """Write the empty tree of a new session (create-only: an existing tree is kept)."""
+        entry = await self.board.read(SessionProtocol.tree_key())
+        if entry is not None:
+            return entry.value_as(TreeHead)
+        head = TreeHead()
+        try:
+            await self.board.write(
+                SessionProtocol.tree_key(),
+                head.model_dump(mode="json"),
+                created_by=WRITER,
+                expected_version=0,
+            )
+        except ConcurrentModificationError:
+            return await self.head()  # written by a concurrent create: that one stands
+        return head
+
+    async def _change(self, change: Callable[[TreeHead], T]) -> tuple[TreeHead, T]:
+        """Apply `change` to the newest head and store it, redone on the head a concurrent writer
+        left when it loses the race; the head written and what `change` returned."""
+        box: dict[str, Any] = {}
+
+        def apply(value: Any) -> Any:
+            head = TreeHead() if value is None else TreeHead.model_validate(value)
+            box["result"] = change(head)
+            box["head"] = head
+            return head.model_dump(mode="json")
+
+        await self.board.update(SessionProtocol.tree_key(), apply, created_by=WRITER)
+        return box["head"], box["result"]
+
+    async def add(self, role: Role, content: str, *, parent_id: str | None = None) -> Message:
+        """Store a message under `parent_id` (default: the active leaf) and link it into the tree
+        (see `tree.add_message` for when the active branch moves)."""
+        limit = self.settings.session_max_message_chars
+        if not content.strip():
+            raise InvalidArgument("a message needs some text")
+        if len(content) > limit:
+            raise InvalidArgument(
+                f"the message has {len(content)} characters; at most {limit} "
+                "(context.session_max_message_chars)"
+            )
+        message_id = new_message_id()
+        message = Message(id=message_id, role=role, content=content)
+        key = SessionProtocol.message_key(message_id)
+        # stored first, linked second: whatever the head lists is readable. A link the tree refuses
+        # (its message limit, an unknown parent) takes the stored message back out.
+        await self.board.write(
+            key, message.model_dump(mode="json", exclude={"parent_id"}), created_by=WRITER, expected_version=0
+        )
+        try:
+            _, parent = await self._change(
+                lambda head: add_message(
+                    head, message_id, parent_id=parent_id, max_messages=self.settings.session_max_messages
+                )
+            )
+        except BaseException:
+            with contextlib.suppress(Exception):
+                await self.board.delete(key)
+            raise
+        metrics.SESSION_MESSAGES.labels(role).inc()
+        return message.model_copy(update={"parent_id": parent})
+
+    async def revert(self, message_id: str) -> TreeHead:
+        head, _ = await self._change(lambda h: revert_to_message(h, message_id))
+        return head
+
+    async def fork(self, message_id: str, name: str | None = None) -> tuple[TreeHead, Branch]:
+        return await self._change(
+            lambda h: fork(h, message_id, name=name, max_branches=self.settings.session_max_branches)
+        )
+
+    async def switch(self, name: str) -> TreeHead:
+        head, _ = await self._change(lambda h: switch_branch(h, name))
+        return head
+
+    async def messages(self, head: TreeHead, ids: Sequence[str]) -> list[Message]:
+        """The messages of `ids` (linked in `head`), in order, each with its parent from `head`."""
+        found: list[Message] = []
+        for start in range(0, len(ids), READ_CHUNK):
+            chunk = list(ids[start : start + READ_CHUNK])
+            entries = await self.board.read_many([SessionProtocol.message_key(i) for i in chunk])
+            for message_id, entry in zip(chunk, entries, strict=True):
+                if entry is None:
+                    raise MessageNotFound(
+                        f"message {message_id!r} is linked in the session's tree but not stored"
+                    )
+                message = Message.model_validate({**entry.value, "parent_id": head.parents.get(message_id)})
+                found.append(message)
+        return found
+
+    async def path(self, leaf_id: str | None) -> list[Message]:
+        """The messages from the root to `leaf_id`, oldest first."""
+        head = await self.head()
+        return await self.messages(head, linearize(head, leaf_id))
+
+    async def transcript(self) -> tuple[TreeHead, list[Message]]:
+        """The active branch's messages (what the session agent's model sees); empty without one."""
+        head = await self.head()
+        if head.active is None:
+            return head, []
+        return head, await self.messages(head, linearize(head, head.active_leaf()))
+
+    async def all_messages(self) -> tuple[TreeHead, list[Message]]:
+        """Every message of the tree, in the order they were added (reverted ones included)."""
+        head = await self.head()
+        return head, await self.messages(head, list(head.parents))

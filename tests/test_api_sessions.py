@@ -1,0 +1,174 @@
+"""Sessions over HTTP (colony.api.session_routes) and the client (colony.client_sessions): the API
+served on a loopback port over a real Redis, with a ReplicaHost (scripted engine) and an in-process
+control plane behind it, so `POST /v1/sessions` really places a session agent through the catalog's
+`session` agent."""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import Iterator
+from typing import Any
+
+import httpx
+import pytest
+from api_kit import ServedApi
+
+from colony.api.app import ApiServices
+from colony.blackboard import Blackboard, create_redis
+from colony.client import ColonyClient
+from colony.config import ColonySettings, ServeSettings
+from colony.errors import ApiError
+from colony.inference import InferenceRequest
+from colony.inference.scripted import ScriptedEngine
+from colony.system.builtin import session_starter_blueprint
+from colony.system.control import ControlPlane
+from colony.system.host import ReplicaHost
+from colony.system.runs import RunService
+
+TOKEN = "sessions-token"
+
+
+class SessionApp(ServedApi):
+    def __init__(self, redis_url: str) -> None:
+        settings = ColonySettings(
+            redis_url=redis_url,
+            colony_id=f"sa{uuid.uuid4().hex[:8]}",
+            serve=ServeSettings(monitor_period_seconds=0.1, heartbeat_seconds=0.2, max_agents_per_replica=16),
+            context={"session_max_message_chars": 500},
+        )
+        super().__init__(settings, TOKEN, start_timeout=20)
+        self.counter = 0
+        self.engine = ScriptedEngine(self.reply)
+        self.host: ReplicaHost | None = None
+        self.control: ControlPlane | None = None
+        self._client: Any = None
+
+    def reply(self, request: InferenceRequest) -> str:
+        self.counter += 1
+        return f"reply number {self.counter}"
+
+    async def start_services(self) -> ApiServices:
+        settings = self.settings
+        self._client = create_redis(settings.redis_url, settings.blackboard)
+        board = Blackboard(self._client, "colony:sessions", settings=settings.blackboard)
+        self.host = ReplicaHost(settings, "ra", engine=self.engine)
+        self.control = ControlPlane(board, {"ra": self.host}, settings)
+        self.host.spawner = self.control.place
+        await self.host.start(board)
+        await self.control.place(session_starter_blueprint())
+        ids = {"tenant_id": settings.tenant_id, "colony_id": settings.colony_id}
+        return ApiServices(
+            runs=RunService(board, self.control.registry, settings=settings, **ids),
+            registry=self.control.registry,
+            token=TOKEN,
+            settings=settings,
+        )
+
+    async def stop_services(self) -> None:
+        assert self.control is not None and self.host is not None
+        await self.control.close()
+        await self.host.close()
+        await self._client.aclose()
+
+
+@pytest.fixture
+def served(redis_url: str) -> Iterator[SessionApp]:
+    with SessionApp(redis_url) as served:
+        yield served
+
+
+@pytest.fixture
+def client(served: SessionApp) -> Iterator[ColonyClient]:
+    with ColonyClient(served.url, TOKEN) as client:
+        yield client
+
+
+def prompt(served: SessionApp) -> list[str]:
+    return [m.content for m in served.engine.requests[-1].messages if m.role != "system"]
+
+
+def test_three_turns_revert_and_the_tree_never_leaks(served: SessionApp, client: ColonyClient) -> None:
+    session = client.session_start()
+    sid = session["session_id"]
+    assert session["active"] is None and session["messages"] == 0
+    events = list(client.session_send(sid, "first question"))
+    kinds = [e["event_type"] for e in events]
+    assert kinds[0] == "turn" and kinds[1] == "user_chat_message" and kinds[-1] == "message"
+    tokens = [e["data"]["text"] for e in events if e["event_type"] == "token"]
+    assert len(tokens) == 3  # the reply streamed word by word, before the final message
+    final = events[-1]["data"]["message"]
+    assert final["role"] == "assistant" and final["content"] == "".join(tokens).strip() == "reply number 1"
+    client.session_reply(sid, "second question")
+    client.session_reply(sid, "third question")
+    active = client.session_messages(sid)["messages"]
+    assert [m["role"] for m in active] == ["user", "assistant"] * 3
+    message_2, message_3 = active[1], active[2]
+
+    reverted = client.session_revert(sid, message_2["id"])
+    assert {b["name"]: b["length"] for b in reverted["branches"]} == {"main": 2}
+    out = client.session_reply(sid, "a different second question")
+    # the prompt holds messages 1-2 and the new one only
+    assert prompt(served) == ["first question", "reply number 1", "a different second question"]
+    assert out["context"][:2] == [active[0]["id"], message_2["id"]] and len(out["context"]) == 3
+    everything = client.session_messages(sid, all=True)
+    listed = {m["id"]: m for m in everything["messages"]}
+    assert message_3["id"] in listed and len(listed) == 8  # message 3 and its reply are still there
+    assert any(m["parent_id"] == message_3["id"] and m["role"] == "assistant" for m in listed.values())
+    now = [m["content"] for m in client.session_messages(sid)["messages"]]
+    assert now == ["first question", "reply number 1", "a different second question", "reply number 4"]
+
+
+def test_two_forks_from_one_message_keep_separate_transcripts(
+    served: SessionApp, client: ColonyClient
+) -> None:
+    sid = client.session_start()["session_id"]
+    client.session_reply(sid, "hello")
+    start = client.session_messages(sid)["messages"][1]["id"]
+    left = client.session_fork(sid, start, "left")
+    assert left["active"] == "left"
+    client.session_reply(sid, "left question")
+    right = client.session_fork(sid, start)
+    assert right["active"] not in ("left", "main")
+    client.session_reply(sid, "right question")
+    assert prompt(served) == ["hello", "reply number 1", "right question"]  # nothing of `left`
+    right_transcript = [m["content"] for m in client.session_messages(sid)["messages"]]
+    client.session_switch(sid, "left")
+    left_transcript = [m["content"] for m in client.session_messages(sid)["messages"]]
+    assert right_transcript == ["hello", "reply number 1", "right question", "reply number 3"]
+    assert left_transcript == ["hello", "reply number 1", "left question", "reply number 2"]
+    view = client.session(sid)
+    assert {b["name"]: b["length"] for b in view["branches"]} == {
+        "main": 2,
+        "left": 4,
+        right["active"]: 4,
+    }
+
+
+def test_errors(served: SessionApp, client: ColonyClient) -> None:
+    sid = client.session_start()["session_id"]
+    unknown = "msg-0123456789ab"
+    # no active branch (no message yet) -> 409
+    with pytest.raises(ApiError) as caught:
+        client.session_revert(sid, unknown)
+    assert caught.value.status == 409 and "no active branch" in str(caught.value)
+    client.session_reply(sid, "hi")
+    for call in (lambda: client.session_revert(sid, unknown), lambda: client.session_fork(sid, unknown)):
+        with pytest.raises(ApiError) as caught:
+            call()
+        assert caught.value.status == 404 and unknown in str(caught.value)
+    # an unknown session, and an agent that is not a session -> 404
+    for other in ("session-0123456789abcdef", "session"):
+        with pytest.raises(ApiError) as caught:
+            client.session_messages(other)
+        assert caught.value.status == 404
+    with httpx.Client(base_url=served.url, headers={"Authorization": f"Bearer {TOKEN}"}) as http:
+        too_long = http.post(f"/v1/sessions/{sid}/messages", json={"message": "x" * 501})
+        assert too_long.status_code == 422 and "session_max_message_chars" in too_long.text
+        bad_id = http.post(f"/v1/sessions/{sid}/revert", json={"message_id": "../../etc"})
+        assert bad_id.status_code == 422 and "message_id" in bad_id.text
+        taken = http.post(
+            f"/v1/sessions/{sid}/fork",
+            json={"message_id": client.session_messages(sid)["messages"][0]["id"], "branch": "main"},
+        )
+        assert taken.status_code == 422 and "already has a branch" in taken.text
+        assert http.get(f"/v1/sessions/{sid}", headers={"Authorization": "Bearer wrong"}).status_code == 401

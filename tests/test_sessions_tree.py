@@ -1,0 +1,243 @@
+"""The conversation tree (colony.context.tree), its Redis store (colony.context.sessions) on a real
+redis-server, and the session agent on a ReplicaHost with the scripted engine: the prompt holds the
+active branch only."""
+
+from __future__ import annotations
+
+import asyncio
+import uuid
+from collections.abc import AsyncIterator
+from types import SimpleNamespace
+from typing import Any
+
+import pytest
+
+from colony.blackboard import Blackboard
+from colony.blackboard.protocol import SessionProtocol
+from colony.config import ColonySettings, ContextSettings, ServeSettings
+from colony.context.sessions import SessionStore, new_session_id, session_scope
+from colony.context.tree import (
+    MAIN_BRANCH,
+    TreeHead,
+    add_message,
+    fork,
+    linearize,
+    new_message_id,
+    revert_to_message,
+    switch_branch,
+)
+from colony.errors import InvalidArgument, MessageNotFound, NoActiveBranch
+from colony.inference import InferenceRequest
+from colony.inference.scripted import ScriptedEngine
+from colony.system.builtin import session_blueprint
+from colony.system.control import ControlPlane
+from colony.system.host import ReplicaHost
+from colony.system.runs import RunService
+
+LIMIT = 1000
+
+
+def chain(head: TreeHead, n: int) -> list[str]:
+    ids = [new_message_id() for _ in range(n)]
+    for message_id in ids:
+        add_message(head, message_id, max_messages=LIMIT)
+    return ids
+
+
+# -- the tree, pure ----------------------------------------------------------------------------
+
+
+def test_first_message_starts_main_and_messages_chain_on_the_active_leaf() -> None:
+    head = TreeHead()
+    with pytest.raises(NoActiveBranch):
+        head.active_branch()
+    m1, m2, m3 = chain(head, 3)
+    assert head.active == MAIN_BRANCH
+    assert head.active_leaf() == m3
+    assert linearize(head, m3) == [m1, m2, m3]
+    assert head.parents == {m1: None, m2: m1, m3: m2}
+
+
+def test_revert_is_non_destructive_and_the_next_message_continues_from_the_target() -> None:
+    head = TreeHead()
+    m1, m2, m3, m4 = chain(head, 4)
+    assert revert_to_message(head, m2) == m2
+    assert linearize(head, head.active_leaf()) == [m1, m2]
+    assert set(head.parents) == {m1, m2, m3, m4}  # nothing deleted
+    m5 = new_message_id()
+    add_message(head, m5, max_messages=LIMIT)
+    assert linearize(head, head.active_leaf()) == [m1, m2, m5]
+    assert linearize(head, m4) == [m1, m2, m3, m4]  # the old path is still whole
+
+
+def test_revert_errors_no_active_branch_first_then_unknown_message() -> None:
+    with pytest.raises(NoActiveBranch):
+        revert_to_message(TreeHead(), "msg-000000000000")
+    head = TreeHead()
+    chain(head, 1)
+    with pytest.raises(MessageNotFound):
+        revert_to_message(head, "msg-ffffffffffff")
+
+
+def test_two_forks_from_one_message_keep_separate_transcripts() -> None:
+    head = TreeHead()
+    m1, m2, m3 = chain(head, 3)
+    a = fork(head, m2, max_branches=10)
+    a1, a2 = chain(head, 2)
+    b = fork(head, m2, name="other", max_branches=10)
+    (b1,) = chain(head, 1)
+    assert head.active == "other" and a.name != b.name
+    assert linearize(head, head.branches[a.name].leaf_id) == [m1, m2, a1, a2]
+    assert linearize(head, head.branches["other"].leaf_id) == [m1, m2, b1]
+    assert linearize(head, head.branches[MAIN_BRANCH].leaf_id) == [m1, m2, m3]
+    switch_branch(head, a.name)
+    assert head.active_leaf() == a2
+
+
+def test_a_reply_to_a_reverted_message_is_kept_but_does_not_move_the_branch() -> None:
+    head = TreeHead()
+    m1, m2 = chain(head, 2)
+    revert_to_message(head, m1)
+    late = new_message_id()
+    assert add_message(head, late, parent_id=m2, max_messages=LIMIT) == m2
+    assert head.active_leaf() == m1
+    assert head.parents[late] == m2
+
+
+def test_bounds() -> None:
+    head = TreeHead()
+    (m1,) = chain(head, 1)
+    with pytest.raises(InvalidArgument, match="session_max_messages"):
+        add_message(head, new_message_id(), max_messages=1)
+    with pytest.raises(InvalidArgument, match="session_max_branches"):
+        fork(head, m1, max_branches=1)
+    with pytest.raises(InvalidArgument, match="branch name"):
+        fork(head, m1, name="../x", max_branches=10)
+    with pytest.raises(InvalidArgument, match="no branch"):
+        switch_branch(head, "nope")
+    with pytest.raises(MessageNotFound):
+        add_message(head, new_message_id(), parent_id="msg-ffffffffffff", max_messages=LIMIT)
+
+
+# -- the store, on Redis -------------------------------------------------------------------------
+
+
+def store_on(bb: Blackboard, **limits: int) -> SessionStore:
+    scope = session_scope(new_session_id(), tenant_id="default", colony_id=f"t{uuid.uuid4().hex[:8]}")
+    return SessionStore(bb.scoped(scope), ContextSettings(**limits))
+
+
+async def test_store_keeps_one_entry_per_message_and_the_head(bb: Blackboard) -> None:
+    store = store_on(bb)
+    await store.create()
+    one = await store.add("user", "hello")
+    two = await store.add("assistant", "hi", parent_id=one.id)
+    assert two.parent_id == one.id
+    entry = await store.board.read(SessionProtocol.message_key(two.id))
+    assert entry is not None and entry.value["content"] == "hi"
+    _, messages = await store.transcript()
+    assert [m.id for m in messages] == [one.id, two.id]
+    assert messages[1].parent_id == one.id
+    await store.revert(one.id)
+    _, active = await store.transcript()
+    _, everything = await store.all_messages()
+    assert [m.id for m in active] == [one.id]
+    assert [m.id for m in everything] == [one.id, two.id]
+
+
+async def test_store_refusals_leave_nothing_behind(bb: Blackboard) -> None:
+    store = store_on(bb, session_max_messages=10, session_max_message_chars=100)
+    with pytest.raises(InvalidArgument, match="session_max_message_chars"):
+        await store.add("user", "x" * 101)
+    with pytest.raises(NoActiveBranch):
+        await store.revert("msg-000000000000")
+    for i in range(10):
+        await store.add("user", f"m{i}")
+    with pytest.raises(InvalidArgument, match="session_max_messages"):
+        await store.add("user", "one too many")
+    head = await store.head()
+    assert len(head.parents) == 10
+    stored = [entry async for entry in store.board.iter_query("session:message:*")]
+    assert len(stored) == 10  # the refused message's entry was taken back out
+
+
+async def test_concurrent_writers_lose_no_change(bb: Blackboard) -> None:
+    """The API (reverts, forks) and the agent (messages) change one head at once: every message
+    stays linked and every fork stays a branch, through the compare-and-set retries."""
+    store = store_on(bb)
+    other = SessionStore(store.board, store.settings)  # a second writer, as the API process is
+    root = await store.add("user", "root")
+
+    async def messages() -> list[str]:
+        return [(await store.add("assistant", f"r{i}", parent_id=root.id)).id for i in range(15)]
+
+    async def forks() -> list[str]:
+        return [(await other.fork(root.id))[1].name for _ in range(15)]
+
+    added, forked = await asyncio.gather(messages(), forks())
+    head = await store.head()
+    assert set(added) <= set(head.parents) and len(head.parents) == 16
+    assert set(forked) <= set(head.branches) and len(head.branches) == 16
+
+
+# -- the session agent on a replica --------------------------------------------------------------
+
+
+def prompt_texts(request: InferenceRequest) -> list[str]:
+    return [m.content for m in request.messages if m.role != "system"]
+
+
+@pytest.fixture
+async def rig(bb: Blackboard, redis_url: str) -> AsyncIterator[Any]:
+    settings = ColonySettings(
+        redis_url=redis_url,
+        colony_id=f"ss{uuid.uuid4().hex[:8]}",
+        serve=ServeSettings(monitor_period_seconds=0.1, heartbeat_seconds=0.2, max_agents_per_replica=8),
+    )
+    replies = iter(f"reply {i}" for i in range(100))
+    engine = ScriptedEngine(lambda request: next(replies))
+    host = ReplicaHost(settings, "ra", engine=engine)
+    control = ControlPlane(bb, {"ra": host}, settings)
+    host.spawner = control.place
+    runs = RunService(bb, control.registry, colony_id=settings.colony_id, settings=settings)
+    await host.start(bb)
+    session_id = new_session_id()
+    await control.place(session_blueprint(session_id))
+    store = SessionStore.of(bb, session_id, tenant_id="default", colony_id=settings.colony_id)
+    yield SimpleNamespace(host=host, runs=runs, engine=engine, session_id=session_id, store=store)
+    await control.close()
+    await host.close()
+
+
+async def turn(rig: Any, text: str) -> tuple[dict[str, Any], list[dict[str, Any]]]:
+    record = await rig.runs.submit(rig.session_id, {"message": text})
+    events: list[dict[str, Any]] = []
+
+    async def stream() -> None:
+        async for _, event in rig.runs.events(record.run_id):
+            events.append(event)
+
+    await asyncio.wait_for(stream(), 60)
+    assert events[-1]["event_type"] == "completed", events[-1]
+    return events[-1]["data"]["output"], events
+
+
+async def test_the_prompt_is_the_active_branch_only(rig: Any) -> None:
+    for text in ("one", "two", "three"):
+        await turn(rig, text)
+    _, messages = await rig.store.transcript()
+    assert [m.content for m in messages] == ["one", "reply 0", "two", "reply 1", "three", "reply 2"]
+    assert prompt_texts(rig.engine.requests[-1]) == ["one", "reply 0", "two", "reply 1", "three"]
+    await rig.store.revert(messages[1].id)  # message 2: the first reply
+    output, events = await turn(rig, "again")
+    assert prompt_texts(rig.engine.requests[-1]) == ["one", "reply 0", "again"]
+    assert output["context"] == [messages[0].id, messages[1].id, output["message"]["parent_id"]]
+    assert output["message"]["content"] == "reply 3"
+    kinds = [e["event_type"] for e in events]
+    assert kinds.index("user_chat_message") < kinds.index("token") < kinds.index("completed")
+    streamed = "".join(e["data"]["text"] for e in events if e["event_type"] == "token")
+    assert streamed.strip() == "reply 3"
+    _, everything = await rig.store.all_messages()
+    assert [m.content for m in everything] == [
+        "one", "reply 0", "two", "reply 1", "three", "reply 2", "again", "reply 3",
+    ]  # fmt: skip
