@@ -15,6 +15,7 @@ import pytest
 from colony.blackboard import Blackboard
 from colony.blackboard.protocol import SessionProtocol
 from colony.config import ColonySettings, ContextSettings, ServeSettings
+from colony.context.session_agent import SessionCapability
 from colony.context.sessions import SessionStore, new_session_id, session_scope
 from colony.context.tree import (
     MAIN_BRANCH,
@@ -26,7 +27,7 @@ from colony.context.tree import (
     revert_to_message,
     switch_branch,
 )
-from colony.errors import InvalidArgument, MessageNotFound, NoActiveBranch
+from colony.errors import AgentUsageError, InvalidArgument, MessageNotFound, NoActiveBranch
 from colony.inference import InferenceRequest
 from colony.inference.scripted import ScriptedEngine
 from colony.system.builtin import session_blueprint
@@ -241,3 +242,34 @@ async def test_the_prompt_is_the_active_branch_only(rig: Any) -> None:
     assert [m.content for m in everything] == [
         "one", "reply 0", "two", "reply 1", "three", "reply 2", "again", "reply 3",
     ]  # fmt: skip
+
+
+class TurnOf(SessionCapability):
+    """The session capability outside an agent, in the turn (run) `run-x`."""
+
+    def _run_id(self) -> str | None:
+        return "run-x"
+
+
+async def test_a_reply_step_redone_without_its_first_step_answers_the_runs_message(bb: Blackboard) -> None:
+    """After a restart the action log may replay `handle_user_message`'s result instead of running
+    it, so the capability's `pending` is empty: the reply still answers this run's message (found
+    in the tree by its run id), not the active leaf."""
+    scope = session_scope(new_session_id(), tenant_id="default", colony_id=f"t{uuid.uuid4().hex[:8]}")
+    engine = ScriptedEngine(["the answer"])
+    turn = TurnOf(scope_id=scope, blackboard=bb, engine=engine)
+    earlier = await turn.store.add("user", "earlier question", run_id="run-w")
+    asked = await turn.store.add("user", "this run's question", run_id="run-x")
+    await turn.store.add("user", "a later question", run_id="run-y")  # the active leaf now
+    assert turn.pending == {}
+    out = await turn.respond_to_user()
+    assert out["message"]["parent_id"] == asked.id and out["message"]["content"] == "the answer"
+    assert [m.content for m in engine.requests[-1].messages[1:]] == [
+        "earlier question",
+        "this run's question",
+    ]
+    assert out["context"] == [earlier.id, asked.id]
+    with pytest.raises(AgentUsageError):
+        await TurnOf(
+            scope_id=scope.replace("session-", "session-0"), blackboard=bb, engine=engine
+        ).respond_to_user()

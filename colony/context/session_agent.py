@@ -96,13 +96,26 @@ class SessionCapability(AgentCapability):
         if not isinstance(message, str):
             raise InvalidArgument('a session turn\'s input is {"message": "<text>"}')
         run_id = self._run_id()
-        if self.pending.get("run_id") == run_id and self.pending.get("user"):
-            return dict(self.pending["user"])  # this run's message is in already (a redone step)
-        stored = await self.store.add("user", message)
+        stored = await self.store.add("user", message, run_id=run_id)
         view = stored.model_dump(mode="json")
         self.pending = {"run_id": run_id, "user": view}
         await self._emit("user_chat_message", view)
         return view
+
+    async def _user_message(self) -> dict[str, Any]:
+        """The user message of the current run: the one `handle_user_message` kept, else (its
+        result was replayed from the action log after a restart, so it did not run here) the
+        tree's newest user message of this run."""
+        run_id = self._run_id()
+        user = self.pending.get("user") or {}
+        if user.get("id") and self.pending.get("run_id") == run_id:
+            return dict(user)
+        found = await self.store.added_by(run_id, "user") if run_id else None
+        if found is None:
+            raise AgentUsageError(
+                "respond_to_user answers the message handle_user_message added in the same run"
+            )
+        return found.model_dump(mode="json")
 
     @action_executor(action_type=ActionType.MESSAGE_SEND)
     async def respond_to_user(self) -> dict[str, Any]:
@@ -111,9 +124,7 @@ class SessionCapability(AgentCapability):
         and the ids of the messages the prompt held."""
         if self.engine is None:
             raise AgentUsageError("the session agent runs on an engine replica (no engine was injected)")
-        user = self.pending.get("user") or {}
-        if not user.get("id"):
-            raise AgentUsageError("respond_to_user runs after handle_user_message in the same run")
+        user = await self._user_message()
         transcript = await self.store.path(user["id"])
         messages = prompt_messages(self.system_prompt, transcript, self.max_prompt_chars)
         context_ids = [m.id for m in transcript][-(len(messages) - 1) :]
@@ -126,7 +137,10 @@ class SessionCapability(AgentCapability):
                     await self._emit("token", {"text": chunk.text})
         text = "".join(parts).strip() or "(no reply)"
         reply = await self.store.add(
-            "assistant", text[: self.settings.session_max_message_chars], parent_id=user["id"]
+            "assistant",
+            text[: self.settings.session_max_message_chars],
+            parent_id=user["id"],
+            run_id=self._run_id(),
         )
         self.pending = {}
         return {"message": reply.model_dump(mode="json"), "context": context_ids}

@@ -115,7 +115,9 @@ class SessionStore:
         await self.board.update(SessionProtocol.tree_key(), apply, created_by=WRITER)
         return box["head"], box["result"]
 
-    async def add(self, role: Role, content: str, *, parent_id: str | None = None) -> Message:
+    async def add(
+        self, role: Role, content: str, *, parent_id: str | None = None, run_id: str | None = None
+    ) -> Message:
         """Store a message under `parent_id` (default: the active leaf) and link it into the tree
         (see `tree.add_message` for when the active branch moves)."""
         limit = self.settings.session_max_message_chars
@@ -127,7 +129,7 @@ class SessionStore:
                 "(context.session_max_message_chars)"
             )
         message_id = new_message_id()
-        message = Message(id=message_id, role=role, content=content)
+        message = Message(id=message_id, role=role, content=content, run_id=run_id)
         key = SessionProtocol.message_key(message_id)
         # stored first, linked second: whatever the head lists is readable. A link the tree refuses
         # (its message limit, an unknown parent) takes the stored message back out.
@@ -174,6 +176,15 @@ class SessionStore:
                 message = Message.model_validate({**entry.value, "parent_id": head.parents.get(message_id)})
                 found.append(message)
         return found
+
+    async def added_by(self, run_id: str, role: Role, *, newest: int = 50) -> Message | None:
+        """The newest message of `role` that run `run_id` added, among the `newest` messages."""
+        head = await self.head()
+        recent = list(head.parents)[-newest:]
+        for message in reversed(await self.messages(head, recent)):
+            if message.run_id == run_id and message.role == role:
+                return message
+        return None
 
     async def path(self, leaf_id: str | None) -> list[Message]:
         """The messages from the root to `leaf_id`, oldest first."""

@@ -49,6 +49,9 @@ class Message(BaseModel):
     role: Role
     content: str
     at: float = Field(default_factory=time.time)
+    run_id: str | None = Field(
+        None, max_length=128, description="The turn (session agent run) that added it."
+    )
 
 
 class Branch(BaseModel):
