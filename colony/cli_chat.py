@@ -72,7 +72,7 @@ class Chat:
 
     def command(self, line: str) -> bool:
         """Run a `/` command; False when the chat should end."""
-        name, *rest = line[1:].split()
+        name, *rest = line[1:].split() or ["help"]
         if name in ("quit", "exit", "q"):
             return False
         if name == "history":

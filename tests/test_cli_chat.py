@@ -15,6 +15,7 @@ from test_api_sessions import TOKEN, SessionApp
 
 from colony.api.auth import TOKEN_ENV
 from colony.blackboard.redis_server import free_port
+from colony.cli_chat import HELP
 from colony.client import ColonyClient
 from colony.config import ColonySettings, ServeSettings
 from colony.serve import cluster
@@ -44,9 +45,8 @@ def served(redis_url: str) -> Iterator[SessionApp]:
 
 
 def test_chat_commands_with_piped_stdin(served: SessionApp, tmp_path: Path) -> None:
-    script = (
-        "one\ntwo\n/history\n/revert 2\nthree\n/fork 1 side\n/branches\n/switch nope\n/quit\nnever sent\n"
-    )
+    script = "one\ntwo\n/history\n/revert 2\nthree\n/fork 1 side\n/branches\n/switch nope\n"
+    script += "/\n/bogus\n/quit\nnever sent\n"
     out = chat(served.url, TOKEN, script, tmp_path)
     lines = [line.rstrip() for line in out.splitlines()]
     session_id = re.match(r"session (session-[0-9a-f]{16}) ", lines[0]).group(1)  # type: ignore[union-attr]
@@ -62,7 +62,8 @@ def test_chat_commands_with_piped_stdin(served: SessionApp, tmp_path: Path) -> N
     assert lines[9] == "on branch side"
     assert sorted(lines[10:12]) == ["  main (4 messages)", "* side (1 messages)"]
     assert lines[12].startswith("[error] ") and "no branch 'nope'" in lines[12]
-    assert len(lines) == 13  # /quit ended it: "never sent" was not sent
+    assert lines[13:15] == [HELP, HELP]  # "/" alone and an unknown command
+    assert len(lines) == 15  # /quit ended it: "never sent" was not sent
     with ColonyClient(served.url, TOKEN) as client:
         everything = [m["content"] for m in client.session_messages(session_id, all=True)["messages"]]
         main = [m["content"] for m in client.session_messages(session_id)["messages"]]
