@@ -12,6 +12,7 @@ from typing import Any
 
 import pytest
 
+from colony import metrics
 from colony.blackboard import Blackboard
 from colony.blackboard.protocol import SessionProtocol
 from colony.config import ColonySettings, ContextSettings, ServeSettings
@@ -131,9 +132,12 @@ def store_on(bb: Blackboard, **limits: int) -> SessionStore:
 async def test_store_keeps_one_entry_per_message_and_the_head(bb: Blackboard) -> None:
     store = store_on(bb)
     await store.create()
+    before = {role: metrics.SESSION_MESSAGES.labels(role)._value.get() for role in ("user", "assistant")}
     one = await store.add("user", "hello")
     two = await store.add("assistant", "hi", parent_id=one.id)
     assert two.parent_id == one.id
+    after = {role: metrics.SESSION_MESSAGES.labels(role)._value.get() for role in ("user", "assistant")}
+    assert after == {"user": before["user"] + 1, "assistant": before["assistant"] + 1}
     entry = await store.board.read(SessionProtocol.message_key(two.id))
     assert entry is not None and entry.value["content"] == "hi"
     _, messages = await store.transcript()
