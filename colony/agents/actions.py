@@ -4,6 +4,12 @@
 holds. Each action's parameters become a pydantic model built from the type hints (docstring
 first paragraph = description), which gives the JSON schema the planner sees and validates the
 parameters before the call: bad parameters become a failed ActionResult naming the field.
+
+Every call goes through the agent's write-ahead action log (colony/context/action_log.py): its
+result is recorded before the policy sees it, so a step redone after a crash does not run an
+action that had finished. `effects=` declares what an action does that restoring an agent's
+checkpoint cannot take back (children spawned, writes outside the agent's own state, calls out of
+Colony); an undo reports those calls.
 """
 
 from __future__ import annotations
@@ -25,6 +31,15 @@ if TYPE_CHECKING:
 
 ACTION_ATTR = "__colony_action__"
 
+# What an action may do that a checkpoint restore cannot undo (declared with `effects=`):
+EFFECTS: dict[str, str] = {
+    "spawn": "starts other agents (children, workers)",
+    "colony_write": "writes outside the agent's own state (colony or shared scopes, another agent's run, "
+    "blocks shared with others)",
+    "memory_write": "writes the agent's memory entries or blocks (not part of its checkpoints)",
+    "external": "calls out of Colony (HTTP, processes, other services)",
+}
+
 
 @dataclass(frozen=True)
 class ActionOptions:
@@ -32,6 +47,7 @@ class ActionOptions:
     description: str | None
     exclude_from_planning: bool
     action_type: ActionType | None
+    effects: tuple[str, ...] = ()
 
 
 def action_executor(
@@ -40,13 +56,22 @@ def action_executor(
     description: str | None = None,
     exclude_from_planning: bool = False,
     action_type: ActionType | None = None,
+    effects: Iterable[str] = (),
 ) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
-    """Mark an async capability method as an action; `exclude_from_planning` hides it from the planner."""
+    """Mark an async capability method as an action; `exclude_from_planning` hides it from the
+    planner; `effects` names what it does that undoing a step cannot take back (keys of EFFECTS)."""
+    declared = tuple(dict.fromkeys(effects))
+    unknown = [e for e in declared if e not in EFFECTS]
+    if unknown:
+        raise AgentUsageError(
+            f"@action_executor(effects=...) got unknown effect(s) {unknown}; known: {', '.join(EFFECTS)}"
+        )
 
     def mark(fn: Callable[..., Any]) -> Callable[..., Any]:
         if not inspect.iscoroutinefunction(fn):
             raise TypeError(f"@action_executor needs an async method; {fn.__qualname__} is not")
-        setattr(fn, ACTION_ATTR, ActionOptions(name, description, exclude_from_planning, action_type))
+        options = ActionOptions(name, description, exclude_from_planning, action_type, declared)
+        setattr(fn, ACTION_ATTR, options)
         return fn
 
     return mark
@@ -63,6 +88,7 @@ class ActionSpec:
     method: Callable[..., Any]
     exclude_from_planning: bool
     action_type: ActionType | None
+    effects: tuple[str, ...] = ()
 
     def json_schema(self) -> dict[str, Any]:
         return {
@@ -104,6 +130,7 @@ def discover_actions(capability: AgentCapability) -> list[ActionSpec]:
                 method=getattr(capability, attr),
                 exclude_from_planning=options.exclude_from_planning,
                 action_type=options.action_type,
+                effects=options.effects,
             )
         )
     return specs
@@ -158,7 +185,10 @@ class ActionDispatcher:
 
     @hookable
     async def dispatch(self, action: str, parameters: dict[str, Any] | None = None) -> ActionResult:
-        """Validate the parameters, call the action, return its ActionResult (its errors become data)."""
+        """Validate the parameters, call the action through the agent's action log (a result
+        recorded before, in a step redone after a crash, is returned without calling it again),
+        return its ActionResult (the action's errors become data; the log's own errors, e.g.
+        Redis unreachable, propagate: an action is never acted on unrecorded)."""
         spec = self._actions.get(action)
         if spec is None:
             known = ", ".join(sorted(self._actions)) or "none"
@@ -167,8 +197,18 @@ class ActionDispatcher:
             params = spec.parameters.model_validate(parameters or {})
         except ValidationError as exc:
             return ActionResult(success=False, error=f"{action}: {_describe_validation(exc)}")
-        try:
-            output = await spec.method(**dict(params))
-        except Exception as exc:  # an action's failure is data for the policy, not a crash
-            return ActionResult(success=False, error=f"{action} failed: {type(exc).__name__}: {exc}")
-        return output if isinstance(output, ActionResult) else ActionResult(success=True, output=output)
+
+        async def call() -> ActionResult:
+            try:
+                output = await spec.method(**dict(params))
+            except Exception as exc:  # an action's failure is data for the policy, not a crash
+                return ActionResult(success=False, error=f"{action} failed: {type(exc).__name__}: {exc}")
+            return output if isinstance(output, ActionResult) else ActionResult(success=True, output=output)
+
+        return await self.agent.action_log.action_call(
+            action,
+            params.model_dump(mode="json", fallback=str),
+            call,
+            capability=spec.capability,
+            effects=spec.effects,
+        )

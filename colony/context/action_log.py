@@ -1,21 +1,60 @@
 """The write-ahead action log: every model result and action result of a run, recorded before the
 agent acts on it, so a resumed run replays what was done and re-executes only what was not.
 
-Interface used by the rest of Colony (the policy's `generate`, the dispatcher, checkpoints):
-`model_call`, `action_call`, `step_calls`, and `current_idempotency_key()` for capabilities that
-make external effects idempotent. The recording itself is built in this module (issue #17).
+Why: an agent persists after each step. A replica that dies in the middle of a step leaves the
+step unpersisted, and the restored agent runs that step again; without a log, every model call
+and action of that step would happen twice (a child spawned twice, a message sent twice). Here
+each call of a step gets an idempotency key `{run_id}:{step}:{kind}{n}` (`m` model, `a` action;
+`n` counts that kind of call within the step, so a re-driven step makes the same keys in the same
+order), and its result is appended to the agent's `agent:action_log` ring, fenced by the agent's
+lifecycle like `persist_agent`, BEFORE the result goes back to the policy. An action also gets a
+`started` record before it runs. On resume:
+
+- a recorded model response is returned without calling the model;
+- a recorded action result is returned without running the action;
+- an action with only `started` (cut off while it ran) runs again with the SAME idempotency key
+  (`current_idempotency_key()`), so a capability can make its external effect idempotent.
+
+Steps count from 1: the calls made while `run.steps == N - 1` belong to step N, the step that is
+persisted as `run.steps == N` (the checkpoint of step N lists them, `step_calls(N)`).
+
+The log is append-only and capped (`context.action_log_max_entries`); records are validated with
+pydantic when read back (never unpickled) and bounded in size. It holds the agent's current (or
+last) run: records carry their run id, records of other runs are ignored, and the ring is cleared
+when a new run records its first call. `truncate_after(step)` appends a marker that drops the
+records of later steps (what "re-execute from step N" needs); keeping them lets a re-driven step
+replay them ("replay from the log"). docs/action-log.md has the details.
 """
 
 from __future__ import annotations
 
 import contextvars
-from collections.abc import Awaitable, Callable
-from typing import TYPE_CHECKING, Any
+import hashlib
+import json
+import logging
+import time
+from collections.abc import Awaitable, Callable, Iterable
+from typing import TYPE_CHECKING, Any, Literal
 
-if TYPE_CHECKING:
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
+
+from colony import metrics
+from colony.blackboard.protocol import AgentStateProtocol
+from colony.config import load_settings
+from colony.errors import ConcurrentModificationError
+
+if TYPE_CHECKING:  # (imported where used: colony.agents imports this module)
     from colony.agents.base import Agent
-    from colony.agents.models import ActionResult
+    from colony.agents.models import ActionResult, AgentRun
     from colony.inference import InferenceRequest, InferenceResponse
+
+log = logging.getLogger(__name__)
+
+LOG_KEY = AgentStateProtocol.key("action_log")
+# A record's JSON may be this large; a larger result is recorded without its body (see docs).
+MAX_RECORD_BYTES = 256 * 1024
+RUN_ID_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9._:-]{0,127}$"
+NAME_PATTERN = r"^[A-Za-z0-9_.:-]{1,128}$"
 
 _IDEMPOTENCY_KEY: contextvars.ContextVar[str | None] = contextvars.ContextVar("idempotency_key", default=None)
 
@@ -26,23 +65,382 @@ def current_idempotency_key() -> str | None:
     return _IDEMPOTENCY_KEY.get()
 
 
+class LogRecord(BaseModel):
+    """One record of the log, as stored (JSON) and as read back (validated, bounded).
+
+    `kind` model/action: a call (`status` started: an action about to run; done: its result is
+    `response` / `result`). `kind` truncate: records of this run with a step after `after_step`
+    recorded before this marker no longer count."""
+
+    model_config = ConfigDict(extra="ignore", frozen=True)
+
+    run_id: str = Field(pattern=RUN_ID_PATTERN)
+    step: int = Field(ge=0, le=10_000_000)
+    kind: Literal["model", "action", "truncate"]
+    n: int = Field(0, ge=0, le=1_000_000)
+    status: Literal["started", "done"] = "done"
+    at: float = 0.0
+    action: str | None = Field(None, max_length=200)
+    capability: str | None = Field(None, max_length=200)
+    effects: tuple[str, ...] = Field((), max_length=16)
+    shape: str | None = Field(None, pattern=r"^[0-9a-f]{64}$")  # digest of what the call asked
+    response: dict[str, Any] | None = None  # an InferenceResponse (validated when replayed)
+    result: dict[str, Any] | None = None  # an ActionResult (validated when replayed)
+    state: dict[str, Any] | None = None  # the action's capability's state right after it ran
+    dropped_bytes: int | None = Field(None, ge=0)  # the result's body was larger than MAX_RECORD_BYTES
+    after_step: int | None = Field(None, ge=0)
+
+    @property
+    def succeeded(self) -> bool | None:
+        """Whether the recorded action succeeded (None: cut off before its result was recorded)."""
+        if self.status != "done" or self.result is None:
+            return None
+        return bool(self.result.get("success"))
+
+    @property
+    def key(self) -> str:
+        """The call's idempotency key."""
+        return idempotency_key(self.run_id, self.step, self.kind, self.n)
+
+
+def idempotency_key(run_id: str, step: int, kind: str, n: int) -> str:
+    return f"{run_id}:{step}:{kind[0]}{n}"
+
+
+def parse_records(items: Iterable[Any]) -> list[LogRecord]:
+    """Stored ring items as records; an item that is not a valid record is skipped (logged)."""
+    records = []
+    for item in items:
+        try:
+            records.append(LogRecord.model_validate(item))
+        except ValidationError as exc:
+            log.warning("action log: skipped a stored record that is not one (%s)", exc.error_count())
+    return records
+
+
+def _digest(value: Any) -> str:
+    text = json.dumps(value, sort_keys=True, default=str, separators=(",", ":"))
+    return hashlib.sha256(text.encode()).hexdigest()
+
+
+def _model_shape(request: InferenceRequest) -> str:
+    """What kind of model call this is (its system messages and output schema), not its prompt:
+    a resumed step's prompt may hold events that came after the crash, but the call it makes in
+    that place is the same one and gets the recorded answer."""
+    system = [m.content for m in request.messages if m.role == "system"]
+    return _digest({"system": system, "format": request.response_format})
+
+
+def _action_shape(action: str, parameters: dict[str, Any]) -> str:
+    return _digest({"action": action, "parameters": parameters})
+
+
+def _validated(body: dict[str, Any], field: str) -> Any:
+    """A recorded response (InferenceResponse) or result (ActionResult), validated; None when the
+    stored body is not one (then the call is made again)."""
+    from colony.agents.models import ActionResult
+    from colony.inference import InferenceResponse
+
+    model = InferenceResponse if field == "response" else ActionResult
+    try:
+        return model.model_validate(body)
+    except ValidationError:
+        log.warning("action log: a recorded %s is not a valid %s; calling again", field, model.__name__)
+        return None
+
+
+def _result(**fields: Any) -> ActionResult:
+    from colony.agents.models import ActionResult
+
+    return ActionResult(**fields)
+
+
+def _bounded(
+    fields: dict[str, Any], field: str, body: BaseModel, state: dict[str, Any] | None = None
+) -> LogRecord:
+    """The record of a call's answer (and of its capability's state); without them when they are
+    larger than MAX_RECORD_BYTES together (or not JSON): an action's success and error are kept,
+    a model response not at all."""
+    try:
+        dumped = body.model_dump(mode="json")
+        size = len(json.dumps([dumped, state], separators=(",", ":")))
+    except (ValueError, TypeError):  # an output that is not JSON cannot be stored, like a huge one
+        dumped, size = None, MAX_RECORD_BYTES + 1
+    if dumped is not None and size <= MAX_RECORD_BYTES:
+        return LogRecord(**fields, **{field: dumped}, state=state)
+    kept = None
+    if field == "result":
+        kept = {
+            "success": bool(getattr(body, "success", False)),
+            "error": (getattr(body, "error", None) or "")[:2000],
+        }
+    return LogRecord(**fields, **{field: kept}, dropped_bytes=size)
+
+
 class ActionLog:
     """One agent's write-ahead log of its current run's model and action results."""
 
     def __init__(self, agent: Agent) -> None:
         self.agent = agent
+        self._run_id: str | None = None  # the run whose records `_records` holds
+        self._records: dict[str, LogRecord] = {}  # idempotency key -> its latest record
+        self._stale = False  # the stored ring still holds another run's records
+        self._counting: tuple[str, int] | None = None  # (run id, step) the ordinals count calls of
+        self._ordinals: dict[str, int] = {}
+        self._cap: int | None = None
+
+    # -- the interface -------------------------------------------------------------------------
 
     async def model_call(
         self, request: InferenceRequest, call: Callable[[], Awaitable[InferenceResponse]]
     ) -> InferenceResponse:
-        return await call()
+        """A model call of the current run: the recorded response when this call was answered
+        before (a resumed step), else the model's, recorded before it is returned."""
+        run = self._active_run()
+        if run is None:
+            return await call()
+        step, n = self._next(run, "model")
+        await self._load(run.run_id)
+        key = idempotency_key(run.run_id, step, "model", n)
+        shape = _model_shape(request)
+        found = self._records.get(key)
+        if found is not None and found.status == "done" and found.response is not None:
+            replayed = _validated(found.response, "response") if found.shape == shape else None
+            if replayed is not None:
+                metrics.ACTION_LOG_REPLAYS.labels(kind="model", outcome="replayed").inc()
+                log.info("agent %s: model call %s answered from the action log", self.agent.agent_id, key)
+                return replayed
+            if found.shape != shape:
+                log.warning(
+                    "agent %s: model call %s is not the call the action log recorded there (another "
+                    "system prompt or output schema); calling the model",
+                    self.agent.agent_id,
+                    key,
+                )
+        if found is not None:  # recorded without its body, or another call: made again
+            metrics.ACTION_LOG_REPLAYS.labels(kind="model", outcome="reexecuted").inc()
+        response = await call()
+        record = _bounded(
+            {
+                "run_id": run.run_id,
+                "step": step,
+                "kind": "model",
+                "n": n,
+                "at": time.time(),
+                "shape": shape,
+            },
+            "response",
+            response,
+        )
+        await self._append([record])
+        return response
 
     async def action_call(
-        self, action: str, parameters: dict[str, Any], call: Callable[[], Awaitable[ActionResult]]
+        self,
+        action: str,
+        parameters: dict[str, Any],
+        call: Callable[[], Awaitable[ActionResult]],
+        *,
+        capability: str | None = None,
+        effects: tuple[str, ...] = (),
     ) -> ActionResult:
-        return await call()
+        """An action of the current run: the recorded result when it ran to the end before (not
+        run again), else run (after a `started` record) under its idempotency key and its result
+        recorded before it is returned. One cut off while it ran runs again with the same key."""
+        run = self._active_run()
+        if run is None:
+            return await call()
+        step, n = self._next(run, "action")
+        await self._load(run.run_id)
+        key = idempotency_key(run.run_id, step, "action", n)
+        shape = _action_shape(action, parameters)
+        found = self._records.get(key)
+        if found is not None and found.shape != shape:
+            log.warning(
+                "agent %s: action call %s is %r, not the %r the action log recorded there; running it",
+                self.agent.agent_id,
+                key,
+                action,
+                found.action,
+            )
+            found = None
+        if found is not None and found.status == "done" and found.dropped_bytes is not None:
+            metrics.ACTION_LOG_REPLAYS.labels(kind="action", outcome="replayed").inc()
+            return _result(
+                success=False,
+                error=(
+                    f"{action} ran before this agent resumed, but its result ({found.dropped_bytes} "
+                    f"bytes) was larger than the action log keeps ({MAX_RECORD_BYTES}); it is not "
+                    "run twice. Check what it did before running it again."
+                ),
+            )
+        if found is not None and found.status == "done" and found.result is not None:
+            replayed = _validated(found.result, "result")
+            if replayed is not None and self._restore_state(capability, found.state):
+                metrics.ACTION_LOG_REPLAYS.labels(kind="action", outcome="replayed").inc()
+                log.info(
+                    "agent %s: action %s (%s) answered from the action log", self.agent.agent_id, action, key
+                )
+                return replayed
+        if found is not None:
+            metrics.ACTION_LOG_REPLAYS.labels(kind="action", outcome="reexecuted").inc()
+            log.info(
+                "agent %s: action %s (%s) was cut off before its result was recorded; running it "
+                "again with the same idempotency key",
+                self.agent.agent_id,
+                action,
+                key,
+            )
+        fields: dict[str, Any] = {
+            "run_id": run.run_id,
+            "step": step,
+            "kind": "action",
+            "n": n,
+            "action": action[:200],
+            "capability": capability[:200] if capability else None,
+            "effects": tuple(effects),
+            "shape": shape,
+        }
+        await self._append([LogRecord(status="started", at=time.time(), **fields)])
+        token = _IDEMPOTENCY_KEY.set(key)
+        try:
+            result = await call()
+        finally:
+            _IDEMPOTENCY_KEY.reset(token)
+        state = self._capability_state(capability)
+        await self._append([_bounded({**fields, "at": time.time()}, "result", result, state)])
+        return result
 
     def step_calls(self, step: int) -> list[dict[str, Any]]:
         """The actions dispatched during `step` of the current run: `{"action", "capability",
-        "effects", "key", "success"}` each (what an undo of that step reports it cannot undo)."""
-        return []
+        "effects", "key", "success"}` each (what an undo of that step reports it cannot undo);
+        `success` is None for one cut off before its result was recorded."""
+        run = self.agent.current_run
+        if run is None or self._run_id != run.run_id:
+            return []
+        calls = [r for r in self._records.values() if r.kind == "action" and r.step == step]
+        return [
+            {
+                "action": r.action,
+                "capability": r.capability,
+                "effects": list(r.effects),
+                "key": r.key,
+                "success": r.succeeded,
+            }
+            for r in sorted(calls, key=lambda r: r.n)
+        ]
+
+    async def truncate_after(self, step: int) -> None:
+        """Drop the records of the current run's steps after `step` (a marker appended to the
+        log), so re-driving those steps calls the model and runs the actions again. Not calling
+        this keeps them: the re-driven steps get the recorded results (replay from the log)."""
+        run = self.agent.current_run
+        if run is None:
+            return
+        await self._load(run.run_id)
+        marker = LogRecord(run_id=run.run_id, step=step, kind="truncate", at=time.time(), after_step=step)
+        await self._append([marker])
+        self._records = {k: r for k, r in self._records.items() if r.step <= step}
+        self._counting, self._ordinals = None, {}
+
+    async def records(self) -> list[LogRecord]:
+        """The records that count for the current run (its latest per key), oldest first."""
+        run = self.agent.current_run
+        if run is None:
+            return []
+        await self._load(run.run_id)
+        return sorted(self._records.values(), key=lambda r: (r.step, r.kind, r.n))
+
+    # -- inside --------------------------------------------------------------------------------
+
+    def _capability_state(self, name: str | None) -> dict[str, Any] | None:
+        """The state of the action's capability after it ran: what the action changed in memory,
+        which a replay (the action not run again) must put back."""
+        capability = self.agent.capabilities.get(name) if name else None
+        return capability.get_state() if capability is not None else None
+
+    def _restore_state(self, name: str | None, state: dict[str, Any] | None) -> bool:
+        """Put a replayed action's capability back in the state the action left it in; False when
+        it cannot be (the capability refuses the recorded state: the action is run again)."""
+        capability = self.agent.capabilities.get(name) if name else None
+        if capability is None or state is None:
+            return True
+        try:
+            capability.set_state(state)
+        except Exception as exc:  # a stored state is input: one the capability refuses is not used
+            log.warning(
+                "agent %s: %s refused its recorded state (%s); running the action again",
+                self.agent.agent_id,
+                name,
+                exc,
+            )
+            return False
+        return True
+
+    def _active_run(self) -> AgentRun | None:
+        run = self.agent.current_run
+        return run if run is not None and not run.done else None
+
+    def _next(self, run: AgentRun, kind: str) -> tuple[int, int]:
+        """The step this call belongs to and its ordinal among the step's calls of its kind."""
+        step = run.steps + 1
+        if self._counting != (run.run_id, step):
+            self._counting, self._ordinals = (run.run_id, step), {}
+        n = self._ordinals.get(kind, 0)
+        self._ordinals[kind] = n + 1
+        return step, n
+
+    @property
+    def max_entries(self) -> int:
+        """`context.action_log_max_entries` of the settings the agent's host was given."""
+        if self._cap is None:
+            host = self.agent.host
+            settings = host.services.get("settings") if host is not None else None
+            self._cap = (settings or load_settings()).context.action_log_max_entries
+        return self._cap
+
+    async def _load(self, run_id: str) -> None:
+        """Read the stored log once per run (a restored agent finds what its last copy recorded)."""
+        if self._run_id == run_id:
+            return
+        stored = parse_records(await self.agent.blackboard.ring(LOG_KEY))
+        records: dict[str, LogRecord] = {}
+        for record in stored:
+            if record.run_id != run_id:
+                continue
+            if record.kind == "truncate":
+                after = record.after_step if record.after_step is not None else record.step
+                records = {k: r for k, r in records.items() if r.step <= after}
+            else:
+                records[record.key] = record
+        self._run_id, self._records = run_id, records
+        self._stale = any(r.run_id != run_id for r in stored)
+
+    async def _append(self, records: list[LogRecord]) -> None:
+        """Append to the stored log, fenced by the agent's lifecycle (as `persist_agent` is): a
+        copy of the agent that lost its place records nothing. Returns once Redis has it."""
+        from colony.agents.persistence import LIFECYCLE, Verdict, judge_lifecycle, recover_lifecycle
+
+        values = [r.model_dump(mode="json", exclude_none=True) for r in records]
+        board = self.agent.blackboard
+        if self._stale:  # the previous run's records: the log holds one run
+            async with board.guard("action_log_clear"):
+                await board.redis.delete(board.keyspace.ring_key(LOG_KEY))
+            self._stale = False
+        for attempt in (1, 2):
+            try:
+                async with board.transaction() as tx:
+                    stored = await tx.read(LIFECYCLE)  # in the read set: checked again at commit
+                    if judge_lifecycle(self.agent, stored) is not Verdict.IN_SYNC:
+                        found = stored.version if stored is not None else 0
+                        raise ConcurrentModificationError(LIFECYCLE, self.agent._state_version, found)
+                    tx.ring_push(LOG_KEY, values, self.max_entries)
+                break
+            except ConcurrentModificationError:
+                if attempt == 2 or not await recover_lifecycle(self.agent):
+                    raise
+        for record in records:
+            if record.kind != "truncate":
+                self._records[record.key] = record
+        while len(self._records) > self.max_entries:  # as the stored ring: the oldest go
+            self._records.pop(next(iter(self._records)))

@@ -178,7 +178,7 @@ class MemoryToolsCapability(AgentCapability):
         )
         return memory_map.model_dump(mode="json")
 
-    @action_executor(action_type=ActionType.MEMORY_WRITE)
+    @action_executor(action_type=ActionType.MEMORY_WRITE, effects=("memory_write", "colony_write"))
     async def forget(self, entry_id: str, scope: str) -> dict[str, Any]:
         """Delete one entry of your memory (by the entry_id a recall returned), with its copies in
         your other scopes (the same text, copied down the hierarchy)."""
@@ -195,7 +195,7 @@ class MemoryToolsCapability(AgentCapability):
                     copies += await store.delete(other, [copy_id], created_by=self._who())
         return {"forgotten": bool(removed), "entry_id": entry_id, "copies_forgotten": copies}
 
-    @action_executor(action_type=ActionType.MEMORY_WRITE)
+    @action_executor(action_type=ActionType.MEMORY_WRITE, effects=("memory_write",))
     async def remember(
         self,
         fact: Annotated[str, Field(min_length=1, max_length=4000)],
@@ -204,7 +204,7 @@ class MemoryToolsCapability(AgentCapability):
         """Store a fact (a whole sentence) in long-term memory so later runs can recall it."""
         return await self._remember(fact.strip(), tag)
 
-    @action_executor(action_type=ActionType.MEMORY_WRITE)
+    @action_executor(action_type=ActionType.MEMORY_WRITE, effects=("memory_write",))
     async def remember_message(self) -> dict[str, Any]:
         """Store what the user just told you in long-term memory so later runs can recall it."""
         message = self._message()
@@ -234,7 +234,7 @@ class MemoryToolsCapability(AgentCapability):
         task = run.input.get("task") if isinstance(run.input, dict) else run.input
         return task.strip() if isinstance(task, str) else ""
 
-    @action_executor(action_type=ActionType.CONTEXT_SUMMARIZE)
+    @action_executor(action_type=ActionType.CONTEXT_SUMMARIZE, effects=("memory_write",))
     async def consolidate(
         self, source: str = "working", target: str = "stm", max_entries: int = 20
     ) -> dict[str, Any]:

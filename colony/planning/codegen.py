@@ -1,6 +1,8 @@
 """CodeGenerationActionPolicy: the model writes a Python program calling `run(action_key, **params)`;
 the program runs in the sandbox (an isolated child process, see `sandbox.py`) and its calls are
 proxied back to the agent's dispatcher. Every call lands in the call trace and in the streams.
+The model call and the proxied actions go through the agent's action log, so a step redone after a
+crash reruns the same program and gets the recorded results of the actions that had finished.
 
 Model-written code is untrusted, so the policy refuses (`SandboxRefused`) to run it with process
 isolation only (no bubblewrap here) unless `planning.allow_weak_sandbox` says that is acceptable.
@@ -79,7 +81,8 @@ class CodeGenerationActionPolicy(EventDrivenActionPolicy):
             self.planning_context(state, [*actions, FINISH_ACTION]),
             instructions="Write the next program.",
         )
-        response = await self.engine.generate(
+        response = await self.generate(  # through the action log: a redone step gets the same program
+            self.engine,
             InferenceRequest(
                 messages=[
                     ChatMessage(role="system", content=self.SYSTEM),
@@ -87,7 +90,7 @@ class CodeGenerationActionPolicy(EventDrivenActionPolicy):
                 ],
                 max_tokens=self.max_tokens,
                 temperature=0.0,
-            )
+            ),
         )
         finished: dict[str, Any] = {}
         dispatcher = self.agent.dispatcher

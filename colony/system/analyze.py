@@ -119,7 +119,7 @@ class AnalyzeCapability(AgentCapability):
             raise AgentUsageError("AnalyzeCapability coordinates for an agent; build it with agent=...")
         return self.agent
 
-    @action_executor(action_type=ActionType.REPORT_GENERATE)
+    @action_executor(action_type=ActionType.REPORT_GENERATE, effects=("spawn",))
     async def analyze(
         self, path: str | None = None, pages: list[str] | None = None, page_tokens: int | None = None
     ) -> ActionResult:

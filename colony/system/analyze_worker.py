@@ -167,7 +167,7 @@ class PageSummaryCapability(AgentCapability):
         self.pages = pages
         self.max_tokens = max_tokens
 
-    @action_executor(action_type=ActionType.CONTEXT_SUMMARIZE)
+    @action_executor(action_type=ActionType.CONTEXT_SUMMARIZE, effects=("colony_write",))
     async def summarize_pages(
         self,
         page_ids: list[str],

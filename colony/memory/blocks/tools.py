@@ -248,14 +248,14 @@ class MemoryBlocksCapability(AgentCapability):
         except BlockNotFound as exc:
             raise await self._labels_hint(exc) from None
 
-    @action_executor(action_type=ActionType.MEMORY_WRITE)
+    @action_executor(action_type=ActionType.MEMORY_WRITE, effects=("memory_write", "colony_write"))
     async def core_memory_append(self, label: Label, content: EditText) -> dict[str, Any]:
         """Add content to the end of one of your memory blocks (persona, human, ...) as a new line,
         without replacing what is there. Useful for building up information bit by bit; the block
         in your prompt shows it at once."""
         return await self._edit(self.store().append(self._me(), label, content, via="tool"))
 
-    @action_executor(action_type=ActionType.MEMORY_WRITE)
+    @action_executor(action_type=ActionType.MEMORY_WRITE, effects=("memory_write", "colony_write"))
     async def core_memory_save_message(self, label: Label = "human") -> dict[str, Any]:
         """Save what the user just told you (their message, word for word) as a new line of one of
         your memory blocks: `human` for what they say about themselves. Questions are not saved."""
@@ -274,7 +274,7 @@ class MemoryBlocksCapability(AgentCapability):
         task = run.input.get("task") if isinstance(run.input, dict) else run.input
         return " ".join(task.split())[: EDIT_CHARS - 20] if isinstance(task, str) else ""
 
-    @action_executor(action_type=ActionType.MEMORY_WRITE)
+    @action_executor(action_type=ActionType.MEMORY_WRITE, effects=("memory_write", "colony_write"))
     async def core_memory_replace(
         self,
         label: Label,
@@ -286,7 +286,7 @@ class MemoryBlocksCapability(AgentCapability):
         one detail of a memory block."""
         return await self._edit(self.store().replace(self._me(), label, old_content, new_content, via="tool"))
 
-    @action_executor(action_type=ActionType.MEMORY_WRITE)
+    @action_executor(action_type=ActionType.MEMORY_WRITE, effects=("memory_write", "colony_write"))
     async def memory_insert(
         self,
         label: Label,
@@ -297,7 +297,7 @@ class MemoryBlocksCapability(AgentCapability):
         after the last line)."""
         return await self._edit(self.store().insert(self._me(), label, content, line, via="tool"))
 
-    @action_executor(action_type=ActionType.MEMORY_WRITE)
+    @action_executor(action_type=ActionType.MEMORY_WRITE, effects=("memory_write", "colony_write"))
     async def memory_rethink(self, label: Label, new_content: EditText) -> dict[str, Any]:
         """Rewrite a memory block entirely with new_content: to reorganise or condense it when it
         grows long, or when much of it is out of date."""
@@ -305,7 +305,7 @@ class MemoryBlocksCapability(AgentCapability):
 
     # -- archival memory and recall -------------------------------------------------------------------
 
-    @action_executor(action_type=ActionType.MEMORY_WRITE)
+    @action_executor(action_type=ActionType.MEMORY_WRITE, effects=("memory_write",))
     async def archival_insert(
         self,
         content: Annotated[str, Field(min_length=1, max_length=ARCHIVAL_CHARS)],
