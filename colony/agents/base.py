@@ -131,6 +131,11 @@ class Agent(EventDelivery, Bindable):
         self._blueprint: AgentBlueprint | None = None  # set once recorded; kept in sync with capabilities
         self._capability_specs: dict[str, CapabilitySpec] = {}
         self._retention: float | None = None
+        self._checkpoints_kept: int | None = None
+        self._default_kept: int | None = None  # without a host with settings: load_settings()'s
+        # the newest checkpoint pushed, (run id, step), and how many the stored ring holds
+        self._checkpointed: tuple[str, int] | None = None
+        self._checkpoints_held = 0
         # This copy's mark on its lifecycle writes and when it came to life: they tell its own
         # writes, and earlier ones, from another live copy's after Redis lost data (`recover_lifecycle`).
         self.holder = uuid.uuid4().hex
@@ -154,6 +159,19 @@ class Agent(EventDelivery, Bindable):
                 return load_settings().runs.retention_seconds
             self._retention = settings.runs.retention_seconds
         return self._retention
+
+    @property
+    def checkpoints_kept(self) -> int:
+        """How many checkpoints the agent's ring keeps: `context.checkpoints_kept` of its host's
+        settings (like `retention_seconds`); a restorer without a host sets `_checkpoints_kept`."""
+        if self._checkpoints_kept is None:
+            settings = self.host.services.get("settings") if self.host is not None else None
+            if settings is None:  # read once per agent object (a persist asks at every step)
+                if self._default_kept is None:
+                    self._default_kept = load_settings().context.checkpoints_kept
+                return self._default_kept
+            self._checkpoints_kept = settings.context.checkpoints_kept
+        return self._checkpoints_kept
 
     @property
     def agent_id(self) -> str:

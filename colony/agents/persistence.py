@@ -1,8 +1,9 @@
 """Persisting an agent to its blackboard scope and rebuilding it from there.
 
 `persist_agent` writes everything an agent holds (run, policy and capability states, context) in
-one transaction; `restore_agent` rebuilds an identical agent from it; `build_agent` instantiates
-an agent from a blueprint (no I/O). `Agent.persist` / `Agent.restore` call these.
+one transaction, with the step's checkpoint (colony.context.checkpoints); `restore_agent` rebuilds
+an identical agent from it; `build_agent` instantiates an agent from a blueprint (no I/O).
+`Agent.persist` / `Agent.restore` call these.
 
 Every persist and lifecycle write is fenced by the agent's `agent:lifecycle`: it applies only
 while Redis holds the value this copy of the agent last wrote or read (its version and holder
@@ -25,6 +26,7 @@ from colony.agents.models import ActionResult, AgentMetadata, AgentRun, AgentSta
 from colony.agents.ring import ContextRing
 from colony.blackboard import Blackboard, BlackboardScope, scope_id
 from colony.blackboard.protocol import AgentStateProtocol as Keys
+from colony.context import checkpoints
 from colony.errors import (
     AgentNotFound,
     AgentStateConflict,
@@ -44,7 +46,17 @@ LIFECYCLE = Keys.key("lifecycle")
 # Context entries an agent keeps (a ring: the oldest go first; compaction comes with context management).
 MAX_CONTEXT_ITEMS = 1000
 # The agent's own state entries (besides its runs, its capabilities' states and its context ring).
-STATE_NAMES = ("blueprint", "metadata", "lifecycle", "current_run", "policy_state", "context", "suspension")
+# ("checkpoints": the head of the checkpoint ring, whose writes are its created/restored events)
+STATE_NAMES = (
+    "blueprint",
+    "metadata",
+    "lifecycle",
+    "current_run",
+    "policy_state",
+    "context",
+    "suspension",
+    "checkpoints",
+)
 
 
 async def persist_agent(agent: Agent) -> None:
@@ -57,21 +69,36 @@ async def persist_agent(agent: Agent) -> None:
 
     Fenced: nothing is written (`ConcurrentModificationError` on `agent:lifecycle`) unless Redis
     still holds the lifecycle value this copy holds (`judge_lifecycle`), so a copy that lost its
-    place (another copy wrote after it) or whose state Redis lost never writes blindly over it."""
+    place (another copy wrote after it) or whose state Redis lost never writes blindly over it.
+
+    The first persist of each step of a run (and of its beginning, step 0) also pushes that step's
+    checkpoint onto the agent's capped checkpoint ring, in the same transaction."""
     context = agent.context
     pending, position = context.pending(), len(context)
+    held = position - context.first  # the entries the stored ring holds after this commit
+    checkpoint = checkpoints.due(agent)
     async with agent.blackboard.transaction() as tx:
-        stored = await tx.read(LIFECYCLE)  # in the read set: the commit checks it did not change
-        if judge_lifecycle(agent, stored) is not Verdict.IN_SYNC:
-            found = stored.version if stored is not None else 0
-            raise ConcurrentModificationError(LIFECYCLE, agent._state_version, found)
-        _write_state(tx, agent)
+        await check_fence(tx, agent)
+        write_state(tx, agent)
         tx.ring_push(Keys.key("context"), pending, context.cap)
-        _write_context_head(tx, agent, position)
+        write_context_head(tx, agent, position, held)
+        if checkpoint is not None:
+            checkpoints.push(tx, agent, checkpoint)
     context.mark_persisted(position)
+    if checkpoint is not None:
+        checkpoints.pushed(agent, checkpoint)
 
 
-def _write_state(tx: Transaction, agent: Agent) -> None:
+async def check_fence(tx: Transaction, agent: Agent) -> None:
+    """Put `agent:lifecycle` in the transaction's read set and refuse (`ConcurrentModificationError`)
+    unless Redis holds the lifecycle value this copy holds (`judge_lifecycle`)."""
+    stored = await tx.read(LIFECYCLE)  # in the read set: the commit checks it did not change
+    if judge_lifecycle(agent, stored) is not Verdict.IN_SYNC:
+        found = stored.version if stored is not None else 0
+        raise ConcurrentModificationError(LIFECYCLE, agent._state_version, found)
+
+
+def write_state(tx: Transaction, agent: Agent) -> None:
     """The run, policy and capability states (what every persist rewrites whole)."""
     if agent.current_run is not None:
         run = agent.current_run
@@ -89,11 +116,18 @@ def _write_state(tx: Transaction, agent: Agent) -> None:
         tx.write(Keys.capability_state_key(name), state, created_by=agent.agent_id)
 
 
-def _write_context_head(tx: Transaction, agent: Agent, position: int) -> None:
+def write_context_head(tx: Transaction, agent: Agent, position: int, held: int) -> None:
+    """The `agent:context` entry: the ring's position, how many entries the stored ring holds
+    (`held`: a restore that truncated it is checked against it), the last result, page accesses."""
     last = agent.last_result.model_dump(mode="json") if agent.last_result else None
     tx.write(
         Keys.key("context"),
-        {"context_total": position, "last_result": last, "page_accesses": agent.page_accesses},
+        {
+            "context_total": position,
+            "held": held,
+            "last_result": last,
+            "page_accesses": agent.page_accesses,
+        },
         created_by=agent.agent_id,
     )
 
@@ -238,6 +272,7 @@ async def repersist_agent(agent: Agent, lifecycle_version: int) -> None:
     the stored `context_total`) are pushed again."""
     context = agent.context
     position = len(context)
+    held = position - context.first
     async with agent.blackboard.transaction() as tx:
         stored = await tx.read(LIFECYCLE)  # in the read set: the commit checks it did not change
         if (stored.version if stored is not None else 0) != lifecycle_version:
@@ -260,9 +295,9 @@ async def repersist_agent(agent: Agent, lifecycle_version: int) -> None:
             tx.write(
                 Keys.key("suspension"), agent.suspension.model_dump(mode="json"), created_by=agent.agent_id
             )
-        _write_state(tx, agent)
+        write_state(tx, agent)
         tx.ring_push(Keys.key("context"), missing, context.cap)
-        _write_context_head(tx, agent, position)
+        write_context_head(tx, agent, position, held)
     written = next(e for e in tx.results if e is not None and e.key == LIFECYCLE)
     agent._state_version, agent._state_mark = written.version, agent.holder
     context.mark_persisted(position)
@@ -281,7 +316,7 @@ async def restore_agent(
         scope_id(BlackboardScope.AGENT, tenant_id=tenant_id, colony_id=colony_id, agent_id=agent_id)
     )
     entries = await board.read_many([Keys.key(n) for n in STATE_NAMES])
-    blueprint_e, metadata_e, lifecycle_e, current_e, policy_e, context_e, suspension_e = entries
+    blueprint_e, metadata_e, lifecycle_e, current_e, policy_e, context_e, suspension_e, head_e = entries
     if blueprint_e is None or metadata_e is None or lifecycle_e is None:
         raise AgentNotFound(f"no restorable agent {agent_id!r} in scope {board.scope_id}")
     try:
@@ -306,12 +341,21 @@ async def restore_agent(
     if context_e is not None:
         stored = context_e.value
         items = None if "context" in stored else await board.ring(Keys.key("context"))
+        held = stored.get("held")
+        if items is not None and type(held) is int and 0 <= held < len(items):
+            # a checkpoint restore stopped between its commit and its trim: the newest items were
+            # discarded by it (the head says so); trimmed now, before anything is pushed after them
+            items = items[:held]
+            await checkpoints.trim_ring(board, Keys.key("context"), held)
         agent.context = ContextRing.restored(MAX_CONTEXT_ITEMS, stored, items)
         agent.page_accesses = list(stored.get("page_accesses", []))
         last = stored.get("last_result")
         agent.last_result = ActionResult.model_validate(last) if last else None
     if suspension_e is not None:
         agent.suspension = SuspensionRequest.model_validate(suspension_e.value)
+    if head_e is not None:
+        await checkpoints.repair(board, head_e.value)
+        checkpoints.adopt_head(agent, head_e.value)
     states = await board.read_many([Keys.capability_state_key(n) for n in agent.capabilities])
     for (name, capability), entry in zip(agent.capabilities.items(), states, strict=True):
         if entry is not None:

@@ -21,21 +21,30 @@ from colony.blackboard import Blackboard
 from colony.blackboard.connection import OutageBackoff, redis_answers, retry_unavailable
 from colony.blackboard.protocol import AgentStateProtocol
 from colony.config import load_settings
-from colony.errors import AgentNotFound, BlackboardError, BlackboardUnavailable, BlueprintTampered
+from colony.context import checkpoints
+from colony.errors import (
+    AgentNotFound,
+    AgentStateConflict,
+    BlackboardError,
+    BlackboardUnavailable,
+    BlueprintTampered,
+)
 
 log = logging.getLogger(__name__)
+RINGS = ("context", "checkpoints")  # an agent's capped lists (its state entries: STATE_NAMES)
 
 
 async def retire_state(agent: Agent, ttl_seconds: float | None = None) -> int:
     """Let an ended (stopped or failed) agent's state leave Redis after `ttl_seconds` (default: the
-    agent's `runs.retention_seconds`): its entries, its context ring, and the event streams of its
-    scope and its capabilities' scopes. Returns how many entries got the expiry."""
+    agent's `runs.retention_seconds`): its entries, its context and checkpoint rings, and the event
+    streams of its scope and its capabilities' scopes. Returns how many entries got the expiry."""
     ttl = agent.retention_seconds if ttl_seconds is None else ttl_seconds
     board = agent.blackboard
     keys = [AgentStateProtocol.key(n) for n in STATE_NAMES]
     keys += [AgentStateProtocol.capability_state_key(n) for n in agent.capabilities]
     expired = await board.expire(keys, ttl)
-    await board.expire_ring(AgentStateProtocol.key("context"), ttl)
+    for ring in RINGS:
+        await board.expire_ring(AgentStateProtocol.key(ring), ttl)
     boards = {board.scope_id: board}
     boards.update({c.blackboard.scope_id: c.blackboard for c in agent.capabilities.values()})
     for scope_board in boards.values():
@@ -45,7 +54,7 @@ async def retire_state(agent: Agent, ttl_seconds: float | None = None) -> int:
 
 async def clear_ended_state(board: Blackboard, capability_scopes: list[Blackboard]) -> bool:
     """Before an agent id is used again: if the agent stored in `board` ended (stopped or failed),
-    delete its state entries and context ring, and take the pending expiry off the event streams
+    delete its state entries, context and checkpoint rings, and take the pending expiry off the event streams
     of its scope and its capabilities' scopes (`capability_scopes`), so the fresh agent's writes
     do not vanish with the old agent's retention. False (nothing done) if no ended agent is there."""
     lifecycle = await board.read(AgentStateProtocol.key("lifecycle"))
@@ -54,7 +63,8 @@ async def clear_ended_state(board: Blackboard, capability_scopes: list[Blackboar
     for name in STATE_NAMES:
         await board.delete(AgentStateProtocol.key(name))
     async with board.guard("clear_ended_state"):
-        await board.redis.delete(board.keyspace.ring_key(AgentStateProtocol.key("context")))
+        for ring in RINGS:
+            await board.redis.delete(board.keyspace.ring_key(AgentStateProtocol.key(ring)))
         for scope_board in {b.scope_id: b for b in [board, *capability_scopes]}.values():
             ks = scope_board.keyspace
             await board.redis.persist(ks.events_key)
@@ -62,6 +72,23 @@ async def clear_ended_state(board: Blackboard, capability_scopes: list[Blackboar
     return True
 
 
+def _busy(agent: Agent) -> bool:
+    """Running a run: RUNNING, or IDLE/INITIALIZED with a run begun but not yet entered."""
+    run = agent.current_run
+    pending = run is not None and not run.done
+    return agent.state is AgentState.RUNNING or (
+        pending and agent.state in (AgentState.IDLE, AgentState.INITIALIZED)
+    )
+
+
+def _running(agent_id: str) -> str:
+    return (
+        f"agent {agent_id} is running a run; wait for its run to end or suspend it "
+        "(POST /v1/agents/{id}/suspend), then undo or restore"
+    )
+
+
+DRIVER_FINISH_SECONDS = 10.0  # an idle agent's driver answering its last request: waited this long
 MAX_OUTAGE_REDOS = 3  # a run's step cut short by a Redis outage is redone at most this often
 RESTORE_ATTEMPTS = 5  # a restore after an outage failing otherwise than by the outage: tries
 
@@ -210,6 +237,43 @@ class LocalAgentRuntime:
         await self._activate(agent)
         return agent
 
+    async def restore_checkpoint(
+        self, agent_id: str, step: int | None, mode: str = "reexecute", run_id: str | None = None
+    ) -> checkpoints.RestoreReport:
+        """Undo (`step` None) or restore a checkpoint of an agent of this colony (see
+        colony.context.checkpoints). A RUNNING agent is refused (AgentStateConflict): its run must
+        end or the agent be suspended first. One hosted here (idle, waiting) is detached, rewritten
+        from Redis and hosted again: an unfinished restored run is driven on from the checkpoint
+        (the next step re-plans from there). One not hosted here is rewritten only."""
+        agent = self._agents.get(agent_id)
+        if agent is not None:
+            if _busy(agent):
+                raise AgentStateConflict(_running(agent_id))
+            driver = self._drivers.get(agent_id)
+            if driver is not None and not driver.done():  # still answering its last run's request
+                await asyncio.wait({driver}, timeout=DRIVER_FINISH_SECONDS)
+            await self._detach(agent_id)
+            await agent.reload_lifecycle()
+            if _busy(agent):  # a run began meanwhile: hosted again as it is, and refused
+                await self.resume(agent_id)
+                raise AgentStateConflict(_running(agent_id))
+        stored = await Agent.restore(
+            agent_id, self.blackboard, tenant_id=self.tenant_id, colony_id=self.colony_id, **self.services
+        )
+        try:
+            if agent is None and _busy(stored):
+                raise AgentStateConflict(_running(agent_id))
+            report = await checkpoints.restore_checkpoint(stored, step, mode=mode, run_id=run_id)
+        finally:
+            if agent is not None:
+                await self.resume(agent_id)
+        if agent is not None:
+            hosted = self._agents.get(agent_id)
+            report.state = hosted.state.value if hosted is not None else report.state
+            if hosted is not None:
+                await hosted.emit_run_event("checkpoint_restored", {"step": report.step, "mode": mode})
+        return report
+
     async def drop(self, agent_id: str) -> None:
         """Lose the agent object without any goodbye (as a dying replica would); state stays in Redis."""
         agent = self._agents.get(agent_id)
@@ -246,7 +310,8 @@ class LocalAgentRuntime:
             pattern = AgentStateProtocol.pattern("capability_state")
             keys += [e.key async for e in board.iter_query(pattern)]
             await board.expire(keys, ttl)
-            await board.expire_ring(AgentStateProtocol.key("context"), ttl)
+            for ring in RINGS:
+                await board.expire_ring(AgentStateProtocol.key(ring), ttl)
             await board.expire_scope(ttl)
         except BlackboardError as exc:
             log.warning("state of refused agent %s not given its retention: %s", agent_id, exc)

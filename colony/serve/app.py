@@ -206,6 +206,14 @@ class AgentSystemDeployment:
     async def resume(self, agent_id: str) -> dict[str, Any]:
         return (await (await self._plane()).resume(agent_id)).model_dump(mode="json")
 
+    async def undo(self, agent_id: str) -> dict[str, Any]:
+        return await (await self._plane()).undo(agent_id)
+
+    async def restore(
+        self, agent_id: str, step: int, mode: str = "reexecute", run_id: str | None = None
+    ) -> dict[str, Any]:
+        return await (await self._plane()).restore(agent_id, step, mode, run_id)
+
     async def ensure_builtins(self) -> list[str]:
         """Place the agents the colony starts with: the built-ins and the `agents:` user agents
         (their packages must be importable in this replica and the engine replicas)."""
@@ -222,7 +230,7 @@ class AgentSystemDeployment:
 
 
 class ServeAgentControl:
-    """The API's way to suspend and resume agents: calls to the AgentSystem deployment."""
+    """The API's way to suspend, resume, undo and restore agents: calls to the AgentSystem deployment."""
 
     def __init__(self, system: DeploymentHandle) -> None:
         self.system = system
@@ -233,6 +241,16 @@ class ServeAgentControl:
 
     async def resume(self, agent_id: str) -> dict[str, Any]:
         result: dict[str, Any] = await remote_result(self.system.resume.remote(agent_id))
+        return result
+
+    async def undo(self, agent_id: str) -> dict[str, Any]:
+        result: dict[str, Any] = await remote_result(self.system.undo.remote(agent_id))
+        return result
+
+    async def restore(
+        self, agent_id: str, step: int, mode: str = "reexecute", run_id: str | None = None
+    ) -> dict[str, Any]:
+        result: dict[str, Any] = await remote_result(self.system.restore.remote(agent_id, step, mode, run_id))
         return result
 
 

@@ -1,5 +1,6 @@
-"""The control plane: where agents are placed, stopped, suspended and resumed, and the resource
-monitor loop that resumes suspended agents and re-places those of dead replicas.
+"""The control plane: where agents are placed, stopped, suspended and resumed (and taken back to a
+checkpoint: `undo`, `restore`), and the resource monitor loop that resumes suspended agents and
+re-places those of dead replicas.
 
 It runs inside the `AgentSystem` Serve deployment over `ServeReplicas`, and in-process over
 `LocalReplicas` (tests, one-process tools). Everything it knows is read from Redis or asked of
@@ -11,15 +12,17 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections.abc import Mapping
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from colony import metrics, security
-from colony.agents import AgentBlueprint
+from colony.agents import Agent, AgentBlueprint
+from colony.agents.persistence import LIFECYCLE
 from colony.aio import cancel_and_wait
 from colony.blackboard import Blackboard, BlackboardScope, scope_id
 from colony.blackboard.connection import OutageBackoff
 from colony.config import ColonySettings
-from colony.errors import AgentNotFound, AgentStateConflict, BlackboardUnavailable
+from colony.context.checkpoints import MODES, pick, read_checkpoints, restore_checkpoint
+from colony.errors import AgentNotFound, AgentStateConflict, BlackboardUnavailable, InvalidArgument
 from colony.system.monitor import ResumptionMonitor
 from colony.system.placement import AgentPlacer, Placement
 from colony.system.registry import NOT_HOSTED, AgentRecord, AgentRegistry
@@ -30,6 +33,32 @@ if TYPE_CHECKING:
     from colony.system.host import ReplicaHost
 
 log = logging.getLogger(__name__)
+
+
+REWIND_REASON = "restoring a checkpoint"
+
+
+def _busy_message(agent_id: str) -> str:
+    return (
+        f"agent {agent_id!r} is running a run; wait for its run to end or suspend it "
+        "(POST /v1/agents/{id}/suspend), then undo or restore"
+    )
+
+
+async def _lifecycle(board: Blackboard) -> str | None:
+    """The agent's lifecycle state from its own scope (the source of truth, not the registry)."""
+    entry = await board.read(LIFECYCLE)
+    value = entry.value if entry is not None and isinstance(entry.value, dict) else {}
+    state = value.get("state")
+    return state if isinstance(state, str) else None
+
+
+async def _previous_state(board: Blackboard) -> str | None:
+    """The state the agent left when it was last moved (after a suspension: what it was doing)."""
+    entry = await board.read(LIFECYCLE)
+    value = entry.value if entry is not None and isinstance(entry.value, dict) else {}
+    previous = value.get("previous")
+    return previous if isinstance(previous, str) else None
 
 
 class ControlPlane:
@@ -122,6 +151,72 @@ class ControlPlane:
         self.monitor.request_resume(agent_id)
         await self.monitor.tick()
         return await self._hosted(agent_id)
+
+    async def undo(self, agent_id: str) -> dict[str, Any]:
+        """Bring an agent back to the checkpoint before its newest (see `restore`)."""
+        return await self.restore(agent_id, None)
+
+    async def restore(
+        self, agent_id: str, step: int | None, mode: str = "reexecute", run_id: str | None = None
+    ) -> dict[str, Any]:
+        """Bring an agent back to a kept checkpoint (colony.context.checkpoints); `step` None: undo.
+
+        A RUNNING agent is refused (409: wait for its run to end or suspend it). A hosted one
+        (idle, waiting) is suspended through its replica, rewritten from Redis here (an agent object
+        no host runs: set, persisted, fenced as always) and resumed by the monitor, which drives an
+        unfinished restored run on from the checkpoint; a suspended one is rewritten only and stays
+        suspended. The report (`RestoreReport`) lists what the discarded steps did that is not
+        undone, and the agent's registry record after it."""
+        if mode not in MODES:
+            raise InvalidArgument(f"mode must be one of {', '.join(MODES)}, not {mode!r}")
+        record = await self._hosted(agent_id)
+        board = self.blackboard.scoped(
+            scope_id(
+                BlackboardScope.AGENT,
+                tenant_id=self.settings.tenant_id,
+                colony_id=self.settings.colony_id,
+                agent_id=agent_id,
+            )
+        )
+        state = await _lifecycle(board)
+        if state == "running":
+            raise AgentStateConflict(_busy_message(agent_id))
+        if state is None or state in ("stopped", "failed"):
+            raise AgentStateConflict(
+                f"agent {agent_id!r} is {state or 'not stored'}; only an agent that is idle, waiting or "
+                "suspended can go back to a checkpoint"
+            )
+        kept = [c for c, _ in await read_checkpoints(board)]
+        pick(kept, agent_id, step, run_id)  # no such checkpoint: refused before anything moves
+        hosted = state != "suspended" and record.replica is not None
+        if hosted:
+            assert record.replica is not None
+            if not await self.directory.port(record.replica).suspend_agent(agent_id, REWIND_REASON, None):
+                raise AgentStateConflict(
+                    f"agent {agent_id!r} is not on replica {record.replica} any more; try again"
+                )
+        try:
+            if hosted and await _previous_state(board) == "running":  # a run began meanwhile
+                raise AgentStateConflict(_busy_message(agent_id))
+            agent = await Agent.restore(
+                agent_id,
+                self.blackboard,
+                tenant_id=self.settings.tenant_id,
+                colony_id=self.settings.colony_id,
+                settings=self.settings,
+            )
+            agent._checkpoints_kept = self.settings.context.checkpoints_kept
+            report = await restore_checkpoint(agent, step, mode=mode, run_id=run_id)
+        finally:
+            if hosted:  # hosted again whatever happened (the monitor places it)
+                self.monitor.request_resume(agent_id)
+                await self.monitor.tick()
+        after = await self._hosted(agent_id)
+        return {
+            **report.model_dump(mode="json"),
+            "state": after.state,
+            "record": after.model_dump(mode="json"),
+        }
 
     async def publish(self) -> None:
         """This process's metrics for the API's /metrics (at most once per heartbeat period)."""

@@ -1,0 +1,445 @@
+"""Per-agent checkpoints: the agent's own state after every step, kept in a capped ring, and the
+undo/restore that brings it back (docs/checkpoints.md).
+
+Why a ring written in the persist transaction: a checkpoint must describe exactly what Redis holds
+after that step (a second write could fail or interleave with another step), and an agent's
+history must stay bounded (`context.checkpoints_kept`). A checkpoint holds the run, the policy
+state, every capability's state (and its event position), the context head (its position, last
+result, page accesses: the context entries themselves stay in the context ring, which a restore
+truncates), the lifecycle state, the time, and the calls of that step from the action log (what an
+undo reports it cannot undo).
+
+Numbering: checkpoint `n` of a run is the state after `n` steps (`run.steps == n`); the beginning of
+a run is checkpoint 0. Persists that are not steps (a suspension, a cancel or failure outside a
+step, a re-persist after Redis lost data) push none: the newest checkpoint of the same step stays.
+
+Every write of the head entry `agent:checkpoints` (op created/restored) is the blackboard event of
+that operation in the agent's scope.
+"""
+
+from __future__ import annotations
+
+import inspect
+import time
+from typing import TYPE_CHECKING, Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
+
+from colony import metrics
+from colony.agents.models import ActionResult, AgentRun, RunStatus
+from colony.agents.ring import ContextRing
+from colony.blackboard.protocol import AgentStateProtocol as Keys
+from colony.errors import (
+    AgentStateConflict,
+    CheckpointNotFound,
+    ConcurrentModificationError,
+    InvalidArgument,
+    NothingToUndo,
+)
+
+if TYPE_CHECKING:
+    from colony.agents.base import Agent
+    from colony.blackboard import Blackboard
+    from colony.blackboard.transaction import Transaction
+
+CHECKPOINTS = Keys.key("checkpoints")  # the ring of checkpoints and, as an entry, its head
+MODES = ("reexecute", "replay")
+Mode = Literal["reexecute", "replay"]
+MAX_CALLS_PER_STEP = 200  # calls kept in one checkpoint (a step making more is summarised)
+
+
+class StepCall(BaseModel):
+    """One action dispatched during a step, as the action log reports it (`step_calls`)."""
+
+    model_config = ConfigDict(extra="ignore")
+
+    action: str = Field(max_length=256)
+    capability: str | None = Field(None, max_length=256)
+    effects: list[str] = Field(default_factory=list, max_length=32)
+    key: str | None = Field(None, max_length=512)
+    success: bool | None = None
+
+
+class Checkpoint(BaseModel):
+    """One checkpoint as stored (read back from Redis: validated, never trusted)."""
+
+    model_config = ConfigDict(extra="ignore")
+
+    step: int = Field(ge=0)
+    run_id: str = Field(min_length=1, max_length=128)
+    run: dict[str, Any]
+    policy_state: dict[str, Any] | None = None
+    capabilities: dict[str, dict[str, Any]] = Field(default_factory=dict)
+    events_from: dict[str, str] = Field(default_factory=dict)
+    context: dict[str, Any] = Field(default_factory=dict)
+    lifecycle: str = Field(max_length=32)
+    at: float
+    calls: list[StepCall] | None = None  # None: the action log did not say
+
+
+class CheckpointInfo(BaseModel):
+    """A checkpoint as listed (no bodies)."""
+
+    step: int
+    run_id: str
+    at: float
+    lifecycle: str
+    run_status: str | None
+    size: int = Field(description="bytes of the stored checkpoint (JSON)")
+    calls: int | None = Field(description="actions dispatched during the step (None: not recorded)")
+    effects: list[str] = Field(description="the effects those actions declare (spawn, colony_write, ...)")
+
+
+class UndoneCall(BaseModel):
+    """A call of a discarded step whose effect outside the agent's own state is not undone."""
+
+    step: int
+    run_id: str
+    action: str
+    capability: str | None
+    effects: list[str]
+    key: str | None
+
+
+class RestoreReport(BaseModel):
+    """What an undo or restore did, and what it could not undo."""
+
+    agent_id: str
+    step: int = Field(description="the checkpoint the agent is back at")
+    run_id: str
+    at: float = Field(description="when that checkpoint was taken")
+    mode: Mode
+    discarded: list[int] = Field(description="steps of the checkpoints discarded (after the restored one)")
+    not_undone: list[UndoneCall] = Field(
+        description="calls of the discarded steps whose declared effects outside the agent stay done"
+    )
+    notes: list[str] = Field(description="plain statements about effects that are not known")
+    kept: list[int] = Field(description="steps of the checkpoints kept now (oldest first)")
+    state: str | None = Field(None, description="the agent's lifecycle state afterwards")
+
+
+# -- taking checkpoints (inside `persist_agent`'s transaction) ---------------------------------------
+
+
+def due(agent: Agent) -> dict[str, Any] | None:
+    """The checkpoint this persist pushes: one per (run, step) not pushed yet; None otherwise."""
+    run = agent.current_run
+    if run is None or (run.run_id, run.steps) == agent._checkpointed:
+        return None
+    return {
+        "step": run.steps,
+        "run_id": run.run_id,
+        "run": run.model_dump(mode="json"),
+        "policy_state": agent.action_policy.get_state() if agent.action_policy is not None else None,
+        "capabilities": {n: c.get_state() for n, c in agent.capabilities.items()},
+        "events_from": {n: p for n, p in agent._event_positions.items() if n in agent.capabilities},
+        "context": {
+            "context_total": len(agent.context),
+            "last_result": agent.last_result.model_dump(mode="json") if agent.last_result else None,
+            "page_accesses": list(agent.page_accesses),
+        },
+        "lifecycle": agent.state.value,
+        "at": time.time(),
+        "calls": _step_calls(agent, run.steps),
+    }
+
+
+def _step_calls(agent: Agent, step: int) -> list[dict[str, Any]] | None:
+    """The calls of the step that brought the run to `step` (none for its beginning): the action
+    log numbers steps as checkpoints do (step N: the calls made while `run.steps == N - 1`)."""
+    if step == 0:
+        return []
+    calls = agent.action_log.step_calls(step)
+    if calls is None:
+        return None
+    return [dict(c) for c in list(calls)[:MAX_CALLS_PER_STEP]]
+
+
+def push(tx: Transaction, agent: Agent, checkpoint: dict[str, Any]) -> None:
+    """Buffer the checkpoint onto the ring, and the head entry whose write is the event."""
+    cap = agent.checkpoints_kept
+    tx.ring_push(CHECKPOINTS, [checkpoint], cap)
+    head = {
+        "op": "created",
+        "step": checkpoint["step"],
+        "run_id": checkpoint["run_id"],
+        "at": checkpoint["at"],
+        "held": min(agent._checkpoints_held + 1, cap),
+    }
+    tx.write(CHECKPOINTS, head, created_by=agent.agent_id)
+
+
+def pushed(agent: Agent, checkpoint: dict[str, Any]) -> None:
+    """After the commit: what this copy now knows the ring holds; the metric."""
+    agent._checkpointed = (checkpoint["run_id"], checkpoint["step"])
+    agent._checkpoints_held = min(agent._checkpoints_held + 1, agent.checkpoints_kept)
+    metrics.CONTEXT_CHECKPOINTS.labels("created").inc()
+
+
+def adopt_head(agent: Agent, head: Any) -> None:
+    """On restore: which checkpoint is the newest and how many the ring holds (from its head)."""
+    if not isinstance(head, dict):
+        return
+    step, run_id, held = head.get("step"), head.get("run_id"), head.get("held")
+    if isinstance(step, int) and not isinstance(step, bool) and isinstance(run_id, str):
+        agent._checkpointed = (run_id, step)
+    if isinstance(held, int) and not isinstance(held, bool) and held >= 0:
+        agent._checkpoints_held = held
+
+
+async def trim_ring(board: Blackboard, name: str, keep: int) -> None:
+    """Keep the oldest `keep` items of a ring (drop the newest): after a restore, and to repair a
+    ring whose trim did not happen (the head says how many it holds). Idempotent."""
+    key = board.keyspace.ring_key(name)
+    async with board.guard("trim_ring"):
+        if keep <= 0:
+            await board.redis.delete(key)
+        else:
+            await board.redis.ltrim(key, 0, keep - 1)
+
+
+async def repair(board: Blackboard, head: Any) -> None:
+    """A checkpoint ring holding more than its head says (a restore stopped between its commit and
+    its trim) loses the extra, newest, items: they were discarded by that restore."""
+    held = head.get("held") if isinstance(head, dict) else None
+    if not isinstance(held, int) or isinstance(held, bool):
+        return
+    async with board.guard("checkpoints_len"):
+        length = await board.redis.llen(board.keyspace.ring_key(CHECKPOINTS))
+    if length > held:
+        await trim_ring(board, CHECKPOINTS, held)
+
+
+# -- reading them ----------------------------------------------------------------------------------
+
+
+async def read_checkpoints(board: Blackboard) -> list[tuple[Checkpoint, int]]:
+    """The kept checkpoints, oldest first, with their stored sizes. Items that do not validate are
+    skipped (never trusted); the ring is bounded by `context.checkpoints_kept`."""
+    head = await board.read(CHECKPOINTS)
+    items = await board.ring(CHECKPOINTS)
+    held = head.value.get("held") if head is not None and isinstance(head.value, dict) else None
+    if isinstance(held, int) and not isinstance(held, bool) and 0 <= held < len(items):
+        items = items[:held]  # a restore's trim did not happen: those were discarded
+    kept = []
+    for item in items:
+        try:
+            kept.append((Checkpoint.model_validate(item), len(_json(item))))
+        except ValidationError:
+            continue
+    return kept
+
+
+def _json(item: Any) -> bytes:
+    import json
+
+    return json.dumps(item, separators=(",", ":"), default=str).encode()
+
+
+async def list_checkpoints(board: Blackboard) -> list[CheckpointInfo]:
+    """What `GET /v1/agents/{id}/checkpoints` answers: one line per kept checkpoint."""
+    listed = []
+    for checkpoint, size in await read_checkpoints(board):
+        calls = checkpoint.calls
+        effects = sorted({e for c in calls or [] for e in c.effects})
+        status = checkpoint.run.get("status")
+        listed.append(
+            CheckpointInfo(
+                step=checkpoint.step,
+                run_id=checkpoint.run_id,
+                at=checkpoint.at,
+                lifecycle=checkpoint.lifecycle,
+                run_status=status if isinstance(status, str) else None,
+                size=size,
+                calls=None if calls is None else len(calls),
+                effects=effects,
+            )
+        )
+    return listed
+
+
+# -- undo and restore --------------------------------------------------------------------------------
+
+
+def pick(kept: list[Checkpoint], agent_id: str, step: int | None, run_id: str | None) -> int:
+    """The index of the checkpoint to go back to (`step` None: undo); CheckpointNotFound or
+    NothingToUndo with the kept steps."""
+    steps = [c.step for c in kept]
+    if step is None:
+        if len(kept) < 2:
+            raise NothingToUndo(
+                f"agent {agent_id} has no earlier checkpoint to go back to (kept steps: {steps}); "
+                "checkpoints are taken after each step of a run"
+            )
+        return len(kept) - 2
+    for index in range(len(kept) - 1, -1, -1):
+        if kept[index].step == step and (run_id is None or kept[index].run_id == run_id):
+            return index
+    where = f" of run {run_id}" if run_id else ""
+    raise CheckpointNotFound(
+        f"agent {agent_id} keeps no checkpoint of step {step}{where} (kept steps: {steps}); "
+        "GET /v1/agents/{id}/checkpoints lists them"
+    )
+
+
+def _report(agent: Agent, target: Checkpoint, dropped: list[Checkpoint], mode: Mode) -> RestoreReport:
+    not_undone: list[UndoneCall] = []
+    unknown_steps: list[int] = []
+    quiet: list[str] = []
+    for checkpoint in dropped:
+        if checkpoint.calls is None:
+            unknown_steps.append(checkpoint.step)
+            continue
+        for call in checkpoint.calls:
+            if call.effects:
+                not_undone.append(
+                    UndoneCall(
+                        step=checkpoint.step,
+                        run_id=checkpoint.run_id,
+                        action=call.action,
+                        capability=call.capability,
+                        effects=list(call.effects),
+                        key=call.key,
+                    )
+                )
+            else:
+                quiet.append(call.action)
+    notes = []
+    if not dropped:
+        notes.append(f"nothing was discarded: checkpoint {target.step} is the agent's newest")
+    if unknown_steps:
+        notes.append(
+            f"the actions of step(s) {unknown_steps} were not recorded: whatever they did outside "
+            "this agent's own state is not undone"
+        )
+    if quiet:
+        names = ", ".join(sorted(set(quiet))[:20])
+        notes.append(
+            f"{len(quiet)} action call(s) of the discarded steps declare no effects ({names}): "
+            "anything they did outside this agent's own state is not undone"
+        )
+    if mode == "replay":
+        notes.append(
+            "replay: the re-driven steps reuse the results the action log still holds for them "
+            "(no model calls, no actions run again); steps it holds nothing for run again"
+        )
+    return RestoreReport(
+        agent_id=agent.agent_id,
+        step=target.step,
+        run_id=target.run_id,
+        at=target.at,
+        mode=mode,
+        discarded=[c.step for c in dropped],
+        not_undone=not_undone,
+        notes=notes,
+        kept=[],
+    )
+
+
+def _apply(agent: Agent, target: Checkpoint) -> AgentRun | None:
+    """Set the agent object's state to the checkpoint's. Returns the run it replaces when that run
+    is another, unfinished one (it is then ended CANCELLED)."""
+    run = AgentRun.model_validate(target.run)
+    replaced = agent.current_run
+    if replaced is not None and (replaced.run_id == run.run_id or replaced.done):
+        replaced = None
+    agent.current_run = run
+    if agent.action_policy is not None and target.policy_state is not None:
+        agent.action_policy.set_state(target.policy_state)
+    for name, capability in agent.capabilities.items():
+        if name in target.capabilities:
+            capability.set_state(target.capabilities[name])
+        position = target.events_from.get(name)
+        if position:
+            agent._event_positions[name] = position
+    context = target.context
+    last = context.get("last_result")
+    agent.last_result = ActionResult.model_validate(last) if last else None
+    agent.page_accesses = list(context.get("page_accesses") or [])
+    total = context.get("context_total")
+    if isinstance(total, int) and not isinstance(total, bool) and 0 <= total <= len(agent.context):
+        ring = agent.context
+        kept = ring[ring.first : total] if total > ring.first else []
+        agent.context = ContextRing(ring.cap, kept, total=total)
+    return replaced
+
+
+async def restore_checkpoint(
+    agent: Agent, step: int | None = None, *, mode: str = "reexecute", run_id: str | None = None
+) -> RestoreReport:
+    """Bring an agent that is not being driven (suspended, or an object no host runs) back to a
+    kept checkpoint: `step` None is undo (the checkpoint before the newest). Its run, policy state,
+    capability states (`set_state`) and context head are set, then written in one transaction
+    fenced by `agent:lifecycle` like every persist; the checkpoints after it are discarded and the
+    context ring is truncated to the checkpoint's position. `mode`: "reexecute" drops the action
+    log's records of the later steps (they run again), "replay" keeps them (the re-driven steps
+    reuse them). The report lists what the discarded steps did that is not undone."""
+    from colony.agents.persistence import check_fence, write_context_head, write_state
+
+    if mode not in MODES:
+        raise InvalidArgument(f"mode must be one of {', '.join(MODES)}, not {mode!r}")
+    board = agent.blackboard
+    kept = [c for c, _ in await read_checkpoints(board)]
+    index = pick(kept, agent.agent_id, step, run_id)
+    target, dropped = kept[index], kept[index + 1 :]
+    report = _report(agent, target, dropped, mode)  # type: ignore[arg-type]
+    replaced = _apply(agent, target)
+    context = agent.context
+    position, held = len(context), len(context) - context.first
+    try:
+        async with board.transaction() as tx:
+            await check_fence(tx, agent)
+            if replaced is not None:
+                replaced.status, replaced.finished_at = RunStatus.CANCELLED, time.time()
+                replaced.error = f"replaced by restoring checkpoint {target.step} of run {target.run_id}"
+                tx.write(
+                    Keys.run_key(replaced.run_id),
+                    replaced.model_dump(mode="json"),
+                    created_by=agent.agent_id,
+                    ttl_seconds=agent.retention_seconds,
+                )
+            write_state(tx, agent)
+            write_context_head(tx, agent, position, held)
+            head = {
+                "op": "restored",
+                "step": target.step,
+                "run_id": target.run_id,
+                "at": time.time(),
+                "held": index + 1,
+                "mode": mode,
+                "discarded": report.discarded,
+            }
+            tx.write(CHECKPOINTS, head, created_by=agent.agent_id)
+    except ConcurrentModificationError:
+        raise AgentStateConflict(
+            f"agent {agent.agent_id} changed while checkpoint {target.step} was being restored; "
+            "nothing was restored: try again"
+        ) from None
+    # the rings lose their discarded tails (their heads already say how many they hold: a trim that
+    # does not happen here is done when the agent is next restored, or skipped by readers)
+    await trim_ring(board, CHECKPOINTS, index + 1)
+    await trim_ring(board, Keys.key("context"), held)
+    context.mark_persisted(position)
+    agent._checkpointed, agent._checkpoints_held = (target.run_id, target.step), index + 1
+    if mode == "reexecute":
+        await _truncate_log(agent, target.step)
+    metrics.CONTEXT_CHECKPOINTS.labels("restored").inc()
+    report.kept = [c.step for c in kept[: index + 1]]
+    report.state = agent.state.value
+    return report
+
+
+async def _truncate_log(agent: Agent, step: int) -> None:
+    """Drop the action log's records of the steps after checkpoint `step`, so they run again. A
+    log without `truncate_after` (the pass-through one) records nothing to drop."""
+    truncate = getattr(agent.action_log, "truncate_after", None)
+    if truncate is None:
+        return
+    outcome = truncate(step)
+    if inspect.isawaitable(outcome):
+        await outcome
+
+
+async def undo(agent: Agent, *, mode: str = "reexecute") -> RestoreReport:
+    """Back to the checkpoint before the newest (see `restore_checkpoint`)."""
+    return await restore_checkpoint(agent, None, mode=mode)

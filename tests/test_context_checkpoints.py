@@ -1,0 +1,256 @@
+"""Checkpoints, undo and restore on a real redis-server with the runtime that hosts agents
+(colony.context.checkpoints): one checkpoint per step in the persist transaction, a capped ring,
+undo/restore that bring back the run, the policy and capability states and the context head,
+discard the later checkpoints, and report the effects they cannot undo."""
+
+from __future__ import annotations
+
+import asyncio
+import uuid
+from typing import Any
+
+import pytest
+from agent_kit import counter_blueprint
+from prometheus_client import REGISTRY
+
+from colony.agents import (
+    ActionType,
+    Agent,
+    AgentCapability,
+    LocalAgentRuntime,
+    action_executor,
+    build_agent,
+)
+from colony.agents.models import RunStatus
+from colony.blackboard import Blackboard
+from colony.blackboard.protocol import AgentStateProtocol as Keys
+from colony.config import ColonySettings, ContextSettings
+from colony.context.checkpoints import CHECKPOINTS, list_checkpoints, restore_checkpoint, undo
+from colony.errors import AgentStateConflict, CheckpointNotFound, InvalidArgument, NothingToUndo
+
+# notices really sent, by agent id (outside any agent state: what a replay must not add to)
+SENT: dict[str, int] = {}
+
+
+class NotifyCapability(AgentCapability):
+    """Sends a notice outside Colony (declared `external`): what an undo cannot take back."""
+
+    def __init__(
+        self, agent: Agent | None = None, scope_id: str | None = None, *, blackboard: Blackboard | None = None
+    ) -> None:
+        super().__init__(agent, scope_id, blackboard=blackboard)
+        self.sent = 0
+
+    @action_executor(action_type=ActionType.ANALYZE, effects=("external",))
+    async def notify(self, text: str) -> int:
+        """Send `text` to the outside world; returns how many were sent."""
+        agent_id = self.agent.agent_id if self.agent is not None else "?"
+        SENT[agent_id] = SENT.get(agent_id, 0) + 1
+        self.sent += 1
+        return self.sent
+
+    def get_state(self) -> dict[str, Any]:
+        return {"sent": self.sent}
+
+    def set_state(self, state: dict[str, Any]) -> None:
+        self.sent = int(state.get("sent", 0))
+
+
+# seven steps: add 1..5, notify, add 7 (totals 1, 3, 6, 10, 15, 15, 22)
+STEPS = [{"action": "add", "parameters": {"amount": k}} for k in range(1, 6)]
+STEPS += [
+    {"action": "notify", "parameters": {"text": "done"}},
+    {"action": "add", "parameters": {"amount": 7}},
+]
+
+
+def counted(op: str) -> float:
+    return REGISTRY.get_sample_value("colony_context_checkpoints_total", {"op": op}) or 0.0
+
+
+@pytest.fixture
+async def kept5(bb: Blackboard) -> Any:
+    """A runtime whose settings keep 5 checkpoints per agent."""
+    settings = ColonySettings(context=ContextSettings(checkpoints_kept=5))
+    runtime = LocalAgentRuntime(bb, colony_id=f"ck{uuid.uuid4().hex[:8]}", settings=settings)
+    yield runtime
+    await runtime.shutdown()
+
+
+async def ran(runtime: LocalAgentRuntime, agent_id: str, delay: float = 0.0) -> Agent:
+    await runtime.spawn(counter_blueprint(agent_id, STEPS, delay=delay, extra=[NotifyCapability.bind()]))
+    run = await runtime.start_run(agent_id, None)
+    done = await runtime.wait_for_run(agent_id, run.run_id, timeout=30)
+    assert done.status is RunStatus.SUCCEEDED and done.steps == 7 and done.output == 22
+    return runtime.get(agent_id)
+
+
+def totals(agent: Agent) -> tuple[int, int]:
+    counter, notify = agent.get_capability("CounterCapability"), agent.get_capability("NotifyCapability")
+    return counter.total, notify.sent  # type: ignore[union-attr]
+
+
+async def wait_run_done(runtime: LocalAgentRuntime, agent_id: str) -> Agent:
+    async with asyncio.timeout(20):
+        while True:
+            agent = runtime._agents.get(agent_id)
+            if agent is not None and agent.current_run is not None and agent.current_run.done:
+                return agent
+            await asyncio.sleep(0.05)
+
+
+async def test_seven_steps_keep_five_and_undo_replans_from_the_previous_step(
+    kept5: LocalAgentRuntime,
+) -> None:
+    created, restored = counted("created"), counted("restored")
+    agent = await ran(kept5, "ck-undo", delay=0.3)
+    board = agent.blackboard
+    events = board.subscribe(CHECKPOINTS, from_id="0")
+    listed = await list_checkpoints(board)
+    assert [c.step for c in listed] == [3, 4, 5, 6, 7]  # 8 taken (run begin = 0), the newest 5 kept
+    assert len(await board.ring(CHECKPOINTS)) == 5
+    assert all(c.run_id == agent.current_run.run_id and c.size > 100 for c in listed)
+    assert [c.effects for c in listed] == [[], [], [], ["external"], []]  # step 6 notified
+    assert [c.calls for c in listed] == [1, 1, 1, 1, 1]
+    assert listed[-1].run_status == "succeeded" and listed[0].run_status == "running"
+    assert counted("created") - created == 8
+    assert totals(agent) == (22, 1)
+
+    report = await kept5.restore_checkpoint("ck-undo", None)  # undo
+    assert (report.step, report.discarded, report.kept) == (6, [7], [3, 4, 5, 6])
+    assert report.not_undone == []  # step 7 only added: no declared effect ...
+    assert any("declare no effects (add)" in note for note in report.notes)  # ... and it says so
+    hosted = kept5.get("ck-undo")
+    assert hosted is not agent  # hosted again, rebuilt from what the undo wrote
+    assert totals(hosted) == (15, 1)  # step 6's capability states, before step 7 runs again
+    assert hosted.current_run.steps == 6 and not hosted.current_run.done
+    assert counted("restored") - restored == 1
+
+    # the next step re-plans from there: step 7 runs again (the counter adds 7 again)
+    hosted = await wait_run_done(kept5, "ck-undo")
+    assert hosted.current_run.status is RunStatus.SUCCEEDED and hosted.current_run.output == 22
+    assert totals(hosted) == (22, 1)
+    assert [c.step for c in await list_checkpoints(board)] == [3, 4, 5, 6, 7]  # a new 7
+    head = await board.read(CHECKPOINTS)
+    assert head.value["op"] == "created" and head.value["step"] == 7
+    seen = []
+    async with asyncio.timeout(5):
+        while len(seen) < 10:  # 8 created, 1 restored, 1 created again: each one event
+            event = await events.next(timeout=2)
+            assert event is not None and event.key == CHECKPOINTS
+            seen.append(event)
+    events.close()
+
+
+async def test_restore_reports_effects_it_cannot_undo(kept5: LocalAgentRuntime) -> None:
+    agent = await ran(kept5, "ck-restore")
+    run_id = agent.current_run.run_id
+    await kept5.suspend("ck-restore")  # not hosted: rewritten only
+    report = await kept5.restore_checkpoint("ck-restore", 5)
+    assert (report.step, report.discarded, report.state) == (5, [6, 7], "suspended")
+    (call,) = report.not_undone
+    assert (call.step, call.action, call.effects, call.capability) == (
+        6,
+        "notify",
+        ["external"],
+        "NotifyCapability",
+    )
+    assert call.key == f"{run_id}:6:a0"  # the action log's idempotency key of that call
+    stored = await Agent.restore("ck-restore", kept5.blackboard, colony_id=kept5.colony_id)
+    assert totals(stored) == (15, 0)
+    assert stored.current_run.steps == 5 and stored.current_run.status is RunStatus.RUNNING
+    assert stored.action_policy.index == 5  # type: ignore[union-attr]
+    assert [c.step for c in await list_checkpoints(stored.blackboard)] == [3, 4, 5]
+
+    with pytest.raises(CheckpointNotFound, match=r"kept steps: \[3, 4, 5\]"):
+        await kept5.restore_checkpoint("ck-restore", 1)
+    with pytest.raises(InvalidArgument):
+        await kept5.restore_checkpoint("ck-restore", 4, mode="rewind")
+    await kept5.restore_checkpoint("ck-restore", 3)
+    with pytest.raises(NothingToUndo):
+        await kept5.restore_checkpoint("ck-restore", None)
+
+    resumed = await kept5.resume("ck-restore")  # drives the restored run from step 3
+    resumed = await wait_run_done(kept5, "ck-restore")
+    assert resumed.current_run.status is RunStatus.SUCCEEDED and resumed.current_run.output == 22
+    assert totals(resumed) == (22, 1)  # steps 4-7 ran again from step 3's states (6 + 4 + 5 + 7)
+    assert SENT["ck-restore"] == 2  # re-executed: the notice went out a second time
+
+
+async def test_replay_mode_reuses_the_recorded_results(kept5: LocalAgentRuntime) -> None:
+    await ran(kept5, "ck-replay")
+    await kept5.suspend("ck-replay")
+    report = await kept5.restore_checkpoint("ck-replay", 5, mode="replay")
+    assert report.mode == "replay" and any(note.startswith("replay:") for note in report.notes)
+    await kept5.resume("ck-replay")
+    agent = await wait_run_done(kept5, "ck-replay")
+    # steps 6 and 7 got their recorded results (and the states they left) back: the notice was
+    # not sent again, and the run ends with the output it had (22)
+    assert agent.current_run.status is RunStatus.SUCCEEDED and agent.current_run.output == 22
+    assert SENT["ck-replay"] == 1
+    assert totals(agent) == (22, 1)
+
+
+async def test_running_agent_is_refused(kept5: LocalAgentRuntime) -> None:
+    steps = [{"action": "add", "parameters": {"amount": 1}}] * 3
+    await kept5.spawn(counter_blueprint("ck-busy", steps, delay=0.5))
+    run = await kept5.start_run("ck-busy", None)
+    await asyncio.sleep(0.7)  # in its second step
+    with pytest.raises(AgentStateConflict, match="wait for its run to end or suspend it"):
+        await kept5.restore_checkpoint("ck-busy", None)
+    done = await kept5.wait_for_run("ck-busy", run.run_id, timeout=20)
+    assert done.status is RunStatus.SUCCEEDED and done.output == 3  # untouched by the refusal
+
+
+async def test_restore_truncates_the_context_ring(bb: Blackboard) -> None:
+    """A checkpoint's context head: the ring goes back to its position and grows on from there."""
+    steps = [{"action": "add", "parameters": {"amount": 1}}] * 4
+    blueprint = counter_blueprint("ck-context", steps)
+    agent = build_agent(blueprint, bb)
+    await agent.initialize(blueprint)
+    await agent.begin_run(None)
+    for i in range(4):
+        agent.context.append({"note": i})
+        await agent.run_step()
+    assert agent.current_run.done and len(agent.context) == 4
+    board = agent.blackboard
+    report = await undo(agent)  # back to step 3: the context held 3 entries then
+    assert report.step == 3
+    assert [c["note"] for c in agent.context] == [0, 1, 2] and len(agent.context) == 3
+    assert [c["note"] for c in await board.ring(Keys.key("context"))] == [0, 1, 2]
+    assert [c["step"] for c in await board.ring(CHECKPOINTS)] == [0, 1, 2, 3]  # trimmed in Redis
+    report = await restore_checkpoint(agent, 1)
+    assert (report.step, report.discarded) == (1, [2, 3])
+    again = await Agent.restore("ck-context", bb)
+    assert [c["note"] for c in again.context] == [0] and again.current_run.steps == 1
+    # it grows on from position 1: the entry appended next is stored at position 1
+    again.context.append({"note": "later"})
+    await again.persist()
+    assert [c["note"] for c in await board.ring(Keys.key("context"))] == [0, "later"]
+
+
+async def test_a_restore_cut_before_its_trim_is_repaired(bb: Blackboard) -> None:
+    """The rings are trimmed after the fenced commit; if that trim never happened (the process
+    died), the heads say how many items count and the next restore trims the rest."""
+    steps = [{"action": "add", "parameters": {"amount": 1}}] * 3
+    blueprint = counter_blueprint("ck-repair", steps)
+    agent = build_agent(blueprint, bb)
+    await agent.initialize(blueprint)
+    await agent.begin_run(None)
+    for i in range(3):
+        agent.context.append({"note": i})
+        await agent.run_step()
+    board = agent.blackboard
+    before_rings = (await board.ring(CHECKPOINTS), await board.ring(Keys.key("context")))
+    await restore_checkpoint(agent, 1)
+    # put the discarded tails back, as if the trims after the commit had not happened
+    ks = board.keyspace
+    for name, items in ((CHECKPOINTS, before_rings[0][2:]), (Keys.key("context"), before_rings[1][1:])):
+        import json
+
+        await board.redis.rpush(ks.ring_key(name), *[json.dumps(i) for i in items])
+    assert [c.step for c in await list_checkpoints(board)] == [0, 1]  # readers skip them
+    again = await Agent.restore("ck-repair", bb)  # ... and a restore trims them
+    assert [c["note"] for c in again.context] == [0]
+    assert len(await board.ring(CHECKPOINTS)) == 2 and len(await board.ring(Keys.key("context"))) == 1
+    assert again.get_capability("CounterCapability").total == 1  # type: ignore[union-attr]
