@@ -44,6 +44,7 @@ from colony.context.action_log import (
 from colony.errors import AgentUsageError
 from colony.inference import ChatMessage, InferenceRequest
 from colony.inference.scripted import ScriptedEngine
+from colony.planning.codegen import CodeGenerationActionPolicy
 from colony.planning.policies import EventDrivenActionPolicy
 
 # item -> what the first execution of `book(item)` does after counting: "hang" (cut off while
@@ -248,6 +249,36 @@ async def test_a_replayed_action_puts_its_capabilitys_state_back(
         if r.key == f"{run.run_id}:2:a0" and r.status == "done"
     )
     assert record.state == {"total": 12} and record.result["output"] == 12
+
+
+async def test_a_generated_program_redone_after_the_crash_window_is_not_asked_for_again(
+    bb: Blackboard,
+) -> None:
+    """Code generation: the model's program comes from the log, and its proxied calls (run in the
+    sandbox) that had finished get their recorded results."""
+    program = "```python\nrun('book', item='a')\nrun('book', item='b')\nrun('finish', answer='booked')\n```"
+    engine = ScriptedEngine([program])
+    runtime = LocalAgentRuntime(bb, colony_id=f"c{uuid.uuid4().hex[:10]}", engine=engine)
+    try:
+        first = await runtime.spawn(
+            AgentBlueprint(
+                agent_class=Agent,
+                metadata=AgentMetadata(agent_id="coder", role="booker"),
+                capabilities=[Ledger.bind()],
+                action_policy=CodeGenerationActionPolicy.bind(goals=["Book a and b."]),
+            )
+        )
+        reached = hold_after_dispatch_of(first, "b")
+        run = await runtime.start_run("coder", None)
+        await asyncio.wait_for(reached.wait(), 30)
+        await runtime.drop("coder")
+        restored = await runtime.resume("coder")
+        done = await runtime.wait_for_run("coder", run.run_id, timeout=30)
+        assert done.status is RunStatus.SUCCEEDED and done.output == "booked", done.error
+        assert len(engine.requests) == 1  # the program was not asked for again
+        assert await counts(restored, "ab") == {"a": 1, "b": 1}
+    finally:
+        await runtime.shutdown()
 
 
 async def test_step_calls_list_a_steps_actions_with_their_effects(

@@ -187,6 +187,7 @@ class ActionLog:
         self._stale = False  # the stored ring still holds another run's records
         self._counting: tuple[str, int] | None = None  # (run id, step) the ordinals count calls of
         self._ordinals: dict[str, int] = {}
+        self._bodies: set[str] = set()  # keys of records still holding their response/result/state
         self._cap: int | None = None
 
     # -- the interface -------------------------------------------------------------------------
@@ -386,6 +387,7 @@ class ActionLog:
         step = run.steps + 1
         if self._counting != (run.run_id, step):
             self._counting, self._ordinals = (run.run_id, step), {}
+            self._slim(step)
         n = self._ordinals.get(kind, 0)
         self._ordinals[kind] = n + 1
         return step, n
@@ -399,9 +401,27 @@ class ActionLog:
             self._cap = (settings or load_settings()).context.action_log_max_entries
         return self._cap
 
+    def _slim(self, step: int) -> None:
+        """Drop the bodies of records of steps before `step` from memory: this copy went past
+        them, so it never replays them (a restored copy reads them from Redis); `step_calls` needs
+        only their outline. Keeps a long run's memory flat."""
+        for key in [k for k in self._bodies if (r := self._records.get(k)) is None or r.step < step]:
+            self._bodies.discard(key)
+            record = self._records.get(key)
+            if record is not None:
+                outline = {"success": record.succeeded} if record.result is not None else None
+                self._records[key] = record.model_copy(
+                    update={"response": None, "result": outline, "state": None}
+                )
+
     async def _load(self, run_id: str) -> None:
         """Read the stored log once per run (a restored agent finds what its last copy recorded)."""
         if self._run_id == run_id:
+            return
+        if self._run_id is not None:
+            # a new run of this very copy, the only writer of the log since it read it: nothing of
+            # the new run is stored, and what is (the last run's) goes with the first record
+            self._run_id, self._records, self._bodies, self._stale = run_id, {}, set(), True
             return
         stored = parse_records(await self.agent.blackboard.ring(LOG_KEY))
         records: dict[str, LogRecord] = {}
@@ -413,7 +433,7 @@ class ActionLog:
                 records = {k: r for k, r in records.items() if r.step <= after}
             else:
                 records[record.key] = record
-        self._run_id, self._records = run_id, records
+        self._run_id, self._records, self._bodies = run_id, records, set(records)
         self._stale = any(r.run_id != run_id for r in stored)
 
     async def _append(self, records: list[LogRecord]) -> None:
@@ -442,5 +462,7 @@ class ActionLog:
         for record in records:
             if record.kind != "truncate":
                 self._records[record.key] = record
+                self._bodies.add(record.key)
         while len(self._records) > self.max_entries:  # as the stored ring: the oldest go
-            self._records.pop(next(iter(self._records)))
+            self._bodies.discard(oldest := next(iter(self._records)))
+            self._records.pop(oldest)
