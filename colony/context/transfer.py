@@ -1,0 +1,683 @@
+"""Agent export and import: one JSON document carries an agent's persisted state from one colony
+(or Redis) to another, where it resumes at the step it had reached (docs/transfer.md).
+
+The document holds data only. The one piece of an agent that is code, its blueprint (cloudpickled),
+is never taken from a document on trust: the importing colony rebuilds it from its own catalog (a
+built-in or an operator's `agents:` entry, by name), or accepts the document's signed blueprint only
+when its HMAC verifies under the importing colony's own secret (the same trust a replica gives a
+blueprint it reads from Redis). The blueprint is never unpickled here: the replica that resumes the
+agent verifies it again and only then unpickles it. Anything else is refused (`ImportRejected`).
+
+Everything else is validated (pydantic models with bounds, ids by pattern, nesting depth, the whole
+document within `context.max_export_bytes`), and every Redis key is built by the protocol classes
+from validated names; the document chooses no key, scope or file.
+
+An export is taken while the agent is not RUNNING (idle, waiting, suspended, or ended): a step in
+progress is refused with 409 (`AgentStateConflict`). It is a consistent snapshot: the agent's
+lifecycle is read before and after, and a change in between (a run began) takes it again.
+An import writes the agent's state in one transaction fenced on its lifecycle, then registers it
+SUSPENDED with an IMMEDIATE resumption condition: the resumption monitor places it on a replica,
+which drives its unfinished run on from the step it had reached.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from collections.abc import Mapping
+from typing import Annotated, Any, Literal
+
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    StringConstraints,
+    TypeAdapter,
+    ValidationError,
+    field_validator,
+)
+from pydantic import model_validator as after_model
+
+from colony.agents.blueprint import AgentBlueprint, _verified_payload
+from colony.agents.models import (
+    TERMINAL_STATES,
+    ActionResult,
+    AgentMetadata,
+    AgentRun,
+    AgentState,
+    ResumptionCondition,
+    ResumptionKind,
+    SuspensionRequest,
+)
+from colony.agents.persistence import MAX_CONTEXT_ITEMS, STATE_NAMES
+from colony.api.limits import check_input
+from colony.api.schemas import ID_PATTERN
+from colony.blackboard import Blackboard, BlackboardScope, scope_id
+from colony.blackboard.protocol import AgentStateProtocol as Keys
+from colony.blackboard.protocol import BlackboardProtocol, MemoryProtocol
+from colony.config import ColonySettings
+from colony.errors import (
+    AgentNotFound,
+    AgentStateConflict,
+    BlueprintTampered,
+    ColonyError,
+    ContextError,
+    ImportRejected,
+    InvalidArgument,
+    InvalidKey,
+)
+from colony.memory.blocks import SYSTEM, BlockType, NewBlock, block_store
+from colony.memory.blocks.types import MAX_DESCRIPTION_CHARS
+from colony.memory.introspection import agent_memory_scopes
+from colony.memory.store import MemoryStore
+from colony.memory.types import NewMemory
+from colony.system.registry import AgentRecord, AgentRegistry
+
+FORMAT = "colony-agent-export"
+FORMAT_VERSION = 1
+MAX_DEPTH = 64  # nesting a document may hold (run inputs nest up to api.max_input_depth, plus wrappers)
+EXPORT_ATTEMPTS = 3  # snapshots retaken when the agent changed while it was read
+LIFECYCLE = Keys.key("lifecycle")
+_STATES = frozenset(s.value for s in AgentState)
+# State the colony.context parts keep under one name each, as an entry or a ring (or both): carried
+# as they are stored, whatever their shape, so they travel with the agent
+PARTS = ("checkpoints", "action_log")
+MAX_HISTORY = 100  # block versions listed per block (for the record; not replayed)
+# a block's settings carried over (its owner, id and bookkeeping are the target's)
+BLOCK_SETTINGS = {"label", "description", "block_type", "char_limit", "read_only"}
+BLOCK_SETTINGS |= {"log_max_entries", "log_shown_entries"}
+
+AgentIdText = Annotated[str, StringConstraints(min_length=1, max_length=128, pattern=ID_PATTERN)]
+Digest = Annotated[str, StringConstraints(pattern=r"^[0-9a-f]{16,128}$")]
+Namespace = Annotated[str, StringConstraints(pattern=r"^memory-[a-z0-9][a-z0-9-]{0,62}$")]
+BlockLabel = Annotated[str, StringConstraints(pattern=r"^[a-z][a-z0-9_]{0,63}$")]
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+
+class Source(_Strict):
+    tenant_id: AgentIdText
+    colony_id: AgentIdText
+
+
+class BlueprintRef(_Strict):
+    """How the importing colony gets the agent's code: a catalog name, or a signed blueprint."""
+
+    catalog: AgentIdText | None = None
+    signed: str | None = Field(None, max_length=64 * 1024 * 1024)
+
+
+class ContextHead(BaseModel):
+    """The `agent:context` entry: the ring's position, the last result, page accesses."""
+
+    model_config = ConfigDict(extra="allow")
+
+    context_total: int = Field(0, ge=0)
+    last_result: ActionResult | None = None
+    page_accesses: list[dict[str, Any]] = Field(default_factory=list, max_length=100_000)
+
+
+class ContextPart(_Strict):
+    head: ContextHead | None = None
+    items: list[dict[str, Any]] = Field(default_factory=list, max_length=MAX_CONTEXT_ITEMS)
+
+    @after_model(mode="after")
+    def _consistent(self) -> ContextPart:
+        if self.head is not None and self.head.context_total < len(self.items):
+            raise ValueError("context.head.context_total is below the number of context items")
+        return self
+
+
+class StoredPart(_Strict):
+    """One `PARTS` name as stored: its entry value and/or its ring items."""
+
+    entry: Any = None
+    ring: list[Any] | None = Field(None, max_length=100_000)
+
+
+class CapabilityState(_Strict):
+    state: dict[str, Any] = Field(default_factory=dict)
+    events_from: str | None = Field(None, max_length=64)  # the source's stream position (not imported)
+
+
+class ExportedBlock(_Strict):
+    """A memory block the agent owns: its settings and content (log blocks: their entries)."""
+
+    label: BlockLabel
+    description: str = Field("", max_length=MAX_DESCRIPTION_CHARS)
+    block_type: BlockType = BlockType.WORKING
+    char_limit: int = Field(ge=1, le=10_000_000)
+    read_only: bool = False
+    template: str | None = Field(None, max_length=64)
+    log_max_entries: int | None = Field(None, ge=1, le=10_000)
+    log_shown_entries: int | None = Field(None, ge=1, le=1000)
+    content: str = ""
+    entries: list[dict[str, Any]] | None = Field(None, max_length=10_000)
+    version: int = Field(1, ge=1)
+    history: list[dict[str, Any]] = Field(default_factory=list, max_length=MAX_HISTORY)
+
+
+class ExportedMemory(_Strict):
+    entry_id: str = Field(pattern=r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,127}$")
+    content: str = Field(min_length=1)
+    data: Any = None
+    tags: list[str] = Field(default_factory=list, max_length=256)
+    kind: str | None = None
+    importance: float = Field(0.5, ge=0, le=1)
+    sources: list[str] = Field(default_factory=list, max_length=256)
+    metadata: dict[str, Any] = Field(default_factory=dict)
+    created_at: float | None = None
+    expires_at: float | None = None
+
+
+class ExportedScope(_Strict):
+    namespace: Namespace  # of the agent's own scope (e.g. memory-working): re-rooted on import
+    entries: list[ExportedMemory] = Field(default_factory=list, max_length=1_000_000)
+
+
+class AgentExport(_Strict):
+    """The export document (`format`/`version` name its shape; older readers refuse newer ones)."""
+
+    format: Literal["colony-agent-export"]
+    version: Literal[1]
+    exported_at: float
+    source: Source
+    agent_id: AgentIdText
+    state: AgentState
+    blueprint: BlueprintRef
+    metadata: AgentMetadata
+    current_run: AgentRun | None = None
+    policy_state: dict[str, Any] | None = None
+    context: ContextPart = Field(default_factory=ContextPart)
+    capabilities: dict[str, CapabilityState] = Field(default_factory=dict, max_length=256)
+    suspension: SuspensionRequest | None = None  # as it was (the import resumes it IMMEDIATE)
+    parts: dict[Literal["checkpoints", "action_log"], StoredPart] = Field(default_factory=dict)
+    archived: dict[Digest, Any] = Field(default_factory=dict, max_length=100_000)
+    blocks: list[ExportedBlock] = Field(default_factory=list, max_length=1000)
+    memory: list[ExportedScope] = Field(default_factory=list, max_length=64)
+
+    @field_validator("capabilities")
+    @classmethod
+    def _capability_names(cls, value: dict[str, CapabilityState]) -> dict[str, CapabilityState]:
+        for name in value:
+            if len(name) > 128:
+                raise ValueError(f"capability name {name[:40]!r}... is longer than 128 characters")
+            Keys.capability_state_key(name)  # InvalidKey (a ValueError) for a name no key may hold
+        return value
+
+    @after_model(mode="after")
+    def _one_agent(self) -> AgentExport:
+        if self.metadata.agent_id != self.agent_id:
+            raise ValueError(
+                f"metadata.agent_id {self.metadata.agent_id!r} is not agent_id {self.agent_id!r}"
+            )
+        if self.current_run is not None:
+            if self.current_run.agent_id != self.agent_id:
+                raise ValueError(
+                    f"current_run.agent_id {self.current_run.agent_id!r} is not {self.agent_id!r}"
+                )
+            if len(self.current_run.run_id) > 128:
+                raise ValueError("current_run.run_id is longer than 128 characters")
+            Keys.run_key(self.current_run.run_id)  # InvalidKey (a ValueError) for an id no key may hold
+        return self
+
+
+# -- export ---------------------------------------------------------------------------------------
+
+
+def agent_board(blackboard: Blackboard, agent_id: str, tenant_id: str, colony_id: str) -> Blackboard:
+    return blackboard.scoped(
+        scope_id(BlackboardScope.AGENT, tenant_id=tenant_id, colony_id=colony_id, agent_id=agent_id)
+    )
+
+
+_ID_ADAPTER: TypeAdapter[str] = TypeAdapter(AgentIdText)
+
+
+def _check_agent_id(agent_id: str) -> str:
+    try:
+        return _ID_ADAPTER.validate_python(agent_id)
+    except ValidationError:
+        raise InvalidArgument(f"agent id {agent_id[:80]!r}: 1-128 letters, digits, '_', '.', '-'") from None
+
+
+def _state_of(entry: Any) -> AgentState:
+    value = entry.value if isinstance(entry.value, dict) else {}
+    try:
+        return AgentState(value.get("state"))
+    except ValueError:
+        raise ContextError(
+            f"the stored lifecycle holds no known state ({str(value.get('state'))[:32]!r})"
+        ) from None
+
+
+async def export_agent(
+    blackboard: Blackboard,
+    agent_id: str,
+    *,
+    settings: ColonySettings,
+    tenant_id: str | None = None,
+    colony_id: str | None = None,
+) -> dict[str, Any]:
+    """The export document of `agent_id` of the colony (`settings`' tenant and colony unless
+    given), read from the Redis `blackboard` is on. AgentNotFound when it has no state there;
+    AgentStateConflict while it is RUNNING or when it kept changing; ContextError when the
+    document would exceed `context.max_export_bytes`."""
+    tenant = tenant_id or settings.tenant_id
+    colony = colony_id or settings.colony_id
+    _check_agent_id(agent_id)
+    board = agent_board(blackboard, agent_id, tenant, colony)
+    for _ in range(EXPORT_ATTEMPTS):
+        before = await board.read(LIFECYCLE)
+        if before is None:
+            raise AgentNotFound(f"no agent {agent_id!r} in colony {colony!r} (tenant {tenant!r}) to export")
+        state = _state_of(before)
+        if state is AgentState.RUNNING:
+            raise AgentStateConflict(
+                f"agent {agent_id} is running a step; an export is taken between runs or while the agent "
+                f"is idle, waiting or suspended: wait for its run to end, or suspend it (POST "
+                f"/v1/agents/{agent_id}/suspend), then export again"
+            )
+        document = await _gather(board, agent_id, state, settings, tenant, colony)
+        after = await board.read(LIFECYCLE)
+        if after is not None and after.version == before.version:
+            size = len(json_bytes(document))
+            limit = settings.context.max_export_bytes
+            if size > limit:
+                raise ContextError(
+                    f"the export of agent {agent_id} is {size} bytes, over context.max_export_bytes "
+                    f"({limit}); raise that setting (on both colonies) or trim the agent's memory first"
+                )
+            return document
+    raise AgentStateConflict(
+        f"agent {agent_id} changed state while it was exported ({EXPORT_ATTEMPTS} tries); suspend it "
+        f"(POST /v1/agents/{agent_id}/suspend) and export again"
+    )
+
+
+def json_bytes(document: Mapping[str, Any]) -> bytes:
+    """The document as compact UTF-8 JSON (what is measured against `context.max_export_bytes`)."""
+    return json.dumps(document, separators=(",", ":"), ensure_ascii=False, allow_nan=False).encode()
+
+
+async def _gather(
+    board: Blackboard, agent_id: str, state: AgentState, settings: ColonySettings, tenant: str, colony: str
+) -> dict[str, Any]:
+    entries = await board.read_many([Keys.key(n) for n in STATE_NAMES])
+    stored = {
+        name: (e.value if e is not None else None) for name, e in zip(STATE_NAMES, entries, strict=True)
+    }
+    if stored["blueprint"] is None or stored["metadata"] is None:
+        raise AgentNotFound(f"agent {agent_id!r} has no stored blueprint or metadata: nothing to export")
+    run = None
+    if isinstance(stored["current_run"], str):
+        run_entry = await board.read(Keys.run_key(stored["current_run"]))
+        run = run_entry.value if run_entry is not None else None
+    head = stored["context"] if isinstance(stored["context"], dict) else None
+    capabilities = {}
+    async for entry in board.iter_query(Keys.pattern("capability_state")):
+        name = Keys.parse("capability_state", entry.key)["name"]
+        capabilities[name] = entry.value
+    parts: dict[str, Any] = {}
+    for name in PARTS:
+        entry = await board.read(Keys.key(name))
+        ring = await board.ring(Keys.key(name))
+        if entry is not None or ring:
+            parts[name] = {"entry": entry.value if entry is not None else None, "ring": ring or None}
+    archived = {}
+    async for entry in board.iter_query(Keys.pattern("archived_output")):
+        archived[Keys.parse("archived_output", entry.key)["digest"]] = entry.value
+    catalog = agent_id if agent_id in _catalog_names(settings) else None
+    return {
+        "format": FORMAT,
+        "version": FORMAT_VERSION,
+        "exported_at": time.time(),
+        "source": {"tenant_id": tenant, "colony_id": colony},
+        "agent_id": agent_id,
+        "state": state.value,
+        "blueprint": {"catalog": catalog, "signed": stored["blueprint"]},
+        "metadata": stored["metadata"],
+        "current_run": run,
+        "policy_state": stored["policy_state"],
+        "context": {"head": head, "items": await board.ring(Keys.key("context")) if head else []},
+        "capabilities": capabilities,
+        "suspension": stored["suspension"],
+        "parts": parts,
+        "archived": archived,
+        "blocks": await _export_blocks(board, agent_id, settings),
+        "memory": await _export_memory(board, settings),
+    }
+
+
+def _catalog_names(settings: ColonySettings) -> set[str]:
+    from colony.system.catalog import BUILTIN_AGENTS  # here: the catalog imports the built-in agents
+
+    return set(BUILTIN_AGENTS) | set(settings.agents)
+
+
+async def _export_blocks(board: Blackboard, agent_id: str, settings: ColonySettings) -> list[dict[str, Any]]:
+    store = block_store(board.redis, settings)
+    blocks = []
+    for info in sorted(await store.list_owned(agent_id), key=lambda i: i.label):
+        view = await store.read(agent_id, info.label, owner=agent_id)
+        history = await store.history(agent_id, info.label, owner=agent_id, limit=MAX_HISTORY)
+        settings_of_block = info.model_dump(mode="json", include=BLOCK_SETTINGS)
+        blocks.append(
+            {
+                **settings_of_block,
+                "template": info.template or None,
+                "content": "" if info.block_type is BlockType.LOG else view.content,
+                "entries": view.entries,
+                "version": view.version,
+                "history": [v.model_dump(mode="json") for v in history.versions],
+            }
+        )
+    return blocks
+
+
+async def _export_memory(board: Blackboard, settings: ColonySettings) -> list[dict[str, Any]]:
+    """Entries of the agent's own memory scopes (shared colony scopes stay with their colony)."""
+    store = MemoryStore(board, settings)
+    prefix = board.scope_id + ":namespace:"
+    scopes = []
+    for scope in await agent_memory_scopes(board, board.scope_id):
+        if not scope.startswith(prefix):
+            continue
+        fields = set(ExportedMemory.model_fields)
+        entries = [e.model_dump(mode="json", include=fields) for e in await store.entries(scope)]
+        scopes.append({"namespace": scope[len(prefix) :], "entries": entries})
+    return scopes
+
+
+# -- import ---------------------------------------------------------------------------------------
+
+
+def parse_document(document: Any, max_bytes: int) -> AgentExport:
+    """The validated document, or ImportRejected saying what is wrong with it."""
+    if not isinstance(document, Mapping):
+        raise ImportRejected(
+            "an agent export document is a JSON object (`colony agent export ID` writes one)"
+        )
+    try:
+        check_input(document, MAX_DEPTH, "document")
+        size = len(json_bytes(document))
+    except (ValueError, TypeError) as exc:
+        raise ImportRejected(f"the document cannot be imported: {exc}") from None
+    if size > max_bytes:
+        raise ImportRejected(
+            f"the document is {size} bytes, over context.max_export_bytes ({max_bytes}); raise that setting"
+        )
+    if document.get("format") != FORMAT or document.get("version") != FORMAT_VERSION:
+        raise ImportRejected(
+            f"not a {FORMAT} version {FORMAT_VERSION} document (format {str(document.get('format'))[:40]!r}, "
+            f"version {str(document.get('version'))[:10]!r}); export it with this version of Colony"
+        )
+    try:
+        return AgentExport.model_validate(document)
+    except ValidationError as exc:
+        first = exc.errors()[0]
+        where = ".".join(str(p) for p in first["loc"]) or "document"
+        more = f" (and {exc.error_count() - 1} more)" if exc.error_count() > 1 else ""
+        raise ImportRejected(f"the document is refused: {where}: {first['msg']}{more}") from None
+
+
+def trusted_blueprint(doc: AgentExport, settings: ColonySettings, catalog: str | None) -> tuple[str, str]:
+    """(signed blueprint text, how it was obtained) from the target colony's trusted sources:
+    the catalog agent `catalog` (else the document's catalog name), built here by the colony's own
+    factory; else the document's signed blueprint when its HMAC verifies under this colony's secret
+    (verified only: never unpickled here). ImportRejected otherwise."""
+    name = catalog or doc.blueprint.catalog
+    if name is not None:
+        factory = _catalog_factory(name, settings)
+        if factory is not None:
+            try:
+                blueprint = factory(doc.agent_id)
+            except Exception as exc:  # the colony's own factory failed: say which
+                raise ImportRejected(
+                    f"catalog agent {name!r} could not build agent {doc.agent_id}: {exc}"
+                ) from exc
+            if not isinstance(blueprint, AgentBlueprint) or blueprint.metadata.agent_id != doc.agent_id:
+                raise ImportRejected(
+                    f"catalog agent {name!r} did not return a blueprint for agent {doc.agent_id!r} (its "
+                    "factory must use the agent id it is called with)"
+                )
+            return blueprint.to_text(), f"catalog:{name}"
+        if catalog is not None:
+            raise ImportRejected(
+                f"{catalog!r} is not a catalog agent of this colony (GET /v1/agents/catalog lists them)"
+            )
+    if doc.blueprint.signed is not None:
+        try:
+            _verified_payload(doc.blueprint.signed, None)
+        except BlueprintTampered:
+            pass
+        else:
+            return doc.blueprint.signed, "signed"
+    raise ImportRejected(
+        f"agent {doc.agent_id}'s blueprint (its code) cannot be trusted here: it names no catalog agent of "
+        "this colony and its signature does not verify under this colony's secret. Import it with "
+        "catalog=<name> naming the catalog agent (GET /v1/agents/catalog) that builds this kind of agent, "
+        "or between colonies that share one colony secret (COLONY_SECRET)"
+    )
+
+
+def _catalog_factory(name: str, settings: ColonySettings) -> Any:
+    from colony.system.catalog import BUILTIN_AGENTS, resolve_factory
+
+    if name in BUILTIN_AGENTS:
+        return BUILTIN_AGENTS[name]
+    path = settings.agents.get(name)
+    if path is None:
+        return None
+    try:
+        return resolve_factory(name, path)
+    except ColonyError as exc:
+        raise ImportRejected(f"catalog agent {name!r} is not usable in this colony: {exc}") from exc
+
+
+async def import_agent(
+    blackboard: Blackboard,
+    document: Any,
+    *,
+    settings: ColonySettings,
+    registry: AgentRegistry,
+    catalog: str | None = None,
+    replace: bool = False,
+) -> dict[str, Any]:
+    """Write an exported agent into this colony (`settings`' tenant and colony) on the Redis
+    `blackboard` is on, and register it SUSPENDED with an IMMEDIATE resumption condition (the
+    resumption monitor resumes it on a replica, at the step it had reached).
+
+    An agent of that id that exists here and has not ended: AgentStateConflict (409), unless
+    `replace` and it is suspended (a hosted one must be suspended first). Blocks of that agent id
+    already here: 409 too unless `replace`. Returns what was imported."""
+    doc = parse_document(document, settings.context.max_export_bytes)
+    text, origin = trusted_blueprint(doc, settings, catalog)
+    tenant, colony = settings.tenant_id, settings.colony_id
+    board = agent_board(blackboard, doc.agent_id, tenant, colony)
+    found = await board.read(LIFECYCLE)
+    await _check_free(doc.agent_id, found, await registry.get(doc.agent_id), replace)
+    store = block_store(board.redis, settings)
+    taken = [b.label for b in doc.blocks if await store.info_of(store.block_id(doc.agent_id, b.label))]
+    if taken and not replace:
+        raise AgentStateConflict(
+            f"agent {doc.agent_id} already has blocks here ({', '.join(taken)}); import with replace=true "
+            "to overwrite them"
+        )
+    await _import_blocks(store, doc, taken)
+    scopes, entries = await _import_memory(board, doc, settings)
+    await _write_state(board, doc, text, scopes, settings, found.version if found is not None else 0)
+    run = doc.current_run
+    await registry.put(
+        AgentRecord(
+            agent_id=doc.agent_id,
+            role=doc.metadata.role,
+            agent_type=doc.metadata.agent_type.value,
+            state=AgentState.SUSPENDED.value,
+        )
+    )
+    return {
+        "agent_id": doc.agent_id,
+        "state": AgentState.SUSPENDED.value,
+        "resumes": ResumptionKind.IMMEDIATE.value,
+        "blueprint": origin,
+        "source": doc.source.model_dump(),
+        "run_id": run.run_id if run is not None else None,
+        "run_status": run.status.value if run is not None else None,
+        "step": run.steps if run is not None else None,
+        "blocks": len(doc.blocks),
+        "memory_entries": entries,
+        "replaced": found is not None,
+    }
+
+
+async def _check_free(agent_id: str, found: Any, record: AgentRecord | None, replace: bool) -> None:
+    state = _state_of(found) if found is not None else None
+    if state is None and record is not None and record.state not in ("suspended", "stopped", "failed"):
+        state = AgentState(record.state) if record.state in _STATES else AgentState.IDLE
+    if state is None or state in TERMINAL_STATES:
+        return  # a new id, or an ended agent: the imported one takes its place (like a spawn)
+    if state is not AgentState.SUSPENDED:
+        raise AgentStateConflict(
+            f"agent {agent_id} is live in this colony ({state.value}); it is never overwritten while a "
+            f"replica hosts it: suspend it (POST /v1/agents/{agent_id}/suspend) and import with "
+            "replace=true, or stop it first"
+        )
+    if not replace:
+        raise AgentStateConflict(
+            f"agent {agent_id} already exists in this colony (suspended); import with replace=true to "
+            "overwrite it with the document"
+        )
+
+
+async def _import_blocks(store: Any, doc: AgentExport, taken: list[str]) -> None:
+    for label in taken:
+        await store.delete(SYSTEM, doc.agent_id, label)
+    for block in doc.blocks:
+        content = "" if block.block_type is BlockType.LOG else block.content
+        new = NewBlock(**block.model_dump(include=BLOCK_SETTINGS | {"template"}), content=content)
+        try:
+            await store.create(doc.agent_id, new, created_by=SYSTEM)
+            logged = (block.entries or []) if block.block_type is BlockType.LOG else []
+            for entry in logged:
+                await store.log_append(doc.agent_id, block.label, entry, via="system")
+        except (InvalidArgument, ColonyError) as exc:
+            raise ImportRejected(f"block {block.label!r} cannot be created here: {exc}") from exc
+
+
+async def _import_memory(
+    board: Blackboard, doc: AgentExport, settings: ColonySettings
+) -> tuple[list[str], int]:
+    store = MemoryStore(board, settings)
+    now, scopes, written = time.time(), [], 0
+    for scope in doc.memory:
+        target = BlackboardProtocol.namespaced_scope(board.scope_id, scope.namespace)
+        scopes.append(target)
+        memories = []
+        for e in scope.entries:
+            if e.expires_at is not None and e.expires_at <= now:
+                continue  # expired in transit
+            try:
+                memories.append(
+                    NewMemory(
+                        entry_id=e.entry_id,
+                        content=e.content,
+                        data=e.data,
+                        tags=frozenset(e.tags),
+                        kind=e.kind,
+                        ttl_seconds=e.expires_at - now if e.expires_at is not None else None,
+                        sources=e.sources,
+                        importance=e.importance,
+                        metadata=e.metadata,
+                    )
+                )
+            except (ValidationError, InvalidKey) as exc:
+                raise ImportRejected(f"memory entry {e.entry_id} of {scope.namespace}: {exc}") from None
+        try:
+            outcomes = await store.write_many(target, memories, created_by=doc.agent_id)
+        except InvalidArgument as exc:
+            raise ImportRejected(f"memory of {scope.namespace} cannot be written here: {exc}") from exc
+        written += sum(o.created for o in outcomes)
+    return scopes, written
+
+
+async def _write_state(
+    board: Blackboard,
+    doc: AgentExport,
+    blueprint: str,
+    scopes: list[str],
+    settings: ColonySettings,
+    version: int,
+) -> None:
+    """Every agent entry and ring, in one transaction applied only if the agent's lifecycle is still
+    at `version` (0: absent): an agent created or changed meanwhile is never written over."""
+    old_capabilities = [e.key async for e in board.iter_query(Keys.pattern("capability_state"))]
+    old_archived = [e.key async for e in board.iter_query(Keys.pattern("archived_output"))]
+    async with board.guard("import_rings"):
+        for name in ("context", *PARTS):
+            await board.redis.delete(board.keyspace.ring_key(Keys.key(name)))
+    caps = {
+        "checkpoints": settings.context.checkpoints_kept,
+        "action_log": settings.context.action_log_max_entries,
+    }
+    by = doc.agent_id
+    metadata = doc.metadata.model_copy(
+        update={"tenant_id": settings.tenant_id, "colony_id": settings.colony_id}
+    )
+    condition = ResumptionCondition(kind=ResumptionKind.IMMEDIATE, reason="imported")
+    lifecycle = {
+        "state": AgentState.SUSPENDED.value,
+        "since": time.time(),
+        "reason": f"imported from tenant {doc.source.tenant_id} colony {doc.source.colony_id}",
+        "previous": doc.state.value,
+    }
+    async with board.transaction() as tx:
+        stored = await tx.read(LIFECYCLE)  # in the read set: the commit checks it did not change
+        if (stored.version if stored is not None else 0) != version:
+            raise AgentStateConflict(
+                f"agent {doc.agent_id} was created or changed here during the import; retry"
+            )
+        names = (*STATE_NAMES, *PARTS)
+        for key in [
+            *(Keys.key(n) for n in names),
+            MemoryProtocol.scopes_key(),
+            *old_capabilities,
+            *old_archived,
+        ]:
+            tx.delete(key)
+        tx.write(Keys.key("blueprint"), blueprint, created_by=by)
+        tx.write(Keys.key("metadata"), metadata.model_dump(mode="json"), created_by=by)
+        tx.write(LIFECYCLE, lifecycle, created_by=by)
+        tx.write(
+            Keys.key("suspension"),
+            SuspensionRequest(agent_id=doc.agent_id, condition=condition).model_dump(mode="json"),
+            created_by=by,
+        )
+        if doc.current_run is not None:
+            run = doc.current_run
+            ttl = settings.runs.retention_seconds if run.done else None
+            tx.write(Keys.run_key(run.run_id), run.model_dump(mode="json"), created_by=by, ttl_seconds=ttl)
+            tx.write(Keys.key("current_run"), run.run_id, created_by=by)
+        if doc.policy_state is not None:
+            tx.write(Keys.key("policy_state"), doc.policy_state, created_by=by)
+        for name, capability in doc.capabilities.items():
+            # events_from is a position in the source's event stream: the agent starts from now here
+            tx.write(
+                Keys.capability_state_key(name),
+                {"state": capability.state, "events_from": None},
+                created_by=by,
+            )
+        if doc.context.head is not None:
+            tx.write(Keys.key("context"), doc.context.head.model_dump(mode="json"), created_by=by)
+            tx.ring_push(Keys.key("context"), doc.context.items, MAX_CONTEXT_ITEMS)
+        for name, part in doc.parts.items():
+            if part.entry is not None:
+                tx.write(Keys.key(name), part.entry, created_by=by)
+            if part.ring:
+                tx.ring_push(Keys.key(name), part.ring, caps[name])
+        for digest, value in doc.archived.items():
+            tx.write(Keys.archived_output_key(digest), value, created_by=by)
+        if scopes:
+            tx.write(MemoryProtocol.scopes_key(), scopes, created_by=by)
