@@ -334,7 +334,7 @@ async def test_malformed_and_oversized_documents_are_refused(colonies: tuple[Col
     )
     await refused(document, "over context.max_export_bytes", small)
     small_source = source.settings.model_copy(update={"context": small.context})
-    with pytest.raises(ContextError, match=r"over context\.max_export_bytes"):
+    with pytest.raises(ContextError, match=r"over 1024 bytes \(context\.max_export_bytes\)"):
         await export_agent(source.board, "shape", settings=small_source)
     assert await target.registry.get("shape") is None
 

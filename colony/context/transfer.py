@@ -283,18 +283,21 @@ async def export_agent(
         document = await _gather(board, agent_id, state, settings, tenant, colony)
         after = await board.read(LIFECYCLE)
         if after is not None and after.version == before.version:
-            size = len(json_bytes(document))
-            limit = settings.context.max_export_bytes
-            if size > limit:
-                raise ContextError(
-                    f"the export of agent {agent_id} is {size} bytes, over context.max_export_bytes "
-                    f"({limit}); raise that setting (on both colonies) or trim the agent's memory first"
-                )
+            _bounded(agent_id, len(json_bytes(document)), settings)
             return document
     raise AgentStateConflict(
         f"agent {agent_id} changed state while it was exported ({EXPORT_ATTEMPTS} tries); suspend it "
         f"(POST /v1/agents/{agent_id}/suspend) and export again"
     )
+
+
+def _bounded(agent_id: str, size: int, settings: ColonySettings) -> None:
+    limit = settings.context.max_export_bytes
+    if size > limit:
+        raise ContextError(
+            f"the export of agent {agent_id} is over {limit} bytes (context.max_export_bytes): raise that "
+            "setting (on both colonies) or trim the agent's memory first"
+        )
 
 
 def json_bytes(document: Mapping[str, Any]) -> bytes:
@@ -381,12 +384,13 @@ async def _export_memory(board: Blackboard, settings: ColonySettings) -> list[di
     """Entries of the agent's own memory scopes (shared colony scopes stay with their colony)."""
     store = MemoryStore(board, settings)
     prefix = board.scope_id + ":namespace:"
-    scopes = []
+    scopes, size, fields = [], 0, set(ExportedMemory.model_fields)
     for scope in await agent_memory_scopes(board, board.scope_id):
         if not scope.startswith(prefix):
             continue
-        fields = set(ExportedMemory.model_fields)
         entries = [e.model_dump(mode="json", include=fields) for e in await store.entries(scope)]
+        size += len(json_bytes({"entries": entries}))
+        _bounded(board.scope_id.rsplit(":", 1)[-1], size, settings)  # before the rest is read
         scopes.append({"namespace": scope[len(prefix) :], "entries": entries})
     return scopes
 
@@ -580,19 +584,9 @@ async def _import_memory(
             if e.expires_at is not None and e.expires_at <= now:
                 continue  # expired in transit
             try:
-                memories.append(
-                    NewMemory(
-                        entry_id=e.entry_id,
-                        content=e.content,
-                        data=e.data,
-                        tags=frozenset(e.tags),
-                        kind=e.kind,
-                        ttl_seconds=e.expires_at - now if e.expires_at is not None else None,
-                        sources=e.sources,
-                        importance=e.importance,
-                        metadata=e.metadata,
-                    )
-                )
+                ttl = e.expires_at - now if e.expires_at is not None else None
+                kept = e.model_dump(exclude={"created_at", "expires_at", "tags"})
+                memories.append(NewMemory(**kept, tags=frozenset(e.tags), ttl_seconds=ttl))
             except (ValidationError, InvalidKey) as exc:
                 raise ImportRejected(f"memory entry {e.entry_id} of {scope.namespace}: {exc}") from None
         try:
@@ -615,6 +609,8 @@ async def _write_state(
     at `version` (0: absent): an agent created or changed meanwhile is never written over."""
     old_capabilities = [e.key async for e in board.iter_query(Keys.pattern("capability_state"))]
     old_archived = [e.key async for e in board.iter_query(Keys.pattern("archived_output"))]
+    # rings cannot be deleted inside a transaction: cleared first (no copy of the agent is hosted
+    # here, `_check_free`; a conflict below leaves the agent to be imported again with replace)
     async with board.guard("import_rings"):
         for name in ("context", *PARTS):
             await board.redis.delete(board.keyspace.ring_key(Keys.key(name)))
