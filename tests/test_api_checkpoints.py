@@ -78,7 +78,9 @@ class ControlledApi(ServedApi):
 
     def place(self, agent_id: str, steps: list[dict[str, Any]], delay: float = 0.0) -> None:
         assert self.control is not None
-        blueprint = counter_blueprint(agent_id, steps, delay=delay, extra=[NotifyCapability.bind()])
+        blueprint = counter_blueprint(
+            agent_id, steps, delay=delay, extra=[NotifyCapability.bind(delay=delay)]
+        )
         self.call(lambda: self.control.place(blueprint))
 
     def run(self, agent_id: str, wait: bool = True) -> Any:
@@ -119,11 +121,11 @@ def refused(call: Any) -> ApiError:
 
 def test_checkpoints_undo_and_restore_over_http(served: ControlledApi) -> None:
     served.place("http-ck", STEPS)
-    assert served.run("http-ck").output == 22
+    assert served.run("http-ck").output == "done"
     with ColonyClient(served.url, TOKEN) as client:
         listed = client.agent_checkpoints("http-ck")
         assert [c["step"] for c in listed] == [3, 4, 5, 6, 7]
-        assert [c["effects"] for c in listed][3] == ["external"] and all(c["size"] > 0 for c in listed)
+        assert [c["effects"] for c in listed][4] == ["external"] and all(c["size"] > 0 for c in listed)
         assert set(listed[0]) == {
             "step",
             "run_id",
@@ -138,10 +140,11 @@ def test_checkpoints_undo_and_restore_over_http(served: ControlledApi) -> None:
         # undo a hosted idle agent: suspended, rewritten, resumed; step 7 runs again
         report = client.agent_undo("http-ck")
         assert (report["step"], report["discarded"], report["kept"]) == (6, [7], [3, 4, 5, 6])
-        assert report["not_undone"] == [] and report["record"]["agent_id"] == "http-ck"
+        assert [c["action"] for c in report["not_undone"]] == ["notify"]
+        assert report["record"]["agent_id"] == "http-ck"
         assert report["state"] != "suspended" and report["record"]["replica"] in ("ra", "rb")
         agent = served.wait_done("http-ck")
-        assert agent.current_run.output == 22 and totals(agent) == (22, 1)
+        assert agent.current_run.output == "done" and totals(agent) == (22, 1)
         assert [c["step"] for c in client.agent_checkpoints("http-ck")] == [3, 4, 5, 6, 7]
 
         # a suspended agent is rewritten only, and says what it cannot undo
@@ -149,11 +152,11 @@ def test_checkpoints_undo_and_restore_over_http(served: ControlledApi) -> None:
         report = client.agent_restore("http-ck", 5)
         assert (report["step"], report["discarded"], report["state"]) == (5, [6, 7], "suspended")
         (call,) = report["not_undone"]
-        assert (call["action"], call["effects"], call["step"]) == ("notify", ["external"], 6)
+        assert (call["action"], call["effects"], call["step"]) == ("notify", ["external"], 7)
         assert served.hosted("http-ck") is None
         client._http.post("/v1/agents/http-ck/resume").raise_for_status()
         agent = served.wait_done("http-ck")
-        assert agent.current_run.output == 22 and totals(agent) == (22, 1)  # 15, notified again, + 7
+        assert agent.current_run.output == "done" and totals(agent) == (22, 1)  # 15 + 7, notified again
 
         # refusals
         missing = refused(lambda: client.agent_restore("http-ck", 1))
@@ -166,7 +169,7 @@ def test_checkpoints_undo_and_restore_over_http(served: ControlledApi) -> None:
         assert other_run.status == 404
         report = client.agent_restore("http-ck", 3, run_id=listed[0]["run_id"])
         assert report["discarded"] == [4, 5, 6, 7]
-        assert served.wait_done("http-ck").current_run.output == 22
+        assert served.wait_done("http-ck").current_run.output == "done"
 
 
 def test_running_agent_and_nothing_to_undo_are_409(served: ControlledApi) -> None:

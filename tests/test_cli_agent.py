@@ -34,13 +34,13 @@ def test_agent_commands(served: ControlledApi, capsys: pytest.CaptureFixture[str
     lines = out.splitlines()
     assert code == 0 and lines[0].split()[:3] == ["STEP", "RUN", "AT"]
     assert [line.split()[0] for line in lines[1:]] == ["3", "4", "5", "6", "7"]
-    assert "external" in lines[4] and lines[5].rstrip().endswith("-")
+    assert "external" in lines[5] and lines[4].rstrip().endswith("-")
     code, out, _ = colony(served, capsys, "agent", "checkpoints", "cli-ck", "--json")
     assert [c["step"] for c in json.loads(out)] == [3, 4, 5, 6, 7]
 
     code, out, _ = colony(served, capsys, "agent", "undo", "cli-ck")
     assert code == 0 and "is back at step 6" in out and "discarded checkpoints: 7" in out
-    assert "declare no effects (add)" in out
+    assert "not undone (their effects stay):" in out and "step 7: notify (external)" in out
     served.wait_done("cli-ck")
 
     code, out, _ = colony(served, capsys, "agent", "restore", "cli-ck", "5", "--replay", "--json")

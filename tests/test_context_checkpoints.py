@@ -36,18 +36,25 @@ class NotifyCapability(AgentCapability):
     """Sends a notice outside Colony (declared `external`): what an undo cannot take back."""
 
     def __init__(
-        self, agent: Agent | None = None, scope_id: str | None = None, *, blackboard: Blackboard | None = None
+        self,
+        agent: Agent | None = None,
+        scope_id: str | None = None,
+        *,
+        blackboard: Blackboard | None = None,
+        delay: float = 0.0,
     ) -> None:
         super().__init__(agent, scope_id, blackboard=blackboard)
         self.sent = 0
+        self.delay = delay
 
     @action_executor(action_type=ActionType.ANALYZE, effects=("external",))
-    async def notify(self, text: str) -> int:
-        """Send `text` to the outside world; returns how many were sent."""
+    async def notify(self, text: str) -> str:
+        """Send `text` to the outside world; returns it."""
+        await asyncio.sleep(self.delay)
         agent_id = self.agent.agent_id if self.agent is not None else "?"
         SENT[agent_id] = SENT.get(agent_id, 0) + 1
         self.sent += 1
-        return self.sent
+        return text
 
     def get_state(self) -> dict[str, Any]:
         return {"sent": self.sent}
@@ -56,12 +63,9 @@ class NotifyCapability(AgentCapability):
         self.sent = int(state.get("sent", 0))
 
 
-# seven steps: add 1..5, notify, add 7 (totals 1, 3, 6, 10, 15, 15, 22)
-STEPS = [{"action": "add", "parameters": {"amount": k}} for k in range(1, 6)]
-STEPS += [
-    {"action": "notify", "parameters": {"text": "done"}},
-    {"action": "add", "parameters": {"amount": 7}},
-]
+# seven steps: add 1..5, add 7, notify (totals 1, 3, 6, 10, 15, 22, 22; the run's output "done")
+STEPS = [{"action": "add", "parameters": {"amount": k}} for k in (1, 2, 3, 4, 5, 7)]
+STEPS.append({"action": "notify", "parameters": {"text": "done"}})
 
 
 def counted(op: str) -> float:
@@ -78,10 +82,11 @@ async def kept5(bb: Blackboard) -> Any:
 
 
 async def ran(runtime: LocalAgentRuntime, agent_id: str, delay: float = 0.0) -> Agent:
-    await runtime.spawn(counter_blueprint(agent_id, STEPS, delay=delay, extra=[NotifyCapability.bind()]))
+    notify = NotifyCapability.bind(delay=delay)
+    await runtime.spawn(counter_blueprint(agent_id, STEPS, delay=delay, extra=[notify]))
     run = await runtime.start_run(agent_id, None)
     done = await runtime.wait_for_run(agent_id, run.run_id, timeout=30)
-    assert done.status is RunStatus.SUCCEEDED and done.steps == 7 and done.output == 22
+    assert done.status is RunStatus.SUCCEEDED and done.steps == 7 and done.output == "done"
     return runtime.get(agent_id)
 
 
@@ -110,7 +115,7 @@ async def test_seven_steps_keep_five_and_undo_replans_from_the_previous_step(
     assert [c.step for c in listed] == [3, 4, 5, 6, 7]  # 8 taken (run begin = 0), the newest 5 kept
     assert len(await board.ring(CHECKPOINTS)) == 5
     assert all(c.run_id == agent.current_run.run_id and c.size > 100 for c in listed)
-    assert [c.effects for c in listed] == [[], [], [], ["external"], []]  # step 6 notified
+    assert [c.effects for c in listed] == [[], [], [], [], ["external"]]  # step 7 notified
     assert [c.calls for c in listed] == [1, 1, 1, 1, 1]
     assert listed[-1].run_status == "succeeded" and listed[0].run_status == "running"
     assert counted("created") - created == 8
@@ -118,18 +123,20 @@ async def test_seven_steps_keep_five_and_undo_replans_from_the_previous_step(
 
     report = await kept5.restore_checkpoint("ck-undo", None)  # undo
     assert (report.step, report.discarded, report.kept) == (6, [7], [3, 4, 5, 6])
-    assert report.not_undone == []  # step 7 only added: no declared effect ...
-    assert any("declare no effects (add)" in note for note in report.notes)  # ... and it says so
+    (call,) = report.not_undone  # the notice step 7 sent stays sent
+    assert (call.step, call.action, call.effects) == (7, "notify", ["external"])
+    assert call.key == f"{agent.current_run.run_id}:7:a0"  # the action log's idempotency key
+    assert report.notes == []
     hosted = kept5.get("ck-undo")
     assert hosted is not agent  # hosted again, rebuilt from what the undo wrote
-    assert totals(hosted) == (15, 1)  # step 6's capability states, before step 7 runs again
+    assert totals(hosted) == (22, 0)  # step 6's capability states, before step 7 runs again
     assert hosted.current_run.steps == 6 and not hosted.current_run.done
     assert counted("restored") - restored == 1
 
     # the next step re-plans from there: step 7 runs again (the counter adds 7 again)
     hosted = await wait_run_done(kept5, "ck-undo")
-    assert hosted.current_run.status is RunStatus.SUCCEEDED and hosted.current_run.output == 22
-    assert totals(hosted) == (22, 1)
+    assert hosted.current_run.status is RunStatus.SUCCEEDED and hosted.current_run.output == "done"
+    assert totals(hosted) == (22, 1) and SENT["ck-undo"] == 2  # the notice went out again
     assert [c.step for c in await list_checkpoints(board)] == [3, 4, 5, 6, 7]  # a new 7
     head = await board.read(CHECKPOINTS)
     assert head.value["op"] == "created" and head.value["step"] == 7
@@ -149,13 +156,14 @@ async def test_restore_reports_effects_it_cannot_undo(kept5: LocalAgentRuntime) 
     report = await kept5.restore_checkpoint("ck-restore", 5)
     assert (report.step, report.discarded, report.state) == (5, [6, 7], "suspended")
     (call,) = report.not_undone
+    assert any("declare no effects (add)" in note for note in report.notes)  # step 6 added
     assert (call.step, call.action, call.effects, call.capability) == (
-        6,
+        7,
         "notify",
         ["external"],
         "NotifyCapability",
     )
-    assert call.key == f"{run_id}:6:a0"  # the action log's idempotency key of that call
+    assert call.key == f"{run_id}:7:a0"  # the action log's idempotency key of that call
     stored = await Agent.restore("ck-restore", kept5.blackboard, colony_id=kept5.colony_id)
     assert totals(stored) == (15, 0)
     assert stored.current_run.steps == 5 and stored.current_run.status is RunStatus.RUNNING
@@ -172,7 +180,7 @@ async def test_restore_reports_effects_it_cannot_undo(kept5: LocalAgentRuntime) 
 
     resumed = await kept5.resume("ck-restore")  # drives the restored run from step 3
     resumed = await wait_run_done(kept5, "ck-restore")
-    assert resumed.current_run.status is RunStatus.SUCCEEDED and resumed.current_run.output == 22
+    assert resumed.current_run.status is RunStatus.SUCCEEDED and resumed.current_run.output == "done"
     assert totals(resumed) == (22, 1)  # steps 4-7 ran again from step 3's states (6 + 4 + 5 + 7)
     assert SENT["ck-restore"] == 2  # re-executed: the notice went out a second time
 
@@ -185,8 +193,8 @@ async def test_replay_mode_reuses_the_recorded_results(kept5: LocalAgentRuntime)
     await kept5.resume("ck-replay")
     agent = await wait_run_done(kept5, "ck-replay")
     # steps 6 and 7 got their recorded results (and the states they left) back: the notice was
-    # not sent again, and the run ends with the output it had (22)
-    assert agent.current_run.status is RunStatus.SUCCEEDED and agent.current_run.output == 22
+    # not sent again, and the run ends with the output it had
+    assert agent.current_run.status is RunStatus.SUCCEEDED and agent.current_run.output == "done"
     assert SENT["ck-replay"] == 1
     assert totals(agent) == (22, 1)
 
