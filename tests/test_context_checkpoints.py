@@ -262,3 +262,21 @@ async def test_a_restore_cut_before_its_trim_is_repaired(bb: Blackboard) -> None
     assert [c["note"] for c in again.context] == [0]
     assert len(await board.ring(CHECKPOINTS)) == 2 and len(await board.ring(Keys.key("context"))) == 1
     assert again.get_capability("CounterCapability").total == 1  # type: ignore[union-attr]
+
+
+async def test_concurrent_restores_of_one_agent_apply_one(kept5: LocalAgentRuntime) -> None:
+    """Two restores at once (two API calls, two processes) each read the ring; the second to
+    commit finds the head moved (its expected version) and is refused, nothing applied."""
+    await ran(kept5, "ck-race")
+    await kept5.suspend("ck-race")
+    copies = [await Agent.restore("ck-race", kept5.blackboard, colony_id=kept5.colony_id) for _ in (1, 2)]
+    outcomes = await asyncio.gather(
+        restore_checkpoint(copies[0], 4), restore_checkpoint(copies[1], 6), return_exceptions=True
+    )
+    won = [o for o in outcomes if not isinstance(o, BaseException)]
+    lost = [o for o in outcomes if isinstance(o, AgentStateConflict)]
+    assert len(won) == 1 and len(lost) == 1, outcomes
+    assert "try again" in str(lost[0])
+    stored = await Agent.restore("ck-race", kept5.blackboard, colony_id=kept5.colony_id)
+    assert stored.current_run.steps == won[0].step  # the winner's state, whole
+    assert [c.step for c in await list_checkpoints(stored.blackboard)] == won[0].kept

@@ -216,6 +216,11 @@ async def repair(board: Blackboard, head: Any) -> None:
 async def read_checkpoints(board: Blackboard) -> list[tuple[Checkpoint, int]]:
     """The kept checkpoints, oldest first, with their stored sizes. Items that do not validate are
     skipped (never trusted); the ring is bounded by `context.checkpoints_kept`."""
+    return (await _read(board))[1]
+
+
+async def _read(board: Blackboard) -> tuple[int, list[tuple[Checkpoint, int]]]:
+    """The head's version (0: none) and the kept checkpoints (see `read_checkpoints`)."""
     head = await board.read(CHECKPOINTS)
     items = await board.ring(CHECKPOINTS)
     held = head.value.get("held") if head is not None and isinstance(head.value, dict) else None
@@ -227,7 +232,7 @@ async def read_checkpoints(board: Blackboard) -> list[tuple[Checkpoint, int]]:
             kept.append((Checkpoint.model_validate(item), len(_json(item))))
         except ValidationError:
             continue
-    return kept
+    return (head.version if head is not None else 0), kept
 
 
 def _json(item: Any) -> bytes:
@@ -379,7 +384,8 @@ async def restore_checkpoint(
     if mode not in MODES:
         raise InvalidArgument(f"mode must be one of {', '.join(MODES)}, not {mode!r}")
     board = agent.blackboard
-    kept = [c for c, _ in await read_checkpoints(board)]
+    version, read = await _read(board)
+    kept = [c for c, _ in read]
     index = pick(kept, agent.agent_id, step, run_id)
     target, dropped = kept[index], kept[index + 1 :]
     report = _report(agent, target, dropped, mode)  # type: ignore[arg-type]
@@ -409,7 +415,8 @@ async def restore_checkpoint(
                 "mode": mode,
                 "discarded": report.discarded,
             }
-            tx.write(CHECKPOINTS, head, created_by=agent.agent_id)
+            # only over the ring as read: a checkpoint pushed or another restore meanwhile refuses
+            tx.write(CHECKPOINTS, head, created_by=agent.agent_id, expected_version=version)
     except ConcurrentModificationError:
         raise AgentStateConflict(
             f"agent {agent.agent_id} changed while checkpoint {target.step} was being restored; "
