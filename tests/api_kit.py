@@ -33,7 +33,12 @@ class ServedApi(abc.ABC):
         self.sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         self.sock.bind(("127.0.0.1", 0))
         self.url = f"http://127.0.0.1:{self.sock.getsockname()[1]}"
-        self.app = create_app(self._services, token=token, api=settings.api)
+        self.app = create_app(
+            self._services,
+            token=token,
+            api=settings.api,
+            max_import_bytes=settings.context.max_export_bytes,
+        )
         self.server = uvicorn.Server(uvicorn.Config(self.app, log_level="warning", lifespan="off"))
         self.thread = threading.Thread(target=lambda: asyncio.run(self._main()), daemon=True)
         self.loop: asyncio.AbstractEventLoop | None = None

@@ -120,6 +120,18 @@ def test_schemathesis_finds_no_contract_failures(served: AppThread) -> None:
                     },
                 },
                 {
+                    # an agent export document that is schema-valid but that this colony refuses:
+                    # a blueprint it cannot trust (no catalog agent of it, a signature of another
+                    # secret), another agent's document, one over context.max_export_bytes: the
+                    # documented 422 naming the reason (colony.context.transfer)
+                    "include-path": "/v1/agents/{agent_id}/import",
+                    "checks": {
+                        "positive_data_acceptance": {
+                            "expected-statuses": ["2xx", "401", "403", "404", "409", "422", "429"]
+                        }
+                    },
+                },
+                {
                     # a well-formed Last-Event-ID past the run's newest event is refused with the
                     # documented 400 (RunService.check_event_id): no schema can say "not in the
                     # future", so for this one operation a 400 counts as an accepted answer too

@@ -257,3 +257,31 @@ async def test_no_5xx_from_a_batch_of_hostile_requests(api) -> None:  # noqa: F8
     assert not_utf8.status_code == 400 and not_utf8.json()["error"]["code"] == "bad_request"
     wrong_method = await client.delete("/v1/runs", headers=AUTH)
     assert wrong_method.status_code == 405 and "POST" in wrong_method.headers["allow"]
+
+
+async def test_the_import_route_alone_takes_bodies_up_to_its_own_limit(bb: Blackboard, api) -> None:  # noqa: F811
+    """`POST /v1/agents/{id}/import` takes bodies up to `max_import_bytes` (an agent export is
+    larger than any run), every other route keeps `max_body_bytes`, and a caller without the token
+    is refused before any body is read."""
+    _, host = api
+    from colony.system.runs import RunService
+
+    assert host.registry is not None
+    runs = RunService(bb, host.registry, colony_id=host.settings.colony_id)
+    app = create_app(
+        ApiServices(runs=runs, registry=host.registry, token="t"),
+        api=ApiSettings(max_body_bytes=2048),
+        max_import_bytes=8192,
+    )
+    body = {"format": 1, "agent_id": "x", "padding": "z" * 4000}
+    async with httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://c") as client:
+        headers = {"Authorization": "Bearer t"}
+        imported = await client.post("/v1/agents/x/import", json=body, headers=headers)
+        assert imported.status_code == 422, imported.text  # read whole, refused by the route itself
+        run = {"agent": "echo", "input": "z" * 4000}
+        elsewhere = await client.post("/v1/runs", json=run, headers=headers)
+        assert elsewhere.status_code == 413
+        huge = await client.post("/v1/agents/x/import", json={"p": "z" * 9000}, headers=headers)
+        assert huge.status_code == 413 and "8192" in huge.json()["error"]["message"]
+        anonymous = await client.post("/v1/agents/x/import", json=body)
+        assert anonymous.status_code == 401

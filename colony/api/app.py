@@ -162,12 +162,15 @@ def create_app(
     *,
     token: str | TokenSource | None = None,
     api: ApiSettings | None = None,
+    max_import_bytes: int | None = None,
 ) -> FastAPI:
     """The API over `services` (or an async provider of them, for processes that build them
     lazily, like a Serve replica whose Redis client must be created in its own event loop).
 
     Every route but `/healthz` (and the docs when `api.public_docs`) needs the bearer token: `token`,
-    else `services.token`. There is no way to build the app without one (ConfigError)."""
+    else `services.token`. There is no way to build the app without one (ConfigError).
+    `max_import_bytes`: the body limit of `POST /v1/agents/{id}/import` (`context.max_export_bytes`;
+    every other body: `api.max_body_bytes`)."""
     api = api or ApiSettings()
     if token is None and isinstance(services, ApiServices):
         token = services.token
@@ -192,6 +195,7 @@ def create_app(
         tokens=token_source,
         max_body_bytes=api.max_body_bytes,
         public_docs=api.public_docs,
+        import_body_bytes=max_import_bytes,
     )
     authorized = bearer  # enforced by GuardMiddleware; declared per route for the OpenAPI document
 

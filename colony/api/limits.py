@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import json
 import math
+import re
 from collections.abc import Awaitable, Callable, MutableMapping
 from typing import Any
 
@@ -69,6 +70,9 @@ def app_path(scope: Scope) -> str:
     return path
 
 
+IMPORT_PATH = re.compile(r"/v1/agents/[^/]+/import")
+
+
 class GuardMiddleware:
     """Token first (401 with `WWW-Authenticate: Bearer`), then a streamed body limit (413)."""
 
@@ -79,10 +83,14 @@ class GuardMiddleware:
         tokens: Callable[[], Awaitable[TokenSource]],
         max_body_bytes: int,
         public_docs: bool,
+        import_body_bytes: int | None = None,
     ) -> None:
         self.app = app
         self.tokens = tokens
         self.max_body_bytes = max_body_bytes
+        # an agent export document (`POST /v1/agents/{id}/import`) may be larger than any other
+        # body; only a caller whose token was accepted gets that far
+        self.import_body_bytes = max(max_body_bytes, import_body_bytes or 0)
         self.open_paths = OPEN_PATHS | (DOCS_PATHS if public_docs else frozenset())
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
@@ -115,7 +123,7 @@ class GuardMiddleware:
                     [(b"www-authenticate", b"Bearer")],
                 )
                 return
-        limit = self.max_body_bytes
+        limit = self.import_body_bytes if IMPORT_PATH.fullmatch(path) else self.max_body_bytes
         for name, value in scope.get("headers", []):
             if name == b"content-length" and value.isdigit() and int(value) > limit:
                 await send_error(send, 413, "body_too_large", f"request body over {limit} bytes", [])
