@@ -280,3 +280,17 @@ async def test_concurrent_restores_of_one_agent_apply_one(kept5: LocalAgentRunti
     stored = await Agent.restore("ck-race", kept5.blackboard, colony_id=kept5.colony_id)
     assert stored.current_run.steps == won[0].step  # the winner's state, whole
     assert [c.step for c in await list_checkpoints(stored.blackboard)] == won[0].kept
+
+
+async def test_checkpoints_leave_with_the_agent(kept5: LocalAgentRuntime) -> None:
+    """A stopped agent's checkpoint ring gets its state's retention; a new agent of that id starts
+    with none of the old one's checkpoints."""
+    agent = await ran(kept5, "ck-gone")
+    board = agent.blackboard
+    ring = board.keyspace.ring_key(CHECKPOINTS)
+    assert await board.redis.ttl(ring) == -1  # kept while the agent lives
+    await kept5.stop("ck-gone")
+    assert await board.redis.ttl(ring) > 0
+    await kept5.spawn(counter_blueprint("ck-gone", STEPS[:1]))
+    assert await list_checkpoints(board) == []
+    assert await board.read(CHECKPOINTS) is None
