@@ -277,3 +277,14 @@ async def test_a_reply_step_redone_without_its_first_step_answers_the_runs_messa
         await TurnOf(
             scope_id=scope.replace("session-", "session-0"), blackboard=bb, engine=engine
         ).respond_to_user()
+
+
+def test_session_actions_declare_what_an_undo_cannot_take_back() -> None:
+    """An undo of a session agent's step lists its turn as not undone (the tree is not part of
+    its checkpoints); an undo of the starter's step lists the session agent it placed."""
+    from colony.agents.actions import ACTION_ATTR
+    from colony.system.builtin import SessionStarterCapability
+
+    assert getattr(SessionCapability.handle_user_message, ACTION_ATTR).effects == ("memory_write",)
+    assert getattr(SessionCapability.respond_to_user, ACTION_ATTR).effects == ("memory_write",)
+    assert getattr(SessionStarterCapability.start_session, ACTION_ATTR).effects == ("spawn",)

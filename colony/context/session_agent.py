@@ -89,7 +89,9 @@ class SessionCapability(AgentCapability):
         if self.agent is not None:
             await self.agent.emit_run_event(event_type, data)
 
-    @action_executor(action_type=ActionType.MESSAGE_RECEIVE)
+    # the tree is the session's record, not part of the agent's checkpoints: an undo does not take a
+    # message back out (effects, colony.agents.actions.EFFECTS)
+    @action_executor(action_type=ActionType.MESSAGE_RECEIVE, effects=("memory_write",))
     async def handle_user_message(self, message: str) -> dict[str, Any]:
         """Add the user's message at the end of the active branch (the session's first message
         starts the `main` branch). Returns the stored message."""
@@ -117,7 +119,7 @@ class SessionCapability(AgentCapability):
             )
         return found.model_dump(mode="json")
 
-    @action_executor(action_type=ActionType.MESSAGE_SEND)
+    @action_executor(action_type=ActionType.MESSAGE_SEND, effects=("memory_write",))
     async def respond_to_user(self) -> dict[str, Any]:
         """Write the reply to the run's user message from the path that leads to it, streaming
         its tokens; the reply is added under that message. Returns {"message", "context"}: the reply

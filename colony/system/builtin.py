@@ -127,7 +127,7 @@ class SessionStarterCapability(AgentCapability):
         self.spawner = spawner
         self.max_tokens = max_tokens
 
-    @action_executor(action_type=ActionType.AGENT_SPAWN)
+    @action_executor(action_type=ActionType.AGENT_SPAWN, effects=("spawn",))
     async def start_session(self) -> dict[str, Any]:
         """Start a session; returns {"session_id"}: the id of its agent, which serves its turns."""
         if self.spawner is None or self.agent is None:
