@@ -287,7 +287,12 @@ class ColonyAPI:
                 log.debug("API metrics publication failed; the next one retries", exc_info=True)
 
     def __serve_build_asgi_app__(self) -> Any:
-        return create_app(self._get_services, token=self.tokens, api=self.settings.api)
+        return create_app(
+            self._get_services,
+            token=self.tokens,
+            api=self.settings.api,
+            max_import_bytes=self.settings.context.max_export_bytes,
+        )
 
     async def _get_services(self) -> ApiServices:
         if self._services is not None and self._builtins_ready:
