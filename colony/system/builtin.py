@@ -16,6 +16,7 @@ from colony.agents import (
     AgentMetadata,
     AgentRunCapability,
     AgentType,
+    ResourceRequirements,
     ScriptedActionPolicy,
     action_executor,
 )
@@ -27,6 +28,9 @@ from colony.inference import ChatMessage, InferenceRequest
 from colony.inference.engine import InferenceEngine
 
 Spawner = Callable[[AgentBlueprint], Awaitable[Any]]
+# what the session agents count against a replica's `serve.replica_memory_mb`: they hold a few
+# messages at a time (the tree is in Redis, the model is the replica's), not the 256 MB default
+SESSION_MEMORY_MB = 16
 
 RUNS_NAMESPACE = "runs"  # the namespace HTTP runs are served in
 
@@ -166,6 +170,7 @@ def session_blueprint(
                 {"action": "respond_to_user", "parameters": {}},
             ]
         ),
+        resources=ResourceRequirements(memory_mb=SESSION_MEMORY_MB),
     )
 
 
@@ -179,4 +184,5 @@ def session_starter_blueprint(agent_id: str = "session", max_tokens: int = 256) 
             AgentRunCapability.bind(namespace=RUNS_NAMESPACE),
         ],
         action_policy=ScriptedActionPolicy.bind(steps=[{"action": "start_session", "parameters": {}}]),
+        resources=ResourceRequirements(memory_mb=SESSION_MEMORY_MB),
     )
