@@ -281,6 +281,43 @@ async def test_a_generated_program_redone_after_the_crash_window_is_not_asked_fo
         await runtime.shutdown()
 
 
+async def test_a_suspend_while_a_result_is_recorded_waits_for_the_record(
+    host: tuple[LocalAgentRuntime, ScriptedEngine],
+) -> None:
+    """A suspend cancels the step and persists the agent as it is: `add` already changed the
+    counter's total, so the log must say `add` is done, or the resumed step would add twice."""
+    runtime, _engine = host
+    steps = [{"action": "add", "parameters": {"amount": 1}} for _ in range(3)]
+    agent = await runtime.spawn(counter_blueprint("sleeper", steps))
+    log = agent.action_log
+    original, reached, release = log._append, asyncio.Event(), asyncio.Event()
+
+    async def slow_append(records: list[Any]) -> None:
+        if records[0].step == 2 and records[0].status == "done":
+            reached.set()
+            await release.wait()
+        await original(records)
+
+    log._append = slow_append  # type: ignore[method-assign]
+    run = await runtime.start_run("sleeper", None)
+    await asyncio.wait_for(reached.wait(), 10)
+    assert agent.get_capability("CounterCapability").total == 2  # changed, not yet recorded
+    suspending = asyncio.create_task(runtime.suspend("sleeper"))
+    await asyncio.sleep(0.3)
+    assert not suspending.done()  # the cancelled step finishes its record first
+    release.set()
+    await asyncio.wait_for(suspending, 10)
+    # what the suspend persisted agrees with itself: the counter as the policy last saw it
+    board = agent.blackboard
+    stored = await board.read(AgentStateProtocol.capability_state_key("CounterCapability"))
+    assert stored.value["state"] == {"total": 1}
+    assert (await board.read(AgentStateProtocol.key("policy_state"))).value["index"] == 1
+    resumed = await runtime.resume("sleeper")
+    done = await runtime.wait_for_run("sleeper", run.run_id, timeout=10)
+    assert done.status is RunStatus.SUCCEEDED and done.output == 3, done.output
+    assert resumed.get_capability("CounterCapability").total == 3
+
+
 async def test_step_calls_list_a_steps_actions_with_their_effects(
     host: tuple[LocalAgentRuntime, ScriptedEngine],
 ) -> None:

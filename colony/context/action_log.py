@@ -28,7 +28,9 @@ replay them ("replay from the log"). docs/action-log.md has the details.
 
 from __future__ import annotations
 
+import asyncio
 import contextvars
+import copy
 import hashlib
 import json
 import logging
@@ -177,6 +179,25 @@ def _bounded(
     return LogRecord(**fields, **{field: kept}, dropped_bytes=size)
 
 
+async def _settle(write: Awaitable[None]) -> None:
+    """Finish recording a call's answer even when the caller is cancelled meanwhile (a suspend or
+    drop cancels the step), then re-raise the cancellation. The action already changed its
+    capability's state, which a suspend persists: the log must then say the action is done, or
+    the step redone after the resume would run it a second time."""
+    task = asyncio.ensure_future(write)
+    cancelled = False
+    while not task.done():
+        try:
+            await asyncio.shield(task)
+        except asyncio.CancelledError:
+            if task.cancelled():
+                raise
+            cancelled = True  # (the canceller repeats its cancel until the caller ends: keep waiting)
+    if cancelled:
+        raise asyncio.CancelledError
+    task.result()  # the write's own error, if any
+
+
 class ActionLog:
     """One agent's write-ahead log of its current run's model and action results."""
 
@@ -233,7 +254,7 @@ class ActionLog:
             "response",
             response,
         )
-        await self._append([record])
+        await _settle(self._append([record]))
         return response
 
     async def action_call(
@@ -303,13 +324,21 @@ class ActionLog:
             "shape": shape,
         }
         await self._append([LogRecord(status="started", at=time.time(), **fields)])
+        before = copy.deepcopy(self._capability_state(capability))
         token = _IDEMPOTENCY_KEY.set(key)
         try:
             result = await call()
         finally:
             _IDEMPOTENCY_KEY.reset(token)
         state = self._capability_state(capability)
-        await self._append([_bounded({**fields, "at": time.time()}, "result", result, state)])
+        try:
+            await _settle(self._append([_bounded({**fields, "at": time.time()}, "result", result, state)]))
+        except asyncio.CancelledError:
+            # cancelled (a suspend) after the action changed its capability, before the policy took
+            # its result: the capability goes back to where it was before the action, as the
+            # policy is, for what the suspend persists; the redone step replays the result
+            self._restore_state(capability, before)
+            raise
         return result
 
     def step_calls(self, step: int) -> list[dict[str, Any]]:
