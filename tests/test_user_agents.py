@@ -149,7 +149,7 @@ def test_a_good_user_agent_is_built_beside_the_builtins(importable: Path, tmp_pa
 
     settings = ColonySettings(data_dir=tmp_path, agents={"greeter": f"{PACKAGE}.agents:greeter"})
     blueprints = colony_blueprints(settings)
-    assert sorted(blueprints) == ["analyze", "ask", "assistant", "echo", "greeter"]
+    assert sorted(blueprints) == ["analyze", "ask", "assistant", "echo", "greeter", "session"]
     assert blueprints["greeter"].metadata.agent_id == "greeter"
     assert blueprints["greeter"].metadata.role == "greeter"
 
