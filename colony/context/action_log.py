@@ -36,7 +36,7 @@ import json
 import logging
 import time
 from collections.abc import Awaitable, Callable, Iterable
-from typing import TYPE_CHECKING, Any, Literal
+from typing import TYPE_CHECKING, Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
@@ -84,7 +84,7 @@ class LogRecord(BaseModel):
     at: float = 0.0
     action: str | None = Field(None, max_length=200)
     capability: str | None = Field(None, max_length=200)
-    effects: tuple[str, ...] = Field((), max_length=16)
+    effects: tuple[Annotated[str, Field(pattern=NAME_PATTERN)], ...] = Field((), max_length=16)
     shape: str | None = Field(None, pattern=r"^[0-9a-f]{64}$")  # digest of what the call asked
     response: dict[str, Any] | None = None  # an InferenceResponse (validated when replayed)
     result: dict[str, Any] | None = None  # an ActionResult (validated when replayed)
