@@ -174,6 +174,10 @@ async def test_paused_agent_moves_to_another_redis_and_finishes_like_an_uninterr
     assert (await run_of(source, "mover")).steps == 2
 
 
+# a record as the action log writes one (the import refuses ring items that are not records)
+LOG_MARK = {"run_id": "r", "step": 1, "kind": "action", "n": 0, "status": "started", "action": "mark"}
+
+
 async def test_blocks_memory_and_context_state_travel(colonies: tuple[Colony, Colony]) -> None:
     source, target = colonies
     await paused_mid_run(source, "keeper", after_steps=1)
@@ -188,7 +192,7 @@ async def test_blocks_memory_and_context_state_travel(colonies: tuple[Colony, Co
     # checkpoint ring and action log as their parts keep them (a ring each), archived outputs
     async with source.agent_board("keeper").transaction() as tx:
         tx.ring_push(Keys.key("checkpoints"), [{"step": 1, "marker": "cp"}], 10)
-        tx.ring_push(Keys.key("action_log"), [{"key": "r:1:a0", "marker": "log"}], 100)
+        tx.ring_push(Keys.key("action_log"), [LOG_MARK], 100)
         tx.write(Keys.archived_output_key("ab" * 32), {"output": "big"})
 
     document = await export_agent(source.board, "keeper", settings=source.settings)
@@ -199,7 +203,7 @@ async def test_blocks_memory_and_context_state_travel(colonies: tuple[Colony, Co
         for name in ("checkpoints", "action_log")
     }
     assert stored["checkpoints"][-1] == {"step": 1, "marker": "cp"}
-    assert stored["action_log"][-1] == {"key": "r:1:a0", "marker": "log"}
+    assert stored["action_log"][-1] == LOG_MARK
     assert document["parts"]["checkpoints"]["ring"] == stored["checkpoints"]
     # signed by the source's secret, which the target shares here: accepted without a catalog name
     imported = await import_agent(target.board, document, settings=target.settings, registry=target.registry)
@@ -325,6 +329,8 @@ async def test_malformed_and_oversized_documents_are_refused(colonies: tuple[Col
         {**document, "metadata": {**document["metadata"], "agent_id": "other"}}, "metadata.agent_id"
     )
     await refused({**document, "policy_state": {"x": float("nan")}}, "NaN")
+    forged_log = {"action_log": {"ring": [{"run_id": "r", "step": 1, "kind": "exec", "result": {}}]}}
+    await refused({**document, "parts": forged_log}, r"parts\.action_log\.ring\[0\]")
     deep: Any = 0
     for _ in range(200):
         deep = [deep]

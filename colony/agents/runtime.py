@@ -31,7 +31,7 @@ from colony.errors import (
 )
 
 log = logging.getLogger(__name__)
-RINGS = ("context", "checkpoints")  # an agent's capped lists (its state entries: STATE_NAMES)
+RINGS = ("context", "checkpoints", "action_log")  # an agent's capped lists (its state entries: STATE_NAMES)
 
 
 async def retire_state(agent: Agent, ttl_seconds: float | None = None) -> int:

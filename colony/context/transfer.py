@@ -56,6 +56,7 @@ from colony.blackboard import Blackboard, BlackboardScope, scope_id
 from colony.blackboard.protocol import AgentStateProtocol as Keys
 from colony.blackboard.protocol import BlackboardProtocol, MemoryProtocol
 from colony.config import ColonySettings
+from colony.context.action_log import LogRecord
 from colony.errors import (
     AgentNotFound,
     AgentStateConflict,
@@ -197,6 +198,20 @@ class AgentExport(_Strict):
     archived: dict[Digest, Any] = Field(default_factory=dict, max_length=100_000)
     blocks: list[ExportedBlock] = Field(default_factory=list, max_length=1000)
     memory: list[ExportedScope] = Field(default_factory=list, max_length=64)
+
+    @field_validator("parts")
+    @classmethod
+    def _log_records(cls, value: dict[str, StoredPart]) -> dict[str, StoredPart]:
+        """Every action-log item must be a record the log itself would read back (the same model
+        it validates with on resume): a document with anything else is refused, not half taken."""
+        log_part = value.get("action_log")
+        for index, item in enumerate((log_part.ring or []) if log_part is not None else []):
+            try:
+                LogRecord.model_validate(item)
+            except ValidationError as exc:
+                what = f"parts.action_log.ring[{index}]"
+                raise ValueError(f"{what} is not an action-log record: {exc}") from None
+        return value
 
     @field_validator("capabilities")
     @classmethod
