@@ -20,7 +20,8 @@ from fastapi import APIRouter, Body, Depends, FastAPI, Path, Query, Response
 from colony.api.memory_routes import settings_of
 from colony.api.schemas import ID_PATTERN, ErrorBody
 from colony.config import ApiSettings
-from colony.context.transfer import AgentExport, export_agent, import_agent, json_bytes
+from colony.context.export_document import AgentExport, json_bytes
+from colony.context.transfer import export_agent, import_agent
 from colony.errors import ImportRejected
 
 if TYPE_CHECKING:

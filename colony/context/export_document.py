@@ -1,0 +1,224 @@
+"""The agent export document: its format, as pydantic models with bounds, and its parsing.
+
+Everything in a document is data read from outside the colony (docs/transfer.md): every field is
+validated here (ids and names by pattern, sizes and nesting bounded, action-log records checked with
+the log's own model) before `colony.context.transfer` writes any of it.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping
+from typing import Annotated, Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, StringConstraints, ValidationError, field_validator
+from pydantic import model_validator as after_model
+
+from colony.agents.models import ActionResult, AgentMetadata, AgentRun, AgentState, SuspensionRequest
+from colony.agents.persistence import MAX_CONTEXT_ITEMS
+from colony.api.limits import check_input
+from colony.api.schemas import ID_PATTERN
+from colony.blackboard.protocol import AgentStateProtocol as Keys
+from colony.context.action_log import LogRecord
+from colony.errors import ImportRejected
+from colony.memory.blocks import BlockType
+from colony.memory.blocks.types import MAX_DESCRIPTION_CHARS
+
+FORMAT = "colony-agent-export"
+FORMAT_VERSION = 1
+MAX_DEPTH = 64  # nesting a document may hold (run inputs nest up to api.max_input_depth, plus wrappers)
+STATE_VALUES = frozenset(s.value for s in AgentState)
+# State the colony.context parts keep under one name each, as an entry or a ring (or both): carried
+# as they are stored, whatever their shape, so they travel with the agent
+PARTS = ("checkpoints", "action_log")
+MAX_HISTORY = 100  # block versions listed per block (for the record; not replayed)
+# a block's settings carried over (its owner, id and bookkeeping are the target's)
+BLOCK_SETTINGS = {"label", "description", "block_type", "char_limit", "read_only"}
+BLOCK_SETTINGS |= {"log_max_entries", "log_shown_entries"}
+
+AgentIdText = Annotated[str, StringConstraints(min_length=1, max_length=128, pattern=ID_PATTERN)]
+Digest = Annotated[str, StringConstraints(pattern=r"^[0-9a-f]{16,128}$")]
+Namespace = Annotated[str, StringConstraints(pattern=r"^memory-[a-z0-9][a-z0-9-]{0,62}$")]
+BlockLabel = Annotated[str, StringConstraints(pattern=r"^[a-z][a-z0-9_]{0,63}$")]
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+
+class Source(_Strict):
+    tenant_id: AgentIdText
+    colony_id: AgentIdText
+
+
+class BlueprintRef(_Strict):
+    """How the importing colony gets the agent's code: a catalog name, or a signed blueprint."""
+
+    catalog: AgentIdText | None = None
+    signed: str | None = Field(None, max_length=64 * 1024 * 1024)
+
+
+class ContextHead(BaseModel):
+    """The `agent:context` entry: the ring's position, the last result, page accesses."""
+
+    model_config = ConfigDict(extra="allow")
+
+    context_total: int = Field(0, ge=0)
+    last_result: ActionResult | None = None
+    page_accesses: list[dict[str, Any]] = Field(default_factory=list, max_length=100_000)
+
+
+class ContextPart(_Strict):
+    head: ContextHead | None = None
+    items: list[dict[str, Any]] = Field(default_factory=list, max_length=MAX_CONTEXT_ITEMS)
+
+    @after_model(mode="after")
+    def _consistent(self) -> ContextPart:
+        if self.head is not None and self.head.context_total < len(self.items):
+            raise ValueError("context.head.context_total is below the number of context items")
+        return self
+
+
+class StoredPart(_Strict):
+    """One `PARTS` name as stored: its entry value and/or its ring items."""
+
+    entry: Any = None
+    ring: list[Any] | None = Field(None, max_length=100_000)
+
+
+class CapabilityState(_Strict):
+    state: dict[str, Any] = Field(default_factory=dict)
+    events_from: str | None = Field(None, max_length=64)  # the source's stream position (not imported)
+
+
+class ExportedBlock(_Strict):
+    """A memory block the agent owns: its settings and content (log blocks: their entries)."""
+
+    label: BlockLabel
+    description: str = Field("", max_length=MAX_DESCRIPTION_CHARS)
+    block_type: BlockType = BlockType.WORKING
+    char_limit: int = Field(ge=1, le=10_000_000)
+    read_only: bool = False
+    template: str | None = Field(None, max_length=64)
+    log_max_entries: int | None = Field(None, ge=1, le=10_000)
+    log_shown_entries: int | None = Field(None, ge=1, le=1000)
+    content: str = ""
+    entries: list[dict[str, Any]] | None = Field(None, max_length=10_000)
+    version: int = Field(1, ge=1)
+    history: list[dict[str, Any]] = Field(default_factory=list, max_length=MAX_HISTORY)
+
+
+class ExportedMemory(_Strict):
+    entry_id: str = Field(pattern=r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,127}$")
+    content: str = Field(min_length=1)
+    data: Any = None
+    tags: list[str] = Field(default_factory=list, max_length=256)
+    kind: str | None = None
+    importance: float = Field(0.5, ge=0, le=1)
+    sources: list[str] = Field(default_factory=list, max_length=256)
+    metadata: dict[str, Any] = Field(default_factory=dict)
+    created_at: float | None = None
+    expires_at: float | None = None
+
+
+class ExportedScope(_Strict):
+    namespace: Namespace  # of the agent's own scope (e.g. memory-working): re-rooted on import
+    entries: list[ExportedMemory] = Field(default_factory=list, max_length=1_000_000)
+
+
+class AgentExport(_Strict):
+    """The export document (`format`/`version` name its shape; older readers refuse newer ones)."""
+
+    format: Literal["colony-agent-export"]
+    version: Literal[1]
+    exported_at: float
+    source: Source
+    agent_id: AgentIdText
+    state: AgentState
+    blueprint: BlueprintRef
+    metadata: AgentMetadata
+    current_run: AgentRun | None = None
+    policy_state: dict[str, Any] | None = None
+    context: ContextPart = Field(default_factory=ContextPart)
+    capabilities: dict[str, CapabilityState] = Field(default_factory=dict, max_length=256)
+    suspension: SuspensionRequest | None = None  # as it was (the import resumes it IMMEDIATE)
+    parts: dict[Literal["checkpoints", "action_log"], StoredPart] = Field(default_factory=dict)
+    archived: dict[Digest, Any] = Field(default_factory=dict, max_length=100_000)
+    blocks: list[ExportedBlock] = Field(default_factory=list, max_length=1000)
+    memory: list[ExportedScope] = Field(default_factory=list, max_length=64)
+
+    @field_validator("parts")
+    @classmethod
+    def _log_records(cls, value: dict[str, StoredPart]) -> dict[str, StoredPart]:
+        """Every action-log item must be a record the log itself would read back (the same model
+        it validates with on resume): a document with anything else is refused, not half taken."""
+        log_part = value.get("action_log")
+        for index, item in enumerate((log_part.ring or []) if log_part is not None else []):
+            try:
+                LogRecord.model_validate(item)
+            except ValidationError as exc:
+                what = f"parts.action_log.ring[{index}]"
+                raise ValueError(f"{what} is not an action-log record: {exc}") from None
+        return value
+
+    @field_validator("capabilities")
+    @classmethod
+    def _capability_names(cls, value: dict[str, CapabilityState]) -> dict[str, CapabilityState]:
+        for name in value:
+            if len(name) > 128:
+                raise ValueError(f"capability name {name[:40]!r}... is longer than 128 characters")
+            Keys.capability_state_key(name)  # InvalidKey (a ValueError) for a name no key may hold
+        return value
+
+    @after_model(mode="after")
+    def _one_agent(self) -> AgentExport:
+        if self.metadata.agent_id != self.agent_id:
+            raise ValueError(
+                f"metadata.agent_id {self.metadata.agent_id!r} is not agent_id {self.agent_id!r}"
+            )
+        if self.current_run is not None:
+            if self.current_run.agent_id != self.agent_id:
+                raise ValueError(
+                    f"current_run.agent_id {self.current_run.agent_id!r} is not {self.agent_id!r}"
+                )
+            if len(self.current_run.run_id) > 128:
+                raise ValueError("current_run.run_id is longer than 128 characters")
+            Keys.run_key(self.current_run.run_id)  # InvalidKey (a ValueError) for an id no key may hold
+        return self
+
+
+# -- parsing ---------------------------------------------------------------------------------------
+
+
+def json_bytes(document: Mapping[str, Any]) -> bytes:
+    """The document as compact UTF-8 JSON (what is measured against `context.max_export_bytes`)."""
+    return json.dumps(document, separators=(",", ":"), ensure_ascii=False, allow_nan=False).encode()
+
+
+def parse_document(document: Any, max_bytes: int) -> AgentExport:
+    """The validated document, or ImportRejected saying what is wrong with it."""
+    if not isinstance(document, Mapping):
+        raise ImportRejected(
+            "an agent export document is a JSON object (`colony agent export ID` writes one)"
+        )
+    try:
+        check_input(document, MAX_DEPTH, "document")
+        size = len(json_bytes(document))
+    except (ValueError, TypeError) as exc:
+        raise ImportRejected(f"the document cannot be imported: {exc}") from None
+    if size > max_bytes:
+        raise ImportRejected(
+            f"the document is {size} bytes, over context.max_export_bytes ({max_bytes}); raise that setting"
+        )
+    if document.get("format") != FORMAT or document.get("version") != FORMAT_VERSION:
+        raise ImportRejected(
+            f"not a {FORMAT} version {FORMAT_VERSION} document (format {str(document.get('format'))[:40]!r}, "
+            f"version {str(document.get('version'))[:10]!r}); export it with this version of Colony"
+        )
+    try:
+        return AgentExport.model_validate(document)
+    except ValidationError as exc:
+        first = exc.errors()[0]
+        where = ".".join(str(p) for p in first["loc"]) or "document"
+        more = f" (and {exc.error_count() - 1} more)" if exc.error_count() > 1 else ""
+        raise ImportRejected(f"the document is refused: {where}: {first['msg']}{more}") from None
