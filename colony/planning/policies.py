@@ -5,6 +5,10 @@ every action call to every consciousness stream, builds the planning context and
 decision to `plan_step`. `StructuredActionPolicy` asks the model for JSON constrained to the
 available actions (each: its key plus its own parameter schema), so even a 135M model always
 answers with a valid, dispatchable action.
+
+Both keep their history under the token budget with a `Compactor` (colony/context/compaction.py):
+large outputs are archived when recorded, and the prompt is compacted before it is sent
+(`fit_prompt`); its summary, pending items and archive references are policy state.
 """
 
 from __future__ import annotations
@@ -12,12 +16,14 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from typing import TYPE_CHECKING, Any
 
 from colony.agents.blueprint import Blueprint
 from colony.agents.models import ActionResult
 from colony.agents.policy import ActionPolicy, ActionPolicyExecutionState, ActionPolicyIterationResult
+from colony.config import ContextSettings
+from colony.context.compaction import DEFAULT_PINNED_KEYS, RECALL, RECALL_ACTION, Compactor, FittedPrompt
 from colony.errors import AgentUsageError
 from colony.inference import ChatMessage, InferenceRequest, InferenceResponse
 from colony.inference.engine import InferenceEngine
@@ -29,6 +35,8 @@ if TYPE_CHECKING:
 
 log = logging.getLogger(__name__)
 MAX_PROMPT_EVENT_CHARS = 50_000
+CALL_TRACE_MAX = 50  # calls of the current run kept in the trace (slim records, no outputs)
+TRACE_PREVIEW_CHARS = 200
 
 FINISH = "finish"
 FINISH_ACTION = {
@@ -65,7 +73,11 @@ class EventDrivenActionPolicy(ActionPolicy):
         priority_context_keys: Iterable[str] = (),
         wait_for_events: bool = False,
         event_wait_seconds: float = 30.0,
+        context_settings: ContextSettings | None = None,
+        pinned_context_keys: Iterable[str] = DEFAULT_PINNED_KEYS,
     ) -> None:
+        """`context_settings`: the compaction settings (default: `context` of the host's settings);
+        `pinned_context_keys`: event context keys whose stream entries are never compacted."""
         super().__init__(agent)
         self.streams = [s.local_instance() if isinstance(s, Blueprint) else s for s in consciousness_streams]
         self.goals = list(goals)
@@ -76,6 +88,7 @@ class EventDrivenActionPolicy(ActionPolicy):
         self.builder = PlanningContextBuilder(self.streams)
         self.call_trace: list[dict[str, Any]] = []
         self._context_seen = 0
+        self.compactor = Compactor(self, context_settings, pinned_context_keys)
 
     # -- capture -------------------------------------------------------------------------------
 
@@ -96,11 +109,19 @@ class EventDrivenActionPolicy(ActionPolicy):
         return len(contexts)
 
     def record_call(self, call: dict[str, Any]) -> None:
-        """A dispatched action: into the run's call trace and every stream."""
-        self.call_trace.append(call)
-        del self.call_trace[:-200]
+        """A dispatched action: into the run's call trace (a slim record) and every stream, its
+        output archived and shown by reference when longer than `context.mask_output_chars`
+        (written by the next `flush_archives`, which `record_action` and `fit_prompt` call)."""
+        call = self.compactor.mask_call(call)
+        self.call_trace.append(trace_record(call))
+        del self.call_trace[:-CALL_TRACE_MAX]
         for stream in self.streams:
             stream.consider_action(call)
+
+    async def record_action(self, action: str, parameters: dict[str, Any], result: ActionResult) -> None:
+        """Record a dispatched action and write what it archived before the step is persisted."""
+        self.record_call(call_record(action, parameters, result))
+        await self.compactor.flush_archives()
 
     async def wait_for_next_event(self, timeout: float | None = None) -> bool:
         """Until an event handler adds context (True) or `timeout` passes (False)."""
@@ -138,7 +159,41 @@ class EventDrivenActionPolicy(ActionPolicy):
             actions=actions,
             memory_sections=memory_sections,
             step=state.step,
+            history_summary=self.compactor.summary_section(),
         )
+
+    def planning_action_schemas(self) -> list[dict[str, Any]]:
+        """The plannable actions' schemas, plus `recall_archived` once something was archived."""
+        actions = [a.json_schema() for a in self.planning_actions()]
+        if actions and self.compactor.has_archives:
+            actions.append(RECALL_ACTION)
+        return actions
+
+    async def fit_prompt(
+        self,
+        state: ActionPolicyExecutionState,
+        render: Callable[[], str],
+        *,
+        engine: InferenceEngine | None,
+        system: str,
+        max_tokens: int,
+    ) -> FittedPrompt:
+        """The prompt `render()` makes (it reads the policy's streams and summary each time),
+        compacted under the token budget first when it passes the trigger; emitted as the step's
+        `prompt` run event when the run asked for it."""
+        fitted = await self.compactor.fit(
+            state.step, engine, render, system=system, planner_max_tokens=max_tokens
+        )
+        await self.emit_prompt(
+            state, fitted.text, tokens=fitted.tokens, budget=fitted.budget.limit if fitted.budget else None
+        )
+        return fitted
+
+    async def recall_archived(self, parameters: dict[str, Any]) -> ActionPolicyIterationResult:
+        """The planner chose `recall_archived`: read the archive and record the call."""
+        result = await self.compactor.recall(parameters)
+        await self.record_action(RECALL, parameters, result)
+        return ActionPolicyIterationResult(action=RECALL, parameters=parameters, action_result=result)
 
     async def memory_sections(self, state: ActionPolicyExecutionState) -> list[str]:
         """The agent's memory lenses rendered for this task (capabilities offering
@@ -159,14 +214,23 @@ class EventDrivenActionPolicy(ActionPolicy):
                 )
         return sections
 
-    async def emit_prompt(self, state: ActionPolicyExecutionState, prompt: str) -> None:
+    async def emit_prompt(
+        self,
+        state: ActionPolicyExecutionState,
+        prompt: str,
+        *,
+        tokens: int | None = None,
+        budget: int | None = None,
+    ) -> None:
         """The whole prompt as a `prompt` run event, when the run asked for it (input
-        `{"emit_prompt": true, ...}`): what the planner saw, for debugging and tests."""
+        `{"emit_prompt": true, ...}`): what the planner saw, for debugging and tests, with its
+        token count and the budget it was kept under (None: no budget applies)."""
         run_input = state.run.input
         if self.agent is not None and isinstance(run_input, dict) and run_input.get("emit_prompt") is True:
-            await self.agent.emit_run_event(
-                "prompt", {"step": state.step, "text": prompt[:MAX_PROMPT_EVENT_CHARS]}
-            )
+            data: dict[str, Any] = {"step": state.step, "text": prompt[:MAX_PROMPT_EVENT_CHARS]}
+            if tokens is not None:
+                data |= {"tokens": tokens, "budget": budget}
+            await self.agent.emit_run_event("prompt", data)
 
     async def generate(self, engine: InferenceEngine, request: InferenceRequest) -> InferenceResponse:
         """A model call of this policy, through the agent's write-ahead action log: a resumed run
@@ -179,7 +243,7 @@ class EventDrivenActionPolicy(ActionPolicy):
         if self.agent is None:
             raise AgentUsageError("the policy has no agent to dispatch with; build it with agent=...")
         result = await self.agent.dispatcher.dispatch(action, parameters)
-        self.record_call(call_record(action, parameters, result))
+        await self.record_action(action, parameters, result)
         return result
 
     # -- state -----------------------------------------------------------------------------------
@@ -193,6 +257,7 @@ class EventDrivenActionPolicy(ActionPolicy):
             "streams": {s.name: s.entries for s in self.streams},
             "call_trace": self.call_trace,
             "context_seen": self._context_seen,
+            "compaction": self.compactor.get_state(),
         }
 
     def set_state(self, state: dict[str, Any]) -> None:
@@ -202,6 +267,19 @@ class EventDrivenActionPolicy(ActionPolicy):
             stream.entries = list(saved.get(stream.name, []))
         self.call_trace = list(state.get("call_trace") or [])
         self._context_seen = int(state.get("context_seen", 0))
+        self.compactor.set_state(state.get("compaction"))
+
+
+def trace_record(call: dict[str, Any]) -> dict[str, Any]:
+    """What the call trace keeps of a call: no output, a short preview (the streams hold the rest)."""
+    error = call.get("error")
+    return {
+        "action_key": call.get("action_key"),
+        "parameters": call.get("parameters"),
+        "success": call.get("success"),
+        "output_preview": str(call.get("output_preview", ""))[:TRACE_PREVIEW_CHARS],
+        "error": error[: TRACE_PREVIEW_CHARS * 5] if isinstance(error, str) else error,
+    }
 
 
 def task_text(run_input: Any) -> str:
@@ -253,6 +331,8 @@ class StructuredActionPolicy(EventDrivenActionPolicy):
         priority_context_keys: Iterable[str] = (),
         wait_for_events: bool = False,
         event_wait_seconds: float = 30.0,
+        context_settings: ContextSettings | None = None,
+        pinned_context_keys: Iterable[str] = DEFAULT_PINNED_KEYS,
     ) -> None:
         # explicit parameters, no **kwargs: a host injects only the services a policy names
         # (engine=), not its settings, replica or page table
@@ -264,6 +344,8 @@ class StructuredActionPolicy(EventDrivenActionPolicy):
             priority_context_keys=priority_context_keys,
             wait_for_events=wait_for_events,
             event_wait_seconds=event_wait_seconds,
+            context_settings=context_settings,
+            pinned_context_keys=pinned_context_keys,
         )
         self.engine = engine
         self.max_tokens = max_tokens
@@ -273,16 +355,24 @@ class StructuredActionPolicy(EventDrivenActionPolicy):
     async def plan_step(self, state: ActionPolicyExecutionState) -> ActionPolicyIterationResult:
         if self.engine is None:
             raise AgentUsageError("StructuredActionPolicy needs an engine (hosted agents get the replica's)")
-        actions = [a.json_schema() for a in self.planning_actions()]
+        actions = self.planning_action_schemas()
         if not actions:
             return ActionPolicyIterationResult(done=True, output=self._last_output)
         if self.allow_finish and state.step > 0:
             actions.append(FINISH_ACTION)
-        prompt = format_planning_prompt(
-            self.planning_context(state, actions, await self.memory_sections(state)),
-            instructions="Answer with JSON naming the next action and its parameters.",
-        )
-        await self.emit_prompt(state, prompt)
+        memory = await self.memory_sections(state)
+
+        def render() -> str:
+            return format_planning_prompt(
+                self.planning_context(state, actions, memory),
+                instructions="Answer with JSON naming the next action and its parameters.",
+            )
+
+        prompt = (
+            await self.fit_prompt(
+                state, render, engine=self.engine, system=self.SYSTEM, max_tokens=self.max_tokens
+            )
+        ).text
         response = await self.generate(
             self.engine,
             InferenceRequest(
@@ -299,6 +389,8 @@ class StructuredActionPolicy(EventDrivenActionPolicy):
         action, parameters = decision["action"], decision.get("parameters") or {}
         if action == FINISH:
             return ActionPolicyIterationResult(action=FINISH, done=True, output=parameters.get("answer"))
+        if action == RECALL:
+            return await self.recall_archived(parameters)
         result = await self.dispatch(action, parameters)
         if result.success:
             self._last_output = result.output

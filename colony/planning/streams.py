@@ -153,11 +153,17 @@ class ConsciousnessStream(Bindable):
         self.action_filter = action_filter
         self.max_entries = max_entries
         self.entries: list[dict[str, Any]] = []
+        # entries the window dropped, kept for compaction to summarise (None: dropped for good).
+        # A policy with a token budget sets a list here and drains it (colony.context.compaction).
+        self.overflow: list[dict[str, Any]] | None = None
 
     def _append(self, entry: dict[str, Any]) -> None:
         self.entries.append(entry)
         if len(self.entries) > self.max_entries:
-            del self.entries[: len(self.entries) - self.max_entries]
+            dropped = len(self.entries) - self.max_entries
+            if self.overflow is not None:
+                self.overflow.extend(self.entries[:dropped])
+            del self.entries[:dropped]
 
     def consider_event(self, contexts: dict[str, Any]) -> None:
         if contexts and self.event_filter is not None and self.event_filter(contexts):

@@ -1,0 +1,587 @@
+"""Compaction: an agent's planning prompt kept under a token budget, reversibly.
+
+History reaches the prompt through the policy's consciousness streams (colony/planning/streams.py).
+Kept whole, it grows with every event and action until the prompt no longer fits the model, and it
+is rewritten whole into Redis at every step. Compaction works in three places:
+
+1. At record time, an action output longer than `context.mask_output_chars` is stored aside under
+   `AgentStateProtocol.archived_output_key(ref)` and the call keeps a short preview and the
+   reference: a 100 KB output never reaches the prompt, the policy state or a checkpoint.
+2. When the rendered prompt passes the budget's trigger (colony/context/tokens.py), old large
+   outputs still in the streams are masked the same way (stage `masked`).
+3. If that is not enough, the middle of each stream (all but the first `keep_first_items` and the
+   recent `keep_recent_items` entries; pinned entries stay) is taken out and summarised by the
+   model, through `policy.generate` so the write-ahead log records the call, into the
+   `<chat_history_summary>` section (stage `summarized`). Entries the streams' own windows drop
+   are summarised as well, so the summary covers everything that left the prompt.
+
+Never compacted: the system prompt, goals and task, constraints, memory sections (they are not
+stream entries) and stream entries of a pinned context key (user corrections). Everything taken
+out is archived first (a span of entries, by reference) and stays recallable with the policy's
+`recall_archived` action. The compacted view (summary, pending entries, references) is part of
+the policy state, so restoring a checkpoint taken before a compaction restores the uncompacted
+view. A summariser that fails, or whose summary does not fit, never fails the run: the entries it
+should have summarised stay archived and referenced from the summary section, the metric counts
+stage `failed`, and the next steps try again (backing off).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+import re
+import time
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+from pydantic import BaseModel, Field
+
+from colony import metrics
+from colony.agents.models import ActionResult
+from colony.blackboard.protocol import AgentStateProtocol as Keys
+from colony.config import ContextSettings, load_settings
+from colony.context.tokens import Budget, TokenCounter, engine_window, estimate_tokens, plan_budget
+from colony.inference import ChatMessage, InferenceRequest
+
+if TYPE_CHECKING:
+    from colony.inference.engine import InferenceEngine
+    from colony.planning.policies import EventDrivenActionPolicy
+
+log = logging.getLogger(__name__)
+
+RECALL = "recall_archived"
+REF_PATTERN = r"^[0-9a-f]{16}$"
+_REF = re.compile(REF_PATTERN)
+RECALL_CHARS = 400  # most characters one recall returns (page on with `offset`); fits a call preview
+RECALL_ACTION: dict[str, Any] = {
+    "name": RECALL,
+    "description": "Read an archived action output or a span of earlier history by its ref.",
+    "parameters": {
+        "type": "object",
+        "properties": {
+            "ref": {"type": "string", "pattern": REF_PATTERN},
+            "offset": {"type": "integer", "minimum": 0},
+        },
+        "required": ["ref"],
+    },
+}
+# The agent-scope entry each compaction writes (its write is the blackboard event); a fixed name
+# that holds the latest report.
+COMPACTION_KEY = "agent:compaction"
+SUMMARY_LOG_LABEL = "history_summary"
+SUMMARY_LOG_DESCRIPTION = "Summaries of your earlier history, written when it was compacted; read-only"
+DEFAULT_PINNED_KEYS = ("user_correction",)
+PREVIEW_CHARS = 200  # what a masked output keeps in the prompt
+OLD_OUTPUT_CHARS = 400  # stage 1 masks older outputs longer than this
+LINE_CHARS = 600  # one history item as the summariser sees it
+MAX_ARCHIVES = 128  # archived outputs/spans an agent keeps (the oldest are deleted)
+MAX_SPANS = 32  # refs of summarised spans the view lists (each is also in `archives`)
+MAX_PENDING = 128  # entries awaiting a summary kept in state (older ones: archived only)
+SUMMARISE_PENDING_AT = 32  # window-dropped entries that call for a summary without budget pressure
+MAX_SUMMARY_CALLS = 3  # summariser calls one compaction makes at most
+MAX_BACKOFF_STEPS = 8  # a failed summary is retried after 1, 2, 4, then every 8 steps
+MAX_LISTED_REFS = 3
+SUMMARISER_SYSTEM = (
+    "You keep the memory of an agent. Merge the earlier summary and the new history items into one "
+    "short summary: facts learned, actions taken and their results, decisions, open questions. "
+    "Plain sentences, no preamble."
+)
+
+
+class CompactionState(BaseModel):
+    """The compacted view: what the policy state holds besides the streams' own entries."""
+
+    summary: str = ""
+    summarized_items: int = Field(0, ge=0)
+    pending: list[dict[str, Any]] = Field(default_factory=list, description="taken out, not summarised yet")
+    spans: list[str] = Field(default_factory=list, description="refs of archived history spans, oldest first")
+    archives: list[str] = Field(default_factory=list, description="refs of every archive this agent holds")
+    compactions: int = Field(0, ge=0)
+    failures: int = Field(0, ge=0)
+    retry_at_step: int = Field(0, ge=0)
+
+
+@dataclass
+class FittedPrompt:
+    """A prompt after compaction, with its token figures (for `--show-prompt` and events)."""
+
+    text: str
+    tokens: int
+    budget: Budget | None
+    stage: str | None = None  # masked | summarized | failed | None (nothing done)
+
+
+def _text(value: Any) -> str:
+    return value if isinstance(value, str) else json.dumps(value, default=str, sort_keys=True)
+
+
+def _ref(text: str) -> str:
+    return hashlib.sha256(text.encode("utf-8", "replace")).hexdigest()[:16]
+
+
+def _masked(ref: str, text: str) -> str:
+    """What stands in for an archived text: the reference first (a formatter that truncates keeps
+    it), then the start of the text."""
+    return (
+        f"[{len(text)} characters archived as ref {ref}; {RECALL}(ref) reads them] {text[:PREVIEW_CHARS]}..."
+    )
+
+
+def _entry_key(entry: dict[str, Any]) -> str:
+    return json.dumps(entry, default=str, sort_keys=True)
+
+
+def item_line(entry: dict[str, Any]) -> str:
+    """One stream entry as the summariser reads it (bounded)."""
+    if entry.get("kind") == "event":
+        body = "; ".join(f"{k}: {_text(v)}" for k, v in (entry.get("contexts") or {}).items())
+        line = f"event - {body}"
+    else:
+        call = entry.get("call") or {}
+        outcome = "ok" if call.get("success", True) else f"failed: {call.get('error')}"
+        value = call.get("output_preview", call.get("output"))
+        params = _text(call.get("parameters") or {})
+        line = f"action {call.get('action_key')}({params}) {outcome} -> {_text(value)}"
+    return line if len(line) <= LINE_CHARS else line[: LINE_CHARS - 3] + "..."
+
+
+class Compactor:
+    """The compaction of one policy's history (the policy owns it; its state is policy state)."""
+
+    def __init__(
+        self,
+        policy: EventDrivenActionPolicy,
+        settings: ContextSettings | None = None,
+        pinned_context_keys: Iterable[str] = DEFAULT_PINNED_KEYS,
+    ) -> None:
+        self.policy = policy
+        self._settings = settings
+        self.pinned_keys = frozenset(pinned_context_keys)
+        self.state = CompactionState()
+        self._counter: TokenCounter | None = None
+        self._unsaved: dict[str, dict[str, Any]] = {}  # archives masked in a sync path, to write
+
+    # -- settings ----------------------------------------------------------------------------------
+
+    @property
+    def settings(self) -> ContextSettings:
+        """`context` of the settings the agent's host was given, else of `load_settings()`."""
+        if self._settings is None:
+            agent = self.policy.agent
+            host = agent.host if agent is not None else None
+            services = getattr(host, "services", None) or {}
+            colony_settings = services.get("settings") or load_settings()
+            self._settings = colony_settings.context
+        return self._settings
+
+    def counter(self, engine: InferenceEngine | None) -> TokenCounter:
+        if self._counter is None or self._counter.engine is not engine:
+            self._counter = TokenCounter(engine)
+        return self._counter
+
+    def budget(self, engine: InferenceEngine | None, planner_max_tokens: int) -> Budget | None:
+        return plan_budget(self.settings, engine_window(engine), planner_max_tokens)
+
+    # -- archives ----------------------------------------------------------------------------------
+
+    def _remember(self, ref: str, record: dict[str, Any]) -> None:
+        self._unsaved[ref] = record
+        if ref in self.state.archives:
+            self.state.archives.remove(ref)
+        self.state.archives.append(ref)
+
+    async def flush_archives(self) -> None:
+        """Write the archives masked since the last flush, and delete those past the cap. A failed
+        write loses only the original (the view already holds its preview)."""
+        agent = self.policy.agent
+        unsaved, self._unsaved = self._unsaved, {}
+        expired = self.state.archives[:-MAX_ARCHIVES]
+        del self.state.archives[:-MAX_ARCHIVES]
+        if agent is None:
+            return
+        for ref, record in unsaved.items():
+            try:
+                await agent.blackboard.write(Keys.archived_output_key(ref), record, created_by=agent.agent_id)
+            except Exception as exc:
+                log.warning("agent %s: archive %s not written: %r", agent.agent_id, ref, exc)
+        for ref in expired:
+            try:
+                await agent.blackboard.delete(Keys.archived_output_key(ref))
+            except Exception as exc:
+                log.warning("agent %s: old archive %s not deleted: %r", agent.agent_id, ref, exc)
+
+    def mask_call(self, call: dict[str, Any]) -> dict[str, Any]:
+        """A call record whose output (or error) is longer than `mask_output_chars`, with the
+        original set aside to archive and a preview plus its reference in its place."""
+        limit = self.settings.mask_output_chars
+        masked = dict(call)
+        for field in ("output", "error"):
+            value = call.get(field)
+            if value is None:
+                continue
+            text = _text(value)
+            if len(text) <= limit:
+                continue
+            if field == "output":
+                masked = self._masked_output(masked, text)
+            else:
+                ref = self._archive_text(text, "error", call.get("action_key"))
+                masked["error"] = _masked(ref, text)
+        return masked
+
+    def _archive_text(self, text: str, kind: str, action: Any) -> str:
+        ref = _ref(text)
+        self._remember(ref, {"kind": kind, "action": str(action)[:200], "text": text, "at": time.time()})
+        return ref
+
+    def _masked_output(self, call: dict[str, Any], text: str) -> dict[str, Any]:
+        """The call with its output archived: a preview and the reference stand in for it."""
+        ref = self._archive_text(text, "output", call.get("action_key"))
+        return {
+            **call,
+            "output": {"archived": ref, "chars": len(text), "preview": text[:PREVIEW_CHARS]},
+            "output_preview": _masked(ref, text),
+        }
+
+    async def recall(self, parameters: dict[str, Any]) -> ActionResult:
+        """The `recall_archived` action: a page of an archived output or history span."""
+        ref, offset = parameters.get("ref"), parameters.get("offset", 0)
+        if not isinstance(ref, str) or not _REF.match(ref):
+            return ActionResult(success=False, error=f"{RECALL}: ref must be 16 hex characters, as shown")
+        if not isinstance(offset, int) or offset < 0:
+            return ActionResult(success=False, error=f"{RECALL}: offset must be a whole number >= 0")
+        agent = self.policy.agent
+        entry = await agent.blackboard.read(Keys.archived_output_key(ref)) if agent is not None else None
+        if entry is None or not isinstance(entry.value, dict):
+            return ActionResult(success=False, error=f"{RECALL}: no archive {ref} (it may have been dropped)")
+        text = str(entry.value.get("text", ""))
+        size = min(RECALL_CHARS, self.settings.mask_output_chars)
+        page = text[offset : offset + size]
+        more = offset + size < len(text)
+        tail = f" [{len(text) - offset - size} more characters: offset={offset + size}]" if more else ""
+        return ActionResult(success=True, output=page + tail)
+
+    # -- the view ----------------------------------------------------------------------------------
+
+    def summary_section(self) -> str:
+        """The body of `<chat_history_summary>` ('' when nothing was compacted)."""
+        parts = [self.state.summary] if self.state.summary else []
+        if self.state.pending:
+            parts.append(
+                f"({len(self.state.pending)} earlier items are not summarised yet; they are archived.)"
+            )
+        if self.state.spans:
+            refs = ", ".join(self.state.spans[-MAX_LISTED_REFS:])
+            parts.append(f"(Earlier history is archived; {RECALL}(ref) reads it. Latest refs: {refs}.)")
+        return "\n".join(parts)
+
+    @property
+    def has_archives(self) -> bool:
+        return bool(self.state.archives)
+
+    def _pinned(self, entry: dict[str, Any]) -> bool:
+        return entry.get("kind") == "event" and bool(self.pinned_keys & set(entry.get("contexts") or {}))
+
+    def _take(self, entries: list[dict[str, Any]]) -> None:
+        """Entries leave the view for the summariser (kept once, in time order)."""
+        seen = {_entry_key(e) for e in self.state.pending}
+        for entry in entries:
+            key = _entry_key(entry)
+            if key not in seen:
+                seen.add(key)
+                self.state.pending.append(entry)
+        self.state.pending.sort(key=lambda e: float(e.get("timestamp", 0.0)))
+        if len(self.state.pending) > MAX_PENDING:
+            self._archive_span(self.state.pending[: len(self.state.pending) - MAX_PENDING])
+            del self.state.pending[: len(self.state.pending) - MAX_PENDING]
+
+    def _archive_span(self, entries: list[dict[str, Any]]) -> str:
+        text = "\n".join(item_line(e) for e in entries)
+        ref = _ref(text)
+        self._remember(ref, {"kind": "span", "items": len(entries), "text": text, "at": time.time()})
+        self.state.spans = [*[s for s in self.state.spans if s != ref], ref][-MAX_SPANS:]
+        return ref
+
+    def drain_overflow(self, active: bool) -> None:
+        """Entries the streams' windows dropped go to the summariser instead of being lost (only
+        under a budget: without one, nothing is summarised and the windows drop as before)."""
+        for stream in self.policy.streams:
+            if not active:
+                stream.overflow = None
+            elif stream.overflow is None:
+                stream.overflow = []
+            elif stream.overflow:
+                self._take(stream.overflow)
+                stream.overflow.clear()
+
+    def _mask_old(self) -> bool:
+        """Stage 1: outputs longer than OLD_OUTPUT_CHARS outside the recent tail become previews
+        with a reference. True when something was masked."""
+        keep_recent, changed = self.settings.keep_recent_items, False
+        for stream in self.policy.streams:
+            for i, entry in enumerate(stream.entries[: max(0, len(stream.entries) - keep_recent)]):
+                call = entry.get("call")
+                if entry.get("kind") != "action" or not isinstance(call, dict):
+                    continue
+                text = _text(call.get("output_preview", call.get("output")))
+                output = call.get("output")
+                if len(text) <= OLD_OUTPUT_CHARS or (isinstance(output, dict) and "archived" in output):
+                    continue
+                new_call = self._masked_output(call, _text(output))
+                stream.entries[i] = {**entry, "call": new_call}
+                changed = True
+        return changed
+
+    def _cut(self, keep_first: int, keep_recent: int) -> list[tuple[Any, list[dict[str, Any]]]]:
+        """Per stream: the entries a cut keeping `keep_first` and `keep_recent` would take out."""
+        cuts = []
+        for stream in self.policy.streams:
+            entries = stream.entries
+            middle = entries[keep_first : max(keep_first, len(entries) - keep_recent)]
+            cuts.append((stream, [e for e in middle if not self._pinned(e)]))
+        return cuts
+
+    # -- the prompt --------------------------------------------------------------------------------
+
+    async def fit(
+        self,
+        step: int,
+        engine: InferenceEngine | None,
+        render: Callable[[], str],
+        *,
+        system: str,
+        planner_max_tokens: int,
+    ) -> FittedPrompt:
+        """The prompt `render()` makes, compacted first if it passes the trigger."""
+        budget = self.budget(engine, planner_max_tokens)
+        self.drain_overflow(budget is not None)
+        counter = self.counter(engine)
+        prompt = render()
+        tokens = await counter.count_messages(system, prompt)
+        if budget is None:
+            await self.flush_archives()
+            return FittedPrompt(prompt, tokens, None)
+        # pending entries are summarised once enough gathered, or when a failed summary is retried
+        waiting = len(self.state.pending) >= SUMMARISE_PENDING_AT or self.state.failures > 0
+        pending_due = bool(self.state.pending) and waiting and step >= self.state.retry_at_step
+        if tokens <= budget.trigger and not pending_due:
+            await self.flush_archives()
+            return FittedPrompt(prompt, tokens, budget)
+        before, stage = tokens, None
+        if tokens > budget.trigger and self._mask_old():
+            prompt = render()
+            tokens = await counter.count_messages(system, prompt)
+            stage = "masked"
+            metrics.CONTEXT_COMPACTIONS.labels(stage="masked").inc()
+        if tokens > budget.trigger or pending_due:
+            if tokens > budget.trigger:
+                await self._make_room(budget, counter, render, system)
+            if self.state.pending and step >= self.state.retry_at_step:
+                stage = "summarized" if await self._summarise(engine, budget, counter, step) else "failed"
+            elif self.state.pending:
+                stage = stage or "failed"  # still backing off: the archived view stands in
+            prompt = render()
+            tokens = await counter.count_messages(system, prompt)
+            if tokens > budget.limit:
+                prompt, tokens = await self._squeeze(budget, counter, render, system, tokens)
+        await self.flush_archives()
+        if stage is not None:
+            self.state.compactions += 1
+            metrics.CONTEXT_COMPACTED_TOKENS.inc(max(0, before - tokens))
+            await self._report(step, stage, before, tokens, budget)
+        if tokens > budget.limit:
+            log.warning(
+                "agent %s: the prompt holds %d tokens after compaction, over the budget of %d: its pinned "
+                "parts (goals, task, memory sections, actions) alone pass it; raise context.token_budget",
+                self._who(),
+                tokens,
+                budget.limit,
+            )
+        return FittedPrompt(prompt, tokens, budget, stage)
+
+    async def _tokens_without_summary(
+        self, counter: TokenCounter, render: Callable[[], str], system: str
+    ) -> int:
+        saved = self.state.summary, self.state.pending, self.state.spans
+        self.state.summary, self.state.pending, self.state.spans = "", [], []
+        try:
+            return await counter.count_messages(system, render())
+        finally:
+            self.state.summary, self.state.pending, self.state.spans = saved
+
+    async def _make_room(
+        self, budget: Budget, counter: TokenCounter, render: Callable[[], str], system: str
+    ) -> None:
+        """Take out the middle of every stream, keeping as much of the first and recent entries as
+        leaves room for a full summary under the trigger."""
+        reserve = budget.summary_max + 48  # the summary and its section around it
+        keep_first, keep_recent = self.settings.keep_first_items, self.settings.keep_recent_items
+        while True:
+            cuts = self._cut(keep_first, keep_recent)
+            held = [list(stream.entries) for stream, _ in cuts]
+            for stream, taken in cuts:
+                ids = {id(e) for e in taken}
+                stream.entries = [e for e in stream.entries if id(e) not in ids]
+            fits = await self._tokens_without_summary(counter, render, system) + reserve <= budget.trigger
+            if fits or (keep_first == 0 and keep_recent <= 1):
+                for _stream, taken in cuts:
+                    self._take(taken)
+                return
+            for (stream, _), entries in zip(cuts, held, strict=True):
+                stream.entries = entries  # undo; try a smaller cut
+            if keep_recent > 1:
+                keep_recent = max(1, keep_recent // 2)
+            else:
+                keep_first = 0
+
+    async def _summarise(
+        self, engine: InferenceEngine | None, budget: Budget, counter: TokenCounter, step: int
+    ) -> bool:
+        """Fold pending entries into the summary, a bounded batch per call. False when the
+        summariser failed (the entries stay pending and archived; the next steps try again)."""
+        if engine is None:
+            return self._failed(step, "no engine to summarise with")
+        calls = 0
+        while self.state.pending and calls < MAX_SUMMARY_CALLS:
+            calls += 1
+            room = budget.summariser_input - await counter.count(self.state.summary) - 64
+            lines: list[str] = []
+            used = 0
+            for entry in self.state.pending:
+                line = item_line(entry)
+                cost = estimate_tokens(line) + 2
+                if lines and used + cost > room:
+                    break
+                lines.append(line[: max(40, room * 4)])
+                used += cost
+            previous = self.state.summary or "(none yet)"
+            request = InferenceRequest(
+                messages=[
+                    ChatMessage(role="system", content=SUMMARISER_SYSTEM),
+                    ChatMessage(
+                        role="user",
+                        content=f"Earlier summary:\n{previous}\n\nNew history items:\n"
+                        + "\n".join(lines)
+                        + "\n\nThe merged summary:",
+                    ),
+                ],
+                max_tokens=budget.summary_max,
+                temperature=0.0,
+            )
+            try:
+                response = await self.policy.generate(engine, request)
+            except Exception as exc:
+                return self._failed(step, f"the summariser failed: {type(exc).__name__}: {exc}")
+            text = (response.text or "").strip()
+            if not text:
+                return self._failed(step, "the summariser wrote nothing")
+            if await counter.count(text) > budget.summary_max + 8:
+                return self._failed(step, "the summary is longer than context.summary_max_tokens")
+            taken = self.state.pending[: len(lines)]
+            ref = self._archive_span(taken)
+            self.state.summary = text
+            self.state.summarized_items += len(taken)
+            del self.state.pending[: len(lines)]
+            await self._log_summary(text, len(taken), ref)
+        self.state.failures = 0
+        metrics.CONTEXT_COMPACTIONS.labels(stage="summarized").inc()
+        return True
+
+    def _failed(self, step: int, why: str) -> bool:
+        self.state.failures += 1
+        self.state.retry_at_step = step + min(2 ** (self.state.failures - 1), MAX_BACKOFF_STEPS)
+        metrics.CONTEXT_COMPACTIONS.labels(stage="failed").inc()
+        log.warning(
+            "agent %s: history not summarised (%s); retrying at step %d",
+            self._who(),
+            why,
+            self.state.retry_at_step,
+        )
+        return False
+
+    async def _squeeze(
+        self, budget: Budget, counter: TokenCounter, render: Callable[[], str], system: str, tokens: int
+    ) -> tuple[str, int]:
+        """Last resort when the summary made the prompt pass the limit: shorten the summary."""
+        while tokens > budget.limit and self.state.summary:
+            over = tokens - budget.limit
+            keep = max(0, len(self.state.summary) - over * 5 - 16)
+            self.state.summary = self.state.summary[:keep].rstrip() + ("..." if keep else "")
+            if not keep:
+                self.state.summary = ""
+            prompt = render()
+            tokens = await counter.count_messages(system, prompt)
+        return render(), tokens
+
+    # -- reporting ---------------------------------------------------------------------------------
+
+    def _who(self) -> str:
+        agent = self.policy.agent
+        return agent.agent_id if agent is not None else "-"
+
+    async def _report(self, step: int, stage: str, before: int, after: int, budget: Budget) -> None:
+        """The compaction event: a run event for whoever follows the run and an agent-scope write."""
+        agent = self.policy.agent
+        if agent is None:
+            return
+        data = {
+            "step": step,
+            "stage": stage,
+            "tokens_before": before,
+            "tokens_after": after,
+            "limit": budget.limit,
+            "trigger": budget.trigger,
+            "summarized_items": self.state.summarized_items,
+            "pending_items": len(self.state.pending),
+            "at": time.time(),
+        }
+        try:
+            await agent.emit_run_event("compaction", data)
+            await agent.blackboard.write(COMPACTION_KEY, data, created_by=agent.agent_id)
+        except Exception as exc:
+            log.warning("agent %s: compaction event not written: %r", agent.agent_id, exc)
+
+    async def _log_summary(self, text: str, items: int, ref: str) -> None:
+        """The summary also goes to the agent's `history_summary` log block when it has blocks."""
+        agent = self.policy.agent
+        if agent is None:
+            return
+        from colony.memory.blocks.tools import MemoryBlocksCapability
+        from colony.memory.blocks.types import BlockType, NewBlock
+
+        blocks = next((c for c in agent.capabilities.values() if isinstance(c, MemoryBlocksCapability)), None)
+        if blocks is None:
+            return
+        try:
+            store = blocks.store()
+            await store.ensure(
+                agent.agent_id,
+                NewBlock(
+                    label=SUMMARY_LOG_LABEL, block_type=BlockType.LOG, description=SUMMARY_LOG_DESCRIPTION
+                ),
+            )
+            await store.log_append(
+                agent.agent_id,
+                SUMMARY_LOG_LABEL,
+                {"kind": "summary", "items": items, "ref": ref, "text": text},
+            )
+        except Exception as exc:
+            log.warning(
+                "agent %s: summary not logged to its %s block: %r", agent.agent_id, SUMMARY_LOG_LABEL, exc
+            )
+
+    # -- state -------------------------------------------------------------------------------------
+
+    def get_state(self) -> dict[str, Any]:
+        return self.state.model_dump(mode="json")
+
+    def set_state(self, state: Any) -> None:
+        """Restore the view (a checkpoint's, or a stored one); invalid or absent -> empty view."""
+        try:
+            self.state = CompactionState.model_validate(state or {})
+        except Exception as exc:
+            log.warning("agent %s: stored compaction state unreadable (%r); starting empty", self._who(), exc)
+            self.state = CompactionState()
+        self._unsaved = {}
