@@ -3,8 +3,9 @@ budget (every prompt under budget, a summary in it, the stored policy state no l
 100 KB output never in a prompt, the pinned correction always in it), with the real SmolLM2 model
 writing the summaries and its tokenizer counting; the scripted engine where the words do not
 matter (a failing summariser retried without failing the run, a restore of the uncompacted view
-from a state taken before compaction, recall of an archive by reference, the prompt event's token
-figures, summaries in the agent's history log block)."""
+from a state taken before compaction and from a checkpoint (colony.context.checkpoints), recall of
+an archive by reference, the prompt event's token figures, summaries in the agent's history log
+block)."""
 
 from __future__ import annotations
 
@@ -313,6 +314,42 @@ async def test_restoring_a_state_from_before_compaction_restores_the_uncompacted
         assert policy.compactor.state.summary == "" and not policy.compactor.state.pending
         assert len(policy.streams[0].entries) > compacted
         assert all(f"reading {i}:" in policy.streams[0].render() for i in range(0, 20))
+    finally:
+        await runtime.shutdown()
+
+
+async def test_restoring_a_checkpoint_from_before_a_compaction_brings_the_uncompacted_view_back(
+    board: Blackboard,
+) -> None:
+    from colony.context.checkpoints import restore_checkpoint
+
+    planner = Planner(dump_at=10_000)
+    engine = ScriptedEngine(lambda r: "Summary: fine." if is_summariser(r) else planner.decide(r))
+    runtime = LocalAgentRuntime(board, colony_id=f"c{uuid.uuid4().hex[:8]}", engine=engine)
+    try:
+        agent = await runtime.spawn(
+            blueprint("rewinder", ContextSettings(token_budget=600, summary_max_tokens=64))
+        )
+        policy = agent.action_policy
+        agent.max_steps = 100
+        await agent.begin_run({"task": "Watch the sensors"})
+        i = 0
+        while policy.compactor.state.compactions == 0:
+            held_before = len(policy.streams[0].entries)  # as the previous step's checkpoint holds them
+            agent.context.append(observation(i))
+            await agent.run_step()
+            i += 1
+            assert i < 90, "no compaction happened"
+        assert agent.current_run is not None
+        compacted_at = agent.current_run.steps  # the checkpoint of the step that compacted
+        assert len(policy.streams[0].entries) < held_before
+        report = await restore_checkpoint(agent, compacted_at - 1)
+        assert report.step == compacted_at - 1
+        assert policy.compactor.state.summary == "" and policy.compactor.state.compactions == 0
+        assert len(policy.streams[0].entries) == held_before  # the entries compaction took are back
+        stored = await agent.blackboard.read(Keys.key("policy_state"))
+        assert stored is not None and stored.value["compaction"]["summary"] == ""
+        assert "reading 3:" in json.dumps(stored.value["streams"]["observations"])
     finally:
         await runtime.shutdown()
 
