@@ -28,6 +28,8 @@ from colony.agents import (
     LocalAgentRuntime,
     action_executor,
 )
+from colony.agents.models import ActionResult
+from colony.agents.policy import ActionPolicyExecutionState, ActionPolicyIterationResult
 from colony.blackboard import Blackboard, create_redis
 from colony.blackboard.protocol import AgentStateProtocol as Keys
 from colony.config import ContextSettings, EngineSettings
@@ -42,10 +44,12 @@ from colony.planning import (
     ActionKeySubstringFilter,
     ConsciousnessStream,
     EventContextKeyFilter,
+    EventDrivenActionPolicy,
     JSONStreamFormatter,
     StructuredActionPolicy,
 )
 from colony.planning.context import HISTORY_SUMMARY_CLOSE, HISTORY_SUMMARY_OPEN
+from colony.planning.policies import call_record
 
 BIG_MARKER = "BIGOUTPUT-MIDDLE-7f3a"
 CORRECTION = "Always report temperatures in Celsius, never Fahrenheit."
@@ -420,6 +424,40 @@ async def test_summaries_go_to_the_agents_history_log_block(board: Blackboard) -
         blocks = next(c for c in agent.capabilities.values() if isinstance(c, MemoryBlocksCapability))
         view = await blocks.store().read(agent.agent_id, "history_summary")
         assert [e["text"] for e in view.entries or []] == written
+    finally:
+        await runtime.shutdown()
+
+
+class RecordsDirectly(EventDrivenActionPolicy):
+    """A policy that records calls itself (as the code-generating one does for a program's calls)."""
+
+    async def plan_step(self, state: ActionPolicyExecutionState) -> ActionPolicyIterationResult:
+        output = "x" * 5000 + BIG_MARKER
+        self.record_call(call_record("dump", {}, ActionResult(success=True, output=output)))
+        return ActionPolicyIterationResult(done=True, output="done")
+
+
+async def test_an_output_recorded_by_a_subclass_is_archived_before_the_step_persists(
+    board: Blackboard,
+) -> None:
+    runtime = LocalAgentRuntime(board, colony_id=f"c{uuid.uuid4().hex[:8]}")
+    try:
+        agent = await runtime.spawn(
+            AgentBlueprint(
+                agent_class=Agent,
+                metadata=AgentMetadata(
+                    agent_id="direct", action_policy_blueprints={"consciousness_streams": streams()}
+                ),
+                action_policy=RecordsDirectly.bind(),
+            )
+        )
+        run = await agent.run({"task": "t"})
+        assert run.output == "done"
+        stored = await agent.blackboard.read(Keys.key("policy_state"))
+        assert stored is not None and BIG_MARKER not in json.dumps(stored.value)
+        ref = re.search(r"archived as ref ([0-9a-f]{16})", json.dumps(stored.value)).group(1)
+        archive = await agent.blackboard.read(Keys.archived_output_key(ref))
+        assert archive is not None and archive.value["text"].endswith(BIG_MARKER)
     finally:
         await runtime.shutdown()
 

@@ -142,7 +142,10 @@ class EventDrivenActionPolicy(ActionPolicy):
         waiting = self.consider_events() == 0 and self.wait_for_events
         if waiting and await self.wait_for_next_event(self.event_wait_seconds):
             self.consider_events()
-        return await self.plan_step(state)
+        result = await self.plan_step(state)
+        # outputs a subclass recorded with the sync `record_call` are archived before the step persists
+        await self.compactor.flush_archives()
+        return result
 
     async def plan_step(self, state: ActionPolicyExecutionState) -> ActionPolicyIterationResult:
         raise AgentUsageError(f"{type(self).__name__} must implement plan_step (e.g. StructuredActionPolicy)")
