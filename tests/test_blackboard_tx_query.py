@@ -187,3 +187,26 @@ async def test_page_size_may_change_between_pages(bb: Blackboard) -> None:
         seen.extend(e.key for e in page.entries)
         cursor = page.cursor
     assert len(seen) == len(set(seen)) == 2000
+
+
+async def test_ring_truncate_applies_in_order_and_only_with_its_transaction(bb: Blackboard) -> None:
+    """A ring cut back inside a transaction is cut only when the transaction applies, in the
+    order of its operations (cut, then push: the ring holds the new items only)."""
+    async with bb.transaction() as tx:
+        tx.write("marker", 1)
+        tx.ring_push("ring", list(range(6)), 100)
+    assert await bb.ring("ring") == [0, 1, 2, 3, 4, 5]
+    async with bb.transaction() as tx:
+        tx.ring_truncate("ring", 4)
+    assert await bb.ring("ring") == [0, 1, 2, 3]
+    async with bb.transaction() as tx:
+        tx.ring_truncate("ring", 0)
+        tx.ring_push("ring", ["new"], 100)
+    assert await bb.ring("ring") == ["new"]
+    stale = (await bb.read("marker")).version  # type: ignore[union-attr]
+    await bb.write("marker", 2)
+    with pytest.raises(ConcurrentModificationError):
+        async with bb.transaction() as tx:
+            tx.write("marker", 3, expected_version=stale)
+            tx.ring_truncate("ring", 0)
+    assert await bb.ring("ring") == ["new"]  # the refused transaction cut nothing

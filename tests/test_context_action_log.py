@@ -26,6 +26,7 @@ from colony.agents import (
     AgentBlueprint,
     AgentCapability,
     AgentMetadata,
+    AgentRun,
     LocalAgentRuntime,
     RunStatus,
     action_executor,
@@ -42,7 +43,7 @@ from colony.context.action_log import (
     parse_records,
 )
 from colony.errors import AgentUsageError
-from colony.inference import ChatMessage, InferenceRequest
+from colony.inference import ChatMessage, InferenceRequest, InferenceResponse
 from colony.inference.scripted import ScriptedEngine
 from colony.planning.codegen import CodeGenerationActionPolicy
 from colony.planning.policies import EventDrivenActionPolicy
@@ -419,6 +420,32 @@ async def test_a_superseded_copy_records_nothing(host: tuple[LocalAgentRuntime, 
         await stale.dispatcher.dispatch("look", {"item": "a"})
     assert "another live copy" in str(refused.value) or "version" in str(refused.value)
     assert await agent.blackboard.ring(LOG_KEY) == before
+
+
+async def test_a_superseded_copy_starting_a_new_run_clears_nothing(
+    host: tuple[LocalAgentRuntime, ScriptedEngine],
+) -> None:
+    """The first record of a new run clears the last run's records in the same fenced commit: a
+    copy that lost its place (its first record refused) leaves the live copy's log whole."""
+    runtime, _engine = host
+    agent = await runtime.spawn(blueprint("wiper"))
+    stale = await Agent.restore("wiper", agent.blackboard, colony_id=runtime.colony_id)
+    stale.current_run = AgentRun(agent_id="wiper", status=RunStatus.RUNNING)
+    await stale.action_log.model_call(  # the stale copy read the (empty) log of an older run
+        InferenceRequest(messages=[ChatMessage(role="user", content="x")]), _answer
+    )
+    run = await agent.begin_run(None)  # the hosted copy moves on and records its own run
+    await agent.dispatcher.dispatch("look", {"item": "a"})
+    before = await agent.blackboard.ring(LOG_KEY)
+    assert before and all(item["run_id"] == run.run_id for item in before)
+    stale.current_run = AgentRun(agent_id="wiper", status=RunStatus.RUNNING)  # a new run of its own
+    with pytest.raises(Exception, match=r"another live copy|version"):
+        await stale.dispatcher.dispatch("look", {"item": "b"})
+    assert await agent.blackboard.ring(LOG_KEY) == before
+
+
+async def _answer() -> InferenceResponse:
+    return InferenceResponse(text="{}", parsed={})
 
 
 def test_effects_are_declared_from_a_known_set() -> None:

@@ -195,9 +195,10 @@ return {1, actual}
 # KEYS: event stream, expiry index
 # ARGV[1]: JSON {"checks": [[hash, version], ...],
 #                "ops": [["w", hash, key, value, tags, writer, ttl_ms|''] | ["d", hash, key, writer]
-#                        | ["r", list key, cap, [JSON item, ...]], ...],
+#                        | ["r", list key, cap, [JSON item, ...]] | ["k", list key, keep], ...],
 #                "tp": tag prefix, "ep": entry prefix, "ml": maxlen, "iv": "0"|"1"}
-# A "r" op appends to a capped list (a ring: the oldest items beyond `cap` are dropped).
+# A "r" op appends to a capped list (a ring: the oldest items beyond `cap` are dropped); a "k" op
+# cuts a ring down to its oldest `keep` items (0: deleted).
 # -> {1, now, {per op: {version, created_at, created_by, expires_at} | {0, deleted version}
 #                      | {0, ring length}}}
 #    | {0, failed check index (1-based), actual version}
@@ -222,6 +223,10 @@ for i, op in ipairs(p.ops) do
     for _, item in ipairs(op[4]) do n = redis.call('RPUSH', op[2], item) end
     if n > tonumber(op[3]) then redis.call('LTRIM', op[2], -tonumber(op[3]), -1) end
     out[i] = {0, math.min(n, tonumber(op[3]))}
+  elseif op[1] == 'k' then
+    local keep = tonumber(op[3])
+    if keep <= 0 then redis.call('DEL', op[2]) else redis.call('LTRIM', op[2], 0, keep - 1) end
+    out[i] = {0, math.min(redis.call('LLEN', op[2]), math.max(keep, 0))}
   else
     local cur = redis.call('HMGET', op[2], 'ver', 'tags', 'exp')
     local actual = tonumber(cur[1]) or 0

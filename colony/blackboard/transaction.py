@@ -88,6 +88,16 @@ class Transaction:
         if encoded:
             self._ops.append(["r", name, cap, encoded])
 
+    def ring_truncate(self, name: str, keep: int) -> None:
+        """Buffer cutting the ring `name` down to its oldest `keep` items (0: emptied), applied at
+        commit in order with the other operations: a ring cut back with the state it belongs to
+        (a restored checkpoint, a run's log started afresh) is cut only if that state is written."""
+        self._check_open()
+        self._bb.keyspace.ring_key(name)
+        if keep < 0:
+            raise BlackboardError(f"a ring keeps at least 0 items; keep={keep}")
+        self._ops.append(["k", name, int(keep)])
+
     async def commit(self) -> list[BlackboardEntry | None]:
         """Apply everything or raise `ConcurrentModificationError` naming the first changed key."""
         self._check_open()
@@ -122,7 +132,7 @@ class Transaction:
 
     def _encode_op(self, op: list[Any]) -> list[Any]:
         ks = self._bb.keyspace
-        if op[0] == "r":
+        if op[0] in ("r", "k"):
             return [op[0], ks.ring_key(op[1]), *op[2:]]
         return [op[0], ks.entry_key(op[1]), *op[1:]]
 

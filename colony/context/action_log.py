@@ -472,10 +472,6 @@ class ActionLog:
 
         values = [r.model_dump(mode="json", exclude_none=True) for r in records]
         board = self.agent.blackboard
-        if self._stale:  # the previous run's records: the log holds one run
-            async with board.guard("action_log_clear"):
-                await board.redis.delete(board.keyspace.ring_key(LOG_KEY))
-            self._stale = False
         for attempt in (1, 2):
             try:
                 async with board.transaction() as tx:
@@ -483,7 +479,10 @@ class ActionLog:
                     if judge_lifecycle(self.agent, stored) is not Verdict.IN_SYNC:
                         found = stored.version if stored is not None else 0
                         raise ConcurrentModificationError(LIFECYCLE, self.agent._state_version, found)
+                    if self._stale:  # the previous run's records go, in the same fenced commit:
+                        tx.ring_truncate(LOG_KEY, 0)  # a copy that lost its place clears nothing
                     tx.ring_push(LOG_KEY, values, self.max_entries)
+                self._stale = False
                 break
             except ConcurrentModificationError:
                 if attempt == 2 or not await recover_lifecycle(self.agent):
