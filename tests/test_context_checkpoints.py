@@ -237,31 +237,28 @@ async def test_restore_truncates_the_context_ring(bb: Blackboard) -> None:
     assert [c["note"] for c in await board.ring(Keys.key("context"))] == [0, "later"]
 
 
-async def test_a_restore_cut_before_its_trim_is_repaired(bb: Blackboard) -> None:
-    """The rings are trimmed after the fenced commit; if that trim never happened (the process
-    died), the heads say how many items count and the next restore trims the rest."""
-    steps = [{"action": "add", "parameters": {"amount": 1}}] * 3
-    blueprint = counter_blueprint("ck-repair", steps)
-    agent = build_agent(blueprint, bb)
-    await agent.initialize(blueprint)
+async def test_a_restored_agent_resumed_keeps_every_checkpoint_it_makes(bb: Blackboard) -> None:
+    """The rings' discarded tails and the action log's later steps go in the restore's own fenced
+    commit (nothing is trimmed after it: an agent resumed the moment the commit applied keeps
+    every checkpoint it makes); the re-driven steps are checkpointed after the kept ones."""
+    steps = [{"action": "add", "parameters": {"amount": 1}}] * 6
+    runtime = LocalAgentRuntime(bb, colony_id=f"c{uuid.uuid4().hex[:8]}")
+    agent = await runtime.spawn(counter_blueprint("ck-race", steps))
     await agent.begin_run(None)
-    for i in range(3):
-        agent.context.append({"note": i})
+    for _ in range(3):
         await agent.run_step()
-    board = agent.blackboard
-    before_rings = (await board.ring(CHECKPOINTS), await board.ring(Keys.key("context")))
-    await restore_checkpoint(agent, 1)
-    # put the discarded tails back, as if the trims after the commit had not happened
-    ks = board.keyspace
-    for name, items in ((CHECKPOINTS, before_rings[0][2:]), (Keys.key("context"), before_rings[1][1:])):
-        import json
-
-        await board.redis.rpush(ks.ring_key(name), *[json.dumps(i) for i in items])
-    assert [c.step for c in await list_checkpoints(board)] == [0, 1]  # readers skip them
-    again = await Agent.restore("ck-repair", bb)  # ... and a restore trims them
-    assert [c["note"] for c in again.context] == [0]
-    assert len(await board.ring(CHECKPOINTS)) == 2 and len(await board.ring(Keys.key("context"))) == 1
-    assert again.get_capability("CounterCapability").total == 1  # type: ignore[union-attr]
+    await runtime.suspend("ck-race")
+    board = runtime.agent_board("ck-race")
+    stored = await Agent.restore("ck-race", bb, colony_id=runtime.colony_id)
+    report = await restore_checkpoint(stored, 1)
+    assert report.kept == [0, 1] and len(await board.ring(CHECKPOINTS)) == 2
+    live = await runtime.resume("ck-race")
+    await runtime.wait_for_run("ck-race", live.current_run.run_id, timeout=30)  # type: ignore[union-attr]
+    listed = [c.step for c in await list_checkpoints(board)]
+    assert listed == [0, 1, 2, 3, 4, 5, 6], listed
+    assert len(await board.ring(CHECKPOINTS)) == 7
+    assert live.get_capability("CounterCapability").total == 6  # type: ignore[union-attr]
+    await runtime.shutdown()
 
 
 async def test_concurrent_restores_of_one_agent_apply_one(kept5: LocalAgentRuntime) -> None:

@@ -341,12 +341,6 @@ async def restore_agent(
     if context_e is not None:
         stored = context_e.value
         items = None if "context" in stored else await board.ring(Keys.key("context"))
-        held = stored.get("held")
-        if items is not None and type(held) is int and 0 <= held < len(items):
-            # a checkpoint restore stopped between its commit and its trim: the newest items were
-            # discarded by it (the head says so); trimmed now, before anything is pushed after them
-            items = items[:held]
-            await checkpoints.trim_ring(board, Keys.key("context"), held)
         agent.context = ContextRing.restored(MAX_CONTEXT_ITEMS, stored, items)
         agent.page_accesses = list(stored.get("page_accesses", []))
         last = stored.get("last_result")
@@ -354,7 +348,6 @@ async def restore_agent(
     if suspension_e is not None:
         agent.suspension = SuspensionRequest.model_validate(suspension_e.value)
     if head_e is not None:
-        await checkpoints.repair(board, head_e.value)
         checkpoints.adopt_head(agent, head_e.value)
     states = await board.read_many([Keys.capability_state_key(n) for n in agent.capabilities])
     for (name, capability), entry in zip(agent.capabilities.items(), states, strict=True):

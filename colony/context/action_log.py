@@ -364,12 +364,24 @@ class ActionLog:
         """Drop the records of the current run's steps after `step` (a marker appended to the
         log), so re-driving those steps calls the model and runs the actions again. Not calling
         this keeps them: the re-driven steps get the recorded results (replay from the log)."""
+        marker = await self.truncate_marker(step)
+        if marker is None:
+            return
+        await self._append([marker])
+        self.truncated(step)
+
+    async def truncate_marker(self, step: int) -> LogRecord | None:
+        """The marker `truncate_after(step)` appends (None without a current run), for a caller
+        that appends it in a transaction of its own (a checkpoint restore: one fenced commit);
+        `truncated(step)` once that commit applied."""
         run = self.agent.current_run
         if run is None:
-            return
+            return None
         await self._load(run.run_id)
-        marker = LogRecord(run_id=run.run_id, step=step, kind="truncate", at=time.time(), after_step=step)
-        await self._append([marker])
+        return LogRecord(run_id=run.run_id, step=step, kind="truncate", at=time.time(), after_step=step)
+
+    def truncated(self, step: int) -> None:
+        """The stored log got the truncate marker of `step`: forget the later steps' records."""
         self._records = {k: r for k, r in self._records.items() if r.step <= step}
         self._counting, self._ordinals = None, {}
 

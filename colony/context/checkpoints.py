@@ -19,7 +19,6 @@ that operation in the agent's scope.
 
 from __future__ import annotations
 
-import inspect
 import time
 from typing import TYPE_CHECKING, Any, Literal
 
@@ -29,6 +28,7 @@ from colony import metrics
 from colony.agents.models import ActionResult, AgentRun, RunStatus
 from colony.agents.ring import ContextRing
 from colony.blackboard.protocol import AgentStateProtocol as Keys
+from colony.context.action_log import LOG_KEY, LogRecord
 from colony.errors import (
     AgentStateConflict,
     CheckpointNotFound,
@@ -185,29 +185,6 @@ def adopt_head(agent: Agent, head: Any) -> None:
         agent._checkpointed = (run_id, step)
     if isinstance(held, int) and not isinstance(held, bool) and held >= 0:
         agent._checkpoints_held = held
-
-
-async def trim_ring(board: Blackboard, name: str, keep: int) -> None:
-    """Keep the oldest `keep` items of a ring (drop the newest): after a restore, and to repair a
-    ring whose trim did not happen (the head says how many it holds). Idempotent."""
-    key = board.keyspace.ring_key(name)
-    async with board.guard("trim_ring"):
-        if keep <= 0:
-            await board.redis.delete(key)
-        else:
-            await board.redis.ltrim(key, 0, keep - 1)
-
-
-async def repair(board: Blackboard, head: Any) -> None:
-    """A checkpoint ring holding more than its head says (a restore stopped between its commit and
-    its trim) loses the extra, newest, items: they were discarded by that restore."""
-    held = head.get("held") if isinstance(head, dict) else None
-    if not isinstance(held, int) or isinstance(held, bool):
-        return
-    async with board.guard("checkpoints_len"):
-        length = await board.redis.llen(board.keyspace.ring_key(CHECKPOINTS))
-    if length > held:
-        await trim_ring(board, CHECKPOINTS, held)
 
 
 # -- reading them ----------------------------------------------------------------------------------
@@ -392,6 +369,7 @@ async def restore_checkpoint(
     replaced = _apply(agent, target)
     context = agent.context
     position, held = len(context), len(context) - context.first
+    marker = await _truncate_marker(agent, target.step) if mode == "reexecute" else None
     try:
         async with board.transaction() as tx:
             await check_fence(tx, agent)
@@ -417,34 +395,37 @@ async def restore_checkpoint(
             }
             # only over the ring as read: a checkpoint pushed or another restore meanwhile refuses
             tx.write(CHECKPOINTS, head, created_by=agent.agent_id, expected_version=version)
+            # the rings lose their discarded tails and the action log its later steps in the same
+            # commit: a copy resumed right after it never has its new items cut by a late trim
+            tx.ring_truncate(CHECKPOINTS, index + 1)
+            tx.ring_truncate(Keys.key("context"), held)
+            if marker is not None:
+                tx.ring_push(LOG_KEY, [marker.model_dump(mode="json", exclude_none=True)], log_cap(agent))
     except ConcurrentModificationError:
         raise AgentStateConflict(
             f"agent {agent.agent_id} changed while checkpoint {target.step} was being restored; "
             "nothing was restored: try again"
         ) from None
-    # the rings lose their discarded tails (their heads already say how many they hold: a trim that
-    # does not happen here is done when the agent is next restored, or skipped by readers)
-    await trim_ring(board, CHECKPOINTS, index + 1)
-    await trim_ring(board, Keys.key("context"), held)
     context.mark_persisted(position)
     agent._checkpointed, agent._checkpoints_held = (target.run_id, target.step), index + 1
-    if mode == "reexecute":
-        await _truncate_log(agent, target.step)
+    if marker is not None:
+        agent.action_log.truncated(target.step)
     metrics.CONTEXT_CHECKPOINTS.labels("restored").inc()
     report.kept = [c.step for c in kept[: index + 1]]
     report.state = agent.state.value
     return report
 
 
-async def _truncate_log(agent: Agent, step: int) -> None:
-    """Drop the action log's records of the steps after checkpoint `step`, so they run again. A
-    log without `truncate_after` (the pass-through one) records nothing to drop."""
-    truncate = getattr(agent.action_log, "truncate_after", None)
-    if truncate is None:
-        return
-    outcome = truncate(step)
-    if inspect.isawaitable(outcome):
-        await outcome
+async def _truncate_marker(agent: Agent, step: int) -> LogRecord | None:
+    """The action log's marker dropping the records of the steps after checkpoint `step` (so they
+    run again); None for a log that records nothing (a pass-through one) or without a run."""
+    make = getattr(agent.action_log, "truncate_marker", None)
+    return await make(step) if make is not None else None
+
+
+def log_cap(agent: Agent) -> int:
+    cap = getattr(agent.action_log, "max_entries", None)
+    return cap if isinstance(cap, int) and cap > 0 else 1
 
 
 async def undo(agent: Agent, *, mode: str = "reexecute") -> RestoreReport:
