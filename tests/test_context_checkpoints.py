@@ -26,7 +26,13 @@ from colony.blackboard import Blackboard
 from colony.blackboard.protocol import AgentStateProtocol as Keys
 from colony.config import ColonySettings, ContextSettings
 from colony.context.checkpoints import CHECKPOINTS, list_checkpoints, restore_checkpoint, undo
-from colony.errors import AgentStateConflict, CheckpointNotFound, InvalidArgument, NothingToUndo
+from colony.errors import (
+    AgentStateConflict,
+    CheckpointNotFound,
+    ContextError,
+    InvalidArgument,
+    NothingToUndo,
+)
 
 # notices really sent, by agent id (outside any agent state: what a replay must not add to)
 SENT: dict[str, int] = {}
@@ -259,6 +265,30 @@ async def test_a_restored_agent_resumed_keeps_every_checkpoint_it_makes(bb: Blac
     assert len(await board.ring(CHECKPOINTS)) == 7
     assert live.get_capability("CounterCapability").total == 6  # type: ignore[union-attr]
     await runtime.shutdown()
+
+
+async def test_a_checkpoint_its_capability_refuses_is_a_context_error_and_writes_nothing(
+    bb: Blackboard,
+) -> None:
+    """A stored checkpoint is data read back from Redis: one whose capability state the capability
+    refuses (set_state raises) is refused with ContextError naming the step; nothing is written."""
+    steps = [{"action": "add", "parameters": {"amount": 1}}] * 3
+    blueprint = counter_blueprint("ck-bad", steps)
+    agent = build_agent(blueprint, bb)
+    await agent.initialize(blueprint)
+    await agent.begin_run(None)
+    for _ in range(3):
+        await agent.run_step()
+    board = agent.blackboard
+    ring = await board.ring(CHECKPOINTS)
+    ring[1]["capabilities"] = {name: {"total": "not a number"} for name in ring[1]["capabilities"]}
+    async with board.transaction() as tx:
+        tx.ring_truncate(CHECKPOINTS, 0)
+        tx.ring_push(CHECKPOINTS, ring, 100)
+    before = (await board.read(Keys.key("policy_state")), await board.ring(CHECKPOINTS))
+    with pytest.raises(ContextError, match="checkpoint 1 of agent ck-bad cannot be restored"):
+        await restore_checkpoint(agent, 1)
+    assert (await board.read(Keys.key("policy_state")), await board.ring(CHECKPOINTS)) == before
 
 
 async def test_concurrent_restores_of_one_agent_apply_one(kept5: LocalAgentRuntime) -> None:

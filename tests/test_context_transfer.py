@@ -174,6 +174,14 @@ async def test_paused_agent_moves_to_another_redis_and_finishes_like_an_uninterr
     assert (await run_of(source, "mover")).steps == 2
 
 
+# a checkpoint as a step writes one (the import refuses ring items that are not checkpoints)
+CP_MARK = {
+    "step": 1,
+    "run_id": "r",
+    "run": {"agent_id": "travel", "run_id": "r"},
+    "lifecycle": "idle",
+    "at": 1.0,
+}
 # a record as the action log writes one (the import refuses ring items that are not records)
 LOG_MARK = {"run_id": "r", "step": 1, "kind": "action", "n": 0, "status": "started", "action": "mark"}
 
@@ -191,7 +199,7 @@ async def test_blocks_memory_and_context_state_travel(colonies: tuple[Colony, Co
     await register_scope(source.agent_board("keeper"), scope)
     # checkpoint ring and action log as their parts keep them (a ring each), archived outputs
     async with source.agent_board("keeper").transaction() as tx:
-        tx.ring_push(Keys.key("checkpoints"), [{"step": 1, "marker": "cp"}], 10)
+        tx.ring_push(Keys.key("checkpoints"), [CP_MARK], 10)
         tx.ring_push(Keys.key("action_log"), [LOG_MARK], 100)
         tx.write(Keys.archived_output_key("ab" * 32), {"output": "big"})
 
@@ -202,7 +210,7 @@ async def test_blocks_memory_and_context_state_travel(colonies: tuple[Colony, Co
         name: await source.agent_board("keeper").ring(Keys.key(name))
         for name in ("checkpoints", "action_log")
     }
-    assert stored["checkpoints"][-1] == {"step": 1, "marker": "cp"}
+    assert stored["checkpoints"][-1] == CP_MARK
     assert stored["action_log"][-1] == LOG_MARK
     assert document["parts"]["checkpoints"]["ring"] == stored["checkpoints"]
     # signed by the source's secret, which the target shares here: accepted without a catalog name
@@ -331,6 +339,10 @@ async def test_malformed_and_oversized_documents_are_refused(colonies: tuple[Col
     await refused({**document, "policy_state": {"x": float("nan")}}, "NaN")
     forged_log = {"action_log": {"ring": [{"run_id": "r", "step": 1, "kind": "exec", "result": {}}]}}
     await refused({**document, "parts": forged_log}, r"parts\.action_log\.ring\[0\]")
+    forged_checkpoint = {
+        "checkpoints": {"ring": [{"step": 1, "run_id": "r", "run": {}, "lifecycle": "idle", "at": 0}]}
+    }
+    await refused({**document, "parts": forged_checkpoint}, r"parts\.checkpoints\.ring\[0\]")
     deep: Any = 0
     for _ in range(200):
         deep = [deep]

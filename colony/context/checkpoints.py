@@ -22,7 +22,7 @@ from __future__ import annotations
 import time
 from typing import TYPE_CHECKING, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
 from colony import metrics
 from colony.agents.models import ActionResult, AgentRun, RunStatus
@@ -33,6 +33,7 @@ from colony.errors import (
     AgentStateConflict,
     CheckpointNotFound,
     ConcurrentModificationError,
+    ContextError,
     InvalidArgument,
     NothingToUndo,
 )
@@ -75,6 +76,12 @@ class Checkpoint(BaseModel):
     lifecycle: str = Field(max_length=32)
     at: float
     calls: list[StepCall] | None = None  # None: the action log did not say
+
+    @field_validator("run")
+    @classmethod
+    def _a_run(cls, value: dict[str, Any]) -> dict[str, Any]:
+        AgentRun.model_validate(value)  # a checkpoint whose run is not one is not a checkpoint
+        return value
 
 
 class CheckpointInfo(BaseModel):
@@ -366,7 +373,14 @@ async def restore_checkpoint(
     index = pick(kept, agent.agent_id, step, run_id)
     target, dropped = kept[index], kept[index + 1 :]
     report = _report(agent, target, dropped, mode)  # type: ignore[arg-type]
-    replaced = _apply(agent, target)
+    try:
+        replaced = _apply(agent, target)
+    except (ValidationError, ValueError, TypeError, KeyError) as exc:
+        # a capability refusing the stored state (or a value no run holds): nothing is written
+        raise ContextError(
+            f"checkpoint {target.step} of agent {agent.agent_id} cannot be restored: {type(exc).__name__}: "
+            f"{str(exc)[:300]}; restore another one (GET /v1/agents/{agent.agent_id}/checkpoints)"
+        ) from None
     context = agent.context
     position, held = len(context), len(context) - context.first
     marker = await _truncate_marker(agent, target.step) if mode == "reexecute" else None

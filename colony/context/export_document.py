@@ -20,6 +20,7 @@ from colony.api.limits import check_input
 from colony.api.schemas import ID_PATTERN
 from colony.blackboard.protocol import AgentStateProtocol as Keys
 from colony.context.action_log import LogRecord
+from colony.context.checkpoints import Checkpoint
 from colony.errors import ImportRejected
 from colony.memory.blocks import BlockType
 from colony.memory.blocks.types import MAX_DESCRIPTION_CHARS
@@ -149,16 +150,19 @@ class AgentExport(_Strict):
 
     @field_validator("parts")
     @classmethod
-    def _log_records(cls, value: dict[str, StoredPart]) -> dict[str, StoredPart]:
-        """Every action-log item must be a record the log itself would read back (the same model
-        it validates with on resume): a document with anything else is refused, not half taken."""
-        log_part = value.get("action_log")
-        for index, item in enumerate((log_part.ring or []) if log_part is not None else []):
-            try:
-                LogRecord.model_validate(item)
-            except ValidationError as exc:
-                what = f"parts.action_log.ring[{index}]"
-                raise ValueError(f"{what} is not an action-log record: {exc}") from None
+    def _records(cls, value: dict[str, StoredPart]) -> dict[str, StoredPart]:
+        """Every checkpoint and action-log item must be one its reader takes (the same models they
+        are read back with): a document with anything else is refused, not half taken (an
+        imported checkpoint whose run is not one would fail its undo later)."""
+        models: dict[str, type[BaseModel]] = {"action_log": LogRecord, "checkpoints": Checkpoint}
+        for name, model in models.items():
+            part = value.get(name)  # type: ignore[call-overload]
+            for index, item in enumerate((part.ring or []) if part is not None else []):
+                try:
+                    model.model_validate(item)
+                except ValidationError as exc:
+                    what = f"parts.{name}.ring[{index}]"
+                    raise ValueError(f"{what} is not a record of that kind: {exc}") from None
         return value
 
     @field_validator("capabilities")
