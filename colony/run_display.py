@@ -22,8 +22,19 @@ def _prompt_text(data: dict[str, Any]) -> str:
     text = data.get("text") if isinstance(data.get("text"), str) else ""
     step = _int_or_none(data.get("step"))
     lines = ["".join(c if c.isprintable() or c == "\t" else " " for c in line) for line in text.splitlines()]
-    header = f"  prompt of step {step}:" if step is not None else "  prompt:"
+    header = f"  prompt of step {step}" if step is not None else "  prompt"
+    tokens, budget = _int_or_none(data.get("tokens")), _int_or_none(data.get("budget"))
+    if tokens is not None:
+        header += f" ({tokens} tokens" + (f" of {budget}" if budget is not None else "") + ")"
+    header += ":"
     return "\n".join([header, *(f"    {line}" for line in lines)]) + "\n"
+
+
+def _compaction_text(data: dict[str, Any]) -> str:
+    """A `compaction` event: the agent's history was compacted under its token budget."""
+    step, stage = _int_or_none(data.get("step")), _printable(str(data.get("stage")), 20)
+    before, after = _int_or_none(data.get("tokens_before")), _int_or_none(data.get("tokens_after"))
+    return f"  compacted at step {step}: {stage}, {before} -> {after} tokens\n"
 
 
 def _int_or_none(value: Any) -> int | None:
@@ -68,6 +79,8 @@ class RunDisplay:
             return out + f"  step {data.get('step')}: {named}{verdict}".rstrip() + "\n"
         if kind == "prompt":
             return out + _prompt_text(data)
+        if kind == "compaction":
+            return out + _compaction_text(data)
         if kind == "workers":
             return out + f"  {len(data.get('workers', []))} page workers started\n"
         if kind != "started":

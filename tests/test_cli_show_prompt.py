@@ -27,3 +27,18 @@ def test_each_steps_prompt_is_printed_indented_without_control_characters() -> N
     # a token line left open is closed before the prompt
     display.feed({"event_type": "token", "data": {"text": "half"}})
     assert display.feed({"event_type": "prompt", "data": {"text": "x"}}).startswith("\n  prompt:\n")
+
+
+def test_prompt_token_figures_and_compactions_are_shown() -> None:
+    display = RunDisplay()
+    out = display.feed(
+        {"event_type": "prompt", "data": {"step": 3, "text": "x", "tokens": 812, "budget": 1000}}
+    )
+    assert out.startswith("  prompt of step 3 (812 tokens of 1000):\n")
+    out = display.feed(
+        {"event_type": "prompt", "data": {"step": 4, "text": "x", "tokens": 90, "budget": None}}
+    )
+    assert out.startswith("  prompt of step 4 (90 tokens):\n")
+    event = {"step": 7, "stage": "summarized", "tokens_before": 1400, "tokens_after": 600}
+    out = display.feed({"event_type": "compaction", "data": event})
+    assert out == "  compacted at step 7: summarized, 1400 -> 600 tokens\n"

@@ -324,3 +324,42 @@ async def test_event_driven_policy_waits_for_events_and_puts_priority_first(redi
     finally:
         await runtime.shutdown()
         await client.aclose()
+
+
+async def test_codegen_policy_keeps_its_prompts_under_the_token_budget(redis_url: str) -> None:
+    """The code-writing planner's prompt is fitted like the structured one's: its history is
+    summarised (through the same model, recorded by the action log) once it passes the budget."""
+    from colony.blackboard import create_redis
+    from colony.config import ContextSettings
+    from colony.context.compaction import SUMMARISER_SYSTEM
+    from colony.context.tokens import estimate_tokens
+
+    budget = 250
+    prompts: list[str] = []
+
+    def reply(request: Any) -> str:
+        if request.messages[0].content == SUMMARISER_SYSTEM:
+            return "Earlier the agent added small numbers, one addition per step."
+        prompts.append(request.messages[-1].content)
+        if len(prompts) >= 40:
+            return "```python\nrun('finish', answer='done')\n```"
+        return f"```python\nrun('add', a={len(prompts)}, b=1000000)\n```"
+
+    settings = ContextSettings(token_budget=budget, keep_first_items=1, keep_recent_items=4)
+    engine = ScriptedEngine(reply)
+    client = create_redis(redis_url)
+    board = Blackboard(client, "test:codegen-budget")
+    runtime = LocalAgentRuntime(board, colony_id="planning-codegen-budget", engine=engine)
+    try:
+        policy = CodeGenerationActionPolicy.bind(
+            goals=["Add each number to a million."], max_tokens=64, context_settings=settings
+        )
+        agent = await runtime.spawn(blueprint("budgeted-coder", policy, Calculator.bind()))
+        run = await agent.run("add them")
+        assert run.status is RunStatus.SUCCEEDED and run.output == "done"
+        assert len(prompts) == 40
+        assert max(estimate_tokens(p) for p in prompts) <= budget
+        assert any("<chat_history_summary>" in p and "one addition per step" in p for p in prompts[-5:])
+    finally:
+        await runtime.shutdown()
+        await client.aclose()

@@ -303,6 +303,7 @@ class AgentStateProtocol(BlackboardProtocol):
         "checkpoints": "agent:checkpoints",
         "action_log": "agent:action_log",
         "archived_output": "agent:archived:{digest}",
+        "compaction": "agent:compaction",  # the last compaction's report (tokens before and after)
     }
 
     @classmethod

@@ -69,7 +69,7 @@ RECALL_ACTION: dict[str, Any] = {
 }
 # The agent-scope entry each compaction writes (its write is the blackboard event); a fixed name
 # that holds the latest report.
-COMPACTION_KEY = "agent:compaction"
+COMPACTION_KEY = Keys.key("compaction")
 SUMMARY_LOG_LABEL = "history_summary"
 SUMMARY_LOG_DESCRIPTION = "Summaries of your earlier history, written when it was compacted; read-only"
 DEFAULT_PINNED_KEYS = ("user_correction",)

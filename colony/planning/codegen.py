@@ -77,10 +77,17 @@ class CodeGenerationActionPolicy(EventDrivenActionPolicy):
             raise AgentUsageError("CodeGenerationActionPolicy needs its agent and an engine")
         await self.check_isolation()
         actions = [a.json_schema() for a in self.planning_actions()]
-        prompt = format_planning_prompt(
-            self.planning_context(state, [*actions, FINISH_ACTION]),
-            instructions="Write the next program.",
+
+        def render() -> str:
+            return format_planning_prompt(
+                self.planning_context(state, [*actions, FINISH_ACTION]),
+                instructions="Write the next program.",
+            )
+
+        fitted = await self.fit_prompt(
+            state, render, engine=self.engine, system=self.SYSTEM, max_tokens=self.max_tokens
         )
+        prompt = fitted.text
         response = await self.generate(  # through the action log: a redone step gets the same program
             self.engine,
             InferenceRequest(
