@@ -12,17 +12,16 @@ from __future__ import annotations
 
 import itertools
 import os
-import sys
 import textwrap
 import threading
 from collections.abc import Iterator
 
 import pytest
+from cluster_kit import user_package_cluster
 
 from colony.api.auth import TOKEN_ENV
-from colony.blackboard.redis_server import free_port
 from colony.client import ApiError, ColonyClient
-from colony.config import ColonySettings, ServeSettings
+from colony.config import ColonySettings
 from colony.serve import cluster
 
 PACKAGE = "colony_blocks_appender"
@@ -70,31 +69,10 @@ MODULE = textwrap.dedent(
 def blocks_cluster(
     tmp_path_factory: pytest.TempPathFactory,
 ) -> Iterator[tuple[ColonySettings, cluster.ClusterInfo]]:
-    root = tmp_path_factory.mktemp("appender-pkg")
-    (root / PACKAGE).mkdir()
-    (root / PACKAGE / "__init__.py").write_text("")
-    (root / PACKAGE / "agents.py").write_text(MODULE)
-    previous = os.environ.get("PYTHONPATH")
-    # the daemon, Ray and every replica inherit PYTHONPATH; `up` also checks the factory here
-    os.environ["PYTHONPATH"] = os.pathsep.join(filter(None, [str(root), previous]))
-    sys.path.insert(0, str(root))
-    settings = ColonySettings(
-        data_dir=tmp_path_factory.mktemp("colony-blocks"),
-        serve=ServeSettings(
-            port=free_port(), num_cpus=2, replicas=2, replica_cpus=0.5, replica_memory_mb=2200
-        ),
-        agents={"appender-a": f"{PACKAGE}.agents:appender", "appender-b": f"{PACKAGE}.agents:appender"},
-    )
-    info = cluster.up(settings)
-    try:
-        yield settings, info
-    finally:
-        cluster.down(settings)
-        sys.path.remove(str(root))
-        if previous is None:
-            os.environ.pop("PYTHONPATH", None)
-        else:
-            os.environ["PYTHONPATH"] = previous
+    with user_package_cluster(
+        tmp_path_factory, PACKAGE, MODULE, {"appender-a": "appender", "appender-b": "appender"}
+    ) as made:
+        yield made
 
 
 def _client(info: cluster.ClusterInfo) -> ColonyClient:

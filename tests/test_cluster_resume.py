@@ -14,17 +14,16 @@ from __future__ import annotations
 
 import os
 import signal
-import sys
 import textwrap
 import time
 from collections.abc import Iterator
 
 import pytest
 import redis
+from cluster_kit import user_package_cluster
 
-from colony.blackboard.redis_server import free_port
 from colony.client import ColonyClient
-from colony.config import ColonySettings, ServeSettings
+from colony.config import ColonySettings
 from colony.serve import cluster
 
 PACKAGE = "colony_resume_booker"
@@ -88,31 +87,8 @@ MODULE = textwrap.dedent(
 def resume_cluster(
     tmp_path_factory: pytest.TempPathFactory,
 ) -> Iterator[tuple[ColonySettings, cluster.ClusterInfo]]:
-    root = tmp_path_factory.mktemp("booker-pkg")
-    (root / PACKAGE).mkdir()
-    (root / PACKAGE / "__init__.py").write_text("")
-    (root / PACKAGE / "agents.py").write_text(MODULE)
-    previous = os.environ.get("PYTHONPATH")
-    # the daemon, Ray and every replica inherit PYTHONPATH; `up` also checks the factory here
-    os.environ["PYTHONPATH"] = os.pathsep.join(filter(None, [str(root), previous]))
-    sys.path.insert(0, str(root))
-    settings = ColonySettings(
-        data_dir=tmp_path_factory.mktemp("colony-resume"),
-        serve=ServeSettings(
-            port=free_port(), num_cpus=2, replicas=2, replica_cpus=0.5, replica_memory_mb=2200
-        ),
-        agents={"booker": f"{PACKAGE}.agents:booker"},
-    )
-    info = cluster.up(settings)
-    try:
-        yield settings, info
-    finally:
-        cluster.down(settings)
-        sys.path.remove(str(root))
-        if previous is None:
-            os.environ.pop("PYTHONPATH", None)
-        else:
-            os.environ["PYTHONPATH"] = previous
+    with user_package_cluster(tmp_path_factory, PACKAGE, MODULE, {"booker": "booker"}) as made:
+        yield made
 
 
 def _executions(store: redis.Redis, item: str) -> list[tuple[int, str]]:
