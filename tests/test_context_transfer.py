@@ -300,6 +300,11 @@ async def test_export_refuses_a_running_agent_and_import_a_live_id(colonies: tup
     }
     await target.registry.put(AgentRecord(agent_id="phantom", state="idle", replica="rdst"))
     with pytest.raises(AgentStateConflict, match="phantom is live in this colony"):
+        await import_agent(
+            target.board, phantom, settings=target.settings, registry=target.registry, catalog="stepper"
+        )
+    # (busy's signed blueprint does not make an agent "phantom": a signed blueprint is its own agent's)
+    with pytest.raises(ImportRejected, match="signed blueprint is agent busy's, not phantom's"):
         await import_agent(target.board, phantom, settings=target.settings, registry=target.registry)
 
     await imported()
@@ -411,3 +416,179 @@ async def test_http_export_import_and_resume(colonies: tuple[Colony, Colony]) ->
         assert caught.value.status == 409
     finished = await resumed_output(target, "wanderer", paused.run_id)
     assert finished.status == "succeeded" and finished.output == sum(AMOUNTS)
+
+
+async def live_view(colony: Colony, agent_id: str) -> dict[str, Any]:
+    """What an import must never touch when it is refused: the agent's rings (checkpoints, action
+    log, context), its stored state entries, its block and its memory."""
+    board = colony.agent_board(agent_id)
+    names = ("blueprint", "metadata", "current_run", "policy_state")
+    entries = await board.read_many([Keys.key(n) for n in names])
+    scope = MemoryScope.agent_working(agent_id, colony_id=colony.settings.colony_id)
+    memory = await MemoryStore(colony.board, colony.settings).entries(scope)
+    notes = await block_store(board.redis, colony.settings).read(agent_id, "notes")
+    return {
+        **{n: await board.ring(Keys.key(n)) for n in ("checkpoints", "action_log", "context")},
+        **{n: (e.value if e is not None else None) for n, e in zip(names, entries, strict=True)},
+        "notes": notes.content,
+        "memory": sorted(e.content for e in memory),
+    }
+
+
+async def suspended_with_state(colony: Colony, agent_id: str) -> dict[str, Any]:
+    """An agent of `colony` that ran a three-step run, with a block and a memory entry, suspended
+    (IMMEDIATE: the monitor's next round resumes it); and its export, whose block and memory say
+    something else (an older or foreign copy of the same id)."""
+    await colony.host.ensure_agent(counter_blueprint(agent_id, STEPS[:3]))
+    run = await colony.runtime.start_run(agent_id, None)
+    await colony.runtime.wait_for_run(agent_id, run.run_id, timeout=30)
+    board = colony.agent_board(agent_id)
+    await block_store(board.redis, colony.settings).create(
+        agent_id, NewBlock(label="notes", content="LIVE block content", char_limit=1000)
+    )
+    scope = MemoryScope.agent_working(agent_id, colony_id=colony.settings.colony_id)
+    await MemoryStore(colony.board, colony.settings).write(scope, NewMemory(content="live memory"))
+    await register_scope(board, scope)
+    assert await colony.host.suspend_agent(agent_id, "test", {"kind": "immediate"})
+    record = await colony.registry.get(agent_id)
+    assert record is not None and record.state == "suspended"
+    document = await export_agent(colony.board, agent_id, settings=colony.settings)
+    for block in document["blocks"]:
+        block["content"] = "DOCUMENT block content"
+    for scope_doc in document["memory"]:
+        for entry in scope_doc["entries"]:
+            entry.update(content="document memory", entry_id="doc-entry")
+    return document
+
+
+async def test_a_replace_refused_because_the_agent_resumed_leaves_it_as_it_was(
+    colonies: tuple[Colony, Colony], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The monitor resumes the suspended agent after the import checked it was free and before its
+    state commit: the import is refused (409) and the live agent keeps its checkpoints, action log,
+    context, state, block and memory exactly as they were (nothing is written before the fence)."""
+    _, target = colonies
+    document = await suspended_with_state(target, "victim")
+    before = await live_view(target, "victim")
+    assert before["checkpoints"] and before["action_log"] and before["notes"].strip() == "LIVE block content"
+    assert before["memory"] == ["live memory"]
+
+    from colony.context import transfer
+
+    check_free = transfer._check_free
+    resumed: list[str] = []
+
+    async def then_resumed(*args: Any, **kwargs: Any) -> None:
+        await check_free(*args, **kwargs)
+        resumed.extend(await target.monitor.tick())  # the monitor's round lands in the window
+
+    monkeypatch.setattr(transfer, "_check_free", then_resumed)
+    with pytest.raises(AgentStateConflict, match="during the import"):
+        await import_agent(
+            target.board, document, settings=target.settings, registry=target.registry, replace=True
+        )
+    assert resumed == ["victim"] and "victim" in target.runtime.agent_ids
+    assert await live_view(target, "victim") == before
+    assert await state_of(target, "victim") == "idle"  # resumed, with its run done: idle, not suspended
+
+
+async def test_an_imported_agent_cannot_be_resumed_before_its_blocks_and_memory_are_written(
+    colonies: tuple[Colony, Colony], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Once the import's state commit is in, the agent has no blueprint and no resumption condition
+    until its blocks and memory are written: neither the monitor nor an explicit resume can host it
+    in that window. Then it resumes with the document's blocks and memory."""
+    _, target = colonies
+    document = await suspended_with_state(target, "mover")
+
+    from colony.context import transfer
+
+    import_blocks = transfer._import_blocks
+    attempts: list[Any] = []
+
+    async def resumed_meanwhile(*args: Any, **kwargs: Any) -> None:
+        attempts.append(await target.monitor.tick())  # the monitor finds nothing to resume
+        with pytest.raises(AgentNotFound, match="no restorable agent"):
+            await target.host.resume_agent("mover")  # an explicit resume cannot restore it
+        attempts.append("refused")
+        await import_blocks(*args, **kwargs)
+
+    monkeypatch.setattr(transfer, "_import_blocks", resumed_meanwhile)
+    imported = await import_agent(
+        target.board, document, settings=target.settings, registry=target.registry, replace=True
+    )
+    assert attempts == [[], "refused"] and imported["replaced"] is True
+    assert "mover" not in target.runtime.agent_ids
+    assert await target.monitor.tick() == ["mover"]  # IMMEDIATE, once the import is done
+    view = await live_view(target, "mover")
+    assert view["notes"].strip() == "DOCUMENT block content"
+    assert "document memory" in view["memory"]
+    assert view["checkpoints"] == document["parts"]["checkpoints"]["ring"]
+
+
+async def test_who_an_imported_agent_is_comes_from_its_trusted_blueprint(
+    colonies: tuple[Colony, Colony],
+) -> None:
+    """A document cannot make its agent a session agent, a service, a child of another agent or a
+    higher priority: role, type and priority are the trusted blueprint's (catalog factory or a
+    verified signed blueprint), and the parent is dropped."""
+    source, target = colonies
+    await paused_mid_run(source, "poser", after_steps=1)
+    document = await export_agent(source.board, "poser", settings=source.settings)
+    claims = {"role": "session", "agent_type": "service", "parent_id": "boss", "priority": 99}
+    document["metadata"] = {**document["metadata"], **claims}
+    twin = json.loads(json.dumps(document).replace('"poser"', '"twin"'))
+    twin["blueprint"] = {"catalog": None, "signed": None}
+    for doc, catalog in ((document, None), (twin, "stepper")):  # a signed blueprint; the catalog's
+        agent_id = doc["agent_id"]
+        imported = await import_agent(
+            target.board, doc, settings=target.settings, registry=target.registry, catalog=catalog
+        )
+        assert imported["blueprint"] == ("signed" if catalog is None else "catalog:stepper")
+        record = await target.registry.get(agent_id)
+        assert record is not None and (record.role, record.agent_type) == ("counter", "unbound")
+        stored = (await target.agent_board(agent_id).read(Keys.key("metadata"))).value
+        assert (stored["role"], stored["agent_type"], stored["parent_id"], stored["priority"]) == (
+            "counter",
+            "unbound",
+            None,
+            0,
+        )
+    resumed = await target.monitor.tick()
+    assert sorted(resumed) == ["poser", "twin"]
+    for agent_id in resumed:
+        hosted = target.runtime.get(agent_id).metadata
+        assert (hosted.role, hosted.parent_id) == ("counter", None)
+
+
+async def test_an_import_overtaken_by_another_import_of_the_same_id_is_refused(
+    colonies: tuple[Colony, Colony], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Two imports of one id with replace=true, the second entirely inside the first's window
+    (between its two commits): the first is refused at its second commit (the lifecycle's
+    version only grows, so it never finds the version it wrote again) and the second's agent is
+    the one that resumes. (The first's block writes land on it too: the same document here.)"""
+    _, target = colonies
+    document = await suspended_with_state(target, "contested")
+
+    from colony.context import transfer
+
+    import_blocks = transfer._import_blocks
+    overtaken: list[dict[str, Any]] = []
+
+    async def another_import(*args: Any, **kwargs: Any) -> None:
+        if not overtaken:
+            overtaken.append({})
+            overtaken[0] = await import_agent(
+                target.board, document, settings=target.settings, registry=target.registry, replace=True
+            )
+        await import_blocks(*args, **kwargs)
+
+    monkeypatch.setattr(transfer, "_import_blocks", another_import)
+    with pytest.raises(AgentStateConflict, match="another import"):
+        await import_agent(
+            target.board, document, settings=target.settings, registry=target.registry, replace=True
+        )
+    assert overtaken[0]["replaced"] is True
+    assert await target.monitor.tick() == ["contested"]
+    assert (await live_view(target, "contested"))["notes"].strip() == "DOCUMENT block content"

@@ -137,7 +137,7 @@ class AgentExport(_Strict):
     agent_id: AgentIdText
     state: AgentState
     blueprint: BlueprintRef
-    metadata: AgentMetadata
+    metadata: AgentMetadata  # for the record: an import takes role, type, parent from the trusted blueprint
     current_run: AgentRun | None = None
     policy_state: dict[str, Any] | None = None
     context: ContextPart = Field(default_factory=ContextPart)

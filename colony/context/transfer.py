@@ -5,8 +5,8 @@ The document holds data only. The one piece of an agent that is code, its bluepr
 is never taken from a document on trust: the importing colony rebuilds it from its own catalog (a
 built-in or an operator's `agents:` entry, by name), or accepts the document's signed blueprint only
 when its HMAC verifies under the importing colony's own secret (the same trust a replica gives a
-blueprint it reads from Redis). The blueprint is never unpickled here: the replica that resumes the
-agent verifies it again and only then unpickles it. Anything else is refused (`ImportRejected`).
+blueprint it reads from Redis): only once it verifies is it loaded, for its metadata. A blueprint
+that does not verify is never unpickled. Anything else is refused (`ImportRejected`).
 
 Everything else is validated (pydantic models with bounds, ids by pattern, nesting depth, the whole
 document within `context.max_export_bytes`), and every Redis key is built by the protocol classes
@@ -15,15 +15,19 @@ from validated names; the document chooses no key, scope or file.
 An export is taken while the agent is not RUNNING (idle, waiting, suspended, or ended): a step in
 progress is refused with 409 (`AgentStateConflict`). It is a consistent snapshot: the agent's
 lifecycle is read before and after, and a change in between (a run began) takes it again.
-An import writes the agent's state in one transaction fenced on its lifecycle, then registers it
-SUSPENDED with an IMMEDIATE resumption condition: the resumption monitor places it on a replica,
-which drives its unfinished run on from the step it had reached.
+An import writes nothing before its first transaction, fenced on the agent's lifecycle (a refused
+import leaves an agent of that id as it was); that commit holds the state without the blueprint, so
+no replica can restore the agent while its blocks and memory are written; a second fenced commit
+adds the blueprint and an IMMEDIATE resumption condition, and the agent is registered SUSPENDED:
+the resumption monitor places it on a replica, which drives its unfinished run on from the step it
+had reached. Who the agent is (role, type, priority) comes from its trusted blueprint, never from
+the document.
 """
 
 from __future__ import annotations
 
 import time
-from typing import Any
+from typing import Any, NamedTuple
 
 from pydantic import (
     TypeAdapter,
@@ -33,13 +37,14 @@ from pydantic import (
 from colony.agents.blueprint import AgentBlueprint, _verified_payload
 from colony.agents.models import (
     TERMINAL_STATES,
+    AgentMetadata,
     AgentState,
     ResumptionCondition,
     ResumptionKind,
     SuspensionRequest,
 )
 from colony.agents.persistence import MAX_CONTEXT_ITEMS, STATE_NAMES
-from colony.blackboard import Blackboard, BlackboardScope, scope_id
+from colony.blackboard import Blackboard, BlackboardScope, Transaction, scope_id
 from colony.blackboard.protocol import AgentStateProtocol as Keys
 from colony.blackboard.protocol import BlackboardProtocol, MemoryProtocol
 from colony.config import ColonySettings
@@ -61,6 +66,7 @@ from colony.errors import (
     AgentStateConflict,
     BlueprintTampered,
     ColonyError,
+    ConcurrentModificationError,
     ContextError,
     ImportRejected,
     InvalidArgument,
@@ -245,11 +251,19 @@ async def _export_memory(board: Blackboard, settings: ColonySettings) -> list[di
 # -- import ---------------------------------------------------------------------------------------
 
 
-def trusted_blueprint(doc: AgentExport, settings: ColonySettings, catalog: str | None) -> tuple[str, str]:
-    """(signed blueprint text, how it was obtained) from the target colony's trusted sources:
-    the catalog agent `catalog` (else the document's catalog name), built here by the colony's own
-    factory; else the document's signed blueprint when its HMAC verifies under this colony's secret
-    (verified only: never unpickled here). ImportRejected otherwise."""
+class Trusted(NamedTuple):
+    """The imported agent's code and identity, from the target colony's trusted sources only."""
+
+    text: str  # the signed blueprint stored for the agent
+    origin: str  # "catalog:<name>" or "signed"
+    metadata: AgentMetadata  # the blueprint's: role, type, priority, pages (never the document's)
+
+
+def trusted_blueprint(doc: AgentExport, settings: ColonySettings, catalog: str | None) -> Trusted:
+    """The blueprint from the target colony's trusted sources: the catalog agent `catalog` (else
+    the document's catalog name), built here by the colony's own factory; else the document's
+    signed blueprint when its HMAC verifies under this colony's secret (then, and only then, read
+    like a replica of this colony reads it, for its metadata). ImportRejected otherwise."""
     name = catalog or doc.blueprint.catalog
     if name is not None:
         factory = _catalog_factory(name, settings)
@@ -265,7 +279,7 @@ def trusted_blueprint(doc: AgentExport, settings: ColonySettings, catalog: str |
                     f"catalog agent {name!r} did not return a blueprint for agent {doc.agent_id!r} (its "
                     "factory must use the agent id it is called with)"
                 )
-            return blueprint.to_text(), f"catalog:{name}"
+            return Trusted(blueprint.to_text(), f"catalog:{name}", blueprint.metadata)
         if catalog is not None:
             raise ImportRejected(
                 f"{catalog!r} is not a catalog agent of this colony (GET /v1/agents/catalog lists them)"
@@ -276,13 +290,30 @@ def trusted_blueprint(doc: AgentExport, settings: ColonySettings, catalog: str |
         except BlueprintTampered:
             pass
         else:
-            return doc.blueprint.signed, "signed"
+            return Trusted(doc.blueprint.signed, "signed", _signed_metadata(doc, doc.blueprint.signed))
     raise ImportRejected(
         f"agent {doc.agent_id}'s blueprint (its code) cannot be trusted here: it names no catalog agent of "
         "this colony and its signature does not verify under this colony's secret. Import it with "
         "catalog=<name> naming the catalog agent (GET /v1/agents/catalog) that builds this kind of agent, "
         "or between colonies that share one colony secret (COLONY_SECRET)"
     )
+
+
+def _signed_metadata(doc: AgentExport, signed: str) -> AgentMetadata:
+    """The metadata inside a signed blueprint that verified under this colony's secret: whoever
+    signed it holds that secret, so it is loaded as every replica of this colony loads it."""
+    try:
+        blueprint = AgentBlueprint.from_text(signed)
+    except Exception as exc:  # verified, but not loadable in this process (a module it lacks)
+        raise ImportRejected(
+            f"agent {doc.agent_id}'s signed blueprint verifies but cannot be loaded here ({exc}); import "
+            "it with catalog=<name> naming the catalog agent that builds this kind of agent"
+        ) from None
+    if blueprint.metadata.agent_id != doc.agent_id:
+        raise ImportRejected(
+            f"the document's signed blueprint is agent {blueprint.metadata.agent_id}'s, not {doc.agent_id}'s"
+        )
+    return blueprint.metadata
 
 
 def _catalog_factory(name: str, settings: ColonySettings) -> Any:
@@ -314,37 +345,61 @@ async def import_agent(
 
     An agent of that id that exists here and has not ended: AgentStateConflict (409), unless
     `replace` and it is suspended (a hosted one must be suspended first). Blocks of that agent id
-    already here: 409 too unless `replace`. Returns what was imported."""
+    already here: 409 too unless `replace`. Returns what was imported.
+
+    Nothing is written before the first commit, which is fenced on the agent's lifecycle: an
+    import refused there (the agent was resumed or changed meanwhile) leaves the agent here as it
+    was. That commit writes the state without the blueprint and the suspension request, so no
+    replica can restore the agent (`restore_agent` needs its blueprint) and the monitor has no
+    condition to meet while its blocks and memory are written; a second fenced commit then adds
+    them, and the registry record follows."""
     doc = parse_document(document, settings.context.max_export_bytes)
-    text, origin = trusted_blueprint(doc, settings, catalog)
+    trusted = trusted_blueprint(doc, settings, catalog)
     tenant, colony = settings.tenant_id, settings.colony_id
+    # who the agent is (role, type) decides routing and trust: its trusted blueprint's, never the
+    # document's; its parent is dropped (children are not exported, nor parents)
+    metadata = trusted.metadata.model_copy(
+        update={"parent_id": None, "tenant_id": tenant, "colony_id": colony}
+    )
     board = agent_board(blackboard, doc.agent_id, tenant, colony)
     found = await board.read(LIFECYCLE)
     await _check_free(doc.agent_id, found, await registry.get(doc.agent_id), replace)
     store = block_store(board.redis, settings)
+    blocks = _new_blocks(store, doc)
     taken = [b.label for b in doc.blocks if await store.info_of(store.block_id(doc.agent_id, b.label))]
     if taken and not replace:
         raise AgentStateConflict(
             f"agent {doc.agent_id} already has blocks here ({', '.join(taken)}); import with replace=true "
             "to overwrite them"
         )
-    await _import_blocks(store, doc, taken)
-    scopes, entries = await _import_memory(board, doc, settings)
-    await _write_state(board, doc, text, scopes, settings, found.version if found is not None else 0)
-    run = doc.current_run
+    memories = _new_memories(board, doc)
+    scopes = [scope for scope, _ in memories]
+    version = await _write_state(
+        board, doc, metadata, scopes, settings, found.version if found is not None else 0
+    )
+    try:
+        await _import_blocks(store, doc, blocks)
+        entries = await _import_memory(board, doc, memories, settings)
+    except ImportRejected as exc:
+        raise ImportRejected(
+            f"{exc} (agent {doc.agent_id}'s state is written but it has no blueprint here, so it is never "
+            "resumed: fix that and import the document again with replace=true)"
+        ) from exc
+    await _release(board, doc, trusted.text, version)
     await registry.put(
         AgentRecord(
             agent_id=doc.agent_id,
-            role=doc.metadata.role,
-            agent_type=doc.metadata.agent_type.value,
+            role=metadata.role,
+            agent_type=metadata.agent_type.value,
             state=AgentState.SUSPENDED.value,
         )
     )
+    run = doc.current_run
     return {
         "agent_id": doc.agent_id,
         "state": AgentState.SUSPENDED.value,
         "resumes": ResumptionKind.IMMEDIATE.value,
-        "blueprint": origin,
+        "blueprint": trusted.origin,
         "source": doc.source.model_dump(),
         "run_id": run.run_id if run is not None else None,
         "run_status": run.status.value if run is not None else None,
@@ -374,29 +429,43 @@ async def _check_free(agent_id: str, found: Any, record: AgentRecord | None, rep
         )
 
 
-async def _import_blocks(store: Any, doc: AgentExport, taken: list[str]) -> None:
-    for label in taken:
-        await store.delete(SYSTEM, doc.agent_id, label)
+def _new_blocks(store: Any, doc: AgentExport) -> list[NewBlock]:
+    """The document's blocks as blocks to create, checked against this colony's block limits
+    before anything is written."""
+    blocks = []
     for block in doc.blocks:
         content = "" if block.block_type is BlockType.LOG else block.content
-        new = NewBlock(**block.model_dump(include=BLOCK_SETTINGS | {"template"}), content=content)
+        limit = block.char_limit
+        if limit > store.settings.max_char_limit or len(content.removesuffix("\n")) > limit:
+            raise ImportRejected(
+                f"block {block.label!r} does not fit this colony's blocks (char_limit {limit}, content "
+                f"{len(content)} characters, blocks.max_char_limit {store.settings.max_char_limit})"
+            )
+        blocks.append(NewBlock(**block.model_dump(include=BLOCK_SETTINGS | {"template"}), content=content))
+    return blocks
+
+
+async def _import_blocks(store: Any, doc: AgentExport, blocks: list[NewBlock]) -> None:
+    """Create the blocks (one of that label the agent owns here is replaced); a log block's
+    entries are appended with their original times."""
+    for block, exported in zip(blocks, doc.blocks, strict=True):
         try:
-            await store.create(doc.agent_id, new, created_by=SYSTEM)
-            logged = (block.entries or []) if block.block_type is BlockType.LOG else []
+            if await store.info_of(store.block_id(doc.agent_id, block.label)):
+                await store.delete(SYSTEM, doc.agent_id, block.label)
+            await store.create(doc.agent_id, block, created_by=SYSTEM)
+            logged = (exported.entries or []) if block.block_type is BlockType.LOG else []
             for entry in logged:
                 await store.log_append(doc.agent_id, block.label, entry, via="system")
         except (InvalidArgument, ColonyError) as exc:
             raise ImportRejected(f"block {block.label!r} cannot be created here: {exc}") from exc
 
 
-async def _import_memory(
-    board: Blackboard, doc: AgentExport, settings: ColonySettings
-) -> tuple[list[str], int]:
-    store = MemoryStore(board, settings)
-    now, scopes, written = time.time(), [], 0
+def _new_memories(board: Blackboard, doc: AgentExport) -> list[tuple[str, list[NewMemory]]]:
+    """The document's memory entries as entries to write, by target scope (the agent's own scopes
+    here), checked before anything is written; entries expired in transit are dropped."""
+    now, scopes = time.time(), []
     for scope in doc.memory:
         target = BlackboardProtocol.namespaced_scope(board.scope_id, scope.namespace)
-        scopes.append(target)
         memories = []
         for e in scope.entries:
             if e.expires_at is not None and e.expires_at <= now:
@@ -407,91 +476,122 @@ async def _import_memory(
                 memories.append(NewMemory(**kept, tags=frozenset(e.tags), ttl_seconds=ttl))
             except (ValidationError, InvalidKey) as exc:
                 raise ImportRejected(f"memory entry {e.entry_id} of {scope.namespace}: {exc}") from None
+        scopes.append((target, memories))
+    return scopes
+
+
+async def _import_memory(
+    board: Blackboard,
+    doc: AgentExport,
+    memories: list[tuple[str, list[NewMemory]]],
+    settings: ColonySettings,
+) -> int:
+    store, written = MemoryStore(board, settings), 0
+    for (target, entries), scope in zip(memories, doc.memory, strict=True):
         try:
-            outcomes = await store.write_many(target, memories, created_by=doc.agent_id)
+            outcomes = await store.write_many(target, entries, created_by=doc.agent_id)
         except InvalidArgument as exc:
             raise ImportRejected(f"memory of {scope.namespace} cannot be written here: {exc}") from exc
         written += sum(o.created for o in outcomes)
-    return scopes, written
+    return written
+
+
+def _lifecycle(doc: AgentExport, done: bool) -> dict[str, Any]:
+    how = "imported" if done else "being imported"
+    return {
+        "state": AgentState.SUSPENDED.value,
+        "since": time.time(),
+        "reason": f"{how} from tenant {doc.source.tenant_id} colony {doc.source.colony_id}",
+        "previous": doc.state.value,
+    }
+
+
+async def _fenced_commit(tx: Transaction, agent_id: str, version: int, what: str) -> list[Any]:
+    """Commit `tx` only if the agent's lifecycle is still at `version` (0: absent)."""
+    refused = AgentStateConflict(
+        f"agent {agent_id} was {what} here during the import; import it again (with replace=true if "
+        "it is suspended)"
+    )
+    stored = await tx.read(LIFECYCLE)  # in the read set: the commit checks it did not change
+    if (stored.version if stored is not None else 0) != version:
+        raise refused
+    try:
+        return await tx.commit()
+    except ConcurrentModificationError:
+        raise refused from None
 
 
 async def _write_state(
     board: Blackboard,
     doc: AgentExport,
-    blueprint: str,
+    metadata: AgentMetadata,
     scopes: list[str],
     settings: ColonySettings,
     version: int,
-) -> None:
-    """Every agent entry and ring, in one transaction applied only if the agent's lifecycle is still
-    at `version` (0: absent): an agent created or changed meanwhile is never written over."""
+) -> int:
+    """Every agent entry and ring but the blueprint and the suspension request, in one transaction
+    applied only if the agent's lifecycle is still at `version` (0: absent): an agent resumed,
+    created or changed meanwhile is never written over. Its rings are emptied in that same
+    transaction. The lifecycle is written over, never deleted, so its version only grows (a second
+    import, or a stale copy, can never find the version it expects again). Returns the new version."""
     old_capabilities = [e.key async for e in board.iter_query(Keys.pattern("capability_state"))]
     old_archived = [e.key async for e in board.iter_query(Keys.pattern("archived_output"))]
-    # rings cannot be deleted inside a transaction: cleared first (no copy of the agent is hosted
-    # here, `_check_free`; a conflict below leaves the agent to be imported again with replace)
-    async with board.guard("import_rings"):
-        for name in ("context", *PARTS):
-            await board.redis.delete(board.keyspace.ring_key(Keys.key(name)))
     caps = {
         "checkpoints": settings.context.checkpoints_kept,
         "action_log": settings.context.action_log_max_entries,
     }
     by = doc.agent_id
-    metadata = doc.metadata.model_copy(
-        update={"tenant_id": settings.tenant_id, "colony_id": settings.colony_id}
-    )
-    condition = ResumptionCondition(kind=ResumptionKind.IMMEDIATE, reason="imported")
-    lifecycle = {
-        "state": AgentState.SUSPENDED.value,
-        "since": time.time(),
-        "reason": f"imported from tenant {doc.source.tenant_id} colony {doc.source.colony_id}",
-        "previous": doc.state.value,
-    }
-    async with board.transaction() as tx:
-        stored = await tx.read(LIFECYCLE)  # in the read set: the commit checks it did not change
-        if (stored.version if stored is not None else 0) != version:
-            raise AgentStateConflict(
-                f"agent {doc.agent_id} was created or changed here during the import; retry"
-            )
-        names = (*STATE_NAMES, *PARTS)
-        for key in [
-            *(Keys.key(n) for n in names),
-            MemoryProtocol.scopes_key(),
-            *old_capabilities,
-            *old_archived,
-        ]:
-            tx.delete(key)
-        tx.write(Keys.key("blueprint"), blueprint, created_by=by)
-        tx.write(Keys.key("metadata"), metadata.model_dump(mode="json"), created_by=by)
-        tx.write(LIFECYCLE, lifecycle, created_by=by)
+    tx = board.transaction()
+    names = [n for n in (*STATE_NAMES, *PARTS) if n != "lifecycle"]
+    for key in [*(Keys.key(n) for n in names), MemoryProtocol.scopes_key(), *old_capabilities, *old_archived]:
+        tx.delete(key)
+    for name in ("context", *PARTS):
+        tx.ring_truncate(Keys.key(name), 0)
+    tx.write(Keys.key("metadata"), metadata.model_dump(mode="json"), created_by=by)
+    tx.write(LIFECYCLE, _lifecycle(doc, done=False), created_by=by)
+    if doc.current_run is not None:
+        run = doc.current_run
+        ttl = settings.runs.retention_seconds if run.done else None
+        tx.write(Keys.run_key(run.run_id), run.model_dump(mode="json"), created_by=by, ttl_seconds=ttl)
+        tx.write(Keys.key("current_run"), run.run_id, created_by=by)
+    if doc.policy_state is not None:
+        tx.write(Keys.key("policy_state"), doc.policy_state, created_by=by)
+    for name, capability in doc.capabilities.items():
+        # events_from is a position in the source's event stream: the agent starts from now here
         tx.write(
-            Keys.key("suspension"),
-            SuspensionRequest(agent_id=doc.agent_id, condition=condition).model_dump(mode="json"),
-            created_by=by,
+            Keys.capability_state_key(name), {"state": capability.state, "events_from": None}, created_by=by
         )
-        if doc.current_run is not None:
-            run = doc.current_run
-            ttl = settings.runs.retention_seconds if run.done else None
-            tx.write(Keys.run_key(run.run_id), run.model_dump(mode="json"), created_by=by, ttl_seconds=ttl)
-            tx.write(Keys.key("current_run"), run.run_id, created_by=by)
-        if doc.policy_state is not None:
-            tx.write(Keys.key("policy_state"), doc.policy_state, created_by=by)
-        for name, capability in doc.capabilities.items():
-            # events_from is a position in the source's event stream: the agent starts from now here
-            tx.write(
-                Keys.capability_state_key(name),
-                {"state": capability.state, "events_from": None},
-                created_by=by,
-            )
-        if doc.context.head is not None:
-            tx.write(Keys.key("context"), doc.context.head.model_dump(mode="json"), created_by=by)
-            tx.ring_push(Keys.key("context"), doc.context.items, MAX_CONTEXT_ITEMS)
-        for name, part in doc.parts.items():
-            if part.entry is not None:
-                tx.write(Keys.key(name), part.entry, created_by=by)
-            if part.ring:
-                tx.ring_push(Keys.key(name), part.ring, caps[name])
-        for digest, value in doc.archived.items():
-            tx.write(Keys.archived_output_key(digest), value, created_by=by)
-        if scopes:
-            tx.write(MemoryProtocol.scopes_key(), scopes, created_by=by)
+    if doc.context.head is not None:
+        tx.write(Keys.key("context"), doc.context.head.model_dump(mode="json"), created_by=by)
+        tx.ring_push(Keys.key("context"), doc.context.items, MAX_CONTEXT_ITEMS)
+    for name, part in doc.parts.items():
+        if part.entry is not None:
+            tx.write(Keys.key(name), part.entry, created_by=by)
+        if part.ring:
+            tx.ring_push(Keys.key(name), part.ring, caps[name])
+    for digest, value in doc.archived.items():
+        tx.write(Keys.archived_output_key(digest), value, created_by=by)
+    if scopes:
+        tx.write(MemoryProtocol.scopes_key(), scopes, created_by=by)
+    results = await _fenced_commit(tx, doc.agent_id, version, "resumed, created or changed")
+    return _version_of(results)
+
+
+async def _release(board: Blackboard, doc: AgentExport, blueprint: str, version: int) -> None:
+    """The second commit: the blueprint and the IMMEDIATE suspension request (the lifecycle written
+    again after it, as a suspension does), only if no other import took the agent meanwhile."""
+    by = doc.agent_id
+    condition = ResumptionCondition(kind=ResumptionKind.IMMEDIATE, reason="imported")
+    tx = board.transaction()
+    tx.write(Keys.key("blueprint"), blueprint, created_by=by)
+    request = SuspensionRequest(agent_id=doc.agent_id, condition=condition)
+    tx.write(Keys.key("suspension"), request.model_dump(mode="json"), created_by=by)
+    tx.write(LIFECYCLE, _lifecycle(doc, done=True), created_by=by)
+    await _fenced_commit(tx, doc.agent_id, version, "imported again (another import)")
+
+
+def _version_of(results: list[Any]) -> int:
+    for entry in results:
+        if entry is not None and entry.key == LIFECYCLE:
+            return int(entry.version)
+    raise ContextError("the import's state commit wrote no lifecycle")  # unreachable: it writes one
