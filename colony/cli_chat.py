@@ -1,7 +1,8 @@
 """`colony chat`: an interactive terminal chat with a session agent (docs/sessions.md).
 
-Each line typed is a turn: the reply's tokens print as the model writes them. Lines starting with
-`/` are commands: `/history` (the active branch, numbered), `/revert N` (go back to message N of
+Each line typed is a turn: the reply's tokens print as the model writes them (its newlines kept).
+A line starting with `//` sends the rest after one `/` (`//etc` sends `/etc`). Other lines starting
+with `/` are commands: `/history` (the active branch, numbered), `/revert N` (go back to message N of
 `/history`, or a message id; later messages stay in the tree), `/fork N [NAME]` (a new branch from
 message N, made active), `/branches`, `/switch NAME`, `/quit` (or end of input). Works with piped
 stdin (no prompt is printed then), so scripts and tests drive it like a user. Every call is to the
@@ -20,10 +21,12 @@ from colony.cli_target import api_error, api_target
 from colony.config import load_settings
 from colony.errors import ApiError, ColonyError
 
-HELP = "commands: /history, /revert N, /fork N [NAME], /branches, /switch NAME, /quit"
+HELP = "commands: /history, /revert N, /fork N [NAME], /branches, /switch NAME, /quit; //TEXT sends /TEXT"
 
 
 def _clean(text: Any, keep_newlines: bool = False) -> str:
+    """`text` safe for a terminal: control characters (escape sequences) become spaces; with
+    `keep_newlines`, a reply's line breaks stay."""
     value = text if isinstance(text, str) else "" if text is None else str(text)
     return "".join(c if c.isprintable() or (keep_newlines and c == "\n") else " " for c in value)
 
@@ -39,16 +42,17 @@ class Chat:
         self.out.flush()
 
     def transcript(self) -> list[dict[str, Any]]:
-        return list(self.client.session_messages(self.session_id)["messages"])
+        """The active branch's messages, every page of them."""
+        return list(self.client.session_all_messages(self.session_id))
 
     def message_id(self, ref: str) -> str:
         """A message by its number in `/history` (1 = the first) or by its id."""
         if ref.isdigit():
-            messages = self.transcript()
             index = int(ref)
-            if not 1 <= index <= len(messages):
-                raise ColonyError(f"no message {index}: the active branch has {len(messages)} (see /history)")
-            return str(messages[index - 1]["id"])
+            page = self.client.session_messages(self.session_id, offset=max(index - 1, 0), limit=1)
+            if index < 1 or not page["messages"]:
+                raise ColonyError(f"no message {index}: the active branch has {page['total']} (see /history)")
+            return str(page["messages"][0]["id"])
         return ref
 
     def turn(self, text: str) -> None:
@@ -57,7 +61,7 @@ class Chat:
         for event in self.client.session_send(self.session_id, text):
             kind, data = event.get("event_type"), event.get("data") or {}
             if kind == "token":
-                self.out.write(_clean(data.get("text")))
+                self.out.write(_clean(data.get("text"), keep_newlines=True))
                 self.out.flush()
                 streamed = True
             elif kind == "restarted":  # the replica died mid-reply: the reply starts again
@@ -109,7 +113,9 @@ class Chat:
             if not line:
                 continue
             try:
-                if line.startswith("/"):
+                if line.startswith("//"):
+                    self.turn(line[1:])
+                elif line.startswith("/"):
                     if not self.command(line):
                         return
                 else:

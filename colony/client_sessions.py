@@ -62,10 +62,31 @@ class SessionClientMixin:
                 raise ApiError(500, "turn_failed", str(data.get("error") or data))
         raise ApiError(502, "stream_ended", "the turn's event stream ended without a reply")
 
-    def session_messages(self, session_id: str, *, all: bool = False) -> dict[str, Any]:
-        """The active branch's messages; `all=True`: every message of the tree."""
-        params = {"all": "true"} if all else {}
+    def session_messages(
+        self, session_id: str, *, all: bool = False, limit: int | None = None, offset: int = 0
+    ) -> dict[str, Any]:
+        """One page of the active branch's messages (`all=True`: of every message of the tree):
+        {"messages", "total", "offset", "next_offset", ...}; `limit` per page (the server's
+        default 1000, at most 10000), from `offset`. Pass `next_offset` back as `offset` for the
+        next page; it is None on the last."""
+        params: dict[str, Any] = {"offset": offset}
+        if all:
+            params["all"] = "true"
+        if limit is not None:
+            params["limit"] = limit
         return self._session_call("GET", _path(session_id, "/messages"), params=params)
+
+    def session_all_messages(self, session_id: str, *, all: bool = False) -> list[dict[str, Any]]:
+        """Every message of the listing, page after page (`session_messages` for one page)."""
+        found: list[dict[str, Any]] = []
+        offset: int | None = 0
+        while offset is not None:
+            page = self.session_messages(session_id, all=all, offset=offset)
+            found.extend(page["messages"])
+            following = page.get("next_offset")
+            # a page that does not move forward ends the listing rather than looping on it
+            offset = following if isinstance(following, int) and following > offset else None
+        return found
 
     def session_revert(self, session_id: str, message_id: str) -> dict[str, Any]:
         return self._session_call("POST", _path(session_id, "/revert"), json={"message_id": message_id})

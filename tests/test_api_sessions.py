@@ -44,8 +44,12 @@ class SessionApp(ServedApi):
         self._client: Any = None
 
     def reply(self, request: InferenceRequest) -> str:
+        """`reply number N`; to a message starting with `/`, a second line quoting it (a reply
+        with a newline, and proof of what was sent)."""
         self.counter += 1
-        return f"reply number {self.counter}"
+        asked = request.messages[-1].content
+        tail = f"\nto {asked}" if asked.startswith("/") else ""
+        return f"reply number {self.counter}{tail}"
 
     async def start_services(self) -> ApiServices:
         settings = self.settings
@@ -172,3 +176,56 @@ def test_errors(served: SessionApp, client: ColonyClient) -> None:
         )
         assert taken.status_code == 422 and "already has a branch" in taken.text
         assert http.get(f"/v1/sessions/{sid}", headers={"Authorization": "Bearer wrong"}).status_code == 401
+
+
+def test_revert_to_another_branchs_message_is_refused(served: SessionApp, client: ColonyClient) -> None:
+    """A revert goes back along the active branch only: a message of another branch would bring
+    that branch's messages into this one's prompt. 404 saying what to do; nothing changes."""
+    sid = client.session_start()["session_id"]
+    client.session_reply(sid, "hello")
+    start = client.session_messages(sid)["messages"][1]["id"]
+    client.session_reply(sid, "main secret")
+    client.session_fork(sid, start, "side")
+    side = client.session_reply(sid, "side question")["message"]["id"]
+    client.session_switch(sid, "main")
+    before = client.session(sid)
+    with pytest.raises(ApiError) as caught:
+        client.session_revert(sid, side)
+    assert caught.value.status == 404 and "not on the active branch" in str(caught.value)
+    assert "switch to the branch" in str(caught.value)
+    assert client.session(sid) == before
+    main = [m["content"] for m in client.session_messages(sid)["messages"]]
+    assert main == ["hello", "reply number 1", "main secret", "reply number 2"]
+
+
+def test_message_listing_pages(served: SessionApp, client: ColonyClient) -> None:
+    sid = client.session_start()["session_id"]
+    for text in ("one", "two", "three"):
+        client.session_reply(sid, text)
+    whole = client.session_messages(sid)
+    assert whole["total"] == 6 and whole["offset"] == 0 and whole["next_offset"] is None
+    ids = [m["id"] for m in whole["messages"]]
+    first = client.session_messages(sid, limit=4)
+    assert [m["id"] for m in first["messages"]] == ids[:4] and first["next_offset"] == 4
+    rest = client.session_messages(sid, limit=4, offset=first["next_offset"])
+    assert [m["id"] for m in rest["messages"]] == ids[4:] and rest["next_offset"] is None
+    assert client.session_messages(sid, offset=50)["messages"] == []
+    client.session_revert(sid, ids[1])
+    client.session_reply(sid, "again")
+    everything = client.session_messages(sid, all=True, limit=5, offset=3)
+    assert everything["total"] == 8 and len(everything["messages"]) == 5
+    assert everything["messages"][0]["id"] == ids[3] and everything["next_offset"] is None
+    paged = [m["content"] for m in client.session_all_messages(sid, all=True)]
+    assert paged[:6] == ["one", "reply number 1", "two", "reply number 2", "three", "reply number 3"]
+    assert len(paged) == 8
+    with httpx.Client(base_url=served.url, headers={"Authorization": f"Bearer {TOKEN}"}) as http:
+        url = f"/v1/sessions/{sid}/messages"
+        assert http.get(url, params={"limit": 10_000}).status_code == 200
+        for params, field in (
+            ({"limit": 0}, "limit"),
+            ({"limit": 10_001}, "limit"),
+            ({"limit": "many"}, "limit"),
+            ({"offset": -1}, "offset"),
+        ):
+            answer = http.get(url, params=params)
+            assert answer.status_code == 422 and field in answer.json()["error"]["message"], params

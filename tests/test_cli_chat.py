@@ -4,10 +4,12 @@ with the embedded model for a real streamed reply."""
 
 from __future__ import annotations
 
+import io
 import os
 import re
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 from cli_kit import run_cli
@@ -15,7 +17,7 @@ from test_api_sessions import TOKEN, SessionApp
 
 from colony.api.auth import TOKEN_ENV
 from colony.blackboard.redis_server import free_port
-from colony.cli_chat import HELP
+from colony.cli_chat import HELP, Chat
 from colony.client import ColonyClient
 from colony.config import ColonySettings, ServeSettings
 from colony.serve import cluster
@@ -74,11 +76,32 @@ def test_chat_commands_with_piped_stdin(served: SessionApp, tmp_path: Path) -> N
     # continuing the session by id; an unknown one is refused before any message is read
     again = chat(served.url, TOKEN, "/history\n", tmp_path, "--session", session_id)
     assert again.splitlines()[1:] == ["[1] user: one"]
+    # `//` sends a message that starts with `/`; the streamed reply keeps its newline
+    slash = chat(served.url, TOKEN, "//etc/hosts\n", tmp_path, "--session", session_id)
+    assert [line.rstrip() for line in slash.splitlines()[1:]] == ["reply number 4", "to /etc/hosts"]
+    with ColonyClient(served.url, TOKEN) as client:
+        side = [m["content"] for m in client.session_messages(session_id)["messages"]]
+    assert side == ["one", "/etc/hosts", "reply number 4\nto /etc/hosts"]
     done = run_cli(
         "chat", "--url", served.url, "--session", "session-0000000000000000",
         cwd=tmp_path, env={**os.environ, TOKEN_ENV: TOKEN},
     )  # fmt: skip
     assert done.returncode == 1 and "no session" in done.stderr
+
+
+class StreamingClient:
+    """A client whose turn streams a reply with newlines and a terminal escape sequence."""
+
+    def session_send(self, session_id: str, text: str) -> Iterator[dict[str, Any]]:
+        yield {"event_type": "token", "data": {"text": "Steps:\n1. a"}}
+        yield {"event_type": "token", "data": {"text": "\x1b[2J\n2. b\r\n```py\nprint(1)\n```"}}
+        yield {"event_type": "message", "data": {"message": {"content": "whatever"}}}
+
+
+def test_a_streamed_reply_keeps_its_newlines_and_drops_other_control_characters() -> None:
+    out = io.StringIO()
+    Chat(StreamingClient(), "session-0000000000000000", out).turn("hi")
+    assert out.getvalue() == "Steps:\n1. a [2J\n2. b \n```py\nprint(1)\n```\n"
 
 
 @pytest.fixture(scope="module")

@@ -16,6 +16,7 @@ from colony import metrics
 from colony.blackboard import Blackboard
 from colony.blackboard.protocol import SessionProtocol
 from colony.config import ColonySettings, ContextSettings, ServeSettings
+from colony.context.action_log import _IDEMPOTENCY_KEY, idempotency_key
 from colony.context.session_agent import SessionCapability
 from colony.context.sessions import SessionStore, new_session_id, session_scope
 from colony.context.tree import (
@@ -23,7 +24,9 @@ from colony.context.tree import (
     TreeHead,
     add_message,
     fork,
+    is_message_id,
     linearize,
+    message_id_for,
     new_message_id,
     revert_to_message,
     switch_branch,
@@ -106,6 +109,62 @@ def test_a_reply_to_a_reverted_message_is_kept_but_does_not_move_the_branch() ->
     assert head.parents[late] == m2
 
 
+def test_a_reply_lands_on_its_own_branch_whatever_the_user_switched_to() -> None:
+    """The user switches to another branch while the reply to their message is being written:
+    the reply still continues the branch that asked (whose leaf is its user message), and the
+    branch switched to does not get it."""
+    head = TreeHead()
+    u1, a1 = chain(head, 2)
+    other = fork(head, a1, name="other", max_branches=10)
+    switch_branch(head, MAIN_BRANCH)
+    (u2,) = chain(head, 1)  # the user's message on main; its reply is being written ...
+    switch_branch(head, other.name)  # ... when the user switches away
+    a2 = new_message_id()
+    assert add_message(head, a2, parent_id=u2, max_messages=LIMIT) == u2
+    assert head.branches[MAIN_BRANCH].leaf_id == a2
+    assert head.branches["other"].leaf_id == a1 and head.active == "other"
+    assert linearize(head, head.branches[MAIN_BRANCH].leaf_id) == [u1, a1, u2, a2]
+
+
+def test_a_fork_from_the_pending_user_message_gets_the_reply_too() -> None:
+    head = TreeHead()
+    (u1,) = chain(head, 1)
+    branch = fork(head, u1, name="f", max_branches=10)  # made active while the reply is pending
+    a1 = new_message_id()
+    add_message(head, a1, parent_id=u1, max_messages=LIMIT)
+    assert head.branches[MAIN_BRANCH].leaf_id == a1 and head.branches[branch.name].leaf_id == a1
+    # the user's next message is theirs to place: it continues the active branch only
+    (u2,) = chain(head, 1)
+    assert head.branches[branch.name].leaf_id == u2 and head.branches[MAIN_BRANCH].leaf_id == a1
+
+
+def test_revert_goes_back_along_the_active_branch_only() -> None:
+    """Reverting to a message of another branch would graft that branch onto the active one (its
+    messages into the prompt) and orphan the active branch's own later messages: refused."""
+    head = TreeHead()
+    m1, r1, m2, r2 = chain(head, 4)
+    fork(head, r1, name="side", max_branches=10)
+    _m3, r3 = chain(head, 2)
+    switch_branch(head, MAIN_BRANCH)
+    before = head.model_copy(deep=True)
+    with pytest.raises(MessageNotFound, match=r"not on the active branch 'main'.*switch to the branch"):
+        revert_to_message(head, r3)
+    assert head == before  # nothing moved
+    assert linearize(head, head.active_leaf()) == [m1, r1, m2, r2]
+    # reverted past, a message is off the active path too: fork from it to go back to it
+    revert_to_message(head, r1)
+    with pytest.raises(MessageNotFound, match="not on the active branch"):
+        revert_to_message(head, r2)
+    assert revert_to_message(head, m1) == m1
+
+
+def test_message_ids_from_idempotency_keys() -> None:
+    one = message_id_for("run-1:2:a0")
+    assert is_message_id(one) and one == message_id_for("run-1:2:a0")
+    assert one != message_id_for("run-1:2:a1") and one != message_id_for("run-2:2:a0")
+    assert is_message_id(message_id_for("../../" + "x" * 10_000))  # no key text reaches a key
+
+
 def test_bounds() -> None:
     head = TreeHead()
     (m1,) = chain(head, 1)
@@ -164,6 +223,70 @@ async def test_store_refusals_leave_nothing_behind(bb: Blackboard) -> None:
     assert len(head.parents) == 10
     stored = [entry async for entry in store.board.iter_query("session:message:*")]
     assert len(stored) == 10  # the refused message's entry was taken back out
+
+
+async def test_store_a_reply_after_a_switch_or_fork_lands_on_its_branch(bb: Blackboard) -> None:
+    """Through the store, as the API (switch, fork) and the agent (messages) interleave."""
+    store = store_on(bb)
+    await store.create()
+    u1 = await store.add("user", "hello", run_id="r1")
+    a1 = await store.add("assistant", "hi", parent_id=u1.id, run_id="r1")
+    await store.fork(a1.id, "other")
+    await store.switch(MAIN_BRANCH)
+    u2 = await store.add("user", "question on main", run_id="r2")
+    await store.switch("other")  # while the reply is being written
+    a2 = await store.add("assistant", "answer on main", parent_id=u2.id, run_id="r2")
+    head = await store.head()
+    assert head.branches[MAIN_BRANCH].leaf_id == a2.id and head.branches["other"].leaf_id == a1.id
+    await store.switch(MAIN_BRANCH)
+    _, main = await store.transcript()
+    assert [m.content for m in main] == ["hello", "hi", "question on main", "answer on main"]
+    u3 = await store.add("user", "q3", run_id="r3")
+    await store.fork(u3.id, "f2")  # from the pending user message, made active
+    a3 = await store.add("assistant", "a3", parent_id=u3.id, run_id="r3")
+    head = await store.head()
+    assert head.branches["f2"].leaf_id == a3.id and head.branches[MAIN_BRANCH].leaf_id == a3.id
+
+
+async def test_store_revert_to_another_branchs_message_changes_nothing(bb: Blackboard) -> None:
+    store = store_on(bb)
+    m1 = await store.add("user", "m1")
+    r1 = await store.add("assistant", "r1", parent_id=m1.id)
+    m2 = await store.add("user", "main-secret")
+    await store.add("assistant", "r2", parent_id=m2.id)
+    await store.fork(r1.id, "side")
+    m3 = await store.add("user", "side-only")
+    r3 = await store.add("assistant", "r3", parent_id=m3.id)
+    await store.switch(MAIN_BRANCH)
+    before = await store.head()
+    with pytest.raises(MessageNotFound, match="not on the active branch"):
+        await store.revert(r3.id)
+    assert await store.head() == before
+    _, main = await store.transcript()
+    assert [m.content for m in main] == ["m1", "r1", "main-secret", "r2"]
+
+
+async def test_store_add_with_an_id_is_create_only_and_links_once(bb: Blackboard) -> None:
+    store = store_on(bb)
+    first = await store.add("user", "pay the invoice", run_id="run-x", message_id=message_id_for("k1"))
+    again = await store.add("user", "pay the invoice", run_id="run-x", message_id=message_id_for("k1"))
+    assert again == first
+    head = await store.head()
+    assert list(head.parents) == [first.id]
+    # an attempt cut off between storing and linking: the next attempt links the stored entry
+    cut = message_id_for("k2")
+    entry = {"id": cut, "role": "assistant", "content": "stored first", "run_id": "run-x"}
+    await store.board.write(SessionProtocol.message_key(cut), entry, created_by="test")
+    linked = await store.add("assistant", "written again", parent_id=first.id, run_id="run-x", message_id=cut)
+    assert linked.content == "stored first" and linked.parent_id == first.id
+    head = await store.head()
+    assert list(head.parents) == [first.id, cut] and head.active_leaf() == cut
+    # an id already used by another turn is refused, not reused
+    with pytest.raises(InvalidArgument, match="another turn"):
+        await store.add("user", "other", run_id="run-y", message_id=message_id_for("k1"))
+    with pytest.raises(InvalidArgument, match="not a message id"):
+        await store.add("user", "x", message_id="session:tree")
+    assert list((await store.head()).parents) == [first.id, cut]
 
 
 async def test_concurrent_writers_lose_no_change(bb: Blackboard) -> None:
@@ -242,6 +365,14 @@ async def test_the_prompt_is_the_active_branch_only(rig: Any) -> None:
     assert kinds.index("user_chat_message") < kinds.index("token") < kinds.index("completed")
     streamed = "".join(e["data"]["text"] for e in events if e["event_type"] == "token")
     assert streamed.strip() == "reply 3"
+    # in a real run the turn's messages take their ids from the actions' idempotency keys
+    reply = output["message"]
+    keyed = {
+        message_id_for(idempotency_key(reply["run_id"], step, "action", n))
+        for step in range(6)
+        for n in range(3)
+    }
+    assert reply["id"] in keyed and reply["parent_id"] in keyed
     _, everything = await rig.store.all_messages()
     assert [m.content for m in everything] == [
         "one", "reply 0", "two", "reply 1", "three", "reply 2", "again", "reply 3",
@@ -277,6 +408,43 @@ async def test_a_reply_step_redone_without_its_first_step_answers_the_runs_messa
         await TurnOf(
             scope_id=scope.replace("session-", "session-0"), blackboard=bb, engine=engine
         ).respond_to_user()
+
+
+async def test_turn_actions_re_executed_under_their_key_store_nothing_twice(bb: Blackboard) -> None:
+    """An action cut off after it stored its message (before its result was recorded) runs
+    again with the same idempotency key (colony.context.action_log): the user message and the
+    reply are stored and linked once, and the reply is not written by the model a second time."""
+    scope = session_scope(new_session_id(), tenant_id="default", colony_id=f"t{uuid.uuid4().hex[:8]}")
+    engine = ScriptedEngine(["the answer", "a second answer"])
+    turn = TurnOf(scope_id=scope, blackboard=bb, engine=engine)
+    views = []
+    for _attempt in range(2):
+        key = _IDEMPOTENCY_KEY.set("run-x:1:a0")
+        try:
+            views.append(await turn.handle_user_message("pay the invoice"))
+        finally:
+            _IDEMPOTENCY_KEY.reset(key)
+    assert views[0]["id"] == views[1]["id"] == message_id_for("run-x:1:a0")
+    replies = []
+    for _attempt in range(2):
+        key = _IDEMPOTENCY_KEY.set("run-x:2:a0")
+        try:
+            replies.append(await turn.respond_to_user())
+        finally:
+            _IDEMPOTENCY_KEY.reset(key)
+    assert replies[0] == replies[1] and replies[0]["message"]["content"] == "the answer"
+    assert len(engine.requests) == 1  # the model wrote the reply once
+    _, path = await turn.store.transcript()
+    assert [(m.role, m.content) for m in path] == [("user", "pay the invoice"), ("assistant", "the answer")]
+    _, everything = await turn.store.all_messages()
+    assert len(everything) == 2
+    # a new action key (the next turn) adds a new message
+    key = _IDEMPOTENCY_KEY.set("run-y:1:a0")
+    try:
+        await turn.handle_user_message("pay the invoice")
+    finally:
+        _IDEMPOTENCY_KEY.reset(key)
+    assert len((await turn.store.head()).parents) == 3
 
 
 def test_session_actions_declare_what_an_undo_cannot_take_back() -> None:

@@ -44,6 +44,8 @@ SessionId = Annotated[
     str, Path(min_length=1, max_length=128, pattern=ID_PATTERN, description="session id (session-<16 hex>)")
 ]
 F = TypeVar("F", bound=Callable[..., Awaitable[Any]])
+DEFAULT_PAGE = 1000  # messages a listing returns unless `limit` says otherwise
+MAX_PAGE = 10_000  # the most `limit` may ask for (a message is up to session_max_message_chars)
 
 
 class InvalidSessionInput(InvalidArgument):
@@ -62,7 +64,10 @@ def _error(status: int, code: str, message: str) -> JSONResponse:
 def _errors(*statuses: int) -> dict[int | str, dict[str, Any]]:
     what = {
         401: "missing or wrong bearer token",
-        404: "no such session (or message in it); or no `session` agent in the colony",
+        404: (
+            "no such session (or message in it, or, for a revert, on its active branch); "
+            "or no `session` agent in the colony"
+        ),
         409: "the session has no active branch (it has no messages yet)",
         422: "a parameter or body field is invalid; the message names it",
         503: "Redis or a replica is unavailable; retry later",
@@ -96,6 +101,9 @@ class MessageList(BaseModel):
     session_id: str
     active: str | None
     all: bool = Field(description="true: every message of the tree; false: the active branch's path")
+    total: int = Field(description="messages in the whole listing (every page)")
+    offset: int = Field(description="messages of the listing skipped before this page")
+    next_offset: int | None = Field(description="the `offset` of the next page; null on the last")
     messages: list[Message]
 
 
@@ -273,12 +281,30 @@ def add_session_routes(
         all: Annotated[
             bool, Query(description="every message of the tree, not only the active path")
         ] = False,
+        limit: Annotated[
+            int, Query(ge=1, le=MAX_PAGE, description=f"at most this many messages (max {MAX_PAGE})")
+        ] = DEFAULT_PAGE,
+        offset: Annotated[
+            int, Query(ge=0, le=2**31, description="skip this many messages of the listing first")
+        ] = 0,
     ) -> MessageList:
         """The active branch's messages, oldest first (what the model sees); with ?all=true every
-        message ever added, reverted ones and other branches' included, in the order added."""
+        message ever added, reverted ones and other branches' included, in the order added. Paged:
+        `limit` messages from `offset`; `next_offset` is where the next page starts (null on the
+        last). Messages are never removed and are added at the end of the ?all=true order, so its
+        pages stay stable; the active path changes with reverts and forks."""
         store = await store_of(session_id)
-        head, messages = await (store.all_messages() if all else store.transcript())
-        return MessageList(session_id=session_id, active=head.active, all=all, messages=messages)
+        head, total, messages = await store.listing(all=all, offset=offset, limit=limit)
+        end = offset + len(messages)
+        return MessageList(
+            session_id=session_id,
+            active=head.active,
+            all=all,
+            total=total,
+            offset=offset,
+            next_offset=end if end < total else None,
+            messages=messages,
+        )
 
     @router.post(
         "/v1/sessions/{session_id}/revert",
@@ -288,8 +314,9 @@ def add_session_routes(
     )
     @refusals
     async def revert(session_id: SessionId, body: RevertBody) -> SessionView:
-        """Move the active branch back to a message (non-destructive: later messages stay listed
-        with ?all=true); the next turn continues from it."""
+        """Move the active branch back to a message on its path (non-destructive: later messages
+        stay listed with ?all=true); the next turn continues from it. A message of another branch
+        is a 404: switch to its branch first, or fork from it."""
         store = await store_of(session_id)
         return session_view(session_id, await store.revert(body.message_id))
 

@@ -17,8 +17,9 @@ from typing import Any
 from colony.agents import ActionType, Agent, AgentCapability, action_executor
 from colony.blackboard import Blackboard
 from colony.config import ContextSettings
+from colony.context.action_log import current_idempotency_key
 from colony.context.sessions import SessionStore
-from colony.context.tree import Message
+from colony.context.tree import Message, message_id_for
 from colony.errors import AgentUsageError, InvalidArgument
 from colony.inference import ChatMessage, InferenceRequest
 from colony.inference.engine import InferenceEngine
@@ -94,11 +95,12 @@ class SessionCapability(AgentCapability):
     @action_executor(action_type=ActionType.MESSAGE_RECEIVE, effects=("memory_write",))
     async def handle_user_message(self, message: str) -> dict[str, Any]:
         """Add the user's message at the end of the active branch (the session's first message
-        starts the `main` branch). Returns the stored message."""
+        starts the `main` branch). Returns the stored message. Run again with the same
+        idempotency key (re-executed after a crash), it returns the message stored the first time."""
         if not isinstance(message, str):
             raise InvalidArgument('a session turn\'s input is {"message": "<text>"}')
         run_id = self._run_id()
-        stored = await self.store.add("user", message, run_id=run_id)
+        stored = await self.store.add("user", message, run_id=run_id, message_id=_keyed_id())
         view = stored.model_dump(mode="json")
         self.pending = {"run_id": run_id, "user": view}
         await self._emit("user_chat_message", view)
@@ -123,26 +125,44 @@ class SessionCapability(AgentCapability):
     async def respond_to_user(self) -> dict[str, Any]:
         """Write the reply to the run's user message from the path that leads to it, streaming
         its tokens; the reply is added under that message. Returns {"message", "context"}: the reply
-        and the ids of the messages the prompt held."""
+        and the ids of the messages the prompt held. Run again with the same idempotency key after
+        the reply was stored (re-executed after a crash), it returns that reply without calling
+        the model again."""
         if self.engine is None:
             raise AgentUsageError("the session agent runs on an engine replica (no engine was injected)")
         user = await self._user_message()
         transcript = await self.store.path(user["id"])
         messages = prompt_messages(self.system_prompt, transcript, self.max_prompt_chars)
         context_ids = [m.id for m in transcript][-(len(messages) - 1) :]
-        request = InferenceRequest(messages=messages, max_tokens=self.max_tokens)
-        parts: list[str] = []
-        async with contextlib.aclosing(self.engine.stream(request)) as chunks:
-            async for chunk in chunks:
-                if chunk.text:
-                    parts.append(chunk.text)
-                    await self._emit("token", {"text": chunk.text})
-        text = "".join(parts).strip() or "(no reply)"
+        reply_id = _keyed_id()
+        earlier = await self.store.stored(reply_id) if reply_id is not None else None
+        if earlier is not None:  # stored by an attempt cut off after it: linked once, not rewritten
+            text = earlier.content
+        else:
+            request = InferenceRequest(messages=messages, max_tokens=self.max_tokens)
+            text = await self._write_reply(self.engine, request)
         reply = await self.store.add(
             "assistant",
             text[: self.settings.session_max_message_chars],
             parent_id=user["id"],
             run_id=self._run_id(),
+            message_id=reply_id,
         )
         self.pending = {}
         return {"message": reply.model_dump(mode="json"), "context": context_ids}
+
+    async def _write_reply(self, engine: InferenceEngine, request: InferenceRequest) -> str:
+        """The model's reply, its tokens emitted as `token` events as they come."""
+        parts: list[str] = []
+        async with contextlib.aclosing(engine.stream(request)) as chunks:
+            async for chunk in chunks:
+                if chunk.text:
+                    parts.append(chunk.text)
+                    await self._emit("token", {"text": chunk.text})
+        return "".join(parts).strip() or "(no reply)"
+
+
+def _keyed_id() -> str | None:
+    """The message id of the running action's idempotency key (None outside the action log)."""
+    key = current_idempotency_key()
+    return message_id_for(key) if key else None

@@ -5,7 +5,9 @@ head (`SessionProtocol.tree_key()`: branches, the active one, each message's par
 process (revert, fork, switch) and the session agent (the user's message and the reply) change the
 head, so every change is a compare-and-set on its version (`Blackboard.update`) that re-applies
 the change to the newest head when it loses a race. Keys are built only from ids this module
-generates (`new_message_id`, `new_session_id`) or that match their pattern.
+generates (`new_message_id`, `new_session_id`), digests of an action's idempotency key
+(`message_id_for`: a turn action re-executed after a crash finds its message stored, not a second
+one), or ids that match their pattern.
 
 Bounds (settings.context): messages per session, characters per message, branches per session.
 """
@@ -29,6 +31,7 @@ from colony.context.tree import (
     TreeHead,
     add_message,
     fork,
+    is_message_id,
     linearize,
     new_message_id,
     revert_to_message,
@@ -116,10 +119,21 @@ class SessionStore:
         return box["head"], box["result"]
 
     async def add(
-        self, role: Role, content: str, *, parent_id: str | None = None, run_id: str | None = None
+        self,
+        role: Role,
+        content: str,
+        *,
+        parent_id: str | None = None,
+        run_id: str | None = None,
+        message_id: str | None = None,
     ) -> Message:
         """Store a message under `parent_id` (default: the active leaf) and link it into the tree
-        (see `tree.add_message` for when the active branch moves)."""
+        (see `tree.add_message` for which branches move to it).
+
+        `message_id` (one derived from an action's idempotency key, `tree.message_id_for`) makes
+        the add idempotent: the entry is written create-only, and when an earlier attempt already
+        stored it (an action re-executed after a crash) that stored message is returned, linked
+        once (linked now if the earlier attempt was cut off between storing and linking)."""
         limit = self.settings.session_max_message_chars
         if not content.strip():
             raise InvalidArgument("a message needs some text")
@@ -128,26 +142,69 @@ class SessionStore:
                 f"the message has {len(content)} characters; at most {limit} "
                 "(context.session_max_message_chars)"
             )
-        message_id = new_message_id()
+        if message_id is None:
+            message_id = new_message_id()
+        elif not is_message_id(message_id):
+            raise InvalidArgument(f"{message_id[:80]!r} is not a message id (msg-<12 hex digits>)")
         message = Message(id=message_id, role=role, content=content, run_id=run_id)
         key = SessionProtocol.message_key(message_id)
         # stored first, linked second: whatever the head lists is readable. A link the tree refuses
         # (its message limit, an unknown parent) takes the stored message back out.
-        await self.board.write(
-            key, message.model_dump(mode="json", exclude={"parent_id"}), created_by=WRITER, expected_version=0
-        )
         try:
-            _, parent = await self._change(
-                lambda head: add_message(
-                    head, message_id, parent_id=parent_id, max_messages=self.settings.session_max_messages
-                )
+            await self.board.write(
+                key,
+                message.model_dump(mode="json", exclude={"parent_id"}),
+                created_by=WRITER,
+                expected_version=0,
             )
+            created = True
+        except ConcurrentModificationError:
+            message = await self._stored(message_id, role, run_id)
+            created = False
+        box: dict[str, bool] = {}
+
+        def link(head: TreeHead) -> str | None:
+            box["linked"] = message_id not in head.parents
+            if not box["linked"]:
+                return head.parents[message_id]  # an earlier attempt linked it: once is enough
+            return add_message(
+                head, message_id, parent_id=parent_id, max_messages=self.settings.session_max_messages
+            )
+
+        try:
+            _, parent = await self._change(link)
         except BaseException:
-            with contextlib.suppress(Exception):
-                await self.board.delete(key)
+            if created:
+                with contextlib.suppress(Exception):
+                    await self.board.delete(key)
             raise
-        metrics.SESSION_MESSAGES.labels(role).inc()
+        if box.get("linked"):
+            metrics.SESSION_MESSAGES.labels(role).inc()
         return message.model_copy(update={"parent_id": parent})
+
+    async def _stored(self, message_id: str, role: Role, run_id: str | None) -> Message:
+        """The message an earlier attempt stored under `message_id`, checked to be that attempt's
+        (same role and turn): anything else is a corrupt tree, refused rather than reused."""
+        entry = await self.board.read(SessionProtocol.message_key(message_id))
+        if entry is None:  # taken back out by an attempt whose link was refused, just now
+            raise InvalidArgument(
+                f"message {message_id!r} was being stored by another attempt; send the message again"
+            )
+        message = Message.model_validate({**entry.value, "parent_id": None})
+        if message.role != role or message.run_id != run_id:
+            raise InvalidArgument(
+                f"message {message_id!r} is already stored for another turn ({message.role}, "
+                f"run {message.run_id}); the session's tree is inconsistent"
+            )
+        return message
+
+    async def stored(self, message_id: str) -> Message | None:
+        """The message stored under `message_id` (linked in the tree or not yet), else None."""
+        entry = await self.board.read(SessionProtocol.message_key(message_id))
+        if entry is None:
+            return None
+        head = await self.head()
+        return Message.model_validate({**entry.value, "parent_id": head.parents.get(message_id)})
 
     async def revert(self, message_id: str) -> TreeHead:
         head, _ = await self._change(lambda h: revert_to_message(h, message_id))
@@ -197,6 +254,20 @@ class SessionStore:
         if head.active is None:
             return head, []
         return head, await self.messages(head, linearize(head, head.active_leaf()))
+
+    async def listing(
+        self, *, all: bool = False, offset: int = 0, limit: int | None = None
+    ) -> tuple[TreeHead, int, list[Message]]:
+        """One page of a listing: the active branch's path (oldest first) or, with `all`, every
+        message in the order added; `offset` messages skipped, at most `limit` returned. Returns
+        the head, the listing's whole length, and the page (only the page's entries are read)."""
+        head = await self.head()
+        if all:
+            ids = list(head.parents)
+        else:
+            ids = [] if head.active is None else linearize(head, head.active_leaf())
+        end = None if limit is None else offset + limit
+        return head, len(ids), await self.messages(head, ids[offset:end])
 
     async def all_messages(self) -> tuple[TreeHead, list[Message]]:
         """Every message of the tree, in the order they were added (reverted ones included)."""

@@ -13,6 +13,7 @@ process and the session agent can both change one tree.
 
 from __future__ import annotations
 
+import hashlib
 import re
 import secrets
 import time
@@ -34,6 +35,14 @@ _BRANCH = re.compile(BRANCH_PATTERN)
 def new_message_id() -> str:
     """A fresh message id (generated here, never taken from input: it becomes part of a key)."""
     return f"msg-{secrets.token_hex(6)}"
+
+
+def message_id_for(idempotency_key: str) -> str:
+    """The id of the message an action with this idempotency key adds: the same on every
+    re-execution of the action (colony.context.action_log), so a re-executed turn finds the message
+    it stored the first time instead of adding it twice. A digest, so the key's text never reaches
+    a Redis key."""
+    return f"msg-{hashlib.sha256(idempotency_key.encode()).hexdigest()[:12]}"
 
 
 def is_message_id(text: str) -> bool:
@@ -94,11 +103,17 @@ class TreeHead(BaseModel):
 def add_message(
     head: TreeHead, message_id: str, *, parent_id: str | None = None, max_messages: int
 ) -> str | None:
-    """Link a new message under `parent_id` (default: the active branch's leaf) and return its
-    parent's id. The first message of an empty tree starts the `main` branch. The active
-    branch's leaf moves to the new message when the message continues it (its parent is that leaf);
-    a message added under another parent (a reply to a message the user has since reverted past)
-    is kept but does not move the active branch."""
+    """Link a new message under `parent_id` and return its parent's id. The first message of an
+    empty tree starts the `main` branch.
+
+    Which branches move to it ("where a reply lands", docs/sessions.md):
+    - no `parent_id` (the user's message, added at the end of the active branch): the active
+      branch only, so a branch forked at that leaf keeps its own transcript;
+    - `parent_id` P (a reply to the user message P): every branch whose leaf is P, the active one
+      or not, so the reply lands on its own branch whatever the user switched to meanwhile, and a
+      branch forked from the pending user message gets it too. A branch whose leaf is elsewhere
+      (reverted past P) does not move; the message is kept in the tree all the same.
+    """
     if len(head.parents) >= max_messages:
         raise InvalidArgument(
             f"the session holds its limit of {max_messages} messages (context.session_max_messages); "
@@ -107,11 +122,17 @@ def add_message(
     if not head.parents and head.active is None:
         head.branches[MAIN_BRANCH] = Branch(name=MAIN_BRANCH)
         head.active = MAIN_BRANCH
-    branch = head.active_branch()
-    parent = branch.leaf_id if parent_id is None else head.require(parent_id)
-    head.parents[message_id] = parent
-    if branch.leaf_id == parent:
+    if parent_id is None:
+        branch = head.active_branch()
+        parent = branch.leaf_id
+        head.parents[message_id] = parent
         branch.leaf_id = message_id
+        return parent
+    parent = head.require(parent_id)
+    head.parents[message_id] = parent
+    for branch in head.branches.values():
+        if branch.leaf_id == parent:
+            branch.leaf_id = message_id
     return parent
 
 
@@ -143,11 +164,20 @@ def switch_branch(head: TreeHead, name: str) -> Branch:
 
 
 def revert_to_message(head: TreeHead, message_id: str) -> str:
-    """Move the active branch's leaf to `message_id`, deleting nothing: the messages after it stay
-    in the tree (listed with ?all=true) but leave the active path. `NoActiveBranch` first (as the
-    seed does), then `MessageNotFound`."""
+    """Move the active branch's leaf back to `message_id`, a message on its path (root to leaf),
+    deleting nothing: the messages after it stay in the tree (listed with ?all=true) but leave the
+    active path. Errors in this order: `NoActiveBranch` (as the seed does), `MessageNotFound` for
+    a message the tree does not hold, then `MessageNotFound` for one that is not on the active
+    branch (reverting to it would graft another branch's messages onto this one: switch to its
+    branch first, or fork from it)."""
     branch = head.active_branch()
-    branch.leaf_id = head.require(message_id)
+    head.require(message_id)
+    if message_id not in linearize(head, branch.leaf_id):
+        raise MessageNotFound(
+            f"message {message_id!r} is not on the active branch {branch.name!r}: revert goes back "
+            "along the active branch only; switch to the branch that holds it first, or fork from it"
+        )
+    branch.leaf_id = message_id
     return message_id
 
 
