@@ -559,6 +559,12 @@ async def test_who_an_imported_agent_is_comes_from_its_trusted_blueprint(
     for agent_id in resumed:
         hosted = target.runtime.get(agent_id).metadata
         assert (hosted.role, hosted.parent_id) == ("counter", None)
+    # nor pick a catalog kind for itself: its catalog name counts only when it is its own id
+    chooser = json.loads(json.dumps(document).replace('"poser"', '"chooser"'))
+    chooser["blueprint"] = {"catalog": "session", "signed": None}
+    with pytest.raises(ImportRejected, match="cannot be trusted here"):
+        await import_agent(target.board, chooser, settings=target.settings, registry=target.registry)
+    assert await target.registry.get("chooser") is None
 
 
 async def test_an_import_overtaken_by_another_import_of_the_same_id_is_refused(

@@ -263,8 +263,14 @@ def trusted_blueprint(doc: AgentExport, settings: ColonySettings, catalog: str |
     """The blueprint from the target colony's trusted sources: the catalog agent `catalog` (else
     the document's catalog name), built here by the colony's own factory; else the document's
     signed blueprint when its HMAC verifies under this colony's secret (then, and only then, read
-    like a replica of this colony reads it, for its metadata). ImportRejected otherwise."""
-    name = catalog or doc.blueprint.catalog
+    like a replica of this colony reads it, for its metadata). ImportRejected otherwise.
+
+    The document's own catalog name counts only when it is the agent's id: an export names the
+    catalog agent it was (a catalog agent's id is its name), so a document cannot pick another
+    kind (a `session` starter, a service) for an agent of its choosing; the operator's `catalog`
+    argument can."""
+    claimed = doc.blueprint.catalog if doc.blueprint.catalog == doc.agent_id else None
+    name = catalog or claimed
     if name is not None:
         factory = _catalog_factory(name, settings)
         if factory is not None:
