@@ -28,6 +28,7 @@ from colony.agents import (
     LocalAgentRuntime,
     action_executor,
 )
+from colony.agents.hooks import HookType, Pointcut
 from colony.agents.models import ActionResult
 from colony.agents.policy import ActionPolicyExecutionState, ActionPolicyIterationResult
 from colony.blackboard import Blackboard, create_redis
@@ -56,12 +57,16 @@ CORRECTION = "Always report temperatures in Celsius, never Fahrenheit."
 BUDGET = 1000
 
 
+NOTED: list[str] = []  # every `note` that really ran, in this process
+
+
 class Sensors(AgentCapability):
     """Notes readings; `dump` returns a 100 KB log (the output that must never reach a prompt)."""
 
     @action_executor()
     async def note(self, text: str) -> str:
         """Write down what the latest reading says."""
+        NOTED.append(text)
         return f"noted: {text}"
 
     @action_executor()
@@ -553,5 +558,134 @@ async def test_real_model_200_events_under_a_1000_token_budget(
             # the text the model wrote (the section may add archive references after it)
             assert any(summary.startswith(s[:40]) for s in engine.summaries), summary[:200]
         assert_state_stops_growing(sizes)
+    finally:
+        await runtime.shutdown()
+
+
+async def test_a_redone_step_that_summarises_replays_the_planners_recorded_decision(
+    board: Blackboard,
+) -> None:
+    """The crash window (action done, step not persisted) when the redone step's prompt, with events
+    that arrived after the crash, passes the trigger: the summariser's call is numbered apart from
+    the planner's, so the planner is not asked again and its action does not run a second time."""
+    import asyncio
+
+    planner = Planner(dump_at=10_000)
+    summarised: list[int] = []
+
+    def reply(request: InferenceRequest) -> Any:
+        if is_summariser(request):
+            summarised.append(1)
+            return "Summary: readings fine."
+        return planner.decide(request)
+
+    engine = ScriptedEngine(reply)
+    runtime = LocalAgentRuntime(board, colony_id=f"c{uuid.uuid4().hex[:8]}", engine=engine)
+    NOTED.clear()
+    dispatched = asyncio.Event()
+    try:
+        agent = await runtime.spawn(
+            blueprint("diverge", ContextSettings(token_budget=600, summary_max_tokens=64))
+        )
+        agent.max_steps = 100
+
+        async def hold(ctx: Any, result: Any) -> None:
+            if len(NOTED) == 3:
+                dispatched.set()
+                await asyncio.sleep(3600)  # the replica dies here: step 3 done, not persisted
+
+        agent.hooks.register(Pointcut.pattern("ActionDispatcher.dispatch"), HookType.AFTER, hold)
+        await runtime.start_run("diverge", {"task": "Watch the sensors"})
+        await asyncio.wait_for(dispatched.wait(), 30)
+        assert summarised == [] and planner.calls == 3
+        await runtime.drop("diverge")
+        restored = await Agent.restore("diverge", board, colony_id=runtime.colony_id, **runtime.services)
+        for i in range(120):  # events that arrived after the crash: the redone prompt passes the trigger
+            restored.context.append(observation(1000 + i))
+        await restored.run_step()
+        assert summarised, "the redone step did not summarise: the test does not test the case"
+        assert planner.calls == 3  # the planner's recorded decision was replayed
+        assert NOTED == ["r1 ok", "r2 ok", "r3 ok"]  # the done action did not run again
+        records = await restored.action_log.records()
+        keys = {r.key.rsplit(":", 1)[1] for r in records if r.step == 3}
+        assert {"m0", "s0", "a0"} <= keys, keys
+    finally:
+        await runtime.shutdown()
+
+
+class OneTokenPerChar:
+    """A tokenizer that counts every character as a token (CJK-heavy text comes close)."""
+
+    def encode(self, text: str) -> list[str]:
+        return list(text)
+
+
+class ExactScriptedEngine(ScriptedEngine):
+    """The scripted engine presenting an exact tokenizer and a 4096-token window (as vLLM does)."""
+
+    kind = "vllm"
+    context_window = 4096
+
+    def __init__(self, reply: Any) -> None:
+        super().__init__(reply)
+        self._tokenizer = OneTokenPerChar()
+
+
+async def test_the_summarisers_input_is_measured_with_the_engines_tokenizer(board: Blackboard) -> None:
+    """With a tokenizer counting 4x the chars/4 estimate, and a backlog gathered while the
+    summariser was down, every summariser request still fits `summariser_input` (and so the window
+    with its summary)."""
+    planner = Planner(dump_at=10_000)
+    inputs: list[int] = []
+    failing = {"on": True}
+
+    def reply(request: InferenceRequest) -> Any:
+        if is_summariser(request):
+            if failing["on"]:
+                raise InferenceError("summariser down")
+            inputs.append(sum(len(m.content) + MESSAGE_OVERHEAD_TOKENS for m in request.messages))
+            return "S."
+        return planner.decide(request)
+
+    settings = ContextSettings(summary_max_tokens=256, summariser_input_tokens=2048)
+    budget = plan_budget(settings, ExactScriptedEngine.context_window, 48)
+    assert budget is not None
+    runtime = LocalAgentRuntime(
+        board, colony_id=f"c{uuid.uuid4().hex[:8]}", engine=ExactScriptedEngine(reply)
+    )
+    try:
+        agent = await runtime.spawn(blueprint("exact", settings))
+        agent.max_steps = 400
+        await agent.begin_run({"task": "t"})
+        for i in range(110):
+            failing["on"] = i < 90
+            agent.context.append({"observation": f"{i}: " + "温度計" * 30})
+            await agent.run_step()
+        assert len(inputs) >= 2 and not agent.action_policy.compactor.state.pending
+        assert max(inputs) <= budget.summariser_input, (inputs, budget)
+        assert max(inputs) + budget.summary_max <= ExactScriptedEngine.context_window
+    finally:
+        await runtime.shutdown()
+
+
+async def test_a_summary_longer_than_the_limit_is_cut_not_refused(board: Blackboard) -> None:
+    """Without a tokenizer the estimate can count a summary the model kept within max_tokens as
+    longer than summary_max_tokens: it is cut to fit, not refused (refused, nothing is ever
+    summarised)."""
+    long_summary = ("The sensors reported temperatures between eighteen and twenty six degrees. " * 16)[:1150]
+    planner = Planner(dump_at=10_000)
+    engine = ScriptedEngine(lambda r: long_summary if is_summariser(r) else planner.decide(r))
+    runtime = LocalAgentRuntime(board, colony_id=f"c{uuid.uuid4().hex[:8]}", engine=engine)
+    failed_before = metrics.CONTEXT_COMPACTIONS.labels(stage="failed")._value.get()
+    try:
+        agent = await runtime.spawn(
+            blueprint("cut", ContextSettings(token_budget=1500, summary_max_tokens=256))
+        )
+        await drive(agent, 120)
+        state = agent.action_policy.compactor.state
+        assert state.summary and long_summary.startswith(state.summary.rstrip("."))
+        assert estimate_tokens(state.summary) <= 256
+        assert state.failures == 0 and state.summarized_items > 0
+        assert metrics.CONTEXT_COMPACTIONS.labels(stage="failed")._value.get() == failed_before
     finally:
         await runtime.shutdown()

@@ -4,11 +4,13 @@ agent acts on it, so a resumed run replays what was done and re-executes only wh
 Why: an agent persists after each step. A replica that dies in the middle of a step leaves the
 step unpersisted, and the restored agent runs that step again; without a log, every model call
 and action of that step would happen twice (a child spawned twice, a message sent twice). Here
-each call of a step gets an idempotency key `{run_id}:{step}:{kind}{n}` (`m` model, `a` action;
-`n` counts that kind of call within the step, so a re-driven step makes the same keys in the same
-order), and its result is appended to the agent's `agent:action_log` ring, fenced by the agent's
-lifecycle like `persist_agent`, BEFORE the result goes back to the policy. An action also gets a
-`started` record before it runs. On resume:
+each call of a step gets an idempotency key `{run_id}:{step}:{kind}{n}` (`m` a planning model
+call, `s` a compaction summary, `a` action; `n` counts that kind of call within the step, so a
+re-driven step makes the same keys in the same order; the summariser counts apart from the planner,
+so whether a redone step summarises does not move the planner's recorded decision), and its
+result is appended to the agent's `agent:action_log` ring, fenced by the agent's lifecycle like
+`persist_agent`, BEFORE the result goes back to the policy. An action also gets a `started`
+record before it runs. On resume:
 
 - a recorded model response is returned without calling the model;
 - a recorded action result is returned without running the action;
@@ -58,6 +60,9 @@ MAX_RECORD_BYTES = 256 * 1024
 RUN_ID_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9._:-]{0,127}$"
 NAME_PATTERN = r"^[A-Za-z0-9_.:-]{1,128}$"
 
+ModelChannel = Literal["model", "summary"]
+MODEL_CHANNELS: tuple[str, ...] = ("model", "summary")
+
 _IDEMPOTENCY_KEY: contextvars.ContextVar[str | None] = contextvars.ContextVar("idempotency_key", default=None)
 
 
@@ -71,14 +76,15 @@ class LogRecord(BaseModel):
     """One record of the log, as stored (JSON) and as read back (validated, bounded).
 
     `kind` model/action: a call (`status` started: an action about to run; done: its result is
-    `response` / `result`). `kind` truncate: records of this run with a step after `after_step`
+    `response` / `result`; `summary` is a model call of compaction's summariser, numbered apart
+    from the planner's). `kind` truncate: records of this run with a step after `after_step`
     recorded before this marker no longer count."""
 
     model_config = ConfigDict(extra="ignore", frozen=True)
 
     run_id: str = Field(pattern=RUN_ID_PATTERN)
     step: int = Field(ge=0, le=10_000_000)
-    kind: Literal["model", "action", "truncate"]
+    kind: Literal["model", "summary", "action", "truncate"]
     n: int = Field(0, ge=0, le=1_000_000)
     status: Literal["started", "done"] = "done"
     at: float = 0.0
@@ -214,16 +220,27 @@ class ActionLog:
     # -- the interface -------------------------------------------------------------------------
 
     async def model_call(
-        self, request: InferenceRequest, call: Callable[[], Awaitable[InferenceResponse]]
+        self,
+        request: InferenceRequest,
+        call: Callable[[], Awaitable[InferenceResponse]],
+        *,
+        channel: ModelChannel = "model",
     ) -> InferenceResponse:
         """A model call of the current run: the recorded response when this call was answered
-        before (a resumed step), else the model's, recorded before it is returned."""
+        before (a resumed step), else the model's, recorded before it is returned.
+
+        `channel` numbers the call: "model" (the planner's decisions, key `...:m{n}`) or "summary"
+        (compaction's summariser, `...:s{n}`). Apart, because a redone step may summarise when its
+        first run did not (events arrived after the crash): the planner's recorded decision must
+        still be the one it gets back, or it would act a second time."""
+        if channel not in MODEL_CHANNELS:
+            raise ValueError(f"model_call channel must be one of {MODEL_CHANNELS}, not {channel!r}")
         run = self._active_run()
         if run is None:
             return await call()
-        step, n = self._next(run, "model")
+        step, n = self._next(run, channel)
         await self._load(run.run_id)
-        key = idempotency_key(run.run_id, step, "model", n)
+        key = idempotency_key(run.run_id, step, channel, n)
         shape = _model_shape(request)
         found = self._records.get(key)
         if found is not None and found.status == "done" and found.response is not None:
@@ -246,7 +263,7 @@ class ActionLog:
             {
                 "run_id": run.run_id,
                 "step": step,
-                "kind": "model",
+                "kind": channel,
                 "n": n,
                 "at": time.time(),
                 "shape": shape,

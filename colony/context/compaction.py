@@ -81,6 +81,8 @@ MAX_SPANS = 32  # refs of summarised spans the view lists (each is also in `arch
 MAX_PENDING = 128  # entries awaiting a summary kept in state (older ones: archived only)
 SUMMARISE_PENDING_AT = 32  # window-dropped entries that call for a summary without budget pressure
 MAX_SUMMARY_CALLS = 3  # summariser calls one compaction makes at most
+MAX_BATCH_COUNTS = 16  # token counts one summariser batch may take to fit its input bound
+MIN_LINE_CHARS = 40  # a history item is never cut shorter than this for the summariser
 MAX_BACKOFF_STEPS = 8  # a failed summary is retried after 1, 2, 4, then every 8 steps
 MAX_LISTED_REFS = 3
 SUMMARISER_SYSTEM = (
@@ -446,48 +448,88 @@ class Compactor:
         calls = 0
         while self.state.pending and calls < MAX_SUMMARY_CALLS:
             calls += 1
-            room = budget.summariser_input - await counter.count(self.state.summary) - 64
-            lines: list[str] = []
-            used = 0
-            for entry in self.state.pending:
-                line = item_line(entry)
-                cost = estimate_tokens(line) + 2
-                if lines and used + cost > room:
-                    break
-                lines.append(line[: max(40, room * 4)])
-                used += cost
-            previous = self.state.summary or "(none yet)"
-            request = InferenceRequest(
-                messages=[
-                    ChatMessage(role="system", content=SUMMARISER_SYSTEM),
-                    ChatMessage(
-                        role="user",
-                        content=f"Earlier summary:\n{previous}\n\nNew history items:\n"
-                        + "\n".join(lines)
-                        + "\n\nThe merged summary:",
-                    ),
-                ],
-                max_tokens=budget.summary_max,
-                temperature=0.0,
-            )
+            batch = await self._batch(budget, counter)
+            if batch is None:
+                return self._failed(
+                    step, "one history item and the summary do not fit context.summariser_input_tokens"
+                )
+            size, request = batch
             try:
-                response = await self.policy.generate(engine, request)
+                response = await self.policy.generate(engine, request, channel="summary")
             except Exception as exc:
                 return self._failed(step, f"the summariser failed: {type(exc).__name__}: {exc}")
             text = (response.text or "").strip()
             if not text:
                 return self._failed(step, "the summariser wrote nothing")
-            if await counter.count(text) > budget.summary_max + 8:
-                return self._failed(step, "the summary is longer than context.summary_max_tokens")
-            taken = self.state.pending[: len(lines)]
+            text = await self._fit_summary(text, budget.summary_max, counter)
+            taken = self.state.pending[:size]
             ref = self._archive_span(taken)
             self.state.summary = text
             self.state.summarized_items += len(taken)
-            del self.state.pending[: len(lines)]
+            del self.state.pending[:size]
             await self._log_summary(text, len(taken), ref)
         self.state.failures = 0
         metrics.CONTEXT_COMPACTIONS.labels(stage="summarized").inc()
         return True
+
+    @staticmethod
+    async def _fit_summary(text: str, limit: int, counter: TokenCounter) -> str:
+        """The summary cut to at most `limit` tokens when it is longer (a coarse estimate, without
+        a tokenizer, can count a summary the model kept within its max_tokens as longer: refusing
+        it would leave the history unsummarised for good). Cut at the proportion the count gives,
+        a few tries at most, then to a quarter character per token, which always fits."""
+        for _ in range(4):
+            tokens = await counter.count(text)
+            if tokens <= limit:
+                return text
+            keep = max(1, int(len(text) * limit / tokens * 0.9) - 3)
+            text = text[:keep].rstrip() + "..."
+        return text[: max(1, limit)]
+
+    def _summary_request(self, lines: list[str], budget: Budget) -> InferenceRequest:
+        previous = self.state.summary or "(none yet)"
+        return InferenceRequest(
+            messages=[
+                ChatMessage(role="system", content=SUMMARISER_SYSTEM),
+                ChatMessage(
+                    role="user",
+                    content=f"Earlier summary:\n{previous}\n\nNew history items:\n"
+                    + "\n".join(lines)
+                    + "\n\nThe merged summary:",
+                ),
+            ],
+            max_tokens=budget.summary_max,
+            temperature=0.0,
+        )
+
+    async def _batch(self, budget: Budget, counter: TokenCounter) -> tuple[int, InferenceRequest] | None:
+        """The next summariser request: as many pending entries (from the oldest) as its whole
+        input, counted with the engine's tokenizer, keeps within `budget.summariser_input` (so the
+        call and its summary fit the window). A first guess from the chars/4 estimate, then
+        halved (a single oversize line cut in half) until the count fits, at most
+        MAX_BATCH_COUNTS counts; None when not even a cut line fits (the caller backs off)."""
+        room = budget.summariser_input - await counter.count(self.state.summary) - 64
+        lines: list[str] = []
+        used = 0
+        for entry in self.state.pending:
+            line = item_line(entry)
+            cost = estimate_tokens(line) + 2
+            if lines and used + cost > room:
+                break
+            lines.append(line[: max(MIN_LINE_CHARS, room * 4)])
+            used += cost
+        for _ in range(MAX_BATCH_COUNTS):
+            request = self._summary_request(lines, budget)
+            tokens = await counter.count_messages(*(m.content for m in request.messages))
+            if tokens <= budget.summariser_input:
+                return len(lines), request
+            if len(lines) > 1:
+                lines = lines[: len(lines) // 2]
+            elif len(lines[0]) > MIN_LINE_CHARS:
+                lines = [lines[0][: max(MIN_LINE_CHARS, len(lines[0]) // 2 - 3)] + "..."]
+            else:
+                break
+        return None
 
     def _failed(self, step: int, why: str) -> bool:
         self.state.failures += 1

@@ -23,6 +23,7 @@ from colony.agents.blueprint import Blueprint
 from colony.agents.models import ActionResult
 from colony.agents.policy import ActionPolicy, ActionPolicyExecutionState, ActionPolicyIterationResult
 from colony.config import ContextSettings
+from colony.context.action_log import ModelChannel
 from colony.context.compaction import DEFAULT_PINNED_KEYS, RECALL, RECALL_ACTION, Compactor, FittedPrompt
 from colony.errors import AgentUsageError
 from colony.inference import ChatMessage, InferenceRequest, InferenceResponse
@@ -235,12 +236,17 @@ class EventDrivenActionPolicy(ActionPolicy):
                 data |= {"tokens": tokens, "budget": budget}
             await self.agent.emit_run_event("prompt", data)
 
-    async def generate(self, engine: InferenceEngine, request: InferenceRequest) -> InferenceResponse:
+    async def generate(
+        self, engine: InferenceEngine, request: InferenceRequest, *, channel: ModelChannel = "model"
+    ) -> InferenceResponse:
         """A model call of this policy, through the agent's write-ahead action log: a resumed run
-        gets the recorded response back instead of calling the model again."""
+        gets the recorded response back instead of calling the model again. `channel` "summary"
+        (compaction's summariser) is numbered apart from the planner's calls ("model"), so a redone
+        step that summarises still gets the planner's recorded decision back."""
         if self.agent is None:
             return await engine.generate(request)
-        return await self.agent.action_log.model_call(request, lambda: engine.generate(request))
+        log_ = self.agent.action_log
+        return await log_.model_call(request, lambda: engine.generate(request), channel=channel)
 
     async def dispatch(self, action: str, parameters: dict[str, Any]) -> ActionResult:
         if self.agent is None:
