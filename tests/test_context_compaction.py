@@ -689,3 +689,37 @@ async def test_a_summary_longer_than_the_limit_is_cut_not_refused(board: Blackbo
         assert metrics.CONTEXT_COMPACTIONS.labels(stage="failed")._value.get() == failed_before
     finally:
         await runtime.shutdown()
+
+
+async def test_a_large_last_output_is_held_by_reference_and_is_the_runs_output_whole(
+    board: Blackboard,
+) -> None:
+    """The 100 KB output of the last action stays out of the policy state and every checkpoint (held
+    by its archive reference), and still ends the run whole, also in an agent restored from Redis."""
+    from colony.context.checkpoints import read_checkpoints
+
+    planner = Planner(dump_at=2)
+    engine = ScriptedEngine(lambda r: "Summary." if is_summariser(r) else planner.decide(r))
+    runtime = LocalAgentRuntime(board, colony_id=f"c{uuid.uuid4().hex[:8]}", engine=engine)
+    try:
+        agent = await runtime.spawn(blueprint("output", ContextSettings(token_budget=1000)))
+        agent.max_steps = 20
+        await agent.begin_run({"task": "Watch the sensors"})
+        for i in range(2):  # the second step dumps the 100 KB log: the last successful output
+            agent.context.append(observation(i))
+            await agent.run_step()
+        stored = await agent.blackboard.read(Keys.key("policy_state"))
+        assert stored is not None and BIG_MARKER not in json.dumps(stored.value)
+        assert stored.value["last_output_ref"]["chars"] > 100_000
+        held = [c for c, _ in await read_checkpoints(agent.blackboard)]
+        assert held and not any(BIG_MARKER in json.dumps(c.policy_state) for c in held)
+        await runtime.drop("output")
+        restored = await Agent.restore("output", board, colony_id=runtime.colony_id, **runtime.services)
+        restored.action_policy._enabled = set()  # no action left: the run ends on the last output
+        await restored.run_step()
+        run = restored.current_run
+        assert run is not None and run.done, run
+        assert isinstance(run.output, str) and len(run.output) > 100_000 and BIG_MARKER in run.output
+        assert run.output.startswith("sensor log line with readings")
+    finally:
+        await runtime.shutdown()

@@ -199,6 +199,9 @@ class Compactor:
         write loses only the original (the view already holds its preview)."""
         agent = self.policy.agent
         unsaved, self._unsaved = self._unsaved, {}
+        held = [r for r in self.held_refs() if r in self.state.archives]
+        if held:  # an archive the policy still needs (its run's output) is the newest, never expired
+            self.state.archives = [r for r in self.state.archives if r not in held] + held
         expired = self.state.archives[:-MAX_ARCHIVES]
         del self.state.archives[:-MAX_ARCHIVES]
         if agent is None:
@@ -213,6 +216,45 @@ class Compactor:
                 await agent.blackboard.delete(Keys.archived_output_key(ref))
             except Exception as exc:
                 log.warning("agent %s: old archive %s not deleted: %r", agent.agent_id, ref, exc)
+
+    def held_refs(self) -> list[str]:
+        """Archives the policy still needs whole (a large last output that may become the run's
+        output): `flush_archives` keeps them past MAX_ARCHIVES."""
+        holder = getattr(self.policy, "held_archive_refs", None)
+        return list(holder()) if callable(holder) else []
+
+    def archived_value(self, value: Any) -> dict[str, Any] | None:
+        """How a value longer than `mask_output_chars` is held in policy state instead of whole: its
+        archive ref (the one `mask_call` archives it under), whether it was JSON, its size and a
+        preview. None for a short value (kept as is)."""
+        text = _text(value)
+        if len(text) <= self.settings.mask_output_chars:
+            return None
+        return {
+            "ref": _ref(text),
+            "json": not isinstance(value, str),
+            "chars": len(text),
+            "preview": text[:PREVIEW_CHARS],
+        }
+
+    async def read_archived_value(self, held: dict[str, Any]) -> Any:
+        """The value `archived_value` referenced, read back whole from its archive (JSON decoded
+        when it was JSON); the masked preview, with a warning, when the archive is gone."""
+        ref = held.get("ref")
+        agent = self.policy.agent
+        entry = None
+        if isinstance(ref, str) and _REF.match(ref) and agent is not None:
+            entry = await agent.blackboard.read(Keys.archived_output_key(ref))
+        if entry is not None and isinstance(entry.value, dict) and isinstance(entry.value.get("text"), str):
+            text = entry.value["text"]
+            if not held.get("json"):
+                return text
+            try:
+                return json.loads(text)
+            except ValueError:
+                return text
+        log.warning("agent %s: archived output %s is gone; the run's output is its preview", self._who(), ref)
+        return _masked(str(ref), str(held.get("preview", "")))
 
     def mask_call(self, call: dict[str, Any]) -> dict[str, Any]:
         """A call record whose output (or error) is longer than `mask_output_chars`, with the

@@ -16,6 +16,7 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
+import re
 from collections.abc import Callable, Iterable
 from typing import TYPE_CHECKING, Any
 
@@ -24,7 +25,14 @@ from colony.agents.models import ActionResult
 from colony.agents.policy import ActionPolicy, ActionPolicyExecutionState, ActionPolicyIterationResult
 from colony.config import ContextSettings
 from colony.context.action_log import ModelChannel
-from colony.context.compaction import DEFAULT_PINNED_KEYS, RECALL, RECALL_ACTION, Compactor, FittedPrompt
+from colony.context.compaction import (
+    DEFAULT_PINNED_KEYS,
+    RECALL,
+    RECALL_ACTION,
+    REF_PATTERN,
+    Compactor,
+    FittedPrompt,
+)
 from colony.errors import AgentUsageError
 from colony.inference import ChatMessage, InferenceRequest, InferenceResponse
 from colony.inference.engine import InferenceEngine
@@ -35,6 +43,7 @@ if TYPE_CHECKING:
     from colony.agents.base import Agent
 
 log = logging.getLogger(__name__)
+REF = re.compile(REF_PATTERN)
 MAX_PROMPT_EVENT_CHARS = 50_000
 CALL_TRACE_MAX = 50  # calls of the current run kept in the trace (slim records, no outputs)
 TRACE_PREVIEW_CHARS = 200
@@ -360,13 +369,31 @@ class StructuredActionPolicy(EventDrivenActionPolicy):
         self.max_tokens = max_tokens
         self.allow_finish = allow_finish
         self._last_output: Any = None
+        # a last output longer than `context.mask_output_chars` is held in state by its archive
+        # reference (Compactor.archived_value) and read back only when it becomes the run's output
+        self._last_output_ref: dict[str, Any] | None = None
+
+    def _remember_output(self, output: Any) -> None:
+        self._last_output = output
+        self._last_output_ref = self.compactor.archived_value(output)
+
+    async def _run_output(self) -> Any:
+        """The run's output: the last action's, read back whole from its archive when the policy
+        holds only its reference (a restored agent)."""
+        if self._last_output_ref is not None and self._last_output is None:
+            self._last_output = await self.compactor.read_archived_value(self._last_output_ref)
+        return self._last_output
+
+    def held_archive_refs(self) -> list[str]:
+        ref = (self._last_output_ref or {}).get("ref")
+        return [ref] if isinstance(ref, str) else []
 
     async def plan_step(self, state: ActionPolicyExecutionState) -> ActionPolicyIterationResult:
         if self.engine is None:
             raise AgentUsageError("StructuredActionPolicy needs an engine (hosted agents get the replica's)")
         actions = self.planning_action_schemas()
         if not actions:
-            return ActionPolicyIterationResult(done=True, output=self._last_output)
+            return ActionPolicyIterationResult(done=True, output=await self._run_output())
         if self.allow_finish and state.step > 0:
             actions.append(FINISH_ACTION)
         memory = await self.memory_sections(state)
@@ -402,16 +429,23 @@ class StructuredActionPolicy(EventDrivenActionPolicy):
             return await self.recall_archived(parameters)
         result = await self.dispatch(action, parameters)
         if result.success:
-            self._last_output = result.output
+            self._remember_output(result.output)
         return ActionPolicyIterationResult(action=action, parameters=parameters, action_result=result)
 
     def on_run_start(self, run: Any) -> None:
         super().on_run_start(run)
-        self._last_output = None
+        self._last_output, self._last_output_ref = None, None
 
     def get_state(self) -> dict[str, Any]:
+        """A large last output is stored as its archive reference (`last_output_ref`), not whole:
+        it would otherwise sit in the policy state and every checkpoint until the run ends."""
+        if self._last_output_ref is not None:
+            return {**super().get_state(), "last_output": None, "last_output_ref": self._last_output_ref}
         return {**super().get_state(), "last_output": self._last_output}
 
     def set_state(self, state: dict[str, Any]) -> None:
         super().set_state(state)
-        self._last_output = state.get("last_output")
+        held = state.get("last_output_ref")
+        valid = isinstance(held, dict) and isinstance(held.get("ref"), str) and REF.match(held["ref"])
+        self._last_output_ref = dict(held) if valid else None  # type: ignore[arg-type]
+        self._last_output = None if valid else state.get("last_output")
