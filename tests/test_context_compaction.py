@@ -723,3 +723,45 @@ async def test_a_large_last_output_is_held_by_reference_and_is_the_runs_output_w
         assert run.output.startswith("sensor log line with readings")
     finally:
         await runtime.shutdown()
+
+
+async def test_a_pinned_correction_survives_the_streams_own_window(board: Blackboard) -> None:
+    """A stream with a 20-entry window: the user correction delivered at event 10 is still in the
+    prompt, verbatim, 30 events later (the window keeps pinned entries; they are not summarised)."""
+    planner = Planner(dump_at=10_000)
+    engine = ScriptedEngine(lambda r: "Summary: readings fine." if is_summariser(r) else planner.decide(r))
+    runtime = LocalAgentRuntime(board, colony_id=f"c{uuid.uuid4().hex[:8]}", engine=engine)
+    try:
+        agent = await runtime.spawn(
+            blueprint("pinned", ContextSettings(token_budget=1000, summary_max_tokens=96), max_entries=20)
+        )
+        await drive(agent, 45, correction_at=10)
+        prompts = [prompt_of(r) for r in engine.requests if not is_summariser(r)]
+        assert len(prompts) == 45
+        assert all(CORRECTION in p for p in prompts[10:])
+        assert CORRECTION not in (summary_in(prompts[-1]) or "")  # verbatim, in its stream section
+        observations = agent.action_policy.streams[0]
+        assert len(observations.entries) <= 20 + 1  # the window, plus the one pinned entry
+    finally:
+        await runtime.shutdown()
+
+
+def test_a_streams_window_keeps_at_most_the_newest_32_pinned_entries() -> None:
+    from colony.planning.streams import MAX_PINNED
+
+    stream = ConsciousnessStream(
+        "s",
+        JSONStreamFormatter(),
+        event_filter=EventContextKeyFilter("observation", "user_correction"),
+        max_entries=5,
+    )
+    stream.pinned_keys = frozenset({"user_correction"})
+    stream.overflow = []
+    for i in range(40):
+        stream.consider_event({"user_correction": f"c{i}"})
+        stream.consider_event({"observation": f"o{i}"})
+    pinned = [e["contexts"]["user_correction"] for e in stream.entries if "user_correction" in e["contexts"]]
+    assert MAX_PINNED == 32 and pinned == [f"c{i}" for i in range(8, 40)]
+    others = [e["contexts"]["observation"] for e in stream.entries if "observation" in e["contexts"]]
+    assert others == [f"o{i}" for i in range(35, 40)]
+    assert len(stream.overflow) == 80 - len(stream.entries)  # every dropped entry went to overflow

@@ -164,6 +164,8 @@ class Compactor:
         self.state = CompactionState()
         self._counter: TokenCounter | None = None
         self._unsaved: dict[str, dict[str, Any]] = {}  # archives masked in a sync path, to write
+        for stream in policy.streams:  # the streams' windows keep pinned entries too
+            stream.pinned_keys = self.pinned_keys
 
     # -- settings ----------------------------------------------------------------------------------
 

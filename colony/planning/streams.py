@@ -15,6 +15,8 @@ from typing import Any
 
 from colony.agents.blueprint import Bindable, Blueprint
 
+MAX_PINNED = 32  # pinned entries a stream keeps past its window (the newest; older ones go)
+
 EventFilter = Callable[[dict[str, Any]], bool]
 ActionFilter = Callable[[dict[str, Any]], bool]
 
@@ -156,14 +158,32 @@ class ConsciousnessStream(Bindable):
         # entries the window dropped, kept for compaction to summarise (None: dropped for good).
         # A policy with a token budget sets a list here and drains it (colony.context.compaction).
         self.overflow: list[dict[str, Any]] | None = None
+        # event context keys whose entries the window keeps (the policy's pinned keys: user
+        # corrections); set by the policy's compactor
+        self.pinned_keys: frozenset[str] = frozenset()
+
+    def is_pinned(self, entry: dict[str, Any]) -> bool:
+        """An event entry whose contexts hold a pinned key (a user correction): never dropped by the
+        window nor compacted."""
+        return entry.get("kind") == "event" and bool(self.pinned_keys & set(entry.get("contexts") or {}))
 
     def _append(self, entry: dict[str, Any]) -> None:
+        """Add an entry; past `max_entries` the oldest go (to `overflow` when it is a list). The
+        newest MAX_PINNED pinned entries are not counted against the window and stay, however
+        old: the stream holds at most `max_entries + MAX_PINNED` entries."""
         self.entries.append(entry)
-        if len(self.entries) > self.max_entries:
-            dropped = len(self.entries) - self.max_entries
-            if self.overflow is not None:
-                self.overflow.extend(self.entries[:dropped])
-            del self.entries[:dropped]
+        if len(self.entries) <= self.max_entries:
+            return
+        pinned = [id(e) for e in self.entries if self.is_pinned(e)][-MAX_PINNED:]
+        kept = set(pinned)
+        others = [e for e in self.entries if id(e) not in kept]
+        over = len(others) - self.max_entries
+        if over <= 0:
+            return
+        gone = {id(e) for e in others[:over]}
+        if self.overflow is not None:
+            self.overflow.extend(e for e in self.entries if id(e) in gone)
+        self.entries = [e for e in self.entries if id(e) not in gone]
 
     def consider_event(self, contexts: dict[str, Any]) -> None:
         if contexts and self.event_filter is not None and self.event_filter(contexts):
