@@ -765,3 +765,50 @@ def test_a_streams_window_keeps_at_most_the_newest_32_pinned_entries() -> None:
     others = [e["contexts"]["observation"] for e in stream.entries if "observation" in e["contexts"]]
     assert others == [f"o{i}" for i in range(35, 40)]
     assert len(stream.overflow) == 80 - len(stream.entries)  # every dropped entry went to overflow
+
+
+async def test_a_huge_chat_message_is_archived_when_recorded_and_stays_out_of_the_prompt(
+    board: Blackboard,
+) -> None:
+    """One 40,000-character (not pinned) chat message: the stream records a preview with its ref,
+    every prompt stays under budget, the policy state stays small, the message stays recallable."""
+    from colony.planning import ConversationFormatter
+
+    planner = Planner(dump_at=10_000)
+    engine = ScriptedEngine(lambda r: "S." if is_summariser(r) else planner.decide(r))
+    runtime = LocalAgentRuntime(board, colony_id=f"c{uuid.uuid4().hex[:8]}", engine=engine)
+    chat = ConsciousnessStream.bind(
+        name="chat",
+        formatter=ConversationFormatter.bind(),
+        event_filter=EventContextKeyFilter("user_chat_message"),
+        action_filter=ActionKeySubstringFilter("note"),
+        max_entries=50,
+    )
+    plan = AgentBlueprint(
+        agent_class=Agent,
+        metadata=AgentMetadata(agent_id="chatty", action_policy_blueprints={"consciousness_streams": [chat]}),
+        capabilities=[Sensors.bind()],
+        action_policy=StructuredActionPolicy.bind(
+            goals=["chat"], max_tokens=48, context_settings=ContextSettings(token_budget=1000)
+        ),
+    )
+    huge = "y" * 20_000 + BIG_MARKER + "y" * 20_000
+    try:
+        agent = await runtime.spawn(plan)
+        agent.max_steps = 20
+        await agent.begin_run({"task": "t"})
+        for i in range(8):
+            agent.context.append({"user_chat_message": {"message": huge if i == 6 else f"hello {i}"}})
+            await agent.run_step()
+        prompts = [prompt_of(r) for r in engine.requests if not is_summariser(r)]
+        for prompt in prompts:
+            assert BIG_MARKER not in prompt
+            assert estimate_tokens(StructuredActionPolicy.SYSTEM) + estimate_tokens(prompt) + 16 <= 1000
+        ref = re.search(r"archived as ref ([0-9a-f]{16})", prompts[-1]).group(1)  # type: ignore[union-attr]
+        assert "**User**: [40021 characters archived" in prompts[-1]
+        stored = await agent.blackboard.read(Keys.key("policy_state"))
+        assert stored is not None and len(json.dumps(stored.value)) < 10_000
+        archive = await agent.blackboard.read(Keys.archived_output_key(ref))
+        assert archive is not None and archive.value["text"] == huge
+    finally:
+        await runtime.shutdown()

@@ -277,6 +277,38 @@ class Compactor:
                 masked["error"] = _masked(ref, text)
         return masked
 
+    def mask_event(self, contexts: dict[str, Any]) -> dict[str, Any]:
+        """An event's contexts as the streams record them: a value longer than
+        `mask_output_chars` (a 40,000-character chat message) is archived and a preview with its
+        reference stands in (in a dict value, each long text field is, so a formatter still finds
+        its `message`; a dict still long after that, or a long list, is archived whole). Values of
+        pinned keys stay verbatim."""
+        limit = self.settings.mask_output_chars
+        masked: dict[str, Any] = {}
+        for key, value in contexts.items():
+            if key in self.pinned_keys or len(_text(value)) <= limit:
+                masked[key] = value
+                continue
+            if isinstance(value, dict):
+                fields = {
+                    name: self._mask_text(field, key)
+                    if isinstance(field, str) and len(field) > limit
+                    else field
+                    for name, field in value.items()
+                }
+                if len(_text(fields)) <= limit + (PREVIEW_CHARS + 100) * len(fields):
+                    masked[key] = fields
+                    continue
+            masked[key] = self._mask_text(_text(value), key)
+        return masked
+
+    def _mask_text(self, text: str, key: str) -> str:
+        return (
+            text
+            if len(text) <= self.settings.mask_output_chars
+            else _masked(self._archive_text(text, "event", key), text)
+        )
+
     def _archive_text(self, text: str, kind: str, action: Any) -> str:
         ref = _ref(text)
         self._remember(ref, {"kind": kind, "action": str(action)[:200], "text": text, "at": time.time()})

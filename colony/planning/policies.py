@@ -111,11 +111,15 @@ class EventDrivenActionPolicy(ActionPolicy):
         return urgent + [c for c in fresh if not self.priority_context_keys & set(c)]
 
     def consider_events(self) -> int:
-        """Feed contexts gathered since the last iteration to every stream; how many there were."""
+        """Feed contexts gathered since the last iteration to every stream; how many there were.
+        Long values are archived and recorded by reference (`Compactor.mask_event`)."""
         contexts = self._new_contexts()
         for contexts_of_event in contexts:
+            # a value longer than `context.mask_output_chars` is archived (written by the next
+            # `flush_archives`, before the step persists) and recorded as a preview with its ref
+            recorded = self.compactor.mask_event(contexts_of_event) if self.streams else contexts_of_event
             for stream in self.streams:
-                stream.consider_event(contexts_of_event)
+                stream.consider_event(recorded)
         return len(contexts)
 
     def record_call(self, call: dict[str, Any]) -> None:
