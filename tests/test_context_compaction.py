@@ -812,3 +812,31 @@ async def test_a_huge_chat_message_is_archived_when_recorded_and_stays_out_of_th
         assert archive is not None and archive.value["text"] == huge
     finally:
         await runtime.shutdown()
+
+
+async def test_no_summariser_call_at_every_step_when_the_fixed_prompt_alone_passes_the_trigger(
+    board: Blackboard,
+) -> None:
+    """The task alone is over the budget: a summary cannot bring the prompt under it, so the items
+    taken out wait until enough gather (one summariser call per SUMMARISE_PENDING_AT items, not one
+    per step), and the run goes on."""
+    from colony.context.compaction import SUMMARISE_PENDING_AT
+
+    planner = Planner(dump_at=10_000)
+    engine = ScriptedEngine(lambda r: "Summary." if is_summariser(r) else planner.decide(r))
+    runtime = LocalAgentRuntime(board, colony_id=f"c{uuid.uuid4().hex[:8]}", engine=engine)
+    try:
+        agent = await runtime.spawn(
+            blueprint("thrash", ContextSettings(token_budget=1000, summary_max_tokens=96))
+        )
+        agent.max_steps = 200
+        await agent.begin_run({"task": "Watch the sensors. " + "Details of the task. " * 190})
+        for i in range(60):
+            agent.context.append(observation(i))
+            await agent.run_step()
+        summariser_calls = sum(1 for r in engine.requests if is_summariser(r))
+        assert 1 <= summariser_calls <= 2 * 60 // SUMMARISE_PENDING_AT + 1, summariser_calls
+        assert agent.current_run is not None and not agent.current_run.done
+        assert agent.action_policy.compactor.state.summary == "Summary."
+    finally:
+        await runtime.shutdown()

@@ -112,7 +112,7 @@ class FittedPrompt:
     text: str
     tokens: int
     budget: Budget | None
-    stage: str | None = None  # masked | summarized | failed | None (nothing done)
+    stage: str | None = None  # masked | summarized | failed | deferred | None (nothing done)
 
 
 def _text(value: Any) -> str:
@@ -454,12 +454,19 @@ class Compactor:
             stage = "masked"
             metrics.CONTEXT_COMPACTIONS.labels(stage="masked").inc()
         if tokens > budget.trigger or pending_due:
+            worth = pending_due
             if tokens > budget.trigger:
-                await self._make_room(budget, counter, render, system)
-            if self.state.pending and step >= self.state.retry_at_step:
+                # when even the smallest cut cannot bring the prompt under the trigger (its fixed
+                # parts alone pass it), a summary gains next to nothing: the items taken out wait
+                # until SUMMARISE_PENDING_AT gather instead of a summariser call at every step
+                fits = await self._make_room(budget, counter, render, system)
+                worth = fits or len(self.state.pending) >= SUMMARISE_PENDING_AT
+            if self.state.pending and step >= self.state.retry_at_step and worth:
                 stage = "summarized" if await self._summarise(engine, budget, counter, step) else "failed"
-            elif self.state.pending:
+            elif self.state.pending and step < self.state.retry_at_step:
                 stage = stage or "failed"  # still backing off: the archived view stands in
+            elif self.state.pending:
+                stage = stage or "deferred"  # taken out; summarised once enough gather
             prompt = render()
             tokens = await counter.count_messages(system, prompt)
             if tokens > budget.limit:
@@ -491,9 +498,10 @@ class Compactor:
 
     async def _make_room(
         self, budget: Budget, counter: TokenCounter, render: Callable[[], str], system: str
-    ) -> None:
+    ) -> bool:
         """Take out the middle of every stream, keeping as much of the first and recent entries as
-        leaves room for a full summary under the trigger."""
+        leaves room for a full summary under the trigger. False when even the smallest cut (no
+        first entries, one recent) does not leave that room."""
         reserve = budget.summary_max + 48  # the summary and its section around it
         keep_first, keep_recent = self.settings.keep_first_items, self.settings.keep_recent_items
         while True:
@@ -506,7 +514,7 @@ class Compactor:
             if fits or (keep_first == 0 and keep_recent <= 1):
                 for _stream, taken in cuts:
                     self._take(taken)
-                return
+                return fits
             for (stream, _), entries in zip(cuts, held, strict=True):
                 stream.entries = entries  # undo; try a smaller cut
             if keep_recent > 1:
@@ -622,7 +630,15 @@ class Compactor:
     async def _squeeze(
         self, budget: Budget, counter: TokenCounter, render: Callable[[], str], system: str, tokens: int
     ) -> tuple[str, int]:
-        """Last resort when the summary made the prompt pass the limit: shorten the summary."""
+        """Last resort when the summary made the prompt pass the limit: shorten the summary. Not
+        when the prompt passes the limit without it as well (its fixed parts alone do): cutting
+        the summary would then lose what it holds for nothing."""
+        saved = self.state.summary
+        self.state.summary = ""
+        bare = await counter.count_messages(system, render())
+        self.state.summary = saved
+        if bare > budget.limit:
+            return render(), tokens
         while tokens > budget.limit and self.state.summary:
             over = tokens - budget.limit
             keep = max(0, len(self.state.summary) - over * 5 - 16)
