@@ -143,7 +143,7 @@ def test_run_show_prompt_prints_each_steps_prompt(blocks_cluster, tmp_path) -> N
     args = ["run", "assistant", "--input", '"What is my name?"', "--show-prompt", "--url", info.url]
     done = run_cli(*args, cwd=tmp_path, env={**os.environ, TOKEN_ENV: info.token or ""})
     assert done.returncode == 0, done.stderr
-    assert "prompt of step 0:" in done.stderr, done.stderr
+    assert "prompt of step 0 (" in done.stderr, done.stderr  # with its tokens and budget
     assert "    - Task: What is my name?" in done.stderr, done.stderr
     assert "    <human>" in done.stderr and "## Goals" not in done.stdout
     assert "Ada" in done.stdout
