@@ -840,3 +840,35 @@ async def test_no_summariser_call_at_every_step_when_the_fixed_prompt_alone_pass
         assert agent.action_policy.compactor.state.summary == "Summary."
     finally:
         await runtime.shutdown()
+
+
+async def test_archives_expire_with_the_run_retention_and_a_restored_views_are_refreshed(
+    board: Blackboard,
+) -> None:
+    """Every archive carries the `runs.retention_seconds` expiry, so one no view lists any more
+    (written after a checkpoint that was restored since) leaves Redis; the archives a view lists
+    get their expiry refreshed when that view is restored."""
+    planner = Planner(dump_at=1)
+    engine = ScriptedEngine(lambda r: "Summary." if is_summariser(r) else planner.decide(r))
+    runtime = LocalAgentRuntime(board, colony_id=f"c{uuid.uuid4().hex[:8]}", engine=engine)
+    try:
+        agent = await runtime.spawn(blueprint("expiring", ContextSettings(token_budget=4000)))
+        agent.max_steps = 20
+        policy = agent.action_policy
+        await agent.begin_run({"task": "Watch the sensors"})
+        await agent.run_step()  # the 100 KB dump: archived
+        saved = json.loads(json.dumps(policy.get_state()))
+        (ref,) = saved["compaction"]["archives"]
+        key = Keys.archived_output_key(ref)
+        entry = await agent.blackboard.read(key)
+        retention = agent.retention_seconds
+        assert entry is not None and entry.expires_at is not None
+        assert abs(entry.expires_at - (entry.created_at + retention)) < 60
+        await agent.blackboard.expire([key], 30)  # as if most of its retention had passed
+        policy.set_state(saved)  # a checkpoint restore puts this view back
+        await policy.compactor.flush_archives()
+        refreshed = await agent.blackboard.read(key)
+        assert refreshed is not None and refreshed.expires_at is not None
+        assert refreshed.expires_at > entry.created_at + retention - 60
+    finally:
+        await runtime.shutdown()

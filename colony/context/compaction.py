@@ -30,6 +30,7 @@ from __future__ import annotations
 import hashlib
 import json
 import logging
+import math
 import re
 import time
 from collections.abc import Callable, Iterable
@@ -164,6 +165,7 @@ class Compactor:
         self.state = CompactionState()
         self._counter: TokenCounter | None = None
         self._unsaved: dict[str, dict[str, Any]] = {}  # archives masked in a sync path, to write
+        self._refreshed_at = -math.inf  # when the listed archives' expiry was last refreshed
         for stream in policy.streams:  # the streams' windows keep pinned entries too
             stream.pinned_keys = self.pinned_keys
 
@@ -208,11 +210,23 @@ class Compactor:
         del self.state.archives[:-MAX_ARCHIVES]
         if agent is None:
             return
+        ttl = agent.retention_seconds
         for ref, record in unsaved.items():
             try:
-                await agent.blackboard.write(Keys.archived_output_key(ref), record, created_by=agent.agent_id)
+                await agent.blackboard.write(
+                    Keys.archived_output_key(ref), record, created_by=agent.agent_id, ttl_seconds=ttl
+                )
             except Exception as exc:
                 log.warning("agent %s: archive %s not written: %r", agent.agent_id, ref, exc)
+        if time.monotonic() - self._refreshed_at > ttl / 4 and self.state.archives:
+            # the view's archives live on while it lists them; one no view lists (written after a
+            # checkpoint that was restored since) expires with its TTL
+            try:
+                keys = [Keys.archived_output_key(r) for r in self.state.archives]
+                await agent.blackboard.refresh(keys, ttl)
+                self._refreshed_at = time.monotonic()
+            except Exception as exc:
+                log.warning("agent %s: archive expiries not refreshed: %r", agent.agent_id, exc)
         for ref in expired:
             try:
                 await agent.blackboard.delete(Keys.archived_output_key(ref))
@@ -719,3 +733,4 @@ class Compactor:
             log.warning("agent %s: stored compaction state unreadable (%r); starting empty", self._who(), exc)
             self.state = CompactionState()
         self._unsaved = {}
+        self._refreshed_at = -math.inf  # the restored view's archives get their expiry refreshed
