@@ -5,8 +5,10 @@ active branch only."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import uuid
 from collections.abc import AsyncIterator
+from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
 
@@ -15,12 +17,20 @@ import pytest
 from colony import metrics
 from colony.blackboard import Blackboard
 from colony.blackboard.protocol import SessionProtocol
-from colony.config import ColonySettings, ContextSettings, ServeSettings
+from colony.config import ColonySettings, ContextSettings, EngineSettings, ServeSettings
 from colony.context.action_log import _IDEMPOTENCY_KEY, idempotency_key
-from colony.context.session_agent import SessionCapability
+from colony.context.session_agent import (
+    FALLBACK_WINDOW,
+    PROMPT_MARGIN_TOKENS,
+    SessionCapability,
+    prompt_budget,
+    prompt_messages,
+)
 from colony.context.sessions import SessionStore, new_session_id, session_scope
+from colony.context.tokens import MESSAGE_OVERHEAD_TOKENS, TokenCounter, estimate_tokens
 from colony.context.tree import (
     MAIN_BRANCH,
+    Message,
     TreeHead,
     add_message,
     fork,
@@ -31,8 +41,10 @@ from colony.context.tree import (
     revert_to_message,
     switch_branch,
 )
-from colony.errors import AgentUsageError, InvalidArgument, MessageNotFound, NoActiveBranch
+from colony.errors import AgentUsageError, InferenceError, InvalidArgument, MessageNotFound, NoActiveBranch
 from colony.inference import InferenceRequest
+from colony.inference.embedded import EmbeddedEngine
+from colony.inference.engine import InferenceEngine
 from colony.inference.scripted import ScriptedEngine
 from colony.system.builtin import session_blueprint
 from colony.system.control import ControlPlane
@@ -315,29 +327,39 @@ def prompt_texts(request: InferenceRequest) -> list[str]:
     return [m.content for m in request.messages if m.role != "system"]
 
 
-@pytest.fixture
-async def rig(bb: Blackboard, redis_url: str) -> AsyncIterator[Any]:
+@contextlib.asynccontextmanager
+async def session_on(
+    bb: Blackboard, redis_url: str, engine: InferenceEngine, *, max_tokens: int = 256
+) -> AsyncIterator[Any]:
+    """A ReplicaHost with `engine`, a control plane, and one placed session agent."""
     settings = ColonySettings(
         redis_url=redis_url,
         colony_id=f"ss{uuid.uuid4().hex[:8]}",
         serve=ServeSettings(monitor_period_seconds=0.1, heartbeat_seconds=0.2, max_agents_per_replica=8),
     )
-    replies = iter(f"reply {i}" for i in range(100))
-    engine = ScriptedEngine(lambda request: next(replies))
     host = ReplicaHost(settings, "ra", engine=engine)
     control = ControlPlane(bb, {"ra": host}, settings)
     host.spawner = control.place
     runs = RunService(bb, control.registry, colony_id=settings.colony_id, settings=settings)
     await host.start(bb)
-    session_id = new_session_id()
-    await control.place(session_blueprint(session_id))
-    store = SessionStore.of(bb, session_id, tenant_id="default", colony_id=settings.colony_id)
-    yield SimpleNamespace(host=host, runs=runs, engine=engine, session_id=session_id, store=store)
-    await control.close()
-    await host.close()
+    try:
+        session_id = new_session_id()
+        await control.place(session_blueprint(session_id, max_tokens=max_tokens))
+        store = SessionStore.of(bb, session_id, tenant_id="default", colony_id=settings.colony_id)
+        yield SimpleNamespace(host=host, runs=runs, engine=engine, session_id=session_id, store=store)
+    finally:
+        await control.close()
+        await host.close()
 
 
-async def turn(rig: Any, text: str) -> tuple[dict[str, Any], list[dict[str, Any]]]:
+@pytest.fixture
+async def rig(bb: Blackboard, redis_url: str) -> AsyncIterator[Any]:
+    replies = iter(f"reply {i}" for i in range(100))
+    async with session_on(bb, redis_url, ScriptedEngine(lambda request: next(replies))) as rig:
+        yield rig
+
+
+async def turn(rig: Any, text: str, *, timeout: float = 60) -> tuple[dict[str, Any], list[dict[str, Any]]]:
     record = await rig.runs.submit(rig.session_id, {"message": text})
     events: list[dict[str, Any]] = []
 
@@ -345,7 +367,7 @@ async def turn(rig: Any, text: str) -> tuple[dict[str, Any], list[dict[str, Any]
         async for _, event in rig.runs.events(record.run_id):
             events.append(event)
 
-    await asyncio.wait_for(stream(), 60)
+    await asyncio.wait_for(stream(), timeout)
     assert events[-1]["event_type"] == "completed", events[-1]
     return events[-1]["data"]["output"], events
 
@@ -456,3 +478,164 @@ def test_session_actions_declare_what_an_undo_cannot_take_back() -> None:
     assert getattr(SessionCapability.handle_user_message, ACTION_ATTR).effects == ("memory_write",)
     assert getattr(SessionCapability.respond_to_user, ACTION_ATTR).effects == ("memory_write",)
     assert getattr(SessionStarterCapability.start_session, ACTION_ATTR).effects == ("spawn",)
+
+
+# -- the prompt under a token budget ---------------------------------------------------------------
+
+
+def doc(chars: int, word: str = "lorem") -> str:
+    """A long message with a recognisable head and tail."""
+    body = (f"{word} ipsum dolor sit amet. " * (chars // 20 + 1))[: chars - len("HEAD-MARK  TAIL-MARK")]
+    return f"HEAD-MARK {body} TAIL-MARK"
+
+
+def msg(n: int, content: str, role: str = "user") -> Message:
+    return Message(id=f"msg-{n:012x}", role=role, content=content)  # type: ignore[arg-type]
+
+
+async def test_prompt_budget_leaves_the_reply_and_a_margin_in_the_window() -> None:
+    settings = ContextSettings()
+    unknown = prompt_budget(ScriptedEngine(), settings, 256)
+    assert (unknown.prompt, unknown.reply, unknown.window) == (
+        FALLBACK_WINDOW - 256 - PROMPT_MARGIN_TOKENS,
+        256,
+        None,
+    )
+    windowed = ScriptedEngine()
+    windowed.context_window = 1000  # type: ignore[attr-defined]
+    # the reply gets at most half the window, the prompt the rest less the margin
+    assert prompt_budget(windowed, settings, 800) == type(unknown)(
+        prompt=1000 - 500 - PROMPT_MARGIN_TOKENS, reply=500, window=1000
+    )
+    embedded = EmbeddedEngine(EngineSettings(slot_context_tokens=2048))  # not started: no model loaded
+    assert prompt_budget(embedded, settings, 256).prompt == 2048 - 256 - PROMPT_MARGIN_TOKENS
+    assert prompt_budget(windowed, ContextSettings(token_budget=300), 256).prompt == 300
+    assert prompt_budget(ScriptedEngine(), ContextSettings(token_budget=300), 256).prompt == 300
+    assert prompt_budget(windowed, settings, 256, cap=200).prompt == 200
+
+
+async def test_prompt_keeps_the_newest_messages_that_fit_and_cuts_one_too_long_for_any_prompt() -> None:
+    counter = TokenCounter(None)  # no tokenizer: characters / 4
+    budget = 200
+    system = await counter.count_messages("sys")
+
+    async def fits(prompt: Any) -> None:
+        texts = [m.content for m in prompt.messages]
+        assert prompt.tokens == await counter.count_messages(*texts) <= budget
+
+    # older messages that fit on their own but not beside the newer ones are left out whole
+    old, mid, new = msg(1, "a" * 400), msg(2, "b" * 200, "assistant"), msg(3, "c" * 100)
+    assert system + sum([await counter.count_messages(m.content) for m in (mid, new)]) <= budget
+    prompt = await prompt_messages("sys", [old, mid, new], counter=counter, budget=budget)
+    assert prompt.context == [mid.id, new.id] and prompt.cut == []
+    assert [m.content for m in prompt.messages] == ["sys", mid.content, new.content]
+    await fits(prompt)
+
+    # the newest message too long for any prompt: cut in the middle, head, tail and the count kept
+    long = doc(20_000)
+    prompt = await prompt_messages("sys", [old, msg(4, long)], counter=counter, budget=budget)
+    assert prompt.context == [msg(4, long).id] and prompt.cut == [msg(4, long).id]
+    text = prompt.messages[-1].content
+    assert text.startswith("HEAD-MARK lorem") and text.endswith("TAIL-MARK")
+    kept = len(text) - len(text[text.index("\n[... ") : text.index("...]\n") + 5])
+    assert f"[... {len(long) - kept:,} characters cut from the middle" in text
+    assert budget - 2 * MESSAGE_OVERHEAD_TOKENS < prompt.tokens
+    await fits(prompt)
+
+    # on the next turns that long message stays in view, cut to the room the newer ones leave
+    reply, question = msg(5, "an answer", "assistant"), msg(6, "and the end of it?")
+    prompt = await prompt_messages(
+        "sys", [old, msg(4, long), reply, question], counter=counter, budget=budget
+    )
+    assert prompt.context == [msg(4, long).id, reply.id, question.id] and prompt.cut == [msg(4, long).id]
+    assert (
+        prompt.messages[1].content.endswith("TAIL-MARK") and prompt.messages[-1].content == question.content
+    )
+    await fits(prompt)
+    # ... unless the room left is too small to show any of it
+    crowd = msg(7, "d" * 560)
+    prompt = await prompt_messages("sys", [msg(4, long), crowd], counter=counter, budget=budget)
+    assert prompt.context == [crowd.id] and prompt.cut == []
+    await fits(prompt)
+
+
+class WindowedEngine(ScriptedEngine):
+    """A scripted engine with a 600-token window (characters / 4, as it has no tokenizer) that
+    refuses a request past it, as llama.cpp does ("exceeds the available context size")."""
+
+    context_window = 600
+
+    def __init__(self) -> None:
+        self.replies = 0
+        super().__init__(self.answer)
+
+    def answer(self, request: InferenceRequest) -> str:
+        used = sum(estimate_tokens(m.content) + MESSAGE_OVERHEAD_TOKENS for m in request.messages)
+        if used + request.max_tokens > self.context_window:
+            raise InferenceError(f"request ({used} tokens) exceeds the available context size")
+        self.replies += 1
+        return f"reply {self.replies}"
+
+
+async def test_a_message_past_the_window_gets_a_reply_and_so_does_the_next_turn(
+    bb: Blackboard, redis_url: str
+) -> None:
+    """A 20,000-character message (allowed: context.session_max_message_chars) on an engine with a
+    600-token window: the turn is answered from the message cut to fit, the next turn on the branch
+    too, and a long message of another branch never reaches the prompt."""
+    engine = WindowedEngine()
+    long = doc(20_000)
+    assert len(long) == ContextSettings().session_max_message_chars
+    async with session_on(bb, redis_url, engine) as rig:
+        output, _ = await turn(rig, long)
+        user_id = output["message"]["parent_id"]
+        assert output["message"]["content"] == "reply 1" and output["cut"] == [user_id]
+        sent = engine.requests[-1].messages[-1].content
+        assert sent.startswith("HEAD-MARK") and sent.endswith("TAIL-MARK") and "characters cut" in sent
+        assert (await rig.store.stored(user_id)).content == long  # the tree keeps the message whole
+
+        output, _ = await turn(rig, "what was at its end?")
+        assert output["message"]["content"] == "reply 2" and output["cut"] == [user_id]
+        texts = prompt_texts(engine.requests[-1])
+        assert texts[0].endswith("TAIL-MARK") and texts[1:] == ["reply 1", "what was at its end?"]
+
+        await rig.store.fork(output["message"]["id"], "side")
+        await turn(rig, "SIDE-SECRET " + doc(19_000, "side"))
+        await rig.store.switch(MAIN_BRANCH)
+        output, _ = await turn(rig, "back on main")
+        assert output["message"]["content"] == "reply 4" and output["cut"] == [user_id]
+        assert not any("SIDE" in m.content or "side ipsum" in m.content for m in engine.requests[-1].messages)
+        assert prompt_texts(engine.requests[-1])[1:] == [
+            "reply 1",
+            "what was at its end?",
+            "reply 2",
+            "back on main",
+        ]
+
+
+async def test_a_20000_character_message_gets_a_reply_from_the_real_model(
+    bb: Blackboard, redis_url: str, tmp_path: Path
+) -> None:
+    """The real embedded SmolLM2, its tokenizer counting: a 20,000-character message (far past
+    the 512-token slot: llama.cpp refuses such a request outright) is answered, and so is the next
+    turn on the branch. A 512-token slot keeps the test short; the budget is the same sum at the
+    default 4,096."""
+    engine = EmbeddedEngine(EngineSettings(page_slots=1, slot_context_tokens=512), data_dir=tmp_path)
+    long = doc(20_000, "the quick brown fox jumps over the lazy dog")
+    async with session_on(bb, redis_url, engine, max_tokens=16) as rig:
+        counter = TokenCounter(engine)
+        assert counter.exact and await counter.count(long) > 4 * 512
+        output, events = await turn(rig, long, timeout=280)
+        user_id = output["message"]["parent_id"]
+        assert output["cut"] == [user_id] and output["message"]["content"]
+        assert any(e["event_type"] == "token" for e in events)  # the model wrote it
+        output, _ = await turn(rig, "Thanks. And in one word?", timeout=280)
+        assert output["context"][0] == user_id and output["cut"] == [user_id]
+        assert output["message"]["content"]
+        # Japanese counts far more tokens than characters / 4: the tokenizer's count decides
+        japanese = "温度計の値" * 300
+        budget = prompt_budget(engine, ContextSettings(), 16).prompt
+        prompt = await prompt_messages("sys", [msg(1, japanese)], counter=counter, budget=budget)
+        assert estimate_tokens(japanese) < budget < await counter.count(japanese)
+        assert prompt.cut == [msg(1, japanese).id]
+        assert await counter.count_messages(*[m.content for m in prompt.messages]) <= budget

@@ -6,12 +6,17 @@ A run of it is one turn: `handle_user_message` adds the user's message on the ac
 emits it to the requester as the `user_chat_message` event, then `respond_to_user` writes the reply
 with the replica's engine, streaming its tokens as `token` events, and adds it under the user's
 message. The prompt is the system prompt and the linearised ACTIVE branch only: messages of other
-branches, and messages reverted past, never reach the model.
+branches, and messages reverted past, never reach the model. It is built under a token budget
+(`prompt_budget`: the engine's window less the reply and a margin), counted with the engine's own
+tokenizer (colony.context.tokens.TokenCounter), so a turn always fits the model's context: older
+messages that do not fit are left out, and a message too long to fit on its own is cut in the
+middle (`prompt_messages`).
 """
 
 from __future__ import annotations
 
 import contextlib
+from dataclasses import dataclass
 from typing import Any
 
 from colony.agents import ActionType, Agent, AgentCapability, action_executor
@@ -19,29 +24,138 @@ from colony.blackboard import Blackboard
 from colony.config import ContextSettings
 from colony.context.action_log import current_idempotency_key
 from colony.context.sessions import SessionStore
+from colony.context.tokens import MESSAGE_OVERHEAD_TOKENS, TokenCounter, engine_window
 from colony.context.tree import Message, message_id_for
 from colony.errors import AgentUsageError, InvalidArgument
 from colony.inference import ChatMessage, InferenceRequest
 from colony.inference.engine import InferenceEngine
 
 DEFAULT_SYSTEM_PROMPT = "You are a helpful assistant. Answer briefly and accurately."
+# tokens left free in the window beside the prompt and the reply: the chat template's generation
+# prompt and the rounding of counting each message apart
+PROMPT_MARGIN_TOKENS = 32
+# the window assumed for an engine that declares none (an OpenAI-compatible server, the scripted
+# engine) and no `context.token_budget`: the embedded engine's default slot
+FALLBACK_WINDOW = 4096
+# an older message too long to fit on its own is cut only into at least this much room
+MIN_CUT_TOKENS = 48
+_CUT_TRIES = 8
 
 
-def prompt_messages(system_prompt: str, transcript: list[Message], max_chars: int) -> list[ChatMessage]:
-    """The chat the model sees: the system prompt, then the newest messages of `transcript` whose
-    text fits `max_chars` (older ones are left out whole, never cut mid-message; the newest one
-    always goes in). Only the transcript given, i.e. one branch's path, is ever used."""
-    kept: list[Message] = []
-    used = 0
-    for message in reversed(transcript):
-        used += len(message.content)
-        if kept and used > max_chars:
+@dataclass(frozen=True)
+class PromptBudget:
+    """Token figures of one turn: the prompt holds at most `prompt` tokens (chat-template overhead
+    included) and the reply is asked for at most `reply` tokens; with a known window, prompt +
+    reply + PROMPT_MARGIN_TOKENS fits it."""
+
+    prompt: int
+    reply: int
+    window: int | None
+
+
+def prompt_budget(
+    engine: InferenceEngine | None,
+    settings: ContextSettings,
+    max_tokens: int,
+    cap: int | None = None,
+) -> PromptBudget:
+    """The budget of a turn on `engine` (colony.context.tokens.engine_window). The reply gets
+    `max_tokens`, at most half the window; the prompt the rest less a margin, lowered further by
+    `context.token_budget` (when set) and `cap` (a SessionCapability parameter). An engine with no
+    known window is given `context.token_budget`, else FALLBACK_WINDOW."""
+    window = engine_window(engine)
+    if window is None and settings.token_budget > 0:
+        reply, prompt = max_tokens, settings.token_budget
+    else:
+        assumed = window if window is not None else FALLBACK_WINDOW
+        reply = max(1, min(max_tokens, assumed // 2))
+        prompt = assumed - reply - PROMPT_MARGIN_TOKENS
+        if settings.token_budget > 0:
+            prompt = min(prompt, settings.token_budget)
+    if cap is not None:
+        prompt = min(prompt, cap)
+    return PromptBudget(prompt=max(prompt, 2 * MIN_CUT_TOKENS), reply=reply, window=window)
+
+
+@dataclass(frozen=True)
+class SessionPrompt:
+    """The chat the model sees and what it holds: `context` the ids of the messages in it (oldest
+    first), `cut` those of them shortened to fit, `tokens` its count."""
+
+    messages: list[ChatMessage]
+    context: list[str]
+    cut: list[str]
+    tokens: int
+
+
+def cut_marker(removed: int) -> str:
+    return f"\n[... {removed:,} characters cut from the middle of this message ...]\n"
+
+
+def _cut(text: str, keep: int) -> str:
+    """`text` with only its first and last `keep`/2 characters (about) and a marker between."""
+    head = keep - keep // 2
+    tail = keep // 2
+    return text[:head] + cut_marker(len(text) - head - tail) + (text[len(text) - tail :] if tail else "")
+
+
+async def cut_to_fit(text: str, tokens: int, counter: TokenCounter) -> str:
+    """`text` cut in the middle (its head and tail kept, a marker saying how many characters went)
+    so it counts at most `tokens`; the text itself when it fits already. Counted with `counter`
+    (the engine's tokenizer), the kept length shrinking until the count fits; the marker alone
+    when nothing more fits."""
+    total = await counter.count(text)
+    if total <= tokens:
+        return text
+    keep = int(len(text) * tokens / max(total, 1))
+    for _ in range(_CUT_TRIES):
+        if keep <= 0:
             break
-        kept.append(message)
+        candidate = _cut(text, keep)
+        used = await counter.count(candidate)
+        if used <= tokens:
+            return candidate
+        keep = min(keep - 1, int(keep * tokens / used * 0.95))
+    return _cut(text, 0)
+
+
+async def prompt_messages(
+    system_prompt: str,
+    transcript: list[Message],
+    *,
+    counter: TokenCounter,
+    budget: int,
+) -> SessionPrompt:
+    """The chat the model sees, at most `budget` tokens by `counter` (template overhead counted,
+    MESSAGE_OVERHEAD_TOKENS a message): the system prompt, then the newest messages of
+    `transcript` that fit, whole. Walking back from the newest, the first message that does not
+    fit ends the prompt: it is left out with every older one when it would fit on its own (the
+    newer ones took the room), and cut to the room left (head and tail kept, `cut_marker` between)
+    when it is the newest message or too long to fit on its own at all, so a turn always fits and a
+    long document stays in view, cut, on the turns after it. Only the transcript given, i.e. one
+    branch's path, is ever used."""
+    used = await counter.count_messages(system_prompt)
+    room_all = budget - used  # what the messages may take together
+    kept: list[tuple[Message, str]] = []
+    cut: list[str] = []
+    for message in reversed(transcript):
+        need = await counter.count_messages(message.content)
+        room = budget - used
+        if need <= room:
+            kept.append((message, message.content))
+            used += need
+            continue
+        if not kept or (need > room_all and room - MESSAGE_OVERHEAD_TOKENS >= MIN_CUT_TOKENS):
+            text = await cut_to_fit(message.content, max(room - MESSAGE_OVERHEAD_TOKENS, 0), counter)
+            kept.append((message, text))
+            cut.append(message.id)
+            used += await counter.count_messages(text)
+        break
     kept.reverse()
-    return [ChatMessage(role="system", content=system_prompt)] + [
-        ChatMessage(role=m.role, content=m.content) for m in kept
+    messages = [ChatMessage(role="system", content=system_prompt)] + [
+        ChatMessage(role=m.role, content=text) for m, text in kept
     ]
+    return SessionPrompt(messages=messages, context=[m.id for m, _ in kept], cut=cut, tokens=used)
 
 
 class SessionCapability(AgentCapability):
@@ -56,7 +170,7 @@ class SessionCapability(AgentCapability):
         engine: InferenceEngine | None = None,
         replica: Any = None,
         max_tokens: int = 256,
-        max_prompt_chars: int = 6000,
+        max_prompt_tokens: int | None = None,
         system_prompt: str = DEFAULT_SYSTEM_PROMPT,
     ) -> None:
         super().__init__(agent, scope_id, blackboard=blackboard)
@@ -66,7 +180,8 @@ class SessionCapability(AgentCapability):
             settings if isinstance(settings, ContextSettings) else ContextSettings()
         )
         self.max_tokens = max_tokens
-        self.max_prompt_chars = max_prompt_chars
+        self.max_prompt_tokens = max_prompt_tokens  # a cap below the engine's budget (None: none)
+        self._counter: TokenCounter | None = None
         self.system_prompt = system_prompt
         # the user message of the current run, so the reply step (redone after a restart too)
         # answers that message even if the active branch moved meanwhile
@@ -124,22 +239,24 @@ class SessionCapability(AgentCapability):
     @action_executor(action_type=ActionType.MESSAGE_SEND, effects=("memory_write",))
     async def respond_to_user(self) -> dict[str, Any]:
         """Write the reply to the run's user message from the path that leads to it, streaming
-        its tokens; the reply is added under that message. Returns {"message", "context"}: the reply
-        and the ids of the messages the prompt held. Run again with the same idempotency key after
-        the reply was stored (re-executed after a crash), it returns that reply without calling
-        the model again."""
+        its tokens; the reply is added under that message. Returns {"message", "context", "cut"}:
+        the reply, the ids of the messages the prompt held and of those of them cut to fit it
+        (`prompt_messages`). Run again with the same idempotency key after the reply was stored
+        (re-executed after a crash), it returns that reply without calling the model again."""
         if self.engine is None:
             raise AgentUsageError("the session agent runs on an engine replica (no engine was injected)")
         user = await self._user_message()
         transcript = await self.store.path(user["id"])
-        messages = prompt_messages(self.system_prompt, transcript, self.max_prompt_chars)
-        context_ids = [m.id for m in transcript][-(len(messages) - 1) :]
+        budget = prompt_budget(self.engine, self.settings, self.max_tokens, self.max_prompt_tokens)
+        prompt = await prompt_messages(
+            self.system_prompt, transcript, counter=self.counter, budget=budget.prompt
+        )
         reply_id = _keyed_id()
         earlier = await self.store.stored(reply_id) if reply_id is not None else None
         if earlier is not None:  # stored by an attempt cut off after it: linked once, not rewritten
             text = earlier.content
         else:
-            request = InferenceRequest(messages=messages, max_tokens=self.max_tokens)
+            request = InferenceRequest(messages=prompt.messages, max_tokens=budget.reply)
             text = await self._write_reply(self.engine, request)
         reply = await self.store.add(
             "assistant",
@@ -149,7 +266,15 @@ class SessionCapability(AgentCapability):
             message_id=reply_id,
         )
         self.pending = {}
-        return {"message": reply.model_dump(mode="json"), "context": context_ids}
+        return {"message": reply.model_dump(mode="json"), "context": prompt.context, "cut": prompt.cut}
+
+    @property
+    def counter(self) -> TokenCounter:
+        """Token counts by the engine's tokenizer (chars/4 without one), kept for the agent's life:
+        its cache spares counting the same messages again every turn."""
+        if self._counter is None or self._counter.engine is not self.engine:
+            self._counter = TokenCounter(self.engine)
+        return self._counter
 
     async def _write_reply(self, engine: InferenceEngine, request: InferenceRequest) -> str:
         """The model's reply, its tokens emitted as `token` events as they come."""
