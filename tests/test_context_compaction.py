@@ -872,3 +872,41 @@ async def test_archives_expire_with_the_run_retention_and_a_restored_views_are_r
         assert refreshed.expires_at > entry.created_at + retention - 60
     finally:
         await runtime.shutdown()
+
+
+def test_the_budget_is_clamped_so_every_call_fits_the_window() -> None:
+    # a summary the window cannot hold: at most a quarter of the window and of the limit, and the
+    # summariser's call (input + summary) fits the window
+    budget = plan_budget(ContextSettings(summary_max_tokens=8192), 4096, 256)
+    assert budget is not None
+    assert budget.summary_max <= 4096 // 4 and budget.summary_max <= budget.limit // 4
+    assert budget.summariser_input + budget.summary_max <= 4096
+    assert budget.limit + budget.planner_max <= 4096
+    # a planner max_tokens near the window: clamped, so the prompt keeps a quarter of the window
+    # and prompt limit + the planner's output still fit it
+    near = plan_budget(ContextSettings(), 4096, 4050)
+    assert near is not None
+    assert near.planner_max == 4096 - 1024 and near.limit == 1024
+    assert near.limit + near.planner_max <= 4096
+    assert near.trigger <= near.limit
+    # a configured budget: the summary is at most a quarter of it
+    small = plan_budget(ContextSettings(token_budget=200, summary_max_tokens=256), None, 64)
+    assert small is not None and small.summary_max == 50 and small.planner_max == 64
+
+
+async def test_the_planner_asks_for_the_clamped_max_tokens(board: Blackboard) -> None:
+    planner = Planner(dump_at=10_000)
+    engine = ExactScriptedEngine(lambda r: "S." if is_summariser(r) else planner.decide(r))
+    runtime = LocalAgentRuntime(board, colony_id=f"c{uuid.uuid4().hex[:8]}", engine=engine)
+    try:
+        plan = blueprint("greedy", ContextSettings())
+        plan.action_policy = StructuredActionPolicy.bind(goals=["Watch."], max_tokens=4050)
+        agent = await runtime.spawn(plan)
+        agent.max_steps = 5
+        await agent.begin_run({"task": "Watch the sensors"})
+        agent.context.append(observation(0))
+        await agent.run_step()
+        (request,) = engine.requests
+        assert request.max_tokens == 4096 - 1024  # the prompt keeps a quarter of the 4096 window
+    finally:
+        await runtime.shutdown()

@@ -12,7 +12,8 @@ window minus the planner's own output. The summariser's call must fit the window
 failure the issue cites: a 175k context plus a 32k summary in a 200k window), so the trigger is
 the lower of `limit` and `window - summary_max_tokens - summariser_input_tokens`; the
 summariser's input is bounded by `summariser_input_tokens` (clamped to what the window leaves),
-whatever the size of the history.
+whatever the size of the history. The summary and the planner's output are clamped too
+(`plan_budget`), so no setting makes a call larger than the window.
 """
 
 from __future__ import annotations
@@ -36,6 +37,7 @@ CHARS_PER_TOKEN = 4.0
 MESSAGE_OVERHEAD_TOKENS = 8
 # the smallest trigger that leaves room for anything; below it the summariser headroom is dropped
 MIN_TRIGGER_TOKENS = 128
+MIN_SUMMARY_TOKENS = 16  # the smallest summary a budget allows (context.summary_max_tokens' floor)
 _CACHE_SIZE = 256
 _MAX_TOKENIZE_CHARS = 2_000_000  # a text longer than this is estimated, not sent to a tokenizer
 
@@ -135,6 +137,7 @@ class Budget:
     trigger: int  # compaction starts above this
     summariser_input: int  # most history tokens one summariser call is given
     summary_max: int  # most tokens the summariser may write
+    planner_max: int = 0  # most tokens the planner may write (its max_tokens, clamped to the window)
 
     def as_dict(self) -> dict[str, Any]:
         return {
@@ -143,24 +146,34 @@ class Budget:
             "trigger": self.trigger,
             "summariser_input": self.summariser_input,
             "summary_max": self.summary_max,
+            "planner_max": self.planner_max,
         }
 
 
 def plan_budget(settings: ContextSettings, window: int | None, planner_max_tokens: int) -> Budget | None:
     """The budget of a planner writing at most `planner_max_tokens` on an engine with `window`;
-    None when there is nothing to keep under (no configured budget and no known window)."""
+    None when there is nothing to keep under (no configured budget and no known window).
+
+    Clamped so that each call fits the window whatever the settings say: the planner's output to
+    leave the prompt at least a quarter of the window (`planner_max`, which the policy asks for);
+    the summary to at most a quarter of the window and of the limit (it must sit in the planning
+    prompt beside the rest); the summariser's input to what the window leaves after the summary."""
     if settings.token_budget <= 0 and window is None:
         return None
     limit = settings.token_budget if settings.token_budget > 0 else int(window or 0)
     summary_max = settings.summary_max_tokens
     summariser_input = settings.summariser_input_tokens
+    planner_max = max(1, planner_max_tokens)
     trigger = limit
     if window is not None:
-        limit = min(limit, max(MIN_TRIGGER_TOKENS, window - planner_max_tokens))
+        planner_max = min(planner_max, max(1, window - max(MIN_TRIGGER_TOKENS, window // 4)))
+        limit = min(limit, max(1, window - planner_max))
+        summary_max = max(MIN_SUMMARY_TOKENS, min(summary_max, window // 4))
         # the summariser's input is bounded to what its call can carry in the window
         summariser_input = max(64, min(summariser_input, window - summary_max - 4 * MESSAGE_OVERHEAD_TOKENS))
         headroom_trigger = window - summary_max - summariser_input
         trigger = min(limit, headroom_trigger) if headroom_trigger >= MIN_TRIGGER_TOKENS else limit
+    summary_max = max(MIN_SUMMARY_TOKENS, min(summary_max, limit // 4))
     trigger = min(trigger, limit)
     return Budget(
         window=window,
@@ -168,4 +181,5 @@ def plan_budget(settings: ContextSettings, window: int | None, planner_max_token
         trigger=trigger,
         summariser_input=summariser_input,
         summary_max=summary_max,
+        planner_max=planner_max,
     )

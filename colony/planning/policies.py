@@ -408,11 +408,12 @@ class StructuredActionPolicy(EventDrivenActionPolicy):
                 instructions="Answer with JSON naming the next action and its parameters.",
             )
 
-        prompt = (
-            await self.fit_prompt(
-                state, render, engine=self.engine, system=self.SYSTEM, max_tokens=self.max_tokens
-            )
-        ).text
+        fitted = await self.fit_prompt(
+            state, render, engine=self.engine, system=self.SYSTEM, max_tokens=self.max_tokens
+        )
+        prompt = fitted.text
+        # a max_tokens the window cannot hold beside a prompt is clamped (Budget.planner_max)
+        max_tokens = fitted.budget.planner_max if fitted.budget is not None else self.max_tokens
         response = await self.generate(
             self.engine,
             InferenceRequest(
@@ -421,7 +422,7 @@ class StructuredActionPolicy(EventDrivenActionPolicy):
                     ChatMessage(role="user", content=prompt),
                 ],
                 response_format=choice_schema(actions),
-                max_tokens=self.max_tokens,
+                max_tokens=max_tokens,
                 temperature=0.0,
             ),
         )
