@@ -453,3 +453,41 @@ def test_effects_are_declared_from_a_known_set() -> None:
     assert book.effects == ("external",)
     with pytest.raises(AgentUsageError, match="unknown effect"):
         action_executor(effects=("teleport",))
+
+
+async def test_summariser_calls_are_numbered_apart_from_the_planners(
+    host: tuple[LocalAgentRuntime, ScriptedEngine],
+) -> None:
+    """A redone step that summarises first (its first run did not) still gets the planner's
+    recorded decision: the summariser's calls are `s{n}`, the planner's `m{n}`."""
+    from colony.context.action_log import ActionLog
+
+    runtime, _engine = host
+    agent = await runtime.spawn(blueprint("channels"))
+    await agent.begin_run(None)
+    asked: list[str] = []
+
+    def request(system: str) -> InferenceRequest:
+        return InferenceRequest(
+            messages=[ChatMessage(role="system", content=system), ChatMessage(role="user", content="u")]
+        )
+
+    def answer(text: str) -> Any:
+        async def call() -> InferenceResponse:
+            asked.append(text)
+            return InferenceResponse(text=text)
+
+        return call
+
+    first = await agent.action_log.model_call(request("plan"), answer("decision-1"))
+    assert first.text == "decision-1"
+    redone = ActionLog(agent)  # a restored copy of the agent redoing the step
+    summary = await redone.model_call(request("summarise"), answer("summary"), channel="summary")
+    decision = await redone.model_call(request("plan"), answer("decision-2"))
+    assert summary.text == "summary" and decision.text == "decision-1"  # replayed, not asked again
+    assert asked == ["decision-1", "summary"]
+    stored = parse_records(await agent.blackboard.ring(LOG_KEY))
+    assert sorted(r.key.rsplit(":", 1)[1] for r in stored) == ["m0", "s0"]
+    assert {r.kind for r in stored} == {"model", "summary"}
+    with pytest.raises(ValueError):
+        await redone.model_call(request("plan"), answer("x"), channel="other")  # type: ignore[arg-type]
