@@ -16,13 +16,21 @@ is rewritten whole into Redis at every step. Compaction works in three places:
    are summarised as well, so the summary covers everything that left the prompt.
 
 Never compacted: the system prompt, goals and task, constraints, memory sections (they are not
-stream entries) and stream entries of a pinned context key (user corrections). Everything taken
-out is archived first (a span of entries, by reference) and stays recallable with the policy's
+stream entries) and stream entries of a pinned context key (user corrections). Everything
+summarised is archived (a span of entries, by reference) and stays recallable with the policy's
 `recall_archived` action. The compacted view (summary, pending entries, references) is part of
 the policy state, so restoring a checkpoint taken before a compaction restores the uncompacted
-view. A summariser that fails, or whose summary does not fit, never fails the run: the entries it
-should have summarised stay archived and referenced from the summary section, the metric counts
-stage `failed`, and the next steps try again (backing off).
+view. A summariser that fails never fails the run: the entries it should have summarised wait in
+the policy state (the oldest past MAX_PENDING archived as a span), counted in the summary section,
+the metric counts stage `failed`, and the next steps try again (backing off). A summary longer
+than its limit is cut; a summary cannot help a prompt whose fixed parts alone pass the trigger,
+so then the summariser waits for SUMMARISE_PENDING_AT items instead of running at every step.
+
+Calls fit the window whatever the settings (colony/context/tokens.py clamps the budget); the
+summariser's input is measured with the engine's tokenizer; its model calls are numbered apart
+from the planner's in the action log (channel "summary"). Long event context values are archived
+at record time like outputs (pinned ones stay verbatim); stream windows keep pinned entries.
+Archives expire with `runs.retention_seconds` (the listed ones are refreshed).
 """
 
 from __future__ import annotations
@@ -361,9 +369,7 @@ class Compactor:
         """The body of `<chat_history_summary>` ('' when nothing was compacted)."""
         parts = [self.state.summary] if self.state.summary else []
         if self.state.pending:
-            parts.append(
-                f"({len(self.state.pending)} earlier items are not summarised yet; they are archived.)"
-            )
+            parts.append(f"({len(self.state.pending)} earlier items are not summarised yet.)")
         if self.state.spans:
             refs = ", ".join(self.state.spans[-MAX_LISTED_REFS:])
             parts.append(f"(Earlier history is archived; {RECALL}(ref) reads it. Latest refs: {refs}.)")
