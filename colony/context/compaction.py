@@ -476,11 +476,12 @@ class Compactor:
         if tokens > budget.trigger or pending_due:
             worth = pending_due
             if tokens > budget.trigger:
-                # when even the smallest cut cannot bring the prompt under the trigger (its fixed
-                # parts alone pass it), a summary gains next to nothing: the items taken out wait
-                # until SUMMARISE_PENDING_AT gather instead of a summariser call at every step
+                # when even the smallest cut leaves the prompt over the trigger (its fixed parts
+                # alone pass it), a summary gains next to nothing: the items taken out wait until
+                # SUMMARISE_PENDING_AT gather instead of a summariser call at every step
                 fits = await self._make_room(budget, counter, render, system)
-                worth = fits or len(self.state.pending) >= SUMMARISE_PENDING_AT
+                room = fits or await counter.count_messages(system, render()) < budget.trigger
+                worth = room or len(self.state.pending) >= SUMMARISE_PENDING_AT
             if self.state.pending and step >= self.state.retry_at_step and worth:
                 stage = "summarized" if await self._summarise(engine, budget, counter, step) else "failed"
             elif self.state.pending and step < self.state.retry_at_step:
