@@ -295,7 +295,10 @@ class ContextSettings(BaseModel):
         256, ge=16, le=32_768, description="Most tokens the summariser may write (its output headroom)."
     )
     summariser_input_tokens: int = Field(
-        2048, ge=64, le=1_000_000, description="Most tokens of history given to one summariser call."
+        1024,
+        ge=64,
+        le=1_000_000,
+        description="Most tokens of history given to one summariser call (the trigger leaves room for it).",
     )
     keep_first_items: int = Field(
         2, ge=0, le=1000, description="History items kept verbatim at the start when summarising."

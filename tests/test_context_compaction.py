@@ -910,3 +910,23 @@ async def test_the_planner_asks_for_the_clamped_max_tokens(board: Blackboard) ->
         assert request.max_tokens == 4096 - 1024  # the prompt keeps a quarter of the 4096 window
     finally:
         await runtime.shutdown()
+
+
+async def test_the_code_writing_planner_asks_for_the_clamped_max_tokens(board: Blackboard) -> None:
+    """The code-writing planner asks for the output the window leaves beside its prompt, as the
+    structured one does (its program would otherwise not fit the window beside the prompt)."""
+    from colony.planning import CodeGenerationActionPolicy
+
+    program = "```python\nrun('finish', answer='done')\n```"
+    engine = ExactScriptedEngine(lambda r: "S." if is_summariser(r) else program)
+    runtime = LocalAgentRuntime(board, colony_id=f"c{uuid.uuid4().hex[:8]}", engine=engine)
+    try:
+        plan = blueprint("greedy-coder", ContextSettings())
+        plan.action_policy = CodeGenerationActionPolicy.bind(goals=["Watch."], max_tokens=4050)
+        agent = await runtime.spawn(plan)
+        run = await agent.run({"task": "Watch the sensors"})
+        assert run.output == "done", run
+        (request,) = engine.requests
+        assert request.max_tokens == 4096 - 1024  # the prompt keeps a quarter of the 4096 window
+    finally:
+        await runtime.shutdown()

@@ -88,6 +88,8 @@ class CodeGenerationActionPolicy(EventDrivenActionPolicy):
             state, render, engine=self.engine, system=self.SYSTEM, max_tokens=self.max_tokens
         )
         prompt = fitted.text
+        # the output the window leaves beside the prompt (the budget clamps it; docs/compaction.md)
+        max_tokens = fitted.budget.planner_max if fitted.budget is not None else self.max_tokens
         response = await self.generate(  # through the action log: a redone step gets the same program
             self.engine,
             InferenceRequest(
@@ -95,7 +97,7 @@ class CodeGenerationActionPolicy(EventDrivenActionPolicy):
                     ChatMessage(role="system", content=self.SYSTEM),
                     ChatMessage(role="user", content=prompt),
                 ],
-                max_tokens=self.max_tokens,
+                max_tokens=max_tokens,
                 temperature=0.0,
             ),
         )
