@@ -35,11 +35,9 @@ Archives expire with `runs.retention_seconds` (the listed ones are refreshed).
 
 from __future__ import annotations
 
-import hashlib
 import json
 import logging
 import math
-import re
 import time
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
@@ -48,9 +46,15 @@ from typing import TYPE_CHECKING, Any
 from pydantic import BaseModel, Field
 
 from colony import metrics
-from colony.agents.models import ActionResult
 from colony.blackboard.protocol import AgentStateProtocol as Keys
 from colony.config import ContextSettings, load_settings
+from colony.context.archives import (
+    RECALL,
+    REF_PATTERN,
+    ArchivedHistory,
+    as_text,
+    ref_of,
+)
 from colony.context.tokens import Budget, TokenCounter, engine_window, estimate_tokens, plan_budget
 from colony.inference import ChatMessage, InferenceRequest
 
@@ -60,10 +64,6 @@ if TYPE_CHECKING:
 
 log = logging.getLogger(__name__)
 
-RECALL = "recall_archived"
-REF_PATTERN = r"^[0-9a-f]{16}$"
-_REF = re.compile(REF_PATTERN)
-RECALL_CHARS = 400  # most characters one recall returns (page on with `offset`); fits a call preview
 RECALL_ACTION: dict[str, Any] = {
     "name": RECALL,
     "description": "Read an archived action output or a span of earlier history by its ref.",
@@ -82,10 +82,8 @@ COMPACTION_KEY = Keys.key("compaction")
 SUMMARY_LOG_LABEL = "history_summary"
 SUMMARY_LOG_DESCRIPTION = "Summaries of your earlier history, written when it was compacted; read-only"
 DEFAULT_PINNED_KEYS = ("user_correction",)
-PREVIEW_CHARS = 200  # what a masked output keeps in the prompt
 OLD_OUTPUT_CHARS = 400  # stage 1 masks older outputs longer than this
 LINE_CHARS = 600  # one history item as the summariser sees it
-MAX_ARCHIVES = 128  # archived outputs/spans an agent keeps (the oldest are deleted)
 MAX_SPANS = 32  # refs of summarised spans the view lists (each is also in `archives`)
 MAX_PENDING = 128  # entries awaiting a summary kept in state (older ones: archived only)
 SUMMARISE_PENDING_AT = 32  # window-dropped entries that call for a summary without budget pressure
@@ -124,22 +122,6 @@ class FittedPrompt:
     stage: str | None = None  # masked | summarized | failed | deferred | None (nothing done)
 
 
-def _text(value: Any) -> str:
-    return value if isinstance(value, str) else json.dumps(value, default=str, sort_keys=True)
-
-
-def _ref(text: str) -> str:
-    return hashlib.sha256(text.encode("utf-8", "replace")).hexdigest()[:16]
-
-
-def _masked(ref: str, text: str) -> str:
-    """What stands in for an archived text: the reference first (a formatter that truncates keeps
-    it), then the start of the text."""
-    return (
-        f"[{len(text)} characters archived as ref {ref}; {RECALL}(ref) reads them] {text[:PREVIEW_CHARS]}..."
-    )
-
-
 def _entry_key(entry: dict[str, Any]) -> str:
     return json.dumps(entry, default=str, sort_keys=True)
 
@@ -147,18 +129,18 @@ def _entry_key(entry: dict[str, Any]) -> str:
 def item_line(entry: dict[str, Any]) -> str:
     """One stream entry as the summariser reads it (bounded)."""
     if entry.get("kind") == "event":
-        body = "; ".join(f"{k}: {_text(v)}" for k, v in (entry.get("contexts") or {}).items())
+        body = "; ".join(f"{k}: {as_text(v)}" for k, v in (entry.get("contexts") or {}).items())
         line = f"event - {body}"
     else:
         call = entry.get("call") or {}
         outcome = "ok" if call.get("success", True) else f"failed: {call.get('error')}"
         value = call.get("output_preview", call.get("output"))
-        params = _text(call.get("parameters") or {})
-        line = f"action {call.get('action_key')}({params}) {outcome} -> {_text(value)}"
+        params = as_text(call.get("parameters") or {})
+        line = f"action {call.get('action_key')}({params}) {outcome} -> {as_text(value)}"
     return line if len(line) <= LINE_CHARS else line[: LINE_CHARS - 3] + "..."
 
 
-class Compactor:
+class Compactor(ArchivedHistory):
     """The compaction of one policy's history (the policy owns it; its state is policy state)."""
 
     def __init__(
@@ -198,171 +180,6 @@ class Compactor:
     def budget(self, engine: InferenceEngine | None, planner_max_tokens: int) -> Budget | None:
         return plan_budget(self.settings, engine_window(engine), planner_max_tokens)
 
-    # -- archives ----------------------------------------------------------------------------------
-
-    def _remember(self, ref: str, record: dict[str, Any]) -> None:
-        self._unsaved[ref] = record
-        if ref in self.state.archives:
-            self.state.archives.remove(ref)
-        self.state.archives.append(ref)
-
-    async def flush_archives(self) -> None:
-        """Write the archives masked since the last flush, and delete those past the cap. A failed
-        write loses only the original (the view already holds its preview)."""
-        agent = self.policy.agent
-        unsaved, self._unsaved = self._unsaved, {}
-        held = [r for r in self.held_refs() if r in self.state.archives]
-        if held:  # an archive the policy still needs (its run's output) is the newest, never expired
-            self.state.archives = [r for r in self.state.archives if r not in held] + held
-        expired = self.state.archives[:-MAX_ARCHIVES]
-        del self.state.archives[:-MAX_ARCHIVES]
-        if agent is None:
-            return
-        ttl = agent.retention_seconds
-        for ref, record in unsaved.items():
-            try:
-                await agent.blackboard.write(
-                    Keys.archived_output_key(ref), record, created_by=agent.agent_id, ttl_seconds=ttl
-                )
-            except Exception as exc:
-                log.warning("agent %s: archive %s not written: %r", agent.agent_id, ref, exc)
-        if time.monotonic() - self._refreshed_at > ttl / 4 and self.state.archives:
-            # the view's archives live on while it lists them; one no view lists (written after a
-            # checkpoint that was restored since) expires with its TTL
-            try:
-                keys = [Keys.archived_output_key(r) for r in self.state.archives]
-                await agent.blackboard.refresh(keys, ttl)
-                self._refreshed_at = time.monotonic()
-            except Exception as exc:
-                log.warning("agent %s: archive expiries not refreshed: %r", agent.agent_id, exc)
-        for ref in expired:
-            try:
-                await agent.blackboard.delete(Keys.archived_output_key(ref))
-            except Exception as exc:
-                log.warning("agent %s: old archive %s not deleted: %r", agent.agent_id, ref, exc)
-
-    def held_refs(self) -> list[str]:
-        """Archives the policy still needs whole (a large last output that may become the run's
-        output): `flush_archives` keeps them past MAX_ARCHIVES."""
-        holder = getattr(self.policy, "held_archive_refs", None)
-        return list(holder()) if callable(holder) else []
-
-    def archived_value(self, value: Any) -> dict[str, Any] | None:
-        """How a value longer than `mask_output_chars` is held in policy state instead of whole: its
-        archive ref (the one `mask_call` archives it under), whether it was JSON, its size and a
-        preview. None for a short value (kept as is)."""
-        text = _text(value)
-        if len(text) <= self.settings.mask_output_chars:
-            return None
-        return {
-            "ref": _ref(text),
-            "json": not isinstance(value, str),
-            "chars": len(text),
-            "preview": text[:PREVIEW_CHARS],
-        }
-
-    async def read_archived_value(self, held: dict[str, Any]) -> Any:
-        """The value `archived_value` referenced, read back whole from its archive (JSON decoded
-        when it was JSON); the masked preview, with a warning, when the archive is gone."""
-        ref = held.get("ref")
-        agent = self.policy.agent
-        entry = None
-        if isinstance(ref, str) and _REF.match(ref) and agent is not None:
-            entry = await agent.blackboard.read(Keys.archived_output_key(ref))
-        if entry is not None and isinstance(entry.value, dict) and isinstance(entry.value.get("text"), str):
-            text = entry.value["text"]
-            if not held.get("json"):
-                return text
-            try:
-                return json.loads(text)
-            except ValueError:
-                return text
-        log.warning("agent %s: archived output %s is gone; the run's output is its preview", self._who(), ref)
-        return _masked(str(ref), str(held.get("preview", "")))
-
-    def mask_call(self, call: dict[str, Any]) -> dict[str, Any]:
-        """A call record whose output (or error) is longer than `mask_output_chars`, with the
-        original set aside to archive and a preview plus its reference in its place."""
-        limit = self.settings.mask_output_chars
-        masked = dict(call)
-        for field in ("output", "error"):
-            value = call.get(field)
-            if value is None:
-                continue
-            text = _text(value)
-            if len(text) <= limit:
-                continue
-            if field == "output":
-                masked = self._masked_output(masked, text)
-            else:
-                ref = self._archive_text(text, "error", call.get("action_key"))
-                masked["error"] = _masked(ref, text)
-        return masked
-
-    def mask_event(self, contexts: dict[str, Any]) -> dict[str, Any]:
-        """An event's contexts as the streams record them: a value longer than
-        `mask_output_chars` (a 40,000-character chat message) is archived and a preview with its
-        reference stands in (in a dict value, each long text field is, so a formatter still finds
-        its `message`; a dict still long after that, or a long list, is archived whole). Values of
-        pinned keys stay verbatim."""
-        limit = self.settings.mask_output_chars
-        masked: dict[str, Any] = {}
-        for key, value in contexts.items():
-            if key in self.pinned_keys or len(_text(value)) <= limit:
-                masked[key] = value
-                continue
-            if isinstance(value, dict):
-                fields = {
-                    name: self._mask_text(field, key)
-                    if isinstance(field, str) and len(field) > limit
-                    else field
-                    for name, field in value.items()
-                }
-                if len(_text(fields)) <= limit + (PREVIEW_CHARS + 100) * len(fields):
-                    masked[key] = fields
-                    continue
-            masked[key] = self._mask_text(_text(value), key)
-        return masked
-
-    def _mask_text(self, text: str, key: str) -> str:
-        return (
-            text
-            if len(text) <= self.settings.mask_output_chars
-            else _masked(self._archive_text(text, "event", key), text)
-        )
-
-    def _archive_text(self, text: str, kind: str, action: Any) -> str:
-        ref = _ref(text)
-        self._remember(ref, {"kind": kind, "action": str(action)[:200], "text": text, "at": time.time()})
-        return ref
-
-    def _masked_output(self, call: dict[str, Any], text: str) -> dict[str, Any]:
-        """The call with its output archived: a preview and the reference stand in for it."""
-        ref = self._archive_text(text, "output", call.get("action_key"))
-        return {
-            **call,
-            "output": {"archived": ref, "chars": len(text), "preview": text[:PREVIEW_CHARS]},
-            "output_preview": _masked(ref, text),
-        }
-
-    async def recall(self, parameters: dict[str, Any]) -> ActionResult:
-        """The `recall_archived` action: a page of an archived output or history span."""
-        ref, offset = parameters.get("ref"), parameters.get("offset", 0)
-        if not isinstance(ref, str) or not _REF.match(ref):
-            return ActionResult(success=False, error=f"{RECALL}: ref must be 16 hex characters, as shown")
-        if not isinstance(offset, int) or offset < 0:
-            return ActionResult(success=False, error=f"{RECALL}: offset must be a whole number >= 0")
-        agent = self.policy.agent
-        entry = await agent.blackboard.read(Keys.archived_output_key(ref)) if agent is not None else None
-        if entry is None or not isinstance(entry.value, dict):
-            return ActionResult(success=False, error=f"{RECALL}: no archive {ref} (it may have been dropped)")
-        text = str(entry.value.get("text", ""))
-        size = min(RECALL_CHARS, self.settings.mask_output_chars)
-        page = text[offset : offset + size]
-        more = offset + size < len(text)
-        tail = f" [{len(text) - offset - size} more characters: offset={offset + size}]" if more else ""
-        return ActionResult(success=True, output=page + tail)
-
     # -- the view ----------------------------------------------------------------------------------
 
     def summary_section(self) -> str:
@@ -397,7 +214,7 @@ class Compactor:
 
     def _archive_span(self, entries: list[dict[str, Any]]) -> str:
         text = "\n".join(item_line(e) for e in entries)
-        ref = _ref(text)
+        ref = ref_of(text)
         self._remember(ref, {"kind": "span", "items": len(entries), "text": text, "at": time.time()})
         self.state.spans = [*[s for s in self.state.spans if s != ref], ref][-MAX_SPANS:]
         return ref
@@ -423,11 +240,11 @@ class Compactor:
                 call = entry.get("call")
                 if entry.get("kind") != "action" or not isinstance(call, dict):
                     continue
-                text = _text(call.get("output_preview", call.get("output")))
+                text = as_text(call.get("output_preview", call.get("output")))
                 output = call.get("output")
                 if len(text) <= OLD_OUTPUT_CHARS or (isinstance(output, dict) and "archived" in output):
                     continue
-                new_call = self._masked_output(call, _text(output))
+                new_call = self._masked_output(call, as_text(output))
                 stream.entries[i] = {**entry, "call": new_call}
                 changed = True
         return changed
@@ -671,10 +488,6 @@ class Compactor:
         return render(), tokens
 
     # -- reporting ---------------------------------------------------------------------------------
-
-    def _who(self) -> str:
-        agent = self.policy.agent
-        return agent.agent_id if agent is not None else "-"
 
     async def _report(self, step: int, stage: str, before: int, after: int, budget: Budget) -> None:
         """The compaction event: a run event for whoever follows the run and an agent-scope write."""
