@@ -196,7 +196,8 @@ CONTEXT_CHECKPOINTS = Counter(
 CONTEXT_COMPACTIONS = Counter(
     "colony_context_compactions_total",
     "Context compactions, by stage (masked: large outputs replaced by references; summarized: the "
-    "middle summarised by the model; failed: the summariser failed and the masked view was kept).",
+    "middle summarised by the model; failed: the summariser failed and the masked view was kept; "
+    "deferred: items taken out wait for a summary, the prompt's fixed parts alone passing the trigger).",
     ["stage"],
 )
 CONTEXT_COMPACTED_TOKENS = Counter(

@@ -18,6 +18,7 @@ from typing import Any
 import httpx
 import pytest
 import pytest_asyncio
+from prometheus_client import REGISTRY
 
 from colony import metrics
 from colony.agents import (
@@ -830,6 +831,7 @@ async def test_no_summariser_call_at_every_step_when_the_fixed_prompt_alone_pass
             blueprint("thrash", ContextSettings(token_budget=1000, summary_max_tokens=96))
         )
         agent.max_steps = 200
+        deferred = counted_stage("deferred")
         await agent.begin_run({"task": "Watch the sensors. " + "Details of the task. " * 190})
         for i in range(60):
             agent.context.append(observation(i))
@@ -838,8 +840,14 @@ async def test_no_summariser_call_at_every_step_when_the_fixed_prompt_alone_pass
         assert 1 <= summariser_calls <= 2 * 60 // SUMMARISE_PENDING_AT + 1, summariser_calls
         assert agent.current_run is not None and not agent.current_run.done
         assert agent.action_policy.compactor.state.summary == "Summary."
+        assert counted_stage("deferred") > deferred  # the waiting is counted
     finally:
         await runtime.shutdown()
+
+
+def counted_stage(stage: str) -> float:
+    value = REGISTRY.get_sample_value("colony_context_compactions_total", {"stage": stage})
+    return value or 0.0
 
 
 async def test_archives_expire_with_the_run_retention_and_a_restored_views_are_refreshed(

@@ -305,6 +305,7 @@ class Compactor(ArchivedHistory):
                 stage = stage or "failed"  # still backing off: the archived view stands in
             elif self.state.pending:
                 stage = stage or "deferred"  # taken out; summarised once enough gather
+                metrics.CONTEXT_COMPACTIONS.labels(stage="deferred").inc()
             prompt = render()
             tokens = await counter.count_messages(system, prompt)
             if tokens > budget.limit:
