@@ -51,7 +51,8 @@ class SessionClientMixin:
                         return
 
     def session_reply(self, session_id: str, message: str) -> dict[str, Any]:
-        """Send a message and wait for the reply: the `message` event's data ({"message", "context", "cut"})."""
+        """Send a message and wait for the reply: the `message` event's data
+        ({"message", "context", "cut"})."""
         from colony.errors import ApiError
 
         for event in self.session_send(session_id, message):
