@@ -133,9 +133,8 @@ class Agent(EventDelivery, Bindable):
         self._retention: float | None = None
         self._checkpoints_kept: int | None = None
         self._default_kept: int | None = None  # without a host with settings: load_settings()'s
-        # the newest checkpoint pushed, (run id, step), and how many the stored ring holds
+        # the newest checkpoint pushed, (run id, step): one checkpoint per step
         self._checkpointed: tuple[str, int] | None = None
-        self._checkpoints_held = 0
         # This copy's mark on its lifecycle writes and when it came to life: they tell its own
         # writes, and earlier ones, from another live copy's after Redis lost data (`recover_lifecycle`).
         self.holder = uuid.uuid4().hex

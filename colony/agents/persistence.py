@@ -75,13 +75,12 @@ async def persist_agent(agent: Agent) -> None:
     checkpoint onto the agent's capped checkpoint ring, in the same transaction."""
     context = agent.context
     pending, position = context.pending(), len(context)
-    held = position - context.first  # the entries the stored ring holds after this commit
     checkpoint = checkpoints.due(agent)
     async with agent.blackboard.transaction() as tx:
         await check_fence(tx, agent)
         write_state(tx, agent)
         tx.ring_push(Keys.key("context"), pending, context.cap)
-        write_context_head(tx, agent, position, held)
+        write_context_head(tx, agent, position)
         if checkpoint is not None:
             checkpoints.push(tx, agent, checkpoint)
     context.mark_persisted(position)
@@ -116,18 +115,12 @@ def write_state(tx: Transaction, agent: Agent) -> None:
         tx.write(Keys.capability_state_key(name), state, created_by=agent.agent_id)
 
 
-def write_context_head(tx: Transaction, agent: Agent, position: int, held: int) -> None:
-    """The `agent:context` entry: the ring's position, how many entries the stored ring holds
-    (`held`: a restore that truncated it is checked against it), the last result, page accesses."""
+def write_context_head(tx: Transaction, agent: Agent, position: int) -> None:
+    """The `agent:context` entry: the ring's position, the last result, page accesses."""
     last = agent.last_result.model_dump(mode="json") if agent.last_result else None
     tx.write(
         Keys.key("context"),
-        {
-            "context_total": position,
-            "held": held,
-            "last_result": last,
-            "page_accesses": agent.page_accesses,
-        },
+        {"context_total": position, "last_result": last, "page_accesses": agent.page_accesses},
         created_by=agent.agent_id,
     )
 
@@ -272,7 +265,6 @@ async def repersist_agent(agent: Agent, lifecycle_version: int) -> None:
     the stored `context_total`) are pushed again."""
     context = agent.context
     position = len(context)
-    held = position - context.first
     async with agent.blackboard.transaction() as tx:
         stored = await tx.read(LIFECYCLE)  # in the read set: the commit checks it did not change
         if (stored.version if stored is not None else 0) != lifecycle_version:
@@ -297,7 +289,7 @@ async def repersist_agent(agent: Agent, lifecycle_version: int) -> None:
             )
         write_state(tx, agent)
         tx.ring_push(Keys.key("context"), missing, context.cap)
-        write_context_head(tx, agent, position, held)
+        write_context_head(tx, agent, position)
     written = next(e for e in tx.results if e is not None and e.key == LIFECYCLE)
     agent._state_version, agent._state_mark = written.version, agent.holder
     context.mark_persisted(position)

@@ -19,6 +19,7 @@ that operation in the agent's scope.
 
 from __future__ import annotations
 
+import json
 import time
 from typing import TYPE_CHECKING, Any, Literal
 
@@ -28,7 +29,7 @@ from colony import metrics
 from colony.agents.models import ActionResult, AgentRun, RunStatus
 from colony.agents.ring import ContextRing
 from colony.blackboard.protocol import AgentStateProtocol as Keys
-from colony.context.action_log import LOG_KEY, LogRecord
+from colony.context.action_log import LOG_KEY
 from colony.errors import (
     AgentStateConflict,
     CheckpointNotFound,
@@ -151,47 +152,34 @@ def due(agent: Agent) -> dict[str, Any] | None:
     }
 
 
-def _step_calls(agent: Agent, step: int) -> list[dict[str, Any]] | None:
+def _step_calls(agent: Agent, step: int) -> list[dict[str, Any]]:
     """The calls of the step that brought the run to `step` (none for its beginning): the action
     log numbers steps as checkpoints do (step N: the calls made while `run.steps == N - 1`)."""
     if step == 0:
         return []
-    calls = agent.action_log.step_calls(step)
-    if calls is None:
-        return None
-    return [dict(c) for c in list(calls)[:MAX_CALLS_PER_STEP]]
+    return agent.action_log.step_calls(step)[:MAX_CALLS_PER_STEP]
 
 
 def push(tx: Transaction, agent: Agent, checkpoint: dict[str, Any]) -> None:
     """Buffer the checkpoint onto the ring, and the head entry whose write is the event."""
-    cap = agent.checkpoints_kept
-    tx.ring_push(CHECKPOINTS, [checkpoint], cap)
-    head = {
-        "op": "created",
-        "step": checkpoint["step"],
-        "run_id": checkpoint["run_id"],
-        "at": checkpoint["at"],
-        "held": min(agent._checkpoints_held + 1, cap),
-    }
+    tx.ring_push(CHECKPOINTS, [checkpoint], agent.checkpoints_kept)
+    head = {"op": "created", **{k: checkpoint[k] for k in ("step", "run_id", "at")}}
     tx.write(CHECKPOINTS, head, created_by=agent.agent_id)
 
 
 def pushed(agent: Agent, checkpoint: dict[str, Any]) -> None:
     """After the commit: what this copy now knows the ring holds; the metric."""
     agent._checkpointed = (checkpoint["run_id"], checkpoint["step"])
-    agent._checkpoints_held = min(agent._checkpoints_held + 1, agent.checkpoints_kept)
     metrics.CONTEXT_CHECKPOINTS.labels("created").inc()
 
 
 def adopt_head(agent: Agent, head: Any) -> None:
-    """On restore: which checkpoint is the newest and how many the ring holds (from its head)."""
+    """On restore: which checkpoint is the newest (from the ring's head entry)."""
     if not isinstance(head, dict):
         return
-    step, run_id, held = head.get("step"), head.get("run_id"), head.get("held")
+    step, run_id = head.get("step"), head.get("run_id")
     if isinstance(step, int) and not isinstance(step, bool) and isinstance(run_id, str):
         agent._checkpointed = (run_id, step)
-    if isinstance(held, int) and not isinstance(held, bool) and held >= 0:
-        agent._checkpoints_held = held
 
 
 # -- reading them ----------------------------------------------------------------------------------
@@ -206,10 +194,7 @@ async def read_checkpoints(board: Blackboard) -> list[tuple[Checkpoint, int]]:
 async def _read(board: Blackboard) -> tuple[int, list[tuple[Checkpoint, int]]]:
     """The head's version (0: none) and the kept checkpoints (see `read_checkpoints`)."""
     head = await board.read(CHECKPOINTS)
-    items = await board.ring(CHECKPOINTS)
-    held = head.value.get("held") if head is not None and isinstance(head.value, dict) else None
-    if isinstance(held, int) and not isinstance(held, bool) and 0 <= held < len(items):
-        items = items[:held]  # a restore's trim did not happen: those were discarded
+    items = await board.ring(CHECKPOINTS)  # cut back by a restore in its own commit: all count
     kept = []
     for item in items:
         try:
@@ -220,8 +205,6 @@ async def _read(board: Blackboard) -> tuple[int, list[tuple[Checkpoint, int]]]:
 
 
 def _json(item: Any) -> bytes:
-    import json
-
     return json.dumps(item, separators=(",", ":"), default=str).encode()
 
 
@@ -383,7 +366,7 @@ async def restore_checkpoint(
         ) from None
     context = agent.context
     position, held = len(context), len(context) - context.first
-    marker = await _truncate_marker(agent, target.step) if mode == "reexecute" else None
+    marker = await agent.action_log.truncate_marker(target.step) if mode == "reexecute" else None
     try:
         async with board.transaction() as tx:
             await check_fence(tx, agent)
@@ -397,13 +380,12 @@ async def restore_checkpoint(
                     ttl_seconds=agent.retention_seconds,
                 )
             write_state(tx, agent)
-            write_context_head(tx, agent, position, held)
+            write_context_head(tx, agent, position)
             head = {
                 "op": "restored",
                 "step": target.step,
                 "run_id": target.run_id,
                 "at": time.time(),
-                "held": index + 1,
                 "mode": mode,
                 "discarded": report.discarded,
             }
@@ -414,32 +396,21 @@ async def restore_checkpoint(
             tx.ring_truncate(CHECKPOINTS, index + 1)
             tx.ring_truncate(Keys.key("context"), held)
             if marker is not None:
-                tx.ring_push(LOG_KEY, [marker.model_dump(mode="json", exclude_none=True)], log_cap(agent))
+                record = marker.model_dump(mode="json", exclude_none=True)
+                tx.ring_push(LOG_KEY, [record], agent.action_log.max_entries)
     except ConcurrentModificationError:
         raise AgentStateConflict(
             f"agent {agent.agent_id} changed while checkpoint {target.step} was being restored; "
             "nothing was restored: try again"
         ) from None
     context.mark_persisted(position)
-    agent._checkpointed, agent._checkpoints_held = (target.run_id, target.step), index + 1
+    agent._checkpointed = (target.run_id, target.step)
     if marker is not None:
         agent.action_log.truncated(target.step)
     metrics.CONTEXT_CHECKPOINTS.labels("restored").inc()
     report.kept = [c.step for c in kept[: index + 1]]
     report.state = agent.state.value
     return report
-
-
-async def _truncate_marker(agent: Agent, step: int) -> LogRecord | None:
-    """The action log's marker dropping the records of the steps after checkpoint `step` (so they
-    run again); None for a log that records nothing (a pass-through one) or without a run."""
-    make = getattr(agent.action_log, "truncate_marker", None)
-    return await make(step) if make is not None else None
-
-
-def log_cap(agent: Agent) -> int:
-    cap = getattr(agent.action_log, "max_entries", None)
-    return cap if isinstance(cap, int) and cap > 0 else 1
 
 
 async def undo(agent: Agent, *, mode: str = "reexecute") -> RestoreReport:
