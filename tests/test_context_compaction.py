@@ -502,14 +502,15 @@ class SummariserOnModel(InferenceEngine):
             return response
         return await self.scripted.generate(request)
 
-    async def stream(self, request: InferenceRequest) -> Any:  # pragma: no cover - not used
-        raise NotImplementedError
+    def stream(self, request: InferenceRequest) -> Any:
+        """Summaries stream from the model, planner decisions from the script (as `generate`)."""
+        return (self.model if is_summariser(request) else self.scripted).stream(request)
 
-    async def load_page(self, page: Any) -> Any:  # pragma: no cover - not used
-        raise NotImplementedError
+    async def load_page(self, page: Any) -> Any:
+        return await self.model.load_page(page)
 
-    async def evict_page(self, page_id: str) -> bool:  # pragma: no cover - not used
-        return False
+    async def evict_page(self, page_id: str) -> bool:
+        return await self.model.evict_page(page_id)
 
     def resident_pages(self) -> dict[str, int | None]:  # pragma: no cover - not used
         return {}

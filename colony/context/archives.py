@@ -109,8 +109,7 @@ class ArchivedHistory:
     def held_refs(self) -> list[str]:
         """Archives the policy still needs whole (a large last output that may become the run's
         output): `flush_archives` keeps them past MAX_ARCHIVES."""
-        holder = getattr(self.policy, "held_archive_refs", None)
-        return list(holder()) if callable(holder) else []
+        return self.policy.held_archive_refs()
 
     def archived_value(self, value: Any) -> dict[str, Any] | None:
         """How a value longer than `mask_output_chars` is held in policy state instead of whole: its

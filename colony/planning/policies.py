@@ -122,6 +122,11 @@ class EventDrivenActionPolicy(ActionPolicy):
                 stream.consider_event(recorded)
         return len(contexts)
 
+    def held_archive_refs(self) -> list[str]:
+        """Archives this policy still needs whole (none here; a policy holding its last output by
+        reference names that one), which the archive cap never deletes."""
+        return []
+
     def record_call(self, call: dict[str, Any]) -> None:
         """A dispatched action: into the run's call trace (a slim record) and every stream, its
         output archived and shown by reference when longer than `context.mask_output_chars`
