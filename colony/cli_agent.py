@@ -14,40 +14,15 @@ import argparse
 import datetime
 import json
 import sys
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from colony.cli_target import api_error, api_target
-from colony.config import load_settings
-from colony.errors import ApiError, ColonyError
+from colony.cli_target import call_api as _call
+from colony.cli_target import server_text as _text
+from colony.errors import ColonyError
 
 MAX_IMPORT_FILE_BYTES = 1024**3  # the API refuses more than `context.max_export_bytes` anyway
-
-
-def _text(value: Any, limit: int = 200) -> str:
-    """Server text on one line: printable characters only, bounded."""
-    text = value if isinstance(value, str) else "" if value is None else str(value)
-    shown = "".join(c if c.isprintable() else " " for c in text[:limit])
-    return shown + ("..." if len(text) > limit else "")
-
-
-def _call(args: argparse.Namespace, work: Callable[[Any], str | None]) -> int:
-    """Run `work(client)` and print what it returns. An API refusal: its message, exit 1."""
-    target = api_target(args, load_settings(args.config))
-    from colony.client import ColonyClient
-
-    try:
-        with ColonyClient(target.url, target.token) as client:
-            shown = work(client)
-    except ApiError as exc:
-        if exc.status == 401:
-            raise api_error(target, exc) from None
-        print(f"colony: error: {exc}", file=sys.stderr)
-        return 1
-    if shown is not None:
-        print(shown, end="" if shown.endswith("\n") else "\n")
-    return 0
 
 
 def _when(at: Any) -> str:

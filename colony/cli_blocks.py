@@ -26,19 +26,12 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
-from colony.cli_target import api_error, api_target
-from colony.config import load_settings
-from colony.errors import ApiError, ColonyError
+from colony.cli_target import call_api as _call
+from colony.cli_target import server_text as _text
+from colony.errors import ColonyError
 
 ACCESS = ("read_only", "append_only", "read_write")
 MAX_DESCRIPTION_SHOWN = 60
-
-
-def _text(value: Any, limit: int = 200) -> str:
-    """Server text on one line: printable characters only, bounded."""
-    text = value if isinstance(value, str) else "" if value is None else str(value)
-    shown = "".join(c if c.isprintable() else " " for c in text[:limit])
-    return shown + ("..." if len(text) > limit else "")
 
 
 def _content(value: Any) -> str:
@@ -61,24 +54,6 @@ def _names(args: argparse.Namespace, *shape: str) -> list[Any]:
             except ValueError:
                 raise ColonyError(f"VERSION must be a number, not {values[i]!r}") from None
     return [None, *values] if args.colony else values
-
-
-def _call(args: argparse.Namespace, work: Callable[[Any], Any]) -> int:
-    """Run `work(client)`; print its JSON (--json) or its text. An API refusal: message, exit 1."""
-    target = api_target(args, load_settings(args.config))
-    from colony.client import ColonyClient
-
-    try:
-        with ColonyClient(target.url, target.token) as client:
-            shown = work(client)
-    except ApiError as exc:
-        if exc.status == 401:
-            raise api_error(target, exc) from None
-        print(f"colony: error: {exc}", file=sys.stderr)
-        return 1
-    if shown is not None:  # content that ends its last line is printed as it is
-        print(shown, end="" if shown.endswith("\n") else "\n")
-    return 0
 
 
 def _emit(args: argparse.Namespace, value: Any, text: Callable[[Any], str]) -> str:

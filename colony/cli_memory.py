@@ -14,19 +14,13 @@ from collections.abc import Sequence
 from typing import Any
 
 from colony.cli_target import TOKEN_ENV, URL_ENV, ApiTarget, api_error, api_target
+from colony.cli_target import server_text as _text
 from colony.config import load_settings
 from colony.errors import ColonyError
 from colony.memory.scopes import MemoryScope
 
 MAX_TAGS_SHOWN = 8
 MAX_CONTENT_SHOWN = 400
-
-
-def _text(value: Any, limit: int = 200) -> str:
-    """Server text for the terminal: printable characters only, bounded."""
-    text = value if isinstance(value, str) else "" if value is None else str(value)
-    shown = "".join(c if c.isprintable() else " " for c in text[:limit])
-    return shown + ("..." if len(text) > limit else "")
 
 
 def _scope_type(scope_id: Any) -> str:

@@ -7,13 +7,14 @@ from __future__ import annotations
 import argparse
 import os
 import sys
+from collections.abc import Callable
 from typing import Any
 
 import httpx
 
 from colony.api.auth import TOKEN_ENV, is_loopback
-from colony.config import ColonySettings
-from colony.errors import ColonyError
+from colony.config import ColonySettings, load_settings
+from colony.errors import ApiError, ColonyError
 
 URL_ENV = "COLONY_URL"  # the API of a cluster started elsewhere (e.g. the Kubernetes Service)
 __all__ = ["TOKEN_ENV", "URL_ENV", "ApiTarget", "api_error", "api_target", "remote_health"]
@@ -115,3 +116,30 @@ def remote_health(client: Any, target: ApiTarget) -> dict[str, Any]:
     if not isinstance(health, dict) or "status" not in health:
         raise ColonyError(f"{target.url} does not answer like a Colony API (its /healthz has no status)")
     return health
+
+
+def server_text(value: Any, limit: int = 200) -> str:
+    """Server text on one line for the terminal: printable characters only, bounded."""
+    text = value if isinstance(value, str) else "" if value is None else str(value)
+    shown = "".join(c if c.isprintable() else " " for c in text[:limit])
+    return shown + ("..." if len(text) > limit else "")
+
+
+def call_api(args: argparse.Namespace, work: Callable[[Any], str | None]) -> int:
+    """Run `work(client)` against the command's API target and print the text it returns (as it
+    is when it ends its last line). An API refusal: its message on stderr, exit 1; a wrong token:
+    the error naming where the token comes from."""
+    target = api_target(args, load_settings(args.config))
+    from colony.client import ColonyClient
+
+    try:
+        with ColonyClient(target.url, target.token) as client:
+            shown = work(client)
+    except ApiError as exc:
+        if exc.status == 401:
+            raise api_error(target, exc) from None
+        print(f"colony: error: {exc}", file=sys.stderr)
+        return 1
+    if shown is not None:
+        print(shown, end="" if shown.endswith("\n") else "\n")
+    return 0
