@@ -380,7 +380,7 @@ async def test_review_hardening(store: BlockStore, redis_url: str, monkeypatch: 
 
 
 def test_the_process_store_is_per_colony_whatever_the_settings_objects(redis_url: str) -> None:
-    from colony.memory.blocks.store import block_store
+    from colony.memory.blocks.stores import block_store
 
     client = create_redis(redis_url)
     stores = [block_store(client, ColonySettings(colony_id=f"colony{n % 3}")) for n in range(60)]

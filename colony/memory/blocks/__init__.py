@@ -3,7 +3,8 @@ access levels, full history with rollback and selective undo (docs/blocks.md).""
 
 from colony.memory.blocks.document import BlockDocument, EditMeta
 from colony.memory.blocks.logs import render_log
-from colony.memory.blocks.store import COLONY, BlockStore, block_store
+from colony.memory.blocks.store import COLONY, BlockStore
+from colony.memory.blocks.stores import block_store
 from colony.memory.blocks.types import (
     OPERATOR,
     SYSTEM,

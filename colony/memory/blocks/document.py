@@ -9,6 +9,7 @@ Redis, see `groups`); a shallow snapshot folds the oldest versions away.
 
 from __future__ import annotations
 
+import asyncio
 import json
 import time
 import uuid
@@ -460,3 +461,11 @@ class BlockDocument:
             return self.snapshot(), 0
         root = self._without(order[drop + 1 :], groups)  # the state of the oldest version kept
         return self.doc.export(ExportMode.ShallowSnapshot(root)), drop
+
+
+def raised_by_loro(exc: BaseException) -> bool:
+    """Whether `exc` is an error Loro raised (its Python binding raises plain BaseException and
+    pyo3 panics), as opposed to cancellation or exit, which must pass through untouched."""
+    return not isinstance(
+        exc, Exception | asyncio.CancelledError | KeyboardInterrupt | SystemExit | GeneratorExit
+    )

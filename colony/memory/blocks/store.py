@@ -53,7 +53,7 @@ from colony.memory.blocks.directory import (
     info_from_fields,
     unb64,
 )
-from colony.memory.blocks.document import BlockDocument, EditMeta, as_lines
+from colony.memory.blocks.document import BlockDocument, EditMeta, as_lines, raised_by_loro
 from colony.memory.blocks.logs import MAX_LOG_FIELDS, bounded_log_value, render_log
 from colony.memory.blocks.types import (
     MAX_DESCRIPTION_CHARS,
@@ -164,7 +164,7 @@ class BlockStore(BlockDirectory):
             entry.document.import_updates([unb64(u) for u in updates])
         except BaseException as exc:  # Loro raises BaseException itself
             self._drop(block_id)
-            if not _from_loro(exc):
+            if not raised_by_loro(exc):
                 raise
             raise BlockError(
                 f"block {block_id}'s stored history could not be loaded ({exc}); it needs an operator "
@@ -398,7 +398,7 @@ class BlockStore(BlockDirectory):
                     update = apply(document, meta, access, History(entry.order or [], entry.vbase))
                 except BaseException as exc:
                     self._drop(info.block_id)  # the cached document may hold a partial local change
-                    if not _from_loro(exc):
+                    if not raised_by_loro(exc):
                         raise
                     raise BlockError(f"the edit of block {label!r} failed in Loro: {exc}") from exc
                 after = document.size()
@@ -582,14 +582,6 @@ class BlockStore(BlockDirectory):
             )
 
 
-def _from_loro(exc: BaseException) -> bool:
-    """Whether `exc` is an error Loro raised (its Python binding raises plain BaseException and
-    pyo3 panics), as opposed to cancellation or exit, which must pass through untouched."""
-    return not isinstance(
-        exc, Exception | asyncio.CancelledError | KeyboardInterrupt | SystemExit | GeneratorExit
-    )
-
-
 def _refusal(exc: BlockError) -> str:
     """The outcome label of a refused edit."""
     if isinstance(exc, BlockAccessDenied):
@@ -599,21 +591,3 @@ def _refusal(exc: BlockError) -> str:
     if isinstance(exc, BlockVersionConflict):
         return "conflict"
     return "invalid"
-
-
-_stores: dict[tuple[int, int], BlockStore] = {}
-MAX_STORES = 16
-
-
-def block_store(redis: aioredis.Redis, settings: ColonySettings | None = None) -> BlockStore:
-    """The process's BlockStore for this Redis client and colony (one document cache each)."""
-    settings = settings or load_settings()
-    # by the colony, never by id(settings): a collected settings object's id is reused by the next
-    # one, which may name another colony
-    key = (id(redis), settings.tenant_id, settings.colony_id)
-    store = _stores.get(key)
-    if store is None or store.redis is not redis or store.settings != settings.blocks:
-        store = _stores[key] = BlockStore(redis, settings)
-        while len(_stores) > MAX_STORES:
-            _stores.pop(next(iter(_stores)))
-    return store

@@ -28,7 +28,8 @@ from colony.blackboard import Blackboard
 from colony.config import BlockSettings, ColonySettings, load_settings
 from colony.errors import AgentUsageError, BlockExists, BlockNotFound, InvalidArgument
 from colony.memory.blocks.rendering import one_line, render_blocks
-from colony.memory.blocks.store import BlockStore, block_store
+from colony.memory.blocks.store import BlockStore
+from colony.memory.blocks.stores import block_store
 from colony.memory.blocks.templates import apply_template
 from colony.memory.blocks.types import BlockType, BlockView, EditOutcome, Label, NewBlock
 from colony.memory.capability import MemoryCapability
