@@ -19,7 +19,7 @@ import inspect
 import logging
 import math
 from enum import StrEnum
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, NamedTuple
 
 from colony.agents.blueprint import AgentBlueprint, Blueprint, CapabilitySpec, fail_refused_agent
 from colony.agents.models import ActionResult, AgentMetadata, AgentRun, AgentState, SuspensionRequest
@@ -75,10 +75,11 @@ async def persist_agent(agent: Agent) -> None:
     checkpoint onto the agent's capped checkpoint ring, in the same transaction."""
     context = agent.context
     pending, position = context.pending(), len(context)
-    checkpoint = checkpoints.due(agent)
+    states = own_states(agent)  # taken once: the state entries and the step's checkpoint share them
+    checkpoint = checkpoints.due(agent, states)
     async with agent.blackboard.transaction() as tx:
         await check_fence(tx, agent)
-        write_state(tx, agent)
+        write_state(tx, agent, states)
         tx.ring_push(Keys.key("context"), pending, context.cap)
         write_context_head(tx, agent, position)
         if checkpoint is not None:
@@ -97,8 +98,22 @@ async def check_fence(tx: Transaction, agent: Agent) -> None:
         raise ConcurrentModificationError(LIFECYCLE, agent._state_version, found)
 
 
-def write_state(tx: Transaction, agent: Agent) -> None:
-    """The run, policy and capability states (what every persist rewrites whole)."""
+class OwnStates(NamedTuple):
+    """The policy's and the capabilities' states at one moment (`get_state()` of each)."""
+
+    policy: dict[str, Any] | None
+    capabilities: dict[str, dict[str, Any]]
+
+
+def own_states(agent: Agent) -> OwnStates:
+    policy = agent.action_policy.get_state() if agent.action_policy is not None else None
+    return OwnStates(policy, {name: c.get_state() for name, c in agent.capabilities.items()})
+
+
+def write_state(tx: Transaction, agent: Agent, states: OwnStates | None = None) -> None:
+    """The run, policy and capability states (what every persist rewrites whole); `states`: taken
+    already (else now)."""
+    states = states or own_states(agent)
     if agent.current_run is not None:
         run = agent.current_run
         tx.write(
@@ -108,11 +123,11 @@ def write_state(tx: Transaction, agent: Agent) -> None:
             ttl_seconds=agent.retention_seconds if run.done else None,
         )
         tx.write(Keys.key("current_run"), run.run_id, created_by=agent.agent_id)
-    if agent.action_policy is not None:
-        tx.write(Keys.key("policy_state"), agent.action_policy.get_state(), created_by=agent.agent_id)
-    for name, capability in agent.capabilities.items():
-        state = {"state": capability.get_state(), "events_from": agent._event_positions.get(name)}
-        tx.write(Keys.capability_state_key(name), state, created_by=agent.agent_id)
+    if states.policy is not None:
+        tx.write(Keys.key("policy_state"), states.policy, created_by=agent.agent_id)
+    for name, state in states.capabilities.items():
+        entry = {"state": state, "events_from": agent._event_positions.get(name)}
+        tx.write(Keys.capability_state_key(name), entry, created_by=agent.agent_id)
 
 
 def write_context_head(tx: Transaction, agent: Agent, position: int) -> None:

@@ -41,6 +41,7 @@ from colony.errors import (
 
 if TYPE_CHECKING:
     from colony.agents.base import Agent
+    from colony.agents.persistence import OwnStates
     from colony.blackboard import Blackboard
     from colony.blackboard.transaction import Transaction
 
@@ -129,8 +130,9 @@ class RestoreReport(BaseModel):
 # -- taking checkpoints (inside `persist_agent`'s transaction) ---------------------------------------
 
 
-def due(agent: Agent) -> dict[str, Any] | None:
-    """The checkpoint this persist pushes: one per (run, step) not pushed yet; None otherwise."""
+def due(agent: Agent, states: OwnStates) -> dict[str, Any] | None:
+    """The checkpoint this persist pushes (with the policy and capability states it writes): one per
+    (run, step) not pushed yet; None otherwise."""
     run = agent.current_run
     if run is None or (run.run_id, run.steps) == agent._checkpointed:
         return None
@@ -138,8 +140,8 @@ def due(agent: Agent) -> dict[str, Any] | None:
         "step": run.steps,
         "run_id": run.run_id,
         "run": run.model_dump(mode="json"),
-        "policy_state": agent.action_policy.get_state() if agent.action_policy is not None else None,
-        "capabilities": {n: c.get_state() for n, c in agent.capabilities.items()},
+        "policy_state": states.policy,
+        "capabilities": states.capabilities,
         "events_from": {n: p for n, p in agent._event_positions.items() if n in agent.capabilities},
         "context": {
             "context_total": len(agent.context),
