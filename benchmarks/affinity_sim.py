@@ -19,9 +19,23 @@ tokens). Policies compared side by side on one trace:
   belady (bound)                        - one pooled cache of all replicas' capacity with offline
                                           optimal eviction: no routing policy can beat it
 
+Agent-aware variants (Colony knows which agents run next: queued runs, suspended agents'
+resumption conditions; here the next --lookahead requests of the trace are the queued agents):
+
+  colony+soon                           - colony, and eviction passes over pages a queued agent
+                                          needs soon (`EvictionPolicy.unpinned_victim(needed_soon=)`,
+                                          what the engines do with `engine.pages_needed_soon`)
+  colony+soon+prefetch                  - and the request --prefetch places ahead has its pages loaded
+                                          on the replica placement picks (`engine.prefetch`):
+                                          its own step then finds them, so "hit rate" (on the
+                                          request's path) rises; "prefill tokens" counts the
+                                          prefetch loads too (a page prefetched and evicted before
+                                          its use is paid twice)
+
 Usage:
   python benchmarks/affinity_sim.py [--seed 7] [--replicas 4] [--capacity 16] [--agents 48]
                                     [--pages 120] [--group 3] [--requests 6000] [--trace FILE.jsonl]
+                                    [--lookahead 8] [--prefetch 1] [--workload zipf|turns]
 A trace file has one JSON object a line: {"agent": "a1", "pages": ["p1", "p2"], "tokens": {"p1": 900}}
 ("tokens" optional; pages default to --page-tokens).
 """
@@ -49,6 +63,7 @@ class Result:
     accesses: int
     prefill_tokens: int
     total_tokens: int
+    prefetched: int = 0  # pages loaded ahead of their request (their tokens are in prefill_tokens)
 
     @property
     def hit_rate(self) -> float:
@@ -70,6 +85,16 @@ def make_trace(seed: int, agents: int, pages: int, group: int, requests: int, zi
     weights = [1.0 / (rank + 1) ** zipf for rank in range(len(names))]
     rng.shuffle(names)
     return [(agent, groups[agent]) for agent in rng.choices(names, weights=weights, k=requests)]
+
+
+def make_turns_trace(agents: int, pages: int, group: int, requests: int) -> list[Request]:
+    """Agents taking turns in a fixed order (a pipeline, a round of a group conversation), agent a
+    bound to `group` consecutive pages from a * group: the pages come back in a cycle, which LRU
+    and LFU caches smaller than the cycle lose every page of; knowing who runs next keeps some."""
+    return [
+        (f"agent-{n % agents}", [f"page-{((n % agents) * group + i) % pages}" for i in range(group)])
+        for n in range(requests)
+    ]
 
 
 def load_trace(path: Path) -> tuple[list[Request], dict[str, int]]:
@@ -96,20 +121,37 @@ class Cluster:
     def load(self, replica: str) -> int:
         return sum(1 for r in self.recent if r == replica)
 
-    def serve(self, replica: str, pages: list[str]) -> list[bool]:
-        cache, policy, hits = self.caches[replica], self.policies[replica], []
-        for page in pages:
-            hit = page in cache
-            hits.append(hit)
-            if not hit:
-                while len(cache) >= self.capacity:
-                    victim = policy.victim(p for p in cache if p not in pages)
-                    cache.discard(victim)
-                    policy.evicted(victim)
-                cache.add(page)
-            policy.touch(page)
+    def serve(
+        self, replica: str, pages: list[str], needed_soon: set[str] | frozenset[str] = frozenset()
+    ) -> list[bool]:
+        """Serve one request (its pages pinned while it runs); which pages were hits."""
+        hits = [self.bring_in(replica, page, pages, needed_soon) for page in pages]
         self.recent.append(replica)
         return hits
+
+    def room_without(self, replica: str, pages: list[str], keep: set[str]) -> bool:
+        """Whether the missing ones of `pages` fit without evicting a page in `keep`."""
+        cache = self.caches[replica]
+        missing = sum(1 for p in pages if p not in cache)
+        evictable = sum(1 for p in cache if p not in keep and p not in pages)
+        return missing <= self.capacity - len(cache) + evictable
+
+    def bring_in(
+        self, replica: str, page: str, pinned: list[str], needed_soon: set[str] | frozenset[str] = frozenset()
+    ) -> bool:
+        """Make the page resident (evicting as the engines do: never a pinned page, pages needed
+        soon only when nothing else can go) and count a use; whether it was resident already."""
+        cache, policy = self.caches[replica], self.policies[replica]
+        hit = page in cache
+        if not hit:
+            while len(cache) >= self.capacity:
+                victim = policy.unpinned_victim(cache, pinned, needed_soon)
+                assert victim is not None, "a request names more pages than a replica holds"
+                cache.discard(victim)
+                policy.evicted(victim)
+            cache.add(page)
+        policy.touch(page)
+        return hit
 
 
 Router = Callable[[Cluster, str, list[str]], str]
@@ -175,19 +217,38 @@ def simulate(
     replicas: int,
     capacity: int,
     eviction: str = "lru",
+    *,
+    lookahead: int = 0,
+    prefetch: int = 0,
 ) -> Result:
+    """Replay the trace. `lookahead` > 0: the next `lookahead` requests are the queued agents, and
+    eviction passes over their pages; `prefetch` > 0: the request that many places ahead in the
+    queue has its missing pages loaded on the replica Colony's placement picks for it then."""
     cluster = Cluster(replicas, capacity, window=replicas * 4, eviction=eviction)
-    hits = accesses = prefill = total = 0
-    for agent, pages in trace:
+    hits = accesses = prefill = total = prefetched = 0
+    for i, (agent, pages) in enumerate(trace):
+        soon = {p for _, queued in trace[i + 1 : i + 1 + lookahead] for p in queued} if lookahead else set()
+        if prefetch and i + prefetch < len(trace):
+            _, ahead = trace[i + prefetch]  # runs `prefetch` requests from now
+            views = [
+                ReplicaView(r, resident=set(cluster.caches[r]), load=cluster.load(r)) for r in cluster.ids
+            ]
+            target = choose_replica(views, ahead).replica_id
+            if not cluster.room_without(target, ahead, soon | set(pages)):
+                continue  # as the engines: a prefetch never evicts a page needed soon
+            for page in ahead:
+                if not cluster.bring_in(target, page, ahead, soon | set(pages)):
+                    prefetched += 1
+                    prefill += tokens(page)
         replica = router(cluster, agent, pages)
-        for page, hit in zip(pages, cluster.serve(replica, pages), strict=True):
+        for page, hit in zip(pages, cluster.serve(replica, pages, soon), strict=True):
             accesses += 1
             total += tokens(page)
             if hit:
                 hits += 1
             else:
                 prefill += tokens(page)
-    return Result(name, hits, accesses, prefill, total)
+    return Result(name, hits, accesses, prefill, total, prefetched)
 
 
 def belady(trace: list[Request], tokens: Callable[[str], int], capacity: int) -> Result:
@@ -242,11 +303,28 @@ def main() -> None:
     parser.add_argument("--page-tokens", type=int, default=1000)
     parser.add_argument("--trace", type=Path, help="JSON-lines trace instead of a generated one")
     parser.add_argument(
+        "--workload",
+        choices=["zipf", "turns"],
+        default="zipf",
+        help="zipf: popular agents; turns: agents in turn",
+    )
+    parser.add_argument(
+        "--lookahead", type=int, default=8, help="queued requests whose pages count as needed soon"
+    )
+    parser.add_argument(
+        "--prefetch",
+        type=int,
+        default=1,
+        help="how many requests ahead of its turn a request's pages are loaded",
+    )
+    parser.add_argument(
         "--colony-eviction", default="lfu-da", help="eviction policy of Colony's engines (lfu-da, lru)"
     )
     args = parser.parse_args()
     if args.trace:
         trace, known = load_trace(args.trace)
+    elif args.workload == "turns":
+        trace, known = make_turns_trace(args.agents, args.pages, args.group, args.requests), {}
     else:
         trace, known = (
             make_trace(args.seed, args.agents, args.pages, args.group, args.requests, args.zipf),
@@ -267,12 +345,29 @@ def main() -> None:
         simulate(name, router, trace, tokens, args.replicas, args.capacity, eviction)
         for name, router, eviction in policies
     ]
+    aware = [
+        simulate(
+            name,
+            colony_router(),
+            trace,
+            tokens,
+            args.replicas,
+            args.capacity,
+            args.colony_eviction,
+            lookahead=args.lookahead,
+            prefetch=prefetch,
+        )
+        for name, prefetch in (("colony+soon", 0), ("colony+soon+prefetch", args.prefetch))
+    ]
     bound = belady(trace, tokens, args.replicas * args.capacity)
     static = static_optimum(trace, tokens, args.replicas * args.capacity)
     print(f"{len(trace)} requests, {args.replicas} replicas x {args.capacity} pages, seed {args.seed}")
-    print(f"{'policy':<16} {'hit rate':>9} {'prefill tokens':>15} {'tokens saved':>13}")
-    for r in [*results, static, bound]:
-        print(f"{r.policy:<16} {r.hit_rate:>9.1%} {r.prefill_tokens:>15,} {r.saved_tokens:>13,}")
+    print(f"{'policy':<22} {'hit rate':>9} {'prefill tokens':>15} {'tokens saved':>13} {'prefetched':>10}")
+    for r in [*results, *aware, static, bound]:
+        print(
+            f"{r.policy:<22} {r.hit_rate:>9.1%} {r.prefill_tokens:>15,} "
+            f"{r.saved_tokens:>13,} {r.prefetched:>10,}"
+        )
     colony = next(r for r in results if r.policy == "colony")
     tree = next(r for r in results if r.policy == "prefix-tree")
     print(f"colony / belady hit rate: {colony.hit_rate / bound.hit_rate:.1%} (goal >= 95%)")
@@ -284,11 +379,24 @@ def main() -> None:
     )
     prefill_ratio = tree.prefill_tokens / max(1, colony.prefill_tokens)
     print(f"prefix-tree / colony prefill tokens: {prefill_ratio:.2f}x fewer prefilled (goal >= 1.5x)")
+    soon, fetched = aware
+    print(
+        f"needed-soon eviction (lookahead {args.lookahead}): request-path faults "
+        f"{colony.accesses - colony.hits:,} -> {soon.accesses - soon.hits:,} "
+        f"({(colony.accesses - colony.hits) / max(1, soon.accesses - soon.hits):.2f}x fewer), prefill tokens "
+        f"{colony.prefill_tokens:,} -> {soon.prefill_tokens:,}"
+    )
+    path_faults = fetched.accesses - fetched.hits
+    print(
+        f"  + prefetch {args.prefetch} ahead: request-path faults {path_faults:,} "
+        f"({(colony.accesses - colony.hits) / max(1, path_faults):.2f}x fewer than colony), "
+        f"prefill tokens {fetched.prefill_tokens:,} (prefetch loads included)"
+    )
     print(
         json.dumps(
             {
                 r.policy: {"hit_rate": r.hit_rate, "prefill_tokens": r.prefill_tokens}
-                for r in [*results, bound]
+                for r in [*results, *aware, bound]
             }
         )
     )

@@ -5,7 +5,15 @@ Prints accepted runs/s and submit latency p50/p99 for both, and their ratio; the
 submitted echo runs completed and how fast. Goal: >= 200 runs/s accepted on 2 cores, overhead
 <= 2x the bare echo.
 
-Usage: python benchmarks/http_submit.py [--seconds 10] [--concurrency 16]
+Then completed runs/s end to end: each client submits a run and reads its event stream to the
+terminal event, again and again, for `echo` (a pool, `runs.echo_pool`, up to --pool-max members)
+and for `echo-single` (the same agent served by one agent's loop: what `echo` was before pools),
+beside the bare Serve echo's requests/s measured in the same run (the three interleaved in
+--rounds slices, so they see the same load from the rest of the box). Goal: the pool >= 0.5x the
+bare echo.
+
+Usage: python benchmarks/http_submit.py [--seconds 10] [--concurrency 16] [--pool-max 4]
+       [--rounds 3] [--replicas 1]
 """
 
 from __future__ import annotations
@@ -14,8 +22,10 @@ import argparse
 import asyncio
 import json
 import os
+import statistics
 import tempfile
 import time
+from typing import Any
 
 os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
 
@@ -75,6 +85,64 @@ async def load(
     }
 
 
+async def end_to_end(
+    url: str, agent: str, headers: dict[str, str], seconds: float, concurrency: int
+) -> dict[str, float]:
+    """Completed runs/s: each client submits a run to `agent`, reads its event stream until the
+    terminal event (the API ends the stream there), and goes again."""
+    latencies: list[float] = []
+    statuses: dict[str, int] = {}
+    errors = 0
+    deadline = time.perf_counter() + seconds
+
+    async def worker(client: httpx.AsyncClient) -> None:
+        nonlocal errors
+        n = 0
+        while time.perf_counter() < deadline:
+            started = time.perf_counter()
+            response = await client.post("/v1/runs", json={"agent": agent, "input": n}, headers=headers)
+            n += 1
+            if response.status_code != 202:
+                errors += 1
+                continue
+            stream = await client.get(response.json()["events_url"], headers=headers)
+            kinds = [line[7:].strip() for line in stream.text.splitlines() if line.startswith("event:")]
+            final = kinds[-1] if kinds else "none"
+            statuses[final] = statuses.get(final, 0) + 1
+            if final == "completed":
+                latencies.append(time.perf_counter() - started)
+
+    limits = httpx.Limits(max_connections=concurrency * 2, max_keepalive_connections=concurrency * 2)
+    async with httpx.AsyncClient(base_url=url, timeout=60, limits=limits) as client:
+        began = time.perf_counter()
+        await asyncio.gather(*(worker(client) for _ in range(concurrency)))
+        elapsed = time.perf_counter() - began
+    latencies.sort()
+    return {
+        "completed_per_s": len(latencies) / elapsed,
+        "p50_ms": latencies[len(latencies) // 2] * 1000 if latencies else float("nan"),
+        "p99_ms": latencies[max(0, int(len(latencies) * 0.99) - 1)] * 1000 if latencies else float("nan"),
+        "errors": errors,
+        "ended": statuses,  # type: ignore[dict-item]
+    }
+
+
+def merged(parts: list[dict[str, Any]]) -> dict[str, Any]:
+    """End-to-end figures of equal-length slices as one: mean rate, the slices' latency quantiles
+    (their median), errors and endings summed."""
+    ended: dict[str, int] = {}
+    for part in parts:
+        for kind, n in part["ended"].items():
+            ended[kind] = ended.get(kind, 0) + n
+    return {
+        "completed_per_s": sum(p["completed_per_s"] for p in parts) / len(parts),
+        "p50_ms": statistics.median(p["p50_ms"] for p in parts),
+        "p99_ms": statistics.median(p["p99_ms"] for p in parts),
+        "errors": sum(p["errors"] for p in parts),
+        "ended": ended,
+    }
+
+
 async def completion(
     url: str, headers: dict[str, str], run_ids: list[str], timeout: float
 ) -> dict[str, float]:
@@ -97,14 +165,29 @@ def main() -> None:
     )
     parser.add_argument("--seconds", type=float, default=10.0)
     parser.add_argument("--concurrency", type=int, default=16)
+    parser.add_argument("--pool-max", type=int, default=4, help="runs.echo_pool.max_size")
+    parser.add_argument("--rounds", type=int, default=3, help="interleaved slices of the end-to-end phase")
+    parser.add_argument(
+        "--replicas", type=int, default=1, help="engine replicas (the pool spreads over them)"
+    )
     args = parser.parse_args()
     redis = EmbeddedRedis(tempfile.mkdtemp(prefix="colony-bench-"))
-    settings = ColonySettings(redis_url=redis.start().url, api_token="bench", engine={"kind": "scripted"})
+    settings = ColonySettings(
+        redis_url=redis.start().url,
+        api_token="bench",
+        engine={"kind": "scripted"},
+        runs={"echo_pool": {"max_size": args.pool_max, "min_size": 1}},
+        agents={"echo-single": "colony.system.builtin:single_echo_blueprint"},
+    )
     port = free_port()
     ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False)
     try:
         serve.start(http_options={"host": "127.0.0.1", "port": port})
-        serve.run(build_app_with_settings(settings=settings), name="colony", route_prefix="/")
+        serve.run(
+            build_app_with_settings({"replicas": args.replicas}, settings=settings),
+            name="colony",
+            route_prefix="/",
+        )
         serve.run(BareEcho.bind(), name="bare", route_prefix="/bare")
         url = f"http://127.0.0.1:{port}"
         headers = {"Authorization": "Bearer bench"}
@@ -114,12 +197,30 @@ def main() -> None:
         base = asyncio.run(load(url, "/bare/echo", {}, args.seconds, args.concurrency))
         colony = asyncio.run(load(url, "/v1/runs", headers, args.seconds, args.concurrency))
         done = asyncio.run(completion(url, headers, colony["run_ids"][-200:], 120))  # type: ignore[arg-type]
+        # end to end: the pool grows while the warm-up queues runs; the three side by side
+        asyncio.run(end_to_end(url, "echo", headers, 3, args.concurrency))
+        # interleaved in --rounds slices, so the three see the same load from the rest of the box
+        slices: dict[str, list[dict[str, Any]]] = {"bare": [], "pool": [], "single": []}
+        part = args.seconds / args.rounds
+        for _ in range(args.rounds):
+            slices["bare"].append(asyncio.run(load(url, "/bare/echo", {}, part, args.concurrency)))
+            slices["pool"].append(asyncio.run(end_to_end(url, "echo", headers, part, args.concurrency)))
+            slices["single"].append(
+                asyncio.run(end_to_end(url, "echo-single", headers, part, args.concurrency))
+            )
+        bare_e2e = {"accepted_per_s": sum(s["accepted_per_s"] for s in slices["bare"]) / args.rounds}
+        pool, single = merged(slices["pool"]), merged(slices["single"])
+        members = httpx.get(f"{url}/v1/agents", headers=headers, timeout=30).json()
+        pool_size = sum(1 for a in members if a["agent_id"].startswith("echo.") and a["state"] != "stopped")
     finally:
         serve.shutdown()
         ray.shutdown()
         redis.stop()
     ratio = base["accepted_per_s"] / colony["accepted_per_s"]
-    print(f"{args.concurrency} concurrent clients, {args.seconds:.0f}s each, 2 CPUs for Ray")
+    print(
+        f"{args.concurrency} concurrent clients, {args.seconds:.0f}s each, 2 CPUs for Ray, "
+        f"{args.replicas} engine replica(s)"
+    )
     print(
         f"  bare Serve echo   {base['accepted_per_s']:8.0f} req/s   p50 {base['p50_ms']:6.1f} ms   "
         f"p99 {base['p99_ms']:6.1f} ms"
@@ -130,11 +231,32 @@ def main() -> None:
     )
     print(f"  overhead {ratio:.2f}x the bare echo (goal <= 2x); accepted goal >= 200 runs/s")
     print(f"  last 200 echo runs: {done['completed']:.0f} completed, drained in {done['drain_seconds']:.1f}s")
+    print(
+        f"end to end (submit -> terminal event), {args.concurrency} clients, {args.seconds:.0f}s each "
+        f"in {args.rounds} interleaved slices:"
+    )
+    print(f"  bare Serve echo      {bare_e2e['accepted_per_s']:8.1f} req/s")
+    for name, figures in (("echo (pool)", pool), ("echo-single", single)):
+        print(
+            f"  {name:<20} {figures['completed_per_s']:8.1f} completed runs/s "
+            f"({figures['completed_per_s'] / bare_e2e['accepted_per_s']:.2f}x the bare echo)   "
+            f"p50 {figures['p50_ms']:6.1f} ms   p99 {figures['p99_ms']:6.1f} ms   "
+            f"errors {figures['errors']}   ended {figures['ended']}"
+        )
+    print(f"  echo pool members at the end: {pool_size + 1} (max_size {args.pool_max}); goal >= 0.5x")
     summary = {
         "bare": {k: v for k, v in base.items() if k != "run_ids"},
         "colony": {k: v for k, v in colony.items() if k != "run_ids"},
         "overhead": ratio,
         **done,
+        "end_to_end": {
+            "bare_req_per_s": bare_e2e["accepted_per_s"],
+            "pool": pool,
+            "single": single,
+            "pool_ratio": pool["completed_per_s"] / bare_e2e["accepted_per_s"],
+            "single_ratio": single["completed_per_s"] / bare_e2e["accepted_per_s"],
+            "pool_members": pool_size + 1,
+        },
     }
     print(json.dumps(summary))
 

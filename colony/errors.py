@@ -61,6 +61,18 @@ class BlackboardUnavailable(BlackboardError):
         )
 
 
+class EventStreamRefused(BlackboardError):
+    """Redis refuses to read one scope's events (its key holds another type, say): the
+    subscriptions of that stream end with this error; the other subscriptions read on."""
+
+    def __init__(self, key: str, cause: BaseException) -> None:
+        self.key = key
+        super().__init__(
+            f"the events of {key!r} cannot be read (Redis answered: {cause}); the subscription "
+            "ended. Check what wrote that key (it must be a stream), then subscribe again"
+        )
+
+
 class BlackboardAuthError(BlackboardUnavailable):
     """Redis refused the connection's password (or it has none and Redis requires one)."""
 
@@ -151,6 +163,16 @@ class ResourceExhausted(AgentError):
 class PageSlotsBusy(ResourceExhausted):
     """Every page slot of an engine is held by work in progress and none was released in time:
     transient (the holders finish), unlike a request that can never fit."""
+
+
+class RunQueueFull(AgentError):
+    """An agent (or agent pool) already has as many runs admitted and not yet ended as its serving
+    declares (`max_concurrent_runs`, or a pool's `max_size` times that): the client retries later
+    (HTTP 429 with Retry-After)."""
+
+    def __init__(self, message: str, retry_after_seconds: float = 1.0) -> None:
+        super().__init__(message)
+        self.retry_after_seconds = retry_after_seconds
 
 
 class ReplicaUnavailable(AgentError):

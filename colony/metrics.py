@@ -645,3 +645,24 @@ _COLONY_COLLECTORS: tuple[Counter | Gauge | Histogram, ...] = (
     AGENT_SUSPENSIONS,
     AGENT_RESUMPTIONS,
 )
+
+# M14 runs scale out (colony/system/runs.py, colony/system/pools.py): per process, not published
+RUNS_REJECTED = Counter(
+    "colony_runs_rejected_total",
+    "Runs refused at submit (HTTP 429) because their agent had as many open as it admits, by agent kind.",
+    ["agent"],
+)
+POOL_MEMBERS = Gauge(
+    "colony_pool_members", "Live members of each agent pool (the control plane's view), by pool.", ["pool"]
+)
+POOL_RESIZES = Counter(
+    "colony_pool_resizes_total",
+    "Pool members started (grow) or stopped (shrink) by the pool manager.",
+    ["direction"],
+)
+
+# M14 prefetch (colony/system/host.py): per replica process, not published
+PAGES_PREFETCHED = Counter(
+    "colony_pages_prefetched_total",
+    "Pages a replica brought in for a page-bound agent placed or resumed there, before its first step.",
+)

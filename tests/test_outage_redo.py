@@ -66,3 +66,24 @@ async def test_a_beginning_stored_though_its_answer_was_lost_leaves_one_run(
     runs = [e async for e in board.iter_query(AgentStateProtocol.pattern("run"))]
     states = [(e.value["status"], e.value.get("request_id")) for e in runs]
     assert [s for s, _ in states] == ["succeeded"], states  # one record of it, ended
+
+
+async def test_an_outage_inside_the_policy_is_redone_not_a_failed_run(runtime: LocalAgentRuntime) -> None:
+    """A Redis outage while the policy works (its action-log commit, a read of an action) is redone
+    from the last checkpoint like one in the persist; the run does not fail with "action policy
+    failed" (the chaos faults caught it once pools ran several runs at once)."""
+    agent = await runtime.spawn(echo_blueprint(f"pol{uuid.uuid4().hex[:6]}"))
+    policy = agent.action_policy
+    assert policy is not None
+    original, fired = policy.execute_iteration, {"n": 0}
+
+    async def flaky(state):  # type: ignore[no-untyped-def]
+        if not fired["n"]:
+            fired["n"] += 1
+            raise _injected()
+        return await original(state)
+
+    policy.execute_iteration = flaky  # type: ignore[method-assign]
+    run = await handle_for(runtime, agent.agent_id).run("x", namespace=RUNS_NAMESPACE, timeout=20)
+    assert fired["n"] == 1
+    assert run.status is RunStatus.SUCCEEDED and run.output == "x", run.error

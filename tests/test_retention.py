@@ -127,6 +127,33 @@ async def test_stopped_agent_leaves_registry_and_redis(colony, bb: Blackboard) -
     assert await keys_named(bb, name) == []
 
 
+async def test_an_agent_stopped_as_its_run_is_answered_still_retires_the_run(
+    colony, bb: Blackboard, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The stop lands while the answered run's keys are being given their expiry (slowed here):
+    the retirement finishes anyway, so neither the keys nor the run's tag set stay for good (CI
+    once found the tag set left when a loaded box stopped the agent between the two)."""
+    host, runs = colony
+    name = f"tmp{uuid.uuid4().hex[:8]}"
+    await host.ensure_agent(echo_blueprint(name))
+    original = Blackboard.expire
+    retiring = asyncio.Event()
+
+    async def slow_expire(self: Blackboard, keys: Any, ttl_seconds: float, **kwargs: Any) -> int:
+        if kwargs.get("tag"):  # a run's retirement: give the stop time to land inside it
+            retiring.set()
+            await asyncio.sleep(0.5)
+        return await original(self, keys, ttl_seconds, **kwargs)
+
+    monkeypatch.setattr(Blackboard, "expire", slow_expire)
+    record = await runs.submit(name, "hello")
+    async with asyncio.timeout(15):
+        await retiring.wait()
+    assert await host.stop_agent(name)
+    await asyncio.sleep(RETENTION + 1.0)
+    assert await keys_named(bb, record.run_id) == []
+
+
 async def test_event_streams_are_capped(redis_url: str) -> None:
     settings = BlackboardSettings(events_maxlen=100)
     client = create_redis(redis_url, settings)

@@ -16,6 +16,7 @@ from colony.agents.models import (
     AgentType,
     ResumptionCondition,
     ResumptionKind,
+    RunServing,
     RunStatus,
 )
 from colony.agents.policy import (
@@ -57,6 +58,7 @@ __all__ = [
     "ResourceRequirements",
     "ResumptionCondition",
     "ResumptionKind",
+    "RunServing",
     "RunStatus",
     "ScriptedActionPolicy",
     "action_executor",

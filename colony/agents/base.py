@@ -14,18 +14,18 @@ import time
 import uuid
 from typing import Any
 
-from colony.agents.actions import ActionDispatcher, discover_actions
+from colony.agents.actions import ActionDispatcher
 from colony.agents.blueprint import (
     AgentBlueprint,
     Bindable,
-    Blueprint,
     CapabilitySpec,
     ResourceRequirements,
 )
 from colony.agents.capability import AgentCapability, CapabilityMode
+from colony.agents.capability_set import CapabilitySet
 from colony.agents.event_delivery import EventDelivery
-from colony.agents.events import EventHandlerSpec, discover_event_handlers
-from colony.agents.hooks import HOOK_HANDLER_ATTR, HookHandlerSpec, HookRegistry, hookable
+from colony.agents.events import EventHandlerSpec
+from colony.agents.hooks import HookRegistry, hookable
 from colony.agents.models import (
     TERMINAL_STATES,
     ActionResult,
@@ -48,6 +48,7 @@ from colony.agents.persistence import (
     persist_agent,
     recover_lifecycle,
     restore_agent,
+    write_first_state,
     yield_to_other_copy,
 )
 from colony.agents.policy import (
@@ -63,6 +64,7 @@ from colony.config import load_settings
 from colony.context.action_log import ActionLog
 from colony.errors import (
     AgentUsageError,
+    BlackboardUnavailable,
     ConcurrentModificationError,
     ResourceExhausted,
 )
@@ -87,7 +89,7 @@ __all__ = [
 MAX_PAGE_ACCESSES = 256
 
 
-class Agent(EventDelivery, Bindable):
+class Agent(CapabilitySet, EventDelivery, Bindable):
     """An agent: `run()` drives `run_step()` until its action policy says the run is done."""
 
     def __init__(
@@ -140,6 +142,9 @@ class Agent(EventDelivery, Bindable):
         self.holder = uuid.uuid4().hex
         self.born = time.time()
         self._yielded = False  # logged once that another live copy holds this agent
+        # set by the runtime's stop before the agent is closed: its capabilities say goodbye for good
+        # (a copy dropped for a restore, or replaced, is closed the same way and must not)
+        self.stopping = False
 
     @property
     def yielded(self) -> bool:
@@ -195,9 +200,12 @@ class Agent(EventDelivery, Bindable):
     async def initialize(self, blueprint: AgentBlueprint | None = None) -> None:
         """Record a new agent in the blackboard (its blueprint too, so it can be restored): one
         transaction, applied only if no lifecycle is stored under this id (else nothing is written
-        and `ConcurrentModificationError` says so: a live agent of that id is never overwritten)."""
+        and `ConcurrentModificationError` says so: a live agent of that id is never overwritten).
+        Its event handlers' starting positions ("now") are taken first and stored with it, so
+        starting them costs no persist of its own."""
         if blueprint is not None:
             self._blueprint = blueprint
+        fresh = await self.fresh_event_positions()  # "now" for its handlers, stored with its record
         async with self.blackboard.transaction() as tx:
             if blueprint is not None:
                 tx.write(Keys.key("blueprint"), blueprint.to_text(), created_by=self.agent_id)
@@ -208,8 +216,11 @@ class Agent(EventDelivery, Bindable):
                 expected_version=0,
                 created_by=self.agent_id,
             )
+            if fresh:  # what the first persist used to write when the handlers started
+                write_first_state(tx, self, {**self._event_positions, **fresh})
         written = next(e for e in tx.results if e is not None and e.key == LIFECYCLE)
         self._state_version, self._state_mark = written.version, self.holder
+        self._event_positions.update(fresh)
 
     def lifecycle_value(
         self, state: AgentState, reason: str | None, previous: AgentState | None = None
@@ -268,85 +279,6 @@ class Agent(EventDelivery, Bindable):
             return
 
     # -- capabilities -----------------------------------------------------------------------
-
-    def add_capability(
-        self,
-        capability: AgentCapability,
-        *,
-        include_actions: list[str] | None = None,
-        exclude_actions: list[str] | None = None,
-    ) -> None:
-        """Add a capability: its actions go to the dispatcher, its hooks to this agent's registry.
-
-        Before the agent is recorded (or for agents without a blueprint). A recorded agent gets new
-        capabilities through `attach_capability(blueprint)`, so a restored agent has them too.
-        The policy still has to `use_agent_capabilities()` it when it restricts what it plans with.
-        """
-        if self._blueprint is not None and capability.name not in self._capability_specs:
-            raise AgentUsageError(
-                f"agent {self.agent_id} is already recorded; add {capability.name} with "
-                "`await agent.attach_capability(Cap.bind(...))` so a restored agent has it too"
-            )
-        if capability.agent is not self:
-            raise AgentUsageError(
-                f"{capability.name} belongs to another agent; build it with agent=this agent"
-            )
-        if capability.name in self.capabilities:
-            raise AgentUsageError(f"agent {self.agent_id} already has a capability named {capability.name!r}")
-        actions = discover_actions(capability)
-        if include_actions is not None:
-            actions = [a for a in actions if a.name in include_actions]
-        if exclude_actions:
-            actions = [a for a in actions if a.name not in exclude_actions]
-        self.dispatcher.add(actions)
-        for attr in dir(type(capability)):
-            spec: HookHandlerSpec | None = getattr(
-                getattr(type(capability), attr, None), HOOK_HANDLER_ATTR, None
-            )
-            if spec is not None:
-                self.hooks.register(
-                    spec.pointcut,
-                    spec.kind,
-                    getattr(capability, attr),
-                    priority=spec.priority,
-                    owner=capability,
-                )
-        handlers = discover_event_handlers(capability)
-        if handlers:
-            self._handlers[capability.name] = handlers
-        self.capabilities[capability.name] = capability
-
-    def get_capability(self, name: str) -> AgentCapability | None:
-        return self.capabilities.get(name)
-
-    async def attach_capability(
-        self,
-        blueprint: Blueprint[AgentCapability],
-        *,
-        include_actions: list[str] | None = None,
-        exclude_actions: list[str] | None = None,
-    ) -> AgentCapability:
-        """Add a capability to a running agent and record it in the agent's stored blueprint."""
-        capability = blueprint.local_instance(agent=self, blackboard=self.blackboard)
-        self._capability_specs[capability.name] = CapabilitySpec(
-            blueprint=blueprint, include_actions=include_actions, exclude_actions=exclude_actions
-        )
-        self.add_capability(capability, include_actions=include_actions, exclude_actions=exclude_actions)
-        await self._store_blueprint()
-        if self.host is not None:
-            await capability.start()
-        return capability
-
-    async def remove_capability(self, name: str) -> AgentCapability | None:
-        capability = self.capabilities.pop(name, None)
-        if capability is not None:
-            self.dispatcher.remove_capability(name)
-            self.hooks.unregister_owner(capability)
-            self._handlers.pop(name, None)
-            await capability.close()
-            if self._capability_specs.pop(name, None) is not None:
-                await self._store_blueprint()
-        return capability
 
     async def _store_blueprint(self) -> None:
         if self._blueprint is None:
@@ -428,6 +360,8 @@ class Agent(EventDelivery, Bindable):
         try:
             result = await self.action_policy.execute_iteration(self._build_state(run))
         except Exception as exc:
+            if isinstance(exc, BlackboardUnavailable) and self.host is not None:
+                raise  # a Redis outage, not the policy's fault: the host redoes the step (runtime._drive)
             log.exception("policy of agent %s failed", self.agent_id)
             await self._finish(run, error=f"action policy failed: {type(exc).__name__}: {exc}")
             return
@@ -589,7 +523,12 @@ class Agent(EventDelivery, Bindable):
         return self._state in TERMINAL_STATES
 
     async def close(self) -> None:
-        """Stop background work (handlers, capability tasks); state stays in the blackboard."""
-        await self.stop_event_handlers()
+        """Stop background work (handlers, capability tasks); state stays in the blackboard.
+
+        Every task is told to stop before the first wait, so none of them runs again meanwhile
+        (e.g. a request loop that would answer from this copy's memory after its host dropped it)."""
+        for task in self._handler_tasks:
+            task.cancel()
         for capability in self.capabilities.values():
             await capability.close()
+        await self.stop_event_handlers()

@@ -14,17 +14,19 @@ write Redis can change data, but cannot make a replica run code of their own.
 from __future__ import annotations
 
 import base64
+import functools
 import inspect
 import logging
 import re
 import time
+from types import MappingProxyType
 from typing import TYPE_CHECKING, Any, Generic, TypeVar
 
 import cloudpickle
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from colony import security
-from colony.agents.models import AgentMetadata, AgentRun, RunStatus
+from colony.agents.models import AgentMetadata, AgentRun, RunServing, RunStatus
 from colony.blackboard.protocol import AgentStateProtocol
 from colony.errors import BlueprintError, BlueprintTampered
 
@@ -45,7 +47,7 @@ class Blueprint(Generic[T]):
 
     def local_instance(self, **injected: Any) -> T:
         """Build the object here; `injected` supplies host-side dependencies (agent, blackboard, ...)."""
-        accepted = inspect.signature(self.cls).parameters
+        accepted = _parameters(self.cls)
         takes_any = any(p.kind is p.VAR_KEYWORD for p in accepted.values())
         extra = {k: v for k, v in injected.items() if takes_any or k in accepted}
         return self.cls(**{**self.kwargs, **extra})
@@ -60,6 +62,14 @@ class Blueprint(Generic[T]):
 
 
 INJECTED = frozenset({"agent", "blackboard"})  # supplied by the host at local_instance()
+
+
+@functools.lru_cache(maxsize=512)
+def _parameters(cls: type) -> MappingProxyType[str, inspect.Parameter]:
+    """A class's constructor parameters, computed once per class: every spawn and restore builds
+    each capability through `local_instance`, and `inspect.signature` is slow (bounded: a class
+    unpickled by value is a new object each time)."""
+    return inspect.signature(cls).parameters
 
 
 def _check_kwargs(cls: type, kwargs: dict[str, Any]) -> None:
@@ -132,6 +142,10 @@ class AgentBlueprint(BaseModel):
     )
     action_policy: Blueprint[Any] | None = None
     resources: ResourceRequirements = Field(default_factory=ResourceRequirements)
+    serving: RunServing = Field(
+        default_factory=RunServing,
+        description="how the role's runs are served: one agent (single) or a pool; docs/scaling.md",
+    )
     agent_kwargs: dict[str, Any] = Field(default_factory=dict)
 
     def model_post_init(self, __context: Any) -> None:
@@ -216,3 +230,10 @@ async def fail_refused_agent(
             {"state": "failed", "since": time.time(), "reason": reason, "previous": previous},
             created_by=agent_id,
         )
+
+
+def serving_of(blueprint: AgentBlueprint | None) -> RunServing:
+    """The blueprint's serving declaration; the default one for none, and for a blueprint stored
+    (pickled) before the field existed, which unpickles without it."""
+    serving = getattr(blueprint, "serving", None) if blueprint is not None else None
+    return serving if isinstance(serving, RunServing) else RunServing()

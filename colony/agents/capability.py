@@ -9,11 +9,16 @@
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import logging
+import weakref
 from enum import StrEnum
-from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
+from typing import TYPE_CHECKING, Any, NamedTuple, Protocol, runtime_checkable
 
+from colony.agents.actions import ACTION_ATTR, ActionSpec, discover_actions
 from colony.agents.blueprint import Bindable
+from colony.agents.events import EVENT_HANDLER_ATTR
+from colony.agents.hooks import HOOK_HANDLER_ATTR, HookHandlerSpec
 from colony.aio import cancel_and_wait
 from colony.blackboard import Blackboard, BlackboardEvent, BlackboardScope, scope_id
 from colony.blackboard.connection import OutageBackoff
@@ -202,3 +207,54 @@ class AgentCapability(Bindable):
         """Stop the background tasks this capability started."""
         await cancel_and_wait(self._tasks)
         self._tasks.clear()
+
+
+class CapabilityParts(NamedTuple):
+    """What a capability class contributes, found once per class (attribute names with their specs)."""
+
+    actions: list[tuple[str, ActionSpec]]
+    hooks: list[tuple[str, HookHandlerSpec]]
+    handlers: list[tuple[str, str]]
+
+
+_PARTS: weakref.WeakKeyDictionary[type, CapabilityParts] = weakref.WeakKeyDictionary()
+
+
+def _unbound(*args: Any, **kwargs: Any) -> Any:
+    """The method of a cached action spec: `add_capability` binds each action to its instance."""
+    raise AgentUsageError(
+        "an action from capability_parts() is not bound to a capability; add it with add_capability"
+    )
+
+
+def capability_parts(capability: AgentCapability) -> CapabilityParts:
+    """The actions (with their parameter models), hooks and event handlers of the capability's
+    class. Discovering them (a pydantic model per action, a scan of the class) cost about a
+    millisecond per capability, paid by every spawn and restore; they depend on the class only, so
+    they are found once and bound to each instance (`add_capability`: the cached specs' `method`
+    is a placeholder that raises)."""
+    cls = type(capability)
+    parts = _PARTS.get(cls)
+    if parts is not None:
+        return parts
+    # discover_actions walks dir(cls) keeping the members marked as actions: the same walk here
+    # gives each spec its attribute name (whatever the member is: method, staticmethod, classmethod)
+    attrs = [attr for attr in dir(cls) if getattr(getattr(cls, attr, None), ACTION_ATTR, None) is not None]
+    # cached unbound: a spec bound to this instance would keep it (and its agent, and through it
+    # the class, the cache's own key) alive for as long as the process runs
+    actions = [
+        (attr, dataclasses.replace(spec, method=_unbound))
+        for attr, spec in zip(attrs, discover_actions(capability), strict=True)
+    ]
+    hooks: list[tuple[str, HookHandlerSpec]] = []
+    handlers: list[tuple[str, str]] = []
+    for attr in dir(cls):
+        member = getattr(cls, attr, None)
+        hook: HookHandlerSpec | None = getattr(member, HOOK_HANDLER_ATTR, None)
+        if hook is not None:
+            hooks.append((attr, hook))
+        pattern = getattr(member, EVENT_HANDLER_ATTR, None)
+        if pattern is not None:
+            handlers.append((attr, pattern))
+    parts = _PARTS[cls] = CapabilityParts(actions, hooks, handlers)
+    return parts

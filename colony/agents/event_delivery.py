@@ -10,8 +10,8 @@ import logging
 from typing import TYPE_CHECKING, Any
 
 from colony.aio import cancel_and_wait
-from colony.blackboard import BlackboardEvent
-from colony.errors import BlackboardUnavailable
+from colony.blackboard import Blackboard, BlackboardEvent
+from colony.errors import BlackboardUnavailable, EventStreamRefused
 
 if TYPE_CHECKING:
     from colony.agents.capability import AgentCapability
@@ -40,36 +40,70 @@ class EventDelivery:
 
         A fresh subscription starts "now"; that position is persisted at once, so events that
         arrive while the agent is down (dropped before its first step) are still delivered later.
-        """
-        fresh = False
-        for name in self._handlers:
-            if name not in self._event_positions:
-                board = self.capabilities[name].blackboard
-                self._event_positions[name] = await board.latest_event_id()
-                fresh = True
+        (A new agent's positions are taken and stored by `initialize`, with its record, so
+        spawning costs no persist here.)"""
+        fresh = await self.fresh_event_positions()
         if fresh:
+            self._event_positions.update(fresh)
             await self.persist()
         for name, handlers in self._handlers.items():
             self._handler_tasks.append(
                 asyncio.create_task(self._feed(name, handlers), name=f"{self.agent_id}-{name}-events")
             )
 
+    async def fresh_event_positions(self) -> dict[str, str]:
+        """The newest event id of the scope of each capability with handlers that has no position
+        yet ("0-0" for an empty scope), read in one pipelined round trip per Redis client."""
+        wanted = [name for name in self._handlers if name not in self._event_positions]
+        by_client: dict[int, list[tuple[str, Blackboard]]] = {}
+        for name in wanted:
+            board = self.capabilities[name].blackboard
+            by_client.setdefault(id(board.redis), []).append((name, board))
+        positions: dict[str, str] = {}
+        for boards in by_client.values():
+            first = boards[0][1]
+            async with first.guard("latest_event_id"), first.redis.pipeline(transaction=False) as pipe:
+                for _name, board in boards:
+                    pipe.xrevrange(board.keyspace.events_key, count=1)
+                replies = await pipe.execute()
+            for (name, _board), newest in zip(boards, replies, strict=True):
+                positions[name] = newest[0][0] if newest else "0-0"
+        return positions
+
     async def _feed(self, name: str, handlers: list[EventHandlerSpec]) -> None:
-        """Deliver events to handlers; a Redis outage pauses delivery, it does not end it."""
+        """Deliver events to handlers; a Redis outage pauses delivery, it does not end it.
+
+        One subscription for the life of the feed, read by the process's shared event reader (an
+        idle agent holds no connection of its own); after an outage it goes on after the last
+        event handled, so nothing is lost or delivered twice. Closed when the feed ends. A stream
+        Redis refuses to read (its key overwritten with another type) ends this feed only, logged."""
         board = self.capabilities[name].blackboard
+        subscription = board.subscribe(from_id=self._event_positions[name])
         delay = 0.1
-        while True:
-            try:
-                async for event in board.subscribe(from_id=self._event_positions[name]):
-                    await self._handle(name, handlers, event)
-                    delay = 0.1
-                return
-            except BlackboardUnavailable as exc:
-                log.warning(
-                    "agent %s: events of %s paused (%s); retrying in %.1fs", self.agent_id, name, exc, delay
-                )
-                await asyncio.sleep(delay)
-                delay = min(delay * 2, 5.0)
+        try:
+            while True:
+                try:
+                    event = await subscription.next()
+                except BlackboardUnavailable as exc:
+                    log.warning(
+                        "agent %s: events of %s paused (%s); retrying in %.1fs",
+                        self.agent_id,
+                        name,
+                        exc,
+                        delay,
+                    )
+                    await asyncio.sleep(delay)
+                    delay = min(delay * 2, 5.0)
+                    continue
+                except EventStreamRefused as exc:  # not an outage: Redis refuses this scope's events
+                    log.error("agent %s: events of %s ended: %s", self.agent_id, name, exc)
+                    return
+                if event is None:
+                    return
+                await self._handle(name, handlers, event)
+                delay = 0.1
+        finally:
+            subscription.close()
 
     async def _handle(self, name: str, handlers: list[EventHandlerSpec], event: BlackboardEvent) -> None:
         """Broadcast one event to the handlers; what they return, merged, is one context entry

@@ -7,9 +7,9 @@ from __future__ import annotations
 import time
 import uuid
 from enum import StrEnum
-from typing import Any
+from typing import Any, Literal, Self
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from colony.errors import IllegalStateTransition
 
@@ -159,6 +159,54 @@ class SuspensionRequest(BaseModel):
     agent_id: str
     condition: ResumptionCondition
     requested_at: float = Field(default_factory=time.time)
+
+
+class RunServing(BaseModel):
+    """How an agent role's runs are served (`AgentBlueprint.serving`); the defaults are one agent
+    serving every run one at a time, admitting any number.
+
+    - `single`: one long-lived agent; its runs go one at a time, in the order they were claimed
+      (submit order); `max_concurrent_runs` bounds how many are admitted at once (running plus
+      waiting); a submit beyond it is refused (`RunQueueFull`, HTTP 429) rather than queued for ever.
+    - `pool`: `min_size` to `max_size` identical member agents (the role's agent is the first),
+      spread over the replicas by the control plane's placement. Each member serves one run at a
+      time; a busy member claims nothing more, an idle one picks up the oldest open request. The
+      pool grows while open unclaimed requests per live member exceed `scale_up_queue_depth`, and
+      a member idle for `idle_seconds` is stopped (never below `min_size`). Runs of a pool end in
+      no guaranteed order. `max_concurrent_runs` (if set) bounds each member: the pool admits
+      `max_size` times that.
+    See docs/scaling.md."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    mode: Literal["single", "pool"] = "single"
+    max_concurrent_runs: int | None = Field(
+        None, ge=1, description="runs admitted at once (running + waiting) per agent; None = unbounded"
+    )
+    min_size: int = Field(1, ge=1, description="pool: members kept at least (the role's agent included)")
+    max_size: int = Field(1, ge=1, le=256, description="pool: members at most")
+    scale_up_queue_depth: float = Field(
+        1.0, gt=0, description="pool: grow while open unclaimed requests per live member exceed this"
+    )
+    idle_seconds: float = Field(30.0, gt=0, description="pool: a member idle this long is stopped")
+
+    @model_validator(mode="after")
+    def _check_sizes(self) -> Self:
+        if self.min_size > self.max_size:
+            raise ValueError(f"min_size ({self.min_size}) must not exceed max_size ({self.max_size})")
+        if self.mode == "single" and (self.min_size, self.max_size) != (1, 1):
+            raise ValueError("min_size/max_size describe a pool; set mode='pool' or leave them at 1")
+        return self
+
+    @property
+    def is_pool(self) -> bool:
+        return self.mode == "pool"
+
+    def admitted_at_once(self) -> int | None:
+        """How many runs of the role may be open at once (None = unbounded)."""
+        if self.max_concurrent_runs is None:
+            return None
+        return self.max_concurrent_runs * (self.max_size if self.is_pool else 1)
 
 
 class RunStatus(StrEnum):

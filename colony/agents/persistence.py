@@ -130,6 +130,18 @@ def write_state(tx: Transaction, agent: Agent, states: OwnStates | None = None) 
         tx.write(Keys.capability_state_key(name), entry, created_by=agent.agent_id)
 
 
+def write_first_state(tx: Transaction, agent: Agent, positions: dict[str, str]) -> None:
+    """A new agent's policy and capability states with its handlers' starting event positions, and
+    its context head: written with its record (`Agent.initialize`), as its first persist did."""
+    states = own_states(agent)
+    for name, state in states.capabilities.items():
+        entry = {"state": state, "events_from": positions.get(name)}
+        tx.write(Keys.capability_state_key(name), entry, created_by=agent.agent_id)
+    if states.policy is not None:
+        tx.write(Keys.key("policy_state"), states.policy, created_by=agent.agent_id)
+    write_context_head(tx, agent, len(agent.context))
+
+
 def write_context_head(tx: Transaction, agent: Agent, position: int) -> None:
     """The `agent:context` entry: the ring's position, the last result, page accesses."""
     last = agent.last_result.model_dump(mode="json") if agent.last_result else None

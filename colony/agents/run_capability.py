@@ -9,11 +9,15 @@ import contextlib
 import logging
 from typing import TYPE_CHECKING, Any
 
-from colony.agents.capability import AgentCapability
+from colony.agents.blueprint import serving_of
+from colony.agents.capability import AgentCapability, CapabilityMode
 from colony.agents.events import event_handler
 from colony.agents.handle import RESTARTED, TERMINAL_EVENTS, AgentRunEvent, terminal_event
 from colony.agents.hooks import HookContext, HookType, Pointcut
-from colony.agents.models import AgentRun, RunStatus
+from colony.agents.models import AgentRun, RunServing, RunStatus
+from colony.agents.run_claims import pending_key, publish_serving, retire_serving, serving_key
+from colony.agents.run_pool import PoolMember
+from colony.agents.run_retention import RequestRetention
 from colony.agents.stored_events import StoredEvents, read_stored_events
 from colony.blackboard import (
     Blackboard,
@@ -21,11 +25,10 @@ from colony.blackboard import (
     BlackboardEvent,
     BlackboardScope,
     TagFilter,
-    scope_id,
 )
 from colony.blackboard.connection import OutageBackoff, redis_answers, retry_unavailable
-from colony.blackboard.protocol import AgentRunProtocol, ApiRunProtocol, RequestResultProtocol
-from colony.config import ColonySettings, load_settings
+from colony.blackboard.protocol import AgentRunProtocol, RequestResultProtocol
+from colony.config import ColonySettings
 from colony.errors import (
     AgentUsageError,
     BlackboardError,
@@ -41,7 +44,7 @@ log = logging.getLogger(__name__)
 TRIES_WHILE_UP = 3  # a blackboard error while Redis answers is retried this often before it fails a run
 
 
-class AgentRunCapability(AgentCapability):
+class AgentRunCapability(PoolMember, RequestRetention, AgentCapability):
     """Serves AgentHandle requests of one namespace: runs the agent, streams events, writes the result.
 
     Nothing about the requests is held only in memory. A request is claimed (create-only
@@ -60,6 +63,12 @@ class AgentRunCapability(AgentCapability):
     its expiry and without tags (out of the open claims index) and all the request's other keys
     (and an HTTP run's record) expire after `runs.retention_seconds`.
     Finding open claims and counting a request's events read tag index sets, never a keyspace SCAN.
+
+    A pool member (the blueprint's `serving.mode == "pool"`, docs/scaling.md) shares its run scope
+    with the other members: it claims a request only while it has none (a busy member leaves it to
+    the idle ones), drops the request's pending marker once it holds the claim, and, each time it
+    becomes idle, picks up the oldest request nobody could claim (the pending index,
+    colony.agents.run_claims).
     """
 
     def __init__(
@@ -92,9 +101,12 @@ class AgentRunCapability(AgentCapability):
         self._queued: set[str] = set()
         self._idle = asyncio.Event()
         self._idle.set()
+        self.serving = RunServing()  # the agent's blueprint's, read at start()
+        self._claiming = False  # a pool member's claim is in flight: it takes no second one meanwhile
         self._settings = settings  # the host's (injected); load_settings() only when none is given
         self._retention: float | None = None
         self._max_events: int | None = None
+        self._retiring: set[asyncio.Task[None]] = set()  # retirements in flight (run_retention)
         if agent is not None:
             agent.hooks.register(
                 Pointcut.for_instance(agent, "run_step"), HookType.AFTER, self._after_step, owner=self
@@ -102,6 +114,9 @@ class AgentRunCapability(AgentCapability):
 
     async def start(self) -> None:
         agent = self._agent()
+        self.serving = serving_of(agent.stored_blueprint)
+        if self._owns_scope:  # the role's own agent speaks for the role; pool members do not
+            await publish_serving(self.blackboard, self.protocol, self.serving, agent.agent_id)
         open_claims = TagFilter(all_of=frozenset({self.protocol.open_claims_tag()}))
         claims = [
             e
@@ -125,6 +140,27 @@ class AgentRunCapability(AgentCapability):
             # the host drives the restored run; _after_step answers
             await self._announce_restart(restored, await self._adopt(restored.request_id))
         self._tasks.append(asyncio.create_task(self._work(), name=f"{agent.agent_id}-{self.name}-requests"))
+        if self.serving.is_pool:
+            await self._pick_up()  # requests that came while no member was free
+
+    @property
+    def _owns_scope(self) -> bool:
+        """Serving its own agent's scope (not a pool member on its role's)."""
+        return self.mode is CapabilityMode.LOCAL
+
+    async def close(self) -> None:
+        """Stop serving; when the agent is stopped for good (`Agent.stopping`, set by the runtime's
+        stop) the role's serving declaration gets the retention expiry (a stopped agent leaves
+        nothing permanent; the next start writes it again, without one). A copy dropped for a
+        restore or replaced, and a yielded copy (another live copy holds the agent), leave it
+        alone; should an expiry land on a live copy's declaration anyway, every member serving a
+        run takes it off again (`_keep_serving`)."""
+        await super().close()
+        await self._drain_retiring()
+        agent = self._agent()
+        if self._owns_scope and self.serving != RunServing() and agent.stopping and not agent.yielded:
+            with contextlib.suppress(BlackboardError):
+                await retire_serving(self.blackboard, self.protocol, self.retention_seconds)
 
     @event_handler(pattern="request:*")
     async def on_request(self, event: BlackboardEvent) -> dict[str, Any] | None:
@@ -135,19 +171,40 @@ class AgentRunCapability(AgentCapability):
         agent = self._agent()
         if agent.yielded:  # another live copy serves this agent: it claims the request, not us
             return None
-        # a Redis outage pauses the claim (and so this feed), it does not drop the request; a claim
-        # already there (an event replayed after a restart, or another worker's) is not ours. The
-        # value names this copy, so a retried claim never mistakes another copy's for its own
-        claimed = await self._create_once(
-            self.protocol.claim_key(request_id),
-            {"agent_id": agent.agent_id, "holder": agent.holder},
-            tags={self.protocol.request_tag(request_id), self.protocol.open_claims_tag()},
-            what=f"agent {agent.agent_id}: claim of request {request_id}",
-        )
-        if not claimed:
+        if self.serving.is_pool and self.busy:
+            # indexed whoever wrote it (the API marks its requests only when it knows the role is a
+            # pool; an AgentHandle never does): an idle member takes it, or this one once idle
+            await self._mark_pending(request_id)
             return None
-        self._enqueue(request_id)
+        if not await self._claim(agent, request_id):
+            return None
         return {"request": request_id, "namespace": self.namespace}
+
+    @property
+    def busy(self) -> bool:
+        """Serving, queued or claiming a request."""
+        return self._claiming or bool(self._queued) or self.active_request is not None
+
+    async def _claim(self, agent: Agent, request_id: str) -> bool:
+        """Claim and queue a request; False when another claim was there first."""
+        self._claiming = True
+        try:
+            # a Redis outage pauses the claim (and so this feed), it does not drop the request; a
+            # claim already there (an event replayed after a restart, or another worker's) is not
+            # ours. The value names this copy, so a retried claim never mistakes another copy's
+            claimed = await self._create_once(
+                self.protocol.claim_key(request_id),
+                {"agent_id": agent.agent_id, "holder": agent.holder},
+                tags={self.protocol.request_tag(request_id), self.protocol.open_claims_tag()},
+                what=f"agent {agent.agent_id}: claim of request {request_id}",
+            )
+            if claimed:
+                self._enqueue(request_id)
+                if self.serving.is_pool or self.serving.admitted_at_once() is not None:
+                    await self._drop_pending(request_id)  # the API's admission marker, if any
+            return claimed
+        finally:
+            self._claiming = False
 
     async def _create_once(self, key: str, value: Any, *, tags: set[str], what: str) -> bool:
         """Create-only write that waits out a Redis outage. True when `value` is stored, including a
@@ -220,6 +277,8 @@ class AgentRunCapability(AgentCapability):
                 await self._fail_request(request_id, f"{type(exc).__name__}: {exc}")
             finally:
                 self._queued.discard(request_id)
+            if self.serving.is_pool and not self._queued:
+                await self._pick_up()
 
     def _hosted(self, agent: Agent) -> bool:
         """False once the host dropped this copy (to restore the agent from Redis): it must neither
@@ -233,8 +292,23 @@ class AgentRunCapability(AgentCapability):
             return
         while agent.current_run is not None and not agent.current_run.done:  # noqa: ASYNC110 - set by other code paths
             await asyncio.sleep(0.05)
-        if await self.blackboard.read(self.protocol.result_key(request_id)) is not None:
+        result, request, declaration, marker = await self.blackboard.read_many(
+            [
+                self.protocol.result_key(request_id),
+                self.protocol.request_key(request_id),
+                serving_key(self.protocol),
+                pending_key(self.protocol, request_id),
+            ]
+        )  # one round trip for the four
+        await self._keep_serving(declaration)
+        if marker is not None:  # its drop after the claim failed (Redis away): it would count
+            await self._drop_pending(request_id)  # against max_concurrent_runs until it expired
+        if result is not None:
             await self._retire(request_id)  # ended by its requester before it was served
+            return
+        if request is None:  # gone (a submit that failed half-way, or expired): nothing to serve
+            log.info("request %s of %s is gone; not served", request_id, agent.agent_id)
+            await self._retire(request_id)
             return
         run = agent.current_run
         if run is not None and run.done and run.request_id == request_id:
@@ -243,7 +317,7 @@ class AgentRunCapability(AgentCapability):
             await self._adopt(request_id)
             await self._respond(request_id, run.status, run.output, run.error, run.run_id, run.steps)
             return
-        await self._serve(request_id)
+        await self._serve(request_id, request)
 
     async def _fail_request(self, request_id: str, reason: str) -> None:
         """End a request whose serving raised (e.g. an input Redis would not store in an event) as
@@ -319,13 +393,14 @@ class AgentRunCapability(AgentCapability):
         except BlackboardError as exc:
             log.warning("restart of request %s not announced: %s", self.active_request, exc)
 
-    async def _serve(self, request_id: str) -> None:
+    async def _serve(self, request_id: str, request: BlackboardEntry | None) -> None:
         agent = self._agent()
-        request = await self.blackboard.read(self.protocol.request_key(request_id))
         input_data = request.value.get("input") if request is not None else None
         stored = await self._adopt(request_id)
         if not stored.started:  # re-served after a restart before its run began: one `started`
             await self.emit("started", {"input": input_data})
+        else:
+            await self._announce_rerun(request_id, stored)
         try:
             if agent.host is not None:
                 await agent.host.start_run(agent.agent_id, input_data, request_id=request_id)
@@ -382,6 +457,8 @@ class AgentRunCapability(AgentCapability):
     async def run_ended(self, run: AgentRun) -> None:
         """The run ended outside a step (it raised inside the agent, see `Agent.fail_run`): answer
         its request if it is the one being served."""
+        if not self._hosted(self._agent()):
+            return  # a copy its host dropped answers nothing: its restored copy does
         if self.active_request is not None and run.request_id == self.active_request:
             await self._respond(self.active_request, run.status, run.output, run.error, run.run_id, run.steps)
 
@@ -444,65 +521,6 @@ class AgentRunCapability(AgentCapability):
                 status = RunStatus(existing.value["status"])
         kind = terminal_event(status)
         await self.emit(kind, {"output": None, "error": reason[:2000]})
-
-    @property
-    def retention_seconds(self) -> float:
-        """How long an answered request's keys stay (`runs.retention_seconds` of the injected
-        settings, read once)."""
-        if self._retention is None:
-            self._read_settings()
-        assert self._retention is not None
-        return self._retention
-
-    @property
-    def max_events(self) -> int:
-        """Events one request may store (`runs.max_events_per_run`, read once)."""
-        if self._max_events is None:
-            self._read_settings()
-        assert self._max_events is not None
-        return self._max_events
-
-    def _read_settings(self) -> None:
-        runs = (self._settings or load_settings()).runs
-        self._retention, self._max_events = runs.retention_seconds, runs.max_events_per_run
-
-    async def _retire(self, request_id: str) -> None:
-        """The request is answered: its claim leaves the open-claims index, and every key it left
-        (request, claim, events, result; for an HTTP run its run record too) expires after the
-        retention, as do this scope's stream events older than the retention. Idempotent (it
-        never extends an expiry but the claim's, which a repeat rewrites), so it also runs after
-        late writes. A failure is logged: the request is answered either way."""
-        try:
-            await retry_unavailable(
-                lambda: self._retire_once(request_id),
-                f"retiring {request_id}",
-                log,
-                answers=self._redis_answers,
-            )
-        except BlackboardError as exc:
-            log.warning("keys of request %s were not given their retention: %s", request_id, exc)
-
-    async def _retire_once(self, request_id: str) -> None:
-        tag = self.protocol.request_tag(request_id)
-        owner = self.agent.agent_id if self.agent else None
-        ttl = self.retention_seconds
-        # out of the open-claims index, its expiry in the same write (never left without one);
-        # untagged, so the expiry index needs no member for it
-        await self.blackboard.write(
-            self.protocol.claim_key(request_id), owner, created_by=owner, ttl_seconds=ttl
-        )
-        await self.blackboard.expire([], ttl, tag=tag, trim_events=True)
-        if self.protocol is AgentRunProtocol and self.agent is not None:
-            meta = self.agent.metadata
-            api_board = self.blackboard.scoped(
-                scope_id(
-                    BlackboardScope.COLONY,
-                    tenant_id=meta.tenant_id,
-                    colony_id=meta.colony_id,
-                    namespace=ApiRunProtocol.namespace,
-                )
-            )
-            await api_board.expire([ApiRunProtocol.run_key(request_id)], ttl)
 
     async def emit(self, event_type: str, data: Any = None) -> None:
         """Write the next event of the active request (ordered by its sequence number), marked with

@@ -14,7 +14,8 @@ from typing import Any
 
 from colony.agents.base import Agent, build_agent
 from colony.agents.blueprint import AgentBlueprint
-from colony.agents.models import TERMINAL_STATES, AgentRun, AgentState, ResumptionCondition, ResumptionKind
+from colony.agents.ended_state import RINGS, clear_ended_state, retire_state
+from colony.agents.models import AgentRun, AgentState, ResumptionCondition, ResumptionKind
 from colony.agents.persistence import STATE_NAMES
 from colony.aio import cancel_and_wait
 from colony.blackboard import Blackboard
@@ -31,45 +32,6 @@ from colony.errors import (
 )
 
 log = logging.getLogger(__name__)
-RINGS = ("context", "checkpoints", "action_log")  # an agent's capped lists (its state entries: STATE_NAMES)
-
-
-async def retire_state(agent: Agent, ttl_seconds: float | None = None) -> int:
-    """Let an ended (stopped or failed) agent's state leave Redis after `ttl_seconds` (default: the
-    agent's `runs.retention_seconds`): its entries, its context and checkpoint rings, and the event
-    streams of its scope and its capabilities' scopes. Returns how many entries got the expiry."""
-    ttl = agent.retention_seconds if ttl_seconds is None else ttl_seconds
-    board = agent.blackboard
-    keys = [AgentStateProtocol.key(n) for n in STATE_NAMES]
-    keys += [AgentStateProtocol.capability_state_key(n) for n in agent.capabilities]
-    expired = await board.expire(keys, ttl)
-    for ring in RINGS:
-        await board.expire_ring(AgentStateProtocol.key(ring), ttl)
-    boards = {board.scope_id: board}
-    boards.update({c.blackboard.scope_id: c.blackboard for c in agent.capabilities.values()})
-    for scope_board in boards.values():
-        await scope_board.expire_scope(ttl)
-    return expired
-
-
-async def clear_ended_state(board: Blackboard, capability_scopes: list[Blackboard]) -> bool:
-    """Before an agent id is used again: if the agent stored in `board` ended (stopped or failed),
-    delete its state entries, context and checkpoint rings, and take the pending expiry off the event streams
-    of its scope and its capabilities' scopes (`capability_scopes`), so the fresh agent's writes
-    do not vanish with the old agent's retention. False (nothing done) if no ended agent is there."""
-    lifecycle = await board.read(AgentStateProtocol.key("lifecycle"))
-    if lifecycle is None or AgentState(lifecycle.value["state"]) not in TERMINAL_STATES:
-        return False
-    for name in STATE_NAMES:
-        await board.delete(AgentStateProtocol.key(name))
-    async with board.guard("clear_ended_state"):
-        for ring in RINGS:
-            await board.redis.delete(board.keyspace.ring_key(AgentStateProtocol.key(ring)))
-        for scope_board in {b.scope_id: b for b in [board, *capability_scopes]}.values():
-            ks = scope_board.keyspace
-            await board.redis.persist(ks.events_key)
-            await board.redis.persist(ks.expiry_key)
-    return True
 
 
 def _busy(agent: Agent) -> bool:
@@ -114,6 +76,11 @@ class LocalAgentRuntime:
         self.on_suspended: Callable[[str, ResumptionCondition], Awaitable[None]] | None = None
         # ... and when an agent is stopped here (registry)
         self.on_stopped: Callable[[str], Awaitable[None]] | None = None
+        # the host's prefetch of what an agent about to run here needs (a page-bound agent's pages;
+        # None: nothing to fetch), started when the agent is hosted (spawned or resumed) and awaited
+        # by its first driver, so its first step finds them resident while the resume itself does
+        # not wait for the load
+        self.prefetch: Callable[[Agent], Awaitable[None] | None] | None = None
         self._retiring: set[asyncio.Task[None]] = set()
         self._resuming: dict[str, tuple[asyncio.Lock, int]] = {}  # one restore of an agent at a time
         self._outage_redos: dict[str, int] = {}  # run id -> redos after a Redis outage
@@ -130,6 +97,11 @@ class LocalAgentRuntime:
     @property
     def agent_ids(self) -> list[str]:
         return sorted(self._agents)
+
+    def has(self, agent_id: str) -> bool:
+        """Whether the agent is hosted here (`agent_ids` sorts them all: a loop over the agents
+        that asked it per agent cost a replica of thousands of agents its heartbeat's CPU)."""
+        return agent_id in self._agents
 
     async def spawn(self, blueprint: AgentBlueprint) -> Agent:
         """Create, record and start an agent."""
@@ -291,6 +263,7 @@ class LocalAgentRuntime:
         agent = self._agents.get(agent_id)
         if agent is None:
             return
+        agent.stopping = True  # closed next, for good (a drop for a restore leaves it False)
         await self._detach(agent_id)
         if not agent.terminated:
             await agent.transition(AgentState.STOPPED, "stopped")
@@ -332,14 +305,33 @@ class LocalAgentRuntime:
     async def _activate(self, agent: Agent) -> None:
         self._agents[agent.agent_id] = agent
         agent.host = self
+        fetching = self.prefetch(agent) if self.prefetch is not None else None
+        if fetching is not None:  # the first driver waits for it (`_start_driver`'s `after`)
+            self._drivers[agent.agent_id] = asyncio.create_task(
+                self._prefetch(agent, fetching), name=f"{agent.agent_id}-prefetch"
+            )
         await agent.start()
         run = agent.current_run
         if run is not None and not run.done and agent.state is AgentState.RUNNING:
             self._start_driver(agent)
 
+    @staticmethod
+    async def _prefetch(agent: Agent, fetching: Awaitable[None]) -> None:
+        """The host's prefetch for the agent; a failure is logged, never the run's (its own step
+        faults in what is missing, as without a prefetch)."""
+        try:
+            await fetching
+        except asyncio.CancelledError:
+            raise
+        except Exception:
+            log.warning(
+                "agent %s: prefetch failed; its first step loads what it needs", agent.agent_id, exc_info=True
+            )
+
     def _start_driver(self, agent: Agent) -> None:
         """Drive the agent's current run. A driver still finishing the previous run (answering its
-        request after the run ended) is let finish first: the new run is never left undriven."""
+        request after the run ended), or the prefetch begun when the agent was hosted, is let
+        finish first: the new run is never left undriven, and never faults what is being fetched."""
         previous = self._drivers.get(agent.agent_id)
         if previous is asyncio.current_task() or (previous is not None and previous.done()):
             previous = None
@@ -437,7 +429,8 @@ class LocalAgentRuntime:
             await outage.wait(BlackboardUnavailable("ping", "redis"))
 
     def driver(self, agent_id: str) -> asyncio.Task[None] | None:
-        """The task driving the agent's current run, if one was started here."""
+        """The task driving the agent's current run, if one was started here (before its first
+        run here: the prefetch that run waits for)."""
         return self._drivers.get(agent_id)
 
     async def _detach(self, agent_id: str) -> None:

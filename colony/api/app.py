@@ -78,6 +78,7 @@ from colony.errors import (
     ReplicaUnavailable,
     ResourceExhausted,
     RunNotFound,
+    RunQueueFull,
     SessionNotFound,
     SourceTooLarge,
 )
@@ -272,6 +273,9 @@ def create_app(
             return _error(404, "not_found", str(exc))
         if isinstance(exc, AgentStateConflict):
             return _error(409, "conflict", str(exc))
+        if isinstance(exc, RunQueueFull):
+            retry_after = str(max(1, round(exc.retry_after_seconds)))
+            return _error(429, "too_many_runs", str(exc), {"Retry-After": retry_after})
         if isinstance(exc, PathNotAllowed):
             return _error(403, "forbidden", str(exc))
         if isinstance(exc, SourceTooLarge):
@@ -403,10 +407,10 @@ def create_app(
                 "this stream sent (<ms>-<seq>), or no Last-Event-ID to start from the beginning"
             )
         # 404 (no run) and 400 (an id past the run's newest event) before the stream starts
-        await runs.check_event_id(run_id, last_event_id)
+        record = await runs.check_event_id(run_id, last_event_id)
 
         async def stream() -> AsyncIterator[str]:
-            async for event_id, event in runs.events(run_id, last_event_id):
+            async for event_id, event in runs.events(run_id, last_event_id, record=record):
                 kind = event.get("event_type", "message")
                 yield f"id: {event_id}\nevent: {kind}\ndata: {json.dumps(event)}\n\n"
 

@@ -12,9 +12,10 @@ import json
 import random
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Mapping, Sequence
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, NamedTuple
 
 import redis.asyncio as aioredis
+from redis.commands.core import AsyncScript
 from redis.exceptions import ResponseError
 
 from colony import metrics
@@ -65,8 +66,52 @@ def _check_client(redis: Any) -> None:
         )
 
 
+class _Scripts(NamedTuple):
+    """The Lua scripts registered on one client (a sha1 of each script's text is computed when it
+    is registered: done once per client, not for every `Blackboard`/`scoped()` made)."""
+
+    write: AsyncScript
+    write_batch: AsyncScript
+    delete: AsyncScript
+    commit: AsyncScript
+    prune_tag_index: AsyncScript
+    expire: AsyncScript
+    expire_key: AsyncScript
+
+
+_SCRIPTS_ATTR = "_colony_scripts"
+
+
+def _scripts_of(redis: aioredis.Redis) -> _Scripts:
+    """The client's registered scripts, kept on the client itself: a module registry keyed by the
+    client would keep every client alive (each script refers back to its client)."""
+    found: _Scripts | None = getattr(redis, _SCRIPTS_ATTR, None)
+    if found is None:
+        found = _Scripts(
+            *(
+                redis.register_script(text)
+                for text in (
+                    scripts.WRITE,
+                    scripts.WRITE_BATCH,
+                    scripts.DELETE,
+                    scripts.COMMIT,
+                    scripts.PRUNE_TAG_INDEX,
+                    scripts.EXPIRE,
+                    scripts.EXPIRE_KEY,
+                )
+            )
+        )
+        setattr(redis, _SCRIPTS_ATTR, found)
+    return found
+
+
 class Blackboard:
-    """Entries of one scope. Cheap to create: many `Blackboard`s may share one Redis client."""
+    """Entries of one scope. Cheap to create: many `Blackboard`s may share one Redis client.
+
+    `shared_events` (default True): subscriptions of every blackboard on this client share one
+    event reader (colony/blackboard/event_reader.py); False gives each subscription its own
+    blocking XREAD (one connection per waiting subscriber: the baseline `benchmarks/density.py`
+    compares with). Blackboards made by `scoped()` inherit it."""
 
     def __init__(
         self,
@@ -74,20 +119,23 @@ class Blackboard:
         scope_id: str,
         *,
         settings: BlackboardSettings | None = None,
+        shared_events: bool = True,
     ) -> None:
         _check_client(redis)
         self.redis = redis
+        self.shared_events = shared_events
         self.settings = settings or BlackboardSettings()
         self.keyspace = BlackboardKeyspace(scope_id)
         self.scope_id = self.keyspace.scope_id
         self.url = redis_url_of(redis)
-        self._write = redis.register_script(scripts.WRITE)
-        self._write_batch = redis.register_script(scripts.WRITE_BATCH)
-        self._delete = redis.register_script(scripts.DELETE)
-        self._commit = redis.register_script(scripts.COMMIT)
-        self.prune_tag_index = redis.register_script(scripts.PRUNE_TAG_INDEX)
-        self._expire = redis.register_script(scripts.EXPIRE)
-        self._expire_key = redis.register_script(scripts.EXPIRE_KEY)
+        registered = _scripts_of(redis)
+        self._write = registered.write
+        self._write_batch = registered.write_batch
+        self._delete = registered.delete
+        self._commit = registered.commit
+        self.prune_tag_index = registered.prune_tag_index
+        self._expire = registered.expire
+        self._expire_key = registered.expire_key
         self._maxlen = str(self.settings.events_maxlen)
         self._include_values = "1" if self.settings.include_values_in_events else "0"
 
@@ -100,13 +148,19 @@ class Blackboard:
 
     def scoped(self, scope_id: str) -> Blackboard:
         """The blackboard of another scope on the same Redis client."""
-        return Blackboard(self.redis, scope_id, settings=self.settings)
+        return Blackboard(self.redis, scope_id, settings=self.settings, shared_events=self.shared_events)
 
     def guard(self, op: str) -> Guard:
         return Guard(op, self.url, self.settings.op_timeout_seconds)
 
     async def close(self) -> None:
-        """Close the underlying Redis client (shared clients: close once, from their owner)."""
+        """Close the underlying Redis client (shared clients: close once, from their owner), and
+        stop its shared event reader (its subscriptions then end: `next()` returns None)."""
+        from colony.blackboard.event_reader import drop_reader
+
+        reader = drop_reader(self.redis)
+        if reader is not None:
+            await reader.aclose()
         await self.redis.aclose()
 
     # -- single entries ---------------------------------------------------------------------
@@ -418,11 +472,13 @@ class Blackboard:
         """Async iterator over this scope's events whose key matches `pattern`.
 
         `from_id="$"` starts at the moment `start()` (or the first iteration) runs; pass the
-        `id` of the last event seen to resume after it with nothing lost; "0" replays all.
+        `id` of the last event seen to resume after it with nothing lost; "0" replays all (any
+        other text: `InvalidArgument`). Close it when done (`close()` or `async with`): until
+        then the process's shared reader keeps reading for it (bounded buffer).
         """
         from colony.blackboard.events import EventSubscription
 
-        return EventSubscription(self, validate_pattern(pattern), from_id)
+        return EventSubscription(self, validate_pattern(pattern), from_id, shared=self.shared_events)
 
     def consume(
         self,

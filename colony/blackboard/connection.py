@@ -12,7 +12,7 @@ import logging
 import time
 from collections.abc import Awaitable, Callable
 from types import TracebackType
-from typing import TypeVar
+from typing import Any, TypeVar
 
 import redis.asyncio as aioredis
 from redis.asyncio.retry import Retry
@@ -27,14 +27,41 @@ from colony.config import BlackboardSettings, ColonySettings
 from colony.errors import BlackboardAuthError, BlackboardUnavailable, ColonyError
 
 T = TypeVar("T")
+log = logging.getLogger(__name__)
 
 _UNAVAILABLE = (RedisConnectionError, RedisTimeoutError, TimeoutError, OSError)
 
 
+IDLE_CONNECTIONS_KEPT = 16  # idle connections a client's pool keeps open (more are closed)
+
+
+class TrimmingConnectionPool(aioredis.BlockingConnectionPool):
+    """A blocking pool that keeps at most `IDLE_CONNECTIONS_KEPT` idle connections open.
+
+    redis-py's pool never closes a connection it opened, so one burst (e.g. many agents spawned at
+    once) would leave its peak of connections open for the life of the process, counted by Redis
+    as clients. Past the limit, the least recently used idle connections are closed when one is
+    released; a closed one reconnects if it is ever handed out again."""
+
+    async def release(self, connection: Any) -> None:
+        await super().release(connection)
+        idle: list[Any] | None = getattr(self, "_available_connections", None)
+        if idle is None or len(idle) <= IDLE_CONNECTIONS_KEPT:
+            return
+        surplus = idle[: len(idle) - IDLE_CONNECTIONS_KEPT]  # the front: used least recently
+        del idle[: len(surplus)]  # out of the pool before any await: nobody is handed one mid-close
+        for extra in surplus:
+            try:
+                await extra.disconnect()
+            except Exception:  # closing a surplus connection is best effort
+                log.debug("surplus Redis connection not closed cleanly", exc_info=True)
+
+
 def create_redis(url: str, settings: BlackboardSettings | None = None) -> aioredis.Redis:
-    """An asyncio Redis client whose every wait is bounded by the blackboard settings."""
+    """An asyncio Redis client whose every wait is bounded by the blackboard settings (its pool
+    keeps at most `IDLE_CONNECTIONS_KEPT` idle connections open)."""
     settings = settings or BlackboardSettings()
-    pool = aioredis.BlockingConnectionPool.from_url(
+    pool = TrimmingConnectionPool.from_url(
         url,
         max_connections=settings.max_connections,
         timeout=settings.op_timeout_seconds,

@@ -1,17 +1,20 @@
 """Durable blackboard events: subscriptions that resume, and consumer groups that reclaim.
 
-Every write/delete of a scope appends to that scope's Redis Stream. A subscription reads it with
-XREAD BLOCK and remembers the last id it saw, so passing that id back after a disconnect yields
-every later event exactly once. A consumer group hands each event to one consumer, keeps it
+Every write/delete of a scope appends to that scope's Redis Stream. A subscription is read by the
+process's shared reader (one XREAD BLOCK over many streams, colony/blackboard/event_reader.py)
+and remembers the last id it saw, so passing that id back after a disconnect yields every later
+event exactly once. A consumer group hands each event to one consumer, keeps it
 pending until acknowledged, and lets a live consumer XAUTOCLAIM what a dead one left pending.
 """
 
 from __future__ import annotations
 
+import asyncio
 import fnmatch
 import logging
 import re
 import time
+import weakref
 from collections import deque
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Literal
@@ -19,6 +22,7 @@ from typing import TYPE_CHECKING, Literal
 from redis.exceptions import ResponseError
 
 from colony import metrics
+from colony.blackboard.event_reader import EventReader, Slot, format_id, parse_id, reader_for, release_later
 from colony.blackboard.models import BlackboardEvent
 from colony.blackboard.protocol import validate_segment
 
@@ -47,23 +51,48 @@ def _lag(event: BlackboardEvent, mode: str) -> None:
 
 
 class EventSubscription:
-    """Async iterator of one scope's events whose key matches a glob; see `Blackboard.subscribe`."""
+    """Async iterator of one scope's events whose key matches a glob; see `Blackboard.subscribe`.
 
-    def __init__(self, bb: Blackboard, pattern: str, from_id: str) -> None:
+    Shared (the default): the process's `EventReader` (colony/blackboard/event_reader.py) reads
+    for it, one XREAD over every subscription of the Redis client; from `start()` until `close()`
+    it buffers what arrives (bounded). Not shared (`Blackboard(..., shared_events=False)`): it
+    runs its own XREAD BLOCK per `next()`, one connection per waiting subscription (the path the
+    density benchmark measures as its baseline).
+    """
+
+    def __init__(self, bb: Blackboard, pattern: str, from_id: str, *, shared: bool = True) -> None:
         self._bb = bb
         self._regex = compile_pattern(pattern)
         self.pattern = pattern
+        if from_id != "$":
+            from_id = format_id(parse_id(from_id))
         self.last_id = from_id
         self._started = from_id != "$"
         self._buffer: deque[tuple[str, dict[str, str]]] = deque()
         self._closed = False
+        self._shared = shared
+        self._slot: Slot | None = None
+        self._reader: EventReader | None = None
+        self._finalizer: weakref.finalize[..., EventSubscription] | None = None
 
     async def start(self) -> EventSubscription:
-        """Pin "$" to the newest event now, so nothing appended after this call is missed."""
+        """Pin "$" to the newest event now, so nothing appended after this call is missed; a shared
+        subscription joins the process's reader here."""
         if not self._started:
             self.last_id = await self._bb.latest_event_id()
             self._started = True
+        if self._shared and self._slot is None and not self._closed:
+            self._join()
         return self
+
+    def _join(self) -> None:
+        bb = self._bb
+        reader = reader_for(bb.redis, bb.url, bb.settings)
+        slot = Slot(bb.keyspace.events_key, self._regex, parse_id(self.last_id))
+        reader.add(slot)
+        self._slot, self._reader = slot, reader
+        # dropped without close(): the reader lets go of its slot all the same (on its loop, later)
+        self._finalizer = weakref.finalize(self, release_later, asyncio.get_running_loop(), reader, slot)
 
     async def __aenter__(self) -> EventSubscription:
         return await self.start()
@@ -72,7 +101,13 @@ class EventSubscription:
         self.close()
 
     def close(self) -> None:
+        """Stop receiving: the stream leaves the shared XREAD (when no other subscription reads it)."""
         self._closed = True
+        if self._finalizer is not None:
+            self._finalizer.detach()
+        if self._slot is not None and self._reader is not None:
+            self._reader.remove(self._slot)
+            self._slot.buffer.clear()
 
     def __aiter__(self) -> EventSubscription:
         return self
@@ -86,10 +121,58 @@ class EventSubscription:
     async def next(self, timeout: float | None = None) -> BlackboardEvent | None:
         """The next matching event; None when `timeout` seconds pass first or the subscription is closed.
 
-        The wait is bounded by giving XREAD BLOCK the time left rather than by cancelling a
-        command in flight, so the deadline holds even where cancellation is unreliable.
+        A Redis outage raises `BlackboardUnavailable` (the read made for this subscription failed);
+        calling `next()` again later carries on after the last event returned, nothing lost.
         """
         await self.start()
+        if self._shared:
+            return await self._next_shared(timeout)
+        return await self._next_private(timeout)
+
+    async def _next_shared(self, timeout: float | None) -> BlackboardEvent | None:
+        slot = self._slot
+        if slot is None:
+            return None
+        deadline = None if timeout is None else time.monotonic() + timeout
+        while not self._closed:
+            if slot.buffer:
+                event_id, fields = slot.buffer.popleft()
+                slot.taken()
+                self.last_id = event_id
+                if not slot.buffer and slot.delivered > parse_id(event_id):
+                    self.last_id = format_id(slot.delivered)  # rows the filter skipped are seen too
+                event = BlackboardEvent.from_stream(self._bb.scope_id, event_id, fields)
+                _lag(event, "subscribe")
+                return event
+            if slot.delivered > parse_id(self.last_id):
+                self.last_id = format_id(slot.delivered)
+            if slot.error is not None:
+                error, slot.error = slot.error, None
+                raise error
+            if slot.lane is None:  # the reader was closed under it
+                return None
+            wait = None
+            if deadline is not None:
+                wait = deadline - time.monotonic()
+                if wait <= 0:
+                    return None
+            slot.waiter = asyncio.get_running_loop().create_future()
+            try:
+                await asyncio.wait_for(slot.waiter, wait)
+            except asyncio.CancelledError:
+                if slot.lane is not None:  # an outage told to a wait nobody resumes: stale later
+                    slot.error = None
+                raise
+            except TimeoutError:
+                if not slot.buffer and slot.delivered > parse_id(self.last_id):
+                    self.last_id = format_id(slot.delivered)  # seen, though none matched
+                return None
+            finally:
+                slot.waiter = None
+        return None
+
+    async def _next_private(self, timeout: float | None) -> BlackboardEvent | None:
+        """One XREAD BLOCK of its own per wait (the path before the shared reader)."""
         bb = self._bb
         deadline = None if timeout is None else time.monotonic() + timeout
         while not self._closed:

@@ -108,6 +108,17 @@ class BlackboardKeyspace:
         return redis_key[len(self.entry_prefix) :]
 
 
+class EventReaderKeys:
+    """Keys of the shared event reader (colony/blackboard/event_reader.py): each lane's private wake
+    stream, named by a random lane id (no input ever reaches it), with a short expiry."""
+
+    PREFIX = "colony:reader:"
+
+    @classmethod
+    def wake_key(cls, lane_id: str) -> str:
+        return f"{cls.PREFIX}{validate_segment(lane_id, 'lane_id')}:wake"
+
+
 class BlackboardProtocol:
     """Base of key protocols: subclasses declare `templates`, e.g. `{"request": "request:run:{request_id}"}`.
 
@@ -539,3 +550,15 @@ class BlockProtocol:
     def owners_key(cls, namespace: str) -> str:
         """Every owner that has blocks in this colony (for listing across the colony)."""
         return f"{cls.ROOT}-owners:{{{validate_segment(namespace, 'namespace')}}}"
+
+
+class NeededSoonKeys(BlackboardProtocol):
+    """Where the resource monitor leaves each replica the pages its suspended page-bound agents will
+    need there (one entry a replica, COLONY scope, with a TTL): the replica's heartbeat reads its
+    one entry instead of listing every suspended agent of the colony."""
+
+    templates: ClassVar[dict[str, str]] = {"soon": "registry:soon:{replica_id}"}
+
+    @classmethod
+    def soon_key(cls, replica_id: str) -> str:
+        return cls.build("soon", replica_id=replica_id)

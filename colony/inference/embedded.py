@@ -90,8 +90,19 @@ class EmbeddedEngine(InferenceEngine):
 
     kind = "embedded"
 
-    def __init__(self, settings: EngineSettings | None = None, *, data_dir: Path | str | None = None) -> None:
+    def __init__(
+        self,
+        settings: EngineSettings | None = None,
+        *,
+        data_dir: Path | str | None = None,
+        prompt_cache_mib: int | None = None,
+    ) -> None:
+        """`prompt_cache_mib`: llama.cpp's host-memory prompt cache (where it keeps the prompts of
+        slots it reuses, for requests that name no slot); None keeps llama.cpp's default (8 GiB).
+        Pages live in their slots and the disk tier either way; benchmarks set 0 to compare
+        engines at the same KV capacity."""
         super().__init__()
+        self.prompt_cache_mib = prompt_cache_mib
         self.settings = settings or EngineSettings()
         self.model_path = resolve_model_path(self.settings.model)
         self._stats.model = self.model_path.name
@@ -134,6 +145,8 @@ class EmbeddedEngine(InferenceEngine):
         params.endpoint_slots = True
         params.slot_save_path = str(self.swap_dir)
         params.cache_prompt = True
+        if self.prompt_cache_mib is not None:
+            params.cache_ram_mib = self.prompt_cache_mib
         params.warmup = False
         params.verbosity = -1
         return xlc.Server(params)
@@ -414,12 +427,13 @@ class EmbeddedEngine(InferenceEngine):
 
     async def _free_slot(self) -> tuple[int, list[str]] | None:
         """A page slot to fill: a free one, else the slot of the eviction policy's victim among the
-        pages not in use (erased); None when every slot holds a pinned page."""
+        pages not in use (erased), passing over pages needed soon while another can go; None when
+        every slot holds a pinned page."""
         taken = {s.slot: pid for pid, s in self._pages.items() if s.slot is not None}
         for slot in range(self.page_slots):
             if slot not in taken:
                 return slot, []
-        victim_id = self.eviction.unpinned_victim(taken.values(), self.pinned_pages())
+        victim_id = self.eviction.unpinned_victim(taken.values(), self.pinned_pages(), self.needed_soon())
         if victim_id is None:
             return None
         victim = self._pages.pop(victim_id)

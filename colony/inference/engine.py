@@ -5,6 +5,11 @@ and an engine that evicts on its own never chooses a pinned page: evicting it wo
 cache from under the request that just loaded it. A load that finds every slot pinned waits for an
 unpin, at most `pin_wait_seconds`, then fails with ResourceExhausted (the caller places the work
 elsewhere or retries later).
+
+Needed soon: pages that queued or suspended agents destined to this engine will use next are not
+pinned (nobody uses them yet), but an engine that must evict passes them over while another page
+can go (`pages_needed_soon`, set by the replica host; `colony.vcm.eviction`), and `prefetch`
+brings such pages in before their agent runs, so its first step does not fault.
 """
 
 from __future__ import annotations
@@ -12,6 +17,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import contextvars
+import logging
 import time
 from abc import ABC, abstractmethod
 from collections import Counter
@@ -31,9 +37,13 @@ from colony.inference.models import (
     Usage,
 )
 
+log = logging.getLogger(__name__)
 PIN_POLL_SECONDS = 0.5  # a load waiting for a pinned slot looks again at least this often
 # the page-bound agent whose pages are being brought in (its own held pages are not pinned for it)
 _HOLDER: contextvars.ContextVar[str | None] = contextvars.ContextVar("colony_page_holder", default=None)
+# set while a prefetch brings pages in: pages needed soon count as in use (never its victims), and
+# it gives up (PageSlotsBusy) where a load would wait for room
+_PREFETCH: contextvars.ContextVar[bool] = contextvars.ContextVar("colony_prefetch", default=False)
 
 
 def render_page_prefix(pages: Sequence[Page]) -> str:
@@ -63,6 +73,9 @@ class InferenceEngine(ABC):
         # running page-bound agents): never eviction victims while held
         # (holder id -> pages); a holder's own fault may still evict its own pages (see `using_pages`)
         self.page_holds: Callable[[], Mapping[str, Iterable[str]]] | None = None
+        # pages queued or suspended agents destined here will need soon (set by the replica host):
+        # eviction passes them over while another page can go; never a pin
+        self.pages_needed_soon: Callable[[], set[str]] | None = None
         self._reserve_lock = asyncio.Lock()  # one multi-page reservation at a time
 
     # -- pins --------------------------------------------------------------------------------
@@ -145,13 +158,19 @@ class InferenceEngine(ABC):
                             self._unpin(ids)
                             raise
                         return missing
+                    if _PREFETCH.get():  # decided under the lock, with the pages needed soon now
+                        raise PageSlotsBusy(
+                            f"{self.kind} engine: no room for pages {', '.join(missing)} beside the pages in "
+                            "use and those needed soon; the prefetch gives up"
+                        )
                 await self._await_unpin(waiter, deadline, ", ".join(missing))
             finally:
                 self._forget_waiter(waiter)
 
     def _room_for(self, ids: list[str], missing: int) -> bool:
         """Whether `missing` more pages fit beside the pages others use (free slots plus slots whose
-        page nobody uses; the request's own resident pages are kept, not counted as room)."""
+        page nobody uses; the request's own resident pages are kept, not counted as room; for a
+        prefetch, pages needed soon count as in use: `pinned_pages`)."""
         capacity = self.page_capacity()
         if capacity is None or missing == 0:
             return True
@@ -188,7 +207,48 @@ class InferenceEngine(ABC):
             for holder, pages in self.page_holds().items():
                 if holder != own:
                     pinned.update(pages)
+        if _PREFETCH.get():  # a prefetch evicts no page needed soon (see `prefetch`)
+            pinned.update(self.needed_soon())
         return pinned
+
+    def needed_soon(self) -> set[str]:
+        """The pages `pages_needed_soon` names now (empty without one). A preference only: if the
+        callable fails, eviction goes on without it (logged) rather than failing the load."""
+        if self.pages_needed_soon is None:
+            return set()
+        try:
+            return set(self.pages_needed_soon())
+        except Exception:
+            log.warning("%s engine: pages_needed_soon failed; evicting without it", self.kind, exc_info=True)
+            return set()
+
+    async def prefetch(
+        self, page_ids: Iterable[str], fetch: Callable[[str], Awaitable[Page]] | None = None
+    ) -> list[str]:
+        """Bring pages in before the agent that needs them runs (swap-in, or a load of
+        `fetch(page_id)`), without keeping them pinned; returns the ids brought in. A prefetch is
+        a bet on the future, so it never waits behind pages in use: when they do not fit beside
+        them now it brings in nothing (the agent's own step faults them in, as without prefetch); nor
+        does it evict a page needed soon: with every evictable page needed soon, one agent's
+        prefetch would only push out another's page, paid again at its turn. Both are decided
+        under the reservation lock, where the pages needed soon are read again (a prefetch started
+        just before, for another agent, may have filled the room this one saw), and hold for
+        every load it makes (pages needed soon count as pinned for it: never its victims); where a
+        load would wait, it gives up, keeping what it brought in so far."""
+        ids = [p for p in dict.fromkeys(page_ids) if p not in self.resident_pages()]
+        if not ids:
+            return []
+        token = _PREFETCH.set(True)
+        try:
+            if not self._room_for(ids, len(ids)):  # the quick answer; `_reserve` decides under its lock
+                return []
+            faulted = await self._reserve(ids, fetch)
+        except PageSlotsBusy:
+            return [p for p in ids if p in self.resident_pages()]
+        finally:
+            _PREFETCH.reset(token)
+        self._unpin(ids)
+        return faulted
 
     def page_capacity(self) -> int | None:
         """How many pages the engine holds at once (None: no fixed number of slots)."""
@@ -212,7 +272,7 @@ class InferenceEngine(ABC):
         Returns at least every PIN_POLL_SECONDS so the caller looks again: a held page is released
         when its agent's run ends, which nobody announces."""
         remaining = deadline - asyncio.get_running_loop().time()
-        if remaining > 0:
+        if remaining > 0 and not _PREFETCH.get():  # a prefetch never waits for room
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(asyncio.shield(waiter), min(remaining, PIN_POLL_SECONDS))
             return
@@ -291,7 +351,7 @@ def create_engine(settings: EngineSettings | ColonySettings) -> InferenceEngine:
         from colony.inference.embedded import EmbeddedEngine
 
         data_dir = colony_settings.data_dir if colony_settings else None
-        return EmbeddedEngine(engine, data_dir=data_dir)
+        return EmbeddedEngine(engine, data_dir=data_dir, prompt_cache_mib=engine.prompt_cache_mib)
     if engine.kind == "openai":
         from colony.inference.openai_compat import OpenAICompatibleEngine
 

@@ -36,6 +36,7 @@ from colony.serve.replicas import ServeReplicas, remote_result
 from colony.system.catalog import BUILTIN_AGENTS, colony_blueprints
 from colony.system.control import ControlPlane
 from colony.system.host import ReplicaHost
+from colony.system.pools import PoolManager
 from colony.system.registry import AgentRegistry
 from colony.system.runs import RunService
 from colony.vcm import PageTable
@@ -190,6 +191,8 @@ class AgentSystemDeployment:
         if self._control is None:
             board, registry = connect_registry(self.settings, "colony:control")
             self._control = ControlPlane(board, ServeReplicas(self.replicas, registry), self.settings)
+            # the echo and ask pools (and any `agents:` pool) are sized once per control round
+            self._control.pools = PoolManager(self._control, colony_blueprints(self.settings))
         self._control.start()
         return self._control
 
@@ -309,6 +312,15 @@ class ColonyAPI:
         return self._services
 
 
+def engine_scaling(settings: ColonySettings, replicas: int) -> dict[str, Any]:
+    """How many EngineReplicas: `replicas` fixed, or with `serve.autoscaling.enabled` Serve's
+    autoscaler between its min and max on the replicas' ongoing requests (docs/scaling.md)."""
+    autoscaling = settings.serve.autoscaling
+    if autoscaling.enabled:
+        return {"autoscaling_config": autoscaling.serve_config()}
+    return {"num_replicas": replicas}
+
+
 def build_app(args: dict[str, Any]) -> Any:
     """The Serve application as a Serve config deploys it (`import_path: colony.serve.app:build_app`
     in deployments/*.yaml and the chart's serveConfigV2): Serve calls a builder with exactly one
@@ -331,7 +343,7 @@ def build_app_with_settings(
     colony_blueprints(settings)
     data = settings_to_dict(settings)
     replicas = EngineReplica.options(
-        num_replicas=int(args.get("replicas", 1)),
+        **engine_scaling(settings, int(args.get("replicas", 1))),
         ray_actor_options={"num_cpus": float(args.get("replica_cpus", 0.5))},
     ).bind(data)
     system = AgentSystemDeployment.bind(data, replicas)

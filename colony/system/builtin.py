@@ -1,6 +1,10 @@
 """Built-in agents `echo` (returns its input), `ask` (answers a question with the replica's
 engine, streaming its tokens as run events) and `session` (starts chat sessions: one session agent
-per session, docs/sessions.md). `colony.system.catalog` lists every built-in."""
+per session, docs/sessions.md). `colony.system.catalog` lists every built-in.
+
+`echo` and `ask` are stateless services, so they are pools (docs/scaling.md): their runs are
+served by up to `max_size` identical members at once instead of one agent's loop; the catalog
+sizes them from `runs.echo_pool` / `runs.ask_pool`."""
 
 from __future__ import annotations
 
@@ -20,6 +24,7 @@ from colony.agents import (
     ScriptedActionPolicy,
     action_executor,
 )
+from colony.agents.models import RunServing
 from colony.blackboard import Blackboard
 from colony.context.session_agent import SessionCapability
 from colony.context.sessions import SESSION_ROLE, SessionStore, new_session_id, session_scope
@@ -33,6 +38,8 @@ Spawner = Callable[[AgentBlueprint], Awaitable[Any]]
 SESSION_MEMORY_MB = 16
 
 RUNS_NAMESPACE = "runs"  # the namespace HTTP runs are served in
+ECHO_POOL = RunServing(mode="pool", min_size=1, max_size=4)  # defaults of runs.echo_pool
+ASK_POOL = RunServing(mode="pool", min_size=1, max_size=2)  # of runs.ask_pool (engine slots are few)
 
 
 class EchoCapability(AgentCapability):
@@ -90,7 +97,7 @@ async def stream_reply(agent: Agent | None, engine: InferenceEngine, request: In
     return "".join(parts).strip()
 
 
-def echo_blueprint(agent_id: str = "echo") -> AgentBlueprint:
+def echo_blueprint(agent_id: str = "echo", serving: RunServing = ECHO_POOL) -> AgentBlueprint:
     return AgentBlueprint(
         agent_class=Agent,
         metadata=AgentMetadata(agent_id=agent_id, agent_type=AgentType.SERVICE, role="echo"),
@@ -98,10 +105,19 @@ def echo_blueprint(agent_id: str = "echo") -> AgentBlueprint:
         action_policy=ScriptedActionPolicy.bind(
             steps=[{"action": "echo", "parameters": {"value": "$input"}}]
         ),
+        serving=serving,
     )
 
 
-def ask_blueprint(agent_id: str = "ask", max_tokens: int = 256) -> AgentBlueprint:
+def single_echo_blueprint(agent_id: str = "echo-single") -> AgentBlueprint:
+    """`echo` served by one agent's loop (mode `single`, what `echo` was before pools): the baseline
+    benchmarks/http_submit.py measures the pool against (an `agents:` entry names this factory)."""
+    return echo_blueprint(agent_id, serving=RunServing())
+
+
+def ask_blueprint(
+    agent_id: str = "ask", max_tokens: int = 256, serving: RunServing = ASK_POOL
+) -> AgentBlueprint:
     return AgentBlueprint(
         agent_class=Agent,
         metadata=AgentMetadata(agent_id=agent_id, agent_type=AgentType.SERVICE, role="ask"),
@@ -112,6 +128,7 @@ def ask_blueprint(agent_id: str = "ask", max_tokens: int = 256) -> AgentBlueprin
         action_policy=ScriptedActionPolicy.bind(
             steps=[{"action": "ask", "parameters": {"question": "$input.question"}}]
         ),
+        serving=serving,
     )
 
 

@@ -15,7 +15,8 @@ from collections.abc import Callable, Mapping
 from typing import cast
 
 from colony.agents import AgentBlueprint
-from colony.config import ColonySettings
+from colony.agents.models import RunServing
+from colony.config import ColonySettings, PoolSettings
 from colony.errors import ConfigError
 from colony.system.analyze import analyze_blueprint
 from colony.system.assistant import assistant_blueprint
@@ -107,10 +108,22 @@ def user_agents(agents: Mapping[str, str]) -> dict[str, AgentFactory]:
     return factories
 
 
+def pool_serving(pool: PoolSettings) -> RunServing:
+    """A built-in pool's serving declaration from its settings (`runs.echo_pool`, `runs.ask_pool`)."""
+    if pool.min_size > pool.max_size:
+        raise ConfigError(
+            f"a pool's min_size ({pool.min_size}) exceeds its max_size ({pool.max_size}) "
+            "(runs.echo_pool / runs.ask_pool); raise max_size or lower min_size"
+        )
+    return RunServing(mode="pool", **pool.model_dump())
+
+
 def colony_blueprints(settings: ColonySettings) -> dict[str, AgentBlueprint]:
-    """Every agent the colony starts with, built: the built-ins, then the user agents, each checked
-    (`ConfigError` on the first bad one)."""
+    """Every agent the colony starts with, built: the built-ins (the echo and ask pools sized by
+    the settings), then the user agents, each checked (`ConfigError` on the first bad one)."""
     blueprints = {name: make(name) for name, make in BUILTIN_AGENTS.items()}
+    for name, pool in (("echo", settings.runs.echo_pool), ("ask", settings.runs.ask_pool)):
+        blueprints[name] = blueprints[name].model_copy(update={"serving": pool_serving(pool)})
     for name, factory in user_agents(settings.agents).items():
         blueprints[name] = build_blueprint(name, factory, settings.agents[name])
     return blueprints

@@ -12,7 +12,7 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections.abc import Mapping
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 from colony import metrics, security
 from colony.agents import Agent, AgentBlueprint
@@ -61,6 +61,12 @@ async def _previous_state(board: Blackboard) -> str | None:
     return previous if isinstance(previous, str) else None
 
 
+class PoolTicker(Protocol):
+    """What the control loop calls once per round to size agent pools (colony.system.pools)."""
+
+    async def tick(self) -> None: ...
+
+
 class ControlPlane:
     def __init__(
         self,
@@ -100,10 +106,15 @@ class ControlPlane:
             lock=lock,
         )
         self._loop: asyncio.Task[None] | None = None
+        # the agent pools' sizing round (colony.system.pools), run after each monitor round
+        self.pools: PoolTicker | None = None
 
-    async def place(self, blueprint: AgentBlueprint | str) -> Placement | AgentRecord:
+    async def place(self, blueprint: AgentBlueprint | str, *, wait: bool = True) -> Placement | AgentRecord:
         """Host an agent: where it already runs (its record), else through the placement cascade
-        (a known but suspended or orphaned agent resumes with its state)."""
+        (a known but suspended or orphaned agent resumes with its state). `wait=False`: only where
+        there is room now, without waiting for room and without suspending other agents
+        (ResourceExhausted at once when no replica has room): for a caller that can try again
+        later (a pool growing) and must not hold the lock explicit resumes and rounds wait on."""
         bp = AgentBlueprint.from_text(blueprint) if isinstance(blueprint, str) else blueprint
         # checked under the lock the monitor's rounds hold: a round that is re-placing this very
         # agent (its replica died) finishes first, and this call then finds it hosted rather than
@@ -114,7 +125,10 @@ class ControlPlane:
                 live = {port.replica_id for port in await self.directory.ports()}
                 if record.replica in live:
                     return record
-            return await self.placer.place_locked(bp)
+            try:
+                return await self.placer.place_locked(bp, wait=wait)
+            finally:  # the monitor's views lack this placement (and any suspension it made room with)
+                self.monitor.invalidate()
 
     async def _hosted(self, agent_id: str) -> AgentRecord:
         record = await self.registry.get(agent_id)
@@ -141,16 +155,16 @@ class ControlPlane:
             raise AgentStateConflict(
                 f"agent {agent_id!r} is not on replica {record.replica} any more; try again"
             )
+        self.monitor.note_left(record.replica, agent_id)
         return await self._hosted(agent_id)
 
     async def resume(self, agent_id: str) -> AgentRecord:
-        """Resume a suspended agent now (meets a CUSTOM condition, or any other one early)."""
-        record = await self._hosted(agent_id)
-        if record.state != "suspended":
-            raise AgentStateConflict(f"agent {agent_id!r} is {record.state}, not suspended")
-        self.monitor.request_resume(agent_id)
-        await self.monitor.tick()
-        return await self._hosted(agent_id)
+        """Resume a suspended agent now (meets a CUSTOM condition, or any other one early): one
+        placement decision and the resume on the chosen replica, not a whole monitor round
+        (`ResumptionMonitor.resume_now`). With no room anywhere it stays suspended, its request
+        noted: the monitor resumes it when room appears (the record says `suspended` meanwhile)."""
+        resumed = await self.monitor.resume_now(agent_id)
+        return resumed if resumed is not None else await self._hosted(agent_id)
 
     async def undo(self, agent_id: str) -> dict[str, Any]:
         """Bring an agent back to the checkpoint before its newest (see `restore`)."""
@@ -234,6 +248,8 @@ class ControlPlane:
         while True:
             try:
                 await self.monitor.tick()
+                if self.pools is not None:
+                    await self.pools.tick()
                 await self.publish()
                 outage.recovered()
             except BlackboardUnavailable as exc:  # logged once per outage; the next round retries

@@ -13,7 +13,7 @@ import asyncio
 import contextlib
 import logging
 import time
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable, Coroutine
 from typing import Any
 
 from colony import metrics, security
@@ -50,6 +50,13 @@ SUSPENSION_REASONS = {  # the metric label of a suspension, by the condition it 
 }
 
 
+# Records naming this replica a heartbeat reads, on average: with more agents hosted, the beat that
+# reads them all (and heals what others wrote) comes once in ceil(agents / this) beats, and the
+# others write only the agents whose state changed since (a replica of 10,000 idle agents read them
+# all every beat: ~1 CPU-s a beat)
+SWEEP_RECORDS_PER_BEAT = 128
+
+
 class ReplicaHost:
     def __init__(
         self, settings: ColonySettings, replica_id: str, *, engine: InferenceEngine | None = None
@@ -66,8 +73,18 @@ class ReplicaHost:
         self._owns_client = False
         # how agents hosted here place new agents (the control plane); set by whoever runs the host
         self.spawner: Spawner | None = None
-        self.page_counts = dict.fromkeys(("hits", "faults", "loads", "swap_ins", "evictions"), 0)
+        self.page_counts = dict.fromkeys(
+            ("hits", "faults", "loads", "swap_ins", "evictions", "prefetched"), 0
+        )
         self._accessed: set[str] = set()  # pages used since the last heartbeat (their last_access)
+        # pages of suspended page-bound agents the monitor would resume here (read each heartbeat)
+        self._soon_suspended: frozenset[str] = frozenset()
+        self._prefetching: dict[str, list[str]] = {}  # agent id -> pages being prefetched for it
+        # the registry state of each hosted agent as last read or written here (`_beat`), the beats
+        # so far, and the beat that next reads every record naming this replica
+        self._written: dict[str, str] = {}
+        self._beats = 0
+        self._next_sweep = 0
 
     async def start(self, blackboard: Blackboard | None = None) -> None:
         if self.runtime is not None:
@@ -93,6 +110,7 @@ class ReplicaHost:
             self.engine = create_engine(self.settings)
         self.engine.pin_wait_seconds = self.settings.vcm.page_wait_seconds
         self.engine.page_holds = self.held_pages
+        self.engine.pages_needed_soon = self.pages_needed_soon
         await self.engine.start()
         self.runtime = LocalAgentRuntime(
             blackboard,
@@ -106,6 +124,7 @@ class ReplicaHost:
         )
         self.runtime.on_suspended = self._suspended
         self.runtime.on_stopped = self._stopped
+        self.runtime.prefetch = self.prefetch
         await self._beat()
         self._heartbeat = asyncio.create_task(self._heartbeat_loop(), name=f"{self.replica_id}-heartbeat")
 
@@ -116,7 +135,7 @@ class ReplicaHost:
 
     async def ensure_agent(self, blueprint: AgentBlueprint | str) -> dict[str, Any]:
         """Host the agent: resume it if the blackboard already knows it, else spawn it."""
-        runtime, registry = self._ready()
+        runtime, _ = self._ready()
         bp = AgentBlueprint.from_text(blueprint) if isinstance(blueprint, str) else blueprint
         agent_id = bp.metadata.agent_id
         if agent_id in runtime.agent_ids:
@@ -125,7 +144,7 @@ class ReplicaHost:
             agent = await self._restore(agent_id)
         else:
             agent = await runtime.spawn(bp)
-        record = await registry.put(self._record(agent))
+        record = await self._put(agent)
         return record.model_dump(mode="json")
 
     async def _known(self, agent_id: str) -> bool:
@@ -154,6 +173,68 @@ class ReplicaHost:
             if metadata.agent_type is AgentType.VCM_BOUND and agent.state is AgentState.RUNNING:
                 held[agent_id] = list(metadata.bound_pages)
         return held
+
+    def pages_needed_soon(self) -> set[str]:
+        """Pages agents destined to this replica will use next, which eviction passes over while
+        another page can go (`engine.pages_needed_soon`; a preference, never a pin): those of the
+        page-bound agents hosted here that are not running (idle or waiting: their next run uses
+        them), those being prefetched for an agent just placed or resumed here, and those of
+        suspended page-bound agents the monitor would resume here (`refresh_needed_soon`)."""
+        soon = set(self._soon_suspended)
+        for pages in self._prefetching.values():
+            soon.update(pages)
+        if self.runtime is None:
+            return soon
+        for agent_id in self.runtime.agent_ids:
+            agent = self.runtime.get(agent_id)
+            metadata = agent.metadata
+            if metadata.agent_type is AgentType.VCM_BOUND and agent.state is not AgentState.RUNNING:
+                soon.update(metadata.bound_pages)
+        return soon
+
+    async def refresh_needed_soon(self) -> None:
+        """Read which pages the suspended page-bound agents the monitor would resume here need:
+        the resource monitor works it out once per round from what it reads anyway (an agent goes
+        to the replica holding most of its pages, so one with a page resident or swapped here
+        counts) and leaves it in one entry for this replica; a heartbeat reads that one entry
+        (none while the engine holds no page), whatever the number of suspended agents."""
+        _, registry = self._ready()
+        assert self.engine is not None
+        if not self.engine.resident_pages() and not self.engine.swapped_pages():
+            self._soon_suspended = frozenset()
+            return
+        self._soon_suspended = frozenset(await registry.needed_soon(self.replica_id))
+
+    def prefetch(self, agent: Agent) -> Coroutine[Any, Any, None] | None:
+        """What to fetch before a page-bound agent's first step here: its bound pages (None for
+        any other agent; the runtime asks when it hosts an agent, placed or resumed, and its first
+        run waits for the fetch), so that step does not fault."""
+        metadata = agent.metadata
+        if self.engine is None or metadata.agent_type is not AgentType.VCM_BOUND or not metadata.bound_pages:
+            return None
+        return self._prefetch(agent.agent_id, list(dict.fromkeys(metadata.bound_pages)))
+
+    async def _prefetch(self, agent_id: str, pages: list[str]) -> None:
+        """Bring the pages into this engine. Never waits behind pages in use, never evicts one
+        another agent needs soon (`engine.prefetch`, which reads `pages_needed_soon` under its
+        reservation lock: a prefetch started just before for another agent counts): when they do
+        not fit now, the step faults them in as it would have without. A prefetch that evicted
+        the page prefetched for the agent placed just before (16 workers on 4 slots) would only
+        move the fault to that agent's first step."""
+        assert self.engine is not None
+        self._prefetching[agent_id] = pages
+        try:
+            swapped = set(self.engine.swapped_pages())
+            brought = await self.engine.prefetch(pages, self._fetch_page)
+        finally:
+            self._prefetching.pop(agent_id, None)
+        if brought:
+            self.page_counts["prefetched"] += len(brought)
+            self.page_counts["swap_ins"] += sum(1 for p in brought if p in swapped)
+            self.page_counts["loads"] += sum(1 for p in brought if p not in swapped)
+            metrics.PAGES_PREFETCHED.inc(len(brought))
+            await self.sync_pages()
+            log.info("agent %s: prefetched pages %s on %s", agent_id, brought[:5], self.replica_id)
 
     async def _suspended(self, agent_id: str, condition: ResumptionCondition) -> None:
         """An agent left this replica suspended: the registry says so (no replica)."""
@@ -222,9 +303,8 @@ class ReplicaHost:
 
     async def resume_agent(self, agent_id: str) -> dict[str, Any]:
         """Bring a suspended agent back here, same id, state restored from the blackboard."""
-        _, registry = self._ready()
         agent = await self._restore(agent_id)
-        record = await registry.put(self._record(agent))
+        record = await self._put(agent)
         return record.model_dump(mode="json")
 
     async def _restore(self, agent_id: str) -> Agent:
@@ -375,14 +455,35 @@ class ReplicaHost:
         await registry.publish(metrics.published_counters(), self.replica_id)
         await self._drop_yielded()
         hosted = set(runtime.agent_ids)
+        self._beats += 1
+        records: list[AgentRecord] | None = None
+        if self._beats >= self._next_sweep:
+            # the records naming this replica, in one paged query (pipelined reads of the replica's
+            # index), not one read per hosted agent in turn; a hosted agent missing from them has
+            # no record, or one naming another replica. Every beat while few agents live here; with
+            # many, one beat in ceil(agents / SWEEP_RECORDS_PER_BEAT), so an idle replica's beats
+            # read about that many records each on average, not all of them every time
+            records = await registry.list(replica=self.replica_id)
+            self._written = {record.agent_id: record.state for record in records}
+            self._next_sweep = self._beats + max(1, -(-len(hosted) // SWEEP_RECORDS_PER_BEAT))
         for agent_id in sorted(hosted):
-            record = await registry.get(agent_id)
-            if agent_id not in runtime.agent_ids:
+            if not runtime.has(agent_id):
                 continue  # stopped or suspended meanwhile: its own hook wrote the registry
             agent = runtime.get(agent_id)
-            if record is None or record.state != agent.state.value or record.replica != self.replica_id:
-                await registry.put(self._record(agent))
-        await self._heal_registry(hosted)
+            if self._written.get(agent_id) != agent.state.value:  # as read, else as written since
+                await self._put(agent)
+        for gone in [a for a in self._written if not runtime.has(a)]:
+            del self._written[gone]  # left (its own hook wrote the registry), or never here
+        if records is not None:
+            await self._heal_registry(hosted, records)
+        await self.refresh_needed_soon()
+
+    async def _put(self, agent: Agent) -> AgentRecord:
+        """Write a hosted agent's registry record, and remember the state written (`_beat`)."""
+        _, registry = self._ready()
+        record = await registry.put(self._record(agent))
+        self._written[agent.agent_id] = record.state
+        return record
 
     async def _drop_yielded(self) -> None:
         """A copy that found another live copy of its agent (e.g. one placed while Redis had lost
@@ -398,16 +499,17 @@ class ReplicaHost:
                 log.warning("agent %s: another live copy serves it; this replica drops its copy", agent_id)
                 await runtime.drop(agent_id)
 
-    async def _heal_registry(self, hosted: set[str]) -> None:
-        """Records that place an agent here that is not here (a registry write lost a race with a
-        stop or a suspension) take the agent's lifecycle state, the source of truth."""
+    async def _heal_registry(self, hosted: set[str], records: list[AgentRecord]) -> None:
+        """Records that place an agent here (`records`, read this beat) that is not here (a
+        registry write lost a race with a stop or a suspension) take the agent's lifecycle state,
+        the source of truth."""
         runtime, registry = self._ready()
-        for record in await registry.list(replica=self.replica_id):
-            if record.agent_id in hosted or record.agent_id in runtime.agent_ids:
+        for record in records:
+            if record.agent_id in hosted or runtime.has(record.agent_id):
                 continue
             lifecycle = await runtime.agent_board(record.agent_id).read(AgentStateProtocol.key("lifecycle"))
             state = lifecycle.value["state"] if lifecycle is not None else "stopped"
-            if state in NOT_HOSTED and record.agent_id not in runtime.agent_ids:
+            if state in NOT_HOSTED and not runtime.has(record.agent_id):
                 await registry.put(record.model_copy(update={"state": state, "replica": None}))
 
     async def _heartbeat_loop(self) -> None:

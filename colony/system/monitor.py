@@ -5,7 +5,9 @@ the registry and, highest priority first (FIFO among equals), evaluates each con
 CHILDREN_COMPLETED (every child STOPPED/FAILED in the registry or its lifecycle),
 RESOURCE_AVAILABLE (a replica has room), PAGES_AVAILABLE (every page resident somewhere in the page
 table), IMMEDIATE, CUSTOM (only after `request_resume`). A met condition resumes the agent, same id
-and restored state, on the best replica for its pages.
+and restored state, on the best replica for its pages. The pages of the page-bound agents left
+suspended are then left for the replicas that would get them (`_publish_needed_soon`), which
+their eviction passes over while another page can go.
 
 The same loop handles dead replicas: agents the registry places on a replica that is no longer
 alive are re-placed (resumed from their last blackboard state on a live replica, their accepted
@@ -33,12 +35,32 @@ from typing import TYPE_CHECKING, Any
 
 from colony import metrics
 from colony.agents.blueprint import AgentBlueprint
-from colony.agents.models import AgentMetadata, ResumptionCondition, ResumptionKind, SuspensionRequest
+from colony.agents.models import (
+    AgentMetadata,
+    AgentType,
+    ResumptionCondition,
+    ResumptionKind,
+    SuspensionRequest,
+)
 from colony.blackboard import Blackboard, BlackboardScope, scope_id
 from colony.blackboard.protocol import AgentStateProtocol
-from colony.errors import BlueprintTampered, ReplicaUnavailable, ResourceExhausted
+from colony.errors import (
+    AgentNotFound,
+    AgentStateConflict,
+    BlackboardUnavailable,
+    BlueprintTampered,
+    ReplicaUnavailable,
+    ResourceExhausted,
+)
 from colony.system.placement import gather_snapshots
-from colony.system.registry import DONE_STATES, NOT_HOSTED, AgentRecord, AgentRegistry
+from colony.system.registry import (
+    DONE_STATES,
+    NEEDED_SOON_PAGES,
+    NEEDED_SOON_TTL_SECONDS,
+    NOT_HOSTED,
+    AgentRecord,
+    AgentRegistry,
+)
 from colony.system.replicas import ReplicaDirectory, ReplicaPort, as_directory, views_of
 from colony.vcm.page_table import PageTable
 from colony.vcm.placement import ReplicaView, choose_replica
@@ -91,10 +113,13 @@ class ResumptionMonitor:
         self._ports: dict[str, ReplicaPort] = {}
         self._views: list[ReplicaView] = []
         self._hosted: dict[str, set[str]] = {}  # agents each answering replica hosts (its snapshot)
+        self._refreshed_at = 0.0  # when `_views` were read (monotonic; 0: to be read again)
         self._next_page_sweep = 0.0
         self.missing_grace = missing_grace
         self._missing_since: dict[str, float] = {}  # agent -> when first found on no replica
         self._liveness_outage = False  # `liveness` could not answer last round (logged once)
+        # the pages needed soon last written for each replica, and when (`_publish_needed_soon`)
+        self._soon_published: dict[str, tuple[frozenset[str], float]] = {}
 
     def request_resume(self, agent_id: str) -> None:
         """The external trigger of CUSTOM conditions (and a push for any other kind)."""
@@ -105,22 +130,144 @@ class ResumptionMonitor:
         self._ports = {rid: port for rid, (port, _) in found.items()}
         self._views = views_of([s for _, s in found.values()], self.max_agents, self.memory_mb)
         self._hosted = {rid: {slot.agent_id for slot in s.agents} for rid, (_, s) in found.items()}
+        self._refreshed_at = time.monotonic()
 
-    async def _pending(self) -> list[tuple[int, float, str, ResumptionCondition, list[str]]]:
+    def invalidate(self) -> None:
+        """The replica views are out of date (an agent was placed): the next decision reads them."""
+        self._refreshed_at = 0.0
+
+    def note_left(self, replica_id: str, agent_id: str) -> None:
+        """`agent_id` left `replica_id` (suspended through the control plane): one slot less in use
+        in the views, if they count it (its memory is not known here: counted as still taken, the
+        safe side). Views read after it left (a round in between) do not count it: freeing its
+        slot there again would let the next decisions place over `max_agents_per_replica`."""
+        hosted = self._hosted.get(replica_id)
+        if hosted is None or agent_id not in hosted:
+            return
+        hosted.discard(agent_id)
+        for view in self._views:
+            if view.replica_id == replica_id and view.load > 0:
+                view.load -= 1
+
+    async def resume_now(self, agent_id: str) -> AgentRecord | None:
+        """Resume one suspended agent at once (an explicit request: `POST .../resume`), without a
+        whole round: one placement decision, on the replica views of the last round when they are
+        fresher than a period (else read again; and read again when they find no room or their
+        choice fails, since a slot may have been freed or a replica lost since), then the resume
+        on the target, which reads the agent's state. Checked under the lock that the agent is
+        still suspended (a round may have resumed it meanwhile): `AgentNotFound` /
+        `AgentStateConflict`. None when no replica has room or the resume failed: the agent stays
+        suspended with its request noted (`request_resume`), and a later round resumes it."""
+        async with self.lock:
+            record = await self.registry.get(agent_id)
+            if record is None:
+                raise AgentNotFound(f"no agent named {agent_id!r}; GET /v1/agents lists them")
+            if record.state != "suspended":
+                raise AgentStateConflict(f"agent {agent_id!r} is {record.state}, not suspended")
+            fresh = self._views and time.monotonic() - self._refreshed_at < self.period
+            if not fresh:
+                await self._refresh()
+            condition, pages = await self._waits_for(agent_id)
+            hard = condition.kind is ResumptionKind.PAGES_AVAILABLE
+            memory = await self._memory(agent_id)
+            target = self._choose(pages, hard, memory)
+            if target is None and fresh:
+                await self._refresh()
+                target = self._choose(pages, hard, memory)
+                fresh = False
+            if target is None:
+                self._custom.add(agent_id)
+                return None
+            answer = await self._resume(target.replica_id, agent_id)
+            if answer is None:
+                # the resume may have taken effect though it failed (the replica's registry write,
+                # or its answer, was lost): resuming it elsewhere would run two live copies
+                await self._refresh()
+                taken = await self._taken_effect(record, condition)
+                if taken is not None:
+                    return taken
+                if fresh and await self._lifecycle_state(agent_id) == "suspended":
+                    # a replica of the last round's views may be gone since: once more, on new views
+                    target = self._choose(pages, hard, memory)
+                    answer = await self._resume(target.replica_id, agent_id) if target is not None else None
+                    if answer is None and target is not None:
+                        await self._refresh()
+                        taken = await self._taken_effect(record, condition)
+                        if taken is not None:
+                            return taken
+            if target is None or answer is None:
+                self._custom.add(agent_id)
+                return None
+            self._custom.discard(agent_id)
+            metrics.AGENT_RESUMPTIONS.labels(condition.kind.value).inc()
+            target.load += 1  # the views stay true for the next decision without a new read
+            if target.memory_free_mb is not None:
+                target.memory_free_mb -= memory
+            self._hosted.setdefault(target.replica_id, set()).add(agent_id)
+            return AgentRecord.model_validate(answer)
+
+    def _hosting(self, agent_id: str) -> str | None:
+        """The replica whose snapshot (the views' last read) hosts the agent, if any."""
+        return next((rid for rid, agents in sorted(self._hosted.items()) if agent_id in agents), None)
+
+    async def _lifecycle_state(self, agent_id: str) -> str | None:
+        """The agent's lifecycle state in its own scope (the source of truth; the registry lags)."""
+        entry = await self._agent_board(agent_id).read(AgentStateProtocol.key("lifecycle"))
+        value = entry.value if entry is not None and isinstance(entry.value, dict) else {}
+        state = value.get("state")
+        return state if isinstance(state, str) else None
+
+    async def _taken_effect(self, record: AgentRecord, condition: ResumptionCondition) -> AgentRecord | None:
+        """After a resume that failed: the agent's record as it is if a replica hosts it now (the
+        resume took effect; the replica's heartbeat writes the registry record it could not), else
+        None. The views were just read, so they count it already."""
+        replica_id = self._hosting(record.agent_id)
+        if replica_id is None:
+            return None
+        log.warning(
+            "resuming agent %s failed but replica %s hosts it: counted as resumed there",
+            record.agent_id,
+            replica_id,
+        )
+        self._custom.discard(record.agent_id)
+        metrics.AGENT_RESUMPTIONS.labels(condition.kind.value).inc()
+        state = await self._lifecycle_state(record.agent_id)
+        return record.model_copy(update={"state": state or "idle", "replica": replica_id})
+
+    def _choose(self, pages: list[str], hard: bool, memory: int) -> ReplicaView | None:
+        try:
+            return choose_replica(self._views, pages, hard=hard, memory_mb=memory)
+        except ResourceExhausted:
+            return None
+
+    async def _suspension(
+        self, agent_id: str
+    ) -> tuple[AgentMetadata | None, SuspensionRequest | None, ResumptionCondition, list[str]]:
+        """A suspended agent's metadata, suspension request, the condition it waits for and the
+        pages it needs (the condition's, else its bound pages): one read."""
+        metadata_e, suspension_e = await self._agent_board(agent_id).read_many(
+            [AgentStateProtocol.key("metadata"), AgentStateProtocol.key("suspension")]
+        )
+        metadata = AgentMetadata.model_validate(metadata_e.value) if metadata_e else None
+        request = SuspensionRequest.model_validate(suspension_e.value) if suspension_e else None
+        condition = request.condition if request else ResumptionCondition(kind=ResumptionKind.CUSTOM)
+        pages = list(condition.page_ids or (metadata.bound_pages if metadata else []))
+        return metadata, request, condition, pages
+
+    async def _waits_for(self, agent_id: str) -> tuple[ResumptionCondition, list[str]]:
+        _metadata, _request, condition, pages = await self._suspension(agent_id)
+        return condition, pages
+
+    async def _pending(self) -> list[tuple[int, float, str, ResumptionCondition, list[str], bool]]:
+        """The suspended agents, highest priority first (FIFO among equals): priority, when
+        suspended, id, condition, pages, and whether it is page-bound."""
         items = []
         for record in await self.registry.list(state="suspended"):
-            board = self._agent_board(record.agent_id)
-            metadata_e, suspension_e = await board.read_many(
-                [AgentStateProtocol.key("metadata"), AgentStateProtocol.key("suspension")]
-            )
-            metadata = AgentMetadata.model_validate(metadata_e.value) if metadata_e else None
-            request = SuspensionRequest.model_validate(suspension_e.value) if suspension_e else None
-            condition = request.condition if request else ResumptionCondition(kind=ResumptionKind.CUSTOM)
-            pages = list(condition.page_ids or (metadata.bound_pages if metadata else []))
+            metadata, request, condition, pages = await self._suspension(record.agent_id)
             priority = metadata.priority if metadata else 0
-            items.append(
-                (-priority, request.requested_at if request else 0.0, record.agent_id, condition, pages)
-            )
+            bound = metadata is not None and metadata.agent_type is AgentType.VCM_BOUND
+            since = request.requested_at if request else 0.0
+            items.append((-priority, since, record.agent_id, condition, pages, bound))
         return sorted(items, key=lambda item: (item[0], item[1], item[2]))
 
     def _agent_board(self, agent_id: str) -> Blackboard:
@@ -164,7 +311,14 @@ class ResumptionMonitor:
     async def _tick(self) -> list[str]:
         await self._refresh()
         resumed = await self.recover_orphans()
-        for _priority, _since, agent_id, condition, pages in await self._pending():
+        waiting: list[list[str]] = []  # the pages of the page-bound agents left suspended
+        for _priority, _since, agent_id, condition, pages, bound in await self._pending():
+            if bound and pages:
+                waiting.append(pages)  # (one resumed below leaves its `bound` pages with it)
+            if self._hosting(agent_id) is not None:
+                # hosted though its record says suspended: a resume took effect and its registry
+                # write was lost (the replica's next heartbeat writes it); resumed already
+                continue
             if not await self._met(agent_id, condition, pages):
                 continue
             hard = condition.kind is ResumptionKind.PAGES_AVAILABLE
@@ -173,13 +327,48 @@ class ResumptionMonitor:
                 target = choose_replica(self._views, pages, hard=hard, memory_mb=memory)
             except ResourceExhausted:
                 continue  # no room now; next round
-            if not await self._resume(target.replica_id, agent_id):
+            if await self._resume(target.replica_id, agent_id) is None:
                 continue
             self._custom.discard(agent_id)
             metrics.AGENT_RESUMPTIONS.labels(condition.kind.value).inc()
             await self._refresh()
             resumed.append(agent_id)
+            if bound and pages:
+                waiting.pop()
+        await self._publish_needed_soon(waiting)
         return resumed
+
+    async def _publish_needed_soon(self, waiting: list[list[str]]) -> None:
+        """Tell each replica which pages the page-bound agents left suspended will need there
+        (`ReplicaHost.refresh_needed_soon` reads it, one read per heartbeat, whatever the number
+        of suspended agents): an agent goes to the replica holding most of its pages (hard affinity
+        for PAGES_AVAILABLE), so its pages count on each replica where one is resident or swapped.
+        Computed from what this round read anyway, highest priority first, at most
+        `NEEDED_SOON_PAGES` pages a replica; written when it changed or its entry is a third of
+        `NEEDED_SOON_TTL_SECONDS` old (it expires if the control plane stops), deleted once empty.
+        A preference only: a failed write is retried next round, never the round's end."""
+        soon: dict[str, dict[str, None]] = {}
+        for pages in waiting:
+            wanted = set(pages)
+            for view in self._views:
+                held = soon.setdefault(view.replica_id, {})
+                if len(held) < NEEDED_SOON_PAGES and wanted & (view.resident | view.swapped):
+                    held.update(dict.fromkeys(pages[: NEEDED_SOON_PAGES - len(held)]))
+        now = time.monotonic()
+        try:
+            for replica_id in sorted(set(soon) | set(self._soon_published)):
+                pages = frozenset(soon.get(replica_id, ()))
+                last = self._soon_published.get(replica_id)
+                if last is not None and last[0] == pages and now - last[1] < NEEDED_SOON_TTL_SECONDS / 3:
+                    continue
+                if pages:
+                    await self.registry.put_needed_soon(replica_id, sorted(pages), NEEDED_SOON_TTL_SECONDS)
+                    self._soon_published[replica_id] = (pages, now)
+                elif last is not None:
+                    await self.registry.clear_needed_soon(replica_id)
+                    del self._soon_published[replica_id]
+        except BlackboardUnavailable as exc:
+            log.debug("pages needed soon not published this round: %s", exc)
 
     async def recover_orphans(self) -> list[str]:
         """Re-place the agents of replicas that are gone; drop those replicas from the page table.
@@ -220,7 +409,7 @@ class ResumptionMonitor:
                 target = choose_replica(self._views, pages, memory_mb=await self._memory(agent_id))
             except ResourceExhausted:
                 continue  # every replica is full; next round
-            if not await self._resume(target.replica_id, agent_id):
+            if await self._resume(target.replica_id, agent_id) is None:
                 continue
             self._missing_since.pop(agent_id, None)
             metrics.AGENT_RESUMPTIONS.labels("replica_lost").inc()
@@ -321,19 +510,19 @@ class ResumptionMonitor:
         self._next_page_sweep = time.monotonic() + PAGE_SWEEP_SECONDS
         return await self.page_table.holders() - set(self._ports)
 
-    async def _resume(self, replica_id: str, agent_id: str) -> bool:
-        """Resume one agent; a failure is logged and retried next round, not the round's end."""
+    async def _resume(self, replica_id: str, agent_id: str) -> dict[str, Any] | None:
+        """Resume one agent: its registry record as the replica wrote it, or None when it failed
+        (logged, and retried next round: never the round's end)."""
         try:
-            await self._ports[replica_id].resume_agent(agent_id)
+            return await self._ports[replica_id].resume_agent(agent_id)
         except BlueprintTampered as exc:  # the replica marked it failed: nothing to retry
             log.error("agent %s was not resumed: %s", agent_id, exc)
-            return False
+            return None
         except Exception:
             log.exception(
                 "resuming agent %s on replica %s failed; trying again next round", agent_id, replica_id
             )
-            return False
-        return True
+            return None
 
     async def _memory(self, agent_id: str) -> int:
         """The agent's memory need, read (from its blueprint) only when replicas have a memory budget."""

@@ -100,9 +100,12 @@ class AgentPlacer:
         async with self.lock:
             return await self.place_locked(blueprint)
 
-    async def place_locked(self, blueprint: AgentBlueprint) -> Placement:
+    async def place_locked(self, blueprint: AgentBlueprint, *, wait: bool = True) -> Placement:
         """`place` for a caller that holds `self.lock` (and checked, under it, that the agent is
-        not hosted already)."""
+        not hosted already). `wait=False`: only the room there is now (steps hard and soft): no
+        wait for replicas starting or for room, and no lower-priority agent suspended to make
+        room; ResourceExhausted at once otherwise. For work that can come back later (a pool
+        growing), which must not hold the lock the monitor and explicit resumes share."""
         agent_id = blueprint.metadata.agent_id
         required = blueprint.resources.required_pages
         preferred = blueprint.resources.preferred_pages or required or blueprint.metadata.bound_pages
@@ -115,7 +118,7 @@ class AgentPlacer:
         step: Step
         started = time.monotonic()
         ports, views, snapshots = await self._state()
-        deadline = time.monotonic() + self.retry_seconds
+        deadline = time.monotonic() + (self.retry_seconds if wait else 0.0)
         while not views and time.monotonic() < deadline:  # replicas still starting
             await asyncio.sleep(self.retry_backoff)
             ports, views, snapshots = await self._state()
@@ -130,6 +133,12 @@ class AgentPlacer:
             try:
                 replica, step = choose_replica(views, preferred, memory_mb=memory), "soft"
             except ResourceExhausted:
+                if not wait:
+                    raise ResourceExhausted(
+                        f"no replica has room for agent {agent_id} now "
+                        f"(serve.max_agents_per_replica={self.max_agents}, "
+                        f"serve.replica_memory_mb={self.memory_mb}); try again later or add replicas"
+                    ) from None
                 replica, step = await self._retry(preferred, memory), "retry"
         suspended: list[str] = []
         while replica is None:  # suspend lower-priority agents until the newcomer fits

@@ -22,6 +22,7 @@ from pydantic import BaseModel, Field
 from colony.agents.models import AgentState
 from colony.blackboard import Blackboard, TagFilter
 from colony.blackboard.protocol import AgentRegistryProtocol as Keys
+from colony.blackboard.protocol import NeededSoonKeys
 from colony.config import ColonySettings, load_settings
 from colony.errors import ConcurrentModificationError
 
@@ -37,6 +38,12 @@ PUBLICATION_RETENTION_SECONDS = 900.0
 # Publications one read looks at (those listed first by the index scan) to pick the most recently
 # published: far more than a cluster's processes in a retention period (metrics.MAX_PUBLICATIONS)
 PUBLICATIONS_READ_LIMIT = 4096
+
+
+# Pages one replica's needed-soon entry names at most (those of the highest-priority agents first),
+# and how long an entry outlives the control plane round that wrote it
+NEEDED_SOON_PAGES = 4096
+NEEDED_SOON_TTL_SECONDS = 30.0
 
 
 class AgentRecord(BaseModel):
@@ -145,6 +152,28 @@ class AgentRegistry:
 
     async def remove(self, agent_id: str) -> bool:
         return await self.board.delete(Keys.agent_key(agent_id))
+
+    # -- pages needed soon on each replica (written by the resource monitor, read by heartbeats) --
+
+    async def put_needed_soon(self, replica_id: str, pages: list[str], ttl_seconds: float) -> None:
+        await self.board.write(
+            NeededSoonKeys.soon_key(replica_id),
+            {"pages": pages[:NEEDED_SOON_PAGES]},
+            ttl_seconds=ttl_seconds,
+            created_by="monitor",
+        )
+
+    async def needed_soon(self, replica_id: str) -> list[str]:
+        """The pages suspended page-bound agents will need on `replica_id` (one read; what is
+        stored is checked, not trusted: at most `NEEDED_SOON_PAGES` strings)."""
+        entry = await self.board.read(NeededSoonKeys.soon_key(replica_id))
+        pages = entry.value.get("pages") if entry is not None and isinstance(entry.value, dict) else None
+        if not isinstance(pages, list):
+            return []
+        return [p for p in pages[:NEEDED_SOON_PAGES] if isinstance(p, str)]
+
+    async def clear_needed_soon(self, replica_id: str) -> None:
+        await self.board.delete(NeededSoonKeys.soon_key(replica_id))
 
     # -- liveness: replica heartbeats and the counters processes publish (both with a TTL) --------
 

@@ -14,11 +14,25 @@ record are written with an expiry of that timeout plus the retention: a run nobo
 a submit that failed half-way) leaves nothing permanent behind.
 A client replaying the events of a run whose events are gone gets a `gap` event and then the run's
 terminal event, never an endless stream.
+
+Admission: an agent whose serving declaration (`RunServing`, published in its run scope by its run
+capability, read here at most every SERVING_CACHE_SECONDS) bounds `max_concurrent_runs` refuses a
+run beyond it with `RunQueueFull` (HTTP 429, Retry-After). The bound is a reservation, not a read:
+the run's pending marker is written first (expiring after RESERVE_SECONDS unless the submit goes
+on), then the open runs (distinct requests with an open claim or a pending marker) are counted,
+and a submit whose count went over the bound deletes its marker and is refused. Two racing
+submits each count the other, so the bound is never exceeded; under a burst at the bound both may
+be refused where one would have fitted (they retry after Retry-After). An admitted submit writes
+the run's record, then its request (last: a failed submit leaves nothing to serve) with its
+pending marker again (the request's expiry); a pool's request gets that marker too, which lets an
+idle member find it (colony.agents.run_claims). A pool member (`<role>.<hex>`) takes no runs of
+its own: submits name the role. docs/scaling.md.
 """
 
 from __future__ import annotations
 
 import contextlib
+import logging
 import re
 import time
 from collections.abc import AsyncIterator
@@ -29,7 +43,8 @@ from redis.exceptions import RedisError
 
 from colony import metrics
 from colony.agents.handle import TERMINAL_EVENTS, terminal_event
-from colony.agents.models import new_id
+from colony.agents.models import RunServing, new_id
+from colony.agents.run_claims import API_WRITER, open_runs, pending_key, pending_write, read_serving
 from colony.blackboard import AgentRunProtocol, Blackboard, BlackboardScope, scope_id
 from colony.blackboard.connection import redis_url_of
 from colony.blackboard.protocol import AgentStateProtocol, ApiRunProtocol
@@ -40,26 +55,33 @@ from colony.errors import (
     ConcurrentModificationError,
     InvalidArgument,
     RunNotFound,
+    RunQueueFull,
 )
 from colony.system.builtin import RUNS_NAMESPACE
 from colony.system.registry import AgentRegistry
 
+log = logging.getLogger(__name__)
+
 RunStatusName = Literal["queued", "running", "suspended", "succeeded", "failed", "cancelled"]
-API_WRITER = "api"
 GAP = "gap"  # event type of the notice that some of a run's events are gone (retention, stream cap)
 _EVENT_ID = re.compile(r"(\d{1,20})(?:-(\d{1,20}))?")
+_EVENT_ID_MAX = 2**64 - 1  # each part of a stream id is an unsigned 64-bit number
 IDLE_SECONDS = 1.0  # an event stream checks the run's state after this long without events
+SERVING_CACHE_SECONDS = 2.0  # how long this process trusts an agent's serving declaration it read
+SERVING_CACHE_SIZE = 4096  # agents whose declaration is remembered (oldest forgotten first)
+RESERVE_SECONDS = 30.0  # a reservation whose submit died before writing its request goes after this
 
 
 def parse_event_id(text: str) -> tuple[int, int]:
     """A stream event id as (ms, seq); raises InvalidArgument for anything else ("$" included)."""
     match = _EVENT_ID.fullmatch(text) if isinstance(text, str) else None
-    if match is None:
+    parsed = (int(match.group(1)), int(match.group(2) or 0)) if match is not None else None
+    if parsed is None or max(parsed) > _EVENT_ID_MAX:  # Redis refuses a part beyond 64 bits
         raise InvalidArgument(
             f"Last-Event-ID {str(text)[:40]!r} is not an event id of this run "
             "(ids look like 1700000000000-0; omit the header to replay from the start)"
         )
-    return int(match.group(1)), int(match.group(2) or 0)
+    return parsed
 
 
 class RunRecord(BaseModel):
@@ -109,6 +131,7 @@ class RunService:
         self._root = blackboard
         self.registry = registry
         self._counted: dict[str, None] = {}  # runs whose end this process has counted (bounded)
+        self._serving: dict[tuple[str, str], tuple[float, RunServing]] = {}  # (agent, ns) -> (read at, it)
 
     @property
     def runs_settings(self) -> RunsSettings:
@@ -144,6 +167,12 @@ class RunService:
     ) -> RunRecord:
         if await self.registry.get(agent) is None:
             raise AgentNotFound(f"no agent named {agent!r}; GET /v1/agents lists them")
+        role, dot, _ = agent.partition(".")
+        if dot and (await self.serving(role, namespace)).is_pool:
+            raise InvalidArgument(
+                f"agent {agent!r} is a member of the pool {role!r} and serves the pool's runs; "
+                f"submit the run to {role!r}"
+            )
         run_id = new_id("run")
         timeout = timeout_s or self.runs_settings.default_timeout_seconds
         record = RunRecord(
@@ -153,30 +182,87 @@ class RunService:
         # The longest a run's request and record may live: answered or not, they go after this.
         life = timeout + self.retention_seconds
         request_key = AgentRunProtocol.request_key(run_id)
+        marker = pending_key(AgentRunProtocol, run_id)
         try:
+            serving = await self.serving(agent, namespace)
+            marked = serving.is_pool or serving.admitted_at_once() is not None
+            if serving.admitted_at_once() is not None:  # reserve, then count (the count includes it)
+                await board.write(**pending_write(AgentRunProtocol, run_id, RESERVE_SECONDS, API_WRITER))
+                await self._admit(board, agent, serving, marker)
             record.events_from = await board.latest_event_id()
-            await board.write(
-                request_key,
-                {"input": input_data, "requester": API_WRITER, "agent_id": agent, "pages": record.pages},
-                tags={AgentRunProtocol.request_tag(run_id)},
-                created_by=API_WRITER,
-                ttl_seconds=life,
-            )
-            # the run's tag set too: if no one ever answers, nothing of the run outlives `life`
-            await board.expire_tag(AgentRunProtocol.request_tag(run_id), life)
-            try:
+            request = {
+                "key": request_key,
+                "value": {
+                    "input": input_data,
+                    "requester": API_WRITER,
+                    "agent_id": agent,
+                    "pages": record.pages,
+                },
+                "tags": [AgentRunProtocol.request_tag(run_id)],
+                "created_by": API_WRITER,
+                "ttl_seconds": life,
+            }
+            try:  # the record first: once the request exists it may be served, so it comes last
                 await self.api_board.write(
                     ApiRunProtocol.run_key(run_id), record, created_by=API_WRITER, ttl_seconds=life
                 )
+                # a pool's (or a bounded agent's) request is indexed as pending in the same round
+                # trip, right after it (the marker then gets the request's expiry)
+                writes = (
+                    [request, pending_write(AgentRunProtocol, run_id, life, API_WRITER)]
+                    if marked
+                    else [request]
+                )
+                await board.write_many(writes)
             except BaseException:
                 with contextlib.suppress(Exception):  # nothing half-submitted stays to be served
-                    await board.delete(request_key)
+                    await board.delete(marker)
+                    await self.api_board.delete(ApiRunProtocol.run_key(run_id))
                 raise
+            # the run's tag set too: if no one ever answers, nothing of the run outlives `life`
+            # (the run is submitted either way: a failure here leaves only that set without expiry)
+            try:
+                await board.expire_tag(AgentRunProtocol.request_tag(run_id), life)
+            except (RedisError, BlackboardUnavailable) as exc:
+                log.warning("tag set of run %s not given its expiry: %r", run_id, exc)
         except RedisError as exc:  # e.g. Redis out of memory: a server-side failure, not the input's
             url = redis_url_of(self._root.redis)
             raise BlackboardUnavailable(f"submit run to {agent!r}", url, exc) from exc
         metrics.RUNS_SUBMITTED.labels(agent if agent in ("echo", "ask") else "custom").inc()
         return record
+
+    async def serving(self, agent: str, namespace: str = RUNS_NAMESPACE) -> RunServing:
+        """The agent's serving declaration (cached for SERVING_CACHE_SECONDS)."""
+        key = (agent, namespace)
+        cached = self._serving.get(key)
+        now = time.monotonic()
+        if cached is not None and now - cached[0] < SERVING_CACHE_SECONDS:
+            return cached[1]
+        board = self._root.scoped(AgentRunProtocol.namespaced_scope(self.agent_scope(agent), namespace))
+        serving = await read_serving(board, AgentRunProtocol)
+        self._serving.pop(key, None)
+        self._serving[key] = (now, serving)
+        if len(self._serving) > SERVING_CACHE_SIZE:
+            self._serving.pop(next(iter(self._serving)))
+        return serving
+
+    async def _admit(self, board: Blackboard, agent: str, serving: RunServing, marker: str) -> None:
+        """Check the bound once this run's pending marker (`marker`, its reservation) is stored, so
+        that the count includes this run and every concurrent submit's: over the bound, this submit
+        deletes its marker and raises `RunQueueFull`. Nothing of the run is served meanwhile: its
+        request is written only once it is admitted (an idle member claims only requests that
+        exist)."""
+        bound = serving.admitted_at_once()
+        if bound is not None and await open_runs(board, AgentRunProtocol) > bound:
+            with contextlib.suppress(Exception):
+                await board.delete(marker)
+            metrics.RUNS_REJECTED.labels(agent if agent in ("echo", "ask") else "custom").inc()
+            raise RunQueueFull(
+                f"agent {agent!r} already has {bound} run(s) open (running or waiting), as many as it "
+                "admits (its max_concurrent_runs); retry after the Retry-After delay, or raise "
+                "the agent's max_concurrent_runs (runs.echo_pool / runs.ask_pool for the built-ins)",
+                retry_after_seconds=1.0,
+            )
 
     async def record(self, run_id: str) -> RunRecord:
         entry = await self.api_board.read(ApiRunProtocol.run_key(run_id))
@@ -279,13 +365,14 @@ class RunService:
         metrics.RUN_DURATION_SECONDS.observe(max(0.0, finished_at - record.created_at))
         return True
 
-    async def check_event_id(self, run_id: str, last_event_id: str | None) -> None:
+    async def check_event_id(self, run_id: str, last_event_id: str | None) -> RunRecord:
         """Refuse a `Last-Event-ID` that is not a stream id ("$" and garbage included) or that lies
         beyond the newest event of the run's stream (InvalidArgument; the API answers 400), so a
-        replay can never wait forever for events that will not come. Raises RunNotFound too."""
+        replay can never wait forever for events that will not come. Raises RunNotFound too.
+        The run's record, for `events(..., record=)`."""
         record = await self.record(run_id)
         if last_event_id is None:
-            return
+            return record
         wanted = parse_event_id(last_event_id)
         newest = await self.run_board(record).last_generated_event_id()
         if newest is not None and wanted > parse_event_id(newest):
@@ -293,18 +380,20 @@ class RunService:
                 f"Last-Event-ID {last_event_id!r} is later than the newest event of run {run_id!r} "
                 f"({newest}); send the id of an event this run's stream handed out"
             )
+        return record
 
     async def events(
-        self, run_id: str, last_event_id: str | None = None
+        self, run_id: str, last_event_id: str | None = None, *, record: RunRecord | None = None
     ) -> AsyncIterator[tuple[str, dict[str, Any]]]:
         """(event id, event) pairs of the run, from the start or after `last_event_id`, ending with
         its terminal event. A run ended by the API (cancel, timeout) gets a terminal event here.
 
         When the run has ended but its remaining events are gone (trimmed or expired), the stream
         sends a `gap` event and then a terminal event built from the run's result, and ends.
-        `last_event_id` is checked first (see `check_event_id`)."""
-        await self.check_event_id(run_id, last_event_id)
-        record = await self.record(run_id)
+        `last_event_id` is checked first (see `check_event_id`), unless the caller did and passes the
+        `record` that check returned."""
+        if record is None or record.run_id != run_id:
+            record = await self.check_event_id(run_id, last_event_id)
         board = self.run_board(record)
         subscription = board.subscribe(f"*:run:{run_id}*", from_id=last_event_id or record.events_from)
         result_key = AgentRunProtocol.result_key(run_id)

@@ -9,6 +9,14 @@ and `benchmarks/affinity_sim.py` use these classes, so the simulator measures th
   count plus the cache's age, the priority of the last page evicted; the lowest goes. Pages many
   agents keep coming back to stay resident through bursts of one-off pages, which LRU lets flush
   them, and the aging lets a once-popular page fall out when its demand stops.
+
+Needed soon (agent-aware eviction, as in KVFlow): a cache that only looks back at past uses evicts
+the page a queued or suspended agent is about to use as readily as one nobody will ask for again,
+and that agent then faults it straight back in. Colony knows who will run next (queued runs,
+suspended agents' resumption conditions, bound pages), so `unpinned_victim` takes the pages
+needed soon and picks its victim among the others first; only when every evictable page is
+needed soon does the policy choose among those. It is a preference, never a pin: a load never
+waits because the only free slots hold pages needed soon.
 """
 
 from __future__ import annotations
@@ -40,12 +48,18 @@ class EvictionPolicy(ABC):
         """`victim`'s choice was evicted (policies with aging advance their clock here)."""
         self.forget(page_id)
 
-    def unpinned_victim(self, candidates: Iterable[str], pinned: Collection[str] = ()) -> str | None:
+    def unpinned_victim(
+        self, candidates: Iterable[str], pinned: Collection[str] = (), needed_soon: Collection[str] = ()
+    ) -> str | None:
         """The policy's victim among the candidates that are not pinned (in use by a request or a
         page-bound step: evicting one would pull its KV cache from under it); None when every
-        candidate is pinned, and the caller waits for an unpin."""
+        candidate is pinned, and the caller waits for an unpin. Pages `needed_soon` (by a queued
+        or suspended agent) are passed over while any other candidate is free."""
         free = [page_id for page_id in candidates if page_id not in pinned]
-        return self.victim(free) if free else None
+        if not free:
+            return None
+        spare = [page_id for page_id in free if page_id not in needed_soon]
+        return self.victim(spare or free)
 
 
 class LRUEviction(EvictionPolicy):

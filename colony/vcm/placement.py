@@ -4,10 +4,16 @@ Pure functions over `ReplicaView`s (what each replica holds, how loaded it is), 
 request router, the control plane and `benchmarks/affinity_sim.py` run the very same code.
 A resident page scores 1, a swapped-out page (restorable from the replica's disk tier in
 milliseconds) 0.5, anything else 0.
+
+Ties among replicas equal in affinity, load and cache size (every cache full, none holding the
+pages: the usual miss once a cluster has warmed up) go by rendezvous hashing of the pages with the
+replica id: misses of different pages spread over the replicas instead of all evicting on the
+first one in id order, and a page that left every cache comes back where it was before.
 """
 
 from __future__ import annotations
 
+import hashlib
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 
@@ -66,7 +72,16 @@ def rank_replicas(replicas: Sequence[ReplicaView], page_ids: Sequence[str]) -> l
     return sorted(replicas, key=lambda r: (r.full, *_order(r, page_ids)))
 
 
-def _order(replica: ReplicaView, page_ids: Sequence[str]) -> tuple[float, int, int, str]:
+def _order(replica: ReplicaView, page_ids: Sequence[str]) -> tuple[float, int, int, int, str]:
     """Best first: most affinity, then least loaded, then the emptiest cache (a new page group
-    lands where it evicts least), then a stable tie-break."""
-    return (-affinity(replica, page_ids), replica.load, len(replica.resident), replica.replica_id)
+    lands where it evicts least), then the pages' rendezvous hash (page-less work: none), then a
+    stable tie-break."""
+    spread = _rendezvous(replica.replica_id, page_ids) if page_ids else 0
+    return (-affinity(replica, page_ids), replica.load, len(replica.resident), spread, replica.replica_id)
+
+
+def _rendezvous(replica_id: str, page_ids: Sequence[str]) -> int:
+    """The replica's rank for these pages (highest random weight hashing, lowest first): stable
+    across processes (not Python's salted hash), different per page group."""
+    text = "\0".join([replica_id, *page_ids]).encode()
+    return int.from_bytes(hashlib.blake2b(text, digest_size=8).digest(), "big")

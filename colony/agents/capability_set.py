@@ -1,0 +1,116 @@
+"""An agent's capabilities (a mixin of `Agent`, colony/agents/base.py): adding one wires its
+actions into the dispatcher, its hooks into the agent's registry and its event handlers into event
+delivery; attaching one to a recorded agent also records it in the stored blueprint, so a restored
+agent has it too."""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import TYPE_CHECKING
+
+from colony.agents.blueprint import CapabilitySpec
+from colony.agents.capability import AgentCapability, capability_parts
+from colony.agents.events import EventHandlerSpec
+from colony.errors import AgentUsageError
+
+if TYPE_CHECKING:
+    from colony.agents.actions import ActionDispatcher
+    from colony.agents.blueprint import AgentBlueprint, Blueprint
+    from colony.agents.hooks import HookRegistry
+    from colony.blackboard import Blackboard
+
+
+class CapabilitySet:
+    """Mixed into Agent, which provides what is declared here."""
+
+    if TYPE_CHECKING:
+        agent_id: str
+        blackboard: Blackboard
+        host: object | None
+        capabilities: dict[str, AgentCapability]
+        dispatcher: ActionDispatcher
+        hooks: HookRegistry
+        _blueprint: AgentBlueprint | None
+        _capability_specs: dict[str, CapabilitySpec]
+        _handlers: dict[str, list[EventHandlerSpec]]
+
+        async def _store_blueprint(self) -> None: ...
+
+    def add_capability(
+        self,
+        capability: AgentCapability,
+        *,
+        include_actions: list[str] | None = None,
+        exclude_actions: list[str] | None = None,
+    ) -> None:
+        """Add a capability: its actions go to the dispatcher, its hooks to this agent's registry.
+
+        Before the agent is recorded (or for agents without a blueprint). A recorded agent gets new
+        capabilities through `attach_capability(blueprint)`, so a restored agent has them too.
+        The policy still has to `use_agent_capabilities()` it when it restricts what it plans with.
+        """
+        if self._blueprint is not None and capability.name not in self._capability_specs:
+            raise AgentUsageError(
+                f"agent {self.agent_id} is already recorded; add {capability.name} with "
+                "`await agent.attach_capability(Cap.bind(...))` so a restored agent has it too"
+            )
+        if capability.agent is not self:
+            raise AgentUsageError(
+                f"{capability.name} belongs to another agent; build it with agent=this agent"
+            )
+        if capability.name in self.capabilities:
+            raise AgentUsageError(f"agent {self.agent_id} already has a capability named {capability.name!r}")
+        parts = capability_parts(capability)
+        actions = [
+            dataclasses.replace(spec, capability=capability.name, method=getattr(capability, attr))
+            for attr, spec in parts.actions
+        ]
+        if include_actions is not None:
+            actions = [a for a in actions if a.name in include_actions]
+        if exclude_actions:
+            actions = [a for a in actions if a.name not in exclude_actions]
+        self.dispatcher.add(actions)
+        for attr, spec in parts.hooks:
+            self.hooks.register(
+                spec.pointcut,
+                spec.kind,
+                getattr(capability, attr),
+                priority=spec.priority,
+                owner=capability,
+            )
+        handlers = [EventHandlerSpec(pattern, getattr(capability, attr)) for attr, pattern in parts.handlers]
+        if handlers:
+            self._handlers[capability.name] = handlers
+        self.capabilities[capability.name] = capability
+
+    def get_capability(self, name: str) -> AgentCapability | None:
+        return self.capabilities.get(name)
+
+    async def attach_capability(
+        self,
+        blueprint: Blueprint[AgentCapability],
+        *,
+        include_actions: list[str] | None = None,
+        exclude_actions: list[str] | None = None,
+    ) -> AgentCapability:
+        """Add a capability to a running agent and record it in the agent's stored blueprint."""
+        capability = blueprint.local_instance(agent=self, blackboard=self.blackboard)
+        self._capability_specs[capability.name] = CapabilitySpec(
+            blueprint=blueprint, include_actions=include_actions, exclude_actions=exclude_actions
+        )
+        self.add_capability(capability, include_actions=include_actions, exclude_actions=exclude_actions)
+        await self._store_blueprint()
+        if self.host is not None:
+            await capability.start()
+        return capability
+
+    async def remove_capability(self, name: str) -> AgentCapability | None:
+        capability = self.capabilities.pop(name, None)
+        if capability is not None:
+            self.dispatcher.remove_capability(name)
+            self.hooks.unregister_owner(capability)
+            self._handlers.pop(name, None)
+            await capability.close()
+            if self._capability_specs.pop(name, None) is not None:
+                await self._store_blueprint()
+        return capability

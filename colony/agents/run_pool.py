@@ -1,0 +1,133 @@
+"""The pool member's side of `AgentRunCapability` (a mixin): what a member does with the pending
+index of its role's run scope (colony.agents.run_claims), how it keeps the role's serving
+declaration, and how it announces a run it serves again from the start after the member that
+held it ended (docs/scaling.md, Pools)."""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+from typing import TYPE_CHECKING, Any
+
+from colony.agents.handle import RESTARTED
+from colony.agents.models import RunServing
+from colony.agents.run_claims import drop_pending, pending_requests, pending_write, publish_serving
+from colony.blackboard import TagFilter
+from colony.errors import BlackboardError, ConcurrentModificationError
+
+if TYPE_CHECKING:
+    from colony.agents.base import Agent
+    from colony.agents.stored_events import StoredEvents
+    from colony.blackboard import Blackboard, BlackboardEntry
+    from colony.blackboard.protocol import RequestResultProtocol
+
+log = logging.getLogger("colony.agents.run_capability")
+
+
+class PoolMember:
+    """Mixed into AgentRunCapability, which provides what is declared here."""
+
+    if TYPE_CHECKING:
+        protocol: type[RequestResultProtocol]
+        blackboard: Blackboard
+        retention_seconds: float
+        busy: bool
+
+        serving: RunServing
+        max_events: int
+        _attempt: int
+
+        def _agent(self) -> Agent: ...
+        async def _emit(self, event_type: str, data: Any, *, during_step: int | None) -> None: ...
+        def _hosted(self, agent: Agent) -> bool: ...
+        async def _claim(self, agent: Agent, request_id: str) -> bool: ...
+
+    async def _mark_pending(self, request_id: str) -> None:
+        """Put a request into the pending index (create-only: once, whichever busy member or
+        submitter is first), so the first member to become idle picks it up; it expires with the
+        request's keys. A marker this call created for a request an idle member claimed meanwhile
+        (the claimer dropped the marker before it existed), or whose request is gone (a submit
+        refused or failed half-way took it back), is dropped again here."""
+        item = pending_write(self.protocol, request_id, self.retention_seconds, self._agent().agent_id)
+        with contextlib.suppress(ConcurrentModificationError, BlackboardError):
+            await self.blackboard.write(**item, expected_version=0)
+            claim, request = await self.blackboard.read_many(
+                [self.protocol.claim_key(request_id), self.protocol.request_key(request_id)]
+            )
+            if claim is not None or request is None:
+                await self._drop_pending(request_id)
+
+    async def _drop_pending(self, request_id: str) -> None:
+        """The request is claimed: out of the pending index. A marker left behind (Redis away now)
+        costs an idle member one failed claim later, which drops it then."""
+        with contextlib.suppress(BlackboardError):
+            await drop_pending(self.blackboard, self.protocol, request_id)
+
+    async def _pick_up(self) -> None:
+        """A pool member with nothing to do claims the oldest open unclaimed request, if any (a
+        request that came while every member was busy). Never raises: a failure leaves the
+        requests pending for the next idle member (and the pool manager's nudge)."""
+        agent = self._agent()
+        if self.busy or agent.yielded or not self._hosted(agent):
+            return
+        try:
+            candidates = await pending_requests(self.blackboard, self.protocol)
+            if not candidates:
+                return
+            requests = await self.blackboard.read_many([self.protocol.request_key(r) for r in candidates])
+            for request_id, request in zip(candidates, requests, strict=True):
+                if request is None:  # an admission reservation whose request is not written yet
+                    continue  # (or a submit that died: the marker expires), never claimed
+                if self.busy:
+                    return
+                if await self._claim(agent, request_id):
+                    return
+                await self._drop_pending(request_id)  # claimed by a member that left its marker
+        except Exception as exc:
+            log.warning("agent %s: pending requests not picked up: %r", agent.agent_id, exc)
+
+    async def _keep_serving(self, declaration: BlackboardEntry | None) -> None:
+        """The role's declaration, read beside each request served: written again (without an
+        expiry) when it is missing or carries one, which a copy dropped after its replacement
+        started may have put there (see `close`). Best effort."""
+        if self.serving == RunServing() or (declaration is not None and declaration.expires_at is None):
+            return
+        with contextlib.suppress(BlackboardError):
+            await publish_serving(self.blackboard, self.protocol, self.serving, self._agent().agent_id)
+
+    async def _announce_rerun(self, request_id: str, stored: StoredEvents) -> None:
+        """A request whose run had begun elsewhere (a pool member that ended for good held it, and
+        the pool re-opened it) is run again from its start here: what was streamed after its
+        `started` event is superseded by one `restarted` event, and the rerun's events carry the
+        next attempt. Nothing after `started`: nothing to take back, nothing emitted."""
+        started = await self._started_seq(request_id)
+        if started is None or stored.last_seq <= started or stored.ended:
+            return
+        self._attempt = stored.attempt + 1
+        data = {
+            "attempt": self._attempt,
+            "supersedes_after": started,
+            "superseded": stored.last_seq - started,
+            "step": 1,
+            "reason": "the agent serving this run stopped before it ended; another member of the "
+            "pool runs it again from its start",
+        }
+        try:
+            await self._emit(RESTARTED, data, during_step=None)
+        except BlackboardError as exc:
+            log.warning("rerun of request %s not announced: %s", request_id, exc)
+
+    async def _started_seq(self, request_id: str) -> int | None:
+        """The sequence number of the request's `started` event (bounded read of its event keys)."""
+        tags = TagFilter(all_of=frozenset({self.protocol.request_tag(request_id)}))
+        page = await self.blackboard.query(
+            self.protocol.event_pattern(request_id), tags=tags, limit=2 * self.max_events + 10
+        )
+        for entry in page.entries:
+            identified = self.protocol.identify(entry.key)
+            if identified is None or identified[0] != "event":
+                continue
+            seq, _, kind = identified[1]["event_name"].partition(".")
+            if kind == "started" and seq.isdigit() and len(seq) <= 9:
+                return int(seq)
+        return None

@@ -1,0 +1,161 @@
+"""Agent-aware eviction and prefetch: a page a queued or suspended agent needs soon
+(`engine.pages_needed_soon`) is passed over by eviction while another page can go, and `prefetch`
+brings pages in before their agent runs, on the real policy classes and the real embedded engine."""
+
+from __future__ import annotations
+
+import asyncio
+import sys
+from collections.abc import AsyncIterator
+from pathlib import Path
+
+import pytest
+import pytest_asyncio
+
+from colony.config import EngineSettings
+from colony.inference import InferenceRequest, Page
+from colony.inference.embedded import EmbeddedEngine
+from colony.vcm.eviction import FrequencyEviction, LRUEviction
+from colony.vcm.placement import ReplicaView, choose_replica
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
+
+import affinity_sim as sim
+
+
+def test_eviction_passes_over_pages_needed_soon() -> None:
+    for policy in (LRUEviction(), FrequencyEviction()):
+        for page in ("cold", "warm", "hot", "hot", "hot", "warm"):
+            policy.touch(page)
+        cache = ["cold", "warm", "hot"]
+        assert policy.unpinned_victim(cache) == "cold"  # the policy's own choice ...
+        # ... is kept when a queued agent needs it soon; the next one by the policy's order goes
+        assert policy.unpinned_victim(cache, needed_soon={"cold"}) == policy.victim(["warm", "hot"])
+        assert policy.unpinned_victim(cache, needed_soon={"cold", "warm"}) == "hot"
+        # every evictable page needed soon: a preference, not a pin; the policy chooses among them
+        assert policy.unpinned_victim(cache, needed_soon=set(cache)) == "cold"
+        assert policy.unpinned_victim(cache, {"cold"}, needed_soon={"warm", "hot"}) == policy.victim(
+            ["warm", "hot"]
+        )
+        # a pin still wins over everything: never evicted, even if it is the only page not needed soon
+        assert policy.unpinned_victim(cache, {"cold"}, needed_soon={"warm"}) == "hot"
+        assert policy.unpinned_victim(cache, set(cache), needed_soon=()) is None
+
+
+def test_simulated_needed_soon_eviction_and_prefetch_cut_faults() -> None:
+    """The simulator's agent-aware variants run the policies' needed-soon path: fewer pages
+    prefilled than plain Colony on the same trace, and prefetch takes faults off requests' paths."""
+    trace = sim.make_trace(seed=3, agents=24, pages=60, group=3, requests=1500, zipf=0.8)
+
+    def run(**aware: int) -> sim.Result:
+        return sim.simulate("colony", sim.colony_router(), trace, lambda p: 100, 3, 8, "lfu-da", **aware)
+
+    plain, soon, fetched = run(), run(lookahead=8), run(lookahead=8, prefetch=1)
+    assert run(lookahead=0) == plain and plain.prefetched == 0
+    assert soon.prefill_tokens < plain.prefill_tokens and soon.hit_rate > plain.hit_rate
+    assert fetched.prefetched > 0
+    assert (fetched.accesses - fetched.hits) * 5 < plain.accesses - plain.hits  # faults off the path
+    # prefetch loads are counted: few are wasted (evicted before their request)
+    assert fetched.prefill_tokens < 1.1 * plain.prefill_tokens
+
+
+def test_misses_on_full_caches_spread_over_replicas_and_keep_a_home() -> None:
+    """Every cache full, none holding the page, equal load: misses of different pages go to
+    different replicas (not all to the first by id, which then thrashes while the others idle),
+    and a page goes back where it went before."""
+
+    def views() -> list[ReplicaView]:
+        return [ReplicaView(r, resident={f"{r}-{i}" for i in range(4)}) for r in ("r0", "r1", "r2")]
+
+    homes = {f"new-{n}": choose_replica(views(), [f"new-{n}"]).replica_id for n in range(30)}
+    counts = {r: sum(1 for home in homes.values() if home == r) for r in ("r0", "r1", "r2")}
+    assert min(counts.values()) >= 5, counts
+    assert all(choose_replica(views(), [p]).replica_id == home for p, home in homes.items())
+    assert choose_replica(views(), []).replica_id == "r0"  # page-less work: id order, as before
+
+
+def page(page_id: str) -> Page:
+    text = " ".join(f"Line {i}: {page_id} step {i} adds {i * 7}." for i in range(20))
+    return Page(page_id=page_id, text=text)
+
+
+on_engine_loop = pytest.mark.asyncio(loop_scope="module")
+
+
+@pytest_asyncio.fixture(scope="module", loop_scope="module")
+async def engine(tmp_path_factory: pytest.TempPathFactory) -> AsyncIterator[EmbeddedEngine]:
+    eng = EmbeddedEngine(EngineSettings(page_slots=2, threads=1), data_dir=tmp_path_factory.mktemp("soon"))
+    await eng.start()
+    yield eng
+    await eng.close()
+
+
+async def empty(engine: EmbeddedEngine) -> None:
+    engine.pages_needed_soon = None
+    for page_id in list(engine.resident_pages()):
+        await engine.evict_page(page_id)
+
+
+@on_engine_loop
+async def test_the_embedded_engine_keeps_a_page_needed_soon(engine: EmbeddedEngine) -> None:
+    await empty(engine)
+    await engine.load_page(page("a"))
+    await engine.load_page(page("b"))
+    # b used last: a is the policy's victim
+    await engine.generate(InferenceRequest(prompt="hi", page_ids=["b"], max_tokens=1))
+    asked: list[int] = []
+
+    def needed_soon() -> set[str]:
+        asked.append(1)
+        return {"a"}
+
+    engine.pages_needed_soon = needed_soon
+    load = await engine.load_page(page("c"))
+    assert asked, "the engine did not consult pages_needed_soon when it evicted"
+    assert load.evicted == ["b"] and set(engine.resident_pages()) == {"a", "c"}
+
+    # the same cache without the hint evicts the policy's own choice: the hint made the difference
+    await empty(engine)
+    await engine.load_page(page("a"))
+    await engine.load_page(page("b"))
+    await engine.generate(InferenceRequest(prompt="hi", page_ids=["b"], max_tokens=1))
+    assert (await engine.load_page(page("c"))).evicted == ["a"]
+
+
+@on_engine_loop
+async def test_a_failing_hint_does_not_fail_the_load(engine: EmbeddedEngine) -> None:
+    await empty(engine)
+    await engine.load_page(page("a"))
+    await engine.load_page(page("b"))
+
+    def broken() -> set[str]:
+        raise RuntimeError("host gone")
+
+    engine.pages_needed_soon = broken
+    assert (await engine.load_page(page("c"))).evicted == ["a"]  # the policy alone decides
+    await empty(engine)
+
+
+@on_engine_loop
+async def test_prefetch_brings_pages_in_before_their_first_use(engine: EmbeddedEngine) -> None:
+    await empty(engine)
+    pages = {p.page_id: p for p in (page("x"), page("y"), page("z"))}
+
+    async def fetch(page_id: str) -> Page:
+        return pages[page_id]
+
+    assert await engine.prefetch(["x"], fetch) == ["x"]
+    assert "x" in engine.resident_pages() and not engine.pinned_pages()  # resident, not held
+    assert await engine.prefetch(["x"], fetch) == []  # already there: nothing to do
+    async with engine.using_pages(["x"], fetch) as faulted:
+        assert faulted == []  # the agent's first step finds its page: no fault
+    # every slot in use: a prefetch does not wait behind the pins, it brings nothing in
+    async with engine.using_pages(["x", "y"], fetch):
+        assert await asyncio.wait_for(engine.prefetch(["z"], fetch), 10) == []
+    assert "z" not in engine.resident_pages()
+    # nor does it push out a page a queued agent needs soon: only one nobody is waiting for
+    engine.pages_needed_soon = lambda: {"x", "y", "z"}
+    assert await engine.prefetch(["z"], fetch) == [] and set(engine.resident_pages()) == {"x", "y"}
+    engine.pages_needed_soon = lambda: {"x", "z"}
+    assert await engine.prefetch(["z"], fetch) == ["z"] and set(engine.resident_pages()) == {"x", "z"}
+    await empty(engine)
