@@ -7,7 +7,8 @@ submitted echo runs completed and how fast. Goal: >= 200 runs/s accepted on 2 co
 
 Then completed runs/s end to end: each client submits a run and reads its event stream to the
 terminal event, again and again, for `echo` (a pool, `runs.echo_pool`, up to --pool-max members)
-and for `echo-single` (the same agent served by one agent's loop: what `echo` was before pools),
+and for `echo-single` (the same agent served by one agent's loop: what `echo` was before pools);
+the pool once more with one request per run (a submit with `stream: true` answers with the stream),
 beside the bare Serve echo's requests/s measured in the same run (the three interleaved in
 --rounds slices, so they see the same load from the rest of the box). Goal: the pool >= 0.5x the
 bare echo.
@@ -86,10 +87,11 @@ async def load(
 
 
 async def end_to_end(
-    url: str, agent: str, headers: dict[str, str], seconds: float, concurrency: int
+    url: str, agent: str, headers: dict[str, str], seconds: float, concurrency: int, *, one: bool = False
 ) -> dict[str, float]:
     """Completed runs/s: each client submits a run to `agent`, reads its event stream until the
-    terminal event (the API ends the stream there), and goes again."""
+    terminal event (the API ends the stream there), and goes again; two requests per run, or with
+    `one` a single submit with `stream: true` whose answer is the stream."""
     latencies: list[float] = []
     statuses: dict[str, int] = {}
     errors = 0
@@ -100,12 +102,13 @@ async def end_to_end(
         n = 0
         while time.perf_counter() < deadline:
             started = time.perf_counter()
-            response = await client.post("/v1/runs", json={"agent": agent, "input": n}, headers=headers)
+            body = {"agent": agent, "input": n, **({"stream": True} if one else {})}
+            response = await client.post("/v1/runs", json=body, headers=headers)
             n += 1
-            if response.status_code != 202:
+            if response.status_code != (200 if one else 202):
                 errors += 1
                 continue
-            stream = await client.get(response.json()["events_url"], headers=headers)
+            stream = response if one else await client.get(response.json()["events_url"], headers=headers)
             kinds = [line[7:].strip() for line in stream.text.splitlines() if line.startswith("event:")]
             final = kinds[-1] if kinds else "none"
             statuses[final] = statuses.get(final, 0) + 1
@@ -200,16 +203,19 @@ def main() -> None:
         # end to end: the pool grows while the warm-up queues runs; the three side by side
         asyncio.run(end_to_end(url, "echo", headers, 3, args.concurrency))
         # interleaved in --rounds slices, so the three see the same load from the rest of the box
-        slices: dict[str, list[dict[str, Any]]] = {"bare": [], "pool": [], "single": []}
+        slices: dict[str, list[dict[str, Any]]] = {"bare": [], "pool": [], "one": [], "single": []}
         part = args.seconds / args.rounds
         for _ in range(args.rounds):
             slices["bare"].append(asyncio.run(load(url, "/bare/echo", {}, part, args.concurrency)))
             slices["pool"].append(asyncio.run(end_to_end(url, "echo", headers, part, args.concurrency)))
+            slices["one"].append(
+                asyncio.run(end_to_end(url, "echo", headers, part, args.concurrency, one=True))
+            )
             slices["single"].append(
                 asyncio.run(end_to_end(url, "echo-single", headers, part, args.concurrency))
             )
         bare_e2e = {"accepted_per_s": sum(s["accepted_per_s"] for s in slices["bare"]) / args.rounds}
-        pool, single = merged(slices["pool"]), merged(slices["single"])
+        pool, one, single = merged(slices["pool"]), merged(slices["one"]), merged(slices["single"])
         members = httpx.get(f"{url}/v1/agents", headers=headers, timeout=30).json()
         pool_size = sum(1 for a in members if a["agent_id"].startswith("echo.") and a["state"] != "stopped")
     finally:
@@ -236,7 +242,8 @@ def main() -> None:
         f"in {args.rounds} interleaved slices:"
     )
     print(f"  bare Serve echo      {bare_e2e['accepted_per_s']:8.1f} req/s")
-    for name, figures in (("echo (pool)", pool), ("echo-single", single)):
+    variants = (("echo (pool)", pool), ("echo (pool), stream", one), ("echo-single", single))
+    for name, figures in variants:
         print(
             f"  {name:<20} {figures['completed_per_s']:8.1f} completed runs/s "
             f"({figures['completed_per_s'] / bare_e2e['accepted_per_s']:.2f}x the bare echo)   "
@@ -252,8 +259,10 @@ def main() -> None:
         "end_to_end": {
             "bare_req_per_s": bare_e2e["accepted_per_s"],
             "pool": pool,
+            "pool_stream": one,
             "single": single,
             "pool_ratio": pool["completed_per_s"] / bare_e2e["accepted_per_s"],
+            "pool_stream_ratio": one["completed_per_s"] / bare_e2e["accepted_per_s"],
             "single_ratio": single["completed_per_s"] / bare_e2e["accepted_per_s"],
             "pool_members": pool_size + 1,
         },

@@ -79,6 +79,33 @@ async def test_echo_run_over_http_with_events(api) -> None:
     assert done["status"] == "succeeded" and done["output"] == {"hello": [1, 2]} and done["agent"] == "echo"
 
 
+async def test_a_submit_with_stream_true_answers_with_the_runs_events(api) -> None:
+    """One request per run: the submit's answer is the event stream itself, the run's id in a
+    header; the events URL it names resumes after any event with Last-Event-ID."""
+    client, _ = api
+    answer = await client.post(
+        "/v1/runs", json={"agent": "echo", "input": {"one": "request"}, "stream": True}, headers=AUTH
+    )
+    assert answer.status_code == 200
+    assert answer.headers["content-type"].startswith("text/event-stream")
+    run_id = answer.headers["colony-run-id"]
+    assert answer.headers["content-location"] == f"/v1/runs/{run_id}/events"
+    events = parse_sse(answer.text)
+    assert [e["event"] for e in events] == ["started", "step", "completed"]
+    assert events[-1]["data"]["data"]["output"] == {"one": "request"}
+    assert all(e["data"]["request_id"] == run_id for e in events)
+    again = await client.get(
+        answer.headers["content-location"], headers={**AUTH, "Last-Event-ID": events[0]["id"]}
+    )
+    assert [e["id"] for e in parse_sse(again.text)] == [e["id"] for e in events[1:]]
+    assert (await wait_done(client, run_id))["status"] == "succeeded"
+    # refused before anything streams: the same errors as a plain submit, as JSON
+    missing = await client.post("/v1/runs", json={"agent": "nobody", "stream": True}, headers=AUTH)
+    assert missing.status_code == 404 and missing.json()["error"]["code"] == "not_found"
+    bad = await client.post("/v1/runs", json={"agent": "echo", "stream": "yes please"}, headers=AUTH)
+    assert bad.status_code == 422 and "stream" in bad.text
+
+
 async def test_last_event_id_resumes_without_repeats(api) -> None:
     client, _ = api
     run_id = (await client.post("/v1/runs", json={"agent": "echo", "input": 7}, headers=AUTH)).json()[

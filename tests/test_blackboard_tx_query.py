@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import asyncio
+
 import pytest
 
 from colony.blackboard import Blackboard, TagFilter
@@ -210,3 +212,26 @@ async def test_ring_truncate_applies_in_order_and_only_with_its_transaction(bb: 
             tx.write("marker", 3, expected_version=stale)
             tx.ring_truncate("ring", 0)
     assert await bb.ring("ring") == ["new"]  # the refused transaction cut nothing
+
+
+async def test_oldest_tagged_gives_the_oldest_first_without_values_and_prunes_stale_members(
+    bb: Blackboard,
+) -> None:
+    """What an idle pool member picks its next run from: creation order (not key order), at most
+    `limit`, and never a member whose entry is gone or was rewritten without the tag."""
+    for name in ("c", "a", "d", "b", "e"):  # written in this order: key order differs
+        await bb.write(f"queue:{name}", {"big": "x" * 1000}, tags={"queued"})
+        await asyncio.sleep(0.002)  # distinct creation times (ms)
+    assert await bb.oldest_tagged("queued", 3) == ["queue:c", "queue:a", "queue:d"]
+    await bb.write("queue:c", 1)  # rewritten without the tag: no longer queued
+    await bb.delete("queue:a")
+    await bb.write("queue:d", 2, tags={"queued"})  # rewritten with it: still its first creation time
+    await bb.write("queue:f", 3, tags={"queued"}, ttl_seconds=0.05)
+    await asyncio.sleep(0.2)  # expired: its member stays in the index until someone prunes it
+    assert "queue:f" in await bb.redis.smembers(bb.keyspace.tag_key("queued"))
+    assert await bb.oldest_tagged("queued", 10) == ["queue:d", "queue:b", "queue:e"]
+    members = await bb.redis.smembers(bb.keyspace.tag_key("queued"))
+    assert members == {"queue:d", "queue:b", "queue:e"}  # the stale ones pruned from the index
+    assert await bb.oldest_tagged("nothing-tagged", 10) == []
+    with pytest.raises(InvalidKey):
+        await bb.oldest_tagged("bad tag\n", 10)

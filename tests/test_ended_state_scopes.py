@@ -4,11 +4,15 @@ member's run capability on its role's scope, leaves that stream as it was."""
 
 from __future__ import annotations
 
+import pytest
 from agent_kit import counter_blueprint
 
 from colony.agents import AgentCapability, LocalAgentRuntime
 from colony.agents.ended_state import owned_scopes
+from colony.agents.models import AgentState
 from colony.blackboard import Blackboard, BlackboardScope, scope_id
+from colony.blackboard.protocol import AgentStateProtocol
+from colony.errors import ConcurrentModificationError
 
 
 async def _ttl(board: Blackboard) -> int:
@@ -49,3 +53,26 @@ def test_owned_scopes_are_the_agents_and_those_inside_it(bb: Blackboard) -> None
         own.scope_id,
         inside.scope_id,
     ]
+
+
+async def test_an_id_is_taken_again_once_its_agent_ended_never_while_it_lives(
+    runtime: LocalAgentRuntime, bb: Blackboard
+) -> None:
+    """Spawn writes create-only and clears an ended agent's state only when refused (a fresh id
+    costs no read): a live agent of the id stands, untouched; a stopped one gives way, its pending
+    expiries taken off so the new agent's state does not vanish with the old one's retention."""
+    first = await runtime.spawn(counter_blueprint("reused", [], serve_namespace="runs"))
+    lifecycle_key = first.blackboard.keyspace.entry_key(AgentStateProtocol.key("lifecycle"))
+    before = await bb.redis.hgetall(lifecycle_key)
+    with pytest.raises(ConcurrentModificationError):
+        await LocalAgentRuntime(bb, tenant_id=runtime.tenant_id, colony_id=runtime.colony_id).spawn(
+            counter_blueprint("reused", [], serve_namespace="runs")
+        )
+    assert await bb.redis.hgetall(lifecycle_key) == before  # the live agent's record is as it was
+    await runtime.stop("reused")
+    assert await bb.redis.pttl(lifecycle_key) > 0  # retiring
+    second = await runtime.spawn(counter_blueprint("reused", [], serve_namespace="runs"))
+    assert second.state is not AgentState.STOPPED
+    assert await bb.redis.pttl(lifecycle_key) == -1  # the new agent's record has no expiry
+    assert await _ttl(second.blackboard) == -1  # nor its event stream
+    await runtime.stop("reused")

@@ -26,7 +26,7 @@ from colony.agents import (
     action_executor,
 )
 from colony.agents.models import RunServing
-from colony.agents.run_claims import pending_tag
+from colony.agents.run_claims import API_WRITER, pending_requests, pending_tag, pending_write
 from colony.api.app import ApiServices, create_app
 from colony.blackboard import AgentRunProtocol, Blackboard
 from colony.config import ColonySettings, ServeSettings, VcmSettings
@@ -430,3 +430,24 @@ def engine_deployment(app: Any) -> Any:
     engine = system._bound_deployment.init_args[1]._bound_deployment
     assert engine.name == "EngineReplica"
     return engine
+
+
+async def test_a_free_member_takes_the_oldest_waiting_run_first(cluster: Cluster) -> None:
+    """One member, runs queued behind a busy one: each time it is free it picks the oldest run
+    still waiting (by when it was submitted, not by id), passing over reservations whose request
+    is not written (more of them than it reads in one round trip)."""
+    blueprint = nap_blueprint("fifo", RunServing(mode="pool", min_size=1, max_size=1), seconds=0.15)
+    cluster.use_pools(blueprint)
+    await cluster.control.place(blueprint)
+    first = (await cluster.runs.submit("fifo", 0)).run_id
+    board = cluster.runs.run_board(await cluster.runs.record(first))
+    await wait_for(lambda: _claimed(cluster, first), 10)
+    for n in range(6):  # older than every queued run: admission reservations, no request behind them
+        await board.write(**pending_write(AgentRunProtocol, f"reserved-{n}", 60, API_WRITER))
+    queued = [(await cluster.runs.submit("fifo", n)).run_id for n in range(1, 9)]
+    views = await finished(cluster, [first, *queued])
+    assert {v.status for v in views.values()} == {"succeeded"}
+    results = await board.read_many([AgentRunProtocol.result_key(r) for r in queued])
+    served = sorted(queued, key=lambda r: results[queued.index(r)].created_at)
+    assert served == queued  # in submission order: the oldest waiting first, every time
+    assert await pending_requests(board, AgentRunProtocol) == [f"reserved-{n}" for n in range(6)]

@@ -7,6 +7,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+from collections.abc import AsyncIterator
 from typing import TYPE_CHECKING, Any
 
 from colony.agents.blueprint import serving_of
@@ -15,7 +16,13 @@ from colony.agents.events import event_handler
 from colony.agents.handle import RESTARTED, TERMINAL_EVENTS, AgentRunEvent, terminal_event
 from colony.agents.hooks import HookContext, HookType, Pointcut
 from colony.agents.models import AgentRun, RunServing, RunStatus
-from colony.agents.run_claims import pending_key, publish_serving, retire_serving, serving_key
+from colony.agents.run_claims import (
+    claim_index_sizes,
+    pending_key,
+    publish_serving,
+    retire_serving,
+    serving_key,
+)
 from colony.agents.run_pool import PoolMember
 from colony.agents.run_retention import RequestRetention
 from colony.agents.stored_events import StoredEvents, read_stored_events
@@ -115,14 +122,20 @@ class AgentRunCapability(PoolMember, RequestRetention, AgentCapability):
     async def start(self) -> None:
         agent = self._agent()
         self.serving = serving_of(agent.stored_blueprint)
-        if self._owns_scope:  # the role's own agent speaks for the role; pool members do not
-            await publish_serving(self.blackboard, self.protocol, self.serving, agent.agent_id)
-        open_claims = TagFilter(all_of=frozenset({self.protocol.open_claims_tag()}))
-        claims = [
-            e
-            async for e in self.blackboard.iter_query(self.protocol.pattern("claim"), tags=open_claims)
-            if _claimant(e.value) == agent.agent_id
-        ]
+        # the role's declaration (only its own agent speaks for the role; pool members do not) and
+        # the sizes of the claim indexes, at once: a fresh agent (most starts) reads no index
+        declared = self._owns_scope and self.serving != RunServing()
+        sizes = claim_index_sizes(self.blackboard, self.protocol)
+        if declared:
+            publish = publish_serving(self.blackboard, self.protocol, self.serving, agent.agent_id)
+            (open_count, pending_count), _ = await asyncio.gather(sizes, publish)
+        else:
+            open_count, pending_count = await sizes
+        claims = (
+            [e async for e in self._open_claims() if _claimant(e.value) == agent.agent_id]
+            if open_count
+            else []
+        )
         claims.sort(key=lambda e: (e.created_at, e.key))
         request_ids = [self.protocol.parse("claim", e.key)["request_id"] for e in claims]
         results = await self.blackboard.read_many([self.protocol.result_key(r) for r in request_ids])
@@ -140,8 +153,14 @@ class AgentRunCapability(PoolMember, RequestRetention, AgentCapability):
             # the host drives the restored run; _after_step answers
             await self._announce_restart(restored, await self._adopt(restored.request_id))
         self._tasks.append(asyncio.create_task(self._work(), name=f"{agent.agent_id}-{self.name}-requests"))
-        if self.serving.is_pool:
-            await self._pick_up()  # requests that came while no member was free
+        if self.serving.is_pool and pending_count:
+            await self._pick_up()  # requests that came while no member was free (a later one
+            # reaches this member's event handler, which starts after this)
+
+    def _open_claims(self) -> AsyncIterator[BlackboardEntry]:
+        """Every open claim of this run scope (whoever holds it), read from the open-claims index."""
+        open_claims = TagFilter(all_of=frozenset({self.protocol.open_claims_tag()}))
+        return self.blackboard.iter_query(self.protocol.pattern("claim"), tags=open_claims)
 
     @property
     def _owns_scope(self) -> bool:

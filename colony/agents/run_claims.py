@@ -20,11 +20,11 @@ import time
 from typing import Any
 
 from colony.agents.models import RunServing
-from colony.blackboard import Blackboard, BlackboardEntry, TagFilter
+from colony.blackboard import Blackboard
 from colony.blackboard.protocol import RequestResultProtocol, validate_segment
 
 API_WRITER = "api"  # who the API's writes are by (colony.system.runs.API_WRITER): it indexes its requests
-PICK_UP_PAGE = 100  # pending entries one idle member reads to pick the oldest (bounded work)
+PICK_UP_PAGE = 32  # oldest pending requests an idle member considers (of a sample of 256 or more)
 
 
 def pending_tag(protocol: type[RequestResultProtocol]) -> str:
@@ -61,14 +61,21 @@ async def drop_pending(board: Blackboard, protocol: type[RequestResultProtocol],
 async def pending_requests(
     board: Blackboard, protocol: type[RequestResultProtocol], limit: int = PICK_UP_PAGE
 ) -> list[str]:
-    """Up to `limit` open unclaimed request ids, oldest first (among those the index scan gives)."""
-    page = await board.query(
-        f"pending:{protocol.kind}:*",
-        tags=TagFilter(all_of=frozenset({pending_tag(protocol)})),
-        limit=limit,
-    )
-    entries: list[BlackboardEntry] = sorted(page.entries, key=lambda e: (e.created_at, e.key))
-    return [e.key.split(":", 2)[2] for e in entries]
+    """Up to `limit` open unclaimed request ids, oldest first (among those one index scan gives),
+    read without their markers' values: an idle member picks from a backlog cheaply."""
+    prefix = f"pending:{protocol.kind}:"
+    keys = await board.oldest_tagged(pending_tag(protocol), limit)
+    return [key[len(prefix) :] for key in keys if key.startswith(prefix)]
+
+
+async def claim_index_sizes(board: Blackboard, protocol: type[RequestResultProtocol]) -> tuple[int, int]:
+    """How many open claims and how many pending markers the run scope holds (two SCARDs, one round
+    trip): a starting member reads either index only when it is not empty."""
+    async with board.guard("count"), board.redis.pipeline(transaction=False) as pipe:
+        pipe.scard(board.keyspace.tag_key(protocol.open_claims_tag()))
+        pipe.scard(board.keyspace.tag_key(pending_tag(protocol)))
+        claims, pending = await pipe.execute()
+    return int(claims), int(pending)
 
 
 async def count_tag(board: Blackboard, tag: str) -> int:

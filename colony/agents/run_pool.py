@@ -23,6 +23,8 @@ if TYPE_CHECKING:
 
 log = logging.getLogger("colony.agents.run_capability")
 
+PICK_UP_BATCH = 4  # pending requests whose request entries an idle member reads per round trip
+
 
 class PoolMember:
     """Mixed into AgentRunCapability, which provides what is declared here."""
@@ -72,17 +74,17 @@ class PoolMember:
             return
         try:
             candidates = await pending_requests(self.blackboard, self.protocol)
-            if not candidates:
-                return
-            requests = await self.blackboard.read_many([self.protocol.request_key(r) for r in candidates])
-            for request_id, request in zip(candidates, requests, strict=True):
-                if request is None:  # an admission reservation whose request is not written yet
-                    continue  # (or a submit that died: the marker expires), never claimed
-                if self.busy:
-                    return
-                if await self._claim(agent, request_id):
-                    return
-                await self._drop_pending(request_id)  # claimed by a member that left its marker
+            for start in range(0, len(candidates), PICK_UP_BATCH):  # the oldest first, a few at a time
+                batch = candidates[start : start + PICK_UP_BATCH]
+                requests = await self.blackboard.read_many([self.protocol.request_key(r) for r in batch])
+                for request_id, request in zip(batch, requests, strict=True):
+                    if request is None:  # an admission reservation whose request is not written yet
+                        continue  # (or a submit that died: the marker expires), never claimed
+                    if self.busy:
+                        return
+                    if await self._claim(agent, request_id):
+                        return
+                    await self._drop_pending(request_id)  # claimed by a member that left its marker
         except Exception as exc:
             log.warning("agent %s: pending requests not picked up: %r", agent.agent_id, exc)
 

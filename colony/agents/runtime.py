@@ -29,6 +29,7 @@ from colony.errors import (
     BlackboardError,
     BlackboardUnavailable,
     BlueprintTampered,
+    ConcurrentModificationError,
 )
 
 log = logging.getLogger(__name__)
@@ -110,9 +111,16 @@ class LocalAgentRuntime:
         )
         blueprint = blueprint.model_copy(update={"metadata": metadata})
         agent = build_agent(blueprint, self.blackboard, **self.services)
-        # an ended agent of that id (stopped, failed) gives way to this one, state and expiries cleared
-        await clear_ended_state(agent.blackboard, [c.blackboard for c in agent.capabilities.values()])
-        await agent.initialize(blueprint)
+        try:  # create-only: refused while any agent of that id is stored
+            await agent.initialize(blueprint)
+        except ConcurrentModificationError:
+            # an ended agent of that id (stopped, failed) gives way to this one, its state and
+            # expiries cleared; a live one stands (the refusal goes to the caller). Checked only
+            # on a refusal, so a fresh id costs no read of its own
+            scopes = [c.blackboard for c in agent.capabilities.values()]
+            if not await clear_ended_state(agent.blackboard, scopes):
+                raise
+            await agent.initialize(blueprint)
         await self._activate(agent)
         return agent
 

@@ -46,6 +46,7 @@ from colony.api.schemas import (
     READ_ONE,
     SSE_EVENT,
     SUBMIT,
+    SUBMIT_STREAM,
     AgentStateName,
     CatalogAgent,
     Health,
@@ -84,7 +85,7 @@ from colony.errors import (
 )
 from colony.system.catalog import BUILTIN_AGENTS
 from colony.system.registry import AgentRecord, AgentRegistry
-from colony.system.runs import RunService, RunView
+from colony.system.runs import RunRecord, RunService, RunView
 from colony.vcm import PageSource, PageTable
 
 log = logging.getLogger(__name__)
@@ -102,6 +103,20 @@ def _event_id_schema(schema: dict[str, Any]) -> None:
 
 class EventStreamResponse(StreamingResponse):
     media_type = "text/event-stream"
+
+
+def event_stream(
+    runs: RunService, run_id: str, last_event_id: str | None, record: RunRecord, headers: dict[str, str]
+) -> EventStreamResponse:
+    """The run's events as server-sent events (`id:`, `event:`, `data:` as JSON), ending with its
+    terminal event: what GET /v1/runs/{run_id}/events and a submit with `stream: true` send."""
+
+    async def lines() -> AsyncIterator[str]:
+        async for event_id, event in runs.events(run_id, last_event_id, record=record):
+            kind = event.get("event_type", "message")
+            yield f"id: {event_id}\nevent: {kind}\ndata: {json.dumps(event)}\n\n"
+
+    return EventStreamResponse(lines(), headers={"Cache-Control": "no-cache", **headers})
 
 
 class PrometheusResponse(Response):
@@ -354,9 +369,9 @@ def create_app(
         status_code=202,
         response_model=SubmittedRun,
         dependencies=[Depends(authorized)],
-        responses=SUBMIT,
+        responses={**SUBMIT, 200: SUBMIT_STREAM},
     )
-    async def submit(body: SubmitRun) -> SubmittedRun:
+    async def submit(body: SubmitRun) -> SubmittedRun | StreamingResponse:
         try:
             check_input(body.input, api.max_input_depth)
         except ValueError as exc:
@@ -364,10 +379,13 @@ def create_app(
         kwargs: dict[str, Any] = {"timeout_s": body.timeout_s, "pages": body.pages}
         if body.namespace:
             kwargs["namespace"] = body.namespace
-        record = await (await svc()).runs.submit(body.agent, body.input, **kwargs)
-        return SubmittedRun(
-            run_id=record.run_id, status="queued", events_url=f"/v1/runs/{record.run_id}/events"
-        )
+        runs = (await svc()).runs
+        record = await runs.submit(body.agent, body.input, **kwargs)
+        events_url = f"/v1/runs/{record.run_id}/events"
+        if body.stream:  # submit and stream in one request: the events from the run's first one
+            headers = {"Colony-Run-Id": record.run_id, "Content-Location": events_url}
+            return event_stream(runs, record.run_id, None, record, headers)
+        return SubmittedRun(run_id=record.run_id, status="queued", events_url=events_url)
 
     @app.get(
         "/v1/runs/{run_id}", response_model=RunView, dependencies=[Depends(authorized)], responses=READ_ONE
@@ -408,13 +426,7 @@ def create_app(
             )
         # 404 (no run) and 400 (an id past the run's newest event) before the stream starts
         record = await runs.check_event_id(run_id, last_event_id)
-
-        async def stream() -> AsyncIterator[str]:
-            async for event_id, event in runs.events(run_id, last_event_id, record=record):
-                kind = event.get("event_type", "message")
-                yield f"id: {event_id}\nevent: {kind}\ndata: {json.dumps(event)}\n\n"
-
-        return EventStreamResponse(stream(), headers={"Cache-Control": "no-cache"})
+        return event_stream(runs, run_id, last_event_id, record, {})
 
     @app.get(
         "/v1/agents", response_model=list[AgentRecord], dependencies=[Depends(authorized)], responses=LISTING

@@ -44,6 +44,13 @@ class SubmitRun(BaseModel):
     namespace: str | None = Field(None, min_length=1, max_length=100, pattern=ID_PATTERN)
     timeout_s: float | None = Field(None, gt=0, le=86_400, allow_inf_nan=False)
     pages: list[Identifier] | None = Field(None, max_length=1024, description="page ids the run needs")
+    stream: bool = Field(
+        False,
+        description="true: the answer is the run's event stream (200, text/event-stream, the events "
+        "GET /v1/runs/{run_id}/events sends), with the run id in the Colony-Run-Id header and that "
+        "events URL in Content-Location (resume there with Last-Event-ID); one request per run. "
+        "false: 202 with the run id",
+    )
 
 
 class SubmittedRun(BaseModel):
@@ -93,6 +100,7 @@ def _errors(*statuses: int) -> dict[int | str, dict[str, Any]]:
         409: "the agent is not in a state that allows this",
         413: "the request body (or the source to map) is too large",
         422: "a parameter or body field is invalid; the message names it",
+        429: "the agent already has its max_concurrent_runs runs open; retry after Retry-After seconds",
         503: "Redis or a replica is unavailable; retry later",
     }
     return {status: {"model": ErrorBody, "description": what[status]} for status in statuses}
@@ -100,7 +108,7 @@ def _errors(*statuses: int) -> dict[int | str, dict[str, Any]]:
 
 COMMON = (401, 422, 503)
 READ_ONE = _errors(*COMMON, 404)
-SUBMIT = _errors(*COMMON, 400, 404, 413)
+SUBMIT = _errors(*COMMON, 400, 404, 413, 429)
 EVENTS = _errors(*COMMON, 400, 404)
 CONTROL = _errors(*COMMON, 404, 409)
 MAP_SOURCE = _errors(*COMMON, 400, 403, 404, 413)
@@ -117,6 +125,16 @@ SSE_EVENT: dict[str, Any] = {
         "data": {"type": "string", "contentMediaType": "application/json"},
     },
     "required": ["id", "event", "data"],
+}
+
+# a submit with `stream: true`: the run's event stream, its id in a header
+SUBMIT_STREAM: dict[str, Any] = {
+    "description": "with `stream: true`: the run's events (as GET /v1/runs/{run_id}/events sends them)",
+    "content": {"text/event-stream": {"schema": SSE_EVENT}},
+    "headers": {
+        "Colony-Run-Id": {"description": "the run's id", "schema": {"type": "string"}},
+        "Content-Location": {"description": "the run's events URL", "schema": {"type": "string"}},
+    },
 }
 
 

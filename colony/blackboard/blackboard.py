@@ -33,7 +33,7 @@ from colony.blackboard.models import (
     ttl_to_ms,
 )
 from colony.blackboard.protocol import BlackboardKeyspace, validate_key, validate_pattern, validate_tag
-from colony.blackboard.query import run_query
+from colony.blackboard.query import oldest_tagged, run_query
 from colony.config import BlackboardSettings, ColonySettings, load_settings
 from colony.errors import BatchConflictError, ConcurrentModificationError, InvalidArgument
 
@@ -448,6 +448,13 @@ class Blackboard:
         tag_filter = tags if isinstance(tags, TagFilter) or tags is None else TagFilter.model_validate(tags)
         async with self.guard("query"):
             return await run_query(self, pattern, tag_filter, limit, cursor)
+
+    async def oldest_tagged(self, tag: str, limit: int = 100) -> list[str]:
+        """Keys of up to `limit` entries carrying `tag`, oldest first, without reading their values
+        (a backlog's head; see `colony.blackboard.query.oldest_tagged`)."""
+        validate_tag(tag)
+        async with self.guard("oldest_tagged"):
+            return await oldest_tagged(self, tag, max(1, limit))
 
     async def iter_query(
         self,

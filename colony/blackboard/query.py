@@ -13,10 +13,11 @@ import json
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-from colony.blackboard.models import BlackboardEntry, QueryPage, TagFilter
+from colony.blackboard.models import BlackboardEntry, QueryPage, TagFilter, _ms, decode_tags
 from colony.errors import InvalidKey
 
 MAX_SCAN_ROUNDS = 64  # SCAN calls per page at most; a page may come back short, with a cursor
+OLDEST_SAMPLE = 256  # tag members `oldest_tagged` compares at least (the whole set when smaller)
 
 if TYPE_CHECKING:
     from colony.blackboard.blackboard import Blackboard
@@ -124,3 +125,39 @@ async def _fetch(bb: Blackboard, keys: list[str], tag: str | None) -> list[Black
             )
         entries = [e if e is not None and tag in e.tags else None for e in entries]
     return entries
+
+
+async def oldest_tagged(bb: Blackboard, tag: str, limit: int) -> list[str]:
+    """Up to `limit` keys of the entries carrying `tag`, oldest first (creation time, then key),
+    among a sample of the tag's set: all of it up to `OLDEST_SAMPLE` (or 2 * `limit`) members,
+    else the first members SSCAN gives past that many. One pipelined HMGET reads their creation
+    times and tags: no value is read or parsed, so picking the head of a backlog costs a fraction
+    of a query. Members whose entry is gone or no longer carries the tag are left out, and pruned."""
+    keyspace, redis = bb.keyspace, bb.redis
+    tag_set = keyspace.tag_key(tag)
+    sample = max(2 * limit, OLDEST_SAMPLE)
+    members: set[str] = set()
+    cursor = 0
+    for _round in range(MAX_SCAN_ROUNDS):
+        cursor, page = await redis.sscan(tag_set, cursor, count=sample)
+        members.update(page)
+        if cursor == 0 or len(members) >= sample:
+            break
+    keys = sorted(members)
+    if not keys:
+        return []
+    async with redis.pipeline(transaction=False) as pipe:
+        for key in keys:
+            pipe.hmget(keyspace.entry_key(key), "ca", "tags")
+        replies = await pipe.execute()
+    dated: list[tuple[float, str]] = []
+    stale: list[str] = []
+    for key, (created, tags) in zip(keys, replies, strict=True):
+        if created is None or tag not in decode_tags(tags):
+            stale.append(key)
+        else:
+            dated.append((_ms(created) or 0.0, key))
+    if stale:
+        await bb.prune_tag_index(keys=[tag_set], args=[keyspace.entry_prefix, tag, *stale])
+    dated.sort()
+    return [key for _at, key in dated[:limit]]
