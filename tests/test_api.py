@@ -102,8 +102,9 @@ async def test_a_submit_with_stream_true_answers_with_the_runs_events(api) -> No
     # refused before anything streams: the same errors as a plain submit, as JSON
     missing = await client.post("/v1/runs", json={"agent": "nobody", "stream": True}, headers=AUTH)
     assert missing.status_code == 404 and missing.json()["error"]["code"] == "not_found"
-    bad = await client.post("/v1/runs", json={"agent": "echo", "stream": "yes please"}, headers=AUTH)
-    assert bad.status_code == 422 and "stream" in bad.text
+    for wrong in ("yes please", 0, 1):  # true or false only (JSON booleans), as the schema says
+        bad = await client.post("/v1/runs", json={"agent": "echo", "stream": wrong}, headers=AUTH)
+        assert bad.status_code == 422 and "stream" in bad.text, wrong
 
 
 async def test_last_event_id_resumes_without_repeats(api) -> None:

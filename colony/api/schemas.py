@@ -46,6 +46,7 @@ class SubmitRun(BaseModel):
     pages: list[Identifier] | None = Field(None, max_length=1024, description="page ids the run needs")
     stream: bool = Field(
         False,
+        strict=True,  # true or false only: 0 or "yes" is a 422, as the schema says
         description="true: the answer is the run's event stream (200, text/event-stream, the events "
         "GET /v1/runs/{run_id}/events sends), with the run id in the Colony-Run-Id header and that "
         "events URL in Content-Location (resume there with Last-Event-ID); one request per run. "
