@@ -272,3 +272,51 @@ async def test_a_subscriber_joining_behind_a_read_in_flight_skips_nothing(bb: Bl
     assert [e.key for e in await drain(a, 1)] == ["e:10"]
     a.close()
     b.close()
+
+
+def test_a_lanes_packed_xread_is_the_command_redis_py_would_send() -> None:
+    """The lane packs its XREAD from cached pieces; the bytes are what redis-py packs for the same
+    arguments (keys and positions with any character a scope id or an event id may hold)."""
+    from redis.asyncio.connection import Connection
+
+    packer = er.XreadPacker()
+    request = {"colony:bb:{tenant:t:colony:c:agent:é-1}:events": "0-0", "k:2": "1795434959064-17"}
+    for _ in range(2):  # the second time from the cache
+        packed = packer.xread(request, "wake:abc", "5-1", 2500)
+        args = ["XREAD", "COUNT", er.READ_COUNT, "BLOCK", 2500, "STREAMS", *request, "wake:abc"]
+        assert packed == b"".join(Connection().pack_command(*args, *request.values(), "5-1"))
+    packer.forget("k:2")
+    assert "k:2" not in packer.keys
+
+
+async def test_a_packed_read_cut_off_leaves_no_reply_behind_on_the_pool(redis_url: str) -> None:
+    """An XREAD cancelled while it blocks: its connection is closed before it goes back to the
+    pool (not handed out with the reply still to come), and the pool serves the next commands."""
+    client = create_redis(redis_url, BlackboardSettings())
+    used = []
+    handed_out = client.connection_pool.get_connection
+
+    async def spy() -> object:
+        conn = await handed_out()
+        used.append(conn)
+        return conn
+
+    client.connection_pool.get_connection = spy  # type: ignore[method-assign]
+    try:
+        key = f"test:packed:{uuid.uuid4().hex[:8]}"
+        command = er.XreadPacker().xread({key: "$"}, f"{key}:wake", "0-0", 400)
+        read = asyncio.create_task(er.send_packed(client, command, "XREAD"))
+        await asyncio.sleep(0.1)
+        read.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await read
+        assert len(used) == 1 and not used[0].is_connected  # closed, so its late reply is dropped
+        await client.set(key + ":probe", "mine")
+        await asyncio.sleep(0.5)  # past the XREAD's block
+        assert await client.get(key + ":probe") == "mine"
+        await client.xadd(key, {"f": "v"})
+        again = er.XreadPacker().xread({key: "0-0"}, f"{key}:w", "0-0", 10)
+        reply = await er.send_packed(client, again, "XREAD")
+        assert [(k, [fields for _id, fields in rows]) for k, rows in reply] == [(key, [{"f": "v"}])]
+    finally:
+        await client.aclose()

@@ -33,6 +33,7 @@ _UNAVAILABLE = (RedisConnectionError, RedisTimeoutError, TimeoutError, OSError)
 
 
 IDLE_CONNECTIONS_KEPT = 16  # idle connections a client's pool keeps open (more are closed)
+TRIM_AFTER_SECONDS = 2.0  # how long a surplus of idle connections may last before it is closed
 
 
 class TrimmingConnectionPool(aioredis.BlockingConnectionPool):
@@ -40,21 +41,36 @@ class TrimmingConnectionPool(aioredis.BlockingConnectionPool):
 
     redis-py's pool never closes a connection it opened, so one burst (e.g. many agents spawned at
     once) would leave its peak of connections open for the life of the process, counted by Redis
-    as clients. Past the limit, the least recently used idle connections are closed when one is
-    released; a closed one reconnects if it is ever handed out again."""
+    as clients. A surplus is closed `TRIM_AFTER_SECONDS` after it appears, least recently used
+    first, not at once: during a burst the connections are handed out again instead of being
+    closed and reopened (a new connection costs a handshake of several round trips); a closed
+    one reconnects if it is ever handed out again."""
+
+    _trimmer: asyncio.Task[None] | None = None
 
     async def release(self, connection: Any) -> None:
         await super().release(connection)
         idle: list[Any] | None = getattr(self, "_available_connections", None)
         if idle is None or len(idle) <= IDLE_CONNECTIONS_KEPT:
             return
-        surplus = idle[: len(idle) - IDLE_CONNECTIONS_KEPT]  # the front: used least recently
+        if self._trimmer is None or self._trimmer.done():
+            self._trimmer = asyncio.create_task(self._trim_later(), name="colony-redis-pool-trim")
+
+    async def _trim_later(self) -> None:
+        await asyncio.sleep(TRIM_AFTER_SECONDS)
+        idle: list[Any] = getattr(self, "_available_connections", [])
+        surplus = idle[: max(0, len(idle) - IDLE_CONNECTIONS_KEPT)]  # the front: used least recently
         del idle[: len(surplus)]  # out of the pool before any await: nobody is handed one mid-close
         for extra in surplus:
             try:
                 await extra.disconnect()
             except Exception:  # closing a surplus connection is best effort
                 log.debug("surplus Redis connection not closed cleanly", exc_info=True)
+
+    async def disconnect(self, inuse_connections: bool = True) -> None:
+        if self._trimmer is not None and not self._trimmer.done():
+            self._trimmer.cancel()
+        await super().disconnect(inuse_connections)
 
 
 def create_redis(url: str, settings: BlackboardSettings | None = None) -> aioredis.Redis:
