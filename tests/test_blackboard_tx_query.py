@@ -235,3 +235,25 @@ async def test_oldest_tagged_gives_the_oldest_first_without_values_and_prunes_st
     assert await bb.oldest_tagged("nothing-tagged", 10) == []
     with pytest.raises(InvalidKey):
         await bb.oldest_tagged("bad tag\n", 10)
+
+
+async def test_oldest_tagged_passes_no_member_over_for_good_in_a_backlog_larger_than_its_sample(
+    bb: Blackboard,
+) -> None:
+    """A backlog above the sample, served one at a time with one new arrival per one served (a
+    pool under steady overload): every one of the first arrivals is served, none starves because
+    its hash bucket comes late in a scan."""
+    first = 600
+    async with bb.transaction() as tx:
+        for i in range(first):
+            tx.write(f"queue:old{i:05d}", 1, tags={"queued"})
+    for n in range(3 * first):
+        head = (await bb.oldest_tagged("queued", 32))[0]
+        await bb.delete(head)
+        await bb.write(f"queue:new{n:05d}", 1, tags={"queued"})
+        if n % 100 == 99 and not [
+            k async for k in bb.redis.sscan_iter(bb.keyspace.tag_key("queued"), "*old*")
+        ]:
+            break
+    left = [k for k in await bb.redis.smembers(bb.keyspace.tag_key("queued")) if ":old" in k]
+    assert left == []

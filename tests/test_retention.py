@@ -11,12 +11,14 @@ from typing import Any
 
 import pytest
 
+from colony.agents import run_retention
 from colony.agents.base import MAX_CONTEXT_ITEMS, Agent
 from colony.agents.ring import ContextRing
+from colony.agents.run_capability import AgentRunCapability
 from colony.blackboard import AgentRunProtocol, Blackboard, create_redis
 from colony.blackboard.protocol import AgentStateProtocol
 from colony.config import BlackboardSettings, ColonySettings
-from colony.errors import InvalidArgument
+from colony.errors import BlackboardUnavailable, InvalidArgument
 from colony.inference.scripted import ScriptedEngine
 from colony.system.builtin import ask_blueprint, echo_blueprint
 from colony.system.host import ReplicaHost
@@ -150,6 +152,42 @@ async def test_an_agent_stopped_as_its_run_is_answered_still_retires_the_run(
     async with asyncio.timeout(15):
         await retiring.wait()
     assert await host.stop_agent(name)
+    await asyncio.sleep(RETENTION + 1.0)
+    assert await keys_named(bb, record.run_id) == []
+
+
+async def test_a_retirement_still_waiting_at_close_finishes_when_redis_is_back(
+    colony, bb: Blackboard, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Redis goes away inside an answered run's retirement (after its claim left the open-claims
+    index) and stays away past the drain at close (the agent is suspended meanwhile): the
+    retirement is not cancelled, it goes on alone, and once Redis is back nothing of the run
+    stays for good (no later start could find the request to retire it again)."""
+    host, runs = colony
+    name = f"tmp{uuid.uuid4().hex[:8]}"
+    await host.ensure_agent(echo_blueprint(name))
+    monkeypatch.setattr(run_retention, "RETIRE_DRAIN_SECONDS", 0.3)
+    original = Blackboard.expire
+    outage = {"on": True}
+    cut = asyncio.Event()
+
+    async def expire(self: Blackboard, keys: Any, ttl_seconds: float, **kwargs: Any) -> int:
+        if kwargs.get("tag") and outage["on"]:
+            cut.set()
+            raise BlackboardUnavailable("expire", "redis://injected", ConnectionError("away"))
+        return await original(self, keys, ttl_seconds, **kwargs)
+
+    async def answers(self: AgentRunCapability) -> bool:
+        return not outage["on"]
+
+    monkeypatch.setattr(Blackboard, "expire", expire)
+    monkeypatch.setattr(AgentRunCapability, "_redis_answers", answers)
+    record = await runs.submit(name, "hello")
+    async with asyncio.timeout(15):
+        await cut.wait()
+    await host.suspend_agent(name)  # close waits 0.3 s, then leaves the retirement running
+    outage["on"] = False
+    await host.resume_agent(name)
     await asyncio.sleep(RETENTION + 1.0)
     assert await keys_named(bb, record.run_id) == []
 

@@ -40,13 +40,14 @@ from colony.agents import (
     action_executor,
 )
 from colony.agents.models import RunServing
-from colony.agents.run_claims import serving_key
+from colony.agents.run_claims import API_WRITER, pending_write, serving_key
 from colony.api.app import ApiServices, create_app
 from colony.blackboard import AgentRunProtocol, Blackboard
 from colony.config import ColonySettings, ServeSettings, VcmSettings
 from colony.errors import BlackboardUnavailable, InvalidArgument, RunQueueFull
+from colony.system import pools
 from colony.system.builtin import RUNS_NAMESPACE
-from colony.system.pools import PoolManager, member_blueprint
+from colony.system.pools import PoolManager, PoolState, member_blueprint
 from colony.system.registry import DONE_STATES
 
 EXECUTED: Counter[Any] = Counter()  # input -> how many times an agent ran it (all hosts: one process)
@@ -498,3 +499,28 @@ async def test_a_marker_whose_drop_failed_does_not_hold_a_place_for_good(
     assert failed == [first]
     second = (await cluster.runs.submit("res", 2)).run_id  # refused while the first's marker stayed
     assert (await finished(cluster, [second]))[second].output == 2
+
+
+async def test_a_dead_reservation_does_not_hold_back_the_nudge_of_the_requests_behind_it(
+    bb: Blackboard, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The oldest pending marker is an admission reservation whose request was never written (a
+    submit that died; it lives RESERVE_SECONDS): the nudge passes over it to the real request."""
+    monkeypatch.setattr(pools, "NUDGE_SECONDS", 0.05)
+    await bb.write(**pending_write(AgentRunProtocol, "reserved-dead", 30, API_WRITER))
+    await asyncio.sleep(0.01)
+    request = AgentRunProtocol.request_key("real")
+    await bb.write(request, {"input": 1}, tags={AgentRunProtocol.request_tag("real")})
+    await bb.write(**pending_write(AgentRunProtocol, "real", 60, API_WRITER))
+    await asyncio.sleep(0.1)  # both older than NUDGE_SECONDS
+
+    class Requeues:
+        def __init__(self) -> None:
+            self.requeued: list[str] = []
+
+        async def _requeue(self, board: Blackboard, request_id: str) -> None:
+            self.requeued.append(request_id)
+
+    spy = Requeues()
+    await PoolManager._nudge(spy, bb, ["role"], set(), PoolState())  # type: ignore[arg-type]
+    assert spy.requeued == ["real"]

@@ -9,6 +9,7 @@ from colony.agents.models import TERMINAL_STATES, AgentState
 from colony.agents.persistence import STATE_NAMES
 from colony.blackboard import Blackboard
 from colony.blackboard.protocol import AgentStateProtocol
+from colony.errors import ConcurrentModificationError
 
 RINGS = ("context", "checkpoints", "action_log")  # an agent's capped lists (its state entries: STATE_NAMES)
 
@@ -46,12 +47,18 @@ async def clear_ended_state(board: Blackboard, capability_scopes: list[Blackboar
     """Before an agent id is used again: if the agent stored in `board` ended (stopped or failed),
     delete its state entries, context and checkpoint rings, and take the pending expiry off the event streams
     of its scope and its capabilities' scopes (`capability_scopes`), so the fresh agent's writes
-    do not vanish with the old agent's retention. False (nothing done) if no ended agent is there."""
-    lifecycle = await board.read(AgentStateProtocol.key("lifecycle"))
-    if lifecycle is None or AgentState(lifecycle.value["state"]) not in TERMINAL_STATES:
+    do not vanish with the old agent's retention. False (nothing done) if no ended agent is there,
+    or if another spawn cleared it first (its new agent is left alone)."""
+    try:  # one transaction over the ended lifecycle: a spawn that cleared and started a new
+        # agent of the id meanwhile changed it, so this clear deletes nothing of that live agent
+        async with board.transaction() as tx:
+            lifecycle = await tx.read(AgentStateProtocol.key("lifecycle"))
+            if lifecycle is None or AgentState(lifecycle.value["state"]) not in TERMINAL_STATES:
+                return False
+            for name in STATE_NAMES:
+                tx.delete(AgentStateProtocol.key(name))
+    except ConcurrentModificationError:
         return False
-    for name in STATE_NAMES:
-        await board.delete(AgentStateProtocol.key(name))
     async with board.guard("clear_ended_state"):
         for ring in RINGS:
             await board.redis.delete(board.keyspace.ring_key(AgentStateProtocol.key(ring)))

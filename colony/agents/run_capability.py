@@ -17,10 +17,10 @@ from colony.agents.handle import RESTARTED, TERMINAL_EVENTS, AgentRunEvent, term
 from colony.agents.hooks import HookContext, HookType, Pointcut
 from colony.agents.models import AgentRun, RunServing, RunStatus
 from colony.agents.run_claims import (
-    claim_index_sizes,
     pending_key,
     publish_serving,
     retire_serving,
+    scope_at_start,
     serving_key,
 )
 from colony.agents.run_pool import PoolMember
@@ -124,16 +124,20 @@ class AgentRunCapability(PoolMember, RequestRetention, AgentCapability):
         self.serving = serving_of(agent.stored_blueprint)
         # the role's declaration (only its own agent speaks for the role; pool members do not) and
         # the sizes of the claim indexes, at once: a fresh agent (most starts) reads no index
-        declared = self._owns_scope and self.serving != RunServing()
-        sizes = claim_index_sizes(self.blackboard, self.protocol)
-        if declared:
+        declares = self._owns_scope and self.serving != RunServing()
+        reading = scope_at_start(self.blackboard, self.protocol)
+        if declares:
             publish = publish_serving(self.blackboard, self.protocol, self.serving, agent.agent_id)
-            (open_count, pending_count), _ = await asyncio.gather(sizes, publish)
+            scope, _ = await asyncio.gather(reading, publish)
         else:
-            open_count, pending_count = await sizes
+            scope = await reading
+            if self._owns_scope and scope.declared:  # left by an earlier agent of this id that
+                # declared a pool or a bound: this one serves with the default, so the API must not
+                # keep admitting by the old declaration until its retention passes
+                await self.blackboard.delete(serving_key(self.protocol))
         claims = (
             [e async for e in self._open_claims() if _claimant(e.value) == agent.agent_id]
-            if open_count
+            if scope.open_claims
             else []
         )
         claims.sort(key=lambda e: (e.created_at, e.key))
@@ -153,7 +157,7 @@ class AgentRunCapability(PoolMember, RequestRetention, AgentCapability):
             # the host drives the restored run; _after_step answers
             await self._announce_restart(restored, await self._adopt(restored.request_id))
         self._tasks.append(asyncio.create_task(self._work(), name=f"{agent.agent_id}-{self.name}-requests"))
-        if self.serving.is_pool and pending_count:
+        if self.serving.is_pool and scope.pending:
             await self._pick_up()  # requests that came while no member was free (a later one
             # reaches this member's event handler, which starts after this)
 

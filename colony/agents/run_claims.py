@@ -17,7 +17,7 @@ raw input.
 from __future__ import annotations
 
 import time
-from typing import Any
+from typing import Any, NamedTuple
 
 from colony.agents.models import RunServing
 from colony.blackboard import Blackboard
@@ -68,14 +68,25 @@ async def pending_requests(
     return [key[len(prefix) :] for key in keys if key.startswith(prefix)]
 
 
-async def claim_index_sizes(board: Blackboard, protocol: type[RequestResultProtocol]) -> tuple[int, int]:
-    """How many open claims and how many pending markers the run scope holds (two SCARDs, one round
-    trip): a starting member reads either index only when it is not empty."""
+class ScopeAtStart(NamedTuple):
+    """What a starting run capability needs to know of its run scope (`scope_at_start`)."""
+
+    open_claims: int  # members of the open-claims index
+    pending: int  # members of the pending index
+    declared: bool  # a serving declaration is stored
+
+
+async def scope_at_start(board: Blackboard, protocol: type[RequestResultProtocol]) -> ScopeAtStart:
+    """How many open claims and pending markers the run scope holds, and whether a serving
+    declaration is stored (two SCARDs and an EXISTS, one round trip): a starting member reads
+    either index only when it is not empty, and a role's agent serving with the default removes
+    a declaration an earlier agent of the id left."""
     async with board.guard("count"), board.redis.pipeline(transaction=False) as pipe:
         pipe.scard(board.keyspace.tag_key(protocol.open_claims_tag()))
         pipe.scard(board.keyspace.tag_key(pending_tag(protocol)))
-        claims, pending = await pipe.execute()
-    return int(claims), int(pending)
+        pipe.exists(board.keyspace.entry_key(serving_key(protocol)))
+        claims, pending, declared = await pipe.execute()
+    return ScopeAtStart(int(claims), int(pending), bool(declared))
 
 
 async def count_tag(board: Blackboard, tag: str) -> int:

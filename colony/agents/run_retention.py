@@ -8,12 +8,10 @@ import asyncio
 import logging
 from typing import TYPE_CHECKING
 
-from colony.aio import cancel_and_wait
 from colony.blackboard import BlackboardScope, scope_id
 from colony.blackboard.connection import retry_unavailable
 from colony.blackboard.protocol import AgentRunProtocol, ApiRunProtocol
 from colony.config import load_settings
-from colony.errors import BlackboardError
 
 if TYPE_CHECKING:
     from colony.agents.base import Agent
@@ -23,7 +21,8 @@ if TYPE_CHECKING:
 
 log = logging.getLogger("colony.agents.run_capability")
 
-RETIRE_DRAIN_SECONDS = 5.0  # how long closing waits for retirements in flight before it cancels them
+RETIRE_DRAIN_SECONDS = 5.0  # how long closing waits for retirements in flight (then they go on alone)
+_LEFT_RUNNING: set[asyncio.Task[None]] = set()  # retirements that outlived their capability's close
 
 
 class RequestRetention:
@@ -78,14 +77,20 @@ class RequestRetention:
         await asyncio.shield(task)
 
     async def _drain_retiring(self) -> None:
-        """Let retirements in flight finish (bounded by `RETIRE_DRAIN_SECONDS`; one still waiting
-        out an outage then is cancelled: its keys are retired again when the request is next seen)."""
+        """Let retirements in flight finish, waiting at most `RETIRE_DRAIN_SECONDS`. One still
+        waiting out an outage then is left to finish on its own (never cancelled: its claim is
+        already out of the open-claims index, so no later start would find the request to retire
+        it again); `_LEFT_RUNNING` holds it until it ends."""
         if not self._retiring:
             return
         _done, pending = await asyncio.wait(set(self._retiring), timeout=RETIRE_DRAIN_SECONDS)
         if pending:
-            log.warning("%d request retirements still waiting at close; cancelled", len(pending))
-            await cancel_and_wait(pending)
+            log.warning(
+                "%d request retirements still waiting at close; they finish in the background", len(pending)
+            )
+            for task in pending:
+                _LEFT_RUNNING.add(task)
+                task.add_done_callback(_LEFT_RUNNING.discard)
 
     async def _retire_logged(self, request_id: str) -> None:
         try:
@@ -95,15 +100,16 @@ class RequestRetention:
                 log,
                 answers=self._redis_answers,
             )
-        except BlackboardError as exc:
-            log.warning("keys of request %s were not given their retention: %s", request_id, exc)
+        except Exception as exc:  # never left for the garbage collector to report (a shielded task)
+            log.warning("keys of request %s were not given their retention: %r", request_id, exc)
 
     async def _retire_once(self, request_id: str) -> None:
         tag = self.protocol.request_tag(request_id)
         owner = self.agent.agent_id if self.agent else None
         ttl = self.retention_seconds
         # out of the open-claims index, its expiry in the same write (never left without one);
-        # untagged, so the expiry index needs no member for it
+        # untagged first, so the expiry index needs no member for it (expired while it still
+        # carried the open-claims tag, it would need one per run, for the whole retention)
         await self.blackboard.write(
             self.protocol.claim_key(request_id), owner, created_by=owner, ttl_seconds=ttl
         )

@@ -318,7 +318,11 @@ class LocalAgentRuntime:
             self._drivers[agent.agent_id] = asyncio.create_task(
                 self._prefetch(agent, fetching), name=f"{agent.agent_id}-prefetch"
             )
-        await agent.start()
+        try:
+            await agent.start()
+        except BaseException:  # not hosted half-started (no request loop, no handlers): the caller
+            await self._detach(agent.agent_id)  # sees the error and may try again
+            raise
         run = agent.current_run
         if run is not None and not run.done and agent.state is AgentState.RUNNING:
             self._start_driver(agent)

@@ -104,7 +104,17 @@ def _errors(*statuses: int) -> dict[int | str, dict[str, Any]]:
         429: "the agent already has its max_concurrent_runs runs open; retry after Retry-After seconds",
         503: "Redis or a replica is unavailable; retry later",
     }
-    return {status: {"model": ErrorBody, "description": what[status]} for status in statuses}
+    answers: dict[int | str, dict[str, Any]] = {
+        status: {"model": ErrorBody, "description": what[status]} for status in statuses
+    }
+    if 429 in answers:
+        answers[429]["headers"] = {
+            "Retry-After": {
+                "description": "seconds to wait before trying again",
+                "schema": {"type": "integer"},
+            },
+        }
+    return answers
 
 
 COMMON = (401, 422, 503)

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import base64
 import json
+import random
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
@@ -130,19 +131,26 @@ async def _fetch(bb: Blackboard, keys: list[str], tag: str | None) -> list[Black
 async def oldest_tagged(bb: Blackboard, tag: str, limit: int) -> list[str]:
     """Up to `limit` keys of the entries carrying `tag`, oldest first (creation time, then key),
     among a sample of the tag's set: all of it up to `OLDEST_SAMPLE` (or 2 * `limit`) members,
-    else the first members SSCAN gives past that many. One pipelined HMGET reads their creation
-    times and tags: no value is read or parsed, so picking the head of a backlog costs a fraction
-    of a query. Members whose entry is gone or no longer carries the tag are left out, and pruned."""
+    else about that many read from a random place in it (each call another place). One pipelined
+    HMGET reads their creation times and tags: no value is read or parsed, so picking the head of a
+    backlog costs a fraction of a query. Members whose entry is gone or no longer carries the tag
+    are left out, and pruned."""
     keyspace, redis = bb.keyspace, bb.redis
     tag_set = keyspace.tag_key(tag)
     sample = max(2 * limit, OLDEST_SAMPLE)
     members: set[str] = set()
-    cursor = 0
+    # a large set is sampled from a random place (its hash table's buckets, wrapping round once),
+    # so no member is passed over for good while others keep coming; a small set comes whole
+    # whatever the cursor
+    cursor = random.getrandbits(32)
+    wrapped = False
     for _round in range(MAX_SCAN_ROUNDS):
         cursor, page = await redis.sscan(tag_set, cursor, count=sample)
         members.update(page)
-        if cursor == 0 or len(members) >= sample:
+        if len(members) >= sample or (cursor == 0 and wrapped):
             break
+        if cursor == 0:
+            wrapped = True
     keys = sorted(members)
     if not keys:
         return []

@@ -65,6 +65,7 @@ log = logging.getLogger(__name__)
 
 POOLS_NAMESPACE = "pools"
 NUDGE_SECONDS = 2.0  # a request pending this long while a member is idle is written again
+NUDGE_PAGE = 64  # oldest pending markers one nudge round looks at (reservations passed over)
 PLACING_SECONDS = 60.0  # a listed member with no registry record this long was never placed
 OPEN_CLAIMS_READ = 1000  # open claims one round reads per pool (members x their queue: far fewer)
 
@@ -378,18 +379,33 @@ class PoolManager:
         if all(member in busy for member in live):
             return
         now = time.time()
-        for request_id in await pending_requests(board, AgentRunProtocol, limit=len(live)):
-            marker, claim = await board.read_many(
-                [pending_key(AgentRunProtocol, request_id), AgentRunProtocol.claim_key(request_id)]
+        candidates = await pending_requests(board, AgentRunProtocol, limit=NUDGE_PAGE)
+        keys = [
+            key
+            for request_id in candidates
+            for key in (
+                pending_key(AgentRunProtocol, request_id),
+                AgentRunProtocol.claim_key(request_id),
+                AgentRunProtocol.request_key(request_id),
             )
+        ]
+        entries = await board.read_many(keys)  # one round trip for the page
+        nudged = 0
+        for n, request_id in enumerate(candidates):
+            marker, claim, request = entries[3 * n : 3 * n + 3]
             if marker is None or now - marker.created_at < NUDGE_SECONDS:
                 continue
             if claim is not None:
                 await board.delete(marker.key)
                 continue
+            if request is None:  # a reservation whose request is not written yet (or a submit that
+                continue  # died: it expires): passed over, not in the way of the requests behind it
             if now - state.nudged.get(request_id, 0.0) < NUDGE_SECONDS:
                 continue
             state.nudged[request_id] = now
             if len(state.nudged) > 10_000:
                 state.nudged.pop(next(iter(state.nudged)))
             await self._requeue(board, request_id)
+            nudged += 1
+            if nudged >= len(live):  # one per member a round
+                return
