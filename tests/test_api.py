@@ -107,6 +107,33 @@ async def test_a_submit_with_stream_true_answers_with_the_runs_events(api) -> No
         assert bad.status_code == 422 and "stream" in bad.text, wrong
 
 
+async def test_run_events_come_whole_whether_the_stream_carries_them_or_not(
+    api, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The agent writes each run event's value into the stream too (so the event stream reads
+    nothing per event), except a large one, which the stream reads: both arrive whole."""
+    client, _ = api
+    reads: list[str] = []
+    real_read = Blackboard.read
+
+    async def read(self: Blackboard, key: str) -> Any:
+        reads.append(key)
+        return await real_read(self, key)
+
+    monkeypatch.setattr(Blackboard, "read", read)
+    big = {"text": "y" * 20_000}  # each of its events carries it: too large for the stream
+    answer = await client.post("/v1/runs", json={"agent": "echo", "input": big, "stream": True}, headers=AUTH)
+    events = parse_sse(answer.text)
+    assert [e["event"] for e in events] == ["started", "step", "completed"]
+    assert events[0]["data"]["data"]["input"] == big and events[-1]["data"]["data"]["output"] == big
+    run_id = answer.headers["colony-run-id"]
+    assert len([k for k in reads if k.startswith(f"event:run:{run_id}:")]) == 3  # each too large
+    reads.clear()
+    small = await client.post("/v1/runs", json={"agent": "echo", "input": 5, "stream": True}, headers=AUTH)
+    assert parse_sse(small.text)[-1]["data"]["data"]["output"] == 5
+    assert [k for k in reads if k.startswith("event:")] == []  # every event came with its value
+
+
 async def test_last_event_id_resumes_without_repeats(api) -> None:
     client, _ = api
     run_id = (await client.post("/v1/runs", json={"agent": "echo", "input": 7}, headers=AUTH)).json()[

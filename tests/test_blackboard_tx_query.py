@@ -257,3 +257,19 @@ async def test_oldest_tagged_passes_no_member_over_for_good_in_a_backlog_larger_
             break
     left = [k for k in await bb.redis.smembers(bb.keyspace.tag_key("queued")) if ":old" in k]
     assert left == []
+
+
+async def test_a_write_can_carry_its_value_in_its_event_up_to_a_bound(bb: Blackboard) -> None:
+    """`value_in_event`: a subscriber gets the value with the event (no read) when it is small;
+    a large one is left to a read, so the stream does not hold copies of large values."""
+    from colony.blackboard.blackboard import EVENT_VALUE_BYTES
+
+    subscription = await bb.subscribe("v:*").start()
+    try:
+        await bb.write("v:small", {"n": 1}, value_in_event=True)
+        await bb.write("v:large", "x" * (EVENT_VALUE_BYTES + 1), value_in_event=True)
+        await bb.write("v:plain", {"n": 2})
+        got = [await subscription.next(timeout=5) for _ in range(3)]
+    finally:
+        subscription.close()
+    assert [(e.key, e.value) for e in got] == [("v:small", {"n": 1}), ("v:large", None), ("v:plain", None)]

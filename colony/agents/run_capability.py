@@ -229,7 +229,9 @@ class AgentRunCapability(PoolMember, RequestRetention, AgentCapability):
         finally:
             self._claiming = False
 
-    async def _create_once(self, key: str, value: Any, *, tags: set[str], what: str) -> bool:
+    async def _create_once(
+        self, key: str, value: Any, *, tags: set[str], what: str, value_in_event: bool = False
+    ) -> bool:
         """Create-only write that waits out a Redis outage. True when `value` is stored, including a
         retried write Redis had applied though its answer was lost; False when another value was
         there first."""
@@ -244,6 +246,7 @@ class AgentRunCapability(PoolMember, RequestRetention, AgentCapability):
                 tags=tags,
                 created_by=self.agent.agent_id if self.agent else None,
                 expected_version=0,
+                value_in_event=value_in_event,
             )
 
         try:
@@ -589,6 +592,7 @@ class AgentRunCapability(PoolMember, RequestRetention, AgentCapability):
             event.model_dump(mode="json"),
             tags={self.protocol.request_tag(self.active_request)},
             what=f"event {seq} of request {self.active_request}",
+            value_in_event=True,  # the event streams read it from the stream, no read per event
         )
         self._seq = seq
         if not stored:

@@ -38,6 +38,7 @@ from colony.config import BlackboardSettings, ColonySettings, load_settings
 from colony.errors import BatchConflictError, ConcurrentModificationError, InvalidArgument
 
 EXPIRE_CHUNK = 500  # members of a tag set one expire script call handles (bounded work per call)
+EVENT_VALUE_BYTES = 8192  # the largest value `write(value_in_event=True)` copies into its event
 
 if TYPE_CHECKING:
     from colony.blackboard.events import EventConsumer, EventSubscription
@@ -174,11 +175,16 @@ class Blackboard:
         created_by: str | None = None,
         ttl_seconds: float | None = None,
         expected_version: int | None = None,
+        value_in_event: bool = False,
     ) -> BlackboardEntry:
-        """Write `value` under `key`; with `expected_version` (0 = must not exist), only if it matches."""
+        """Write `value` under `key`; with `expected_version` (0 = must not exist), only if it matches.
+        `value_in_event`: the write's event carries the value too when it is at most
+        `EVENT_VALUE_BYTES` encoded (a subscriber then needs no read; a run's events use it)."""
         validate_key(key)
         encoded, encoded_tags = encode_value(value), encode_tags(tags)
         args = self._write_args(key, encoded, encoded_tags, created_by, ttl_seconds, expected_version)
+        if value_in_event and len(encoded) <= EVENT_VALUE_BYTES:
+            args[8] = "1"  # the script's include-values argument, for this write
         async with self.guard("write"):
             reply = await self._write(
                 keys=[self.keyspace.entry_key(key), self.keyspace.events_key, self.keyspace.expiry_key],

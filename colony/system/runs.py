@@ -428,11 +428,14 @@ class RunService:
                 identified = AgentRunProtocol.identify(event.key)
                 if identified is None or identified[0] != "event":
                     continue
-                entry = await board.read(event.key)
-                if entry is None:
-                    continue
-                yield event.id, entry.value
-                if entry.value.get("event_type") in TERMINAL_EVENTS:
+                value = event.value  # carried by the event (the agent writes it so), else read
+                if not isinstance(value, dict):
+                    entry = await board.read(event.key)
+                    if entry is None or not isinstance(entry.value, dict):
+                        continue
+                    value = entry.value
+                yield event.id, value
+                if value.get("event_type") in TERMINAL_EVENTS:
                     return
         finally:
             subscription.close()
