@@ -273,3 +273,20 @@ async def test_a_write_can_carry_its_value_in_its_event_up_to_a_bound(bb: Blackb
     finally:
         subscription.close()
     assert [(e.key, e.value) for e in got] == [("v:small", {"n": 1}), ("v:large", None), ("v:plain", None)]
+
+
+async def test_an_event_value_too_deep_to_decode_still_delivers_the_event(bb: Blackboard) -> None:
+    """A value nested deeper than the JSON parser goes rides in its write's event: the event comes
+    without it (a subscriber reads the entry when it needs it), and the feed goes on."""
+    deep: object = 1
+    for _ in range(230):  # stored (the encoder goes deeper than the parser), not decodable
+        deep = [deep]
+    subscription = await bb.subscribe("d:*").start()
+    try:
+        with pytest.raises(ValueError):  # stored, but its answer cannot be decoded either
+            await bb.write("d:deep", deep, value_in_event=True)
+        await bb.write("d:next", {"n": 1}, value_in_event=True)
+        got = [await subscription.next(timeout=5) for _ in range(2)]
+    finally:
+        subscription.close()
+    assert [(e.key, e.value) for e in got] == [("d:deep", None), ("d:next", {"n": 1})]

@@ -157,6 +157,30 @@ async def claimant(cluster: Cluster, run_id: str) -> str:
     return value["agent_id"] if isinstance(value, dict) else value
 
 
+async def member_busy_in_two_member_pool(
+    cluster: Cluster, role: str, runs: int, seconds: float = 1.0
+) -> tuple[PoolManager, str, list[str]]:
+    """A pool of two (the role's agent and one member) running slow naps: `runs` submitted, back
+    once the member holds one of them. The pool manager, the member and the run ids."""
+    blueprint = nap_blueprint(role, RunServing(mode="pool", min_size=2, max_size=2, idle_seconds=60), seconds)
+    pools = cluster.use_pools(blueprint)
+    await cluster.control.place(blueprint)
+
+    async def two() -> bool:
+        members = await pools.members(role)
+        return len(members) == 2 and all(cluster.hosting(m) for m in members)
+
+    await wait_for(two, 10)
+    (member,) = [m for m in await pools.members(role) if m != role]
+    run_ids = [(await cluster.runs.submit(role, n)).run_id for n in range(runs)]
+
+    async def member_busy() -> bool:
+        return member in [await claimant(cluster, r) for r in run_ids if await _claimed(cluster, r)]
+
+    await wait_for(member_busy, 10)
+    return pools, member, run_ids
+
+
 async def test_pool_grows_under_queue_depth_and_shrinks_when_idle(cluster: Cluster) -> None:
     serving = RunServing(mode="pool", min_size=1, max_size=3, scale_up_queue_depth=1.0, idle_seconds=1.0)
     blueprint = nap_blueprint("napper", serving, seconds=0.4)
@@ -227,24 +251,7 @@ async def test_a_request_is_claimed_by_exactly_one_member(cluster: Cluster) -> N
 
 
 async def test_a_pool_member_stopped_mid_run_loses_no_run(cluster: Cluster) -> None:
-    serving = RunServing(mode="pool", min_size=2, max_size=2, idle_seconds=60)
-    blueprint = nap_blueprint("sturdy", serving, seconds=1.0)
-    pools = cluster.use_pools(blueprint)
-    await cluster.control.place(blueprint)
-
-    async def two() -> bool:
-        members = await pools.members("sturdy")
-        return len(members) == 2 and all(cluster.hosting(m) for m in members)
-
-    await wait_for(two, 10)
-    (member,) = [m for m in await pools.members("sturdy") if m != "sturdy"]
-    run_ids = [(await cluster.runs.submit("sturdy", n)).run_id for n in range(4)]
-
-    async def member_busy() -> bool:
-        claims = [await claimant(cluster, r) for r in run_ids if await _claimed(cluster, r)]
-        return member in claims
-
-    await wait_for(member_busy, 10)
+    _pools, member, run_ids = await member_busy_in_two_member_pool(cluster, "sturdy", 4)
     await cluster.control.stop(member)  # gone for good mid-run (as a shrink racing a claim would)
     views = await finished(cluster, run_ids, timeout=40)
     assert [views[r].status for r in run_ids] == ["succeeded"] * 4
@@ -264,23 +271,7 @@ async def test_a_pool_member_stopped_mid_run_loses_no_run(cluster: Cluster) -> N
 async def test_a_pool_member_whose_replica_dies_serves_its_runs_from_its_restored_copy(
     cluster: Cluster,
 ) -> None:
-    serving = RunServing(mode="pool", min_size=2, max_size=2, idle_seconds=60)
-    blueprint = nap_blueprint("hardy", serving, seconds=1.0)
-    pools = cluster.use_pools(blueprint)
-    await cluster.control.place(blueprint)
-
-    async def two() -> bool:
-        members = await pools.members("hardy")
-        return len(members) == 2 and all(cluster.hosting(m) for m in members)
-
-    await wait_for(two, 10)
-    (member,) = [m for m in await pools.members("hardy") if m != "hardy"]
-    run_ids = [(await cluster.runs.submit("hardy", n)).run_id for n in range(4)]
-
-    async def member_busy() -> bool:
-        return member in [await claimant(cluster, r) for r in run_ids if await _claimed(cluster, r)]
-
-    await wait_for(member_busy, 10)
+    pools, member, run_ids = await member_busy_in_two_member_pool(cluster, "hardy", 4)
     await asyncio.sleep(0.3)  # in its slow step
     (where,) = cluster.hosting(member)
     doomed = cluster.hosts.pop(where)

@@ -23,6 +23,7 @@ from test_run_pools import (
     claimant,
     finished,
     kept_events,
+    member_busy_in_two_member_pool,
     nap_blueprint,
     served_by,
     wait_for,
@@ -278,22 +279,7 @@ async def test_pool_growth_on_a_full_cluster_never_waits_for_room(
 async def test_a_reopen_cut_short_never_strands_the_request(cluster: Cluster) -> None:
     """Finding 3: the pending marker is written before the gone member's claim is deleted; a
     failure of the request's rewrite after that leaves it pending (picked up, or nudged), not lost."""
-    blueprint = nap_blueprint("cut", RunServing(mode="pool", min_size=2, max_size=2, idle_seconds=60), 1.0)
-    pools = cluster.use_pools(blueprint)
-    await cluster.control.place(blueprint)
-
-    async def two() -> bool:
-        members = await pools.members("cut")
-        return len(members) == 2 and all(cluster.hosting(m) for m in members)
-
-    await wait_for(two, 10)
-    (member,) = [m for m in await pools.members("cut") if m != "cut"]
-    run_ids = [(await cluster.runs.submit("cut", n)).run_id for n in range(2)]
-
-    async def member_busy() -> bool:
-        return member in [await claimant(cluster, r) for r in run_ids if await _claimed(cluster, r)]
-
-    await wait_for(member_busy, 10)
+    pools, member, run_ids = await member_busy_in_two_member_pool(cluster, "cut", 2)
     real_requeue = pools._requeue
     failed: list[str] = []
 

@@ -119,8 +119,19 @@ class BlackboardEvent(BaseModel):
             tags=decode_tags(fields.get("tags")),
             created_by=fields.get("by") or None,
             ts=int(fields["ts"]) / 1000.0,
-            value=decode_value(fields.get("v")),
+            value=_event_value(fields.get("v")),
         )
+
+
+def _event_value(text: str | None) -> Any:
+    """The value an event carries, or None when it cannot be decoded here (e.g. nested deeper than
+    the JSON parser goes): the event is still delivered, and a subscriber that needs the value
+    reads the entry (and meets the error there, in its own handling), so one odd value never ends
+    an event feed."""
+    try:
+        return decode_value(text)
+    except ValueError:
+        return None
 
 
 class TagFilter(BaseModel):
