@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING, Any
 from colony.agents.blueprint import serving_of
 from colony.agents.capability import AgentCapability, CapabilityMode
 from colony.agents.events import event_handler
-from colony.agents.handle import RESTARTED, TERMINAL_EVENTS, AgentRunEvent, terminal_event
+from colony.agents.handle import RESTARTED, terminal_event
 from colony.agents.hooks import HookContext, HookType, Pointcut
 from colony.agents.models import AgentRun, RunServing, RunStatus
 from colony.agents.run_claims import (
@@ -23,6 +23,7 @@ from colony.agents.run_claims import (
     scope_at_start,
     serving_key,
 )
+from colony.agents.run_event_writer import RunEventWriter
 from colony.agents.run_pool import PoolMember
 from colony.agents.run_retention import RequestRetention
 from colony.agents.stored_events import StoredEvents, read_stored_events
@@ -51,7 +52,7 @@ log = logging.getLogger(__name__)
 TRIES_WHILE_UP = 3  # a blackboard error while Redis answers is retried this often before it fails a run
 
 
-class AgentRunCapability(PoolMember, RequestRetention, AgentCapability):
+class AgentRunCapability(PoolMember, RequestRetention, RunEventWriter, AgentCapability):
     """Serves AgentHandle requests of one namespace: runs the agent, streams events, writes the result.
 
     Nothing about the requests is held only in memory. A request is claimed (create-only
@@ -547,56 +548,6 @@ class AgentRunCapability(PoolMember, RequestRetention, AgentCapability):
                 status = RunStatus(existing.value["status"])
         kind = terminal_event(status)
         await self.emit(kind, {"output": None, "error": reason[:2000]})
-
-    async def emit(self, event_type: str, data: Any = None) -> None:
-        """Write the next event of the active request (ordered by its sequence number), marked with
-        the current attempt and the run step in progress (what a restart may supersede).
-
-        A request stores at most `runs.max_events_per_run` events plus its terminal one: the last
-        of them is a `truncated` event saying later ones were dropped (the terminal one always goes)."""
-        await self._emit(event_type, data, during_step=self._step_in_progress())
-
-    def _step_in_progress(self) -> int | None:
-        """Index of the step the active request's run is in (None outside one: not begun, done)."""
-        run = self.agent.current_run if self.agent is not None else None
-        if run is None or run.done or run.request_id is None or run.request_id != self.active_request:
-            return None
-        return run.steps
-
-    async def _emit(self, event_type: str, data: Any, *, during_step: int | None) -> None:
-        if self.active_request is None:
-            return
-        if event_type not in TERMINAL_EVENTS and self._seq >= self.max_events - 1:
-            if self._seq == self.max_events - 1:
-                await self._write_event("truncated", {"dropped_after": self._seq}, during_step)
-            return
-        await self._write_event(event_type, data, during_step)
-
-    async def _write_event(self, event_type: str, data: Any, during_step: int | None) -> None:
-        assert self.active_request is not None
-        seq = self._seq + 1  # taken once stored: a write retried after an outage keeps its number
-        event = AgentRunEvent(
-            request_id=self.active_request,
-            event_type=event_type,
-            data=data,
-            seq=seq,
-            attempt=self._attempt,
-            during_step=during_step,
-        )
-        key = self.protocol.event_key(self.active_request, f"{seq:05d}.{event_type}")
-        # create-only, waiting out a Redis outage (or pause): the run emitting it does not fail, and
-        # a write Redis applied before its answer was lost is recognised, not written (and so
-        # streamed) a second time
-        stored = await self._create_once(
-            key,
-            event.model_dump(mode="json"),
-            tags={self.protocol.request_tag(self.active_request)},
-            what=f"event {seq} of request {self.active_request}",
-            value_in_event=True,  # the event streams read it from the stream, no read per event
-        )
-        self._seq = seq
-        if not stored:
-            log.warning("event %s of request %s was stored already; not written again", seq, key)
 
     async def _after_step(self, ctx: HookContext, result: Any) -> None:
         agent = self._agent()
