@@ -182,9 +182,10 @@ class Blackboard:
         `EVENT_VALUE_BYTES` encoded (a subscriber then needs no read; a run's events use it)."""
         validate_key(key)
         encoded, encoded_tags = encode_value(value), encode_tags(tags)
-        args = self._write_args(key, encoded, encoded_tags, created_by, ttl_seconds, expected_version)
-        if value_in_event and len(encoded) <= EVENT_VALUE_BYTES:
-            args[8] = "1"  # the script's include-values argument, for this write
+        with_value = value_in_event and len(encoded) <= EVENT_VALUE_BYTES
+        args = self._write_args(
+            key, encoded, encoded_tags, created_by, ttl_seconds, expected_version, with_value
+        )
         async with self.guard("write"):
             reply = await self._write(
                 keys=[self.keyspace.entry_key(key), self.keyspace.events_key, self.keyspace.expiry_key],
@@ -547,7 +548,9 @@ class Blackboard:
         created_by: str | None,
         ttl_seconds: float | None,
         expected_version: int | None,
+        with_value: bool = False,
     ) -> list[str]:
+        """The write script's arguments; `with_value`: this write's event carries the value."""
         return [
             key,
             value,
@@ -557,7 +560,7 @@ class Blackboard:
             _opt(expected_version),
             self.keyspace.tag_prefix,
             self._maxlen,
-            self._include_values,
+            "1" if with_value else self._include_values,
             self.keyspace.entry_prefix,
         ]
 
