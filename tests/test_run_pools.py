@@ -157,6 +157,16 @@ async def claimant(cluster: Cluster, run_id: str) -> str:
     return value["agent_id"] if isinstance(value, dict) else value
 
 
+async def pool_hosted(cluster: Cluster, pools: PoolManager, role: str, size: int) -> None:
+    """Wait until the pool of `role` lists `size` agents (its own included), each hosted."""
+
+    async def hosted() -> bool:
+        members = await pools.members(role)
+        return len(members) == size and all(cluster.hosting(m) for m in members)
+
+    await wait_for(hosted, 10)
+
+
 async def member_busy_in_two_member_pool(
     cluster: Cluster, role: str, runs: int, seconds: float = 1.0
 ) -> tuple[PoolManager, str, list[str]]:
@@ -166,11 +176,7 @@ async def member_busy_in_two_member_pool(
     pools = cluster.use_pools(blueprint)
     await cluster.control.place(blueprint)
 
-    async def two() -> bool:
-        members = await pools.members(role)
-        return len(members) == 2 and all(cluster.hosting(m) for m in members)
-
-    await wait_for(two, 10)
+    await pool_hosted(cluster, pools, role, 2)
     (member,) = [m for m in await pools.members(role) if m != role]
     run_ids = [(await cluster.runs.submit(role, n)).run_id for n in range(runs)]
 
@@ -225,11 +231,7 @@ async def test_a_request_is_claimed_by_exactly_one_member(cluster: Cluster) -> N
     pools = cluster.use_pools(blueprint)
     await cluster.control.place(blueprint)
 
-    async def three() -> bool:
-        members = await pools.members("claimer")
-        return len(members) == 3 and all(cluster.hosting(m) for m in members)
-
-    await wait_for(three, 10)
+    await pool_hosted(cluster, pools, "claimer", 3)
     run_ids = [
         r.run_id for r in await asyncio.gather(*(cluster.runs.submit("claimer", n) for n in range(30)))
     ]

@@ -25,6 +25,7 @@ from test_run_pools import (
     kept_events,
     member_busy_in_two_member_pool,
     nap_blueprint,
+    pool_hosted,
     served_by,
     wait_for,
 )
@@ -140,11 +141,7 @@ async def test_a_live_agent_missing_from_the_member_list_keeps_its_claims(cluste
     pools = cluster.use_pools(blueprint)
     await cluster.control.place(blueprint)
 
-    async def two() -> bool:
-        members = await pools.members("orph")
-        return len(members) == 2 and all(cluster.hosting(m) for m in members)
-
-    await wait_for(two, 10)
+    await pool_hosted(cluster, pools, "orph", 2)
     slow = counted_blueprint("orph", serving, seconds=3.0)  # live, never listed, slow: the others idle
     await cluster.control.place(member_blueprint(slow, "orph.0rphan00"))
     run_ids: list[str] = []
@@ -177,11 +174,7 @@ async def test_a_failed_list_write_while_growing_never_makes_an_unlisted_member(
     pools._save = flaky_save  # type: ignore[method-assign]
     await cluster.control.place(blueprint)
 
-    async def two() -> bool:
-        members = await pools.members("flk")
-        return len(members) == 2 and all(cluster.hosting(m) for m in members)
-
-    await wait_for(two, 10)
+    await pool_hosted(cluster, pools, "flk", 2)
     assert fails["left"] == 0
     run_ids = [(await cluster.runs.submit("flk", f"f{n}")).run_id for n in range(6)]
     views = await finished(cluster, run_ids, timeout=40)
@@ -305,11 +298,7 @@ async def test_a_run_reserved_by_another_member_supersedes_its_streamed_tokens(c
     pools = cluster.use_pools(blueprint)
     await cluster.control.place(blueprint)
 
-    async def two() -> bool:
-        members = await pools.members("talker")
-        return len(members) == 2 and all(cluster.hosting(m) for m in members)
-
-    await wait_for(two, 10)
+    await pool_hosted(cluster, pools, "talker", 2)
     (member,) = [m for m in await pools.members("talker") if m != "talker"]
     run_ids = [(await cluster.runs.submit("talker", n)).run_id for n in range(2)]
 
