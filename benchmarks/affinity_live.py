@@ -175,7 +175,9 @@ class LiveReplica:
         self.in_flight = 0
         self.loading: set[str] = set()  # pages a prefetch is bringing in (routed as if held)
         if soon_file is not None:
-            self.engine.pages_needed_soon = lambda: set(json.loads(Path(soon_file).read_text() or "[]"))
+            # the queued requests' pages, soonest first (a list: the order is what eviction uses
+            # when every evictable page is needed soon)
+            self.engine.pages_needed_soon = lambda: list(json.loads(Path(soon_file).read_text() or "[]"))
         await self.engine.start()
 
     async def _fetch(self, page_id: str) -> Page:
@@ -202,6 +204,7 @@ class LiveReplica:
                 "prompt_tokens": usage.prompt_tokens,
                 "prefill_tokens": load_tokens + usage.prompt_tokens - usage.cached_tokens,
                 "faults": len(faulted),
+                "load_tokens": load_tokens,  # what the page loads cost (the rest is the question)
             }
         finally:
             self.in_flight -= 1
@@ -265,6 +268,16 @@ class Outcome:
     faults: int
     prefetch_tokens: int
     seconds: float
+    load_tokens: int = 0  # page mode: what the request-path page loads cost
+
+    def prefill_floor(self, fewest_faults: int) -> int | None:
+        """Page mode: the prefill of this run had it faulted only Belady's `fewest_faults` pages
+        (its mean page load each) and prefilled its questions as it did: what no router or
+        eviction could go below on this trace. None without a page load to measure."""
+        if not self.faults or not self.load_tokens:
+            return None
+        questions = self.prefill_tokens - self.load_tokens
+        return round(fewest_faults * self.load_tokens / self.faults) + questions
 
     def quantile(self, q: float) -> float:
         ordered = sorted(self.ttft)
@@ -284,9 +297,20 @@ class Outcome:
 
 
 def write_soon(path: Path, requests: list[LiveRequest]) -> None:
+    """The queued requests' pages, the next request's first, each once."""
     tmp = path.with_suffix(".tmp")
-    tmp.write_text(json.dumps(sorted({p for r in requests for p in r.page_ids})))
+    tmp.write_text(json.dumps(list(dict.fromkeys(p for r in requests for p in r.page_ids))))
     tmp.replace(path)  # the engines read it whole or not at all
+
+
+def fewest_faults(trace: list[tuple[int, int]], capacity: int) -> int:
+    """The fewest page loads any router and eviction could make on this trace: Belady (farthest
+    next use evicted) over one pooled cache of every engine's slots, which knows the whole future
+    and never splits the cache over replicas. Prefill below its loads is out of anyone's reach."""
+    from affinity_sim import belady  # benchmarks/ is on the path when this file runs
+
+    result = belady([(str(agent), [f"page-{p}"]) for agent, p in trace], lambda _page: 1, capacity)
+    return result.accesses - result.hits
 
 
 async def drive(
@@ -327,6 +351,7 @@ async def drive(
         sum(r["faults"] for r in results),
         prefetch_tokens,
         time.perf_counter() - started,
+        sum(r.get("load_tokens", 0) for r in results),
     )
 
 
@@ -437,9 +462,22 @@ def main() -> None:
             f"{o.name:<22} {o.p50 * 1000:>7.0f}ms {o.quantile(0.99) * 1000:>7.0f}ms {o.total_prefill:>12,} "
             f"{o.cached_ratio:>7.1%} {o.faults:>7} {o.seconds:>7.1f}"
         )
+    fewest = fewest_faults(trace, args.replicas * args.slots)
+    print(
+        f"fewest page faults possible on this trace: {fewest} "
+        f"(Belady over one pooled cache of {args.replicas} x {args.slots} pages, the whole future known)"
+    )
     by_name = {o.name: o for o in outcomes}
     ray_o = by_name.get("ray-prefix")
-    for name in ("colony", "colony+soon+prefetch"):
+    floors = [f for o in outcomes if (f := o.prefill_floor(fewest)) is not None]
+    if floors and ray_o is not None:
+        floor = min(floors)
+        print(
+            f"prefill floor ~{floor:,} tokens (those faults at the measured page cost, plus the "
+            f"questions): at most {ray_o.total_prefill / max(1, floor):.2f}x fewer than ray-prefix is "
+            "possible on this trace"
+        )
+    for name in ("colony", "colony+soon", "colony+soon+prefetch"):
         mine = by_name.get(name)
         if ray_o is not None and mine is not None:
             fewer = ray_o.total_prefill / max(1, mine.total_prefill)

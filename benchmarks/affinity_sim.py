@@ -46,7 +46,7 @@ import argparse
 import json
 import random
 from collections import OrderedDict, defaultdict, deque
-from collections.abc import Callable
+from collections.abc import Callable, Collection
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -121,9 +121,7 @@ class Cluster:
     def load(self, replica: str) -> int:
         return sum(1 for r in self.recent if r == replica)
 
-    def serve(
-        self, replica: str, pages: list[str], needed_soon: set[str] | frozenset[str] = frozenset()
-    ) -> list[bool]:
+    def serve(self, replica: str, pages: list[str], needed_soon: Collection[str] = ()) -> list[bool]:
         """Serve one request (its pages pinned while it runs); which pages were hits."""
         hits = [self.bring_in(replica, page, pages, needed_soon) for page in pages]
         self.recent.append(replica)
@@ -136,9 +134,7 @@ class Cluster:
         evictable = sum(1 for p in cache if p not in keep and p not in pages)
         return missing <= self.capacity - len(cache) + evictable
 
-    def bring_in(
-        self, replica: str, page: str, pinned: list[str], needed_soon: set[str] | frozenset[str] = frozenset()
-    ) -> bool:
+    def bring_in(self, replica: str, page: str, pinned: list[str], needed_soon: Collection[str] = ()) -> bool:
         """Make the page resident (evicting as the engines do: never a pinned page, pages needed
         soon only when nothing else can go) and count a use; whether it was resident already."""
         cache, policy = self.caches[replica], self.policies[replica]
@@ -227,19 +223,20 @@ def simulate(
     cluster = Cluster(replicas, capacity, window=replicas * 4, eviction=eviction)
     hits = accesses = prefill = total = prefetched = 0
     for i, (agent, pages) in enumerate(trace):
-        soon = {p for _, queued in trace[i + 1 : i + 1 + lookahead] for p in queued} if lookahead else set()
+        # the queued requests' pages, soonest first (the order tells eviction which to give up last)
+        soon = list(dict.fromkeys(p for _, queued in trace[i + 1 : i + 1 + lookahead] for p in queued))
         if prefetch and i + prefetch < len(trace):
             _, ahead = trace[i + prefetch]  # runs `prefetch` requests from now
             views = [
                 ReplicaView(r, resident=set(cluster.caches[r]), load=cluster.load(r)) for r in cluster.ids
             ]
             target = choose_replica(views, ahead).replica_id
-            if not cluster.room_without(target, ahead, soon | set(pages)):
-                continue  # as the engines: a prefetch never evicts a page needed soon
-            for page in ahead:
-                if not cluster.bring_in(target, page, ahead, soon | set(pages)):
-                    prefetched += 1
-                    prefill += tokens(page)
+            keep = set(soon) | set(pages)
+            if cluster.room_without(target, ahead, keep):  # as the engines: a prefetch never evicts
+                for page in ahead:  # a page needed soon; without room it brings in nothing
+                    if not cluster.bring_in(target, page, ahead, keep):
+                        prefetched += 1
+                        prefill += tokens(page)
         replica = router(cluster, agent, pages)
         for page, hit in zip(pages, cluster.serve(replica, pages, soon), strict=True):
             accesses += 1

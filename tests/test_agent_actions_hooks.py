@@ -265,3 +265,24 @@ async def test_annotated_bounds_reach_the_schema_and_are_enforced(bb: Blackboard
     assert not long.success and "text" in long.error
     many = await agent.dispatcher.dispatch("note", {"text": "a", "times": 9})
     assert not many.success and "times" in many.error
+
+
+def test_action_schemas_are_made_once_and_handed_out_as_copies() -> None:
+    """Every step's state lists the actions' schemas: pydantic's schema is built once per action
+    method (not per step, nor per agent), and each caller gets its own copy to change."""
+    from colony.agents.actions import _schema_text, discover_actions
+
+    class Tool(AgentCapability):
+        @action_executor()
+        async def add(self, a: int, b: int = 2) -> int:
+            """Add two numbers."""
+            return a + b
+
+    first, second = discover_actions(Tool(scope_id="a")), discover_actions(Tool(scope_id="b"))
+    assert first[0].parameters is second[0].parameters  # one model for every instance
+    built = _schema_text.cache_info().misses
+    schema = first[0].json_schema()
+    assert schema["parameters"]["required"] == ["a"]
+    schema["parameters"]["required"].append("b")  # a caller's change stays its own
+    assert second[0].json_schema()["parameters"]["required"] == ["a"]
+    assert _schema_text.cache_info().misses <= built + 1

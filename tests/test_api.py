@@ -283,3 +283,33 @@ async def test_vcm_sources_and_pages_over_http(api, tmp_path) -> None:
     assert missing.status_code == 400 and "not a directory" in missing.json()["error"]["message"]
     tiny = await client.post("/v1/vcm/sources", json={"path": str(tmp_path), "page_tokens": 5}, headers=AUTH)
     assert tiny.status_code == 422 and "page_tokens" in tiny.json()["error"]["message"]
+
+
+async def test_http_metrics_count_refusals_streams_and_errors(api) -> None:
+    """The pure ASGI metrics middleware (colony.api.http_metrics) counts what the guard refuses, an
+    event stream (a submit with `stream: true`) once at its start, and a route that raised as 500."""
+    from colony import metrics
+    from colony.api.http_metrics import RequestMetricsMiddleware
+
+    client, _ = api
+
+    def count(route: str, method: str, code: str) -> float:
+        return metrics.HTTP_REQUESTS.labels(route, method, code)._value.get()
+
+    refused, streamed = count("unmatched", "GET", "401"), count("/v1/runs", "POST", "200")
+    assert (await client.get("/v1/agents")).status_code == 401  # no token: the guard answers
+    async with client.stream(
+        "POST", "/v1/runs", json={"agent": "echo", "input": 1, "stream": True}, headers=AUTH
+    ) as response:
+        assert response.status_code == 200
+        assert "event: completed" in "".join([chunk async for chunk in response.aiter_text()])
+    assert count("unmatched", "GET", "401") == refused + 1
+    assert count("/v1/runs", "POST", "200") == streamed + 1
+
+    async def broken(scope: Any, receive: Any, send: Any) -> None:
+        raise RuntimeError("route failed")
+
+    failed = count("unmatched", "GET", "500")
+    with pytest.raises(RuntimeError):
+        await RequestMetricsMiddleware(broken)({"type": "http", "method": "GET"}, None, None)  # type: ignore[arg-type]
+    assert count("unmatched", "GET", "500") == failed + 1

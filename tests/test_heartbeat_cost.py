@@ -87,15 +87,15 @@ async def test_needed_soon_is_one_read_whatever_is_suspended(bb: Blackboard, red
                 )
             )
         await host.engine.load_page(Page(page_id="held", text="a page this engine holds"))
-        await registry.put_needed_soon("r0", ["held", "next"], 30.0)  # what a monitor round left
+        await registry.put_needed_soon("r0", ["next", "held"], 30.0)  # what a monitor round left
         before = await commands(bb)
         await host.refresh_needed_soon()  # what each beat does once the engine holds a page
         spent = await commands(bb) - before
         assert spent <= 2, f"reading the pages needed soon took {spent} Redis commands"
-        assert host.engine.pages_needed_soon() == {"held", "next"}
+        assert host.engine.pages_needed_soon() == ["next", "held"]  # in the monitor's order
         await registry.clear_needed_soon("r0")
         await host.refresh_needed_soon()
-        assert host.engine.pages_needed_soon() == set()
+        assert host.engine.pages_needed_soon() == []
     finally:
         await host.close()
 

@@ -42,6 +42,42 @@ def test_eviction_passes_over_pages_needed_soon() -> None:
         assert policy.unpinned_victim(cache, set(cache), needed_soon=()) is None
 
 
+def test_every_page_needed_soon_gives_up_the_one_needed_last() -> None:
+    """An ordered needed-soon list (soonest first) decides among pages that are all needed soon:
+    the page whose next use is farthest goes, whatever the policy's own order; a set has no order
+    and leaves it to the policy."""
+    for policy in (LRUEviction(), FrequencyEviction()):
+        for page_id in ("cold", "warm", "hot", "hot", "hot", "warm"):
+            policy.touch(page_id)
+        cache = ["cold", "warm", "hot"]
+        assert policy.unpinned_victim(cache, needed_soon=["cold", "warm", "hot"]) == "hot"
+        assert policy.unpinned_victim(cache, needed_soon=["hot", "warm", "cold"]) == "cold"
+        assert policy.unpinned_victim(cache, needed_soon=("warm", "cold", "hot", "warm")) == "hot"
+        assert policy.unpinned_victim(cache, needed_soon=set(cache)) == "cold"  # the policy's choice
+        # a page not needed soon still goes first, and pins still win
+        assert policy.unpinned_victim(cache, needed_soon=["cold", "warm"]) == "hot"
+        assert policy.unpinned_victim(cache, {"hot"}, needed_soon=["cold", "warm", "hot"]) == "warm"
+        assert policy.unpinned_victim(cache, set(cache), needed_soon=["cold"]) is None
+
+
+def test_ordered_needed_soon_keeps_a_cycle_longer_than_the_cache() -> None:
+    """Agents taking turns over more pages than the caches hold (`--workload turns`): a set of
+    the pages needed soon, once it spans the cycle, tells them apart no more and LFU/LRU evicts
+    the page needed next; the ordered list gives up the page just used (needed last), which is
+    what Belady does: far fewer faults, close to the bound."""
+    trace = sim.make_turns_trace(agents=24, pages=72, group=3, requests=1200)
+
+    def run(lookahead: int) -> sim.Result:
+        return sim.simulate(
+            "colony", sim.colony_router(), trace, lambda p: 100, 4, 16, "lfu-da", lookahead=lookahead
+        )
+
+    plain, ordered = run(0), run(24)
+    bound = sim.belady(trace, lambda p: 100, 4 * 16)
+    assert ordered.hit_rate > 2 * plain.hit_rate
+    assert ordered.hit_rate > 0.9 * bound.hit_rate
+
+
 def test_simulated_needed_soon_eviction_and_prefetch_cut_faults() -> None:
     """The simulator's agent-aware variants run the policies' needed-soon path: fewer pages
     prefilled than plain Colony on the same trace, and prefetch takes faults off requests' paths."""
@@ -158,4 +194,18 @@ async def test_prefetch_brings_pages_in_before_their_first_use(engine: EmbeddedE
     assert await engine.prefetch(["z"], fetch) == [] and set(engine.resident_pages()) == {"x", "y"}
     engine.pages_needed_soon = lambda: {"x", "z"}
     assert await engine.prefetch(["z"], fetch) == ["z"] and set(engine.resident_pages()) == {"x", "z"}
+    await empty(engine)
+
+
+@on_engine_loop
+async def test_the_embedded_engine_gives_up_the_page_needed_last(engine: EmbeddedEngine) -> None:
+    """Both resident pages needed soon, in order: the engine evicts the one needed later, where
+    its own policy (LFU-DA, b used more and last) would have evicted a."""
+    await empty(engine)
+    await engine.load_page(page("a"))
+    await engine.load_page(page("b"))
+    await engine.generate(InferenceRequest(prompt="hi", page_ids=["b"], max_tokens=1))
+    engine.pages_needed_soon = lambda: ["a", "c", "b"]  # a next, then c, then b
+    load = await engine.load_page(page("c"))
+    assert load.evicted == ["b"] and set(engine.resident_pages()) == {"a", "c"}
     await empty(engine)

@@ -13,7 +13,6 @@ import asyncio
 import json
 import logging
 import re
-import time
 from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass
 from typing import Annotated, Any, Protocol
@@ -33,6 +32,7 @@ from colony import __version__, metrics
 from colony.api.auth import TokenSource
 from colony.api.block_routes import InvalidBlockInput, add_block_routes
 from colony.api.context_routes import add_context_routes
+from colony.api.http_metrics import RequestMetricsMiddleware
 from colony.api.limits import GuardMiddleware, check_input
 from colony.api.memory_routes import InvalidMemoryInput, MemoryScopeNotFound, add_memory_routes
 from colony.api.schemas import (
@@ -215,19 +215,7 @@ def create_app(
     )
     authorized = bearer  # enforced by GuardMiddleware; declared per route for the OpenAPI document
 
-    @app.middleware("http")
-    async def request_metrics(
-        request: Request, call_next: Callable[[Request], Awaitable[Response]]
-    ) -> Response:
-        started = time.perf_counter()
-        response = await call_next(request)
-        route = request.scope.get("route")
-        # label values from fixed sets only: a route's template (never the raw path) and the method
-        template = getattr(route, "path_format", None) or "unmatched"
-        method = metrics.http_method_label(request.method)
-        metrics.HTTP_REQUESTS.labels(template, method, str(response.status_code)).inc()
-        metrics.HTTP_REQUEST_SECONDS.labels(template).observe(time.perf_counter() - started)
-        return response
+    app.add_middleware(RequestMetricsMiddleware)  # type: ignore[arg-type]  # outermost: sees 401/413 too
 
     @app.exception_handler(StarletteHTTPException)
     async def http_error(request: Request, exc: StarletteHTTPException) -> JSONResponse:

@@ -78,7 +78,7 @@ class ReplicaHost:
         )
         self._accessed: set[str] = set()  # pages used since the last heartbeat (their last_access)
         # pages of suspended page-bound agents the monitor would resume here (read each heartbeat)
-        self._soon_suspended: frozenset[str] = frozenset()
+        self._soon_suspended: tuple[str, ...] = ()  # soonest first, as the monitor wrote them
         self._prefetching: dict[str, list[str]] = {}  # agent id -> pages being prefetched for it
         # the registry state of each hosted agent as last read or written here (`_beat`), the beats
         # so far, and the beat that next reads every record naming this replica
@@ -174,23 +174,29 @@ class ReplicaHost:
                 held[agent_id] = list(metadata.bound_pages)
         return held
 
-    def pages_needed_soon(self) -> set[str]:
-        """Pages agents destined to this replica will use next, which eviction passes over while
-        another page can go (`engine.pages_needed_soon`; a preference, never a pin): those of the
-        page-bound agents hosted here that are not running (idle or waiting: their next run uses
-        them), those being prefetched for an agent just placed or resumed here, and those of
-        suspended page-bound agents the monitor would resume here (`refresh_needed_soon`)."""
-        soon = set(self._soon_suspended)
+    def pages_needed_soon(self) -> list[str]:
+        """Pages agents destined to this replica will use next, soonest first, which eviction
+        passes over while another page can go and, when it must take one of them, gives up the one
+        needed last (`engine.pages_needed_soon`; a preference, never a pin): those being prefetched
+        for an agent just placed or resumed here (it runs first), then those of the page-bound
+        agents hosted here that are not running (waiting ones, whose next run is queued, before
+        idle ones), then those of suspended page-bound agents the monitor would resume here
+        (`refresh_needed_soon`, highest priority first)."""
+        soon: dict[str, None] = {}
         for pages in self._prefetching.values():
-            soon.update(pages)
-        if self.runtime is None:
-            return soon
-        for agent_id in self.runtime.agent_ids:
-            agent = self.runtime.get(agent_id)
-            metadata = agent.metadata
-            if metadata.agent_type is AgentType.VCM_BOUND and agent.state is not AgentState.RUNNING:
-                soon.update(metadata.bound_pages)
-        return soon
+            soon.update(dict.fromkeys(pages))
+        if self.runtime is not None:
+            waiting: list[str] = []
+            idle: list[str] = []
+            for agent_id in self.runtime.agent_ids:
+                agent = self.runtime.get(agent_id)
+                metadata = agent.metadata
+                if metadata.agent_type is AgentType.VCM_BOUND and agent.state is not AgentState.RUNNING:
+                    (waiting if agent.state is AgentState.WAITING else idle).extend(metadata.bound_pages)
+            soon.update(dict.fromkeys(waiting))
+            soon.update(dict.fromkeys(idle))
+        soon.update(dict.fromkeys(self._soon_suspended))
+        return list(soon)
 
     async def refresh_needed_soon(self) -> None:
         """Read which pages the suspended page-bound agents the monitor would resume here need:
@@ -201,9 +207,9 @@ class ReplicaHost:
         _, registry = self._ready()
         assert self.engine is not None
         if not self.engine.resident_pages() and not self.engine.swapped_pages():
-            self._soon_suspended = frozenset()
+            self._soon_suspended = ()
             return
-        self._soon_suspended = frozenset(await registry.needed_soon(self.replica_id))
+        self._soon_suspended = tuple(await registry.needed_soon(self.replica_id))
 
     def prefetch(self, agent: Agent) -> Coroutine[Any, Any, None] | None:
         """What to fetch before a page-bound agent's first step here: its bound pages (None for

@@ -119,7 +119,7 @@ class ResumptionMonitor:
         self._missing_since: dict[str, float] = {}  # agent -> when first found on no replica
         self._liveness_outage = False  # `liveness` could not answer last round (logged once)
         # the pages needed soon last written for each replica, and when (`_publish_needed_soon`)
-        self._soon_published: dict[str, tuple[frozenset[str], float]] = {}
+        self._soon_published: dict[str, tuple[tuple[str, ...], float]] = {}
 
     def request_resume(self, agent_id: str) -> None:
         """The external trigger of CUSTOM conditions (and a push for any other kind)."""
@@ -357,12 +357,12 @@ class ResumptionMonitor:
         now = time.monotonic()
         try:
             for replica_id in sorted(set(soon) | set(self._soon_published)):
-                pages = frozenset(soon.get(replica_id, ()))
+                pages = tuple(soon.get(replica_id, ()))  # highest priority first: the order counts
                 last = self._soon_published.get(replica_id)
                 if last is not None and last[0] == pages and now - last[1] < NEEDED_SOON_TTL_SECONDS / 3:
                     continue
                 if pages:
-                    await self.registry.put_needed_soon(replica_id, sorted(pages), NEEDED_SOON_TTL_SECONDS)
+                    await self.registry.put_needed_soon(replica_id, list(pages), NEEDED_SOON_TTL_SECONDS)
                     self._soon_published[replica_id] = (pages, now)
                 elif last is not None:
                     await self.registry.clear_needed_soon(replica_id)

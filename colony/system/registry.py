@@ -164,8 +164,8 @@ class AgentRegistry:
         )
 
     async def needed_soon(self, replica_id: str) -> list[str]:
-        """The pages suspended page-bound agents will need on `replica_id` (one read; what is
-        stored is checked, not trusted: at most `NEEDED_SOON_PAGES` strings)."""
+        """The pages suspended page-bound agents will need on `replica_id`, highest priority first
+        (one read; what is stored is checked, not trusted: at most `NEEDED_SOON_PAGES` strings)."""
         entry = await self.board.read(NeededSoonKeys.soon_key(replica_id))
         pages = entry.value.get("pages") if entry is not None and isinstance(entry.value, dict) else None
         if not isinstance(pages, list):

@@ -14,16 +14,20 @@ Needed soon (agent-aware eviction, as in KVFlow): a cache that only looks back a
 the page a queued or suspended agent is about to use as readily as one nobody will ask for again,
 and that agent then faults it straight back in. Colony knows who will run next (queued runs,
 suspended agents' resumption conditions, bound pages), so `unpinned_victim` takes the pages
-needed soon and picks its victim among the others first; only when every evictable page is
-needed soon does the policy choose among those. It is a preference, never a pin: a load never
-waits because the only free slots hold pages needed soon.
+needed soon and picks its victim among the others first. When every evictable page is needed
+soon, the order decides: the pages needed soon come soonest first (the next run's pages, then the
+runs queued after it), and the one needed last goes, which is Belady's choice (farthest next use)
+over what is known. That matters where agents take turns in a cycle longer than the cache holds:
+there the page just used is the one needed last, and a look only at past uses (LRU, LFU) evicts
+the page needed next instead. An unordered set of pages leaves that choice to the policy. It is a
+preference, never a pin: a load never waits because the only free slots hold pages needed soon.
 """
 
 from __future__ import annotations
 
 import itertools
 from abc import ABC, abstractmethod
-from collections.abc import Collection, Iterable
+from collections.abc import Collection, Iterable, Sequence
 
 from colony.errors import InvalidArgument
 
@@ -54,12 +58,27 @@ class EvictionPolicy(ABC):
         """The policy's victim among the candidates that are not pinned (in use by a request or a
         page-bound step: evicting one would pull its KV cache from under it); None when every
         candidate is pinned, and the caller waits for an unpin. Pages `needed_soon` (by a queued
-        or suspended agent) are passed over while any other candidate is free."""
+        or suspended agent) are passed over while any other candidate is free; when none is, an
+        ordered `needed_soon` (a list or tuple, soonest first) gives up the page needed last, an
+        unordered one lets the policy choose among them."""
         free = [page_id for page_id in candidates if page_id not in pinned]
         if not free:
             return None
         spare = [page_id for page_id in free if page_id not in needed_soon]
-        return self.victim(spare or free)
+        if spare:
+            return self.victim(spare)
+        if isinstance(needed_soon, Sequence) and not isinstance(needed_soon, str):
+            return needed_last(free, needed_soon)
+        return self.victim(free)
+
+
+def needed_last(candidates: Collection[str], needed_soon: Sequence[str]) -> str:
+    """Of `candidates` (all in `needed_soon`), the one whose first place in the soonest-first
+    order is last: the page whose next use is farthest away."""
+    first: dict[str, int] = {}
+    for place, page_id in enumerate(needed_soon):
+        first.setdefault(page_id, place)
+    return max(candidates, key=lambda p: (first.get(p, len(needed_soon)), p))
 
 
 class LRUEviction(EvictionPolicy):
