@@ -313,3 +313,10 @@ async def test_http_metrics_count_refusals_streams_and_errors(api) -> None:
     with pytest.raises(RuntimeError):
         await RequestMetricsMiddleware(broken)({"type": "http", "method": "GET"}, None, None)  # type: ignore[arg-type]
     assert count("unmatched", "GET", "500") == failed + 1
+
+    async def cancelled(scope: Any, receive: Any, send: Any) -> None:
+        raise asyncio.CancelledError  # the client went away before the answer: nothing was sent
+
+    with pytest.raises(asyncio.CancelledError):
+        await RequestMetricsMiddleware(cancelled)({"type": "http", "method": "GET"}, None, None)  # type: ignore[arg-type]
+    assert count("unmatched", "GET", "500") == failed + 1  # not counted as a server error

@@ -384,14 +384,14 @@ async def test_pages_needed_soon_by_suspended_agents_destined_here(colony: Colon
     assert await colony.control.monitor.tick() == []  # the round works out what each replica needs
     await ra.refresh_needed_soon()  # what each heartbeat does (every 0.2 s here, too): one read
     await rb.refresh_needed_soon()
-    assert ra.engine.pages_needed_soon() == [here]  # what the engine's eviction consults
-    assert rb.engine.pages_needed_soon() == [elsewhere]  # not `nowhere`: no replica holds it
+    assert list(ra.engine.pages_needed_soon()) == [here]  # what the engine's eviction consults
+    assert list(rb.engine.pages_needed_soon()) == [elsewhere]  # not `nowhere`: no replica holds it
     await colony.control.resume("waiter")
     assert await first_step_faults(ra, "waiter") == []
     assert await colony.control.monitor.tick() == []
     assert await colony.control.registry.needed_soon("ra") == []  # no suspended agent bound here
     await ra.refresh_needed_soon()
-    assert ra.pages_needed_soon() == [here]  # hosted, idle again: its next run needs it
+    assert list(ra.pages_needed_soon()) == [here]  # hosted, idle again: its next run needs it
 
 
 async def test_a_resume_that_took_effect_but_failed_is_not_repeated_elsewhere(

@@ -15,7 +15,7 @@ import pytest_asyncio
 from colony.config import EngineSettings
 from colony.inference import InferenceRequest, Page
 from colony.inference.embedded import EmbeddedEngine
-from colony.vcm.eviction import FrequencyEviction, LRUEviction
+from colony.vcm.eviction import FrequencyEviction, LRUEviction, NeededSoon
 from colony.vcm.placement import ReplicaView, choose_replica
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
@@ -58,6 +58,63 @@ def test_every_page_needed_soon_gives_up_the_one_needed_last() -> None:
         assert policy.unpinned_victim(cache, needed_soon=["cold", "warm"]) == "hot"
         assert policy.unpinned_victim(cache, {"hot"}, needed_soon=["cold", "warm", "hot"]) == "warm"
         assert policy.unpinned_victim(cache, set(cache), needed_soon=["cold"]) is None
+
+
+def test_needed_soon_tiers_say_what_is_known_of_the_order() -> None:
+    """`NeededSoon.of`: a sequence of ids is one tier a page (their order known), a set or a
+    set-like view one tier (no order), a page counts in its first tier. Within a tier whose order
+    is unknown the policy chooses: a hot page of an idle agent is not given up for its id."""
+    assert NeededSoon.of(["b", "a", "b", "c"]).tiers == (frozenset("b"), frozenset("a"), frozenset("c"))
+    assert NeededSoon.of({"a": 1, "b": 2}.keys()).tiers == (frozenset("ab"),)
+    assert NeededSoon.of("page-1").tiers == (frozenset({"page-1"}),)
+    soon = NeededSoon([{"x"}, {"a", "z"}, ["x", "s"], []])
+    assert soon.tiers == (frozenset("x"), frozenset("az"), frozenset("s")) and len(soon) == 4
+    assert list(soon) == ["x", "a", "z", "s"] and "z" in soon and "q" not in soon
+    for policy in (LRUEviction(), FrequencyEviction()):
+        for page_id in ["a", *["z"] * 20]:  # z: hot, used last
+            policy.touch(page_id)
+        assert policy.unpinned_victim(["a", "z"], needed_soon=[{"a", "z"}]) == "a"  # the policy's
+        assert policy.unpinned_victim(["a", "z", "x"], needed_soon=[{"x"}, {"a", "z"}]) == "a"
+        assert policy.unpinned_victim(["a", "z", "s"], needed_soon=soon) == "s"  # the last tier first
+
+
+def test_a_replica_hosts_tiers_prefetching_then_hosted_then_suspended() -> None:
+    """What a replica host tells its engine: pages being prefetched (their agent runs next), then
+    the hosted page-bound agents that are not running, as one tier (nothing orders them: not their
+    ids), then the monitor's suspended agents' pages in its priority order."""
+    from types import SimpleNamespace
+
+    from colony.agents.models import AgentState, AgentType
+    from colony.system.host import ReplicaHost
+
+    def agent(state: AgentState, pages: list[str]) -> SimpleNamespace:
+        return SimpleNamespace(
+            state=state, metadata=SimpleNamespace(agent_type=AgentType.VCM_BOUND, bound_pages=pages)
+        )
+
+    agents = {
+        "alpha": agent(AgentState.IDLE, ["pA"]),
+        "mid": agent(AgentState.WAITING, ["pW"]),
+        "run": agent(AgentState.RUNNING, ["pR"]),  # in use: pinned, not needed soon
+        "zeta": agent(AgentState.IDLE, ["pZ", "pS2"]),
+    }
+    host = SimpleNamespace(
+        _prefetching={"new": ["pN"]},
+        runtime=SimpleNamespace(agent_ids=sorted(agents), get=agents.__getitem__),
+        _soon_suspended=("pS1", "pS2", "pS3"),
+    )
+    soon = ReplicaHost.pages_needed_soon(host)  # type: ignore[arg-type]
+    assert soon.tiers == (
+        frozenset({"pN"}),
+        frozenset({"pA", "pW", "pZ", "pS2"}),
+        frozenset({"pS1"}),
+        frozenset({"pS3"}),
+    )
+    lru = LRUEviction()
+    for page_id in ["pA", *["pZ"] * 20]:
+        lru.touch(page_id)
+    assert lru.unpinned_victim(["pA", "pZ"], needed_soon=soon) == "pA"  # LRU's choice, not zeta's id
+    assert lru.unpinned_victim(["pA", "pZ", "pS3", "pN"], needed_soon=soon) == "pS3"
 
 
 def test_ordered_needed_soon_keeps_a_cycle_longer_than_the_cache() -> None:

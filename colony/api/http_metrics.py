@@ -1,5 +1,6 @@
 """Request metrics as a pure ASGI middleware: `colony_http_requests_total` and
-`colony_http_request_seconds` for every request, the ones the guard refuses (401, 413) included.
+`colony_http_request_seconds` for every request answered, the ones the guard refuses (401, 413)
+included, and a route that raised as 500.
 
 Not Starlette's `BaseHTTPMiddleware` (`@app.middleware("http")`): that one runs the route in a
 task of its own and copies a streaming response through a memory channel chunk by chunk, which
@@ -43,7 +44,9 @@ class RequestMetricsMiddleware:
 
         try:
             await self.app(scope, receive, watched)
-        except BaseException:
+        except Exception:
             if not recorded:  # the server's error handler answers 500 (outside this middleware)
                 record(500)
             raise
+        # a cancelled request (the client went away, a timeout) answered nothing: not counted, as a
+        # request that ended without a response (a body cut off mid-way) is not

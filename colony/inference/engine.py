@@ -21,8 +21,8 @@ import logging
 import time
 from abc import ABC, abstractmethod
 from collections import Counter
-from collections.abc import AsyncIterator, Awaitable, Callable, Collection, Iterable, Mapping, Sequence
-from collections.abc import Set as AbstractSet
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Mapping, Sequence
+from typing import Any
 
 from colony import metrics
 from colony.config import ColonySettings, EngineSettings
@@ -37,6 +37,7 @@ from colony.inference.models import (
     StreamChunk,
     Usage,
 )
+from colony.vcm.eviction import NeededSoon
 
 log = logging.getLogger(__name__)
 PIN_POLL_SECONDS = 0.5  # a load waiting for a pinned slot looks again at least this often
@@ -74,10 +75,11 @@ class InferenceEngine(ABC):
         # running page-bound agents): never eviction victims while held
         # (holder id -> pages); a holder's own fault may still evict its own pages (see `using_pages`)
         self.page_holds: Callable[[], Mapping[str, Iterable[str]]] | None = None
-        # pages queued or suspended agents destined here will need soon, soonest first (set by the
-        # replica host): eviction passes them over while another page can go, and gives up the one
-        # needed last when it must take one of them; never a pin
-        self.pages_needed_soon: Callable[[], Iterable[str]] | None = None
+        # pages queued or suspended agents destined here will need soon, in what is known of their
+        # order (set by the replica host; anything `NeededSoon.of` takes): eviction passes them
+        # over while another page can go, and gives up the one needed last when it must take one
+        # of them; never a pin
+        self.pages_needed_soon: Callable[[], Any] | None = None
         self._reserve_lock = asyncio.Lock()  # one multi-page reservation at a time
 
     # -- pins --------------------------------------------------------------------------------
@@ -213,19 +215,17 @@ class InferenceEngine(ABC):
             pinned.update(self.needed_soon())
         return pinned
 
-    def needed_soon(self) -> Collection[str]:
-        """The pages `pages_needed_soon` names now (empty without one): a list, soonest first and
-        each once, unless it named them as a set, which has no order and stays a set (eviction then
-        lets its policy choose among them). A preference only: if the callable fails, eviction goes
-        on without it (logged) rather than failing the load."""
+    def needed_soon(self) -> NeededSoon:
+        """The pages `pages_needed_soon` names now, in what it knows of their order (`NeededSoon`:
+        tiers, soonest first; a set is one tier; empty without one). A preference only: if the
+        callable fails, eviction goes on without it (logged) rather than failing the load."""
         if self.pages_needed_soon is None:
-            return ()
+            return NeededSoon()
         try:
-            soon = self.pages_needed_soon()
-            return frozenset(soon) if isinstance(soon, AbstractSet) else list(dict.fromkeys(soon))
+            return NeededSoon.of(self.pages_needed_soon())
         except Exception:
             log.warning("%s engine: pages_needed_soon failed; evicting without it", self.kind, exc_info=True)
-            return ()
+            return NeededSoon()
 
     async def prefetch(
         self, page_ids: Iterable[str], fetch: Callable[[str], Awaitable[Page]] | None = None

@@ -36,6 +36,7 @@ from colony.inference import InferenceEngine, InferenceRequest, Page, create_eng
 from colony.system.registry import HEARTBEAT_MISSES, NOT_HOSTED, AgentRecord, AgentRegistry
 from colony.system.replicas import AgentSlot, ReplicaSnapshot
 from colony.vcm import PageTable
+from colony.vcm.eviction import NeededSoon
 
 log = logging.getLogger(__name__)
 Spawner = Callable[[AgentBlueprint], Awaitable[dict[str, Any]]]
@@ -174,29 +175,26 @@ class ReplicaHost:
                 held[agent_id] = list(metadata.bound_pages)
         return held
 
-    def pages_needed_soon(self) -> list[str]:
-        """Pages agents destined to this replica will use next, soonest first, which eviction
-        passes over while another page can go and, when it must take one of them, gives up the one
-        needed last (`engine.pages_needed_soon`; a preference, never a pin): those being prefetched
-        for an agent just placed or resumed here (it runs first), then those of the page-bound
-        agents hosted here that are not running (waiting ones, whose next run is queued, before
-        idle ones), then those of suspended page-bound agents the monitor would resume here
-        (`refresh_needed_soon`, highest priority first)."""
-        soon: dict[str, None] = {}
+    def pages_needed_soon(self) -> NeededSoon:
+        """Pages agents destined to this replica will use next, which eviction passes over while
+        another page can go (`engine.pages_needed_soon`; a preference, never a pin), in tiers as
+        far as their order is known, soonest first: those being prefetched for an agent just
+        placed or resumed here (its first step comes next); those of the page-bound agents hosted
+        here that are not running (their next run uses them; no order among them is known, so
+        the policy chooses within that tier); then those of the suspended page-bound agents the
+        monitor would resume here, one page a tier in its order (highest priority first,
+        `refresh_needed_soon`). When every evictable page is needed soon, the last tier goes first."""
+        prefetching: set[str] = set()
         for pages in self._prefetching.values():
-            soon.update(dict.fromkeys(pages))
+            prefetching.update(pages)
+        hosted: set[str] = set()
         if self.runtime is not None:
-            waiting: list[str] = []
-            idle: list[str] = []
             for agent_id in self.runtime.agent_ids:
                 agent = self.runtime.get(agent_id)
                 metadata = agent.metadata
                 if metadata.agent_type is AgentType.VCM_BOUND and agent.state is not AgentState.RUNNING:
-                    (waiting if agent.state is AgentState.WAITING else idle).extend(metadata.bound_pages)
-            soon.update(dict.fromkeys(waiting))
-            soon.update(dict.fromkeys(idle))
-        soon.update(dict.fromkeys(self._soon_suspended))
-        return list(soon)
+                    hosted.update(metadata.bound_pages)
+        return NeededSoon([prefetching, hosted, *([page] for page in self._soon_suspended)])
 
     async def refresh_needed_soon(self) -> None:
         """Read which pages the suspended page-bound agents the monitor would resume here need:

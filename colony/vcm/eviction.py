@@ -15,19 +15,22 @@ the page a queued or suspended agent is about to use as readily as one nobody wi
 and that agent then faults it straight back in. Colony knows who will run next (queued runs,
 suspended agents' resumption conditions, bound pages), so `unpinned_victim` takes the pages
 needed soon and picks its victim among the others first. When every evictable page is needed
-soon, the order decides: the pages needed soon come soonest first (the next run's pages, then the
-runs queued after it), and the one needed last goes, which is Belady's choice (farthest next use)
-over what is known. That matters where agents take turns in a cycle longer than the cache holds:
+soon, what is known of their order decides (`NeededSoon`: tiers of pages, soonest first): the
+victim comes from the last tier that holds one, so the page needed last goes, which is Belady's
+choice (farthest next use) over what is known; within a tier, whose order is not known, the
+policy chooses. That matters where agents take turns in a cycle longer than the cache holds:
 there the page just used is the one needed last, and a look only at past uses (LRU, LFU) evicts
-the page needed next instead. An unordered set of pages leaves that choice to the policy. It is a
-preference, never a pin: a load never waits because the only free slots hold pages needed soon.
+the page needed next instead. It is a preference, never a pin: a load never waits because the
+only free slots hold pages needed soon.
 """
 
 from __future__ import annotations
 
 import itertools
 from abc import ABC, abstractmethod
-from collections.abc import Collection, Iterable, Sequence
+from collections.abc import Collection, Iterable, Iterator
+from collections.abc import Set as AbstractSet
+from typing import Any
 
 from colony.errors import InvalidArgument
 
@@ -53,32 +56,77 @@ class EvictionPolicy(ABC):
         self.forget(page_id)
 
     def unpinned_victim(
-        self, candidates: Iterable[str], pinned: Collection[str] = (), needed_soon: Collection[str] = ()
+        self, candidates: Iterable[str], pinned: Collection[str] = (), needed_soon: Any = ()
     ) -> str | None:
         """The policy's victim among the candidates that are not pinned (in use by a request or a
         page-bound step: evicting one would pull its KV cache from under it); None when every
         candidate is pinned, and the caller waits for an unpin. Pages `needed_soon` (by a queued
-        or suspended agent) are passed over while any other candidate is free; when none is, an
-        ordered `needed_soon` (a list or tuple, soonest first) gives up the page needed last, an
-        unordered one lets the policy choose among them."""
+        or suspended agent; anything `NeededSoon.of` takes) are passed over while any other
+        candidate is free; when none is, the victim comes from the last of its tiers that holds
+        one (the page needed last), chosen by the policy within that tier."""
         free = [page_id for page_id in candidates if page_id not in pinned]
         if not free:
             return None
-        spare = [page_id for page_id in free if page_id not in needed_soon]
+        soon = NeededSoon.of(needed_soon)
+        spare = [page_id for page_id in free if page_id not in soon]
         if spare:
             return self.victim(spare)
-        if isinstance(needed_soon, Sequence) and not isinstance(needed_soon, str):
-            return needed_last(free, needed_soon)
-        return self.victim(free)
+        for tier in reversed(soon.tiers):
+            last = [page_id for page_id in free if page_id in tier]
+            if last:
+                return self.victim(last)
+        return self.victim(free)  # not reached: every free page is in some tier
 
 
-def needed_last(candidates: Collection[str], needed_soon: Sequence[str]) -> str:
-    """Of `candidates` (all in `needed_soon`), the one whose first place in the soonest-first
-    order is last: the page whose next use is farthest away."""
-    first: dict[str, int] = {}
-    for place, page_id in enumerate(needed_soon):
-        first.setdefault(page_id, place)
-    return max(candidates, key=lambda p: (first.get(p, len(needed_soon)), p))
+class NeededSoon:
+    """Pages needed soon, in tiers, soonest first: what is known of their order. A page counts in
+    the first tier that names it. `of` makes one from what a replica host or a benchmark says:
+    a set (or any set-like, such as a dict's keys) is one tier, its order unknown; a sequence of
+    page ids is one tier per page, in that order (a queue whose order is known); a sequence may
+    also hold sets, one tier each (a group whose inner order is unknown)."""
+
+    __slots__ = ("pages", "tiers")
+
+    def __init__(self, tiers: Iterable[Iterable[str]] = ()) -> None:
+        seen: set[str] = set()
+        kept: list[frozenset[str]] = []
+        for tier in tiers:
+            fresh = frozenset(tier) - seen
+            if fresh:
+                kept.append(fresh)
+                seen |= fresh
+        self.tiers: tuple[frozenset[str], ...] = tuple(kept)
+        self.pages: frozenset[str] = frozenset(seen)
+
+    @classmethod
+    def of(cls, soon: Any) -> NeededSoon:
+        if isinstance(soon, NeededSoon):
+            return soon
+        if isinstance(soon, AbstractSet):
+            return cls([soon])
+        if isinstance(soon, str):
+            return cls([[soon]])
+        return cls([item] if isinstance(item, str) else item for item in soon)
+
+    def __contains__(self, page_id: object) -> bool:
+        return page_id in self.pages
+
+    def __iter__(self) -> Iterator[str]:
+        """Every page, tier by tier (in no particular order within a tier)."""
+        for tier in self.tiers:
+            yield from sorted(tier)
+
+    def __len__(self) -> int:
+        return len(self.pages)
+
+    def __eq__(self, other: object) -> bool:
+        return isinstance(other, NeededSoon) and other.tiers == self.tiers
+
+    def __hash__(self) -> int:
+        return hash(self.tiers)
+
+    def __repr__(self) -> str:
+        return f"NeededSoon({[sorted(t) for t in self.tiers]})"
 
 
 class LRUEviction(EvictionPolicy):
