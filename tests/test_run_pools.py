@@ -425,11 +425,38 @@ def engine_deployment(app: Any) -> Any:
     return engine
 
 
+class GateCapability(AgentCapability):
+    """The first run (input 0) holds its member until the test opens the gate; the others nap."""
+
+    gate: asyncio.Event | None = None
+
+    @action_executor(action_type=ActionType.OUTPUT_WRITE)
+    async def gated_nap(self, value: Any = None, seconds: float = 0.15) -> Any:
+        """Wait for the gate (input 0), else sleep; then return the value."""
+        if value == 0 and GateCapability.gate is not None:
+            await GateCapability.gate.wait()
+        else:
+            await asyncio.sleep(seconds)
+        return value
+
+
 async def test_a_free_member_takes_the_oldest_waiting_run_first(cluster: Cluster) -> None:
     """One member, runs queued behind a busy one: each time it is free it picks the oldest run
     still waiting (by when it was submitted, not by id), passing over reservations whose request
-    is not written (more of them than it reads in one round trip)."""
-    blueprint = nap_blueprint("fifo", RunServing(mode="pool", min_size=1, max_size=1), seconds=0.15)
+    is not written (more of them than it reads in one round trip). The first run holds the member
+    until every run is submitted: a run submitted just as the member comes free may be claimed
+    from its event before an older one waiting (docs/scaling.md: roughly in submit order), which
+    a loaded box made this test hit."""
+    GateCapability.gate = asyncio.Event()
+    blueprint = AgentBlueprint(
+        agent_class=Agent,
+        metadata=AgentMetadata(agent_id="fifo", agent_type=AgentType.SERVICE, role="fifo"),
+        capabilities=[GateCapability.bind(), AgentRunCapability.bind(namespace=RUNS_NAMESPACE)],
+        action_policy=ScriptedActionPolicy.bind(
+            steps=[{"action": "gated_nap", "parameters": {"value": "$input"}}]
+        ),
+        serving=RunServing(mode="pool", min_size=1, max_size=1),
+    )
     cluster.use_pools(blueprint)
     await cluster.control.place(blueprint)
     first = (await cluster.runs.submit("fifo", 0)).run_id
@@ -437,7 +464,11 @@ async def test_a_free_member_takes_the_oldest_waiting_run_first(cluster: Cluster
     await wait_for(lambda: _claimed(cluster, first), 10)
     for n in range(6):  # older than every queued run: admission reservations, no request behind them
         await board.write(**pending_write(AgentRunProtocol, f"reserved-{n}", 60, API_WRITER))
-    queued = [(await cluster.runs.submit("fifo", n)).run_id for n in range(1, 9)]
+    try:
+        queued = [(await cluster.runs.submit("fifo", n)).run_id for n in range(1, 9)]
+        assert (await cluster.runs.get(first)).status not in TERMINAL  # still held: all eight wait
+    finally:
+        GateCapability.gate.set()
     views = await finished(cluster, [first, *queued])
     assert {v.status for v in views.values()} == {"succeeded"}
     results = await board.read_many([AgentRunProtocol.result_key(r) for r in queued])
