@@ -458,17 +458,17 @@ async def test_a_free_member_takes_the_oldest_waiting_run_first(cluster: Cluster
         serving=RunServing(mode="pool", min_size=1, max_size=1),
     )
     cluster.use_pools(blueprint)
-    await cluster.control.place(blueprint)
-    first = (await cluster.runs.submit("fifo", 0)).run_id
-    board = cluster.runs.run_board(await cluster.runs.record(first))
-    await wait_for(lambda: _claimed(cluster, first), 10)
-    for n in range(6):  # older than every queued run: admission reservations, no request behind them
-        await board.write(**pending_write(AgentRunProtocol, f"reserved-{n}", 60, API_WRITER))
     try:
+        await cluster.control.place(blueprint)
+        first = (await cluster.runs.submit("fifo", 0)).run_id
+        board = cluster.runs.run_board(await cluster.runs.record(first))
+        await wait_for(lambda: _claimed(cluster, first), 10)
+        for n in range(6):  # older than every queued run: reservations, no request behind them
+            await board.write(**pending_write(AgentRunProtocol, f"reserved-{n}", 60, API_WRITER))
         queued = [(await cluster.runs.submit("fifo", n)).run_id for n in range(1, 9)]
         assert (await cluster.runs.get(first)).status not in TERMINAL  # still held: all eight wait
     finally:
-        GateCapability.gate.set()
+        GateCapability.gate.set()  # never left closed for another test (a set Event needs no loop)
     views = await finished(cluster, [first, *queued])
     assert {v.status for v in views.values()} == {"succeeded"}
     results = await board.read_many([AgentRunProtocol.result_key(r) for r in queued])

@@ -69,6 +69,10 @@ def test_needed_soon_tiers_say_what_is_known_of_the_order() -> None:
     assert NeededSoon.of("page-1").tiers == (frozenset({"page-1"}),)
     soon = NeededSoon([{"x"}, {"a", "z"}, ["x", "s"], []])
     assert soon.tiers == (frozenset("x"), frozenset("az"), frozenset("s")) and len(soon) == 4
+    assert NeededSoon(["p1", "p2"]).tiers == (frozenset({"p1"}), frozenset({"p2"}))  # ids, not letters
+    assert NeededSoon.of(("p1", {"p2", "p3"})).tiers == (frozenset({"p1"}), frozenset({"p2", "p3"}))
+    assert soon.tier_of("z") == 1 and soon.tier_of("q") == 3
+    assert (NeededSoon(["a"]) == ["a"]) is False and NeededSoon(["a"]) == NeededSoon.of(["a"])
     assert list(soon) == ["x", "a", "z", "s"] and "z" in soon and "q" not in soon
     for policy in (LRUEviction(), FrequencyEviction()):
         for page_id in ["a", *["z"] * 20]:  # z: hot, used last

@@ -42,11 +42,12 @@ class RequestMetricsMiddleware:
                 record(int(message["status"]))
             await send(message)
 
+        # a cancelled request (the client went away, a timeout) answered nothing and is not
+        # counted (CancelledError is no Exception), as a request that ended without a response
+        # (a body cut off mid-way) is not
         try:
             await self.app(scope, receive, watched)
         except Exception:
             if not recorded:  # the server's error handler answers 500 (outside this middleware)
                 record(500)
             raise
-        # a cancelled request (the client went away, a timeout) answered nothing: not counted, as a
-        # request that ended without a response (a body cut off mid-way) is not

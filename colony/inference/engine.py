@@ -212,7 +212,7 @@ class InferenceEngine(ABC):
                 if holder != own:
                     pinned.update(pages)
         if _PREFETCH.get():  # a prefetch evicts no page needed soon (see `prefetch`)
-            pinned.update(self.needed_soon())
+            pinned.update(self.needed_soon().pages)
         return pinned
 
     def needed_soon(self) -> NeededSoon:

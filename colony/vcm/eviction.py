@@ -71,32 +71,35 @@ class EvictionPolicy(ABC):
         spare = [page_id for page_id in free if page_id not in soon]
         if spare:
             return self.victim(spare)
-        for tier in reversed(soon.tiers):
-            last = [page_id for page_id in free if page_id in tier]
-            if last:
-                return self.victim(last)
-        return self.victim(free)  # not reached: every free page is in some tier
+        last = max(soon.tier_of(page_id) for page_id in free)
+        return self.victim([page_id for page_id in free if soon.tier_of(page_id) == last])
 
 
 class NeededSoon:
     """Pages needed soon, in tiers, soonest first: what is known of their order. A page counts in
     the first tier that names it. `of` makes one from what a replica host or a benchmark says:
-    a set (or any set-like, such as a dict's keys) is one tier, its order unknown; a sequence of
-    page ids is one tier per page, in that order (a queue whose order is known); a sequence may
-    also hold sets, one tier each (a group whose inner order is unknown)."""
+    a set (or any set-like, such as a dict's keys) is one tier, its order unknown; any other
+    iterable (a list, a tuple, a dict's keys in order) is read as a sequence: a page id in it is
+    one tier, in that order (a queue whose order is known), and an iterable in it (a set, a list)
+    is one tier (a group whose inner order is unknown). Made once, never changed."""
 
-    __slots__ = ("pages", "tiers")
+    __slots__ = ("_tier_of", "pages", "tiers")
 
-    def __init__(self, tiers: Iterable[Iterable[str]] = ()) -> None:
-        seen: set[str] = set()
+    def __init__(self, tiers: Iterable[Iterable[str] | str] = ()) -> None:
+        tier_of: dict[str, int] = {}
         kept: list[frozenset[str]] = []
         for tier in tiers:
-            fresh = frozenset(tier) - seen
+            fresh = frozenset([tier] if isinstance(tier, str) else tier) - tier_of.keys()
             if fresh:
+                tier_of.update(dict.fromkeys(fresh, len(kept)))
                 kept.append(fresh)
-                seen |= fresh
         self.tiers: tuple[frozenset[str], ...] = tuple(kept)
-        self.pages: frozenset[str] = frozenset(seen)
+        self.pages: frozenset[str] = frozenset(tier_of)
+        self._tier_of = tier_of
+
+    def tier_of(self, page_id: str) -> int:
+        """The place of the page's tier, soonest first (past the last for a page not needed soon)."""
+        return self._tier_of.get(page_id, len(self.tiers))
 
     @classmethod
     def of(cls, soon: Any) -> NeededSoon:
@@ -105,8 +108,8 @@ class NeededSoon:
         if isinstance(soon, AbstractSet):
             return cls([soon])
         if isinstance(soon, str):
-            return cls([[soon]])
-        return cls([item] if isinstance(item, str) else item for item in soon)
+            return cls([soon])
+        return cls(soon)
 
     def __contains__(self, page_id: object) -> bool:
         return page_id in self.pages
@@ -120,7 +123,9 @@ class NeededSoon:
         return len(self.pages)
 
     def __eq__(self, other: object) -> bool:
-        return isinstance(other, NeededSoon) and other.tiers == self.tiers
+        if not isinstance(other, NeededSoon):
+            return NotImplemented
+        return other.tiers == self.tiers
 
     def __hash__(self) -> int:
         return hash(self.tiers)
