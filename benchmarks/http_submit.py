@@ -32,6 +32,7 @@ os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
 
 import httpx
 import ray
+import redis as redis_client
 from fastapi import FastAPI
 from ray import serve
 
@@ -162,6 +163,21 @@ async def completion(
     return {"completed": len(run_ids) - len(pending), "drain_seconds": time.perf_counter() - started}
 
 
+def redis_commands(url: str) -> dict[str, int]:
+    """Calls of each command the server has processed so far (INFO commandstats; the calls a Lua
+    script makes count under their own commands, the script once under evalsha)."""
+    client = redis_client.Redis.from_url(url)
+    try:
+        stats = client.info("commandstats")
+    finally:
+        client.close()
+    return {name.removeprefix("cmdstat_"): int(v["calls"]) for name, v in stats.items()}
+
+
+def commands_since(url: str, before: dict[str, int]) -> dict[str, int]:
+    return {k: n - before.get(k, 0) for k, n in redis_commands(url).items() if n > before.get(k, 0)}
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
@@ -176,7 +192,7 @@ def main() -> None:
     args = parser.parse_args()
     redis = EmbeddedRedis(tempfile.mkdtemp(prefix="colony-bench-"))
     settings = ColonySettings(
-        redis_url=redis.start().url,
+        redis_url=(redis_url := redis.start().url),
         api_token="bench",
         engine={"kind": "scripted"},
         runs={"echo_pool": {"max_size": args.pool_max, "min_size": 1}},
@@ -205,6 +221,7 @@ def main() -> None:
         # interleaved in --rounds slices, so the three see the same load from the rest of the box
         slices: dict[str, list[dict[str, Any]]] = {"bare": [], "pool": [], "one": [], "single": []}
         part = args.seconds / args.rounds
+        commands_before = redis_commands(redis_url)
         for _ in range(args.rounds):
             slices["bare"].append(asyncio.run(load(url, "/bare/echo", {}, part, args.concurrency)))
             slices["pool"].append(asyncio.run(end_to_end(url, "echo", headers, part, args.concurrency)))
@@ -214,8 +231,10 @@ def main() -> None:
             slices["single"].append(
                 asyncio.run(end_to_end(url, "echo-single", headers, part, args.concurrency))
             )
+        commands = commands_since(redis_url, commands_before)
         bare_e2e = {"accepted_per_s": sum(s["accepted_per_s"] for s in slices["bare"]) / args.rounds}
         pool, one, single = merged(slices["pool"]), merged(slices["one"]), merged(slices["single"])
+        ran = sum(f["completed_per_s"] * args.seconds for f in (pool, one, single))
         members = httpx.get(f"{url}/v1/agents", headers=headers, timeout=30).json()
         pool_size = sum(1 for a in members if a["agent_id"].startswith("echo.") and a["state"] != "stopped")
     finally:
@@ -251,6 +270,12 @@ def main() -> None:
             f"errors {figures['errors']}   ended {figures['ended']}"
         )
     print(f"  echo pool members at the end: {pool_size + 1} (max_size {args.pool_max}); goal >= 0.5x")
+    per_run = {k: n / ran for k, n in sorted(commands.items(), key=lambda kv: -kv[1])} if ran else {}
+    top = ", ".join(f"{k} {n:.1f}" for k, n in list(per_run.items())[:8])
+    print(
+        f"  Redis per completed run (the three variants, idle loops included): "
+        f"{sum(per_run.values()):.0f} commands, {per_run.get('evalsha', 0.0):.1f} scripts; top: {top}"
+    )
     summary = {
         "bare": {k: v for k, v in base.items() if k != "run_ids"},
         "colony": {k: v for k, v in colony.items() if k != "run_ids"},
@@ -265,6 +290,7 @@ def main() -> None:
             "pool_stream_ratio": one["completed_per_s"] / bare_e2e["accepted_per_s"],
             "single_ratio": single["completed_per_s"] / bare_e2e["accepted_per_s"],
             "pool_members": pool_size + 1,
+            "redis_calls_per_run": per_run,
         },
     }
     print(json.dumps(summary))

@@ -416,3 +416,35 @@ async def test_replica_settings_reach_the_agent_side_and_a_stray_env_var_is_harm
         assert view.status == "succeeded", view.error
     finally:
         await host.close()
+
+
+async def test_a_run_begun_while_the_last_one_is_still_ending_is_driven_to_its_end(
+    runtime: LocalAgentRuntime,
+) -> None:
+    """Whoever sees a run stored done may begin the next at once, while the agent is still on its way
+    to IDLE (its last transition in flight): that next run is driven, never left `running`."""
+    agent = await runtime.spawn(counter_blueprint("edge", [{"action": "add", "parameters": {"amount": 1}}]))
+    held, release = asyncio.Event(), asyncio.Event()
+    transition = agent.transition
+
+    async def slow_idle(state: AgentState, reason: str = "") -> None:
+        if state is AgentState.IDLE and not release.is_set():
+            held.set()
+            await release.wait()  # the first run's end is stored; its IDLE is not yet
+        await transition(state, reason)
+
+    agent.transition = slow_idle  # type: ignore[method-assign]
+    first = await runtime.start_run("edge", 1)
+    await asyncio.wait_for(held.wait(), 10)
+    assert (await runtime.wait_for_run("edge", first.run_id, timeout=10)).status is RunStatus.SUCCEEDED
+    second = asyncio.create_task(runtime.start_run("edge", 2))
+    await asyncio.sleep(0.2)  # begun as far as it can go before the first run has ended
+    release.set()
+    run = await asyncio.wait_for(second, 10)
+    ended = await runtime.wait_for_run("edge", run.run_id, timeout=10)
+    assert ended.status is RunStatus.SUCCEEDED and ended.output == 2
+    for _ in range(100):  # and the agent goes IDLE after it (its end is stored first)
+        if agent.state is AgentState.IDLE:
+            break
+        await asyncio.sleep(0.05)
+    assert agent.state is AgentState.IDLE

@@ -44,6 +44,8 @@ from colony.agents.persistence import (
     Verdict,
     adopt_lifecycle,
     build_agent,
+    fence,
+    hold_own_lifecycle,
     judge_lifecycle,
     persist_agent,
     recover_lifecycle,
@@ -115,6 +117,10 @@ class Agent(CapabilitySet, EventDelivery, Bindable):
         self.action_log = ActionLog(self)  # write-ahead log of the current run (colony.context)
         self.capabilities: dict[str, AgentCapability] = {}
         self.current_run: AgentRun | None = None
+        # held from a run's end being stored until the agent is IDLE again (and while a run begins):
+        # whoever sees a run stored done may begin the next at once, and must not begin it into a
+        # RUNNING state that the last run's end then turns IDLE (the new run left undriven)
+        self._run_edge = asyncio.Lock()
         # gathered context, bounded; persisted by appending what is new to a capped Redis list
         self.context = ContextRing(MAX_CONTEXT_ITEMS)
         # which pages the agent used, where, when (bounded); persisted with its context
@@ -126,6 +132,9 @@ class Agent(CapabilitySet, EventDelivery, Bindable):
         self._state = AgentState.INITIALIZED
         self._state_version = 0  # of the `agent:lifecycle` value this copy last wrote or read
         self._state_mark: str | None = None  # ... and that value's holder mark
+        # ... and its exact stored text, when this copy wrote it: a fenced write then checks it in
+        # its commit instead of reading it first (None: the read-and-judge path, `check_fence`)
+        self._lifecycle_text: str | None = None
         self._handlers: dict[str, list[EventHandlerSpec]] = {}
         self._event_positions: dict[str, str] = {}
         self._handler_tasks: list[asyncio.Task[None]] = []
@@ -210,16 +219,11 @@ class Agent(CapabilitySet, EventDelivery, Bindable):
             if blueprint is not None:
                 tx.write(Keys.key("blueprint"), blueprint.to_text(), created_by=self.agent_id)
             tx.write(Keys.key("metadata"), self.metadata.model_dump(mode="json"), created_by=self.agent_id)
-            tx.write(
-                LIFECYCLE,
-                self.lifecycle_value(self._state, "created"),
-                expected_version=0,
-                created_by=self.agent_id,
-            )
+            lifecycle = self.lifecycle_value(self._state, "created")
+            tx.write(LIFECYCLE, lifecycle, expected_version=0, created_by=self.agent_id)
             if fresh:  # what the first persist used to write when the handlers started
                 write_first_state(tx, self, {**self._event_positions, **fresh})
-        written = next(e for e in tx.results if e is not None and e.key == LIFECYCLE)
-        self._state_version, self._state_mark = written.version, self.holder
+        hold_own_lifecycle(self, tx, lifecycle)
         self._event_positions.update(fresh)
 
     def lifecycle_value(
@@ -259,23 +263,17 @@ class Agent(CapabilitySet, EventDelivery, Bindable):
             check_transition(self._state, new_state)
             try:
                 async with self.blackboard.transaction() as tx:
-                    stored = await tx.read(LIFECYCLE)  # in the read set: checked again at commit
-                    if judge_lifecycle(self, stored) is not Verdict.IN_SYNC:
-                        found = stored.version if stored is not None else 0
-                        raise ConcurrentModificationError(LIFECYCLE, self._state_version, found)
-                    tx.write(
-                        LIFECYCLE,
-                        self.lifecycle_value(new_state, reason, previous=self._state),
-                        created_by=self.agent_id,
-                    )
+                    await fence(tx, self)
+                    lifecycle = self.lifecycle_value(new_state, reason, previous=self._state)
+                    tx.write(LIFECYCLE, lifecycle, created_by=self.agent_id)
             except ConcurrentModificationError:
                 if attempt == 2 or not await recover_lifecycle(self):
                     raise
                 if self._state is new_state:  # its own write, whose answer was lost, had done it
                     return
                 continue
-            written = next(e for e in tx.results if e is not None and e.key == LIFECYCLE)
-            self._state, self._state_version, self._state_mark = new_state, written.version, self.holder
+            hold_own_lifecycle(self, tx, lifecycle)
+            self._state = new_state
             return
 
     # -- capabilities -----------------------------------------------------------------------
@@ -303,6 +301,10 @@ class Agent(CapabilitySet, EventDelivery, Bindable):
     async def begin_run(self, input_data: Any, *, request_id: str | None = None) -> AgentRun:
         """Create an AgentRun, persist it with the policy's reset state, and enter RUNNING;
         `run_until_done()` then drives it."""
+        async with self._run_edge:
+            return await self._begin_run(input_data, request_id)
+
+    async def _begin_run(self, input_data: Any, request_id: str | None) -> AgentRun:
         if self.current_run is not None and not self.current_run.done:
             raise AgentUsageError(f"agent {self.agent_id} is already running {self.current_run.run_id}")
         run = AgentRun(
@@ -397,11 +399,12 @@ class Agent(CapabilitySet, EventDelivery, Bindable):
             await self.persist()
 
     async def _finish(self, run: AgentRun, *, output: Any = None, error: str | None = None) -> None:
-        run.status = RunStatus.FAILED if error else RunStatus.SUCCEEDED
-        run.output, run.error, run.finished_at = output, error, time.time()
-        await self.persist()
-        if self._state is AgentState.RUNNING:
-            await self.transition(AgentState.IDLE, f"run {run.run_id} {run.status.value}")
+        async with self._run_edge:
+            run.status = RunStatus.FAILED if error else RunStatus.SUCCEEDED
+            run.output, run.error, run.finished_at = output, error, time.time()
+            await self.persist()
+            if self._state is AgentState.RUNNING:
+                await self.transition(AgentState.IDLE, f"run {run.run_id} {run.status.value}")
 
     def record_page_access(self, page_ids: list[str], replica_id: str, cached_tokens: int = 0) -> None:
         """Note that the agent used these pages (kept, bounded, in its persisted state: a resumed
@@ -435,17 +438,20 @@ class Agent(CapabilitySet, EventDelivery, Bindable):
         run = self.current_run
         if run is None:
             return None
-        run.status, run.error, run.finished_at = RunStatus.FAILED, reason[:2000], time.time()
-        # IDLE first: whoever sees the failed run stored may send the next run at once
-        try:  # (still RUNNING when this fails: the next begin_run then needs no transition)
-            if await self.reload_lifecycle() is AgentState.RUNNING:
-                await self.transition(AgentState.IDLE, f"run {run.run_id} failed")
-        except Exception as exc:
-            log.warning("agent %s: not marked idle after run %s failed: %r", self.agent_id, run.run_id, exc)
-        try:
-            await self.persist()
-        except Exception as exc:
-            log.warning("agent %s: failed run %s not stored: %r", self.agent_id, run.run_id, exc)
+        async with self._run_edge:
+            run.status, run.error, run.finished_at = RunStatus.FAILED, reason[:2000], time.time()
+            # IDLE first: whoever sees the failed run stored may send the next run at once
+            try:  # (still RUNNING when this fails: the next begin_run then needs no transition)
+                if await self.reload_lifecycle() is AgentState.RUNNING:
+                    await self.transition(AgentState.IDLE, f"run {run.run_id} failed")
+            except Exception as exc:
+                log.warning(
+                    "agent %s: not marked idle after run %s failed: %r", self.agent_id, run.run_id, exc
+                )
+            try:
+                await self.persist()
+            except Exception as exc:
+                log.warning("agent %s: failed run %s not stored: %r", self.agent_id, run.run_id, exc)
         for capability in list(self.capabilities.values()):
             ended = getattr(capability, "run_ended", None)
             if ended is not None:
@@ -462,13 +468,14 @@ class Agent(CapabilitySet, EventDelivery, Bindable):
 
     async def cancel_run(self, reason: str = "cancelled") -> None:
         """End the current run as CANCELLED (its requester already gave up on it)."""
-        run = self.current_run
-        if run is None or run.done:
-            return
-        run.status, run.error, run.finished_at = RunStatus.CANCELLED, reason, time.time()
-        await self.persist()
-        if self._state is AgentState.RUNNING:
-            await self.transition(AgentState.IDLE, f"run {run.run_id} cancelled")
+        async with self._run_edge:
+            run = self.current_run
+            if run is None or run.done:
+                return
+            run.status, run.error, run.finished_at = RunStatus.CANCELLED, reason, time.time()
+            await self.persist()
+            if self._state is AgentState.RUNNING:
+                await self.transition(AgentState.IDLE, f"run {run.run_id} cancelled")
 
     async def request_suspension(self, condition: ResumptionCondition) -> SuspensionRequest:
         """Ask the host to suspend this agent until `condition` holds; the agent waits meanwhile."""

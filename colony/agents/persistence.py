@@ -25,6 +25,7 @@ from colony.agents.blueprint import AgentBlueprint, Blueprint, CapabilitySpec, f
 from colony.agents.models import ActionResult, AgentMetadata, AgentRun, AgentState, SuspensionRequest
 from colony.agents.ring import ContextRing
 from colony.blackboard import Blackboard, BlackboardScope, scope_id
+from colony.blackboard.models import encode_value
 from colony.blackboard.protocol import AgentStateProtocol as Keys
 from colony.context import checkpoints
 from colony.errors import (
@@ -78,7 +79,7 @@ async def persist_agent(agent: Agent) -> None:
     states = own_states(agent)  # taken once: the state entries and the step's checkpoint share them
     checkpoint = checkpoints.due(agent, states)
     async with agent.blackboard.transaction() as tx:
-        await check_fence(tx, agent)
+        await fence(tx, agent)
         write_state(tx, agent, states)
         tx.ring_push(Keys.key("context"), pending, context.cap)
         write_context_head(tx, agent, position)
@@ -87,6 +88,28 @@ async def persist_agent(agent: Agent) -> None:
     context.mark_persisted(position)
     if checkpoint is not None:
         checkpoints.pushed(agent, checkpoint)
+
+
+async def fence(tx: Transaction, agent: Agent) -> None:
+    """Make the transaction apply only while Redis holds the lifecycle value this copy holds.
+
+    When this copy wrote that value itself (`hold_own_lifecycle`), the commit checks its version
+    and exact text, with no read first: stricter than `judge_lifecycle`'s IN_SYNC (same version,
+    same holder mark), so it never lets through what the read path refuses. A failed check is a
+    `ConcurrentModificationError` like any conflict, and the caller's recovery (`recover_lifecycle`)
+    reads and judges the stored value, dropping the text: its retry takes the read path."""
+    if agent._lifecycle_text is not None:
+        tx.expect(LIFECYCLE, agent._state_version, agent._lifecycle_text)
+    else:
+        await check_fence(tx, agent)
+
+
+def hold_own_lifecycle(agent: Agent, tx: Transaction, value: dict[str, Any]) -> None:
+    """After a commit that wrote `value` to `agent:lifecycle`: this copy holds that value (its
+    version, its holder mark, its exact text for the next `fence`)."""
+    written = next(e for e in tx.results if e is not None and e.key == LIFECYCLE)
+    agent._state_version, agent._state_mark = written.version, agent.holder
+    agent._lifecycle_text = encode_value(value)
 
 
 async def check_fence(tx: Transaction, agent: Agent) -> None:
@@ -241,6 +264,7 @@ def adopt_lifecycle(agent: Agent, entry: BlackboardEntry) -> bool:
     if state is None:
         return False
     agent._state, agent._state_version, agent._state_mark = state, entry.version, stored_holder(entry)
+    agent._lifecycle_text = None  # read, not written by this copy: the next fence reads it
     return True
 
 
@@ -255,6 +279,7 @@ async def recover_lifecycle(agent: Agent) -> bool:
     - OTHER_COPY: this copy yields, `AgentStateConflict`, and writes nothing.
     - UNMARKED_NEWER: False (another writer; nothing is written over it).
     """
+    agent._lifecycle_text = None  # what it wrote last is not what Redis holds: judged from a read
     for _ in range(3):  # a re-persist that loses a race looks again (bounded)
         entry = await agent.blackboard.read(LIFECYCLE)
         verdict = judge_lifecycle(agent, entry)
@@ -305,11 +330,8 @@ async def repersist_agent(agent: Agent, lifecycle_version: int) -> None:
         if blueprint is not None:
             tx.write(Keys.key("blueprint"), blueprint.to_text(), created_by=agent.agent_id)
         tx.write(Keys.key("metadata"), agent.metadata.model_dump(mode="json"), created_by=agent.agent_id)
-        tx.write(
-            LIFECYCLE,
-            agent.lifecycle_value(agent.state, "re-persisted: Redis had lost it"),
-            created_by=agent.agent_id,
-        )
+        lifecycle = agent.lifecycle_value(agent.state, "re-persisted: Redis had lost it")
+        tx.write(LIFECYCLE, lifecycle, created_by=agent.agent_id)
         if agent.suspension is not None:
             tx.write(
                 Keys.key("suspension"), agent.suspension.model_dump(mode="json"), created_by=agent.agent_id
@@ -317,8 +339,7 @@ async def repersist_agent(agent: Agent, lifecycle_version: int) -> None:
         write_state(tx, agent)
         tx.ring_push(Keys.key("context"), missing, context.cap)
         write_context_head(tx, agent, position)
-    written = next(e for e in tx.results if e is not None and e.key == LIFECYCLE)
-    agent._state_version, agent._state_mark = written.version, agent.holder
+    hold_own_lifecycle(agent, tx, lifecycle)
     context.mark_persisted(position)
 
 

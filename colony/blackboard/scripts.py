@@ -193,7 +193,7 @@ return {1, actual}
 )
 
 # KEYS: event stream, expiry index
-# ARGV[1]: JSON {"checks": [[hash, version], ...],
+# ARGV[1]: JSON {"checks": [[hash, version] | [hash, version, exact stored value text], ...],
 #                "ops": [["w", hash, key, value, tags, writer, ttl_ms|''] | ["d", hash, key, writer]
 #                        | ["r", list key, cap, [JSON item, ...]] | ["k", list key, keep], ...],
 #                "tp": tag prefix, "ep": entry prefix, "ml": maxlen, "iv": "0"|"1"}
@@ -209,6 +209,7 @@ local p = cjson.decode(ARGV[1])
 for i, c in ipairs(p.checks) do
   local actual = tonumber(redis.call('HGET', c[1], 'ver')) or 0
   if actual ~= c[2] then return {0, i, actual} end
+  if c[3] ~= nil and redis.call('HGET', c[1], 'v') ~= c[3] then return {0, i, actual} end
 end
 local now = now_ms()
 local out = {}

@@ -28,6 +28,7 @@ class Transaction:
         self._bb = bb
         self._reads: dict[str, int] = {}
         self._checks: list[tuple[str, int]] = []
+        self._values: dict[int, str] = {}  # index into `_checks` -> the exact stored text expected
         self._ops: list[list[Any]] = []
         self._done = False
         self.results: list[BlackboardEntry | None] = []
@@ -46,6 +47,16 @@ class Transaction:
         entry = await self._bb.read(key)
         self._reads.setdefault(key, entry.version if entry else 0)
         return entry
+
+    def expect(self, key: str, version: int, text: str | None = None) -> None:
+        """Commit only if `key` is still at `version` (and, with `text`, holds exactly that encoded
+        value): the check a `read` puts in the read set, without the round trip, for a caller
+        that knows what Redis should hold (the value it wrote last itself)."""
+        self._check_open()
+        validate_key(key)
+        if text is not None:
+            self._values[len(self._checks)] = text
+        self._checks.append((key, version))
 
     def write(
         self,
@@ -106,8 +117,12 @@ class Transaction:
         if not self._ops and not checks:
             return []
         ks = self._bb.keyspace
+        first = len(self._reads)  # `_values` indexes `_checks`, which follow the reads
+        encoded = [[ks.entry_key(k), v] for k, v in checks]
+        for index, text in self._values.items():
+            encoded[first + index].append(text)
         payload = {
-            "checks": [[ks.entry_key(k), v] for k, v in checks],
+            "checks": encoded,
             "ops": [self._encode_op(op) for op in self._ops],
             "tp": ks.tag_prefix,
             "ep": ks.entry_prefix,
@@ -119,12 +134,14 @@ class Transaction:
         if not reply[0]:
             metrics.BLACKBOARD_CONFLICTS.inc()
             key, expected = checks[int(reply[1]) - 1]
+            found = int(reply[2])
+            what = "another value at that version" if found == expected else f"version {found}"
             raise ConcurrentModificationError(
                 key,
                 expected,
-                int(reply[2]),
-                f"transaction aborted, nothing applied: {key!r} is at version {int(reply[2])}, "
-                f"the transaction expected {expected} (0 means absent)",
+                found,
+                f"transaction aborted, nothing applied: {key!r} holds {what}, "
+                f"the transaction expected version {expected} (0 means absent)",
             )
         _, now, outs = reply
         self.results = [self._entry(op, out, now) for op, out in zip(self._ops, outs, strict=True)]

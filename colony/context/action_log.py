@@ -497,17 +497,14 @@ class ActionLog:
     async def _append(self, records: list[LogRecord]) -> None:
         """Append to the stored log, fenced by the agent's lifecycle (as `persist_agent` is): a
         copy of the agent that lost its place records nothing. Returns once Redis has it."""
-        from colony.agents.persistence import LIFECYCLE, Verdict, judge_lifecycle, recover_lifecycle
+        from colony.agents.persistence import fence, recover_lifecycle
 
         values = [r.model_dump(mode="json", exclude_none=True) for r in records]
         board = self.agent.blackboard
         for attempt in (1, 2):
             try:
                 async with board.transaction() as tx:
-                    stored = await tx.read(LIFECYCLE)  # in the read set: checked again at commit
-                    if judge_lifecycle(self.agent, stored) is not Verdict.IN_SYNC:
-                        found = stored.version if stored is not None else 0
-                        raise ConcurrentModificationError(LIFECYCLE, self.agent._state_version, found)
+                    await fence(tx, self.agent)
                     if self._stale:  # the previous run's records go, in the same fenced commit:
                         tx.ring_truncate(LOG_KEY, 0)  # a copy that lost its place clears nothing
                     tx.ring_push(LOG_KEY, values, self.max_entries)
