@@ -41,12 +41,12 @@ def fail_persist_once(
     (or raise `error`)."""
     original, fired = agent.persist, {"count": 0}
 
-    async def flaky() -> None:
+    async def flaky(**kwargs: Any) -> None:
         run = agent.current_run
         if fired["count"] < times and run is not None and when(run):
             fired["count"] += 1
             raise error or BlackboardUnavailable("commit", "redis://test", TimeoutError("injected"))
-        await original()
+        await original(**kwargs)
 
     agent.persist = flaky  # type: ignore[method-assign]
     return fired
@@ -100,12 +100,12 @@ async def test_a_run_that_cannot_begin_fails_and_the_agent_serves_on(
     assert first.status is RunStatus.SUCCEEDED
     original, fired = Agent.persist, {"count": 0}
 
-    async def failing(self: Agent) -> None:
+    async def failing(self: Agent, **kwargs: Any) -> None:
         run = self.current_run
         if self.agent_id == agent.agent_id and run is not None and run.input == "bad" and not run.done:
             fired["count"] += 1
             raise BlackboardUnavailable("commit", "redis://test", TimeoutError("injected"))
-        await original(self)
+        await original(self, **kwargs)
 
     monkeypatch.setattr(Agent, "persist", failing)
     bad = await handle.run("bad", namespace=RUNS_NAMESPACE, timeout=30)
@@ -231,13 +231,13 @@ async def test_a_step_an_outage_keeps_cutting_short_fails_after_the_redos(
     runtime = LocalAgentRuntime(bb, colony_id=colony_id)
     original, fired = Agent.persist, {"count": 0}
 
-    async def failing(self: Agent) -> None:
+    async def failing(self: Agent, **kwargs: Any) -> None:
         run = self.current_run
         mine = self.agent_id == blueprint.metadata.agent_id
         if mine and run and run.input == 5 and run.steps == 1 and not run.done:
             fired["count"] += 1
             raise BlackboardUnavailable("commit", "redis://test", TimeoutError("injected"))
-        await original(self)
+        await original(self, **kwargs)
 
     monkeypatch.setattr(Agent, "persist", failing)
     agent = await runtime.spawn(blueprint)
@@ -421,19 +421,21 @@ async def test_replica_settings_reach_the_agent_side_and_a_stray_env_var_is_harm
 async def test_a_run_begun_while_the_last_one_is_still_ending_is_driven_to_its_end(
     runtime: LocalAgentRuntime,
 ) -> None:
-    """Whoever sees a run stored done may begin the next at once, while the agent is still on its way
-    to IDLE (its last transition in flight): that next run is driven, never left `running`."""
+    """Whoever sees a run stored done may begin the next at once, while the agent is still ending
+    the last one (its end's commit applied, its answer not yet back): that next run is driven,
+    never left `running` (the chaos test once lost the run begun right after a redone one)."""
     agent = await runtime.spawn(counter_blueprint("edge", [{"action": "add", "parameters": {"amount": 1}}]))
     held, release = asyncio.Event(), asyncio.Event()
-    transition = agent.transition
+    persist = agent.persist
 
-    async def slow_idle(state: AgentState, reason: str = "") -> None:
-        if state is AgentState.IDLE and not release.is_set():
+    async def slow_end(**kwargs: Any) -> None:
+        await persist(**kwargs)
+        run = agent.current_run
+        if run is not None and run.done and not release.is_set():
             held.set()
-            await release.wait()  # the first run's end is stored; its IDLE is not yet
-        await transition(state, reason)
+            await release.wait()  # the first run's end is stored; its caller has not seen it yet
 
-    agent.transition = slow_idle  # type: ignore[method-assign]
+    agent.persist = slow_end  # type: ignore[method-assign]
     first = await runtime.start_run("edge", 1)
     await asyncio.wait_for(held.wait(), 10)
     assert (await runtime.wait_for_run("edge", first.run_id, timeout=10)).status is RunStatus.SUCCEEDED

@@ -58,3 +58,21 @@ async def test_expire_tag_bounds_the_tag_set_alone(bb: Blackboard) -> None:
     assert await bb.redis.pttl(bb.keyspace.tag_key("run:r2")) <= 20_000
     assert 20_000 < await bb.redis.pttl(bb.keyspace.entry_key("request:run:r2")) <= 30_000
     assert await bb.expire_tag("run:none", 20) is False
+
+
+async def test_a_small_group_expires_in_one_script_call(bb: Blackboard) -> None:
+    """One run's keys (a handful, well under EXPIRE_CHUNK) with the listed names and the trim: one
+    round trip, the same outcome as the paged path; a second call extends nothing."""
+    await bb.write_many([{"key": f"event:run:r2:{i}", "value": i, "tags": {"run:r2"}} for i in range(7)])
+    await bb.write("result:run:r2", "done")
+    await bb.write("unrelated", 1)
+    await bb.redis.config_resetstat()
+    assert await bb.expire(["result:run:r2"], 60, tag="run:r2", trim_events=True) == 8
+    stats = await bb.redis.info("commandstats")
+    assert int(stats["cmdstat_evalsha"]["calls"]) == 1 and "cmdstat_sscan" not in stats
+    for key in [*(f"event:run:r2:{i}" for i in range(7)), "result:run:r2"]:
+        assert 0 < await bb.redis.pttl(bb.keyspace.entry_key(key)) <= 60_000
+    assert 0 < await bb.redis.pttl(bb.keyspace.tag_key("run:r2")) <= 60_000
+    assert await bb.redis.pttl(bb.keyspace.entry_key("unrelated")) == -1
+    assert await bb.expire([], 120, tag="run:r2") == 0
+    assert await bb.redis.pttl(bb.keyspace.tag_key("run:r2")) <= 60_000  # never extended

@@ -319,13 +319,11 @@ class Agent(CapabilitySet, EventDelivery, Bindable):
         self.last_result = None
         if self.action_policy is not None:
             self.action_policy.on_run_start(run)
-        try:
-            await self.persist()  # run, current_run and the reset policy state, in one transaction
+        try:  # run, current_run, the reset policy state and RUNNING, in one transaction
+            await self.persist(enter=AgentState.RUNNING, reason=f"run {run.run_id}")
         except BaseException:  # not begun: the agent stays as it was, free for the next run
             self.current_run, self.last_result = previous, previous_result
             raise
-        if self._state is not AgentState.RUNNING:
-            await self.transition(AgentState.RUNNING, f"run {run.run_id}")
         return run
 
     async def run_until_done(self) -> AgentRun:
@@ -402,9 +400,8 @@ class Agent(CapabilitySet, EventDelivery, Bindable):
         async with self._run_edge:
             run.status = RunStatus.FAILED if error else RunStatus.SUCCEEDED
             run.output, run.error, run.finished_at = output, error, time.time()
-            await self.persist()
-            if self._state is AgentState.RUNNING:
-                await self.transition(AgentState.IDLE, f"run {run.run_id} {run.status.value}")
+            idle = AgentState.IDLE if self._state is AgentState.RUNNING else None
+            await self.persist(enter=idle, reason=f"run {run.run_id} {run.status.value}")
 
     def record_page_access(self, page_ids: list[str], replica_id: str, cached_tokens: int = 0) -> None:
         """Note that the agent used these pages (kept, bounded, in its persisted state: a resumed
@@ -473,9 +470,8 @@ class Agent(CapabilitySet, EventDelivery, Bindable):
             if run is None or run.done:
                 return
             run.status, run.error, run.finished_at = RunStatus.CANCELLED, reason, time.time()
-            await self.persist()
-            if self._state is AgentState.RUNNING:
-                await self.transition(AgentState.IDLE, f"run {run.run_id} cancelled")
+            idle = AgentState.IDLE if self._state is AgentState.RUNNING else None
+            await self.persist(enter=idle, reason=f"run {run.run_id} cancelled")
 
     async def request_suspension(self, condition: ResumptionCondition) -> SuspensionRequest:
         """Ask the host to suspend this agent until `condition` holds; the agent waits meanwhile."""
@@ -501,16 +497,23 @@ class Agent(CapabilitySet, EventDelivery, Bindable):
 
     # -- persistence (colony/agents/persistence.py) ------------------------------------------
 
-    async def persist(self) -> None:
+    async def persist(self, enter: AgentState | None = None, reason: str | None = None) -> None:
         """Write the run, policy state, capability states and context in one transaction
-        (see `persist_agent`), fenced by the lifecycle version this copy holds. After Redis lost
-        the agent's state, everything it holds is re-persisted instead (`recover_lifecycle`)."""
-        try:
-            await persist_agent(self)
-        except ConcurrentModificationError:
-            if not await recover_lifecycle(self):
-                raise
-            await persist_agent(self)
+        (see `persist_agent`), fenced by the lifecycle version this copy holds; with `enter`, the
+        agent enters that state in the same transaction (checked against the transition table
+        first; nothing is written when it is not allowed), so a run's beginning and RUNNING, or
+        its end and IDLE, are stored together. After Redis lost the agent's state, everything it
+        holds is re-persisted instead (`recover_lifecycle`) and the write is tried once more."""
+        for attempt in (1, 2):
+            change = enter if enter is not None and enter is not self._state else None
+            if change is not None:
+                check_transition(self._state, change)
+            try:
+                await persist_agent(self, change, reason)
+                return
+            except ConcurrentModificationError:
+                if attempt == 2 or not await recover_lifecycle(self):
+                    raise
 
     @classmethod
     async def restore(

@@ -60,7 +60,7 @@ STATE_NAMES = (
 )
 
 
-async def persist_agent(agent: Agent) -> None:
+async def persist_agent(agent: Agent, enter: AgentState | None = None, reason: str | None = None) -> None:
     """Write the run, policy state, capability states and context in one transaction.
 
     The context goes by appends (only entries added since the last persist) to a capped list;
@@ -73,11 +73,13 @@ async def persist_agent(agent: Agent) -> None:
     place (another copy wrote after it) or whose state Redis lost never writes blindly over it.
 
     The first persist of each step of a run (and of its beginning, step 0) also pushes that step's
-    checkpoint onto the agent's capped checkpoint ring, in the same transaction."""
+    checkpoint onto the agent's capped checkpoint ring, in the same transaction. With `enter`, the
+    agent's `agent:lifecycle` moves to that state in it too (the caller checked the transition)."""
     context = agent.context
     pending, position = context.pending(), len(context)
     states = own_states(agent)  # taken once: the state entries and the step's checkpoint share them
     checkpoint = checkpoints.due(agent, states)
+    lifecycle = agent.lifecycle_value(enter, reason, previous=agent.state) if enter is not None else None
     async with agent.blackboard.transaction() as tx:
         await fence(tx, agent)
         write_state(tx, agent, states)
@@ -85,6 +87,11 @@ async def persist_agent(agent: Agent) -> None:
         write_context_head(tx, agent, position)
         if checkpoint is not None:
             checkpoints.push(tx, agent, checkpoint)
+        if lifecycle is not None:  # last: its event follows the run's (as a separate transition's did)
+            tx.write(LIFECYCLE, lifecycle, created_by=agent.agent_id)
+    if enter is not None and lifecycle is not None:
+        hold_own_lifecycle(agent, tx, lifecycle)
+        agent._state = enter
     context.mark_persisted(position)
     if checkpoint is not None:
         checkpoints.pushed(agent, checkpoint)

@@ -355,12 +355,16 @@ class Blackboard:
         group = validate_tag(tag) if tag else ""
         ttl = ttl_to_ms(ttl_seconds)
         async with self.guard("expire"):
+            if group:  # a small group (one run's keys) in one call, with the names and the trim
+                tag_set = self.keyspace.tag_key(group)
+                done = await self._expire_chunk(names, ttl, group, trim_events, extend=False, whole=tag_set)
+                if done >= 0:
+                    return done
             count = 0
             if names or trim_events:
                 count = await self._expire_chunk(names, ttl, group, trim_events, extend=False)
             if not group:
                 return count
-            tag_set = self.keyspace.tag_key(group)
             cursor = 0
             while True:
                 cursor, members = await self.redis.sscan(tag_set, cursor, count=EXPIRE_CHUNK)
@@ -393,8 +397,10 @@ class Blackboard:
         return count
 
     async def _expire_chunk(
-        self, names: Sequence[str], ttl: str, group: str, trim: bool, *, extend: bool
+        self, names: Sequence[str], ttl: str, group: str, trim: bool, *, extend: bool, whole: str = ""
     ) -> int:
+        """One EXPIRE script call; with `whole` (the group's tag set), the set's members too when
+        it has at most EXPIRE_CHUNK of them, else -1 and nothing done."""
         ks = self.keyspace
         args = [
             ks.entry_prefix,
@@ -403,9 +409,11 @@ class Blackboard:
             group,
             "1" if trim else "0",
             "1" if extend else "0",
+            str(EXPIRE_CHUNK),
             *names,
         ]
-        return int(await self._expire(keys=[ks.expiry_key, ks.events_key], args=args))
+        keys = [ks.expiry_key, ks.events_key, *([whole] if whole else [])]
+        return int(await self._expire(keys=keys, args=args))
 
     async def expire_ring(self, name: str, ttl_seconds: float) -> bool:
         """Make a ring expire in `ttl_seconds` (unless it expires sooner); False if there is none."""

@@ -240,18 +240,27 @@ return {1, now, out}
 """
 )
 
-# KEYS: expiry index, event stream ; ARGV: entry prefix, tag prefix, ttl_ms, group tag|'', trim '1'|'0',
-#       extend '1'|'0', logical keys...
+# KEYS: expiry index, event stream [, the group tag's index set] ; ARGV: entry prefix, tag prefix,
+#       ttl_ms, group tag|'', trim '1'|'0', extend '1'|'0', whole-group bound, logical keys...
 # Gives each listed entry an expiry `ttl_ms` from now, unless it already expires sooner (calling it
 # again never extends; with extend '1' it does: a refresh). The group tag (whose index set expires
 # with its members) is left out of the expiry index of the listed entries. The caller pages a tag's
-# members through SSCAN and calls this per chunk, so each call does bounded work.
+# members through SSCAN and calls this per chunk, so each call does bounded work. Given the tag's
+# index set (KEYS[3]) and it has at most `whole-group bound` members, its members are done in this
+# call too and the set expires after them (a small group, e.g. one run's keys: one round trip);
+# a larger set: -1 and nothing is done (the caller pages it).
 # With trim, stream events older than ttl_ms are trimmed (exact XTRIM MINID): the retention of the
 # events of entries that expire after it.
-# -> number of entries whose expiry was set
+# -> number of entries whose expiry was set, or -1
 EXPIRE = (
     _LIBRARY
     + r"""
+local lkeys = {}
+for i = 8, #ARGV do lkeys[#lkeys + 1] = ARGV[i] end
+if KEYS[3] then
+  if redis.call('SCARD', KEYS[3]) > tonumber(ARGV[7]) then return -1 end
+  for _, m in ipairs(redis.call('SMEMBERS', KEYS[3])) do lkeys[#lkeys + 1] = m end
+end
 local now = now_ms()
 local ttl = tonumber(ARGV[3])
 local exp = now + ttl
@@ -260,8 +269,7 @@ if ARGV[5] == '1' and now > ttl then
   redis.call('XTRIM', KEYS[2], 'MINID', tostring(now - ttl))
 end
 local n = 0
-for i = 7, #ARGV do
-  local lkey = ARGV[i]
+for _, lkey in ipairs(lkeys) do
   local h = ARGV[1] .. lkey
   local cur = redis.call('HMGET', h, 'ver', 'tags', 'exp')
   if cur[1] and (extend or not cur[3] or tonumber(cur[3]) > exp) then
@@ -275,6 +283,10 @@ for i = 7, #ARGV do
     xindex(KEYS[1], lkey, cur[2], cur[3], table.concat(rest, '\31'), exp)
     n = n + 1
   end
+end
+if KEYS[3] then
+  local left = redis.call('PTTL', KEYS[3])
+  if left == -1 or left > ttl then redis.call('PEXPIRE', KEYS[3], ttl) end
 end
 sweep(KEYS[1], ARGV[1], ARGV[2], now, 16)
 return n
