@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import time
+from typing import Any
 
 import pytest
 from agent_kit import CounterCapability, Finding, NoteWatcher, counter_blueprint
@@ -145,6 +146,30 @@ async def test_publish_and_result_future(bb: Blackboard) -> None:
     got = [await asyncio.wait_for(queue.get(), 5) for _ in range(2)]
     assert [e.key for e in got] == ["progress:1", "progress:2"]
     await watcher.close()
+
+
+async def test_events_no_handler_matches_never_reach_the_feed(runtime: LocalAgentRuntime) -> None:
+    """The handlers' key pattern filters in the shared reader: a scope busy with other keys (a run
+    scope's claims, events and results beside its requests) costs the feed nothing, and its
+    position moves with the events it handles."""
+    agent = await runtime.spawn(counter_blueprint("quiet", STEPS, extra=[NoteWatcher.bind()]))
+    name = next(n for n in agent._handlers)
+    seen: list[str] = []
+    handle = agent._handle
+
+    async def counting(feed: str, handlers: Any, event: Any) -> None:
+        seen.append(event.key)
+        await handle(feed, handlers, event)
+
+    agent._handle = counting  # type: ignore[method-assign]
+    await asyncio.gather(*(agent.blackboard.write(f"other:{i}", i) for i in range(40)))
+    last = await agent.blackboard.write("note:x", "x")
+    async with asyncio.timeout(5):
+        while not agent.context:  # noqa: ASYNC110
+            await asyncio.sleep(0.01)
+    assert seen == ["note:x"]
+    assert agent._event_positions[name] == (await agent.blackboard.latest_event_id())
+    assert last.version == 1
 
 
 async def test_event_handlers_accumulate_context_for_the_policy(runtime: LocalAgentRuntime) -> None:

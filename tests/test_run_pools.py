@@ -26,7 +26,13 @@ from colony.agents import (
     action_executor,
 )
 from colony.agents.models import RunServing
-from colony.agents.run_claims import API_WRITER, pending_requests, pending_tag, pending_write
+from colony.agents.run_claims import (
+    API_INDEXED_WRITER,
+    API_WRITER,
+    pending_requests,
+    pending_tag,
+    pending_write,
+)
 from colony.api.app import ApiServices, create_app
 from colony.blackboard import AgentRunProtocol, Blackboard
 from colony.config import ColonySettings, ServeSettings, VcmSettings
@@ -317,6 +323,44 @@ async def test_a_request_no_submitter_indexed_waits_for_a_free_member(cluster: C
     await wait_for(answered, 10)
     result = await board.read(AgentRunProtocol.result_key("handle-req-1"))
     assert result is not None and result.value["status"] == "succeeded" and result.value["output"] == "second"
+
+
+async def test_busy_members_index_only_what_the_api_did_not(
+    cluster: Cluster, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The API indexes its pool runs itself (marker first, the request by API_INDEXED_WRITER):
+    busy members write no marker of their own for them (one wasted create per busy member per
+    run, before); another writer's request they still index, and every run is served."""
+    from colony.agents.run_pool import PoolMember
+
+    marked: list[str] = []
+    mark = PoolMember._mark_pending
+
+    async def counting(self: Any, request_id: str) -> None:
+        marked.append(request_id)
+        await mark(self, request_id)
+
+    monkeypatch.setattr(PoolMember, "_mark_pending", counting)
+    _pools, _member, run_ids = await member_busy_in_two_member_pool(cluster, "indexed", 2, seconds=1.0)
+    more = [(await cluster.runs.submit("indexed", n)).run_id for n in range(3)]
+    board = cluster.runs.run_board(await cluster.runs.record(more[0]))
+    request = await board.read(AgentRunProtocol.request_key(more[0]))
+    assert request is not None and request.created_by == API_INDEXED_WRITER
+    await board.write(
+        AgentRunProtocol.request_key("handle-req-2"),
+        {"input": "other", "requester": "some-agent"},
+        tags={AgentRunProtocol.request_tag("handle-req-2")},
+        created_by="some-agent",
+    )
+    views = await finished(cluster, [*run_ids, *more])
+    assert {v.status for v in views.values()} == {"succeeded"}
+
+    async def answered() -> bool:
+        return await board.read(AgentRunProtocol.result_key("handle-req-2")) is not None
+
+    await wait_for(answered, 15)
+    assert not set(marked) & {*run_ids, *more}, marked
+    assert "handle-req-2" in marked
 
 
 async def _claimed(cluster: Cluster, run_id: str) -> bool:

@@ -78,7 +78,11 @@ class EventDelivery:
         event handled, so nothing is lost or delivered twice. Closed when the feed ends. A stream
         Redis refuses to read (its key overwritten with another type) ends this feed only, logged."""
         board = self.capabilities[name].blackboard
-        subscription = board.subscribe(from_id=self._event_positions[name])
+        # the handlers' one key pattern (a run capability's "request:*") filters in the shared
+        # reader: the scope's other events (a run's claims, events, results) never wake this feed
+        patterns = {spec.pattern for spec in handlers}
+        pattern = patterns.pop() if len(patterns) == 1 else "*"
+        subscription = board.subscribe(pattern, from_id=self._event_positions[name])
         delay = 0.1
         try:
             while True:

@@ -17,6 +17,7 @@ from colony.agents.handle import RESTARTED, terminal_event
 from colony.agents.hooks import HookContext, HookType, Pointcut
 from colony.agents.models import AgentRun, RunServing, RunStatus
 from colony.agents.run_claims import (
+    API_INDEXED_WRITER,
     pending_key,
     publish_serving,
     retire_serving,
@@ -48,6 +49,8 @@ if TYPE_CHECKING:
     from colony.agents.base import Agent
 
 log = logging.getLogger(__name__)
+
+MAX_FRESH_CLAIMS = 1024  # claims this copy created and has not adopted yet, remembered at most
 
 TRIES_WHILE_UP = 3  # a blackboard error while Redis answers is retried this often before it fails a run
 
@@ -107,6 +110,9 @@ class AgentRunCapability(PoolMember, RequestRetention, RunEventWriter, AgentCapa
         self._attempt = 1  # of the active request: 1, one more after each `restarted` event
         self._queue: asyncio.Queue[str] = asyncio.Queue()
         self._queued: set[str] = set()
+        # requests whose claim this very copy created (nobody served them before: no events are
+        # stored, so their first adoption reads none); bounded, oldest dropped
+        self._fresh_claims: dict[str, None] = {}
         self._idle = asyncio.Event()
         self._idle.set()
         self.serving = RunServing()  # the agent's blueprint's, read at start()
@@ -197,8 +203,10 @@ class AgentRunCapability(PoolMember, RequestRetention, RunEventWriter, AgentCapa
             return None
         if self.serving.is_pool and self.busy:
             # indexed whoever wrote it (the API marks its requests only when it knows the role is a
-            # pool; an AgentHandle never does): an idle member takes it, or this one once idle
-            await self._mark_pending(request_id)
+            # pool, and says so by its writer; an AgentHandle never does): an idle member takes
+            # it, or this one once idle
+            if event.created_by != API_INDEXED_WRITER:
+                await self._mark_pending(request_id)
             return None
         if not await self._claim(agent, request_id):
             return None
@@ -223,6 +231,9 @@ class AgentRunCapability(PoolMember, RequestRetention, RunEventWriter, AgentCapa
                 what=f"agent {agent.agent_id}: claim of request {request_id}",
             )
             if claimed:
+                self._fresh_claims[request_id] = None
+                if len(self._fresh_claims) > MAX_FRESH_CLAIMS:
+                    self._fresh_claims.pop(next(iter(self._fresh_claims)))
                 self._enqueue(request_id)
                 if self.serving.is_pool or self.serving.admitted_at_once() is not None:
                     await self._drop_pending(request_id)  # the API's admission marker, if any
@@ -363,9 +374,13 @@ class AgentRunCapability(PoolMember, RequestRetention, RunEventWriter, AgentCapa
 
     async def _adopt(self, request_id: str) -> StoredEvents:
         """Make `request_id` the active one; its event numbering (and attempt) continues after what
-        is stored. What is stored, for the caller."""
+        is stored. What is stored, for the caller: read, unless this copy created the request's
+        claim and adopts it for the first time (only a claim holder writes a request's events, and
+        there was none before it; a second adoption, e.g. a retry after an outage, reads)."""
         self.active_request = request_id
-        stored = await self._stored_events(request_id)
+        fresh = request_id in self._fresh_claims
+        self._fresh_claims.pop(request_id, None)
+        stored = StoredEvents() if fresh else await self._stored_events(request_id)
         self._seq, self._attempt = stored.last_seq, stored.attempt
         self._idle.clear()
         return stored

@@ -24,6 +24,10 @@ from colony.blackboard import Blackboard
 from colony.blackboard.protocol import RequestResultProtocol, validate_segment
 
 API_WRITER = "api"  # who the API's writes are by (colony.system.runs.API_WRITER): it indexes its requests
+# the writer of a request the API indexed as pending itself, its marker written before it: a busy
+# pool member that sees it knows the marker is there and writes none (one wasted create per busy
+# member per run, before); any other writer's request is indexed by the busy members as before
+API_INDEXED_WRITER = "api-indexed"
 PICK_UP_PAGE = 32  # oldest pending requests an idle member considers (of a sample of 256 or more)
 
 

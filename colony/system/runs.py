@@ -44,7 +44,14 @@ from redis.exceptions import RedisError
 from colony import metrics
 from colony.agents.handle import TERMINAL_EVENTS, terminal_event
 from colony.agents.models import RunServing, new_id
-from colony.agents.run_claims import API_WRITER, open_runs, pending_key, pending_write, read_serving
+from colony.agents.run_claims import (
+    API_INDEXED_WRITER,
+    API_WRITER,
+    open_runs,
+    pending_key,
+    pending_write,
+    read_serving,
+)
 from colony.blackboard import AgentRunProtocol, Blackboard, BlackboardScope, scope_id
 from colony.blackboard.connection import redis_url_of
 from colony.blackboard.protocol import AgentStateProtocol, ApiRunProtocol
@@ -207,9 +214,14 @@ class RunService:
                     ApiRunProtocol.run_key(run_id), record, created_by=API_WRITER, ttl_seconds=life
                 )
                 # a pool's (or a bounded agent's) request is indexed as pending in the same round
-                # trip, right after it (the marker then gets the request's expiry)
+                # trip, the marker first (with the request's expiry): a member that sees the
+                # request (by API_INDEXED_WRITER) knows it is indexed; a member that sees the marker
+                # first finds no request yet and leaves it, as an admission reservation
                 writes = (
-                    [request, pending_write(AgentRunProtocol, run_id, life, API_WRITER)]
+                    [
+                        pending_write(AgentRunProtocol, run_id, life, API_WRITER),
+                        {**request, "created_by": API_INDEXED_WRITER},
+                    ]
                     if marked
                     else [request]
                 )
