@@ -480,3 +480,32 @@ async def test_a_request_this_copy_claimed_is_adopted_without_reading_its_events
     assert reads == ["req-test"]
     capability.active_request = None
     capability._idle.set()
+
+
+async def test_a_run_whose_end_fails_after_the_next_began_fails_alone(runtime: LocalAgentRuntime) -> None:
+    """The end of run 1 fails with an error that is not an outage (a read-only replica) while run 2
+    waits to begin: run 1 is stored failed, and run 2, begun meanwhile, is driven to its end (its
+    agent is not turned IDLE under it by run 1's failure). A review found it lost run 2."""
+    from redis.exceptions import ReadOnlyError
+
+    agent = await runtime.spawn(counter_blueprint("edge2", [{"action": "add", "parameters": {"amount": 1}}]))
+    persist, fired = agent.persist, {"n": 0}
+
+    async def flaky(**kwargs: Any) -> None:
+        run = agent.current_run
+        if kwargs.get("enter") is AgentState.IDLE and run is not None and run.input == 1 and not fired["n"]:
+            fired["n"] += 1
+            await asyncio.sleep(0.2)  # the end's commit in flight (its lock held) ...
+            raise ReadOnlyError("You can't write against a read only replica.")  # ... refused
+        await persist(**kwargs)
+
+    agent.persist = flaky  # type: ignore[method-assign]
+    first = await runtime.start_run("edge2", 1)
+    while not (agent.current_run is first and first.done):  # noqa: ASYNC110 - as a server polls it
+        await asyncio.sleep(0.01)
+    second = await asyncio.wait_for(runtime.start_run("edge2", 2), 10)  # waits for the end's lock
+    ended = await runtime.wait_for_run("edge2", second.run_id, timeout=10)
+    assert fired["n"] == 1
+    assert ended.status is RunStatus.SUCCEEDED and ended.output == 2
+    failed = await runtime.wait_for_run("edge2", first.run_id, timeout=10)
+    assert failed.status is RunStatus.FAILED and "read only" in (failed.error or "")

@@ -428,27 +428,23 @@ class Agent(CapabilitySet, EventDelivery, Bindable):
                 return True
         return False
 
-    async def fail_run(self, reason: str) -> AgentRun | None:
-        """End the current run FAILED with `reason` after it raised inside the agent (its driver
-        got the exception), answer whoever asked for it, and leave the agent IDLE to serve the
-        next run. Storing the failure is best effort (the error may be Redis itself); never raises."""
-        run = self.current_run
-        if run is None:
-            return None
+    async def fail_run(self, reason: str, run: AgentRun | None = None) -> AgentRun | None:
+        """End `run` (default: the current run) FAILED with `reason` after it raised inside the agent
+        (its driver got the exception), answer whoever asked for it, and leave the agent IDLE to
+        serve the next run. Storing the failure is best effort (the error may be Redis itself);
+        never raises. A run that is no longer the current one (the next run began while this one's
+        end was failing) gets its record stored failed, and the agent, RUNNING for the next run,
+        is left as it is."""
         async with self._run_edge:
+            current = self.current_run
+            run = run or current
+            if run is None:
+                return None
             run.status, run.error, run.finished_at = RunStatus.FAILED, reason[:2000], time.time()
-            # IDLE first: whoever sees the failed run stored may send the next run at once
-            try:  # (still RUNNING when this fails: the next begin_run then needs no transition)
-                if await self.reload_lifecycle() is AgentState.RUNNING:
-                    await self.transition(AgentState.IDLE, f"run {run.run_id} failed")
-            except Exception as exc:
-                log.warning(
-                    "agent %s: not marked idle after run %s failed: %r", self.agent_id, run.run_id, exc
-                )
-            try:
-                await self.persist()
-            except Exception as exc:
-                log.warning("agent %s: failed run %s not stored: %r", self.agent_id, run.run_id, exc)
+            if run is not current:
+                await self._store_superseded_failure(run)
+            else:
+                await self._fail_current(run)
         for capability in list(self.capabilities.values()):
             ended = getattr(capability, "run_ended", None)
             if ended is not None:
@@ -462,6 +458,34 @@ class Agent(CapabilitySet, EventDelivery, Bindable):
                         run.run_id,
                     )
         return run
+
+    async def _fail_current(self, run: AgentRun) -> None:
+        """IDLE first: whoever sees the failed run stored may send the next run at once (still
+        RUNNING when this fails: the next begin_run then needs no transition); then the run."""
+        try:
+            if await self.reload_lifecycle() is AgentState.RUNNING:
+                await self.transition(AgentState.IDLE, f"run {run.run_id} failed")
+        except Exception as exc:
+            log.warning("agent %s: not marked idle after run %s failed: %r", self.agent_id, run.run_id, exc)
+        try:
+            await self.persist()
+        except Exception as exc:
+            log.warning("agent %s: failed run %s not stored: %r", self.agent_id, run.run_id, exc)
+
+    async def _store_superseded_failure(self, run: AgentRun) -> None:
+        """Store the record of a failed run that is no longer the current one (fenced like every
+        write of the agent's state; best effort, logged)."""
+        try:
+            async with self.blackboard.transaction() as tx:
+                await fence(tx, self)
+                tx.write(
+                    Keys.run_key(run.run_id),
+                    run.model_dump(mode="json"),
+                    created_by=self.agent_id,
+                    ttl_seconds=self.retention_seconds,
+                )
+        except Exception as exc:
+            log.warning("agent %s: failed run %s not stored: %r", self.agent_id, run.run_id, exc)
 
     async def cancel_run(self, reason: str = "cancelled") -> None:
         """End the current run as CANCELLED (its requester already gave up on it)."""

@@ -206,8 +206,9 @@ class LocalAgentRuntime:
         if agent.suspension is not None:
             await agent.clear_suspension()
         run_pending = agent.current_run is not None and not agent.current_run.done
-        # IDLE (or INITIALIZED) with a run pending: the host stopped, or an outage cut in, between
-        # storing the run's beginning and entering RUNNING; the run is driven on, not left undriven
+        # IDLE (or INITIALIZED) with a run pending: a run's beginning and RUNNING are one commit,
+        # but state stored by older code, or re-persisted after Redis lost it (`recover_lifecycle`)
+        # just before that commit, can hold it; the run is driven on, not left undriven
         if agent.state in (AgentState.SUSPENDED, AgentState.WAITING) or (
             run_pending
             and agent.state
@@ -352,9 +353,11 @@ class LocalAgentRuntime:
         )
 
     async def _drive(self, agent: Agent, after: asyncio.Task[None] | None = None) -> None:
+        run = None
         try:
             if after is not None:
                 await asyncio.wait({after})
+            run = agent.current_run  # the run this driver drives (a failure fails this one only)
             await agent.run_until_done()
             if agent.suspension is not None:
                 await self.suspend(agent.agent_id, agent.suspension.condition.reason or "blocked")
@@ -363,14 +366,14 @@ class LocalAgentRuntime:
         except Exception as exc:  # the run fails, with the reason; the agent goes on serving (IDLE)
             if not self.hosts(agent):
                 return  # a copy dropped meanwhile (restored from Redis): the restored one carries on
-            run = agent.current_run
+            run = run or agent.current_run
             if isinstance(exc, BlackboardUnavailable):
                 await self.await_redis(agent)  # so that what follows is stored, not lost
                 # the run's last save (the run already done in memory) is redone like any other
                 if run is not None and self.redo_after_outage(agent, run.run_id, run.steps + 1):
                     return
             log.exception("run of agent %s failed inside the agent", agent.agent_id)
-            await agent.fail_run(f"the run failed inside the agent: {type(exc).__name__}: {exc}")
+            await agent.fail_run(f"the run failed inside the agent: {type(exc).__name__}: {exc}", run)
 
     def hosts(self, agent: Agent) -> bool:
         """Whether this very copy of the agent is hosted here (a copy dropped for a restore, or
