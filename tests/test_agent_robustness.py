@@ -452,36 +452,6 @@ async def test_a_run_begun_while_the_last_one_is_still_ending_is_driven_to_its_e
     assert agent.state is AgentState.IDLE
 
 
-async def test_a_request_this_copy_claimed_is_adopted_without_reading_its_events(
-    runtime: LocalAgentRuntime, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    """Only a claim holder writes a request's events: a request whose claim this copy created has
-    none stored, and its first adoption reads none (one round trip less per run); a request
-    adopted again (a retry after an outage, a failure outside the run) still reads them."""
-    import colony.agents.run_capability as run_capability
-
-    reads: list[str] = []
-    read = run_capability.read_stored_events
-
-    async def counting(board: Any, protocol: Any, request_id: str, *, limit: int) -> Any:
-        reads.append(request_id)
-        return await read(board, protocol, request_id, limit=limit)
-
-    monkeypatch.setattr(run_capability, "read_stored_events", counting)
-    agent = await runtime.spawn(echo_blueprint(f"fresh{uuid.uuid4().hex[:6]}"))
-    handle = handle_for(runtime, agent.agent_id)
-    runs = [await handle.run(f"x{i}", namespace=RUNS_NAMESPACE, timeout=20) for i in range(3)]
-    assert [r.status for r in runs] == [RunStatus.SUCCEEDED] * 3
-    assert reads == []
-    capability = next(c for c in agent.capabilities.values() if isinstance(c, AgentRunCapability))
-    capability._fresh_claims["req-test"] = None
-    await capability._adopt("req-test")  # the first adoption of a claim of its own: nothing read
-    await capability._adopt("req-test")  # adopted again: read
-    assert reads == ["req-test"]
-    capability.active_request = None
-    capability._idle.set()
-
-
 async def test_a_run_whose_end_fails_after_the_next_began_fails_alone(runtime: LocalAgentRuntime) -> None:
     """The end of run 1 fails with an error that is not an outage (a read-only replica) while run 2
     waits to begin: run 1 is stored failed, and run 2, begun meanwhile, is driven to its end (its

@@ -76,3 +76,50 @@ async def test_a_small_group_expires_in_one_script_call(bb: Blackboard) -> None:
     assert await bb.redis.pttl(bb.keyspace.entry_key("unrelated")) == -1
     assert await bb.expire([], 120, tag="run:r2") == 0
     assert await bb.redis.pttl(bb.keyspace.tag_key("run:r2")) <= 60_000  # never extended
+
+
+async def test_retire_group_writes_then_expires_in_one_round_trip(bb: Blackboard) -> None:
+    """A finished request's retirement: its claim rewritten (untagged, expiring), its group of
+    keys, the trim, and a key of another scope, in one pipelined round trip; a group larger
+    than EXPIRE_CHUNK is paged after it with the same outcome."""
+    other = bb.scoped(f"{bb.scope_id}-api")
+    await bb.write("claim:run:r3", "agent-1", tags={"run:r3", "open-claims"})
+    await bb.write_many([{"key": f"event:run:r3:{i}", "value": i, "tags": {"run:r3"}} for i in range(5)])
+    await other.write("run:r3", {"status": "done"})
+    sent: list[int] = []
+    execute = type(bb.redis.pipeline()).execute
+
+    async def counting(self, *args, **kwargs):  # type: ignore[no-untyped-def]
+        sent.append(len(self.command_stack))
+        return await execute(self, *args, **kwargs)
+
+    type(bb.redis.pipeline()).execute = counting  # type: ignore[method-assign]
+    try:
+        await bb.retire_group(
+            "claim:run:r3",
+            "agent-1",
+            created_by="agent-1",
+            ttl_seconds=60,
+            tag="run:r3",
+            trim_events=True,
+            elsewhere=[(other, ["run:r3"])],
+        )
+    finally:
+        type(bb.redis.pipeline()).execute = execute  # type: ignore[method-assign]
+    assert sent == [3]  # one round trip: the write, the group's expiry, the other scope's key
+    claim = await bb.read("claim:run:r3")
+    assert claim is not None and claim.tags == frozenset() and claim.expires_at is not None
+    for key in [*(f"event:run:r3:{i}" for i in range(5)), "claim:run:r3"]:
+        assert 0 < await bb.redis.pttl(bb.keyspace.entry_key(key)) <= 60_000
+    assert 0 < await bb.redis.pttl(bb.keyspace.tag_key("run:r3")) <= 60_000
+    assert 0 < await bb.redis.pttl(other.keyspace.entry_key("run:r3")) <= 60_000
+    assert await bb.redis.scard(bb.keyspace.tag_key("open-claims")) == 0
+
+    members = EXPIRE_CHUNK + 3  # too many for one call: paged after the pipeline
+    await bb.write_many(
+        [{"key": f"event:run:r4:{i}", "value": i, "tags": {"run:r4"}} for i in range(members)]
+    )
+    await bb.retire_group("claim:run:r4", "a", created_by="a", ttl_seconds=60, tag="run:r4")
+    ttls = [await bb.redis.pttl(bb.keyspace.entry_key(f"event:run:r4:{i}")) for i in range(members)]
+    assert all(0 < t <= 60_000 for t in ttls)
+    assert 0 < await bb.redis.pttl(bb.keyspace.tag_key("run:r4")) <= 60_000

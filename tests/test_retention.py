@@ -138,16 +138,15 @@ async def test_an_agent_stopped_as_its_run_is_answered_still_retires_the_run(
     host, runs = colony
     name = f"tmp{uuid.uuid4().hex[:8]}"
     await host.ensure_agent(echo_blueprint(name))
-    original = Blackboard.expire
+    original = Blackboard.retire_group
     retiring = asyncio.Event()
 
-    async def slow_expire(self: Blackboard, keys: Any, ttl_seconds: float, **kwargs: Any) -> int:
-        if kwargs.get("tag"):  # a run's retirement: give the stop time to land inside it
-            retiring.set()
-            await asyncio.sleep(0.5)
-        return await original(self, keys, ttl_seconds, **kwargs)
+    async def slow_retire(self: Blackboard, *args: Any, **kwargs: Any) -> None:
+        retiring.set()  # a run's retirement: give the stop time to land inside it
+        await asyncio.sleep(0.5)
+        await original(self, *args, **kwargs)
 
-    monkeypatch.setattr(Blackboard, "expire", slow_expire)
+    monkeypatch.setattr(Blackboard, "retire_group", slow_retire)
     record = await runs.submit(name, "hello")
     async with asyncio.timeout(15):
         await retiring.wait()
@@ -167,20 +166,21 @@ async def test_a_retirement_still_waiting_at_close_finishes_when_redis_is_back(
     name = f"tmp{uuid.uuid4().hex[:8]}"
     await host.ensure_agent(echo_blueprint(name))
     monkeypatch.setattr(run_retention, "RETIRE_DRAIN_SECONDS", 0.3)
-    original = Blackboard.expire
+    original = Blackboard.retire_group
     outage = {"on": True}
     cut = asyncio.Event()
 
-    async def expire(self: Blackboard, keys: Any, ttl_seconds: float, **kwargs: Any) -> int:
-        if kwargs.get("tag") and outage["on"]:
+    async def retire(self: Blackboard, key: str, value: Any, **kwargs: Any) -> None:
+        if outage["on"]:  # the claim leaves the open-claims index, then Redis is away
+            await self.write(key, value, created_by=kwargs["created_by"], ttl_seconds=kwargs["ttl_seconds"])
             cut.set()
-            raise BlackboardUnavailable("expire", "redis://injected", ConnectionError("away"))
-        return await original(self, keys, ttl_seconds, **kwargs)
+            raise BlackboardUnavailable("retire", "redis://injected", ConnectionError("away"))
+        await original(self, key, value, **kwargs)
 
     async def answers(self: AgentRunCapability) -> bool:
         return not outage["on"]
 
-    monkeypatch.setattr(Blackboard, "expire", expire)
+    monkeypatch.setattr(Blackboard, "retire_group", retire)
     monkeypatch.setattr(AgentRunCapability, "_redis_answers", answers)
     record = await runs.submit(name, "hello")
     async with asyncio.timeout(15):

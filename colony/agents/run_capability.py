@@ -50,8 +50,6 @@ if TYPE_CHECKING:
 
 log = logging.getLogger(__name__)
 
-MAX_FRESH_CLAIMS = 1024  # claims this copy created and has not adopted yet, remembered at most
-
 TRIES_WHILE_UP = 3  # a blackboard error while Redis answers is retried this often before it fails a run
 
 
@@ -110,9 +108,6 @@ class AgentRunCapability(PoolMember, RequestRetention, RunEventWriter, AgentCapa
         self._attempt = 1  # of the active request: 1, one more after each `restarted` event
         self._queue: asyncio.Queue[str] = asyncio.Queue()
         self._queued: set[str] = set()
-        # requests whose claim this very copy created (nobody served them before: no events are
-        # stored, so their first adoption reads none); bounded, oldest dropped
-        self._fresh_claims: dict[str, None] = {}
         self._idle = asyncio.Event()
         self._idle.set()
         self.serving = RunServing()  # the agent's blueprint's, read at start()
@@ -231,9 +226,6 @@ class AgentRunCapability(PoolMember, RequestRetention, RunEventWriter, AgentCapa
                 what=f"agent {agent.agent_id}: claim of request {request_id}",
             )
             if claimed:
-                self._fresh_claims[request_id] = None
-                if len(self._fresh_claims) > MAX_FRESH_CLAIMS:
-                    self._fresh_claims.pop(next(iter(self._fresh_claims)))
                 self._enqueue(request_id)
                 if self.serving.is_pool or self.serving.admitted_at_once() is not None:
                     await self._drop_pending(request_id)  # the API's admission marker, if any
@@ -374,13 +366,11 @@ class AgentRunCapability(PoolMember, RequestRetention, RunEventWriter, AgentCapa
 
     async def _adopt(self, request_id: str) -> StoredEvents:
         """Make `request_id` the active one; its event numbering (and attempt) continues after what
-        is stored. What is stored, for the caller: read, unless this copy created the request's
-        claim and adopts it for the first time (only a claim holder writes a request's events, and
-        there was none before it; a second adoption, e.g. a retry after an outage, reads)."""
+        is stored. What is stored, for the caller: always read, even for a claim this copy just
+        created (a pool re-opens a gone member's request by deleting its claim, and the events of
+        that first attempt stay: the next server numbers after them and announces its restart)."""
         self.active_request = request_id
-        fresh = request_id in self._fresh_claims
-        self._fresh_claims.pop(request_id, None)
-        stored = StoredEvents() if fresh else await self._stored_events(request_id)
+        stored = await self._stored_events(request_id)
         self._seq, self._attempt = stored.last_seq, stored.attempt
         self._idle.clear()
         return stored

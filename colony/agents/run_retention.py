@@ -109,11 +109,9 @@ class RequestRetention:
         ttl = self.retention_seconds
         # out of the open-claims index, its expiry in the same write (never left without one);
         # untagged first, so the expiry index needs no member for it (expired while it still
-        # carried the open-claims tag, it would need one per run, for the whole retention)
-        await self.blackboard.write(
-            self.protocol.claim_key(request_id), owner, created_by=owner, ttl_seconds=ttl
-        )
-        await self.blackboard.expire([], ttl, tag=tag, trim_events=True)
+        # carried the open-claims tag, it would need one per run, for the whole retention); then
+        # the request's keys, and an HTTP run's record: one round trip for the three
+        elsewhere = []
         if self.protocol is AgentRunProtocol and self.agent is not None:
             meta = self.agent.metadata
             api_board = self.blackboard.scoped(
@@ -124,4 +122,13 @@ class RequestRetention:
                     namespace=ApiRunProtocol.namespace,
                 )
             )
-            await api_board.expire([ApiRunProtocol.run_key(request_id)], ttl)
+            elsewhere.append((api_board, [ApiRunProtocol.run_key(request_id)]))
+        await self.blackboard.retire_group(
+            self.protocol.claim_key(request_id),
+            owner,
+            created_by=owner,
+            ttl_seconds=ttl,
+            tag=tag,
+            trim_events=True,
+            elsewhere=elsewhere,
+        )

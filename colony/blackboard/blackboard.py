@@ -401,6 +401,13 @@ class Blackboard:
     ) -> int:
         """One EXPIRE script call; with `whole` (the group's tag set), the set's members too when
         it has at most EXPIRE_CHUNK of them, else -1 and nothing done."""
+        keys, args = self._expire_call(names, ttl, group, trim, extend=extend, whole=whole)
+        return int(await self._expire(keys=keys, args=args))
+
+    def _expire_call(
+        self, names: Sequence[str], ttl: str, group: str, trim: bool, *, extend: bool, whole: str = ""
+    ) -> tuple[list[str], list[str]]:
+        """The EXPIRE script's keys and arguments (see scripts.EXPIRE)."""
         ks = self.keyspace
         args = [
             ks.entry_prefix,
@@ -412,8 +419,46 @@ class Blackboard:
             str(EXPIRE_CHUNK),
             *names,
         ]
-        keys = [ks.expiry_key, ks.events_key, *([whole] if whole else [])]
-        return int(await self._expire(keys=keys, args=args))
+        return [ks.expiry_key, ks.events_key, *([whole] if whole else [])], args
+
+    async def retire_group(
+        self,
+        key: str,
+        value: Any,
+        *,
+        created_by: str | None,
+        ttl_seconds: float,
+        tag: str,
+        trim_events: bool = False,
+        elsewhere: Iterable[tuple[Blackboard, Sequence[str]]] = (),
+    ) -> None:
+        """In one round trip, in this order: write `key` (expiring in `ttl_seconds`), then make
+        the group `tag` expire (`expire(..., tag=tag, trim_events=...)`), then the listed keys of
+        other scopes on the same Redis (`elsewhere`). What a finished request leaves is retired
+        so. A group larger than EXPIRE_CHUNK is paged afterwards, as `expire` pages it."""
+        validate_key(key)
+        group = validate_tag(tag)
+        ttl = ttl_to_ms(ttl_seconds)
+        encoded, encoded_tags = encode_value(value), encode_tags(())
+        write_args = self._write_args(key, encoded, encoded_tags, created_by, ttl_seconds, None)
+        ks = self.keyspace
+        async with self.guard("retire"), self.redis.pipeline(transaction=False) as pipe:
+            await self._write(
+                keys=[ks.entry_key(key), ks.events_key, ks.expiry_key], args=write_args, client=pipe
+            )
+            keys, args = self._expire_call([], ttl, group, trim_events, extend=False, whole=ks.tag_key(group))
+            await self._expire(keys=keys, args=args, client=pipe)
+            for board, names in elsewhere:
+                if board.redis is not self.redis:
+                    raise InvalidArgument("retire_group retires keys of scopes on the same Redis client only")
+                keys, args = board._expire_call(
+                    [validate_key(n) for n in names], ttl, "", False, extend=False
+                )
+                await board._expire(keys=keys, args=args, client=pipe)
+            replies = await pipe.execute()
+        self._written(key, encoded, encoded_tags, created_by, None, replies[0])
+        if int(replies[1]) < 0:  # a large group: paged, with the trim
+            await self.expire([], ttl_seconds, tag=group, trim_events=trim_events)
 
     async def expire_ring(self, name: str, ttl_seconds: float) -> bool:
         """Make a ring expire in `ttl_seconds` (unless it expires sooner); False if there is none."""
