@@ -363,6 +363,34 @@ async def test_busy_members_index_only_what_the_api_did_not(
     assert "handle-req-2" in marked
 
 
+async def test_a_claim_takes_its_request_out_of_the_pending_index_in_its_commit(
+    cluster: Cluster, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The API's pending marker leaves with the claim, in one commit: no separate drop per run,
+    and nothing is left in the index."""
+    from colony.agents.run_pool import PoolMember
+
+    drops: list[str] = []
+    drop = PoolMember._drop_pending
+
+    async def counting(self: Any, request_id: str) -> None:
+        drops.append(request_id)
+        await drop(self, request_id)
+
+    monkeypatch.setattr(PoolMember, "_drop_pending", counting)
+    blueprint = nap_blueprint("dropper", RunServing(mode="pool", min_size=1, max_size=1), seconds=0.01)
+    pools = cluster.use_pools(blueprint)
+    await cluster.control.place(blueprint)
+    await pool_hosted(cluster, pools, "dropper", 1)
+    run_ids = []
+    for n in range(4):  # one at a time: each finds the member idle and is claimed from its event
+        run_ids.append((await cluster.runs.submit("dropper", n)).run_id)
+        await finished(cluster, run_ids[-1:])
+    board = cluster.runs.run_board(await cluster.runs.record(run_ids[0]))
+    assert await pending_requests(board, AgentRunProtocol) == []
+    assert drops == [], drops
+
+
 async def _claimed(cluster: Cluster, run_id: str) -> bool:
     record = await cluster.runs.record(run_id)
     return await cluster.runs.run_board(record).read(AgentRunProtocol.claim_key(run_id)) is not None

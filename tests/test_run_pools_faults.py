@@ -450,28 +450,32 @@ async def test_a_run_submitted_to_a_pool_member_is_refused(cluster: Cluster) -> 
         assert accepted.status_code == 202, accepted.text
 
 
-async def test_a_marker_whose_drop_failed_does_not_hold_a_place_for_good(
+async def test_a_marker_back_after_its_claim_does_not_hold_a_place_for_good(
     cluster: Cluster, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """Finding 12 (its reservation): the agent drops a run's pending marker when it claims it; if
-    that drop fails (Redis away), it drops it when it serves the run, so the marker does not count
-    against max_concurrent_runs until the request's keys expire."""
-    import colony.agents.run_pool as run_pool
+    """Finding 12 (its reservation): the agent's claim drops a run's pending marker in its commit;
+    a marker written again after that (a busy member's late index, a re-open) is dropped when
+    the run is served, so it does not count against max_concurrent_runs until the request's
+    keys expire."""
+    from colony.agents.run_capability import AgentRunCapability
 
-    real_drop = run_pool.drop_pending
-    failed: list[str] = []
+    real_create = AgentRunCapability._create_once
+    back: list[str] = []
 
-    async def flaky_drop(board: Blackboard, protocol: Any, request_id: str) -> None:
-        if not failed:
-            failed.append(request_id)
-            raise BlackboardUnavailable("delete", "redis://blip")
-        await real_drop(board, protocol, request_id)
+    async def marker_comes_back(self: Any, key: str, value: Any, **kwargs: Any) -> bool:
+        created = await real_create(self, key, value, **kwargs)
+        drop = kwargs.get("drop")
+        if created and drop and not back:
+            run_id = drop.rsplit(":", 1)[-1]
+            back.append(run_id)
+            await self.blackboard.write(**pending_write(AgentRunProtocol, run_id, 60, API_WRITER))
+        return created
 
-    monkeypatch.setattr(run_pool, "drop_pending", flaky_drop)
+    monkeypatch.setattr(AgentRunCapability, "_create_once", marker_comes_back)
     await cluster.control.place(nap_blueprint("res", RunServing(max_concurrent_runs=1), seconds=0.1))
     first = (await cluster.runs.submit("res", 1)).run_id
     await finished(cluster, [first])
-    assert failed == [first]
+    assert back == [first]
     second = (await cluster.runs.submit("res", 2)).run_id  # refused while the first's marker stayed
     assert (await finished(cluster, [second]))[second].output == 2
 

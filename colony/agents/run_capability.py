@@ -75,7 +75,7 @@ class AgentRunCapability(PoolMember, RequestRetention, RunEventWriter, AgentCapa
 
     A pool member (the blueprint's `serving.mode == "pool"`, docs/scaling.md) shares its run scope
     with the other members: it claims a request only while it has none (a busy member leaves it to
-    the idle ones), drops the request's pending marker once it holds the claim, and, each time it
+    the idle ones), drops the request's pending marker in the commit of its claim, and, each time it
     becomes idle, picks up the oldest request nobody could claim (the pending index,
     colony.agents.run_claims).
     """
@@ -218,40 +218,55 @@ class AgentRunCapability(PoolMember, RequestRetention, RunEventWriter, AgentCapa
         try:
             # a Redis outage pauses the claim (and so this feed), it does not drop the request; a
             # claim already there (an event replayed after a restart, or another worker's) is not
-            # ours. The value names this copy, so a retried claim never mistakes another copy's
+            # ours. The value names this copy, so a retried claim never mistakes another copy's.
+            # A pool's (or a bounded agent's) claim takes the request out of the pending index in
+            # the same commit (the API's admission marker, if any)
+            indexed = self.serving.is_pool or self.serving.admitted_at_once() is not None
             claimed = await self._create_once(
                 self.protocol.claim_key(request_id),
                 {"agent_id": agent.agent_id, "holder": agent.holder},
                 tags={self.protocol.request_tag(request_id), self.protocol.open_claims_tag()},
                 what=f"agent {agent.agent_id}: claim of request {request_id}",
+                drop=pending_key(self.protocol, request_id) if indexed else None,
             )
             if claimed:
                 self._enqueue(request_id)
-                if self.serving.is_pool or self.serving.admitted_at_once() is not None:
-                    await self._drop_pending(request_id)  # the API's admission marker, if any
             return claimed
         finally:
             self._claiming = False
 
     async def _create_once(
-        self, key: str, value: Any, *, tags: set[str], what: str, value_in_event: bool = False
+        self,
+        key: str,
+        value: Any,
+        *,
+        tags: set[str],
+        what: str,
+        value_in_event: bool = False,
+        drop: str | None = None,
     ) -> bool:
         """Create-only write that waits out a Redis outage. True when `value` is stored, including a
         retried write Redis had applied though its answer was lost; False when another value was
-        there first."""
+        there first. `drop`: a key deleted in the same commit, only if the write is applied."""
         attempts = 0
+        writer = self.agent.agent_id if self.agent else None
 
         async def create() -> None:
             nonlocal attempts
             attempts += 1
-            await self.blackboard.write(
-                key,
-                value,
-                tags=tags,
-                created_by=self.agent.agent_id if self.agent else None,
-                expected_version=0,
-                value_in_event=value_in_event,
-            )
+            if drop is None:
+                await self.blackboard.write(
+                    key,
+                    value,
+                    tags=tags,
+                    created_by=writer,
+                    expected_version=0,
+                    value_in_event=value_in_event,
+                )
+                return
+            async with self.blackboard.transaction() as tx:
+                tx.write(key, value, tags=tags, created_by=writer, expected_version=0)
+                tx.delete(drop, created_by=writer)
 
         try:
             await retry_unavailable(create, what, log, answers=self._redis_answers)
@@ -331,8 +346,8 @@ class AgentRunCapability(PoolMember, RequestRetention, RunEventWriter, AgentCapa
             ]
         )  # one round trip for the four
         await self._keep_serving(declaration)
-        if marker is not None:  # its drop after the claim failed (Redis away): it would count
-            await self._drop_pending(request_id)  # against max_concurrent_runs until it expired
+        if marker is not None:  # written after the claim dropped it (a busy member's, a re-open's):
+            await self._drop_pending(request_id)  # it would count against max_concurrent_runs
         if result is not None:
             await self._retire(request_id)  # ended by its requester before it was served
             return
