@@ -94,6 +94,7 @@ async def test_retire_group_writes_then_expires_in_one_round_trip(bb: Blackboard
         return await execute(self, *args, **kwargs)
 
     type(bb.redis.pipeline()).execute = counting  # type: ignore[method-assign]
+    await bb.redis.config_resetstat()
     try:
         await bb.retire_group(
             "claim:run:r3",
@@ -107,6 +108,8 @@ async def test_retire_group_writes_then_expires_in_one_round_trip(bb: Blackboard
     finally:
         type(bb.redis.pipeline()).execute = execute  # type: ignore[method-assign]
     assert sent == [3]  # one round trip: the write, the group's expiry, the other scope's key
+    stats = await bb.redis.info("commandstats")
+    assert "cmdstat_script" not in stats  # no SCRIPT EXISTS before it (redis-py's own pipeline asks)
     claim = await bb.read("claim:run:r3")
     assert claim is not None and claim.tags == frozenset() and claim.expires_at is not None
     for key in [*(f"event:run:r3:{i}" for i in range(5)), "claim:run:r3"]:
@@ -123,3 +126,23 @@ async def test_retire_group_writes_then_expires_in_one_round_trip(bb: Blackboard
     ttls = [await bb.redis.pttl(bb.keyspace.entry_key(f"event:run:r4:{i}")) for i in range(members)]
     assert all(0 < t <= 60_000 for t in ttls)
     assert 0 < await bb.redis.pttl(bb.keyspace.tag_key("run:r4")) <= 60_000
+
+
+async def test_pipelined_scripts_survive_a_script_flush_and_apply_once(bb: Blackboard) -> None:
+    """After Redis forgot its scripts (a restart, a failover: SCRIPT FLUSH here), a batch and a
+    retirement still go through, each write applied once (create-only writes would conflict if a
+    NOSCRIPT retry ran anything twice)."""
+    await bb.write("claim:run:r5", "a", tags={"run:r5"})
+    await bb.redis.script_flush()
+    written = await bb.write_many(
+        [
+            {"key": f"event:run:r5:{i}", "value": i, "tags": {"run:r5"}, "expected_version": 0}
+            for i in range(3)
+        ]
+    )
+    assert [e.version for e in written] == [1, 1, 1]
+    await bb.redis.script_flush()
+    await bb.retire_group("claim:run:r5", "a", created_by="a", ttl_seconds=60, tag="run:r5")
+    claim = await bb.read("claim:run:r5")
+    assert claim is not None and claim.version == 2 and claim.expires_at is not None
+    assert 0 < await bb.redis.pttl(bb.keyspace.entry_key("event:run:r5:0")) <= 60_000

@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING, Any, NamedTuple
 
 import redis.asyncio as aioredis
 from redis.commands.core import AsyncScript
-from redis.exceptions import ResponseError
+from redis.exceptions import NoScriptError, ResponseError
 
 from colony import metrics
 from colony.blackboard import scripts
@@ -81,6 +81,36 @@ class _Scripts(NamedTuple):
 
 
 _SCRIPTS_ATTR = "_colony_scripts"
+
+
+ScriptCall = tuple[AsyncScript, list[str], list[Any]]  # a registered script, its keys, its arguments
+
+
+async def run_scripts(redis: aioredis.Redis, calls: Sequence[ScriptCall]) -> list[Any]:
+    """Run script calls in order, pipelined in one round trip, by SHA. redis-py's own pipeline of
+    scripts asks Redis whether they exist (SCRIPT EXISTS) before every batch, a second round trip
+    each time; here a call Redis answers NOSCRIPT (its scripts flushed: a restart, a failover) is
+    run again once its script is loaded, in order with the others it failed beside. Only calls
+    that failed so are repeated (nothing Redis applied runs twice). Raises the first error."""
+    replies = await _evalsha_pipeline(redis, calls)
+    missing = [i for i, reply in enumerate(replies) if isinstance(reply, NoScriptError)]
+    if missing:
+        for script in {id(calls[i][0]): calls[i][0] for i in missing}.values():
+            await redis.script_load(script.script)  # the same text: the same SHA
+        again = await _evalsha_pipeline(redis, [calls[i] for i in missing])
+        for i, reply in zip(missing, again, strict=True):
+            replies[i] = reply
+    for reply in replies:
+        if isinstance(reply, Exception):
+            raise reply
+    return replies
+
+
+async def _evalsha_pipeline(redis: aioredis.Redis, calls: Sequence[ScriptCall]) -> list[Any]:
+    async with redis.pipeline(transaction=False) as pipe:
+        for script, keys, args in calls:
+            pipe.evalsha(script.sha, len(keys), *keys, *args)
+        return list(await pipe.execute(raise_on_error=False))
 
 
 def _scripts_of(redis: aioredis.Redis) -> _Scripts:
@@ -242,24 +272,23 @@ class Blackboard:
         encoded = [(r, encode_value(r.value), encode_tags(r.tags)) for r in requests]
         head = [self.keyspace.entry_prefix, self.keyspace.tag_prefix, self._maxlen, self._include_values]
         chunks = [encoded[i : i + chunk_size] for i in range(0, len(encoded), chunk_size)]
-        async with self.guard("write_many"), self.redis.pipeline(transaction=False) as pipe:
-            for chunk in chunks:
-                batch = [
-                    (
-                        r.key,
-                        value,
-                        tags,
-                        r.created_by or "",
-                        ttl_to_ms(r.ttl_seconds),
-                        _opt(r.expected_version),
-                    )
-                    for r, value, tags in chunk
-                ]
-                args = [*head, json.dumps(batch, separators=(",", ":"))]
-                await self._write_batch(
-                    keys=[self.keyspace.events_key, self.keyspace.expiry_key], args=args, client=pipe
+        calls: list[ScriptCall] = []
+        for chunk in chunks:
+            batch = [
+                (
+                    r.key,
+                    value,
+                    tags,
+                    r.created_by or "",
+                    ttl_to_ms(r.ttl_seconds),
+                    _opt(r.expected_version),
                 )
-            replies = await pipe.execute()
+                for r, value, tags in chunk
+            ]
+            args = [*head, json.dumps(batch, separators=(",", ":"))]
+            calls.append((self._write_batch, [self.keyspace.events_key, self.keyspace.expiry_key], args))
+        async with self.guard("write_many"):
+            replies = await run_scripts(self.redis, calls)
         applied: list[BlackboardEntry] = []
         conflicts: list[tuple[str, int | None, int]] = []
         for chunk, reply in zip(chunks, replies, strict=True):
@@ -442,20 +471,18 @@ class Blackboard:
         encoded, encoded_tags = encode_value(value), encode_tags(())
         write_args = self._write_args(key, encoded, encoded_tags, created_by, ttl_seconds, None)
         ks = self.keyspace
-        async with self.guard("retire"), self.redis.pipeline(transaction=False) as pipe:
-            await self._write(
-                keys=[ks.entry_key(key), ks.events_key, ks.expiry_key], args=write_args, client=pipe
-            )
-            keys, args = self._expire_call([], ttl, group, trim_events, extend=False, whole=ks.tag_key(group))
-            await self._expire(keys=keys, args=args, client=pipe)
-            for board, names in elsewhere:
-                if board.redis is not self.redis:
-                    raise InvalidArgument("retire_group retires keys of scopes on the same Redis client only")
-                keys, args = board._expire_call(
-                    [validate_key(n) for n in names], ttl, "", False, extend=False
-                )
-                await board._expire(keys=keys, args=args, client=pipe)
-            replies = await pipe.execute()
+        entry_keys = [ks.entry_key(key), ks.events_key, ks.expiry_key]
+        calls: list[ScriptCall] = [(self._write, entry_keys, write_args)]
+        keys, args = self._expire_call([], ttl, group, trim_events, extend=False, whole=ks.tag_key(group))
+        calls.append((self._expire, keys, args))
+        for board, names in elsewhere:
+            if board.redis is not self.redis:
+                raise InvalidArgument("retire_group retires keys of scopes on the same Redis client only")
+            checked = [validate_key(n) for n in names]
+            keys, args = board._expire_call(checked, ttl, "", False, extend=False)
+            calls.append((board._expire, keys, args))
+        async with self.guard("retire"):
+            replies = await run_scripts(self.redis, calls)
         self._written(key, encoded, encoded_tags, created_by, None, replies[0])
         if int(replies[1]) < 0:  # a large group: paged, with the trim
             await self.expire([], ttl_seconds, tag=group, trim_events=trim_events)
