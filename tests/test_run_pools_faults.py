@@ -42,7 +42,7 @@ from colony.agents import (
     action_executor,
 )
 from colony.agents.models import RunServing
-from colony.agents.run_claims import API_WRITER, pending_write, serving_key
+from colony.agents.run_claims import API_WRITER, pending_requests, pending_write, serving_key
 from colony.api.app import ApiServices, create_app
 from colony.blackboard import AgentRunProtocol, Blackboard
 from colony.config import ColonySettings, ServeSettings, VcmSettings
@@ -346,6 +346,36 @@ async def test_a_submit_that_fails_half_way_is_never_served(cluster: Cluster) ->
     board = cluster.runs.run_board(await cluster.runs.record(after))
     claims = [e.key async for e in board.iter_query(AgentRunProtocol.pattern("claim"))]
     assert claims == [AgentRunProtocol.claim_key(after)]
+
+
+async def test_a_submit_whose_answer_was_lost_leaves_nothing_to_serve(cluster: Cluster) -> None:
+    """Redis applied the submit's request and marker but the answer was lost (a timeout): the
+    submit fails, and takes the request back with its marker and record, so no busy member's
+    pick-up serves a run its client was told failed."""
+    EXECUTED.clear()
+    blueprint = counted_blueprint("lost", RunServing(mode="pool", min_size=1, max_size=1), 0.5)
+    cluster.use_pools(blueprint)
+    await cluster.control.place(blueprint)
+    first = (await cluster.runs.submit("lost", "first")).run_id  # the member is busy with it
+    board = cluster.runs.run_board(await cluster.runs.record(first))
+    real_write_many = type(board).write_many
+
+    async def applied_then_lost(self: Blackboard, writes: Any, **kwargs: Any) -> Any:
+        await real_write_many(self, writes, **kwargs)
+        raise BlackboardUnavailable("write_many", "redis://blip", TimeoutError("answer lost"))
+
+    type(board).write_many = applied_then_lost  # type: ignore[method-assign]
+    try:
+        with pytest.raises(BlackboardUnavailable):
+            await cluster.runs.submit("lost", "phantom")
+    finally:
+        type(board).write_many = real_write_many  # type: ignore[method-assign]
+    assert (await finished(cluster, [first]))[first].output == "first"
+    await asyncio.sleep(1.5)  # the member is free again and has picked up what was pending
+    assert dict(EXECUTED) == {"first": 1}
+    requests = [e.key async for e in board.iter_query(AgentRunProtocol.pattern("request"))]
+    assert requests == [AgentRunProtocol.request_key(first)]
+    assert await pending_requests(board, AgentRunProtocol) == []
 
 
 async def test_a_dropped_copys_expiry_on_the_declaration_is_taken_off_by_the_live_copy(

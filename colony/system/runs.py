@@ -227,7 +227,10 @@ class RunService:
                 )
                 await board.write_many(writes)
             except BaseException:
-                with contextlib.suppress(Exception):  # nothing half-submitted stays to be served
+                # nothing half-submitted stays to be served: the request too, which Redis may have
+                # applied though its answer was lost (a member that took it already serves it)
+                with contextlib.suppress(Exception):
+                    await board.delete(request_key)
                     await board.delete(marker)
                     await self.api_board.delete(ApiRunProtocol.run_key(run_id))
                 raise
