@@ -87,11 +87,14 @@ class _StreamResumer:
         self._since, self._failures = None, 0
 
     def retryable(self, exc: Exception) -> bool:
-        """A transport error, a 502/503/504, or a 404 that is not the API's own (no Colony error
-        body: Serve's proxy answering before the app is deployed again, e.g. after `colony up`)."""
+        """A transport error, a 502/503/504, or a 404 or 500 without a Colony error body: Serve's
+        proxy answering before the app is deployed again (404, e.g. after `colony up`), or for a
+        replica that died under the request it had routed to it (500). Reconnecting resumes the
+        stream after the last event (nothing repeats); an error that persists is raised once the
+        window passes without an event."""
         return isinstance(exc, httpx.TransportError) or (
             isinstance(exc, ApiError)
-            and (exc.status in RETRYABLE_STATUSES or (exc.status == 404 and exc.code == "http_error"))
+            and (exc.status in RETRYABLE_STATUSES or (exc.status in (404, 500) and exc.code == "http_error"))
         )
 
     def delay(self, exc: Exception | None) -> float:

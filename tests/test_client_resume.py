@@ -95,3 +95,28 @@ def test_a_404_from_the_proxy_before_the_app_is_back_is_resumed() -> None:
 
     with ColonyClient("http://api", "t", transport=httpx.MockTransport(handler)) as client:
         assert [e["id"] for e in client.events("run-1")] == ["3-0"]
+
+
+def test_a_plain_500_from_the_proxy_for_a_dying_replica_is_resumed() -> None:
+    """Serve's proxy answers a plain-text 500 (no Colony error body) for a request it had routed
+    to an API replica that died under it: the stream is resumed after the last event; the API's
+    own errors carry a Colony body and are raised at once."""
+    calls = {"n": 0}
+
+    def handler(request: httpx.Request) -> httpx.Response:
+        calls["n"] += 1
+        if calls["n"] == 1:
+            return httpx.Response(200, content=_sse(TOKEN_1))
+        if calls["n"] == 2:
+            return httpx.Response(500, text="Internal Server Error")
+        assert request.headers.get("Last-Event-ID") == "1-0"
+        return httpx.Response(200, content=_sse(DONE))
+
+    with ColonyClient("http://api", "t", transport=httpx.MockTransport(handler)) as client:
+        assert [e["id"] for e in client.events("run-1")] == ["1-0", "3-0"]
+
+    server = Server(500)  # a Colony error body: the API's own 500
+    client = ColonyClient("http://api", "t", transport=httpx.MockTransport(server))
+    with client, pytest.raises(ApiError) as caught:
+        list(client.events("run-1"))
+    assert caught.value.status == 500 and len(server.seen_ids) == 1
