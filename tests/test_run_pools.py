@@ -325,22 +325,29 @@ async def test_a_request_no_submitter_indexed_waits_for_a_free_member(cluster: C
     assert result is not None and result.value["status"] == "succeeded" and result.value["output"] == "second"
 
 
+def request_ids_passed_to(monkeypatch: pytest.MonkeyPatch, method: str) -> list[str]:
+    """The request ids every pool member passes to its `method` (`_mark_pending`, `_drop_pending`)
+    from now on, the method still doing its work."""
+    from colony.agents.run_pool import PoolMember
+
+    seen: list[str] = []
+    original = getattr(PoolMember, method)
+
+    async def recording(self: Any, request_id: str) -> None:
+        seen.append(request_id)
+        await original(self, request_id)
+
+    monkeypatch.setattr(PoolMember, method, recording)
+    return seen
+
+
 async def test_busy_members_index_only_what_the_api_did_not(
     cluster: Cluster, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """The API indexes its pool runs itself (marker first, the request by API_INDEXED_WRITER):
     busy members write no marker of their own for them (one wasted create per busy member per
     run, before); another writer's request they still index, and every run is served."""
-    from colony.agents.run_pool import PoolMember
-
-    marked: list[str] = []
-    mark = PoolMember._mark_pending
-
-    async def counting(self: Any, request_id: str) -> None:
-        marked.append(request_id)
-        await mark(self, request_id)
-
-    monkeypatch.setattr(PoolMember, "_mark_pending", counting)
+    marked = request_ids_passed_to(monkeypatch, "_mark_pending")
     _pools, _member, run_ids = await member_busy_in_two_member_pool(cluster, "indexed", 2, seconds=1.0)
     more = [(await cluster.runs.submit("indexed", n)).run_id for n in range(3)]
     board = cluster.runs.run_board(await cluster.runs.record(more[0]))
@@ -368,16 +375,7 @@ async def test_a_claim_takes_its_request_out_of_the_pending_index_in_its_commit(
 ) -> None:
     """The API's pending marker leaves with the claim, in one commit: no separate drop per run,
     and nothing is left in the index."""
-    from colony.agents.run_pool import PoolMember
-
-    drops: list[str] = []
-    drop = PoolMember._drop_pending
-
-    async def counting(self: Any, request_id: str) -> None:
-        drops.append(request_id)
-        await drop(self, request_id)
-
-    monkeypatch.setattr(PoolMember, "_drop_pending", counting)
+    drops = request_ids_passed_to(monkeypatch, "_drop_pending")
     blueprint = nap_blueprint("dropper", RunServing(mode="pool", min_size=1, max_size=1), seconds=0.01)
     pools = cluster.use_pools(blueprint)
     await cluster.control.place(blueprint)

@@ -400,8 +400,12 @@ class Agent(CapabilitySet, EventDelivery, Bindable):
         async with self._run_edge:
             run.status = RunStatus.FAILED if error else RunStatus.SUCCEEDED
             run.output, run.error, run.finished_at = output, error, time.time()
-            idle = AgentState.IDLE if self._state is AgentState.RUNNING else None
-            await self.persist(enter=idle, reason=f"run {run.run_id} {run.status.value}")
+            await self._persist_end(run)
+
+    async def _persist_end(self, run: AgentRun) -> None:
+        """Store the ended run and, when the agent was RUNNING, its move to IDLE, in one commit."""
+        idle = AgentState.IDLE if self._state is AgentState.RUNNING else None
+        await self.persist(enter=idle, reason=f"run {run.run_id} {run.status.value}")
 
     def record_page_access(self, page_ids: list[str], replica_id: str, cached_tokens: int = 0) -> None:
         """Note that the agent used these pages (kept, bounded, in its persisted state: a resumed
@@ -494,8 +498,7 @@ class Agent(CapabilitySet, EventDelivery, Bindable):
             if run is None or run.done:
                 return
             run.status, run.error, run.finished_at = RunStatus.CANCELLED, reason, time.time()
-            idle = AgentState.IDLE if self._state is AgentState.RUNNING else None
-            await self.persist(enter=idle, reason=f"run {run.run_id} cancelled")
+            await self._persist_end(run)
 
     async def request_suspension(self, condition: ResumptionCondition) -> SuspensionRequest:
         """Ask the host to suspend this agent until `condition` holds; the agent waits meanwhile."""

@@ -12,14 +12,12 @@ import json
 import random
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Mapping, Sequence
-from typing import TYPE_CHECKING, Any, NamedTuple
+from typing import TYPE_CHECKING, Any
 
 import redis.asyncio as aioredis
-from redis.commands.core import AsyncScript
-from redis.exceptions import NoScriptError, ResponseError
+from redis.exceptions import ResponseError
 
 from colony import metrics
-from colony.blackboard import scripts
 from colony.blackboard.connection import Guard, create_redis, redis_url_of, resolve_redis_url
 from colony.blackboard.models import (
     BlackboardEntry,
@@ -34,6 +32,7 @@ from colony.blackboard.models import (
 )
 from colony.blackboard.protocol import BlackboardKeyspace, validate_key, validate_pattern, validate_tag
 from colony.blackboard.query import oldest_tagged, run_query
+from colony.blackboard.script_calls import ScriptCall, run_scripts, scripts_of
 from colony.config import BlackboardSettings, ColonySettings, load_settings
 from colony.errors import BatchConflictError, ConcurrentModificationError, InvalidArgument
 
@@ -67,75 +66,6 @@ def _check_client(redis: Any) -> None:
         )
 
 
-class _Scripts(NamedTuple):
-    """The Lua scripts registered on one client (a sha1 of each script's text is computed when it
-    is registered: done once per client, not for every `Blackboard`/`scoped()` made)."""
-
-    write: AsyncScript
-    write_batch: AsyncScript
-    delete: AsyncScript
-    commit: AsyncScript
-    prune_tag_index: AsyncScript
-    expire: AsyncScript
-    expire_key: AsyncScript
-
-
-_SCRIPTS_ATTR = "_colony_scripts"
-
-
-ScriptCall = tuple[AsyncScript, list[str], list[Any]]  # a registered script, its keys, its arguments
-
-
-async def run_scripts(redis: aioredis.Redis, calls: Sequence[ScriptCall]) -> list[Any]:
-    """Run script calls in order, pipelined in one round trip, by SHA. redis-py's own pipeline of
-    scripts asks Redis whether they exist (SCRIPT EXISTS) before every batch, a second round trip
-    each time; here a call Redis answers NOSCRIPT (its scripts flushed: a restart, a failover) is
-    run again once its script is loaded, in order with the others it failed beside. Only calls
-    that failed so are repeated (nothing Redis applied runs twice). Raises the first error."""
-    replies = await _evalsha_pipeline(redis, calls)
-    missing = [i for i, reply in enumerate(replies) if isinstance(reply, NoScriptError)]
-    if missing:
-        for script in {id(calls[i][0]): calls[i][0] for i in missing}.values():
-            await redis.script_load(script.script)  # the same text: the same SHA
-        again = await _evalsha_pipeline(redis, [calls[i] for i in missing])
-        for i, reply in zip(missing, again, strict=True):
-            replies[i] = reply
-    for reply in replies:
-        if isinstance(reply, Exception):
-            raise reply
-    return replies
-
-
-async def _evalsha_pipeline(redis: aioredis.Redis, calls: Sequence[ScriptCall]) -> list[Any]:
-    async with redis.pipeline(transaction=False) as pipe:
-        for script, keys, args in calls:
-            pipe.evalsha(script.sha, len(keys), *keys, *args)
-        return list(await pipe.execute(raise_on_error=False))
-
-
-def _scripts_of(redis: aioredis.Redis) -> _Scripts:
-    """The client's registered scripts, kept on the client itself: a module registry keyed by the
-    client would keep every client alive (each script refers back to its client)."""
-    found: _Scripts | None = getattr(redis, _SCRIPTS_ATTR, None)
-    if found is None:
-        found = _Scripts(
-            *(
-                redis.register_script(text)
-                for text in (
-                    scripts.WRITE,
-                    scripts.WRITE_BATCH,
-                    scripts.DELETE,
-                    scripts.COMMIT,
-                    scripts.PRUNE_TAG_INDEX,
-                    scripts.EXPIRE,
-                    scripts.EXPIRE_KEY,
-                )
-            )
-        )
-        setattr(redis, _SCRIPTS_ATTR, found)
-    return found
-
-
 class Blackboard:
     """Entries of one scope. Cheap to create: many `Blackboard`s may share one Redis client.
 
@@ -159,7 +89,7 @@ class Blackboard:
         self.keyspace = BlackboardKeyspace(scope_id)
         self.scope_id = self.keyspace.scope_id
         self.url = redis_url_of(redis)
-        registered = _scripts_of(redis)
+        registered = scripts_of(redis)
         self._write = registered.write
         self._write_batch = registered.write_batch
         self._delete = registered.delete

@@ -27,8 +27,8 @@ class Transaction:
     def __init__(self, bb: Blackboard) -> None:
         self._bb = bb
         self._reads: dict[str, int] = {}
-        self._checks: list[tuple[str, int]] = []
-        self._values: dict[int, str] = {}  # index into `_checks` -> the exact stored text expected
+        # (key, version, exact stored text or None): checked at commit beside the reads
+        self._checks: list[tuple[str, int, str | None]] = []
         self._ops: list[list[Any]] = []
         self._done = False
         self.results: list[BlackboardEntry | None] = []
@@ -54,9 +54,7 @@ class Transaction:
         that knows what Redis should hold (the value it wrote last itself)."""
         self._check_open()
         validate_key(key)
-        if text is not None:
-            self._values[len(self._checks)] = text
-        self._checks.append((key, version))
+        self._checks.append((key, version, text))
 
     def write(
         self,
@@ -72,7 +70,7 @@ class Transaction:
         self._check_open()
         validate_key(key)
         if expected_version is not None:
-            self._checks.append((key, expected_version))
+            self._checks.append((key, expected_version, None))
         self._ops.append(
             ["w", key, encode_value(value), encode_tags(tags), created_by or "", ttl_to_ms(ttl_seconds)]
         )
@@ -82,7 +80,7 @@ class Transaction:
         self._check_open()
         validate_key(key)
         if expected_version is not None:
-            self._checks.append((key, expected_version))
+            self._checks.append((key, expected_version, None))
         self._ops.append(["d", key, created_by or ""])
 
     def ring_push(self, name: str, items: Iterable[Any], cap: int) -> None:
@@ -113,16 +111,12 @@ class Transaction:
         """Apply everything or raise `ConcurrentModificationError` naming the first changed key."""
         self._check_open()
         self._done = True
-        checks = [*self._reads.items(), *self._checks]
+        checks = [*((k, v, None) for k, v in self._reads.items()), *self._checks]
         if not self._ops and not checks:
             return []
         ks = self._bb.keyspace
-        first = len(self._reads)  # `_values` indexes `_checks`, which follow the reads
-        encoded = [[ks.entry_key(k), v] for k, v in checks]
-        for index, text in self._values.items():
-            encoded[first + index].append(text)
         payload = {
-            "checks": encoded,
+            "checks": [[ks.entry_key(k), v, *([t] if t is not None else [])] for k, v, t in checks],
             "ops": [self._encode_op(op) for op in self._ops],
             "tp": ks.tag_prefix,
             "ep": ks.entry_prefix,
@@ -133,7 +127,7 @@ class Transaction:
             reply = await self._bb._commit(keys=[ks.events_key, ks.expiry_key], args=[json.dumps(payload)])
         if not reply[0]:
             metrics.BLACKBOARD_CONFLICTS.inc()
-            key, expected = checks[int(reply[1]) - 1]
+            key, expected, _text = checks[int(reply[1]) - 1]
             found = int(reply[2])
             what = "another value at that version" if found == expected else f"version {found}"
             raise ConcurrentModificationError(
