@@ -479,3 +479,37 @@ async def test_a_run_whose_end_fails_after_the_next_began_fails_alone(runtime: L
     assert ended.status is RunStatus.SUCCEEDED and ended.output == 2
     failed = await runtime.wait_for_run("edge2", first.run_id, timeout=10)
     assert failed.status is RunStatus.FAILED and "read only" in (failed.error or "")
+
+
+@pytest.mark.parametrize("resent", ["claim:", "result:", ".completed"])
+async def test_a_create_only_write_the_redis_client_sent_twice_is_the_agents_own(
+    runtime: LocalAgentRuntime, resent: str
+) -> None:
+    """redis-py sends a command again on a new connection when the first one's answer was lost
+    (its own retry, inside one call): the first was applied, so the second finds the key there and
+    the call raises a conflict. A claim, result or event this copy wrote itself is recognised as its
+    own (its value): the request is served, answered and its stream ended, not left to no one."""
+    agent = await runtime.spawn(echo_blueprint(f"rsn{uuid.uuid4().hex[:6]}"))
+    capability = next(c for c in agent.capabilities.values() if isinstance(c, AgentRunCapability))
+    board, fired = capability.blackboard, {"count": 0}
+    write_script, commit_script = board._write, board._commit
+
+    def sent_twice(script: Any, names: Callable[[list[str]], str]) -> Any:
+        async def call(*, keys: list[str], args: list[str]) -> Any:
+            reply = await script(keys=keys, args=args)
+            if resent in names(args) and not fired["count"]:
+                fired["count"] += 1
+                return await script(keys=keys, args=args)  # the re-send, answered
+            return reply
+
+        return call
+
+    board._write = sent_twice(write_script, lambda args: args[0])  # type: ignore[method-assign]
+    board._commit = sent_twice(commit_script, lambda args: args[0])  # type: ignore[method-assign]
+    handle = handle_for(runtime, agent.agent_id)
+    run = await handle.run("twice", namespace=RUNS_NAMESPACE, timeout=15)
+    assert fired["count"] == 1 and run.status is RunStatus.SUCCEEDED and run.output == "twice"
+    request_id = agent.current_run.request_id if agent.current_run else None
+    assert request_id
+    events = [e async for e in board.iter_query(AgentRunProtocol.event_pattern(request_id))]
+    assert sorted(e.key.rsplit(".", 1)[-1] for e in events) == ["completed", "started", "step"]

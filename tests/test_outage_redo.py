@@ -4,6 +4,7 @@ restores the agent from Redis, which knows what was stored, and the run goes on 
 
 from __future__ import annotations
 
+import asyncio
 import uuid
 from typing import Any
 
@@ -98,3 +99,59 @@ async def test_an_outage_inside_the_policy_is_redone_not_a_failed_run(runtime: L
     run = await handle_for(runtime, agent.agent_id).run("x", namespace=RUNS_NAMESPACE, timeout=20)
     assert fired["n"] == 1
     assert run.status is RunStatus.SUCCEEDED and run.output == "x", run.error
+
+
+async def test_a_restored_copy_cut_short_while_its_restore_finishes_is_restored_again(
+    runtime: LocalAgentRuntime,
+) -> None:
+    """A restore after an outage hosts the new copy before it is done; an outage that cuts that
+    new copy short meanwhile restores it again once the first restore ends (it used to be taken
+    for the restore under way, which had already dropped the copy it was for: the new copy was
+    left as it was, holding whatever the outage cut short)."""
+    agent = await runtime.spawn(echo_blueprint(f"two{uuid.uuid4().hex[:6]}"))
+    activate, hosted, finish = runtime._activate, asyncio.Event(), asyncio.Event()
+
+    async def slow_activate(copy: Any) -> None:
+        await activate(copy)  # the new copy is hosted ...
+        hosted.set()
+        await finish.wait()  # ... and its restore not yet done
+
+    runtime._activate = slow_activate  # type: ignore[method-assign]
+    assert runtime.redo_after_outage(agent, "first")
+    await asyncio.wait_for(hosted.wait(), 10)
+    second = runtime.get(agent.agent_id)
+    assert second is not agent
+    runtime._activate = activate  # type: ignore[method-assign]
+    assert runtime.redo_after_outage(second, "second")  # the new copy's own outage
+    finish.set()
+    await asyncio.wait_for(asyncio.gather(*runtime._redo_tasks.values()), 10)
+    third = runtime.get(agent.agent_id)
+    assert third is not second and third is not agent
+    run = await handle_for(runtime, agent.agent_id).run("x", namespace=RUNS_NAMESPACE, timeout=20)
+    assert run.status is RunStatus.SUCCEEDED and run.output == "x", run.error
+
+
+async def test_a_stop_during_two_restores_after_outages_brings_neither_back(
+    runtime: LocalAgentRuntime,
+) -> None:
+    """Stopped while a second restore waits for the first: both are called off, the agent stays
+    stopped."""
+    agent = await runtime.spawn(echo_blueprint(f"stp{uuid.uuid4().hex[:6]}"))
+    activate, hosted, finish = runtime._activate, asyncio.Event(), asyncio.Event()
+
+    async def slow_activate(copy: Any) -> None:
+        await activate(copy)
+        hosted.set()
+        await finish.wait()
+
+    runtime._activate = slow_activate  # type: ignore[method-assign]
+    assert runtime.redo_after_outage(agent, "first")
+    await asyncio.wait_for(hosted.wait(), 10)
+    runtime._activate = activate  # type: ignore[method-assign]
+    assert runtime.redo_after_outage(runtime.get(agent.agent_id), "second")
+    await runtime.stop(agent.agent_id)
+    finish.set()
+    await asyncio.sleep(0.3)
+    assert not runtime.has(agent.agent_id) and not runtime._redo_tasks
+    state = await runtime.agent_board(agent.agent_id).read(AgentStateProtocol.key("lifecycle"))
+    assert state is not None and state.value["state"] == AgentState.STOPPED.value

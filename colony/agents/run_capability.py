@@ -247,13 +247,15 @@ class AgentRunCapability(PoolMember, RequestRetention, RunEventWriter, AgentCapa
     ) -> bool:
         """Create-only write that waits out a Redis outage. True when `value` is stored, including a
         retried write Redis had applied though its answer was lost; False when another value was
-        there first. `drop`: a key deleted in the same commit, only if the write is applied."""
-        attempts = 0
+        there first. `drop`: a key deleted in the same commit, only if the write is applied.
+
+        A conflict is always judged by the stored value, even on the first try: the Redis client
+        itself sends a command again when its answer was lost (redis-py's retry, inside one call),
+        and that second send finds the first one's value. Every value written here is this copy's
+        own (a claim names its holder; an event its sequence number and attempt)."""
         writer = self.agent.agent_id if self.agent else None
 
         async def create() -> None:
-            nonlocal attempts
-            attempts += 1
             if drop is None:
                 await self.blackboard.write(
                     key,
@@ -271,8 +273,6 @@ class AgentRunCapability(PoolMember, RequestRetention, RunEventWriter, AgentCapa
         try:
             await retry_unavailable(create, what, log, answers=self._redis_answers)
         except ConcurrentModificationError:
-            if attempts == 1:
-                return False
             stored = await retry_unavailable(
                 lambda: self.blackboard.read(key), what, log, answers=self._redis_answers
             )

@@ -86,6 +86,7 @@ class LocalAgentRuntime:
         self._resuming: dict[str, tuple[asyncio.Lock, int]] = {}  # one restore of an agent at a time
         self._outage_redos: dict[str, int] = {}  # run id -> redos after a Redis outage
         self._redo_tasks: dict[str, asyncio.Task[None]] = {}  # agent id -> its restore after an outage
+        self._redo_from: dict[str, Agent] = {}  # agent id -> the copy that restore drops
 
     def get(self, agent_id: str) -> Agent:
         try:
@@ -264,6 +265,7 @@ class LocalAgentRuntime:
 
     async def stop(self, agent_id: str) -> None:
         redo = self._redo_tasks.pop(agent_id, None)
+        self._redo_from.pop(agent_id, None)
         if redo is not None:  # stopped while being restored after an outage: not brought back
             await cancel_and_wait([redo])
             if agent_id not in self._agents:
@@ -405,16 +407,34 @@ class LocalAgentRuntime:
             MAX_OUTAGE_REDOS,
         )
         previous = self._redo_tasks.get(agent.agent_id)
-        if previous is not None and not previous.done():
-            return True  # a restore of this agent is already under way
-        task = asyncio.create_task(self._restore_after_outage(agent.agent_id), name=f"{agent.agent_id}-redo")
-        self._redo_tasks[agent.agent_id] = task
-        task.add_done_callback(lambda t, a=agent.agent_id: self._redo_tasks.pop(a, None))
+        if previous is not None and previous.done():
+            previous = None
+        if previous is not None and self._redo_from.get(agent.agent_id) is agent:
+            return True  # a restore of this very copy is already under way
+        # (a restore under way that already hosts its new copy, this one, would leave it as it is:
+        # this copy's restore follows that one)
+        task = asyncio.create_task(
+            self._restore_after_outage(agent.agent_id, after=previous), name=f"{agent.agent_id}-redo"
+        )
+        self._redo_tasks[agent.agent_id], self._redo_from[agent.agent_id] = task, agent
+        task.add_done_callback(lambda t, a=agent.agent_id: self._forget_redo(a, t))
         return True
 
-    async def _restore_after_outage(self, agent_id: str) -> None:
+    def _forget_redo(self, agent_id: str, task: asyncio.Task[None]) -> None:
+        if self._redo_tasks.get(agent_id) is task:  # not a later restore that followed it
+            del self._redo_tasks[agent_id]
+            self._redo_from.pop(agent_id, None)
+
+    async def _restore_after_outage(self, agent_id: str, after: asyncio.Task[None] | None = None) -> None:
         """Drop, then restore: outages are waited out; any other failure is retried a few times
-        (with backoff) before it is logged, as the agent is hosted nowhere until it succeeds."""
+        (with backoff) before it is logged, as the agent is hosted nowhere until it succeeds.
+        `after`: a restore of this agent still under way, which this one follows."""
+        if after is not None:
+            try:
+                await asyncio.wait({after})
+            except asyncio.CancelledError:  # stopped meanwhile: neither restore brings it back
+                after.cancel()
+                raise
         await self.drop(agent_id)  # no goodbye: nothing this copy holds is written
         for attempt in range(1, RESTORE_ATTEMPTS + 1):
             try:

@@ -144,6 +144,31 @@ def test_a_server_stopped_before_the_supervisor_starts_stays_down(tmp_path: Path
     assert RedisSupervisor(server).check() is False and server.status() is None
 
 
+def _stuck_report(client: ColonyClient, views: dict) -> str:  # type: ignore[type-arg]
+    """What a failure needs to be understood: each unended run's view and stored events, and the
+    warnings the cluster's Serve replicas logged."""
+    lines = []
+    for run_id, view in views.items():
+        if view["status"] in ("succeeded", "failed", "cancelled"):
+            continue
+        lines.append(f"{run_id}: {view}")
+        stream = client._http.stream("GET", f"/v1/runs/{run_id}/events", timeout=3)
+        with contextlib.suppress(Exception), stream as events:
+            until = time.monotonic() + 3
+            for line in events.iter_lines():  # bounded in time: an unended run's stream stays open
+                lines.append(line)
+                if time.monotonic() > until:
+                    break
+    sessions = sorted(Path("/tmp/ray").glob("session_2*"), key=lambda p: p.stat().st_mtime, reverse=True)
+    cluster = next((s for s in sessions if any((s / "logs" / "serve").glob("replica_colony_*"))), None)
+    for log_file in sorted(cluster.glob("logs/worker-*.err")) if cluster else []:
+        with contextlib.suppress(OSError):  # Colony's own lines (Ray's start with its level)
+            text = [line for line in log_file.read_text().splitlines() if line and line[0] not in "I:"]
+            if text:
+                lines.append(f"{log_file.name}:\n" + "\n".join(text[-60:]))
+    return "\n".join(lines)
+
+
 def _environ(data_dir: Path) -> dict[str, str]:
     environ = {k: v for k, v in os.environ.items() if not k.startswith("COLONY_")}
     environ.update(
@@ -217,7 +242,7 @@ def test_colony_up_restarts_a_killed_redis_and_status_shows_it(tmp_path: Path) -
                             views[run_id] = client.get(run_id)
                 return all(v["status"] in ("succeeded", "failed", "cancelled") for v in views.values())
 
-            assert _wait(all_ended, 30, step=0.5), [v["status"] for v in views.values()]
+            assert _wait(all_ended, 30, step=0.5), _stuck_report(client, views)
             assert all(v["status"] == "succeeded" or v.get("error") for v in views.values())
             print("after restart:", [(v["status"], v.get("error")) for v in views.values()])
 
