@@ -9,6 +9,7 @@ import time
 import uuid
 from collections.abc import AsyncIterator
 from pathlib import Path
+from types import SimpleNamespace
 from typing import Any
 
 import httpx
@@ -287,3 +288,24 @@ async def test_a_placement_racing_the_monitors_recovery_starts_no_second_copy(
         assert len(cluster.where("twice-1")) == 1, cluster.where("twice-1")
     finally:
         await cluster.close()
+
+
+async def test_a_failing_monitor_round_leaves_the_pool_round_running(cluster: Cluster) -> None:
+    """The monitor, pool and metrics rounds of the resource monitor loop are independent: one that
+    keeps raising (a bug, not an outage) does not stop the others (a pool's waiting requests would
+    no longer be nudged)."""
+    pool_rounds = 0
+
+    async def broken() -> None:
+        raise RuntimeError("injected")
+
+    async def counted() -> None:
+        nonlocal pool_rounds
+        pool_rounds += 1
+
+    cluster.control.monitor.tick = broken  # type: ignore[method-assign]
+    cluster.control.pools = SimpleNamespace(tick=counted)  # type: ignore[assignment]
+    await cluster.control.close()
+    cluster.control.start()  # the loop again, with the broken monitor round
+    await asyncio.sleep(0.6)  # about six rounds of 0.1 s
+    assert pool_rounds >= 2

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Mapping
+from collections.abc import Awaitable, Callable, Mapping
 from typing import TYPE_CHECKING, Any, Protocol
 
 from colony import metrics, security
@@ -242,21 +242,30 @@ class ControlPlane:
             self._loop = asyncio.create_task(self._run(), name="resource-monitor")
 
     async def _run(self) -> None:
-        """The `_resource_monitor_loop`: a monitor round (resumptions, dead replicas) and a counter
-        publication every `serve.monitor_period_seconds`."""
+        """The `_resource_monitor_loop`: a monitor round (resumptions, dead replicas), a pool round
+        (sizes, re-opened claims, nudged requests) and a counter publication every
+        `serve.monitor_period_seconds`. Each goes on when another fails: a monitor round that
+        keeps failing must not leave the pools' waiting requests unnudged."""
         outage = OutageBackoff("resource monitor", log)
         while True:
-            try:
-                await self.monitor.tick()
-                if self.pools is not None:
-                    await self.pools.tick()
-                await self.publish()
+            failed = False
+            for name, step in self._rounds():
+                try:
+                    await step()
+                except BlackboardUnavailable as exc:  # logged once per outage; the next round retries
+                    outage.note(exc)
+                    failed = True
+                except Exception:
+                    log.exception("resource monitor: the %s round failed", name)
+            if not failed:
                 outage.recovered()
-            except BlackboardUnavailable as exc:  # logged once per outage; the next round retries
-                outage.note(exc)
-            except Exception:
-                log.exception("resource monitor round failed")
             await asyncio.sleep(self.monitor.period)
+
+    def _rounds(self) -> list[tuple[str, Callable[[], Awaitable[None]]]]:
+        rounds: list[tuple[str, Callable[[], Awaitable[None]]]] = [("monitor", self.monitor.tick)]
+        if self.pools is not None:
+            rounds.append(("pool", self.pools.tick))
+        return [*rounds, ("metrics", self.publish)]
 
     async def close(self) -> None:
         if self._loop is not None:
