@@ -5,6 +5,7 @@ Real redis-server; failures are injected into the agent's own code (persist rais
 from __future__ import annotations
 
 import asyncio
+import re
 import uuid
 from collections.abc import Awaitable, Callable
 from typing import Any
@@ -137,7 +138,7 @@ async def test_an_event_write_that_times_out_is_written_again_not_the_runs_failu
     board, original, fired = capability.blackboard, capability.blackboard.write, {"count": 0}
 
     async def flaky(key: str, *args: Any, **kwargs: Any) -> Any:
-        if key.endswith(".step") and not fired["count"]:
+        if key.endswith(".started") and not fired["count"]:
             fired["count"] += 1
             await original(key, *args, **kwargs)  # applied, but its answer is lost
             raise BlackboardUnavailable("write", "redis://test", TimeoutError("injected"))
@@ -513,3 +514,45 @@ async def test_a_create_only_write_the_redis_client_sent_twice_is_the_agents_own
     assert request_id
     events = [e async for e in board.iter_query(AgentRunProtocol.event_pattern(request_id))]
     assert sorted(e.key.rsplit(".", 1)[-1] for e in events) == ["completed", "started", "step"]
+
+
+@pytest.mark.parametrize("requester_first", [False, True])
+async def test_the_last_step_event_result_and_terminal_event_are_one_commit(
+    runtime: LocalAgentRuntime, requester_first: bool
+) -> None:
+    """The answer of a run goes in one commit: its last `step` event, its result and its terminal
+    event (one round trip where three went). A result the requester wrote first (a cancel, a
+    timeout) still stands: the step event is stored, no terminal event of the agent follows."""
+    agent = await runtime.spawn(echo_blueprint(f"one{uuid.uuid4().hex[:6]}"))
+    capability = next(c for c in agent.capabilities.values() if isinstance(c, AgentRunCapability))
+    board, commit_script = capability.blackboard, capability.blackboard._commit
+    answers: list[str] = []
+
+    async def watched(*, keys: list[str], args: list[str]) -> Any:
+        if ":result:" in args[0]:
+            answers.append(args[0])
+            if requester_first and len(answers) == 1:
+                request_id = re.search(r"req-[0-9a-f]+", args[0]).group(0)  # type: ignore[union-attr]
+                await board.write(
+                    AgentRunProtocol.result_key(request_id),
+                    {"status": "cancelled", "output": None, "error": "by the requester"},
+                    created_by="api",
+                )
+        return await commit_script(keys=keys, args=args)
+
+    board._commit = watched  # type: ignore[method-assign]
+    handle = handle_for(runtime, agent.agent_id)
+    request_id = await handle.submit("once", namespace=RUNS_NAMESPACE)
+    async with asyncio.timeout(15):
+        while (result := await board.read(AgentRunProtocol.result_key(request_id))) is None:  # noqa: ASYNC110
+            await asyncio.sleep(0.05)
+        await asyncio.sleep(0.3)  # whatever the agent writes after it
+    events = [e async for e in board.iter_query(AgentRunProtocol.event_pattern(request_id))]
+    kinds = [e.key.rsplit(".", 1)[-1] for e in sorted(events, key=lambda e: e.key)]
+    assert ".step" in answers[0] and ".completed" in answers[0]
+    if requester_first:
+        assert result.value["status"] == "cancelled" and kinds == ["started", "step"]
+    else:
+        assert len(answers) == 1 and result.value["status"] == "succeeded"
+        assert result.value["output"] == "once"
+        assert kinds == ["started", "step", "completed"]

@@ -146,3 +146,29 @@ async def test_pipelined_scripts_survive_a_script_flush_and_apply_once(bb: Black
     claim = await bb.read("claim:run:r5")
     assert claim is not None and claim.version == 2 and claim.expires_at is not None
     assert 0 < await bb.redis.pttl(bb.keyspace.entry_key("event:run:r5:0")) <= 60_000
+
+
+async def test_a_group_is_written_with_its_tag_set_expiry_in_one_round_trip(bb: Blackboard) -> None:
+    """`write_group` (a submitted run's marker and request, and its tag set's expiry): the writes,
+    in order, then the group's tag set given the expiry its members have, in one round trip (the
+    two script calls pipelined)."""
+    await bb.write_group([{"key": "warm", "value": 0}], tag="warm", ttl_seconds=5)
+    events = await bb.subscribe("*").start()
+    await bb.redis.config_resetstat()  # (the scripts loaded: a call answered NOSCRIPT counts too)
+    written = await bb.write_group(
+        [
+            {"key": "pending:r3", "value": 1, "tags": {"run:r3", "pending"}, "ttl_seconds": 30},
+            {"key": "request:run:r3", "value": {"x": 1}, "tags": {"run:r3"}, "ttl_seconds": 30},
+        ],
+        tag="run:r3",
+        ttl_seconds=30,
+    )
+    stats = await bb.redis.info("commandstats")
+    try:
+        assert [e.key for e in written] == ["pending:r3", "request:run:r3"]
+        assert 0 < await bb.redis.pttl(bb.keyspace.tag_key("run:r3")) <= 30_000
+        assert await bb.redis.pttl(bb.keyspace.tag_key("pending")) == -1  # only the group's set
+        assert stats["cmdstat_evalsha"]["calls"] == 2  # the writes and the expiry
+        assert [(await events.next(5)).key for _ in range(2)] == ["pending:r3", "request:run:r3"]
+    finally:
+        events.close()

@@ -269,10 +269,21 @@ async def test_a_write_can_carry_its_value_in_its_event_up_to_a_bound(bb: Blackb
         await bb.write("v:small", {"n": 1}, value_in_event=True)
         await bb.write("v:large", "x" * (EVENT_VALUE_BYTES + 1), value_in_event=True)
         await bb.write("v:plain", {"n": 2})
-        got = [await subscription.next(timeout=5) for _ in range(3)]
+        async with bb.transaction() as tx:  # per write in a transaction too
+            tx.write("v:tx-small", {"n": 3}, value_in_event=True)
+            tx.write("v:tx-large", "x" * (EVENT_VALUE_BYTES + 1), value_in_event=True)
+            tx.write("v:tx-plain", {"n": 4})
+        got = [await subscription.next(timeout=5) for _ in range(6)]
     finally:
         subscription.close()
-    assert [(e.key, e.value) for e in got] == [("v:small", {"n": 1}), ("v:large", None), ("v:plain", None)]
+    assert [(e.key, e.value) for e in got] == [
+        ("v:small", {"n": 1}),
+        ("v:large", None),
+        ("v:plain", None),
+        ("v:tx-small", {"n": 3}),
+        ("v:tx-large", None),
+        ("v:tx-plain", None),
+    ]
 
 
 async def test_an_event_value_too_deep_to_decode_still_delivers_the_event(bb: Blackboard) -> None:

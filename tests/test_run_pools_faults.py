@@ -358,18 +358,18 @@ async def test_a_submit_whose_answer_was_lost_leaves_nothing_to_serve(cluster: C
     await cluster.control.place(blueprint)
     first = (await cluster.runs.submit("lost", "first")).run_id  # the member is busy with it
     board = cluster.runs.run_board(await cluster.runs.record(first))
-    real_write_many = type(board).write_many
+    real_write_group = type(board).write_group
 
     async def applied_then_lost(self: Blackboard, writes: Any, **kwargs: Any) -> Any:
-        await real_write_many(self, writes, **kwargs)
-        raise BlackboardUnavailable("write_many", "redis://blip", TimeoutError("answer lost"))
+        await real_write_group(self, writes, **kwargs)
+        raise BlackboardUnavailable("write_group", "redis://blip", TimeoutError("answer lost"))
 
-    type(board).write_many = applied_then_lost  # type: ignore[method-assign]
+    type(board).write_group = applied_then_lost  # type: ignore[method-assign]
     try:
         with pytest.raises(BlackboardUnavailable):
             await cluster.runs.submit("lost", "phantom")
     finally:
-        type(board).write_many = real_write_many  # type: ignore[method-assign]
+        type(board).write_group = real_write_group  # type: ignore[method-assign]
     assert (await finished(cluster, [first]))[first].output == "first"
     await asyncio.sleep(1.5)  # the member is free again and has picked up what was pending
     assert dict(EXECUTED) == {"first": 1}

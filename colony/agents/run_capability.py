@@ -517,26 +517,15 @@ class AgentRunCapability(PoolMember, RequestRetention, RunEventWriter, AgentCapa
         error: str | None,
         run_id: str | None,
         steps: int,
+        step: dict[str, Any] | None = None,
     ) -> None:
+        """Answer the request (with the run's last `step` event, when given; `_store_answer`)."""
         kind = terminal_event(status)
         value = {"status": status.value, "output": output, "error": error, "run_id": run_id, "steps": steps}
-        what = f"answer of request {request_id}"
         try:
             # create-only: a result already there (cancelled or timed out by the requester) stands,
             # and no terminal event follows. A Redis outage delays the answer; it never loses it.
-            answered = await self._create_once(
-                self.protocol.result_key(request_id),
-                value,
-                tags={self.protocol.request_tag(request_id)},
-                what=what,
-            )
-            if answered:
-                await retry_unavailable(
-                    lambda: self.emit(kind, {"output": output, "error": error}),
-                    what,
-                    log,
-                    answers=self._redis_answers,
-                )
+            await self._store_answer(request_id, value, kind, {"output": output, "error": error}, step)
         except ConcurrentModificationError:
             pass
         except Exception as exc:  # e.g. an output Redis cannot store: the run still ends, as failed
@@ -575,12 +564,16 @@ class AgentRunCapability(PoolMember, RequestRetention, RunEventWriter, AgentCapa
         if self.active_request is None or run is None or run.request_id != self.active_request:
             return
         action = agent.last_result.model_dump(mode="json") if agent.last_result else None
-        try:  # after the step is persisted: a checkpoint, never superseded (during_step None)
-            step = {"step": run.steps, "name": agent.last_action, "action": action}
-            await self._emit("step", step, during_step=None)
-        except Exception as exc:  # a step event Redis will not store is dropped; the run goes on
-            log.warning("step event of request %s not stored: %r", self.active_request, exc)
-        if not run.done and await self.blackboard.read(self.protocol.result_key(self.active_request)):
+        # after the step is persisted: a checkpoint, never superseded (during_step None); the last
+        # step's event goes with the answer, in its commit
+        step = {"step": run.steps, "name": agent.last_action, "action": action}
+        if run.done:
+            await self._respond(
+                self.active_request, run.status, run.output, run.error, run.run_id, run.steps, step
+            )
+            return
+        await self._emit_step(step)
+        if await self.blackboard.read(self.protocol.result_key(self.active_request)):
             await agent.cancel_run("the requester ended the run (cancelled or timed out)")
         if run.done:
             await self._respond(self.active_request, run.status, run.output, run.error, run.run_id, run.steps)

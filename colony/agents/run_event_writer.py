@@ -1,6 +1,7 @@
 """How `AgentRunCapability` writes the events of the request it serves (a mixin): numbered,
-create-only, marked with the attempt and the step in progress, bounded per request. Kept apart from
-the serving logic (colony/agents/run_capability.py)."""
+create-only, marked with the attempt and the step in progress, bounded per request; and its answer
+(the run's last step event, its result and its terminal event, one commit). Kept apart from the
+serving logic (colony/agents/run_capability.py)."""
 
 from __future__ import annotations
 
@@ -8,9 +9,12 @@ import logging
 from typing import TYPE_CHECKING, Any
 
 from colony.agents.handle import TERMINAL_EVENTS, AgentRunEvent
+from colony.blackboard.connection import retry_unavailable
+from colony.errors import BlackboardUnavailable
 
 if TYPE_CHECKING:
     from colony.agents.base import Agent
+    from colony.blackboard import Blackboard
     from colony.blackboard.protocol import RequestResultProtocol
 
 log = logging.getLogger("colony.agents.run_capability")
@@ -21,6 +25,7 @@ class RunEventWriter:
 
     if TYPE_CHECKING:
         agent: Agent | None
+        blackboard: Blackboard
         protocol: type[RequestResultProtocol]
         active_request: str | None
         _seq: int
@@ -32,6 +37,8 @@ class RunEventWriter:
         async def _create_once(
             self, key: str, value: Any, *, tags: set[str], what: str, value_in_event: bool = False
         ) -> bool: ...
+
+        async def _redis_answers(self) -> bool: ...
 
     async def emit(self, event_type: str, data: Any = None) -> None:
         """Write the next event of the active request (ordered by its sequence number), marked with
@@ -57,9 +64,10 @@ class RunEventWriter:
             return
         await self._write_event(event_type, data, during_step)
 
-    async def _write_event(self, event_type: str, data: Any, during_step: int | None) -> None:
+    def _event_at(self, seq: int, event_type: str, data: Any, during_step: int | None) -> tuple[str, Any]:
+        """The key and value of the active request's event number `seq` (built once: a write
+        retried after an outage sends the very same value, which is how it is recognised)."""
         assert self.active_request is not None
-        seq = self._seq + 1  # taken once stored: a write retried after an outage keeps its number
         event = AgentRunEvent(
             request_id=self.active_request,
             event_type=event_type,
@@ -69,16 +77,103 @@ class RunEventWriter:
             during_step=during_step,
         )
         key = self.protocol.event_key(self.active_request, f"{seq:05d}.{event_type}")
-        # create-only, waiting out a Redis outage (or pause): the run emitting it does not fail, and
-        # a write Redis applied before its answer was lost is recognised, not written (and so
-        # streamed) a second time
+        return key, event.model_dump(mode="json")
+
+    async def _write_event(self, event_type: str, data: Any, during_step: int | None) -> None:
+        assert self.active_request is not None
+        seq = self._seq + 1  # taken once stored: a write retried after an outage keeps its number
+        await self._store_event(*self._event_at(seq, event_type, data, during_step))
+        self._seq = seq
+
+    async def _store_event(self, key: str, value: Any) -> None:
+        """Create-only, waiting out a Redis outage (or pause): the run emitting it does not fail, and
+        a write Redis applied before its answer was lost is recognised, not written (and so
+        streamed) a second time."""
+        assert self.active_request is not None
         stored = await self._create_once(
             key,
-            event.model_dump(mode="json"),
+            value,
             tags={self.protocol.request_tag(self.active_request)},
-            what=f"event {seq} of request {self.active_request}",
+            what=f"event {key} of request {self.active_request}",
             value_in_event=True,  # the event streams read it from the stream, no read per event
         )
-        self._seq = seq
         if not stored:
-            log.warning("event %s of request %s was stored already; not written again", seq, key)
+            log.warning("event %s was stored already; not written again", key)
+
+    async def _store_answer(
+        self, request_id: str, result: dict[str, Any], kind: str, data: Any, step: Any = None
+    ) -> bool:
+        """Store the answer of the active request `request_id`: its last `step` event (if given),
+        its result and its terminal event `kind`, in one commit, each create-only (one round trip
+        where three used to go). True when the result stored is this one.
+
+        A conflict (a result already there: the requester cancelled or timed the run out; or this
+        commit sent twice by the Redis client after its answer was lost) or a value Redis refuses
+        sends them one at a time instead, each judged on its own as before: a result already there
+        stands and no terminal event follows; a step event Redis will not store is dropped. An
+        outage is waited out (bounded; then raised, as the result's write did)."""
+        tags = {self.protocol.request_tag(request_id)}
+        result_key = self.protocol.result_key(request_id)
+        writer = self.agent.agent_id if self.agent is not None else None
+        if step is not None and self._seq >= self.max_events - 1:  # over the bound: `_emit` says so
+            await self._emit_step(step)
+            step = None
+        seq = self._seq
+        events = []
+        if step is not None:
+            seq += 1
+            events.append(self._event_at(seq, "step", step, None))
+        terminal = self._event_at(seq + 1, kind, data, self._step_in_progress())
+
+        async def commit() -> None:
+            create: dict[str, Any] = {"tags": tags, "created_by": writer, "expected_version": 0}
+            async with self.blackboard.transaction() as tx:
+                for key, value in events:
+                    tx.write(key, value, **create, value_in_event=True)
+                tx.write(result_key, result, **create)
+                tx.write(*terminal, **create, value_in_event=True)
+
+        what = f"answer of request {request_id}"
+        try:
+            await retry_unavailable(commit, what, log, answers=self._redis_answers)
+        except BlackboardUnavailable:
+            raise
+        except Exception as exc:  # judged one at a time (see above)
+            log.debug("%s not stored in one commit (%r); one write at a time", what, exc)
+            return await self._store_answer_one_by_one(request_id, result, kind, data, events, terminal)
+        self._seq = seq + 1
+        return True
+
+    async def _store_answer_one_by_one(
+        self,
+        request_id: str,
+        result: dict[str, Any],
+        kind: str,
+        data: Any,
+        events: list[tuple[str, Any]],
+        terminal: tuple[str, Any],
+    ) -> bool:
+        for key, value in events:
+            try:
+                await self._store_event(key, value)
+                self._seq = value["seq"]
+            except Exception as exc:  # a step event Redis will not store is dropped; the run goes on
+                log.warning("step event of request %s not stored: %r", request_id, exc)
+                terminal = self._event_at(self._seq + 1, kind, data, self._step_in_progress())
+        answered = await self._create_once(
+            self.protocol.result_key(request_id),
+            result,
+            tags={self.protocol.request_tag(request_id)},
+            what=f"answer of request {request_id}",
+        )
+        if answered:  # a result already there (the requester's) stands: no terminal event follows
+            await self._store_event(*terminal)
+            self._seq = terminal[1]["seq"]
+        return answered
+
+    async def _emit_step(self, step: Any) -> None:
+        """A `step` event on its own (dropped, logged, when Redis will not store it)."""
+        try:
+            await self._emit("step", step, during_step=None)
+        except Exception as exc:
+            log.warning("step event of request %s not stored: %r", self.active_request, exc)

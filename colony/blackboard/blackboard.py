@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import asyncio
 import inspect
-import json
 import random
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Mapping, Sequence
@@ -18,8 +17,10 @@ import redis.asyncio as aioredis
 from redis.exceptions import ResponseError
 
 from colony import metrics
+from colony.blackboard import batches
 from colony.blackboard.connection import Guard, create_redis, redis_url_of, resolve_redis_url
 from colony.blackboard.models import (
+    EVENT_VALUE_BYTES,
     BlackboardEntry,
     BlackboardEvent,
     QueryPage,
@@ -34,10 +35,9 @@ from colony.blackboard.protocol import BlackboardKeyspace, validate_key, validat
 from colony.blackboard.query import oldest_tagged, run_query
 from colony.blackboard.script_calls import ScriptCall, run_scripts, scripts_of
 from colony.config import BlackboardSettings, ColonySettings, load_settings
-from colony.errors import BatchConflictError, ConcurrentModificationError, InvalidArgument
+from colony.errors import ConcurrentModificationError, InvalidArgument
 
 EXPIRE_CHUNK = 500  # members of a tag set one expire script call handles (bounded work per call)
-EVENT_VALUE_BYTES = 8192  # the largest value `write(value_in_event=True)` copies into its event
 
 if TYPE_CHECKING:
     from colony.blackboard.events import EventConsumer, EventSubscription
@@ -196,53 +196,14 @@ class Blackboard:
         atomic. Raises `BatchConflictError` (listing conflicts and the entries applied) if any
         write's `expected_version` did not match; the others are applied all the same.
         """
-        requests = [w if isinstance(w, WriteRequest) else WriteRequest.model_validate(w) for w in writes]
-        if not requests:
-            return []
-        encoded = [(r, encode_value(r.value), encode_tags(r.tags)) for r in requests]
-        head = [self.keyspace.entry_prefix, self.keyspace.tag_prefix, self._maxlen, self._include_values]
-        chunks = [encoded[i : i + chunk_size] for i in range(0, len(encoded), chunk_size)]
-        calls: list[ScriptCall] = []
-        for chunk in chunks:
-            batch = [
-                (
-                    r.key,
-                    value,
-                    tags,
-                    r.created_by or "",
-                    ttl_to_ms(r.ttl_seconds),
-                    _opt(r.expected_version),
-                )
-                for r, value, tags in chunk
-            ]
-            args = [*head, json.dumps(batch, separators=(",", ":"))]
-            calls.append((self._write_batch, [self.keyspace.events_key, self.keyspace.expiry_key], args))
-        async with self.guard("write_many"):
-            replies = await run_scripts(self.redis, calls)
-        applied: list[BlackboardEntry] = []
-        conflicts: list[tuple[str, int | None, int]] = []
-        for chunk, reply in zip(chunks, replies, strict=True):
-            now = reply[0]
-            for n, (r, value, tags) in enumerate(chunk):
-                ok, version, created_at, created_by, expires_at = reply[1 + 5 * n : 6 + 5 * n]
-                if not ok:
-                    conflicts.append((r.key, r.expected_version, int(version)))
-                    continue
-                fields = {
-                    "v": value,
-                    "ver": version,
-                    "tags": tags,
-                    "cb": created_by,
-                    "ub": r.created_by or "",
-                    "ca": created_at,
-                    "ua": now,
-                    "exp": expires_at,
-                }
-                applied.append(BlackboardEntry.from_hash(r.key, fields))
-        if conflicts:
-            metrics.BLACKBOARD_CONFLICTS.inc(len(conflicts))
-            raise BatchConflictError(conflicts, applied)
-        return applied
+        return await batches.write_many(self, writes, chunk_size)
+
+    async def write_group(
+        self, writes: Iterable[WriteRequest | Mapping[str, Any]], *, tag: str, ttl_seconds: float
+    ) -> list[BlackboardEntry]:
+        """`write_many` and then the expiry of the group's tag set `tag` (`expire_tag`), in one
+        round trip (colony.blackboard.batches)."""
+        return await batches.write_group(self, writes, tag=tag, ttl_seconds=ttl_seconds)
 
     # -- read-modify-write --------------------------------------------------------------------
 

@@ -12,6 +12,8 @@ from colony.blackboard.protocol import validate_key, validate_tag
 from colony.blackboard.scripts import TAG_SEPARATOR
 from colony.errors import InvalidArgument
 
+EVENT_VALUE_BYTES = 8192  # the largest value a write with `value_in_event` copies into its event
+
 M = TypeVar("M", bound=BaseModel)
 
 

@@ -194,8 +194,9 @@ return {1, actual}
 
 # KEYS: event stream, expiry index
 # ARGV[1]: JSON {"checks": [[hash, version] | [hash, version, exact stored value text], ...],
-#                "ops": [["w", hash, key, value, tags, writer, ttl_ms|''] | ["d", hash, key, writer]
-#                        | ["r", list key, cap, [JSON item, ...]] | ["k", list key, keep], ...],
+#                "ops": [["w", hash, key, value, tags, writer, ttl_ms|'', in_event '1'|'']
+#                        | ["d", hash, key, writer] | ["r", list key, cap, [JSON item, ...]]
+#                        | ["k", list key, keep], ...],
 #                "tp": tag prefix, "ep": entry prefix, "ml": maxlen, "iv": "0"|"1"}
 # A "r" op appends to a capped list (a ring: the oldest items beyond `cap` are dropped); a "k" op
 # cuts a ring down to its oldest `keep` items (0: deleted).
@@ -216,7 +217,9 @@ local out = {}
 for i, op in ipairs(p.ops) do
   if op[1] == 'w' then
     local cur = redis.call('HMGET', op[2], 'ver', 'tags', 'ca', 'cb', 'exp')
-    local r = apply_write(op[2], KEYS[1], op[3], op[4], op[5], op[6], op[7], p.tp, p.ml, p.iv, cur, now,
+    local iv = p.iv
+    if op[8] == '1' then iv = '1' end
+    local r = apply_write(op[2], KEYS[1], op[3], op[4], op[5], op[6], op[7], p.tp, p.ml, iv, cur, now,
       KEYS[2])
     out[i] = {r[1], r[2], r[3], tostring(r[5])}
   elseif op[1] == 'r' then

@@ -13,7 +13,13 @@ from types import TracebackType
 from typing import TYPE_CHECKING, Any
 
 from colony import metrics
-from colony.blackboard.models import BlackboardEntry, encode_tags, encode_value, ttl_to_ms
+from colony.blackboard.models import (
+    EVENT_VALUE_BYTES,
+    BlackboardEntry,
+    encode_tags,
+    encode_value,
+    ttl_to_ms,
+)
 from colony.blackboard.protocol import validate_key
 from colony.errors import BlackboardError, ConcurrentModificationError
 
@@ -65,14 +71,18 @@ class Transaction:
         created_by: str | None = None,
         ttl_seconds: float | None = None,
         expected_version: int | None = None,
+        value_in_event: bool = False,
     ) -> None:
-        """Buffer a write; applied at commit."""
+        """Buffer a write; applied at commit. `value_in_event`: as `Blackboard.write`'s (its event
+        carries the value when it is at most `EVENT_VALUE_BYTES` encoded)."""
         self._check_open()
         validate_key(key)
         if expected_version is not None:
             self._checks.append((key, expected_version, None))
+        encoded = encode_value(value)
+        in_event = "1" if value_in_event and len(encoded) <= EVENT_VALUE_BYTES else ""
         self._ops.append(
-            ["w", key, encode_value(value), encode_tags(tags), created_by or "", ttl_to_ms(ttl_seconds)]
+            ["w", key, encoded, encode_tags(tags), created_by or "", ttl_to_ms(ttl_seconds), in_event]
         )
 
     def delete(self, key: str, *, expected_version: int | None = None, created_by: str | None = None) -> None:

@@ -216,7 +216,9 @@ class RunService:
                 # a pool's (or a bounded agent's) request is indexed as pending in the same round
                 # trip, the marker first (with the request's expiry): a member that sees the
                 # request (by API_INDEXED_WRITER) knows it is indexed; a member that sees the marker
-                # first finds no request yet and leaves it, as an admission reservation
+                # first finds no request yet and leaves it, as an admission reservation. The run's
+                # tag set gets its expiry in that round trip too: if no one ever answers, nothing
+                # of the run outlives `life`
                 writes = (
                     [
                         pending_write(AgentRunProtocol, run_id, life, API_WRITER),
@@ -225,7 +227,7 @@ class RunService:
                     if marked
                     else [request]
                 )
-                await board.write_many(writes)
+                await board.write_group(writes, tag=AgentRunProtocol.request_tag(run_id), ttl_seconds=life)
             except BaseException:
                 # nothing half-submitted stays to be served: the request too, which Redis may have
                 # applied though its answer was lost (a member that took it already serves it)
@@ -234,12 +236,6 @@ class RunService:
                     await board.delete(marker)
                     await self.api_board.delete(ApiRunProtocol.run_key(run_id))
                 raise
-            # the run's tag set too: if no one ever answers, nothing of the run outlives `life`
-            # (the run is submitted either way: a failure here leaves only that set without expiry)
-            try:
-                await board.expire_tag(AgentRunProtocol.request_tag(run_id), life)
-            except (RedisError, BlackboardUnavailable) as exc:
-                log.warning("tag set of run %s not given its expiry: %r", run_id, exc)
         except RedisError as exc:  # e.g. Redis out of memory: a server-side failure, not the input's
             url = redis_url_of(self._root.redis)
             raise BlackboardUnavailable(f"submit run to {agent!r}", url, exc) from exc
