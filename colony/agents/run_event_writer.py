@@ -114,6 +114,9 @@ class RunEventWriter:
         outage is waited out (bounded; then raised, as the result's write did)."""
         tags = {self.protocol.request_tag(request_id)}
         result_key = self.protocol.result_key(request_id)
+        what = f"answer of request {request_id}"
+        if self.active_request != request_id:  # no event numbering of this request: the result alone
+            return await self._create_once(result_key, result, tags=tags, what=what)
         writer = self.agent.agent_id if self.agent is not None else None
         if step is not None and self._seq >= self.max_events - 1:  # over the bound: `_emit` says so
             await self._emit_step(step)
@@ -133,7 +136,6 @@ class RunEventWriter:
                 tx.write(result_key, result, **create)
                 tx.write(*terminal, **create, value_in_event=True)
 
-        what = f"answer of request {request_id}"
         try:
             await retry_unavailable(commit, what, log, answers=self._redis_answers)
         except BlackboardUnavailable:
