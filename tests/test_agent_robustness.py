@@ -556,3 +556,42 @@ async def test_the_last_step_event_result_and_terminal_event_are_one_commit(
         assert len(answers) == 1 and result.value["status"] == "succeeded"
         assert result.value["output"] == "once"
         assert kinds == ["started", "step", "completed"]
+
+
+async def test_a_fresh_request_is_adopted_without_reading_its_events_again(
+    runtime: LocalAgentRuntime,
+) -> None:
+    """The read that starts serving a request also lists the request's stored events (one round
+    trip): a fresh request has none, so its adoption reads nothing more; one with stored events
+    (served again after a restart: here, events written before it is claimed) is read in full."""
+    agent = await runtime.spawn(echo_blueprint(f"fre{uuid.uuid4().hex[:6]}"))
+    capability = next(c for c in agent.capabilities.values() if isinstance(c, AgentRunCapability))
+    reads = {"count": 0}
+    original = capability._stored_events
+
+    async def counted(request_id: str) -> Any:
+        reads["count"] += 1
+        return await original(request_id)
+
+    capability._stored_events = counted  # type: ignore[method-assign]
+    handle = handle_for(runtime, agent.agent_id)
+    run = await handle.run("fresh", namespace=RUNS_NAMESPACE, timeout=15)
+    assert run.status is RunStatus.SUCCEEDED and reads["count"] == 0
+    # a request whose first attempt stored events (its `started`): read, and numbered after them
+    board = capability.blackboard
+    request_id = "req-0123456789ab"
+    tag = AgentRunProtocol.request_tag(request_id)
+    await board.write(
+        AgentRunProtocol.event_key(request_id, "00001.started"),
+        {"request_id": request_id, "event_type": "started", "seq": 1, "attempt": 1},
+        tags={tag},
+    )
+    await board.write(
+        AgentRunProtocol.request_key(request_id), {"input": "again", "requester": "test"}, tags={tag}
+    )
+    async with asyncio.timeout(15):
+        while await board.read(AgentRunProtocol.result_key(request_id)) is None:  # noqa: ASYNC110
+            await asyncio.sleep(0.05)
+    assert reads["count"] == 1
+    events = [e.key async for e in board.iter_query(AgentRunProtocol.event_pattern(request_id))]
+    assert sorted(k.rsplit(":", 1)[-1] for k in events) == ["00001.started", "00002.step", "00003.completed"]

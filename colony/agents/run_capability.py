@@ -337,14 +337,18 @@ class AgentRunCapability(PoolMember, RequestRetention, RunEventWriter, AgentCapa
             return
         while agent.current_run is not None and not agent.current_run.done:  # noqa: ASYNC110 - set by other code paths
             await asyncio.sleep(0.05)
-        result, request, declaration, marker = await self.blackboard.read_many(
+        # one round trip for the four, and the names of the request's stored events (a fresh
+        # request has none: its adoption then reads nothing more)
+        (result, request, declaration, marker), events = await self.blackboard.read_many_and_tagged(
             [
                 self.protocol.result_key(request_id),
                 self.protocol.request_key(request_id),
                 serving_key(self.protocol),
                 pending_key(self.protocol, request_id),
-            ]
-        )  # one round trip for the four
+            ],
+            self.protocol.request_tag(request_id),
+            self.protocol.event_pattern(request_id),
+        )
         await self._keep_serving(declaration)
         if marker is not None:  # written after the claim dropped it (a busy member's, a re-open's):
             await self._drop_pending(request_id)  # it would count against max_concurrent_runs
@@ -362,7 +366,7 @@ class AgentRunCapability(PoolMember, RequestRetention, RunEventWriter, AgentCapa
             await self._adopt(request_id)
             await self._respond(request_id, run.status, run.output, run.error, run.run_id, run.steps)
             return
-        await self._serve(request_id, request)
+        await self._serve(request_id, request, StoredEvents() if events == [] else None)
 
     async def _fail_request(self, request_id: str, reason: str) -> None:
         """End a request whose serving raised (e.g. an input Redis would not store in an event) as
@@ -379,13 +383,15 @@ class AgentRunCapability(PoolMember, RequestRetention, RunEventWriter, AgentCapa
             self.active_request = None
             self._idle.set()
 
-    async def _adopt(self, request_id: str) -> StoredEvents:
+    async def _adopt(self, request_id: str, stored: StoredEvents | None = None) -> StoredEvents:
         """Make `request_id` the active one; its event numbering (and attempt) continues after what
-        is stored. What is stored, for the caller: always read, even for a claim this copy just
-        created (a pool re-opens a gone member's request by deleting its claim, and the events of
-        that first attempt stay: the next server numbers after them and announces its restart)."""
+        is stored. What is stored, for the caller: read (unless the caller knows the request has no
+        stored event: `stored`), even for a claim this copy just created (a pool re-opens a gone
+        member's request by deleting its claim, and the events of that first attempt stay: the
+        next server numbers after them and announces its restart)."""
         self.active_request = request_id
-        stored = await self._stored_events(request_id)
+        if stored is None:
+            stored = await self._stored_events(request_id)
         self._seq, self._attempt = stored.last_seq, stored.attempt
         self._idle.clear()
         return stored
@@ -440,10 +446,12 @@ class AgentRunCapability(PoolMember, RequestRetention, RunEventWriter, AgentCapa
         except BlackboardError as exc:
             log.warning("restart of request %s not announced: %s", self.active_request, exc)
 
-    async def _serve(self, request_id: str, request: BlackboardEntry | None) -> None:
+    async def _serve(
+        self, request_id: str, request: BlackboardEntry | None, stored: StoredEvents | None = None
+    ) -> None:
         agent = self._agent()
         input_data = request.value.get("input") if request is not None else None
-        stored = await self._adopt(request_id)
+        stored = await self._adopt(request_id, stored)
         if not stored.started:  # re-served after a restart before its run began: one `started`
             await self.emit("started", {"input": input_data})
         else:

@@ -43,6 +43,8 @@ if TYPE_CHECKING:
     from colony.blackboard.events import EventConsumer, EventSubscription
     from colony.blackboard.transaction import Transaction
 
+TAGGED_PAGE = 256  # tag-set members `read_many_and_tagged` looks through in its one SSCAN call
+
 UpdateFn = Callable[[Any], Any] | Callable[[Any], Awaitable[Any]]
 
 
@@ -161,13 +163,32 @@ class Blackboard:
 
     async def read_many(self, keys: Sequence[str]) -> list[BlackboardEntry | None]:
         """Entries of `keys`, in order (None where absent), in one round trip."""
+        entries, _ = await self.read_many_and_tagged(keys)
+        return entries
+
+    async def read_many_and_tagged(
+        self, keys: Sequence[str], tag: str | None = None, pattern: str = "*"
+    ) -> tuple[list[BlackboardEntry | None], list[str] | None]:
+        """`read_many`, and in the same round trip the keys carrying `tag` that match `pattern`
+        (one SSCAN page of TAGGED_PAGE): that list when the page covered the whole tag set, None
+        when the set is larger (the caller queries it), or without a `tag`."""
         for key in keys:
             validate_key(key)
+        if tag is not None:
+            validate_tag(tag)
+            validate_pattern(pattern)
         async with self.guard("read_many"), self.redis.pipeline(transaction=False) as pipe:
             for key in keys:
                 pipe.hgetall(self.keyspace.entry_key(key))
+            if tag is not None:
+                pipe.sscan(self.keyspace.tag_key(tag), 0, match=pattern, count=TAGGED_PAGE)
             replies = await pipe.execute()
-        return [BlackboardEntry.from_hash(k, f) if f else None for k, f in zip(keys, replies, strict=True)]
+        found = zip(keys, replies[: len(keys)], strict=True)
+        entries = [BlackboardEntry.from_hash(k, f) if f else None for k, f in found]
+        if tag is None:
+            return entries, None
+        cursor, tagged = replies[-1]
+        return entries, (sorted(set(tagged)) if int(cursor) == 0 else None)
 
     async def delete(
         self, key: str, *, expected_version: int | None = None, created_by: str | None = None
