@@ -533,3 +533,37 @@ async def test_a_dead_reservation_does_not_hold_back_the_nudge_of_the_requests_b
     spy = Requeues()
     await PoolManager._nudge(spy, bb, ["role"], set(), PoolState())  # type: ignore[arg-type]
     assert spy.requeued == ["real"]
+
+
+async def test_a_member_still_being_placed_keeps_its_claims_until_it_counts_as_gone(cluster: Cluster) -> None:
+    """A grown member starts (and may claim a request) before its registry record is written; while
+    it is listed without a record for less than PLACING_SECONDS its claims are not re-opened (an
+    idle member would run them a second time). Once it counts as gone, they are."""
+    EXECUTED.clear()
+    blueprint = counted_blueprint("plc", RunServing(mode="pool", min_size=1, max_size=2), 0.1)
+    manager = cluster.use_pools(blueprint)
+    await cluster.control.place(blueprint)
+    await pool_hosted(cluster, manager, "plc", 1)
+    board = manager.run_board("plc")
+    listed, version = await manager._listed("plc")
+    newcomer = "plc.placing00"
+    await manager._save("plc", {**listed, newcomer: time.time()}, version)
+    request_id = "run-0123456789abcdef"
+    tag = AgentRunProtocol.request_tag(request_id)
+    await board.write(  # claimed by the member being placed, before any other member hears of it
+        AgentRunProtocol.claim_key(request_id),
+        {"agent_id": newcomer, "holder": "h"},
+        tags={tag, AgentRunProtocol.open_claims_tag()},
+    )
+    request = {"input": "held", "requester": "t"}
+    await board.write(AgentRunProtocol.request_key(request_id), request, tags={tag})
+    for _ in range(3):  # a few sizing rounds (the loop runs them too)
+        await manager.size("plc", blueprint)
+    await asyncio.sleep(0.5)
+    claim = await board.read(AgentRunProtocol.claim_key(request_id))
+    assert claim is not None and claim.value == {"agent_id": newcomer, "holder": "h"}
+    assert EXECUTED["held"] == 0
+    listed, version = await manager._listed("plc")
+    await manager._save("plc", {**listed, newcomer: time.time() - pools.PLACING_SECONDS - 1}, version)
+    await wait_for(lambda: board.read(AgentRunProtocol.result_key(request_id)), timeout=20)
+    assert EXECUTED["held"] == 1

@@ -181,7 +181,8 @@ class PoolManager:
         }
         board = self.run_board(role)
         claimants = await self._open_claimants(board)
-        await self._reopen(board, await self._claims_of_ended(claimants, records))
+        placing = {m for m, at in listed.items() if records[m] is None and now - at <= PLACING_SECONDS}
+        await self._reopen(board, await self._claims_of_ended(claimants, records, placing))
         pool = {m: at for m, at in listed.items() if m not in gone}
         try:
             if gone:
@@ -200,14 +201,18 @@ class PoolManager:
         metrics.POOL_MEMBERS.labels(role).set(len(live))
 
     async def _claims_of_ended(
-        self, claimants: dict[str, str], records: dict[str, AgentRecord | None]
+        self, claimants: dict[str, str], records: dict[str, AgentRecord | None], placing: set[str]
     ) -> set[str]:
         """The open claims whose claimant has ended for good: its registry record is missing or in
         a done state. Whether it is listed as a member does not matter: a live agent (even one the
-        list lost) is serving its claims, and re-opening them would run them twice."""
+        list lost) is serving its claims, and re-opening them would run them twice. A member still
+        being placed (`placing`: listed, no record yet, for less than PLACING_SECONDS) may already
+        serve what it claimed: its claims wait until it has a record or counts as gone."""
         ended: set[str] = set()
         known = dict(records)
         for request_id, who in claimants.items():
+            if who in placing:
+                continue
             if who not in known:
                 known[who] = await self.control.registry.get(who)
             record = known[who]
