@@ -46,7 +46,7 @@ from colony.agents.run_claims import API_WRITER, pending_requests, pending_write
 from colony.api.app import ApiServices, create_app
 from colony.blackboard import AgentRunProtocol, Blackboard
 from colony.config import ColonySettings, ServeSettings, VcmSettings
-from colony.errors import BlackboardUnavailable, InvalidArgument, RunQueueFull
+from colony.errors import AgentNotFound, BlackboardUnavailable, InvalidArgument, RunQueueFull
 from colony.system import pools
 from colony.system.builtin import RUNS_NAMESPACE
 from colony.system.pools import PoolManager, PoolState, member_blueprint
@@ -567,3 +567,31 @@ async def test_a_member_still_being_placed_keeps_its_claims_until_it_counts_as_g
     await manager._save("plc", {**listed, newcomer: time.time() - pools.PLACING_SECONDS - 1}, version)
     await wait_for(lambda: board.read(AgentRunProtocol.result_key(request_id)), timeout=20)
     assert EXECUTED["held"] == 1
+
+
+async def test_a_known_agent_is_read_once_a_window_an_unknown_one_every_time(bb: Blackboard) -> None:
+    """A submit checks the registry for the agent (404 when it has no record); a record found is
+    trusted for SERVING_CACHE_SECONDS (one read per window, not one per submit), a missing one is
+    never remembered: a submit right after the agent is registered is accepted."""
+    from colony.system.registry import AgentRecord, AgentRegistry
+    from colony.system.runs import RunService
+
+    colony = f"known{uuid.uuid4().hex[:8]}"
+    registry = AgentRegistry(bb.scoped(f"tenant:default:colony:{colony}"))
+    runs = RunService(bb, registry, colony_id=colony, retention_seconds=60)
+    reads = {"count": 0}
+    real_get = registry.get
+
+    async def counted(agent_id: str) -> Any:
+        reads["count"] += 1
+        return await real_get(agent_id)
+
+    registry.get = counted  # type: ignore[method-assign]
+    for _ in range(2):
+        with pytest.raises(AgentNotFound):
+            await runs.submit("later", "x")
+    assert reads["count"] == 2
+    await registry.put(AgentRecord(agent_id="later", agent_type="service"))
+    for n in range(3):
+        await runs.submit("later", n)
+    assert reads["count"] == 3

@@ -139,6 +139,7 @@ class RunService:
         self.registry = registry
         self._counted: dict[str, None] = {}  # runs whose end this process has counted (bounded)
         self._serving: dict[tuple[str, str], tuple[float, RunServing]] = {}  # (agent, ns) -> (read at, it)
+        self._known: dict[str, float] = {}  # agent -> when its registry record was last found
 
     @property
     def runs_settings(self) -> RunsSettings:
@@ -172,8 +173,7 @@ class RunService:
         timeout_s: float | None = None,
         pages: list[str] | None = None,
     ) -> RunRecord:
-        if await self.registry.get(agent) is None:
-            raise AgentNotFound(f"no agent named {agent!r}; GET /v1/agents lists them")
+        await self._check_known(agent)
         role, dot, _ = agent.partition(".")
         if dot and (await self.serving(role, namespace)).is_pool:
             raise InvalidArgument(
@@ -241,6 +241,23 @@ class RunService:
             raise BlackboardUnavailable(f"submit run to {agent!r}", url, exc) from exc
         metrics.RUNS_SUBMITTED.labels(agent if agent in ("echo", "ask") else "custom").inc()
         return record
+
+    async def _check_known(self, agent: str) -> None:
+        """`AgentNotFound` unless the registry has a record of `agent`. One found is remembered
+        for SERVING_CACHE_SECONDS, as its serving declaration is (a submit that raced the agent's
+        removal by that much is accepted, as one that raced it by less always was: it ends at its
+        deadline); one not found is read again at every submit."""
+        now = time.monotonic()
+        seen = self._known.get(agent)
+        if seen is not None and now - seen < SERVING_CACHE_SECONDS:
+            return
+        if await self.registry.get(agent) is None:
+            self._known.pop(agent, None)
+            raise AgentNotFound(f"no agent named {agent!r}; GET /v1/agents lists them")
+        self._known.pop(agent, None)
+        self._known[agent] = now
+        if len(self._known) > SERVING_CACHE_SIZE:
+            self._known.pop(next(iter(self._known)))
 
     async def serving(self, agent: str, namespace: str = RUNS_NAMESPACE) -> RunServing:
         """The agent's serving declaration (cached for SERVING_CACHE_SECONDS)."""
