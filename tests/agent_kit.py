@@ -149,3 +149,16 @@ def speaker_blueprint(agent_id: str, *, delay: float, serve_namespace: str) -> A
             ]
         ),
     )
+
+
+def count_calls(owner: Any, name: str) -> dict[str, int]:
+    """Wrap the async method `name` of `owner` so that its calls are counted (in the returned
+    dict's "count"); the calls go through unchanged."""
+    original, calls = getattr(owner, name), {"count": 0}
+
+    async def counted(*args: Any, **kwargs: Any) -> Any:
+        calls["count"] += 1
+        return await original(*args, **kwargs)
+
+    setattr(owner, name, counted)
+    return calls

@@ -11,7 +11,8 @@ from collections.abc import Awaitable, Callable
 from typing import Any
 
 import pytest
-from agent_kit import counter_blueprint
+from agent_kit import count_calls, counter_blueprint
+from redis.exceptions import TimeoutError as RedisTimeoutError
 
 from colony.agents import Agent, AgentHandle, AgentMetadata, AgentState, LocalAgentRuntime, RunStatus
 from colony.agents.base import build_agent
@@ -51,6 +52,14 @@ def fail_persist_once(
 
     agent.persist = flaky  # type: ignore[method-assign]
     return fired
+
+
+async def run_event_kinds(board: Blackboard, agent: Agent) -> list[str]:
+    """The kinds of the stored events of the agent's current run's request, in order."""
+    request_id = agent.current_run.request_id if agent.current_run else None
+    assert request_id
+    events = [e async for e in board.iter_query(AgentRunProtocol.event_pattern(request_id))]
+    return [e.key.rsplit(".", 1)[-1] for e in sorted(events, key=lambda e: e.key)]
 
 
 async def until(check: Callable[[], Awaitable[Any]], timeout: float = 10) -> Any:
@@ -148,14 +157,9 @@ async def test_an_event_write_that_times_out_is_written_again_not_the_runs_failu
     handle = handle_for(runtime, agent.agent_id)
     run = await handle.run("x", namespace=RUNS_NAMESPACE, timeout=20)
     assert fired["count"] == 1 and run.status is RunStatus.SUCCEEDED and run.output == "x"
+    assert await run_event_kinds(board, agent) == ["started", "step", "completed"]
     request_id = agent.current_run.request_id if agent.current_run else None
     assert request_id
-    events = [e async for e in board.iter_query(AgentRunProtocol.event_pattern(request_id))]
-    assert [e.key.rsplit(".", 1)[-1] for e in sorted(events, key=lambda e: e.key)] == [
-        "started",
-        "step",
-        "completed",
-    ]
     # ... and streamed once (what GET /v1/runs/{id}/events replays: one stream entry per write)
     subscription = await board.subscribe(f"*{request_id}*", from_id="0").start()
     streamed = []
@@ -510,10 +514,7 @@ async def test_a_create_only_write_the_redis_client_sent_twice_is_the_agents_own
     handle = handle_for(runtime, agent.agent_id)
     run = await handle.run("twice", namespace=RUNS_NAMESPACE, timeout=15)
     assert fired["count"] == 1 and run.status is RunStatus.SUCCEEDED and run.output == "twice"
-    request_id = agent.current_run.request_id if agent.current_run else None
-    assert request_id
-    events = [e async for e in board.iter_query(AgentRunProtocol.event_pattern(request_id))]
-    assert sorted(e.key.rsplit(".", 1)[-1] for e in events) == ["completed", "started", "step"]
+    assert await run_event_kinds(board, agent) == ["started", "step", "completed"]
 
 
 @pytest.mark.parametrize("requester_first", [False, True])
@@ -566,14 +567,7 @@ async def test_a_fresh_request_is_adopted_without_reading_its_events_again(
     (served again after a restart: here, events written before it is claimed) is read in full."""
     agent = await runtime.spawn(echo_blueprint(f"fre{uuid.uuid4().hex[:6]}"))
     capability = next(c for c in agent.capabilities.values() if isinstance(c, AgentRunCapability))
-    reads = {"count": 0}
-    original = capability._stored_events
-
-    async def counted(request_id: str) -> Any:
-        reads["count"] += 1
-        return await original(request_id)
-
-    capability._stored_events = counted  # type: ignore[method-assign]
+    reads = count_calls(capability, "_stored_events")
     handle = handle_for(runtime, agent.agent_id)
     run = await handle.run("fresh", namespace=RUNS_NAMESPACE, timeout=15)
     assert run.status is RunStatus.SUCCEEDED and reads["count"] == 0
@@ -595,3 +589,32 @@ async def test_a_fresh_request_is_adopted_without_reading_its_events_again(
     assert reads["count"] == 1
     events = [e.key async for e in board.iter_query(AgentRunProtocol.event_pattern(request_id))]
     assert sorted(k.rsplit(":", 1)[-1] for k in events) == ["00001.started", "00002.step", "00003.completed"]
+
+
+async def test_an_answer_applied_though_every_try_lost_its_reply_ends_the_stream_once(
+    runtime: LocalAgentRuntime,
+) -> None:
+    """The answer's commit is applied but its reply is lost, and its tries give up while Redis
+    answers: its writes go one at a time and each is recognised as stored (one terminal event, the
+    run's own result), not followed by a second terminal event saying the result was not stored."""
+    agent = await runtime.spawn(echo_blueprint(f"lst{uuid.uuid4().hex[:6]}"))
+    capability = next(c for c in agent.capabilities.values() if isinstance(c, AgentRunCapability))
+    board, commit_script, lost = capability.blackboard, capability.blackboard._commit, {"count": 0}
+
+    async def reply_lost(*, keys: list[str], args: list[str]) -> Any:
+        if ":result:" in args[0] and lost["count"] < TRIES_WHILE_UP:
+            lost["count"] += 1
+            if lost["count"] == 1:
+                await commit_script(keys=keys, args=args)  # applied ...
+            raise RedisTimeoutError("injected: the reply was lost")  # ... its reply never came
+        return await commit_script(keys=keys, args=args)
+
+    board._commit = reply_lost  # type: ignore[method-assign]
+    handle = handle_for(runtime, agent.agent_id)
+    run = await handle.run("lost", namespace=RUNS_NAMESPACE, timeout=20)  # its result is stored
+    assert run.status is RunStatus.SUCCEEDED and run.output == "lost", run.error
+    async with asyncio.timeout(15):  # the agent, meanwhile, still tries and then goes one at a time
+        while lost["count"] < TRIES_WHILE_UP or capability.active_request is not None:  # noqa: ASYNC110
+            await asyncio.sleep(0.05)
+    await asyncio.sleep(0.3)  # anything the agent would write after
+    assert await run_event_kinds(board, agent) == ["started", "step", "completed"]

@@ -172,3 +172,19 @@ async def test_a_group_is_written_with_its_tag_set_expiry_in_one_round_trip(bb: 
         assert [(await events.next(5)).key for _ in range(2)] == ["pending:r3", "request:run:r3"]
     finally:
         events.close()
+
+
+async def test_a_group_written_after_a_restart_still_gets_its_tag_set_expiry(bb: Blackboard) -> None:
+    """After a restart Redis has forgotten the scripts; if the expiry's script was loaded again (by
+    another call) and the writes' was not, the expiry runs first (on no set) and the writes are
+    run again after it once their script is loaded: the expiry is then given again."""
+    from colony.blackboard import scripts
+
+    await bb.redis.script_flush()
+    await bb.redis.script_load(scripts.EXPIRE_KEY)
+    await bb.write_group(
+        [{"key": "request:run:r4", "value": 1, "tags": {"run:r4"}, "ttl_seconds": 30}],
+        tag="run:r4",
+        ttl_seconds=30,
+    )
+    assert 0 < await bb.redis.pttl(bb.keyspace.tag_key("run:r4")) <= 30_000

@@ -16,7 +16,7 @@ from typing import Any
 
 import httpx
 import pytest
-from agent_kit import counter_blueprint
+from agent_kit import count_calls, counter_blueprint
 from test_run_pools import (
     Cluster,
     _claimed,
@@ -579,14 +579,7 @@ async def test_a_known_agent_is_read_once_a_window_an_unknown_one_every_time(bb:
     colony = f"known{uuid.uuid4().hex[:8]}"
     registry = AgentRegistry(bb.scoped(f"tenant:default:colony:{colony}"))
     runs = RunService(bb, registry, colony_id=colony, retention_seconds=60)
-    reads = {"count": 0}
-    real_get = registry.get
-
-    async def counted(agent_id: str) -> Any:
-        reads["count"] += 1
-        return await real_get(agent_id)
-
-    registry.get = counted  # type: ignore[method-assign]
+    reads = count_calls(registry, "get")
     for _ in range(2):
         with pytest.raises(AgentNotFound):
             await runs.submit("later", "x")

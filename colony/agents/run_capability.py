@@ -563,6 +563,8 @@ class AgentRunCapability(PoolMember, RequestRetention, RunEventWriter, AgentCapa
             existing = await self.blackboard.read(self.protocol.result_key(request_id))
             if existing is not None and existing.value.get("status") in {s.value for s in RunStatus}:
                 status = RunStatus(existing.value["status"])
+            if (await self._stored_events(request_id)).ended:
+                return  # its answer's commit was applied, its terminal event with it: one is enough
         kind = terminal_event(status)
         await self.emit(kind, {"output": None, "error": reason[:2000]})
 

@@ -10,7 +10,6 @@ from typing import TYPE_CHECKING, Any
 
 from colony.agents.handle import TERMINAL_EVENTS, AgentRunEvent
 from colony.blackboard.connection import retry_unavailable
-from colony.errors import BlackboardUnavailable
 
 if TYPE_CHECKING:
     from colony.agents.base import Agent
@@ -111,7 +110,8 @@ class RunEventWriter:
         commit sent twice by the Redis client after its answer was lost) or a value Redis refuses
         sends them one at a time instead, each judged on its own as before: a result already there
         stands and no terminal event follows; a step event Redis will not store is dropped. An
-        outage is waited out (bounded; then raised, as the result's write did)."""
+        outage is waited out (bounded; then the writes go one at a time, and their own outage is
+        raised, as the result's write did)."""
         tags = {self.protocol.request_tag(request_id)}
         result_key = self.protocol.result_key(request_id)
         what = f"answer of request {request_id}"
@@ -138,9 +138,8 @@ class RunEventWriter:
 
         try:
             await retry_unavailable(commit, what, log, answers=self._redis_answers)
-        except BlackboardUnavailable:
-            raise
-        except Exception as exc:  # judged one at a time (see above)
+        except Exception as exc:  # judged one at a time (see above), an outage's too: the commit
+            # may have been applied though its answer was lost, which the judged writes recognise
             log.debug("%s not stored in one commit (%r); one write at a time", what, exc)
             return await self._store_answer_one_by_one(request_id, result, kind, data, events, terminal)
         self._seq = seq + 1

@@ -414,7 +414,8 @@ class LocalAgentRuntime:
         # (a restore under way that already hosts its new copy, this one, would leave it as it is:
         # this copy's restore follows that one)
         task = asyncio.create_task(
-            self._restore_after_outage(agent.agent_id, after=previous), name=f"{agent.agent_id}-redo"
+            self._restore_after_outage(agent.agent_id, after=previous, copy=agent),
+            name=f"{agent.agent_id}-redo",
         )
         self._redo_tasks[agent.agent_id], self._redo_from[agent.agent_id] = task, agent
         task.add_done_callback(lambda t, a=agent.agent_id: self._forget_redo(a, t))
@@ -425,16 +426,23 @@ class LocalAgentRuntime:
             del self._redo_tasks[agent_id]
             self._redo_from.pop(agent_id, None)
 
-    async def _restore_after_outage(self, agent_id: str, after: asyncio.Task[None] | None = None) -> None:
-        """Drop, then restore: outages are waited out; any other failure is retried a few times
-        (with backoff) before it is logged, as the agent is hosted nowhere until it succeeds.
-        `after`: a restore of this agent still under way, which this one follows."""
+    async def _restore_after_outage(
+        self, agent_id: str, after: asyncio.Task[None] | None = None, copy: Agent | None = None
+    ) -> None:
+        """Drop `copy`, then restore: outages are waited out; any other failure is retried a few
+        times (with backoff) before it is logged, as the agent is hosted nowhere until it succeeds.
+        `after`: a restore of this agent still under way, which this one follows; once it is done,
+        another copy than `copy` hosted (that restore's retry made a fresh one) is left as it is."""
         if after is not None:
             try:
                 await asyncio.wait({after})
             except asyncio.CancelledError:  # stopped meanwhile: neither restore brings it back
                 after.cancel()
+                await asyncio.wait({after})  # unwound before the stop goes on
                 raise
+            hosted = self._agents.get(agent_id)
+            if hosted is not None and hosted is not copy:
+                return
         await self.drop(agent_id)  # no goodbye: nothing this copy holds is written
         for attempt in range(1, RESTORE_ATTEMPTS + 1):
             try:

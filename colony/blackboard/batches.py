@@ -95,4 +95,7 @@ async def write_group(
     calls.append((board._expire_key, [board.keyspace.tag_key(group)], [ttl_to_ms(ttl_seconds)]))
     async with board.guard("write_group"):
         replies = await run_scripts(board.redis, calls)
-    return applied_entries(chunks, replies[: len(chunks)])
+    written = applied_entries(chunks, replies[: len(chunks)])
+    if written and not int(replies[-1]):  # the set did not exist yet: the writes were run again
+        await board.expire_tag(group, ttl_seconds)  # after it (their script reloaded), so again
+    return written
