@@ -618,3 +618,32 @@ async def test_an_answer_applied_though_every_try_lost_its_reply_ends_the_stream
             await asyncio.sleep(0.05)
     await asyncio.sleep(0.3)  # anything the agent would write after
     assert await run_event_kinds(board, agent) == ["started", "step", "completed"]
+
+
+async def test_a_replica_shut_down_by_serve_lets_its_agents_go_before_its_thread_pool(bb: Blackboard) -> None:
+    """Serve's graceful shutdown calls the replica's `__del__` and then shuts its thread pool down
+    (the embedded engine's calls run there). The agents are let go in `__del__`, without a word:
+    their state stays as it was, for the monitor to place them again, and no run of theirs is
+    left to fail on the closed pool. Calls that reach the replica afterwards are refused."""
+    from colony.errors import ReplicaUnavailable
+    from colony.serve.app import EngineReplica
+
+    settings = ColonySettings(colony_id=f"del{uuid.uuid4().hex[:8]}")
+    host = ReplicaHost(settings, "replica-del", engine=ScriptedEngine())
+    await host.start(bb)
+    await host.ensure_agent(echo_blueprint())
+    assert host.runtime is not None and host.runtime.agent_ids == ["echo"]
+    board = host.runtime.agent_board("echo")
+    before = await board.read(AgentStateProtocol.key("lifecycle"))
+    cls = EngineReplica.func_or_class
+    replica = cls.__new__(cls)  # as Serve built it, without a replica context here
+    replica.host, replica._lock, replica._closed = host, asyncio.Lock(), False
+    closing = replica.__del__()
+    assert closing is not None
+    await closing  # what Serve awaits
+    assert replica.__del__() is None  # the garbage collector's later call: nothing to await
+    assert host.runtime.agent_ids == []
+    after = await board.read(AgentStateProtocol.key("lifecycle"))
+    assert before is not None and after is not None and after.version == before.version  # untouched
+    with pytest.raises(ReplicaUnavailable):
+        await replica.snapshot()

@@ -18,6 +18,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import os
+from collections.abc import Coroutine
 from pathlib import Path
 from typing import Any
 
@@ -116,12 +117,32 @@ class EngineReplica:
         self.host.spawner = self._spawn
         self._system: DeploymentHandle | None = None
         self._lock = asyncio.Lock()
+        self._closed = False
+
+    def __del__(self) -> Coroutine[Any, Any, None] | None:
+        """Serve's graceful shutdown of this replica (an upgrade, a scale-down) awaits what this
+        returns: its agents are let go first, as a dying replica's would be (nothing written; their
+        state stays in Redis and the resource monitor places them again, their runs redone from
+        their checkpoints). Serve shuts this replica's thread pool down right after: the embedded
+        engine's calls run there, and a run caught mid-inference used to fail ("cannot schedule
+        new futures after shutdown") instead of being redone elsewhere. A plain method returning
+        the coroutine, so the garbage collector's later call (which awaits nothing) makes none."""
+        if getattr(self, "_closed", True):  # done already, or never built
+            return None
+        self._closed = True
+        return self._let_agents_go()
+
+    async def _let_agents_go(self) -> None:
+        async with self._lock:
+            await self.host.close()
 
     async def _started(self, target_replica: str | None = None) -> ReplicaHost:
         if target_replica is not None and target_replica != self.host.replica_id:
             raise ReplicaUnavailable(
                 f"replica {target_replica} is not running (the call reached another one)"
             )
+        if self._closed:
+            raise ReplicaUnavailable(f"replica {self.host.replica_id} is shutting down")
         async with self._lock:
             await self.host.start()
         return self.host
