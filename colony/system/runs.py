@@ -36,7 +36,7 @@ import logging
 import re
 import time
 from collections.abc import AsyncIterator
-from typing import Any, Literal
+from typing import Any, Literal, TypeVar
 
 from pydantic import BaseModel, Field
 from redis.exceptions import RedisError
@@ -68,6 +68,9 @@ from colony.system.builtin import RUNS_NAMESPACE
 from colony.system.registry import AgentRegistry
 
 log = logging.getLogger(__name__)
+
+K = TypeVar("K")
+V = TypeVar("V")
 
 RunStatusName = Literal["queued", "running", "suspended", "succeeded", "failed", "cancelled"]
 GAP = "gap"  # event type of the notice that some of a run's events are gone (retention, stream cap)
@@ -254,10 +257,7 @@ class RunService:
         if await self.registry.get(agent) is None:
             self._known.pop(agent, None)
             raise AgentNotFound(f"no agent named {agent!r}; GET /v1/agents lists them")
-        self._known.pop(agent, None)
-        self._known[agent] = now
-        if len(self._known) > SERVING_CACHE_SIZE:
-            self._known.pop(next(iter(self._known)))
+        _remember(self._known, agent, now)
 
     async def serving(self, agent: str, namespace: str = RUNS_NAMESPACE) -> RunServing:
         """The agent's serving declaration (cached for SERVING_CACHE_SECONDS)."""
@@ -268,10 +268,7 @@ class RunService:
             return cached[1]
         board = self._root.scoped(AgentRunProtocol.namespaced_scope(self.agent_scope(agent), namespace))
         serving = await read_serving(board, AgentRunProtocol)
-        self._serving.pop(key, None)
-        self._serving[key] = (now, serving)
-        if len(self._serving) > SERVING_CACHE_SIZE:
-            self._serving.pop(next(iter(self._serving)))
+        _remember(self._serving, key, (now, serving))
         return serving
 
     async def _admit(self, board: Blackboard, agent: str, serving: RunServing, marker: str) -> None:
@@ -497,3 +494,11 @@ class RunService:
             "request_id": run_id,
         }
         return [(newest, gap), (newest, terminal)]
+
+
+def _remember(cache: dict[K, V], key: K, value: V) -> None:
+    """Put `key` last in a bounded cache (SERVING_CACHE_SIZE entries; the oldest go first)."""
+    cache.pop(key, None)
+    cache[key] = value
+    if len(cache) > SERVING_CACHE_SIZE:
+        cache.pop(next(iter(cache)))
