@@ -145,6 +145,17 @@ def test_generated_token_file_is_private_and_reused(tmp_path: Path, monkeypatch:
     assert again.accepts(f"Bearer {token}") and not again.accepts(f"Bearer {token[:-1]}")
 
 
+def test_a_generated_token_never_starts_with_a_dash(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A token pasted after `--token` must not read as an option: the generator draws again."""
+    monkeypatch.delenv(TOKEN_ENV, raising=False)
+    drawn = iter(
+        ["-starts-like-a-flag-0123456789abcdefghijk", "--two-dashes-0123456789abcdefghijklm", "fine-0123"]
+    )
+    monkeypatch.setattr("colony.api.auth.secrets.token_urlsafe", lambda n: next(drawn))
+    source = ensure_token_file(ColonySettings(data_dir=tmp_path))
+    assert source.current() == "fine-0123"
+
+
 def test_an_empty_token_file_is_an_error(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.delenv(TOKEN_ENV, raising=False)
     (tmp_path / "api-token").write_text("")

@@ -106,6 +106,49 @@ def test_run_with_url_and_token_from_the_environment(
     assert posted == [("POST", "/v1/runs", "Bearer remote-T")]
 
 
+@pytest.mark.parametrize("token", ["-starts-with-a-dash", "--two-dashes", "-x"])
+def test_a_token_that_starts_with_a_dash_is_taken_as_the_value(
+    fake_api: tuple[str, Recorder], token: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Tokens written before generated ones avoided a leading '-' (and operators' own) may start with
+    one; argparse alone reads `--token -x` as a missing value. CI once drew such a token."""
+    url, recorder = fake_api
+    recorder.token = token
+    assert (
+        cli.main(["run", "echo", "--url", url, "--token", token, "--input", '{"ok": 1}', "--json", "-q"]) == 0
+    )
+    assert json.loads(capsys.readouterr().out) == {"ok": 1}
+    assert [r for r in recorder.requests if r[0] == "POST"] == [("POST", "/v1/runs", f"Bearer {token}")]
+
+
+def test_text_values_may_start_with_a_dash_but_a_missing_one_is_still_reported(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    assert cli.attach_dash_values(["blocks", "edit", "a", "b", "--append", "- a list item"]) == [
+        "blocks",
+        "edit",
+        "a",
+        "b",
+        "--append=- a list item",
+    ]
+    assert cli.attach_dash_values(["run", "x", "--input", "-5"]) == ["run", "x", "--input=-5"]
+    # a value that looks like one of our flags is a forgotten value, not text: argparse reports it
+    assert cli.attach_dash_values(["blocks", "edit", "a", "b", "--text", "--file", "f"]) == [
+        "blocks",
+        "edit",
+        "a",
+        "b",
+        "--text",
+        "--file",
+        "f",
+    ]
+    assert cli.attach_dash_values(["run", "x", "--", "--token", "-t"]) == ["run", "x", "--", "--token", "-t"]
+    assert cli.attach_dash_values(["run", "x", "--token"]) == ["run", "x", "--token"]
+    with pytest.raises(SystemExit):
+        cli.main(["blocks", "edit", "a", "b", "--text", "--file", "f"])
+    assert "argument --text: expected one argument" in capsys.readouterr().err
+
+
 def test_a_refused_token_says_where_to_get_the_right_one(
     fake_api: tuple[str, Recorder], capsys: pytest.CaptureFixture[str]
 ) -> None:

@@ -149,7 +149,7 @@ def ensure_token_file(settings: ColonySettings, *, host: str | None = None) -> T
             f"{TOKEN_ENV}, `api_token` in the config file, or put a token in {path} (api.token_file)"
         )
     path.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
-    token = secrets.token_urlsafe(32)
+    token = new_api_token()
     try:
         fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_NOFOLLOW", 0), 0o600)
     except FileExistsError:
@@ -164,6 +164,15 @@ def ensure_token_file(settings: ColonySettings, *, host: str | None = None) -> T
     os.close(fd)
     log.warning("no API token was configured: generated one in %s (mode 0600)", path)
     return source
+
+
+def new_api_token() -> str:
+    """A random token (256 bits) that never starts with '-': pasted after `--token` on a command
+    line, such a value would be read as an option."""
+    while True:
+        token = secrets.token_urlsafe(32)
+        if not token.startswith("-"):
+            return token
 
 
 def _wait_for_other_writer(source: TokenSource, path: Path) -> TokenSource:
