@@ -53,6 +53,12 @@ class BlackboardSettings(BaseModel):
     )
     reclaim_idle_ms: int = Field(30_000, ge=1, description="Pending events idle this long are reclaimed.")
     max_connections: int = Field(256, ge=4, description="Redis connection pool size per process.")
+    pipelined_connection: bool = Field(
+        True,
+        description="Send each process's non-blocking Redis commands over one shared, pipelined "
+        "connection (colony/blackboard/multiplexed.py), several times cheaper per command than a "
+        "pooled one; blocking reads and TLS connections use the pool either way.",
+    )
 
 
 class EmbeddedRedisSettings(BaseModel):

@@ -22,6 +22,7 @@ from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 
 from colony import metrics
+from colony.blackboard.multiplexed import ColonyRedis
 from colony.blackboard.redis_server import EmbeddedRedis
 from colony.config import BlackboardSettings, ColonySettings
 from colony.errors import BlackboardAuthError, BlackboardUnavailable, ColonyError
@@ -75,7 +76,9 @@ class TrimmingConnectionPool(aioredis.BlockingConnectionPool):
 
 def create_redis(url: str, settings: BlackboardSettings | None = None) -> aioredis.Redis:
     """An asyncio Redis client whose every wait is bounded by the blackboard settings (its pool
-    keeps at most `IDLE_CONNECTIONS_KEPT` idle connections open)."""
+    keeps at most `IDLE_CONNECTIONS_KEPT` idle connections open). With
+    `pipelined_connection` (the default) its non-blocking commands share one pipelined connection
+    (colony/blackboard/multiplexed.py)."""
     settings = settings or BlackboardSettings()
     pool = TrimmingConnectionPool.from_url(
         url,
@@ -88,6 +91,8 @@ def create_redis(url: str, settings: BlackboardSettings | None = None) -> aiored
         decode_responses=True,
         retry=Retry(ExponentialBackoff(cap=0.2, base=0.01), retries=2),
     )
+    if settings.pipelined_connection:
+        return ColonyRedis(connection_pool=pool)
     return aioredis.Redis(connection_pool=pool)
 
 
