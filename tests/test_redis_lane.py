@@ -8,7 +8,11 @@ from __future__ import annotations
 import asyncio
 import os
 import signal
+import subprocess
+import time
 import uuid
+from collections.abc import Iterator
+from pathlib import Path
 
 import pytest
 import redis.asyncio as aioredis
@@ -17,8 +21,8 @@ from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 
 from colony.blackboard import Blackboard, create_redis
-from colony.blackboard.multiplexed import ColonyRedis, LanePipeline
-from colony.blackboard.redis_server import EmbeddedRedis
+from colony.blackboard.multiplexed import ColonyRedis, LanePipeline, _on_lane
+from colony.blackboard.redis_server import EmbeddedRedis, find_redis_binary
 from colony.config import BlackboardSettings
 
 
@@ -210,3 +214,95 @@ async def test_a_blackboard_on_the_lane_makes_one_connection_for_many_writers(re
     finally:
         await client.aclose()
         await probe.aclose()
+
+
+def test_pub_sub_and_blocking_forms_never_share_the_lane() -> None:
+    """Under RESP3 (un)subscribe replies are pushes, no caller's reply: sent on the lane they would
+    hand every later caller the previous one's reply."""
+    for command in ("UNSUBSCRIBE", "punsubscribe", "SUNSUBSCRIBE", "SUBSCRIBE", "CLIENT SETNAME", "MULTI"):
+        assert not _on_lane((command, "x"))
+    assert not _on_lane(("XREAD", "Block", 10, "STREAMS", "s", "0"))
+    assert not _on_lane((b"XREADGROUP", b"GROUP", b"g", b"c", b"block", 10, b"STREAMS", b"s", b">"))
+    assert _on_lane(("XREAD", "COUNT", 10, "STREAMS", "s", "0")) and _on_lane(("EVALSHA", "0" * 40, 0))
+
+
+async def test_a_value_that_does_not_decode_fails_only_its_own_reader(redis_url: str) -> None:
+    client = create_redis(redis_url)
+    raw = aioredis.from_url(redis_url)
+    key = _key()
+    try:
+        await raw.set(key + ":bad", b"\xff\xfe not utf-8")
+        await client.set(key, "fine")
+        got = await asyncio.gather(
+            *(client.get(key + (":bad" if n == 5 else "")) for n in range(11)), return_exceptions=True
+        )
+        assert isinstance(got[5], UnicodeDecodeError)
+        assert got[:5] + got[6:] == ["fine"] * 10  # the others on the same connection are untouched
+        lenient = create_redis(redis_url + ("&" if "?" in redis_url else "?") + "encoding_errors=replace")
+        assert (await lenient.get(key + ":bad")).endswith(" not utf-8")  # the client's encoder settings
+        await lenient.aclose()
+    finally:
+        await client.delete(key, key + ":bad")
+        await client.aclose()
+        await raw.aclose()
+
+
+async def test_a_long_pipeline_answering_in_order_is_not_taken_for_a_stuck_connection(redis_url: str) -> None:
+    """The bound is on silence, not on the whole batch: 50,000 INCRs under a 0.25 s timeout run
+    once each (a timeout would have re-sent them)."""
+    client = create_redis(redis_url, BlackboardSettings(op_timeout_seconds=0.25))
+    key = _key()
+    try:
+        async with client.pipeline(transaction=False) as pipe:
+            for _ in range(50_000):
+                pipe.incr(key)
+            replies = await pipe.execute()
+        assert replies[-1] == 50_000 and await client.get(key) == "50000"
+    finally:
+        await client.delete(key)
+        await client.aclose()
+
+
+async def test_a_closed_client_serves_again_and_binary_arguments_are_taken(redis_url: str) -> None:
+    client = create_redis(redis_url)
+    key = _key()
+    try:
+        await client.set(key, bytearray(b"from a bytearray"))
+        await client.aclose()  # as with redis-py's own client, a later call opens a new connection
+        assert await client.get(key) == "from a bytearray"
+        await client.set(key, memoryview(b"from a memoryview"))
+        assert await client.get(key) == "from a memoryview"
+    finally:
+        await client.delete(key)
+        await client.aclose()
+
+
+@pytest.fixture
+def unix_redis(tmp_path: Path) -> Iterator[Path]:
+    """A password-protected redis-server listening on a Unix socket only."""
+    socket_path = tmp_path / "redis.sock"
+    server = subprocess.Popen(
+        [str(find_redis_binary()), "--port", "0", "--unixsocket", str(socket_path), "--save", "",
+         "--appendonly", "no", "--requirepass", "s3cr#t", "--dir", str(tmp_path)],
+        stdout=subprocess.DEVNULL,
+    )  # fmt: skip
+    deadline = time.monotonic() + 10
+    while not socket_path.exists() and time.monotonic() < deadline:
+        time.sleep(0.05)
+    yield socket_path
+    server.terminate()
+    server.wait(10)
+
+
+async def test_a_unix_socket_url_serves_the_lane_and_the_pool(unix_redis: Path) -> None:
+    """`unix://` URLs: lane commands and the pool's (a blocking read, a transaction) both work."""
+    client = create_redis(f"unix://{unix_redis}?password=s3cr%23t&db=2")
+    try:
+        assert isinstance(client, ColonyRedis) and client.lane is not None
+        assert await client.set("k", "v") and await client.get("k") == "v"
+        await client.xadd("s", {"a": "1"})
+        assert (await client.xread({"s": "0"}, block=100))[0][0] == "s"  # XREAD BLOCK: the pool
+        async with client.pipeline(transaction=True) as pipe:
+            assert await pipe.incr("n").incr("n").execute() == [1, 2]
+    finally:
+        await client.aclose()

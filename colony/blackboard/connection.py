@@ -80,16 +80,17 @@ def create_redis(url: str, settings: BlackboardSettings | None = None) -> aiored
     `pipelined_connection` (the default) its non-blocking commands share one pipelined connection
     (colony/blackboard/multiplexed.py)."""
     settings = settings or BlackboardSettings()
+    tcp: dict[str, Any] = {} if url.startswith("unix:") else {"socket_keepalive": True}  # TCP only
     pool = TrimmingConnectionPool.from_url(
         url,
         max_connections=settings.max_connections,
         timeout=settings.op_timeout_seconds,
         socket_connect_timeout=settings.connect_timeout_seconds,
         socket_timeout=settings.op_timeout_seconds,
-        socket_keepalive=True,
         health_check_interval=30,
         decode_responses=True,
         retry=Retry(ExponentialBackoff(cap=0.2, base=0.01), retries=2),
+        **tcp,
     )
     if settings.pipelined_connection:
         return ColonyRedis(connection_pool=pool)

@@ -59,6 +59,10 @@ READ_COUNT = 64  # rows per stream per read
 BUFFER_ROWS = 1024  # rows a subscription buffers before it stops being read for
 WAKE_DELAY = 0.05  # joins within this many seconds share one wake
 WAKE_TTL_MS = 60_000  # a wake stream left by a dead process expires
+# A read answered sooner than this after it was sent (rows were waiting: a busy stream) is followed
+# by a pause of the rest of it before the next read, so rows arriving meanwhile come in one reply
+# instead of one read each. An idle lane's read blocks longer than this: no pause, no latency added.
+COALESCE_SECONDS = 0.002
 
 StreamId = tuple[int, int]
 _ID = re.compile(r"(\d{1,20})(?:-(\d{1,20}))?")
@@ -310,6 +314,7 @@ class Lane:
     async def _loop(self, backoff: OutageBackoff) -> None:
         reader = self.reader
         me = asyncio.current_task()
+        loop = asyncio.get_running_loop()
         while self.streams:
             if me is not None and me.cancelling():  # a cancel swallowed inside redis-py: honour it
                 raise asyncio.CancelledError
@@ -326,6 +331,7 @@ class Lane:
             command = self.packer.xread(self.request, self.wake_key, self.wake_id, reader.block_ms())
             self.blocked = True
             self.wake_pending = False
+            sent = loop.time()
             try:
                 async with Guard("xread", reader.url, reader.settings.op_timeout_seconds):
                     reply = await send_packed(reader.redis, command, "XREAD")
@@ -343,6 +349,9 @@ class Lane:
             self.failing = None
             backoff.recovered()
             self._dispatch(reply or ())
+            busy = COALESCE_SECONDS - (loop.time() - sent)
+            if busy > 0 and self.streams:
+                await asyncio.sleep(busy)
         self.requested = {}
 
     def _dispatch(self, reply: Any) -> None:

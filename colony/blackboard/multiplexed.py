@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import inspect
 import socket
 from collections import deque
@@ -45,13 +46,18 @@ from redis.utils import DEFAULT_RESP_VERSION
 _BLOCKING = frozenset(
     {
         "BLPOP", "BRPOP", "BRPOPLPUSH", "BLMOVE", "BLMPOP", "BZPOPMIN", "BZPOPMAX", "BZMPOP",
-        "WAIT", "WAITAOF", "SUBSCRIBE", "PSUBSCRIBE", "SSUBSCRIBE", "MONITOR", "SYNC", "PSYNC",
+        "WAIT", "WAITAOF", "MONITOR", "SYNC", "PSYNC", "REPLCONF",
     }
 )  # fmt: skip
 # Commands that change or read the state of the connection they run on: never on a shared one.
+# Pub/sub is here too: under RESP3 its replies are pushes, which no caller's reply may be.
 _CONNECTION_STATE = frozenset(
-    {"WATCH", "UNWATCH", "MULTI", "EXEC", "DISCARD", "SELECT", "AUTH", "HELLO", "RESET", "QUIT", "CLIENT"}
-)
+    {
+        "WATCH", "UNWATCH", "MULTI", "EXEC", "DISCARD", "SELECT", "AUTH", "HELLO", "RESET", "QUIT",
+        "CLIENT", "READONLY", "READWRITE", "ASKING", "SUBSCRIBE", "PSUBSCRIBE", "SSUBSCRIBE",
+        "UNSUBSCRIBE", "PUNSUBSCRIBE", "SUNSUBSCRIBE",
+    }
+)  # fmt: skip
 
 
 def _on_lane(args: Sequence[Any]) -> bool:
@@ -61,7 +67,7 @@ def _on_lane(args: Sequence[Any]) -> bool:
     if first in _BLOCKING or first in _CONNECTION_STATE:
         return False
     if first in ("XREAD", "XREADGROUP"):
-        return not any(a in ("BLOCK", b"BLOCK", "block", b"block") for a in args[1:])
+        return not any(isinstance(a, str | bytes) and a.upper() in ("BLOCK", b"BLOCK") for a in args[1:])
     return True
 
 
@@ -72,20 +78,35 @@ _PUSH = getattr(hiredis, "PushNotification", None)
 class _Wire(asyncio.Protocol):
     """The connection's socket: parses what arrives and hands each reply to the oldest caller."""
 
-    def __init__(self, lane: RedisLane, decode: bool) -> None:
+    def __init__(self, lane: RedisLane, decoding: tuple[str, str] | None) -> None:
         kwargs: dict[str, Any] = {
             "protocolError": InvalidResponse,
             "replyError": BaseParser.parse_error,
             "notEnoughData": _NOT_ENOUGH_DATA,
         }
-        if decode:
-            kwargs.update(encoding="utf-8", errors="strict")
+        if decoding is not None:  # the client's encoder's: its `encoding` and `encoding_errors`
+            kwargs.update(encoding=decoding[0], errors=decoding[1])
         self._reader = hiredis.Reader(**kwargs)
         self._lane = lane
         self.transport: asyncio.Transport | None = None
         self.waiting: deque[tuple[asyncio.Future[Any], bool, float]] = deque()  # future, raw, sent at
         self.lost: BaseException | None = None
         self.watchdog: asyncio.TimerHandle | None = None
+        self.outbox: list[bytes] = []  # commands of this loop iteration, written together
+        self.progress = 0.0  # loop time of the last reply: a long batch answering is not stuck
+
+    def send(self, payload: bytes) -> None:
+        """Queue `payload` to be written at the end of this event-loop iteration, with whatever
+        else the process sends meanwhile: one write system call for many concurrent commands."""
+        if not self.outbox:
+            asyncio.get_running_loop().call_soon(self.flush)
+        self.outbox.append(payload)
+
+    def flush(self) -> None:
+        outbox, self.outbox = self.outbox, []
+        if outbox and self.lost is None and self.transport is not None and not self.transport.is_closing():
+            self.transport.write(b"".join(outbox) if len(outbox) > 1 else outbox[0])
+            self.progress = asyncio.get_running_loop().time()  # replies are owed from now on
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         self.transport = transport  # type: ignore[assignment]
@@ -94,11 +115,17 @@ class _Wire(asyncio.Protocol):
         reader = self._reader
         reader.feed(data)
         waiting = self.waiting
+        stamp = True
         while waiting:
             future, raw, _ = waiting[0]
             try:
                 reply = reader.gets(False) if raw else reader.gets()
-            except (InvalidResponse, UnicodeDecodeError, hiredis.ProtocolError) as exc:
+            except UnicodeDecodeError as exc:  # that reply only (hiredis consumed it): its caller's error
+                waiting.popleft()
+                if not future.done():
+                    future.set_exception(exc)
+                continue
+            except (InvalidResponse, hiredis.ProtocolError) as exc:
                 self.fail(InvalidResponse(f"unreadable reply from Redis: {exc}"))
                 return
             if reply is _NOT_ENOUGH_DATA:
@@ -106,6 +133,8 @@ class _Wire(asyncio.Protocol):
             if _PUSH is not None and isinstance(reply, _PUSH):
                 continue  # an out-of-band RESP3 push (none is asked for): no caller's reply
             waiting.popleft()
+            if stamp:  # the watchdog's measure of progress: once per arrival, not per reply
+                self.progress, stamp = asyncio.get_running_loop().time(), False
             if not future.done():  # a caller that was cancelled meanwhile: its reply is dropped
                 future.set_result(reply)
         if reader.has_data():
@@ -128,21 +157,27 @@ class _Wire(asyncio.Protocol):
             future, _raw, _ = self.waiting.popleft()
             if not future.done():
                 future.set_exception(error)
+                future.exception()  # retrieved: a pipeline's caller raises the first of its replies' only
         if self.transport is not None:
             self.transport.close()
+
+    def _since(self) -> float:
+        """Since when the oldest waiting reply is owed: its write, or the last reply if later
+        (Redis answering a long batch in order is making progress, not stuck)."""
+        return max(self.waiting[0][2], self.progress)
 
     def arm(self, timeout: float | None) -> None:
         """One timer per connection, set for when its oldest waiting reply would be overdue."""
         if timeout is None or self.watchdog is not None or not self.waiting:
             return
         loop = asyncio.get_running_loop()
-        self.watchdog = loop.call_at(self.waiting[0][2] + timeout, self._check, timeout)
+        self.watchdog = loop.call_at(self._since() + timeout, self._check, timeout)
 
     def _check(self, timeout: float) -> None:
         self.watchdog = None
         if not self.waiting or self.lost is not None:
             return
-        if asyncio.get_running_loop().time() - self.waiting[0][2] >= timeout:
+        if asyncio.get_running_loop().time() - self._since() >= timeout:
             self.fail(RedisTimeoutError(f"Redis did not answer within {timeout}s"))
             return
         self.arm(timeout)
@@ -156,13 +191,13 @@ class RedisLane:
         self._kwargs = pool.connection_kwargs
         self._unix = pool.connection_class is UnixDomainSocketConnection
         self._timeout: float | None = self._kwargs.get("socket_timeout")
-        self._decode = bool(self._kwargs.get("decode_responses"))
         self._resp3 = int(self._kwargs.get("protocol") or DEFAULT_RESP_VERSION) == 3
-        self._encoder = pool.get_encoder()
+        self._encoder = encoder = pool.get_encoder()
+        self._decoding = (encoder.encoding, encoder.encoding_errors) if encoder.decode_responses else None
         self._wire: _Wire | None = None
         self._opening: asyncio.Task[_Wire] | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
-        self.closed = False
+        self._generation = 0  # bumped by aclose(): a connection opened before it is not kept
 
     @staticmethod
     def usable(pool: aioredis.ConnectionPool) -> bool:
@@ -178,25 +213,23 @@ class RedisLane:
         wire = self._wire
         if wire is not None and self._loop is loop:
             return wire
-        if self.closed:
-            raise RedisConnectionError("this Redis client is closed")
         if self._loop is not loop:  # used from another event loop: that loop's connection is no use here
             self._drop(RedisConnectionError("the Redis client moved to another event loop"))
             self._loop, self._opening = loop, None
         opening = self._opening
         if opening is None:  # one connection attempt at a time, whoever waits for it
             opening = self._opening = loop.create_task(self._open(loop), name="colony-redis-lane-connect")
-            opening.add_done_callback(self._opened)
+            opening.add_done_callback(functools.partial(self._opened, self._generation))
         return await asyncio.shield(opening)
 
-    def _opened(self, task: asyncio.Task[_Wire]) -> None:
+    def _opened(self, generation: int, task: asyncio.Task[_Wire]) -> None:
         if self._opening is task:
             self._opening = None
         if task.cancelled() or task.exception() is not None:
             return
         wire = task.result()
-        if self.closed or self._loop is not asyncio.get_running_loop():
-            wire.fail(RedisConnectionError("this Redis client is closed"))
+        if generation != self._generation or self._loop is not asyncio.get_running_loop():
+            wire.fail(RedisConnectionError("the Redis client was closed while this connection opened"))
         elif wire.lost is None:
             self._wire = wire
 
@@ -204,7 +237,7 @@ class RedisLane:
         kwargs = self._kwargs
 
         def wire_factory() -> _Wire:
-            return _Wire(self, self._decode)
+            return _Wire(self, self._decoding)
 
         try:
             async with asyncio.timeout(kwargs.get("socket_connect_timeout") or self._timeout):
@@ -253,7 +286,14 @@ class RedisLane:
         parts = tuple((head.encode() if isinstance(head, str) else head).split()) + tuple(args[1:])
         try:
             return hiredis.pack_command(
-                tuple(a if type(a) in (str, bytes, int) else self._encoder.encode(a) for a in parts)
+                tuple(
+                    a
+                    if type(a) in (str, bytes, int)
+                    else bytes(a)
+                    if isinstance(a, bytearray | memoryview)
+                    else self._encoder.encode(a)
+                    for a in parts
+                )
             )
         except TypeError as exc:
             raise DataError(f"invalid argument in Redis command {str(head)!r}: {exc}") from None
@@ -267,9 +307,13 @@ class RedisLane:
         now = loop.time()
         futures = [loop.create_future() for _ in commands]
         wire.waiting.extend([(f, raw, now) for f in futures])
-        wire.transport.write(payload)
+        wire.send(payload)
         wire.arm(self._timeout)
-        return [await f for f in futures]
+        replies = [await f for f in futures]
+        for reply in replies:  # LOADING, NOAUTH...: errors redis-py's connections retry, so does this
+            if isinstance(reply, RedisConnectionError | RedisTimeoutError):
+                raise reply
+        return replies
 
     async def execute(self, commands: Sequence[Sequence[Any]], *, raw: bool = False) -> list[Any]:
         """The replies to `commands`, sent as one write; error replies come back as exception
@@ -299,8 +343,10 @@ class RedisLane:
         return await retry.call_with_retry(attempt, on_failure)
 
     async def aclose(self) -> None:
-        self.closed = True
-        self._drop(RedisConnectionError("this Redis client is closed"))
+        """Close the connection; like redis-py's client, a later call opens a new one."""
+        self._generation += 1
+        self._opening = None
+        self._drop(RedisConnectionError("the Redis client was closed"))
 
 
 def _apply_callback(callbacks: dict[str, Any], command_name: str, reply: Any, options: dict[str, Any]) -> Any:
