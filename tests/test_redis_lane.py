@@ -306,3 +306,30 @@ async def test_a_unix_socket_url_serves_the_lane_and_the_pool(unix_redis: Path) 
             assert await pipe.incr("n").incr("n").execute() == [1, 2]
     finally:
         await client.aclose()
+
+
+async def test_commands_of_one_loop_iteration_share_a_write_and_a_lone_one_is_written_at_once(
+    redis_url: str,
+) -> None:
+    client = create_redis(redis_url)
+    key = _key()
+    try:
+        await client.set(key, "0")  # the connection is open
+        wire = client.lane._wire  # type: ignore[union-attr]
+        assert wire is not None and wire.transport is not None
+        writes: list[int] = []
+        real_write = wire.transport.write
+
+        def counting(data: bytes) -> None:
+            writes.append(len(data))
+            real_write(data)
+
+        wire.transport.write = counting  # type: ignore[method-assign]
+        assert await asyncio.gather(*(client.incr(key) for _ in range(16))) == list(range(1, 17))
+        assert len(writes) == 2  # the first at once (nothing owed), the other 15 together
+        writes.clear()
+        assert await client.get(key) == "16"
+        assert len(writes) == 1 and not wire.outbox  # a lone command: written in its own call
+    finally:
+        await client.delete(key)
+        await client.aclose()

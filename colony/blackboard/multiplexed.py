@@ -96,10 +96,18 @@ class _Wire(asyncio.Protocol):
         self.progress = 0.0  # loop time of the last reply: a long batch answering is not stuck
 
     def send(self, payload: bytes) -> None:
-        """Queue `payload` to be written at the end of this event-loop iteration, with whatever
-        else the process sends meanwhile: one write system call for many concurrent commands."""
-        if not self.outbox:
-            asyncio.get_running_loop().call_soon(self.flush)
+        """Write `payload`. On a connection with replies owed (other callers are busy: more
+        commands are likely to come in this event-loop iteration) it is queued and written at the
+        end of the iteration with the others, one system call for many; on an idle one it is
+        written at once (a lone caller does not wait an iteration)."""
+        if self.outbox:
+            self.outbox.append(payload)
+            return
+        if not self.waiting and self.transport is not None:  # nothing owed before this one
+            self.transport.write(payload)
+            self.progress = asyncio.get_running_loop().time()
+            return
+        asyncio.get_running_loop().call_soon(self.flush)
         self.outbox.append(payload)
 
     def flush(self) -> None:
@@ -306,8 +314,8 @@ class RedisLane:
         loop = asyncio.get_running_loop()
         now = loop.time()
         futures = [loop.create_future() for _ in commands]
+        wire.send(payload)  # before the replies are owed: `send` looks at what was owed before
         wire.waiting.extend([(f, raw, now) for f in futures])
-        wire.send(payload)
         wire.arm(self._timeout)
         replies = [await f for f in futures]
         for reply in replies:  # LOADING, NOAUTH...: errors redis-py's connections retry, so does this
