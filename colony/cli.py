@@ -7,7 +7,6 @@ import asyncio
 import json
 import logging
 import os
-import re
 import sys
 import time
 import unicodedata
@@ -19,6 +18,7 @@ import httpx
 
 from colony import __version__
 from colony.cli_agent import add_agent_commands
+from colony.cli_args import attach_dash_values
 from colony.cli_blocks import add_block_commands
 from colony.cli_chat import add_chat_command
 from colony.cli_memory import add_memory_commands
@@ -568,41 +568,6 @@ def build_parser() -> argparse.ArgumentParser:
     add_agent_commands(sub, [remote])
     add_chat_command(sub, [remote])
     return parser
-
-
-# Options whose value is the user's own text or a secret: argparse takes a value that starts with '-'
-# for an option ("--token: expected one argument"), though a token or a sentence can start with one.
-_FREE_TEXT_OPTIONS = frozenset(
-    {"--token", "--input", "--text", "--append", "--content", "--description", "--message", "--data"}
-)
-_LOOKS_LIKE_A_FLAG = re.compile(r"--?[A-Za-z][A-Za-z0-9-]*")
-
-
-def attach_dash_values(argv: Sequence[str]) -> list[str]:
-    """`--token -x1` as `--token=-x1`, so argparse reads the value as one. A token is always taken as
-    given (it may look like a flag); other text only where it does not look like one of our flags, so
-    `--text --file F` still reports the missing text instead of storing "--file"."""
-    out: list[str] = []
-    items = list(argv)
-    i = 0
-    while i < len(items):
-        item = items[i]
-        if item == "--":
-            out.extend(items[i:])
-            break
-        value = items[i + 1] if i + 1 < len(items) else None
-        if (
-            item in _FREE_TEXT_OPTIONS
-            and value is not None
-            and value.startswith("-")
-            and (item == "--token" or not _LOOKS_LIKE_A_FLAG.fullmatch(value))
-        ):
-            out.append(f"{item}={value}")
-            i += 2
-            continue
-        out.append(item)
-        i += 1
-    return out
 
 
 def main(argv: Sequence[str] | None = None) -> int:
