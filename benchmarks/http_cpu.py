@@ -1,5 +1,6 @@
-"""CPU per request, by process: a `stream: true` run of the `echo` pool beside a bare Ray Serve
-echo request, measured in one run on one local Ray cluster (scripted engine).
+"""CPU per request, by process: a run of the `echo` pool submitted with `stream: true`, and one
+submitted with `wait_s`, beside a bare Ray Serve echo request, measured in one run on one local
+Ray cluster (scripted engine).
 
 Throughput ratios on a shared 2-core box move with whatever else runs; the CPU each process spends
 per request moves much less, and says where a run's cost is: Serve's proxy, the API replica, the
@@ -96,19 +97,20 @@ def main() -> None:
         url = f"http://127.0.0.1:{port}"
         headers = {"Authorization": "Bearer bench"}
         httpx.get(f"{url}/v1/agents", headers=headers, timeout=60).raise_for_status()
-        asyncio.run(end_to_end(url, "echo", headers, 4, args.concurrency, one=True))  # the pool grows
+        asyncio.run(end_to_end(url, "echo", headers, 4, args.concurrency, mode="stream"))  # the pool grows
         asyncio.run(load(url, "/bare/echo", {}, 2, args.concurrency))
         processes = cluster_processes()
         for _ in range(args.rounds):
-            for phase in ("bare echo", "stream run"):
+            for phase in ("bare echo", "stream run", "wait run"):
                 before = cpu_seconds(processes)
                 started = time.perf_counter()
                 if phase == "bare echo":
                     figures = asyncio.run(load(url, "/bare/echo", {}, args.seconds, args.concurrency))
                     done = figures["accepted_per_s"] * args.seconds
                 else:
+                    mode = phase.split()[0]
                     figures = asyncio.run(
-                        end_to_end(url, "echo", headers, args.seconds, args.concurrency, one=True)
+                        end_to_end(url, "echo", headers, args.seconds, args.concurrency, mode=mode)
                     )
                     done = figures["completed_per_s"] * args.seconds
                 elapsed = time.perf_counter() - started
@@ -132,10 +134,11 @@ def main() -> None:
         totals.setdefault(phase, []).append(total)
         cells = " ".join(f"{per.get(label, 0.0):22.2f}" for label in labels)
         print(f"  {phase:<12} {rate:7.1f} {cells} {total:7.1f}")
-    for bare, run in zip(totals["bare echo"], totals["stream run"], strict=True):
-        print(
-            f"  bare echo / stream run, total CPU: {bare:.1f} / {run:.1f} ms = {bare / run:.2f}x (goal 0.5x)"
-        )
+    for phase in ("stream run", "wait run"):
+        for bare, run in zip(totals["bare echo"], totals[phase], strict=True):
+            print(
+                f"  bare echo / {phase}, total CPU: {bare:.1f} / {run:.1f} ms = {bare / run:.2f}x (goal 0.5x)"
+            )
 
 
 if __name__ == "__main__":

@@ -8,10 +8,10 @@ submitted echo runs completed and how fast. Goal: >= 200 runs/s accepted on 2 co
 Then completed runs/s end to end: each client submits a run and reads its event stream to the
 terminal event, again and again, for `echo` (a pool, `runs.echo_pool`, up to --pool-max members)
 and for `echo-single` (the same agent served by one agent's loop: what `echo` was before pools);
-the pool once more with one request per run (a submit with `stream: true` answers with the stream),
-beside the bare Serve echo's requests/s measured in the same run (the three interleaved in
---rounds slices, so they see the same load from the rest of the box). Goal: the pool >= 0.5x the
-bare echo.
+the pool twice more with one request per run (a submit with `stream: true` answers with the
+stream; one with `wait_s` answers with the ended run), beside the bare Serve echo's requests/s
+measured in the same run (all interleaved in --rounds slices, so they see the same load from the
+rest of the box). Goal: the pool >= 0.5x the bare echo.
 
 Usage: python benchmarks/http_submit.py [--seconds 10] [--concurrency 16] [--pool-max 4]
        [--rounds 3] [--replicas 1]
@@ -87,12 +87,16 @@ async def load(
     }
 
 
+EXTRA: dict[str, dict[str, Any]] = {"events": {}, "stream": {"stream": True}, "wait": {"wait_s": 30}}
+
+
 async def end_to_end(
-    url: str, agent: str, headers: dict[str, str], seconds: float, concurrency: int, *, one: bool = False
+    url: str, agent: str, headers: dict[str, str], seconds: float, concurrency: int, *, mode: str = "events"
 ) -> dict[str, float]:
-    """Completed runs/s: each client submits a run to `agent`, reads its event stream until the
-    terminal event (the API ends the stream there), and goes again; two requests per run, or with
-    `one` a single submit with `stream: true` whose answer is the stream."""
+    """Completed runs/s: each client submits a run to `agent`, follows it to its end and goes
+    again. `mode`: "events", two requests per run (the submit, then its event stream read to the
+    terminal event, where the API ends it); "stream", one submit with `stream: true` whose answer
+    is that stream; "wait", one submit with `wait_s` whose answer is the ended run."""
     latencies: list[float] = []
     statuses: dict[str, int] = {}
     errors = 0
@@ -103,15 +107,20 @@ async def end_to_end(
         n = 0
         while time.perf_counter() < deadline:
             started = time.perf_counter()
-            body = {"agent": agent, "input": n, **({"stream": True} if one else {})}
+            body = {"agent": agent, "input": n, **EXTRA[mode]}
             response = await client.post("/v1/runs", json=body, headers=headers)
             n += 1
-            if response.status_code != (200 if one else 202):
+            if response.status_code != (202 if mode == "events" else 200):
                 errors += 1
                 continue
-            stream = response if one else await client.get(response.json()["events_url"], headers=headers)
-            kinds = [line[7:].strip() for line in stream.text.splitlines() if line.startswith("event:")]
-            final = kinds[-1] if kinds else "none"
+            if mode == "wait":
+                final = {"succeeded": "completed"}.get(response.json()["status"], "failed")
+            else:
+                stream = response
+                if mode == "events":
+                    stream = await client.get(response.json()["events_url"], headers=headers)
+                kinds = [line[7:].strip() for line in stream.text.splitlines() if line.startswith("event:")]
+                final = kinds[-1] if kinds else "none"
             statuses[final] = statuses.get(final, 0) + 1
             if final == "completed":
                 latencies.append(time.perf_counter() - started)
@@ -216,17 +225,20 @@ def main() -> None:
         base = asyncio.run(load(url, "/bare/echo", {}, args.seconds, args.concurrency))
         colony = asyncio.run(load(url, "/v1/runs", headers, args.seconds, args.concurrency))
         done = asyncio.run(completion(url, headers, colony["run_ids"][-200:], 120))  # type: ignore[arg-type]
-        # end to end: the pool grows while the warm-up queues runs; the three side by side
+        # end to end: the pool grows while the warm-up queues runs; the variants side by side
         asyncio.run(end_to_end(url, "echo", headers, 3, args.concurrency))
-        # interleaved in --rounds slices, so the three see the same load from the rest of the box
-        slices: dict[str, list[dict[str, Any]]] = {"bare": [], "pool": [], "one": [], "single": []}
+        # interleaved in --rounds slices, so all see the same load from the rest of the box
+        slices: dict[str, list[dict[str, Any]]] = {k: [] for k in ("bare", "pool", "one", "wait", "single")}
         part = args.seconds / args.rounds
         commands_before = redis_commands(redis_url)
         for _ in range(args.rounds):
             slices["bare"].append(asyncio.run(load(url, "/bare/echo", {}, part, args.concurrency)))
             slices["pool"].append(asyncio.run(end_to_end(url, "echo", headers, part, args.concurrency)))
             slices["one"].append(
-                asyncio.run(end_to_end(url, "echo", headers, part, args.concurrency, one=True))
+                asyncio.run(end_to_end(url, "echo", headers, part, args.concurrency, mode="stream"))
+            )
+            slices["wait"].append(
+                asyncio.run(end_to_end(url, "echo", headers, part, args.concurrency, mode="wait"))
             )
             slices["single"].append(
                 asyncio.run(end_to_end(url, "echo-single", headers, part, args.concurrency))
@@ -234,7 +246,8 @@ def main() -> None:
         commands = commands_since(redis_url, commands_before)
         bare_e2e = {"accepted_per_s": sum(s["accepted_per_s"] for s in slices["bare"]) / args.rounds}
         pool, one, single = merged(slices["pool"]), merged(slices["one"]), merged(slices["single"])
-        ran = sum(f["completed_per_s"] * args.seconds for f in (pool, one, single))
+        wait = merged(slices["wait"])
+        ran = sum(f["completed_per_s"] * args.seconds for f in (pool, one, wait, single))
         members = httpx.get(f"{url}/v1/agents", headers=headers, timeout=30).json()
         pool_size = sum(1 for a in members if a["agent_id"].startswith("echo.") and a["state"] != "stopped")
     finally:
@@ -261,7 +274,12 @@ def main() -> None:
         f"in {args.rounds} interleaved slices:"
     )
     print(f"  bare Serve echo      {bare_e2e['accepted_per_s']:8.1f} req/s")
-    variants = (("echo (pool)", pool), ("echo (pool), stream", one), ("echo-single", single))
+    variants = (
+        ("echo (pool)", pool),
+        ("echo (pool), stream", one),
+        ("echo (pool), wait_s", wait),
+        ("echo-single", single),
+    )
     for name, figures in variants:
         print(
             f"  {name:<20} {figures['completed_per_s']:8.1f} completed runs/s "
@@ -273,7 +291,7 @@ def main() -> None:
     per_run = {k: n / ran for k, n in sorted(commands.items(), key=lambda kv: -kv[1])} if ran else {}
     top = ", ".join(f"{k} {n:.1f}" for k, n in list(per_run.items())[:8])
     print(
-        f"  Redis per completed run (the three variants, idle loops included): "
+        f"  Redis per completed run (the four variants, idle loops included): "
         f"{sum(per_run.values()):.0f} commands, {per_run.get('evalsha', 0.0):.1f} scripts; top: {top}"
     )
     summary = {
@@ -285,9 +303,11 @@ def main() -> None:
             "bare_req_per_s": bare_e2e["accepted_per_s"],
             "pool": pool,
             "pool_stream": one,
+            "pool_wait": wait,
             "single": single,
             "pool_ratio": pool["completed_per_s"] / bare_e2e["accepted_per_s"],
             "pool_stream_ratio": one["completed_per_s"] / bare_e2e["accepted_per_s"],
+            "pool_wait_ratio": wait["completed_per_s"] / bare_e2e["accepted_per_s"],
             "single_ratio": single["completed_per_s"] / bare_e2e["accepted_per_s"],
             "pool_members": pool_size + 1,
             "redis_calls_per_run": per_run,

@@ -157,3 +157,21 @@ async def test_unacked_own_pending_event_does_not_block_new_events(bb: Blackboar
     restarted = bb.consume("g3", "w1")
     got = [await asyncio.wait_for(restarted.__anext__(), 3) for _ in range(2)]
     assert [(e.event.key, e.delivery) for e in got] == [("b", "pending"), ("c", "new")]
+
+
+def test_key_globs_match_as_fnmatch_does_the_run_form_without_a_regex() -> None:
+    """A run's stream subscribes with `*:run:<id>*`: matched by a substring test, not a regex
+    compiled anew per run; every other glob by its regex, and all as fnmatch would."""
+    import fnmatch
+
+    from colony.blackboard.events import KeyContains, compile_pattern
+
+    keys = ["event:run:run-1:00001.started", "result:run:run-1", "event:run:run-12:1", "x", "", "a\nb"]
+    patterns = ["*:run:run-1*", "*:run:run-1:*", "*run*", "**", "*[r]un*", "*?*", "result:*", "*\n*", "*"]
+    for pattern in patterns:
+        matcher = compile_pattern(pattern)
+        for key in keys:
+            got = matcher is None or bool(matcher.match(key))
+            assert got == fnmatch.fnmatchcase(key, pattern), (pattern, key)
+    assert isinstance(compile_pattern("*:run:run-1*"), KeyContains)
+    assert not isinstance(compile_pattern("*[r]un*"), KeyContains)

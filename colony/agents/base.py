@@ -135,6 +135,9 @@ class Agent(CapabilitySet, EventDelivery, Bindable):
         # ... and its exact stored text, when this copy wrote it: a fenced write then checks it in
         # its commit instead of reading it first (None: the read-and-judge path, `check_fence`)
         self._lifecycle_text: str | None = None
+        # state entries this copy committed, key -> (version, encoded value): a persist leaves an
+        # unchanged one as it is (colony.agents.persistence, `persist_agent`)
+        self._written: dict[str, tuple[int, str]] = {}
         self._handlers: dict[str, list[EventHandlerSpec]] = {}
         self._event_positions: dict[str, str] = {}
         self._handler_tasks: list[asyncio.Task[None]] = []

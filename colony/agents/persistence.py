@@ -72,29 +72,71 @@ async def persist_agent(agent: Agent, enter: AgentState | None = None, reason: s
     still holds the lifecycle value this copy holds (`judge_lifecycle`), so a copy that lost its
     place (another copy wrote after it) or whose state Redis lost never writes blindly over it.
 
+    A state entry (current run, policy and capability states, context head) whose value is what
+    this copy last committed there is not written again: the commit expects it unchanged (the
+    version this copy wrote) instead, so an entry anyone else wrote since, or that Redis lost,
+    fails the commit, and the persist is done once more writing every entry.
+
     The first persist of each step of a run (and of its beginning, step 0) also pushes that step's
     checkpoint onto the agent's capped checkpoint ring, in the same transaction. With `enter`, the
     agent's `agent:lifecycle` moves to that state in it too (the caller checked the transition)."""
+    skipping = bool(agent._written)
+    try:
+        await _persist(agent, enter, reason, agent._written)
+    except ConcurrentModificationError:
+        if not skipping:
+            raise
+        # an entry may have changed under this copy (the failed commit forgot them): all written
+        await _persist(agent, enter, reason, agent._written)
+
+
+async def _persist(
+    agent: Agent, enter: AgentState | None, reason: str | None, held: dict[str, tuple[int, str]]
+) -> None:
     context = agent.context
     pending, position = context.pending(), len(context)
     states = own_states(agent)  # taken once: the state entries and the step's checkpoint share them
     checkpoint = checkpoints.due(agent, states)
     lifecycle = agent.lifecycle_value(enter, reason, previous=agent.state) if enter is not None else None
-    async with agent.blackboard.transaction() as tx:
-        await fence(tx, agent)
-        write_state(tx, agent, states)
-        tx.ring_push(Keys.key("context"), pending, context.cap)
-        write_context_head(tx, agent, position)
-        if checkpoint is not None:
-            checkpoints.push(tx, agent, checkpoint)
-        if lifecycle is not None:  # last: its event follows the run's (as a separate transition's did)
-            tx.write(LIFECYCLE, lifecycle, created_by=agent.agent_id)
+    written: dict[str, str] = {}
+    try:
+        async with agent.blackboard.transaction() as tx:
+            await fence(tx, agent)
+            write_state(tx, agent, states, written)
+            tx.ring_push(Keys.key("context"), pending, context.cap)
+            write_context_head(tx, agent, position, written)
+            if checkpoint is not None:
+                checkpoints.push(tx, agent, checkpoint)
+            if lifecycle is not None:  # last: its event follows the run's (as a separate transition's did)
+                tx.write(LIFECYCLE, lifecycle, created_by=agent.agent_id)
+    except BaseException:
+        held.clear()  # not known what Redis holds now (a commit whose answer was lost applied)
+        raise
+    for entry in tx.results:
+        if entry is not None and entry.key in written:
+            held[entry.key] = (entry.version, written[entry.key])
     if enter is not None and lifecycle is not None:
         hold_own_lifecycle(agent, tx, lifecycle)
         agent._state = enter
     context.mark_persisted(position)
     if checkpoint is not None:
         checkpoints.pushed(agent, checkpoint)
+
+
+def _put(tx: Transaction, agent: Agent, key: str, value: Any, written: dict[str, str] | None) -> None:
+    """Write one state entry; with `written` (a persist's), one holding what this copy last
+    committed there is only expected unchanged, and the text of one written is noted there."""
+    if written is None:
+        agent._written.pop(key, None)
+        tx.write(key, value, created_by=agent.agent_id)
+        return
+    text = encode_value(value)
+    held = agent._written.get(key)
+    if held is not None and held[1] == text:
+        tx.expect(key, held[0])
+        return
+    tx.write(key, value, created_by=agent.agent_id, encoded=text)
+    written[key] = text
 
 
 async def fence(tx: Transaction, agent: Agent) -> None:
@@ -140,10 +182,14 @@ def own_states(agent: Agent) -> OwnStates:
     return OwnStates(policy, {name: c.get_state() for name, c in agent.capabilities.items()})
 
 
-def write_state(tx: Transaction, agent: Agent, states: OwnStates | None = None) -> None:
-    """The run, policy and capability states (what every persist rewrites whole); `states`: taken
-    already (else now)."""
+def write_state(
+    tx: Transaction, agent: Agent, states: OwnStates | None = None, written: dict[str, str] | None = None
+) -> None:
+    """The run, policy and capability states (what every persist rewrites whole, but for entries a
+    persist's `written` finds unchanged, see `_put`); `states`: taken already (else now)."""
     states = states or own_states(agent)
+    if written is None:
+        agent._written.clear()  # written outside a persist: what this copy holds is new
     if agent.current_run is not None:
         run = agent.current_run
         tx.write(
@@ -152,12 +198,12 @@ def write_state(tx: Transaction, agent: Agent, states: OwnStates | None = None) 
             created_by=agent.agent_id,
             ttl_seconds=agent.retention_seconds if run.done else None,
         )
-        tx.write(Keys.key("current_run"), run.run_id, created_by=agent.agent_id)
+        _put(tx, agent, Keys.key("current_run"), run.run_id, written)
     if states.policy is not None:
-        tx.write(Keys.key("policy_state"), states.policy, created_by=agent.agent_id)
+        _put(tx, agent, Keys.key("policy_state"), states.policy, written)
     for name, state in states.capabilities.items():
         entry = {"state": state, "events_from": agent._event_positions.get(name)}
-        tx.write(Keys.capability_state_key(name), entry, created_by=agent.agent_id)
+        _put(tx, agent, Keys.capability_state_key(name), entry, written)
 
 
 def write_first_state(tx: Transaction, agent: Agent, positions: dict[str, str]) -> None:
@@ -172,14 +218,13 @@ def write_first_state(tx: Transaction, agent: Agent, positions: dict[str, str]) 
     write_context_head(tx, agent, len(agent.context))
 
 
-def write_context_head(tx: Transaction, agent: Agent, position: int) -> None:
+def write_context_head(
+    tx: Transaction, agent: Agent, position: int, written: dict[str, str] | None = None
+) -> None:
     """The `agent:context` entry: the ring's position, the last result, page accesses."""
     last = agent.last_result.model_dump(mode="json") if agent.last_result else None
-    tx.write(
-        Keys.key("context"),
-        {"context_total": position, "last_result": last, "page_accesses": agent.page_accesses},
-        created_by=agent.agent_id,
-    )
+    head = {"context_total": position, "last_result": last, "page_accesses": agent.page_accesses}
+    _put(tx, agent, Keys.key("context"), head, written)
 
 
 # -- when Redis lost the agent's state ----------------------------------------------------------

@@ -13,7 +13,7 @@ import asyncio
 import json
 import logging
 import re
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import Annotated, Any, Protocol
 
@@ -32,6 +32,7 @@ from colony import __version__, metrics
 from colony.api.auth import TokenSource
 from colony.api.block_routes import InvalidBlockInput, add_block_routes
 from colony.api.context_routes import add_context_routes
+from colony.api.event_stream import EventStreamResponse, event_stream, wait_for_end
 from colony.api.http_metrics import RequestMetricsMiddleware
 from colony.api.limits import GuardMiddleware, check_input
 from colony.api.memory_routes import InvalidMemoryInput, MemoryScopeNotFound, add_memory_routes
@@ -85,7 +86,7 @@ from colony.errors import (
 )
 from colony.system.catalog import BUILTIN_AGENTS
 from colony.system.registry import AgentRecord, AgentRegistry
-from colony.system.runs import RunRecord, RunService, RunView
+from colony.system.runs import RunService, RunView
 from colony.vcm import PageSource, PageTable
 
 log = logging.getLogger(__name__)
@@ -99,24 +100,6 @@ def _event_id_schema(schema: dict[str, Any]) -> None:
     """A header is absent or a string: the document says so (not `null`, which a header cannot be)."""
     schema.pop("anyOf", None)
     schema.update({"type": "string", "pattern": EVENT_ID.pattern})
-
-
-class EventStreamResponse(StreamingResponse):
-    media_type = "text/event-stream"
-
-
-def event_stream(
-    runs: RunService, run_id: str, last_event_id: str | None, record: RunRecord, headers: dict[str, str]
-) -> EventStreamResponse:
-    """The run's events as server-sent events (`id:`, `event:`, `data:` as JSON), ending with its
-    terminal event: what GET /v1/runs/{run_id}/events and a submit with `stream: true` send."""
-
-    async def lines() -> AsyncIterator[str]:
-        async for event_id, event in runs.events(run_id, last_event_id, record=record):
-            kind = event.get("event_type", "message")
-            yield f"id: {event_id}\nevent: {kind}\ndata: {json.dumps(event)}\n\n"
-
-    return EventStreamResponse(lines(), headers={"Cache-Control": "no-cache", **headers})
 
 
 class PrometheusResponse(Response):
@@ -359,7 +342,7 @@ def create_app(
         dependencies=[Depends(authorized)],
         responses={**SUBMIT, 200: SUBMIT_STREAM},
     )
-    async def submit(body: SubmitRun) -> SubmittedRun | StreamingResponse:
+    async def submit(body: SubmitRun) -> SubmittedRun | StreamingResponse | JSONResponse:
         try:
             check_input(body.input, api.max_input_depth)
         except ValueError as exc:
@@ -373,6 +356,11 @@ def create_app(
         if body.stream:  # submit and stream in one request: the events from the run's first one
             headers = {"Colony-Run-Id": record.run_id, "Content-Location": events_url}
             return event_stream(runs, record.run_id, None, record, headers)
+        if body.wait_s is not None:  # submit and wait for the end in one request
+            ended = await wait_for_end(runs, record, body.wait_s)
+            if ended is not None:
+                headers = {"Colony-Run-Id": record.run_id, "Content-Location": f"/v1/runs/{record.run_id}"}
+                return JSONResponse(ended.model_dump(mode="json"), headers=headers)
         return SubmittedRun(run_id=record.run_id, status="queued", events_url=events_url)
 
     @app.get(

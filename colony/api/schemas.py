@@ -9,7 +9,15 @@ from __future__ import annotations
 
 from typing import Annotated, Any, Literal
 
-from pydantic import AfterValidator, BaseModel, ConfigDict, Field, StringConstraints, field_validator
+from pydantic import (
+    AfterValidator,
+    BaseModel,
+    ConfigDict,
+    Field,
+    StringConstraints,
+    field_validator,
+    model_validator,
+)
 
 from colony.memory.types import MemoryEntry, RecalledEntry
 
@@ -30,10 +38,20 @@ class ErrorBody(BaseModel):
     error: ErrorDetail
 
 
+MAX_WAIT_SECONDS = 600.0  # a submit with wait_s holds its request open at most this long
+
+
 class SubmitRun(BaseModel):
     model_config = ConfigDict(
         extra="forbid",
-        json_schema_extra={"examples": [{"agent": "echo", "input": {"hello": ["world", 1]}, "timeout_s": 9}]},
+        json_schema_extra={
+            "examples": [{"agent": "echo", "input": {"hello": ["world", 1]}, "timeout_s": 9}],
+            # stream and wait_s exclude each other (the validator below says so with a 422)
+            "not": {
+                "required": ["stream", "wait_s"],
+                "properties": {"stream": {"const": True}, "wait_s": {"type": "number"}},
+            },
+        },
     )
 
     agent: str = Field(min_length=1, max_length=128, pattern=ID_PATTERN, description=f"agent id; {ID_RULE}")
@@ -52,6 +70,22 @@ class SubmitRun(BaseModel):
         "events URL in Content-Location (resume there with Last-Event-ID); one request per run. "
         "false: 202 with the run id",
     )
+    wait_s: float | None = Field(
+        None,
+        gt=0,
+        le=MAX_WAIT_SECONDS,
+        allow_inf_nan=False,
+        description="wait up to this many seconds for the run to end: the answer is then the "
+        "ended run (200, as GET /v1/runs/{run_id} shows it: status, output, error), one request "
+        "per run; a run still going at the end of the wait is answered as without it (202 with the "
+        f"run id; it goes on). At most {MAX_WAIT_SECONDS:.0f}; not with `stream`",
+    )
+
+    @model_validator(mode="after")
+    def _one_way_to_answer(self) -> SubmitRun:
+        if self.stream and self.wait_s is not None:
+            raise ValueError("stream and wait_s exclude each other: stream the events, or wait for the end")
+        return self
 
 
 class SubmittedRun(BaseModel):
@@ -140,11 +174,18 @@ SSE_EVENT: dict[str, Any] = {
 
 # a submit with `stream: true`: the run's event stream, its id in a header
 SUBMIT_STREAM: dict[str, Any] = {
-    "description": "with `stream: true`: the run's events (as GET /v1/runs/{run_id}/events sends them)",
-    "content": {"text/event-stream": {"schema": SSE_EVENT}},
+    "description": "with `stream: true`: the run's events (as GET /v1/runs/{run_id}/events sends "
+    "them); with `wait_s`: the run, ended within the wait (as GET /v1/runs/{run_id} shows it)",
+    "content": {
+        "text/event-stream": {"schema": SSE_EVENT},
+        "application/json": {"schema": {"$ref": "#/components/schemas/RunView"}},
+    },
     "headers": {
         "Colony-Run-Id": {"description": "the run's id", "schema": {"type": "string"}},
-        "Content-Location": {"description": "the run's events URL", "schema": {"type": "string"}},
+        "Content-Location": {
+            "description": "what the body shows: the run's events URL (stream), the run's URL (wait_s)",
+            "schema": {"type": "string"},
+        },
     },
 }
 

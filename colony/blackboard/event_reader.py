@@ -49,6 +49,7 @@ from colony.errors import EventStreamRefused, InvalidArgument
 if TYPE_CHECKING:
     import redis.asyncio as aioredis
 
+    from colony.blackboard.events import KeyMatcher
     from colony.config import BlackboardSettings
 
 log = logging.getLogger(__name__)
@@ -99,7 +100,7 @@ class Slot:
 
     __slots__ = ("__weakref__", "active", "buffer", "delivered", "error", "lane", "regex", "stream", "waiter")
 
-    def __init__(self, stream: str, regex: re.Pattern[str] | None, position: StreamId) -> None:
+    def __init__(self, stream: str, regex: KeyMatcher | None, position: StreamId) -> None:
         self.stream = stream
         self.regex = regex
         self.delivered = position  # newest row handed to this slot (matching or not)

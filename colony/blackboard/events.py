@@ -34,9 +34,34 @@ log = logging.getLogger(__name__)
 _READ_COUNT = 256
 
 
-def compile_pattern(pattern: str) -> re.Pattern[str] | None:
-    """A regex for the key glob (None matches everything)."""
-    return None if pattern == "*" else re.compile(fnmatch.translate(pattern))
+_GLOB = frozenset("*?[")
+
+
+class KeyContains:
+    """The matcher of a `*text*` glob (text without glob characters), the form a run's event
+    stream subscribes with: a substring test instead of a regex compiled anew for every run."""
+
+    __slots__ = ("text",)
+
+    def __init__(self, text: str) -> None:
+        self.text = text
+
+    def match(self, key: str) -> bool:
+        return self.text in key
+
+
+KeyMatcher = re.Pattern[str] | KeyContains
+
+
+def compile_pattern(pattern: str) -> KeyMatcher | None:
+    """A matcher for the key glob (None matches everything); `.match(key)` is true when the whole
+    key matches, as `fnmatch` would have it."""
+    if pattern == "*":
+        return None
+    inner = pattern[1:-1]
+    if len(pattern) > 2 and pattern[0] == "*" and pattern[-1] == "*" and not _GLOB.intersection(inner):
+        return KeyContains(inner)
+    return re.compile(fnmatch.translate(pattern))
 
 
 def _block_ms(bb: Blackboard) -> int:
@@ -117,6 +142,14 @@ class EventSubscription:
         if event is None:
             raise StopAsyncIteration
         return event
+
+    def ready(self) -> bool:
+        """Whether `next()` has a matching event at hand (returns it without waiting for Redis):
+        a reader can gather the events that arrived together and pass them on as one batch."""
+        if self._shared:
+            return self._slot is not None and bool(self._slot.buffer)
+        regex = self._regex
+        return any(regex is None or regex.match(fields["key"]) for _id, fields in self._buffer)
 
     async def next(self, timeout: float | None = None) -> BlackboardEvent | None:
         """The next matching event; None when `timeout` seconds pass first or the subscription is closed.

@@ -72,14 +72,17 @@ class Transaction:
         ttl_seconds: float | None = None,
         expected_version: int | None = None,
         value_in_event: bool = False,
+        encoded: str | None = None,
     ) -> None:
         """Buffer a write; applied at commit. `value_in_event`: as `Blackboard.write`'s (its event
-        carries the value when it is at most `EVENT_VALUE_BYTES` encoded)."""
+        carries the value when it is at most `EVENT_VALUE_BYTES` encoded). `encoded`: the value
+        as `encode_value` encodes it, from a caller that needed that text already."""
         self._check_open()
         validate_key(key)
         if expected_version is not None:
             self._checks.append((key, expected_version, None))
-        encoded = encode_value(value)
+        if encoded is None:
+            encoded = encode_value(value)
         in_event = "1" if value_in_event and len(encoded) <= EVENT_VALUE_BYTES else ""
         self._ops.append(
             ["w", key, encoded, encode_tags(tags), created_by or "", ttl_to_ms(ttl_seconds), in_event]

@@ -411,7 +411,18 @@ class RunService:
         self, run_id: str, last_event_id: str | None = None, *, record: RunRecord | None = None
     ) -> AsyncIterator[tuple[str, dict[str, Any]]]:
         """(event id, event) pairs of the run, from the start or after `last_event_id`, ending with
-        its terminal event. A run ended by the API (cancel, timeout) gets a terminal event here.
+        its terminal event; see `event_batches`."""
+        async for batch in self.event_batches(run_id, last_event_id, record=record):
+            for pair in batch:
+                yield pair
+
+    async def event_batches(
+        self, run_id: str, last_event_id: str | None = None, *, record: RunRecord | None = None
+    ) -> AsyncIterator[list[tuple[str, dict[str, Any]]]]:
+        """The run's (event id, event) pairs, from the start or after `last_event_id`, ending with
+        its terminal event, in batches: the events that arrived together (a run's last step, its
+        answer and its terminal event are written at once) come in one list, so a stream can send
+        them in one message. A run ended by the API (cancel, timeout) gets a terminal event here.
 
         When the run has ended but its remaining events are gone (trimmed or expired), the stream
         sends a `gap` event and then a terminal event built from the run's result, and ends.
@@ -422,16 +433,19 @@ class RunService:
         board = self.run_board(record)
         subscription = board.subscribe(f"*:run:{run_id}*", from_id=last_event_id or record.events_from)
         result_key = AgentRunProtocol.result_key(run_id)
+        batch: list[tuple[str, dict[str, Any]]] = []
         try:
             while True:
+                if batch and not subscription.ready():
+                    yield batch
+                    batch = []
                 event = await subscription.next(timeout=IDLE_SECONDS)
                 if event is None:
                     if record.deadline is not None and time.time() > record.deadline:
                         await self._finish(record, "failed", "run timed out after its deadline")
                     ending = await self._gap(record, subscription.last_id)
                     if ending:
-                        for pair in ending:
-                            yield pair
+                        yield [*batch, *ending]
                         return
                     continue
                 if event.op != "write":
@@ -440,14 +454,12 @@ class RunService:
                     if event.created_by == API_WRITER:
                         entry = await board.read(result_key)
                         status = entry.value.get("status", "failed") if entry else "failed"
-                        yield (
-                            event.id,
-                            {
-                                "event_type": status if status == "cancelled" else "failed",
-                                "data": {"error": entry.value.get("error") if entry else None},
-                                "request_id": run_id,
-                            },
-                        )
+                        ended = {
+                            "event_type": status if status == "cancelled" else "failed",
+                            "data": {"error": entry.value.get("error") if entry else None},
+                            "request_id": run_id,
+                        }
+                        yield [*batch, (event.id, ended)]
                         return
                     continue  # the agent's terminal event follows its result
                 identified = AgentRunProtocol.identify(event.key)
@@ -459,8 +471,9 @@ class RunService:
                     if entry is None or not isinstance(entry.value, dict):
                         continue
                     value = entry.value
-                yield event.id, value
+                batch.append((event.id, value))
                 if value.get("event_type") in TERMINAL_EVENTS:
+                    yield batch
                     return
         finally:
             subscription.close()

@@ -1,0 +1,121 @@
+"""A run's events over HTTP: as server-sent events, in as few response messages as they arrive
+in, or waited for until the run ends (a submit with `wait_s`).
+
+Behind Ray Serve every ASGI message a replica sends is a streaming item relayed through the
+proxy, and each item costs both processes about as much CPU as a small request does. So the
+stream is sent in batches: the events that arrived together (`RunService.event_batches`) go in
+one message, the response's head waits briefly for the first batch to go with it, and the last
+batch closes the response itself (no empty closing message after the terminal event).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import time
+from collections.abc import AsyncIterator
+from typing import Any
+
+from starlette.responses import StreamingResponse
+from starlette.types import Send
+
+from colony.agents.handle import TERMINAL_EVENTS
+from colony.system.runs import RunRecord, RunService, RunView
+
+# The head of the response waits this long for the first events (to go out in the same message);
+# past it, the head goes alone and the client learns the run id without waiting for the run to start.
+HEAD_WAIT_SECONDS = 0.05
+
+
+class EventStreamResponse(StreamingResponse):
+    """Server-sent events from an iterator of (text, last) batches: `last` marks the batch that
+    ends the stream, which closes the response in the same message."""
+
+    media_type = "text/event-stream"
+
+    async def stream_response(self, send: Send) -> None:
+        start: dict[str, Any] | None = {
+            "type": "http.response.start",
+            "status": self.status_code,
+            "headers": self.raw_headers,
+        }
+        batches: AsyncIterator[tuple[str, bool]] = self.body_iterator  # type: ignore[assignment]
+        try:
+            first = asyncio.ensure_future(anext(batches, None))
+            try:
+                if not (await asyncio.wait({first}, timeout=HEAD_WAIT_SECONDS))[0] and start:
+                    await send(start)
+                    start = None
+                item = await first
+            except BaseException:
+                first.cancel()
+                raise
+            while item is not None:
+                text, last = item
+                if start is not None:
+                    await send(start)
+                    start = None
+                body = text.encode(self.charset)
+                await send({"type": "http.response.body", "body": body, "more_body": not last})
+                if last:
+                    return
+                item = await anext(batches, None)
+            if start is not None:
+                await send(start)
+            await send({"type": "http.response.body", "body": b"", "more_body": False})
+        finally:
+            aclose = getattr(batches, "aclose", None)
+            if aclose is not None:
+                await aclose()
+
+
+def sse(event_id: str, event: dict[str, Any]) -> str:
+    """One event in SSE form: `id:`, `event:` (its type) and `data:` (the event as JSON)."""
+    kind = event.get("event_type", "message")
+    return f"id: {event_id}\nevent: {kind}\ndata: {json.dumps(event)}\n\n"
+
+
+def event_stream(
+    runs: RunService, run_id: str, last_event_id: str | None, record: RunRecord, headers: dict[str, str]
+) -> EventStreamResponse:
+    """The run's events as server-sent events, ending with its terminal event: what
+    GET /v1/runs/{run_id}/events and a submit with `stream: true` send."""
+
+    async def batches() -> AsyncIterator[tuple[str, bool]]:
+        async for batch in runs.event_batches(run_id, last_event_id, record=record):
+            text = "".join(sse(event_id, event) for event_id, event in batch)
+            yield text, batch[-1][1].get("event_type") in TERMINAL_EVENTS  # the stream's last
+
+    return EventStreamResponse(batches(), headers={"Cache-Control": "no-cache", **headers})
+
+
+ENDED_STATUS = {"completed": "succeeded", "cancelled": "cancelled"}  # any other terminal event: failed
+
+
+async def wait_for_end(runs: RunService, record: RunRecord, seconds: float) -> RunView | None:
+    """The run as GET /v1/runs/{run_id} shows it once ended, read off its terminal event (which
+    carries the output or error its answer holds); None if it has not ended within `seconds`."""
+    try:
+        async with asyncio.timeout(seconds):
+            batches = runs.event_batches(record.run_id, None, record=record)
+            async with contextlib.aclosing(batches):
+                async for batch in batches:
+                    event = batch[-1][1]
+                    kind = event.get("event_type")
+                    if kind in TERMINAL_EVENTS:
+                        data = event.get("data")
+                        data = data if isinstance(data, dict) else {}
+                        error, ts = data.get("error"), event.get("ts")
+                        return RunView(
+                            run_id=record.run_id,
+                            agent=record.agent,
+                            status=ENDED_STATUS.get(str(kind), "failed"),
+                            output=data.get("output"),
+                            error=error if isinstance(error, str) or error is None else str(error),
+                            created_at=record.created_at,
+                            updated_at=float(ts) if isinstance(ts, int | float) else time.time(),
+                        )
+    except TimeoutError:
+        return None
+    return None

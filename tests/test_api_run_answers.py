@@ -1,0 +1,198 @@
+"""How a run's answer goes out over HTTP: a submit that waits for the end (`wait_s`), and event
+streams sent in as few ASGI messages as the events arrive in (behind Serve each message is an
+item the proxy relays, at about the cost of a small request)."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import uuid
+from collections.abc import AsyncIterator
+from typing import Any
+
+import httpx
+import pytest
+
+from colony.api import event_stream as sse_module
+from colony.api.app import ApiServices, create_app
+from colony.blackboard import Blackboard
+from colony.config import ColonySettings
+from colony.inference.scripted import ScriptedEngine
+from colony.system.builtin import echo_blueprint
+from colony.system.host import ReplicaHost
+from colony.system.registry import AgentRecord
+from colony.system.runs import RunService
+
+TOKEN = "test-token"
+AUTH = {"Authorization": f"Bearer {TOKEN}"}
+
+
+@pytest.fixture
+async def served(bb: Blackboard, redis_url: str) -> AsyncIterator[tuple[httpx.AsyncClient, Any, ReplicaHost]]:
+    settings = ColonySettings(redis_url=redis_url, colony_id=f"ans{uuid.uuid4().hex[:8]}")
+    host = ReplicaHost(settings, "replica-a", engine=ScriptedEngine(["unused"]))
+    await host.start(bb)
+    await host.ensure_agent(echo_blueprint())
+    assert host.registry is not None
+    await host.registry.put(AgentRecord(agent_id="sleepy", state="idle"))  # registered, nobody serves it
+    runs = RunService(bb, host.registry, tenant_id=settings.tenant_id, colony_id=settings.colony_id)
+    app = create_app(ApiServices(runs=runs, registry=host.registry, token=TOKEN))
+    async with httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://colony") as client:
+        yield client, app, host
+    await host.close()
+
+
+def events_of(text: str) -> list[str]:
+    return [line[7:] for line in text.splitlines() if line.startswith("event: ")]
+
+
+async def test_a_submit_with_wait_s_answers_with_the_ended_run(served) -> None:
+    client, _, _ = served
+    answer = await client.post(
+        "/v1/runs", json={"agent": "echo", "input": {"x": [1, "two"]}, "wait_s": 10}, headers=AUTH
+    )
+    assert answer.status_code == 200, answer.text
+    body = answer.json()
+    run_id = answer.headers["colony-run-id"]
+    assert answer.headers["content-location"] == f"/v1/runs/{run_id}"
+    assert body["run_id"] == run_id and body["agent"] == "echo"
+    assert body["status"] == "succeeded" and body["output"] == {"x": [1, "two"]} and body["error"] is None
+    assert body["updated_at"] >= body["created_at"]
+    # what it answered is what GET shows for the run
+    view = (await client.get(f"/v1/runs/{run_id}", headers=AUTH)).json()
+    assert {k: view[k] for k in ("status", "output", "error", "agent")} == {
+        k: body[k] for k in ("status", "output", "error", "agent")
+    }
+
+
+async def test_a_run_still_going_after_wait_s_is_answered_as_submitted(served) -> None:
+    client, _, _ = served
+    started = asyncio.get_running_loop().time()
+    answer = await client.post("/v1/runs", json={"agent": "sleepy", "wait_s": 0.3}, headers=AUTH)
+    waited = asyncio.get_running_loop().time() - started
+    assert answer.status_code == 202 and answer.json()["status"] == "queued"
+    assert 0.3 <= waited < 5
+    run_id = answer.json()["run_id"]
+    assert (await client.get(f"/v1/runs/{run_id}", headers=AUTH)).json()["status"] == "queued"  # goes on
+    # a run ended by its deadline within the wait is answered as ended (failed), not as queued
+    timed = await client.post(
+        "/v1/runs", json={"agent": "sleepy", "wait_s": 5, "timeout_s": 0.2}, headers=AUTH
+    )
+    assert timed.status_code == 200 and timed.json()["status"] == "failed"
+    assert "timed out" in timed.json()["error"]
+
+
+@pytest.mark.parametrize(
+    "body",
+    [
+        {"agent": "echo", "wait_s": 0},
+        {"agent": "echo", "wait_s": -1},
+        {"agent": "echo", "wait_s": 601},
+        {"agent": "echo", "wait_s": "soon"},
+        {"agent": "echo", "wait_s": 5, "stream": True},
+    ],
+)
+async def test_wait_s_out_of_bounds_or_with_stream_is_refused_with_its_field(served, body) -> None:
+    client, _, _ = served
+    answer = await client.post("/v1/runs", json=body, headers=AUTH)
+    assert answer.status_code == 422, answer.text
+    assert "wait_s" in answer.text
+    nan = await client.post(
+        "/v1/runs",
+        content=b'{"agent": "echo", "wait_s": NaN}',
+        headers={**AUTH, "Content-Type": "application/json"},
+    )
+    assert nan.status_code == 422
+
+
+async def asgi_call(
+    app: Any,
+    path: str,
+    body: dict[str, Any] | None,
+    sent: list[dict[str, Any]],
+    first: asyncio.Event | None = None,
+) -> None:
+    """One request straight to the ASGI app, each message it sends appended to `sent` (the
+    messages Serve relays one by one)."""
+    raw = json.dumps(body).encode() if body is not None else b""
+    scope = {
+        "type": "http",
+        "asgi": {"version": "3.0", "spec_version": "2.4"},
+        "http_version": "1.1",
+        "method": "POST" if body is not None else "GET",
+        "scheme": "http",
+        "path": path,
+        "raw_path": path.encode(),
+        "query_string": b"",
+        "root_path": "",
+        "headers": [
+            (b"host", b"colony"),
+            (b"authorization", f"Bearer {TOKEN}".encode()),
+            (b"content-type", b"application/json"),
+            (b"content-length", str(len(raw)).encode()),
+        ],
+        "client": ("127.0.0.1", 1),
+        "server": ("colony", 80),
+    }
+    delivered = False
+
+    async def receive() -> dict[str, Any]:
+        nonlocal delivered
+        if not delivered:
+            delivered = True
+            return {"type": "http.request", "body": raw, "more_body": False}
+        await asyncio.sleep(3600)
+        return {"type": "http.disconnect"}
+
+    async def send(message: dict[str, Any]) -> None:
+        sent.append(message)
+        if first is not None:
+            first.set()
+
+    await app(scope, receive, send)
+
+
+async def asgi_messages(app: Any, path: str, body: dict[str, Any] | None = None) -> list[dict[str, Any]]:
+    sent: list[dict[str, Any]] = []
+    await asyncio.wait_for(asgi_call(app, path, body, sent), 20)
+    return sent
+
+
+async def test_events_that_arrived_together_go_in_one_message_that_also_ends_the_response(served) -> None:
+    client, app, _ = served
+    done = await client.post("/v1/runs", json={"agent": "echo", "input": 1, "wait_s": 10}, headers=AUTH)
+    run_id = done.json()["run_id"]
+    # an ended run: every event is at hand, so the head and one body (the last) are all it takes
+    messages = await asgi_messages(app, f"/v1/runs/{run_id}/events")
+    assert [m["type"] for m in messages] == ["http.response.start", "http.response.body"]
+    assert messages[1]["more_body"] is False
+    assert events_of(messages[1]["body"].decode()) == ["started", "step", "completed"]
+    # a live stream: the head goes with the first events, the terminal event closes the response
+    live = await asgi_messages(app, "/v1/runs", {"agent": "echo", "input": 2, "stream": True})
+    assert live[0]["type"] == "http.response.start" and live[0]["status"] == 200
+    bodies = live[1:]
+    assert all(m["type"] == "http.response.body" for m in bodies)
+    assert [m["more_body"] for m in bodies] == [True] * (len(bodies) - 1) + [False]
+    assert bodies[-1]["body"], "no empty closing message after the terminal event"
+    text = b"".join(m["body"] for m in bodies).decode()
+    assert events_of(text) == ["started", "step", "completed"]
+    assert len(bodies) <= 3
+
+
+async def test_the_stream_head_goes_alone_once_the_wait_for_events_is_over(served, monkeypatch) -> None:
+    """The client learns the run id (its header) while the run waits to be served."""
+    _, app, _ = served
+    monkeypatch.setattr(sse_module, "HEAD_WAIT_SECONDS", 0.05)
+    sent: list[dict[str, Any]] = []
+    first = asyncio.Event()
+    task = asyncio.create_task(asgi_call(app, "/v1/runs", {"agent": "sleepy", "stream": True}, sent, first))
+    try:
+        await asyncio.wait_for(first.wait(), 5)
+        assert sent[0]["type"] == "http.response.start"
+        assert dict(sent[0]["headers"])[b"colony-run-id"].startswith(b"run-")
+        await asyncio.sleep(0.2)
+        assert len(sent) == 1 and not task.done()  # no events yet; the stream goes on
+    finally:
+        task.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await task
