@@ -196,3 +196,36 @@ async def test_the_stream_head_goes_alone_once_the_wait_for_events_is_over(serve
         task.cancel()
         with pytest.raises(asyncio.CancelledError):
             await task
+
+
+async def test_runs_submitted_while_the_agents_stream_is_read_start_there_and_miss_nothing(
+    served, monkeypatch
+) -> None:
+    """A submit takes where its run's events start from the shared reader when that reads the
+    agent's stream already (no round trip); every concurrent stream still gets all its events."""
+    client, _, _ = served
+    from colony.blackboard.blackboard import Blackboard as Board
+
+    asked: list[str] = []
+    latest = Board.latest_event_id
+
+    async def counted(self: Board) -> str:
+        asked.append(self.scope_id)
+        return await latest(self)
+
+    monkeypatch.setattr(Board, "latest_event_id", counted)
+    quiet = await client.post("/v1/runs", json={"agent": "sleepy", "wait_s": 0.1}, headers=AUTH)
+    assert quiet.status_code == 202 and len(asked) == 1  # nobody reads sleepy's stream: Redis is asked
+    asked.clear()
+
+    async def one(n: int) -> list[str]:
+        answer = await client.post(
+            "/v1/runs", json={"agent": "echo", "input": n, "stream": True}, headers=AUTH
+        )
+        assert answer.status_code == 200
+        return events_of(answer.text)
+
+    async with asyncio.timeout(60):
+        streams = await asyncio.gather(*(one(n) for n in range(1, 25)))
+    assert all(kinds == ["started", "step", "completed"] for kinds in streams)
+    assert asked == []  # echo's stream is read (by echo itself here, by other runs' streams in an API)

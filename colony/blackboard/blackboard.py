@@ -504,6 +504,15 @@ class Blackboard:
 
         return EventConsumer(self, group, consumer, validate_pattern(pattern), start_id, min_idle_ms)
 
+    def read_event_position(self) -> str | None:
+        """An id every event this scope appends from now on comes after, known without asking
+        Redis: where the process's shared reader reads this scope's stream, while it reads it for
+        some subscription (None otherwise: use `latest_event_id`)."""
+        from colony.blackboard.event_reader import running_reader
+
+        reader = running_reader(self.redis) if self.shared_events else None
+        return reader.position(self.keyspace.events_key) if reader is not None else None
+
     async def latest_event_id(self) -> str:
         """Id of the newest event of this scope ("0-0" if none)."""
         async with self.guard("latest_event_id"):

@@ -457,6 +457,16 @@ class EventReader:
         if self._where.get(stream) is lane:
             del self._where[stream]
 
+    def position(self, stream: str) -> str | None:
+        """Where this reader reads `stream` from, while a healthy lane reads it for a subscription:
+        every row it has not handed out yet lies after this id, so a subscription started there
+        misses nothing appended from now on (and starts with no read of its own). None otherwise."""
+        lane = self._where.get(stream)
+        state = lane.streams.get(stream) if lane is not None else None
+        if lane is None or state is None or lane.failing is not None or not state.wanted():
+            return None
+        return format_id(state.pos)
+
     def _pick(self) -> Lane:
         """The lane being filled (fill one lane before opening the next: joins disturb one XREAD)."""
         self.lanes = [
@@ -544,6 +554,14 @@ def reader_for(redis: aioredis.Redis, url: str, settings: BlackboardSettings) ->
 def existing_reader(redis: aioredis.Redis) -> EventReader | None:
     found: tuple[asyncio.AbstractEventLoop, EventReader] | None = getattr(redis, _ATTR, None)
     return found[1] if found is not None else None
+
+
+def running_reader(redis: aioredis.Redis) -> EventReader | None:
+    """The client's shared reader if it reads in the running event loop (made by none)."""
+    found: tuple[asyncio.AbstractEventLoop, EventReader] | None = getattr(redis, _ATTR, None)
+    if found is None or found[0] is not asyncio.get_running_loop():
+        return None
+    return found[1]
 
 
 def drop_reader(redis: aioredis.Redis) -> EventReader | None:

@@ -199,7 +199,9 @@ class RunService:
             if serving.admitted_at_once() is not None:  # reserve, then count (the count includes it)
                 await board.write(**pending_write(AgentRunProtocol, run_id, RESERVE_SECONDS, API_WRITER))
                 await self._admit(board, agent, serving, marker)
-            record.events_from = await board.latest_event_id()
+            # where its events start: the shared reader's position when it reads the agent's
+            # stream already (a busy agent's: no round trip), else the stream's newest event
+            record.events_from = board.read_event_position() or await board.latest_event_id()
             request = {
                 "key": request_key,
                 "value": {
