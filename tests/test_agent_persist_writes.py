@@ -68,3 +68,25 @@ async def test_an_entry_redis_lost_is_written_again_at_the_next_persist(runtime:
     await runtime.drop(agent.agent_id)
     again = await runtime.resume(agent.agent_id)
     assert again.capabilities[counter].total == 7
+
+
+async def test_an_entry_lost_and_written_again_to_the_same_version_is_written_over(
+    runtime: LocalAgentRuntime,
+) -> None:
+    """The check is on the text too: a lost key written again by someone else restarts its
+    versions, and may reach the very version this copy wrote."""
+    agent = await runtime.spawn(counter_blueprint(f"aba{uuid.uuid4().hex[:6]}", STEPS))
+    counter = next(n for n, c in agent.capabilities.items() if hasattr(c, "total"))
+    agent.capabilities[counter].total = 5
+    await agent.persist()
+    key = Keys.capability_state_key(counter)
+    mine = await agent.blackboard.read(key)
+    assert mine is not None
+    await agent.blackboard.redis.delete(agent.blackboard.keyspace.entry_key(key))
+    for _ in range(mine.version):
+        await agent.blackboard.write(key, {"state": {"total": 999}, "events_from": None}, created_by="x")
+    theirs = await agent.blackboard.read(key)
+    assert theirs is not None and theirs.version == mine.version
+    await agent.persist()
+    stored = await agent.blackboard.read(key)
+    assert stored is not None and stored.value["state"] == {"total": 5}

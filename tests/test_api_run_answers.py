@@ -229,3 +229,111 @@ async def test_runs_submitted_while_the_agents_stream_is_read_start_there_and_mi
         streams = await asyncio.gather(*(one(n) for n in range(1, 25)))
     assert all(kinds == ["started", "step", "completed"] for kinds in streams)
     assert asked == []  # echo's stream is read (by echo itself here, by other runs' streams in an API)
+
+
+async def test_a_client_gone_during_the_head_wait_cancels_cleanly(served, monkeypatch) -> None:
+    """Cancelled while the head waits for the first events: the cancellation itself comes out
+    (no error of the stream's own), and the run's subscription is let go."""
+    _, app, host = served
+    monkeypatch.setattr(sse_module, "HEAD_WAIT_SECONDS", 5.0)
+    sent: list[dict[str, Any]] = []
+    task = asyncio.create_task(asgi_call(app, "/v1/runs", {"agent": "sleepy", "stream": True}, sent))
+    await asyncio.sleep(0.3)
+    assert sent == []  # still waiting for events to go with the head
+    task.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await task
+    from colony.blackboard.event_reader import running_reader
+
+    reader = running_reader(host.blackboard.redis)
+    assert reader is not None
+    assert not [key for key in reader._where if ":agent:sleepy:" in key]  # nobody reads sleepy's runs
+
+
+async def hostile_end(
+    client: httpx.AsyncClient, host: ReplicaHost, terminal: dict[str, Any]
+) -> httpx.Response:
+    """A wait_s submit to `sleepy` whose terminal event (as a misbehaving agent could write it)
+    is `terminal`: written while the submit waits."""
+    from colony.blackboard import AgentRunProtocol, BlackboardScope, scope_id
+
+    waiting = asyncio.create_task(
+        client.post("/v1/runs", json={"agent": "sleepy", "wait_s": 10}, headers=AUTH)
+    )
+    await asyncio.sleep(0.3)
+    settings_colony = host.settings.colony_id
+    runs_scope = AgentRunProtocol.namespaced_scope(
+        scope_id(BlackboardScope.AGENT, tenant_id="default", colony_id=settings_colony, agent_id="sleepy"),
+        "runs",
+    )
+    board = host.blackboard.scoped(runs_scope)
+    requests = [e.key async for e in board.iter_query(AgentRunProtocol.pattern("request"))]
+    run_id = AgentRunProtocol.parse_request_key(sorted(requests)[-1])
+    await board.write(
+        AgentRunProtocol.event_key(run_id, "00001.completed"),
+        {"request_id": run_id, "seq": 1, **terminal},
+        created_by="sleepy",
+        value_in_event=True,
+    )
+    return await waiting
+
+
+@pytest.mark.parametrize(
+    "terminal",
+    [
+        {"event_type": "completed", "ts": float("inf"), "data": {"output": float("nan"), "error": None}},
+        {"event_type": "completed", "ts": 10**400, "data": {"output": [1], "error": {"not": "text"}}},
+        {"event_type": "completed", "ts": "yesterday", "data": "not an object"},
+    ],
+)
+async def test_a_hostile_terminal_event_still_answers_a_wait(served, terminal) -> None:
+    client, _, host = served
+    answer = await hostile_end(client, host, terminal)
+    assert answer.status_code == 200, answer.text
+    body = answer.json()
+    assert body["status"] == "succeeded" and body["updated_at"] >= body["created_at"]
+    assert body["error"] is None or isinstance(body["error"], str)
+
+
+async def test_an_event_type_that_is_no_text_is_not_an_end(served) -> None:
+    client, _, host = served
+    waiting = asyncio.create_task(hostile_end(client, host, {"event_type": ["completed"], "data": {}}))
+    done, _ = await asyncio.wait({waiting}, timeout=1.5)
+    assert not done  # not taken for the end (nor a crash): the wait goes on
+    waiting.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await waiting
+
+
+async def test_a_wait_whose_redis_fails_answers_as_submitted(served, monkeypatch) -> None:
+    """The run exists once submitted: a Redis failure while waiting answers 202 with its id (a
+    retrying client would submit it twice on a 503)."""
+    client, _, _ = served
+    from colony.errors import BlackboardUnavailable
+
+    async def failing(*args: Any, **kwargs: Any) -> Any:
+        raise BlackboardUnavailable("xread", "redis://blip")
+
+    monkeypatch.setattr(sse_module, "wait_for_end", failing)
+    import colony.api.app as app_module
+
+    monkeypatch.setattr(app_module, "wait_for_end", failing)
+    answer = await client.post("/v1/runs", json={"agent": "echo", "input": 1, "wait_s": 5}, headers=AUTH)
+    assert answer.status_code == 202 and answer.json()["run_id"].startswith("run-")
+
+
+async def test_runs_followed_by_stream_or_wait_are_counted_once(served) -> None:
+    client, _, _ = served
+    from colony import metrics
+
+    def succeeded() -> float:
+        return metrics.RUNS_COMPLETED.labels("succeeded")._value.get()
+
+    before = succeeded()
+    waited = await client.post("/v1/runs", json={"agent": "echo", "input": 1, "wait_s": 10}, headers=AUTH)
+    streamed = await client.post("/v1/runs", json={"agent": "echo", "input": 2, "stream": True}, headers=AUTH)
+    assert waited.status_code == 200 and streamed.status_code == 200
+    assert succeeded() == before + 2
+    await client.get(f"/v1/runs/{waited.json()['run_id']}", headers=AUTH)  # read again: not again
+    await client.get(f"/v1/runs/{streamed.headers['colony-run-id']}/events", headers=AUTH)
+    assert succeeded() == before + 2

@@ -320,3 +320,26 @@ async def test_a_packed_read_cut_off_leaves_no_reply_behind_on_the_pool(redis_ur
         assert [(k, [fields for _id, fields in rows]) for k, rows in reply] == [(key, [{"f": "v"}])]
     finally:
         await client.aclose()
+
+
+async def test_the_read_position_never_runs_ahead_of_the_stream(bb: Blackboard) -> None:
+    """`Blackboard.read_event_position` (where a new run's events may start) is only known while
+    the reader has read rows of the stream, and never later than the newest of them: a replay
+    that asked for an id past the stream's end does not carry that id to later subscriptions."""
+    board = bb.scoped(scope())
+    assert board.read_event_position() is None  # nobody reads it
+    ahead = board.subscribe("*", from_id="99999999999999-0")  # a replay asking past the end
+    await ahead.start()
+    await board.write("a", 1)
+    await asyncio.sleep(0.2)
+    assert board.read_event_position() is None  # nothing read: no position vouched for
+    live = board.subscribe("*", from_id="0")
+    await drain(live, 1)
+    position = board.read_event_position()
+    newest = await board.latest_event_id()
+    assert position is not None and er.parse_id(position) <= er.parse_id(newest)
+    late = board.subscribe("*", from_id=position)  # what a run submitted now would use
+    await board.write("b", 2)
+    assert [e.key for e in await drain(late, 1)] == ["b"]
+    for sub in (ahead, live, late):
+        sub.close()

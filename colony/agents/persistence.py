@@ -74,7 +74,7 @@ async def persist_agent(agent: Agent, enter: AgentState | None = None, reason: s
 
     A state entry (current run, policy and capability states, context head) whose value is what
     this copy last committed there is not written again: the commit expects it unchanged (the
-    version this copy wrote) instead, so an entry anyone else wrote since, or that Redis lost,
+    version and text this copy wrote) instead, so an entry anyone else wrote since, or that Redis lost,
     fails the commit, and the persist is done once more writing every entry.
 
     The first persist of each step of a run (and of its beginning, step 0) also pushes that step's
@@ -133,7 +133,7 @@ def _put(tx: Transaction, agent: Agent, key: str, value: Any, written: dict[str,
     text = encode_value(value)
     held = agent._written.get(key)
     if held is not None and held[1] == text:
-        tx.expect(key, held[0])
+        tx.expect(key, held[0], text)  # the very text too: a lost key written again is at version 1
         return
     tx.write(key, value, created_by=agent.agent_id, encoded=text)
     written[key] = text

@@ -342,7 +342,7 @@ def create_app(
         dependencies=[Depends(authorized)],
         responses={**SUBMIT, 200: SUBMIT_STREAM},
     )
-    async def submit(body: SubmitRun) -> SubmittedRun | StreamingResponse | JSONResponse:
+    async def submit(body: SubmitRun) -> SubmittedRun | StreamingResponse | Response:
         try:
             check_input(body.input, api.max_input_depth)
         except ValueError as exc:
@@ -357,10 +357,15 @@ def create_app(
             headers = {"Colony-Run-Id": record.run_id, "Content-Location": events_url}
             return event_stream(runs, record.run_id, None, record, headers)
         if body.wait_s is not None:  # submit and wait for the end in one request
-            ended = await wait_for_end(runs, record, body.wait_s)
+            try:
+                ended = await wait_for_end(runs, record, body.wait_s)
+            except BlackboardUnavailable as exc:  # the run exists: answered as submitted, not 503
+                log.warning("run %s: waiting for its end stopped (%s); answered 202", record.run_id, exc)
+                ended = None
             if ended is not None:
                 headers = {"Colony-Run-Id": record.run_id, "Content-Location": f"/v1/runs/{record.run_id}"}
-                return JSONResponse(ended.model_dump(mode="json"), headers=headers)
+                # as FastAPI renders GET /v1/runs/{id} (pydantic: NaN and infinities as null)
+                return Response(ended.model_dump_json(), media_type="application/json", headers=headers)
         return SubmittedRun(run_id=record.run_id, status="queued", events_url=events_url)
 
     @app.get(

@@ -13,15 +13,13 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
-import time
 from collections.abc import AsyncIterator
 from typing import Any
 
 from starlette.responses import StreamingResponse
 from starlette.types import Send
 
-from colony.agents.handle import TERMINAL_EVENTS
-from colony.system.runs import RunRecord, RunService, RunView
+from colony.system.runs import ENDED_STATUS, RunRecord, RunService, RunView, event_time, is_terminal
 
 # The head of the response waits this long for the first events (to go out in the same message);
 # past it, the head goes alone and the client learns the run id without waiting for the run to start.
@@ -30,7 +28,8 @@ HEAD_WAIT_SECONDS = 0.05
 
 class EventStreamResponse(StreamingResponse):
     """Server-sent events from an iterator of (text, last) batches: `last` marks the batch that
-    ends the stream, which closes the response in the same message."""
+    ends the stream, which closes the response in the same message; an empty text sends the
+    response's head alone (no event came within HEAD_WAIT_SECONDS)."""
 
     media_type = "text/event-stream"
 
@@ -42,32 +41,25 @@ class EventStreamResponse(StreamingResponse):
         }
         batches: AsyncIterator[tuple[str, bool]] = self.body_iterator  # type: ignore[assignment]
         try:
-            first = asyncio.ensure_future(anext(batches, None))
-            try:
-                if not (await asyncio.wait({first}, timeout=HEAD_WAIT_SECONDS))[0] and start:
-                    await send(start)
-                    start = None
-                item = await first
-            except BaseException:
-                first.cancel()
-                raise
-            while item is not None:
-                text, last = item
+            async for text, last in batches:
                 if start is not None:
                     await send(start)
                     start = None
-                body = text.encode(self.charset)
-                await send({"type": "http.response.body", "body": body, "more_body": not last})
+                if text or last:
+                    await send({"type": "http.response.body", "body": text.encode(), "more_body": not last})
                 if last:
                     return
-                item = await anext(batches, None)
-            if start is not None:
+        except Exception:
+            if start is not None:  # as a stream whose head went first: the client has the run id
                 await send(start)
-            await send({"type": "http.response.body", "body": b"", "more_body": False})
+            raise
         finally:
             aclose = getattr(batches, "aclose", None)
             if aclose is not None:
                 await aclose()
+        if start is not None:
+            await send(start)
+        await send({"type": "http.response.body", "body": b"", "more_body": False})
 
 
 def sse(event_id: str, event: dict[str, Any]) -> str:
@@ -83,14 +75,13 @@ def event_stream(
     GET /v1/runs/{run_id}/events and a submit with `stream: true` send."""
 
     async def batches() -> AsyncIterator[tuple[str, bool]]:
-        async for batch in runs.event_batches(run_id, last_event_id, record=record):
-            text = "".join(sse(event_id, event) for event_id, event in batch)
-            yield text, batch[-1][1].get("event_type") in TERMINAL_EVENTS  # the stream's last
+        found = runs.event_batches(run_id, last_event_id, record=record, first_wait=HEAD_WAIT_SECONDS)
+        async with contextlib.aclosing(found):
+            async for batch in found:
+                text = "".join(sse(event_id, event) for event_id, event in batch)
+                yield text, bool(batch) and is_terminal(batch[-1][1])  # the stream's last
 
     return EventStreamResponse(batches(), headers={"Cache-Control": "no-cache", **headers})
-
-
-ENDED_STATUS = {"completed": "succeeded", "cancelled": "cancelled"}  # any other terminal event: failed
 
 
 async def wait_for_end(runs: RunService, record: RunRecord, seconds: float) -> RunView | None:
@@ -102,19 +93,18 @@ async def wait_for_end(runs: RunService, record: RunRecord, seconds: float) -> R
             async with contextlib.aclosing(batches):
                 async for batch in batches:
                     event = batch[-1][1]
-                    kind = event.get("event_type")
-                    if kind in TERMINAL_EVENTS:
+                    if is_terminal(event):
                         data = event.get("data")
                         data = data if isinstance(data, dict) else {}
-                        error, ts = data.get("error"), event.get("ts")
+                        error = data.get("error")
                         return RunView(
                             run_id=record.run_id,
                             agent=record.agent,
-                            status=ENDED_STATUS.get(str(kind), "failed"),
+                            status=ENDED_STATUS.get(str(event.get("event_type")), "failed"),
                             output=data.get("output"),
                             error=error if isinstance(error, str) or error is None else str(error),
                             created_at=record.created_at,
-                            updated_at=float(ts) if isinstance(ts, int | float) else time.time(),
+                            updated_at=max(record.created_at, event_time(event)),
                         )
     except TimeoutError:
         return None

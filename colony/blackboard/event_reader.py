@@ -139,10 +139,11 @@ class Slot:
 
 
 class _Stream:
-    __slots__ = ("pos", "slots")
+    __slots__ = ("pos", "seen", "slots")
 
     def __init__(self, pos: StreamId) -> None:
         self.pos = pos  # read from here: never later than an active slot's `delivered`
+        self.seen: StreamId | None = None  # the newest row Redis handed this lane (a real one)
         self.slots: set[Slot] = set()
 
     def wanted(self) -> bool:
@@ -368,6 +369,8 @@ class Lane:
             # them (one that joined meanwhile at an older position would skip the rows between)
             start = parse_id(asked)
             parsed = [(parse_id(rid), rid, fields) for rid, fields in rows]
+            if stream.seen is None or parsed[-1][0] > stream.seen:
+                stream.seen = parsed[-1][0]
             lowest: StreamId | None = None
             for slot in list(stream.slots):
                 if not slot.active:
@@ -458,14 +461,19 @@ class EventReader:
             del self._where[stream]
 
     def position(self, stream: str) -> str | None:
-        """Where this reader reads `stream` from, while a healthy lane reads it for a subscription:
-        every row it has not handed out yet lies after this id, so a subscription started there
-        misses nothing appended from now on (and starts with no read of its own). None otherwise."""
+        """Where this reader reads `stream` from, while a healthy lane reads it for a subscription
+        and has read rows of it: every row appended from now on lies after this id, so a
+        subscription started there misses nothing (and a lane already reading there needs no wake).
+        Never later than the newest row Redis handed the lane: a subscription that asked for a
+        position past the stream's end (a replay's `Last-Event-ID` of a stream that is gone)
+        cannot carry it to new runs. None otherwise."""
         lane = self._where.get(stream)
         state = lane.streams.get(stream) if lane is not None else None
         if lane is None or state is None or lane.failing is not None or not state.wanted():
             return None
-        return format_id(state.pos)
+        if state.seen is None:
+            return None
+        return format_id(min(state.pos, state.seen))
 
     def _pick(self) -> Lane:
         """The lane being filled (fill one lane before opening the next: joins disturb one XREAD)."""

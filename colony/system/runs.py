@@ -414,22 +414,32 @@ class RunService:
     ) -> AsyncIterator[tuple[str, dict[str, Any]]]:
         """(event id, event) pairs of the run, from the start or after `last_event_id`, ending with
         its terminal event; see `event_batches`."""
-        async for batch in self.event_batches(run_id, last_event_id, record=record):
-            for pair in batch:
-                yield pair
+        batches = self.event_batches(run_id, last_event_id, record=record)
+        async with contextlib.aclosing(batches):
+            async for batch in batches:
+                for pair in batch:
+                    yield pair
 
     async def event_batches(
-        self, run_id: str, last_event_id: str | None = None, *, record: RunRecord | None = None
+        self,
+        run_id: str,
+        last_event_id: str | None = None,
+        *,
+        record: RunRecord | None = None,
+        first_wait: float | None = None,
     ) -> AsyncIterator[list[tuple[str, dict[str, Any]]]]:
         """The run's (event id, event) pairs, from the start or after `last_event_id`, ending with
         its terminal event, in batches: the events that arrived together (a run's last step, its
         answer and its terminal event are written at once) come in one list, so a stream can send
         them in one message. A run ended by the API (cancel, timeout) gets a terminal event here.
+        With `first_wait`, an empty batch comes first if no event arrives within that many
+        seconds (a stream then sends its head without them).
 
         When the run has ended but its remaining events are gone (trimmed or expired), the stream
         sends a `gap` event and then a terminal event built from the run's result, and ends.
-        `last_event_id` is checked first (see `check_event_id`), unless the caller did and passes the
-        `record` that check returned."""
+        The run's end is counted (`colony_runs_completed_total`, once in the cluster) when its
+        terminal event is read. `last_event_id` is checked first (see `check_event_id`), unless
+        the caller did and passes the `record` that check returned."""
         if record is None or record.run_id != run_id:
             record = await self.check_event_id(run_id, last_event_id)
         board = self.run_board(record)
@@ -441,12 +451,20 @@ class RunService:
                 if batch and not subscription.ready():
                     yield batch
                     batch = []
-                event = await subscription.next(timeout=IDLE_SECONDS)
+                if first_wait is not None:
+                    event = await subscription.next(timeout=first_wait)
+                    first_wait = None
+                    if event is None:
+                        yield []  # nothing yet
+                        continue
+                else:
+                    event = await subscription.next(timeout=IDLE_SECONDS)
                 if event is None:
                     if record.deadline is not None and time.time() > record.deadline:
                         await self._finish(record, "failed", "run timed out after its deadline")
                     ending = await self._gap(record, subscription.last_id)
                     if ending:
+                        await self._count_end(record, ending[-1][1])
                         yield [*batch, *ending]
                         return
                     continue
@@ -461,6 +479,7 @@ class RunService:
                             "data": {"error": entry.value.get("error") if entry else None},
                             "request_id": run_id,
                         }
+                        await self._count_end(record, ended)
                         yield [*batch, (event.id, ended)]
                         return
                     continue  # the agent's terminal event follows its result
@@ -474,11 +493,21 @@ class RunService:
                         continue
                     value = entry.value
                 batch.append((event.id, value))
-                if value.get("event_type") in TERMINAL_EVENTS:
+                if is_terminal(value):
+                    await self._count_end(record, value)
                     yield batch
                     return
         finally:
             subscription.close()
+
+    async def _count_end(self, record: RunRecord, terminal: dict[str, Any]) -> None:
+        """Count the run's end (see `_count`) as its terminal event says; a failure to count
+        never fails the stream that read it."""
+        status = ENDED_STATUS.get(str(terminal.get("event_type")), "failed")
+        try:
+            await self._count(record, status, event_time(terminal))
+        except Exception as exc:
+            log.warning("the end of run %s was not counted: %r", record.run_id, exc)
 
     async def _gap(self, record: RunRecord, position: str) -> list[tuple[str, dict[str, Any]]]:
         """After a quiet spell: if the run has ended (its result is at least IDLE_SECONDS old, so its
@@ -509,6 +538,23 @@ class RunService:
             "request_id": run_id,
         }
         return [(newest, gap), (newest, terminal)]
+
+
+ENDED_STATUS = {"completed": "succeeded", "cancelled": "cancelled"}  # any other terminal event: failed
+
+
+def is_terminal(event: dict[str, Any]) -> bool:
+    """Whether a run event (written by the agent: any JSON) is a terminal one."""
+    kind = event.get("event_type")
+    return isinstance(kind, str) and kind in TERMINAL_EVENTS
+
+
+def event_time(event: dict[str, Any]) -> float:
+    """An event's `ts` when it is a plausible time (an agent writes it: any JSON), else now."""
+    ts = event.get("ts")
+    if isinstance(ts, int | float) and not isinstance(ts, bool) and 0 < ts < 1e11:  # finite, sane
+        return float(ts)
+    return time.time()
 
 
 def _remember(cache: dict[K, V], key: K, value: V) -> None:
