@@ -62,6 +62,19 @@ BLACKBOARD_OP_SECONDS = Histogram(
     ["op"],
     buckets=_FAST_BUCKETS,
 )
+
+_OP_CHILDREN: dict[str, tuple[Any, Any]] = {}
+
+
+def blackboard_op(op: str) -> tuple[Any, Any]:
+    """`BLACKBOARD_OPS` and `BLACKBOARD_OP_SECONDS` labelled with `op`, looked up once per op
+    (`labels()` costs more than the update; op names are the code's own literals, a bounded set)."""
+    children = _OP_CHILDREN.get(op)
+    if children is None:
+        children = _OP_CHILDREN[op] = (BLACKBOARD_OPS.labels(op), BLACKBOARD_OP_SECONDS.labels(op))
+    return children
+
+
 BLACKBOARD_EVENTS_RECEIVED = Counter(
     "colony_blackboard_events_received_total",
     "Blackboard events delivered to subscribers and consumers.",

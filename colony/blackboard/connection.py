@@ -139,8 +139,9 @@ class Guard:
             await self._timeout.__aexit__(exc_type, exc, tb)
         except TimeoutError as timeout_exc:
             exc_type, exc = TimeoutError, timeout_exc
-        metrics.BLACKBOARD_OPS.labels(self._op).inc()
-        metrics.BLACKBOARD_OP_SECONDS.labels(self._op).observe(time.perf_counter() - self._start)
+        count, seconds = metrics.blackboard_op(self._op)
+        count.inc()
+        seconds.observe(time.perf_counter() - self._start)
         if exc is None:
             return False
         metrics.BLACKBOARD_OP_ERRORS.labels(self._op, type(exc).__name__).inc()
