@@ -50,6 +50,20 @@ def terminal_event(status: RunStatus | str | None) -> str:
     )
 
 
+def ended_status(event_type: Any) -> str:
+    """The run status a terminal event reports (`terminal_event` the other way): `succeeded`,
+    `cancelled`, else `failed`."""
+    return {COMPLETED: RunStatus.SUCCEEDED.value, CANCELLED: RunStatus.CANCELLED.value}.get(
+        event_type if isinstance(event_type, str) else "", RunStatus.FAILED.value
+    )
+
+
+def is_terminal(event: dict[str, Any]) -> bool:
+    """Whether a run event (written by an agent: any JSON) is a terminal one."""
+    kind = event.get("event_type")
+    return isinstance(kind, str) and kind in TERMINAL_EVENTS
+
+
 class AgentRunEvent(BaseModel):
     """One event of a streamed run.
 

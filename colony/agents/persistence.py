@@ -188,8 +188,6 @@ def write_state(
     """The run, policy and capability states (what every persist rewrites whole, but for entries a
     persist's `written` finds unchanged, see `_put`); `states`: taken already (else now)."""
     states = states or own_states(agent)
-    if written is None:
-        agent._written.clear()  # written outside a persist: what this copy holds is new
     if agent.current_run is not None:
         run = agent.current_run
         tx.write(

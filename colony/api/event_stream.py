@@ -19,7 +19,8 @@ from typing import Any
 from starlette.responses import StreamingResponse
 from starlette.types import Send
 
-from colony.system.runs import ENDED_STATUS, RunRecord, RunService, RunView, event_time, is_terminal
+from colony.agents.handle import ended_status, is_terminal
+from colony.system.runs import RunRecord, RunService, RunView, event_time
 
 # The head of the response waits this long for the first events (to go out in the same message);
 # past it, the head goes alone and the client learns the run id without waiting for the run to start.
@@ -100,7 +101,7 @@ async def wait_for_end(runs: RunService, record: RunRecord, seconds: float) -> R
                         return RunView(
                             run_id=record.run_id,
                             agent=record.agent,
-                            status=ENDED_STATUS.get(str(event.get("event_type")), "failed"),
+                            status=ended_status(event.get("event_type")),
                             output=data.get("output"),
                             error=error if isinstance(error, str) or error is None else str(error),
                             created_at=record.created_at,

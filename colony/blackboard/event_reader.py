@@ -469,11 +469,9 @@ class EventReader:
         cannot carry it to new runs. None otherwise."""
         lane = self._where.get(stream)
         state = lane.streams.get(stream) if lane is not None else None
-        if lane is None or state is None or lane.failing is not None or not state.wanted():
+        if lane is None or state is None or state.seen is None or lane.failing is not None:
             return None
-        if state.seen is None:
-            return None
-        return format_id(min(state.pos, state.seen))
+        return format_id(min(state.pos, state.seen)) if state.wanted() else None
 
     def _pick(self) -> Lane:
         """The lane being filled (fill one lane before opening the next: joins disturb one XREAD)."""

@@ -42,7 +42,7 @@ from pydantic import BaseModel, Field
 from redis.exceptions import RedisError
 
 from colony import metrics
-from colony.agents.handle import TERMINAL_EVENTS, terminal_event
+from colony.agents.handle import ended_status, is_terminal, terminal_event
 from colony.agents.models import RunServing, new_id
 from colony.agents.run_claims import (
     API_INDEXED_WRITER,
@@ -503,9 +503,8 @@ class RunService:
     async def _count_end(self, record: RunRecord, terminal: dict[str, Any]) -> None:
         """Count the run's end (see `_count`) as its terminal event says; a failure to count
         never fails the stream that read it."""
-        status = ENDED_STATUS.get(str(terminal.get("event_type")), "failed")
         try:
-            await self._count(record, status, event_time(terminal))
+            await self._count(record, ended_status(terminal.get("event_type")), event_time(terminal))
         except Exception as exc:
             log.warning("the end of run %s was not counted: %r", record.run_id, exc)
 
@@ -538,15 +537,6 @@ class RunService:
             "request_id": run_id,
         }
         return [(newest, gap), (newest, terminal)]
-
-
-ENDED_STATUS = {"completed": "succeeded", "cancelled": "cancelled"}  # any other terminal event: failed
-
-
-def is_terminal(event: dict[str, Any]) -> bool:
-    """Whether a run event (written by the agent: any JSON) is a terminal one."""
-    kind = event.get("event_type")
-    return isinstance(kind, str) and kind in TERMINAL_EVENTS
 
 
 def event_time(event: dict[str, Any]) -> float:
