@@ -141,6 +141,16 @@ _RUN_BUCKETS = (0.01, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 300
 RUN_DURATION_SECONDS = Histogram(
     "colony_run_duration_seconds", "Submit-to-terminal time of runs.", buckets=_RUN_BUCKETS
 )
+
+
+def run_ended(status: str, seconds: float) -> None:
+    """Count one run's end (by whoever stored its answer: once in the cluster) and its
+    submit-to-end time; a status other than succeeded or cancelled counts as failed."""
+    label = status if status in ("succeeded", "cancelled") else "failed"
+    RUNS_COMPLETED.labels(label).inc()
+    RUN_DURATION_SECONDS.observe(max(0.0, seconds))
+
+
 AGENTS = Gauge("colony_agents", "Agents in the registry, by lifecycle state.", ["state"])
 HTTP_REQUESTS = Counter(
     "colony_http_requests_total",

@@ -301,3 +301,20 @@ async def test_an_event_value_too_deep_to_decode_still_delivers_the_event(bb: Bl
     finally:
         subscription.close()
     assert [(e.key, e.value) for e in got] == [("d:deep", None), ("d:next", {"n": 1})]
+
+
+async def test_oldest_tagged_reads_a_short_backlog_in_one_scan(bb: Blackboard) -> None:
+    """An idle pool member looks at the pending index after every run it serves: an empty or short
+    index (the usual case) costs one round trip (its size and one page together), not a second
+    SSCAN from the set's start."""
+
+    async def scans() -> int:
+        stats = await bb.redis.info("commandstats")
+        return int(stats.get("cmdstat_sscan", {}).get("calls", 0))
+
+    for n in range(5):
+        await bb.write(f"short:{n}", n, tags={"short"})
+    before = await scans()
+    assert await bb.oldest_tagged("short", 3) == ["short:0", "short:1", "short:2"]
+    assert await bb.oldest_tagged("nothing-tagged", 3) == []
+    assert await scans() - before == 2  # one per call

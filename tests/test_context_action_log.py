@@ -222,6 +222,43 @@ async def test_an_action_cut_off_while_it_ran_runs_again_once_with_the_same_key(
     assert [o["item"] for o in done.output] == ["a", "b", "c", "d"]
 
 
+class QuietLedger(Ledger):
+    """The same bookings, declared without an effect."""
+
+    @action_executor()
+    async def book(self, item: str) -> dict[str, Any]:
+        """Book `item` (declared with no effect)."""
+        return await Ledger.book(self, item)
+
+
+async def test_an_action_declaring_no_effect_gets_no_started_record_and_still_runs_again_with_its_key(
+    host: tuple[LocalAgentRuntime, ScriptedEngine],
+) -> None:
+    """One fenced commit fewer per call: the `started` record is kept for actions that declare an
+    effect. Cut off, an action declaring none runs again as one with only `started` does (the
+    same idempotency key), without being counted as re-executed."""
+    runtime, _engine = host
+    quiet = blueprint("quiet-cut").model_copy(update={"capabilities": [QuietLedger.bind()]})
+    first = await runtime.spawn(quiet)
+    ONCE["quiet-cut:b"] = "hang"
+    run = await runtime.start_run("quiet-cut", None)
+    async with asyncio.timeout(10):
+        while (await counts(first))["b"] < 1:  # noqa: ASYNC110
+            await asyncio.sleep(0.01)
+    stored = parse_records(await first.blackboard.ring(LOG_KEY))
+    assert [(r.kind, r.status) for r in stored] == [("model", "done"), ("action", "done")]  # a: done; b: none
+    reexecuted = replays("action", "reexecuted")
+    await runtime.drop("quiet-cut")
+    restored = await runtime.resume("quiet-cut")
+    done = await runtime.wait_for_run("quiet-cut", run.run_id, timeout=10)
+
+    assert done.status is RunStatus.SUCCEEDED, done.error
+    assert await counts(restored) == {"a": 1, "b": 2, "c": 1, "d": 1}
+    assert await keys_of(restored, "b") == [f"{run.run_id}:1:a1"] * 2
+    assert replays("action", "reexecuted") == reexecuted
+    assert [o["item"] for o in done.output] == ["a", "b", "c", "d"]
+
+
 async def test_a_replayed_action_puts_its_capabilitys_state_back(
     host: tuple[LocalAgentRuntime, ScriptedEngine],
 ) -> None:

@@ -1,22 +1,28 @@
-"""A finished run is counted once in the whole cluster, however many API processes read it.
+"""A run's end is counted once in the whole cluster, when it ends, by whoever stored its result.
 
-Each API process exports its own counters (`colony_cluster_*` has one series per process and the
-dashboards sum them), so a run whose end were counted by every API replica that reads it would be
-counted once per replica. Here several RunService instances (one per API process) share one real
-Redis and read the same runs: `colony_runs_completed_total` and `colony_run_duration_seconds` grow
-by exactly one per run, whichever reads it first, concurrently or in turn, also after a restart."""
+Each process exports its own counters (`colony_cluster_*` has one series per process and the
+dashboards sum them). A run is counted by the process whose create-only write stored its result:
+the agent that answered it (on its engine replica), or the API process that ended it (cancel,
+timeout). Reading it counts nothing: here several RunService instances (one per API process) share
+one real Redis with a real replica host serving `echo`, and `colony_runs_completed_total` and
+`colony_run_duration_seconds` grow by exactly one per run, read by every replica, concurrently, or
+by none."""
 
 from __future__ import annotations
 
 import asyncio
-import time
 import uuid
+from collections.abc import AsyncIterator
 
+import pytest
 from prometheus_client import REGISTRY
 
 from colony.blackboard import AgentRunProtocol, Blackboard
-from colony.blackboard.protocol import ApiRunProtocol
-from colony.system.registry import AgentRecord, AgentRegistry
+from colony.config import ColonySettings
+from colony.inference.scripted import ScriptedEngine
+from colony.system.builtin import echo_blueprint
+from colony.system.host import ReplicaHost
+from colony.system.registry import AgentRecord
 from colony.system.runs import RunService
 
 RETENTION = 120.0
@@ -30,62 +36,98 @@ def durations() -> float:
     return REGISTRY.get_sample_value("colony_run_duration_seconds_count") or 0.0
 
 
-async def _cluster(bb: Blackboard, replicas: int) -> list[RunService]:
-    """`replicas` API processes' RunServices on one colony (its own id: no other test's runs)."""
-    colony_id = f"c{uuid.uuid4().hex[:8]}"
-    registry = AgentRegistry(bb.scoped(f"colony:{colony_id}:registry"), retention_seconds=RETENTION)
-    await registry.put(AgentRecord(agent_id="echo", agent_type="echo", state="idle"))
-    return [
-        RunService(bb, registry, colony_id=colony_id, retention_seconds=RETENTION) for _ in range(replicas)
+@pytest.fixture
+async def apis(bb: Blackboard, redis_url: str) -> AsyncIterator[list[RunService]]:
+    """Three API processes' RunServices on one colony (its own id: no other test's runs), with a
+    replica host serving `echo` and a registered agent nobody serves (`sleepy`)."""
+    settings = ColonySettings(redis_url=redis_url, colony_id=f"c{uuid.uuid4().hex[:8]}")
+    host = ReplicaHost(settings, "replica-a", engine=ScriptedEngine(["unused"]))
+    await host.start(bb)
+    await host.ensure_agent(echo_blueprint())
+    assert host.registry is not None
+    await host.registry.put(AgentRecord(agent_id="sleepy", state="idle"))
+    yield [
+        RunService(bb, host.registry, colony_id=settings.colony_id, retention_seconds=RETENTION)
+        for _ in range(3)
     ]
+    await host.close()
 
 
-async def _answered(service: RunService, status: str = "succeeded") -> str:
-    """A run submitted through `service` and answered the way its agent answers (the result key)."""
-    record = await service.submit("echo", {"n": 1}, timeout_s=60)
-    await service.run_board(record).write(
-        AgentRunProtocol.result_key(record.run_id),
-        {"status": status, "output": 1, "error": None, "run_id": record.run_id, "steps": 1},
-        tags={AgentRunProtocol.request_tag(record.run_id)},
-        created_by="echo",
-        expected_version=0,
-    )
-    return record.run_id
+async def ended(service: RunService, run_id: str) -> str:
+    async with asyncio.timeout(20):
+        while (view := await service.get(run_id)).status not in ("succeeded", "failed", "cancelled"):  # noqa: ASYNC110
+            await asyncio.sleep(0.02)
+    return view.status
 
 
-async def test_a_run_read_by_every_api_replica_is_counted_once(bb: Blackboard) -> None:
-    api_a, api_b, api_c = await _cluster(bb, 3)
-    run_id = await _answered(api_a)
+async def test_a_run_is_counted_once_by_its_answer_however_many_replicas_read_it(
+    apis: list[RunService],
+) -> None:
+    api_a, api_b, api_c = apis
     before, before_durations = completed("succeeded"), durations()
+    run_id = (await api_a.submit("echo", {"n": 1}, timeout_s=60)).run_id
+    assert await ended(api_b, run_id) == "succeeded"
     for service in (api_b, api_a, api_c, api_b, api_a):  # each replica reads it, some twice
         assert (await service.get(run_id)).status == "succeeded"
+    events = [e async for e in api_c.events(run_id)]  # and streams it to its end
+    assert events[-1][1]["event_type"] == "completed"
     assert completed("succeeded") - before == 1.0
     assert durations() - before_durations == 1.0
-    # an API process started later (a restarted replica, an empty memory) does not count it again
-    (restarted,) = [RunService(bb, api_a.registry, colony_id=api_a.colony_id, retention_seconds=RETENTION)]
-    assert (await restarted.get(run_id)).status == "succeeded"
-    assert completed("succeeded") - before == 1.0
 
 
-async def test_replicas_reading_at_the_same_moment_count_a_run_once(bb: Blackboard) -> None:
-    services = await _cluster(bb, 4)
-    runs = [await _answered(services[0]) for _ in range(5)]
+async def test_runs_nobody_reads_are_counted_when_they_end(apis: list[RunService]) -> None:
+    """Before, a run's first reader counted it: one never read was never counted."""
+    api_a, _, _ = apis
     before = completed("succeeded")
-    views = await asyncio.gather(*(s.get(run) for run in runs for s in services for _ in range(2)))
+    records = await asyncio.gather(*(api_a.submit("echo", n, timeout_s=60) for n in range(5)))
+    async with asyncio.timeout(20):
+        while completed("succeeded") - before < len(records):  # noqa: ASYNC110 - nothing reads the runs
+            await asyncio.sleep(0.02)
+    await asyncio.sleep(0.3)
+    assert completed("succeeded") - before == len(records)
+
+
+async def test_replicas_reading_at_the_same_moment_add_nothing(apis: list[RunService]) -> None:
+    runs = [(await apis[0].submit("echo", n, timeout_s=60)).run_id for n in range(5)]
+    for run_id in runs:
+        await ended(apis[0], run_id)
+    before = completed("succeeded")
+    views = await asyncio.gather(*(s.get(run) for run in runs for s in apis for _ in range(2)))
     assert {v.status for v in views} == {"succeeded"}
-    assert completed("succeeded") - before == len(runs)
+    assert completed("succeeded") == before
 
 
-async def test_a_run_ended_by_the_api_is_counted_once_and_the_marker_expires_with_the_run(
-    bb: Blackboard,
+async def test_a_run_ended_by_the_api_is_counted_once_by_the_replica_that_ended_it(
+    apis: list[RunService],
 ) -> None:
-    api_a, api_b = await _cluster(bb, 2)
-    record = await api_a.submit("echo", {"n": 2}, timeout_s=60)
+    api_a, api_b, _ = apis
+    record = await api_a.submit("sleepy", {"n": 2}, timeout_s=60)
     before = completed("cancelled")
     assert (await api_a.cancel(record.run_id)).status == "cancelled"
     assert (await api_b.get(record.run_id)).status == "cancelled"
-    assert (await api_b.cancel(record.run_id)).status == "cancelled"
+    assert (await api_b.cancel(record.run_id)).status == "cancelled"  # its write finds the result: no count
     assert completed("cancelled") - before == 1.0
-    marker = await api_a.api_board.read(ApiRunProtocol.counted_key(record.run_id))
-    assert marker is not None and marker.expires_at is not None
-    assert 0 < marker.expires_at - time.time() <= RETENTION + 1  # it goes with the run's retention
+    # a run past its deadline is ended (failed) by the first read after it, counted once
+    timed = await api_a.submit("sleepy", {"n": 3}, timeout_s=0.2)
+    failed = completed("failed")
+    await asyncio.sleep(0.4)
+    assert {(await s.get(timed.run_id)).status for s in apis} == {"failed"}
+    assert completed("failed") - failed == 1.0
+
+
+async def test_a_request_another_agent_sent_is_not_an_api_run(bb: Blackboard, apis: list[RunService]) -> None:
+    """Only runs submitted over the API count; an AgentHandle's request to an agent does not."""
+    record = await apis[0].submit("echo", "warm", timeout_s=60)
+    await ended(apis[0], record.run_id)
+    board = apis[0].run_board(record)
+    before = completed("succeeded")
+    await board.write(
+        AgentRunProtocol.request_key("handle-req-9"),
+        {"input": "x", "requester": "some-agent"},
+        tags={AgentRunProtocol.request_tag("handle-req-9")},
+        created_by="some-agent",
+    )
+    async with asyncio.timeout(20):
+        while await board.read(AgentRunProtocol.result_key("handle-req-9")) is None:  # noqa: ASYNC110
+            await asyncio.sleep(0.02)
+    assert completed("succeeded") == before

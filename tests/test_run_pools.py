@@ -33,6 +33,7 @@ from colony.agents.run_claims import (
     pending_tag,
     pending_write,
 )
+from colony.agents.run_pool import ClaimsInProcess
 from colony.api.app import ApiServices, create_app
 from colony.blackboard import AgentRunProtocol, Blackboard
 from colony.config import ColonySettings, ServeSettings, VcmSettings
@@ -545,3 +546,77 @@ async def test_a_free_member_takes_the_oldest_waiting_run_first(cluster: Cluster
     served = sorted(queued, key=lambda r: results[queued.index(r)].created_at)
     assert served == queued  # in submission order: the oldest waiting first, every time
     assert await pending_requests(board, AgentRunProtocol) == [f"reserved-{n}" for n in range(6)]
+
+
+async def test_idle_members_of_one_process_try_each_request_once(
+    cluster: Cluster, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Every idle member sees each request's event; in one process only the first to take it on
+    tries the claim (the others' attempts were a failed commit and a read each)."""
+    blueprint = nap_blueprint("solo", RunServing(mode="pool", min_size=3, max_size=3, idle_seconds=60), 0.01)
+    pools = cluster.use_pools(blueprint)
+    await cluster.control.place(blueprint)
+    await pool_hosted(cluster, pools, "solo", 3)
+    lost: list[str] = []
+    claim = AgentRunCapability._claim
+
+    async def counted(self: AgentRunCapability, agent: Agent, request_id: str) -> bool:
+        won = await claim(self, agent, request_id)
+        if not won:
+            lost.append(request_id)
+        return won
+
+    monkeypatch.setattr(AgentRunCapability, "_claim", counted)
+    for n in range(6):  # one at a time: all three members idle when each arrives
+        run_id = (await cluster.runs.submit("solo", n)).run_id
+        assert (await finished(cluster, [run_id]))[run_id].output == n
+    assert len(lost) <= 1, lost  # before: the two other idle members lost each one (12)
+
+
+async def test_a_claim_attempt_that_fails_leaves_the_request_to_another_member(
+    cluster: Cluster, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The member that took a request on and whose claim raised lets it go: the request is
+    (still) in the pending index, and a free member serves it, though the other members let its
+    event pass."""
+    blueprint = nap_blueprint("flaky", RunServing(mode="pool", min_size=2, max_size=2, idle_seconds=60), 0.01)
+    pools = cluster.use_pools(blueprint)
+    await cluster.control.place(blueprint)
+    await pool_hosted(cluster, pools, "flaky", 2)
+    claim = AgentRunCapability._claim
+    failed: list[str] = []
+
+    async def fails_once(self: AgentRunCapability, agent: Agent, request_id: str) -> bool:
+        if not failed:
+            failed.append(request_id)
+            raise RuntimeError("claim cut off")
+        return await claim(self, agent, request_id)
+
+    monkeypatch.setattr(AgentRunCapability, "_claim", fails_once)
+    board = cluster.runs.run_board(await cluster.runs.record((await cluster.runs.submit("flaky", 0)).run_id))
+    # a request no submitter indexed (an AgentHandle's): the failed member marks it pending itself
+    await board.write(
+        AgentRunProtocol.request_key("handle-req-2"),
+        {"input": "second", "requester": "some-agent"},
+        tags={AgentRunProtocol.request_tag("handle-req-2")},
+        created_by="some-agent",
+    )
+
+    async def answered() -> bool:
+        return await board.read(AgentRunProtocol.result_key("handle-req-2")) is not None
+
+    await wait_for(answered, 15)
+    assert len(failed) == 1
+    result = await board.read(AgentRunProtocol.result_key("handle-req-2"))
+    assert result is not None and result.value["output"] == "second"
+
+
+def test_claims_in_process_are_taken_once_released_on_failure_and_bounded() -> None:
+    claims = ClaimsInProcess(size=3)
+    assert claims.take("a") and not claims.take("a")
+    claims.release("a")
+    assert claims.take("a")
+    for key in ("b", "c", "d"):
+        assert claims.take(key)
+    assert claims.take("a")  # the oldest was forgotten: the bound holds
+    assert not claims.take("d")

@@ -7,6 +7,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+from collections import OrderedDict
 from collections.abc import AsyncIterator
 from typing import TYPE_CHECKING, Any
 
@@ -24,6 +25,7 @@ from colony.agents.run_claims import (
     scope_at_start,
     serving_key,
 )
+from colony.agents.run_counting import RunCounting
 from colony.agents.run_event_writer import RunEventWriter
 from colony.agents.run_pool import PoolMember
 from colony.agents.run_retention import RequestRetention
@@ -53,7 +55,7 @@ log = logging.getLogger(__name__)
 TRIES_WHILE_UP = 3  # a blackboard error while Redis answers is retried this often before it fails a run
 
 
-class AgentRunCapability(PoolMember, RequestRetention, RunEventWriter, AgentCapability):
+class AgentRunCapability(PoolMember, RequestRetention, RunEventWriter, RunCounting, AgentCapability):
     """Serves AgentHandle requests of one namespace: runs the agent, streams events, writes the result.
 
     Nothing about the requests is held only in memory. A request is claimed (create-only
@@ -116,6 +118,7 @@ class AgentRunCapability(PoolMember, RequestRetention, RunEventWriter, AgentCapa
         self._retention: float | None = None
         self._max_events: int | None = None
         self._retiring: set[asyncio.Task[None]] = set()  # retirements in flight (run_retention)
+        self._api_requests: OrderedDict[str, float] = OrderedDict()  # HTTP runs served (run_counting)
         if agent is not None:
             agent.hooks.register(
                 Pointcut.for_instance(agent, "run_step"), HookType.AFTER, self._after_step, owner=self
@@ -144,10 +147,14 @@ class AgentRunCapability(PoolMember, RequestRetention, RunEventWriter, AgentCapa
         )
         claims.sort(key=lambda e: (e.created_at, e.key))
         request_ids = [self.protocol.parse("claim", e.key)["request_id"] for e in claims]
-        results = await self.blackboard.read_many([self.protocol.result_key(r) for r in request_ids])
+        read = await self.blackboard.read_many(
+            [key for r in request_ids for key in (self.protocol.result_key(r), self.protocol.request_key(r))]
+        )
+        results = read[0::2]
         run = agent.current_run
         restored: AgentRun | None = None
-        for request_id, result in zip(request_ids, results, strict=True):
+        for request_id, result, request in zip(request_ids, results, read[1::2], strict=True):
+            self._note_request(request_id, request)
             if result is not None:  # answered before a restart could retire it
                 await self._end_stream(request_id, result)
                 await self._retire(request_id)
@@ -203,7 +210,11 @@ class AgentRunCapability(PoolMember, RequestRetention, RunEventWriter, AgentCapa
             if event.created_by != API_INDEXED_WRITER:
                 await self._mark_pending(request_id)
             return None
-        if not await self._claim(agent, request_id):
+        if self.serving.is_pool:
+            claimed = await self._claim_first_here(agent, request_id, event)
+        else:
+            claimed = await self._claim(agent, request_id)
+        if not claimed:
             return None
         return {"request": request_id, "namespace": self.namespace}
 
@@ -350,6 +361,7 @@ class AgentRunCapability(PoolMember, RequestRetention, RunEventWriter, AgentCapa
             self.protocol.event_pattern(request_id),
         )
         await self._keep_serving(declaration)
+        self._note_request(request_id, request)
         if marker is not None:  # written after the claim dropped it (a busy member's, a re-open's):
             await self._drop_pending(request_id)  # it would count against max_concurrent_runs
         if result is not None:
@@ -533,12 +545,14 @@ class AgentRunCapability(PoolMember, RequestRetention, RunEventWriter, AgentCapa
         try:
             # create-only: a result already there (cancelled or timed out by the requester) stands,
             # and no terminal event follows. A Redis outage delays the answer; it never loses it.
-            await self._store_answer(request_id, value, kind, {"output": output, "error": error}, step)
+            if await self._store_answer(request_id, value, kind, {"output": output, "error": error}, step):
+                self._count_answer(request_id, status.value)
         except ConcurrentModificationError:
             pass
         except Exception as exc:  # e.g. an output Redis cannot store: the run still ends, as failed
             reason = f"its result could not be stored: {type(exc).__name__}: {exc}"
-            await self._store_failure(request_id, reason)
+            if await self._store_failure(request_id, reason):
+                self._count_answer(request_id, RunStatus.FAILED.value)
         finally:
             self.active_request = None
             self._idle.set()
@@ -546,27 +560,6 @@ class AgentRunCapability(PoolMember, RequestRetention, RunEventWriter, AgentCapa
         agent = self.agent
         if self.one_shot and agent is not None and agent.host is not None:
             agent.host.retire(agent.agent_id)
-
-    async def _store_failure(self, request_id: str, reason: str) -> None:
-        """The result (or its event) could not be written: write a failed result without the output
-        (create-only; a result already there stands) and a terminal event that agrees with it."""
-        status = RunStatus.FAILED
-        try:
-            await self.blackboard.write(
-                self.protocol.result_key(request_id),
-                {"status": status.value, "output": None, "error": reason[:2000], "run_id": None, "steps": 0},
-                tags={self.protocol.request_tag(request_id)},
-                created_by=self.agent.agent_id if self.agent else None,
-                expected_version=0,
-            )
-        except ConcurrentModificationError:
-            existing = await self.blackboard.read(self.protocol.result_key(request_id))
-            if existing is not None and existing.value.get("status") in {s.value for s in RunStatus}:
-                status = RunStatus(existing.value["status"])
-            if (await self._stored_events(request_id)).ended:
-                return  # its answer's commit was applied, its terminal event with it: one is enough
-        kind = terminal_event(status)
-        await self.emit(kind, {"output": None, "error": reason[:2000]})
 
     async def _after_step(self, ctx: HookContext, result: Any) -> None:
         agent = self._agent()

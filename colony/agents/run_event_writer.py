@@ -1,18 +1,21 @@
 """How `AgentRunCapability` writes the events of the request it serves (a mixin): numbered,
 create-only, marked with the attempt and the step in progress, bounded per request; and its answer
-(the run's last step event, its result and its terminal event, one commit). Kept apart from the
-serving logic (colony/agents/run_capability.py)."""
+(the run's last step event, its result and its terminal event, one commit), or a failed one when
+that cannot be stored. Kept apart from the serving logic (colony/agents/run_capability.py)."""
 
 from __future__ import annotations
 
 import logging
 from typing import TYPE_CHECKING, Any
 
-from colony.agents.handle import TERMINAL_EVENTS, AgentRunEvent
+from colony.agents.handle import TERMINAL_EVENTS, AgentRunEvent, terminal_event
+from colony.agents.models import RunStatus
 from colony.blackboard.connection import retry_unavailable
+from colony.errors import ConcurrentModificationError
 
 if TYPE_CHECKING:
     from colony.agents.base import Agent
+    from colony.agents.stored_events import StoredEvents
     from colony.blackboard import Blackboard
     from colony.blackboard.protocol import RequestResultProtocol
 
@@ -38,6 +41,7 @@ class RunEventWriter:
         ) -> bool: ...
 
         async def _redis_answers(self) -> bool: ...
+        async def _stored_events(self, request_id: str) -> StoredEvents: ...
 
     async def emit(self, event_type: str, data: Any = None) -> None:
         """Write the next event of the active request (ordered by its sequence number), marked with
@@ -178,3 +182,28 @@ class RunEventWriter:
             await self._emit("step", step, during_step=None)
         except Exception as exc:
             log.warning("step event of request %s not stored: %r", self.active_request, exc)
+
+    async def _store_failure(self, request_id: str, reason: str) -> bool:
+        """The result (or its event) could not be written: write a failed result without the output
+        (create-only; a result already there stands) and a terminal event that agrees with it.
+        True when this wrote the result."""
+        status = RunStatus.FAILED
+        stored = True
+        try:
+            await self.blackboard.write(
+                self.protocol.result_key(request_id),
+                {"status": status.value, "output": None, "error": reason[:2000], "run_id": None, "steps": 0},
+                tags={self.protocol.request_tag(request_id)},
+                created_by=self.agent.agent_id if self.agent else None,
+                expected_version=0,
+            )
+        except ConcurrentModificationError:
+            stored = False
+            existing = await self.blackboard.read(self.protocol.result_key(request_id))
+            if existing is not None and existing.value.get("status") in {s.value for s in RunStatus}:
+                status = RunStatus(existing.value["status"])
+            if (await self._stored_events(request_id)).ended:
+                return False  # its answer's commit was applied, its terminal event with it: one is enough
+        kind = terminal_event(status)
+        await self.emit(kind, {"output": None, "error": reason[:2000]})
+        return stored

@@ -5,8 +5,10 @@ held it ended (docs/scaling.md, Pools)."""
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import logging
+from collections import OrderedDict
 from typing import TYPE_CHECKING, Any
 
 from colony.agents.handle import RESTARTED
@@ -18,12 +20,45 @@ from colony.errors import BlackboardError, ConcurrentModificationError
 if TYPE_CHECKING:
     from colony.agents.base import Agent
     from colony.agents.stored_events import StoredEvents
-    from colony.blackboard import Blackboard, BlackboardEntry
+    from colony.blackboard import Blackboard, BlackboardEntry, BlackboardEvent
     from colony.blackboard.protocol import RequestResultProtocol
 
 log = logging.getLogger("colony.agents.run_capability")
 
 PICK_UP_BATCH = 4  # pending requests whose request entries an idle member reads per round trip
+CLAIMS_REMEMBERED = 4096  # request events whose claim a member of this process tried, kept (the newest)
+
+
+class ClaimsInProcess:
+    """The request events a pool member of this process took on: it is claiming the request, or
+    tried (claimed it, or found it claimed by someone else). Every idle member of a pool sees each
+    request's event; the first member of a process to take one on is the only one of that process
+    to try the create-only claim, so the others' attempts (a commit that fails and a read of the
+    claim each) are not made. Members of other processes still race for it in Redis, which
+    decides. Keyed by the event (its scope and stream id), not the request: a request written again
+    (re-opened by the pool, or nudged) is a new event, which the idle members try again. Bounded:
+    the oldest are forgotten (a forgotten one costs one failed claim at most)."""
+
+    def __init__(self, size: int = CLAIMS_REMEMBERED) -> None:
+        self._size = size
+        self._taken: OrderedDict[str, None] = OrderedDict()
+
+    def take(self, event: str) -> bool:
+        """True for the first member to take on `event`, False after."""
+        if event in self._taken:
+            return False
+        self._taken[event] = None
+        while len(self._taken) > self._size:
+            self._taken.popitem(last=False)
+        return True
+
+    def release(self, event: str) -> None:
+        """The claim's attempt failed before Redis decided it: another member may try it."""
+        self._taken.pop(event, None)
+
+
+CLAIMS_HERE = ClaimsInProcess()
+_MARKING: set[asyncio.Task[None]] = set()  # pending markers being written for failed claims
 
 
 class PoolMember:
@@ -58,6 +93,25 @@ class PoolMember:
             )
             if claim is not None or request is None:
                 await self._drop_pending(request_id)
+
+    async def _claim_first_here(self, agent: Agent, request_id: str, event: BlackboardEvent) -> bool:
+        """Claim a request announced by `event`, unless another member of this process took that
+        event on first (`ClaimsInProcess`). An attempt that raises (or is cancelled) leaves the request in
+        the pending index (marked here if the submitter did not), for whichever idle member looks
+        next: the members that let it pass do not see its event again."""
+        claim = f"{event.scope_id}\x1f{event.id}"
+        if not CLAIMS_HERE.take(claim):
+            return False
+        try:
+            return await self._claim(agent, request_id)
+        except BaseException:  # an error, or this member stopping (its claim may stand or not)
+            CLAIMS_HERE.release(claim)
+            # in a task of its own, which the cancellation of this one does not cut short; a
+            # marker for a request that is claimed after all is dropped again by `_mark_pending`
+            marking = asyncio.create_task(self._mark_pending(request_id), name=f"pending-{request_id}")
+            _MARKING.add(marking)
+            marking.add_done_callback(_MARKING.discard)
+            raise
 
     async def _drop_pending(self, request_id: str) -> None:
         """The request is claimed: out of the pending index. A marker left behind (Redis away now)

@@ -401,17 +401,11 @@ class ApiRunProtocol(BlackboardProtocol):
     request id, so whoever retires the run's keys can retire this record too."""
 
     namespace: ClassVar[str] = "api"
-    templates = {"run": "run:{run_id}", "counted": "counted:{run_id}"}
+    templates = {"run": "run:{run_id}"}
 
     @classmethod
     def run_key(cls, run_id: str) -> str:
         return cls.build("run", run_id=run_id)
-
-    @classmethod
-    def counted_key(cls, run_id: str) -> str:
-        """Marks a run's end as counted in the metrics (written create-only by the first API process
-        that sees it end, so the cluster counts each run once however many API replicas read it)."""
-        return cls.build("counted", run_id=run_id)
 
 
 class VcmProtocol(BlackboardProtocol):

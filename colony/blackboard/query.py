@@ -139,18 +139,26 @@ async def oldest_tagged(bb: Blackboard, tag: str, limit: int) -> list[str]:
     tag_set = keyspace.tag_key(tag)
     sample = max(2 * limit, OLDEST_SAMPLE)
     members: set[str] = set()
-    # a large set is sampled from a random place (its hash table's buckets, wrapping round once),
-    # so no member is passed over for good while others keep coming; a small set comes whole
-    # whatever the cursor
-    cursor = random.getrandbits(32)
-    wrapped = False
-    for _round in range(MAX_SCAN_ROUNDS):
-        cursor, page = await redis.sscan(tag_set, cursor, count=sample)
-        members.update(page)
-        if len(members) >= sample or (cursor == 0 and wrapped):
-            break
-        if cursor == 0:
-            wrapped = True
+    # The set's size comes with a first page read from its start, in one round trip: a set the
+    # page holds whole (the usual case: an empty or short backlog) needs nothing more. A larger one
+    # is sampled from a random place instead (its hash table's buckets, wrapping round once), so no
+    # member is passed over for good while others keep coming.
+    async with redis.pipeline(transaction=False) as pipe:
+        pipe.scard(tag_set)
+        pipe.sscan(tag_set, 0, count=sample)
+        size, (cursor, page) = await pipe.execute()
+    members.update(page)
+    if cursor != 0 and len(members) < int(size):
+        members.clear()
+        cursor = random.getrandbits(32)
+        wrapped = False
+        for _round in range(MAX_SCAN_ROUNDS):
+            cursor, page = await redis.sscan(tag_set, cursor, count=sample)
+            members.update(page)
+            if len(members) >= sample or (cursor == 0 and wrapped):
+                break
+            if cursor == 0:
+                wrapped = True
     keys = sorted(members)
     if not keys:
         return []

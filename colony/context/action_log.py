@@ -284,8 +284,11 @@ class ActionLog:
         effects: tuple[str, ...] = (),
     ) -> ActionResult:
         """An action of the current run: the recorded result when it ran to the end before (not
-        run again), else run (after a `started` record) under its idempotency key and its result
-        recorded before it is returned. One cut off while it ran runs again with the same key."""
+        run again), else run under its idempotency key and its result recorded before it is
+        returned. One cut off while it ran runs again with the same key. An action that declares
+        an effect gets a `started` record before it runs, so that a call cut off is known to have
+        been made (counted, logged, listed by `step_calls`); one declaring none runs again the same
+        way without it, one fenced commit fewer per call."""
         run = self._active_run()
         if run is None:
             return await call()
@@ -340,7 +343,8 @@ class ActionLog:
             "effects": tuple(effects),
             "shape": shape,
         }
-        await self._append([LogRecord(status="started", at=time.time(), **fields)])
+        if effects:  # what a cut-off call did is worth telling apart from one never made
+            await self._append([LogRecord(status="started", at=time.time(), **fields)])
         before = copy.deepcopy(self._capability_state(capability))
         token = _IDEMPOTENCY_KEY.set(key)
         try:

@@ -42,7 +42,7 @@ from pydantic import BaseModel, Field
 from redis.exceptions import RedisError
 
 from colony import metrics
-from colony.agents.handle import ended_status, is_terminal, terminal_event
+from colony.agents.handle import is_terminal, terminal_event
 from colony.agents.models import RunServing, new_id
 from colony.agents.run_claims import (
     API_INDEXED_WRITER,
@@ -140,7 +140,7 @@ class RunService:
         self._retention = retention_seconds
         self._root = blackboard
         self.registry = registry
-        self._counted: dict[str, None] = {}  # runs whose end this process has counted (bounded)
+        self._retired: dict[str, None] = {}  # ended runs whose record this process retired (bounded)
         self._serving: dict[tuple[str, str], tuple[float, RunServing]] = {}  # (agent, ns) -> (read at, it)
         self._known: dict[str, float] = {}  # agent -> when its registry record was last found
 
@@ -308,8 +308,9 @@ class RunService:
         if result is not None:
             value = result.value
             status = {"succeeded": "succeeded", "cancelled": "cancelled"}.get(value.get("status"), "failed")
-            if await self._count(record, status, result.created_at):
-                await self._retire_record(run_id)  # the agent retires it too; this covers a lost call
+            if run_id not in self._retired:  # once per process: the agent retires it too; this
+                await self._retire_record(run_id)  # covers a lost call
+                _remember(self._retired, run_id, None)
             return RunView(
                 run_id=run_id,
                 agent=record.agent,
@@ -350,6 +351,7 @@ class RunService:
             )
         except ConcurrentModificationError:
             return await board.read(AgentRunProtocol.result_key(record.run_id))
+        metrics.run_ended(status, entry.created_at - record.created_at)  # its end, once: this write's
         # Ended here: its keys (and record) expire after the retention. The agent, if it had
         # claimed it, retires it again once it lets go, covering anything it writes meanwhile.
         await board.expire(
@@ -360,37 +362,6 @@ class RunService:
 
     async def _retire_record(self, run_id: str) -> None:
         await self.api_board.expire([ApiRunProtocol.run_key(run_id)], self.retention_seconds)
-
-    async def _count(self, record: RunRecord, status: str, finished_at: float) -> bool:
-        """Count a run's end once in the whole cluster; True the first time this process sees it.
-
-        Every API replica reading the run sees it end, and each process's counters are exported
-        (`colony_cluster_*`, summed by the dashboards): counted in each, a run would count once per
-        replica. So the first reader writes a create-only marker (`ApiRunProtocol.counted_key`, it
-        expires with the run's retention) and only the one whose write created it counts; the
-        others (a ConcurrentModificationError) do not. Remembered per process, so the marker is
-        written at most once per process and run."""
-        if record.run_id in self._counted:
-            return False
-        try:
-            await self.api_board.write(
-                ApiRunProtocol.counted_key(record.run_id),
-                {"status": status},
-                created_by=API_WRITER,
-                ttl_seconds=self.retention_seconds,
-                expected_version=0,
-            )
-            first = True
-        except ConcurrentModificationError:
-            first = False  # another process (or this one, before a restart) counted it
-        self._counted[record.run_id] = None
-        if len(self._counted) > 100_000:
-            self._counted.pop(next(iter(self._counted)))
-        if not first:
-            return True
-        metrics.RUNS_COMPLETED.labels(status).inc()
-        metrics.RUN_DURATION_SECONDS.observe(max(0.0, finished_at - record.created_at))
-        return True
 
     async def check_event_id(self, run_id: str, last_event_id: str | None) -> RunRecord:
         """Refuse a `Last-Event-ID` that is not a stream id ("$" and garbage included) or that lies
@@ -437,8 +408,7 @@ class RunService:
 
         When the run has ended but its remaining events are gone (trimmed or expired), the stream
         sends a `gap` event and then a terminal event built from the run's result, and ends.
-        The run's end is counted (`colony_runs_completed_total`, once in the cluster) when its
-        terminal event is read. `last_event_id` is checked first (see `check_event_id`), unless
+        `last_event_id` is checked first (see `check_event_id`), unless
         the caller did and passes the `record` that check returned."""
         if record is None or record.run_id != run_id:
             record = await self.check_event_id(run_id, last_event_id)
@@ -464,7 +434,6 @@ class RunService:
                         await self._finish(record, "failed", "run timed out after its deadline")
                     ending = await self._gap(record, subscription.last_id)
                     if ending:
-                        await self._count_end(record, ending[-1][1])
                         yield [*batch, *ending]
                         return
                     continue
@@ -479,7 +448,6 @@ class RunService:
                             "data": {"error": entry.value.get("error") if entry else None},
                             "request_id": run_id,
                         }
-                        await self._count_end(record, ended)
                         yield [*batch, (event.id, ended)]
                         return
                     continue  # the agent's terminal event follows its result
@@ -494,19 +462,10 @@ class RunService:
                     value = entry.value
                 batch.append((event.id, value))
                 if is_terminal(value):
-                    await self._count_end(record, value)
                     yield batch
                     return
         finally:
             subscription.close()
-
-    async def _count_end(self, record: RunRecord, terminal: dict[str, Any]) -> None:
-        """Count the run's end (see `_count`) as its terminal event says; a failure to count
-        never fails the stream that read it."""
-        try:
-            await self._count(record, ended_status(terminal.get("event_type")), event_time(terminal))
-        except Exception as exc:
-            log.warning("the end of run %s was not counted: %r", record.run_id, exc)
 
     async def _gap(self, record: RunRecord, position: str) -> list[tuple[str, dict[str, Any]]]:
         """After a quiet spell: if the run has ended (its result is at least IDLE_SECONDS old, so its
