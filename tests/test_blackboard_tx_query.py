@@ -318,3 +318,23 @@ async def test_oldest_tagged_reads_a_short_backlog_in_one_scan(bb: Blackboard) -
     assert await bb.oldest_tagged("short", 3) == ["short:0", "short:1", "short:2"]
     assert await bb.oldest_tagged("nothing-tagged", 3) == []
     assert await scans() - before == 2  # one per call
+
+
+async def test_oldest_tagged_can_list_only_members_whose_companion_exists(bb: Blackboard) -> None:
+    """An idle pool member lists pending requests whose request is written, in the round trip that
+    dates them: a marker whose item is missing is passed over, not pruned (its item may come)."""
+    for name in ("a", "b", "c"):
+        await bb.write(f"mark:{name}", 1, tags={"marks"})
+        await asyncio.sleep(0.002)
+    await bb.write("item:a", 1)
+    await bb.write("item:c", 1)
+
+    def item_of(marker: str) -> str:
+        return "item:" + marker.split(":", 1)[1]
+
+    assert await bb.oldest_tagged("marks", 10, needs=item_of) == ["mark:a", "mark:c"]
+    assert await bb.redis.smembers(bb.keyspace.tag_key("marks")) == {"mark:a", "mark:b", "mark:c"}
+    await bb.write("item:b", 1)  # written now: listed in its place
+    assert await bb.oldest_tagged("marks", 10, needs=item_of) == ["mark:a", "mark:b", "mark:c"]
+    with pytest.raises(InvalidKey):
+        await bb.oldest_tagged("marks", 10, needs=lambda key: "bad key\n")

@@ -18,7 +18,7 @@ from collections.abc import AsyncIterator
 from typing import Any
 
 import pytest
-from agent_kit import counter_blueprint
+from agent_kit import CounterCapability, counter_blueprint
 
 from colony import metrics
 from colony.agents import (
@@ -231,13 +231,14 @@ class QuietLedger(Ledger):
         return await Ledger.book(self, item)
 
 
-async def test_an_action_declaring_no_effect_gets_no_started_record_and_still_runs_again_with_its_key(
+async def test_an_action_declaring_no_effect_is_recorded_with_its_steps_persist(
     host: tuple[LocalAgentRuntime, ScriptedEngine],
 ) -> None:
-    """One fenced commit fewer per call: the `started` record is kept for actions that declare an
-    effect. Cut off, an action declaring none runs again as one with only `started` does (the
-    same idempotency key), without being counted as re-executed."""
-    runtime, _engine = host
+    """Two fenced commits fewer per call: an action that declares no effect gets no `started`
+    record, and its result goes to Redis with the step's persist. A step cut off before its
+    persist is redone from its start: such actions run again, under the same idempotency keys,
+    without being counted as re-executed; the model's answer is still replayed."""
+    runtime, engine = host
     quiet = blueprint("quiet-cut").model_copy(update={"capabilities": [QuietLedger.bind()]})
     first = await runtime.spawn(quiet)
     ONCE["quiet-cut:b"] = "hang"
@@ -246,17 +247,47 @@ async def test_an_action_declaring_no_effect_gets_no_started_record_and_still_ru
         while (await counts(first))["b"] < 1:  # noqa: ASYNC110
             await asyncio.sleep(0.01)
     stored = parse_records(await first.blackboard.ring(LOG_KEY))
-    assert [(r.kind, r.status) for r in stored] == [("model", "done"), ("action", "done")]  # a: done; b: none
+    assert [(r.kind, r.status) for r in stored] == [("model", "done")]  # a's result is held, b runs
+    assert [c["action"] for c in first.action_log.step_calls(1)] == ["book"]  # a, in memory
     reexecuted = replays("action", "reexecuted")
     await runtime.drop("quiet-cut")
     restored = await runtime.resume("quiet-cut")
     done = await runtime.wait_for_run("quiet-cut", run.run_id, timeout=10)
 
     assert done.status is RunStatus.SUCCEEDED, done.error
-    assert await counts(restored) == {"a": 1, "b": 2, "c": 1, "d": 1}
+    assert await counts(restored) == {"a": 2, "b": 2, "c": 1, "d": 1}  # step 1's actions again
+    assert await keys_of(restored, "a") == [f"{run.run_id}:1:a0"] * 2
     assert await keys_of(restored, "b") == [f"{run.run_id}:1:a1"] * 2
     assert replays("action", "reexecuted") == reexecuted
+    assert len(engine.requests) == 3  # step 1's plan came from the log
     assert [o["item"] for o in done.output] == ["a", "b", "c", "d"]
+    # every result of the finished run is stored: with the persists of their steps
+    final = parse_records(await restored.blackboard.ring(LOG_KEY))
+    actions = [r for r in final if r.kind == "action"]
+    assert {r.status for r in actions} == {"done"} and len({r.key for r in actions}) == 4
+
+
+async def test_a_suspend_after_a_no_effect_action_stores_its_result_with_the_state_it_left(
+    host: tuple[LocalAgentRuntime, ScriptedEngine],
+) -> None:
+    """What a suspend persists agrees with itself: the held result goes with the capability state
+    the action left, so the step redone after the resume replays it (the action is not run
+    again)."""
+    runtime, _engine = host
+    quiet = blueprint("quiet-held").model_copy(update={"capabilities": [QuietLedger.bind()]})
+    first = await runtime.spawn(quiet)
+    ONCE["quiet-held:b"] = "hang"
+    run = await runtime.start_run("quiet-held", None)
+    async with asyncio.timeout(10):
+        while (await counts(first))["b"] < 1:  # noqa: ASYNC110
+            await asyncio.sleep(0.01)
+    await runtime.suspend("quiet-held")  # cancels the step (b, cut off) and persists the agent
+    stored = parse_records(await first.blackboard.ring(LOG_KEY))
+    assert [(r.kind, r.status) for r in stored] == [("model", "done"), ("action", "done")]
+    await runtime.resume("quiet-held")
+    done = await runtime.wait_for_run("quiet-held", run.run_id, timeout=10)
+    assert done.status is RunStatus.SUCCEEDED, done.error
+    assert await counts(first) == {"a": 1, "b": 2, "c": 1, "d": 1}  # a replayed from the log
 
 
 async def test_a_replayed_action_puts_its_capabilitys_state_back(
@@ -319,6 +350,15 @@ async def test_a_generated_program_redone_after_the_crash_window_is_not_asked_fo
         await runtime.shutdown()
 
 
+class PayingCounter(CounterCapability):
+    """The counter, its `add` declared with an effect: recorded before the policy sees it."""
+
+    @action_executor(effects=("external",))
+    async def add(self, amount: int, note: str = "") -> int:
+        """Add `amount` to the running total."""
+        return await CounterCapability.add(self, amount, note)
+
+
 async def test_a_suspend_while_a_result_is_recorded_waits_for_the_record(
     host: tuple[LocalAgentRuntime, ScriptedEngine],
 ) -> None:
@@ -326,7 +366,10 @@ async def test_a_suspend_while_a_result_is_recorded_waits_for_the_record(
     counter's total, so the log must say `add` is done, or the resumed step would add twice."""
     runtime, _engine = host
     steps = [{"action": "add", "parameters": {"amount": 1}} for _ in range(3)]
-    agent = await runtime.spawn(counter_blueprint("sleeper", steps))
+    blueprint = counter_blueprint("sleeper", steps).model_copy(
+        update={"capabilities": [PayingCounter.bind()]}
+    )
+    agent = await runtime.spawn(blueprint)
     log = agent.action_log
     original, reached, release = log._append, asyncio.Event(), asyncio.Event()
 
@@ -339,7 +382,7 @@ async def test_a_suspend_while_a_result_is_recorded_waits_for_the_record(
     log._append = slow_append  # type: ignore[method-assign]
     run = await runtime.start_run("sleeper", None)
     await asyncio.wait_for(reached.wait(), 10)
-    assert agent.get_capability("CounterCapability").total == 2  # changed, not yet recorded
+    assert agent.get_capability("PayingCounter").total == 2  # changed, not yet recorded
     suspending = asyncio.create_task(runtime.suspend("sleeper"))
     await asyncio.sleep(0.3)
     assert not suspending.done()  # the cancelled step finishes its record first
@@ -347,13 +390,13 @@ async def test_a_suspend_while_a_result_is_recorded_waits_for_the_record(
     await asyncio.wait_for(suspending, 10)
     # what the suspend persisted agrees with itself: the counter as the policy last saw it
     board = agent.blackboard
-    stored = await board.read(AgentStateProtocol.capability_state_key("CounterCapability"))
+    stored = await board.read(AgentStateProtocol.capability_state_key("PayingCounter"))
     assert stored.value["state"] == {"total": 1}
     assert (await board.read(AgentStateProtocol.key("policy_state"))).value["index"] == 1
     resumed = await runtime.resume("sleeper")
     done = await runtime.wait_for_run("sleeper", run.run_id, timeout=10)
     assert done.status is RunStatus.SUCCEEDED and done.output == 3, done.output
-    assert resumed.get_capability("CounterCapability").total == 3
+    assert resumed.get_capability("PayingCounter").total == 3
 
 
 async def test_step_calls_list_a_steps_actions_with_their_effects(
@@ -454,8 +497,13 @@ async def test_a_superseded_copy_records_nothing(host: tuple[LocalAgentRuntime, 
     stale.current_run = agent.current_run
     before = await agent.blackboard.ring(LOG_KEY)
     with pytest.raises(Exception) as refused:
-        await stale.dispatcher.dispatch("look", {"item": "a"})
+        await stale.dispatcher.dispatch("book", {"item": "a"})
     assert "another live copy" in str(refused.value) or "version" in str(refused.value)
+    assert await agent.blackboard.ring(LOG_KEY) == before
+    # an action with no effect holds its result for the step's persist, which is fenced the same
+    assert (await stale.dispatcher.dispatch("look", {"item": "a"})).success
+    with pytest.raises(Exception, match=r"another live copy|version"):
+        await stale.persist()
     assert await agent.blackboard.ring(LOG_KEY) == before
 
 
@@ -472,12 +520,12 @@ async def test_a_superseded_copy_starting_a_new_run_clears_nothing(
         InferenceRequest(messages=[ChatMessage(role="user", content="x")]), _answer
     )
     run = await agent.begin_run(None)  # the hosted copy moves on and records its own run
-    await agent.dispatcher.dispatch("look", {"item": "a"})
+    await agent.dispatcher.dispatch("book", {"item": "a"})
     before = await agent.blackboard.ring(LOG_KEY)
     assert before and all(item["run_id"] == run.run_id for item in before)
     stale.current_run = AgentRun(agent_id="wiper", status=RunStatus.RUNNING)  # a new run of its own
     with pytest.raises(Exception, match=r"another live copy|version"):
-        await stale.dispatcher.dispatch("look", {"item": "b"})
+        await stale.dispatcher.dispatch("book", {"item": "b"})
     assert await agent.blackboard.ring(LOG_KEY) == before
 
 

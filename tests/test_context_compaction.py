@@ -64,7 +64,7 @@ NOTED: list[str] = []  # every `note` that really ran, in this process
 class Sensors(AgentCapability):
     """Notes readings; `dump` returns a 100 KB log (the output that must never reach a prompt)."""
 
-    @action_executor()
+    @action_executor(effects=("external",))  # NOTED is outside the agent: a redo must not add to it
     async def note(self, text: str) -> str:
         """Write down what the latest reading says."""
         NOTED.append(text)

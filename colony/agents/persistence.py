@@ -78,7 +78,9 @@ async def persist_agent(agent: Agent, enter: AgentState | None = None, reason: s
     fails the commit, and the persist is done once more writing every entry.
 
     The first persist of each step of a run (and of its beginning, step 0) also pushes that step's
-    checkpoint onto the agent's capped checkpoint ring, in the same transaction. With `enter`, the
+    checkpoint onto the agent's capped checkpoint ring, in the same transaction; the results the
+    action log holds for it (actions that declare no effect, `ActionLog.write_deferred`) go into
+    the log's ring in it too. With `enter`, the
     agent's `agent:lifecycle` moves to that state in it too (the caller checked the transition)."""
     skipping = bool(agent._written)
     try:
@@ -102,6 +104,7 @@ async def _persist(
     try:
         async with agent.blackboard.transaction() as tx:
             await fence(tx, agent)
+            logged = agent.action_log.write_deferred(tx)  # results of the step's no-effect actions
             write_state(tx, agent, states, written)
             tx.ring_push(Keys.key("context"), pending, context.cap)
             write_context_head(tx, agent, position, written)
@@ -118,6 +121,7 @@ async def _persist(
     if enter is not None and lifecycle is not None:
         hold_own_lifecycle(agent, tx, lifecycle)
         agent._state = enter
+    agent.action_log.deferred_stored(logged)
     context.mark_persisted(position)
     if checkpoint is not None:
         checkpoints.pushed(agent, checkpoint)

@@ -63,12 +63,22 @@ async def drop_pending(board: Blackboard, protocol: type[RequestResultProtocol],
 
 
 async def pending_requests(
-    board: Blackboard, protocol: type[RequestResultProtocol], limit: int = PICK_UP_PAGE
+    board: Blackboard,
+    protocol: type[RequestResultProtocol],
+    limit: int = PICK_UP_PAGE,
+    *,
+    written_only: bool = False,
 ) -> list[str]:
     """Up to `limit` open unclaimed request ids, oldest first (among those one index scan gives),
-    read without their markers' values: an idle member picks from a backlog cheaply."""
+    read without their markers' values: an idle member picks from a backlog cheaply. With
+    `written_only`, only requests that exist (checked in the same round trip: an admission
+    reservation's request is not written yet, a failed submit's is gone)."""
     prefix = f"pending:{protocol.kind}:"
-    keys = await board.oldest_tagged(pending_tag(protocol), limit)
+
+    def request_of(marker: str) -> str:
+        return protocol.request_key(marker[len(prefix) :])
+
+    keys = await board.oldest_tagged(pending_tag(protocol), limit, needs=request_of if written_only else None)
     return [key[len(prefix) :] for key in keys if key.startswith(prefix)]
 
 

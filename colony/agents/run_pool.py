@@ -25,7 +25,6 @@ if TYPE_CHECKING:
 
 log = logging.getLogger("colony.agents.run_capability")
 
-PICK_UP_BATCH = 4  # pending requests whose request entries an idle member reads per round trip
 CLAIMS_REMEMBERED = 4096  # request events whose claim a member of this process tried, kept (the newest)
 
 
@@ -127,18 +126,14 @@ class PoolMember:
         if self.busy or agent.yielded or not self._hosted(agent):
             return
         try:
-            candidates = await pending_requests(self.blackboard, self.protocol)
-            for start in range(0, len(candidates), PICK_UP_BATCH):  # the oldest first, a few at a time
-                batch = candidates[start : start + PICK_UP_BATCH]
-                requests = await self.blackboard.read_many([self.protocol.request_key(r) for r in batch])
-                for request_id, request in zip(batch, requests, strict=True):
-                    if request is None:  # an admission reservation whose request is not written yet
-                        continue  # (or a submit that died: the marker expires), never claimed
-                    if self.busy:
-                        return
-                    if await self._claim(agent, request_id):
-                        return
-                    await self._drop_pending(request_id)  # claimed by a member that left its marker
+            # the oldest first, only those whose request is written (an admission reservation's is
+            # not yet; a submit that died leaves none, and its marker expires): never claimed
+            for request_id in await pending_requests(self.blackboard, self.protocol, written_only=True):
+                if self.busy:
+                    return
+                if await self._claim(agent, request_id):
+                    return
+                await self._drop_pending(request_id)  # claimed by a member that left its marker
         except Exception as exc:
             log.warning("agent %s: pending requests not picked up: %r", agent.agent_id, exc)
 

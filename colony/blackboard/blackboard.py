@@ -448,12 +448,15 @@ class Blackboard:
         async with self.guard("query"):
             return await run_query(self, pattern, tag_filter, limit, cursor)
 
-    async def oldest_tagged(self, tag: str, limit: int = 100) -> list[str]:
+    async def oldest_tagged(
+        self, tag: str, limit: int = 100, needs: Callable[[str], str] | None = None
+    ) -> list[str]:
         """Keys of up to `limit` entries carrying `tag`, oldest first, without reading their values
-        (a backlog's head; see `colony.blackboard.query.oldest_tagged`)."""
+        (a backlog's head; with `needs`, only those whose companion entry `needs(key)` exists; see
+        `colony.blackboard.query.oldest_tagged`)."""
         validate_tag(tag)
         async with self.guard("oldest_tagged"):
-            return await oldest_tagged(self, tag, max(1, limit))
+            return await oldest_tagged(self, tag, max(1, limit), needs)
 
     async def iter_query(
         self,

@@ -11,10 +11,12 @@ from __future__ import annotations
 import base64
 import json
 import random
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from colony.blackboard.models import BlackboardEntry, QueryPage, TagFilter, _ms, decode_tags
+from colony.blackboard.protocol import validate_key
 from colony.errors import InvalidKey
 
 MAX_SCAN_ROUNDS = 64  # SCAN calls per page at most; a page may come back short, with a cursor
@@ -128,13 +130,17 @@ async def _fetch(bb: Blackboard, keys: list[str], tag: str | None) -> list[Black
     return entries
 
 
-async def oldest_tagged(bb: Blackboard, tag: str, limit: int) -> list[str]:
+async def oldest_tagged(
+    bb: Blackboard, tag: str, limit: int, needs: Callable[[str], str] | None = None
+) -> list[str]:
     """Up to `limit` keys of the entries carrying `tag`, oldest first (creation time, then key),
     among a sample of the tag's set: all of it up to `OLDEST_SAMPLE` (or 2 * `limit`) members,
     else about that many read from a random place in it (each call another place). One pipelined
     HMGET reads their creation times and tags: no value is read or parsed, so picking the head of a
     backlog costs a fraction of a query. Members whose entry is gone or no longer carries the tag
-    are left out, and pruned."""
+    are left out, and pruned. With `needs`, a member is left out (not pruned) unless the entry
+    `needs(member)` names exists too, checked in the same round trip (a queue marker whose item
+    is not written yet)."""
     keyspace, redis = bb.keyspace, bb.redis
     tag_set = keyspace.tag_key(tag)
     sample = max(2 * limit, OLDEST_SAMPLE)
@@ -162,16 +168,20 @@ async def oldest_tagged(bb: Blackboard, tag: str, limit: int) -> list[str]:
     keys = sorted(members)
     if not keys:
         return []
+    companions = [validate_key(needs(key)) for key in keys] if needs is not None else []
     async with redis.pipeline(transaction=False) as pipe:
         for key in keys:
             pipe.hmget(keyspace.entry_key(key), "ca", "tags")
+        for companion in companions:
+            pipe.exists(keyspace.entry_key(companion))
         replies = await pipe.execute()
+    present = [bool(n) for n in replies[len(keys) :]] if needs is not None else [True] * len(keys)
     dated: list[tuple[float, str]] = []
     stale: list[str] = []
-    for key, (created, tags) in zip(keys, replies, strict=True):
+    for key, (created, tags), there in zip(keys, replies[: len(keys)], present, strict=True):
         if created is None or tag not in decode_tags(tags):
             stale.append(key)
-        else:
+        elif there:
             dated.append((_ms(created) or 0.0, key))
     if stale:
         await bb.prune_tag_index(keys=[tag_set], args=[keyspace.entry_prefix, tag, *stale])

@@ -50,12 +50,15 @@ from colony.errors import ConcurrentModificationError
 if TYPE_CHECKING:  # (imported where used: colony.agents imports this module)
     from colony.agents.base import Agent
     from colony.agents.models import ActionResult, AgentRun
+    from colony.blackboard.transaction import Transaction
     from colony.inference import InferenceRequest, InferenceResponse
 
 log = logging.getLogger(__name__)
 
 LOG_KEY = AgentStateProtocol.key("action_log")
 # A record's JSON may be this large; a larger result is recorded without its body (see docs).
+# Results of actions that declare no effect held for the step's persist, at most (then written).
+DEFERRED_MAX = 16
 MAX_RECORD_BYTES = 256 * 1024
 RUN_ID_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9._:-]{0,127}$"
 NAME_PATTERN = r"^[A-Za-z0-9_.:-]{1,128}$"
@@ -216,6 +219,7 @@ class ActionLog:
         self._ordinals: dict[str, int] = {}
         self._bodies: set[str] = set()  # keys of records still holding their response/result/state
         self._cap: int | None = None
+        self._deferred: list[LogRecord] = []  # no-effect actions' results, stored with the next commit
 
     # -- the interface -------------------------------------------------------------------------
 
@@ -285,10 +289,14 @@ class ActionLog:
     ) -> ActionResult:
         """An action of the current run: the recorded result when it ran to the end before (not
         run again), else run under its idempotency key and its result recorded before it is
-        returned. One cut off while it ran runs again with the same key. An action that declares
-        an effect gets a `started` record before it runs, so that a call cut off is known to have
-        been made (counted, logged, listed by `step_calls`); one declaring none runs again the same
-        way without it, one fenced commit fewer per call."""
+        returned. One cut off while it ran runs again with the same key.
+
+        An action that declares an effect gets a `started` record before it runs, so that a call
+        cut off is known to have been made (counted, logged, listed by `step_calls`), and its
+        result is in Redis before the policy sees it. For one declaring none, neither is a commit
+        of its own: its result goes with the step's persist (`write_deferred`), whose transaction
+        also holds the capability state the action left; cut off before that, the step is redone
+        and the action runs again, under the same key. Two fenced commits fewer per such call."""
         run = self._active_run()
         if run is None:
             return await call()
@@ -352,8 +360,14 @@ class ActionLog:
         finally:
             _IDEMPOTENCY_KEY.reset(token)
         state = self._capability_state(capability)
+        record = _bounded({**fields, "at": time.time()}, "result", result, state)
+        if not effects:  # held for the step's persist (or this log's next commit), in its transaction
+            self._deferred.append(record)
+            self._remember([record])
+            if len(self._deferred) < DEFERRED_MAX:
+                return result
         try:
-            await _settle(self._append([_bounded({**fields, "at": time.time()}, "result", result, state)]))
+            await _settle(self._append([] if not effects else [record]))
         except asyncio.CancelledError:
             # cancelled (a suspend) after the action changed its capability, before the policy took
             # its result: the capability goes back to where it was before the action, as the
@@ -394,11 +408,14 @@ class ActionLog:
     async def truncate_marker(self, step: int) -> LogRecord | None:
         """The marker `truncate_after(step)` appends (None without a current run), for a caller
         that appends it in a transaction of its own (a checkpoint restore: one fenced commit);
-        `truncated(step)` once that commit applied."""
+        `truncated(step)` once that commit applied. Results held for a persist are written first,
+        so the marker follows them in the ring."""
         run = self.agent.current_run
         if run is None:
             return None
         await self._load(run.run_id)
+        if self._deferred:
+            await self._append([])
         return LogRecord(run_id=run.run_id, step=step, kind="truncate", at=time.time(), after_step=step)
 
     def truncated(self, step: int) -> None:
@@ -498,12 +515,33 @@ class ActionLog:
         self._run_id, self._records, self._bodies = run_id, records, set(records)
         self._stale = any(r.run_id != run_id for r in stored)
 
+    def write_deferred(self, tx: Transaction) -> int:
+        """Put the results held for the step's persist into its transaction (fenced by it, as
+        `_append` is), after clearing the previous run's records if they are still stored; how
+        many, for `deferred_stored` once it committed."""
+        if not self._deferred:
+            return 0
+        if self._stale:
+            tx.ring_truncate(LOG_KEY, 0)
+        values = [r.model_dump(mode="json", exclude_none=True) for r in self._deferred]
+        tx.ring_push(LOG_KEY, values, self.max_entries)
+        return len(self._deferred)
+
+    def deferred_stored(self, count: int) -> None:
+        """The first `count` held results are in Redis now (the transaction that took them
+        committed)."""
+        if count:
+            del self._deferred[:count]
+            self._stale = False
+
     async def _append(self, records: list[LogRecord]) -> None:
         """Append to the stored log, fenced by the agent's lifecycle (as `persist_agent` is): a
-        copy of the agent that lost its place records nothing. Returns once Redis has it."""
+        copy of the agent that lost its place records nothing. Returns once Redis has it. The
+        results held for the step's persist go first, in the same commit."""
         from colony.agents.persistence import fence, recover_lifecycle
 
-        values = [r.model_dump(mode="json", exclude_none=True) for r in records]
+        held = len(self._deferred)
+        values = [r.model_dump(mode="json", exclude_none=True) for r in [*self._deferred, *records]]
         board = self.agent.blackboard
         for attempt in (1, 2):
             try:
@@ -517,6 +555,12 @@ class ActionLog:
             except ConcurrentModificationError:
                 if attempt == 2 or not await recover_lifecycle(self.agent):
                     raise
+        del self._deferred[:held]
+        self._remember(records)
+
+    def _remember(self, records: list[LogRecord]) -> None:
+        """Keep records as the stored ring keeps them (the truncate marker is applied by its
+        caller, `truncated`)."""
         for record in records:
             if record.kind != "truncate":
                 self._records[record.key] = record
