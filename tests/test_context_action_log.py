@@ -231,6 +231,18 @@ class QuietLedger(Ledger):
         return await Ledger.book(self, item)
 
 
+async def quiet_run_cut_at_b(runtime: LocalAgentRuntime, agent_id: str) -> tuple[Agent, Any]:
+    """A QuietLedger agent whose first step booked `a` and hangs in `b` (the step not persisted)."""
+    quiet = blueprint(agent_id).model_copy(update={"capabilities": [QuietLedger.bind()]})
+    first = await runtime.spawn(quiet)
+    ONCE[f"{agent_id}:b"] = "hang"
+    run = await runtime.start_run(agent_id, None)
+    async with asyncio.timeout(10):
+        while (await counts(first))["b"] < 1:  # noqa: ASYNC110
+            await asyncio.sleep(0.01)
+    return first, run
+
+
 async def test_an_action_declaring_no_effect_is_recorded_with_its_steps_persist(
     host: tuple[LocalAgentRuntime, ScriptedEngine],
 ) -> None:
@@ -239,13 +251,7 @@ async def test_an_action_declaring_no_effect_is_recorded_with_its_steps_persist(
     persist is redone from its start: such actions run again, under the same idempotency keys,
     without being counted as re-executed; the model's answer is still replayed."""
     runtime, engine = host
-    quiet = blueprint("quiet-cut").model_copy(update={"capabilities": [QuietLedger.bind()]})
-    first = await runtime.spawn(quiet)
-    ONCE["quiet-cut:b"] = "hang"
-    run = await runtime.start_run("quiet-cut", None)
-    async with asyncio.timeout(10):
-        while (await counts(first))["b"] < 1:  # noqa: ASYNC110
-            await asyncio.sleep(0.01)
+    first, run = await quiet_run_cut_at_b(runtime, "quiet-cut")
     stored = parse_records(await first.blackboard.ring(LOG_KEY))
     assert [(r.kind, r.status) for r in stored] == [("model", "done")]  # a's result is held, b runs
     assert [c["action"] for c in first.action_log.step_calls(1)] == ["book"]  # a, in memory
@@ -274,13 +280,7 @@ async def test_a_suspend_after_a_no_effect_action_stores_its_result_with_the_sta
     the action left, so the step redone after the resume replays it (the action is not run
     again)."""
     runtime, _engine = host
-    quiet = blueprint("quiet-held").model_copy(update={"capabilities": [QuietLedger.bind()]})
-    first = await runtime.spawn(quiet)
-    ONCE["quiet-held:b"] = "hang"
-    run = await runtime.start_run("quiet-held", None)
-    async with asyncio.timeout(10):
-        while (await counts(first))["b"] < 1:  # noqa: ASYNC110
-            await asyncio.sleep(0.01)
+    first, run = await quiet_run_cut_at_b(runtime, "quiet-held")
     await runtime.suspend("quiet-held")  # cancels the step (b, cut off) and persists the agent
     stored = parse_records(await first.blackboard.ring(LOG_KEY))
     assert [(r.kind, r.status) for r in stored] == [("model", "done"), ("action", "done")]

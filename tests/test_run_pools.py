@@ -298,6 +298,25 @@ async def test_a_pool_member_whose_replica_dies_serves_its_runs_from_its_restore
     assert member in await pools.members("hardy")
 
 
+async def handle_request_answered(board: Blackboard, request_id: str, value: Any, timeout: float) -> Any:
+    """Write a request as another agent's AgentHandle does (no pending marker), and wait for its
+    result's value."""
+    await board.write(
+        AgentRunProtocol.request_key(request_id),
+        {"input": value, "requester": "some-agent"},
+        tags={AgentRunProtocol.request_tag(request_id)},
+        created_by="some-agent",
+    )
+
+    async def answered() -> bool:
+        return await board.read(AgentRunProtocol.result_key(request_id)) is not None
+
+    await wait_for(answered, timeout)
+    result = await board.read(AgentRunProtocol.result_key(request_id))
+    assert result is not None
+    return result.value
+
+
 async def test_a_request_no_submitter_indexed_waits_for_a_free_member(cluster: Cluster) -> None:
     """A request written by another agent (an AgentHandle's: no pending marker) while every
     member is busy is indexed by a busy member and picked up when one is free."""
@@ -311,19 +330,8 @@ async def test_a_request_no_submitter_indexed_waits_for_a_free_member(cluster: C
 
     await wait_for(busy, 10)
     board = cluster.runs.run_board(await cluster.runs.record(first))
-    await board.write(
-        AgentRunProtocol.request_key("handle-req-1"),
-        {"input": "second", "requester": "some-agent"},
-        tags={AgentRunProtocol.request_tag("handle-req-1")},
-        created_by="some-agent",
-    )
-
-    async def answered() -> bool:
-        return await board.read(AgentRunProtocol.result_key("handle-req-1")) is not None
-
-    await wait_for(answered, 10)
-    result = await board.read(AgentRunProtocol.result_key("handle-req-1"))
-    assert result is not None and result.value["status"] == "succeeded" and result.value["output"] == "second"
+    result = await handle_request_answered(board, "handle-req-1", "second", 10)
+    assert result["status"] == "succeeded" and result["output"] == "second"
 
 
 def request_ids_passed_to(monkeypatch: pytest.MonkeyPatch, method: str) -> list[str]:
@@ -595,20 +603,8 @@ async def test_a_claim_attempt_that_fails_leaves_the_request_to_another_member(
     monkeypatch.setattr(AgentRunCapability, "_claim", fails_once)
     board = cluster.runs.run_board(await cluster.runs.record((await cluster.runs.submit("flaky", 0)).run_id))
     # a request no submitter indexed (an AgentHandle's): the failed member marks it pending itself
-    await board.write(
-        AgentRunProtocol.request_key("handle-req-2"),
-        {"input": "second", "requester": "some-agent"},
-        tags={AgentRunProtocol.request_tag("handle-req-2")},
-        created_by="some-agent",
-    )
-
-    async def answered() -> bool:
-        return await board.read(AgentRunProtocol.result_key("handle-req-2")) is not None
-
-    await wait_for(answered, 15)
-    assert len(failed) == 1
-    result = await board.read(AgentRunProtocol.result_key("handle-req-2"))
-    assert result is not None and result.value["output"] == "second"
+    result = await handle_request_answered(board, "handle-req-2", "second", 15)
+    assert len(failed) == 1 and result["output"] == "second"
 
 
 def test_claims_in_process_are_taken_once_released_on_failure_and_bounded() -> None:

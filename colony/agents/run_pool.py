@@ -15,6 +15,7 @@ from colony.agents.handle import RESTARTED
 from colony.agents.models import RunServing
 from colony.agents.run_claims import drop_pending, pending_requests, pending_write, publish_serving
 from colony.blackboard import TagFilter
+from colony.blackboard.connection import redis_url_of
 from colony.errors import BlackboardError, ConcurrentModificationError
 
 if TYPE_CHECKING:
@@ -34,9 +35,9 @@ class ClaimsInProcess:
     request's event; the first member of a process to take one on is the only one of that process
     to try the create-only claim, so the others' attempts (a commit that fails and a read of the
     claim each) are not made. Members of other processes still race for it in Redis, which
-    decides. Keyed by the event (its scope and stream id), not the request: a request written again
-    (re-opened by the pool, or nudged) is a new event, which the idle members try again. Bounded:
-    the oldest are forgotten (a forgotten one costs one failed claim at most)."""
+    decides. Keyed by the event (its server, scope and stream id), not the request: a request
+    written again (re-opened by the pool, or nudged) is a new event, which the idle members try
+    again. Bounded: the oldest are forgotten (a forgotten one costs one failed claim at most)."""
 
     def __init__(self, size: int = CLAIMS_REMEMBERED) -> None:
         self._size = size
@@ -98,7 +99,7 @@ class PoolMember:
         event on first (`ClaimsInProcess`). An attempt that raises (or is cancelled) leaves the request in
         the pending index (marked here if the submitter did not), for whichever idle member looks
         next: the members that let it pass do not see its event again."""
-        claim = f"{event.scope_id}\x1f{event.id}"
+        claim = f"{redis_url_of(self.blackboard.redis)}\x1f{event.scope_id}\x1f{event.id}"
         if not CLAIMS_HERE.take(claim):
             return False
         try:
