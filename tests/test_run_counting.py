@@ -13,6 +13,7 @@ from __future__ import annotations
 import asyncio
 import uuid
 from collections.abc import AsyncIterator
+from typing import Any
 
 import pytest
 from prometheus_client import REGISTRY
@@ -131,3 +132,60 @@ async def test_a_request_another_agent_sent_is_not_an_api_run(bb: Blackboard, ap
         while await board.read(AgentRunProtocol.result_key("handle-req-9")) is None:  # noqa: ASYNC110
             await asyncio.sleep(0.02)
     assert completed("succeeded") == before
+
+
+async def test_a_run_whose_terminal_event_fails_after_its_result_is_counted(
+    apis: list[RunService], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Review finding: the answer stored one write at a time, its result written and its terminal
+    event then refused, went uncounted (the failure path found the result there and counted
+    nothing). The run ended when its result was stored: it counts then."""
+    from colony.agents import run_event_writer
+    from colony.agents.run_capability import AgentRunCapability
+
+    real_retry = run_event_writer.retry_unavailable
+    store_event = AgentRunCapability._store_event
+
+    async def one_commit_fails(operation: Any, what: str, *args: Any, **kwargs: Any) -> Any:
+        if what.startswith("answer of request"):
+            raise RuntimeError("the one-commit answer refused")
+        return await real_retry(operation, what, *args, **kwargs)
+
+    async def terminal_refused(self: AgentRunCapability, key: str, value: Any) -> None:
+        if key.endswith(".completed"):
+            raise RuntimeError("terminal event refused")
+        await store_event(self, key, value)
+
+    monkeypatch.setattr(run_event_writer, "retry_unavailable", one_commit_fails)
+    monkeypatch.setattr(AgentRunCapability, "_store_event", terminal_refused)
+    before = completed("succeeded")
+    run_id = (await apis[0].submit("echo", 7, timeout_s=60)).run_id
+    assert await ended(apis[0], run_id) == "succeeded"
+    async with asyncio.timeout(10):
+        while completed("succeeded") - before < 1:  # noqa: ASYNC110
+            await asyncio.sleep(0.02)
+    await asyncio.sleep(0.2)
+    assert completed("succeeded") - before == 1.0
+
+
+async def test_a_run_that_fails_before_its_request_is_read_is_counted(
+    apis: list[RunService], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Review finding: a request whose serving raised before the agent read it (and so knew it for
+    an API run) was ended as failed without being counted."""
+    from colony.blackboard.blackboard import Blackboard as Board
+
+    real_read = Board.read_many_and_tagged
+    raised: list[int] = []
+
+    async def fails_once(self: Board, *args: Any, **kwargs: Any) -> Any:
+        if not raised and len(args) > 1 and args[1]:  # the agent's read of a request (with its tag)
+            raised.append(1)
+            raise RuntimeError("read refused")
+        return await real_read(self, *args, **kwargs)
+
+    monkeypatch.setattr(Board, "read_many_and_tagged", fails_once)
+    before = completed("failed")
+    run_id = (await apis[0].submit("echo", 8, timeout_s=60)).run_id
+    assert await ended(apis[0], run_id) == "failed" and raised
+    assert completed("failed") - before == 1.0

@@ -607,12 +607,56 @@ async def test_a_claim_attempt_that_fails_leaves_the_request_to_another_member(
     assert len(failed) == 1 and result["output"] == "second"
 
 
-def test_claims_in_process_are_taken_once_released_on_failure_and_bounded() -> None:
+async def test_claims_in_process_are_tried_once_taken_over_on_failure_and_bounded() -> None:
     claims = ClaimsInProcess(size=3)
-    assert claims.take("a") and not claims.take("a")
-    claims.release("a")
-    assert claims.take("a")
+    assert claims.take("a") is None  # the first member tries
+    waiting = claims.take("a")
+    assert waiting is not None and not waiting.done()  # the next one waits for its outcome
+    claims.settle("a", decided=False)  # the attempt raised: the waiter tries in its place
+    assert waiting.result() is False and claims.take("a") is None
+    again = claims.take("a")
+    assert again is not None
+    claims.settle("a", decided=True)
+    assert again.result() is True
+    decided = claims.take("a")
+    assert decided is not None and decided.result() is True  # decided before: nobody tries
     for key in ("b", "c", "d"):
-        assert claims.take(key)
-    assert claims.take("a")  # the oldest was forgotten: the bound holds
-    assert not claims.take("d")
+        assert claims.take(key) is None
+        claims.settle(key, decided=True)
+    assert claims.take("a") is None  # the oldest decided one was forgotten: the bound holds
+    for key in ("e", "f", "g"):  # "a" in flight is kept, however old
+        assert claims.take(key) is None
+        claims.settle(key, decided=True)
+    assert claims.take("a") is not None
+
+
+async def test_a_member_waiting_on_a_failed_claim_attempt_claims_in_its_place(
+    cluster: Cluster, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Review finding: the members that let the first one try did not see the event again, and a
+    request no submitter indexed was stranded when that attempt failed and Redis refused its
+    pending marker too. Now they wait for its outcome and the next one tries."""
+    blueprint = nap_blueprint("relay", RunServing(mode="pool", min_size=3, max_size=3, idle_seconds=60), 0.01)
+    pools = cluster.use_pools(blueprint)
+    await cluster.control.place(blueprint)
+    await pool_hosted(cluster, pools, "relay", 3)
+    board = cluster.runs.run_board(await cluster.runs.record((await cluster.runs.submit("relay", 0)).run_id))
+    claim = AgentRunCapability._claim
+    failed: list[str] = []
+
+    async def fails_once(self: AgentRunCapability, agent: Agent, request_id: str) -> bool:
+        if request_id == "handle-req-3" and not failed:
+            failed.append(self._agent().agent_id)
+            await asyncio.sleep(0.2)  # the others are waiting on it meanwhile
+            raise RuntimeError("claim cut off")
+        return await claim(self, agent, request_id)
+
+    async def refused(self: AgentRunCapability, request_id: str) -> None:
+        return None  # the fallback marker is lost too
+
+    monkeypatch.setattr(AgentRunCapability, "_claim", fails_once)
+    monkeypatch.setattr(AgentRunCapability, "_mark_pending", refused)
+    result = await handle_request_answered(board, "handle-req-3", "third", 10)
+    assert result["output"] == "third" and len(failed) == 1
+    held = await board.read(AgentRunProtocol.claim_key("handle-req-3"))  # retired: its holder's id
+    assert held is not None and held.value != failed[0]

@@ -387,6 +387,11 @@ class AgentRunCapability(PoolMember, RequestRetention, RunEventWriter, RunCounti
         try:
             with contextlib.suppress(Exception):
                 await self._adopt(request_id)  # numbering goes on after what this request stored
+            if request_id not in self._api_requests:  # failed before its request was read: read it
+                with contextlib.suppress(Exception):  # now, so its end is counted if it is a run
+                    self._note_request(
+                        request_id, await self.blackboard.read(self.protocol.request_key(request_id))
+                    )
             message = f"the agent could not serve this run: {reason}"[:2000]
             await self._respond(request_id, RunStatus.FAILED, None, message, None, 0)
         except Exception as exc:
@@ -545,14 +550,13 @@ class AgentRunCapability(PoolMember, RequestRetention, RunEventWriter, RunCounti
         try:
             # create-only: a result already there (cancelled or timed out by the requester) stands,
             # and no terminal event follows. A Redis outage delays the answer; it never loses it.
-            if await self._store_answer(request_id, value, kind, {"output": output, "error": error}, step):
-                self._count_answer(request_id, status.value)
+            # (whoever stores the result counts the run's end: `_count_answer`, run_counting)
+            await self._store_answer(request_id, value, kind, {"output": output, "error": error}, step)
         except ConcurrentModificationError:
             pass
         except Exception as exc:  # e.g. an output Redis cannot store: the run still ends, as failed
             reason = f"its result could not be stored: {type(exc).__name__}: {exc}"
-            if await self._store_failure(request_id, reason):
-                self._count_answer(request_id, RunStatus.FAILED.value)
+            await self._store_failure(request_id, reason)
         finally:
             self.active_request = None
             self._idle.set()

@@ -42,6 +42,7 @@ class RunEventWriter:
 
         async def _redis_answers(self) -> bool: ...
         async def _stored_events(self, request_id: str) -> StoredEvents: ...
+        def _count_answer(self, request_id: str, status: str) -> None: ...
 
     async def emit(self, event_type: str, data: Any = None) -> None:
         """Write the next event of the active request (ordered by its sequence number), marked with
@@ -120,7 +121,10 @@ class RunEventWriter:
         result_key = self.protocol.result_key(request_id)
         what = f"answer of request {request_id}"
         if self.active_request != request_id:  # no event numbering of this request: the result alone
-            return await self._create_once(result_key, result, tags=tags, what=what)
+            stored = await self._create_once(result_key, result, tags=tags, what=what)
+            if stored:
+                self._count_answer(request_id, result["status"])
+            return stored
         writer = self.agent.agent_id if self.agent is not None else None
         if step is not None and self._seq >= self.max_events - 1:  # over the bound: `_emit` says so
             await self._emit_step(step)
@@ -147,6 +151,7 @@ class RunEventWriter:
             log.debug("%s not stored in one commit (%r); one write at a time", what, exc)
             return await self._store_answer_one_by_one(request_id, result, kind, data, events, terminal)
         self._seq = seq + 1
+        self._count_answer(request_id, result["status"])
         return True
 
     async def _store_answer_one_by_one(
@@ -172,6 +177,7 @@ class RunEventWriter:
             what=f"answer of request {request_id}",
         )
         if answered:  # a result already there (the requester's) stands: no terminal event follows
+            self._count_answer(request_id, result["status"])  # stored: the run ended, whatever follows
             await self._store_event(*terminal)
             self._seq = terminal[1]["seq"]
         return answered
@@ -183,12 +189,10 @@ class RunEventWriter:
         except Exception as exc:
             log.warning("step event of request %s not stored: %r", self.active_request, exc)
 
-    async def _store_failure(self, request_id: str, reason: str) -> bool:
+    async def _store_failure(self, request_id: str, reason: str) -> None:
         """The result (or its event) could not be written: write a failed result without the output
-        (create-only; a result already there stands) and a terminal event that agrees with it.
-        True when this wrote the result."""
+        (create-only; a result already there stands) and a terminal event that agrees with it."""
         status = RunStatus.FAILED
-        stored = True
         try:
             await self.blackboard.write(
                 self.protocol.result_key(request_id),
@@ -197,13 +201,12 @@ class RunEventWriter:
                 created_by=self.agent.agent_id if self.agent else None,
                 expected_version=0,
             )
+            self._count_answer(request_id, status.value)
         except ConcurrentModificationError:
-            stored = False
             existing = await self.blackboard.read(self.protocol.result_key(request_id))
             if existing is not None and existing.value.get("status") in {s.value for s in RunStatus}:
                 status = RunStatus(existing.value["status"])
             if (await self._stored_events(request_id)).ended:
-                return False  # its answer's commit was applied, its terminal event with it: one is enough
+                return  # its answer's commit was applied, its terminal event with it: one is enough
         kind = terminal_event(status)
         await self.emit(kind, {"output": None, "error": reason[:2000]})
-        return stored

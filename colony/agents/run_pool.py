@@ -31,30 +31,59 @@ CLAIMS_REMEMBERED = 4096  # request events whose claim a member of this process 
 
 class ClaimsInProcess:
     """The request events a pool member of this process took on: it is claiming the request, or
-    tried (claimed it, or found it claimed by someone else). Every idle member of a pool sees each
-    request's event; the first member of a process to take one on is the only one of that process
-    to try the create-only claim, so the others' attempts (a commit that fails and a read of the
-    claim each) are not made. Members of other processes still race for it in Redis, which
-    decides. Keyed by the event (its server, scope and stream id), not the request: a request
-    written again (re-opened by the pool, or nudged) is a new event, which the idle members try
-    again. Bounded: the oldest are forgotten (a forgotten one costs one failed claim at most)."""
+    it tried and Redis decided (claimed it, or found it claimed by someone else). Every idle member
+    of a pool sees each request's event; the first member of a process to take one on is the only
+    one of that process to try the create-only claim, so the others' attempts (a commit that fails
+    and a read of the claim each) are not made. The others wait for its outcome: when its attempt
+    raises or is cancelled (a Redis outage it could not wait out, the member stopping), the next
+    of them tries, as each one did before. Members of other processes still race for it in Redis,
+    which decides. Keyed by the event (its server, scope and stream id), not the request: a request
+    written again (re-opened by the pool, or nudged) is a new event, tried again. Bounded: the
+    oldest decided events are forgotten (a forgotten one costs one failed claim at most)."""
 
     def __init__(self, size: int = CLAIMS_REMEMBERED) -> None:
         self._size = size
-        self._taken: OrderedDict[str, None] = OrderedDict()
+        # event -> its attempt in flight (resolved True once Redis decided, False when it failed),
+        # or None once decided
+        self._taken: OrderedDict[str, asyncio.Future[bool] | None] = OrderedDict()
 
-    def take(self, event: str) -> bool:
-        """True for the first member to take on `event`, False after."""
-        if event in self._taken:
-            return False
-        self._taken[event] = None
-        while len(self._taken) > self._size:
-            self._taken.popitem(last=False)
-        return True
+    def take(self, event: str) -> asyncio.Future[bool] | None:
+        """None for the member that is to try `event`'s claim now; else the attempt in flight
+        (True once decided; False when it failed, so the waiter takes it again), or a future
+        already True for an event decided before."""
+        if event not in self._taken:
+            self._taken[event] = asyncio.get_running_loop().create_future()
+            self._forget_oldest()
+            return None
+        attempt = self._taken[event]
+        if attempt is None:
+            decided: asyncio.Future[bool] = asyncio.get_running_loop().create_future()
+            decided.set_result(True)
+            return decided
+        return attempt
 
-    def release(self, event: str) -> None:
-        """The claim's attempt failed before Redis decided it: another member may try it."""
-        self._taken.pop(event, None)
+    def settle(self, event: str, decided: bool) -> None:
+        """The attempt at `event`'s claim ended: Redis decided it (`decided`), or it failed before
+        it knew, and another member may try."""
+        attempt = self._taken.get(event)
+        if decided:
+            if event in self._taken:
+                self._taken[event] = None
+        else:
+            self._taken.pop(event, None)
+        if attempt is not None and not attempt.done():
+            attempt.set_result(decided)
+
+    def _forget_oldest(self) -> None:
+        """Keep the newest `size` events; one in flight is kept whatever its age."""
+        skipped = 0
+        while len(self._taken) > self._size and skipped < len(self._taken):
+            oldest, attempt = next(iter(self._taken.items()))
+            if attempt is not None:
+                self._taken.move_to_end(oldest)
+                skipped += 1
+                continue
+            del self._taken[oldest]
 
 
 CLAIMS_HERE = ClaimsInProcess()
@@ -96,22 +125,25 @@ class PoolMember:
 
     async def _claim_first_here(self, agent: Agent, request_id: str, event: BlackboardEvent) -> bool:
         """Claim a request announced by `event`, unless another member of this process took that
-        event on first (`ClaimsInProcess`). An attempt that raises (or is cancelled) leaves the request in
-        the pending index (marked here if the submitter did not), for whichever idle member looks
-        next: the members that let it pass do not see its event again."""
+        event on first (`ClaimsInProcess`): then wait for its outcome, and try in its place if its
+        attempt failed. An attempt that raises (or is cancelled) also marks the request pending (in
+        case no member of this process is left to try it), for whichever idle member looks next."""
         claim = f"{redis_url_of(self.blackboard.redis)}\x1f{event.scope_id}\x1f{event.id}"
-        if not CLAIMS_HERE.take(claim):
-            return False
+        while (attempt := CLAIMS_HERE.take(claim)) is not None:
+            if await asyncio.shield(attempt):
+                return False  # decided by the member that tried: claimed, or someone else's
         try:
-            return await self._claim(agent, request_id)
+            claimed = await self._claim(agent, request_id)
         except BaseException:  # an error, or this member stopping (its claim may stand or not)
-            CLAIMS_HERE.release(claim)
+            CLAIMS_HERE.settle(claim, decided=False)
             # in a task of its own, which the cancellation of this one does not cut short; a
             # marker for a request that is claimed after all is dropped again by `_mark_pending`
             marking = asyncio.create_task(self._mark_pending(request_id), name=f"pending-{request_id}")
             _MARKING.add(marking)
             marking.add_done_callback(_MARKING.discard)
             raise
+        CLAIMS_HERE.settle(claim, decided=True)
+        return claimed
 
     async def _drop_pending(self, request_id: str) -> None:
         """The request is claimed: out of the pending index. A marker left behind (Redis away now)

@@ -168,14 +168,20 @@ async def oldest_tagged(
     keys = sorted(members)
     if not keys:
         return []
-    companions = [validate_key(needs(key)) for key in keys] if needs is not None else []
+    companions = [_companion(needs, key) for key in keys] if needs is not None else []
+    checked = [c for c in companions if c is not None]
     async with redis.pipeline(transaction=False) as pipe:
         for key in keys:
             pipe.hmget(keyspace.entry_key(key), "ca", "tags")
-        for companion in companions:
+        for companion in checked:
             pipe.exists(keyspace.entry_key(companion))
         replies = await pipe.execute()
-    present = [bool(n) for n in replies[len(keys) :]] if needs is not None else [True] * len(keys)
+    exists = iter(replies[len(keys) :])
+    present = (
+        [c is not None and bool(next(exists)) for c in companions]
+        if needs is not None
+        else [True] * len(keys)
+    )
     dated: list[tuple[float, str]] = []
     stale: list[str] = []
     for key, (created, tags), there in zip(keys, replies[: len(keys)], present, strict=True):
@@ -187,3 +193,12 @@ async def oldest_tagged(
         await bb.prune_tag_index(keys=[tag_set], args=[keyspace.entry_prefix, tag, *stale])
     dated.sort()
     return [key for _at, key in dated[:limit]]
+
+
+def _companion(needs: Callable[[str], str], key: str) -> str | None:
+    """The entry `key` needs (`oldest_tagged`), or None when that is no valid key: the member is
+    left out rather than failing every call (a tag set's members are read back from Redis)."""
+    try:
+        return validate_key(needs(key))
+    except InvalidKey:
+        return None

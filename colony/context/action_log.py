@@ -499,8 +499,10 @@ class ActionLog:
             return
         if self._run_id is not None:
             # a new run of this very copy, the only writer of the log since it read it: nothing of
-            # the new run is stored, and what is (the last run's) goes with the first record
+            # the new run is stored, and what is (the last run's) goes with the first record, as
+            # do results of the last run still held (its end was never persisted: no use now)
             self._run_id, self._records, self._bodies, self._stale = run_id, {}, set(), True
+            self._deferred = []
             return
         stored = parse_records(await self.agent.blackboard.ring(LOG_KEY))
         records: dict[str, LogRecord] = {}
