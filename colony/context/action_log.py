@@ -517,23 +517,25 @@ class ActionLog:
         self._run_id, self._records, self._bodies = run_id, records, set(records)
         self._stale = any(r.run_id != run_id for r in stored)
 
-    def write_deferred(self, tx: Transaction) -> int:
+    def write_deferred(self, tx: Transaction) -> list[LogRecord]:
         """Put the results held for the step's persist into its transaction (fenced by it, as
-        `_append` is), after clearing the previous run's records if they are still stored; how
-        many, for `deferred_stored` once it committed."""
-        if not self._deferred:
-            return 0
+        `_append` is), after clearing the previous run's records if they are still stored; which,
+        for `deferred_stored` once it committed."""
+        taken = list(self._deferred)
+        if not taken:
+            return taken
         if self._stale:
             tx.ring_truncate(LOG_KEY, 0)
-        values = [r.model_dump(mode="json", exclude_none=True) for r in self._deferred]
-        tx.ring_push(LOG_KEY, values, self.max_entries)
-        return len(self._deferred)
+        tx.ring_push(LOG_KEY, [r.model_dump(mode="json", exclude_none=True) for r in taken], self.max_entries)
+        return taken
 
-    def deferred_stored(self, count: int) -> None:
-        """The first `count` held results are in Redis now (the transaction that took them
-        committed)."""
-        if count:
-            del self._deferred[:count]
+    def deferred_stored(self, stored: list[LogRecord]) -> None:
+        """These held results are in Redis now (the transaction that took them committed): no
+        longer held. Those held meanwhile stay (by identity, not count: a commit of another path
+        may have taken some of them too, which only repeats a record the ring keys)."""
+        if stored:
+            gone = {id(r) for r in stored}
+            self._deferred = [r for r in self._deferred if id(r) not in gone]
             self._stale = False
 
     async def _append(self, records: list[LogRecord]) -> None:
@@ -542,8 +544,8 @@ class ActionLog:
         results held for the step's persist go first, in the same commit."""
         from colony.agents.persistence import fence, recover_lifecycle
 
-        held = len(self._deferred)
-        values = [r.model_dump(mode="json", exclude_none=True) for r in [*self._deferred, *records]]
+        held = list(self._deferred)
+        values = [r.model_dump(mode="json", exclude_none=True) for r in [*held, *records]]
         board = self.agent.blackboard
         for attempt in (1, 2):
             try:
@@ -557,7 +559,7 @@ class ActionLog:
             except ConcurrentModificationError:
                 if attempt == 2 or not await recover_lifecycle(self.agent):
                     raise
-        del self._deferred[:held]
+        self.deferred_stored(held)
         self._remember(records)
 
     def _remember(self, records: list[LogRecord]) -> None:
