@@ -150,10 +150,9 @@ class AgentRunCapability(PoolMember, RequestRetention, RunEventWriter, RunCounti
         read = await self.blackboard.read_many(
             [key for r in request_ids for key in (self.protocol.result_key(r), self.protocol.request_key(r))]
         )
-        results = read[0::2]
         run = agent.current_run
         restored: AgentRun | None = None
-        for request_id, result, request in zip(request_ids, results, read[1::2], strict=True):
+        for request_id, result, request in zip(request_ids, read[0::2], read[1::2], strict=True):
             self._note_request(request_id, request)
             if result is not None:  # answered before a restart could retire it
                 await self._end_stream(request_id, result)

@@ -168,20 +168,16 @@ async def oldest_tagged(
     keys = sorted(members)
     if not keys:
         return []
-    companions = [_companion(needs, key) for key in keys] if needs is not None else []
-    checked = [c for c in companions if c is not None]
+    companions = [_companion(needs, key) if needs is not None else None for key in keys]
     async with redis.pipeline(transaction=False) as pipe:
         for key in keys:
             pipe.hmget(keyspace.entry_key(key), "ca", "tags")
-        for companion in checked:
-            pipe.exists(keyspace.entry_key(companion))
+        for companion in companions:
+            if companion is not None:
+                pipe.exists(keyspace.entry_key(companion))
         replies = await pipe.execute()
     exists = iter(replies[len(keys) :])
-    present = (
-        [c is not None and bool(next(exists)) for c in companions]
-        if needs is not None
-        else [True] * len(keys)
-    )
+    present = [needs is None or (c is not None and bool(next(exists))) for c in companions]
     dated: list[tuple[float, str]] = []
     stale: list[str] = []
     for key, (created, tags), there in zip(keys, replies[: len(keys)], present, strict=True):

@@ -57,9 +57,9 @@ log = logging.getLogger(__name__)
 
 LOG_KEY = AgentStateProtocol.key("action_log")
 # A record's JSON may be this large; a larger result is recorded without its body (see docs).
+MAX_RECORD_BYTES = 256 * 1024
 # Results of actions that declare no effect held for the step's persist, at most (then written).
 DEFERRED_MAX = 16
-MAX_RECORD_BYTES = 256 * 1024
 RUN_ID_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9._:-]{0,127}$"
 NAME_PATTERN = r"^[A-Za-z0-9_.:-]{1,128}$"
 
@@ -522,11 +522,8 @@ class ActionLog:
         `_append` is), after clearing the previous run's records if they are still stored; which,
         for `deferred_stored` once it committed."""
         taken = list(self._deferred)
-        if not taken:
-            return taken
-        if self._stale:
-            tx.ring_truncate(LOG_KEY, 0)
-        tx.ring_push(LOG_KEY, [r.model_dump(mode="json", exclude_none=True) for r in taken], self.max_entries)
+        if taken:
+            self._push(tx, taken)
         return taken
 
     def deferred_stored(self, stored: list[LogRecord]) -> None:
@@ -545,15 +542,12 @@ class ActionLog:
         from colony.agents.persistence import fence, recover_lifecycle
 
         held = list(self._deferred)
-        values = [r.model_dump(mode="json", exclude_none=True) for r in [*held, *records]]
         board = self.agent.blackboard
         for attempt in (1, 2):
             try:
                 async with board.transaction() as tx:
                     await fence(tx, self.agent)
-                    if self._stale:  # the previous run's records go, in the same fenced commit:
-                        tx.ring_truncate(LOG_KEY, 0)  # a copy that lost its place clears nothing
-                    tx.ring_push(LOG_KEY, values, self.max_entries)
+                    self._push(tx, [*held, *records])
                 self._stale = False
                 break
             except ConcurrentModificationError:
@@ -561,6 +555,14 @@ class ActionLog:
                     raise
         self.deferred_stored(held)
         self._remember(records)
+
+    def _push(self, tx: Transaction, records: list[LogRecord]) -> None:
+        """Append `records` in a fenced transaction; the previous run's records, if still stored,
+        go in the same commit (a copy that lost its place clears nothing)."""
+        if self._stale:
+            tx.ring_truncate(LOG_KEY, 0)
+        values = [r.model_dump(mode="json", exclude_none=True) for r in records]
+        tx.ring_push(LOG_KEY, values, self.max_entries)
 
     def _remember(self, records: list[LogRecord]) -> None:
         """Keep records as the stored ring keeps them (the truncate marker is applied by its
