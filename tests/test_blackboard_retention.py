@@ -3,6 +3,8 @@ an expiry either way where `expire` only ever brings it closer."""
 
 from __future__ import annotations
 
+from typing import Any
+
 from colony.blackboard import Blackboard
 from colony.blackboard.blackboard import EXPIRE_CHUNK
 
@@ -172,6 +174,65 @@ async def test_a_group_is_written_with_its_tag_set_expiry_in_one_round_trip(bb: 
         assert [(await events.next(5)).key for _ in range(2)] == ["pending:r3", "request:run:r3"]
     finally:
         events.close()
+
+
+async def test_a_group_goes_after_another_scopes_first_writes_in_the_same_round_trip(
+    bb: Blackboard, redis_url: str
+) -> None:
+    """`write_group(first=...)` (a submitted run's record, then its marker and request): the other
+    scope's writes are applied first, in the same round trip; a conflict among them is raised
+    once everything is applied; a board on another Redis client is refused."""
+    import pytest
+
+    from colony.blackboard import batches, create_redis
+    from colony.errors import BatchConflictError, InvalidArgument
+
+    api = bb.scoped(f"{bb.scope_id}-api")
+    await bb.write_group([{"key": "warm", "value": 0}], tag="warm", ttl_seconds=5, first=(api, []))
+    here, there = await bb.subscribe("*").start(), await api.subscribe("*").start()
+    await bb.redis.config_resetstat()
+    sent: list[Any] = []
+    real_run_scripts = batches.run_scripts
+
+    async def recording(redis: Any, calls: Any) -> Any:
+        sent.extend(calls)
+        return await real_run_scripts(redis, calls)
+
+    tag_set = bb.keyspace.tag_key("run:r6")
+    batches.run_scripts = recording  # type: ignore[assignment]
+    try:
+        written = await bb.write_group(
+            [{"key": "request:run:r6", "value": {"x": 1}, "tags": {"run:r6"}, "ttl_seconds": 30}],
+            tag="run:r6",
+            ttl_seconds=30,
+            first=(api, [{"key": "run:r6", "value": {"id": "r6"}, "ttl_seconds": 30}]),
+        )
+        stats = await bb.redis.info("commandstats")
+        assert [e.key for e in written] == ["request:run:r6"]
+        assert stats["cmdstat_evalsha"]["calls"] == 3  # the record, the group, the expiry: one pipeline
+        record, request = (await there.next(5)), (await here.next(5))
+        assert (record.key, request.key) == ("run:r6", "request:run:r6")
+        # sent first in the pipeline (Redis applies it in order): the api scope's events stream
+        assert [call[1][0] for call in sent] == [api.keyspace.events_key, bb.keyspace.events_key, tag_set]
+        assert 0 < await bb.redis.pttl(api.keyspace.entry_key("run:r6")) <= 30_000
+    finally:
+        batches.run_scripts = real_run_scripts  # type: ignore[assignment]
+        here.close()
+        there.close()
+    with pytest.raises(BatchConflictError):
+        await bb.write_group(
+            [{"key": "request:run:r7", "value": 1, "tags": {"run:r7"}}],
+            tag="run:r7",
+            ttl_seconds=30,
+            first=(api, [{"key": "run:r6", "value": {"id": "again"}, "expected_version": 0}]),
+        )
+    assert await bb.read("request:run:r7") is not None  # applied all the same, as write_many's
+    elsewhere = Blackboard(create_redis(redis_url, bb.settings), bb.scope_id, settings=bb.settings)
+    try:
+        with pytest.raises(InvalidArgument):
+            await bb.write_group([], tag="run:r8", ttl_seconds=30, first=(elsewhere, []))
+    finally:
+        await elsewhere.redis.aclose()
 
 
 async def test_a_group_written_after_a_restart_still_gets_its_tag_set_expiry(bb: Blackboard) -> None:

@@ -7,7 +7,7 @@ import asyncio
 import pytest
 
 from colony.blackboard import Blackboard, TagFilter
-from colony.errors import ConcurrentModificationError, InvalidKey
+from colony.errors import BlackboardError, ConcurrentModificationError, InvalidKey
 
 
 async def test_transaction_commits_all_writes_atomically(bb: Blackboard) -> None:
@@ -82,6 +82,34 @@ async def test_transaction_expected_version_and_delete(bb: Blackboard) -> None:
     assert await bb.read("a") is None
     assert (await bb.read("b")).expires_at is not None
     assert (await bb.query(tags={"all_of": ["x"]})).entries == []
+
+
+async def test_calls_that_follow_a_commit_go_in_its_round_trip_whether_it_applies_or_not(
+    bb: Blackboard,
+) -> None:
+    """`Transaction.followed_by` (a run's answer, then its retirement): the calls are sent after the
+    commit in one pipeline; they run on a conflict too; their replies come back."""
+    async with bb.transaction() as warm:  # (the scripts loaded: a call answered NOSCRIPT counts too)
+        warm.write("warm", 0)
+        warm.followed_by(bb.retire_calls(ttl_seconds=30, tag="warm"))
+    await bb.write("group:a", 1, tags={"g"})
+    await bb.redis.config_resetstat()
+    async with bb.transaction() as tx:
+        tx.write("answer", "yes", expected_version=0)
+        tx.followed_by(bb.retire_calls(ttl_seconds=30, tag="g"))
+    stats = await bb.redis.info("commandstats")
+    assert stats["cmdstat_evalsha"]["calls"] == 2  # the commit and its follower, pipelined
+    assert [int(r) for r in tx.follower_replies] == [1] and bb.group_retired(tx.follower_replies[0])
+    assert 0 < await bb.redis.pttl(bb.keyspace.entry_key("group:a")) <= 30_000
+    await bb.write("group:b", 2, tags={"h"})
+    with pytest.raises(ConcurrentModificationError):
+        async with bb.transaction() as tx:
+            tx.write("answer", "again", expected_version=0)  # there already: nothing applied
+            tx.followed_by(bb.retire_calls(ttl_seconds=30, tag="h"))
+    assert (await bb.read("answer")).value == "yes"
+    assert 0 < await bb.redis.pttl(bb.keyspace.entry_key("group:b")) <= 30_000  # the follower ran
+    with pytest.raises(BlackboardError):
+        tx.followed_by([])  # a committed transaction takes no more
 
 
 async def test_pagination_over_ten_thousand_keys(bb: Blackboard) -> None:

@@ -16,6 +16,7 @@ from colony.agents.base import MAX_CONTEXT_ITEMS, Agent
 from colony.agents.ring import ContextRing
 from colony.agents.run_capability import AgentRunCapability
 from colony.blackboard import AgentRunProtocol, Blackboard, create_redis
+from colony.blackboard.blackboard import EXPIRE_CHUNK
 from colony.blackboard.protocol import AgentStateProtocol
 from colony.config import BlackboardSettings, ColonySettings
 from colony.errors import BlackboardUnavailable, InvalidArgument
@@ -129,15 +130,83 @@ async def test_stopped_agent_leaves_registry_and_redis(colony, bb: Blackboard) -
     assert await keys_named(bb, name) == []
 
 
+def without_retirement_in_the_answer(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Answers whose commit carries no retirement (as when it conflicts, or the run's keys are too
+    many for its round trip): the request is retired on its own after it (`_retire`)."""
+    monkeypatch.setattr(AgentRunCapability, "_retire_with", lambda self, tx, request_id: None)
+    monkeypatch.setattr(AgentRunCapability, "_retired_with", lambda self, tx: False)
+
+
+async def test_a_run_is_retired_in_its_answers_round_trip(
+    colony, bb: Blackboard, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The answer's commit rewrites the claim (out of the open-claims index, expiring) and the
+    run's keys and API record get their expiry in the same round trip: no retirement of its own
+    follows, and nothing of the run outlives the retention."""
+    _host, runs = colony
+    apart: list[str] = []
+    original = Blackboard.retire_group
+
+    async def retire(self: Blackboard, key: str, *args: Any, **kwargs: Any) -> None:
+        apart.append(key)
+        await original(self, key, *args, **kwargs)
+
+    monkeypatch.setattr(Blackboard, "retire_group", retire)
+    record = await runs.submit("echo", "hello")
+    assert await wait_status(runs, record.run_id) == "succeeded"
+    board = runs.run_board(record)
+    claim = await board.read(AgentRunProtocol.claim_key(record.run_id))
+    assert claim is not None and claim.tags == frozenset() and claim.expires_at is not None
+    assert AgentRunProtocol.claim_key(record.run_id) not in {
+        e.key async for e in board.iter_query("*", tags={"all_of": [AgentRunProtocol.open_claims_tag()]})
+    }
+    left = await keys_named(bb, record.run_id)
+    assert len(left) >= 5  # request, claim, result, events, API record
+    for key in left:
+        assert await bb.redis.pttl(key) > 0, key
+    assert apart == []
+    await asyncio.sleep(RETENTION + 0.5)
+    assert await keys_named(bb, record.run_id) == []
+
+
+async def test_a_run_with_more_keys_than_one_expiry_call_is_retired_after_its_answer(
+    bb: Blackboard, redis_url: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A run whose keys are more than the answer's round trip retires (EXPIRE_CHUNK): the answer
+    stands, and its keys are paged to their expiry after it all the same."""
+    monkeypatch.setenv("COLONY_RUNS__RETENTION_SECONDS", str(RETENTION))
+    settings = ColonySettings(redis_url=redis_url, colony_id=f"ret{uuid.uuid4().hex[:8]}")
+    long_answer = " ".join(f"w{i}" for i in range(EXPIRE_CHUNK + 20))
+    host = ReplicaHost(settings, "replica-big", engine=ScriptedEngine([long_answer]))
+    await host.start(bb)
+    try:
+        await host.ensure_agent(ask_blueprint())
+        assert host.registry is not None
+        runs = RunService(bb, host.registry, tenant_id=settings.tenant_id, colony_id=settings.colony_id)
+        record = await runs.submit("ask", {"question": "a long one"})
+        assert await wait_status(runs, record.run_id, timeout=60) == "succeeded"
+        left = await keys_named(bb, record.run_id)
+        assert len(left) > EXPIRE_CHUNK
+        async with asyncio.timeout(10):  # paged just after the answer
+            while [k for k in left if await bb.redis.pttl(k) == -1]:  # noqa: ASYNC110 - Redis state
+                await asyncio.sleep(0.05)
+        await asyncio.sleep(RETENTION + 0.5)
+        assert await keys_named(bb, record.run_id) == []
+    finally:
+        await host.close()
+
+
 async def test_an_agent_stopped_as_its_run_is_answered_still_retires_the_run(
     colony, bb: Blackboard, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """The stop lands while the answered run's keys are being given their expiry (slowed here):
-    the retirement finishes anyway, so neither the keys nor the run's tag set stay for good (CI
-    once found the tag set left when a loaded box stopped the agent between the two)."""
+    """The stop lands while the answered run's keys are being given their expiry on their own (a
+    retirement the answer's commit did not carry, see `without_retirement_in_the_answer`; slowed
+    here): the retirement finishes anyway, so neither the keys nor the run's tag set stay for good
+    (CI once found the tag set left when a loaded box stopped the agent between the two)."""
     host, runs = colony
     name = f"tmp{uuid.uuid4().hex[:8]}"
     await host.ensure_agent(echo_blueprint(name))
+    without_retirement_in_the_answer(monkeypatch)
     original = Blackboard.retire_group
     retiring = asyncio.Event()
 
@@ -165,6 +234,7 @@ async def test_a_retirement_still_waiting_at_close_finishes_when_redis_is_back(
     host, runs = colony
     name = f"tmp{uuid.uuid4().hex[:8]}"
     await host.ensure_agent(echo_blueprint(name))
+    without_retirement_in_the_answer(monkeypatch)
     monkeypatch.setattr(run_retention, "RETIRE_DRAIN_SECONDS", 0.3)
     original = Blackboard.retire_group
     outage = {"on": True}

@@ -546,11 +546,13 @@ class AgentRunCapability(PoolMember, RequestRetention, RunEventWriter, RunCounti
         """Answer the request (with the run's last `step` event, when given; `_store_answer`)."""
         kind = terminal_event(status)
         value = {"status": status.value, "output": output, "error": error, "run_id": run_id, "steps": steps}
+        retired = False
         try:
             # create-only: a result already there (cancelled or timed out by the requester) stands,
             # and no terminal event follows. A Redis outage delays the answer; it never loses it.
             # (whoever stores the result counts the run's end: `_count_answer`, run_counting)
-            await self._store_answer(request_id, value, kind, {"output": output, "error": error}, step)
+            data = {"output": output, "error": error}
+            retired = await self._store_answer(request_id, value, kind, data, step)
         except ConcurrentModificationError:
             pass
         except Exception as exc:  # e.g. an output Redis cannot store: the run still ends, as failed
@@ -559,7 +561,8 @@ class AgentRunCapability(PoolMember, RequestRetention, RunEventWriter, RunCounti
         finally:
             self.active_request = None
             self._idle.set()
-        await self._retire(request_id)
+        if not retired:  # not in the answer's round trip (`_store_answer`): on its own
+            await self._retire(request_id)
         agent = self.agent
         if self.one_shot and agent is not None and agent.host is not None:
             agent.host.retire(agent.agent_id)

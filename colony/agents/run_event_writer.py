@@ -18,6 +18,7 @@ if TYPE_CHECKING:
     from colony.agents.stored_events import StoredEvents
     from colony.blackboard import Blackboard
     from colony.blackboard.protocol import RequestResultProtocol
+    from colony.blackboard.transaction import Transaction
 
 log = logging.getLogger("colony.agents.run_capability")
 
@@ -43,6 +44,8 @@ class RunEventWriter:
         async def _redis_answers(self) -> bool: ...
         async def _stored_events(self, request_id: str) -> StoredEvents: ...
         def _count_answer(self, request_id: str, status: str) -> None: ...
+        def _retire_with(self, tx: Transaction, request_id: str) -> None: ...
+        def _retired_with(self, tx: Transaction) -> bool: ...
 
     async def emit(self, event_type: str, data: Any = None) -> None:
         """Write the next event of the active request (ordered by its sequence number), marked with
@@ -108,8 +111,10 @@ class RunEventWriter:
         self, request_id: str, result: dict[str, Any], kind: str, data: Any, step: Any = None
     ) -> bool:
         """Store the answer of the active request `request_id`: its last `step` event (if given),
-        its result and its terminal event `kind`, in one commit, each create-only (one round trip
-        where three used to go). True when the result stored is this one.
+        its result and its terminal event `kind`, in one commit, each create-only, and the
+        request's retirement with it (`_retire_with`): one round trip where four used to go. True
+        when that commit stored the answer and retired the request (else the caller `_retire`s
+        it).
 
         A conflict (a result already there: the requester cancelled or timed the run out; or this
         commit sent twice by the Redis client after its answer was lost) or a value Redis refuses
@@ -121,10 +126,9 @@ class RunEventWriter:
         result_key = self.protocol.result_key(request_id)
         what = f"answer of request {request_id}"
         if self.active_request != request_id:  # no event numbering of this request: the result alone
-            stored = await self._create_once(result_key, result, tags=tags, what=what)
-            if stored:
+            if await self._create_once(result_key, result, tags=tags, what=what):
                 self._count_answer(request_id, result["status"])
-            return stored
+            return False
         writer = self.agent.agent_id if self.agent is not None else None
         if step is not None and self._seq >= self.max_events - 1:  # over the bound: `_emit` says so
             await self._emit_step(step)
@@ -136,23 +140,26 @@ class RunEventWriter:
             events.append(self._event_at(seq, "step", step, None))
         terminal = self._event_at(seq + 1, kind, data, self._step_in_progress())
 
-        async def commit() -> None:
+        async def commit() -> bool:
             create: dict[str, Any] = {"tags": tags, "created_by": writer, "expected_version": 0}
             async with self.blackboard.transaction() as tx:
                 for key, value in events:
                     tx.write(key, value, **create, value_in_event=True)
                 tx.write(result_key, result, **create)
                 tx.write(*terminal, **create, value_in_event=True)
+                self._retire_with(tx, request_id)
+            return self._retired_with(tx)
 
         try:
-            await retry_unavailable(commit, what, log, answers=self._redis_answers)
+            retired = await retry_unavailable(commit, what, log, answers=self._redis_answers)
         except Exception as exc:  # judged one at a time (see above), an outage's too: the commit
             # may have been applied though its answer was lost, which the judged writes recognise
             log.debug("%s not stored in one commit (%r); one write at a time", what, exc)
-            return await self._store_answer_one_by_one(request_id, result, kind, data, events, terminal)
+            await self._store_answer_one_by_one(request_id, result, kind, data, events, terminal)
+            return False
         self._seq = seq + 1
         self._count_answer(request_id, result["status"])
-        return True
+        return retired
 
     async def _store_answer_one_by_one(
         self,

@@ -8,7 +8,6 @@ import asyncio
 import logging
 from typing import TYPE_CHECKING
 
-from colony.blackboard import BlackboardScope, scope_id
 from colony.blackboard.connection import retry_unavailable
 from colony.blackboard.protocol import AgentRunProtocol, ApiRunProtocol
 from colony.config import load_settings
@@ -17,6 +16,7 @@ if TYPE_CHECKING:
     from colony.agents.base import Agent
     from colony.blackboard import Blackboard
     from colony.blackboard.protocol import RequestResultProtocol
+    from colony.blackboard.transaction import Transaction
     from colony.config import ColonySettings
 
 log = logging.getLogger("colony.agents.run_capability")
@@ -104,31 +104,49 @@ class RequestRetention:
             log.warning("keys of request %s were not given their retention: %r", request_id, exc)
 
     async def _retire_once(self, request_id: str) -> None:
-        tag = self.protocol.request_tag(request_id)
-        owner = self.agent.agent_id if self.agent else None
-        ttl = self.retention_seconds
         # out of the open-claims index, its expiry in the same write (never left without one);
         # untagged first, so the expiry index needs no member for it (expired while it still
         # carried the open-claims tag, it would need one per run, for the whole retention); then
         # the request's keys, and an HTTP run's record: one round trip for the three
-        elsewhere = []
-        if self.protocol is AgentRunProtocol and self.agent is not None:
-            meta = self.agent.metadata
-            api_board = self.blackboard.scoped(
-                scope_id(
-                    BlackboardScope.COLONY,
-                    tenant_id=meta.tenant_id,
-                    colony_id=meta.colony_id,
-                    namespace=ApiRunProtocol.namespace,
-                )
-            )
-            elsewhere.append((api_board, [ApiRunProtocol.run_key(request_id)]))
+        owner = self.agent.agent_id if self.agent else None
         await self.blackboard.retire_group(
             self.protocol.claim_key(request_id),
             owner,
             created_by=owner,
-            ttl_seconds=ttl,
-            tag=tag,
+            ttl_seconds=self.retention_seconds,
+            tag=self.protocol.request_tag(request_id),
             trim_events=True,
-            elsewhere=elsewhere,
+            elsewhere=self._retired_elsewhere(request_id),
         )
+
+    def _retire_with(self, tx: Transaction, request_id: str) -> None:
+        """Retire the request with its answer: the claim's rewrite (`_retire_once`'s write) in the
+        answer's commit `tx`, so the request leaves the open-claims index exactly when it is
+        answered; the expiry of its keys (and an HTTP run's record) right after the commit, in its
+        round trip (sent whether the commit applies or not: a commit that does not is followed
+        by `_retire`, which gives them again). `_retired_with` says after the commit whether the
+        request's keys were done."""
+        owner = self.agent.agent_id if self.agent else None
+        ttl = self.retention_seconds
+        tx.write(self.protocol.claim_key(request_id), owner, created_by=owner, ttl_seconds=ttl)
+        tx.followed_by(
+            self.blackboard.retire_calls(
+                ttl_seconds=ttl,
+                tag=self.protocol.request_tag(request_id),
+                trim_events=True,
+                elsewhere=self._retired_elsewhere(request_id),
+            )
+        )
+
+    def _retired_with(self, tx: Transaction) -> bool:
+        """After `tx` (with `_retire_with`) committed: False when the request's group was too large
+        to be done in its round trip (`_retire` then pages it)."""
+        return self.blackboard.group_retired(tx.follower_replies[0])
+
+    def _retired_elsewhere(self, request_id: str) -> list[tuple[Blackboard, list[str]]]:
+        """An HTTP run's record, in the API's scope: retired with the request's keys."""
+        if self.protocol is not AgentRunProtocol or self.agent is None:
+            return []
+        meta = self.agent.metadata
+        api_board = self.blackboard.scoped(ApiRunProtocol.scope(meta.tenant_id, meta.colony_id))
+        return [(api_board, [ApiRunProtocol.run_key(request_id)])]

@@ -12,7 +12,7 @@ from colony import metrics
 from colony.blackboard.models import BlackboardEntry, WriteRequest, encode_tags, encode_value, ttl_to_ms
 from colony.blackboard.protocol import validate_tag
 from colony.blackboard.script_calls import ScriptCall, run_scripts
-from colony.errors import BatchConflictError
+from colony.errors import BatchConflictError, InvalidArgument
 
 if TYPE_CHECKING:
     from colony.blackboard.blackboard import Blackboard
@@ -85,17 +85,32 @@ async def write_many(board: Blackboard, writes: Writes, chunk_size: int) -> list
 
 
 async def write_group(
-    board: Blackboard, writes: Writes, *, tag: str, ttl_seconds: float
+    board: Blackboard,
+    writes: Writes,
+    *,
+    tag: str,
+    ttl_seconds: float,
+    first: tuple[Blackboard, Writes] | None = None,
 ) -> list[BlackboardEntry]:
-    """In one round trip, in this order: `writes` on `board`, then the expiry of the tag set `tag`
-    (its index set alone: its members carry their own). What was written; a conflict raises
-    `BatchConflictError` once everything else is applied."""
+    """In one round trip, in this order: `first`'s writes on its board (another scope on the same
+    Redis), `writes` on `board`, then the expiry of the tag set `tag` (its index set alone: its
+    members carry their own). What was written on `board`; a conflict raises `BatchConflictError`
+    once everything else is applied (one among the first writes too)."""
     group = validate_tag(tag)
-    chunks, calls = batch_calls(board, writes, 256)
+    before: list[Chunk] = []
+    calls: list[ScriptCall] = []
+    if first is not None:
+        other, other_writes = first
+        if other.redis is not board.redis:
+            raise InvalidArgument("write_group's first writes go to a scope on the same Redis client only")
+        before, calls = batch_calls(other, other_writes, 256)
+    chunks, own = batch_calls(board, writes, 256)
+    calls += own
     calls.append((board._expire_key, [board.keyspace.tag_key(group)], [ttl_to_ms(ttl_seconds)]))
     async with board.guard("write_group"):
         replies = await run_scripts(board.redis, calls)
-    written = applied_entries(chunks, replies[: len(chunks)])
+    applied_entries(before, replies[: len(before)])
+    written = applied_entries(chunks, replies[len(before) : len(before) + len(chunks)])
     if written and not int(replies[-1]):  # the set did not exist yet: the writes were run again
         await board.expire_tag(group, ttl_seconds)  # after it (their script reloaded), so again
     return written

@@ -220,11 +220,17 @@ class Blackboard:
         return await batches.write_many(self, writes, chunk_size)
 
     async def write_group(
-        self, writes: Iterable[WriteRequest | Mapping[str, Any]], *, tag: str, ttl_seconds: float
+        self,
+        writes: Iterable[WriteRequest | Mapping[str, Any]],
+        *,
+        tag: str,
+        ttl_seconds: float,
+        first: tuple[Blackboard, Iterable[WriteRequest | Mapping[str, Any]]] | None = None,
     ) -> list[BlackboardEntry]:
         """`write_many` and then the expiry of the group's tag set `tag` (`expire_tag`), in one
-        round trip (colony.blackboard.batches)."""
-        return await batches.write_group(self, writes, tag=tag, ttl_seconds=ttl_seconds)
+        round trip; `first`: writes of another scope on the same Redis, applied before them in
+        that round trip (colony.blackboard.batches)."""
+        return await batches.write_group(self, writes, tag=tag, ttl_seconds=ttl_seconds, first=first)
 
     # -- read-modify-write --------------------------------------------------------------------
 
@@ -378,26 +384,50 @@ class Blackboard:
         other scopes on the same Redis (`elsewhere`). What a finished request leaves is retired
         so. A group larger than EXPIRE_CHUNK is paged afterwards, as `expire` pages it."""
         validate_key(key)
-        group = validate_tag(tag)
-        ttl = ttl_to_ms(ttl_seconds)
         encoded, encoded_tags = encode_value(value), encode_tags(())
         write_args = self._write_args(key, encoded, encoded_tags, created_by, ttl_seconds, None)
         ks = self.keyspace
         entry_keys = [ks.entry_key(key), ks.events_key, ks.expiry_key]
         calls: list[ScriptCall] = [(self._write, entry_keys, write_args)]
-        keys, args = self._expire_call([], ttl, group, trim_events, extend=False, whole=ks.tag_key(group))
-        calls.append((self._expire, keys, args))
+        calls += self.retire_calls(
+            ttl_seconds=ttl_seconds, tag=tag, trim_events=trim_events, elsewhere=elsewhere
+        )
+        async with self.guard("retire"):
+            replies = await run_scripts(self.redis, calls)
+        self._written(key, encoded, encoded_tags, created_by, None, replies[0])
+        if not self.group_retired(replies[1]):  # a large group: paged, with the trim
+            await self.expire([], ttl_seconds, tag=tag, trim_events=trim_events)
+
+    def retire_calls(
+        self,
+        *,
+        ttl_seconds: float,
+        tag: str,
+        trim_events: bool = False,
+        elsewhere: Iterable[tuple[Blackboard, Sequence[str]]] = (),
+    ) -> list[ScriptCall]:
+        """The script calls of `retire_group` after its write: the group `tag`'s expiry, then the
+        listed keys of other scopes on the same Redis; for a caller that sends them in a round trip
+        of its own (`Transaction.followed_by`). The first call's reply says whether the group was
+        done (`group_retired`)."""
+        group = validate_tag(tag)
+        ttl = ttl_to_ms(ttl_seconds)
+        whole = self.keyspace.tag_key(group)
+        keys, args = self._expire_call([], ttl, group, trim_events, extend=False, whole=whole)
+        calls: list[ScriptCall] = [(self._expire, keys, args)]
         for board, names in elsewhere:
             if board.redis is not self.redis:
                 raise InvalidArgument("retire_group retires keys of scopes on the same Redis client only")
             checked = [validate_key(n) for n in names]
             keys, args = board._expire_call(checked, ttl, "", False, extend=False)
             calls.append((board._expire, keys, args))
-        async with self.guard("retire"):
-            replies = await run_scripts(self.redis, calls)
-        self._written(key, encoded, encoded_tags, created_by, None, replies[0])
-        if int(replies[1]) < 0:  # a large group: paged, with the trim
-            await self.expire([], ttl_seconds, tag=group, trim_events=trim_events)
+        return calls
+
+    @staticmethod
+    def group_retired(reply: Any) -> bool:
+        """False when the first of `retire_calls` found the group too large for one call: nothing
+        of it was done, and it is to be paged (`expire(..., tag=...)`)."""
+        return int(reply) >= 0
 
     async def expire_ring(self, name: str, ttl_seconds: float) -> bool:
         """Make a ring expire in `ttl_seconds` (unless it expires sooner); False if there is none."""

@@ -407,6 +407,15 @@ class ApiRunProtocol(BlackboardProtocol):
     def run_key(cls, run_id: str) -> str:
         return cls.build("run", run_id=run_id)
 
+    @classmethod
+    def scope(cls, tenant_id: str, colony_id: str) -> str:
+        """The scope id of a colony's run records (its COLONY scope, this namespace)."""
+        from colony.blackboard.scopes import BlackboardScope, scope_id  # (scopes builds on this module)
+
+        return scope_id(
+            BlackboardScope.COLONY, tenant_id=tenant_id, colony_id=colony_id, namespace=cls.namespace
+        )
+
 
 class VcmProtocol(BlackboardProtocol):
     """The virtual context memory (COLONY scope, `vcm` namespace): page records, their text, and

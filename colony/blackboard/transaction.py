@@ -21,10 +21,12 @@ from colony.blackboard.models import (
     ttl_to_ms,
 )
 from colony.blackboard.protocol import validate_key
+from colony.blackboard.script_calls import run_scripts
 from colony.errors import BlackboardError, ConcurrentModificationError
 
 if TYPE_CHECKING:
     from colony.blackboard.blackboard import Blackboard
+    from colony.blackboard.script_calls import ScriptCall
 
 
 class Transaction:
@@ -37,7 +39,9 @@ class Transaction:
         self._checks: list[tuple[str, int, str | None]] = []
         self._ops: list[list[Any]] = []
         self._done = False
+        self._followers: list[ScriptCall] = []
         self.results: list[BlackboardEntry | None] = []
+        self.follower_replies: list[Any] = []
 
     async def __aenter__(self) -> Transaction:
         return self
@@ -120,12 +124,19 @@ class Transaction:
             raise BlackboardError(f"a ring keeps at least 0 items; keep={keep}")
         self._ops.append(["k", name, int(keep)])
 
+    def followed_by(self, calls: Iterable[ScriptCall]) -> None:
+        """Script calls of this Redis sent right after the commit, in its round trip: Redis runs
+        them whether the commit applies or not (on a conflict too), and a Redis error in any of them
+        is raised as the commit's. Their replies are `follower_replies` once committed."""
+        self._check_open()
+        self._followers.extend(calls)
+
     async def commit(self) -> list[BlackboardEntry | None]:
         """Apply everything or raise `ConcurrentModificationError` naming the first changed key."""
         self._check_open()
         self._done = True
         checks = [*((k, v, None) for k, v in self._reads.items()), *self._checks]
-        if not self._ops and not checks:
+        if not self._ops and not checks and not self._followers:
             return []
         ks = self._bb.keyspace
         payload = {
@@ -136,8 +147,14 @@ class Transaction:
             "ml": self._bb.settings.events_maxlen,
             "iv": "1" if self._bb.settings.include_values_in_events else "0",
         }
+        keys, args = [ks.events_key, ks.expiry_key], [json.dumps(payload)]
         async with self._bb.guard("commit"):
-            reply = await self._bb._commit(keys=[ks.events_key, ks.expiry_key], args=[json.dumps(payload)])
+            if self._followers:
+                reply, *self.follower_replies = await run_scripts(
+                    self._bb.redis, [(self._bb._commit, keys, args), *self._followers]
+                )
+            else:
+                reply = await self._bb._commit(keys=keys, args=args)
         if not reply[0]:
             metrics.BLACKBOARD_CONFLICTS.inc()
             key, expected, _text = checks[int(reply[1]) - 1]

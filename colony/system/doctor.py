@@ -443,14 +443,7 @@ class _Checker:
     async def check_runs(self, run_ids: Iterable[str], already: set[str]) -> None:
         """Invariant 4 for runs the caller names (e.g. every run the chaos suite had accepted): each
         has its record, and is answered, claimed by a live agent, or waiting for one that will come."""
-        api = self.colony.scoped(
-            scope_id(
-                BlackboardScope.COLONY,
-                tenant_id=self.tenant_id,
-                colony_id=self.colony_id,
-                namespace=ApiRunProtocol.namespace,
-            )
-        )
+        api = self.colony.scoped(ApiRunProtocol.scope(self.tenant_id, self.colony_id))
         wanted = list(dict.fromkeys(run_ids))
         if len(wanted) > self.max_entries:
             wanted = wanted[: self.max_entries]

@@ -128,14 +128,7 @@ class RunService:
         """`settings`: the process's settings (the API replica's); `retention_seconds` overrides
         `runs.retention_seconds`. Only standalone use with neither falls back to `load_settings()`."""
         self.tenant_id, self.colony_id = tenant_id, colony_id
-        self.api_board = blackboard.scoped(
-            scope_id(
-                BlackboardScope.COLONY,
-                tenant_id=tenant_id,
-                colony_id=colony_id,
-                namespace=ApiRunProtocol.namespace,
-            )
-        )
+        self.api_board = blackboard.scoped(ApiRunProtocol.scope(tenant_id, colony_id))
         self._runs: RunsSettings | None = settings.runs if settings is not None else None
         self._retention = retention_seconds
         self._root = blackboard
@@ -214,11 +207,10 @@ class RunService:
                 "created_by": API_WRITER,
                 "ttl_seconds": life,
             }
-            try:  # the record first: once the request exists it may be served, so it comes last
-                await self.api_board.write(
-                    ApiRunProtocol.run_key(run_id), record, created_by=API_WRITER, ttl_seconds=life
-                )
-                # a pool's (or a bounded agent's) request is indexed as pending in the same round
+            try:
+                # the record first, in the same round trip: once the request exists it may be
+                # served, so it comes last.
+                # A pool's (or a bounded agent's) request is indexed as pending in the same round
                 # trip, the marker first (with the request's expiry): a member that sees the
                 # request (by API_INDEXED_WRITER) knows it is indexed; a member that sees the marker
                 # first finds no request yet and leaves it, as an admission reservation. The run's
@@ -232,7 +224,18 @@ class RunService:
                     if marked
                     else [request]
                 )
-                await board.write_group(writes, tag=AgentRunProtocol.request_tag(run_id), ttl_seconds=life)
+                record_write = {
+                    "key": ApiRunProtocol.run_key(run_id),
+                    "value": record,
+                    "created_by": API_WRITER,
+                    "ttl_seconds": life,
+                }
+                await board.write_group(
+                    writes,
+                    tag=AgentRunProtocol.request_tag(run_id),
+                    ttl_seconds=life,
+                    first=(self.api_board, [record_write]),
+                )
             except BaseException:
                 # nothing half-submitted stays to be served: the request too, which Redis may have
                 # applied though its answer was lost (a member that took it already serves it)
