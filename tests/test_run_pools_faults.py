@@ -40,9 +40,10 @@ from colony.agents import (
     AgentType,
     ScriptedActionPolicy,
     action_executor,
+    run_pool,
 )
 from colony.agents.models import RunServing
-from colony.agents.run_claims import API_WRITER, pending_requests, pending_write, serving_key
+from colony.agents.run_claims import API_WRITER, PickedUp, pending_requests, pending_write, serving_key
 from colony.api.app import ApiServices, create_app
 from colony.blackboard import AgentRunProtocol, Blackboard
 from colony.config import ColonySettings, ServeSettings, VcmSettings
@@ -590,3 +591,32 @@ async def test_a_known_agent_is_read_once_a_window_an_unknown_one_every_time(bb:
     for n in range(3):
         await runs.submit("later", n)
     assert reads["count"] == 3
+
+
+async def test_a_pick_up_whose_answer_was_lost_still_serves_what_it_claimed(
+    cluster: Cluster, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Redis applied a free member's pick-up (its claim of the oldest pending run) but the answer
+    was lost: the member finds the claim it holds by its value and serves the run, once; nothing
+    is left claimed by a live member that does not know it."""
+    EXECUTED.clear()
+    blueprint = counted_blueprint("lostpick", RunServing(mode="pool", min_size=1, max_size=1), 0.3)
+    cluster.use_pools(blueprint)
+    await cluster.control.place(blueprint)
+    real = run_pool.claim_oldest_pending
+    lost: list[str] = []
+
+    async def applied_then_lost(*args: Any, **kwargs: Any) -> Any:
+        picked = await real(*args, **kwargs)
+        if isinstance(picked, PickedUp) and not lost:
+            lost.append(picked.request_id)
+            raise BlackboardUnavailable("claim_oldest", "redis://blip", TimeoutError("answer lost"))
+        return picked
+
+    monkeypatch.setattr(run_pool, "claim_oldest_pending", applied_then_lost)
+    first = (await cluster.runs.submit("lostpick", "first")).run_id  # the member is busy with it
+    waiting = [(await cluster.runs.submit("lostpick", f"w{n}")).run_id for n in range(2)]
+    views = await finished(cluster, [first, *waiting])
+    assert {v.status for v in views.values()} == {"succeeded"}
+    assert lost and lost[0] in waiting  # a pick-up's answer was lost, and its run was served
+    assert dict(EXECUTED) == {"first": 1, "w0": 1, "w1": 1}

@@ -19,6 +19,8 @@ from colony.agents.hooks import HookContext, HookType, Pointcut
 from colony.agents.models import AgentRun, RunServing, RunStatus
 from colony.agents.run_claims import (
     API_INDEXED_WRITER,
+    PickedUp,
+    claim_value,
     pending_key,
     publish_serving,
     retire_serving,
@@ -119,6 +121,7 @@ class AgentRunCapability(PoolMember, RequestRetention, RunEventWriter, RunCounti
         self._max_events: int | None = None
         self._retiring: set[asyncio.Task[None]] = set()  # retirements in flight (run_retention)
         self._api_requests: OrderedDict[str, float] = OrderedDict()  # HTTP runs served (run_counting)
+        self._picked_up: dict[str, PickedUp] = {}  # claimed with what serving them reads (run_pool)
         if agent is not None:
             agent.hooks.register(
                 Pointcut.for_instance(agent, "run_step"), HookType.AFTER, self._after_step, owner=self
@@ -234,7 +237,7 @@ class AgentRunCapability(PoolMember, RequestRetention, RunEventWriter, RunCounti
             indexed = self.serving.is_pool or self.serving.admitted_at_once() is not None
             claimed = await self._create_once(
                 self.protocol.claim_key(request_id),
-                {"agent_id": agent.agent_id, "holder": agent.holder},
+                claim_value(agent),
                 tags={self.protocol.request_tag(request_id), self.protocol.open_claims_tag()},
                 what=f"agent {agent.agent_id}: claim of request {request_id}",
                 drop=pending_key(self.protocol, request_id) if indexed else None,
@@ -332,6 +335,7 @@ class AgentRunCapability(PoolMember, RequestRetention, RunEventWriter, RunCounti
                 await self._fail_request(request_id, f"{type(exc).__name__}: {exc}")
             finally:
                 self._queued.discard(request_id)
+                self._picked_up.pop(request_id, None)
             if self.serving.is_pool and not self._queued:
                 await self._pick_up()
 
@@ -347,18 +351,28 @@ class AgentRunCapability(PoolMember, RequestRetention, RunEventWriter, RunCounti
             return
         while agent.current_run is not None and not agent.current_run.done:  # noqa: ASYNC110 - set by other code paths
             await asyncio.sleep(0.05)
-        # one round trip for the four, and the names of the request's stored events (a fresh
-        # request has none: its adoption then reads nothing more)
-        (result, request, declaration, marker), events = await self.blackboard.read_many_and_tagged(
-            [
-                self.protocol.result_key(request_id),
-                self.protocol.request_key(request_id),
-                serving_key(self.protocol),
-                pending_key(self.protocol, request_id),
-            ],
-            self.protocol.request_tag(request_id),
-            self.protocol.event_pattern(request_id),
-        )
+        picked = self._picked_up.pop(request_id, None)
+        if picked is not None:  # read with its claim (a pick-up), just before: its marker is gone
+            result, request, declaration, events = (
+                picked.result,
+                picked.request,
+                picked.declaration,
+                picked.events,
+            )
+            marker = None
+        else:
+            # one round trip for the four, and the names of the request's stored events (a fresh
+            # request has none: its adoption then reads nothing more)
+            (result, request, declaration, marker), events = await self.blackboard.read_many_and_tagged(
+                [
+                    self.protocol.result_key(request_id),
+                    self.protocol.request_key(request_id),
+                    serving_key(self.protocol),
+                    pending_key(self.protocol, request_id),
+                ],
+                self.protocol.request_tag(request_id),
+                self.protocol.event_pattern(request_id),
+            )
         await self._keep_serving(declaration)
         self._note_request(request_id, request)
         if marker is not None:  # written after the claim dropped it (a busy member's, a re-open's):

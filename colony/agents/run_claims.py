@@ -17,11 +17,19 @@ raw input.
 from __future__ import annotations
 
 import time
-from typing import Any, NamedTuple
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any, Final, Literal, NamedTuple
 
 from colony.agents.models import RunServing
-from colony.blackboard import Blackboard
+from colony.blackboard import Blackboard, BlackboardEntry
+from colony.blackboard.blackboard import TAGGED_PAGE
+from colony.blackboard.models import encode_value
 from colony.blackboard.protocol import RequestResultProtocol, validate_segment
+from colony.blackboard.query import OLDEST_SAMPLE
+from colony.blackboard.script_calls import scripts_of
+
+if TYPE_CHECKING:
+    from colony.agents.base import Agent
 
 API_WRITER = "api"  # who the API's writes are by (colony.system.runs.API_WRITER): it indexes its requests
 # the writer of a request the API indexed as pending itself, its marker written before it: a busy
@@ -80,6 +88,90 @@ async def pending_requests(
 
     keys = await board.oldest_tagged(pending_tag(protocol), limit, needs=request_of if written_only else None)
     return [key[len(prefix) :] for key in keys if key.startswith(prefix)]
+
+
+def claim_value(agent: Agent) -> dict[str, str]:
+    """What a claim holds: the agent and its copy (`Agent.holder`), so a retried claim never
+    mistakes another copy's for its own."""
+    return {"agent_id": agent.agent_id, "holder": agent.holder}
+
+
+class PickedUp(NamedTuple):
+    """A request `claim_oldest_pending` claimed, with what serving it reads first (read in the same
+    call, just after the claim)."""
+
+    request_id: str
+    result: BlackboardEntry | None
+    request: BlackboardEntry | None
+    declaration: BlackboardEntry | None  # the scope's serving declaration
+    events: list[str] | None  # the request's stored event keys (None: more than one page)
+
+
+SAMPLE_PENDING: Final = "sample"  # `claim_oldest_pending`: the index is too large to claim from in one call
+_ID = "0id0"  # a request id that stands for any, to split a key built by the protocol around it
+
+
+def _around(build: Callable[[str], str]) -> tuple[str, str]:
+    prefix, found, suffix = build(_ID).partition(_ID)
+    assert found, build
+    return prefix, suffix
+
+
+async def claim_oldest_pending(
+    board: Blackboard, protocol: type[RequestResultProtocol], claim: Any, writer: str
+) -> PickedUp | Literal["sample"] | None:
+    """Claim the oldest pending request whose request entry exists (`claim` its claim's value,
+    `writer` the claimer) and read what serving it needs: its result, request, the scope's serving
+    declaration and its stored event keys, in one script call (one round trip where the index scan,
+    the candidates' read, the claim's commit and the request's read took four). The claim and the
+    marker's deletion are what `AgentRunCapability._claim` commits; a marker whose request is
+    claimed already is dropped on the way. None when nothing is claimable; `SAMPLE_PENDING` when
+    the index holds more than `OLDEST_SAMPLE` markers (nothing done: the caller samples it,
+    `pending_requests`). A call whose answer is lost may have claimed a request: the caller finds
+    it by its claim's value."""
+    ks = board.keyspace
+    sample = max(2 * PICK_UP_PAGE, OLDEST_SAMPLE)
+    reads = [protocol.result_key, protocol.request_key]
+    args: list[Any] = [
+        ks.entry_prefix,
+        ks.tag_prefix,
+        board._maxlen,
+        board._include_values,
+        writer,
+        sample,
+        pending_tag(protocol),
+        pending_key(protocol, _ID).removesuffix(_ID),
+        *_around(protocol.request_key),
+        *_around(protocol.claim_key),
+        *_around(protocol.request_tag),
+        *_around(protocol.event_pattern),
+        encode_value(claim),
+        protocol.open_claims_tag(),
+        TAGGED_PAGE,
+        len(reads),
+        *(part for build in reads for part in _around(build)),
+        serving_key(protocol),
+    ]
+    keys = [ks.events_key, ks.expiry_key, ks.tag_key(pending_tag(protocol))]
+    async with board.guard("claim_oldest"):
+        reply = await scripts_of(board.redis).claim_oldest(keys=keys, args=args)
+    if int(reply[0]) == 0:
+        return None
+    if int(reply[0]) < 0:
+        return SAMPLE_PENDING
+    request_id = validate_segment(reply[1], "request_id")
+    result, request, declaration = (
+        BlackboardEntry.from_hash(key, dict(zip(flat[0::2], flat[1::2], strict=True))) if flat else None
+        for key, flat in zip(
+            (protocol.result_key(request_id), protocol.request_key(request_id), serving_key(protocol)),
+            reply[2],
+            strict=True,
+        )
+    )
+    cursor, tagged = reply[3]
+    return PickedUp(
+        request_id, result, request, declaration, sorted(set(tagged)) if int(cursor) == 0 else None
+    )
 
 
 class ScopeAtStart(NamedTuple):

@@ -13,12 +13,22 @@ from typing import TYPE_CHECKING, Any
 
 from colony.agents.handle import RESTARTED
 from colony.agents.models import RunServing
-from colony.agents.run_claims import drop_pending, pending_requests, pending_write, publish_serving
+from colony.agents.run_claims import (
+    PickedUp,
+    claim_oldest_pending,
+    claim_value,
+    drop_pending,
+    pending_requests,
+    pending_write,
+    publish_serving,
+)
 from colony.blackboard import TagFilter
-from colony.blackboard.connection import redis_url_of
+from colony.blackboard.connection import redis_url_of, retry_unavailable
 from colony.errors import BlackboardError, ConcurrentModificationError
 
 if TYPE_CHECKING:
+    from collections.abc import AsyncIterator
+
     from colony.agents.base import Agent
     from colony.agents.stored_events import StoredEvents
     from colony.blackboard import Blackboard, BlackboardEntry, BlackboardEvent
@@ -103,10 +113,17 @@ class PoolMember:
         max_events: int
         _attempt: int
 
+        active_request: str | None
+        _claiming: bool
+        _picked_up: dict[str, PickedUp]
+
         def _agent(self) -> Agent: ...
         async def _emit(self, event_type: str, data: Any, *, during_step: int | None) -> None: ...
         def _hosted(self, agent: Agent) -> bool: ...
         async def _claim(self, agent: Agent, request_id: str) -> bool: ...
+        def _enqueue(self, request_id: str) -> None: ...
+        def _open_claims(self) -> AsyncIterator[BlackboardEntry]: ...
+        async def _redis_answers(self) -> bool: ...
 
     async def _mark_pending(self, request_id: str) -> None:
         """Put a request into the pending index (create-only: once, whichever busy member or
@@ -158,9 +175,26 @@ class PoolMember:
         agent = self._agent()
         if self.busy or agent.yielded or not self._hosted(agent):
             return
+        # the oldest first, only those whose request is written (an admission reservation's is
+        # not yet; a submit that died leaves none, and its marker expires): never claimed
+        self._claiming = True
         try:
-            # the oldest first, only those whose request is written (an admission reservation's is
-            # not yet; a submit that died leaves none, and its marker expires): never claimed
+            picked = await claim_oldest_pending(
+                self.blackboard, self.protocol, claim_value(agent), agent.agent_id
+            )
+        except Exception as exc:  # e.g. Redis away: the call may have claimed a request all the same
+            log.warning("agent %s: pending requests not picked up: %r", agent.agent_id, exc)
+            await self._serve_held_claims()
+            return
+        finally:
+            self._claiming = False
+        if isinstance(picked, PickedUp):
+            self._picked_up[picked.request_id] = picked
+            self._enqueue(picked.request_id)
+            return
+        if picked is None:
+            return
+        try:  # a large index: sampled, then claimed one request at a time
             for request_id in await pending_requests(self.blackboard, self.protocol, written_only=True):
                 if self.busy:
                     return
@@ -169,6 +203,31 @@ class PoolMember:
                 await self._drop_pending(request_id)  # claimed by a member that left its marker
         except Exception as exc:
             log.warning("agent %s: pending requests not picked up: %r", agent.agent_id, exc)
+
+    async def _serve_held_claims(self) -> None:
+        """After a pick-up whose outcome is not known (Redis away, an answer lost): serve every open
+        claim this copy holds and does not serve yet (it claimed them, or a retried pick-up did), so
+        none is left held by a live member that does not know it. Waits out an outage; never
+        raises (a failure is logged, the claims stay for this copy's next start)."""
+        agent = self._agent()
+
+        async def find() -> list[str]:
+            return [
+                self.protocol.parse("claim", entry.key)["request_id"]
+                async for entry in self._open_claims()
+                if entry.value == claim_value(agent)
+            ]
+
+        try:
+            held = await retry_unavailable(
+                find, f"agent {agent.agent_id}: its claims", log, answers=self._redis_answers
+            )
+        except Exception as exc:
+            log.warning("agent %s: claims it holds not looked up: %r", agent.agent_id, exc)
+            return
+        for request_id in held:
+            if request_id != self.active_request:
+                self._enqueue(request_id)
 
     async def _keep_serving(self, declaration: BlackboardEntry | None) -> None:
         """The role's declaration, read beside each request served: written again (without an

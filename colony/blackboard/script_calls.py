@@ -24,6 +24,7 @@ class _Scripts(NamedTuple):
     prune_tag_index: AsyncScript
     expire: AsyncScript
     expire_key: AsyncScript
+    claim_oldest: AsyncScript
 
 
 _SCRIPTS_ATTR = "_colony_scripts"
@@ -75,6 +76,7 @@ def scripts_of(redis: aioredis.Redis) -> _Scripts:
                     scripts.PRUNE_TAG_INDEX,
                     scripts.EXPIRE,
                     scripts.EXPIRE_KEY,
+                    scripts.CLAIM_OLDEST,
                 )
             )
         )
