@@ -112,6 +112,23 @@ async def test_calls_that_follow_a_commit_go_in_its_round_trip_whether_it_applie
         tx.followed_by([])  # a committed transaction takes no more
 
 
+async def test_calls_that_follow_a_commit_still_follow_it_after_redis_forgot_its_script(
+    bb: Blackboard,
+) -> None:
+    """After a restart Redis has forgotten the scripts; if the followers' was loaded again (by
+    another call) and the commit's was not, the followers ran first: they are run again after
+    the commit, so an entry the commit writes into the group still gets the group's expiry."""
+    from colony.blackboard import scripts
+
+    await bb.redis.script_flush()
+    await bb.redis.script_load(scripts.EXPIRE)
+    async with bb.transaction() as tx:
+        tx.write("late", 1, tags={"g3"})
+        tx.followed_by(bb.retire_calls(ttl_seconds=30, tag="g3"))
+    assert 0 < await bb.redis.pttl(bb.keyspace.entry_key("late")) <= 30_000
+    assert 0 < await bb.redis.pttl(bb.keyspace.tag_key("g3")) <= 30_000
+
+
 async def test_pagination_over_ten_thousand_keys(bb: Blackboard) -> None:
     n = 10_000
     for start in range(0, n, 1000):

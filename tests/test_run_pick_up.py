@@ -3,6 +3,12 @@ what serving it needs, in one script call (real redis-server)."""
 
 from __future__ import annotations
 
+import asyncio
+import uuid
+from urllib.parse import urlsplit
+
+import pytest
+
 from colony.agents.run_claims import (
     SAMPLE_PENDING,
     PickedUp,
@@ -12,8 +18,9 @@ from colony.agents.run_claims import (
     pending_write,
     serving_key,
 )
-from colony.blackboard import AgentRunProtocol, Blackboard
+from colony.blackboard import AgentRunProtocol, Blackboard, create_redis
 from colony.blackboard.query import OLDEST_SAMPLE
+from colony.blackboard.script_calls import scripts_of
 
 P = AgentRunProtocol
 CLAIM = {"agent_id": "pool.1", "holder": "copy-a"}
@@ -94,3 +101,86 @@ async def test_ties_in_creation_time_go_by_marker_key(bb: Blackboard) -> None:
     while isinstance(picked := await claim_oldest_pending(bb, P, CLAIM, "pool.1"), PickedUp):
         order.append(picked.request_id)
     assert order == ["a", "b", "c"]
+
+
+class ReplyCutter:
+    """A TCP proxy to Redis that, when armed, resets the client's connection in place of passing on
+    the reply to the first command that carries `marker`: Redis applied it, the reply is lost."""
+
+    def __init__(self, host: str, port: int, marker: bytes) -> None:
+        self.host, self.port, self.marker = host, port, marker
+        self.armed, self.cuts = False, 0
+
+    async def start(self) -> int:
+        self.server = await asyncio.start_server(self._relay, "127.0.0.1", 0)
+        return int(self.server.sockets[0].getsockname()[1])
+
+    async def _relay(self, client_in: asyncio.StreamReader, client_out: asyncio.StreamWriter) -> None:
+        redis_in, redis_out = await asyncio.open_connection(self.host, self.port)
+        cut = asyncio.Event()
+
+        async def upstream() -> None:
+            while data := await client_in.read(65536):
+                if self.armed and self.marker in data:
+                    self.armed = False
+                    cut.set()
+                redis_out.write(data)
+                await redis_out.drain()
+
+        async def downstream() -> None:
+            while data := await redis_in.read(65536):
+                if cut.is_set():
+                    self.cuts += 1
+                    client_out.transport.abort()
+                    redis_out.close()
+                    return
+                client_out.write(data)
+                await client_out.drain()
+
+        await asyncio.gather(upstream(), downstream(), return_exceptions=True)
+
+
+@pytest.mark.parametrize("queued", [["only"], ["r1", "r2"]])
+async def test_a_pick_up_sent_again_after_a_lost_reply_claims_nothing_more(
+    redis_url: str, queued: list[str]
+) -> None:
+    """The Redis client sends a call again when its connection drops before the reply: a pick-up
+    Redis applied answers, the second time, the request it claimed (its receipt), rather than
+    claiming the next one (or nothing) and leaving the first claimed by a member that never
+    learns of it."""
+    url = urlsplit(redis_url)
+    setup = create_redis(redis_url)
+    script = scripts_of(setup).claim_oldest
+    await setup.script_load(script.script)  # loaded: the cut command is the call itself
+    cutter = ReplyCutter(url.hostname or "127.0.0.1", url.port or 6379, script.sha.encode())
+    port = await cutter.start()
+    auth = f":{url.password}@" if url.password else ""
+    client = create_redis(f"redis://{auth}127.0.0.1:{port}/0")
+    bb = Blackboard(client, f"test:{uuid.uuid4().hex[:12]}")
+    try:
+        for request_id in queued:
+            await queue(bb, request_id)
+            await asyncio.sleep(0.005)
+        cutter.armed = True
+        picked = await claim_oldest_pending(bb, P, CLAIM, "pool.1")
+        assert cutter.cuts == 1
+        assert isinstance(picked, PickedUp) and picked.request_id == queued[0]
+        assert picked.request is not None and picked.request.value == {"input": queued[0]}
+        held = {m for m in await bb.redis.smembers(bb.keyspace.tag_key(P.open_claims_tag()))}
+        assert held == {P.claim_key(queued[0])}
+    finally:
+        await client.aclose()
+        await setup.aclose()
+        cutter.server.close()
+
+
+async def test_a_marker_whose_id_is_no_key_segment_is_passed_over(bb: Blackboard) -> None:
+    """Ids come from Redis (a writer could have put anything there): one that could not name a
+    request key is never claimed."""
+    await bb.write("pending:run:a:b", {"request_id": "a:b"}, tags={pending_tag(P)})
+    await bb.write("request:run:a:b", {"input": 1}, tags={"run:a:b"})
+    await queue(bb, "fine")
+    picked = await claim_oldest_pending(bb, P, CLAIM, "pool.1")
+    assert isinstance(picked, PickedUp) and picked.request_id == "fine"
+    assert await claim_oldest_pending(bb, P, CLAIM, "pool.1") is None
+    assert await bb.read("claim:run:a:b") is None

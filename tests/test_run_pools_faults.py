@@ -40,6 +40,7 @@ from colony.agents import (
     AgentType,
     ScriptedActionPolicy,
     action_executor,
+    run_capability,
     run_pool,
 )
 from colony.agents.models import RunServing
@@ -620,3 +621,32 @@ async def test_a_pick_up_whose_answer_was_lost_still_serves_what_it_claimed(
     assert {v.status for v in views.values()} == {"succeeded"}
     assert lost and lost[0] in waiting  # a pick-up's answer was lost, and its run was served
     assert dict(EXECUTED) == {"first": 1, "w0": 1, "w1": 1}
+
+
+@pytest.mark.parametrize("fresh_for", [0.5, 0.0])
+async def test_a_picked_up_run_is_served_from_its_pick_ups_read_while_that_is_fresh(
+    cluster: Cluster, monkeypatch: pytest.MonkeyPatch, fresh_for: float
+) -> None:
+    """A free member's pick-up reads what serving the run needs with its claim: the run is served
+    from that read, with no read of its own, unless the read got older than
+    PICKED_UP_FRESH_SECONDS meanwhile (then it is read again)."""
+    EXECUTED.clear()
+    monkeypatch.setattr(run_capability, "PICKED_UP_FRESH_SECONDS", fresh_for)
+    reads: list[str] = []
+    real_read = Blackboard.read_many_and_tagged
+
+    async def counting(self: Blackboard, keys: Any, *args: Any, **kwargs: Any) -> Any:
+        reads.extend(k for k in keys if k.startswith("request:"))
+        return await real_read(self, keys, *args, **kwargs)
+
+    monkeypatch.setattr(Blackboard, "read_many_and_tagged", counting)
+    blueprint = counted_blueprint("fresh", RunServing(mode="pool", min_size=1, max_size=1), 0.3)
+    cluster.use_pools(blueprint)
+    await cluster.control.place(blueprint)
+    first = (await cluster.runs.submit("fresh", "first")).run_id  # the member is busy with it
+    waiting = [(await cluster.runs.submit("fresh", f"w{n}")).run_id for n in range(2)]
+    views = await finished(cluster, [first, *waiting])
+    assert {v.status for v in views.values()} == {"succeeded"}
+    assert dict(EXECUTED) == {"first": 1, "w0": 1, "w1": 1}
+    read_again = {AgentRunProtocol.request_key(r) for r in waiting} & set(reads)
+    assert read_again == (set() if fresh_for else {AgentRunProtocol.request_key(r) for r in waiting})

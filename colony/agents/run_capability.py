@@ -7,6 +7,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import time
 from collections import OrderedDict
 from collections.abc import AsyncIterator
 from typing import TYPE_CHECKING, Any
@@ -55,6 +56,9 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 
 TRIES_WHILE_UP = 3  # a blackboard error while Redis answers is retried this often before it fails a run
+
+
+PICKED_UP_FRESH_SECONDS = 0.5  # a pick-up's read older than this (the member was held up) is read again
 
 
 class AgentRunCapability(PoolMember, RequestRetention, RunEventWriter, RunCounting, AgentCapability):
@@ -121,7 +125,8 @@ class AgentRunCapability(PoolMember, RequestRetention, RunEventWriter, RunCounti
         self._max_events: int | None = None
         self._retiring: set[asyncio.Task[None]] = set()  # retirements in flight (run_retention)
         self._api_requests: OrderedDict[str, float] = OrderedDict()  # HTTP runs served (run_counting)
-        self._picked_up: dict[str, PickedUp] = {}  # claimed with what serving them reads (run_pool)
+        # requests a pick-up claimed, with what serving them reads and when that was read (run_pool)
+        self._picked_up: dict[str, tuple[float, PickedUp]] = {}
         if agent is not None:
             agent.hooks.register(
                 Pointcut.for_instance(agent, "run_step"), HookType.AFTER, self._after_step, owner=self
@@ -351,8 +356,9 @@ class AgentRunCapability(PoolMember, RequestRetention, RunEventWriter, RunCounti
             return
         while agent.current_run is not None and not agent.current_run.done:  # noqa: ASYNC110 - set by other code paths
             await asyncio.sleep(0.05)
-        picked = self._picked_up.pop(request_id, None)
-        if picked is not None:  # read with its claim (a pick-up), just before: its marker is gone
+        read_at, picked = self._picked_up.pop(request_id, (0.0, None))
+        if picked is not None and time.monotonic() - read_at < PICKED_UP_FRESH_SECONDS:
+            # read with its claim (a pick-up) just before: its marker is gone
             result, request, declaration, events = (
                 picked.result,
                 picked.request,

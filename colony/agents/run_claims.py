@@ -17,6 +17,7 @@ raw input.
 from __future__ import annotations
 
 import time
+import uuid
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any, Final, Literal, NamedTuple
 
@@ -107,6 +108,7 @@ class PickedUp(NamedTuple):
     events: list[str] | None  # the request's stored event keys (None: more than one page)
 
 
+RECEIPT_SECONDS = 60.0  # how long a pick-up's receipt stays (longer than any resend of it)
 SAMPLE_PENDING: Final = "sample"  # `claim_oldest_pending`: the index is too large to claim from in one call
 _ID = "0id0"  # a request id that stands for any, to split a key built by the protocol around it
 
@@ -127,8 +129,10 @@ async def claim_oldest_pending(
     marker's deletion are what `AgentRunCapability._claim` commits; a marker whose request is
     claimed already is dropped on the way. None when nothing is claimable; `SAMPLE_PENDING` when
     the index holds more than `OLDEST_SAMPLE` markers (nothing done: the caller samples it,
-    `pending_requests`). A call whose answer is lost may have claimed a request: the caller finds
-    it by its claim's value."""
+    `pending_requests`). The call carries a receipt of its own: sent again by the Redis client
+    after a lost reply, it answers the request it claimed rather than claiming another. A call
+    that raises may have claimed a request all the same: the caller finds it by its claim's
+    value."""
     ks = board.keyspace
     sample = max(2 * PICK_UP_PAGE, OLDEST_SAMPLE)
     reads = [protocol.result_key, protocol.request_key]
@@ -150,9 +154,11 @@ async def claim_oldest_pending(
         TAGGED_PAGE,
         len(reads),
         *(part for build in reads for part in _around(build)),
+        int(RECEIPT_SECONDS * 1000),
         serving_key(protocol),
     ]
-    keys = [ks.events_key, ks.expiry_key, ks.tag_key(pending_tag(protocol))]
+    receipt = ks.receipt_key(uuid.uuid4().hex)  # this call's: the client may send it twice
+    keys = [ks.events_key, ks.expiry_key, ks.tag_key(pending_tag(protocol)), receipt]
     async with board.guard("claim_oldest"):
         reply = await scripts_of(board.redis).claim_oldest(keys=keys, args=args)
     if int(reply[0]) == 0:

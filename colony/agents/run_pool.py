@@ -8,6 +8,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import time
 from collections import OrderedDict
 from typing import TYPE_CHECKING, Any
 
@@ -27,7 +28,7 @@ from colony.blackboard.connection import redis_url_of, retry_unavailable
 from colony.errors import BlackboardError, ConcurrentModificationError
 
 if TYPE_CHECKING:
-    from collections.abc import AsyncIterator
+    from collections.abc import AsyncIterator, Coroutine
 
     from colony.agents.base import Agent
     from colony.agents.stored_events import StoredEvents
@@ -115,7 +116,8 @@ class PoolMember:
 
         active_request: str | None
         _claiming: bool
-        _picked_up: dict[str, PickedUp]
+        _picked_up: dict[str, tuple[float, PickedUp]]
+        _tasks: list[asyncio.Task[Any]]
 
         def _agent(self) -> Agent: ...
         async def _emit(self, event_type: str, data: Any, *, during_step: int | None) -> None: ...
@@ -184,12 +186,13 @@ class PoolMember:
             )
         except Exception as exc:  # e.g. Redis away: the call may have claimed a request all the same
             log.warning("agent %s: pending requests not picked up: %r", agent.agent_id, exc)
-            await self._serve_held_claims()
+            self._claiming = False
+            self._recovering(self._serve_held_claims())
             return
         finally:
             self._claiming = False
         if isinstance(picked, PickedUp):
-            self._picked_up[picked.request_id] = picked
+            self._picked_up[picked.request_id] = (time.monotonic(), picked)
             self._enqueue(picked.request_id)
             return
         if picked is None:
@@ -204,11 +207,19 @@ class PoolMember:
         except Exception as exc:
             log.warning("agent %s: pending requests not picked up: %r", agent.agent_id, exc)
 
+    def _recovering(self, work: Coroutine[Any, Any, None]) -> None:
+        """Run `work` in a task of the capability's own (its `_tasks`: cancelled at close), so the
+        member is neither busy nor blocked meanwhile (requests that come are claimed as usual)."""
+        task = asyncio.create_task(work, name=f"{self._agent().agent_id}-held-claims")
+        self._tasks.append(task)
+        task.add_done_callback(lambda done: done in self._tasks and self._tasks.remove(done))
+
     async def _serve_held_claims(self) -> None:
         """After a pick-up whose outcome is not known (Redis away, an answer lost): serve every open
-        claim this copy holds and does not serve yet (it claimed them, or a retried pick-up did), so
-        none is left held by a live member that does not know it. Waits out an outage; never
-        raises (a failure is logged, the claims stay for this copy's next start)."""
+        claim this copy holds and does not serve yet (the pick-up claimed it), so none is left held
+        by a live member that does not know it; then pick up again if it holds none (requests
+        may have come meanwhile). Waits out an outage; never raises (a failure is logged, the
+        claims stay for this copy's next start)."""
         agent = self._agent()
 
         async def find() -> list[str]:
@@ -228,6 +239,8 @@ class PoolMember:
         for request_id in held:
             if request_id != self.active_request:
                 self._enqueue(request_id)
+        if not held:
+            await self._pick_up()
 
     async def _keep_serving(self, declaration: BlackboardEntry | None) -> None:
         """The role's declaration, read beside each request served: written again (without an

@@ -87,10 +87,16 @@ class BlackboardKeyspace:
         self.events_key = f"{base}:events"
         self.expiry_key = f"{base}:x"  # sorted set: tagged entries with a TTL, by expiry (see scripts)
         self.ring_prefix = f"{base}:r:"
+        self.receipt_prefix = f"{base}:k:"
 
     def ring_key(self, name: str) -> str:
         """A capped list (ring) of this scope, e.g. an agent's context; see `Transaction.ring_push`."""
         return self.ring_prefix + validate_key(name, "ring name")
+
+    def receipt_key(self, token: str) -> str:
+        """A short-lived receipt of a script call that must not apply twice (a pick-up the client
+        sends again after a lost reply), named by the caller's random token."""
+        return self.receipt_prefix + validate_segment(token, "receipt token")
 
     def entry_key(self, key: str) -> str:
         return self.entry_prefix + key

@@ -33,17 +33,24 @@ _SCRIPTS_ATTR = "_colony_scripts"
 ScriptCall = tuple[AsyncScript, list[str], list[Any]]  # a registered script, its keys, its arguments
 
 
-async def run_scripts(redis: aioredis.Redis, calls: Sequence[ScriptCall]) -> list[Any]:
+async def run_scripts(
+    redis: aioredis.Redis, calls: Sequence[ScriptCall], *, idempotent_after: int | None = None
+) -> list[Any]:
     """Run script calls in order, pipelined in one round trip, by SHA. redis-py's own pipeline of
     scripts asks Redis whether they exist (SCRIPT EXISTS) before every batch, a second round trip
     each time; here a call Redis answers NOSCRIPT (its scripts flushed: a restart, a failover) is
     run again once its script is loaded, in order with the others it failed beside. Only calls
-    that failed so are repeated (nothing Redis applied runs twice). Raises the first error."""
+    that failed so are repeated (nothing Redis applied runs twice), except that the calls from
+    index `idempotent_after` on (ones that are safe to apply twice, e.g. expiries that never
+    extend) are run again after a missing call before them, so they still follow it. Raises the
+    first error."""
     replies = await _evalsha_pipeline(redis, calls)
     missing = [i for i, reply in enumerate(replies) if isinstance(reply, NoScriptError)]
     if missing:
         for script in {id(calls[i][0]): calls[i][0] for i in missing}.values():
             await redis.script_load(script.script)  # the same text: the same SHA
+        if idempotent_after is not None and missing[0] < idempotent_after:
+            missing = sorted({*missing, *range(idempotent_after, len(calls))})
         again = await _evalsha_pipeline(redis, [calls[i] for i in missing])
         for i, reply in zip(missing, again, strict=True):
             replies[i] = reply

@@ -325,75 +325,83 @@ return removed
 )
 
 
-# KEYS: event stream, expiry index, a queue's tag-index set (its markers: `{marker prefix}{id}`)
+# KEYS: event stream, expiry index, a queue's tag-index set (its markers: `{marker prefix}{id}`),
+#       the call's receipt (a key named by the caller's random token)
 # ARGV: entry prefix, tag prefix, maxlen, include_value, writer, sample bound, the queue's tag,
 #       marker prefix, then (prefix, suffix) pairs around an item id: the entry an item needs
 #       written, its claim, the item's own tag, the pattern of its tagged keys to list; the claim's
 #       value, the claim's other tag, the tagged listing's SSCAN count, then the entries to read:
-#       a count of (prefix, suffix) pairs, the pairs, then logical keys read as they are
+#       a count of (prefix, suffix) pairs, the pairs, the receipt's expiry (ms), then logical keys
+#       read as they are
 # Claims the oldest item (marker creation time, then marker key) whose needed entry exists and
 # whose claim does not: its claim is created (tagged with the item's tag and the other tag) and its
 # marker deleted, as one transaction's write and delete would; a marker whose item is claimed
 # already is deleted on the way; markers whose entry is gone or no longer carries the queue's tag
-# leave the set. Then reads what serving the item needs, in the same call.
+# leave the set; a marker whose id is no valid key segment is passed over. Then reads what serving
+# the item needs, in the same call. The receipt records the item claimed: the same call run again
+# (the client sends it again when the reply was lost) claims nothing more and answers that item.
 # -> {0} nothing claimable | {-1} more markers than the sample bound: nothing done (the caller
 #    samples the set) | {1, item id, {HGETALL of each entry to read}, {SSCAN cursor, members}}
 CLAIM_OLDEST = (
     _LIBRARY
     + r"""
 local ep, tp, ml, iv, writer = ARGV[1], ARGV[2], ARGV[3], ARGV[4], ARGV[5]
-local size = redis.call('SCARD', KEYS[3])
-if size == 0 then return {0} end
-if size > tonumber(ARGV[6]) then return {-1} end
-local qtag, mprefix = ARGV[7], ARGV[8]
+local pairs_n = tonumber(ARGV[20])
 local function around(i, id) return ARGV[i] .. id .. ARGV[i + 1] end
-local candidates, stale = {}, {}
-for _, m in ipairs(redis.call('SMEMBERS', KEYS[3])) do
-  local cur = redis.call('HMGET', ep .. m, 'ca', 'tags')
-  local carries = false
-  for _, t in ipairs(split_tags(cur[2])) do
-    if t == qtag then carries = true end
-  end
-  if not cur[1] or not carries then
-    stale[#stale + 1] = m
-  elseif string.sub(m, 1, #mprefix) == mprefix then
-    local id = string.sub(m, #mprefix + 1)
-    if redis.call('EXISTS', ep .. around(9, id)) == 1 then
-      candidates[#candidates + 1] = {tonumber(cur[1]), m, id}
+local picked = redis.call('GET', KEYS[4])
+if not picked then
+  local size = redis.call('SCARD', KEYS[3])
+  if size == 0 then return {0} end
+  if size > tonumber(ARGV[6]) then return {-1} end
+  local qtag, mprefix = ARGV[7], ARGV[8]
+  local candidates, stale = {}, {}
+  for _, m in ipairs(redis.call('SMEMBERS', KEYS[3])) do
+    local cur = redis.call('HMGET', ep .. m, 'ca', 'tags')
+    local carries = false
+    for _, t in ipairs(split_tags(cur[2])) do
+      if t == qtag then carries = true end
+    end
+    if not cur[1] or not carries then
+      stale[#stale + 1] = m
+    elseif string.sub(m, 1, #mprefix) == mprefix then
+      local id = string.sub(m, #mprefix + 1)
+      if id ~= '' and not string.find(id, '[%c%s:%*%?%[%]\\{}\127]')
+          and redis.call('EXISTS', ep .. around(9, id)) == 1 then
+        candidates[#candidates + 1] = {tonumber(cur[1]), m, id}
+      end
     end
   end
-end
-for _, m in ipairs(stale) do redis.call('SREM', KEYS[3], m) end
-table.sort(candidates, function(a, b)
-  if a[1] ~= b[1] then return a[1] < b[1] end
-  return a[2] < b[2]
-end)
-local now = now_ms()
-local picked = nil
-for _, c in ipairs(candidates) do
-  local id, marker = c[3], ep .. c[2]
-  local claim = around(11, id)
-  local mcur = redis.call('HMGET', marker, 'ver', 'tags', 'exp')
-  if redis.call('EXISTS', ep .. claim) == 0 then
-    local tags = {ARGV[18], around(13, id)}
-    table.sort(tags)
-    local cur = redis.call('HMGET', ep .. claim, 'ver', 'tags', 'ca', 'cb', 'exp')
-    apply_write(ep .. claim, KEYS[1], claim, ARGV[17], table.concat(tags, '\31'), writer, '', tp, ml, iv,
-      cur, now, KEYS[2])
+  for _, m in ipairs(stale) do redis.call('SREM', KEYS[3], m) end
+  table.sort(candidates, function(a, b)
+    if a[1] ~= b[1] then return a[1] < b[1] end
+    return a[2] < b[2]
+  end)
+  local now = now_ms()
+  for _, c in ipairs(candidates) do
+    local id, marker = c[3], ep .. c[2]
+    local claim = around(11, id)
+    local mcur = redis.call('HMGET', marker, 'ver', 'tags', 'exp')
+    if redis.call('EXISTS', ep .. claim) == 0 then
+      local tags = {ARGV[18], around(13, id)}
+      table.sort(tags)
+      local cur = redis.call('HMGET', ep .. claim, 'ver', 'tags', 'ca', 'cb', 'exp')
+      apply_write(ep .. claim, KEYS[1], claim, ARGV[17], table.concat(tags, '\31'), writer, '', tp, ml,
+        iv, cur, now, KEYS[2])
+      apply_delete(marker, KEYS[1], c[2], writer, tp, ml, mcur, now, KEYS[2])
+      picked = id
+      break
+    end
     apply_delete(marker, KEYS[1], c[2], writer, tp, ml, mcur, now, KEYS[2])
-    picked = id
-    break
   end
-  apply_delete(marker, KEYS[1], c[2], writer, tp, ml, mcur, now, KEYS[2])
+  sweep(KEYS[2], ep, tp, now, 16)
+  if not picked then return {0} end
+  redis.call('SET', KEYS[4], picked, 'PX', ARGV[21 + 2 * pairs_n])
 end
-sweep(KEYS[2], ep, tp, now, 16)
-if not picked then return {0} end
 local reads = {}
-local pairs_n = tonumber(ARGV[20])
 for i = 1, pairs_n do
   reads[i] = redis.call('HGETALL', ep .. around(19 + 2 * i, picked))
 end
-for i = 21 + 2 * pairs_n, #ARGV do
+for i = 22 + 2 * pairs_n, #ARGV do
   reads[#reads + 1] = redis.call('HGETALL', ep .. ARGV[i])
 end
 local tagged = redis.call('SSCAN', tp .. around(13, picked), 0, 'MATCH', around(15, picked),

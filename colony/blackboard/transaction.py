@@ -127,7 +127,9 @@ class Transaction:
     def followed_by(self, calls: Iterable[ScriptCall]) -> None:
         """Script calls of this Redis sent right after the commit, in its round trip: Redis runs
         them whether the commit applies or not (on a conflict too), and a Redis error in any of them
-        is raised as the commit's. Their replies are `follower_replies` once committed."""
+        is raised as the commit's. Their replies are `follower_replies` once committed. They must be
+        safe to apply twice (expiries that never extend): after Redis forgot the commit's script
+        (a restart), they are run again once the commit has run, so they still follow it."""
         self._check_open()
         self._followers.extend(calls)
 
@@ -151,7 +153,7 @@ class Transaction:
         async with self._bb.guard("commit"):
             if self._followers:
                 reply, *self.follower_replies = await run_scripts(
-                    self._bb.redis, [(self._bb._commit, keys, args), *self._followers]
+                    self._bb.redis, [(self._bb._commit, keys, args), *self._followers], idempotent_after=1
                 )
             else:
                 reply = await self._bb._commit(keys=keys, args=args)
