@@ -14,6 +14,7 @@ from colony.agents.run_claims import (
     PickedUp,
     claim_oldest_pending,
     pending_key,
+    pending_requests,
     pending_tag,
     pending_write,
     serving_key,
@@ -174,13 +175,23 @@ async def test_a_pick_up_sent_again_after_a_lost_reply_claims_nothing_more(
         cutter.server.close()
 
 
-async def test_a_marker_whose_id_is_no_key_segment_is_passed_over(bb: Blackboard) -> None:
-    """Ids come from Redis (a writer could have put anything there): one that could not name a
-    request key is never claimed."""
-    await bb.write("pending:run:a:b", {"request_id": "a:b"}, tags={pending_tag(P)})
-    await bb.write("request:run:a:b", {"input": 1}, tags={"run:a:b"})
+@pytest.mark.parametrize("odd", ["a:b", "a\u00a0b", "a\\b", "caf\u00e9"])
+async def test_a_marker_whose_id_is_not_plain_ascii_is_left_to_the_validating_path(
+    bb: Blackboard, odd: str
+) -> None:
+    """Ids come from Redis (a writer could have put anything there). The script claims only ids of
+    ASCII letters, digits and `_.-` (every id Colony makes); with any other it does nothing and
+    the member samples the index in Python, which validates each id (`pending_requests`): one
+    that could not name a request is never claimed, a valid one still is."""
+    await bb.redis.hset(
+        bb.keyspace.entry_key(f"pending:run:{odd}"),
+        mapping={"v": "{}", "ver": 1, "ca": 1, "tags": pending_tag(P)},
+    )
+    await bb.redis.sadd(bb.keyspace.tag_key(pending_tag(P)), f"pending:run:{odd}")
+    await bb.redis.hset(bb.keyspace.entry_key(f"request:run:{odd}"), mapping={"v": "{}", "ver": 1, "ca": 1})
     await queue(bb, "fine")
-    picked = await claim_oldest_pending(bb, P, CLAIM, "pool.1")
-    assert isinstance(picked, PickedUp) and picked.request_id == "fine"
-    assert await claim_oldest_pending(bb, P, CLAIM, "pool.1") is None
-    assert await bb.read("claim:run:a:b") is None
+    assert await claim_oldest_pending(bb, P, CLAIM, "pool.1") == SAMPLE_PENDING
+    assert await bb.redis.exists(bb.keyspace.entry_key(f"claim:run:{odd}")) == 0
+    assert await bb.redis.exists(bb.keyspace.entry_key(P.claim_key("fine"))) == 0  # nothing done
+    expected = ["fine", odd] if odd == "caf\u00e9" else ["fine"]  # a valid segment, only not ASCII
+    assert sorted(await pending_requests(bb, P, written_only=True)) == sorted(expected)

@@ -59,14 +59,33 @@ TOKENS = ["The ", "answer ", "is ", "42"]
 
 
 class CountedNap(AgentCapability):
-    """A slow run that counts its executions."""
+    """A slow run that counts its executions. The input "held" waits for `gate` instead (a test
+    holds its member busy so, until every run it needs queued is submitted)."""
+
+    gate: asyncio.Event | None = None
 
     @action_executor(action_type=ActionType.OUTPUT_WRITE)
     async def work(self, value: Any = None, seconds: float = 1.0) -> Any:
-        """Count, sleep, return the value."""
+        """Count, sleep (or wait for the gate), return the value."""
         EXECUTED[value] += 1
-        await asyncio.sleep(seconds)
+        if value == "held" and CountedNap.gate is not None:
+            await CountedNap.gate.wait()
+        else:
+            await asyncio.sleep(seconds)
         return value
+
+
+async def queued_behind_a_held_run(cluster: Cluster, role: str, inputs: list[str]) -> tuple[str, list[str]]:
+    """Submit a run that holds the role's one member ("held"), then, once it is claimed, `inputs`
+    (queued: the member is busy); then let the held run end. The held run's id and the others'."""
+    CountedNap.gate = asyncio.Event()
+    try:
+        held = (await cluster.runs.submit(role, "held")).run_id
+        await wait_for(lambda: _claimed(cluster, held), 10)
+        queued = [(await cluster.runs.submit(role, value)).run_id for value in inputs]
+    finally:
+        CountedNap.gate.set()  # never left closed for another test (a set Event needs no loop)
+    return held, queued
 
 
 class Talk(AgentCapability):
@@ -615,12 +634,11 @@ async def test_a_pick_up_whose_answer_was_lost_still_serves_what_it_claimed(
         return picked
 
     monkeypatch.setattr(run_pool, "claim_oldest_pending", applied_then_lost)
-    first = (await cluster.runs.submit("lostpick", "first")).run_id  # the member is busy with it
-    waiting = [(await cluster.runs.submit("lostpick", f"w{n}")).run_id for n in range(2)]
+    first, waiting = await queued_behind_a_held_run(cluster, "lostpick", ["w0", "w1"])
     views = await finished(cluster, [first, *waiting])
     assert {v.status for v in views.values()} == {"succeeded"}
     assert lost and lost[0] in waiting  # a pick-up's answer was lost, and its run was served
-    assert dict(EXECUTED) == {"first": 1, "w0": 1, "w1": 1}
+    assert dict(EXECUTED) == {"held": 1, "w0": 1, "w1": 1}
 
 
 @pytest.mark.parametrize("fresh_for", [0.5, 0.0])
@@ -643,10 +661,9 @@ async def test_a_picked_up_run_is_served_from_its_pick_ups_read_while_that_is_fr
     blueprint = counted_blueprint("fresh", RunServing(mode="pool", min_size=1, max_size=1), 0.3)
     cluster.use_pools(blueprint)
     await cluster.control.place(blueprint)
-    first = (await cluster.runs.submit("fresh", "first")).run_id  # the member is busy with it
-    waiting = [(await cluster.runs.submit("fresh", f"w{n}")).run_id for n in range(2)]
+    first, waiting = await queued_behind_a_held_run(cluster, "fresh", ["w0", "w1"])
     views = await finished(cluster, [first, *waiting])
     assert {v.status for v in views.values()} == {"succeeded"}
-    assert dict(EXECUTED) == {"first": 1, "w0": 1, "w1": 1}
+    assert dict(EXECUTED) == {"held": 1, "w0": 1, "w1": 1}
     read_again = {AgentRunProtocol.request_key(r) for r in waiting} & set(reads)
     assert read_again == (set() if fresh_for else {AgentRunProtocol.request_key(r) for r in waiting})

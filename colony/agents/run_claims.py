@@ -127,12 +127,15 @@ async def claim_oldest_pending(
     declaration and its stored event keys, in one script call (one round trip where the index scan,
     the candidates' read, the claim's commit and the request's read took four). The claim and the
     marker's deletion are what `AgentRunCapability._claim` commits; a marker whose request is
-    claimed already is dropped on the way. None when nothing is claimable; `SAMPLE_PENDING` when
-    the index holds more than `OLDEST_SAMPLE` markers (nothing done: the caller samples it,
-    `pending_requests`). The call carries a receipt of its own: sent again by the Redis client
-    after a lost reply, it answers the request it claimed rather than claiming another. A call
-    that raises may have claimed a request all the same: the caller finds it by its claim's
-    value."""
+    claimed already is dropped on the way.
+
+    None when nothing is claimable. `SAMPLE_PENDING` when the index holds more than
+    `OLDEST_SAMPLE` markers, or a marker whose id is not plain ASCII (letters, digits, `_.-`: every
+    id Colony makes), which the script does not judge: nothing is done, and the caller samples the
+    index, validating every id (`pending_requests`). The call carries a receipt of its own: sent
+    again by the Redis client after a lost reply, it answers the request it claimed rather than
+    claiming another. A call that raises may have claimed a request all the same: the caller
+    finds it by its claim's value."""
     ks = board.keyspace
     sample = max(2 * PICK_UP_PAGE, OLDEST_SAMPLE)
     reads = [protocol.result_key, protocol.request_key]

@@ -217,9 +217,11 @@ class PoolMember:
     async def _serve_held_claims(self) -> None:
         """After a pick-up whose outcome is not known (Redis away, an answer lost): serve every open
         claim this copy holds and does not serve yet (the pick-up claimed it), so none is left held
-        by a live member that does not know it; then pick up again if it holds none (requests
-        may have come meanwhile). Waits out an outage; never raises (a failure is logged, the
-        claims stay for this copy's next start)."""
+        by a live member that does not know it. It does not pick up again itself (a pick-up that
+        keeps failing while Redis answers reads, e.g. refusing writes, would loop): what is still
+        pending reaches this member through the pool's nudge, or its next pick-up after a run.
+        Waits out an outage; never raises (a failure is logged, the claims stay for this copy's
+        next start)."""
         agent = self._agent()
 
         async def find() -> list[str]:
@@ -239,8 +241,6 @@ class PoolMember:
         for request_id in held:
             if request_id != self.active_request:
                 self._enqueue(request_id)
-        if not held:
-            await self._pick_up()
 
     async def _keep_serving(self, declaration: BlackboardEntry | None) -> None:
         """The role's declaration, read beside each request served: written again (without an

@@ -337,11 +337,14 @@ return removed
 # whose claim does not: its claim is created (tagged with the item's tag and the other tag) and its
 # marker deleted, as one transaction's write and delete would; a marker whose item is claimed
 # already is deleted on the way; markers whose entry is gone or no longer carries the queue's tag
-# leave the set; a marker whose id is no valid key segment is passed over. Then reads what serving
-# the item needs, in the same call. The receipt records the item claimed: the same call run again
-# (the client sends it again when the reply was lost) claims nothing more and answers that item.
-# -> {0} nothing claimable | {-1} more markers than the sample bound: nothing done (the caller
-#    samples the set) | {1, item id, {HGETALL of each entry to read}, {SSCAN cursor, members}}
+# leave the set. Then reads what serving the item needs, in the same call. An id of anything but
+# ASCII letters, digits, '_', '.' and '-' (every id Colony makes is so) is left to the caller,
+# which validates it: {-1}, as for a large set, with nothing done. The receipt records the item
+# claimed: the same call run again (the client sends it again when the reply was lost) claims
+# nothing more and answers that item.
+# -> {0} nothing claimable | {-1} more markers than the sample bound, or an id left to the caller:
+#    nothing done (the caller samples the set)
+#    | {1, item id, {HGETALL of each entry to read}, {SSCAN cursor, members}}
 CLAIM_OLDEST = (
     _LIBRARY
     + r"""
@@ -365,8 +368,10 @@ if not picked then
       stale[#stale + 1] = m
     elseif string.sub(m, 1, #mprefix) == mprefix then
       local id = string.sub(m, #mprefix + 1)
-      if id ~= '' and not string.find(id, '[%c%s:%*%?%[%]\\{}\127]')
-          and redis.call('EXISTS', ep .. around(9, id)) == 1 then
+      if not string.find(id, '^[A-Za-z0-9_.%-]+$') then
+        return {-1}
+      end
+      if redis.call('EXISTS', ep .. around(9, id)) == 1 then
         candidates[#candidates + 1] = {tonumber(cur[1]), m, id}
       end
     end
