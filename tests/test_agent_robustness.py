@@ -21,7 +21,7 @@ from colony.agents.models import AgentRun
 from colony.agents.ring import ContextRing
 from colony.agents.run_capability import TRIES_WHILE_UP, AgentRunCapability
 from colony.agents.runtime import MAX_OUTAGE_REDOS
-from colony.blackboard import AgentRunProtocol, Blackboard, BlackboardScope
+from colony.blackboard import AgentRunProtocol, Blackboard, BlackboardScope, transaction
 from colony.blackboard.protocol import AgentStateProtocol
 from colony.config import ColonySettings
 from colony.errors import BlackboardUnavailable, BlueprintTampered, InvalidArgument
@@ -60,6 +60,27 @@ async def run_event_kinds(board: Blackboard, agent: Agent) -> list[str]:
     assert request_id
     events = [e async for e in board.iter_query(AgentRunProtocol.event_pattern(request_id))]
     return [e.key.rsplit(".", 1)[-1] for e in sorted(events, key=lambda e: e.key)]
+
+
+AnswerCommit = Callable[[Callable[..., Awaitable[Any]], Any, list[Any]], Awaitable[Any]]
+
+
+def on_answer_commits(board: Blackboard, monkeypatch: pytest.MonkeyPatch, handle: AnswerCommit) -> None:
+    """Route `board`'s answer commits (a commit that writes a result, sent with the retirement
+    that follows it in its round trip: `Transaction.followed_by`) through `handle(run, redis,
+    calls)`, where `run(redis, calls)` sends them; the commit's payload is `calls[0][2][0]`."""
+    real = transaction.run_scripts
+
+    async def routed(redis: Any, calls: list[Any], **kwargs: Any) -> Any:
+        def run(redis: Any, calls: list[Any]) -> Awaitable[Any]:
+            return real(redis, calls, **kwargs)
+
+        first_keys, first_args = calls[0][1], calls[0][2]
+        if first_keys[0] == board.keyspace.events_key and ":result:" in str(first_args[0]):
+            return await handle(run, redis, calls)
+        return await run(redis, calls)
+
+    monkeypatch.setattr(transaction, "run_scripts", routed)
 
 
 async def until(check: Callable[[], Awaitable[Any]], timeout: float = 10) -> Any:
@@ -488,7 +509,7 @@ async def test_a_run_whose_end_fails_after_the_next_began_fails_alone(runtime: L
 
 @pytest.mark.parametrize("resent", ["claim:", "result:", ".completed"])
 async def test_a_create_only_write_the_redis_client_sent_twice_is_the_agents_own(
-    runtime: LocalAgentRuntime, resent: str
+    runtime: LocalAgentRuntime, resent: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """redis-py sends a command again on a new connection when the first one's answer was lost
     (its own retry, inside one call): the first was applied, so the second finds the key there and
@@ -507,10 +528,19 @@ async def test_a_create_only_write_the_redis_client_sent_twice_is_the_agents_own
                 return await script(keys=keys, args=args)  # the re-send, answered
             return reply
 
+        call.sha, call.script = script.sha, script.script  # type: ignore[attr-defined]  # pipelined by SHA
         return call
+
+    async def answer_sent_twice(run: Callable[..., Awaitable[Any]], redis: Any, calls: list[Any]) -> Any:
+        replies = await run(redis, calls)
+        if resent in calls[0][2][0] and not fired["count"]:
+            fired["count"] += 1
+            return await run(redis, calls)  # the re-send, answered
+        return replies
 
     board._write = sent_twice(write_script, lambda args: args[0])  # type: ignore[method-assign]
     board._commit = sent_twice(commit_script, lambda args: args[0])  # type: ignore[method-assign]
+    on_answer_commits(board, monkeypatch, answer_sent_twice)  # the answer's commit goes so
     handle = handle_for(runtime, agent.agent_id)
     run = await handle.run("twice", namespace=RUNS_NAMESPACE, timeout=15)
     assert fired["count"] == 1 and run.status is RunStatus.SUCCEEDED and run.output == "twice"
@@ -519,29 +549,29 @@ async def test_a_create_only_write_the_redis_client_sent_twice_is_the_agents_own
 
 @pytest.mark.parametrize("requester_first", [False, True])
 async def test_the_last_step_event_result_and_terminal_event_are_one_commit(
-    runtime: LocalAgentRuntime, requester_first: bool
+    runtime: LocalAgentRuntime, requester_first: bool, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """The answer of a run goes in one commit: its last `step` event, its result and its terminal
     event (one round trip where three went). A result the requester wrote first (a cancel, a
     timeout) still stands: the step event is stored, no terminal event of the agent follows."""
     agent = await runtime.spawn(echo_blueprint(f"one{uuid.uuid4().hex[:6]}"))
     capability = next(c for c in agent.capabilities.values() if isinstance(c, AgentRunCapability))
-    board, commit_script = capability.blackboard, capability.blackboard._commit
+    board = capability.blackboard
     answers: list[str] = []
 
-    async def watched(*, keys: list[str], args: list[str]) -> Any:
-        if ":result:" in args[0]:
-            answers.append(args[0])
-            if requester_first and len(answers) == 1:
-                request_id = re.search(r"req-[0-9a-f]+", args[0]).group(0)  # type: ignore[union-attr]
-                await board.write(
-                    AgentRunProtocol.result_key(request_id),
-                    {"status": "cancelled", "output": None, "error": "by the requester"},
-                    created_by="api",
-                )
-        return await commit_script(keys=keys, args=args)
+    async def watched(run: Callable[..., Awaitable[Any]], redis: Any, calls: list[Any]) -> Any:
+        payload = calls[0][2][0]
+        answers.append(payload)
+        if requester_first and len(answers) == 1:
+            request_id = re.search(r"req-[0-9a-f]+", payload).group(0)  # type: ignore[union-attr]
+            await board.write(
+                AgentRunProtocol.result_key(request_id),
+                {"status": "cancelled", "output": None, "error": "by the requester"},
+                created_by="api",
+            )
+        return await run(redis, calls)
 
-    board._commit = watched  # type: ignore[method-assign]
+    on_answer_commits(board, monkeypatch, watched)
     handle = handle_for(runtime, agent.agent_id)
     request_id = await handle.submit("once", namespace=RUNS_NAMESPACE)
     async with asyncio.timeout(15):
@@ -592,24 +622,24 @@ async def test_a_fresh_request_is_adopted_without_reading_its_events_again(
 
 
 async def test_an_answer_applied_though_every_try_lost_its_reply_ends_the_stream_once(
-    runtime: LocalAgentRuntime,
+    runtime: LocalAgentRuntime, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """The answer's commit is applied but its reply is lost, and its tries give up while Redis
     answers: its writes go one at a time and each is recognised as stored (one terminal event, the
     run's own result), not followed by a second terminal event saying the result was not stored."""
     agent = await runtime.spawn(echo_blueprint(f"lst{uuid.uuid4().hex[:6]}"))
     capability = next(c for c in agent.capabilities.values() if isinstance(c, AgentRunCapability))
-    board, commit_script, lost = capability.blackboard, capability.blackboard._commit, {"count": 0}
+    board, lost = capability.blackboard, {"count": 0}
 
-    async def reply_lost(*, keys: list[str], args: list[str]) -> Any:
-        if ":result:" in args[0] and lost["count"] < TRIES_WHILE_UP:
+    async def reply_lost(run: Callable[..., Awaitable[Any]], redis: Any, calls: list[Any]) -> Any:
+        if lost["count"] < TRIES_WHILE_UP:
             lost["count"] += 1
             if lost["count"] == 1:
-                await commit_script(keys=keys, args=args)  # applied ...
+                await run(redis, calls)  # applied (the retirement with it) ...
             raise RedisTimeoutError("injected: the reply was lost")  # ... its reply never came
-        return await commit_script(keys=keys, args=args)
+        return await run(redis, calls)
 
-    board._commit = reply_lost  # type: ignore[method-assign]
+    on_answer_commits(board, monkeypatch, reply_lost)
     handle = handle_for(runtime, agent.agent_id)
     run = await handle.run("lost", namespace=RUNS_NAMESPACE, timeout=20)  # its result is stored
     assert run.status is RunStatus.SUCCEEDED and run.output == "lost", run.error
