@@ -6,7 +6,7 @@ from __future__ import annotations
 from typing import Any
 
 from colony.blackboard import Blackboard
-from colony.blackboard.blackboard import EXPIRE_CHUNK
+from colony.blackboard.retention import EXPIRE_CHUNK
 
 
 async def evalsha_calls(bb: Blackboard) -> int:

@@ -16,8 +16,8 @@ from colony.agents.base import MAX_CONTEXT_ITEMS, Agent
 from colony.agents.ring import ContextRing
 from colony.agents.run_capability import AgentRunCapability
 from colony.blackboard import AgentRunProtocol, Blackboard, create_redis
-from colony.blackboard.blackboard import EXPIRE_CHUNK
 from colony.blackboard.protocol import AgentStateProtocol
+from colony.blackboard.retention import EXPIRE_CHUNK
 from colony.config import BlackboardSettings, ColonySettings
 from colony.errors import BlackboardUnavailable, InvalidArgument
 from colony.inference.scripted import ScriptedEngine

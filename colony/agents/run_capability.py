@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING, Any
 from colony.agents.blueprint import serving_of
 from colony.agents.capability import AgentCapability, CapabilityMode
 from colony.agents.events import event_handler
-from colony.agents.handle import RESTARTED, terminal_event
+from colony.agents.handle import terminal_event
 from colony.agents.hooks import HookContext, HookType, Pointcut
 from colony.agents.models import AgentRun, RunServing, RunStatus
 from colony.agents.run_claims import (
@@ -32,7 +32,7 @@ from colony.agents.run_counting import RunCounting
 from colony.agents.run_event_writer import RunEventWriter
 from colony.agents.run_pool import PoolMember
 from colony.agents.run_retention import RequestRetention
-from colony.agents.stored_events import StoredEvents, read_stored_events
+from colony.agents.stored_events import StoredEvents
 from colony.blackboard import (
     Blackboard,
     BlackboardEntry,
@@ -418,69 +418,6 @@ class AgentRunCapability(PoolMember, RequestRetention, RunEventWriter, RunCounti
         finally:
             self.active_request = None
             self._idle.set()
-
-    async def _adopt(self, request_id: str, stored: StoredEvents | None = None) -> StoredEvents:
-        """Make `request_id` the active one; its event numbering (and attempt) continues after what
-        is stored. What is stored, for the caller: read (unless the caller knows the request has no
-        stored event: `stored`), even for a claim this copy just created (a pool re-opens a gone
-        member's request by deleting its claim, and the events of that first attempt stay: the
-        next server numbers after them and announces its restart)."""
-        self.active_request = request_id
-        if stored is None:
-            stored = await self._stored_events(request_id)
-        self._seq, self._attempt = stored.last_seq, stored.attempt
-        self._idle.clear()
-        return stored
-
-    async def _stored_events(self, request_id: str) -> StoredEvents:
-        """The request's stored events (bounded: twice `runs.max_events_per_run`)."""
-        return await read_stored_events(
-            self.blackboard, self.protocol, request_id, limit=2 * self.max_events + 10
-        )
-
-    async def _end_stream(self, request_id: str, result: BlackboardEntry) -> None:
-        """A request this agent answered before its host died, maybe before the terminal event that
-        follows the result was stored: store that event now (once), so the stream ends with it rather
-        than with a `gap`. A result the requester wrote (cancel, timeout) is the requester's to
-        report. Best effort: a failure is logged."""
-        agent = self._agent()
-        if result.created_by != agent.agent_id:
-            return
-        value = result.value if isinstance(result.value, dict) else {}
-        try:
-            if not (await self._adopt(request_id)).ended:
-                data = {"output": value.get("output"), "error": value.get("error")}
-                await self._emit(terminal_event(value.get("status")), data, during_step=None)
-        except Exception as exc:  # e.g. Redis away, or an output it will not store: runs.py sends a gap
-            log.warning("terminal event of request %s not stored: %r", request_id, exc)
-        finally:
-            self.active_request = None
-            self._idle.set()
-
-    async def _announce_restart(self, run: AgentRun, stored: StoredEvents) -> None:
-        """The restored `run` redoes step `run.steps` (0-based; the steps before it are checkpointed).
-        If its abandoned attempt had emitted events during that step or later, those are superseded:
-        emit one `restarted` event, and number what follows as the next attempt. A restart that
-        takes nothing back emits nothing (the stream reads as an uninterrupted one). A failure
-        to store it is logged: the run goes on either way."""
-        redo = run.steps
-        superseded = [seq for seq, during in stored.current if during is not None and during >= redo]
-        if not superseded:
-            return
-        self._attempt = stored.attempt + 1
-        step = redo + 1  # 1-based, as in `step` events
-        data = {
-            "attempt": self._attempt,
-            "supersedes_after": min(superseded) - 1,
-            "superseded": len(superseded),
-            "step": step,
-            "reason": f"the run was interrupted during step {step} (its replica stopped, or the agent "
-            f"was suspended mid-step); it goes on from its last checkpoint and does step {step} again",
-        }
-        try:
-            await self._emit(RESTARTED, data, during_step=None)
-        except BlackboardError as exc:
-            log.warning("restart of request %s not announced: %s", self.active_request, exc)
 
     async def _serve(
         self, request_id: str, request: BlackboardEntry | None, stored: StoredEvents | None = None

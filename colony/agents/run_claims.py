@@ -16,6 +16,7 @@ raw input.
 
 from __future__ import annotations
 
+import functools
 import time
 import uuid
 from collections.abc import Callable
@@ -113,6 +114,31 @@ SAMPLE_PENDING: Final = "sample"  # `claim_oldest_pending`: the index is too lar
 _ID = "0id0"  # a request id that stands for any, to split a key built by the protocol around it
 
 
+@functools.cache
+def _script_arguments(protocol: type[RequestResultProtocol]) -> tuple[tuple[Any, ...], tuple[Any, ...]]:
+    """CLAIM_OLDEST's arguments that depend on the protocol alone, before the claim's value and
+    after it (see scripts.CLAIM_OLDEST): built once per protocol, not on every pick-up."""
+    reads = [protocol.result_key, protocol.request_key]
+    before = (
+        max(2 * PICK_UP_PAGE, OLDEST_SAMPLE),
+        pending_tag(protocol),
+        pending_key(protocol, _ID).removesuffix(_ID),
+        *_around(protocol.request_key),
+        *_around(protocol.claim_key),
+        *_around(protocol.request_tag),
+        *_around(protocol.event_pattern),
+    )
+    after = (
+        protocol.open_claims_tag(),
+        TAGGED_PAGE,
+        len(reads),
+        *(part for build in reads for part in _around(build)),
+        int(RECEIPT_SECONDS * 1000),
+        serving_key(protocol),
+    )
+    return before, after
+
+
 def _around(build: Callable[[str], str]) -> tuple[str, str]:
     prefix, found, suffix = build(_ID).partition(_ID)
     assert found, build
@@ -137,28 +163,16 @@ async def claim_oldest_pending(
     claiming another. A call that raises may have claimed a request all the same: the caller
     finds it by its claim's value."""
     ks = board.keyspace
-    sample = max(2 * PICK_UP_PAGE, OLDEST_SAMPLE)
-    reads = [protocol.result_key, protocol.request_key]
+    before_claim, after_claim = _script_arguments(protocol)
     args: list[Any] = [
         ks.entry_prefix,
         ks.tag_prefix,
         board._maxlen,
         board._include_values,
         writer,
-        sample,
-        pending_tag(protocol),
-        pending_key(protocol, _ID).removesuffix(_ID),
-        *_around(protocol.request_key),
-        *_around(protocol.claim_key),
-        *_around(protocol.request_tag),
-        *_around(protocol.event_pattern),
+        *before_claim,
         encode_value(claim),
-        protocol.open_claims_tag(),
-        TAGGED_PAGE,
-        len(reads),
-        *(part for build in reads for part in _around(build)),
-        int(RECEIPT_SECONDS * 1000),
-        serving_key(protocol),
+        *after_claim,
     ]
     receipt = ks.receipt_key(uuid.uuid4().hex)  # this call's: the client may send it twice
     keys = [ks.events_key, ks.expiry_key, ks.tag_key(pending_tag(protocol)), receipt]

@@ -1,22 +1,26 @@
 """How `AgentRunCapability` writes the events of the request it serves (a mixin): numbered,
-create-only, marked with the attempt and the step in progress, bounded per request; and its answer
-(the run's last step event, its result and its terminal event, one commit), or a failed one when
-that cannot be stored. Kept apart from the serving logic (colony/agents/run_capability.py)."""
+create-only, marked with the attempt and the step in progress, bounded per request, the numbering
+going on after what a request stored (adoption, a restart's announcement, the end of a stream its
+host died before ending); and its answer (the run's last step event, its result and its terminal
+event, one commit), or a failed one when that cannot be stored. Kept apart from the serving logic
+(colony/agents/run_capability.py)."""
 
 from __future__ import annotations
 
+import asyncio
 import logging
 from typing import TYPE_CHECKING, Any
 
-from colony.agents.handle import TERMINAL_EVENTS, AgentRunEvent, terminal_event
+from colony.agents.handle import RESTARTED, TERMINAL_EVENTS, AgentRunEvent, terminal_event
 from colony.agents.models import RunStatus
+from colony.agents.stored_events import StoredEvents, read_stored_events
 from colony.blackboard.connection import retry_unavailable
-from colony.errors import ConcurrentModificationError
+from colony.errors import BlackboardError, ConcurrentModificationError
 
 if TYPE_CHECKING:
     from colony.agents.base import Agent
-    from colony.agents.stored_events import StoredEvents
-    from colony.blackboard import Blackboard
+    from colony.agents.models import AgentRun
+    from colony.blackboard import Blackboard, BlackboardEntry
     from colony.blackboard.protocol import RequestResultProtocol
     from colony.blackboard.transaction import Transaction
 
@@ -33,6 +37,7 @@ class RunEventWriter:
         active_request: str | None
         _seq: int
         _attempt: int
+        _idle: asyncio.Event
 
         @property
         def max_events(self) -> int: ...
@@ -41,11 +46,74 @@ class RunEventWriter:
             self, key: str, value: Any, *, tags: set[str], what: str, value_in_event: bool = False
         ) -> bool: ...
 
+        def _agent(self) -> Agent: ...
         async def _redis_answers(self) -> bool: ...
-        async def _stored_events(self, request_id: str) -> StoredEvents: ...
         def _count_answer(self, request_id: str, status: str) -> None: ...
         def _retire_with(self, tx: Transaction, request_id: str) -> None: ...
         def _retired_with(self, tx: Transaction) -> bool: ...
+
+    async def _adopt(self, request_id: str, stored: StoredEvents | None = None) -> StoredEvents:
+        """Make `request_id` the active one; its event numbering (and attempt) continues after what
+        is stored. What is stored, for the caller: read (unless the caller knows the request has no
+        stored event: `stored`), even for a claim this copy just created (a pool re-opens a gone
+        member's request by deleting its claim, and the events of that first attempt stay: the
+        next server numbers after them and announces its restart)."""
+        self.active_request = request_id
+        if stored is None:
+            stored = await self._stored_events(request_id)
+        self._seq, self._attempt = stored.last_seq, stored.attempt
+        self._idle.clear()
+        return stored
+
+    async def _stored_events(self, request_id: str) -> StoredEvents:
+        """The request's stored events (bounded: twice `runs.max_events_per_run`)."""
+        return await read_stored_events(
+            self.blackboard, self.protocol, request_id, limit=2 * self.max_events + 10
+        )
+
+    async def _end_stream(self, request_id: str, result: BlackboardEntry) -> None:
+        """A request this agent answered before its host died, maybe before the terminal event that
+        follows the result was stored: store that event now (once), so the stream ends with it rather
+        than with a `gap`. A result the requester wrote (cancel, timeout) is the requester's to
+        report. Best effort: a failure is logged."""
+        agent = self._agent()
+        if result.created_by != agent.agent_id:
+            return
+        value = result.value if isinstance(result.value, dict) else {}
+        try:
+            if not (await self._adopt(request_id)).ended:
+                data = {"output": value.get("output"), "error": value.get("error")}
+                await self._emit(terminal_event(value.get("status")), data, during_step=None)
+        except Exception as exc:  # e.g. Redis away, or an output it will not store: runs.py sends a gap
+            log.warning("terminal event of request %s not stored: %r", request_id, exc)
+        finally:
+            self.active_request = None
+            self._idle.set()
+
+    async def _announce_restart(self, run: AgentRun, stored: StoredEvents) -> None:
+        """The restored `run` redoes step `run.steps` (0-based; the steps before it are checkpointed).
+        If its abandoned attempt had emitted events during that step or later, those are superseded:
+        emit one `restarted` event, and number what follows as the next attempt. A restart that
+        takes nothing back emits nothing (the stream reads as an uninterrupted one). A failure
+        to store it is logged: the run goes on either way."""
+        redo = run.steps
+        superseded = [seq for seq, during in stored.current if during is not None and during >= redo]
+        if not superseded:
+            return
+        self._attempt = stored.attempt + 1
+        step = redo + 1  # 1-based, as in `step` events
+        data = {
+            "attempt": self._attempt,
+            "supersedes_after": min(superseded) - 1,
+            "superseded": len(superseded),
+            "step": step,
+            "reason": f"the run was interrupted during step {step} (its replica stopped, or the agent "
+            f"was suspended mid-step); it goes on from its last checkpoint and does step {step} again",
+        }
+        try:
+            await self._emit(RESTARTED, data, during_step=None)
+        except BlackboardError as exc:
+            log.warning("restart of request %s not announced: %s", self.active_request, exc)
 
     async def emit(self, event_type: str, data: Any = None) -> None:
         """Write the next event of the active request (ordered by its sequence number), marked with

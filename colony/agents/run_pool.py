@@ -186,7 +186,6 @@ class PoolMember:
             )
         except Exception as exc:  # e.g. Redis away: the call may have claimed a request all the same
             log.warning("agent %s: pending requests not picked up: %r", agent.agent_id, exc)
-            self._claiming = False
             self._recovering(self._serve_held_claims())
             return
         finally:
@@ -223,12 +222,13 @@ class PoolMember:
         Waits out an outage; never raises (a failure is logged, the claims stay for this copy's
         next start)."""
         agent = self._agent()
+        mine = claim_value(agent)
 
         async def find() -> list[str]:
             return [
                 self.protocol.parse("claim", entry.key)["request_id"]
                 async for entry in self._open_claims()
-                if entry.value == claim_value(agent)
+                if entry.value == mine
             ]
 
         try:

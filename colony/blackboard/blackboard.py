@@ -17,7 +17,7 @@ import redis.asyncio as aioredis
 from redis.exceptions import ResponseError
 
 from colony import metrics
-from colony.blackboard import batches
+from colony.blackboard import batches, retention
 from colony.blackboard.connection import Guard, create_redis, redis_url_of, resolve_redis_url
 from colony.blackboard.models import (
     EVENT_VALUE_BYTES,
@@ -33,11 +33,9 @@ from colony.blackboard.models import (
 )
 from colony.blackboard.protocol import BlackboardKeyspace, validate_key, validate_pattern, validate_tag
 from colony.blackboard.query import oldest_tagged, run_query
-from colony.blackboard.script_calls import ScriptCall, run_scripts, scripts_of
+from colony.blackboard.script_calls import ScriptCall, scripts_of
 from colony.config import BlackboardSettings, ColonySettings, load_settings
 from colony.errors import ConcurrentModificationError, InvalidArgument
-
-EXPIRE_CHUNK = 500  # members of a tag set one expire script call handles (bounded work per call)
 
 if TYPE_CHECKING:
     from colony.blackboard.events import EventConsumer, EventSubscription
@@ -284,7 +282,7 @@ class Blackboard:
                 delay = min(delay * 2, 0.05)
         raise AssertionError("unreachable")
 
-    # -- retention ----------------------------------------------------------------------------
+    # -- retention (colony.blackboard.retention) ---------------------------------------------
 
     async def expire(
         self, keys: Iterable[str], ttl_seconds: float, *, tag: str | None = None, trim_events: bool = False
@@ -298,30 +296,7 @@ class Blackboard:
         older than `ttl_seconds` are trimmed from its stream (besides the MAXLEN cap every append
         applies). Returns how many entries got the expiry.
         """
-        names = [validate_key(k) for k in keys]
-        group = validate_tag(tag) if tag else ""
-        ttl = ttl_to_ms(ttl_seconds)
-        async with self.guard("expire"):
-            if group:  # a small group (one run's keys) in one call, with the names and the trim
-                tag_set = self.keyspace.tag_key(group)
-                done = await self._expire_chunk(names, ttl, group, trim_events, extend=False, whole=tag_set)
-                if done >= 0:
-                    return done
-            count = 0
-            if names or trim_events:
-                count = await self._expire_chunk(names, ttl, group, trim_events, extend=False)
-            if not group:
-                return count
-            cursor = 0
-            while True:
-                cursor, members = await self.redis.sscan(tag_set, cursor, count=EXPIRE_CHUNK)
-                for start in range(0, len(members), EXPIRE_CHUNK):
-                    chunk = members[start : start + EXPIRE_CHUNK]
-                    count += await self._expire_chunk(chunk, ttl, group, False, extend=False)
-                if cursor == 0:
-                    break
-            await self._expire_key(keys=[tag_set], args=[ttl])  # the set last: its scan is over
-            return count
+        return await retention.expire(self, keys, ttl_seconds, tag=tag, trim_events=trim_events)
 
     async def expire_tag(self, tag: str, ttl_seconds: float) -> bool:
         """Make a tag's index set alone expire in `ttl_seconds` (unless sooner), e.g. the tag set of
@@ -333,40 +308,7 @@ class Blackboard:
     async def refresh(self, keys: Iterable[str], ttl_seconds: float) -> int:
         """Set the expiry of existing entries to `ttl_seconds` from now, sooner or later than it
         was (e.g. a page used again); missing entries are skipped. Returns how many were set."""
-        names = [validate_key(k) for k in keys]
-        ttl = ttl_to_ms(ttl_seconds)
-        count = 0
-        async with self.guard("refresh"):
-            for start in range(0, len(names), EXPIRE_CHUNK):
-                count += await self._expire_chunk(
-                    names[start : start + EXPIRE_CHUNK], ttl, "", False, extend=True
-                )
-        return count
-
-    async def _expire_chunk(
-        self, names: Sequence[str], ttl: str, group: str, trim: bool, *, extend: bool, whole: str = ""
-    ) -> int:
-        """One EXPIRE script call; with `whole` (the group's tag set), the set's members too when
-        it has at most EXPIRE_CHUNK of them, else -1 and nothing done."""
-        keys, args = self._expire_call(names, ttl, group, trim, extend=extend, whole=whole)
-        return int(await self._expire(keys=keys, args=args))
-
-    def _expire_call(
-        self, names: Sequence[str], ttl: str, group: str, trim: bool, *, extend: bool, whole: str = ""
-    ) -> tuple[list[str], list[str]]:
-        """The EXPIRE script's keys and arguments (see scripts.EXPIRE)."""
-        ks = self.keyspace
-        args = [
-            ks.entry_prefix,
-            ks.tag_prefix,
-            ttl,
-            group,
-            "1" if trim else "0",
-            "1" if extend else "0",
-            str(EXPIRE_CHUNK),
-            *names,
-        ]
-        return [ks.expiry_key, ks.events_key, *([whole] if whole else [])], args
+        return await retention.refresh(self, keys, ttl_seconds)
 
     async def retire_group(
         self,
@@ -383,20 +325,16 @@ class Blackboard:
         the group `tag` expire (`expire(..., tag=tag, trim_events=...)`), then the listed keys of
         other scopes on the same Redis (`elsewhere`). What a finished request leaves is retired
         so. A group larger than EXPIRE_CHUNK is paged afterwards, as `expire` pages it."""
-        validate_key(key)
-        encoded, encoded_tags = encode_value(value), encode_tags(())
-        write_args = self._write_args(key, encoded, encoded_tags, created_by, ttl_seconds, None)
-        ks = self.keyspace
-        entry_keys = [ks.entry_key(key), ks.events_key, ks.expiry_key]
-        calls: list[ScriptCall] = [(self._write, entry_keys, write_args)]
-        calls += self.retire_calls(
-            ttl_seconds=ttl_seconds, tag=tag, trim_events=trim_events, elsewhere=elsewhere
+        await retention.retire_group(
+            self,
+            key,
+            value,
+            created_by=created_by,
+            ttl_seconds=ttl_seconds,
+            tag=tag,
+            trim_events=trim_events,
+            elsewhere=elsewhere,
         )
-        async with self.guard("retire"):
-            replies = await run_scripts(self.redis, calls)
-        self._written(key, encoded, encoded_tags, created_by, None, replies[0])
-        if not self.group_retired(replies[1]):  # a large group: paged, with the trim
-            await self.expire([], ttl_seconds, tag=tag, trim_events=trim_events)
 
     def retire_calls(
         self,
@@ -406,28 +344,13 @@ class Blackboard:
         trim_events: bool = False,
         elsewhere: Iterable[tuple[Blackboard, Sequence[str]]] = (),
     ) -> list[ScriptCall]:
-        """The script calls of `retire_group` after its write: the group `tag`'s expiry, then the
-        listed keys of other scopes on the same Redis; for a caller that sends them in a round trip
-        of its own (`Transaction.followed_by`). The first call's reply says whether the group was
-        done (`group_retired`)."""
-        group = validate_tag(tag)
-        ttl = ttl_to_ms(ttl_seconds)
-        whole = self.keyspace.tag_key(group)
-        keys, args = self._expire_call([], ttl, group, trim_events, extend=False, whole=whole)
-        calls: list[ScriptCall] = [(self._expire, keys, args)]
-        for board, names in elsewhere:
-            if board.redis is not self.redis:
-                raise InvalidArgument("retire_group retires keys of scopes on the same Redis client only")
-            checked = [validate_key(n) for n in names]
-            keys, args = board._expire_call(checked, ttl, "", False, extend=False)
-            calls.append((board._expire, keys, args))
-        return calls
+        """The script calls of `retire_group` after its write, for a caller that sends them in a
+        round trip of its own (`Transaction.followed_by`); `group_retired` reads the first's reply."""
+        return retention.retire_calls(
+            self, ttl_seconds=ttl_seconds, tag=tag, trim_events=trim_events, elsewhere=elsewhere
+        )
 
-    @staticmethod
-    def group_retired(reply: Any) -> bool:
-        """False when the first of `retire_calls` found the group too large for one call: nothing
-        of it was done, and it is to be paged (`expire(..., tag=...)`)."""
-        return int(reply) >= 0
+    group_retired = staticmethod(retention.group_retired)
 
     async def expire_ring(self, name: str, ttl_seconds: float) -> bool:
         """Make a ring expire in `ttl_seconds` (unless it expires sooner); False if there is none."""
