@@ -24,11 +24,13 @@ from colony.agents import (
     AgentType,
     ScriptedActionPolicy,
     action_executor,
+    run_pool,
 )
 from colony.agents.models import RunServing
 from colony.agents.run_claims import (
     API_INDEXED_WRITER,
     API_WRITER,
+    PickedUp,
     pending_requests,
     pending_tag,
     pending_write,
@@ -565,13 +567,17 @@ async def test_idle_members_of_one_process_try_each_request_once(
     cluster: Cluster, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """Every idle member sees each request's event; in one process only the first to take it on
-    tries the claim (the others' attempts were a failed commit and a read each)."""
+    tries to claim it (the others' attempts were a failed commit and a read each), by a pick-up
+    (one script call that claims and reads it) since its submitter indexed it."""
     blueprint = nap_blueprint("solo", RunServing(mode="pool", min_size=3, max_size=3, idle_seconds=60), 0.01)
     pools = cluster.use_pools(blueprint)
     await cluster.control.place(blueprint)
     await pool_hosted(cluster, pools, "solo", 3)
     lost: list[str] = []
+    picked: list[str] = []
+    nothing: list[str] = []  # pick-ups that claimed nothing
     claim = AgentRunCapability._claim
+    pick_up = run_pool.claim_oldest_pending
 
     async def counted(self: AgentRunCapability, agent: Agent, request_id: str) -> bool:
         won = await claim(self, agent, request_id)
@@ -579,11 +585,20 @@ async def test_idle_members_of_one_process_try_each_request_once(
             lost.append(request_id)
         return won
 
+    async def counted_pick_up(*args: Any, **kwargs: Any) -> Any:
+        taken = await pick_up(*args, **kwargs)
+        (picked if isinstance(taken, PickedUp) else nothing).append(str(taken))
+        return taken
+
     monkeypatch.setattr(AgentRunCapability, "_claim", counted)
+    monkeypatch.setattr(run_pool, "claim_oldest_pending", counted_pick_up)
     for n in range(6):  # one at a time: all three members idle when each arrives
         run_id = (await cluster.runs.submit("solo", n)).run_id
         assert (await finished(cluster, [run_id]))[run_id].output == n
+    assert len(picked) == 6, picked  # each claimed and read by one script call
     assert len(lost) <= 1, lost  # before: the two other idle members lost each one (12)
+    # the serving member's look after its run finds nothing, once a run; the others did not try
+    assert len(nothing) <= 6 + 1, nothing
 
 
 async def test_a_claim_attempt_that_fails_leaves_the_request_to_another_member(

@@ -217,13 +217,13 @@ class AgentRunCapability(PoolMember, RequestRetention, RunEventWriter, RunCounti
             if event.created_by != API_INDEXED_WRITER:
                 await self._mark_pending(request_id)
             return None
-        if self.serving.is_pool:
+        if self.serving.is_pool:  # maybe an older pending request than this one (a pick-up)
             claimed = await self._claim_first_here(agent, request_id, event)
         else:
-            claimed = await self._claim(agent, request_id)
-        if not claimed:
+            claimed = request_id if await self._claim(agent, request_id) else None
+        if claimed is None:
             return None
-        return {"request": request_id, "namespace": self.namespace}
+        return {"request": claimed, "namespace": self.namespace}
 
     @property
     def busy(self) -> bool:

@@ -10,11 +10,13 @@ import contextlib
 import logging
 import time
 from collections import OrderedDict
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Literal
 
 from colony.agents.handle import RESTARTED
 from colony.agents.models import RunServing
 from colony.agents.run_claims import (
+    API_INDEXED_WRITER,
+    SAMPLE_PENDING,
     PickedUp,
     claim_oldest_pending,
     claim_value,
@@ -25,7 +27,7 @@ from colony.agents.run_claims import (
 )
 from colony.blackboard import TagFilter
 from colony.blackboard.connection import redis_url_of, retry_unavailable
-from colony.errors import BlackboardError, ConcurrentModificationError
+from colony.errors import BlackboardError, BlackboardUnavailable, ConcurrentModificationError
 
 if TYPE_CHECKING:
     from collections.abc import AsyncIterator, Coroutine
@@ -142,27 +144,47 @@ class PoolMember:
             if claim is not None or request is None:
                 await self._drop_pending(request_id)
 
-    async def _claim_first_here(self, agent: Agent, request_id: str, event: BlackboardEvent) -> bool:
-        """Claim a request announced by `event`, unless another member of this process took that
-        event on first (`ClaimsInProcess`): then wait for its outcome, and try in its place if its
-        attempt failed. An attempt that raises (or is cancelled) also marks the request pending (in
-        case no member of this process is left to try it), for whichever idle member looks next."""
+    async def _claim_first_here(self, agent: Agent, request_id: str, event: BlackboardEvent) -> str | None:
+        """Claim a request announced by `event` (the id of the request claimed, else None), unless
+        another member of this process took that event on first (`ClaimsInProcess`): then wait for
+        its outcome, and try in its place if its attempt failed. An attempt that raises (or is
+        cancelled) also marks the request pending (in case no member of this process is left to
+        try it), for whichever idle member looks next.
+
+        A request its submitter indexed as pending (written by API_INDEXED_WRITER) is taken by a
+        pick-up (`_take_oldest`): the oldest pending request is claimed and read in one script
+        call (the claim's commit and the request's read took two round trips), so one that waited
+        goes before the one just announced, and the next waiting member of this process tries too
+        (the announced one is still pending). A large index, or Redis away (a pick-up is not sent
+        again: one whose outcome is lost is looked for by `_serve_held_claims`), claims the
+        announced request alone, waiting the outage out."""
         claim = f"{redis_url_of(self.blackboard.redis)}\x1f{event.scope_id}\x1f{event.id}"
         while (attempt := CLAIMS_HERE.take(claim)) is not None:
             if await asyncio.shield(attempt):
-                return False  # decided by the member that tried: claimed, or someone else's
+                return None  # decided by the member that tried: claimed, or someone else's
+        indexed = event.created_by == API_INDEXED_WRITER
         try:
-            claimed = await self._claim(agent, request_id)
+            picked: PickedUp | str | None = SAMPLE_PENDING
+            if indexed:
+                with contextlib.suppress(BlackboardUnavailable):
+                    picked = await self._take_oldest(agent)
+            if isinstance(picked, PickedUp):
+                taken = picked.request_id
+            elif picked is None:
+                taken = None
+            else:  # not indexed, a large index, or Redis away
+                taken = request_id if await self._claim(agent, request_id) else None
         except BaseException:  # an error, or this member stopping (its claim may stand or not)
             CLAIMS_HERE.settle(claim, decided=False)
-            # in a task of its own, which the cancellation of this one does not cut short; a
-            # marker for a request that is claimed after all is dropped again by `_mark_pending`
-            marking = asyncio.create_task(self._mark_pending(request_id), name=f"pending-{request_id}")
-            _MARKING.add(marking)
-            marking.add_done_callback(_MARKING.discard)
+            if not indexed:
+                # in a task of its own, which the cancellation of this one does not cut short; a
+                # marker for a request that is claimed after all is dropped again by `_mark_pending`
+                marking = asyncio.create_task(self._mark_pending(request_id), name=f"pending-{request_id}")
+                _MARKING.add(marking)
+                marking.add_done_callback(_MARKING.discard)
             raise
-        CLAIMS_HERE.settle(claim, decided=True)
-        return claimed
+        CLAIMS_HERE.settle(claim, decided=taken is None or taken == request_id)
+        return taken
 
     async def _drop_pending(self, request_id: str) -> None:
         """The request is claimed: out of the pending index. A marker left behind (Redis away now)
@@ -177,24 +199,12 @@ class PoolMember:
         agent = self._agent()
         if self.busy or agent.yielded or not self._hosted(agent):
             return
-        # the oldest first, only those whose request is written (an admission reservation's is
-        # not yet; a submit that died leaves none, and its marker expires): never claimed
-        self._claiming = True
         try:
-            picked = await claim_oldest_pending(
-                self.blackboard, self.protocol, claim_value(agent), agent.agent_id
-            )
-        except Exception as exc:  # e.g. Redis away: the call may have claimed a request all the same
+            taken = await self._take_oldest(agent)
+        except Exception as exc:  # e.g. Redis away (`_take_oldest` looks for what it may have claimed)
             log.warning("agent %s: pending requests not picked up: %r", agent.agent_id, exc)
-            self._recovering(self._serve_held_claims())
             return
-        finally:
-            self._claiming = False
-        if isinstance(picked, PickedUp):
-            self._picked_up[picked.request_id] = (time.monotonic(), picked)
-            self._enqueue(picked.request_id)
-            return
-        if picked is None:
+        if taken != SAMPLE_PENDING:  # claimed one (queued), or nothing was claimable
             return
         try:  # a large index: sampled, then claimed one request at a time
             for request_id in await pending_requests(self.blackboard, self.protocol, written_only=True):
@@ -205,6 +215,29 @@ class PoolMember:
                 await self._drop_pending(request_id)  # claimed by a member that left its marker
         except Exception as exc:
             log.warning("agent %s: pending requests not picked up: %r", agent.agent_id, exc)
+
+    async def _take_oldest(self, agent: Agent) -> PickedUp | Literal["sample"] | None:
+        """Claim the oldest pending request whose request is written, and queue it with what the
+        same script call read for serving it (`claim_oldest_pending`, whose answer it returns: None
+        when nothing was claimable, SAMPLE_PENDING when the index is for the sampling path).
+        Raises what the call raised, after starting the look-up of the claims this copy holds
+        (the call may have claimed a request all the same)."""
+        # the oldest first, only those whose request is written (an admission reservation's is
+        # not yet; a submit that died leaves none, and its marker expires): never claimed
+        self._claiming = True
+        try:
+            picked = await claim_oldest_pending(
+                self.blackboard, self.protocol, claim_value(agent), agent.agent_id
+            )
+        except Exception:
+            self._recovering(self._serve_held_claims())
+            raise
+        finally:
+            self._claiming = False
+        if isinstance(picked, PickedUp):
+            self._picked_up[picked.request_id] = (time.monotonic(), picked)
+            self._enqueue(picked.request_id)
+        return picked
 
     def _recovering(self, work: Coroutine[Any, Any, None]) -> None:
         """Run `work` in a task of the capability's own (its `_tasks`: cancelled at close), so the
