@@ -18,6 +18,7 @@ from typing import Any
 import pytest
 from prometheus_client import REGISTRY
 
+from colony.agents import run_capability
 from colony.blackboard import AgentRunProtocol, Blackboard
 from colony.config import ColonySettings
 from colony.inference.scripted import ScriptedEngine
@@ -185,6 +186,8 @@ async def test_a_run_that_fails_before_its_request_is_read_is_counted(
         return await real_read(self, *args, **kwargs)
 
     monkeypatch.setattr(Board, "read_many_and_tagged", fails_once)
+    # a member's pick-up reads the request with its claim: here it reads it again, and that fails
+    monkeypatch.setattr(run_capability, "PICKED_UP_FRESH_SECONDS", 0.0)
     before = completed("failed")
     run_id = (await apis[0].submit("echo", 8, timeout_s=60)).run_id
     assert await ended(apis[0], run_id) == "failed" and raised

@@ -195,3 +195,18 @@ async def test_a_marker_whose_id_is_not_plain_ascii_is_left_to_the_validating_pa
     assert await bb.redis.exists(bb.keyspace.entry_key(P.claim_key("fine"))) == 0  # nothing done
     expected = ["fine", odd] if odd == "caf\u00e9" else ["fine"]  # a valid segment, only not ASCII
     assert sorted(await pending_requests(bb, P, written_only=True)) == sorted(expected)
+
+
+@pytest.mark.parametrize(("asked", "most_ms"), [(None, 60_000), (2.0, 2_000), (600.0, 60_000)])
+async def test_a_pick_ups_receipt_lives_no_longer_than_asked_nor_a_minute(
+    bb: Blackboard, asked: float | None, most_ms: int
+) -> None:
+    """The receipt outlives any resend of its call (the client's, within one call) and nothing
+    else: a member passes its scope's retention when shorter, so no key of a stopped agent's
+    scope outlives it (tests/test_retention.py)."""
+    await queue(bb, "r1")
+    kwargs = {} if asked is None else {"receipt_seconds": asked}
+    assert isinstance(await claim_oldest_pending(bb, P, CLAIM, "pool.1", **kwargs), PickedUp)
+    receipts = [key async for key in bb.redis.scan_iter(match=bb.keyspace.receipt_prefix + "*")]
+    assert len(receipts) == 1
+    assert most_ms - 1_000 < await bb.redis.pttl(receipts[0]) <= most_ms

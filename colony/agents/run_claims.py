@@ -109,15 +109,18 @@ class PickedUp(NamedTuple):
     events: list[str] | None  # the request's stored event keys (None: more than one page)
 
 
-RECEIPT_SECONDS = 60.0  # how long a pick-up's receipt stays (longer than any resend of it)
+RECEIPT_SECONDS = 60.0  # how long a pick-up's receipt stays at most (longer than any resend of it)
 SAMPLE_PENDING: Final = "sample"  # `claim_oldest_pending`: the index is too large to claim from in one call
 _ID = "0id0"  # a request id that stands for any, to split a key built by the protocol around it
 
 
 @functools.cache
-def _script_arguments(protocol: type[RequestResultProtocol]) -> tuple[tuple[Any, ...], tuple[Any, ...]]:
-    """CLAIM_OLDEST's arguments that depend on the protocol alone, before the claim's value and
-    after it (see scripts.CLAIM_OLDEST): built once per protocol, not on every pick-up."""
+def _script_arguments(
+    protocol: type[RequestResultProtocol],
+) -> tuple[tuple[Any, ...], tuple[Any, ...], str]:
+    """CLAIM_OLDEST's arguments that depend on the protocol alone: those before the claim's value,
+    those between it and the receipt's life, and the last (see scripts.CLAIM_OLDEST); built once
+    per protocol, not on every pick-up."""
     reads = [protocol.result_key, protocol.request_key]
     before = (
         max(2 * PICK_UP_PAGE, OLDEST_SAMPLE),
@@ -133,10 +136,8 @@ def _script_arguments(protocol: type[RequestResultProtocol]) -> tuple[tuple[Any,
         TAGGED_PAGE,
         len(reads),
         *(part for build in reads for part in _around(build)),
-        int(RECEIPT_SECONDS * 1000),
-        serving_key(protocol),
     )
-    return before, after
+    return before, after, serving_key(protocol)
 
 
 def _around(build: Callable[[str], str]) -> tuple[str, str]:
@@ -146,7 +147,12 @@ def _around(build: Callable[[str], str]) -> tuple[str, str]:
 
 
 async def claim_oldest_pending(
-    board: Blackboard, protocol: type[RequestResultProtocol], claim: Any, writer: str
+    board: Blackboard,
+    protocol: type[RequestResultProtocol],
+    claim: Any,
+    writer: str,
+    *,
+    receipt_seconds: float = RECEIPT_SECONDS,
 ) -> PickedUp | Literal["sample"] | None:
     """Claim the oldest pending request whose request entry exists (`claim` its claim's value,
     `writer` the claimer) and read what serving it needs: its result, request, the scope's serving
@@ -160,10 +166,11 @@ async def claim_oldest_pending(
     id Colony makes), which the script does not judge: nothing is done, and the caller samples the
     index, validating every id (`pending_requests`). The call carries a receipt of its own: sent
     again by the Redis client after a lost reply, it answers the request it claimed rather than
-    claiming another. A call that raises may have claimed a request all the same: the caller
-    finds it by its claim's value."""
+    claiming another; it lives `receipt_seconds` (at most RECEIPT_SECONDS: a member passes its
+    scope's retention when shorter, so nothing of the scope outlives that). A call that raises may
+    have claimed a request all the same: the caller finds it by its claim's value."""
     ks = board.keyspace
-    before_claim, after_claim = _script_arguments(protocol)
+    before_claim, after_claim, declaration = _script_arguments(protocol)
     args: list[Any] = [
         ks.entry_prefix,
         ks.tag_prefix,
@@ -173,6 +180,8 @@ async def claim_oldest_pending(
         *before_claim,
         encode_value(claim),
         *after_claim,
+        max(1, int(min(receipt_seconds, RECEIPT_SECONDS) * 1000)),
+        declaration,
     ]
     receipt = ks.receipt_key(uuid.uuid4().hex)  # this call's: the client may send it twice
     keys = [ks.events_key, ks.expiry_key, ks.tag_key(pending_tag(protocol)), receipt]

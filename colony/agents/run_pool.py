@@ -227,7 +227,11 @@ class PoolMember:
         self._claiming = True
         try:
             picked = await claim_oldest_pending(
-                self.blackboard, self.protocol, claim_value(agent), agent.agent_id
+                self.blackboard,
+                self.protocol,
+                claim_value(agent),
+                agent.agent_id,
+                receipt_seconds=self.retention_seconds,  # nothing of the scope outlives its retention
             )
         except Exception:
             self._recovering(self._serve_held_claims())
