@@ -127,6 +127,14 @@ async def test_stopped_agent_leaves_registry_and_redis(colony, bb: Blackboard) -
     assert await host.registry.get(name) is None
     assert name not in {r.agent_id for r in await host.registry.list()}
     assert name not in {r.agent_id for r in await host.registry.list(state="stopped")}
+    # but for a pool member's pick-up receipt, which lives as long as its call may be sent again
+    # (the blackboard's op timeout) when the retention is shorter
+    left = await keys_named(bb, name)
+    receipts = [k for k in left if ":k:" in k]
+    assert left == receipts
+    for key in receipts:
+        assert await bb.redis.pttl(key) <= (bb.settings.op_timeout_seconds - RETENTION) * 1000
+    await asyncio.sleep(bb.settings.op_timeout_seconds - RETENTION)
     assert await keys_named(bb, name) == []
 
 

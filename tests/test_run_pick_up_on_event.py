@@ -14,8 +14,9 @@ import pytest
 from test_run_pools import Cluster, _claimed, claimant, finished, pool_hosted, wait_for
 from test_run_pools_faults import EXECUTED, CountedNap, counted_blueprint, make_cluster
 
-from colony.agents import run_pool
+from colony.agents import AgentRunCapability, run_pool
 from colony.agents.models import RunServing
+from colony.agents.run_claims import PickedUp
 from colony.blackboard import AgentRunProtocol, Blackboard
 from colony.errors import BlackboardUnavailable
 from colony.system import pools
@@ -36,45 +37,140 @@ async def claimed_at(cluster: Cluster, run_id: str) -> float:
     return claim.created_at
 
 
-async def test_a_free_member_hearing_a_request_takes_the_oldest_pending_one_first(
-    cluster: Cluster, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    """A run left pending while both members were free ("old": their pick-ups after a run are
-    held off here, as a pick-up that raced another's would find nothing) is served first when the
-    next run ("new") is announced, and the other free member serves the new one at once (before:
-    the member that heard "new" served it, and "old" waited for that member's next pick-up)."""
+async def old_pending_with_two_free_members(
+    cluster: Cluster, monkeypatch: pytest.MonkeyPatch, role: str, seconds: float
+) -> tuple[str, list[bool]]:
+    """A pool of two members in this process, both free, and a run ("old") pending: submitted
+    while both were busy, and left by their pick-ups after their runs (held off, as a pick-up that
+    raced another's would find nothing). The run's id, and the switch of those pick-ups (on
+    again once the caller sets its item True)."""
     EXECUTED.clear()
     serving = RunServing(mode="pool", min_size=2, max_size=2, idle_seconds=60)
-    blueprint = counted_blueprint("oldest", serving, 0.5)
-    pools = cluster.use_pools(blueprint)
+    blueprint = counted_blueprint(role, serving, seconds)
+    pools_ = cluster.use_pools(blueprint)
     await cluster.control.place(blueprint)
-    await pool_hosted(cluster, pools, "oldest", 2)
-    picking = True
+    await pool_hosted(cluster, pools_, role, 2)
+    picking = [True]
     real_pick_up = run_pool.PoolMember._pick_up
 
     async def after_a_run(self: Any) -> None:
-        if picking:
+        if picking[0]:
             await real_pick_up(self)
 
     monkeypatch.setattr(run_pool.PoolMember, "_pick_up", after_a_run)
     CountedNap.gate = asyncio.Event()
     try:
-        held = [(await cluster.runs.submit("oldest", "held")).run_id for _ in range(2)]
+        held = [(await cluster.runs.submit(role, "held")).run_id for _ in range(2)]
         for run_id in held:
             await wait_for(lambda run_id=run_id: _claimed(cluster, run_id), 10)
         assert await claimant(cluster, held[0]) != await claimant(cluster, held[1])  # both busy
-        picking = False
-        old = (await cluster.runs.submit("oldest", "old")).run_id
+        picking[0] = False
+        old = (await cluster.runs.submit(role, "old")).run_id
     finally:
         CountedNap.gate.set()  # never left closed for another test (a set Event needs no loop)
     await finished(cluster, held)
     assert not await _claimed(cluster, old)  # pending, with both members free
-    picking = True
+    return old, picking
+
+
+def run_capabilities(cluster: Cluster, role: str) -> list[AgentRunCapability]:
+    found: list[AgentRunCapability] = []
+    for host in cluster.hosts.values():
+        for agent_id in host.runtime.agent_ids if host.runtime else []:
+            if agent_id == role or agent_id.startswith(f"{role}."):
+                capabilities = host.runtime.get(agent_id).capabilities.values()
+                found += [c for c in capabilities if isinstance(c, AgentRunCapability)]
+    return found
+
+
+async def test_a_free_member_hearing_a_request_takes_the_oldest_pending_one_first(
+    cluster: Cluster, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A run left pending while both members were free ("old") is served first when the next run
+    ("new") is announced, and the other free member serves the new one at once (before: the
+    member that heard "new" served it, and "old" waited for that member's next pick-up)."""
+    old, picking = await old_pending_with_two_free_members(cluster, monkeypatch, "oldest", 0.5)
+    picking[0] = True
     new = (await cluster.runs.submit("oldest", "new")).run_id
     views = await finished(cluster, [old, new])
     assert {v.status for v in views.values()} == {"succeeded"}
     assert await claimed_at(cluster, old) <= await claimed_at(cluster, new)
     assert await claimant(cluster, old) != await claimant(cluster, new)  # side by side
+    assert dict(EXECUTED) == {"held": 2, "old": 1, "new": 1}
+
+
+async def test_a_lost_pick_up_that_took_an_older_request_leaves_the_announced_one_to_another_member(
+    cluster: Cluster, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Review finding: a pick-up on "new"'s event claimed "old" but its answer was lost; the
+    member also claimed "new" directly, and held both while the other member stayed free. Now it
+    looks up the claims it holds first (it finds "old", and serves it) and lets the next member
+    take "new"."""
+    old, picking = await old_pending_with_two_free_members(cluster, monkeypatch, "lostold", 0.5)
+    real = run_pool.claim_oldest_pending
+    lost: list[str] = []
+
+    async def applied_then_lost(*args: Any, **kwargs: Any) -> Any:
+        picked = await real(*args, **kwargs)
+        if isinstance(picked, PickedUp) and not lost:
+            lost.append(picked.request_id)
+            raise BlackboardUnavailable("claim_oldest", "redis://blip", TimeoutError("answer lost"))
+        return picked
+
+    monkeypatch.setattr(run_pool, "claim_oldest_pending", applied_then_lost)
+    picking[0] = True
+    new = (await cluster.runs.submit("lostold", "new")).run_id
+    views = await finished(cluster, [old, new])
+    assert {v.status for v in views.values()} == {"succeeded"} and lost == [old]
+    assert await claimant(cluster, old) != await claimant(cluster, new)  # side by side
+    assert dict(EXECUTED) == {"held": 2, "old": 1, "new": 1}
+
+
+async def test_a_member_that_became_busy_while_it_waited_leaves_the_request_to_the_next(
+    cluster: Cluster, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Review finding: a member that waited on another's attempt took the request on once that
+    attempt let it go (it took an older request), even if it had become busy meanwhile (say a
+    look-up of its held claims queued one). Now it lets it go in turn: the request stays pending
+    for a free member's pick-up (here the first member's, once its run ends)."""
+    old, picking = await old_pending_with_two_free_members(cluster, monkeypatch, "waiter", 0.5)
+    members = run_capabilities(cluster, "waiter")
+    assert len(members) == 2
+    real = run_pool.claim_oldest_pending
+    real_take = run_pool.CLAIMS_HERE.take
+    made_busy: list[AgentRunCapability] = []
+    waiting: list[asyncio.Future[bool]] = []
+
+    def take(event: str) -> asyncio.Future[bool] | None:
+        attempt = real_take(event)
+        if attempt is not None:
+            waiting.append(attempt)
+        return attempt
+
+    async def slow(*args: Any, **kwargs: Any) -> Any:
+        if not made_busy:  # the first attempt: the other member waits on it meanwhile
+            (other,) = [m for m in members if not m._claiming]
+            made_busy.append(other)
+            async with asyncio.timeout(5):
+                while not waiting:  # noqa: ASYNC110 - until the other member waits on this attempt
+                    await asyncio.sleep(0.01)
+            other._claiming = True  # busy now, as far as the waiting member can tell
+        return await real(*args, **kwargs)
+
+    monkeypatch.setattr(run_pool.CLAIMS_HERE, "take", take)
+    monkeypatch.setattr(run_pool, "claim_oldest_pending", slow)
+    picking[0] = True
+    try:
+        new = (await cluster.runs.submit("waiter", "new")).run_id
+        await wait_for(lambda: _claimed(cluster, old), 10)
+        await asyncio.sleep(0.2)  # the waiting member has had its turn
+        assert not await _claimed(cluster, new)
+    finally:
+        for member in made_busy:
+            member._claiming = False
+    views = await finished(cluster, [old, new])
+    assert {v.status for v in views.values()} == {"succeeded"}
+    assert await claimant(cluster, old) == await claimant(cluster, new)  # after "old", by its member
     assert dict(EXECUTED) == {"held": 2, "old": 1, "new": 1}
 
 

@@ -166,9 +166,11 @@ async def claim_oldest_pending(
     id Colony makes), which the script does not judge: nothing is done, and the caller samples the
     index, validating every id (`pending_requests`). The call carries a receipt of its own: sent
     again by the Redis client after a lost reply, it answers the request it claimed rather than
-    claiming another; it lives `receipt_seconds` (at most RECEIPT_SECONDS: a member passes its
-    scope's retention when shorter, so nothing of the scope outlives that). A call that raises may
-    have claimed a request all the same: the caller finds it by its claim's value."""
+    claiming another. The receipt lives `receipt_seconds` (a member passes its scope's retention,
+    so nothing of the scope outlives that for long), but never less than the blackboard's
+    `op_timeout_seconds` (the longest the client may send the call again: its guard ends it
+    then) nor more than RECEIPT_SECONDS. A call that raises may have claimed a request all the
+    same: the caller finds it by its claim's value."""
     ks = board.keyspace
     before_claim, after_claim, declaration = _script_arguments(protocol)
     args: list[Any] = [
@@ -180,7 +182,7 @@ async def claim_oldest_pending(
         *before_claim,
         encode_value(claim),
         *after_claim,
-        max(1, int(min(receipt_seconds, RECEIPT_SECONDS) * 1000)),
+        int(min(max(receipt_seconds, board.settings.op_timeout_seconds), RECEIPT_SECONDS) * 1000),
         declaration,
     ]
     receipt = ks.receipt_key(uuid.uuid4().hex)  # this call's: the client may send it twice

@@ -46,10 +46,11 @@ class ClaimsInProcess:
     """The request events a pool member of this process took on: it is claiming the request, or
     it tried and Redis decided (claimed it, or found it claimed by someone else). Every idle member
     of a pool sees each request's event; the first member of a process to take one on is the only
-    one of that process to try the create-only claim, so the others' attempts (a commit that fails
-    and a read of the claim each) are not made. The others wait for its outcome: when its attempt
-    raises or is cancelled (a Redis outage it could not wait out, the member stopping), the next
-    of them tries, as each one did before. Members of other processes still race for it in Redis,
+    one of that process to try to claim it (by a pick-up, or a create-only claim), so the others'
+    attempts (a failed commit and a read each, or a pick-up that finds nothing) are not made. The
+    others wait for its outcome: when its attempt raises or is cancelled (a Redis outage it could
+    not wait out, the member stopping), or its pick-up took an older request, the next of them
+    still free tries. Members of other processes still race for it in Redis,
     which decides. Keyed by the event (its server, scope and stream id), not the request: a request
     written again (re-opened by the pool, or nudged) is a new event, tried again. Bounded: the
     oldest decided events are forgotten (a forgotten one costs one failed claim at most)."""
@@ -147,32 +148,47 @@ class PoolMember:
     async def _claim_first_here(self, agent: Agent, request_id: str, event: BlackboardEvent) -> str | None:
         """Claim a request announced by `event` (the id of the request claimed, else None), unless
         another member of this process took that event on first (`ClaimsInProcess`): then wait for
-        its outcome, and try in its place if its attempt failed. An attempt that raises (or is
-        cancelled) also marks the request pending (in case no member of this process is left to
-        try it), for whichever idle member looks next.
+        its outcome, and try in its place if its attempt failed or took another request. An
+        attempt at a request no submitter indexed that raises (or is cancelled) also marks the
+        request pending (in case no member of this process is left to try it), for whichever idle
+        member looks next.
 
         A request its submitter indexed as pending (written by API_INDEXED_WRITER) is taken by a
         pick-up (`_take_oldest`): the oldest pending request is claimed and read in one script
         call (the claim's commit and the request's read took two round trips), so one that waited
         goes before the one just announced, and the next waiting member of this process tries too
-        (the announced one is still pending). A large index, or Redis away (a pick-up is not sent
-        again: one whose outcome is lost is looked for by `_serve_held_claims`), claims the
-        announced request alone, waiting the outage out."""
+        (the announced one is still pending). A large index claims the announced request alone.
+        So does a pick-up cut off by a Redis outage that claimed nothing: the claims this copy
+        holds are looked up first, in this task (waiting the outage out), as the pick-up may have
+        claimed one (a pick-up is not sent again: a second one could claim a second request)."""
         claim = f"{redis_url_of(self.blackboard.redis)}\x1f{event.scope_id}\x1f{event.id}"
-        while (attempt := CLAIMS_HERE.take(claim)) is not None:
+        indexed = event.created_by == API_INDEXED_WRITER
+        while True:
+            if self.busy or agent.yielded:  # since it began to wait: the next member tries instead
+                if not indexed and not agent.yielded:
+                    await self._mark_pending(request_id)
+                return None
+            attempt = CLAIMS_HERE.take(claim)
+            if attempt is None:
+                break
             if await asyncio.shield(attempt):
                 return None  # decided by the member that tried: claimed, or someone else's
-        indexed = event.created_by == API_INDEXED_WRITER
         try:
-            picked: PickedUp | str | None = SAMPLE_PENDING
+            taken, direct = None, not indexed
             if indexed:
-                with contextlib.suppress(BlackboardUnavailable):
-                    picked = await self._take_oldest(agent)
-            if isinstance(picked, PickedUp):
-                taken = picked.request_id
-            elif picked is None:
-                taken = None
-            else:  # not indexed, a large index, or Redis away
+                try:
+                    picked = await self._take_oldest(agent, look_up_held=False)
+                except BlackboardUnavailable:
+                    held = await self._held_after_a_lost_pick_up()
+                    direct = not held
+                    taken = None if not held else request_id if request_id in held else held[0]
+                except BaseException:
+                    self._recovering(self._serve_held_claims())
+                    raise
+                else:
+                    direct = picked == SAMPLE_PENDING
+                    taken = picked.request_id if isinstance(picked, PickedUp) else None
+            if direct:
                 taken = request_id if await self._claim(agent, request_id) else None
         except BaseException:  # an error, or this member stopping (its claim may stand or not)
             CLAIMS_HERE.settle(claim, decided=False)
@@ -185,6 +201,15 @@ class PoolMember:
             raise
         CLAIMS_HERE.settle(claim, decided=taken is None or taken == request_id)
         return taken
+
+    async def _held_after_a_lost_pick_up(self) -> list[str] | None:
+        """The claims this copy holds after a pick-up whose answer was lost, served (queued); the
+        member counts as claiming meanwhile."""
+        self._claiming = True
+        try:
+            return await self._serve_held_claims()
+        finally:
+            self._claiming = False
 
     async def _drop_pending(self, request_id: str) -> None:
         """The request is claimed: out of the pending index. A marker left behind (Redis away now)
@@ -216,12 +241,15 @@ class PoolMember:
         except Exception as exc:
             log.warning("agent %s: pending requests not picked up: %r", agent.agent_id, exc)
 
-    async def _take_oldest(self, agent: Agent) -> PickedUp | Literal["sample"] | None:
+    async def _take_oldest(
+        self, agent: Agent, *, look_up_held: bool = True
+    ) -> PickedUp | Literal["sample"] | None:
         """Claim the oldest pending request whose request is written, and queue it with what the
         same script call read for serving it (`claim_oldest_pending`, whose answer it returns: None
         when nothing was claimable, SAMPLE_PENDING when the index is for the sampling path).
         Raises what the call raised, after starting the look-up of the claims this copy holds
-        (the call may have claimed a request all the same)."""
+        (the call may have claimed a request all the same), unless the caller does it
+        (`look_up_held` False)."""
         # the oldest first, only those whose request is written (an admission reservation's is
         # not yet; a submit that died leaves none, and its marker expires): never claimed
         self._claiming = True
@@ -234,7 +262,8 @@ class PoolMember:
                 receipt_seconds=self.retention_seconds,  # nothing of the scope outlives its retention
             )
         except Exception:
-            self._recovering(self._serve_held_claims())
+            if look_up_held:
+                self._recovering(self._serve_held_claims())
             raise
         finally:
             self._claiming = False
@@ -250,14 +279,14 @@ class PoolMember:
         self._tasks.append(task)
         task.add_done_callback(lambda done: done in self._tasks and self._tasks.remove(done))
 
-    async def _serve_held_claims(self) -> None:
+    async def _serve_held_claims(self) -> list[str] | None:
         """After a pick-up whose outcome is not known (Redis away, an answer lost): serve every open
         claim this copy holds and does not serve yet (the pick-up claimed it), so none is left held
-        by a live member that does not know it. It does not pick up again itself (a pick-up that
-        keeps failing while Redis answers reads, e.g. refusing writes, would loop): what is still
-        pending reaches this member through the pool's nudge, or its next pick-up after a run.
-        Waits out an outage; never raises (a failure is logged, the claims stay for this copy's
-        next start)."""
+        by a live member that does not know it; their ids, or None when the look-up failed. It
+        does not pick up again itself (a pick-up that keeps failing while Redis answers reads,
+        e.g. refusing writes, would loop): what is still pending reaches this member through the
+        pool's nudge, or its next pick-up after a run. Waits out an outage; never raises (a
+        failure is logged, the claims stay for this copy's next start)."""
         agent = self._agent()
         mine = claim_value(agent)
 
@@ -274,10 +303,11 @@ class PoolMember:
             )
         except Exception as exc:
             log.warning("agent %s: claims it holds not looked up: %r", agent.agent_id, exc)
-            return
+            return None
+        held = [request_id for request_id in held if request_id != self.active_request]
         for request_id in held:
-            if request_id != self.active_request:
-                self._enqueue(request_id)
+            self._enqueue(request_id)
+        return held
 
     async def _keep_serving(self, declaration: BlackboardEntry | None) -> None:
         """The role's declaration, read beside each request served: written again (without an
