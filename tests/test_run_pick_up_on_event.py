@@ -208,3 +208,39 @@ async def test_a_pick_up_on_a_request_event_cut_off_by_an_outage_claims_the_requ
     views = await finished(cluster, runs, timeout=15)
     assert {v.status for v in views.values()} == {"succeeded"}
     assert dict(EXECUTED) == {"a": 1, "b": 1}
+
+
+async def test_a_lost_pick_up_whose_claims_cannot_be_looked_up_leaves_the_request_to_the_next(
+    cluster: Cluster, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Second review: when the look-up of the claims a member holds fails after its pick-up was
+    cut off, it does not know what it holds: it claims nothing more (a direct claim could make it
+    hold two runs) and the next free member takes the request."""
+    EXECUTED.clear()
+    serving = RunServing(mode="pool", min_size=2, max_size=2, idle_seconds=60)
+    blueprint = counted_blueprint("unknown", serving, 0.1)
+    pools_ = cluster.use_pools(blueprint)
+    await cluster.control.place(blueprint)
+    await pool_hosted(cluster, pools_, "unknown", 2)
+    real = run_pool.claim_oldest_pending
+    real_look_up = AgentRunCapability._serve_held_claims
+    cut: list[str] = []
+
+    async def cut_off(*args: Any, **kwargs: Any) -> Any:
+        if not cut:
+            cut.append(args[3])  # the member (its agent id)
+            raise BlackboardUnavailable("claim_oldest", "redis://blip", TimeoutError("answer lost"))
+        return await real(*args, **kwargs)
+
+    async def look_up_fails(self: AgentRunCapability) -> list[str] | None:
+        if cut and self._agent().agent_id == cut[0]:
+            return None
+        return await real_look_up(self)
+
+    monkeypatch.setattr(run_pool, "claim_oldest_pending", cut_off)
+    monkeypatch.setattr(AgentRunCapability, "_serve_held_claims", look_up_fails)
+    run_id = (await cluster.runs.submit("unknown", "x")).run_id
+    views = await finished(cluster, [run_id])
+    assert views[run_id].status == "succeeded" and cut
+    assert await claimant(cluster, run_id) != cut[0]
+    assert dict(EXECUTED) == {"x": 1}

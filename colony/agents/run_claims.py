@@ -109,7 +109,7 @@ class PickedUp(NamedTuple):
     events: list[str] | None  # the request's stored event keys (None: more than one page)
 
 
-RECEIPT_SECONDS = 60.0  # how long a pick-up's receipt stays at most (longer than any resend of it)
+RECEIPT_SECONDS = 60.0  # how long a pick-up's receipt stays at most (unless the op timeout is longer)
 SAMPLE_PENDING: Final = "sample"  # `claim_oldest_pending`: the index is too large to claim from in one call
 _ID = "0id0"  # a request id that stands for any, to split a key built by the protocol around it
 
@@ -167,10 +167,10 @@ async def claim_oldest_pending(
     index, validating every id (`pending_requests`). The call carries a receipt of its own: sent
     again by the Redis client after a lost reply, it answers the request it claimed rather than
     claiming another. The receipt lives `receipt_seconds` (a member passes its scope's retention,
-    so nothing of the scope outlives that for long), but never less than the blackboard's
-    `op_timeout_seconds` (the longest the client may send the call again: its guard ends it
-    then) nor more than RECEIPT_SECONDS. A call that raises may have claimed a request all the
-    same: the caller finds it by its claim's value."""
+    so nothing of the scope outlives that for long) up to RECEIPT_SECONDS, but never less than
+    the blackboard's `op_timeout_seconds` (the longest the client may send the call again: its
+    guard ends the call then). A call that raises may have claimed a request all the same: the
+    caller finds it by its claim's value."""
     ks = board.keyspace
     before_claim, after_claim, declaration = _script_arguments(protocol)
     args: list[Any] = [
@@ -182,7 +182,7 @@ async def claim_oldest_pending(
         *before_claim,
         encode_value(claim),
         *after_claim,
-        int(min(max(receipt_seconds, board.settings.op_timeout_seconds), RECEIPT_SECONDS) * 1000),
+        int(max(min(receipt_seconds, RECEIPT_SECONDS), board.settings.op_timeout_seconds) * 1000),
         declaration,
     ]
     receipt = ks.receipt_key(uuid.uuid4().hex)  # this call's: the client may send it twice

@@ -160,7 +160,8 @@ class PoolMember:
         (the announced one is still pending). A large index claims the announced request alone.
         So does a pick-up cut off by a Redis outage that claimed nothing: the claims this copy
         holds are looked up first, in this task (waiting the outage out), as the pick-up may have
-        claimed one (a pick-up is not sent again: a second one could claim a second request)."""
+        claimed one (a pick-up is not sent again: a second one could claim a second request);
+        when that look-up fails, the member claims nothing more and the next one tries."""
         claim = f"{redis_url_of(self.blackboard.redis)}\x1f{event.scope_id}\x1f{event.id}"
         indexed = event.created_by == API_INDEXED_WRITER
         while True:
@@ -174,14 +175,16 @@ class PoolMember:
             if await asyncio.shield(attempt):
                 return None  # decided by the member that tried: claimed, or someone else's
         try:
-            taken, direct = None, not indexed
+            taken, direct, unknown = None, not indexed, False
             if indexed:
                 try:
                     picked = await self._take_oldest(agent, look_up_held=False)
                 except BlackboardUnavailable:
                     held = await self._held_after_a_lost_pick_up()
-                    direct = not held
-                    taken = None if not held else request_id if request_id in held else held[0]
+                    # none held: the pick-up claimed nothing. The look-up failed (None): not known
+                    # what this copy holds, so it claims nothing more and lets the next one try
+                    direct, unknown = held == [], held is None
+                    taken = request_id if held and request_id in held else held[0] if held else None
                 except BaseException:
                     self._recovering(self._serve_held_claims())
                     raise
@@ -199,7 +202,7 @@ class PoolMember:
                 _MARKING.add(marking)
                 marking.add_done_callback(_MARKING.discard)
             raise
-        CLAIMS_HERE.settle(claim, decided=taken is None or taken == request_id)
+        CLAIMS_HERE.settle(claim, decided=not unknown and (taken is None or taken == request_id))
         return taken
 
     async def _held_after_a_lost_pick_up(self) -> list[str] | None:
