@@ -6,28 +6,19 @@ redis-server, in-process ReplicaHosts, a real ControlPlane (tests/test_run_pools
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator
-from pathlib import Path
 from typing import Any
 
 import pytest
 from test_run_pools import Cluster, _claimed, claimant, finished, pool_hosted, wait_for
-from test_run_pools_faults import EXECUTED, CountedNap, counted_blueprint, make_cluster
+from test_run_pools_faults import EXECUTED, CountedNap, counted_blueprint
+from test_run_pools_faults import cluster as cluster  # the fixture: a Cluster of their settings
 
 from colony.agents import AgentRunCapability, run_pool
 from colony.agents.models import RunServing
 from colony.agents.run_claims import PickedUp
-from colony.blackboard import AgentRunProtocol, Blackboard
+from colony.blackboard import AgentRunProtocol
 from colony.errors import BlackboardUnavailable
 from colony.system import pools
-
-
-@pytest.fixture
-async def cluster(bb: Blackboard, redis_url: str, tmp_path: Path) -> AsyncIterator[Cluster]:
-    made = make_cluster(bb, redis_url, tmp_path)
-    await made.start()
-    yield made
-    await made.close()
 
 
 async def claimed_at(cluster: Cluster, run_id: str) -> float:
