@@ -179,6 +179,70 @@ async def test_events_that_arrived_together_go_in_one_message_that_also_ends_the
     assert len(bodies) <= 3
 
 
+async def test_started_waits_briefly_for_what_follows_and_goes_in_its_message(served, monkeypatch) -> None:
+    """A run's `started` event is held (here up to 5 s) for the events that follow it: a run that
+    ends meanwhile streams in one message, as a waited-for run answers."""
+    _, app, _ = served
+    monkeypatch.setattr(sse_module, "STARTED_HOLD_SECONDS", 5.0)
+    live = await asgi_messages(app, "/v1/runs", {"agent": "echo", "input": 3, "stream": True})
+    bodies = [m for m in live if m["type"] == "http.response.body"]
+    assert len(bodies) == 1 and bodies[0]["more_body"] is False
+    assert events_of(bodies[0]["body"].decode()) == ["started", "step", "completed"]
+
+
+def sleepy_board(host: ReplicaHost) -> Blackboard:
+    """The run scope of `sleepy` (registered, served by nobody), to write its runs' events as an
+    agent would."""
+    from colony.blackboard import AgentRunProtocol, BlackboardScope, scope_id
+
+    agent = scope_id(
+        BlackboardScope.AGENT, tenant_id="default", colony_id=host.settings.colony_id, agent_id="sleepy"
+    )
+    return host.blackboard.scoped(AgentRunProtocol.namespaced_scope(agent, "runs"))
+
+
+async def messages_sent(sent: list[dict[str, Any]], count: int, timeout: float) -> None:
+    async with asyncio.timeout(timeout):
+        while len(sent) < count:  # noqa: ASYNC110 - the list an ASGI send appends to
+            await asyncio.sleep(0.01)
+
+
+async def write_event(board: Blackboard, run_id: str, seq: int, kind: str) -> None:
+    from colony.blackboard import AgentRunProtocol
+
+    await board.write(
+        AgentRunProtocol.event_key(run_id, f"{seq:05d}.{kind}"),
+        {"request_id": run_id, "seq": seq, "event_type": kind, "data": {}},
+        created_by="sleepy",
+        value_in_event=True,
+    )
+
+
+async def test_a_held_started_event_goes_once_the_next_comes_or_the_hold_is_over(served, monkeypatch) -> None:
+    """The hold never delays what follows `started` (a first token goes when it comes, with
+    `started`), and `started` goes alone once the hold is over if nothing follows."""
+    _, app, host = served
+    for hold, then in ((5.0, "token"), (0.2, None)):
+        monkeypatch.setattr(sse_module, "STARTED_HOLD_SECONDS", hold)
+        sent: list[dict[str, Any]] = []
+        task = asyncio.create_task(asgi_call(app, "/v1/runs", {"agent": "sleepy", "stream": True}, sent))
+        try:
+            await messages_sent(sent, 1, 5)  # the head, alone once HEAD_WAIT_SECONDS is over
+            board, run_id = sleepy_board(host), dict(sent[0]["headers"])[b"colony-run-id"].decode()
+            await write_event(board, run_id, 1, "started")
+            await asyncio.sleep(0.3)
+            if then is not None:
+                assert len(sent) == 1  # held: nothing came after `started` yet
+                await write_event(board, run_id, 2, then)
+            await messages_sent(sent, 2, 2)  # well within a hold of 5 s
+            assert events_of(sent[1]["body"].decode()) == ["started", *([then] if then else [])]
+            assert sent[1]["more_body"] is True and not task.done()
+        finally:
+            task.cancel()
+            with pytest.raises(asyncio.CancelledError):
+                await task
+
+
 async def test_the_stream_head_goes_alone_once_the_wait_for_events_is_over(served, monkeypatch) -> None:
     """The client learns the run id (its header) while the run waits to be served."""
     _, app, _ = served
@@ -255,20 +319,15 @@ async def hostile_end(
 ) -> httpx.Response:
     """A wait_s submit to `sleepy` whose terminal event (as a misbehaving agent could write it)
     is `terminal`: written while the submit waits."""
-    from colony.blackboard import AgentRunProtocol, BlackboardScope, scope_id
+    from colony.blackboard import AgentRunProtocol
 
     waiting = asyncio.create_task(
         client.post("/v1/runs", json={"agent": "sleepy", "wait_s": 10}, headers=AUTH)
     )
     await asyncio.sleep(0.3)
-    settings_colony = host.settings.colony_id
-    runs_scope = AgentRunProtocol.namespaced_scope(
-        scope_id(BlackboardScope.AGENT, tenant_id="default", colony_id=settings_colony, agent_id="sleepy"),
-        "runs",
-    )
-    board = host.blackboard.scoped(runs_scope)
+    board = sleepy_board(host)
     requests = [e.key async for e in board.iter_query(AgentRunProtocol.pattern("request"))]
-    run_id = AgentRunProtocol.parse_request_key(sorted(requests)[-1])
+    run_id = AgentRunProtocol.parse_request_key(sorted(requests)[-1])  # the only one
     await board.write(
         AgentRunProtocol.event_key(run_id, "00001.completed"),
         {"request_id": run_id, "seq": 1, **terminal},

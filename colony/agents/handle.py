@@ -34,6 +34,7 @@ if TYPE_CHECKING:
 
 log = logging.getLogger(__name__)
 
+STARTED = "started"  # a run's first event: its request is being served
 COMPLETED, FAILED, CANCELLED = "completed", "failed", "cancelled"
 TERMINAL_EVENTS = frozenset({COMPLETED, FAILED, CANCELLED})
 # A run interrupted mid-step (its replica died, or it was suspended mid-step) redoes that step from

@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING, Any
 from colony.agents.blueprint import serving_of
 from colony.agents.capability import AgentCapability, CapabilityMode
 from colony.agents.events import event_handler
-from colony.agents.handle import terminal_event
+from colony.agents.handle import STARTED, terminal_event
 from colony.agents.hooks import HookContext, HookType, Pointcut
 from colony.agents.models import AgentRun, RunServing, RunStatus
 from colony.agents.run_claims import (
@@ -426,7 +426,7 @@ class AgentRunCapability(PoolMember, RequestRetention, RunEventWriter, RunCounti
         input_data = request.value.get("input") if request is not None else None
         stored = await self._adopt(request_id, stored)
         if not stored.started:  # re-served after a restart before its run began: one `started`
-            await self.emit("started", {"input": input_data})
+            await self.emit(STARTED, {"input": input_data})
         else:
             await self._announce_rerun(request_id, stored)
         try:

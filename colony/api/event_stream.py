@@ -4,8 +4,9 @@ in, or waited for until the run ends (a submit with `wait_s`).
 Behind Ray Serve every ASGI message a replica sends is a streaming item relayed through the
 proxy, and each item costs both processes about as much CPU as a small request does. So the
 stream is sent in batches: the events that arrived together (`RunService.event_batches`) go in
-one message, the response's head waits briefly for the first batch to go with it, and the last
-batch closes the response itself (no empty closing message after the terminal event).
+one message, the response's head waits briefly for the first batch to go with it, the run's
+`started` event waits briefly for what follows it, and the last batch closes the response itself
+(no empty closing message after the terminal event).
 """
 
 from __future__ import annotations
@@ -25,6 +26,10 @@ from colony.system.runs import RunRecord, RunService, RunView, event_time
 # The head of the response waits this long for the first events (to go out in the same message);
 # past it, the head goes alone and the client learns the run id without waiting for the run to start.
 HEAD_WAIT_SECONDS = 0.05
+# A run's `started` event waits this long at most for the events that follow it (it goes as soon
+# as one comes: a first token is never held): under load, 95% of echo runs end within 20 ms of
+# starting, and one message in place of two spares both the API replica and Serve's proxy an item.
+STARTED_HOLD_SECONDS = 0.02
 
 
 class EventStreamResponse(StreamingResponse):
@@ -76,7 +81,13 @@ def event_stream(
     GET /v1/runs/{run_id}/events and a submit with `stream: true` send."""
 
     async def batches() -> AsyncIterator[tuple[str, bool]]:
-        found = runs.event_batches(run_id, last_event_id, record=record, first_wait=HEAD_WAIT_SECONDS)
+        found = runs.event_batches(
+            run_id,
+            last_event_id,
+            record=record,
+            first_wait=HEAD_WAIT_SECONDS,
+            hold_started=STARTED_HOLD_SECONDS,
+        )
         async with contextlib.aclosing(found):
             async for batch in found:
                 text = "".join(sse(event_id, event) for event_id, event in batch)

@@ -42,7 +42,7 @@ from pydantic import BaseModel, Field
 from redis.exceptions import RedisError
 
 from colony import metrics
-from colony.agents.handle import is_terminal, terminal_event
+from colony.agents.handle import STARTED, is_terminal, terminal_event
 from colony.agents.models import RunServing, new_id
 from colony.agents.run_claims import (
     API_INDEXED_WRITER,
@@ -401,13 +401,17 @@ class RunService:
         *,
         record: RunRecord | None = None,
         first_wait: float | None = None,
+        hold_started: float | None = None,
     ) -> AsyncIterator[list[tuple[str, dict[str, Any]]]]:
         """The run's (event id, event) pairs, from the start or after `last_event_id`, ending with
         its terminal event, in batches: the events that arrived together (a run's last step, its
         answer and its terminal event are written at once) come in one list, so a stream can send
         them in one message. A run ended by the API (cancel, timeout) gets a terminal event here.
         With `first_wait`, an empty batch comes first if no event arrives within that many
-        seconds (a stream then sends its head without them).
+        seconds (a stream then sends its head without them). With `hold_started`, a batch that
+        ends with the run's `started` event is held that many seconds at most for what follows
+        (it goes as soon as another event comes): most runs' first step follows within tens of
+        milliseconds, and one message for both costs a stream's path through Serve one item less.
 
         When the run has ended but its remaining events are gone (trimmed or expired), the stream
         sends a `gap` event and then a terminal event built from the run's result, and ends.
@@ -421,9 +425,13 @@ class RunService:
         batch: list[tuple[str, dict[str, Any]]] = []
         try:
             while True:
+                wait = IDLE_SECONDS
                 if batch and not subscription.ready():
-                    yield batch
-                    batch = []
+                    if hold_started is not None and batch[-1][1].get("event_type") == STARTED:
+                        wait, hold_started = hold_started, None  # once: `started` and what follows
+                    else:
+                        yield batch
+                        batch = []
                 if first_wait is not None:
                     event = await subscription.next(timeout=first_wait)
                     first_wait = None
@@ -431,7 +439,11 @@ class RunService:
                         yield []  # nothing yet
                         continue
                 else:
-                    event = await subscription.next(timeout=IDLE_SECONDS)
+                    event = await subscription.next(timeout=wait)
+                if event is None and batch:  # held long enough
+                    yield batch
+                    batch = []
+                    continue
                 if event is None:
                     if record.deadline is not None and time.time() > record.deadline:
                         await self._finish(record, "failed", "run timed out after its deadline")
