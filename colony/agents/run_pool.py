@@ -12,7 +12,7 @@ import time
 from collections import OrderedDict
 from typing import TYPE_CHECKING, Any, Literal
 
-from colony.agents.handle import RESTARTED
+from colony.agents.handle import RESTARTED, STARTED
 from colony.agents.models import RunServing
 from colony.agents.run_claims import (
     API_INDEXED_WRITER,
@@ -181,10 +181,12 @@ class PoolMember:
                     picked = await self._take_oldest(agent, look_up_held=False)
                 except BlackboardUnavailable:
                     held = await self._held_after_a_lost_pick_up()
-                    # none held: the pick-up claimed nothing. The look-up failed (None): not known
-                    # what this copy holds, so it claims nothing more and lets the next one try
-                    direct, unknown = held == [], held is None
-                    taken = request_id if held and request_id in held else held[0] if held else None
+                    if held is None:  # not known what this copy holds: nothing more, the next tries
+                        unknown = True
+                    elif not held:  # the pick-up claimed nothing
+                        direct = True
+                    else:
+                        taken = request_id if request_id in held else held[0]
                 except BaseException:
                     self._recovering(self._serve_held_claims())
                     raise
@@ -354,6 +356,6 @@ class PoolMember:
             if identified is None or identified[0] != "event":
                 continue
             seq, _, kind = identified[1]["event_name"].partition(".")
-            if kind == "started" and seq.isdigit() and len(seq) <= 9:
+            if kind == STARTED and seq.isdigit() and len(seq) <= 9:
                 return int(seq)
         return None

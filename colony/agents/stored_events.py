@@ -9,7 +9,7 @@ import logging
 from dataclasses import dataclass
 from typing import Any
 
-from colony.agents.handle import RESTARTED, TERMINAL_EVENTS
+from colony.agents.handle import RESTARTED, STARTED, TERMINAL_EVENTS
 from colony.blackboard import Blackboard, TagFilter
 from colony.blackboard.protocol import RequestResultProtocol
 
@@ -70,7 +70,7 @@ async def read_stored_events(
     return StoredEvents(
         last_seq=found[-1][0],
         attempt=max(attempt for _, _, attempt, _ in found),
-        started=any(kind == "started" for _, kind, _, _ in found),
+        started=any(kind == STARTED for _, kind, _, _ in found),
         ended=any(kind in TERMINAL_EVENTS for _, kind, _, _ in found),
         current=tuple((seq, during) for seq, _, _, during in found if seq > since),
     )
