@@ -47,7 +47,6 @@ from colony.blackboard import Blackboard, create_redis
 from colony.blackboard.protocol import AgentStateProtocol as Keys
 from colony.blackboard.redis_server import EmbeddedRedis
 from colony.config import ContextSettings, EmbeddedRedisSettings
-from colony.context.compaction import SUMMARISER_SYSTEM
 from colony.inference import InferenceRequest
 from colony.inference.scripted import ScriptedEngine
 from colony.planning import (
@@ -57,6 +56,7 @@ from colony.planning import (
     JSONStreamFormatter,
     StructuredActionPolicy,
 )
+from colony.planning.compaction import SUMMARISER_SYSTEM
 
 SCOPE = "bench:context"
 RESUME_GOAL_S = 1.0

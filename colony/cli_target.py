@@ -12,9 +12,9 @@ from typing import Any
 
 import httpx
 
-from colony.api.auth import TOKEN_ENV, is_loopback
 from colony.config import ColonySettings, load_settings
 from colony.errors import ApiError, ColonyError
+from colony.wire.token import TOKEN_ENV, is_loopback
 
 URL_ENV = "COLONY_URL"  # the API of a cluster started elsewhere (e.g. the Kubernetes Service)
 __all__ = ["TOKEN_ENV", "URL_ENV", "ApiTarget", "api_error", "api_target", "remote_health"]

@@ -12,12 +12,12 @@ from urllib.parse import quote
 
 import httpx
 
-from colony.agents.handle import TERMINAL_EVENTS
-from colony.api.auth import TOKEN_ENV, TokenSource, is_loopback
 from colony.client_context import ContextClientMixin
 from colony.client_sessions import SessionClientMixin
 from colony.client_transfer import TransferClientMixin
 from colony.errors import ApiError
+from colony.wire.run_events import TERMINAL_EVENTS
+from colony.wire.token import TOKEN_ENV, TokenSource, is_loopback
 
 __all__ = ["ApiError", "AsyncColonyClient", "ColonyClient"]
 

@@ -170,7 +170,7 @@ class AnalyzeProgress:
         return self.display.shown
 
     def feed(self, event: dict[str, Any], now: float) -> str:
-        from colony.agents.handle import TERMINAL_EVENTS  # not at import: `colony version` stays quick
+        from colony.wire.run_events import TERMINAL_EVENTS  # not at import: `colony version` stays quick
 
         kind = event.get("event_type")
         data = event.get("data") if isinstance(event.get("data"), dict) else {}

@@ -16,11 +16,10 @@ from redis.exceptions import TimeoutError as RedisTimeoutError
 
 from colony.agents import Agent, AgentHandle, AgentMetadata, AgentState, LocalAgentRuntime, RunStatus
 from colony.agents.base import build_agent
-from colony.agents.handle import CANCELLED, COMPLETED, FAILED, terminal_event
 from colony.agents.models import AgentRun
-from colony.agents.ring import ContextRing
 from colony.agents.run_capability import TRIES_WHILE_UP, AgentRunCapability
 from colony.agents.runtime import MAX_OUTAGE_REDOS
+from colony.agents.state.ring import ContextRing
 from colony.blackboard import AgentRunProtocol, Blackboard, BlackboardScope, transaction
 from colony.blackboard.protocol import AgentStateProtocol
 from colony.config import ColonySettings
@@ -29,6 +28,7 @@ from colony.inference.scripted import ScriptedEngine
 from colony.system.builtin import RUNS_NAMESPACE, echo_blueprint
 from colony.system.host import ReplicaHost
 from colony.system.runs import RunService
+from colony.wire.run_events import CANCELLED, COMPLETED, FAILED, terminal_event
 
 
 def handle_for(runtime: LocalAgentRuntime, agent_id: str) -> AgentHandle:

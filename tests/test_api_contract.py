@@ -123,7 +123,7 @@ def test_schemathesis_finds_no_contract_failures(served: AppThread) -> None:
                     # an agent export document that is schema-valid but that this colony refuses:
                     # a blueprint it cannot trust (no catalog agent of it, a signature of another
                     # secret), another agent's document, one over context.max_export_bytes: the
-                    # documented 422 naming the reason (colony.context.transfer)
+                    # documented 422 naming the reason (colony.system.transfer)
                     "include-path": "/v1/agents/{agent_id}/import",
                     "checks": {
                         "positive_data_acceptance": {

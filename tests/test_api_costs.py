@@ -13,8 +13,8 @@ import httpx
 from test_api import AUTH, api  # noqa: F401 - `api` is a fixture
 
 from colony import metrics
-from colony.api.limits import check_input
 from colony.config import ApiSettings
+from colony.wire.input_check import check_input
 
 
 def peak_bytes_of_check(value: object) -> tuple[int, float]:

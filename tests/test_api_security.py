@@ -13,13 +13,13 @@ import pytest
 from fastapi.routing import APIRoute
 
 from colony.api.app import ApiServices, create_app
-from colony.api.auth import TOKEN_ENV, TokenSource, ensure_token_file, token_file_path
 from colony.blackboard import Blackboard, BlackboardScope, scope_id
 from colony.config import ApiSettings, ColonySettings
 from colony.errors import ConfigError
 from colony.system.registry import AgentRegistry
 from colony.system.runs import RunService
 from colony.vcm import PageTable
+from colony.wire.token import TOKEN_ENV, TokenSource, ensure_token_file, token_file_path
 
 TOKEN = "matrix-token"
 
@@ -151,7 +151,7 @@ def test_a_generated_token_never_starts_with_a_dash(tmp_path: Path, monkeypatch:
     drawn = iter(
         ["-starts-like-a-flag-0123456789abcdefghijk", "--two-dashes-0123456789abcdefghijklm", "fine-0123"]
     )
-    monkeypatch.setattr("colony.api.auth.secrets.token_urlsafe", lambda n: next(drawn))
+    monkeypatch.setattr("colony.wire.token.secrets.token_urlsafe", lambda n: next(drawn))
     source = ensure_token_file(ColonySettings(data_dir=tmp_path))
     assert source.current() == "fine-0123"
 
@@ -190,7 +190,7 @@ def test_serve_replica_gets_no_frozen_env_token(monkeypatch: pytest.MonkeyPatch)
     monkeypatch.delenv(TOKEN_ENV)
     assert settings_to_dict(ColonySettings(api_token="from-config"))["api_token"] == "from-config"
     # the metrics-only token likewise: from the environment it is read per request, not frozen
-    from colony.api.auth import METRICS_TOKEN_ENV
+    from colony.wire.token import METRICS_TOKEN_ENV
 
     monkeypatch.setenv(METRICS_TOKEN_ENV, "scrape-env")
     assert settings_to_dict(ColonySettings())["api"]["metrics_token"] is None
@@ -245,7 +245,7 @@ async def test_the_metrics_token_opens_metrics_and_nothing_else(
 ) -> None:
     """`api.metrics_token` (what a Prometheus ServiceMonitor holds) reads /metrics only: every other
     route refuses it; the API token still reads /metrics; the env variable is re-read per request."""
-    from colony.api.auth import METRICS_TOKEN_ENV
+    from colony.wire.token import METRICS_TOKEN_ENV
 
     monkeypatch.delenv(TOKEN_ENV, raising=False)
     monkeypatch.delenv(METRICS_TOKEN_ENV, raising=False)
@@ -285,7 +285,7 @@ async def test_under_a_route_prefix_the_open_and_metrics_only_routes_stay_what_t
 ) -> None:
     """Serve mounts the app under its route prefix with `root_path` set and the full path kept: the
     guard matches /healthz and /metrics inside the app, as the router does."""
-    from colony.api.auth import METRICS_TOKEN_ENV
+    from colony.wire.token import METRICS_TOKEN_ENV
 
     monkeypatch.delenv(TOKEN_ENV, raising=False)
     monkeypatch.delenv(METRICS_TOKEN_ENV, raising=False)

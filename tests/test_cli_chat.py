@@ -15,12 +15,12 @@ import pytest
 from cli_kit import run_cli
 from test_api_sessions import TOKEN, SessionApp
 
-from colony.api.auth import TOKEN_ENV
 from colony.blackboard.redis_server import free_port
 from colony.cli_chat import HELP, Chat
 from colony.client import ColonyClient
 from colony.config import ColonySettings, ServeSettings
 from colony.serve import cluster
+from colony.wire.token import TOKEN_ENV
 
 
 def chat(url: str, token: str, stdin: str, tmp_path: Path, *extra: str, timeout: float = 120) -> str:

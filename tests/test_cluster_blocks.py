@@ -19,10 +19,10 @@ from collections.abc import Iterator
 import pytest
 from cluster_kit import user_package_cluster
 
-from colony.api.auth import TOKEN_ENV
 from colony.client import ApiError, ColonyClient
 from colony.config import ColonySettings
 from colony.serve import cluster
+from colony.wire.token import TOKEN_ENV
 
 PACKAGE = "colony_blocks_appender"
 LINES = 50

@@ -46,7 +46,7 @@ MODULE = textwrap.dedent(
         action_executor,
     )
     from colony.agents.policy import ActionPolicy, ActionPolicyIterationResult
-    from colony.context.action_log import current_idempotency_key
+    from colony.agents.state.action_log import current_idempotency_key
     from colony.system.builtin import RUNS_NAMESPACE
 
 

@@ -34,14 +34,14 @@ from colony.agents import (
 from colony.agents.actions import discover_actions
 from colony.agents.hooks import HookType, Pointcut
 from colony.agents.policy import ActionPolicyExecutionState, ActionPolicyIterationResult
-from colony.blackboard import Blackboard
-from colony.blackboard.protocol import AgentStateProtocol
-from colony.context.action_log import (
+from colony.agents.state.action_log import (
     LOG_KEY,
     MAX_RECORD_BYTES,
     current_idempotency_key,
     parse_records,
 )
+from colony.blackboard import Blackboard
+from colony.blackboard.protocol import AgentStateProtocol
 from colony.errors import AgentUsageError
 from colony.inference import ChatMessage, InferenceRequest, InferenceResponse
 from colony.inference.scripted import ScriptedEngine
@@ -545,7 +545,7 @@ async def test_summariser_calls_are_numbered_apart_from_the_planners(
 ) -> None:
     """A redone step that summarises first (its first run did not) still gets the planner's
     recorded decision: the summariser's calls are `s{n}`, the planner's `m{n}`."""
-    from colony.context.action_log import ActionLog
+    from colony.agents.state.action_log import ActionLog
 
     runtime, _engine = host
     agent = await runtime.spawn(blueprint("channels"))

@@ -1,5 +1,5 @@
 """Checkpoints, undo and restore on a real redis-server with the runtime that hosts agents
-(colony.context.checkpoints): one checkpoint per step in the persist transaction, a capped ring,
+(colony.agents.state.checkpoints): one checkpoint per step in the persist transaction, a capped ring,
 undo/restore that bring back the run, the policy and capability states and the context head,
 discard the later checkpoints, and report the effects they cannot undo."""
 
@@ -22,10 +22,10 @@ from colony.agents import (
     build_agent,
 )
 from colony.agents.models import RunStatus
+from colony.agents.state.checkpoints import CHECKPOINTS, list_checkpoints, restore_checkpoint, undo
 from colony.blackboard import Blackboard
 from colony.blackboard.protocol import AgentStateProtocol as Keys
 from colony.config import ColonySettings, ContextSettings
-from colony.context.checkpoints import CHECKPOINTS, list_checkpoints, restore_checkpoint, undo
 from colony.errors import (
     AgentStateConflict,
     CheckpointNotFound,

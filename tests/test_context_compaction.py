@@ -3,7 +3,7 @@ budget (every prompt under budget, a summary in it, the stored policy state no l
 100 KB output never in a prompt, the pinned correction always in it), with the real SmolLM2 model
 writing the summaries and its tokenizer counting; the scripted engine where the words do not
 matter (a failing summariser retried without failing the run, a restore of the uncompacted view
-from a state taken before compaction and from a checkpoint (colony.context.checkpoints), recall of
+from a state taken before compaction and from a checkpoint (colony.agents.state.checkpoints), recall of
 an archive by reference, the prompt event's token figures, summaries in the agent's history log
 block)."""
 
@@ -35,13 +35,12 @@ from colony.agents.policy import ActionPolicyExecutionState, ActionPolicyIterati
 from colony.blackboard import Blackboard, create_redis
 from colony.blackboard.protocol import AgentStateProtocol as Keys
 from colony.config import ContextSettings, EngineSettings
-from colony.context.compaction import COMPACTION_KEY, SUMMARISER_SYSTEM
-from colony.context.tokens import MESSAGE_OVERHEAD_TOKENS, estimate_tokens, plan_budget
 from colony.errors import InferenceError
 from colony.inference import InferenceRequest, InferenceResponse
 from colony.inference.embedded import EmbeddedEngine
 from colony.inference.engine import InferenceEngine
 from colony.inference.scripted import ScriptedEngine
+from colony.inference.tokens import MESSAGE_OVERHEAD_TOKENS, estimate_tokens, plan_budget
 from colony.planning import (
     ActionKeySubstringFilter,
     ConsciousnessStream,
@@ -50,6 +49,7 @@ from colony.planning import (
     JSONStreamFormatter,
     StructuredActionPolicy,
 )
+from colony.planning.compaction import COMPACTION_KEY, SUMMARISER_SYSTEM
 from colony.planning.context import HISTORY_SUMMARY_CLOSE, HISTORY_SUMMARY_OPEN
 from colony.planning.policies import call_record
 
@@ -331,7 +331,7 @@ async def test_restoring_a_state_from_before_compaction_restores_the_uncompacted
 async def test_restoring_a_checkpoint_from_before_a_compaction_brings_the_uncompacted_view_back(
     board: Blackboard,
 ) -> None:
-    from colony.context.checkpoints import restore_checkpoint
+    from colony.agents.state.checkpoints import restore_checkpoint
 
     planner = Planner(dump_at=10_000)
     engine = ScriptedEngine(lambda r: "Summary: fine." if is_summariser(r) else planner.decide(r))
@@ -698,7 +698,7 @@ async def test_a_large_last_output_is_held_by_reference_and_is_the_runs_output_w
 ) -> None:
     """The 100 KB output of the last action stays out of the policy state and every checkpoint (held
     by its archive reference), and still ends the run whole, also in an agent restored from Redis."""
-    from colony.context.checkpoints import read_checkpoints
+    from colony.agents.state.checkpoints import read_checkpoints
 
     planner = Planner(dump_at=2)
     engine = ScriptedEngine(lambda r: "Summary." if is_summariser(r) else planner.decide(r))
@@ -822,7 +822,7 @@ async def test_no_summariser_call_at_every_step_when_the_fixed_prompt_alone_pass
     """The task alone is over the budget: a summary cannot bring the prompt under it, so the items
     taken out wait until enough gather (one summariser call per SUMMARISE_PENDING_AT items, not one
     per step), and the run goes on."""
-    from colony.context.compaction import SUMMARISE_PENDING_AT
+    from colony.planning.compaction import SUMMARISE_PENDING_AT
 
     planner = Planner(dump_at=10_000)
     engine = ScriptedEngine(lambda r: "Summary." if is_summariser(r) else planner.decide(r))

@@ -1,4 +1,4 @@
-"""Agent export and import (colony.context.transfer, docs/transfer.md): an agent paused between the
+"""Agent export and import (colony.system.transfer, docs/transfer.md): an agent paused between the
 steps of a scripted run, exported, imported into another Redis and resumed there finishes with the
 same output as an uninterrupted run; a document's code is never trusted; ids, states and bounds are
 checked. Real redis-servers (two), real ReplicaHosts and the resumption monitor; the HTTP routes
@@ -27,7 +27,6 @@ from colony.blackboard.protocol import AgentStateProtocol as Keys
 from colony.blackboard.redis_server import EmbeddedRedis
 from colony.client import ColonyClient
 from colony.config import ColonySettings
-from colony.context.transfer import export_agent, import_agent, json_bytes
 from colony.errors import (
     AgentNotFound,
     AgentStateConflict,
@@ -46,6 +45,7 @@ from colony.system.host import ReplicaHost
 from colony.system.monitor import ResumptionMonitor
 from colony.system.registry import AgentRecord, AgentRegistry
 from colony.system.runs import RunService
+from colony.system.transfer import export_agent, import_agent, json_bytes
 
 AMOUNTS = (1, 2, 3, 4, 5)
 STEPS = [{"action": "add", "parameters": {"amount": n}} for n in AMOUNTS]
@@ -473,7 +473,7 @@ async def test_a_replace_refused_because_the_agent_resumed_leaves_it_as_it_was(
     assert before["checkpoints"] and before["action_log"] and before["notes"].strip() == "LIVE block content"
     assert before["memory"] == ["live memory"]
 
-    from colony.context import transfer
+    from colony.system import transfer
 
     check_free = transfer._check_free
     resumed: list[str] = []
@@ -501,7 +501,7 @@ async def test_an_imported_agent_cannot_be_resumed_before_its_blocks_and_memory_
     _, target = colonies
     document = await suspended_with_state(target, "mover")
 
-    from colony.context import transfer
+    from colony.system import transfer
 
     import_blocks = transfer._import_blocks
     attempts: list[Any] = []
@@ -577,7 +577,7 @@ async def test_an_import_overtaken_by_another_import_of_the_same_id_is_refused(
     _, target = colonies
     document = await suspended_with_state(target, "contested")
 
-    from colony.context import transfer
+    from colony.system import transfer
 
     import_blocks = transfer._import_blocks
     overtaken: list[dict[str, Any]] = []

@@ -12,7 +12,7 @@ import pytest
 from agent_kit import counter_blueprint
 
 from colony.agents import Agent, AgentState, LocalAgentRuntime, RunStatus
-from colony.agents.persistence import LIFECYCLE
+from colony.agents.state.persistence import LIFECYCLE
 from colony.blackboard import Blackboard
 from colony.blackboard.protocol import AgentStateProtocol
 from colony.errors import AgentStateConflict, ConcurrentModificationError

@@ -331,8 +331,8 @@ async def test_codegen_policy_keeps_its_prompts_under_the_token_budget(redis_url
     summarised (through the same model, recorded by the action log) once it passes the budget."""
     from colony.blackboard import create_redis
     from colony.config import ContextSettings
-    from colony.context.compaction import SUMMARISER_SYSTEM
-    from colony.context.tokens import estimate_tokens
+    from colony.inference.tokens import estimate_tokens
+    from colony.planning.compaction import SUMMARISER_SYSTEM
 
     budget = 250
     prompts: list[str] = []

@@ -13,8 +13,8 @@ import pytest
 
 from colony.agents import run_retention
 from colony.agents.base import MAX_CONTEXT_ITEMS, Agent
-from colony.agents.ring import ContextRing
 from colony.agents.run_capability import AgentRunCapability
+from colony.agents.state.ring import ContextRing
 from colony.blackboard import AgentRunProtocol, Blackboard, create_redis
 from colony.blackboard.protocol import AgentStateProtocol
 from colony.blackboard.retention import EXPIRE_CHUNK

@@ -20,11 +20,11 @@ from typing import Any
 from agent_kit import speaker_blueprint
 
 from colony.agents import Agent, AgentHandle, AgentMetadata, LocalAgentRuntime
-from colony.agents.handle import TERMINAL_EVENTS
 from colony.agents.hooks import HookType, Pointcut
 from colony.blackboard import Blackboard, BlackboardScope
 from colony.blackboard.protocol import AgentRunProtocol
 from colony.run_display import RunDisplay, answer_already_shown
+from colony.wire.run_events import TERMINAL_EVENTS
 
 TEXT = "alpha bravo charlie delta kilo foxtrot golf hotel india juliet"
 WORDS = TEXT.split(" ")

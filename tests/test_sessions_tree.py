@@ -15,10 +15,10 @@ from typing import Any
 import pytest
 
 from colony import metrics
+from colony.agents.state.action_log import _IDEMPOTENCY_KEY, idempotency_key
 from colony.blackboard import Blackboard
 from colony.blackboard.protocol import SessionProtocol
 from colony.config import ColonySettings, ContextSettings, EngineSettings, ServeSettings
-from colony.context.action_log import _IDEMPOTENCY_KEY, idempotency_key
 from colony.context.session_agent import (
     FALLBACK_WINDOW,
     PROMPT_MARGIN_TOKENS,
@@ -27,7 +27,6 @@ from colony.context.session_agent import (
     prompt_messages,
 )
 from colony.context.sessions import SessionStore, new_session_id, session_scope
-from colony.context.tokens import MESSAGE_OVERHEAD_TOKENS, TokenCounter, estimate_tokens
 from colony.context.tree import (
     MAIN_BRANCH,
     Message,
@@ -46,6 +45,7 @@ from colony.inference import InferenceRequest
 from colony.inference.embedded import EmbeddedEngine
 from colony.inference.engine import InferenceEngine
 from colony.inference.scripted import ScriptedEngine
+from colony.inference.tokens import MESSAGE_OVERHEAD_TOKENS, TokenCounter, estimate_tokens
 from colony.system.builtin import session_blueprint
 from colony.system.control import ControlPlane
 from colony.system.host import ReplicaHost
@@ -434,7 +434,7 @@ async def test_a_reply_step_redone_without_its_first_step_answers_the_runs_messa
 
 async def test_turn_actions_re_executed_under_their_key_store_nothing_twice(bb: Blackboard) -> None:
     """An action cut off after it stored its message (before its result was recorded) runs
-    again with the same idempotency key (colony.context.action_log): the user message and the
+    again with the same idempotency key (colony.agents.state.action_log): the user message and the
     reply are stored and linked once, and the reply is not written by the model a second time."""
     scope = session_scope(new_session_id(), tenant_id="default", colony_id=f"t{uuid.uuid4().hex[:8]}")
     engine = ScriptedEngine(["the answer", "a second answer"])

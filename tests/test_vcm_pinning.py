@@ -18,7 +18,7 @@ from colony.blackboard import Blackboard
 from colony.config import ColonySettings, EngineSettings, ServeSettings, VcmSettings
 from colony.errors import InferenceError, PageNotResident, ResourceExhausted
 from colony.inference.embedded import EmbeddedEngine
-from colony.inference.models import InferenceRequest, Page
+from colony.inference.models import InferenceRequest
 from colony.inference.scripted import ScriptedEngine
 from colony.system.analyze import analyze_blueprint
 from colony.system.control import ControlPlane
@@ -26,6 +26,7 @@ from colony.system.host import ReplicaHost
 from colony.system.runs import RunService
 from colony.vcm import PageSource
 from colony.vcm.eviction import FrequencyEviction, LRUEviction
+from colony.vcm.page import Page
 
 FILES = ("alpha", "beta", "gamma", "delta", "epsilon", "zeta")
 

@@ -19,7 +19,6 @@ from colony.api.app import ApiServices, create_app
 from colony.blackboard import Blackboard
 from colony.config import ColonySettings, ServeSettings, VcmSettings
 from colony.errors import InvalidArgument, PathNotAllowed, SourceTooLarge
-from colony.inference.models import Page
 from colony.inference.scripted import ScriptedEngine
 from colony.system.analyze import analyze_blueprint
 from colony.system.control import ControlPlane
@@ -27,6 +26,7 @@ from colony.system.host import ReplicaHost
 from colony.system.runs import RunService
 from colony.vcm import PageInfo, PageSource
 from colony.vcm import pages as pages_module
+from colony.vcm.page import Page
 from colony.vcm.pages import default_roots_env
 
 SECRET = "TOP-SECRET-OUTSIDE-THE-ROOT"

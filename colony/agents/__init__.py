@@ -5,7 +5,7 @@ from colony.agents.base import Agent, build_agent
 from colony.agents.blueprint import AgentBlueprint, Bindable, Blueprint, ResourceRequirements
 from colony.agents.capability import AgentCapability, BlackboardPublishable, CapabilityMode
 from colony.agents.events import event_handler
-from colony.agents.handle import AgentHandle, AgentRunEvent
+from colony.agents.handle import AgentHandle
 from colony.agents.hooks import HookContext, HookRegistry, HookType, Pointcut, hook_handler, hookable
 from colony.agents.models import (
     ActionResult,
@@ -27,6 +27,7 @@ from colony.agents.policy import (
 )
 from colony.agents.run_capability import AgentRunCapability
 from colony.agents.runtime import LocalAgentRuntime
+from colony.wire.run_events import AgentRunEvent
 
 __all__ = [
     "ActionDispatcher",

@@ -5,7 +5,7 @@ holds. Each action's parameters become a pydantic model built from the type hint
 first paragraph = description), which gives the JSON schema the planner sees and validates the
 parameters before the call: bad parameters become a failed ActionResult naming the field.
 
-Every call goes through the agent's write-ahead action log (colony/context/action_log.py): its
+Every call goes through the agent's write-ahead action log (colony/agents/state/action_log.py): its
 result is recorded before the policy sees it, so a step redone after a crash does not run an
 action that had finished. `effects=` declares what an action does that restoring an agent's
 checkpoint cannot take back (children spawned, writes outside the agent's own state, calls out of

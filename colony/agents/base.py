@@ -38,7 +38,14 @@ from colony.agents.models import (
     SuspensionRequest,
     check_transition,
 )
-from colony.agents.persistence import (
+from colony.agents.policy import (
+    ActionPolicy,
+    ActionPolicyExecutionState,
+    ActionPolicyIterationResult,
+    ScriptedActionPolicy,
+)
+from colony.agents.state.action_log import ActionLog
+from colony.agents.state.persistence import (
     LIFECYCLE,
     MAX_CONTEXT_ITEMS,
     Verdict,
@@ -53,17 +60,10 @@ from colony.agents.persistence import (
     write_first_state,
     yield_to_other_copy,
 )
-from colony.agents.policy import (
-    ActionPolicy,
-    ActionPolicyExecutionState,
-    ActionPolicyIterationResult,
-    ScriptedActionPolicy,
-)
-from colony.agents.ring import ContextRing
+from colony.agents.state.ring import ContextRing
 from colony.blackboard import Blackboard, BlackboardScope, scope_id
 from colony.blackboard.protocol import AgentStateProtocol
 from colony.config import load_settings
-from colony.context.action_log import ActionLog
 from colony.errors import (
     AgentUsageError,
     BlackboardUnavailable,
@@ -136,7 +136,7 @@ class Agent(CapabilitySet, EventDelivery, Bindable):
         # its commit instead of reading it first (None: the read-and-judge path, `check_fence`)
         self._lifecycle_text: str | None = None
         # state entries this copy committed, key -> (version, encoded value): a persist leaves an
-        # unchanged one as it is (colony.agents.persistence, `persist_agent`)
+        # unchanged one as it is (colony.agents.state.persistence, `persist_agent`)
         self._written: dict[str, tuple[int, str]] = {}
         self._handlers: dict[str, list[EventHandlerSpec]] = {}
         self._event_positions: dict[str, str] = {}
@@ -525,7 +525,7 @@ class Agent(CapabilitySet, EventDelivery, Bindable):
         self.suspension = None
         await self.blackboard.delete(Keys.key("suspension"))
 
-    # -- persistence (colony/agents/persistence.py) ------------------------------------------
+    # -- persistence (colony/agents/state/persistence.py) ------------------------------------------
 
     async def persist(self, enter: AgentState | None = None, reason: str | None = None) -> None:
         """Write the run, policy state, capability states and context in one transaction

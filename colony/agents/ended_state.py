@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from colony.agents.base import Agent
 from colony.agents.models import TERMINAL_STATES, AgentState
-from colony.agents.persistence import STATE_NAMES
+from colony.agents.state.persistence import STATE_NAMES
 from colony.blackboard import Blackboard
 from colony.blackboard.protocol import AgentStateProtocol
 from colony.errors import ConcurrentModificationError

@@ -16,7 +16,7 @@ from colony.errors import BlackboardUnavailable, EventStreamRefused
 if TYPE_CHECKING:
     from colony.agents.capability import AgentCapability
     from colony.agents.events import EventHandlerSpec
-    from colony.agents.ring import ContextRing
+    from colony.agents.state.ring import ContextRing
 
 log = logging.getLogger("colony.agents.base")
 

@@ -12,6 +12,7 @@ from typing import Any, Literal, Self
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from colony.errors import IllegalStateTransition
+from colony.wire.run_events import RunStatus
 
 
 class AgentState(StrEnum):
@@ -207,14 +208,6 @@ class RunServing(BaseModel):
         if self.max_concurrent_runs is None:
             return None
         return self.max_concurrent_runs * (self.max_size if self.is_pool else 1)
-
-
-class RunStatus(StrEnum):
-    PENDING = "pending"
-    RUNNING = "running"
-    SUCCEEDED = "succeeded"
-    FAILED = "failed"
-    CANCELLED = "cancelled"
 
 
 class AgentRun(BaseModel):

@@ -15,7 +15,6 @@ from typing import TYPE_CHECKING, Any
 from colony.agents.blueprint import serving_of
 from colony.agents.capability import AgentCapability, CapabilityMode
 from colony.agents.events import event_handler
-from colony.agents.handle import STARTED, terminal_event
 from colony.agents.hooks import HookContext, HookType, Pointcut
 from colony.agents.models import AgentRun, RunServing, RunStatus
 from colony.agents.run_claims import (
@@ -49,6 +48,7 @@ from colony.errors import (
     BlackboardUnavailable,
     ConcurrentModificationError,
 )
+from colony.wire.run_events import STARTED, terminal_event
 
 if TYPE_CHECKING:
     from colony.agents.base import Agent

@@ -11,11 +11,11 @@ import asyncio
 import logging
 from typing import TYPE_CHECKING, Any
 
-from colony.agents.handle import RESTARTED, TERMINAL_EVENTS, AgentRunEvent, terminal_event
 from colony.agents.models import RunStatus
 from colony.agents.stored_events import StoredEvents, read_stored_events
 from colony.blackboard.connection import retry_unavailable
 from colony.errors import BlackboardError, ConcurrentModificationError
+from colony.wire.run_events import RESTARTED, TERMINAL_EVENTS, AgentRunEvent, terminal_event
 
 if TYPE_CHECKING:
     from colony.agents.base import Agent

@@ -12,7 +12,6 @@ import time
 from collections import OrderedDict
 from typing import TYPE_CHECKING, Any, Literal
 
-from colony.agents.handle import RESTARTED, STARTED
 from colony.agents.models import RunServing
 from colony.agents.run_claims import (
     API_INDEXED_WRITER,
@@ -28,6 +27,7 @@ from colony.agents.run_claims import (
 from colony.blackboard import TagFilter
 from colony.blackboard.connection import redis_url_of, retry_unavailable
 from colony.errors import BlackboardError, BlackboardUnavailable, ConcurrentModificationError
+from colony.wire.run_events import RESTARTED, STARTED
 
 if TYPE_CHECKING:
     from collections.abc import AsyncIterator, Coroutine

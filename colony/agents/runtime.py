@@ -16,13 +16,13 @@ from colony.agents.base import Agent, build_agent
 from colony.agents.blueprint import AgentBlueprint
 from colony.agents.ended_state import RINGS, clear_ended_state, retire_state
 from colony.agents.models import AgentRun, AgentState, ResumptionCondition, ResumptionKind
-from colony.agents.persistence import STATE_NAMES
+from colony.agents.state import checkpoints
+from colony.agents.state.persistence import STATE_NAMES
 from colony.aio import cancel_and_wait
 from colony.blackboard import Blackboard
 from colony.blackboard.connection import OutageBackoff, redis_answers, retry_unavailable
 from colony.blackboard.protocol import AgentStateProtocol
 from colony.config import load_settings
-from colony.context import checkpoints
 from colony.errors import (
     AgentNotFound,
     AgentStateConflict,
@@ -223,7 +223,7 @@ class LocalAgentRuntime:
         self, agent_id: str, step: int | None, mode: str = "reexecute", run_id: str | None = None
     ) -> checkpoints.RestoreReport:
         """Undo (`step` None) or restore a checkpoint of an agent of this colony (see
-        colony.context.checkpoints). A RUNNING agent is refused (AgentStateConflict): its run must
+        colony.agents.state.checkpoints). A RUNNING agent is refused (AgentStateConflict): its run must
         end or the agent be suspended first. One hosted here (idle, waiting) is detached, rewritten
         from Redis and hosted again: an unfinished restored run is driven on from the checkpoint
         (the next step re-plans from there). One not hosted here is rewritten only."""

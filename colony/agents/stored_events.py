@@ -9,9 +9,9 @@ import logging
 from dataclasses import dataclass
 from typing import Any
 
-from colony.agents.handle import RESTARTED, STARTED, TERMINAL_EVENTS
 from colony.blackboard import Blackboard, TagFilter
 from colony.blackboard.protocol import RequestResultProtocol
+from colony.wire.run_events import RESTARTED, STARTED, TERMINAL_EVENTS
 
 log = logging.getLogger(__name__)
 

@@ -2,7 +2,7 @@
 
 Stateless: every fact is read from Redis through the RunService and the AgentRegistry, so any
 API replica answers for any run, and a restarted one has lost nothing. Guarded before any route
-runs (colony.api.limits: the bearer token, read at run time by colony.api.auth, then the body
+runs (colony.api.limits: the bearer token, read at run time by colony.wire.token, then the body
 limit); what each route accepts and answers is declared in colony.api.schemas and checked against
 the OpenAPI document by tests/test_api_contract.py.
 """
@@ -29,17 +29,15 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.routing import Match
 
 from colony import __version__, metrics
-from colony.api.auth import TokenSource
 from colony.api.block_routes import InvalidBlockInput, add_block_routes
 from colony.api.context_routes import add_context_routes
 from colony.api.event_stream import EventStreamResponse, event_stream, wait_for_end
 from colony.api.http_metrics import RequestMetricsMiddleware
-from colony.api.limits import GuardMiddleware, check_input
+from colony.api.limits import GuardMiddleware
 from colony.api.memory_routes import InvalidMemoryInput, MemoryScopeNotFound, add_memory_routes
 from colony.api.schemas import (
     CONTROL,
     EVENTS,
-    ID_PATTERN,
     LISTING,
     MAP_SOURCE,
     NO_PARAMS,
@@ -53,8 +51,6 @@ from colony.api.schemas import (
     Health,
     MappedSource,
     MapSource,
-    SubmitRun,
-    SubmittedRun,
 )
 from colony.api.session_routes import add_session_routes
 from colony.api.transfer_routes import add_transfer_routes
@@ -88,6 +84,10 @@ from colony.system.catalog import BUILTIN_AGENTS
 from colony.system.registry import AgentRecord, AgentRegistry
 from colony.system.runs import RunService, RunView
 from colony.vcm import PageSource, PageTable
+from colony.wire.ids import ID_PATTERN
+from colony.wire.input_check import check_input
+from colony.wire.runs import SubmitRun, SubmittedRun
+from colony.wire.token import TokenSource
 
 log = logging.getLogger(__name__)
 EVENT_ID = re.compile(r"^[0-9]{1,20}-[0-9]{1,20}$")

@@ -27,7 +27,6 @@ from typing import TYPE_CHECKING, Annotated, Any, TypeVar
 from fastapi import APIRouter, Depends, FastAPI, Path, Query, Response
 from pydantic import BaseModel
 
-from colony.api.limits import check_input
 from colony.api.memory_routes import settings_of
 from colony.api.schemas import (
     BLOCK_CREATE,
@@ -36,7 +35,6 @@ from colony.api.schemas import (
     BLOCK_LABEL_RULE,
     BLOCK_READ,
     BLOCK_SHARE,
-    ID_PATTERN,
     BlockAppend,
     BlockCreate,
     BlockListItem,
@@ -65,6 +63,8 @@ from colony.memory.blocks import (
     block_store,
     templates,
 )
+from colony.wire.ids import ID_PATTERN
+from colony.wire.input_check import check_input
 
 if TYPE_CHECKING:
     from colony.api.app import ApiServices

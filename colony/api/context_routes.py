@@ -20,11 +20,12 @@ from fastapi import APIRouter, Depends, FastAPI, Path
 from pydantic import BaseModel, ConfigDict, Field
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
-from colony.api.schemas import CONTROL, ID_PATTERN, READ_ONE
+from colony.agents.state.checkpoints import CheckpointInfo, RestoreReport, list_checkpoints
+from colony.api.schemas import CONTROL, READ_ONE
 from colony.config import ApiSettings
-from colony.context.checkpoints import CheckpointInfo, RestoreReport, list_checkpoints
 from colony.errors import AgentNotFound
 from colony.system.registry import AgentRecord
+from colony.wire.ids import ID_PATTERN
 
 if TYPE_CHECKING:
     from colony.api.app import AgentControl, ApiServices

@@ -20,8 +20,8 @@ from typing import Any
 from starlette.responses import StreamingResponse
 from starlette.types import Send
 
-from colony.agents.handle import ended_status, is_terminal
 from colony.system.runs import RunRecord, RunService, RunView, event_time
+from colony.wire.run_events import ended_status, is_terminal
 
 # The head of the response waits this long for the first events (to go out in the same message);
 # past it, the head goes alone and the client learns the run id without waiting for the run to start.

@@ -23,9 +23,7 @@ from fastapi import APIRouter, Depends, FastAPI, Path, Response
 from pydantic import ValidationError
 
 from colony import metrics
-from colony.api.limits import check_input
 from colony.api.schemas import (
-    ID_PATTERN,
     MEMORY,
     MEMORY_WRITE,
     MemoryQueryBody,
@@ -41,6 +39,8 @@ from colony.memory.introspection import agent_memory_map, agent_memory_scopes, a
 from colony.memory.scopes import MemoryScope
 from colony.memory.service import MemoryService, memory_service
 from colony.memory.types import MemoryMap, MemoryQuery, NewMemory
+from colony.wire.ids import ID_PATTERN
+from colony.wire.input_check import check_input
 
 if TYPE_CHECKING:
     from colony.api.app import ApiServices

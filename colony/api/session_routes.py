@@ -27,11 +27,12 @@ from fastapi.responses import JSONResponse, StreamingResponse
 from pydantic import BaseModel, Field
 
 from colony.api.memory_routes import settings_of
-from colony.api.schemas import ID_PATTERN, ErrorBody
+from colony.api.schemas import ErrorBody
 from colony.config import ApiSettings
 from colony.context.sessions import SESSION_ROLE, SessionStore, is_session_id
 from colony.context.tree import BRANCH_PATTERN, MESSAGE_ID_PATTERN, Message, TreeHead, linearize
 from colony.errors import ContextError, InvalidArgument, SessionNotFound
+from colony.wire.ids import ID_PATTERN
 
 if TYPE_CHECKING:
     from colony.api.app import ApiServices

@@ -1,6 +1,6 @@
 """HTTP routes of context management: agent export and import (docs/transfer.md).
 
-`GET /v1/agents/{id}/export` answers the export document (colony.context.transfer); `POST
+`GET /v1/agents/{id}/export` answers the export document (colony.system.transfer); `POST
 /v1/agents/{id}/import` takes one as its body and registers the agent here, suspended, to be resumed by
 the resumption monitor. The API acts on Redis alone (no replica is asked): an export reads the
 agent's stored state, which is complete whenever the agent is not RUNNING (409 then).
@@ -18,11 +18,12 @@ from typing import TYPE_CHECKING, Annotated, Any
 from fastapi import APIRouter, Body, Depends, FastAPI, Path, Query, Response
 
 from colony.api.memory_routes import settings_of
-from colony.api.schemas import ID_PATTERN, ErrorBody
+from colony.api.schemas import ErrorBody
 from colony.config import ApiSettings
-from colony.context.export_document import AgentExport, json_bytes
-from colony.context.transfer import export_agent, import_agent
 from colony.errors import ImportRejected
+from colony.system.export_document import AgentExport, json_bytes
+from colony.system.transfer import export_agent, import_agent
+from colony.wire.ids import ID_PATTERN
 
 if TYPE_CHECKING:
     from colony.api.app import ApiServices

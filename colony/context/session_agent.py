@@ -8,7 +8,7 @@ with the replica's engine, streaming its tokens as `token` events, and adds it u
 message. The prompt is the system prompt and the linearised ACTIVE branch only: messages of other
 branches, and messages reverted past, never reach the model. It is built under a token budget
 (`prompt_budget`: the engine's window less the reply and a margin), counted with the engine's own
-tokenizer (colony.context.tokens.TokenCounter), so a turn always fits the model's context: older
+tokenizer (colony.inference.tokens.TokenCounter), so a turn always fits the model's context: older
 messages that do not fit are left out, and a message too long to fit on its own is cut in the
 middle (`prompt_messages`).
 """
@@ -20,15 +20,15 @@ from dataclasses import dataclass
 from typing import Any
 
 from colony.agents import ActionType, Agent, AgentCapability, action_executor
+from colony.agents.state.action_log import current_idempotency_key
 from colony.blackboard import Blackboard
 from colony.config import ContextSettings
-from colony.context.action_log import current_idempotency_key
 from colony.context.sessions import SessionStore
-from colony.context.tokens import MESSAGE_OVERHEAD_TOKENS, TokenCounter, engine_window
 from colony.context.tree import Message, message_id_for
 from colony.errors import AgentUsageError, InvalidArgument
 from colony.inference import ChatMessage, InferenceRequest
 from colony.inference.engine import InferenceEngine
+from colony.inference.tokens import MESSAGE_OVERHEAD_TOKENS, TokenCounter, engine_window
 
 DEFAULT_SYSTEM_PROMPT = "You are a helpful assistant. Answer briefly and accurately."
 # tokens left free in the window beside the prompt and the reply: the chat template's generation
@@ -59,7 +59,7 @@ def prompt_budget(
     max_tokens: int,
     cap: int | None = None,
 ) -> PromptBudget:
-    """The budget of a turn on `engine` (colony.context.tokens.engine_window). The reply gets
+    """The budget of a turn on `engine` (colony.inference.tokens.engine_window). The reply gets
     `max_tokens`, at most half the window; the prompt the rest less a margin, lowered further by
     `context.token_budget` (when set) and `cap` (a SessionCapability parameter). An engine with no
     known window is given `context.token_budget`, else FALLBACK_WINDOW."""

@@ -39,7 +39,7 @@ def new_message_id() -> str:
 
 def message_id_for(idempotency_key: str) -> str:
     """The id of the message an action with this idempotency key adds: the same on every
-    re-execution of the action (colony.context.action_log), so a re-executed turn finds the message
+    re-execution of the action (colony.agents.state.action_log), so a re-executed turn finds the message
     it stored the first time instead of adding it twice. A digest, so the key's text never reaches
     a Redis key."""
     return f"msg-{hashlib.sha256(idempotency_key.encode()).hexdigest()[:12]}"

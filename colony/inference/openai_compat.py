@@ -23,12 +23,12 @@ from colony.inference.engine import InferenceEngine, elapsed, prefixed_messages,
 from colony.inference.models import (
     InferenceRequest,
     InferenceResponse,
-    Page,
     PageLoad,
     StreamChunk,
     Timings,
 )
 from colony.inference.openai_format import parse_output, response_format_body, usage_from_result
+from colony.vcm.page import Page
 
 RETRY_STATUS = frozenset({408, 409, 429, 500, 502, 503, 504})
 

@@ -9,8 +9,15 @@ from typing import Any
 
 from colony.errors import InvalidArgument, PageNotResident
 from colony.inference.engine import InferenceEngine, prefixed_messages
-from colony.inference.models import InferenceRequest, InferenceResponse, Page, PageLoad, StreamChunk, Usage
+from colony.inference.models import (
+    InferenceRequest,
+    InferenceResponse,
+    PageLoad,
+    StreamChunk,
+    Usage,
+)
 from colony.inference.openai_format import parse_output
+from colony.vcm.page import Page
 
 Reply = str | dict[str, Any] | list[Any]
 

@@ -28,13 +28,13 @@ from colony.inference.models import (
     ChatMessage,
     InferenceRequest,
     InferenceResponse,
-    Page,
     PageLoad,
     StreamChunk,
     Timings,
     Usage,
 )
 from colony.inference.openai_format import parse_output
+from colony.vcm.page import Page
 
 
 def sampling_options(request: InferenceRequest) -> dict[str, Any]:

@@ -1,7 +1,7 @@
 """The planning prompt: goals and constraints, the summary of compacted history, then the streams'
 sections verbatim, memory sections, then the actions.
 
-The summary (`history_summary`, written by compaction: colony/context/compaction.py) stands for
+The summary (`history_summary`, written by compaction: colony/planning/compaction.py) stands for
 the stream entries taken out of the prompt; it goes in a `<chat_history_summary>` section right
 after the pinned goals and constraints, before the entries it precedes in time.
 """

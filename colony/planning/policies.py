@@ -6,7 +6,7 @@ decision to `plan_step`. `StructuredActionPolicy` asks the model for JSON constr
 available actions (each: its key plus its own parameter schema), so even a 135M model always
 answers with a valid, dispatchable action.
 
-Both keep their history under the token budget with a `Compactor` (colony/context/compaction.py):
+Both keep their history under the token budget with a `Compactor` (colony/planning/compaction.py):
 large outputs are archived when recorded, and the prompt is compacted before it is sent
 (`fit_prompt`); its summary, pending items and archive references are policy state.
 """
@@ -23,9 +23,12 @@ from typing import TYPE_CHECKING, Any
 from colony.agents.blueprint import Blueprint
 from colony.agents.models import ActionResult
 from colony.agents.policy import ActionPolicy, ActionPolicyExecutionState, ActionPolicyIterationResult
+from colony.agents.state.action_log import ModelChannel
 from colony.config import ContextSettings
-from colony.context.action_log import ModelChannel
-from colony.context.compaction import (
+from colony.errors import AgentUsageError
+from colony.inference import ChatMessage, InferenceRequest, InferenceResponse
+from colony.inference.engine import InferenceEngine
+from colony.planning.compaction import (
     DEFAULT_PINNED_KEYS,
     RECALL,
     RECALL_ACTION,
@@ -33,9 +36,6 @@ from colony.context.compaction import (
     Compactor,
     FittedPrompt,
 )
-from colony.errors import AgentUsageError
-from colony.inference import ChatMessage, InferenceRequest, InferenceResponse
-from colony.inference.engine import InferenceEngine
 from colony.planning.context import PlanningContext, PlanningContextBuilder, format_planning_prompt
 from colony.planning.streams import ConsciousnessStream
 

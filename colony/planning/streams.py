@@ -156,7 +156,7 @@ class ConsciousnessStream(Bindable):
         self.max_entries = max_entries
         self.entries: list[dict[str, Any]] = []
         # entries the window dropped, kept for compaction to summarise (None: dropped for good).
-        # A policy with a token budget sets a list here and drains it (colony.context.compaction).
+        # A policy with a token budget sets a list here and drains it (colony.planning.compaction).
         self.overflow: list[dict[str, Any]] | None = None
         # event context keys whose entries the window keeps (the policy's pinned keys: user
         # corrections); set by the policy's compactor

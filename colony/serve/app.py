@@ -29,7 +29,6 @@ from ray.serve.handle import DeploymentHandle
 from colony import metrics
 from colony.agents import AgentBlueprint
 from colony.api.app import ApiServices, create_app
-from colony.api.auth import METRICS_TOKEN_ENV, TOKEN_ENV, ensure_token_file
 from colony.blackboard import Blackboard, BlackboardScope, create_redis, resolve_redis_url, scope_id
 from colony.config import ColonySettings, load_settings
 from colony.errors import ReplicaUnavailable
@@ -41,6 +40,7 @@ from colony.system.pools import PoolManager
 from colony.system.registry import AgentRegistry
 from colony.system.runs import RunService
 from colony.vcm import PageTable
+from colony.wire.token import METRICS_TOKEN_ENV, TOKEN_ENV, ensure_token_file
 
 log = logging.getLogger(__name__)
 
@@ -55,7 +55,7 @@ def settings_to_dict(settings: ColonySettings) -> dict[str, Any]:
 
     The API token goes along only when it came from the config file: a token from the environment
     (a Kubernetes secret, `colony up`) is read by the API replica from its own environment at run
-    time, so rotating it needs no rebuild (see colony.api.auth)."""
+    time, so rotating it needs no rebuild (see colony.wire.token)."""
     data = settings.model_dump(mode="json")
     from_env = bool(os.environ.get(TOKEN_ENV))
     data["api_token"] = settings.api_token.get_secret_value() if settings.api_token and not from_env else None

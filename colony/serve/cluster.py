@@ -29,13 +29,13 @@ from typing import Any
 import httpx
 from pydantic import SecretStr
 
-from colony.api.auth import TokenSource, ensure_token_file
 from colony.blackboard.redis_server import EmbeddedRedis, RedisRestarts, RedisSupervisor, process_alive
 from colony.config import ColonySettings, load_settings
 from colony.errors import ClusterError, ColonyError
 from colony.memory.chroma_server import EmbeddedChroma
 from colony.security import write_private_file
 from colony.vcm.pages import default_roots_env
+from colony.wire.token import TokenSource, ensure_token_file
 
 log = logging.getLogger(__name__)
 

@@ -24,7 +24,6 @@ from colony.agents import (
     ScriptedActionPolicy,
     action_executor,
 )
-from colony.agents.handle import AgentRunEvent
 from colony.blackboard import AgentRunProtocol, Blackboard, BlackboardScope, scope_id
 from colony.config import ColonySettings, RunsSettings
 from colony.errors import (
@@ -45,6 +44,7 @@ from colony.system.analyze_facts import FileFacts, extract_facts, extractive_sum
 from colony.system.analyze_report import RETRY_ASK, SUMMARY_SYSTEM
 from colony.system.builtin import RUNS_NAMESPACE
 from colony.vcm import PageTable
+from colony.wire.run_events import AgentRunEvent
 
 if TYPE_CHECKING:
     from colony.system.host import ReplicaHost

@@ -16,12 +16,12 @@ from typing import TYPE_CHECKING, Any, Protocol
 
 from colony import metrics, security
 from colony.agents import Agent, AgentBlueprint
-from colony.agents.persistence import LIFECYCLE
+from colony.agents.state.checkpoints import MODES, pick, read_checkpoints, restore_checkpoint
+from colony.agents.state.persistence import LIFECYCLE
 from colony.aio import cancel_and_wait
 from colony.blackboard import Blackboard, BlackboardScope, scope_id
 from colony.blackboard.connection import OutageBackoff
 from colony.config import ColonySettings
-from colony.context.checkpoints import MODES, pick, read_checkpoints, restore_checkpoint
 from colony.errors import AgentNotFound, AgentStateConflict, BlackboardUnavailable, InvalidArgument
 from colony.system.monitor import ResumptionMonitor
 from colony.system.placement import AgentPlacer, Placement
@@ -173,7 +173,7 @@ class ControlPlane:
     async def restore(
         self, agent_id: str, step: int | None, mode: str = "reexecute", run_id: str | None = None
     ) -> dict[str, Any]:
-        """Bring an agent back to a kept checkpoint (colony.context.checkpoints); `step` None: undo.
+        """Bring an agent back to a kept checkpoint (colony.agents.state.checkpoints); `step` None: undo.
 
         A RUNNING agent is refused (409: wait for its run to end or suspend it). A hosted one
         (idle, waiting) is suspended through its replica, rewritten from Redis here (an agent object

@@ -42,7 +42,6 @@ from pydantic import BaseModel, Field
 from redis.exceptions import RedisError
 
 from colony import metrics
-from colony.agents.handle import STARTED, is_terminal, terminal_event
 from colony.agents.models import RunServing, new_id
 from colony.agents.run_claims import (
     API_INDEXED_WRITER,
@@ -66,6 +65,7 @@ from colony.errors import (
 )
 from colony.system.builtin import RUNS_NAMESPACE
 from colony.system.registry import AgentRegistry
+from colony.wire.run_events import STARTED, is_terminal, terminal_event
 
 log = logging.getLogger(__name__)
 

@@ -25,7 +25,7 @@ from colony.blackboard import Blackboard, BlackboardEntry, BlackboardScope, TagF
 from colony.blackboard.protocol import VcmProtocol as Keys
 from colony.config import ColonySettings, load_settings
 from colony.errors import BatchConflictError, ConcurrentModificationError, PageNotResident
-from colony.inference.models import Page
+from colony.vcm.page import Page
 from colony.vcm.pages import PageInfo, PageSource
 from colony.vcm.placement import ReplicaView
 

@@ -32,7 +32,7 @@ from pydantic import BaseModel, Field
 
 from colony.config import VcmSettings
 from colony.errors import InvalidArgument, PathNotAllowed, SourceTooLarge
-from colony.inference.models import Page
+from colony.vcm.page import Page
 
 DEFAULT_IGNORES = (
     ".git",

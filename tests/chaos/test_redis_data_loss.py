@@ -86,7 +86,7 @@ async def test_an_idle_agent_serves_the_next_run_after_redis_was_flushed(
     await agent.persist()
     await rig.board.redis.flushall()
 
-    with caplog.at_level(logging.WARNING, logger="colony.agents.persistence"):
+    with caplog.at_level(logging.WARNING, logger="colony.agents.state.persistence"):
         _succeeded(await rig.run(10), 11)  # at once, and the counter went on where it was
         _succeeded(await rig.run(100), 111)
     lost = [r for r in caplog.records if "Redis lost its state" in r.getMessage()]

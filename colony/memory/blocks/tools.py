@@ -42,6 +42,8 @@ if TYPE_CHECKING:
 
 MIN_MESSAGE_WORDS = 3  # a message of one or two words states nothing worth keeping
 log = logging.getLogger(__name__)
+SUMMARY_LOG_LABEL = "history_summary"  # where compaction's summaries go (HistorySummaryLog)
+SUMMARY_LOG_DESCRIPTION = "Summaries of your earlier history, written when it was compacted; read-only"
 
 TOOL_LOG = "tool_log"
 EVENT_LOG = "event_log"
@@ -185,6 +187,20 @@ class MemoryBlocksCapability(AgentCapability):
             raise AgentUsageError("memory blocks belong to an agent; this capability has none")
         settings = _settings_for(self._base_settings(), me.metadata.tenant_id, me.metadata.colony_id)
         return block_store(me.blackboard.redis, settings)
+
+    async def log_history_summary(self, text: str, *, items: int, ref: str) -> None:
+        """`HistorySummaryLog`: a compaction's summary goes to the `history_summary` log block."""
+        me = self.agent
+        if me is None:
+            return
+        store = self.store()
+        await store.ensure(
+            me.agent_id,
+            NewBlock(label=SUMMARY_LOG_LABEL, block_type=BlockType.LOG, description=SUMMARY_LOG_DESCRIPTION),
+        )
+        await store.log_append(
+            me.agent_id, SUMMARY_LOG_LABEL, {"kind": "summary", "items": items, "ref": ref, "text": text}
+        )
 
     def service(self) -> MemoryService:
         return memory_service(self.blackboard, self._base_settings())

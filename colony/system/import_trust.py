@@ -14,8 +14,8 @@ from typing import Any, NamedTuple
 from colony.agents.blueprint import AgentBlueprint, _verified_payload
 from colony.agents.models import AgentMetadata
 from colony.config import ColonySettings
-from colony.context.export_document import AgentExport
 from colony.errors import BlueprintTampered, ColonyError, ImportRejected
+from colony.system.export_document import AgentExport
 
 
 class Trusted(NamedTuple):

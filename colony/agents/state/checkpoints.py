@@ -27,9 +27,9 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 
 from colony import metrics
 from colony.agents.models import ActionResult, AgentRun, RunStatus
-from colony.agents.ring import ContextRing
+from colony.agents.state.action_log import LOG_KEY
+from colony.agents.state.ring import ContextRing
 from colony.blackboard.protocol import AgentStateProtocol as Keys
-from colony.context.action_log import LOG_KEY
 from colony.errors import (
     AgentStateConflict,
     CheckpointNotFound,
@@ -41,7 +41,7 @@ from colony.errors import (
 
 if TYPE_CHECKING:
     from colony.agents.base import Agent
-    from colony.agents.persistence import OwnStates
+    from colony.agents.state.persistence import OwnStates
     from colony.blackboard import Blackboard
     from colony.blackboard.transaction import Transaction
 
@@ -348,7 +348,7 @@ async def restore_checkpoint(
     context ring is truncated to the checkpoint's position. `mode`: "reexecute" drops the action
     log's records of the later steps (they run again), "replay" keeps them (the re-driven steps
     reuse them). The report lists what the discarded steps did that is not undone."""
-    from colony.agents.persistence import check_fence, write_context_head, write_state
+    from colony.agents.state.persistence import check_fence, write_context_head, write_state
 
     if mode not in MODES:
         raise InvalidArgument(f"mode must be one of {', '.join(MODES)}, not {mode!r}")

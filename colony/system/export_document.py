@@ -2,7 +2,7 @@
 
 Everything in a document is data read from outside the colony (docs/transfer.md): every field is
 validated here (ids and names by pattern, sizes and nesting bounded, action-log records checked with
-the log's own model) before `colony.context.transfer` writes any of it.
+the log's own model) before `colony.system.transfer` writes any of it.
 """
 
 from __future__ import annotations
@@ -15,15 +15,15 @@ from pydantic import BaseModel, ConfigDict, Field, StringConstraints, Validation
 from pydantic import model_validator as after_model
 
 from colony.agents.models import ActionResult, AgentMetadata, AgentRun, AgentState, SuspensionRequest
-from colony.agents.persistence import MAX_CONTEXT_ITEMS
-from colony.api.limits import check_input
-from colony.api.schemas import ID_PATTERN
+from colony.agents.state.action_log import LogRecord
+from colony.agents.state.checkpoints import Checkpoint
+from colony.agents.state.persistence import MAX_CONTEXT_ITEMS
 from colony.blackboard.protocol import AgentStateProtocol as Keys
-from colony.context.action_log import LogRecord
-from colony.context.checkpoints import Checkpoint
 from colony.errors import ImportRejected
 from colony.memory.blocks import BlockType
 from colony.memory.blocks.types import MAX_DESCRIPTION_CHARS
+from colony.wire.ids import ID_PATTERN
+from colony.wire.input_check import check_input
 
 FORMAT = "colony-agent-export"
 FORMAT_VERSION = 1

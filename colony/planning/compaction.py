@@ -7,7 +7,7 @@ is rewritten whole into Redis at every step. Compaction works in three places:
 1. At record time, an action output longer than `context.mask_output_chars` is stored aside under
    `AgentStateProtocol.archived_output_key(ref)` and the call keeps a short preview and the
    reference: a 100 KB output never reaches the prompt, the policy state or a checkpoint.
-2. When the rendered prompt passes the budget's trigger (colony/context/tokens.py), old large
+2. When the rendered prompt passes the budget's trigger (colony/inference/tokens.py), old large
    outputs still in the streams are masked the same way (stage `masked`).
 3. If that is not enough, the middle of each stream (all but the first `keep_first_items` and the
    recent `keep_recent_items` entries; pinned entries stay) is taken out and summarised by the
@@ -26,7 +26,7 @@ the metric counts stage `failed`, and the next steps try again (backing off). A 
 than its limit is cut; a summary cannot help a prompt whose fixed parts alone pass the trigger,
 so then the summariser waits for SUMMARISE_PENDING_AT items instead of running at every step.
 
-Calls fit the window whatever the settings (colony/context/tokens.py clamps the budget); the
+Calls fit the window whatever the settings (colony/inference/tokens.py clamps the budget); the
 summariser's input is measured with the engine's tokenizer; its model calls are numbered apart
 from the planner's in the action log (channel "summary"). Long event context values are archived
 at record time like outputs (pinned ones stay verbatim); stream windows keep pinned entries.
@@ -46,17 +46,18 @@ from typing import TYPE_CHECKING, Any
 from pydantic import BaseModel, Field
 
 from colony import metrics
+from colony.agents.protocols import HistorySummaryLog
 from colony.blackboard.protocol import AgentStateProtocol as Keys
 from colony.config import ContextSettings, load_settings
-from colony.context.archives import (
+from colony.inference import ChatMessage, InferenceRequest
+from colony.inference.tokens import Budget, TokenCounter, engine_window, estimate_tokens, plan_budget
+from colony.planning.archives import (
     RECALL,
     REF_PATTERN,
     ArchivedHistory,
     as_text,
     ref_of,
 )
-from colony.context.tokens import Budget, TokenCounter, engine_window, estimate_tokens, plan_budget
-from colony.inference import ChatMessage, InferenceRequest
 
 if TYPE_CHECKING:
     from colony.inference.engine import InferenceEngine
@@ -79,8 +80,6 @@ RECALL_ACTION: dict[str, Any] = {
 # The agent-scope entry each compaction writes (its write is the blackboard event); a fixed name
 # that holds the latest report.
 COMPACTION_KEY = Keys.key("compaction")
-SUMMARY_LOG_LABEL = "history_summary"
-SUMMARY_LOG_DESCRIPTION = "Summaries of your earlier history, written when it was compacted; read-only"
 DEFAULT_PINNED_KEYS = ("user_correction",)
 OLD_OUTPUT_CHARS = 400  # stage 1 masks older outputs longer than this
 LINE_CHARS = 600  # one history item as the summariser sees it
@@ -513,33 +512,18 @@ class Compactor(ArchivedHistory):
             log.warning("agent %s: compaction event not written: %r", agent.agent_id, exc)
 
     async def _log_summary(self, text: str, items: int, ref: str) -> None:
-        """The summary also goes to the agent's `history_summary` log block when it has blocks."""
+        """The summary also goes to a capability that keeps summaries (the memory blocks'
+        `history_summary` log block) when the agent has one."""
         agent = self.policy.agent
         if agent is None:
             return
-        from colony.memory.blocks.tools import MemoryBlocksCapability
-        from colony.memory.blocks.types import BlockType, NewBlock
-
-        blocks = next((c for c in agent.capabilities.values() if isinstance(c, MemoryBlocksCapability)), None)
-        if blocks is None:
+        sink = next((c for c in agent.capabilities.values() if isinstance(c, HistorySummaryLog)), None)
+        if sink is None:
             return
         try:
-            store = blocks.store()
-            await store.ensure(
-                agent.agent_id,
-                NewBlock(
-                    label=SUMMARY_LOG_LABEL, block_type=BlockType.LOG, description=SUMMARY_LOG_DESCRIPTION
-                ),
-            )
-            await store.log_append(
-                agent.agent_id,
-                SUMMARY_LOG_LABEL,
-                {"kind": "summary", "items": items, "ref": ref, "text": text},
-            )
+            await sink.log_history_summary(text, items=items, ref=ref)
         except Exception as exc:
-            log.warning(
-                "agent %s: summary not logged to its %s block: %r", agent.agent_id, SUMMARY_LOG_LABEL, exc
-            )
+            log.warning("agent %s: summary not logged: %r", agent.agent_id, exc)
 
     # -- state -------------------------------------------------------------------------------------
 

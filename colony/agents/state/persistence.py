@@ -1,7 +1,7 @@
 """Persisting an agent to its blackboard scope and rebuilding it from there.
 
 `persist_agent` writes everything an agent holds (run, policy and capability states, context) in
-one transaction, with the step's checkpoint (colony.context.checkpoints); `restore_agent` rebuilds
+one transaction, with the step's checkpoint (colony.agents.state.checkpoints); `restore_agent` rebuilds
 an identical agent from it; `build_agent` instantiates an agent from a blueprint (no I/O).
 `Agent.persist` / `Agent.restore` call these.
 
@@ -23,11 +23,11 @@ from typing import TYPE_CHECKING, Any, NamedTuple
 
 from colony.agents.blueprint import AgentBlueprint, Blueprint, CapabilitySpec, fail_refused_agent
 from colony.agents.models import ActionResult, AgentMetadata, AgentRun, AgentState, SuspensionRequest
-from colony.agents.ring import ContextRing
+from colony.agents.state import checkpoints
+from colony.agents.state.ring import ContextRing
 from colony.blackboard import Blackboard, BlackboardScope, scope_id
 from colony.blackboard.models import encode_value
 from colony.blackboard.protocol import AgentStateProtocol as Keys
-from colony.context import checkpoints
 from colony.errors import (
     AgentNotFound,
     AgentStateConflict,

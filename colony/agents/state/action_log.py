@@ -539,7 +539,7 @@ class ActionLog:
         """Append to the stored log, fenced by the agent's lifecycle (as `persist_agent` is): a
         copy of the agent that lost its place records nothing. Returns once Redis has it. The
         results held for the step's persist go first, in the same commit."""
-        from colony.agents.persistence import fence, recover_lifecycle
+        from colony.agents.state.persistence import fence, recover_lifecycle
 
         held = list(self._deferred)
         board = self.agent.blackboard

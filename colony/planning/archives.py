@@ -5,7 +5,7 @@ summarised away, is written under `AgentStateProtocol.archived_output_key(ref)` 
 its SHA-256) with the `runs.retention_seconds` expiry; the prompt, policy state and checkpoints keep
 a preview and the reference, and the `recall_archived(ref)` action reads it back a page at a time.
 Refs are validated by pattern before any lookup, and only the agent's own scope is read.
-`ArchivedHistory` is the part of `colony.context.compaction.Compactor` that does this.
+`ArchivedHistory` is the part of `colony.planning.compaction.Compactor` that does this.
 """
 
 from __future__ import annotations
@@ -22,7 +22,7 @@ from colony.blackboard.protocol import AgentStateProtocol as Keys
 
 if TYPE_CHECKING:
     from colony.config import ContextSettings
-    from colony.context.compaction import CompactionState
+    from colony.planning.compaction import CompactionState
     from colony.planning.policies import EventDrivenActionPolicy
 
 log = logging.getLogger(__name__)

@@ -42,25 +42,11 @@ from colony.agents.models import (
     ResumptionKind,
     SuspensionRequest,
 )
-from colony.agents.persistence import MAX_CONTEXT_ITEMS, STATE_NAMES
+from colony.agents.state.persistence import MAX_CONTEXT_ITEMS, STATE_NAMES
 from colony.blackboard import Blackboard, BlackboardScope, Transaction, scope_id
 from colony.blackboard.protocol import AgentStateProtocol as Keys
 from colony.blackboard.protocol import BlackboardProtocol, MemoryProtocol
 from colony.config import ColonySettings
-from colony.context.export_document import (
-    BLOCK_SETTINGS,
-    FORMAT,
-    FORMAT_VERSION,
-    MAX_HISTORY,
-    PARTS,
-    STATE_VALUES,
-    AgentExport,
-    AgentIdText,
-    ExportedMemory,
-    json_bytes,
-    parse_document,
-)
-from colony.context.import_trust import trusted_blueprint
 from colony.errors import (
     AgentNotFound,
     AgentStateConflict,
@@ -75,6 +61,20 @@ from colony.memory.blocks import SYSTEM, BlockType, NewBlock, block_store
 from colony.memory.introspection import agent_memory_scopes
 from colony.memory.store import MemoryStore
 from colony.memory.types import NewMemory
+from colony.system.export_document import (
+    BLOCK_SETTINGS,
+    FORMAT,
+    FORMAT_VERSION,
+    MAX_HISTORY,
+    PARTS,
+    STATE_VALUES,
+    AgentExport,
+    AgentIdText,
+    ExportedMemory,
+    json_bytes,
+    parse_document,
+)
+from colony.system.import_trust import trusted_blueprint
 from colony.system.registry import AgentRecord, AgentRegistry
 
 EXPORT_ATTEMPTS = 3  # snapshots retaken when the agent changed while it was read
