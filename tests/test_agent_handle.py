@@ -153,22 +153,22 @@ async def test_events_no_handler_matches_never_reach_the_feed(runtime: LocalAgen
     scope's claims, events and results beside its requests) costs the feed nothing, and its
     position moves with the events it handles."""
     agent = await runtime.spawn(counter_blueprint("quiet", STEPS, extra=[NoteWatcher.bind()]))
-    name = next(n for n in agent._handlers)
+    name = next(n for n in agent.event_delivery.handlers)
     seen: list[str] = []
-    handle = agent._handle
+    handle = agent.event_delivery._handle
 
     async def counting(feed: str, handlers: Any, event: Any) -> None:
         seen.append(event.key)
         await handle(feed, handlers, event)
 
-    agent._handle = counting  # type: ignore[method-assign]
+    agent.event_delivery._handle = counting  # type: ignore[method-assign]
     await asyncio.gather(*(agent.blackboard.write(f"other:{i}", i) for i in range(40)))
     last = await agent.blackboard.write("note:x", "x")
     async with asyncio.timeout(5):
         while not agent.context:  # noqa: ASYNC110
             await asyncio.sleep(0.01)
     assert seen == ["note:x"]
-    assert agent._event_positions[name] == (await agent.blackboard.latest_event_id())
+    assert agent.event_delivery.positions[name] == (await agent.blackboard.latest_event_id())
     assert last.version == 1
 
 

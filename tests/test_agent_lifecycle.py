@@ -65,7 +65,7 @@ async def test_every_legal_transition_works_on_a_live_agent(bb: Blackboard) -> N
         for m, new in enumerate(sorted(targets)):
             agent = Agent(AgentMetadata(agent_id=f"t-{n}-{m}"), bb)
             await agent.initialize()
-            agent._state = current  # placed directly in `current` to test one edge
+            agent.stored.state = current  # placed directly in `current` to test one edge
             await agent.transition(new)
             assert agent.state is new
             assert (await agent.blackboard.read("agent:lifecycle")).value["state"] == new.value

@@ -167,4 +167,4 @@ async def test_a_spawn_whose_start_fails_leaves_no_half_started_agent(
     # ensure_agent does with an agent it does not hold: a whole copy, serving
     again = await runtime.resume("blinked")
     capability = next(c for c in again.capabilities.values() if isinstance(c, AgentRunCapability))
-    assert capability._tasks and again._handler_tasks
+    assert capability._tasks and again.event_delivery.tasks

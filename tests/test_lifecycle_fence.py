@@ -64,7 +64,7 @@ async def test_a_copy_reads_its_lifecycle_only_until_it_has_written_it(runtime: 
     await restored.transition(AgentState.IDLE, "test")
     await restored.persist()
     assert reads["n"] == 2  # from its own write on, its value is checked inside the commits
-    assert (await restored.blackboard.read(LIFECYCLE)).version == restored._state_version
+    assert (await restored.blackboard.read(LIFECYCLE)).version == restored.stored.version
     assert agent is not restored
 
 
@@ -81,7 +81,7 @@ async def test_another_value_at_the_same_version_is_never_written_over(runtime: 
         await asyncio.sleep(0.05)
     board = agent.blackboard
     stored = await board.read(LIFECYCLE)
-    assert stored is not None and stored.version == agent._state_version
+    assert stored is not None and stored.version == agent.stored.version
     other = {**stored.value, "holder": "other-copy", "since": time.time()}
     entry_key = board.keyspace.entry_key(LIFECYCLE)
     await board.redis.hset(entry_key, "v", json.dumps(other))  # same version, another copy's value

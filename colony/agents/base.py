@@ -24,10 +24,8 @@ from colony.agents.blueprint import (
 from colony.agents.capability import AgentCapability, CapabilityMode
 from colony.agents.capability_set import CapabilitySet
 from colony.agents.event_delivery import EventDelivery
-from colony.agents.events import EventHandlerSpec
 from colony.agents.hooks import HookRegistry, hookable
 from colony.agents.models import (
-    TERMINAL_STATES,
     ActionResult,
     AgentMetadata,
     AgentRun,
@@ -44,26 +42,24 @@ from colony.agents.policy import (
     ActionPolicyIterationResult,
     ScriptedActionPolicy,
 )
+from colony.agents.protocols import AgentHost
 from colony.agents.state.action_log import ActionLog
 from colony.agents.state.persistence import (
     LIFECYCLE,
     MAX_CONTEXT_ITEMS,
-    Verdict,
-    adopt_lifecycle,
     build_agent,
-    fence,
     hold_own_lifecycle,
-    judge_lifecycle,
     persist_agent,
     recover_lifecycle,
     restore_agent,
+    store_superseded_failure,
     write_first_state,
-    yield_to_other_copy,
 )
 from colony.agents.state.ring import ContextRing
+from colony.agents.state.stored import StoredState
 from colony.blackboard import Blackboard, BlackboardScope, scope_id
 from colony.blackboard.protocol import AgentStateProtocol
-from colony.config import load_settings
+from colony.config import ColonySettings, load_settings
 from colony.errors import (
     AgentUsageError,
     BlackboardUnavailable,
@@ -91,7 +87,12 @@ __all__ = [
 MAX_PAGE_ACCESSES = 256
 
 
-class Agent(CapabilitySet, EventDelivery, Bindable):
+def _idle_if_running(agent: Agent) -> AgentState | None:
+    """The state a run's end moves the agent to: IDLE when it was RUNNING (else it stays)."""
+    return AgentState.IDLE if agent.state is AgentState.RUNNING else None
+
+
+class Agent(CapabilitySet, Bindable):
     """An agent: `run()` drives `run_step()` until its action policy says the run is done."""
 
     def __init__(
@@ -129,65 +130,41 @@ class Agent(CapabilitySet, EventDelivery, Bindable):
         self.last_result: ActionResult | None = None
         self.last_action: str | None = None  # name of the last step's action (for its step event)
         self.suspension: SuspensionRequest | None = None
-        self._state = AgentState.INITIALIZED
-        self._state_version = 0  # of the `agent:lifecycle` value this copy last wrote or read
-        self._state_mark: str | None = None  # ... and that value's holder mark
-        # ... and its exact stored text, when this copy wrote it: a fenced write then checks it in
-        # its commit instead of reading it first (None: the read-and-judge path, `check_fence`)
-        self._lifecycle_text: str | None = None
-        # state entries this copy committed, key -> (version, encoded value): a persist leaves an
-        # unchanged one as it is (colony.agents.state.persistence, `persist_agent`)
-        self._written: dict[str, tuple[int, str]] = {}
-        self._handlers: dict[str, list[EventHandlerSpec]] = {}
-        self._event_positions: dict[str, str] = {}
-        self._handler_tasks: list[asyncio.Task[None]] = []
-        self.host: Any = None  # the runtime hosting this agent (drives runs, carries out suspensions)
-        self._blueprint: AgentBlueprint | None = None  # set once recorded; kept in sync with capabilities
-        self._capability_specs: dict[str, CapabilitySpec] = {}
-        self._retention: float | None = None
-        self._checkpoints_kept: int | None = None
-        self._default_kept: int | None = None  # without a host with settings: load_settings()'s
-        # the newest checkpoint pushed, (run id, step): one checkpoint per step
-        self._checkpointed: tuple[str, int] | None = None
+        self.stored = StoredState(self)  # this copy's hold on its stored lifecycle (agents/state)
+        self.event_delivery = EventDelivery(self)  # its handlers' subscriptions and positions
+        self.host: AgentHost | None = None  # the runtime hosting this agent (drives runs, suspensions)
+        self.blueprint: AgentBlueprint | None = None  # set once recorded; kept in sync with capabilities
+        self.capability_specs: dict[str, CapabilitySpec] = {}
+        # the settings it works under when its host has none (a restorer without a host sets them)
+        self.settings: ColonySettings | None = None
         # This copy's mark on its lifecycle writes and when it came to life: they tell its own
         # writes, and earlier ones, from another live copy's after Redis lost data (`recover_lifecycle`).
         self.holder = uuid.uuid4().hex
         self.born = time.time()
-        self._yielded = False  # logged once that another live copy holds this agent
         # set by the runtime's stop before the agent is closed: its capabilities say goodbye for good
         # (a copy dropped for a restore, or replaced, is closed the same way and must not)
         self.stopping = False
 
     @property
-    def yielded(self) -> bool:
-        """Another live copy of this agent wrote its state after this copy came to life: this copy
-        writes nothing more and its host drops it (`ReplicaHost`'s heartbeat)."""
-        return self._yielded
-
-    @property
     def retention_seconds(self) -> float:
         """How long finished runs (and an ended agent's state) stay in Redis: `runs.retention_seconds`
-        of the settings its host was given (`services["settings"]`); `load_settings()` only for an
-        agent no host with settings runs."""
-        if self._retention is None:
-            settings = self.host.services.get("settings") if self.host is not None else None
-            if settings is None:
-                return load_settings().runs.retention_seconds
-            self._retention = settings.runs.retention_seconds
-        return self._retention
+        of the settings it works under (`colony_settings`)."""
+        return self.colony_settings().runs.retention_seconds
 
     @property
     def checkpoints_kept(self) -> int:
-        """How many checkpoints the agent's ring keeps: `context.checkpoints_kept` of its host's
-        settings (like `retention_seconds`); a restorer without a host sets `_checkpoints_kept`."""
-        if self._checkpoints_kept is None:
-            settings = self.host.services.get("settings") if self.host is not None else None
-            if settings is None:  # read once per agent object (a persist asks at every step)
-                if self._default_kept is None:
-                    self._default_kept = load_settings().context.checkpoints_kept
-                return self._default_kept
-            self._checkpoints_kept = settings.context.checkpoints_kept
-        return self._checkpoints_kept
+        """How many checkpoints the agent's ring keeps: `context.checkpoints_kept` of its settings."""
+        return self.colony_settings().context.checkpoints_kept
+
+    def colony_settings(self) -> ColonySettings:
+        """The settings its host was given (`services["settings"]`), else `self.settings`; only an
+        agent with neither (a test, embedded use) reads `load_settings()`, once."""
+        given = self.host.services.get("settings") if self.host is not None else None
+        if given is not None:
+            return given
+        if self.settings is None:
+            self.settings = load_settings()
+        return self.settings
 
     @property
     def agent_id(self) -> str:
@@ -196,16 +173,11 @@ class Agent(CapabilitySet, EventDelivery, Bindable):
     @property
     def resources(self) -> ResourceRequirements:
         """What the agent needs from its replica (from its blueprint)."""
-        return self._blueprint.resources if self._blueprint is not None else ResourceRequirements()
+        return self.blueprint.resources if self.blueprint is not None else ResourceRequirements()
 
     @property
     def state(self) -> AgentState:
-        return self._state
-
-    @property
-    def stored_blueprint(self) -> AgentBlueprint | None:
-        """The blueprint recorded for this agent (None for an agent built without one)."""
-        return self._blueprint
+        return self.stored.state
 
     # -- lifecycle ------------------------------------------------------------------------
 
@@ -216,80 +188,22 @@ class Agent(CapabilitySet, EventDelivery, Bindable):
         Its event handlers' starting positions ("now") are taken first and stored with it, so
         starting them costs no persist of its own."""
         if blueprint is not None:
-            self._blueprint = blueprint
-        fresh = await self.fresh_event_positions()  # "now" for its handlers, stored with its record
+            self.blueprint = blueprint
+        fresh = await self.event_delivery.fresh_positions()  # "now" for its handlers, stored with its record
         async with self.blackboard.transaction() as tx:
             if blueprint is not None:
                 tx.write(Keys.key("blueprint"), blueprint.to_text(), created_by=self.agent_id)
             tx.write(Keys.key("metadata"), self.metadata.model_dump(mode="json"), created_by=self.agent_id)
-            lifecycle = self.lifecycle_value(self._state, "created")
+            lifecycle = self.stored.value(self.stored.state, "created")
             tx.write(LIFECYCLE, lifecycle, expected_version=0, created_by=self.agent_id)
             if fresh:  # what the first persist used to write when the handlers started
-                write_first_state(tx, self, {**self._event_positions, **fresh})
+                write_first_state(tx, self, {**self.event_delivery.positions, **fresh})
         hold_own_lifecycle(self, tx, lifecycle)
-        self._event_positions.update(fresh)
-
-    def lifecycle_value(
-        self, state: AgentState, reason: str | None, previous: AgentState | None = None
-    ) -> dict[str, Any]:
-        """The `agent:lifecycle` value this copy writes (with its holder mark)."""
-        value: dict[str, Any] = {"state": state.value, "since": time.time(), "reason": reason}
-        if previous is not None:
-            value["previous"] = previous.value
-        value["holder"] = self.holder
-        return value
-
-    async def reload_lifecycle(self) -> AgentState:
-        """Take the lifecycle state (and its version) from the blackboard, e.g. after a write whose
-        reply was lost to a cancellation. When Redis lost it (gone, older), the agent re-persists
-        what it holds instead; another live copy's is not taken: `AgentStateConflict`
-        (see `judge_lifecycle`)."""
-        entry = await self.blackboard.read(LIFECYCLE)
-        verdict = judge_lifecycle(self, entry)
-        if verdict is Verdict.LOST:
-            await recover_lifecycle(self)
-        elif verdict is Verdict.OTHER_COPY:
-            assert entry is not None
-            raise yield_to_other_copy(self, entry)
-        elif verdict is not Verdict.IN_SYNC:
-            assert entry is not None
-            adopt_lifecycle(self, entry)
-        return self._state
+        self.event_delivery.positions.update(fresh)
 
     async def transition(self, new_state: AgentState, reason: str | None = None) -> None:
-        """Move to `new_state` (checked against the transition table; a blackboard event records it).
-
-        The write applies only over the lifecycle value this copy holds (version and holder mark).
-        A conflict caused by Redis losing the agent's state is recovered once (`recover_lifecycle`);
-        another copy's write is never overwritten."""
-        for attempt in (1, 2):
-            check_transition(self._state, new_state)
-            try:
-                async with self.blackboard.transaction() as tx:
-                    await fence(tx, self)
-                    lifecycle = self.lifecycle_value(new_state, reason, previous=self._state)
-                    tx.write(LIFECYCLE, lifecycle, created_by=self.agent_id)
-            except ConcurrentModificationError:
-                if attempt == 2 or not await recover_lifecycle(self):
-                    raise
-                if self._state is new_state:  # its own write, whose answer was lost, had done it
-                    return
-                continue
-            hold_own_lifecycle(self, tx, lifecycle)
-            self._state = new_state
-            return
-
-    # -- capabilities -----------------------------------------------------------------------
-
-    async def _store_blueprint(self) -> None:
-        if self._blueprint is None:
-            return
-        self._blueprint = self._blueprint.model_copy(
-            update={"capabilities": list(self._capability_specs.values())}
-        )
-        await self.blackboard.write(
-            Keys.key("blueprint"), self._blueprint.to_text(), created_by=self.agent_id
-        )
+        """Move to `new_state`, fenced by the lifecycle this copy holds (`StoredState.transition`)."""
+        await self.stored.transition(new_state, reason)
 
     # -- event handlers ---------------------------------------------------------------------
 
@@ -297,7 +211,7 @@ class Agent(CapabilitySet, EventDelivery, Bindable):
         """Start background work: capabilities' own start-up, then the event handlers."""
         for capability in list(self.capabilities.values()):
             await capability.start()
-        await self.start_event_handlers()
+        await self.event_delivery.start()
 
     # -- runs -------------------------------------------------------------------------------
 
@@ -334,7 +248,7 @@ class Agent(CapabilitySet, EventDelivery, Bindable):
         run = self.current_run
         if run is None:
             raise AgentUsageError(f"agent {self.agent_id} has no run to drive; call begin_run() first")
-        while not run.done and self._state is AgentState.RUNNING:
+        while not run.done and self.stored.state is AgentState.RUNNING:
             await self.run_step()
         return run
 
@@ -349,7 +263,7 @@ class Agent(CapabilitySet, EventDelivery, Bindable):
 
         Hookable: capabilities wrap it to prepare context, post-process, or observe.
         """
-        if self._state not in (AgentState.RUNNING, AgentState.IDLE):
+        if self.stored.state not in (AgentState.RUNNING, AgentState.IDLE):
             return
         run = self.current_run
         if run is None or run.done:
@@ -387,7 +301,7 @@ class Agent(CapabilitySet, EventDelivery, Bindable):
         self.last_action = result.action
         action_result = result.action_result
         if action_result is not None and action_result.blocked and action_result.blocking_agent_ids:
-            await self.request_suspension(
+            await self.stored.request_suspension(
                 ResumptionCondition(
                     kind=ResumptionKind.CHILDREN_COMPLETED,
                     agent_ids=list(action_result.blocking_agent_ids),
@@ -403,12 +317,7 @@ class Agent(CapabilitySet, EventDelivery, Bindable):
         async with self._run_edge:
             run.status = RunStatus.FAILED if error else RunStatus.SUCCEEDED
             run.output, run.error, run.finished_at = output, error, time.time()
-            await self._persist_end(run)
-
-    async def _persist_end(self, run: AgentRun) -> None:
-        """Store the ended run and, when the agent was RUNNING, its move to IDLE, in one commit."""
-        idle = AgentState.IDLE if self._state is AgentState.RUNNING else None
-        await self.persist(enter=idle, reason=f"run {run.run_id} {run.status.value}")
+            await self.persist(enter=_idle_if_running(self), reason=f"run {run.run_id} {run.status.value}")
 
     def record_page_access(self, page_ids: list[str], replica_id: str, cached_tokens: int = 0) -> None:
         """Note that the agent used these pages (kept, bounded, in its persisted state: a resumed
@@ -449,7 +358,7 @@ class Agent(CapabilitySet, EventDelivery, Bindable):
                 return None
             run.status, run.error, run.finished_at = RunStatus.FAILED, reason[:2000], time.time()
             if run is not current:
-                await self._store_superseded_failure(run)
+                await store_superseded_failure(self, run)
             else:
                 await self._fail_current(run)
         for capability in list(self.capabilities.values()):
@@ -470,27 +379,12 @@ class Agent(CapabilitySet, EventDelivery, Bindable):
         """IDLE first: whoever sees the failed run stored may send the next run at once (still
         RUNNING when this fails: the next begin_run then needs no transition); then the run."""
         try:
-            if await self.reload_lifecycle() is AgentState.RUNNING:
+            if await self.stored.reload() is AgentState.RUNNING:
                 await self.transition(AgentState.IDLE, f"run {run.run_id} failed")
         except Exception as exc:
             log.warning("agent %s: not marked idle after run %s failed: %r", self.agent_id, run.run_id, exc)
         try:
             await self.persist()
-        except Exception as exc:
-            log.warning("agent %s: failed run %s not stored: %r", self.agent_id, run.run_id, exc)
-
-    async def _store_superseded_failure(self, run: AgentRun) -> None:
-        """Store the record of a failed run that is no longer the current one (fenced like every
-        write of the agent's state; best effort, logged)."""
-        try:
-            async with self.blackboard.transaction() as tx:
-                await fence(tx, self)
-                tx.write(
-                    Keys.run_key(run.run_id),
-                    run.model_dump(mode="json"),
-                    created_by=self.agent_id,
-                    ttl_seconds=self.retention_seconds,
-                )
         except Exception as exc:
             log.warning("agent %s: failed run %s not stored: %r", self.agent_id, run.run_id, exc)
 
@@ -501,29 +395,7 @@ class Agent(CapabilitySet, EventDelivery, Bindable):
             if run is None or run.done:
                 return
             run.status, run.error, run.finished_at = RunStatus.CANCELLED, reason, time.time()
-            await self._persist_end(run)
-
-    async def request_suspension(self, condition: ResumptionCondition) -> SuspensionRequest:
-        """Ask the host to suspend this agent until `condition` holds; the agent waits meanwhile."""
-        self.suspension = SuspensionRequest(agent_id=self.agent_id, condition=condition)
-        await self.blackboard.write(
-            Keys.key("suspension"), self.suspension.model_dump(mode="json"), created_by=self.agent_id
-        )
-        if self._state is AgentState.RUNNING:
-            await self.transition(AgentState.WAITING, condition.reason or condition.kind.value)
-        return self.suspension
-
-    async def record_suspension(self, condition: ResumptionCondition) -> SuspensionRequest:
-        """Store when this agent may resume (no state change: its host is suspending it)."""
-        self.suspension = SuspensionRequest(agent_id=self.agent_id, condition=condition)
-        await self.blackboard.write(
-            Keys.key("suspension"), self.suspension.model_dump(mode="json"), created_by=self.agent_id
-        )
-        return self.suspension
-
-    async def clear_suspension(self) -> None:
-        self.suspension = None
-        await self.blackboard.delete(Keys.key("suspension"))
+            await self.persist(enter=_idle_if_running(self), reason=f"run {run.run_id} {run.status.value}")
 
     # -- persistence (colony/agents/state/persistence.py) ------------------------------------------
 
@@ -535,9 +407,9 @@ class Agent(CapabilitySet, EventDelivery, Bindable):
         its end and IDLE, are stored together. After Redis lost the agent's state, everything it
         holds is re-persisted instead (`recover_lifecycle`) and the write is tried once more."""
         for attempt in (1, 2):
-            change = enter if enter is not None and enter is not self._state else None
+            change = enter if enter is not None and enter is not self.stored.state else None
             if change is not None:
-                check_transition(self._state, change)
+                check_transition(self.stored.state, change)
             try:
                 await persist_agent(self, change, reason)
                 return
@@ -558,17 +430,13 @@ class Agent(CapabilitySet, EventDelivery, Bindable):
         """Rebuild an agent, with everything it had, from its blackboard scope (see `restore_agent`)."""
         return await restore_agent(agent_id, blackboard, tenant_id=tenant_id, colony_id=colony_id, **services)
 
-    @property
-    def terminated(self) -> bool:
-        return self._state in TERMINAL_STATES
-
     async def close(self) -> None:
         """Stop background work (handlers, capability tasks); state stays in the blackboard.
 
         Every task is told to stop before the first wait, so none of them runs again meanwhile
         (e.g. a request loop that would answer from this copy's memory after its host dropped it)."""
-        for task in self._handler_tasks:
+        for task in self.event_delivery.tasks:
             task.cancel()
         for capability in self.capabilities.values():
             await capability.close()
-        await self.stop_event_handlers()
+        await self.event_delivery.stop()

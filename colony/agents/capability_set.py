@@ -11,11 +11,13 @@ from typing import TYPE_CHECKING
 from colony.agents.blueprint import CapabilitySpec
 from colony.agents.capability import AgentCapability, capability_parts
 from colony.agents.events import EventHandlerSpec
+from colony.agents.state.persistence import store_blueprint
 from colony.errors import AgentUsageError
 
 if TYPE_CHECKING:
     from colony.agents.actions import ActionDispatcher
     from colony.agents.blueprint import AgentBlueprint, Blueprint
+    from colony.agents.event_delivery import EventDelivery
     from colony.agents.hooks import HookRegistry
     from colony.blackboard import Blackboard
 
@@ -30,11 +32,9 @@ class CapabilitySet:
         capabilities: dict[str, AgentCapability]
         dispatcher: ActionDispatcher
         hooks: HookRegistry
-        _blueprint: AgentBlueprint | None
-        _capability_specs: dict[str, CapabilitySpec]
-        _handlers: dict[str, list[EventHandlerSpec]]
-
-        async def _store_blueprint(self) -> None: ...
+        blueprint: AgentBlueprint | None
+        capability_specs: dict[str, CapabilitySpec]
+        event_delivery: EventDelivery
 
     def add_capability(
         self,
@@ -49,7 +49,7 @@ class CapabilitySet:
         capabilities through `attach_capability(blueprint)`, so a restored agent has them too.
         The policy still has to `use_agent_capabilities()` it when it restricts what it plans with.
         """
-        if self._blueprint is not None and capability.name not in self._capability_specs:
+        if self.blueprint is not None and capability.name not in self.capability_specs:
             raise AgentUsageError(
                 f"agent {self.agent_id} is already recorded; add {capability.name} with "
                 "`await agent.attach_capability(Cap.bind(...))` so a restored agent has it too"
@@ -80,7 +80,7 @@ class CapabilitySet:
             )
         handlers = [EventHandlerSpec(pattern, getattr(capability, attr)) for attr, pattern in parts.handlers]
         if handlers:
-            self._handlers[capability.name] = handlers
+            self.event_delivery.handlers[capability.name] = handlers
         self.capabilities[capability.name] = capability
 
     def get_capability(self, name: str) -> AgentCapability | None:
@@ -95,11 +95,11 @@ class CapabilitySet:
     ) -> AgentCapability:
         """Add a capability to a running agent and record it in the agent's stored blueprint."""
         capability = blueprint.local_instance(agent=self, blackboard=self.blackboard)
-        self._capability_specs[capability.name] = CapabilitySpec(
+        self.capability_specs[capability.name] = CapabilitySpec(
             blueprint=blueprint, include_actions=include_actions, exclude_actions=exclude_actions
         )
         self.add_capability(capability, include_actions=include_actions, exclude_actions=exclude_actions)
-        await self._store_blueprint()
+        await store_blueprint(self)  # type: ignore[arg-type]
         if self.host is not None:
             await capability.start()
         return capability
@@ -109,8 +109,8 @@ class CapabilitySet:
         if capability is not None:
             self.dispatcher.remove_capability(name)
             self.hooks.unregister_owner(capability)
-            self._handlers.pop(name, None)
+            self.event_delivery.handlers.pop(name, None)
             await capability.close()
-            if self._capability_specs.pop(name, None) is not None:
-                await self._store_blueprint()
+            if self.capability_specs.pop(name, None) is not None:
+                await store_blueprint(self)  # type: ignore[arg-type]
         return capability

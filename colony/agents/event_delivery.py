@@ -1,7 +1,7 @@
 """How an agent's event handlers get their events: one subscription per capability with handlers,
 resumed from the position persisted with the agent, paused (not ended) by a Redis outage; what the
-handlers return becomes context for the action policy. A mixin of `Agent` (colony/agents/base.py),
-whose state (positions, tasks, context) it uses."""
+handlers return becomes context for the action policy. Held by its `Agent` (colony/agents/base.py)
+as `agent.event_delivery`; the positions are persisted with the agent's state."""
 
 from __future__ import annotations
 
@@ -14,50 +14,45 @@ from colony.blackboard import Blackboard, BlackboardEvent
 from colony.errors import BlackboardUnavailable, EventStreamRefused
 
 if TYPE_CHECKING:
-    from colony.agents.capability import AgentCapability
+    from colony.agents.base import Agent
     from colony.agents.events import EventHandlerSpec
-    from colony.agents.state.ring import ContextRing
 
 log = logging.getLogger("colony.agents.base")
 
 
 class EventDelivery:
-    """Event delivery to the handlers of an agent's capabilities."""
+    """Event delivery to the handlers of an agent's capabilities: which handlers each capability
+    has, the stream position each one has reached, and the tasks that feed them."""
 
-    if TYPE_CHECKING:
-        agent_id: str
-        capabilities: dict[str, AgentCapability]
-        context: ContextRing
-        context_changed: asyncio.Event
-        _handlers: dict[str, list[EventHandlerSpec]]
-        _event_positions: dict[str, str]
-        _handler_tasks: list[asyncio.Task[None]]
+    def __init__(self, agent: Agent) -> None:
+        self.agent = agent
+        self.handlers: dict[str, list[EventHandlerSpec]] = {}
+        self.positions: dict[str, str] = {}
+        self.tasks: list[asyncio.Task[None]] = []
 
-        async def persist(self) -> None: ...
-
-    async def start_event_handlers(self) -> None:
+    async def start(self) -> None:
         """Subscribe each capability with handlers to its scope, from where it last stopped.
 
         A fresh subscription starts "now"; that position is persisted at once, so events that
         arrive while the agent is down (dropped before its first step) are still delivered later.
         (A new agent's positions are taken and stored by `initialize`, with its record, so
         spawning costs no persist here.)"""
-        fresh = await self.fresh_event_positions()
+        fresh = await self.fresh_positions()
         if fresh:
-            self._event_positions.update(fresh)
-            await self.persist()
-        for name, handlers in self._handlers.items():
-            self._handler_tasks.append(
-                asyncio.create_task(self._feed(name, handlers), name=f"{self.agent_id}-{name}-events")
+            self.positions.update(fresh)
+            await self.agent.persist()
+        for name, handlers in self.handlers.items():
+            self.tasks.append(
+                asyncio.create_task(self._feed(name, handlers), name=f"{self.agent.agent_id}-{name}-events")
             )
 
-    async def fresh_event_positions(self) -> dict[str, str]:
+    async def fresh_positions(self) -> dict[str, str]:
         """The newest event id of the scope of each capability with handlers that has no position
         yet ("0-0" for an empty scope), read in one pipelined round trip per Redis client."""
-        wanted = [name for name in self._handlers if name not in self._event_positions]
+        wanted = [name for name in self.handlers if name not in self.positions]
         by_client: dict[int, list[tuple[str, Blackboard]]] = {}
         for name in wanted:
-            board = self.capabilities[name].blackboard
+            board = self.agent.capabilities[name].blackboard
             by_client.setdefault(id(board.redis), []).append((name, board))
         positions: dict[str, str] = {}
         for boards in by_client.values():
@@ -77,12 +72,12 @@ class EventDelivery:
         idle agent holds no connection of its own); after an outage it goes on after the last
         event handled, so nothing is lost or delivered twice. Closed when the feed ends. A stream
         Redis refuses to read (its key overwritten with another type) ends this feed only, logged."""
-        board = self.capabilities[name].blackboard
+        board = self.agent.capabilities[name].blackboard
         # the handlers' one key pattern (a run capability's "request:*") filters in the shared
         # reader: the scope's other events (a run's claims, events, results) never wake this feed
         patterns = {spec.pattern for spec in handlers}
         pattern = patterns.pop() if len(patterns) == 1 else "*"
-        subscription = board.subscribe(pattern, from_id=self._event_positions[name])
+        subscription = board.subscribe(pattern, from_id=self.positions[name])
         delay = 0.1
         try:
             while True:
@@ -91,7 +86,7 @@ class EventDelivery:
                 except BlackboardUnavailable as exc:
                     log.warning(
                         "agent %s: events of %s paused (%s); retrying in %.1fs",
-                        self.agent_id,
+                        self.agent.agent_id,
                         name,
                         exc,
                         delay,
@@ -100,7 +95,7 @@ class EventDelivery:
                     delay = min(delay * 2, 5.0)
                     continue
                 except EventStreamRefused as exc:  # not an outage: Redis refuses this scope's events
-                    log.error("agent %s: events of %s ended: %s", self.agent_id, name, exc)
+                    log.error("agent %s: events of %s ended: %s", self.agent.agent_id, name, exc)
                     return
                 if event is None:
                     return
@@ -118,15 +113,17 @@ class EventDelivery:
                 try:
                     produced = await spec.handler(event)
                 except Exception:
-                    log.exception("event handler %s of agent %s failed on %s", name, self.agent_id, event.key)
+                    log.exception(
+                        "event handler %s of agent %s failed on %s", name, self.agent.agent_id, event.key
+                    )
                     continue
                 if produced:
                     accumulated.update(produced)
         if accumulated:
-            self.context.append(accumulated)
-            self.context_changed.set()
-        self._event_positions[name] = event.id
+            self.agent.context.append(accumulated)
+            self.agent.context_changed.set()
+        self.positions[name] = event.id
 
-    async def stop_event_handlers(self) -> None:
-        await cancel_and_wait(self._handler_tasks)
-        self._handler_tasks.clear()
+    async def stop(self) -> None:
+        await cancel_and_wait(self.tasks)
+        self.tasks.clear()

@@ -134,7 +134,7 @@ class AgentRunCapability(PoolMember, RequestRetention, RunEventWriter, RunCounti
 
     async def start(self) -> None:
         agent = self._agent()
-        self.serving = serving_of(agent.stored_blueprint)
+        self.serving = serving_of(agent.blueprint)
         # the role's declaration (only its own agent speaks for the role; pool members do not) and
         # the sizes of the claim indexes, at once: a fresh agent (most starts) reads no index
         declares = self._owns_scope and self.serving != RunServing()
@@ -197,7 +197,7 @@ class AgentRunCapability(PoolMember, RequestRetention, RunEventWriter, RunCounti
         await super().close()
         await self._drain_retiring()
         agent = self._agent()
-        if self._owns_scope and self.serving != RunServing() and agent.stopping and not agent.yielded:
+        if self._owns_scope and self.serving != RunServing() and agent.stopping and not agent.stored.yielded:
             with contextlib.suppress(BlackboardError):
                 await retire_serving(self.blackboard, self.protocol, self.retention_seconds)
 
@@ -208,7 +208,7 @@ class AgentRunCapability(PoolMember, RequestRetention, RunEventWriter, RunCounti
             return None
         request_id = identified[1]["request_id"]
         agent = self._agent()
-        if agent.yielded:  # another live copy serves this agent: it claims the request, not us
+        if agent.stored.yielded:  # another live copy serves this agent: it claims the request, not us
             return None
         if self.serving.is_pool and self.busy:
             # indexed whoever wrote it (the API marks its requests only when it knows the role is a
@@ -347,8 +347,7 @@ class AgentRunCapability(PoolMember, RequestRetention, RunEventWriter, RunCounti
     def _hosted(self, agent: Agent) -> bool:
         """False once the host dropped this copy (to restore the agent from Redis): it must neither
         serve nor answer a request; the claims stay open for the copy that replaces it."""
-        hosts = getattr(agent.host, "hosts", None)
-        return hosts is None or bool(hosts(agent))
+        return agent.host is None or agent.host.hosts(agent)
 
     async def _serve_queued(self, agent: Agent, request_id: str) -> None:
         await self._idle.wait()
@@ -439,13 +438,13 @@ class AgentRunCapability(PoolMember, RequestRetention, RunEventWriter, RunCounti
                 return  # dropped for a restore meanwhile: the restored copy serves this request
             run = agent.current_run
             begun = run is not None and run.request_id == request_id
-            redo = getattr(agent.host, "redo_after_outage", None)
-            if isinstance(exc, BlackboardUnavailable) and redo is not None:
+            host = agent.host
+            if isinstance(exc, BlackboardUnavailable) and host is not None:
                 # whether the run's beginning was stored or not (a write Redis applied though its
                 # answer was lost), the agent restored from Redis knows: it drives the run on, or
                 # serves the request again; this copy, which may be wrong about it, goes
-                await agent.host.await_redis(agent)
-                if redo(agent, request_id):
+                await host.await_redis(agent)
+                if host.redo_after_outage(agent, request_id):
                     return
             if not begun and isinstance(exc, BlackboardUnavailable):
                 raise  # not begun, Redis away (or paused): `_work` serves it again once it answers
@@ -464,8 +463,7 @@ class AgentRunCapability(PoolMember, RequestRetention, RunEventWriter, RunCounti
         done but unanswered: answered from the run; the run not done: it is waiting or suspended,
         and whoever drives it next answers)."""
         agent = self._agent()
-        driver_of = getattr(agent.host, "driver", None)
-        driver = driver_of(agent.agent_id) if driver_of is not None else None
+        driver = agent.host.driver(agent.agent_id) if agent.host is not None else None
         if driver is not None and not driver.done():
             idle = asyncio.create_task(self._idle.wait())
             try:

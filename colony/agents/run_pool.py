@@ -165,8 +165,8 @@ class PoolMember:
         claim = f"{redis_url_of(self.blackboard.redis)}\x1f{event.scope_id}\x1f{event.id}"
         indexed = event.created_by == API_INDEXED_WRITER
         while True:
-            if self.busy or agent.yielded:  # since it began to wait: the next member tries instead
-                if not indexed and not agent.yielded:
+            if self.busy or agent.stored.yielded:  # since it began to wait: the next member tries instead
+                if not indexed and not agent.stored.yielded:
                     await self._mark_pending(request_id)
                 return None
             attempt = CLAIMS_HERE.take(claim)
@@ -227,7 +227,7 @@ class PoolMember:
         request that came while every member was busy). Never raises: a failure leaves the
         requests pending for the next idle member (and the pool manager's nudge)."""
         agent = self._agent()
-        if self.busy or agent.yielded or not self._hosted(agent):
+        if self.busy or agent.stored.yielded or not self._hosted(agent):
             return
         try:
             taken = await self._take_oldest(agent)

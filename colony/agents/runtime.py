@@ -166,9 +166,10 @@ class LocalAgentRuntime:
         if agent is None:
             raise AgentNotFound(f"agent {agent_id!r} is not hosted here")
         await self._detach(agent_id)
-        await agent.reload_lifecycle()  # the cancelled driver may have changed it without hearing back
+        await agent.stored.reload()  # the cancelled driver may have changed it without hearing back
         if condition is not None or agent.suspension is None:
-            await agent.record_suspension(condition or ResumptionCondition(kind=ResumptionKind.IMMEDIATE))
+            immediate = ResumptionCondition(kind=ResumptionKind.IMMEDIATE)
+            await agent.stored.record_suspension(condition or immediate)
         await agent.persist()
         if agent.state is not AgentState.SUSPENDED:
             await agent.transition(AgentState.SUSPENDED, reason)
@@ -202,10 +203,10 @@ class LocalAgentRuntime:
         except BlueprintTampered:  # refused: it ended FAILED; its state leaves after the retention
             await self._retire_refused(agent_id)
             raise
-        if agent.terminated and agent._blueprint is not None:
-            return await self.spawn(agent._blueprint)  # it ended for good: a fresh agent takes its id
+        if agent.stored.terminated and agent.blueprint is not None:
+            return await self.spawn(agent.blueprint)  # it ended for good: a fresh agent takes its id
         if agent.suspension is not None:
-            await agent.clear_suspension()
+            await agent.stored.clear_suspension()
         run_pending = agent.current_run is not None and not agent.current_run.done
         # IDLE (or INITIALIZED) with a run pending: a run's beginning and RUNNING are one commit,
         # but state stored by older code, or re-persisted after Redis lost it (`recover_lifecycle`)
@@ -235,7 +236,7 @@ class LocalAgentRuntime:
             if driver is not None and not driver.done():  # still answering its last run's request
                 await asyncio.wait({driver}, timeout=DRIVER_FINISH_SECONDS)
             await self._detach(agent_id)
-            await agent.reload_lifecycle()
+            await agent.stored.reload()
             if _busy(agent):  # a run began meanwhile: hosted again as it is, and refused
                 await self.resume(agent_id)
                 raise AgentStateConflict(_running(agent_id))
@@ -276,9 +277,9 @@ class LocalAgentRuntime:
             return
         agent.stopping = True  # closed next, for good (a drop for a restore leaves it False)
         await self._detach(agent_id)
-        if not agent.terminated:
+        if not agent.stored.terminated:
             await agent.transition(AgentState.STOPPED, "stopped")
-        if agent.terminated:  # stopped (or failed) for good: its state leaves after the retention
+        if agent.stored.terminated:  # stopped (or failed) for good: its state leaves after the retention
             await retire_state(agent)
         if self.on_stopped is not None:
             await self.on_stopped(agent_id)

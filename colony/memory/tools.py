@@ -128,7 +128,7 @@ class MemoryToolsCapability(AgentCapability):
     def service(self) -> MemoryService:
         if self.settings is None:
             host = self.agent.host if self.agent is not None else None
-            services = getattr(host, "services", None) or {}
+            services = host.services if host is not None else {}
             self.settings = services.get("settings") or load_settings()
         return memory_service(self.blackboard, self.settings)
 

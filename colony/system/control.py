@@ -219,7 +219,7 @@ class ControlPlane:
                 colony_id=self.settings.colony_id,
                 settings=self.settings,
             )
-            agent._checkpoints_kept = self.settings.context.checkpoints_kept
+            agent.settings = self.settings
             report = await restore_checkpoint(agent, step, mode=mode, run_id=run_id)
         finally:
             if hosted:  # hosted again whatever happened (the monitor places it)

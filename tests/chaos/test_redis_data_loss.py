@@ -126,7 +126,7 @@ async def test_an_agent_serves_the_next_run_after_its_state_went_back_in_time(
     _succeeded(await rig.run(10), 11)
     agent.context.append({"n": 2})
     await agent.persist()
-    held = agent._state_version
+    held = agent.stored.version
     for name, dumped in snapshot.items():
         await redis.restore(rig.entry_key(name), 0, dumped, replace=True)
     await redis.restore(rig.ring_key(), 0, ring, replace=True)
@@ -145,7 +145,7 @@ async def test_a_copy_placed_after_the_loss_is_never_written_over(rig: Rig) -> N
     noticed: two live copies. The first one yields: it writes nothing over the second's state."""
     _succeeded(await rig.run(1), 1)
     first = rig.agent()
-    held = first._state_version
+    held = first.stored.version
     await rig.board.redis.flushall()
     other = LocalAgentRuntime(rig.board, colony_id="loss")
     try:
@@ -156,7 +156,7 @@ async def test_a_copy_placed_after_the_loss_is_never_written_over(rig: Rig) -> N
         with pytest.raises(AgentStateConflict, match="another live copy"):
             await first.persist()  # its counter (total 1) would overwrite the second's (0)
         with pytest.raises(AgentStateConflict, match="another live copy"):
-            await first.reload_lifecycle()
+            await first.stored.reload()
         first_runs = [await rig.handle.submit(i, namespace="ns") for i in range(4)]
 
         async def ended(request_id: str) -> AgentRun:
@@ -175,7 +175,7 @@ async def test_a_copy_placed_after_the_loss_is_never_written_over(rig: Rig) -> N
         assert (await board.read(Keys.key("blueprint"))).version == before[Keys.key("blueprint")].version
         counter = await board.read(Keys.capability_state_key("CounterCapability"))
         assert counter.value["state"] == second.capabilities["CounterCapability"].get_state()
-        assert first._state_version == held  # it took nothing from the other copy either
+        assert first.stored.version == held  # it took nothing from the other copy either
 
         await rig.runtime.drop(AGENT)  # the yielded copy goes; the second serves every run
         total = second.capabilities["CounterCapability"].get_state()["total"]
@@ -250,7 +250,7 @@ async def test_a_host_drops_its_copy_once_another_live_copy_serves_the_agent(
         await hosts["rb"].ensure_agent(blueprint)  # the agent is unknown now: a second copy
         with pytest.raises(AgentStateConflict):
             await first.persist()
-        assert first.yielded
+        assert first.stored.yielded
 
         async def dropped() -> None:
             while AGENT in hosts["ra"].runtime.agent_ids:  # type: ignore[union-attr]  # noqa: ASYNC110

@@ -134,7 +134,7 @@ def due(agent: Agent, states: OwnStates) -> dict[str, Any] | None:
     """The checkpoint this persist pushes (with the policy and capability states it writes): one per
     (run, step) not pushed yet; None otherwise."""
     run = agent.current_run
-    if run is None or (run.run_id, run.steps) == agent._checkpointed:
+    if run is None or (run.run_id, run.steps) == agent.stored.checkpointed:
         return None
     return {
         "step": run.steps,
@@ -142,7 +142,7 @@ def due(agent: Agent, states: OwnStates) -> dict[str, Any] | None:
         "run": run.model_dump(mode="json"),
         "policy_state": states.policy,
         "capabilities": states.capabilities,
-        "events_from": {n: p for n, p in agent._event_positions.items() if n in agent.capabilities},
+        "events_from": {n: p for n, p in agent.event_delivery.positions.items() if n in agent.capabilities},
         "context": {
             "context_total": len(agent.context),
             "last_result": agent.last_result.model_dump(mode="json") if agent.last_result else None,
@@ -171,7 +171,7 @@ def push(tx: Transaction, agent: Agent, checkpoint: dict[str, Any]) -> None:
 
 def pushed(agent: Agent, checkpoint: dict[str, Any]) -> None:
     """After the commit: what this copy now knows the ring holds; the metric."""
-    agent._checkpointed = (checkpoint["run_id"], checkpoint["step"])
+    agent.stored.checkpointed = (checkpoint["run_id"], checkpoint["step"])
     metrics.CONTEXT_CHECKPOINTS.labels("created").inc()
 
 
@@ -181,7 +181,7 @@ def adopt_head(agent: Agent, head: Any) -> None:
         return
     step, run_id = head.get("step"), head.get("run_id")
     if isinstance(step, int) and not isinstance(step, bool) and isinstance(run_id, str):
-        agent._checkpointed = (run_id, step)
+        agent.stored.checkpointed = (run_id, step)
 
 
 # -- reading them ----------------------------------------------------------------------------------
@@ -325,7 +325,7 @@ def _apply(agent: Agent, target: Checkpoint) -> AgentRun | None:
             capability.set_state(target.capabilities[name])
         position = target.events_from.get(name)
         if position:
-            agent._event_positions[name] = position
+            agent.event_delivery.positions[name] = position
     context = target.context
     last = context.get("last_result")
     agent.last_result = ActionResult.model_validate(last) if last else None
@@ -406,7 +406,7 @@ async def restore_checkpoint(
             "nothing was restored: try again"
         ) from None
     context.mark_persisted(position)
-    agent._checkpointed = (target.run_id, target.step)
+    agent.stored.checkpointed = (target.run_id, target.step)
     if marker is not None:
         agent.action_log.truncated(target.step)
     metrics.CONTEXT_CHECKPOINTS.labels("restored").inc()

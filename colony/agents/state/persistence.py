@@ -82,14 +82,14 @@ async def persist_agent(agent: Agent, enter: AgentState | None = None, reason: s
     action log holds for it (actions that declare no effect, `ActionLog.write_deferred`) go into
     the log's ring in it too. With `enter`, the
     agent's `agent:lifecycle` moves to that state in it too (the caller checked the transition)."""
-    skipping = bool(agent._written)
+    skipping = bool(agent.stored.written)
     try:
-        await _persist(agent, enter, reason, agent._written)
+        await _persist(agent, enter, reason, agent.stored.written)
     except ConcurrentModificationError:
         if not skipping:
             raise
         # an entry may have changed under this copy (the failed commit forgot them): all written
-        await _persist(agent, enter, reason, agent._written)
+        await _persist(agent, enter, reason, agent.stored.written)
 
 
 async def _persist(
@@ -99,7 +99,7 @@ async def _persist(
     pending, position = context.pending(), len(context)
     states = own_states(agent)  # taken once: the state entries and the step's checkpoint share them
     checkpoint = checkpoints.due(agent, states)
-    lifecycle = agent.lifecycle_value(enter, reason, previous=agent.state) if enter is not None else None
+    lifecycle = agent.stored.value(enter, reason, previous=agent.state) if enter is not None else None
     written: dict[str, str] = {}
     try:
         async with agent.blackboard.transaction() as tx:
@@ -120,7 +120,7 @@ async def _persist(
             held[entry.key] = (entry.version, written[entry.key])
     if enter is not None and lifecycle is not None:
         hold_own_lifecycle(agent, tx, lifecycle)
-        agent._state = enter
+        agent.stored.state = enter
     agent.action_log.deferred_stored(logged)
     context.mark_persisted(position)
     if checkpoint is not None:
@@ -131,11 +131,11 @@ def _put(tx: Transaction, agent: Agent, key: str, value: Any, written: dict[str,
     """Write one state entry; with `written` (a persist's), one holding what this copy last
     committed there is only expected unchanged, and the text of one written is noted there."""
     if written is None:
-        agent._written.pop(key, None)
+        agent.stored.written.pop(key, None)
         tx.write(key, value, created_by=agent.agent_id)
         return
     text = encode_value(value)
-    held = agent._written.get(key)
+    held = agent.stored.written.get(key)
     if held is not None and held[1] == text:
         tx.expect(key, held[0], text)  # the very text too: a lost key written again is at version 1
         return
@@ -151,8 +151,8 @@ async def fence(tx: Transaction, agent: Agent) -> None:
     same holder mark), so it never lets through what the read path refuses. A failed check is a
     `ConcurrentModificationError` like any conflict, and the caller's recovery (`recover_lifecycle`)
     reads and judges the stored value, dropping the text: its retry takes the read path."""
-    if agent._lifecycle_text is not None:
-        tx.expect(LIFECYCLE, agent._state_version, agent._lifecycle_text)
+    if agent.stored.text is not None:
+        tx.expect(LIFECYCLE, agent.stored.version, agent.stored.text)
     else:
         await check_fence(tx, agent)
 
@@ -161,8 +161,8 @@ def hold_own_lifecycle(agent: Agent, tx: Transaction, value: dict[str, Any]) -> 
     """After a commit that wrote `value` to `agent:lifecycle`: this copy holds that value (its
     version, its holder mark, its exact text for the next `fence`)."""
     written = next(e for e in tx.results if e is not None and e.key == LIFECYCLE)
-    agent._state_version, agent._state_mark = written.version, agent.holder
-    agent._lifecycle_text = encode_value(value)
+    agent.stored.version, agent.stored.mark = written.version, agent.holder
+    agent.stored.text = encode_value(value)
 
 
 async def check_fence(tx: Transaction, agent: Agent) -> None:
@@ -171,7 +171,7 @@ async def check_fence(tx: Transaction, agent: Agent) -> None:
     stored = await tx.read(LIFECYCLE)  # in the read set: the commit checks it did not change
     if judge_lifecycle(agent, stored) is not Verdict.IN_SYNC:
         found = stored.version if stored is not None else 0
-        raise ConcurrentModificationError(LIFECYCLE, agent._state_version, found)
+        raise ConcurrentModificationError(LIFECYCLE, agent.stored.version, found)
 
 
 class OwnStates(NamedTuple):
@@ -204,7 +204,7 @@ def write_state(
     if states.policy is not None:
         _put(tx, agent, Keys.key("policy_state"), states.policy, written)
     for name, state in states.capabilities.items():
-        entry = {"state": state, "events_from": agent._event_positions.get(name)}
+        entry = {"state": state, "events_from": agent.event_delivery.positions.get(name)}
         _put(tx, agent, Keys.capability_state_key(name), entry, written)
 
 
@@ -270,9 +270,9 @@ def judge_lifecycle(agent: Agent, entry: BlackboardEntry | None) -> Verdict:
     another live copy wrote it: a mark that is not this copy's on a value written after this copy
     came to life (`born`). Every copy writes its own random mark (`Agent.holder`)."""
     found = entry.version if entry is not None else 0
-    held = agent._state_version
+    held = agent.stored.version
     mark = stored_holder(entry)
-    if found == held and (entry is None or mark == agent._state_mark):
+    if found == held and (entry is None or mark == agent.stored.mark):
         return Verdict.IN_SYNC
     if entry is None:
         return Verdict.LOST
@@ -288,8 +288,8 @@ def yield_to_other_copy(agent: Agent, entry: BlackboardEntry) -> AgentStateConfl
     over it and refuses its runs (logged once per copy at WARNING)."""
     value = entry.value if isinstance(entry.value, dict) else {}
     state = str(value.get("state"))[:32]
-    if not agent._yielded:
-        agent._yielded = True
+    if not agent.stored.yielded:
+        agent.stored.yielded = True
         log.warning(
             "agent %s: another live copy of this agent wrote its state (%s, version %d); this "
             "copy writes nothing over it and refuses its runs",
@@ -317,8 +317,8 @@ def adopt_lifecycle(agent: Agent, entry: BlackboardEntry) -> bool:
     state = _stored_state(entry)
     if state is None:
         return False
-    agent._state, agent._state_version, agent._state_mark = state, entry.version, stored_holder(entry)
-    agent._lifecycle_text = None  # read, not written by this copy: the next fence reads it
+    agent.stored.state, agent.stored.version, agent.stored.mark = state, entry.version, stored_holder(entry)
+    agent.stored.text = None  # read, not written by this copy: the next fence reads it
     return True
 
 
@@ -333,7 +333,7 @@ async def recover_lifecycle(agent: Agent) -> bool:
     - OTHER_COPY: this copy yields, `AgentStateConflict`, and writes nothing.
     - UNMARKED_NEWER: False (another writer; nothing is written over it).
     """
-    agent._lifecycle_text = None  # what it wrote last is not what Redis holds: judged from a read
+    agent.stored.text = None  # what it wrote last is not what Redis holds: judged from a read
     for _ in range(3):  # a re-persist that loses a race looks again (bounded)
         entry = await agent.blackboard.read(LIFECYCLE)
         verdict = judge_lifecycle(agent, entry)
@@ -353,7 +353,7 @@ async def recover_lifecycle(agent: Agent) -> bool:
             "re-persisting the state it holds (%s) and carrying on",
             agent.agent_id,
             "is gone" if entry is None else f"went back to version {found}",
-            agent._state_version,
+            agent.stored.version,
             agent.state.value,
         )
         try:
@@ -380,11 +380,11 @@ async def repersist_agent(agent: Agent, lifecycle_version: int) -> None:
         if isinstance(stored_total, bool) or not isinstance(stored_total, int):
             stored_total = 0
         missing = context[max(0, min(stored_total, position)) : position]
-        blueprint = agent.stored_blueprint
+        blueprint = agent.blueprint
         if blueprint is not None:
             tx.write(Keys.key("blueprint"), blueprint.to_text(), created_by=agent.agent_id)
         tx.write(Keys.key("metadata"), agent.metadata.model_dump(mode="json"), created_by=agent.agent_id)
-        lifecycle = agent.lifecycle_value(agent.state, "re-persisted: Redis had lost it")
+        lifecycle = agent.stored.value(agent.state, "re-persisted: Redis had lost it")
         tx.write(LIFECYCLE, lifecycle, created_by=agent.agent_id)
         if agent.suspension is not None:
             tx.write(
@@ -423,9 +423,9 @@ async def restore_agent(
     metadata.action_policy_blueprints = blueprint.metadata.action_policy_blueprints  # not in JSON
     blueprint = blueprint.model_copy(update={"metadata": metadata})
     agent = build_agent(blueprint, blackboard, **services)
-    agent._blueprint = blueprint
-    agent._state = AgentState(lifecycle_e.value["state"])
-    agent._state_version, agent._state_mark = lifecycle_e.version, stored_holder(lifecycle_e)
+    agent.blueprint = blueprint
+    agent.stored.state = AgentState(lifecycle_e.value["state"])
+    agent.stored.version, agent.stored.mark = lifecycle_e.version, stored_holder(lifecycle_e)
     if current_e is not None:
         run_e = await board.read(Keys.run_key(current_e.value))
         if run_e is not None:
@@ -448,8 +448,33 @@ async def restore_agent(
         if entry is not None:
             capability.set_state(entry.value.get("state") or {})
             if entry.value.get("events_from"):
-                agent._event_positions[name] = entry.value["events_from"]
+                agent.event_delivery.positions[name] = entry.value["events_from"]
     return agent
+
+
+async def store_blueprint(agent: Agent) -> None:
+    """Record the agent's blueprint with its current capabilities (a restored agent gets them)."""
+    if agent.blueprint is None:
+        return
+    specs = list(agent.capability_specs.values())
+    agent.blueprint = agent.blueprint.model_copy(update={"capabilities": specs})
+    await agent.blackboard.write(Keys.key("blueprint"), agent.blueprint.to_text(), created_by=agent.agent_id)
+
+
+async def store_superseded_failure(agent: Agent, run: AgentRun) -> None:
+    """Store the record of a failed run that is no longer the agent's current one (fenced like
+    every write of the agent's state; best effort, logged)."""
+    try:
+        async with agent.blackboard.transaction() as tx:
+            await fence(tx, agent)
+            tx.write(
+                Keys.run_key(run.run_id),
+                run.model_dump(mode="json"),
+                created_by=agent.agent_id,
+                ttl_seconds=agent.retention_seconds,
+            )
+    except Exception as exc:
+        log.warning("agent %s: failed run %s not stored: %r", agent.agent_id, run.run_id, exc)
 
 
 def _check_policy_blueprints(blueprint: AgentBlueprint) -> None:
@@ -476,7 +501,7 @@ def build_agent(blueprint: AgentBlueprint, blackboard: Blackboard, **services: A
     for item in blueprint.capabilities:
         spec = item if isinstance(item, CapabilitySpec) else CapabilitySpec(blueprint=item)
         capability = spec.blueprint.local_instance(agent=agent, blackboard=blackboard, **services)
-        agent._capability_specs[capability.name] = spec
+        agent.capability_specs[capability.name] = spec
         agent.add_capability(
             capability, include_actions=spec.include_actions, exclude_actions=spec.exclude_actions
         )

@@ -171,7 +171,7 @@ class MemoryBlocksCapability(AgentCapability):
     def _base_settings(self) -> ColonySettings:
         if self.settings is None:
             host = self.agent.host if self.agent is not None else None
-            services = getattr(host, "services", None) or {}
+            services = host.services if host is not None else {}
             self.settings = services.get("settings") or load_settings()
         return self.settings
 
