@@ -1,3 +1,4 @@
-"""Context management: per-agent checkpoints and undo, a write-ahead action log (resume re-runs
-only the unfinished action), compaction under a token budget, export/import, and sessions with a
-conversation tree (docs/context.md)."""
+"""Conversations: sessions whose messages form a tree (branches, switch, non-destructive revert,
+fork) and the session agent that answers them. The rest of context management lives in the
+package that owns what it changes: checkpoints and the action log in `colony.agents.state`,
+compaction in `colony.planning`, export/import in `colony.system` (docs/context.md)."""
