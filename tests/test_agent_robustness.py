@@ -597,7 +597,7 @@ async def test_a_fresh_request_is_adopted_without_reading_its_events_again(
     (served again after a restart: here, events written before it is claimed) is read in full."""
     agent = await runtime.spawn(echo_blueprint(f"fre{uuid.uuid4().hex[:6]}"))
     capability = next(c for c in agent.capabilities.values() if isinstance(c, AgentRunCapability))
-    reads = count_calls(capability, "_stored_events")
+    reads = count_calls(capability.events, "stored")
     handle = handle_for(runtime, agent.agent_id)
     run = await handle.run("fresh", namespace=RUNS_NAMESPACE, timeout=15)
     assert run.status is RunStatus.SUCCEEDED and reads["count"] == 0

@@ -14,6 +14,7 @@ import pytest
 from colony.agents import run_retention
 from colony.agents.base import MAX_CONTEXT_ITEMS, Agent
 from colony.agents.run_capability import AgentRunCapability
+from colony.agents.run_retention import RequestRetention
 from colony.agents.state.ring import ContextRing
 from colony.blackboard import AgentRunProtocol, Blackboard, create_redis
 from colony.blackboard.protocol import AgentStateProtocol
@@ -140,9 +141,9 @@ async def test_stopped_agent_leaves_registry_and_redis(colony, bb: Blackboard) -
 
 def without_retirement_in_the_answer(monkeypatch: pytest.MonkeyPatch) -> None:
     """Answers whose commit carries no retirement (as when it conflicts, or the run's keys are too
-    many for its round trip): the request is retired on its own after it (`_retire`)."""
-    monkeypatch.setattr(AgentRunCapability, "_retire_with", lambda self, tx, request_id: None)
-    monkeypatch.setattr(AgentRunCapability, "_retired_with", lambda self, tx: False)
+    many for its round trip): the request is retired on its own after it (`retire`)."""
+    monkeypatch.setattr(RequestRetention, "retire_with", lambda self, tx, request_id: None)
+    monkeypatch.setattr(RequestRetention, "retired_with", lambda self, tx: False)
 
 
 async def test_a_run_is_retired_in_its_answers_round_trip(

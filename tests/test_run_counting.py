@@ -142,23 +142,23 @@ async def test_a_run_whose_terminal_event_fails_after_its_result_is_counted(
     event then refused, went uncounted (the failure path found the result there and counted
     nothing). The run ended when its result was stored: it counts then."""
     from colony.agents import run_event_writer
-    from colony.agents.run_capability import AgentRunCapability
+    from colony.agents.run_event_writer import RunEventWriter
 
     real_retry = run_event_writer.retry_unavailable
-    store_event = AgentRunCapability._store_event
+    store_event = RunEventWriter.store_event
 
     async def one_commit_fails(operation: Any, what: str, *args: Any, **kwargs: Any) -> Any:
         if what.startswith("answer of request"):
             raise RuntimeError("the one-commit answer refused")
         return await real_retry(operation, what, *args, **kwargs)
 
-    async def terminal_refused(self: AgentRunCapability, key: str, value: Any) -> None:
+    async def terminal_refused(self: RunEventWriter, key: str, value: Any) -> None:
         if key.endswith(".completed"):
             raise RuntimeError("terminal event refused")
         await store_event(self, key, value)
 
     monkeypatch.setattr(run_event_writer, "retry_unavailable", one_commit_fails)
-    monkeypatch.setattr(AgentRunCapability, "_store_event", terminal_refused)
+    monkeypatch.setattr(RunEventWriter, "store_event", terminal_refused)
     before = completed("succeeded")
     run_id = (await apis[0].submit("echo", 7, timeout_s=60)).run_id
     assert await ended(apis[0], run_id) == "succeeded"

@@ -42,13 +42,13 @@ async def old_pending_with_two_free_members(
     await cluster.control.place(blueprint)
     await pool_hosted(cluster, pools_, role, 2)
     picking = [True]
-    real_pick_up = run_pool.PoolMember._pick_up
+    real_pick_up = run_pool.PoolMember.pick_up
 
     async def after_a_run(self: Any) -> None:
         if picking[0]:
             await real_pick_up(self)
 
-    monkeypatch.setattr(run_pool.PoolMember, "_pick_up", after_a_run)
+    monkeypatch.setattr(run_pool.PoolMember, "pick_up", after_a_run)
     CountedNap.gate = asyncio.Event()
     try:
         held = [(await cluster.runs.submit(role, "held")).run_id for _ in range(2)]
@@ -214,7 +214,7 @@ async def test_a_lost_pick_up_whose_claims_cannot_be_looked_up_leaves_the_reques
     await cluster.control.place(blueprint)
     await pool_hosted(cluster, pools_, "unknown", 2)
     real = run_pool.claim_oldest_pending
-    real_look_up = AgentRunCapability._serve_held_claims
+    real_look_up = run_pool.PoolMember.serve_held_claims
     cut: list[str] = []
 
     async def cut_off(*args: Any, **kwargs: Any) -> Any:
@@ -223,13 +223,13 @@ async def test_a_lost_pick_up_whose_claims_cannot_be_looked_up_leaves_the_reques
             raise BlackboardUnavailable("claim_oldest", "redis://blip", TimeoutError("answer lost"))
         return await real(*args, **kwargs)
 
-    async def look_up_fails(self: AgentRunCapability) -> list[str] | None:
-        if cut and self._agent().agent_id == cut[0]:
+    async def look_up_fails(self: run_pool.PoolMember) -> list[str] | None:
+        if cut and self.cap._agent().agent_id == cut[0]:
             return None
         return await real_look_up(self)
 
     monkeypatch.setattr(run_pool, "claim_oldest_pending", cut_off)
-    monkeypatch.setattr(AgentRunCapability, "_serve_held_claims", look_up_fails)
+    monkeypatch.setattr(run_pool.PoolMember, "serve_held_claims", look_up_fails)
     run_id = (await cluster.runs.submit("unknown", "x")).run_id
     views = await finished(cluster, [run_id])
     assert views[run_id].status == "succeeded" and cut

@@ -35,7 +35,7 @@ from colony.agents.run_claims import (
     pending_tag,
     pending_write,
 )
-from colony.agents.run_pool import ClaimsInProcess
+from colony.agents.run_pool import ClaimsInProcess, PoolMember
 from colony.api.app import ApiServices, create_app
 from colony.blackboard import AgentRunProtocol, Blackboard
 from colony.config import ColonySettings, ServeSettings, VcmSettings
@@ -337,7 +337,7 @@ async def test_a_request_no_submitter_indexed_waits_for_a_free_member(cluster: C
 
 
 def request_ids_passed_to(monkeypatch: pytest.MonkeyPatch, method: str) -> list[str]:
-    """The request ids every pool member passes to its `method` (`_mark_pending`, `_drop_pending`)
+    """The request ids every pool member passes to its `method` (`mark_pending`, `drop`)
     from now on, the method still doing its work."""
     from colony.agents.run_pool import PoolMember
 
@@ -358,7 +358,7 @@ async def test_busy_members_index_only_what_the_api_did_not(
     """The API indexes its pool runs itself (marker first, the request by API_INDEXED_WRITER):
     busy members write no marker of their own for them (one wasted create per busy member per
     run, before); another writer's request they still index, and every run is served."""
-    marked = request_ids_passed_to(monkeypatch, "_mark_pending")
+    marked = request_ids_passed_to(monkeypatch, "mark_pending")
     _pools, _member, run_ids = await member_busy_in_two_member_pool(cluster, "indexed", 2, seconds=1.0)
     more = [(await cluster.runs.submit("indexed", n)).run_id for n in range(3)]
     board = cluster.runs.run_board(await cluster.runs.record(more[0]))
@@ -386,7 +386,7 @@ async def test_a_claim_takes_its_request_out_of_the_pending_index_in_its_commit(
 ) -> None:
     """The API's pending marker leaves with the claim, in one commit: no separate drop per run,
     and nothing is left in the index."""
-    drops = request_ids_passed_to(monkeypatch, "_drop_pending")
+    drops = request_ids_passed_to(monkeypatch, "drop")
     blueprint = nap_blueprint("dropper", RunServing(mode="pool", min_size=1, max_size=1), seconds=0.01)
     pools = cluster.use_pools(blueprint)
     await cluster.control.place(blueprint)
@@ -671,11 +671,11 @@ async def test_a_member_waiting_on_a_failed_claim_attempt_claims_in_its_place(
             raise RuntimeError("claim cut off")
         return await claim(self, agent, request_id)
 
-    async def refused(self: AgentRunCapability, request_id: str) -> None:
+    async def refused(self: PoolMember, request_id: str) -> None:
         return None  # the fallback marker is lost too
 
     monkeypatch.setattr(AgentRunCapability, "_claim", fails_once)
-    monkeypatch.setattr(AgentRunCapability, "_mark_pending", refused)
+    monkeypatch.setattr(PoolMember, "mark_pending", refused)
     result = await handle_request_answered(board, "handle-req-3", "third", 10)
     assert result["output"] == "third" and len(failed) == 1
     held = await board.read(AgentRunProtocol.claim_key("handle-req-3"))  # retired: its holder's id

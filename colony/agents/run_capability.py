@@ -8,7 +8,6 @@ import asyncio
 import contextlib
 import logging
 import time
-from collections import OrderedDict
 from collections.abc import AsyncIterator
 from typing import TYPE_CHECKING, Any
 
@@ -61,7 +60,7 @@ TRIES_WHILE_UP = 3  # a blackboard error while Redis answers is retried this oft
 PICKED_UP_FRESH_SECONDS = 0.5  # a pick-up's read older than this (the member was held up) is read again
 
 
-class AgentRunCapability(PoolMember, RequestRetention, RunEventWriter, RunCounting, AgentCapability):
+class AgentRunCapability(AgentCapability):
     """Serves AgentHandle requests of one namespace: runs the agent, streams events, writes the result.
 
     Nothing about the requests is held only in memory. A request is claimed (create-only
@@ -112,19 +111,17 @@ class AgentRunCapability(PoolMember, RequestRetention, RunEventWriter, RunCounti
         self.protocol = protocol
         self.one_shot = one_shot  # a worker with one job: the agent stops once it is answered
         self.active_request: str | None = None
-        self._seq = 0
-        self._attempt = 1  # of the active request: 1, one more after each `restarted` event
         self._queue: asyncio.Queue[str] = asyncio.Queue()
         self._queued: set[str] = set()
         self._idle = asyncio.Event()
         self._idle.set()
         self.serving = RunServing()  # the agent's blueprint's, read at start()
         self._claiming = False  # a pool member's claim is in flight: it takes no second one meanwhile
-        self._settings = settings  # the host's (injected); load_settings() only when none is given
-        self._retention: float | None = None
-        self._max_events: int | None = None
-        self._retiring: set[asyncio.Task[None]] = set()  # retirements in flight (run_retention)
-        self._api_requests: OrderedDict[str, float] = OrderedDict()  # HTTP runs served (run_counting)
+        # its collaborators: the request's events and answer, retention, counting, pool membership
+        self.events = RunEventWriter(self)
+        self.retention = RequestRetention(self, settings)
+        self.counting = RunCounting()
+        self.pool = PoolMember(self)
         # requests a pick-up claimed, with what serving them reads and when that was read (run_pool)
         self._picked_up: dict[str, tuple[float, PickedUp]] = {}
         if agent is not None:
@@ -161,21 +158,36 @@ class AgentRunCapability(PoolMember, RequestRetention, RunEventWriter, RunCounti
         run = agent.current_run
         restored: AgentRun | None = None
         for request_id, result, request in zip(request_ids, read[0::2], read[1::2], strict=True):
-            self._note_request(request_id, request)
+            self.counting.note(request_id, request)
             if result is not None:  # answered before a restart could retire it
-                await self._end_stream(request_id, result)
-                await self._retire(request_id)
+                await self.events.end_stream(request_id, result)
+                await self.retention.retire(request_id)
             elif run is not None and not run.done and run.request_id == request_id:
                 restored = run  # adopted below, once no other request is made active
             else:
                 self._enqueue(request_id)  # a done run unanswered is answered from the run, not re-run
         if restored is not None and restored.request_id is not None:
             # the host drives the restored run; _after_step answers
-            await self._announce_restart(restored, await self._adopt(restored.request_id))
+            await self.events.announce_restart(restored, await self.events.adopt(restored.request_id))
         self._tasks.append(asyncio.create_task(self._work(), name=f"{agent.agent_id}-{self.name}-requests"))
         if self.serving.is_pool and scope.pending:
-            await self._pick_up()  # requests that came while no member was free (a later one
+            await self.pool.pick_up()  # requests that came while no member was free (a later one
             # reaches this member's event handler, which starts after this)
+
+    async def emit(self, event_type: str, data: Any = None) -> None:
+        """Write the next event of the active request (`RunEventWriter.emit`): what the agent's
+        `emit_run_event` calls."""
+        await self.events.emit(event_type, data)
+
+    @property
+    def retention_seconds(self) -> float:
+        """How long an answered request's keys stay (`RequestRetention`)."""
+        return self.retention.retention_seconds
+
+    @property
+    def max_events(self) -> int:
+        """Events one request may store (`RequestRetention`)."""
+        return self.retention.max_events
 
     def _open_claims(self) -> AsyncIterator[BlackboardEntry]:
         """Every open claim of this run scope (whoever holds it), read from the open-claims index."""
@@ -195,11 +207,11 @@ class AgentRunCapability(PoolMember, RequestRetention, RunEventWriter, RunCounti
         alone; should an expiry land on a live copy's declaration anyway, every member serving a
         run takes it off again (`_keep_serving`)."""
         await super().close()
-        await self._drain_retiring()
+        await self.retention.drain()
         agent = self._agent()
         if self._owns_scope and self.serving != RunServing() and agent.stopping and not agent.stored.yielded:
             with contextlib.suppress(BlackboardError):
-                await retire_serving(self.blackboard, self.protocol, self.retention_seconds)
+                await retire_serving(self.blackboard, self.protocol, self.retention.retention_seconds)
 
     @event_handler(pattern="request:*")
     async def on_request(self, event: BlackboardEvent) -> dict[str, Any] | None:
@@ -215,10 +227,10 @@ class AgentRunCapability(PoolMember, RequestRetention, RunEventWriter, RunCounti
             # pool, and says so by its writer; an AgentHandle never does): an idle member takes
             # it, or this one once idle
             if event.created_by != API_INDEXED_WRITER:
-                await self._mark_pending(request_id)
+                await self.pool.mark_pending(request_id)
             return None
         if self.serving.is_pool:  # maybe an older pending request than this one (a pick-up)
-            claimed = await self._claim_first_here(agent, request_id, event)
+            claimed = await self.pool.claim_first_here(agent, request_id, event)
         else:
             claimed = request_id if await self._claim(agent, request_id) else None
         if claimed is None:
@@ -342,7 +354,7 @@ class AgentRunCapability(PoolMember, RequestRetention, RunEventWriter, RunCounti
                 self._queued.discard(request_id)
                 self._picked_up.pop(request_id, None)
             if self.serving.is_pool and not self._queued:
-                await self._pick_up()
+                await self.pool.pick_up()
 
     def _hosted(self, agent: Agent) -> bool:
         """False once the host dropped this copy (to restore the agent from Redis): it must neither
@@ -378,22 +390,22 @@ class AgentRunCapability(PoolMember, RequestRetention, RunEventWriter, RunCounti
                 self.protocol.request_tag(request_id),
                 self.protocol.event_pattern(request_id),
             )
-        await self._keep_serving(declaration)
-        self._note_request(request_id, request)
+        await self.pool.keep_serving(declaration)
+        self.counting.note(request_id, request)
         if marker is not None:  # written after the claim dropped it (a busy member's, a re-open's):
-            await self._drop_pending(request_id)  # it would count against max_concurrent_runs
+            await self.pool.drop(request_id)  # it would count against max_concurrent_runs
         if result is not None:
-            await self._retire(request_id)  # ended by its requester before it was served
+            await self.retention.retire(request_id)  # ended by its requester before it was served
             return
         if request is None:  # gone (a submit that failed half-way, or expired): nothing to serve
             log.info("request %s of %s is gone; not served", request_id, agent.agent_id)
-            await self._retire(request_id)
+            await self.retention.retire(request_id)
             return
         run = agent.current_run
         if run is not None and run.done and run.request_id == request_id:
             # its run ended, then the host died before the answer was stored: answer from the run
             # (running it again would do its work twice and stream all its events again)
-            await self._adopt(request_id)
+            await self.events.adopt(request_id)
             await self._respond(request_id, run.status, run.output, run.error, run.run_id, run.steps)
             return
         await self._serve(request_id, request, StoredEvents() if events == [] else None)
@@ -401,13 +413,13 @@ class AgentRunCapability(PoolMember, RequestRetention, RunEventWriter, RunCounti
     async def _fail_request(self, request_id: str, reason: str) -> None:
         """End a request whose serving raised (e.g. an input Redis would not store in an event) as
         failed with the reason, and leave the capability idle; never raises."""
-        self.active_request, self._seq, self._attempt = request_id, 0, 1  # never the previous request's
+        self.events.begin(request_id)  # never the previous request's
         try:
             with contextlib.suppress(Exception):
-                await self._adopt(request_id)  # numbering goes on after what this request stored
-            if request_id not in self._api_requests:  # failed before its request was read: read it
+                await self.events.adopt(request_id)  # numbering goes on after what this request stored
+            if not self.counting.noted(request_id):  # failed before its request was read: read it
                 with contextlib.suppress(Exception):  # now, so its end is counted if it is a run
-                    self._note_request(
+                    self.counting.note(
                         request_id, await self.blackboard.read(self.protocol.request_key(request_id))
                     )
             message = f"the agent could not serve this run: {reason}"[:2000]
@@ -423,11 +435,11 @@ class AgentRunCapability(PoolMember, RequestRetention, RunEventWriter, RunCounti
     ) -> None:
         agent = self._agent()
         input_data = request.value.get("input") if request is not None else None
-        stored = await self._adopt(request_id, stored)
+        stored = await self.events.adopt(request_id, stored)
         if not stored.started:  # re-served after a restart before its run began: one `started`
             await self.emit(STARTED, {"input": input_data})
         else:
-            await self._announce_rerun(request_id, stored)
+            await self.pool.announce_rerun(request_id, stored)
         try:
             if agent.host is not None:
                 await agent.host.start_run(agent.agent_id, input_data, request_id=request_id)
@@ -507,17 +519,17 @@ class AgentRunCapability(PoolMember, RequestRetention, RunEventWriter, RunCounti
             # and no terminal event follows. A Redis outage delays the answer; it never loses it.
             # (whoever stores the result counts the run's end: `_count_answer`, run_counting)
             data = {"output": output, "error": error}
-            retired = await self._store_answer(request_id, value, kind, data, step)
+            retired = await self.events.store_answer(request_id, value, kind, data, step)
         except ConcurrentModificationError:
             pass
         except Exception as exc:  # e.g. an output Redis cannot store: the run still ends, as failed
             reason = f"its result could not be stored: {type(exc).__name__}: {exc}"
-            await self._store_failure(request_id, reason)
+            await self.events.store_failure(request_id, reason)
         finally:
             self.active_request = None
             self._idle.set()
         if not retired:  # not in the answer's round trip (`_store_answer`): on its own
-            await self._retire(request_id)
+            await self.retention.retire(request_id)
         agent = self.agent
         if self.one_shot and agent is not None and agent.host is not None:
             agent.host.retire(agent.agent_id)
@@ -536,7 +548,7 @@ class AgentRunCapability(PoolMember, RequestRetention, RunEventWriter, RunCounti
                 self.active_request, run.status, run.output, run.error, run.run_id, run.steps, step
             )
             return
-        await self._emit_step(step)
+        await self.events.emit_step(step)
         if await self.blackboard.read(self.protocol.result_key(self.active_request)):
             await agent.cancel_run("the requester ended the run (cancelled or timed out)")
         if run.done:

@@ -1,5 +1,5 @@
-"""Which runs an agent counts as ended (a mixin of `AgentRunCapability`): a run submitted over the
-HTTP API (its request written by the API) is counted in `colony_runs_completed_total` and
+"""Which runs an agent counts as ended (`AgentRunCapability`'s `cap.counting`): a run submitted
+over the HTTP API (its request written by the API) is counted in `colony_runs_completed_total` and
 `colony_run_duration_seconds` by the agent whose create-only answer stored its result, so each is
 counted once in the cluster, when it ends, whether or not anyone reads it (docs/metrics.md). A run
 the API ends itself (cancelled, timed out) is counted by the API process whose result write did it
@@ -21,11 +21,17 @@ REQUESTS_NOTED = 1024  # HTTP runs being served whose submit time a capability k
 
 
 class RunCounting:
-    """Mixed into AgentRunCapability."""
+    """The HTTP runs an `AgentRunCapability` serves, noted when read and counted when answered (once);
+    held by the capability as `cap.counting`."""
 
-    _api_requests: OrderedDict[str, float]
+    def __init__(self) -> None:
+        self._api_requests: OrderedDict[str, float] = OrderedDict()  # request id -> submit time
 
-    def _note_request(self, request_id: str, request: BlackboardEntry | None) -> None:
+    def noted(self, request_id: str) -> bool:
+        """Whether the request was noted as an HTTP run being served."""
+        return request_id in self._api_requests
+
+    def note(self, request_id: str, request: BlackboardEntry | None) -> None:
         """Remember when an HTTP run's request was written (Redis' clock), to count its end."""
         if request is None or not isinstance(request.value, dict):
             return
@@ -36,7 +42,7 @@ class RunCounting:
         while len(self._api_requests) > REQUESTS_NOTED:
             self._api_requests.popitem(last=False)
 
-    def _count_answer(self, request_id: str, status: str) -> None:
+    def count_answer(self, request_id: str, status: str) -> None:
         """This copy stored the request's result: an HTTP run ended, counted here (once)."""
         requested = self._api_requests.pop(request_id, None)
         if requested is not None:

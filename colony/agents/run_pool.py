@@ -1,4 +1,4 @@
-"""The pool member's side of `AgentRunCapability` (a mixin): what a member does with the pending
+"""The pool member's side of `AgentRunCapability` (`cap.pool`): what a member does with the pending
 index of its role's run scope (colony.agents.run_claims), how it keeps the role's serving
 declaration, and how it announces a run it serves again from the start after the member that
 held it ended (docs/scaling.md, Pools)."""
@@ -30,12 +30,12 @@ from colony.errors import BlackboardError, BlackboardUnavailable, ConcurrentModi
 from colony.wire.run_events import RESTARTED, STARTED
 
 if TYPE_CHECKING:
-    from collections.abc import AsyncIterator, Coroutine
+    from collections.abc import Coroutine
 
     from colony.agents.base import Agent
+    from colony.agents.run_capability import AgentRunCapability
     from colony.agents.stored_events import StoredEvents
-    from colony.blackboard import Blackboard, BlackboardEntry, BlackboardEvent
-    from colony.blackboard.protocol import RequestResultProtocol
+    from colony.blackboard import BlackboardEntry, BlackboardEvent
 
 log = logging.getLogger("colony.agents.run_capability")
 
@@ -105,47 +105,31 @@ _MARKING: set[asyncio.Task[None]] = set()  # pending markers being written for f
 
 
 class PoolMember:
-    """Mixed into AgentRunCapability, which provides what is declared here."""
+    """What makes an `AgentRunCapability` a member of a pool (docs/scaling.md): claiming announced
+    requests once per process, picking up pending ones when idle, serving claims a lost pick-up
+    took; held by the capability as `cap.pool`."""
 
-    if TYPE_CHECKING:
-        protocol: type[RequestResultProtocol]
-        blackboard: Blackboard
-        retention_seconds: float
-        busy: bool
+    def __init__(self, cap: AgentRunCapability) -> None:
+        self.cap = cap
 
-        serving: RunServing
-        max_events: int
-        _attempt: int
-
-        active_request: str | None
-        _claiming: bool
-        _picked_up: dict[str, tuple[float, PickedUp]]
-        _tasks: list[asyncio.Task[Any]]
-
-        def _agent(self) -> Agent: ...
-        async def _emit(self, event_type: str, data: Any, *, during_step: int | None) -> None: ...
-        def _hosted(self, agent: Agent) -> bool: ...
-        async def _claim(self, agent: Agent, request_id: str) -> bool: ...
-        def _enqueue(self, request_id: str) -> None: ...
-        def _open_claims(self) -> AsyncIterator[BlackboardEntry]: ...
-        async def _redis_answers(self) -> bool: ...
-
-    async def _mark_pending(self, request_id: str) -> None:
+    async def mark_pending(self, request_id: str) -> None:
         """Put a request into the pending index (create-only: once, whichever busy member or
         submitter is first), so the first member to become idle picks it up; it expires with the
         request's keys. A marker this call created for a request an idle member claimed meanwhile
         (the claimer dropped the marker before it existed), or whose request is gone (a submit
         refused or failed half-way took it back), is dropped again here."""
-        item = pending_write(self.protocol, request_id, self.retention_seconds, self._agent().agent_id)
+        item = pending_write(
+            self.cap.protocol, request_id, self.cap.retention.retention_seconds, self.cap._agent().agent_id
+        )
         with contextlib.suppress(ConcurrentModificationError, BlackboardError):
-            await self.blackboard.write(**item, expected_version=0)
-            claim, request = await self.blackboard.read_many(
-                [self.protocol.claim_key(request_id), self.protocol.request_key(request_id)]
+            await self.cap.blackboard.write(**item, expected_version=0)
+            claim, request = await self.cap.blackboard.read_many(
+                [self.cap.protocol.claim_key(request_id), self.cap.protocol.request_key(request_id)]
             )
             if claim is not None or request is None:
-                await self._drop_pending(request_id)
+                await self.drop(request_id)
 
-    async def _claim_first_here(self, agent: Agent, request_id: str, event: BlackboardEvent) -> str | None:
+    async def claim_first_here(self, agent: Agent, request_id: str, event: BlackboardEvent) -> str | None:
         """Claim a request announced by `event` (the id of the request claimed, else None), unless
         another member of this process took that event on first (`ClaimsInProcess`): then wait for
         its outcome, and try in its place if its attempt failed or took another request. An
@@ -162,12 +146,12 @@ class PoolMember:
         holds are looked up first, in this task (waiting the outage out), as the pick-up may have
         claimed one (a pick-up is not sent again: a second one could claim a second request);
         when that look-up fails, the member claims nothing more and the next one tries."""
-        claim = f"{redis_url_of(self.blackboard.redis)}\x1f{event.scope_id}\x1f{event.id}"
+        claim = f"{redis_url_of(self.cap.blackboard.redis)}\x1f{event.scope_id}\x1f{event.id}"
         indexed = event.created_by == API_INDEXED_WRITER
         while True:
-            if self.busy or agent.stored.yielded:  # since it began to wait: the next member tries instead
+            if self.cap.busy or agent.stored.yielded:  # since it began to wait: the next member tries instead
                 if not indexed and not agent.stored.yielded:
-                    await self._mark_pending(request_id)
+                    await self.mark_pending(request_id)
                 return None
             attempt = CLAIMS_HERE.take(claim)
             if attempt is None:
@@ -178,7 +162,7 @@ class PoolMember:
             taken, direct, unknown = None, not indexed, False
             if indexed:
                 try:
-                    picked = await self._take_oldest(agent, look_up_held=False)
+                    picked = await self.take_oldest(agent, look_up_held=False)
                 except BlackboardUnavailable:
                     held = await self._held_after_a_lost_pick_up()
                     if held is None:  # not known what this copy holds: nothing more, the next tries
@@ -188,19 +172,19 @@ class PoolMember:
                     else:
                         taken = request_id if request_id in held else held[0]
                 except BaseException:
-                    self._recovering(self._serve_held_claims())
+                    self._recovering(self.serve_held_claims())
                     raise
                 else:
                     direct = picked == SAMPLE_PENDING
                     taken = picked.request_id if isinstance(picked, PickedUp) else None
             if direct:
-                taken = request_id if await self._claim(agent, request_id) else None
+                taken = request_id if await self.cap._claim(agent, request_id) else None
         except BaseException:  # an error, or this member stopping (its claim may stand or not)
             CLAIMS_HERE.settle(claim, decided=False)
             if not indexed:
                 # in a task of its own, which the cancellation of this one does not cut short; a
                 # marker for a request that is claimed after all is dropped again by `_mark_pending`
-                marking = asyncio.create_task(self._mark_pending(request_id), name=f"pending-{request_id}")
+                marking = asyncio.create_task(self.mark_pending(request_id), name=f"pending-{request_id}")
                 _MARKING.add(marking)
                 marking.add_done_callback(_MARKING.discard)
             raise
@@ -210,43 +194,45 @@ class PoolMember:
     async def _held_after_a_lost_pick_up(self) -> list[str] | None:
         """The claims this copy holds after a pick-up whose answer was lost, served (queued); the
         member counts as claiming meanwhile."""
-        self._claiming = True
+        self.cap._claiming = True
         try:
-            return await self._serve_held_claims()
+            return await self.serve_held_claims()
         finally:
-            self._claiming = False
+            self.cap._claiming = False
 
-    async def _drop_pending(self, request_id: str) -> None:
+    async def drop(self, request_id: str) -> None:
         """The request is claimed: out of the pending index. A marker left behind (Redis away now)
         costs an idle member one failed claim later, which drops it then."""
         with contextlib.suppress(BlackboardError):
-            await drop_pending(self.blackboard, self.protocol, request_id)
+            await drop_pending(self.cap.blackboard, self.cap.protocol, request_id)
 
-    async def _pick_up(self) -> None:
+    async def pick_up(self) -> None:
         """A pool member with nothing to do claims the oldest open unclaimed request, if any (a
         request that came while every member was busy). Never raises: a failure leaves the
         requests pending for the next idle member (and the pool manager's nudge)."""
-        agent = self._agent()
-        if self.busy or agent.stored.yielded or not self._hosted(agent):
+        agent = self.cap._agent()
+        if self.cap.busy or agent.stored.yielded or not self.cap._hosted(agent):
             return
         try:
-            taken = await self._take_oldest(agent)
+            taken = await self.take_oldest(agent)
         except Exception as exc:  # e.g. Redis away (`_take_oldest` looks for what it may have claimed)
             log.warning("agent %s: pending requests not picked up: %r", agent.agent_id, exc)
             return
         if taken != SAMPLE_PENDING:  # claimed one (queued), or nothing was claimable
             return
         try:  # a large index: sampled, then claimed one request at a time
-            for request_id in await pending_requests(self.blackboard, self.protocol, written_only=True):
-                if self.busy:
+            for request_id in await pending_requests(
+                self.cap.blackboard, self.cap.protocol, written_only=True
+            ):
+                if self.cap.busy:
                     return
-                if await self._claim(agent, request_id):
+                if await self.cap._claim(agent, request_id):
                     return
-                await self._drop_pending(request_id)  # claimed by a member that left its marker
+                await self.drop(request_id)  # claimed by a member that left its marker
         except Exception as exc:
             log.warning("agent %s: pending requests not picked up: %r", agent.agent_id, exc)
 
-    async def _take_oldest(
+    async def take_oldest(
         self, agent: Agent, *, look_up_held: bool = True
     ) -> PickedUp | Literal["sample"] | None:
         """Claim the oldest pending request whose request is written, and queue it with what the
@@ -257,34 +243,35 @@ class PoolMember:
         (`look_up_held` False)."""
         # the oldest first, only those whose request is written (an admission reservation's is
         # not yet; a submit that died leaves none, and its marker expires): never claimed
-        self._claiming = True
+        self.cap._claiming = True
         try:
             picked = await claim_oldest_pending(
-                self.blackboard,
-                self.protocol,
+                self.cap.blackboard,
+                self.cap.protocol,
                 claim_value(agent),
                 agent.agent_id,
-                receipt_seconds=self.retention_seconds,  # nothing of the scope outlives its retention
+                # nothing of the scope outlives its retention
+                receipt_seconds=self.cap.retention.retention_seconds,
             )
         except Exception:
             if look_up_held:
-                self._recovering(self._serve_held_claims())
+                self._recovering(self.serve_held_claims())
             raise
         finally:
-            self._claiming = False
+            self.cap._claiming = False
         if isinstance(picked, PickedUp):
-            self._picked_up[picked.request_id] = (time.monotonic(), picked)
-            self._enqueue(picked.request_id)
+            self.cap._picked_up[picked.request_id] = (time.monotonic(), picked)
+            self.cap._enqueue(picked.request_id)
         return picked
 
     def _recovering(self, work: Coroutine[Any, Any, None]) -> None:
         """Run `work` in a task of the capability's own (its `_tasks`: cancelled at close), so the
         member is neither busy nor blocked meanwhile (requests that come are claimed as usual)."""
-        task = asyncio.create_task(work, name=f"{self._agent().agent_id}-held-claims")
-        self._tasks.append(task)
-        task.add_done_callback(lambda done: done in self._tasks and self._tasks.remove(done))
+        task = asyncio.create_task(work, name=f"{self.cap._agent().agent_id}-held-claims")
+        self.cap._tasks.append(task)
+        task.add_done_callback(lambda done: done in self.cap._tasks and self.cap._tasks.remove(done))
 
-    async def _serve_held_claims(self) -> list[str] | None:
+    async def serve_held_claims(self) -> list[str] | None:
         """After a pick-up whose outcome is not known (Redis away, an answer lost): serve every open
         claim this copy holds and does not serve yet (the pick-up claimed it), so none is left held
         by a live member that does not know it; their ids, or None when the look-up failed. It
@@ -292,38 +279,40 @@ class PoolMember:
         e.g. refusing writes, would loop): what is still pending reaches this member through the
         pool's nudge, or its next pick-up after a run. Waits out an outage; never raises (a
         failure is logged, the claims stay for this copy's next start)."""
-        agent = self._agent()
+        agent = self.cap._agent()
         mine = claim_value(agent)
 
         async def find() -> list[str]:
             return [
-                self.protocol.parse("claim", entry.key)["request_id"]
-                async for entry in self._open_claims()
+                self.cap.protocol.parse("claim", entry.key)["request_id"]
+                async for entry in self.cap._open_claims()
                 if entry.value == mine
             ]
 
         try:
             held = await retry_unavailable(
-                find, f"agent {agent.agent_id}: its claims", log, answers=self._redis_answers
+                find, f"agent {agent.agent_id}: its claims", log, answers=self.cap._redis_answers
             )
         except Exception as exc:
             log.warning("agent %s: claims it holds not looked up: %r", agent.agent_id, exc)
             return None
-        held = [request_id for request_id in held if request_id != self.active_request]
+        held = [request_id for request_id in held if request_id != self.cap.active_request]
         for request_id in held:
-            self._enqueue(request_id)
+            self.cap._enqueue(request_id)
         return held
 
-    async def _keep_serving(self, declaration: BlackboardEntry | None) -> None:
+    async def keep_serving(self, declaration: BlackboardEntry | None) -> None:
         """The role's declaration, read beside each request served: written again (without an
         expiry) when it is missing or carries one, which a copy dropped after its replacement
         started may have put there (see `close`). Best effort."""
-        if self.serving == RunServing() or (declaration is not None and declaration.expires_at is None):
+        if self.cap.serving == RunServing() or (declaration is not None and declaration.expires_at is None):
             return
         with contextlib.suppress(BlackboardError):
-            await publish_serving(self.blackboard, self.protocol, self.serving, self._agent().agent_id)
+            await publish_serving(
+                self.cap.blackboard, self.cap.protocol, self.cap.serving, self.cap._agent().agent_id
+            )
 
-    async def _announce_rerun(self, request_id: str, stored: StoredEvents) -> None:
+    async def announce_rerun(self, request_id: str, stored: StoredEvents) -> None:
         """A request whose run had begun elsewhere (a pool member that ended for good held it, and
         the pool re-opened it) is run again from its start here: what was streamed after its
         `started` event is superseded by one `restarted` event, and the rerun's events carry the
@@ -331,9 +320,9 @@ class PoolMember:
         started = await self._started_seq(request_id)
         if started is None or stored.last_seq <= started or stored.ended:
             return
-        self._attempt = stored.attempt + 1
+        self.cap.events.attempt = stored.attempt + 1
         data = {
-            "attempt": self._attempt,
+            "attempt": self.cap.events.attempt,
             "supersedes_after": started,
             "superseded": stored.last_seq - started,
             "step": 1,
@@ -341,18 +330,20 @@ class PoolMember:
             "pool runs it again from its start",
         }
         try:
-            await self._emit(RESTARTED, data, during_step=None)
+            await self.cap.events.emit_marked(RESTARTED, data, during_step=None)
         except BlackboardError as exc:
             log.warning("rerun of request %s not announced: %s", request_id, exc)
 
     async def _started_seq(self, request_id: str) -> int | None:
         """The sequence number of the request's `started` event (bounded read of its event keys)."""
-        tags = TagFilter(all_of=frozenset({self.protocol.request_tag(request_id)}))
-        page = await self.blackboard.query(
-            self.protocol.event_pattern(request_id), tags=tags, limit=2 * self.max_events + 10
+        tags = TagFilter(all_of=frozenset({self.cap.protocol.request_tag(request_id)}))
+        page = await self.cap.blackboard.query(
+            self.cap.protocol.event_pattern(request_id),
+            tags=tags,
+            limit=2 * self.cap.retention.max_events + 10,
         )
         for entry in page.entries:
-            identified = self.protocol.identify(entry.key)
+            identified = self.cap.protocol.identify(entry.key)
             if identified is None or identified[0] != "event":
                 continue
             seq, _, kind = identified[1]["event_name"].partition(".")

@@ -1,5 +1,5 @@
-"""How long an answered request of `AgentRunCapability` stays (a mixin): its keys, its claim and,
-for an HTTP run, its run record get `runs.retention_seconds` once it is answered; and how many
+"""How long an answered request of `AgentRunCapability` stays (`cap.retention`): its keys, its claim
+and, for an HTTP run, its run record get `runs.retention_seconds` once it is answered; and how many
 events one request may store. Kept apart from the serving logic (colony/agents/run_capability.py)."""
 
 from __future__ import annotations
@@ -13,9 +13,8 @@ from colony.blackboard.protocol import AgentRunProtocol, ApiRunProtocol
 from colony.config import load_settings
 
 if TYPE_CHECKING:
-    from colony.agents.base import Agent
+    from colony.agents.run_capability import AgentRunCapability
     from colony.blackboard import Blackboard
-    from colony.blackboard.protocol import RequestResultProtocol
     from colony.blackboard.transaction import Transaction
     from colony.config import ColonySettings
 
@@ -26,18 +25,15 @@ _LEFT_RUNNING: set[asyncio.Task[None]] = set()  # retirements that outlived thei
 
 
 class RequestRetention:
-    """Mixed into AgentRunCapability, which provides what is declared here."""
+    """How long an answered request of an `AgentRunCapability` stays, and how many events one
+    request may store; held by the capability as `cap.retention`."""
 
-    if TYPE_CHECKING:
-        agent: Agent | None
-        protocol: type[RequestResultProtocol]
-        blackboard: Blackboard
-        _settings: ColonySettings | None
-        _retention: float | None
-        _max_events: int | None
-        _retiring: set[asyncio.Task[None]]
-
-        async def _redis_answers(self) -> bool: ...
+    def __init__(self, cap: AgentRunCapability, settings: ColonySettings | None) -> None:
+        self.cap = cap
+        self._settings = settings  # the host's (injected); load_settings() only when none is given
+        self._retention: float | None = None
+        self._max_events: int | None = None
+        self._retiring: set[asyncio.Task[None]] = set()  # retirements in flight
 
     @property
     def retention_seconds(self) -> float:
@@ -60,7 +56,7 @@ class RequestRetention:
         runs = (self._settings or load_settings()).runs
         self._retention, self._max_events = runs.retention_seconds, runs.max_events_per_run
 
-    async def _retire(self, request_id: str) -> None:
+    async def retire(self, request_id: str) -> None:
         """The request is answered: its claim leaves the open-claims index, and every key it left
         (request, claim, events, result; for an HTTP run its run record too) expires after the
         retention, as do this scope's stream events older than the retention. Idempotent (it
@@ -76,7 +72,7 @@ class RequestRetention:
         task.add_done_callback(self._retiring.discard)
         await asyncio.shield(task)
 
-    async def _drain_retiring(self) -> None:
+    async def drain(self) -> None:
         """Let retirements in flight finish, waiting at most `RETIRE_DRAIN_SECONDS`. One still
         waiting out an outage then is left to finish on its own (never cancelled: its claim is
         already out of the open-claims index, so no later start would find the request to retire
@@ -98,7 +94,7 @@ class RequestRetention:
                 lambda: self._retire_once(request_id),
                 f"retiring {request_id}",
                 log,
-                answers=self._redis_answers,
+                answers=self.cap._redis_answers,
             )
         except Exception as exc:  # never left for the garbage collector to report (a shielded task)
             log.warning("keys of request %s were not given their retention: %r", request_id, exc)
@@ -108,45 +104,45 @@ class RequestRetention:
         # untagged first, so the expiry index needs no member for it (expired while it still
         # carried the open-claims tag, it would need one per run, for the whole retention); then
         # the request's keys, and an HTTP run's record: one round trip for the three
-        owner = self.agent.agent_id if self.agent else None
-        await self.blackboard.retire_group(
-            self.protocol.claim_key(request_id),
+        owner = self.cap.agent.agent_id if self.cap.agent else None
+        await self.cap.blackboard.retire_group(
+            self.cap.protocol.claim_key(request_id),
             owner,
             created_by=owner,
             ttl_seconds=self.retention_seconds,
-            tag=self.protocol.request_tag(request_id),
+            tag=self.cap.protocol.request_tag(request_id),
             trim_events=True,
             elsewhere=self._retired_elsewhere(request_id),
         )
 
-    def _retire_with(self, tx: Transaction, request_id: str) -> None:
+    def retire_with(self, tx: Transaction, request_id: str) -> None:
         """Retire the request with its answer: the claim's rewrite (`_retire_once`'s write) in the
         answer's commit `tx`, so the request leaves the open-claims index exactly when it is
         answered; the expiry of its keys (and an HTTP run's record) right after the commit, in its
         round trip (sent whether the commit applies or not: a commit that does not is followed
         by `_retire`, which gives them again). `_retired_with` says after the commit whether the
         request's keys were done."""
-        owner = self.agent.agent_id if self.agent else None
+        owner = self.cap.agent.agent_id if self.cap.agent else None
         ttl = self.retention_seconds
-        tx.write(self.protocol.claim_key(request_id), owner, created_by=owner, ttl_seconds=ttl)
+        tx.write(self.cap.protocol.claim_key(request_id), owner, created_by=owner, ttl_seconds=ttl)
         tx.followed_by(
-            self.blackboard.retire_calls(
+            self.cap.blackboard.retire_calls(
                 ttl_seconds=ttl,
-                tag=self.protocol.request_tag(request_id),
+                tag=self.cap.protocol.request_tag(request_id),
                 trim_events=True,
                 elsewhere=self._retired_elsewhere(request_id),
             )
         )
 
-    def _retired_with(self, tx: Transaction) -> bool:
+    def retired_with(self, tx: Transaction) -> bool:
         """After `tx` (with `_retire_with`) committed: False when the request's group was too large
         to be done in its round trip (`_retire` then pages it)."""
-        return self.blackboard.group_retired(tx.follower_replies[0])
+        return self.cap.blackboard.group_retired(tx.follower_replies[0])
 
     def _retired_elsewhere(self, request_id: str) -> list[tuple[Blackboard, list[str]]]:
         """An HTTP run's record, in the API's scope: retired with the request's keys."""
-        if self.protocol is not AgentRunProtocol or self.agent is None:
+        if self.cap.protocol is not AgentRunProtocol or self.cap.agent is None:
             return []
-        meta = self.agent.metadata
-        api_board = self.blackboard.scoped(ApiRunProtocol.scope(meta.tenant_id, meta.colony_id))
+        meta = self.cap.agent.metadata
+        api_board = self.cap.blackboard.scoped(ApiRunProtocol.scope(meta.tenant_id, meta.colony_id))
         return [(api_board, [ApiRunProtocol.run_key(request_id)])]
