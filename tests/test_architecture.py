@@ -37,7 +37,11 @@ def test_every_unit_of_colony_has_a_layer():
     ("module", "line", "expected"),
     [
         # a lower layer reaching up, in a function (hidden from a module-level reading)
-        ("colony/blackboard/blackboard.py", "    from colony.system.registry import AgentRegistry\n", "imports up"),
+        (
+            "colony/blackboard/blackboard.py",
+            "    from colony.system.registry import AgentRegistry\n",
+            "imports up",
+        ),
         # siblings of one layer
         ("colony/planning/compaction.py", "from colony.memory.blocks.tools import MemoryBlocksCapability\n",
          "sibling"),
@@ -79,7 +83,10 @@ def test_type_checking_imports_do_not_count():
 
 def test_the_http_client_loads_no_runtime():
     """`import colony.client` loads the client, the leaves and nothing of the runtime."""
-    code = "import sys, colony.client; print(' '.join(sorted(m for m in sys.modules if m.startswith('colony'))))"
+    code = (
+        "import sys, colony.client; "
+        "print(' '.join(sorted(m for m in sys.modules if m.startswith('colony'))))"
+    )
     out = subprocess.run([sys.executable, "-c", code], check=True, capture_output=True, text=True).stdout
     loaded = {unit_of(m) for m in out.split()} - {""}
     assert loaded <= {"client", "wire", "config", "errors"}, out
