@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from colony.blackboard import Blackboard
+from colony.blackboard import Blackboard, retention
 from colony.blackboard.retention import EXPIRE_CHUNK
 
 
@@ -54,12 +54,12 @@ async def test_refresh_moves_an_expiry_both_ways_expire_only_closer(bb: Blackboa
 
 async def test_expire_tag_bounds_the_tag_set_alone(bb: Blackboard) -> None:
     await bb.write("request:run:r2", {"x": 1}, tags={"run:r2"}, ttl_seconds=30)
-    assert await bb.expire_tag("run:r2", 20) is True
+    assert await retention.expire_tag(bb, "run:r2", 20) is True
     assert 0 < await bb.redis.pttl(bb.keyspace.tag_key("run:r2")) <= 20_000
-    assert await bb.expire_tag("run:r2", 60) is True  # never extends
+    assert await retention.expire_tag(bb, "run:r2", 60) is True  # never extends
     assert await bb.redis.pttl(bb.keyspace.tag_key("run:r2")) <= 20_000
     assert 20_000 < await bb.redis.pttl(bb.keyspace.entry_key("request:run:r2")) <= 30_000
-    assert await bb.expire_tag("run:none", 20) is False
+    assert await retention.expire_tag(bb, "run:none", 20) is False
 
 
 async def test_a_small_group_expires_in_one_script_call(bb: Blackboard) -> None:

@@ -274,18 +274,18 @@ async def test_an_edit_delayed_past_a_shallow_compaction_is_redone_not_lost(redi
     await a.create("alice", NewBlock(label="board", content="start", char_limit=100_000))
     await a.share("alice", "alice", "board", "bob", SharedAccess.READ_WRITE)
     gate = asyncio.Event()
-    real = b._append
+    real = b.documents._append
 
     async def slow_append(**kwargs: object) -> object:
         await gate.wait()
         return await real(**kwargs)
 
-    b._append = slow_append  # type: ignore[method-assign]
+    b.documents._append = slow_append  # type: ignore[method-assign]
     slow = asyncio.create_task(b.append("bob", "board", "bob's slow line", owner="alice"))
     await asyncio.sleep(0.2)  # bob has read the block and committed locally; his append waits
     for i in range(14):
         await a.append("alice", "board", f"alice {i}")
-    b._append = real  # type: ignore[method-assign]
+    b.documents._append = real  # type: ignore[method-assign]
     gate.set()
     done = await slow
     await a.append("alice", "board", "alice after")

@@ -9,6 +9,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
 from colony import metrics
+from colony.blackboard import retention
 from colony.blackboard.models import BlackboardEntry, WriteRequest, encode_tags, encode_value, ttl_to_ms
 from colony.blackboard.protocol import validate_tag
 from colony.blackboard.script_calls import ScriptCall, run_scripts
@@ -112,5 +113,5 @@ async def write_group(
     applied_entries(before, replies[: len(before)])
     written = applied_entries(chunks, replies[len(before) : len(before) + len(chunks)])
     if written and not int(replies[-1]):  # the set did not exist yet: the writes were run again
-        await board.expire_tag(group, ttl_seconds)  # after it (their script reloaded), so again
+        await retention.expire_tag(board, group, ttl_seconds)  # after it (their script reloaded), so again
     return written

@@ -34,6 +34,7 @@ from colony.blackboard.models import (
 from colony.blackboard.protocol import BlackboardKeyspace, validate_key, validate_pattern, validate_tag
 from colony.blackboard.query import oldest_tagged, run_query
 from colony.blackboard.script_calls import ScriptCall, scripts_of
+from colony.blackboard.writes import opt, write_args, written_entry
 from colony.config import BlackboardSettings, ColonySettings, load_settings
 from colony.errors import ConcurrentModificationError, InvalidArgument
 
@@ -44,10 +45,6 @@ if TYPE_CHECKING:
 TAGGED_PAGE = 256  # tag-set members `read_many_and_tagged` looks through in its one SSCAN call
 
 UpdateFn = Callable[[Any], Any] | Callable[[Any], Awaitable[Any]]
-
-
-def _opt(value: int | float | None) -> str:
-    return "" if value is None else str(value)
 
 
 def _check_client(redis: Any) -> None:
@@ -143,15 +140,15 @@ class Blackboard:
         validate_key(key)
         encoded, encoded_tags = encode_value(value), encode_tags(tags)
         with_value = value_in_event and len(encoded) <= EVENT_VALUE_BYTES
-        args = self._write_args(
-            key, encoded, encoded_tags, created_by, ttl_seconds, expected_version, with_value
+        args = write_args(
+            self, key, encoded, encoded_tags, created_by, ttl_seconds, expected_version, with_value
         )
         async with self.guard("write"):
             reply = await self._write(
                 keys=[self.keyspace.entry_key(key), self.keyspace.events_key, self.keyspace.expiry_key],
                 args=args,
             )
-        return self._written(key, encoded, encoded_tags, created_by, expected_version, reply)
+        return written_entry(key, encoded, encoded_tags, created_by, expected_version, reply)
 
     async def read(self, key: str) -> BlackboardEntry | None:
         validate_key(key)
@@ -194,7 +191,7 @@ class Blackboard:
         """Delete `key`; True if it existed. With `expected_version`, only if it matches."""
         validate_key(key)
         ks = self.keyspace
-        args = [key, _opt(expected_version), created_by or "", ks.tag_prefix, self._maxlen, ks.entry_prefix]
+        args = [key, opt(expected_version), created_by or "", ks.tag_prefix, self._maxlen, ks.entry_prefix]
         async with self.guard("delete"):
             ok, version = await self._delete(
                 keys=[ks.entry_key(key), ks.events_key, ks.expiry_key], args=args
@@ -225,7 +222,7 @@ class Blackboard:
         ttl_seconds: float,
         first: tuple[Blackboard, Iterable[WriteRequest | Mapping[str, Any]]] | None = None,
     ) -> list[BlackboardEntry]:
-        """`write_many` and then the expiry of the group's tag set `tag` (`expire_tag`), in one
+        """`write_many` and then the expiry of the group's tag set `tag` (`retention.expire_tag`), in one
         round trip; `first`: writes of another scope on the same Redis, applied before them in
         that round trip (colony.blackboard.batches)."""
         return await batches.write_group(self, writes, tag=tag, ttl_seconds=ttl_seconds, first=first)
@@ -297,13 +294,6 @@ class Blackboard:
         applies). Returns how many entries got the expiry.
         """
         return await retention.expire(self, keys, ttl_seconds, tag=tag, trim_events=trim_events)
-
-    async def expire_tag(self, tag: str, ttl_seconds: float) -> bool:
-        """Make a tag's index set alone expire in `ttl_seconds` (unless sooner), e.g. the tag set of
-        a group whose members already carry an expiry. False if the set does not exist."""
-        key = self.keyspace.tag_key(validate_tag(tag))
-        async with self.guard("expire_tag"):
-            return bool(await self._expire_key(keys=[key], args=[ttl_to_ms(ttl_seconds)]))
 
     async def refresh(self, keys: Iterable[str], ttl_seconds: float) -> int:
         """Set the expiry of existing entries to `ttl_seconds` from now, sooner or later than it
@@ -494,50 +484,3 @@ class Blackboard:
         async with self.guard("events"):
             rows = await self.redis.xrange(self.keyspace.events_key, min=from_id, max=to_id, count=count)
         return [BlackboardEvent.from_stream(self.scope_id, event_id, fields) for event_id, fields in rows]
-
-    # -- helpers ------------------------------------------------------------------------------
-
-    def _write_args(
-        self,
-        key: str,
-        value: str,
-        tags: str,
-        created_by: str | None,
-        ttl_seconds: float | None,
-        expected_version: int | None,
-        with_value: bool = False,
-    ) -> list[str]:
-        """The write script's arguments; `with_value`: this write's event carries the value."""
-        return [
-            key,
-            value,
-            tags,
-            created_by or "",
-            ttl_to_ms(ttl_seconds),
-            _opt(expected_version),
-            self.keyspace.tag_prefix,
-            self._maxlen,
-            "1" if with_value else self._include_values,
-            self.keyspace.entry_prefix,
-        ]
-
-    @staticmethod
-    def _written(
-        key: str, value: str, tags: str, writer: str | None, expected: int | None, reply: list[Any]
-    ) -> BlackboardEntry:
-        """The entry a WRITE script reply describes (raises on a failed version check)."""
-        if not reply[0]:
-            metrics.BLACKBOARD_CONFLICTS.inc()
-            raise ConcurrentModificationError(key, expected, int(reply[1]))
-        _, version, created_at, created_by, _event_id, expires_at, now = reply
-        fields = {
-            "v": value,
-            "ver": version,
-            "tags": tags,
-            "cb": created_by,
-            "ub": writer or "",
-            "ca": created_at,
-            "ua": now,
-            "exp": expires_at,
-        }
-        return BlackboardEntry.from_hash(key, fields)

@@ -11,6 +11,7 @@ from typing import TYPE_CHECKING, Any
 from colony.blackboard.models import encode_tags, encode_value, ttl_to_ms
 from colony.blackboard.protocol import validate_key, validate_tag
 from colony.blackboard.script_calls import ScriptCall, run_scripts
+from colony.blackboard.writes import write_args, written_entry
 from colony.errors import InvalidArgument
 
 if TYPE_CHECKING:
@@ -55,6 +56,14 @@ async def expire(
         return count
 
 
+async def expire_tag(board: Blackboard, tag: str, ttl_seconds: float) -> bool:
+    """Make a tag's index set alone expire in `ttl_seconds` (unless sooner), e.g. the tag set of
+    a group whose members already carry an expiry. False if the set does not exist."""
+    key = board.keyspace.tag_key(validate_tag(tag))
+    async with board.guard("expire_tag"):
+        return bool(await board._expire_key(keys=[key], args=[ttl_to_ms(ttl_seconds)]))
+
+
 async def refresh(board: Blackboard, keys: Iterable[str], ttl_seconds: float) -> int:
     """`Blackboard.refresh`."""
     names = [validate_key(k) for k in keys]
@@ -82,16 +91,16 @@ async def retire_group(
     """`Blackboard.retire_group`."""
     validate_key(key)
     encoded, encoded_tags = encode_value(value), encode_tags(())
-    write_args = board._write_args(key, encoded, encoded_tags, created_by, ttl_seconds, None)
+    args = write_args(board, key, encoded, encoded_tags, created_by, ttl_seconds, None)
     ks = board.keyspace
     entry_keys = [ks.entry_key(key), ks.events_key, ks.expiry_key]
-    calls: list[ScriptCall] = [(board._write, entry_keys, write_args)]
+    calls: list[ScriptCall] = [(board._write, entry_keys, args)]
     calls += retire_calls(
         board, ttl_seconds=ttl_seconds, tag=tag, trim_events=trim_events, elsewhere=elsewhere
     )
     async with board.guard("retire"):
         replies = await run_scripts(board.redis, calls)
-    board._written(key, encoded, encoded_tags, created_by, None, replies[0])
+    written_entry(key, encoded, encoded_tags, created_by, None, replies[0])
     if not group_retired(replies[1]):  # a large group: paged, with the trim
         await expire(board, [], ttl_seconds, tag=tag, trim_events=trim_events)
 

@@ -42,6 +42,12 @@ def ref_of(text: str) -> str:
     return hashlib.sha256(text.encode("utf-8", "replace")).hexdigest()[:16]
 
 
+def agent_label(policy: EventDrivenActionPolicy) -> str:
+    """The policy's agent's id, for log lines ("-" without an agent)."""
+    agent = policy.agent
+    return agent.agent_id if agent is not None else "-"
+
+
 def masked_text(ref: str, text: str) -> str:
     """What stands in for an archived text: the reference first (a formatter that truncates keeps
     it), then the start of the text."""
@@ -61,10 +67,6 @@ class ArchivedHistory:
 
     settings: ContextSettings  # Compactor's (a property there)
 
-    def _who(self) -> str:
-        agent = self.policy.agent
-        return agent.agent_id if agent is not None else "-"
-
     def _remember(self, ref: str, record: dict[str, Any]) -> None:
         self._unsaved[ref] = record
         if ref in self.state.archives:
@@ -76,8 +78,10 @@ class ArchivedHistory:
         write loses only the original (the view already holds its preview)."""
         agent = self.policy.agent
         unsaved, self._unsaved = self._unsaved, {}
-        held = [r for r in self.held_refs() if r in self.state.archives]
-        if held:  # an archive the policy still needs (its run's output) is the newest, never expired
+        # archives the policy still needs whole (a large last output that may become the run's
+        # output) are the newest, never expired past MAX_ARCHIVES
+        held = [r for r in self.policy.held_archive_refs() if r in self.state.archives]
+        if held:
             self.state.archives = [r for r in self.state.archives if r not in held] + held
         expired = self.state.archives[:-MAX_ARCHIVES]
         del self.state.archives[:-MAX_ARCHIVES]
@@ -105,11 +109,6 @@ class ArchivedHistory:
                 await agent.blackboard.delete(Keys.archived_output_key(ref))
             except Exception as exc:
                 log.warning("agent %s: old archive %s not deleted: %r", agent.agent_id, ref, exc)
-
-    def held_refs(self) -> list[str]:
-        """Archives the policy still needs whole (a large last output that may become the run's
-        output): `flush_archives` keeps them past MAX_ARCHIVES."""
-        return self.policy.held_archive_refs()
 
     def archived_value(self, value: Any) -> dict[str, Any] | None:
         """How a value longer than `mask_output_chars` is held in policy state instead of whole: its
@@ -141,7 +140,11 @@ class ArchivedHistory:
                 return json.loads(text)
             except ValueError:
                 return text
-        log.warning("agent %s: archived output %s is gone; the run's output is its preview", self._who(), ref)
+        log.warning(
+            "agent %s: archived output %s is gone; the run's output is its preview",
+            agent_label(self.policy),
+            ref,
+        )
         return masked_text(str(ref), str(held.get("preview", "")))
 
     def mask_call(self, call: dict[str, Any]) -> dict[str, Any]:

@@ -11,9 +11,9 @@ is rewritten whole into Redis at every step. Compaction works in three places:
    outputs still in the streams are masked the same way (stage `masked`).
 3. If that is not enough, the middle of each stream (all but the first `keep_first_items` and the
    recent `keep_recent_items` entries; pinned entries stay) is taken out and summarised by the
-   model, through `policy.generate` so the write-ahead log records the call, into the
-   `<chat_history_summary>` section (stage `summarized`). Entries the streams' own windows drop
-   are summarised as well, so the summary covers everything that left the prompt.
+   model (colony/planning/summariser.py), through `policy.generate` so the write-ahead log records
+   the call, into the `<chat_history_summary>` section (stage `summarized`). Entries the streams'
+   own windows drop are summarised as well, so the summary covers everything that left the prompt.
 
 Never compacted: the system prompt, goals and task, constraints, memory sections (they are not
 stream entries) and stream entries of a pinned context key (user corrections). Everything
@@ -46,18 +46,19 @@ from typing import TYPE_CHECKING, Any
 from pydantic import BaseModel, Field
 
 from colony import metrics
-from colony.agents.protocols import HistorySummaryLog
 from colony.blackboard.protocol import AgentStateProtocol as Keys
 from colony.config import ContextSettings, load_settings
-from colony.inference import ChatMessage, InferenceRequest
-from colony.inference.tokens import Budget, TokenCounter, engine_window, estimate_tokens, plan_budget
+from colony.inference.tokens import Budget, TokenCounter, engine_window, plan_budget
 from colony.planning.archives import (
     RECALL,
     REF_PATTERN,
     ArchivedHistory,
+    agent_label,
     as_text,
     ref_of,
 )
+from colony.planning.summariser import SUMMARISER_SYSTEM as SUMMARISER_SYSTEM
+from colony.planning.summariser import Summariser, item_line
 
 if TYPE_CHECKING:
     from colony.inference.engine import InferenceEngine
@@ -82,20 +83,10 @@ RECALL_ACTION: dict[str, Any] = {
 COMPACTION_KEY = Keys.key("compaction")
 DEFAULT_PINNED_KEYS = ("user_correction",)
 OLD_OUTPUT_CHARS = 400  # stage 1 masks older outputs longer than this
-LINE_CHARS = 600  # one history item as the summariser sees it
 MAX_SPANS = 32  # refs of summarised spans the view lists (each is also in `archives`)
 MAX_PENDING = 128  # entries awaiting a summary kept in state (older ones: archived only)
 SUMMARISE_PENDING_AT = 32  # window-dropped entries that call for a summary without budget pressure
-MAX_SUMMARY_CALLS = 3  # summariser calls one compaction makes at most
-MAX_BATCH_COUNTS = 16  # token counts one summariser batch may take to fit its input bound
-MIN_LINE_CHARS = 40  # a history item is never cut shorter than this for the summariser
-MAX_BACKOFF_STEPS = 8  # a failed summary is retried after 1, 2, 4, then every 8 steps
 MAX_LISTED_REFS = 3
-SUMMARISER_SYSTEM = (
-    "You keep the memory of an agent. Merge the earlier summary and the new history items into one "
-    "short summary: facts learned, actions taken and their results, decisions, open questions. "
-    "Plain sentences, no preamble."
-)
 
 
 class CompactionState(BaseModel):
@@ -125,20 +116,6 @@ def _entry_key(entry: dict[str, Any]) -> str:
     return json.dumps(entry, default=str, sort_keys=True)
 
 
-def item_line(entry: dict[str, Any]) -> str:
-    """One stream entry as the summariser reads it (bounded)."""
-    if entry.get("kind") == "event":
-        body = "; ".join(f"{k}: {as_text(v)}" for k, v in (entry.get("contexts") or {}).items())
-        line = f"event - {body}"
-    else:
-        call = entry.get("call") or {}
-        outcome = "ok" if call.get("success", True) else f"failed: {call.get('error')}"
-        value = call.get("output_preview", call.get("output"))
-        params = as_text(call.get("parameters") or {})
-        line = f"action {call.get('action_key')}({params}) {outcome} -> {as_text(value)}"
-    return line if len(line) <= LINE_CHARS else line[: LINE_CHARS - 3] + "..."
-
-
 class Compactor(ArchivedHistory):
     """The compaction of one policy's history (the policy owns it; its state is policy state)."""
 
@@ -155,6 +132,7 @@ class Compactor(ArchivedHistory):
         self._counter: TokenCounter | None = None
         self._unsaved: dict[str, dict[str, Any]] = {}  # archives masked in a sync path, to write
         self._refreshed_at = -math.inf  # when the listed archives' expiry was last refreshed
+        self.summariser = Summariser(self)
         for stream in policy.streams:  # the streams' windows keep pinned entries too
             stream.pinned_keys = self.pinned_keys
 
@@ -208,10 +186,11 @@ class Compactor(ArchivedHistory):
                 self.state.pending.append(entry)
         self.state.pending.sort(key=lambda e: float(e.get("timestamp", 0.0)))
         if len(self.state.pending) > MAX_PENDING:
-            self._archive_span(self.state.pending[: len(self.state.pending) - MAX_PENDING])
+            self.archive_span(self.state.pending[: len(self.state.pending) - MAX_PENDING])
             del self.state.pending[: len(self.state.pending) - MAX_PENDING]
 
-    def _archive_span(self, entries: list[dict[str, Any]]) -> str:
+    def archive_span(self, entries: list[dict[str, Any]]) -> str:
+        """Archive `entries` as one span (listed in the view's spans); its ref."""
         text = "\n".join(item_line(e) for e in entries)
         ref = ref_of(text)
         self._remember(ref, {"kind": "span", "items": len(entries), "text": text, "at": time.time()})
@@ -299,7 +278,8 @@ class Compactor(ArchivedHistory):
                 room = fits or await counter.count_messages(system, render()) < budget.trigger
                 worth = room or len(self.state.pending) >= SUMMARISE_PENDING_AT
             if self.state.pending and step >= self.state.retry_at_step and worth:
-                stage = "summarized" if await self._summarise(engine, budget, counter, step) else "failed"
+                summarised = await self.summariser.summarise(engine, budget, counter, step)
+                stage = "summarized" if summarised else "failed"
             elif self.state.pending and step < self.state.retry_at_step:
                 stage = stage or "failed"  # still backing off: the archived view stands in
             elif self.state.pending:
@@ -318,7 +298,7 @@ class Compactor(ArchivedHistory):
             log.warning(
                 "agent %s: the prompt holds %d tokens after compaction, over the budget of %d: its pinned "
                 "parts (goals, task, memory sections, actions) alone pass it; raise context.token_budget",
-                self._who(),
+                agent_label(self.policy),
                 tokens,
                 budget.limit,
             )
@@ -359,111 +339,6 @@ class Compactor(ArchivedHistory):
                 keep_recent = max(1, keep_recent // 2)
             else:
                 keep_first = 0
-
-    async def _summarise(
-        self, engine: InferenceEngine | None, budget: Budget, counter: TokenCounter, step: int
-    ) -> bool:
-        """Fold pending entries into the summary, a bounded batch per call. False when the
-        summariser failed (the entries stay pending and archived; the next steps try again)."""
-        if engine is None:
-            return self._failed(step, "no engine to summarise with")
-        calls = 0
-        while self.state.pending and calls < MAX_SUMMARY_CALLS:
-            calls += 1
-            batch = await self._batch(budget, counter)
-            if batch is None:
-                return self._failed(
-                    step, "one history item and the summary do not fit context.summariser_input_tokens"
-                )
-            size, request = batch
-            try:
-                response = await self.policy.generate(engine, request, channel="summary")
-            except Exception as exc:
-                return self._failed(step, f"the summariser failed: {type(exc).__name__}: {exc}")
-            text = (response.text or "").strip()
-            if not text:
-                return self._failed(step, "the summariser wrote nothing")
-            text = await self._fit_summary(text, budget.summary_max, counter)
-            taken = self.state.pending[:size]
-            ref = self._archive_span(taken)
-            self.state.summary = text
-            self.state.summarized_items += len(taken)
-            del self.state.pending[:size]
-            await self._log_summary(text, len(taken), ref)
-        self.state.failures = 0
-        metrics.CONTEXT_COMPACTIONS.labels(stage="summarized").inc()
-        return True
-
-    @staticmethod
-    async def _fit_summary(text: str, limit: int, counter: TokenCounter) -> str:
-        """The summary cut to at most `limit` tokens when it is longer (a coarse estimate, without
-        a tokenizer, can count a summary the model kept within its max_tokens as longer: refusing
-        it would leave the history unsummarised for good). Cut at the proportion the count gives,
-        a few tries at most, then to a quarter character per token, which always fits."""
-        for _ in range(4):
-            tokens = await counter.count(text)
-            if tokens <= limit:
-                return text
-            keep = max(1, int(len(text) * limit / tokens * 0.9) - 3)
-            text = text[:keep].rstrip() + "..."
-        return text[: max(1, limit)]
-
-    def _summary_request(self, lines: list[str], budget: Budget) -> InferenceRequest:
-        previous = self.state.summary or "(none yet)"
-        return InferenceRequest(
-            messages=[
-                ChatMessage(role="system", content=SUMMARISER_SYSTEM),
-                ChatMessage(
-                    role="user",
-                    content=f"Earlier summary:\n{previous}\n\nNew history items:\n"
-                    + "\n".join(lines)
-                    + "\n\nThe merged summary:",
-                ),
-            ],
-            max_tokens=budget.summary_max,
-            temperature=0.0,
-        )
-
-    async def _batch(self, budget: Budget, counter: TokenCounter) -> tuple[int, InferenceRequest] | None:
-        """The next summariser request: as many pending entries (from the oldest) as its whole
-        input, counted with the engine's tokenizer, keeps within `budget.summariser_input` (so the
-        call and its summary fit the window). A first guess from the chars/4 estimate, then
-        halved (a single oversize line cut in half) until the count fits, at most
-        MAX_BATCH_COUNTS counts; None when not even a cut line fits (the caller backs off)."""
-        room = budget.summariser_input - await counter.count(self.state.summary) - 64
-        lines: list[str] = []
-        used = 0
-        for entry in self.state.pending:
-            line = item_line(entry)
-            cost = estimate_tokens(line) + 2
-            if lines and used + cost > room:
-                break
-            lines.append(line[: max(MIN_LINE_CHARS, room * 4)])
-            used += cost
-        for _ in range(MAX_BATCH_COUNTS):
-            request = self._summary_request(lines, budget)
-            tokens = await counter.count_messages(*(m.content for m in request.messages))
-            if tokens <= budget.summariser_input:
-                return len(lines), request
-            if len(lines) > 1:
-                lines = lines[: len(lines) // 2]
-            elif len(lines[0]) > MIN_LINE_CHARS:
-                lines = [lines[0][: max(MIN_LINE_CHARS, len(lines[0]) // 2 - 3)] + "..."]
-            else:
-                break
-        return None
-
-    def _failed(self, step: int, why: str) -> bool:
-        self.state.failures += 1
-        self.state.retry_at_step = step + min(2 ** (self.state.failures - 1), MAX_BACKOFF_STEPS)
-        metrics.CONTEXT_COMPACTIONS.labels(stage="failed").inc()
-        log.warning(
-            "agent %s: history not summarised (%s); retrying at step %d",
-            self._who(),
-            why,
-            self.state.retry_at_step,
-        )
-        return False
 
     async def _squeeze(
         self, budget: Budget, counter: TokenCounter, render: Callable[[], str], system: str, tokens: int
@@ -511,20 +386,6 @@ class Compactor(ArchivedHistory):
         except Exception as exc:
             log.warning("agent %s: compaction event not written: %r", agent.agent_id, exc)
 
-    async def _log_summary(self, text: str, items: int, ref: str) -> None:
-        """The summary also goes to a capability that keeps summaries (the memory blocks'
-        `history_summary` log block) when the agent has one."""
-        agent = self.policy.agent
-        if agent is None:
-            return
-        sink = next((c for c in agent.capabilities.values() if isinstance(c, HistorySummaryLog)), None)
-        if sink is None:
-            return
-        try:
-            await sink.log_history_summary(text, items=items, ref=ref)
-        except Exception as exc:
-            log.warning("agent %s: summary not logged: %r", agent.agent_id, exc)
-
     # -- state -------------------------------------------------------------------------------------
 
     def get_state(self) -> dict[str, Any]:
@@ -535,7 +396,11 @@ class Compactor(ArchivedHistory):
         try:
             self.state = CompactionState.model_validate(state or {})
         except Exception as exc:
-            log.warning("agent %s: stored compaction state unreadable (%r); starting empty", self._who(), exc)
+            log.warning(
+                "agent %s: stored compaction state unreadable (%r); starting empty",
+                agent_label(self.policy),
+                exc,
+            )
             self.state = CompactionState()
         self._unsaved = {}
         self._refreshed_at = -math.inf  # the restored view's archives get their expiry refreshed

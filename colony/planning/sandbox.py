@@ -26,6 +26,7 @@ import os
 import secrets
 import time
 from collections.abc import Awaitable, Callable, Mapping
+from dataclasses import dataclass
 from typing import Any, Literal
 
 from pydantic import BaseModel, Field
@@ -213,6 +214,67 @@ async def run_sandboxed(
     settings = settings or PlanningSettings()
     actions = dict(actions or {})
     started = time.perf_counter()
+    launch = await _plan_launch(code, limits, settings)
+    if isinstance(launch, SandboxResult):
+        return launch
+    try:
+        fds = _open_pipes()
+    except OSError as exc:  # out of file descriptors: the host's problem, reported, not raised
+        if launch.cgroup is not None:
+            launch.cgroup.remove()
+        return SandboxResult(
+            ok=False, error=f"the sandbox could not be started: {exc}", isolation=launch.isolation
+        )
+    to_child_r, to_child_w, from_child_r, from_child_w = fds
+    result = SandboxResult(
+        ok=False,
+        isolation=launch.isolation,
+        uid=launch.uid,
+        cgroup=launch.cgroup and launch.cgroup.name,
+    )
+    try:
+        process = await _spawn(launch.argv, to_child_r, from_child_w)
+    except OSError as exc:
+        for fd in fds:
+            os.close(fd)
+        result.error = f"the sandbox could not be started: {exc}"
+        if launch.cgroup is not None:
+            launch.cgroup.remove()
+        result.seconds = time.perf_counter() - started
+        return result
+    os.close(to_child_r)
+    os.close(from_child_w)
+    request = {
+        "code": code,
+        "limits": limits.model_dump(),
+        "actions": sorted(actions),
+        "allowed_modules": ALLOWED_MODULES,
+        "preload": PRELOAD_MODULES,
+        "uid": launch.uid,
+        "nproc": launch.uid is not None,  # a uid of the run's own: RLIMIT_NPROC counts only its processes
+        "guards": python_guards,
+        "die_with_parent": launch.isolation == "process",
+    }
+    await _supervise(process, launch, (from_child_r, to_child_w), request, actions, limits, result)
+    result.seconds = time.perf_counter() - started
+    return result
+
+
+@dataclass
+class _Launch:
+    """How a run is started: its isolation, the uid it runs as, the command line and its cgroup."""
+
+    isolation: Isolation
+    uid: int | None
+    argv: list[str]
+    cgroup: sandbox_os.RunCgroup | None
+
+
+async def _plan_launch(
+    code: str, limits: SandboxLimits, settings: PlanningSettings
+) -> _Launch | SandboxResult:
+    """How to start `code`, or the result saying why it is not run (too large, no isolation to be
+    had, no uid or cgroup for it)."""
     if not isinstance(code, str) or len(code.encode("utf-8", errors="replace")) > limits.max_code_bytes:
         return SandboxResult(
             ok=False, error=f"the program must be text of at most {limits.max_code_bytes} bytes"
@@ -234,43 +296,53 @@ async def run_sandboxed(
         return SandboxResult(ok=False, error=f"the program was not run: {exc}", isolation=isolation)
     if cgroup is not None:
         argv = cgroup.enter_argv(argv)
+    return _Launch(isolation, uid, argv, cgroup)
+
+
+def _open_pipes() -> list[int]:
+    """The protocol's two pipes, (to child: read, write, from child: read, write); raises OSError
+    with none of them left open."""
     fds: list[int] = []
     try:
         for _ in range(2):
             fds.extend(os.pipe())
-    except OSError as exc:  # out of file descriptors: the host's problem, reported, not raised
+    except OSError:
         for fd in fds:
             os.close(fd)
-        if cgroup is not None:
-            cgroup.remove()
-        return SandboxResult(ok=False, error=f"the sandbox could not be started: {exc}", isolation=isolation)
-    to_child_r, to_child_w, from_child_r, from_child_w = fds
-    result = SandboxResult(ok=False, isolation=isolation, uid=uid, cgroup=cgroup and cgroup.name)
+        raise
+    return fds
+
+
+async def _spawn(argv: list[str], to_child_r: int, from_child_w: int) -> asyncio.subprocess.Process:
+    """The sandbox's process, in a session of its own with an empty environment, handed the
+    protocol pipe ends it reads and writes as its last two arguments."""
+    return await asyncio.create_subprocess_exec(
+        *argv,
+        str(to_child_r),
+        str(from_child_w),
+        stdin=asyncio.subprocess.DEVNULL,
+        stdout=asyncio.subprocess.PIPE,
+        stderr=asyncio.subprocess.PIPE,
+        env={},
+        pass_fds=(to_child_r, from_child_w),
+        start_new_session=True,
+        cwd="/",
+    )
+
+
+async def _supervise(
+    process: asyncio.subprocess.Process,
+    launch: _Launch,
+    pipes: tuple[int, int],
+    request: dict[str, Any],
+    actions: Mapping[str, Action],
+    limits: SandboxLimits,
+    result: SandboxResult,
+) -> None:
+    """Converse with the started program over `pipes` (from the child, to it) within the
+    wall-clock limit, then kill the whole sandbox; fill `result` with the verdict and the output."""
+    from_child_r, to_child_w = pipes
     outputs = (_Output(limits.max_output_bytes), _Output(limits.max_output_bytes))
-    process: asyncio.subprocess.Process | None = None
-    try:
-        process = await asyncio.create_subprocess_exec(
-            *argv,
-            str(to_child_r),
-            str(from_child_w),
-            stdin=asyncio.subprocess.DEVNULL,
-            stdout=asyncio.subprocess.PIPE,
-            stderr=asyncio.subprocess.PIPE,
-            env={},
-            pass_fds=(to_child_r, from_child_w),
-            start_new_session=True,
-            cwd="/",
-        )
-    except OSError as exc:
-        for fd in (to_child_r, to_child_w, from_child_r, from_child_w):
-            os.close(fd)
-        result.error = f"the sandbox could not be started: {exc}"
-        if cgroup is not None:
-            cgroup.remove()
-        result.seconds = time.perf_counter() - started
-        return result
-    os.close(to_child_r)
-    os.close(from_child_w)
     loop = asyncio.get_running_loop()
     reader = asyncio.StreamReader(limit=limits.max_message_bytes, loop=loop)
     read_transport, _ = await loop.connect_read_pipe(
@@ -284,17 +356,6 @@ async def run_sandboxed(
         asyncio.create_task(out.drain(s))
         for out, s in zip(outputs, (process.stdout, process.stderr), strict=True)
     ]
-    request = {
-        "code": code,
-        "limits": limits.model_dump(),
-        "actions": sorted(actions),
-        "allowed_modules": ALLOWED_MODULES,
-        "preload": PRELOAD_MODULES,
-        "uid": uid,
-        "nproc": uid is not None,  # a uid of the run's own: RLIMIT_NPROC counts only its processes
-        "guards": python_guards,
-        "die_with_parent": isolation == "process",
-    }
     try:
         await asyncio.wait_for(
             _converse(process, reader, writer, request, actions, limits, result), limits.wall_seconds
@@ -308,23 +369,26 @@ async def run_sandboxed(
         result.ok = False
         result.error = f"the sandbox failed: {type(exc).__name__}: {exc}"
     finally:
-        await _terminate(process, isolation, uid, cgroup)
-        if cgroup is not None:
-            if cgroup.oom_killed():
-                result.ok = False
-                result.error = (
-                    f"the sandboxed program went over its memory limit ({memory_max_mb(limits)} MiB for all "
-                    "its processes and scratch files, memory cgroup) and was killed"
-                )
-            cgroup.remove()
+        await _terminate(process, launch.isolation, launch.uid, launch.cgroup)
+        if launch.cgroup is not None:
+            _judge_memory(launch.cgroup, limits, result)
+            launch.cgroup.remove()
         read_transport.close()
         write_transport.close()
         await asyncio.wait(drains, timeout=2)
         for task in drains:
             task.cancel()
     result.stdout, result.stderr = outputs[0].text(), outputs[1].text()
-    result.seconds = time.perf_counter() - started
-    return result
+
+
+def _judge_memory(cgroup: sandbox_os.RunCgroup, limits: SandboxLimits, result: SandboxResult) -> None:
+    """A run its memory cgroup killed for going over memory.max failed, whatever it reported."""
+    if cgroup.oom_killed():
+        result.ok = False
+        result.error = (
+            f"the sandboxed program went over its memory limit ({memory_max_mb(limits)} MiB for all "
+            "its processes and scratch files, memory cgroup) and was killed"
+        )
 
 
 async def _converse(

@@ -211,15 +211,14 @@ def _disarm(sys, os, allowed):
             sys.modules[name] = None  # `import` of it stops here, whatever builtins the program reaches
 
 
-def _main():  # everything lives in this frame, so the module's globals hold nothing useful
-    import builtins
-    import contextlib
-    import json
-    import os
-    import resource
-    import sys
+# The helpers below take the modules they use as arguments and keep nothing at module level: the
+# program can reach this module's globals (`run.__globals__`), which are emptied before it starts.
+# Nothing that runs once the program has started looks a name up there: what it calls is bound in
+# `_main`'s frame or in the closures the helpers return.
 
-    read_fd, write_fd = int(sys.argv[1]), int(sys.argv[2])
+
+def _protocol(json, os, read_fd, write_fd):
+    """(read_line, send): read one JSON message from the parent, send one to it."""
     pending = bytearray()
     os_read, os_write = os.read, os.write  # the closures below hold these, never the os module
 
@@ -239,16 +238,14 @@ def _main():  # everything lives in this frame, so the module's globals hold not
         while data:
             data = data[os_write(write_fd, data) :]
 
-    request = read_line()
-    limits = request["limits"]
-    allowed = frozenset(request["allowed_modules"]) | frozenset(request.get("preload", ()))
-    # preload while the stdlib is still readable (before the uid switch), with what allowed modules
-    # import lazily (`_strptime` for datetime.strptime), so no import happens under the audit hook
-    for name in sorted(allowed):
-        with contextlib.suppress(ImportError):
-            __import__(name)
+    return read_line, send
 
-    prctl, parent = None, os.getppid()
+
+def _native_calls(request, os, sys):
+    """(prctl where the child must die with its parent else None, the seccomp installer or None),
+    made while ctypes may still be imported; ctypes and what it loaded leave the module cache
+    again, so the program cannot import them from there."""
+    prctl = None
     loaded = set(sys.modules)
     import ctypes
 
@@ -257,40 +254,48 @@ def _main():  # everything lives in this frame, so the module's globals hold not
     seccomp = _seccomp_installer(ctypes, os.uname().machine)
     for name in set(sys.modules) - loaded:  # the program cannot import ctypes from the cache
         del sys.modules[name]
-    del ctypes
+    return prctl, seccomp
 
+
+def _confine(os, resource, request, limits, prctl, parent, seccomp):
+    """Drop to the run's uid, arm the parent-death signal, set the rlimits and install the seccomp
+    filter (last). Returns 4 when the parent died before the signal was armed (else None); raises
+    OSError or ValueError when a step fails."""
     uid = request.get("uid")
-    try:
-        if uid is not None:
-            os.setgroups([])
-            os.setresgid(uid, uid, uid)
-            os.setresuid(uid, uid, uid)
-        if prctl is not None:  # after the uid switch, which clears it
-            if prctl(1, 9, 0, 0, 0) != 0:  # PR_SET_PDEATHSIG, SIGKILL
-                raise OSError("prctl(PR_SET_PDEATHSIG) failed")
-            if os.getppid() != parent:  # the parent died before the signal was armed
-                return 4
-            prctl = None
-        cpu = int(limits["cpu_seconds"])
-        resource.setrlimit(resource.RLIMIT_CPU, (cpu, cpu + 1))
-        memory = int(limits["memory_mb"]) * 1024 * 1024
-        resource.setrlimit(resource.RLIMIT_AS, (memory, memory))
-        scratch = int(limits["scratch_mb"]) * 1024 * 1024
-        resource.setrlimit(resource.RLIMIT_FSIZE, (scratch, scratch))
-        resource.setrlimit(resource.RLIMIT_CORE, (0, 0))
-        resource.setrlimit(resource.RLIMIT_MEMLOCK, (0, 0))
-        resource.setrlimit(resource.RLIMIT_NOFILE, (MAX_FILES, MAX_FILES))  # bounds memfds without cgroups
-        if request.get("nproc"):  # only a uid of our own makes the count mean "this program's processes"
-            nproc = int(limits["max_processes"])
-            resource.setrlimit(resource.RLIMIT_NPROC, (nproc, nproc))
-        if seccomp is not None:  # last: the kernel's word, whatever the program does in Python
-            seccomp()
-            seccomp = None
-    except (OSError, ValueError) as exc:
-        send({"kind": "done", "ok": False, "error": f"sandbox setup failed: {exc}", "setup": True})
-        return 3
+    if uid is not None:
+        os.setgroups([])
+        os.setresgid(uid, uid, uid)
+        os.setresuid(uid, uid, uid)
+    if prctl is not None:  # after the uid switch, which clears it
+        if prctl(1, 9, 0, 0, 0) != 0:  # PR_SET_PDEATHSIG, SIGKILL
+            raise OSError("prctl(PR_SET_PDEATHSIG) failed")
+        if os.getppid() != parent:  # the parent died before the signal was armed
+            return 4
+    _set_rlimits(resource, limits, request.get("nproc"))
+    if seccomp is not None:  # last: the kernel's word, whatever the program does in Python
+        seccomp()
+    return None
 
-    actions = frozenset(request["actions"])
+
+def _set_rlimits(resource, limits, nproc):
+    """CPU time, address space, file size, no core dumps or locked memory, MAX_FILES descriptors,
+    and with `nproc` (a uid of the run's own) its process count."""
+    cpu = int(limits["cpu_seconds"])
+    resource.setrlimit(resource.RLIMIT_CPU, (cpu, cpu + 1))
+    memory = int(limits["memory_mb"]) * 1024 * 1024
+    resource.setrlimit(resource.RLIMIT_AS, (memory, memory))
+    scratch = int(limits["scratch_mb"]) * 1024 * 1024
+    resource.setrlimit(resource.RLIMIT_FSIZE, (scratch, scratch))
+    resource.setrlimit(resource.RLIMIT_CORE, (0, 0))
+    resource.setrlimit(resource.RLIMIT_MEMLOCK, (0, 0))
+    resource.setrlimit(resource.RLIMIT_NOFILE, (MAX_FILES, MAX_FILES))  # bounds memfds without cgroups
+    if nproc:  # only a uid of our own makes the count mean "this program's processes"
+        processes = int(limits["max_processes"])
+        resource.setrlimit(resource.RLIMIT_NPROC, (processes, processes))
+
+
+def _action_caller(actions, send, read_line):
+    """The program's `run(action_key, **params)`: a call to one of the agent's actions."""
 
     def run(action_key, **params):
         """Call one of the agent's actions; returns its output or raises RuntimeError."""
@@ -302,6 +307,12 @@ def _main():  # everything lives in this frame, so the module's globals hold not
             raise RuntimeError(f"{action_key} failed: {reply.get('error')}")
         return reply.get("result")
 
+    return run
+
+
+def _safe_builtins(builtins, allowed):
+    """The program's builtins: no files, input or interpreter exits, and an `__import__` of the
+    allowed modules only."""
     real_import = builtins.__import__
     shown = sorted(name for name in allowed if not name.startswith("_"))
 
@@ -310,6 +321,18 @@ def _main():  # everything lives in this frame, so the module's globals hold not
             raise ImportError(f"import of {name!r} is not allowed in the sandbox (allowed: {shown})")
         return real_import(name, globals, locals, fromlist, level)
 
+    safe_builtins = {
+        k: v
+        for k, v in vars(builtins).items()
+        if k not in ("open", "input", "breakpoint", "exit", "quit", "help", "copyright", "credits", "license")
+    }
+    safe_builtins["__import__"] = guarded_import
+    return safe_builtins
+
+
+def _audit_hook(allowed):
+    """The audit hook: imports of the allowed modules only, no frames or code objects, no files,
+    processes or network."""
     blocked = (
         "open",
         "os.",
@@ -338,7 +361,7 @@ def _main():  # everything lives in this frame, so the module's globals hold not
         "http.",
     )
 
-    frames = frozenset({"tb_frame", "gi_frame", "cr_frame", "ag_frame"})  # frames lead to this function
+    frames = frozenset({"tb_frame", "gi_frame", "cr_frame", "ag_frame"})  # frames lead to _main
     importable = allowed  # a cell of its own: rewriting guarded_import's closure cell changes nothing here
 
     def audit(event, args, str=str, type=type, len=len, PermissionError=PermissionError):
@@ -360,14 +383,43 @@ def _main():  # everything lives in this frame, so the module's globals hold not
         elif event.startswith(blocked):
             raise PermissionError(f"sandbox: {event} is not allowed (no files, processes or network)")
 
-    safe_builtins = {
-        k: v
-        for k, v in vars(builtins).items()
-        if k not in ("open", "input", "breakpoint", "exit", "quit", "help", "copyright", "credits", "license")
-    }
-    safe_builtins["__import__"] = guarded_import
+    return audit
+
+
+def _main():  # the program runs in this frame, which holds nothing of the parent
+    import builtins
+    import contextlib
+    import json
+    import os
+    import resource
+    import sys
+
+    read_fd, write_fd = int(sys.argv[1]), int(sys.argv[2])
+    read_line, send = _protocol(json, os, read_fd, write_fd)
+    request = read_line()
+    limits = request["limits"]
+    allowed = frozenset(request["allowed_modules"]) | frozenset(request.get("preload", ()))
+    # preload while the stdlib is still readable (before the uid switch), with what allowed modules
+    # import lazily (`_strptime` for datetime.strptime), so no import happens under the audit hook
+    for name in sorted(allowed):
+        with contextlib.suppress(ImportError):
+            __import__(name)
+
+    parent = os.getppid()
+    prctl, seccomp = _native_calls(request, os, sys)
+    try:
+        parent_died = _confine(os, resource, request, limits, prctl, parent, seccomp)
+    except (OSError, ValueError) as exc:
+        send({"kind": "done", "ok": False, "error": f"sandbox setup failed: {exc}", "setup": True})
+        return 3
+    if parent_died is not None:
+        return parent_died
+    prctl = seccomp = None
+
+    run = _action_caller(frozenset(request["actions"]), send, read_line)
     guards = request.get("guards", True)
-    namespace = {"__builtins__": safe_builtins if guards else builtins, "__name__": "__sandbox__", "run": run}
+    program_builtins = _safe_builtins(builtins, allowed) if guards else builtins
+    namespace = {"__builtins__": program_builtins, "__name__": "__sandbox__", "run": run}
     try:
         program = compile(request["code"], "<generated>", "exec")
     except (SyntaxError, ValueError) as exc:
@@ -375,9 +427,8 @@ def _main():  # everything lives in this frame, so the module's globals hold not
         return 0
     if guards:
         _disarm(sys, os, allowed)
-        sys.addaudithook(audit)
+        sys.addaudithook(_audit_hook(allowed))  # (held by no frame: no frame leads to the hook)
         vars(sys.modules["__main__"]).clear()  # what the program rewrites there reaches no code of ours
-    del audit  # a frame of this function, however reached, does not lead to the hook
     del request, os, sys, resource
     try:
         exec(program, namespace)

@@ -173,48 +173,17 @@ def compose_report(
     partly = [f for f in files if f in lost_files]
     failed = [n for n in not_analysed if n["error"] not in (NO_SUMMARY, UNCOVERED)]
     stats = {kind: sum(1 for s in sections if s.grounding == kind) for kind in GROUNDINGS}
-    title = f"# Analysis of {path or 'the mapped pages'}"
     head = (
         f"{len(files)} files in {len(sections)} page(s), summarised by {len(workers)} page-bound worker(s)."
     )
     if retried:
         head += f" {len(retried)} worker(s) failed and were retried."
     if not_analysed:
-        head += f" {len(files) - len(partly)} of {len(every)} mapped file(s) analysed in full"
-        if partly:
-            head += f", {len(partly)} in part ({', '.join(partly[:10])}{', ...' if len(partly) > 10 else ''})"
-        head += f", {len(every) - len(files)} not at all."
-        why = _counted(
-            (sum(1 for n in failed if n["retried"]), "worker(s) failed after a retry"),
-            (sum(1 for n in failed if not n["retried"]), "worker(s) failed and could not be retried"),
-            (sum(1 for n in not_analysed if n["error"] == NO_SUMMARY), "answer(s) left pages out"),
-            (sum(1 for n in not_analysed if n["error"] == UNCOVERED), "set of files no answer covers"),
-        )
-        pages_lost = len({p for n in not_analysed for p in n["pages"]})
-        head += f" Not analysed: {pages_lost} page(s) ({why}); see the end."
-    rejected = sum(1 for s in sections if s.grounding == "extractive" and s.asked)
-    why_extractive = _counted(
-        (rejected, "after the model's summary was rejected twice"),
-        (stats["extractive"] - rejected, "with nothing a model could summarise"),
-    )
-    head += (
-        f" Summaries: {stats['accepted']} accepted, {stats['regenerated']} regenerated, "
-        f"{stats['extractive']} extractive{f' ({why_extractive})' if why_extractive else ''}."
-    )
-    parts = [title, "", head, ""]
-    if overview:
-        parts += ["## Overview", "", overview, ""]
-    parts += [_section_text(section) for section in sections]
-    if not_analysed:
-        parts += ["## Not analysed", ""]
-        parts += [
-            f"- {', '.join(n['files']) or ', '.join(n['pages'])}: "
-            f"{n['worker'] + ': ' if n['worker'] else ''}{n['error']}"
-            for n in not_analysed
-        ]
-        parts.append("")
+        head += _coverage_sentences(not_analysed, failed, files, partly, every)
+    head += _summaries_sentence(sections, stats)
+    title = f"# Analysis of {path or 'the mapped pages'}"
     return {
-        "report": "\n".join(parts),
+        "report": _markdown(title, head, overview, sections, not_analysed),
         "path": path,
         "files": files,
         "mapped_files": len(every),
@@ -237,6 +206,61 @@ def compose_report(
         ],
         "stats": stats,
     }
+
+
+def _coverage_sentences(
+    not_analysed: list[dict[str, Any]],
+    failed: list[dict[str, Any]],
+    files: list[str],
+    partly: list[str],
+    every: list[str],
+) -> str:
+    """The header's count of the mapped files analysed in full, in part and not at all, and why
+    pages were not analysed."""
+    text = f" {len(files) - len(partly)} of {len(every)} mapped file(s) analysed in full"
+    if partly:
+        text += f", {len(partly)} in part ({', '.join(partly[:10])}{', ...' if len(partly) > 10 else ''})"
+    text += f", {len(every) - len(files)} not at all."
+    why = _counted(
+        (sum(1 for n in failed if n["retried"]), "worker(s) failed after a retry"),
+        (sum(1 for n in failed if not n["retried"]), "worker(s) failed and could not be retried"),
+        (sum(1 for n in not_analysed if n["error"] == NO_SUMMARY), "answer(s) left pages out"),
+        (sum(1 for n in not_analysed if n["error"] == UNCOVERED), "set of files no answer covers"),
+    )
+    pages_lost = len({p for n in not_analysed for p in n["pages"]})
+    return text + f" Not analysed: {pages_lost} page(s) ({why}); see the end."
+
+
+def _summaries_sentence(sections: list[Section], stats: dict[str, int]) -> str:
+    """The header's count of the summaries by grounding (why extractive ones are)."""
+    rejected = sum(1 for s in sections if s.grounding == "extractive" and s.asked)
+    why_extractive = _counted(
+        (rejected, "after the model's summary was rejected twice"),
+        (stats["extractive"] - rejected, "with nothing a model could summarise"),
+    )
+    return (
+        f" Summaries: {stats['accepted']} accepted, {stats['regenerated']} regenerated, "
+        f"{stats['extractive']} extractive{f' ({why_extractive})' if why_extractive else ''}."
+    )
+
+
+def _markdown(
+    title: str, head: str, overview: str, sections: list[Section], not_analysed: list[dict[str, Any]]
+) -> str:
+    """The report's Markdown: title, header, overview, a section per page, "Not analysed"."""
+    parts = [title, "", head, ""]
+    if overview:
+        parts += ["## Overview", "", overview, ""]
+    parts += [_section_text(section) for section in sections]
+    if not_analysed:
+        parts += ["## Not analysed", ""]
+        parts += [
+            f"- {', '.join(n['files']) or ', '.join(n['pages'])}: "
+            f"{n['worker'] + ': ' if n['worker'] else ''}{n['error']}"
+            for n in not_analysed
+        ]
+        parts.append("")
+    return "\n".join(parts)
 
 
 def _counted(*counts: tuple[int, str]) -> str:

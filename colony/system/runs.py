@@ -51,7 +51,7 @@ from colony.agents.run_claims import (
     pending_write,
     read_serving,
 )
-from colony.blackboard import AgentRunProtocol, Blackboard, BlackboardScope, scope_id
+from colony.blackboard import AgentRunProtocol, Blackboard, BlackboardEvent, BlackboardScope, scope_id
 from colony.blackboard.connection import redis_url_of
 from colony.blackboard.protocol import AgentStateProtocol, ApiRunProtocol
 from colony.config import ColonySettings, RunsSettings, load_settings
@@ -170,12 +170,7 @@ class RunService:
         pages: list[str] | None = None,
     ) -> RunRecord:
         await self._check_known(agent)
-        role, dot, _ = agent.partition(".")
-        if dot and (await self.serving(role, namespace)).is_pool:
-            raise InvalidArgument(
-                f"agent {agent!r} is a member of the pool {role!r} and serves the pool's runs; "
-                f"submit the run to {role!r}"
-            )
+        await self._refuse_pool_member(agent, namespace)
         run_id = new_id("run")
         timeout = timeout_s or self.runs_settings.default_timeout_seconds
         record = RunRecord(
@@ -184,71 +179,87 @@ class RunService:
         board = self.run_board(record)
         # The longest a run's request and record may live: answered or not, they go after this.
         life = timeout + self.retention_seconds
-        request_key = AgentRunProtocol.request_key(run_id)
-        marker = pending_key(AgentRunProtocol, run_id)
         try:
             serving = await self.serving(agent, namespace)
             marked = serving.is_pool or serving.admitted_at_once() is not None
             if serving.admitted_at_once() is not None:  # reserve, then count (the count includes it)
                 await board.write(**pending_write(AgentRunProtocol, run_id, RESERVE_SECONDS, API_WRITER))
-                await self._admit(board, agent, serving, marker)
+                await self._admit(board, agent, serving, pending_key(AgentRunProtocol, run_id))
             # where its events start: the shared reader's position when it reads the agent's
             # stream already (a busy agent's: no round trip), else the stream's newest event
             record.events_from = board.read_event_position() or await board.latest_event_id()
-            request = {
-                "key": request_key,
-                "value": {
-                    "input": input_data,
-                    "requester": API_WRITER,
-                    "agent_id": agent,
-                    "pages": record.pages,
-                },
-                "tags": [AgentRunProtocol.request_tag(run_id)],
-                "created_by": API_WRITER,
-                "ttl_seconds": life,
-            }
-            try:
-                # the record first, in the same round trip: once the request exists it may be
-                # served, so it comes last.
-                # A pool's (or a bounded agent's) request is indexed as pending in the same round
-                # trip, the marker first (with the request's expiry): a member that sees the
-                # request (by API_INDEXED_WRITER) knows it is indexed; a member that sees the marker
-                # first finds no request yet and leaves it, as an admission reservation. The run's
-                # tag set gets its expiry in that round trip too: if no one ever answers, nothing
-                # of the run outlives `life`
-                writes = (
-                    [
-                        pending_write(AgentRunProtocol, run_id, life, API_WRITER),
-                        {**request, "created_by": API_INDEXED_WRITER},
-                    ]
-                    if marked
-                    else [request]
-                )
-                record_write = {
-                    "key": ApiRunProtocol.run_key(run_id),
-                    "value": record,
-                    "created_by": API_WRITER,
-                    "ttl_seconds": life,
-                }
-                await board.write_group(
-                    writes,
-                    tag=AgentRunProtocol.request_tag(run_id),
-                    ttl_seconds=life,
-                    first=(self.api_board, [record_write]),
-                )
-            except BaseException:
-                # nothing half-submitted stays to be served: the request too, which Redis may have
-                # applied though its answer was lost (a member that took it already serves it)
-                with contextlib.suppress(Exception):
-                    await board.delete(request_key)
-                    await board.delete(marker)
-                    await self.api_board.delete(ApiRunProtocol.run_key(run_id))
-                raise
+            await self._write_run(board, record, input_data, life, marked=marked)
         except RedisError as exc:  # e.g. Redis out of memory: a server-side failure, not the input's
             url = redis_url_of(self._root.redis)
             raise BlackboardUnavailable(f"submit run to {agent!r}", url, exc) from exc
         metrics.RUNS_SUBMITTED.labels(agent if agent in ("echo", "ask") else "custom").inc()
         return record
+
+    async def _refuse_pool_member(self, agent: str, namespace: str) -> None:
+        """`InvalidArgument` for a member of a pool (`<role>.<hex>`): submits name the role."""
+        role, dot, _ = agent.partition(".")
+        if dot and (await self.serving(role, namespace)).is_pool:
+            raise InvalidArgument(
+                f"agent {agent!r} is a member of the pool {role!r} and serves the pool's runs; "
+                f"submit the run to {role!r}"
+            )
+
+    async def _write_run(
+        self, board: Blackboard, record: RunRecord, input_data: Any, life: float, *, marked: bool
+    ) -> None:
+        """Write an admitted run's record and its request (with its pending marker when `marked`),
+        all expiring after `life`; on failure, delete whatever of them may have been written."""
+        run_id = record.run_id
+        request_key = AgentRunProtocol.request_key(run_id)
+        request = {
+            "key": request_key,
+            "value": {
+                "input": input_data,
+                "requester": API_WRITER,
+                "agent_id": record.agent,
+                "pages": record.pages,
+            },
+            "tags": [AgentRunProtocol.request_tag(run_id)],
+            "created_by": API_WRITER,
+            "ttl_seconds": life,
+        }
+        try:
+            # the record first, in the same round trip: once the request exists it may be
+            # served, so it comes last.
+            # A pool's (or a bounded agent's) request is indexed as pending in the same round
+            # trip, the marker first (with the request's expiry): a member that sees the
+            # request (by API_INDEXED_WRITER) knows it is indexed; a member that sees the marker
+            # first finds no request yet and leaves it, as an admission reservation. The run's
+            # tag set gets its expiry in that round trip too: if no one ever answers, nothing
+            # of the run outlives `life`
+            writes = (
+                [
+                    pending_write(AgentRunProtocol, run_id, life, API_WRITER),
+                    {**request, "created_by": API_INDEXED_WRITER},
+                ]
+                if marked
+                else [request]
+            )
+            record_write = {
+                "key": ApiRunProtocol.run_key(run_id),
+                "value": record,
+                "created_by": API_WRITER,
+                "ttl_seconds": life,
+            }
+            await board.write_group(
+                writes,
+                tag=AgentRunProtocol.request_tag(run_id),
+                ttl_seconds=life,
+                first=(self.api_board, [record_write]),
+            )
+        except BaseException:
+            # nothing half-submitted stays to be served: the request too, which Redis may have
+            # applied though its answer was lost (a member that took it already serves it)
+            with contextlib.suppress(Exception):
+                await board.delete(request_key)
+                await board.delete(pending_key(AgentRunProtocol, run_id))
+                await self.api_board.delete(ApiRunProtocol.run_key(run_id))
+            raise
 
     async def _check_known(self, agent: str) -> None:
         """`AgentNotFound` unless the registry has a record of `agent`. One found is remembered
@@ -421,7 +432,6 @@ class RunService:
             record = await self.check_event_id(run_id, last_event_id)
         board = self.run_board(record)
         subscription = board.subscribe(f"*:run:{run_id}*", from_id=last_event_id or record.events_from)
-        result_key = AgentRunProtocol.result_key(run_id)
         batch: list[tuple[str, dict[str, Any]]] = []
         try:
             while True:
@@ -445,42 +455,57 @@ class RunService:
                     batch = []
                     continue
                 if event is None:
-                    if record.deadline is not None and time.time() > record.deadline:
-                        await self._finish(record, "failed", "run timed out after its deadline")
-                    ending = await self._gap(record, subscription.last_id)
+                    ending = await self._after_quiet_spell(record, subscription.last_id)
                     if ending:
                         yield [*batch, *ending]
                         return
                     continue
-                if event.op != "write":
+                pair = await self._stream_pair(board, run_id, event)
+                if pair is None:
                     continue
-                if event.key == result_key:
-                    if event.created_by == API_WRITER:
-                        entry = await board.read(result_key)
-                        status = entry.value.get("status", "failed") if entry else "failed"
-                        ended = {
-                            "event_type": status if status == "cancelled" else "failed",
-                            "data": {"error": entry.value.get("error") if entry else None},
-                            "request_id": run_id,
-                        }
-                        yield [*batch, (event.id, ended)]
-                        return
-                    continue  # the agent's terminal event follows its result
-                identified = AgentRunProtocol.identify(event.key)
-                if identified is None or identified[0] != "event":
-                    continue
-                value = event.value  # carried by the event (the agent writes it so), else read
-                if not isinstance(value, dict):
-                    entry = await board.read(event.key)
-                    if entry is None or not isinstance(entry.value, dict):
-                        continue
-                    value = entry.value
-                batch.append((event.id, value))
-                if is_terminal(value):
+                batch.append(pair)
+                if is_terminal(pair[1]):
                     yield batch
                     return
         finally:
             subscription.close()
+
+    async def _stream_pair(
+        self, board: Blackboard, run_id: str, event: BlackboardEvent
+    ) -> tuple[str, dict[str, Any]] | None:
+        """What a change to the run's keys adds to its event stream: an event the agent wrote (its
+        value read when the change does not carry it), the terminal event of a run the API ended
+        (cancel, timeout: a result written here); None for anything else."""
+        if event.op != "write":
+            return None
+        if event.key == AgentRunProtocol.result_key(run_id):
+            if event.created_by != API_WRITER:
+                return None  # the agent's terminal event follows its result
+            entry = await board.read(event.key)
+            status = entry.value.get("status", "failed") if entry else "failed"
+            ended = {
+                "event_type": status if status == "cancelled" else "failed",
+                "data": {"error": entry.value.get("error") if entry else None},
+                "request_id": run_id,
+            }
+            return event.id, ended
+        identified = AgentRunProtocol.identify(event.key)
+        if identified is None or identified[0] != "event":
+            return None
+        value = event.value  # carried by the event (the agent writes it so), else read
+        if not isinstance(value, dict):
+            entry = await board.read(event.key)
+            if entry is None or not isinstance(entry.value, dict):
+                return None
+            value = entry.value
+        return event.id, value
+
+    async def _after_quiet_spell(self, record: RunRecord, position: str) -> list[tuple[str, dict[str, Any]]]:
+        """No event for a while: a run past its deadline is failed (timed out) here, and a run
+        whose events are gone gets its ending (`_gap`); empty while the run may go on."""
+        if record.deadline is not None and time.time() > record.deadline:
+            await self._finish(record, "failed", "run timed out after its deadline")
+        return await self._gap(record, position)
 
     async def _gap(self, record: RunRecord, position: str) -> list[tuple[str, dict[str, Any]]]:
         """After a quiet spell: if the run has ended (its result is at least IDLE_SECONDS old, so its

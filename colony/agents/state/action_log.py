@@ -304,6 +304,25 @@ class ActionLog:
         await self._load(run.run_id)
         key = idempotency_key(run.run_id, step, "action", n)
         shape = _action_shape(action, parameters)
+        replayed = self._replayed(key, shape, action, capability)
+        if replayed is not None:
+            return replayed
+        fields: dict[str, Any] = {
+            "run_id": run.run_id,
+            "step": step,
+            "kind": "action",
+            "n": n,
+            "action": action[:200],
+            "capability": capability[:200] if capability else None,
+            "effects": tuple(effects),
+            "shape": shape,
+        }
+        return await self._run_and_record(call, key, fields, capability, effects)
+
+    def _replayed(self, key: str, shape: str, action: str, capability: str | None) -> ActionResult | None:
+        """The result the log answers action call `key` with (its capability's recorded state
+        restored), or None when the call runs (again): none recorded, another call recorded there,
+        only its `started` record, or a recorded result or state that cannot be restored."""
         found = self._records.get(key)
         if found is not None and found.shape != shape:
             log.warning(
@@ -341,16 +360,19 @@ class ActionLog:
                 action,
                 key,
             )
-        fields: dict[str, Any] = {
-            "run_id": run.run_id,
-            "step": step,
-            "kind": "action",
-            "n": n,
-            "action": action[:200],
-            "capability": capability[:200] if capability else None,
-            "effects": tuple(effects),
-            "shape": shape,
-        }
+        return None
+
+    async def _run_and_record(
+        self,
+        call: Callable[[], Awaitable[ActionResult]],
+        key: str,
+        fields: dict[str, Any],
+        capability: str | None,
+        effects: tuple[str, ...],
+    ) -> ActionResult:
+        """Run the action under idempotency key `key` and record its result (`fields` are its
+        record's): a `started` record first and the result committed when it declares `effects`,
+        else the result held for the step's persist."""
         if effects:  # what a cut-off call did is worth telling apart from one never made
             await self._append([LogRecord(status="started", at=time.time(), **fields)])
         before = copy.deepcopy(self._capability_state(capability))

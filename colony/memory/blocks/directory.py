@@ -6,6 +6,7 @@ from __future__ import annotations
 import base64
 import json
 import time
+from typing import TYPE_CHECKING
 
 import redis.asyncio as aioredis
 
@@ -23,6 +24,9 @@ from colony.memory.blocks.types import (
     Share,
     SharedAccess,
 )
+
+if TYPE_CHECKING:
+    from colony.memory.blocks.cache import DocumentCache
 
 COLONY = BlockProtocol.COLONY_OWNER
 
@@ -103,18 +107,30 @@ def check_access(info: BlockInfo, access: SharedAccess, needs: str, principal: s
         raise BlockAccessDenied(f"{principal} has read-only access to {where}; it cannot be changed")
 
 
+def own_access(info: BlockInfo) -> SharedAccess:
+    """What an owner may do with its own block."""
+    if info.read_only or info.block_type is BlockType.LOG:
+        return SharedAccess.READ_ONLY
+    return SharedAccess.READ_WRITE
+
+
+def colony_access(info: BlockInfo) -> SharedAccess:
+    """What every agent may do with colony-wide block `info`."""
+    if info.read_only or info.block_type is BlockType.LOG or info.colony_access is None:
+        return SharedAccess.READ_ONLY
+    return info.colony_access
+
+
 class BlockDirectory:
     """Lookup, access and sharing of blocks (the parts of BlockStore that need no document)."""
 
     redis: aioredis.Redis
     settings: BlockSettings
     namespace: str
+    documents: DocumentCache  # the cached documents (a deleted block's are dropped)
 
     def block_id(self, owner: str, label: str) -> str:
         return BlockProtocol.block_id(self.namespace, owner, check_label(label))
-
-    def _forget(self, block_id: str) -> None:
-        """Drop any cached copy of the block (BlockStore keeps documents)."""
 
     async def info_of(self, block_id: str) -> BlockInfo | None:
         fields = await self.redis.hgetall(BlockProtocol.key(block_id, "meta"))
@@ -137,16 +153,6 @@ class BlockDirectory:
                 return block_id, SharedAccess(grant["access"])
         return None
 
-    def _own_access(self, info: BlockInfo) -> SharedAccess:
-        if info.read_only or info.block_type is BlockType.LOG:
-            return SharedAccess.READ_ONLY
-        return SharedAccess.READ_WRITE
-
-    def _colony_access(self, info: BlockInfo) -> SharedAccess:
-        if info.read_only or info.block_type is BlockType.LOG or info.colony_access is None:
-            return SharedAccess.READ_ONLY
-        return info.colony_access
-
     async def resolve(
         self, principal: Principal, label: str, *, owner: str | None = None
     ) -> tuple[BlockInfo, SharedAccess]:
@@ -164,7 +170,7 @@ class BlockDirectory:
         if owner in (None, principal):
             info = await self.info_of(self.block_id(principal, label))
             if info is not None:
-                return info, self._own_access(info)
+                return info, own_access(info)
             if owner == principal:
                 raise BlockNotFound(f"{principal} has no block labelled {label!r}")
         if owner is None:
@@ -178,7 +184,7 @@ class BlockDirectory:
                     return info, SharedAccess.READ_ONLY if info.read_only else access
             info = await self.info_of(self.block_id(COLONY, label))
             if info is not None:
-                return info, self._colony_access(info)
+                return info, colony_access(info)
             raise BlockNotFound(
                 f"{principal} sees no block labelled {label!r} (not its own, not shared with it, not "
                 "colony-wide); list its blocks to see the labels it has"
@@ -188,7 +194,7 @@ class BlockDirectory:
         if info is None:
             raise BlockNotFound(f"{owner} has no block labelled {label!r}")
         if owner == COLONY:
-            return info, self._colony_access(info)
+            return info, colony_access(info)
         raw = await self.redis.hget(BlockProtocol.key(block_id, "acl"), principal)
         if raw is None:
             raise BlockAccessDenied(
@@ -212,7 +218,7 @@ class BlockDirectory:
         seen: set[str] = set()
         for info in await self._infos(sorted(own_ids)):
             if info is not None:
-                out.append((info, self._own_access(info)))
+                out.append((info, own_access(info)))
                 seen.add(info.label)
         shared_ids = sorted(grants)
         shared_infos = await self._infos(shared_ids)
@@ -227,7 +233,7 @@ class BlockDirectory:
                 seen.add(info.label)
         for info in await self._infos(sorted(colony_ids)):
             if info is not None and info.label not in seen:
-                out.append((info, self._colony_access(info)))
+                out.append((info, colony_access(info)))
                 seen.add(info.label)
         return out
 
@@ -333,7 +339,7 @@ class BlockDirectory:
         await self.redis.hdel(index, label)
         if not await self.redis.hlen(index):
             await self.redis.srem(BlockProtocol.owners_key(self.namespace), owner)
-        self._forget(block_id)
+        self.documents.forget(block_id)
         return bool(removed)
 
     async def stored_bytes(self, block_id: str) -> int:
