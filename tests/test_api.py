@@ -280,7 +280,7 @@ async def test_vcm_sources_and_pages_over_http(api, tmp_path) -> None:
     assert {p["page_id"] for p in listed} == {p["page_id"] for p in body["pages"]}
     assert all(p["resident_on"] == [] for p in listed)
     missing = await client.post("/v1/vcm/sources", json={"path": str(tmp_path / "nope")}, headers=AUTH)
-    assert missing.status_code == 400 and "not a directory" in missing.json()["error"]["message"]
+    assert missing.status_code == 422 and "not a directory" in missing.json()["error"]["message"]
     tiny = await client.post("/v1/vcm/sources", json={"path": str(tmp_path), "page_tokens": 5}, headers=AUTH)
     assert tiny.status_code == 422 and "page_tokens" in tiny.json()["error"]["message"]
 

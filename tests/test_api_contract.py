@@ -111,7 +111,7 @@ def test_schemathesis_finds_no_contract_failures(served: AppThread) -> None:
                 {
                     # memory blocks: a schema-valid request the block's state refuses (an undo with
                     # no edit of the agent's left, over the char limit, template fields its schema
-                    # rejects) is the documented 422 naming the reason (colony.api.block_routes)
+                    # rejects) is the documented 422 naming the reason (colony.api.routes.blocks)
                     "include-path-regex": "/blocks",
                     "checks": {
                         "positive_data_acceptance": {

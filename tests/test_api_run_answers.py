@@ -374,9 +374,9 @@ async def test_a_wait_whose_redis_fails_answers_as_submitted(served, monkeypatch
         raise BlackboardUnavailable("xread", "redis://blip")
 
     monkeypatch.setattr(sse_module, "wait_for_end", failing)
-    import colony.api.app as app_module
+    import colony.api.routes.runs as runs_module
 
-    monkeypatch.setattr(app_module, "wait_for_end", failing)
+    monkeypatch.setattr(runs_module, "wait_for_end", failing)
     answer = await client.post("/v1/runs", json={"agent": "echo", "input": 1, "wait_s": 5}, headers=AUTH)
     assert answer.status_code == 202 and answer.json()["run_id"].startswith("run-")
 

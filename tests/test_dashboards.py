@@ -329,7 +329,7 @@ async def test_no_series_goes_back_whichever_api_replica_answers(
     drop would read as a counter reset in Prometheus)."""
     from types import SimpleNamespace
 
-    from colony.api.app import published_of
+    from colony.api.routes.health import published_of
 
     settings = ColonySettings(serve=ServeSettings(heartbeat_seconds=30.0))
     registry = AgentRegistry(bb.scoped(f"colony:{uuid.uuid4().hex[:8]}"), settings=settings)
@@ -463,7 +463,7 @@ async def test_past_the_cap_two_scrapes_in_a_row_export_the_same_processes(
     to the next while the live processes publish again; and no series goes back."""
     from types import SimpleNamespace
 
-    from colony.api.app import published_of
+    from colony.api.routes.health import published_of
 
     monkeypatch.setattr(metrics, "MAX_PUBLICATIONS", 5)
     registry = AgentRegistry(bb.scoped(f"colony:{uuid.uuid4().hex[:8]}"), retention_seconds=60.0)

@@ -497,7 +497,7 @@ async def test_a_run_submitted_to_a_pool_member_is_refused(cluster: Cluster) -> 
         transport=httpx.ASGITransport(app=app), base_url="http://c", headers={"Authorization": "Bearer t"}
     ) as client:
         refused = await client.post("/v1/runs", json={"agent": member, "input": 1})
-        assert refused.status_code == 400, refused.text
+        assert refused.status_code == 422, refused.text
         assert "'pm'" in refused.json()["error"]["message"]
         accepted = await client.post("/v1/runs", json={"agent": "pm", "input": 1})
         assert accepted.status_code == 202, accepted.text

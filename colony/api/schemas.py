@@ -131,7 +131,7 @@ SUBMIT_STREAM: dict[str, Any] = {
 }
 
 
-# -- agent memory (colony.api.memory_routes) and the agent catalog -------------------------------------
+# -- agent memory (colony.api.routes.memory) and the agent catalog -------------------------------------
 #
 # The request models below repeat the memory models' bounds as JSON-schema constraints (patterns,
 # lengths, counts), so what the document promises is exactly what the API validates before a route
@@ -263,7 +263,7 @@ MEMORY = _errors(*COMMON, 404)
 MEMORY_WRITE = _errors(*COMMON, 400, 404, 413)
 
 
-# -- memory blocks (colony.api.block_routes) -----------------------------------------------------------
+# -- memory blocks (colony.api.routes.blocks) -----------------------------------------------------------
 #
 # Ceilings of what one request may carry; the `blocks.*` settings (max_edit_chars, max_char_limit)
 # may be tighter, and the store answers 422 naming the bound.

@@ -1,0 +1,24 @@
+"""The API's routes, one module per resource, each with its `router`.
+
+`ROUTERS` is the order `create_app` includes them in, which is the order requests are matched in:
+`GET /v1/agents/catalog` (agents) comes before `GET /v1/agents/{agent_id}`, and the OpenAPI
+document lists the paths in this order.
+"""
+
+from __future__ import annotations
+
+from fastapi import APIRouter
+
+from colony.api.routes import agents, blocks, checkpoints, health, memory, pages, runs, sessions, transfer
+
+ROUTERS: tuple[APIRouter, ...] = (
+    health.router,
+    runs.router,
+    agents.router,
+    pages.router,
+    memory.router,
+    blocks.router,
+    checkpoints.router,
+    transfer.router,
+    sessions.router,
+)

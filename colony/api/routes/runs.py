@@ -1,0 +1,100 @@
+"""Runs: submit (and optionally stream or wait in the same request), read, cancel, and follow a
+run's events as server-sent events (colony.api.event_stream)."""
+
+from __future__ import annotations
+
+import logging
+import re
+from typing import Annotated, Any
+
+from fastapi import APIRouter, Header
+from fastapi.responses import Response, StreamingResponse
+
+from colony.api.deps import GUARDED, Context
+from colony.api.errors import InvalidLastEventId
+from colony.api.event_stream import EventStreamResponse, event_stream, wait_for_end
+from colony.api.params import RunId
+from colony.api.schemas import EVENTS, READ_ONE, SSE_EVENT, SUBMIT, SUBMIT_STREAM
+from colony.errors import BlackboardUnavailable, InvalidArgument
+from colony.system.runs import RunView
+from colony.wire.input_check import check_input
+from colony.wire.runs import SubmitRun, SubmittedRun
+
+log = logging.getLogger(__name__)
+EVENT_ID = re.compile(r"^[0-9]{1,20}-[0-9]{1,20}$")
+router = APIRouter(dependencies=GUARDED)
+
+
+def _event_id_schema(schema: dict[str, Any]) -> None:
+    """A header is absent or a string: the document says so (not `null`, which a header cannot be)."""
+    schema.pop("anyOf", None)
+    schema.update({"type": "string", "pattern": EVENT_ID.pattern})
+
+
+LastEventId = Annotated[
+    str | None,
+    Header(
+        description="resume after this event id (`<ms>-<seq>`, from an `id:` line); else 400",
+        json_schema_extra=_event_id_schema,  # checked in the route: a 400, not a 422
+    ),
+]
+
+
+@router.post(
+    "/v1/runs", status_code=202, response_model=SubmittedRun, responses={**SUBMIT, 200: SUBMIT_STREAM}
+)
+async def submit(body: SubmitRun, ctx: Context) -> SubmittedRun | StreamingResponse | Response:
+    try:
+        check_input(body.input, ctx.api.max_input_depth)
+    except ValueError as exc:  # too deep, NaN/Infinity, invalid Unicode: not stored (422)
+        raise InvalidArgument(str(exc)) from None
+    kwargs: dict[str, Any] = {"timeout_s": body.timeout_s, "pages": body.pages}
+    if body.namespace:
+        kwargs["namespace"] = body.namespace
+    runs = (await ctx.services()).runs
+    record = await runs.submit(body.agent, body.input, **kwargs)
+    events_url = f"/v1/runs/{record.run_id}/events"
+    if body.stream:  # submit and stream in one request: the events from the run's first one
+        headers = {"Colony-Run-Id": record.run_id, "Content-Location": events_url}
+        return event_stream(runs, record.run_id, None, record, headers)
+    if body.wait_s is not None:  # submit and wait for the end in one request
+        try:
+            ended = await wait_for_end(runs, record, body.wait_s)
+        except BlackboardUnavailable as exc:  # the run exists: answered as submitted, not 503
+            log.warning("run %s: waiting for its end stopped (%s); answered 202", record.run_id, exc)
+            ended = None
+        if ended is not None:
+            headers = {"Colony-Run-Id": record.run_id, "Content-Location": f"/v1/runs/{record.run_id}"}
+            # as FastAPI renders GET /v1/runs/{id} (pydantic: NaN and infinities as null)
+            return Response(ended.model_dump_json(), media_type="application/json", headers=headers)
+    return SubmittedRun(run_id=record.run_id, status="queued", events_url=events_url)
+
+
+@router.get("/v1/runs/{run_id}", response_model=RunView, responses=READ_ONE)
+async def get_run(run_id: RunId, ctx: Context) -> RunView:
+    return await (await ctx.services()).runs.get(run_id)
+
+
+@router.post("/v1/runs/{run_id}/cancel", response_model=RunView, responses=READ_ONE)
+async def cancel_run(run_id: RunId, ctx: Context) -> RunView:
+    return await (await ctx.services()).runs.cancel(run_id)
+
+
+@router.get(
+    "/v1/runs/{run_id}/events",
+    response_class=EventStreamResponse,
+    responses={200: {"content": {"text/event-stream": {"schema": SSE_EVENT}}}, **EVENTS},
+)
+async def run_events(run_id: RunId, ctx: Context, last_event_id: LastEventId = None) -> StreamingResponse:
+    runs = (await ctx.services()).runs
+    if last_event_id is not None and not EVENT_ID.match(last_event_id):
+        raise InvalidLastEventId(
+            f"Last-Event-ID {last_event_id[:40]!r} is not an event id: send the `id:` of an event "
+            "this stream sent (<ms>-<seq>), or no Last-Event-ID to start from the beginning"
+        )
+    # 404 (no run) and 400 (an id past the run's newest event) before the stream starts
+    try:
+        record = await runs.check_event_id(run_id, last_event_id)
+    except InvalidArgument as exc:  # an id the run's stream never handed out: as a malformed one
+        raise InvalidLastEventId(str(exc)) from None
+    return event_stream(runs, run_id, last_event_id, record, {})
