@@ -35,6 +35,7 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
+from colony import security
 from colony.agents import (
     Agent,
     AgentBlueprint,
@@ -46,7 +47,7 @@ from colony.agents import (
 from colony.blackboard import Blackboard, create_redis
 from colony.blackboard.protocol import AgentStateProtocol as Keys
 from colony.blackboard.redis_server import EmbeddedRedis
-from colony.config import ContextSettings, EmbeddedRedisSettings
+from colony.config import ContextSettings, EmbeddedRedisSettings, load_settings
 from colony.inference import InferenceRequest
 from colony.inference.scripted import ScriptedEngine
 from colony.planning import (
@@ -181,7 +182,9 @@ async def growth(url: str, steps: int, budget: int) -> dict[str, Any]:
             ("baseline", ContextSettings(token_budget=0)),
         ):
             scripted = engine()
-            runtime = LocalAgentRuntime(board, colony_id=f"bench{uuid.uuid4().hex[:8]}", engine=scripted)
+            runtime = LocalAgentRuntime(
+                board, colony_id=f"bench{uuid.uuid4().hex[:8]}", engine=scripted, settings=load_settings()
+            )
             started = time.perf_counter()
             try:
                 out[name] = await drive(runtime, f"agent-{name}", settings, steps, marks, scripted)
@@ -199,7 +202,7 @@ async def build_history(url: str, steps: int, budget: int) -> dict[str, Any]:
     try:
         board = Blackboard(client, SCOPE)
         scripted = engine()
-        runtime = LocalAgentRuntime(board, colony_id=colony, engine=scripted)
+        runtime = LocalAgentRuntime(board, colony_id=colony, engine=scripted, settings=load_settings())
         started = time.perf_counter()
         try:
             agent = await runtime.spawn(blueprint("agent-history", ContextSettings(token_budget=budget)))
@@ -228,10 +231,15 @@ async def build_history(url: str, steps: int, budget: int) -> dict[str, Any]:
 RESTORE_PROBE = """
 import asyncio, json, resource, sys, time
 sys.path.insert(0, {root!r})
+from colony import security
 from colony.agents import Agent
 from colony.blackboard import Blackboard, create_redis
+from colony.config import load_settings
 from colony.inference.scripted import ScriptedEngine
 import benchmarks.context  # the blueprint's classes, imported before the clock starts
+
+SETTINGS = load_settings()
+security.use_settings(SETTINGS)  # this probe is a process's entry point
 
 def rss_mb():
     with open("/proc/self/status") as f:
@@ -246,7 +254,9 @@ async def main():
     await board.read("warm-up")  # the connection, outside the clock
     before = rss_mb()
     started = time.perf_counter()
-    agent = await Agent.restore("agent-history", board, colony_id={colony!r}, engine=ScriptedEngine(["{{}}"]))
+    agent = await Agent.restore(
+        "agent-history", board, colony_id={colony!r}, engine=ScriptedEngine(["{{}}"]), settings=SETTINGS
+    )
     seconds = time.perf_counter() - started
     after = rss_mb()
     print(json.dumps({{"seconds": seconds, "rss_before_mb": before, "rss_after_mb": after,
@@ -267,6 +277,7 @@ def restore_in_fresh_process(url: str, colony: str) -> dict[str, Any]:
 
 
 def main() -> None:
+    security.use_settings(load_settings())  # this process signs the blueprints of the agents it spawns
     parser = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )

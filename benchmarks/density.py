@@ -34,11 +34,12 @@ os.environ.setdefault("COLONY_SECRET", "density-benchmark-secret-0123456789abcde
 
 import redis
 
+from colony import security
 from colony.agents import LocalAgentRuntime
 from colony.blackboard import Blackboard, create_redis
 from colony.blackboard.event_reader import existing_reader
 from colony.blackboard.redis_server import EmbeddedRedis
-from colony.config import BlackboardSettings
+from colony.config import BlackboardSettings, load_settings
 from colony.system.builtin import echo_blueprint
 
 _PAGE = os.sysconf("SC_PAGE_SIZE")
@@ -76,7 +77,7 @@ async def measure(url: str, mode: str, agents: int, window: float, concurrency: 
     admin = redis.Redis.from_url(url, decode_responses=True)
     admin.flushall()
     board = Blackboard(client, "bench:density", settings=settings, shared_events=shared)
-    runtime = LocalAgentRuntime(board, colony_id=f"density-{mode}")
+    runtime = LocalAgentRuntime(board, colony_id=f"density-{mode}", settings=load_settings())
     figures = Figures(mode, agents)
     try:
         first = agents // 2
@@ -158,6 +159,7 @@ def report(rows: list[Figures]) -> None:
 
 
 def main() -> None:
+    security.use_settings(load_settings())  # this process signs the blueprints of the agents it spawns
     parser = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )

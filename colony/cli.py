@@ -16,9 +16,10 @@ from typing import Any
 
 import httpx
 
-from colony import __version__
+from colony import __version__, security
 from colony.cli_agent import add_agent_commands
 from colony.cli_args import attach_dash_values
+from colony.cli_bb import add_bb_command
 from colony.cli_blocks import add_block_commands
 from colony.cli_chat import add_chat_command
 from colony.cli_memory import add_memory_commands
@@ -35,7 +36,10 @@ from colony.run_display import (
 
 
 def _settings(args: argparse.Namespace) -> ColonySettings:
-    return load_settings(args.config)
+    """The command's settings; this process is their entry point, so they also key its signatures."""
+    settings = load_settings(args.config)
+    security.use_settings(settings)
+    return settings
 
 
 def cmd_version(args: argparse.Namespace) -> int:
@@ -71,55 +75,6 @@ def cmd_redis(args: argparse.Namespace) -> int:
             f"password in {status.password_file}); {_restarts_text(_redis_report(settings))}"
         )
     return 0
-
-
-def _board(args: argparse.Namespace) -> Any:
-    from colony.blackboard import Blackboard, BlackboardScope, scope_id
-
-    settings = _settings(args)
-    scope = args.scope or scope_id(
-        BlackboardScope.COLONY, tenant_id=settings.tenant_id, colony_id=settings.colony_id
-    )
-    return Blackboard.connect(scope, settings)
-
-
-def _show(entry: Any) -> None:
-    print(json.dumps(entry.model_dump(mode="json"), sort_keys=True))
-
-
-async def _bb(args: argparse.Namespace) -> int:
-    board = _board(args)
-    try:
-        if args.action == "write":
-            try:
-                value = json.loads(args.value)
-            except json.JSONDecodeError:
-                value = args.value  # a bare word is stored as a string
-            _show(await board.write(args.key, value, tags=args.tag, ttl_seconds=args.ttl, created_by="cli"))
-        elif args.action == "read":
-            entry = await board.read(args.key)
-            if entry is None:
-                print(f"{args.key}: not found in scope {board.scope_id}", file=sys.stderr)
-                return 1
-            _show(entry)
-        elif args.action == "query":
-            tags = {"all_of": args.tag} if args.tag else None
-            async for entry in board.iter_query(args.pattern, tags=tags):
-                _show(entry)
-        elif args.action == "watch":
-            seen = 0
-            async for event in board.subscribe(args.pattern, from_id=args.from_id):
-                print(json.dumps(event.model_dump(mode="json"), sort_keys=True), flush=True)
-                seen += 1
-                if args.count and seen >= args.count:
-                    break
-        return 0
-    finally:
-        await board.close()
-
-
-def cmd_bb(args: argparse.Namespace) -> int:
-    return asyncio.run(_bb(args))
 
 
 def cmd_demo(args: argparse.Namespace) -> int:
@@ -476,39 +431,33 @@ def build_parser() -> argparse.ArgumentParser:
     )
     parser.add_argument("-v", "--verbose", action="store_true", help="log at DEBUG level")
     sub = parser.add_subparsers(dest="command", required=True)
+    _add_local_commands(sub)
+    remote = _remote_parent()
+    _add_cluster_commands(sub, remote)
+    _add_run_command(sub, remote)
+    add_memory_commands(sub, [remote])
+    add_block_commands(sub, [remote])
+    add_agent_commands(sub, [remote])
+    add_chat_command(sub, [remote])
+    return parser
 
+
+def _add_local_commands(sub: Any) -> None:
+    """`version`, `redis`, `bb` and `demo`: this machine's version, embedded Redis and blackboard."""
     sub.add_parser("version", help="print the version").set_defaults(func=cmd_version)
 
     redis_p = sub.add_parser("redis", help="manage the embedded redis-server")
     redis_p.add_argument("action", choices=["start", "stop", "status"])
     redis_p.set_defaults(func=cmd_redis)
 
-    bb = sub.add_parser("bb", help="read and write the blackboard")
-    bb.add_argument("--scope", help="scope id (default: this colony's COLONY scope)")
-    bb_sub = bb.add_subparsers(dest="action", required=True)
-    write = bb_sub.add_parser("write", help="write a JSON value")
-    write.add_argument("key")
-    write.add_argument("value", help="JSON text (a bare word is stored as a string)")
-    write.add_argument("--tag", action="append", default=[])
-    write.add_argument("--ttl", type=float, default=None, help="seconds to live")
-    read = bb_sub.add_parser("read", help="read one entry")
-    read.add_argument("key")
-    query = bb_sub.add_parser("query", help="list entries by key pattern and tags")
-    query.add_argument("pattern", nargs="?", default="*")
-    query.add_argument("--tag", action="append", default=[], help="entries must carry this tag (repeatable)")
-    watch = bb_sub.add_parser("watch", help="print events as they happen")
-    watch.add_argument("pattern", nargs="?", default="*")
-    watch.add_argument("--from-id", default="$", help="resume after this event id ('0' = from the start)")
-    watch.add_argument("--count", type=int, default=0, help="stop after this many events")
-    bb.set_defaults(func=cmd_bb)
+    add_bb_command(sub)
 
     demo = sub.add_parser("demo", help="start the embedded Redis if needed and walk through the blackboard")
     demo.set_defaults(func=cmd_demo)
 
-    sub.add_parser(
-        "up", help="start the local cluster (Ray, Redis, Serve app); reuse a running one"
-    ).set_defaults(func=cmd_up)
-    sub.add_parser("down", help="stop everything `colony up` started").set_defaults(func=cmd_down)
+
+def _remote_parent() -> argparse.ArgumentParser:
+    """The `--url`/`--token` options of the commands that call the API (a parent parser)."""
     remote = argparse.ArgumentParser(add_help=False)
     remote.add_argument(
         "--url",
@@ -519,6 +468,15 @@ def build_parser() -> argparse.ArgumentParser:
         help=f"that API's token (with --url: default ${TOKEN_ENV}, which keeps it off the process list; "
         "without: the local cluster's own)",
     )
+    return remote
+
+
+def _add_cluster_commands(sub: Any, remote: argparse.ArgumentParser) -> None:
+    """`up`, `down`, `status` and `doctor`: the cluster's life and health."""
+    sub.add_parser(
+        "up", help="start the local cluster (Ray, Redis, Serve app); reuse a running one"
+    ).set_defaults(func=cmd_up)
+    sub.add_parser("down", help="stop everything `colony up` started").set_defaults(func=cmd_down)
     status = sub.add_parser(
         "status", parents=[remote], help="where the cluster answers, its replicas and agents"
     )
@@ -534,6 +492,8 @@ def build_parser() -> argparse.ArgumentParser:
     doctor.add_argument("--run", action="append", default=[], help="also check this run id (repeatable)")
     doctor.set_defaults(func=cmd_doctor)
 
+
+def _add_run_command(sub: Any, remote: argparse.ArgumentParser) -> None:
     run = sub.add_parser(
         "run",
         parents=[remote],
@@ -563,11 +523,6 @@ def build_parser() -> argparse.ArgumentParser:
         help="print each step's whole planning prompt to stderr (planning agents: ask, session, yours)",
     )
     run.set_defaults(func=cmd_run)
-    add_memory_commands(sub, [remote])
-    add_block_commands(sub, [remote])
-    add_agent_commands(sub, [remote])
-    add_chat_command(sub, [remote])
-    return parser
 
 
 def main(argv: Sequence[str] | None = None) -> int:

@@ -77,7 +77,7 @@ def render_report(agent: str, report: dict[str, Any]) -> str:
 
 def cmd_checkpoints(args: argparse.Namespace) -> int:
     def work(client: Any) -> str:
-        listed = client.agent_checkpoints(args.agent)
+        listed = client.context.checkpoints(args.agent)
         return json.dumps(listed, indent=2) if args.json else render_checkpoints(args.agent, listed)
 
     return _call(args, work)
@@ -85,7 +85,7 @@ def cmd_checkpoints(args: argparse.Namespace) -> int:
 
 def cmd_undo(args: argparse.Namespace) -> int:
     def work(client: Any) -> str:
-        report = client.agent_undo(args.agent)
+        report = client.context.undo(args.agent)
         return json.dumps(report, indent=2) if args.json else render_report(args.agent, report)
 
     return _call(args, work)
@@ -94,7 +94,7 @@ def cmd_undo(args: argparse.Namespace) -> int:
 def cmd_restore(args: argparse.Namespace) -> int:
     def work(client: Any) -> str:
         mode = "replay" if args.replay else "reexecute"
-        report = client.agent_restore(args.agent, args.step, mode=mode, run_id=args.run)
+        report = client.context.restore(args.agent, args.step, mode=mode, run_id=args.run)
         return json.dumps(report, indent=2) if args.json else render_report(args.agent, report)
 
     return _call(args, work)
@@ -102,7 +102,7 @@ def cmd_restore(args: argparse.Namespace) -> int:
 
 def cmd_export(args: argparse.Namespace) -> int:
     def work(client: Any) -> str | None:
-        document = client.agent_export(args.agent)
+        document = client.transfer.export_agent(args.agent)
         text = json.dumps(document, separators=(",", ":")) + "\n"
         if args.output is None:
             return text
@@ -146,7 +146,7 @@ def cmd_import(args: argparse.Namespace) -> int:
             options["catalog"] = args.catalog
         if args.replace:
             options["replace"] = True
-        result = client.agent_import(document, **options)
+        result = client.transfer.import_agent(document, **options)
         if args.json:
             return json.dumps(result, indent=2)
         agent = _text(result.get("agent_id"), 128)

@@ -142,14 +142,18 @@ def cmd_ls(args: argparse.Namespace) -> int:
     if args.colony == (args.agent is not None):
         raise ColonyError("colony blocks ls: give AGENT, or --colony for the colony-wide blocks")
     who = args.agent if args.agent is not None else "the colony"
-    return _call(args, lambda c: _emit(args, c.blocks(args.agent), lambda b: render_list(b, _text(who, 128))))
+    return _call(
+        args, lambda c: _emit(args, c.blocks.list(args.agent), lambda b: render_list(b, _text(who, 128)))
+    )
 
 
 def cmd_show(args: argparse.Namespace) -> int:
     agent, label = _names(args, "LABEL")
     return _call(
         args,
-        lambda c: _emit(args, c.block(agent, label, owner=args.owner, version=args.version), render_view),
+        lambda c: _emit(
+            args, c.blocks.read(agent, label, owner=args.owner, version=args.version), render_view
+        ),
     )
 
 
@@ -190,20 +194,20 @@ def cmd_edit(args: argparse.Namespace) -> int:
     def work(client: Any) -> str | None:
         common = {"owner": args.owner, "message": args.message, "base_version": args.base_version}
         if args.append is not None:
-            outcome = client.block_append(agent, label, args.append, **common)
+            outcome = client.blocks.append(agent, label, args.append, **common)
         else:
             if args.text is not None:
                 content = args.text
             elif args.file is not None:
                 content = _read_file(args.file)
             else:
-                view = client.block(agent, label, owner=args.owner)
+                view = client.blocks.read(agent, label, owner=args.owner)
                 edited = _edited(view.get("content") or "")
                 if edited is None:
                     return f"{_text(label, 64)}: no change"
                 common["base_version"] = args.base_version or view.get("version")
                 content = edited
-            outcome = client.block_put(agent, label, content, **common)
+            outcome = client.blocks.write(agent, label, content, **common)
         return _emit(args, outcome, _outcome)
 
     return _call(args, work)
@@ -214,7 +218,7 @@ def cmd_history(args: argparse.Namespace) -> int:
     return _call(
         args,
         lambda c: _emit(
-            args, c.block_history(agent, label, owner=args.owner, limit=args.limit), render_history
+            args, c.blocks.history(agent, label, owner=args.owner, limit=args.limit), render_history
         ),
     )
 
@@ -224,14 +228,14 @@ def cmd_rollback(args: argparse.Namespace) -> int:
     return _call(
         args,
         lambda c: _emit(
-            args, c.block_rollback(agent, label, version, owner=args.owner, message=args.message), _outcome
+            args, c.blocks.rollback(agent, label, version, owner=args.owner, message=args.message), _outcome
         ),
     )
 
 
 def cmd_undo(args: argparse.Namespace) -> int:
     return _call(
-        args, lambda c: _emit(args, c.block_undo(args.agent, args.label, owner=args.owner), _outcome)
+        args, lambda c: _emit(args, c.blocks.undo(args.agent, args.label, owner=args.owner), _outcome)
     )
 
 
@@ -243,13 +247,13 @@ def cmd_share(args: argparse.Namespace) -> int:
         )
 
     return _call(
-        args, lambda c: _emit(args, c.block_share(args.owner, args.label, args.agent, args.access), text)
+        args, lambda c: _emit(args, c.blocks.share(args.owner, args.label, args.agent, args.access), text)
     )
 
 
 def cmd_unshare(args: argparse.Namespace) -> int:
     def work(client: Any) -> str:
-        removed = client.block_unshare(args.owner, args.label, args.agent)
+        removed = client.blocks.unshare(args.owner, args.label, args.agent)
         if args.json:
             return json.dumps({"removed": removed})
         what = f"{_text(args.owner, 128)}'s block {_text(args.label, 64)}"
@@ -300,7 +304,42 @@ def cmd_create(args: argparse.Namespace) -> int:
             f"{_text(info.get('block_type'), 16)}), limit {info.get('char_limit')} characters"
         )
 
-    return _call(args, lambda c: _emit(args, c.block_create(agent, label, **fields), text))
+    return _call(args, lambda c: _emit(args, c.blocks.create(agent, label, **fields), text))
+
+
+class _Subcommands:
+    """Makes the parsers of `colony blocks` subcommands: each takes `--json`, and `--url`/`--token`
+    (from `parents`, else added here)."""
+
+    def __init__(self, actions: Any, parents: Sequence[argparse.ArgumentParser] | None) -> None:
+        self.actions, self.parents = actions, parents
+
+    def leaf(self, name: str, help_text: str, usage_names: str | None = None) -> argparse.ArgumentParser:
+        from colony.cli_memory import _remote_options
+
+        parser: argparse.ArgumentParser = self.actions.add_parser(
+            name,
+            help=help_text,
+            description=help_text,
+            parents=list(self.parents or []),
+            usage=f"colony blocks {name} [options] {usage_names}" if usage_names else None,
+        )
+        if self.parents is None:
+            _remote_options(parser)
+        parser.add_argument("--json", action="store_true", help="machine-readable output")
+        return parser
+
+    def named(self, name: str, help_text: str, *shape: str) -> argparse.ArgumentParser:
+        """A subcommand on AGENT LABEL ... (or --colony LABEL ...)."""
+        tail = " ".join(shape)
+        parser = self.leaf(name, help_text, f"(AGENT {tail} | --colony {tail})")
+        parser.add_argument("names", nargs="+", metavar="NAME", help=f"AGENT {tail}, or {tail} with --colony")
+        parser.add_argument("--colony", action="store_true", help="a colony-wide block (as the operator)")
+        return parser
+
+
+def _owner_option(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--owner", help="another agent's block shared with AGENT (default: AGENT's view)")
 
 
 def add_block_commands(
@@ -308,49 +347,34 @@ def add_block_commands(
 ) -> argparse.ArgumentParser:
     """Add `blocks ls|show|edit|history|rollback|undo|share|unshare|create` to the `colony`
     command's subparsers. `parents`: the parsers holding `--url`/`--token` (cli.py's `remote`)."""
-    from colony.cli_memory import _remote_options
-
     blocks = subparsers.add_parser(
         "blocks", help="memory blocks: list, show, edit, history, rollback, undo, share, create"
     )
-    actions = blocks.add_subparsers(dest="blocks_action", required=True)
+    made = _Subcommands(blocks.add_subparsers(dest="blocks_action", required=True), parents)
+    _add_viewing(made)
+    _add_versioning(made)
+    _add_sharing(made)
+    _add_create(made)
+    return blocks
 
-    def leaf(name: str, help_text: str, usage_names: str | None = None) -> argparse.ArgumentParser:
-        parser: argparse.ArgumentParser = actions.add_parser(
-            name,
-            help=help_text,
-            description=help_text,
-            parents=list(parents or []),
-            usage=f"colony blocks {name} [options] {usage_names}" if usage_names else None,
-        )
-        if parents is None:
-            _remote_options(parser)
-        parser.add_argument("--json", action="store_true", help="machine-readable output")
-        return parser
 
-    def named(name: str, help_text: str, *shape: str) -> argparse.ArgumentParser:
-        """A subcommand on AGENT LABEL ... (or --colony LABEL ...)."""
-        tail = " ".join(shape)
-        parser = leaf(name, help_text, f"(AGENT {tail} | --colony {tail})")
-        parser.add_argument("names", nargs="+", metavar="NAME", help=f"AGENT {tail}, or {tail} with --colony")
-        parser.add_argument("--colony", action="store_true", help="a colony-wide block (as the operator)")
-        return parser
-
-    def owner_option(parser: argparse.ArgumentParser) -> None:
-        parser.add_argument("--owner", help="another agent's block shared with AGENT (default: AGENT's view)")
-
-    ls = leaf("ls", "the blocks an agent sees (own, shared, colony) with size and access")
+def _add_viewing(made: _Subcommands) -> None:
+    """`ls` and `show`."""
+    ls = made.leaf("ls", "the blocks an agent sees (own, shared, colony) with size and access")
     ls.add_argument("agent", nargs="?", help="agent name (or --colony)")
     ls.add_argument("--colony", action="store_true", help="the colony-wide blocks")
     ls.set_defaults(func=cmd_ls)
 
-    show = named("show", "a block's content as the agent sees it", "LABEL")
-    owner_option(show)
+    show = made.named("show", "a block's content as the agent sees it", "LABEL")
+    _owner_option(show)
     show.add_argument("--version", type=int, help="a past version (a view: nothing changes)")
     show.set_defaults(func=cmd_show)
 
-    edit = named("edit", "change a block as the agent (no --text/--file/--append: $EDITOR)", "LABEL")
-    owner_option(edit)
+
+def _add_versioning(made: _Subcommands) -> None:
+    """`edit`, `history`, `rollback` and `undo`: a block's versions."""
+    edit = made.named("edit", "change a block as the agent (no --text/--file/--append: $EDITOR)", "LABEL")
+    _owner_option(edit)
     how = edit.add_mutually_exclusive_group()
     how.add_argument("--text", help="the whole new content")
     how.add_argument("--file", help="the new content from this file ('-': standard input)")
@@ -359,36 +383,43 @@ def add_block_commands(
     edit.add_argument("--message", help="kept in the block's history")
     edit.set_defaults(func=cmd_edit)
 
-    history = named("history", "a block's versions with their authors", "LABEL")
-    owner_option(history)
+    history = made.named("history", "a block's versions with their authors", "LABEL")
+    _owner_option(history)
     history.add_argument("--limit", type=int, help="the newest this many versions (default 100)")
     history.set_defaults(func=cmd_history)
 
-    rollback = named("rollback", "a new version holding VERSION's content (history kept)", "LABEL", "VERSION")
-    owner_option(rollback)
+    rollback = made.named(
+        "rollback", "a new version holding VERSION's content (history kept)", "LABEL", "VERSION"
+    )
+    _owner_option(rollback)
     rollback.add_argument("--message", help="kept in the block's history")
     rollback.set_defaults(func=cmd_rollback)
 
-    undo = leaf("undo", "undo the agent's own latest edit of a block, keeping others' edits")
+    undo = made.leaf("undo", "undo the agent's own latest edit of a block, keeping others' edits")
     undo.add_argument("agent", help="agent name")
     undo.add_argument("label", help="block label")
-    owner_option(undo)
+    _owner_option(undo)
     undo.set_defaults(func=cmd_undo)
 
-    share = leaf("share", "give AGENT access to OWNER's block")
+
+def _add_sharing(made: _Subcommands) -> None:
+    """`share` and `unshare`."""
+    share = made.leaf("share", "give AGENT access to OWNER's block")
     share.add_argument("owner", help="the agent owning the block")
     share.add_argument("label", help="block label")
     share.add_argument("agent", help="the agent to share it with")
     share.add_argument("--access", choices=ACCESS, required=True, help="what AGENT may do with it")
     share.set_defaults(func=cmd_share)
 
-    unshare = leaf("unshare", "take AGENT's access to OWNER's block away")
+    unshare = made.leaf("unshare", "take AGENT's access to OWNER's block away")
     unshare.add_argument("owner", help="the agent owning the block")
     unshare.add_argument("label", help="block label")
     unshare.add_argument("agent", help="the agent to take it from")
     unshare.set_defaults(func=cmd_unshare)
 
-    create = named("create", "create a block owned by AGENT (or a colony block)", "LABEL")
+
+def _add_create(made: _Subcommands) -> None:
+    create = made.named("create", "create a block owned by AGENT (or a colony block)", "LABEL")
     create.add_argument("--type", choices=("core", "working", "log"), help="default working")
     create.add_argument("--description", help="what the block is for (the model reads it)")
     create.add_argument("--limit", type=int, help="character limit (default blocks.default_char_limit)")
@@ -404,4 +435,3 @@ def add_block_commands(
     )
     create.add_argument("--access", choices=ACCESS, help="--colony: what every agent may do with it")
     create.set_defaults(func=cmd_create)
-    return blocks

@@ -32,10 +32,10 @@ def _clean(text: Any, keep_newlines: bool = False) -> str:
 
 
 class Chat:
-    """One chat over `client` (a ColonyClient) in session `session_id`, writing to `out`."""
+    """One chat through `sessions` (`ColonyClient.sessions`) in session `session_id`, writing to `out`."""
 
-    def __init__(self, client: Any, session_id: str, out: TextIO) -> None:
-        self.client, self.session_id, self.out = client, session_id, out
+    def __init__(self, sessions: Any, session_id: str, out: TextIO) -> None:
+        self.sessions, self.session_id, self.out = sessions, session_id, out
 
     def say(self, text: str) -> None:
         self.out.write(text + "\n")
@@ -43,13 +43,13 @@ class Chat:
 
     def transcript(self) -> list[dict[str, Any]]:
         """The active branch's messages, every page of them."""
-        return list(self.client.session_all_messages(self.session_id))
+        return list(self.sessions.all_messages(self.session_id))
 
     def message_id(self, ref: str) -> str:
         """A message by its number in `/history` (1 = the first) or by its id."""
         if ref.isdigit():
             index = int(ref)
-            page = self.client.session_messages(self.session_id, offset=max(index - 1, 0), limit=1)
+            page = self.sessions.messages(self.session_id, offset=max(index - 1, 0), limit=1)
             if index < 1 or not page["messages"]:
                 raise ColonyError(f"no message {index}: the active branch has {page['total']} (see /history)")
             return str(page["messages"][0]["id"])
@@ -58,7 +58,7 @@ class Chat:
     def turn(self, text: str) -> None:
         """Send one message; print the reply's tokens as they come."""
         streamed = False
-        for event in self.client.session_send(self.session_id, text):
+        for event in self.sessions.send(self.session_id, text):
             kind, data = event.get("event_type"), event.get("data") or {}
             if kind == "token":
                 self.out.write(_clean(data.get("text"), keep_newlines=True))
@@ -83,19 +83,19 @@ class Chat:
             for i, message in enumerate(self.transcript(), 1):
                 self.say(f"[{i}] {message['role']}: {_clean(message['content'])[:200]}")
         elif name == "branches":
-            view = self.client.session(self.session_id)
+            view = self.sessions.get(self.session_id)
             for branch in view["branches"]:
                 mark = "*" if branch["name"] == view["active"] else " "
                 self.say(f"{mark} {_clean(branch['name'])} ({branch['length']} messages)")
         elif name == "revert" and len(rest) == 1:
             target = self.message_id(rest[0])
-            self.client.session_revert(self.session_id, target)
+            self.sessions.revert(self.session_id, target)
             self.say(f"reverted to {target}; the next message continues from it")
         elif name == "fork" and len(rest) in (1, 2):
-            view = self.client.session_fork(self.session_id, self.message_id(rest[0]), *rest[1:])
+            view = self.sessions.fork(self.session_id, self.message_id(rest[0]), *rest[1:])
             self.say(f"on branch {_clean(view['active'])}")
         elif name == "switch" and len(rest) == 1:
-            view = self.client.session_switch(self.session_id, rest[0])
+            view = self.sessions.switch(self.session_id, rest[0])
             self.say(f"on branch {_clean(view['active'])}")
         else:
             self.say(HELP)
@@ -134,10 +134,10 @@ def cmd_chat(args: argparse.Namespace) -> int:
 
     try:
         with ColonyClient(target.url, target.token) as client:
-            session_id = args.session or client.session_start()["session_id"]
+            session_id = args.session or client.sessions.start()["session_id"]
             if args.session:
-                client.session(session_id)  # 404 now rather than at the first message
-            chat = Chat(client, session_id, sys.stdout)
+                client.sessions.get(session_id)  # 404 now rather than at the first message
+            chat = Chat(client.sessions, session_id, sys.stdout)
             chat.say(f"session {session_id} ({HELP})")
             chat.loop(sys.stdin, sys.stdin.isatty())
     except ApiError as exc:

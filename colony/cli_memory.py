@@ -111,7 +111,7 @@ def _call(args: argparse.Namespace, work: Any) -> int:
 
 def cmd_memory_map(args: argparse.Namespace) -> int:
     def work(client: Any, _: ApiTarget) -> int:
-        memory_map = client.memory_map(args.agent)
+        memory_map = client.memory.map(args.agent)
         print(json.dumps(memory_map, indent=2) if args.json else render_map(memory_map).rstrip("\n"))
         return 0
 
@@ -126,7 +126,7 @@ def cmd_memory_query(args: argparse.Namespace) -> int:
         fields["scopes"] = args.scope
 
     def work(client: Any, _: ApiTarget) -> int:
-        entries = client.memory_query(args.agent, args.text, **fields)
+        entries = client.memory.query(args.agent, args.text, **fields)
         print(json.dumps(entries, indent=2) if args.json else render_entries(entries).rstrip("\n"))
         return 0
 
@@ -142,7 +142,7 @@ def cmd_memory_write(args: argparse.Namespace) -> int:
             raise ColonyError(f"--data is not valid JSON: {exc}") from None
 
     def work(client: Any, _: ApiTarget) -> int:
-        written = client.memory_write(args.agent, args.scope, args.text, **fields)
+        written = client.memory.write(args.agent, args.scope, args.text, **fields)
         if args.json:
             print(json.dumps(written, indent=2))
             return 0
@@ -158,7 +158,7 @@ def cmd_memory_write(args: argparse.Namespace) -> int:
 
 def cmd_memory_reindex(args: argparse.Namespace) -> int:
     def work(client: Any, _: ApiTarget) -> int:
-        done = client.memory_reindex(args.agent)
+        done = client.memory.reindex(args.agent)
         if args.json:
             print(json.dumps(done, indent=2))
             return 0

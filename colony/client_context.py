@@ -1,44 +1,35 @@
-"""ColonyClient methods for checkpoints, undo, restore (mixed into colony.client.ColonyClient;
-docs/checkpoints.md)."""
+"""`client.context`: a ColonyClient's calls on an agent's checkpoints, undo and restore
+(docs/checkpoints.md)."""
 
 from __future__ import annotations
 
 from typing import Any
 
-import httpx
+from colony.client_http import ApiConnection, agent_path
 
 
-class ContextClientMixin:
-    _http: httpx.Client
+class ContextClient:
+    """An agent's kept checkpoints, and going back to one of them."""
 
-    def agent_checkpoints(self, agent: str) -> list[dict[str, Any]]:
+    def __init__(self, api: ApiConnection) -> None:
+        self._api = api
+
+    def checkpoints(self, agent: str) -> list[dict[str, Any]]:
         """The agent's kept checkpoints, oldest first: {"step", "run_id", "at", "lifecycle",
         "run_status", "size", "calls", "effects"} each."""
-        from colony.client import _agent_path, _raise_for
+        return list(self._api.call("GET", f"{agent_path(agent)}/checkpoints")["checkpoints"])
 
-        response = self._http.get(f"{_agent_path(agent)}/checkpoints")
-        _raise_for(response)
-        return list(response.json()["checkpoints"])
-
-    def agent_undo(self, agent: str) -> dict[str, Any]:
+    def undo(self, agent: str) -> dict[str, Any]:
         """Back to the checkpoint before the newest: the report ({"step", "discarded",
         "not_undone", "notes", "kept", "state", "record", ...})."""
-        from colony.client import _agent_path, _raise_for
+        return dict(self._api.call("POST", f"{agent_path(agent)}/undo"))
 
-        response = self._http.post(f"{_agent_path(agent)}/undo")
-        _raise_for(response)
-        return dict(response.json())
-
-    def agent_restore(
+    def restore(
         self, agent: str, step: int, *, mode: str = "reexecute", run_id: str | None = None
     ) -> dict[str, Any]:
         """Back to checkpoint `step` (`mode` "reexecute" or "replay"; `run_id`: that run's
-        checkpoint of the step); the report, as `agent_undo`'s."""
-        from colony.client import _agent_path, _raise_for
-
+        checkpoint of the step); the report, as `undo`'s."""
         body: dict[str, Any] = {"mode": mode}
         if run_id is not None:
             body["run_id"] = run_id
-        response = self._http.post(f"{_agent_path(agent)}/checkpoints/{int(step)}/restore", json=body)
-        _raise_for(response)
-        return dict(response.json())
+        return dict(self._api.call("POST", f"{agent_path(agent)}/checkpoints/{int(step)}/restore", json=body))

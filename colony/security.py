@@ -9,8 +9,9 @@ Every process of one colony must resolve the same secret. In order:
 `ColonySettings.secret` (env `COLONY_SECRET`; a Kubernetes Secret arrives this way), else the
 file `ColonySettings.secret_file` (default `<data_dir>/secret`), generated 0600 on first use
 (not the default file in a Kubernetes pod: pods do not share a data_dir, so there it must be given).
-Processes that know their settings (replica hosts, the control plane) call `use_settings()`;
-others resolve from `load_settings()` (env and the YAML config) the first time a key is needed.
+Each process's entry point hands it its settings with `use_settings()` (replica hosts, the control
+plane, the API deployment, the `colony` command, a test session); a process that never did gets a
+`ConfigError` on its first signature, never a secret looked up from its own environment.
 
 This is a leaf module: it imports only config and errors.
 """
@@ -132,12 +133,11 @@ def signing_key() -> bytes:
     with _lock:
         if _key is None:
             if _settings is None:
-                from colony.config import load_settings  # here: config is only needed on this path
-
-                settings = load_settings()
-            else:
-                settings = _settings
-            _key = resolve_secret(settings)
+                raise ConfigError(
+                    "this process has no settings to take its blueprint signing key from: its entry "
+                    "point calls colony.security.use_settings(settings) first"
+                )
+            _key = resolve_secret(_settings)
         return _key
 
 

@@ -18,7 +18,8 @@ from colony.agents import (
     RunStatus,
 )
 from colony.blackboard import AgentRunProtocol, Blackboard, BlackboardScope, scope_id
-from colony.errors import RunTimeout
+from colony.config import load_settings
+from colony.errors import AgentUsageError, RunTimeout
 
 STEPS = [
     {"action": "add", "parameters": {"amount": "$input"}},
@@ -56,20 +57,24 @@ async def test_detached_handle_from_plain_code(runtime: LocalAgentRuntime, bb: B
     assert (await owned.run(1, namespace="jobs", timeout=10)).output == 2
 
 
-async def test_detached_handle_connects_through_settings(
-    runtime: LocalAgentRuntime, redis_url: str, monkeypatch: pytest.MonkeyPatch
+async def test_a_handle_without_owner_or_blackboard_says_what_it_needs(
+    runtime: LocalAgentRuntime, redis_url: str
 ) -> None:
-    # runtime on the default colony so a bare detached handle (no owner) finds the child
-    default_runtime = LocalAgentRuntime(runtime.blackboard)
+    """Settings are injected, not looked up (docs/architecture.md): a handle with neither an owner
+    nor a blackboard no longer connects through the environment's settings; it says what to give
+    it, and one given a blackboard built from explicit settings reaches the child."""
+    default_runtime = LocalAgentRuntime(runtime.blackboard, settings=load_settings())
     try:
         await default_runtime.spawn(
             counter_blueprint(f"child-env-{time.time_ns()}", STEPS, serve_namespace="env")
         )
         agent_id = default_runtime.agent_ids[0]
-        monkeypatch.setenv("COLONY_REDIS_URL", redis_url)
-        handle = AgentHandle(agent_id)  # no owner, no blackboard: COLONY_REDIS_URL
-        run = await handle.run(10, namespace="env", timeout=10)
+        with pytest.raises(AgentUsageError, match=r"owner= .* or blackboard="):
+            await AgentHandle(agent_id).run(10, namespace="env", timeout=10)
+        board = Blackboard.connect("detached", load_settings(redis_url=redis_url))
+        run = await AgentHandle(agent_id, blackboard=board).run(10, namespace="env", timeout=10)
         assert run.output == 11
+        await board.redis.aclose()
     finally:
         await default_runtime.shutdown()
 

@@ -11,6 +11,7 @@ from agent_kit import counter_blueprint
 from colony.agents import Agent, AgentMetadata, AgentState, LocalAgentRuntime, ResumptionKind, RunStatus
 from colony.agents.models import LEGAL_TRANSITIONS, check_transition
 from colony.blackboard import Blackboard
+from colony.config import load_settings
 from colony.errors import AgentNotFound, IllegalStateTransition
 
 
@@ -149,4 +150,4 @@ async def test_suspend_and_resume_keep_capability_and_policy_state(runtime: Loca
 
 async def test_restore_of_unknown_agent_is_a_clear_error(bb: Blackboard) -> None:
     with pytest.raises(AgentNotFound, match="no restorable agent"):
-        await Agent.restore("ghost", bb)
+        await Agent.restore("ghost", bb, settings=load_settings())

@@ -14,7 +14,7 @@ from agent_kit import counter_blueprint
 from colony.agents import Agent, AgentHandle, AgentMetadata, AgentRun, LocalAgentRuntime
 from colony.blackboard import Blackboard, create_redis
 from colony.blackboard.redis_server import EmbeddedRedis
-from colony.config import BlackboardSettings
+from colony.config import BlackboardSettings, load_settings
 
 STEPS = [
     {"action": "add", "parameters": {"amount": "$input"}},
@@ -98,7 +98,7 @@ async def test_event_handlers_survive_a_redis_restart(tmp_path) -> None:
     settings = BlackboardSettings(op_timeout_seconds=1.0)
     client = create_redis(info.url, settings)
     board = Blackboard(client, "test:outage", settings=settings)
-    runtime = LocalAgentRuntime(board, colony_id="outage")
+    runtime = LocalAgentRuntime(board, colony_id="outage", settings=load_settings())
     try:
         await runtime.spawn(counter_blueprint("steady", STEPS, serve_namespace="ns"))
         handle = AgentHandle("steady", owner=Agent(AgentMetadata(agent_id="p", colony_id="outage"), board))

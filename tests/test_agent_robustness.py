@@ -22,7 +22,7 @@ from colony.agents.runtime import MAX_OUTAGE_REDOS
 from colony.agents.state.ring import ContextRing
 from colony.blackboard import AgentRunProtocol, Blackboard, BlackboardScope, transaction
 from colony.blackboard.protocol import AgentStateProtocol
-from colony.config import ColonySettings
+from colony.config import ColonySettings, load_settings
 from colony.errors import BlackboardUnavailable, BlueprintTampered, InvalidArgument
 from colony.inference.scripted import ScriptedEngine
 from colony.system.builtin import RUNS_NAMESPACE, echo_blueprint
@@ -218,12 +218,12 @@ async def test_a_step_that_cannot_be_saved_fails_the_run_hosted_or_not(bb: Black
         {"action": "add", "parameters": {"amount": 1}},
     ]
     blueprint = counter_blueprint(f"stp{uuid.uuid4().hex[:6]}", steps, serve_namespace="jobs")
-    runtime = LocalAgentRuntime(bb, colony_id=colony_id)
+    runtime = LocalAgentRuntime(bb, colony_id=colony_id, settings=load_settings())
     if hosted:
         agent = await runtime.spawn(blueprint)
     else:  # an agent started by plain code: the capability itself runs it
         metadata = blueprint.metadata.model_copy(update={"colony_id": colony_id})
-        agent = build_agent(blueprint.model_copy(update={"metadata": metadata}), bb)
+        agent = build_agent(blueprint.model_copy(update={"metadata": metadata}), bb, settings=load_settings())
         await agent.initialize(blueprint)
         await agent.start()
     try:
@@ -254,7 +254,7 @@ async def test_a_step_an_outage_keeps_cutting_short_fails_after_the_redos(
         {"action": "add", "parameters": {"amount": 1}},
     ]
     blueprint = counter_blueprint(f"stp{uuid.uuid4().hex[:6]}", steps, serve_namespace="jobs")
-    runtime = LocalAgentRuntime(bb, colony_id=colony_id)
+    runtime = LocalAgentRuntime(bb, colony_id=colony_id, settings=load_settings())
     original, fired = Agent.persist, {"count": 0}
 
     async def failing(self: Agent, **kwargs: Any) -> None:
@@ -431,7 +431,9 @@ async def test_replica_settings_reach_the_agent_side_and_a_stray_env_var_is_harm
         capability = next(c for c in agent.capabilities.values() if isinstance(c, AgentRunCapability))
         assert agent.retention_seconds == 7
         assert (capability.retention_seconds, capability.max_events) == (7, 40)
-        runs = RunService(bb, host.registry, colony_id=settings.colony_id, retention_seconds=60)
+        runs = RunService(
+            bb, host.registry, colony_id=settings.colony_id, retention_seconds=60, settings=load_settings()
+        )
         record = await runs.submit("echo", "hi")
 
         async def ended() -> Any:

@@ -482,7 +482,7 @@ async def test_real_model_report_is_grounded_complete_and_streams_worker_progres
     assert sorted(f for d in done for f in d["files"]) == sorted(FILES)
     # each page was brought in for its worker: prefetched when the worker was placed, else
     # faulted in by its first step
-    prefetched = sum(host.page_counts["prefetched"] for host in embedded_rig.hosts.values())
+    prefetched = sum(host.paging.counts["prefetched"] for host in embedded_rig.hosts.values())
     assert sum(d["faulted"] for d in done) + prefetched >= 3
     assert kinds.index("workers") < kinds.index("worker_done") < kinds.index("completed")
     numbered = [e["seq"] for e in events if e["event_type"] != "worker_done"]

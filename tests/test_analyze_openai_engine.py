@@ -180,5 +180,5 @@ async def test_analyze_on_an_openai_compatible_server_is_complete_and_grounded(
     assert sorted(d["worker"] for d in done) == report["workers"] and all(d["ok"] for d in done)
     # each page was brought in (= warmed on the server) for its worker: prefetched when the worker
     # was placed, else faulted in by its first step
-    prefetched = rig.host.page_counts["prefetched"]
+    prefetched = rig.host.paging.counts["prefetched"]
     assert sum(d["faulted"] for d in done) + prefetched >= 2

@@ -123,7 +123,7 @@ def test_checkpoints_undo_and_restore_over_http(served: ControlledApi) -> None:
     served.place("http-ck", STEPS)
     assert served.run("http-ck").output == "done"
     with ColonyClient(served.url, TOKEN) as client:
-        listed = client.agent_checkpoints("http-ck")
+        listed = client.context.checkpoints("http-ck")
         assert [c["step"] for c in listed] == [3, 4, 5, 6, 7]
         assert [c["effects"] for c in listed][4] == ["external"] and all(c["size"] > 0 for c in listed)
         assert set(listed[0]) == {
@@ -138,36 +138,38 @@ def test_checkpoints_undo_and_restore_over_http(served: ControlledApi) -> None:
         }
 
         # undo a hosted idle agent: suspended, rewritten, resumed; step 7 runs again
-        report = client.agent_undo("http-ck")
+        report = client.context.undo("http-ck")
         assert (report["step"], report["discarded"], report["kept"]) == (6, [7], [3, 4, 5, 6])
         assert [c["action"] for c in report["not_undone"]] == ["notify"]
         assert report["record"]["agent_id"] == "http-ck"
         assert report["state"] != "suspended" and report["record"]["replica"] in ("ra", "rb")
         agent = served.wait_done("http-ck")
         assert agent.current_run.output == "done" and totals(agent) == (22, 1)
-        assert [c["step"] for c in client.agent_checkpoints("http-ck")] == [3, 4, 5, 6, 7]
+        assert [c["step"] for c in client.context.checkpoints("http-ck")] == [3, 4, 5, 6, 7]
 
         # a suspended agent is rewritten only, and says what it cannot undo
-        client._http.post("/v1/agents/http-ck/suspend").raise_for_status()
-        report = client.agent_restore("http-ck", 5)
+        client._api.http.post("/v1/agents/http-ck/suspend").raise_for_status()
+        report = client.context.restore("http-ck", 5)
         assert (report["step"], report["discarded"], report["state"]) == (5, [6, 7], "suspended")
         (call,) = report["not_undone"]
         assert (call["action"], call["effects"], call["step"]) == ("notify", ["external"], 7)
         assert served.hosted("http-ck") is None
-        client._http.post("/v1/agents/http-ck/resume").raise_for_status()
+        client._api.http.post("/v1/agents/http-ck/resume").raise_for_status()
         agent = served.wait_done("http-ck")
         assert agent.current_run.output == "done" and totals(agent) == (22, 1)  # 15 + 7, notified again
 
         # refusals
-        missing = refused(lambda: client.agent_restore("http-ck", 1))
+        missing = refused(lambda: client.context.restore("http-ck", 1))
         assert missing.status == 404 and "kept steps" in str(missing)
-        assert refused(lambda: client.agent_undo("nobody")).status == 404
-        assert refused(lambda: client.agent_checkpoints("nobody")).status == 404
-        bad = client._http.post("/v1/agents/http-ck/checkpoints/5/restore", json={"mode": "rewind"})
+        assert refused(lambda: client.context.undo("nobody")).status == 404
+        assert refused(lambda: client.context.checkpoints("nobody")).status == 404
+        bad = client._api.http.post("/v1/agents/http-ck/checkpoints/5/restore", json={"mode": "rewind"})
         assert bad.status_code == 422 and "mode" in bad.text
-        other_run = refused(lambda: client.agent_restore("http-ck", 3, run_id="run-elsewhere"))
+        other_run = refused(
+            lambda: client.context.restore("http-ck", 3, run_id="run-elsewhere")
+        )
         assert other_run.status == 404
-        report = client.agent_restore("http-ck", 3, run_id=listed[0]["run_id"])
+        report = client.context.restore("http-ck", 3, run_id=listed[0]["run_id"])
         assert report["discarded"] == [4, 5, 6, 7]
         assert served.wait_done("http-ck").current_run.output == "done"
 
@@ -175,14 +177,14 @@ def test_checkpoints_undo_and_restore_over_http(served: ControlledApi) -> None:
 def test_running_agent_and_nothing_to_undo_are_409(served: ControlledApi) -> None:
     served.place("http-busy", [{"action": "add", "parameters": {"amount": 1}}] * 4, delay=0.4)
     with ColonyClient(served.url, TOKEN) as client:
-        assert refused(lambda: client.agent_undo("http-busy")).status == 409  # no step yet: nothing to undo
+        assert refused(lambda: client.context.undo("http-busy")).status == 409  # no step yet: nothing to undo
         run = served.run("http-busy", wait=False)
         time.sleep(0.6)
-        busy = refused(lambda: client.agent_undo("http-busy"))
+        busy = refused(lambda: client.context.undo("http-busy"))
         assert busy.status == 409 and "wait for its run to end or suspend it" in str(busy)
         agent = served.wait_done("http-busy")
         assert agent.current_run.run_id == run.run_id and agent.current_run.output == 4  # untouched
-        report = client.agent_restore("http-busy", 0, mode="replay")  # the run's beginning
+        report = client.context.restore("http-busy", 0, mode="replay")  # the run's beginning
         assert report["discarded"] == [1, 2, 3, 4] and report["mode"] == "replay"
         agent = served.wait_done("http-busy")
         assert agent.current_run.output == 4

@@ -9,6 +9,7 @@ import asyncio
 from test_api import AUTH, api, wait_done  # noqa: F401 - `api` is a fixture
 
 from colony.blackboard import Blackboard
+from colony.config import load_settings
 from colony.system.runs import RunService
 
 
@@ -22,7 +23,7 @@ async def test_a_last_event_id_beyond_64_bits_is_a_400_when_the_runs_stream_is_g
     ]
     await wait_done(client, run_id)
     assert host.registry is not None
-    runs = RunService(bb, host.registry, colony_id=host.settings.colony_id)
+    runs = RunService(bb, host.registry, colony_id=host.settings.colony_id, settings=load_settings())
     board = runs.run_board(await runs.record(run_id))
     await bb.redis.delete(board.keyspace.events_key)  # expired, or not written yet
     assert await board.last_generated_event_id() is None

@@ -14,7 +14,7 @@ from test_api import AUTH, api, parse_sse, wait_done  # noqa: F401 - `api` is a 
 
 from colony.api.app import ApiServices, create_app
 from colony.blackboard import Blackboard
-from colony.config import ApiSettings
+from colony.config import ApiSettings, load_settings
 from colony.system.host import ReplicaHost
 
 
@@ -23,7 +23,7 @@ async def stored_runs(host: ReplicaHost, bb: Blackboard) -> int:
     from colony.system.runs import RunService
 
     assert host.registry is not None
-    runs = RunService(bb, host.registry, colony_id=host.settings.colony_id)
+    runs = RunService(bb, host.registry, colony_id=host.settings.colony_id, settings=load_settings())
     return len([e async for e in runs.api_board.iter_query("run:*")])
 
 
@@ -67,7 +67,7 @@ async def test_body_limit_follows_the_setting(bb: Blackboard, api) -> None:  # n
     from colony.system.runs import RunService
 
     assert host.registry is not None
-    runs = RunService(bb, host.registry, colony_id=host.settings.colony_id)
+    runs = RunService(bb, host.registry, colony_id=host.settings.colony_id, settings=load_settings())
     app = create_app(
         ApiServices(runs=runs, registry=host.registry, token="t"), api=ApiSettings(max_body_bytes=2048)
     )
@@ -200,7 +200,7 @@ async def test_a_bad_run_never_harms_the_next_one(api, bb: Blackboard) -> None: 
     from colony.system.runs import RunService
 
     assert host.registry is not None
-    runs = RunService(bb, host.registry, colony_id=host.settings.colony_id)
+    runs = RunService(bb, host.registry, colony_id=host.settings.colony_id, settings=load_settings())
     # the deepest input the blackboard stores (bypassing the API's cap, as a misbehaving client of
     # Redis or an agent calling another could)
     low, high = 2, 400
@@ -267,7 +267,7 @@ async def test_the_import_route_alone_takes_bodies_up_to_its_own_limit(bb: Black
     from colony.system.runs import RunService
 
     assert host.registry is not None
-    runs = RunService(bb, host.registry, colony_id=host.settings.colony_id)
+    runs = RunService(bb, host.registry, colony_id=host.settings.colony_id, settings=load_settings())
     app = create_app(
         ApiServices(runs=runs, registry=host.registry, token="t"),
         api=ApiSettings(max_body_bytes=2048),

@@ -338,20 +338,20 @@ async def test_async_client_memory_methods(served: MemoryApp) -> None:
     from colony.client import ApiError, AsyncColonyClient
 
     async with AsyncColonyClient(served.url, TOKEN) as colony:
-        written = await colony.memory_write(
+        written = await colony.memory.write(
             AGENT, "working", "The printer on floor 2 needs toner.", tags=["office"]
         )
         assert written["created"] is True and written["entry"]["tags"] == ["office"]
-        found = await colony.memory_query(
+        found = await colony.memory.query(
             AGENT, "who should refill the printer?", tag_filter={"all_of": ["office"]}
         )
         assert [e["entry"]["content"] for e in found] == ["The printer on floor 2 needs toner."]
-        assert (await colony.memory_map(AGENT))["agent_id"] == AGENT
-        assert set((await colony.memory_reindex(AGENT))["scopes"]) == {
+        assert (await colony.memory.map(AGENT))["agent_id"] == AGENT
+        assert set((await colony.memory.reindex(AGENT))["scopes"]) == {
             served.scope(AGENT, "working"),
             served.scope(AGENT, "stm"),
         }
         assert {a["name"] for a in await colony.catalog()} >= {"echo", "greeter"}
         with pytest.raises(ApiError) as missing:
-            await colony.memory_map("nobody")
+            await colony.memory.map("nobody")
         assert missing.value.status == 404

@@ -14,7 +14,7 @@ from fastapi.routing import APIRoute
 
 from colony.api.app import ApiServices, create_app
 from colony.blackboard import Blackboard, BlackboardScope, scope_id
-from colony.config import ApiSettings, ColonySettings
+from colony.config import ApiSettings, ColonySettings, load_settings
 from colony.errors import ConfigError
 from colony.system.registry import AgentRegistry
 from colony.system.runs import RunService
@@ -25,9 +25,16 @@ TOKEN = "matrix-token"
 
 
 def services(bb: Blackboard, colony_id: str, token: str | TokenSource) -> ApiServices:
-    registry = AgentRegistry(bb.scoped(scope_id(BlackboardScope.COLONY, colony_id=colony_id)))
-    runs = RunService(bb, registry, colony_id=colony_id)
-    return ApiServices(runs=runs, registry=registry, token=token, pages=PageTable(bb, colony_id=colony_id))
+    registry = AgentRegistry(
+        bb.scoped(scope_id(BlackboardScope.COLONY, colony_id=colony_id)), settings=load_settings()
+    )
+    runs = RunService(bb, registry, colony_id=colony_id, settings=load_settings())
+    return ApiServices(
+        runs=runs,
+        registry=registry,
+        token=token,
+        pages=PageTable(bb, colony_id=colony_id, settings=load_settings()),
+    )
 
 
 @pytest.fixture

@@ -1,4 +1,4 @@
-"""Sessions over HTTP (colony.api.session_routes) and the client (colony.client_sessions): the API
+"""Sessions over HTTP (colony.api.routes.sessions) and the client (colony.client_sessions): the API
 served on a loopback port over a real Redis, with a ReplicaHost (scripted engine) and an in-process
 control plane behind it, so `POST /v1/sessions` really places a session agent through the catalog's
 `session` agent."""
@@ -92,55 +92,55 @@ def prompt(served: SessionApp) -> list[str]:
 
 
 def test_three_turns_revert_and_the_tree_never_leaks(served: SessionApp, client: ColonyClient) -> None:
-    session = client.session_start()
+    session = client.sessions.start()
     sid = session["session_id"]
     assert session["active"] is None and session["messages"] == 0
-    events = list(client.session_send(sid, "first question"))
+    events = list(client.sessions.send(sid, "first question"))
     kinds = [e["event_type"] for e in events]
     assert kinds[0] == "turn" and kinds[1] == "user_chat_message" and kinds[-1] == "message"
     tokens = [e["data"]["text"] for e in events if e["event_type"] == "token"]
     assert len(tokens) == 3  # the reply streamed word by word, before the final message
     final = events[-1]["data"]["message"]
     assert final["role"] == "assistant" and final["content"] == "".join(tokens).strip() == "reply number 1"
-    client.session_reply(sid, "second question")
-    client.session_reply(sid, "third question")
-    active = client.session_messages(sid)["messages"]
+    client.sessions.reply(sid, "second question")
+    client.sessions.reply(sid, "third question")
+    active = client.sessions.messages(sid)["messages"]
     assert [m["role"] for m in active] == ["user", "assistant"] * 3
     message_2, message_3 = active[1], active[2]
 
-    reverted = client.session_revert(sid, message_2["id"])
+    reverted = client.sessions.revert(sid, message_2["id"])
     assert {b["name"]: b["length"] for b in reverted["branches"]} == {"main": 2}
-    out = client.session_reply(sid, "a different second question")
+    out = client.sessions.reply(sid, "a different second question")
     # the prompt holds messages 1-2 and the new one only
     assert prompt(served) == ["first question", "reply number 1", "a different second question"]
     assert out["context"][:2] == [active[0]["id"], message_2["id"]] and len(out["context"]) == 3
-    everything = client.session_messages(sid, all=True)
+    everything = client.sessions.messages(sid, all=True)
     listed = {m["id"]: m for m in everything["messages"]}
     assert message_3["id"] in listed and len(listed) == 8  # message 3 and its reply are still there
     assert any(m["parent_id"] == message_3["id"] and m["role"] == "assistant" for m in listed.values())
-    now = [m["content"] for m in client.session_messages(sid)["messages"]]
+    now = [m["content"] for m in client.sessions.messages(sid)["messages"]]
     assert now == ["first question", "reply number 1", "a different second question", "reply number 4"]
 
 
 def test_two_forks_from_one_message_keep_separate_transcripts(
     served: SessionApp, client: ColonyClient
 ) -> None:
-    sid = client.session_start()["session_id"]
-    client.session_reply(sid, "hello")
-    start = client.session_messages(sid)["messages"][1]["id"]
-    left = client.session_fork(sid, start, "left")
+    sid = client.sessions.start()["session_id"]
+    client.sessions.reply(sid, "hello")
+    start = client.sessions.messages(sid)["messages"][1]["id"]
+    left = client.sessions.fork(sid, start, "left")
     assert left["active"] == "left"
-    client.session_reply(sid, "left question")
-    right = client.session_fork(sid, start)
+    client.sessions.reply(sid, "left question")
+    right = client.sessions.fork(sid, start)
     assert right["active"] not in ("left", "main")
-    client.session_reply(sid, "right question")
+    client.sessions.reply(sid, "right question")
     assert prompt(served) == ["hello", "reply number 1", "right question"]  # nothing of `left`
-    right_transcript = [m["content"] for m in client.session_messages(sid)["messages"]]
-    client.session_switch(sid, "left")
-    left_transcript = [m["content"] for m in client.session_messages(sid)["messages"]]
+    right_transcript = [m["content"] for m in client.sessions.messages(sid)["messages"]]
+    client.sessions.switch(sid, "left")
+    left_transcript = [m["content"] for m in client.sessions.messages(sid)["messages"]]
     assert right_transcript == ["hello", "reply number 1", "right question", "reply number 3"]
     assert left_transcript == ["hello", "reply number 1", "left question", "reply number 2"]
-    view = client.session(sid)
+    view = client.sessions.get(sid)
     assert {b["name"]: b["length"] for b in view["branches"]} == {
         "main": 2,
         "left": 4,
@@ -149,21 +149,21 @@ def test_two_forks_from_one_message_keep_separate_transcripts(
 
 
 def test_errors(served: SessionApp, client: ColonyClient) -> None:
-    sid = client.session_start()["session_id"]
+    sid = client.sessions.start()["session_id"]
     unknown = "msg-0123456789ab"
     # no active branch (no message yet) -> 409
     with pytest.raises(ApiError) as caught:
-        client.session_revert(sid, unknown)
+        client.sessions.revert(sid, unknown)
     assert caught.value.status == 409 and "no active branch" in str(caught.value)
-    client.session_reply(sid, "hi")
-    for call in (lambda: client.session_revert(sid, unknown), lambda: client.session_fork(sid, unknown)):
+    client.sessions.reply(sid, "hi")
+    for call in (lambda: client.sessions.revert(sid, unknown), lambda: client.sessions.fork(sid, unknown)):
         with pytest.raises(ApiError) as caught:
             call()
         assert caught.value.status == 404 and unknown in str(caught.value)
     # an unknown session, and an agent that is not a session -> 404
     for other in ("session-0123456789abcdef", "session"):
         with pytest.raises(ApiError) as caught:
-            client.session_messages(other)
+            client.sessions.messages(other)
         assert caught.value.status == 404
     with httpx.Client(base_url=served.url, headers={"Authorization": f"Bearer {TOKEN}"}) as http:
         too_long = http.post(f"/v1/sessions/{sid}/messages", json={"message": "x" * 501})
@@ -172,7 +172,7 @@ def test_errors(served: SessionApp, client: ColonyClient) -> None:
         assert bad_id.status_code == 422 and "message_id" in bad_id.text
         taken = http.post(
             f"/v1/sessions/{sid}/fork",
-            json={"message_id": client.session_messages(sid)["messages"][0]["id"], "branch": "main"},
+            json={"message_id": client.sessions.messages(sid)["messages"][0]["id"], "branch": "main"},
         )
         assert taken.status_code == 422 and "already has a branch" in taken.text
         assert http.get(f"/v1/sessions/{sid}", headers={"Authorization": "Bearer wrong"}).status_code == 401
@@ -181,41 +181,41 @@ def test_errors(served: SessionApp, client: ColonyClient) -> None:
 def test_revert_to_another_branchs_message_is_refused(served: SessionApp, client: ColonyClient) -> None:
     """A revert goes back along the active branch only: a message of another branch would bring
     that branch's messages into this one's prompt. 404 saying what to do; nothing changes."""
-    sid = client.session_start()["session_id"]
-    client.session_reply(sid, "hello")
-    start = client.session_messages(sid)["messages"][1]["id"]
-    client.session_reply(sid, "main secret")
-    client.session_fork(sid, start, "side")
-    side = client.session_reply(sid, "side question")["message"]["id"]
-    client.session_switch(sid, "main")
-    before = client.session(sid)
+    sid = client.sessions.start()["session_id"]
+    client.sessions.reply(sid, "hello")
+    start = client.sessions.messages(sid)["messages"][1]["id"]
+    client.sessions.reply(sid, "main secret")
+    client.sessions.fork(sid, start, "side")
+    side = client.sessions.reply(sid, "side question")["message"]["id"]
+    client.sessions.switch(sid, "main")
+    before = client.sessions.get(sid)
     with pytest.raises(ApiError) as caught:
-        client.session_revert(sid, side)
+        client.sessions.revert(sid, side)
     assert caught.value.status == 404 and "not on the active branch" in str(caught.value)
     assert "switch to the branch" in str(caught.value)
-    assert client.session(sid) == before
-    main = [m["content"] for m in client.session_messages(sid)["messages"]]
+    assert client.sessions.get(sid) == before
+    main = [m["content"] for m in client.sessions.messages(sid)["messages"]]
     assert main == ["hello", "reply number 1", "main secret", "reply number 2"]
 
 
 def test_message_listing_pages(served: SessionApp, client: ColonyClient) -> None:
-    sid = client.session_start()["session_id"]
+    sid = client.sessions.start()["session_id"]
     for text in ("one", "two", "three"):
-        client.session_reply(sid, text)
-    whole = client.session_messages(sid)
+        client.sessions.reply(sid, text)
+    whole = client.sessions.messages(sid)
     assert whole["total"] == 6 and whole["offset"] == 0 and whole["next_offset"] is None
     ids = [m["id"] for m in whole["messages"]]
-    first = client.session_messages(sid, limit=4)
+    first = client.sessions.messages(sid, limit=4)
     assert [m["id"] for m in first["messages"]] == ids[:4] and first["next_offset"] == 4
-    rest = client.session_messages(sid, limit=4, offset=first["next_offset"])
+    rest = client.sessions.messages(sid, limit=4, offset=first["next_offset"])
     assert [m["id"] for m in rest["messages"]] == ids[4:] and rest["next_offset"] is None
-    assert client.session_messages(sid, offset=50)["messages"] == []
-    client.session_revert(sid, ids[1])
-    client.session_reply(sid, "again")
-    everything = client.session_messages(sid, all=True, limit=5, offset=3)
+    assert client.sessions.messages(sid, offset=50)["messages"] == []
+    client.sessions.revert(sid, ids[1])
+    client.sessions.reply(sid, "again")
+    everything = client.sessions.messages(sid, all=True, limit=5, offset=3)
     assert everything["total"] == 8 and len(everything["messages"]) == 5
     assert everything["messages"][0]["id"] == ids[3] and everything["next_offset"] is None
-    paged = [m["content"] for m in client.session_all_messages(sid, all=True)]
+    paged = [m["content"] for m in client.sessions.all_messages(sid, all=True)]
     assert paged[:6] == ["one", "reply number 1", "two", "reply number 2", "three", "reply number 3"]
     assert len(paged) == 8
     with httpx.Client(base_url=served.url, headers={"Authorization": f"Bearer {TOKEN}"}) as http:

@@ -144,3 +144,32 @@ def test_no_class_over_30_methods_counting_its_mixins():
 
 def _base_name(base: ast.expr) -> str:
     return ast.unparse(base).split(".")[-1].split("[")[0]
+
+
+# Where settings may be loaded: the process entry points. Everything below takes them from whoever
+# built it. The HTTP client reads the local cluster's token file through them when no token is given
+# (a user program's entry point: the SDK's credential discovery, like the CLI's).
+SETTINGS_ENTRY_POINTS = {
+    "colony/cli.py",
+    "colony/cli_bb.py",
+    "colony/cli_chat.py",
+    "colony/cli_memory.py",
+    "colony/cli_target.py",
+    "colony/client_http.py",
+    "colony/serve/app.py",  # the Serve application's builder (`colony.serve.app:app`)
+    "colony/serve/cluster.py",  # the local cluster daemon's main
+    "colony/config.py",  # defines it
+}
+
+
+def test_settings_are_injected_not_looked_up_below_the_entry_points():
+    """No `load_settings()` call outside the process entry points (a function-level call too)."""
+    calls = []
+    for path in _sources():
+        rel = str(path.relative_to(ROOT.parent))
+        if rel in SETTINGS_ENTRY_POINTS:
+            continue
+        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+            if isinstance(node, ast.Call) and ast.unparse(node.func).split(".")[-1] == "load_settings":
+                calls.append(f"{rel}:{node.lineno}")
+    assert not calls, f"settings looked up below the entry points: {calls}"

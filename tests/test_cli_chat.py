@@ -67,8 +67,8 @@ def test_chat_commands_with_piped_stdin(served: SessionApp, tmp_path: Path) -> N
     assert lines[13:15] == [HELP, HELP]  # "/" alone and an unknown command
     assert len(lines) == 15  # /quit ended it: "never sent" was not sent
     with ColonyClient(served.url, TOKEN) as client:
-        everything = [m["content"] for m in client.session_messages(session_id, all=True)["messages"]]
-        main = [m["content"] for m in client.session_messages(session_id)["messages"]]
+        everything = [m["content"] for m in client.sessions.messages(session_id, all=True)["messages"]]
+        main = [m["content"] for m in client.sessions.messages(session_id)["messages"]]
     assert everything == ["one", "reply number 1", "two", "reply number 2", "three", "reply number 3"]
     assert main == ["one"]  # the active branch is `side`, forked at message 1
     # the prompt of the reply after /revert 2 held messages 1-2 and `three` only
@@ -80,7 +80,7 @@ def test_chat_commands_with_piped_stdin(served: SessionApp, tmp_path: Path) -> N
     slash = chat(served.url, TOKEN, "//etc/hosts\n", tmp_path, "--session", session_id)
     assert [line.rstrip() for line in slash.splitlines()[1:]] == ["reply number 4", "to /etc/hosts"]
     with ColonyClient(served.url, TOKEN) as client:
-        side = [m["content"] for m in client.session_messages(session_id)["messages"]]
+        side = [m["content"] for m in client.sessions.messages(session_id)["messages"]]
     assert side == ["one", "/etc/hosts", "reply number 4\nto /etc/hosts"]
     done = run_cli(
         "chat", "--url", served.url, "--session", "session-0000000000000000",
@@ -89,10 +89,10 @@ def test_chat_commands_with_piped_stdin(served: SessionApp, tmp_path: Path) -> N
     assert done.returncode == 1 and "no session" in done.stderr
 
 
-class StreamingClient:
-    """A client whose turn streams a reply with newlines and a terminal escape sequence."""
+class StreamingSessions:
+    """A client's sessions whose turn streams a reply with newlines and a terminal escape sequence."""
 
-    def session_send(self, session_id: str, text: str) -> Iterator[dict[str, Any]]:
+    def send(self, session_id: str, text: str) -> Iterator[dict[str, Any]]:
         yield {"event_type": "token", "data": {"text": "Steps:\n1. a"}}
         yield {"event_type": "token", "data": {"text": "\x1b[2J\n2. b\r\n```py\nprint(1)\n```"}}
         yield {"event_type": "message", "data": {"message": {"content": "whatever"}}}
@@ -100,7 +100,7 @@ class StreamingClient:
 
 def test_a_streamed_reply_keeps_its_newlines_and_drops_other_control_characters() -> None:
     out = io.StringIO()
-    Chat(StreamingClient(), "session-0000000000000000", out).turn("hi")
+    Chat(StreamingSessions(), "session-0000000000000000", out).turn("hi")
     assert out.getvalue() == "Steps:\n1. a [2J\n2. b \n```py\nprint(1)\n```\n"
 
 
@@ -125,10 +125,10 @@ def test_chat_on_a_real_cluster_with_the_embedded_model(
     keeps what was reverted."""
     info = chat_cluster
     with ColonyClient(info.url, info.token, timeout=600) as client:
-        sid = client.session_start()["session_id"]
+        sid = client.sessions.start()["session_id"]
         record = next(a for a in client.agents() if a["agent_id"] == sid)
         assert record["role"] == "session" and record.get("replica")
-        events = list(client.session_send(sid, "Say hello."))
+        events = list(client.sessions.send(sid, "Say hello."))
         tokens = [e["data"]["text"] for e in events if e["event_type"] == "token"]
         assert events[-1]["event_type"] == "message", events[-1]
         reply = events[-1]["data"]["message"]
@@ -140,6 +140,6 @@ def test_chat_on_a_real_cluster_with_the_embedded_model(
     assert lines[3] == "[1] user: Say hello."
     assert lines[4].startswith("[2] assistant: ") and len(lines) == 5, lines
     with ColonyClient(info.url, info.token, timeout=600) as client:
-        everything = client.session_messages(sid, all=True)["messages"]
+        everything = client.sessions.messages(sid, all=True)["messages"]
     assert [m["role"] for m in everything] == ["user", "assistant", "user", "assistant"]
     assert everything[2]["content"] == "What is 2+2?"

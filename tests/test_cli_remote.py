@@ -223,9 +223,9 @@ def test_the_python_client_sends_the_local_token_only_to_this_machine(
     with ColonyClient(url.replace("127.0.0.1", "localhost")) as client:
         client.agents()
     remote = ColonyClient("http://colony.example:8000")  # elsewhere: no token unless given
-    assert "authorization" not in remote._http.headers
+    assert "authorization" not in remote._api.http.headers
     monkeypatch.setenv("COLONY_API_TOKEN", "env-T")
-    assert ColonyClient("https://colony.example")._http.headers["authorization"] == "Bearer env-T"
+    assert ColonyClient("https://colony.example")._api.http.headers["authorization"] == "Bearer env-T"
     assert [auth for _m, _p, auth in recorder.requests] == ["Bearer local-secret-token"] * 2
 
 

@@ -225,7 +225,7 @@ def test_cli_runs_on_a_cluster_started_elsewhere_with_url_and_token(colony_up, t
 
 
 def _memory_counts(client: ColonyClient, agent: str) -> tuple[dict[str, int], int]:
-    memory_map = client.memory_map(agent)
+    memory_map = client.memory.map(agent)
     counts = {info["scope_type"]: info["entry_count"] for info in memory_map["scopes"].values()}
     return counts, memory_map["total_pending_ingestion"]
 
@@ -285,19 +285,19 @@ def test_memory_ingestion_is_exactly_once_across_suspension_and_a_killed_replica
     with ColonyClient(info.url, info.token, timeout=120) as client:
         before = _settled_counts(client, "assistant")
         for n in range(2):
-            client.memory_write(
+            client.memory.write(
                 "assistant", "working", f"Sensor {n} reads {20 + n} degrees.", tags=["reading"]
             )
         client.suspend("assistant")
         for n in range(2, 5):
-            client.memory_write(
+            client.memory.write(
                 "assistant", "working", f"Sensor {n} reads {20 + n} degrees.", tags=["reading"]
             )
         client.resume("assistant")
         after = _settled_counts(client, "assistant")
         assert after["working"] == before["working"] + 5
         assert after["stm"] == before["stm"] + 5
-        readings = client.memory_query(
+        readings = client.memory.query(
             "assistant", None, tag_filter={"all_of": ["reading"]}, scopes=["stm"], max_results=50
         )
         assert sorted(r["entry"]["content"] for r in readings) == [

@@ -85,8 +85,8 @@ def test_two_agents_on_two_replicas_append_at_once_and_lose_nothing(blocks_clust
         replicas = {a["agent_id"]: a.get("replica") for a in client.agents()}
         assert replicas["appender-a"] and replicas["appender-b"]
         assert replicas["appender-a"] != replicas["appender-b"], replicas
-        client.block_create("appender-a", "board", block_type="working", char_limit=20_000)
-        client.block_share("appender-a", "board", "appender-b", "append_only")
+        client.blocks.create("appender-a", "board", block_type="working", char_limit=20_000)
+        client.blocks.share("appender-a", "board", "appender-b", "append_only")
         results: dict[str, dict] = {}
 
         def run(agent: str) -> None:
@@ -99,20 +99,20 @@ def test_two_agents_on_two_replicas_append_at_once_and_lose_nothing(blocks_clust
         for t in threads:
             t.join(700)
         assert all(r["status"] == "succeeded" for r in results.values()), results
-        content = client.block("appender-a", "board")["content"]
+        content = client.blocks.read("appender-a", "board")["content"]
         lines = [line for line in content.split("\n") if line]
         expected = {f"{agent} line {i}" for agent in ("appender-a", "appender-b") for i in range(LINES)}
         assert set(lines) == expected and len(lines) == 2 * LINES
-        history = client.block_history("appender-a", "board", limit=1000)
+        history = client.blocks.history("appender-a", "board", limit=1000)
         authors = [v["author"] for v in history["versions"] if v["op"] == "append"]
         assert sorted(authors) == ["appender-a"] * LINES + ["appender-b"] * LINES
         switches = sum(1 for x, y in itertools.pairwise(authors) if x != y)
         assert switches >= 2, "the two runs did not append at the same time"
         # appender-b (append-only) may not rewrite the block
         with pytest.raises(ApiError) as refused:
-            client.block_put("appender-b", "board", "gone")
+            client.blocks.write("appender-b", "board", "gone")
         assert refused.value.status == 403, refused.value
-        assert client.block("appender-a", "board")["content"] == content
+        assert client.blocks.read("appender-a", "board")["content"] == content
 
 
 def test_assistant_keeps_a_name_in_a_core_block_and_answers_with_it(blocks_cluster) -> None:
@@ -120,9 +120,9 @@ def test_assistant_keeps_a_name_in_a_core_block_and_answers_with_it(blocks_clust
     with _client(info) as client:
         told = client.run("assistant", {"task": "Please remember that my name is Ada."})
         assert told["status"] == "succeeded", told
-        human = client.block("assistant", "human")
+        human = client.blocks.read("assistant", "human")
         assert "Ada" in human["content"], human
-        history = client.block_history("assistant", "human")
+        history = client.blocks.history("assistant", "human")
         assert history["versions"][-1]["author"] == "assistant"
         assert history["versions"][-1]["via"] == "tool"
         asked = client.submit("assistant", {"task": "What is my name?", "emit_prompt": True})["run_id"]
@@ -152,23 +152,23 @@ def test_run_show_prompt_prints_each_steps_prompt(blocks_cluster, tmp_path) -> N
 def test_blocks_of_two_agents_stay_separate_across_down_and_up(blocks_cluster) -> None:
     settings, info = blocks_cluster
     with _client(info) as client:
-        client.block_create("appender-a", "notes", content="A's own notes\n")
-        client.block_create("appender-b", "notes", content="B's own notes\n")
-        client.block_append("appender-b", "notes", "B again")
+        client.blocks.create("appender-a", "notes", content="A's own notes\n")
+        client.blocks.create("appender-b", "notes", content="B's own notes\n")
+        client.blocks.append("appender-b", "notes", "B again")
         before = {
-            agent: (client.block(agent, "notes"), client.block_history(agent, "notes"))
+            agent: (client.blocks.read(agent, "notes"), client.blocks.history(agent, "notes"))
             for agent in ("appender-a", "appender-b")
         }
-        human = client.block("assistant", "human")["content"]
+        human = client.blocks.read("assistant", "human")["content"]
     assert cluster.down(settings) is True
     info = cluster.up(settings)
     with _client(info) as client:
         for agent, (view, history) in before.items():
-            assert client.block(agent, "notes")["content"] == view["content"]
-            assert client.block_history(agent, "notes")["versions"] == history["versions"]
-        assert client.block("appender-a", "notes")["content"] == "A's own notes\n"
-        assert client.block("appender-b", "notes")["content"] == "B's own notes\nB again\n"
-        assert client.block("assistant", "human")["content"] == human
+            assert client.blocks.read(agent, "notes")["content"] == view["content"]
+            assert client.blocks.history(agent, "notes")["versions"] == history["versions"]
+        assert client.blocks.read("appender-a", "notes")["content"] == "A's own notes\n"
+        assert client.blocks.read("appender-b", "notes")["content"] == "B's own notes\nB again\n"
+        assert client.blocks.read("assistant", "human")["content"] == human
         asked = client.run("assistant", {"task": "What is my name?"})
         assert asked["status"] == "succeeded" and "Ada" in asked["output"], asked
 

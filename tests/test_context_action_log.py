@@ -42,6 +42,7 @@ from colony.agents.state.action_log import (
 )
 from colony.blackboard import Blackboard
 from colony.blackboard.protocol import AgentStateProtocol
+from colony.config import load_settings
 from colony.errors import AgentUsageError
 from colony.inference import ChatMessage, InferenceRequest, InferenceResponse
 from colony.inference.scripted import ScriptedEngine
@@ -135,7 +136,7 @@ def blueprint(agent_id: str) -> AgentBlueprint:
 @pytest.fixture
 async def host(bb: Blackboard) -> AsyncIterator[tuple[LocalAgentRuntime, ScriptedEngine]]:
     engine = ScriptedEngine(planner)
-    rt = LocalAgentRuntime(bb, colony_id=f"c{uuid.uuid4().hex[:10]}", engine=engine)
+    rt = LocalAgentRuntime(bb, colony_id=f"c{uuid.uuid4().hex[:10]}", engine=engine, settings=load_settings())
     yield rt, engine
     await rt.shutdown()
 
@@ -327,7 +328,9 @@ async def test_a_generated_program_redone_after_the_crash_window_is_not_asked_fo
     sandbox) that had finished get their recorded results."""
     program = "```python\nrun('book', item='a')\nrun('book', item='b')\nrun('finish', answer='booked')\n```"
     engine = ScriptedEngine([program])
-    runtime = LocalAgentRuntime(bb, colony_id=f"c{uuid.uuid4().hex[:10]}", engine=engine)
+    runtime = LocalAgentRuntime(
+        bb, colony_id=f"c{uuid.uuid4().hex[:10]}", engine=engine, settings=load_settings()
+    )
     try:
         first = await runtime.spawn(
             AgentBlueprint(
@@ -431,14 +434,18 @@ async def test_truncate_after_makes_later_steps_run_again_and_keeping_them_repla
     await runtime.drop("truncated")
 
     # another copy of the agent object, as a restore from a checkpoint builds it
-    restored = await Agent.restore("truncated", agent.blackboard, colony_id=runtime.colony_id)
+    restored = await Agent.restore(
+        "truncated", agent.blackboard, colony_id=runtime.colony_id, settings=load_settings()
+    )
     kept = {r.key for r in await restored.action_log.records()}
     assert f"{run.run_id}:2:a0" in kept and f"{run.run_id}:3:m0" in kept
     await restored.action_log.truncate_after(1)
     assert {r.step for r in await restored.action_log.records()} == {1}
 
     # a fresh copy reads the marker back: steps after 1 are gone, step 1 is kept
-    again = await Agent.restore("truncated", agent.blackboard, colony_id=runtime.colony_id)
+    again = await Agent.restore(
+        "truncated", agent.blackboard, colony_id=runtime.colony_id, settings=load_settings()
+    )
     records = await again.action_log.records()
     assert {r.key for r in records} == {f"{run.run_id}:1:m0"} | {f"{run.run_id}:1:a{n}" for n in range(3)}
     assert again.action_log.step_calls(2) == [] and len(again.action_log.step_calls(1)) == 3
@@ -492,7 +499,9 @@ async def test_a_result_too_large_to_record_is_not_run_twice(
 async def test_a_superseded_copy_records_nothing(host: tuple[LocalAgentRuntime, ScriptedEngine]) -> None:
     runtime, _engine = host
     agent = await runtime.spawn(blueprint("fenced"))
-    stale = await Agent.restore("fenced", agent.blackboard, colony_id=runtime.colony_id)
+    stale = await Agent.restore(
+        "fenced", agent.blackboard, colony_id=runtime.colony_id, settings=load_settings()
+    )
     await agent.begin_run(None)  # the hosted copy moves on (its lifecycle is written)
     stale.current_run = agent.current_run
     before = await agent.blackboard.ring(LOG_KEY)
@@ -514,7 +523,9 @@ async def test_a_superseded_copy_starting_a_new_run_clears_nothing(
     copy that lost its place (its first record refused) leaves the live copy's log whole."""
     runtime, _engine = host
     agent = await runtime.spawn(blueprint("wiper"))
-    stale = await Agent.restore("wiper", agent.blackboard, colony_id=runtime.colony_id)
+    stale = await Agent.restore(
+        "wiper", agent.blackboard, colony_id=runtime.colony_id, settings=load_settings()
+    )
     stale.current_run = AgentRun(agent_id="wiper", status=RunStatus.RUNNING)
     await stale.action_log.model_call(  # the stale copy read the (empty) log of an older run
         InferenceRequest(messages=[ChatMessage(role="user", content="x")]), _answer

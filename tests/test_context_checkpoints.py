@@ -25,7 +25,7 @@ from colony.agents.models import RunStatus
 from colony.agents.state.checkpoints import CHECKPOINTS, list_checkpoints, restore_checkpoint, undo
 from colony.blackboard import Blackboard
 from colony.blackboard.protocol import AgentStateProtocol as Keys
-from colony.config import ColonySettings, ContextSettings
+from colony.config import ColonySettings, ContextSettings, load_settings
 from colony.errors import (
     AgentStateConflict,
     CheckpointNotFound,
@@ -170,7 +170,9 @@ async def test_restore_reports_effects_it_cannot_undo(kept5: LocalAgentRuntime) 
         "NotifyCapability",
     )
     assert call.key == f"{run_id}:7:a0"  # the action log's idempotency key of that call
-    stored = await Agent.restore("ck-restore", kept5.blackboard, colony_id=kept5.colony_id)
+    stored = await Agent.restore(
+        "ck-restore", kept5.blackboard, colony_id=kept5.colony_id, settings=load_settings()
+    )
     assert totals(stored) == (15, 0)
     assert stored.current_run.steps == 5 and stored.current_run.status is RunStatus.RUNNING
     assert stored.action_policy.index == 5  # type: ignore[union-attr]
@@ -220,7 +222,7 @@ async def test_restore_truncates_the_context_ring(bb: Blackboard) -> None:
     """A checkpoint's context head: the ring goes back to its position and grows on from there."""
     steps = [{"action": "add", "parameters": {"amount": 1}}] * 4
     blueprint = counter_blueprint("ck-context", steps)
-    agent = build_agent(blueprint, bb)
+    agent = build_agent(blueprint, bb, settings=load_settings())
     await agent.initialize(blueprint)
     await agent.begin_run(None)
     for i in range(4):
@@ -235,7 +237,7 @@ async def test_restore_truncates_the_context_ring(bb: Blackboard) -> None:
     assert [c["step"] for c in await board.ring(CHECKPOINTS)] == [0, 1, 2, 3]  # trimmed in Redis
     report = await restore_checkpoint(agent, 1)
     assert (report.step, report.discarded) == (1, [2, 3])
-    again = await Agent.restore("ck-context", bb)
+    again = await Agent.restore("ck-context", bb, settings=load_settings())
     assert [c["note"] for c in again.context] == [0] and again.current_run.steps == 1
     # it grows on from position 1: the entry appended next is stored at position 1
     again.context.append({"note": "later"})
@@ -248,14 +250,14 @@ async def test_a_restored_agent_resumed_keeps_every_checkpoint_it_makes(bb: Blac
     commit (nothing is trimmed after it: an agent resumed the moment the commit applied keeps
     every checkpoint it makes); the re-driven steps are checkpointed after the kept ones."""
     steps = [{"action": "add", "parameters": {"amount": 1}}] * 6
-    runtime = LocalAgentRuntime(bb, colony_id=f"c{uuid.uuid4().hex[:8]}")
+    runtime = LocalAgentRuntime(bb, colony_id=f"c{uuid.uuid4().hex[:8]}", settings=load_settings())
     agent = await runtime.spawn(counter_blueprint("ck-race", steps))
     await agent.begin_run(None)
     for _ in range(3):
         await agent.run_step()
     await runtime.suspend("ck-race")
     board = runtime.agent_board("ck-race")
-    stored = await Agent.restore("ck-race", bb, colony_id=runtime.colony_id)
+    stored = await Agent.restore("ck-race", bb, colony_id=runtime.colony_id, settings=load_settings())
     report = await restore_checkpoint(stored, 1)
     assert report.kept == [0, 1] and len(await board.ring(CHECKPOINTS)) == 2
     live = await runtime.resume("ck-race")
@@ -274,7 +276,7 @@ async def test_a_checkpoint_its_capability_refuses_is_a_context_error_and_writes
     refuses (set_state raises) is refused with ContextError naming the step; nothing is written."""
     steps = [{"action": "add", "parameters": {"amount": 1}}] * 3
     blueprint = counter_blueprint("ck-bad", steps)
-    agent = build_agent(blueprint, bb)
+    agent = build_agent(blueprint, bb, settings=load_settings())
     await agent.initialize(blueprint)
     await agent.begin_run(None)
     for _ in range(3):
@@ -296,7 +298,10 @@ async def test_concurrent_restores_of_one_agent_apply_one(kept5: LocalAgentRunti
     commit finds the head moved (its expected version) and is refused, nothing applied."""
     await ran(kept5, "ck-race")
     await kept5.suspend("ck-race")
-    copies = [await Agent.restore("ck-race", kept5.blackboard, colony_id=kept5.colony_id) for _ in (1, 2)]
+    copies = [
+        await Agent.restore("ck-race", kept5.blackboard, colony_id=kept5.colony_id, settings=load_settings())
+        for _ in (1, 2)
+    ]
     outcomes = await asyncio.gather(
         restore_checkpoint(copies[0], 4), restore_checkpoint(copies[1], 6), return_exceptions=True
     )
@@ -304,7 +309,9 @@ async def test_concurrent_restores_of_one_agent_apply_one(kept5: LocalAgentRunti
     lost = [o for o in outcomes if isinstance(o, AgentStateConflict)]
     assert len(won) == 1 and len(lost) == 1, outcomes
     assert "try again" in str(lost[0])
-    stored = await Agent.restore("ck-race", kept5.blackboard, colony_id=kept5.colony_id)
+    stored = await Agent.restore(
+        "ck-race", kept5.blackboard, colony_id=kept5.colony_id, settings=load_settings()
+    )
     assert stored.current_run.steps == won[0].step  # the winner's state, whole
     assert [c.step for c in await list_checkpoints(stored.blackboard)] == won[0].kept
 

@@ -34,7 +34,7 @@ from colony.agents.models import ActionResult
 from colony.agents.policy import ActionPolicyExecutionState, ActionPolicyIterationResult
 from colony.blackboard import Blackboard, create_redis
 from colony.blackboard.protocol import AgentStateProtocol as Keys
-from colony.config import ContextSettings, EngineSettings
+from colony.config import ContextSettings, EngineSettings, load_settings
 from colony.errors import InferenceError
 from colony.inference import InferenceRequest, InferenceResponse
 from colony.inference.embedded import EmbeddedEngine
@@ -206,7 +206,9 @@ async def test_200_events_stay_under_budget_with_a_summary_and_bounded_state(boa
         return planner.decide(request)
 
     engine = ScriptedEngine(reply)
-    runtime = LocalAgentRuntime(board, colony_id=f"c{uuid.uuid4().hex[:8]}", engine=engine)
+    runtime = LocalAgentRuntime(
+        board, colony_id=f"c{uuid.uuid4().hex[:8]}", engine=engine, settings=load_settings()
+    )
     before = {s: metrics.CONTEXT_COMPACTIONS.labels(stage=s)._value.get() for s in ("summarized", "failed")}
     try:
         agent = await runtime.spawn(
@@ -270,7 +272,9 @@ async def test_a_failing_summariser_never_fails_the_run_and_is_retried(board: Bl
         return planner.decide(request)
 
     engine = ScriptedEngine(reply)
-    runtime = LocalAgentRuntime(board, colony_id=f"c{uuid.uuid4().hex[:8]}", engine=engine)
+    runtime = LocalAgentRuntime(
+        board, colony_id=f"c{uuid.uuid4().hex[:8]}", engine=engine, settings=load_settings()
+    )
     failed_before = metrics.CONTEXT_COMPACTIONS.labels(stage="failed")._value.get()
     try:
         agent = await runtime.spawn(
@@ -304,7 +308,9 @@ async def test_restoring_a_state_from_before_compaction_restores_the_uncompacted
         return "Summary: fine." if is_summariser(request) else planner.decide(request)
 
     engine = ScriptedEngine(reply)
-    runtime = LocalAgentRuntime(board, colony_id=f"c{uuid.uuid4().hex[:8]}", engine=engine)
+    runtime = LocalAgentRuntime(
+        board, colony_id=f"c{uuid.uuid4().hex[:8]}", engine=engine, settings=load_settings()
+    )
     try:
         agent = await runtime.spawn(
             blueprint("undoer", ContextSettings(token_budget=600, summary_max_tokens=64))
@@ -335,7 +341,9 @@ async def test_restoring_a_checkpoint_from_before_a_compaction_brings_the_uncomp
 
     planner = Planner(dump_at=10_000)
     engine = ScriptedEngine(lambda r: "Summary: fine." if is_summariser(r) else planner.decide(r))
-    runtime = LocalAgentRuntime(board, colony_id=f"c{uuid.uuid4().hex[:8]}", engine=engine)
+    runtime = LocalAgentRuntime(
+        board, colony_id=f"c{uuid.uuid4().hex[:8]}", engine=engine, settings=load_settings()
+    )
     try:
         agent = await runtime.spawn(
             blueprint("rewinder", ContextSettings(token_budget=600, summary_max_tokens=64))
@@ -367,7 +375,9 @@ async def test_restoring_a_checkpoint_from_before_a_compaction_brings_the_uncomp
 async def test_an_archived_output_is_recalled_by_reference(board: Blackboard) -> None:
     planner = Planner(dump_at=2)
     engine = ScriptedEngine(lambda r: "Summary." if is_summariser(r) else planner.decide(r))
-    runtime = LocalAgentRuntime(board, colony_id=f"c{uuid.uuid4().hex[:8]}", engine=engine)
+    runtime = LocalAgentRuntime(
+        board, colony_id=f"c{uuid.uuid4().hex[:8]}", engine=engine, settings=load_settings()
+    )
     try:
         agent = await runtime.spawn(blueprint("recaller", ContextSettings(token_budget=4000)))
         agent.max_steps = 10
@@ -420,7 +430,9 @@ async def test_summaries_go_to_the_agents_history_log_block(board: Blackboard) -
         return planner.decide(request)
 
     engine = ScriptedEngine(reply)
-    runtime = LocalAgentRuntime(board, colony_id=f"c{uuid.uuid4().hex[:8]}", engine=engine)
+    runtime = LocalAgentRuntime(
+        board, colony_id=f"c{uuid.uuid4().hex[:8]}", engine=engine, settings=load_settings()
+    )
     try:
         plan = blueprint("logger", ContextSettings(token_budget=900, summary_max_tokens=64))
         plan.capabilities.append(MemoryBlocksCapability.bind(tool_log=False))
@@ -446,7 +458,7 @@ class RecordsDirectly(EventDrivenActionPolicy):
 async def test_an_output_recorded_by_a_subclass_is_archived_before_the_step_persists(
     board: Blackboard,
 ) -> None:
-    runtime = LocalAgentRuntime(board, colony_id=f"c{uuid.uuid4().hex[:8]}")
+    runtime = LocalAgentRuntime(board, colony_id=f"c{uuid.uuid4().hex[:8]}", settings=load_settings())
     try:
         agent = await runtime.spawn(
             AgentBlueprint(
@@ -541,7 +553,9 @@ async def test_real_model_200_events_under_a_1000_token_budget(
 ) -> None:
     planner = Planner()
     engine = SummariserOnModel(model, planner)
-    runtime = LocalAgentRuntime(board, colony_id=f"c{uuid.uuid4().hex[:8]}", engine=engine)
+    runtime = LocalAgentRuntime(
+        board, colony_id=f"c{uuid.uuid4().hex[:8]}", engine=engine, settings=load_settings()
+    )
     try:
         settings = ContextSettings(token_budget=BUDGET, summary_max_tokens=48, keep_recent_items=4)
         agent = await runtime.spawn(blueprint("watcher-real", settings))
@@ -582,7 +596,9 @@ async def test_a_redone_step_that_summarises_replays_the_planners_recorded_decis
         return planner.decide(request)
 
     engine = ScriptedEngine(reply)
-    runtime = LocalAgentRuntime(board, colony_id=f"c{uuid.uuid4().hex[:8]}", engine=engine)
+    runtime = LocalAgentRuntime(
+        board, colony_id=f"c{uuid.uuid4().hex[:8]}", engine=engine, settings=load_settings()
+    )
     NOTED.clear()
     dispatched = asyncio.Event()
     try:
@@ -653,7 +669,10 @@ async def test_the_summarisers_input_is_measured_with_the_engines_tokenizer(boar
     budget = plan_budget(settings, ExactScriptedEngine.context_window, 48)
     assert budget is not None
     runtime = LocalAgentRuntime(
-        board, colony_id=f"c{uuid.uuid4().hex[:8]}", engine=ExactScriptedEngine(reply)
+        board,
+        colony_id=f"c{uuid.uuid4().hex[:8]}",
+        engine=ExactScriptedEngine(reply),
+        settings=load_settings(),
     )
     try:
         agent = await runtime.spawn(blueprint("exact", settings))
@@ -677,7 +696,9 @@ async def test_a_summary_longer_than_the_limit_is_cut_not_refused(board: Blackbo
     long_summary = ("The sensors reported temperatures between eighteen and twenty six degrees. " * 16)[:1150]
     planner = Planner(dump_at=10_000)
     engine = ScriptedEngine(lambda r: long_summary if is_summariser(r) else planner.decide(r))
-    runtime = LocalAgentRuntime(board, colony_id=f"c{uuid.uuid4().hex[:8]}", engine=engine)
+    runtime = LocalAgentRuntime(
+        board, colony_id=f"c{uuid.uuid4().hex[:8]}", engine=engine, settings=load_settings()
+    )
     failed_before = metrics.CONTEXT_COMPACTIONS.labels(stage="failed")._value.get()
     try:
         agent = await runtime.spawn(
@@ -702,7 +723,9 @@ async def test_a_large_last_output_is_held_by_reference_and_is_the_runs_output_w
 
     planner = Planner(dump_at=2)
     engine = ScriptedEngine(lambda r: "Summary." if is_summariser(r) else planner.decide(r))
-    runtime = LocalAgentRuntime(board, colony_id=f"c{uuid.uuid4().hex[:8]}", engine=engine)
+    runtime = LocalAgentRuntime(
+        board, colony_id=f"c{uuid.uuid4().hex[:8]}", engine=engine, settings=load_settings()
+    )
     try:
         agent = await runtime.spawn(blueprint("output", ContextSettings(token_budget=1000)))
         agent.max_steps = 20
@@ -732,7 +755,9 @@ async def test_a_pinned_correction_survives_the_streams_own_window(board: Blackb
     prompt, verbatim, 30 events later (the window keeps pinned entries; they are not summarised)."""
     planner = Planner(dump_at=10_000)
     engine = ScriptedEngine(lambda r: "Summary: readings fine." if is_summariser(r) else planner.decide(r))
-    runtime = LocalAgentRuntime(board, colony_id=f"c{uuid.uuid4().hex[:8]}", engine=engine)
+    runtime = LocalAgentRuntime(
+        board, colony_id=f"c{uuid.uuid4().hex[:8]}", engine=engine, settings=load_settings()
+    )
     try:
         agent = await runtime.spawn(
             blueprint("pinned", ContextSettings(token_budget=1000, summary_max_tokens=96), max_entries=20)
@@ -778,7 +803,9 @@ async def test_a_huge_chat_message_is_archived_when_recorded_and_stays_out_of_th
 
     planner = Planner(dump_at=10_000)
     engine = ScriptedEngine(lambda r: "S." if is_summariser(r) else planner.decide(r))
-    runtime = LocalAgentRuntime(board, colony_id=f"c{uuid.uuid4().hex[:8]}", engine=engine)
+    runtime = LocalAgentRuntime(
+        board, colony_id=f"c{uuid.uuid4().hex[:8]}", engine=engine, settings=load_settings()
+    )
     chat = ConsciousnessStream.bind(
         name="chat",
         formatter=ConversationFormatter.bind(),
@@ -826,7 +853,9 @@ async def test_no_summariser_call_at_every_step_when_the_fixed_prompt_alone_pass
 
     planner = Planner(dump_at=10_000)
     engine = ScriptedEngine(lambda r: "Summary." if is_summariser(r) else planner.decide(r))
-    runtime = LocalAgentRuntime(board, colony_id=f"c{uuid.uuid4().hex[:8]}", engine=engine)
+    runtime = LocalAgentRuntime(
+        board, colony_id=f"c{uuid.uuid4().hex[:8]}", engine=engine, settings=load_settings()
+    )
     try:
         agent = await runtime.spawn(
             blueprint("thrash", ContextSettings(token_budget=1000, summary_max_tokens=96))
@@ -859,7 +888,9 @@ async def test_archives_expire_with_the_run_retention_and_a_restored_views_are_r
     get their expiry refreshed when that view is restored."""
     planner = Planner(dump_at=1)
     engine = ScriptedEngine(lambda r: "Summary." if is_summariser(r) else planner.decide(r))
-    runtime = LocalAgentRuntime(board, colony_id=f"c{uuid.uuid4().hex[:8]}", engine=engine)
+    runtime = LocalAgentRuntime(
+        board, colony_id=f"c{uuid.uuid4().hex[:8]}", engine=engine, settings=load_settings()
+    )
     try:
         agent = await runtime.spawn(blueprint("expiring", ContextSettings(token_budget=4000)))
         agent.max_steps = 20
@@ -906,7 +937,9 @@ def test_the_budget_is_clamped_so_every_call_fits_the_window() -> None:
 async def test_the_planner_asks_for_the_clamped_max_tokens(board: Blackboard) -> None:
     planner = Planner(dump_at=10_000)
     engine = ExactScriptedEngine(lambda r: "S." if is_summariser(r) else planner.decide(r))
-    runtime = LocalAgentRuntime(board, colony_id=f"c{uuid.uuid4().hex[:8]}", engine=engine)
+    runtime = LocalAgentRuntime(
+        board, colony_id=f"c{uuid.uuid4().hex[:8]}", engine=engine, settings=load_settings()
+    )
     try:
         plan = blueprint("greedy", ContextSettings())
         plan.action_policy = StructuredActionPolicy.bind(goals=["Watch."], max_tokens=4050)
@@ -928,7 +961,9 @@ async def test_the_code_writing_planner_asks_for_the_clamped_max_tokens(board: B
 
     program = "```python\nrun('finish', answer='done')\n```"
     engine = ExactScriptedEngine(lambda r: "S." if is_summariser(r) else program)
-    runtime = LocalAgentRuntime(board, colony_id=f"c{uuid.uuid4().hex[:8]}", engine=engine)
+    runtime = LocalAgentRuntime(
+        board, colony_id=f"c{uuid.uuid4().hex[:8]}", engine=engine, settings=load_settings()
+    )
     try:
         plan = blueprint("greedy-coder", ContextSettings())
         plan.action_policy = CodeGenerationActionPolicy.bind(goals=["Watch."], max_tokens=4050)

@@ -392,27 +392,27 @@ async def test_http_export_import_and_resume(colonies: tuple[Colony, Colony]) ->
         ColonyClient(source_api.url, TOKEN) as from_client,
         ColonyClient(target_api.url, TOKEN) as to_client,
     ):
-        document = await asyncio.to_thread(from_client.agent_export, "wanderer")
+        document = await asyncio.to_thread(from_client.transfer.export_agent, "wanderer")
         assert document["agent_id"] == "wanderer" and document["current_run"]["steps"] == 2
         for call, status in (
-            (lambda: from_client.agent_export("nobody"), 404),
-            (lambda: from_client.agent_export("bad:id"), 422),
-            (lambda: to_client.agent_import({"format": "nope", "agent_id": "wanderer"}), 422),
-            (lambda: to_client.agent_import({**document, "agent_id": "other"}), 422),
-            (lambda: to_client.agent_import(document, catalog="nosuch"), 422),
+            (lambda: from_client.transfer.export_agent("nobody"), 404),
+            (lambda: from_client.transfer.export_agent("bad:id"), 422),
+            (lambda: to_client.transfer.import_agent({"format": "nope", "agent_id": "wanderer"}), 422),
+            (lambda: to_client.transfer.import_agent({**document, "agent_id": "other"}), 422),
+            (lambda: to_client.transfer.import_agent(document, catalog="nosuch"), 422),
         ):
             with pytest.raises(ApiError) as caught:
                 await asyncio.to_thread(call)
             assert caught.value.status == status
         # a document posted to another agent's path is refused: an agent keeps its id
-        response = await asyncio.to_thread(to_client._http.post, "/v1/agents/other/import", json=document)
+        response = await asyncio.to_thread(to_client._api.http.post, "/v1/agents/other/import", json=document)
         assert response.status_code == 422 and "not other's" in response.json()["error"]["message"]
         with pytest.raises(InvalidArgument, match="no agent_id"):
-            to_client.agent_import({"format": "colony-agent-export"})
-        imported = await asyncio.to_thread(to_client.agent_import, document, catalog="stepper")
+            to_client.transfer.import_agent({"format": "colony-agent-export"})
+        imported = await asyncio.to_thread(to_client.transfer.import_agent, document, catalog="stepper")
         assert imported["state"] == "suspended" and imported["step"] == 2
         with pytest.raises(ApiError) as caught:
-            await asyncio.to_thread(to_client.agent_import, document, catalog="stepper")
+            await asyncio.to_thread(to_client.transfer.import_agent, document, catalog="stepper")
         assert caught.value.status == 409
     finished = await resumed_output(target, "wanderer", paused.run_id)
     assert finished.status == "succeeded" and finished.output == sum(AMOUNTS)

@@ -20,7 +20,7 @@ from prometheus_client import REGISTRY
 from colony.api.app import ApiServices, create_app
 from colony.blackboard import AgentRunProtocol, Blackboard, BlackboardScope, scope_id
 from colony.blackboard.protocol import AgentStateProtocol
-from colony.config import ColonySettings, ServeSettings, VcmSettings
+from colony.config import ColonySettings, ServeSettings, VcmSettings, load_settings
 from colony.errors import ResourceExhausted
 from colony.inference.scripted import ScriptedEngine
 from colony.system.analyze import analyze_blueprint, page_groups
@@ -86,7 +86,7 @@ async def test_suspend_and_resume_over_http(cluster: Cluster) -> None:
     host.runtime.get("counter-1").record_page_access(["page-1"], placed.replica_id, 12)
     await host.runtime.get("counter-1").persist()
     registry = cluster.control.registry
-    runs = RunService(cluster.bb, registry, colony_id=cluster.settings.colony_id)
+    runs = RunService(cluster.bb, registry, colony_id=cluster.settings.colony_id, settings=load_settings())
     app = create_app(ApiServices(runs=runs, registry=registry, token="t", control=cluster.control))
     auth = {"Authorization": "Bearer t"}
     async with httpx.AsyncClient(
@@ -188,7 +188,9 @@ async def test_analyze_coordinator_waits_suspended_for_its_page_workers(
         )
     await cluster.control.place(analyze_blueprint())
     before = resumptions("children_completed")
-    runs = RunService(cluster.bb, cluster.control.registry, colony_id=cluster.settings.colony_id)
+    runs = RunService(
+        cluster.bb, cluster.control.registry, colony_id=cluster.settings.colony_id, settings=load_settings()
+    )
     submitted = await runs.submit("analyze", {"path": str(tmp_path), "page_tokens": 512})
 
     async def finished() -> bool:

@@ -27,7 +27,7 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from colony import dashboards, metrics
 from colony.blackboard import Blackboard
-from colony.config import ColonySettings, ServeSettings
+from colony.config import ColonySettings, ServeSettings, load_settings
 from colony.inference import InferenceRequest
 from colony.inference.scripted import ScriptedEngine
 from colony.system.registry import AgentRegistry
@@ -379,7 +379,7 @@ socket.gethostname = lambda: "colony-api-7d9f-x2"
 os.getpid = lambda: 7
 from colony import metrics
 from colony.blackboard import Blackboard, create_redis
-from colony.config import BlackboardSettings
+from colony.config import BlackboardSettings, load_settings
 from colony.system.registry import AgentRegistry
 
 
@@ -390,7 +390,9 @@ async def main() -> None:
         metrics.RUN_DURATION_SECONDS.observe(0.2)
     settings = BlackboardSettings()
     client = create_redis(url, settings)
-    registry = AgentRegistry(Blackboard(client, scope, settings=settings), retention_seconds=60.0)
+    registry = AgentRegistry(
+        Blackboard(client, scope, settings=settings), retention_seconds=60.0, settings=load_settings()
+    )
     await registry.publish(metrics.published_counters(), "test", force=True)
     await client.aclose()
     print(metrics.process_id())
@@ -407,7 +409,7 @@ async def test_a_process_restarted_with_the_same_host_and_pid_never_makes_a_seri
     process has counted less than the one it replaces. It must not take over that one's publication
     (the old series would drop from 10 to 3): it is a new process, with series of its own."""
     scope = f"colony:{uuid.uuid4().hex[:8]}"
-    registry = AgentRegistry(bb.scoped(scope), retention_seconds=60.0)
+    registry = AgentRegistry(bb.scoped(scope), retention_seconds=60.0, settings=load_settings())
 
     def start(count: int) -> str:
         done = subprocess.run(
@@ -439,7 +441,9 @@ async def test_a_publication_expiring_never_makes_a_remaining_series_go_back(
     every series still exported keeps its value (a sum over processes would have dropped)."""
     from colony.system import registry as registry_module
 
-    registry = AgentRegistry(bb.scoped(f"colony:{uuid.uuid4().hex[:8]}"), retention_seconds=60.0)
+    registry = AgentRegistry(
+        bb.scoped(f"colony:{uuid.uuid4().hex[:8]}"), retention_seconds=60.0, settings=load_settings()
+    )
     monkeypatch.setattr(registry_module, "PUBLICATION_RETENTION_SECONDS", 0.5)
     await registry.publish(_publication("gone-1", 2.0), "a", force=True)
     monkeypatch.setattr(registry_module, "PUBLICATION_RETENTION_SECONDS", 86400.0)
@@ -466,7 +470,9 @@ async def test_past_the_cap_two_scrapes_in_a_row_export_the_same_processes(
     from colony.api.routes.health import published_of
 
     monkeypatch.setattr(metrics, "MAX_PUBLICATIONS", 5)
-    registry = AgentRegistry(bb.scoped(f"colony:{uuid.uuid4().hex[:8]}"), retention_seconds=60.0)
+    registry = AgentRegistry(
+        bb.scoped(f"colony:{uuid.uuid4().hex[:8]}"), retention_seconds=60.0, settings=load_settings()
+    )
     processes = [f"proc-{i:03d}" for i in range(150)]  # past Redis' small-set encoding too
     for index, process in enumerate(processes):
         await registry.publish(_publication(process, float(index)), "p", force=True)

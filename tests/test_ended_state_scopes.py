@@ -17,6 +17,7 @@ from colony.agents.run_capability import AgentRunCapability
 from colony.agents.run_claims import read_serving, serving_key
 from colony.blackboard import AgentRunProtocol, Blackboard, BlackboardScope, scope_id
 from colony.blackboard.protocol import AgentStateProtocol
+from colony.config import load_settings
 from colony.errors import BlackboardUnavailable, ConcurrentModificationError
 
 
@@ -70,9 +71,9 @@ async def test_an_id_is_taken_again_once_its_agent_ended_never_while_it_lives(
     lifecycle_key = first.blackboard.keyspace.entry_key(AgentStateProtocol.key("lifecycle"))
     before = await bb.redis.hgetall(lifecycle_key)
     with pytest.raises(ConcurrentModificationError):
-        await LocalAgentRuntime(bb, tenant_id=runtime.tenant_id, colony_id=runtime.colony_id).spawn(
-            counter_blueprint("reused", [], serve_namespace="runs")
-        )
+        await LocalAgentRuntime(
+            bb, tenant_id=runtime.tenant_id, colony_id=runtime.colony_id, settings=load_settings()
+        ).spawn(counter_blueprint("reused", [], serve_namespace="runs"))
     assert await bb.redis.hgetall(lifecycle_key) == before  # the live agent's record is as it was
     await runtime.stop("reused")
     assert await bb.redis.pttl(lifecycle_key) > 0  # retiring
@@ -103,7 +104,9 @@ async def test_two_spawns_of_an_ended_id_make_one_live_agent(
         return entry
 
     monkeypatch.setattr(Blackboard, "read", read)
-    other = LocalAgentRuntime(bb, tenant_id=runtime.tenant_id, colony_id=runtime.colony_id)
+    other = LocalAgentRuntime(
+        bb, tenant_id=runtime.tenant_id, colony_id=runtime.colony_id, settings=load_settings()
+    )
 
     async def stalled_spawn() -> object:
         slow.set(True)

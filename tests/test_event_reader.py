@@ -20,7 +20,7 @@ from colony.blackboard import Blackboard, BlackboardEvent, EventSubscription, cr
 from colony.blackboard import event_reader as er
 from colony.blackboard.event_reader import existing_reader, reader_for
 from colony.blackboard.redis_server import EmbeddedRedis
-from colony.config import BlackboardSettings
+from colony.config import BlackboardSettings, load_settings
 from colony.errors import BlackboardUnavailable, InvalidArgument
 from colony.system.builtin import RUNS_NAMESPACE, echo_blueprint
 
@@ -221,7 +221,7 @@ async def _hold_idle_agents(url: str, count: int, shared: bool) -> tuple[int, Lo
     settings = BlackboardSettings(max_connections=count + 64)
     client = create_redis(url, settings)
     board = Blackboard(client, "colony:density-test", settings=settings, shared_events=shared)
-    runtime = LocalAgentRuntime(board, colony_id=f"c{uuid.uuid4().hex[:8]}")
+    runtime = LocalAgentRuntime(board, colony_id=f"c{uuid.uuid4().hex[:8]}", settings=load_settings())
     for i in range(count):
         await runtime.spawn(echo_blueprint(f"idle-{i}"))
     await asyncio.sleep(1.5)  # every agent's subscription joined, its read issued

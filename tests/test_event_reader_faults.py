@@ -23,7 +23,7 @@ from colony.blackboard import Blackboard, EventSubscription, create_redis
 from colony.blackboard import event_reader as er
 from colony.blackboard.event_reader import existing_reader
 from colony.blackboard.redis_server import EmbeddedRedis
-from colony.config import BlackboardSettings
+from colony.config import BlackboardSettings, load_settings
 from colony.errors import BlackboardUnavailable, EventStreamRefused, InvalidArgument
 from colony.system.builtin import echo_blueprint
 from colony.system.runs import parse_event_id
@@ -232,7 +232,7 @@ async def test_the_capability_cache_keeps_no_instance_nor_its_agent_alive(bb: Bl
 async def test_a_stopped_and_dropped_agent_is_freed_with_its_capabilities(redis_url: str) -> None:
     settings = BlackboardSettings()
     board = Blackboard(create_redis(redis_url, settings), "colony:freed-test", settings=settings)
-    runtime = LocalAgentRuntime(board, colony_id=f"c{uuid.uuid4().hex[:8]}")
+    runtime = LocalAgentRuntime(board, colony_id=f"c{uuid.uuid4().hex[:8]}", settings=load_settings())
     refs = []
     try:
         for i in range(3):

@@ -332,13 +332,13 @@ async def test_prefetch_before_the_first_step_after_placement_and_resumption(
     await control.suspend("reader")
     await engine.evict_page(page)  # gone while the agent was away
     engine.ops.clear()
-    faults_before = host.page_counts["faults"]
+    faults_before = host.paging.counts["faults"]
     record = await control.resume("reader")
     target = colony.hosts[record.replica]
     assert await first_step_faults(target, "reader") == []  # its step found the page resident
     assert target.engine.ops[:2] == [("load", page), ("generate", [page])]
-    assert host.page_counts["faults"] == faults_before and target.page_counts["faults"] == 0
-    assert sum(h.page_counts["prefetched"] for h in colony.hosts.values()) == 2
+    assert host.paging.counts["faults"] == faults_before and target.paging.counts["faults"] == 0
+    assert sum(h.paging.counts["prefetched"] for h in colony.hosts.values()) == 2
 
 
 async def test_prefetch_never_evicts_a_page_needed_soon(
@@ -357,10 +357,10 @@ async def test_prefetch_never_evicts_a_page_needed_soon(
         # one slot, holding a page the idle `first` needs: `second`'s page waits for its own step
         assert host.engine.ops == [("load", first)]
         assert list(host.engine.resident_pages()) == [first]
-        assert first in host.pages_needed_soon()  # idle, bound to it: its next run uses it
+        assert first in host.paging.needed_soon()  # idle, bound to it: its next run uses it
         assert await first_step_faults(host, "first") == []
         assert await first_step_faults(host, "second") == [second]
-        assert host.page_counts["prefetched"] == 1
+        assert host.paging.counts["prefetched"] == 1
     finally:
         await colony.control.close()
         for h in colony.hosts.values():
@@ -382,16 +382,16 @@ async def test_pages_needed_soon_by_suspended_agents_destined_here(colony: Colon
         await host.runtime.suspend(agent_id, "request", until_asked)
     await rb.evict_page(nowhere)  # prefetched when `homeless` was placed; held by no replica now
     assert await colony.control.monitor.tick() == []  # the round works out what each replica needs
-    await ra.refresh_needed_soon()  # what each heartbeat does (every 0.2 s here, too): one read
-    await rb.refresh_needed_soon()
+    await ra.paging.refresh_needed_soon()  # what each heartbeat does (every 0.2 s here, too): one read
+    await rb.paging.refresh_needed_soon()
     assert list(ra.engine.pages_needed_soon()) == [here]  # what the engine's eviction consults
     assert list(rb.engine.pages_needed_soon()) == [elsewhere]  # not `nowhere`: no replica holds it
     await colony.control.resume("waiter")
     assert await first_step_faults(ra, "waiter") == []
     assert await colony.control.monitor.tick() == []
     assert await colony.control.registry.needed_soon("ra") == []  # no suspended agent bound here
-    await ra.refresh_needed_soon()
-    assert list(ra.pages_needed_soon()) == [here]  # hosted, idle again: its next run needs it
+    await ra.paging.refresh_needed_soon()
+    assert list(ra.paging.needed_soon()) == [here]  # hosted, idle again: its next run needs it
 
 
 async def test_a_resume_that_took_effect_but_failed_is_not_repeated_elsewhere(

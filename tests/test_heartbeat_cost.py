@@ -89,12 +89,12 @@ async def test_needed_soon_is_one_read_whatever_is_suspended(bb: Blackboard, red
         await host.engine.load_page(Page(page_id="held", text="a page this engine holds"))
         await registry.put_needed_soon("r0", ["next", "held"], 30.0)  # what a monitor round left
         before = await commands(bb)
-        await host.refresh_needed_soon()  # what each beat does once the engine holds a page
+        await host.paging.refresh_needed_soon()  # what each beat does once the engine holds a page
         spent = await commands(bb) - before
         assert spent <= 2, f"reading the pages needed soon took {spent} Redis commands"
         assert list(host.engine.pages_needed_soon()) == ["next", "held"]  # in the monitor's order
         await registry.clear_needed_soon("r0")
-        await host.refresh_needed_soon()
+        await host.paging.refresh_needed_soon()
         assert list(host.engine.pages_needed_soon()) == []
     finally:
         await host.close()

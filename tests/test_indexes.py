@@ -11,7 +11,7 @@ import pytest
 
 from colony.blackboard import Blackboard
 from colony.blackboard.protocol import AgentRegistryProtocol, VcmProtocol
-from colony.config import ColonySettings, VcmSettings
+from colony.config import ColonySettings, VcmSettings, load_settings
 from colony.errors import PageNotResident
 from colony.inference.scripted import ScriptedEngine
 from colony.system.builtin import echo_blueprint
@@ -29,8 +29,16 @@ async def colony(bb: Blackboard, redis_url: str) -> AsyncIterator[tuple[ReplicaH
     await host.start(bb)
     await host.ensure_agent(echo_blueprint())
     assert host.registry is not None
-    runs = RunService(bb, host.registry, tenant_id=settings.tenant_id, colony_id=settings.colony_id)
-    pages = PageTable(bb, tenant_id=settings.tenant_id, colony_id=settings.colony_id)
+    runs = RunService(
+        bb,
+        host.registry,
+        tenant_id=settings.tenant_id,
+        colony_id=settings.colony_id,
+        settings=load_settings(),
+    )
+    pages = PageTable(
+        bb, tenant_id=settings.tenant_id, colony_id=settings.colony_id, settings=load_settings()
+    )
     yield host, runs, pages
     await host.close()
 
@@ -99,7 +107,7 @@ async def test_records_written_before_the_index_tag_are_listed(colony) -> None:
     board = host.registry.board
     old = AgentRecord(agent_id="older", state="suspended")
     await board.write(AgentRegistryProtocol.agent_key("older"), old, tags={"state:suspended"})
-    fresh = type(host.registry)(board)  # a new process's registry
+    fresh = type(host.registry)(board, settings=load_settings())  # a new process's registry
     assert "older" in {r.agent_id for r in await fresh.list()}
     assert "index:agent" in (await board.read(AgentRegistryProtocol.agent_key("older"))).tags
 

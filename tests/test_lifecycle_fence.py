@@ -15,6 +15,7 @@ from colony.agents import Agent, AgentState, LocalAgentRuntime, RunStatus
 from colony.agents.state.persistence import LIFECYCLE
 from colony.blackboard import Blackboard
 from colony.blackboard.protocol import AgentStateProtocol
+from colony.config import load_settings
 from colony.errors import AgentStateConflict, ConcurrentModificationError
 
 CURRENT_RUN = AgentStateProtocol.key("current_run")
@@ -55,7 +56,9 @@ def count_lifecycle_reads(agent: Agent) -> dict[str, int]:
 async def test_a_copy_reads_its_lifecycle_only_until_it_has_written_it(runtime: LocalAgentRuntime) -> None:
     agent = await runtime.spawn(counter_blueprint("own", STEPS))
     await runtime.drop("own")
-    restored = await Agent.restore("own", runtime.blackboard, colony_id=runtime.colony_id)
+    restored = await Agent.restore(
+        "own", runtime.blackboard, colony_id=runtime.colony_id, settings=load_settings()
+    )
     reads = count_lifecycle_reads(restored)
     await restored.persist()  # read from Redis, not written by this copy: judged from a read
     await restored.transition(AgentState.LOADED, "test")  # ... as long as it has not written it

@@ -10,7 +10,7 @@ from pathlib import Path
 from colony.agents import LocalAgentRuntime
 from colony.blackboard import Blackboard
 from colony.blackboard.protocol import MemoryProtocol
-from colony.config import ColonySettings
+from colony.config import ColonySettings, load_settings
 from colony.memory.introspection import agent_memory_scopes, agent_scope
 from colony.memory.scopes import MemoryScope
 from colony.memory.store import MemoryStore
@@ -101,6 +101,6 @@ def test_streams_given_to_a_policy_that_takes_none_are_refused(bb: Blackboard) -
         action_policy=ScriptedActionPolicy.bind(steps=[]),
     )
     with pytest.raises(BlueprintError, match="takes no consciousness_streams"):
-        build_agent(blueprint, bb)
-    agent = build_agent(assistant_blueprint(), bb)
+        build_agent(blueprint, bb, settings=load_settings())
+    agent = build_agent(assistant_blueprint(), bb, settings=load_settings())
     assert [s.name for s in agent.action_policy.streams] == ["conversation", "actions"]

@@ -12,7 +12,7 @@ from collections.abc import Iterator
 import pytest
 
 from colony.blackboard import Blackboard, create_redis
-from colony.config import ColonySettings, EngineSettings
+from colony.config import ColonySettings, EngineSettings, load_settings
 
 
 @pytest.fixture(scope="module")
@@ -40,9 +40,9 @@ def serve_app(
     async def map_tree() -> list[str]:
         client = create_redis(settings.redis_url)
         try:
-            record = await PageTable(Blackboard(client, "setup"), colony_id=settings.colony_id).map_source(
-                PageSource(tree, allowed_roots=[tree], page_tokens=1024)
-            )
+            record = await PageTable(
+                Blackboard(client, "setup"), colony_id=settings.colony_id, settings=load_settings()
+            ).map_source(PageSource(tree, allowed_roots=[tree], page_tokens=1024))
             return record.page_ids
         finally:
             await client.aclose()
@@ -83,7 +83,9 @@ def test_page_bound_requests_land_on_the_replica_holding_the_page(serve_app) -> 
     async def table_state() -> tuple[list[str], list[str]]:
         client = create_redis(settings.redis_url)
         try:
-            table = PageTable(Blackboard(client, "check"), colony_id=settings.colony_id)
+            table = PageTable(
+                Blackboard(client, "check"), colony_id=settings.colony_id, settings=load_settings()
+            )
             return (await table.page(first)).resident_on, (await table.page(second)).resident_on
         finally:
             await client.aclose()

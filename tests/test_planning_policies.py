@@ -20,7 +20,7 @@ from colony.agents import (
     event_handler,
 )
 from colony.blackboard import Blackboard
-from colony.config import EngineSettings
+from colony.config import EngineSettings, load_settings
 from colony.inference.embedded import EmbeddedEngine
 from colony.inference.scripted import ScriptedEngine
 from colony.planning import (
@@ -121,7 +121,9 @@ async def test_structured_policy_on_the_real_model_completes_three_actions(redis
 
     client = create_redis(redis_url)
     board = Blackboard(client, "test:planning")
-    runtime = LocalAgentRuntime(board, colony_id="planning-structured", engine=model)
+    runtime = LocalAgentRuntime(
+        board, colony_id="planning-structured", engine=model, settings=load_settings()
+    )
     try:
         agent = await runtime.spawn(
             blueprint(
@@ -144,7 +146,9 @@ async def test_structured_policy_on_the_real_model_completes_three_actions(redis
         conversation = next(s for s in policy.streams if s.name == "conversation").render()
         assert conversation.count("**You (Agent)**: ticket") == 3
         assert "ticket opened" in conversation and "ticket assigned" in conversation
-        restored = await Agent.restore("ticket-agent", board, colony_id="planning-structured", engine=model)
+        restored = await Agent.restore(
+            "ticket-agent", board, colony_id="planning-structured", engine=model, settings=load_settings()
+        )
         assert [s.name for s in restored.action_policy.streams] == ["conversation", "activity"]
         assert restored.action_policy.streams[0].render() == conversation  # streams are persisted state
     finally:
@@ -175,7 +179,7 @@ async def test_codegen_policy_runs_programs_in_the_sandbox(redis_url: str) -> No
     engine = ScriptedEngine(programs)
     client = create_redis(redis_url)
     board = Blackboard(client, "test:codegen")
-    runtime = LocalAgentRuntime(board, colony_id="planning-codegen", engine=engine)
+    runtime = LocalAgentRuntime(board, colony_id="planning-codegen", engine=engine, settings=load_settings())
     try:
         agent = await runtime.spawn(
             blueprint(
@@ -216,7 +220,9 @@ async def test_codegen_policy_refuses_weak_isolation_unless_allowed(redis_url: s
     engine = ScriptedEngine([program])
     client = create_redis(redis_url)
     board = Blackboard(client, f"test:codegen-weak-{allow_weak}")
-    runtime = LocalAgentRuntime(board, colony_id=f"planning-codegen-weak-{allow_weak}", engine=engine)
+    runtime = LocalAgentRuntime(
+        board, colony_id=f"planning-codegen-weak-{allow_weak}", engine=engine, settings=load_settings()
+    )
     planning = {"sandbox_isolation": "process", "allow_weak_sandbox": allow_weak}
     try:
         agent = await runtime.spawn(
@@ -301,7 +307,7 @@ async def test_event_driven_policy_waits_for_events_and_puts_priority_first(redi
     engine = ScriptedEngine(replies)
     client = create_redis(redis_url)
     board = Blackboard(client, "test:event-driven")
-    runtime = LocalAgentRuntime(board, colony_id="planning-events", engine=engine)
+    runtime = LocalAgentRuntime(board, colony_id="planning-events", engine=engine, settings=load_settings())
     try:
         policy = StructuredActionPolicy.bind(
             wait_for_events=True, event_wait_seconds=5, priority_context_keys=["alert"], allow_finish=False
@@ -349,7 +355,9 @@ async def test_codegen_policy_keeps_its_prompts_under_the_token_budget(redis_url
     engine = ScriptedEngine(reply)
     client = create_redis(redis_url)
     board = Blackboard(client, "test:codegen-budget")
-    runtime = LocalAgentRuntime(board, colony_id="planning-codegen-budget", engine=engine)
+    runtime = LocalAgentRuntime(
+        board, colony_id="planning-codegen-budget", engine=engine, settings=load_settings()
+    )
     try:
         policy = CodeGenerationActionPolicy.bind(
             goals=["Add each number to a million."], max_tokens=64, context_settings=settings

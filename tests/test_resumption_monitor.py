@@ -12,7 +12,7 @@ from agent_kit import counter_blueprint
 
 from colony.agents import ResumptionCondition, ResumptionKind
 from colony.blackboard import Blackboard
-from colony.config import ColonySettings
+from colony.config import ColonySettings, load_settings
 from colony.inference.scripted import ScriptedEngine
 from colony.system.host import ReplicaHost
 from colony.system.monitor import ResumptionMonitor
@@ -30,7 +30,7 @@ async def cluster(
     hosts = {name: ReplicaHost(settings, name, engine=ScriptedEngine()) for name in ("ra", "rb")}
     for host in hosts.values():
         await host.start(bb)
-    table = PageTable(bb, colony_id=settings.colony_id)
+    table = PageTable(bb, colony_id=settings.colony_id, settings=load_settings())
     monitor = ResumptionMonitor(
         bb,
         hosts,

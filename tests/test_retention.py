@@ -19,7 +19,7 @@ from colony.agents.state.ring import ContextRing
 from colony.blackboard import AgentRunProtocol, Blackboard, create_redis
 from colony.blackboard.protocol import AgentStateProtocol
 from colony.blackboard.retention import EXPIRE_CHUNK
-from colony.config import BlackboardSettings, ColonySettings
+from colony.config import BlackboardSettings, ColonySettings, load_settings
 from colony.errors import BlackboardUnavailable, InvalidArgument
 from colony.inference.scripted import ScriptedEngine
 from colony.system.builtin import ask_blueprint, echo_blueprint
@@ -41,7 +41,13 @@ async def colony(
     await host.ensure_agent(echo_blueprint())
     await host.ensure_agent(ask_blueprint())
     assert host.registry is not None
-    runs = RunService(bb, host.registry, tenant_id=settings.tenant_id, colony_id=settings.colony_id)
+    runs = RunService(
+        bb,
+        host.registry,
+        tenant_id=settings.tenant_id,
+        colony_id=settings.colony_id,
+        settings=load_settings(),
+    )
     yield host, runs
     await host.close()
 
@@ -191,7 +197,13 @@ async def test_a_run_with_more_keys_than_one_expiry_call_is_retired_after_its_an
     try:
         await host.ensure_agent(ask_blueprint())
         assert host.registry is not None
-        runs = RunService(bb, host.registry, tenant_id=settings.tenant_id, colony_id=settings.colony_id)
+        runs = RunService(
+            bb,
+            host.registry,
+            tenant_id=settings.tenant_id,
+            colony_id=settings.colony_id,
+            settings=load_settings(),
+        )
         record = await runs.submit("ask", {"question": "a long one"})
         assert await wait_status(runs, record.run_id, timeout=60) == "succeeded"
         left = await keys_named(bb, record.run_id)
@@ -372,7 +384,7 @@ async def test_agent_context_is_a_bounded_ring_persisted_by_appends(runtime) -> 
     assert await agent.blackboard.redis.lindex(ring_key, -2) == f'{{"note":{MAX_CONTEXT_ITEMS + 499}}}'
     restored = await Agent.restore(
         agent.agent_id, runtime.blackboard, tenant_id=runtime.tenant_id, colony_id=runtime.colony_id
-    )
+    , settings=load_settings())
     assert len(restored.context) == MAX_CONTEXT_ITEMS + 501
     newest = restored.context[MAX_CONTEXT_ITEMS + 499 :]
     assert [c["note"] for c in newest] == [MAX_CONTEXT_ITEMS + 499, "new"]
@@ -390,7 +402,7 @@ async def test_events_of_one_run_are_capped(bb: Blackboard, redis_url: str) -> N
     try:
         await host.ensure_agent(ask_blueprint("capped"))
         assert host.registry is not None
-        runs = RunService(bb, host.registry, colony_id=settings.colony_id)
+        runs = RunService(bb, host.registry, colony_id=settings.colony_id, settings=load_settings())
         record = await runs.submit("capped", {"question": "count to sixty"})
         assert await wait_status(runs, record.run_id) == "succeeded"
         kinds = [e["event_type"] for _, e in await collect(runs.events(record.run_id))]

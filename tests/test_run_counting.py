@@ -20,7 +20,7 @@ from prometheus_client import REGISTRY
 
 from colony.agents import run_capability
 from colony.blackboard import AgentRunProtocol, Blackboard
-from colony.config import ColonySettings
+from colony.config import ColonySettings, load_settings
 from colony.inference.scripted import ScriptedEngine
 from colony.system.builtin import echo_blueprint
 from colony.system.host import ReplicaHost
@@ -49,7 +49,13 @@ async def apis(bb: Blackboard, redis_url: str) -> AsyncIterator[list[RunService]
     assert host.registry is not None
     await host.registry.put(AgentRecord(agent_id="sleepy", state="idle"))
     yield [
-        RunService(bb, host.registry, colony_id=settings.colony_id, retention_seconds=RETENTION)
+        RunService(
+            bb,
+            host.registry,
+            colony_id=settings.colony_id,
+            retention_seconds=RETENTION,
+            settings=load_settings(),
+        )
         for _ in range(3)
     ]
     await host.close()

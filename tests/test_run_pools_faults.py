@@ -47,7 +47,7 @@ from colony.agents.models import RunServing
 from colony.agents.run_claims import API_WRITER, PickedUp, pending_requests, pending_write, serving_key
 from colony.api.app import ApiServices, create_app
 from colony.blackboard import AgentRunProtocol, Blackboard
-from colony.config import ColonySettings, ServeSettings, VcmSettings
+from colony.config import ColonySettings, ServeSettings, VcmSettings, load_settings
 from colony.errors import AgentNotFound, BlackboardUnavailable, InvalidArgument, RunQueueFull
 from colony.system import pools
 from colony.system.builtin import RUNS_NAMESPACE
@@ -600,8 +600,8 @@ async def test_a_known_agent_is_read_once_a_window_an_unknown_one_every_time(bb:
     from colony.system.runs import RunService
 
     colony = f"known{uuid.uuid4().hex[:8]}"
-    registry = AgentRegistry(bb.scoped(f"tenant:default:colony:{colony}"))
-    runs = RunService(bb, registry, colony_id=colony, retention_seconds=60)
+    registry = AgentRegistry(bb.scoped(f"tenant:default:colony:{colony}"), settings=load_settings())
+    runs = RunService(bb, registry, colony_id=colony, retention_seconds=60, settings=load_settings())
     reads = count_calls(registry, "get")
     for _ in range(2):
         with pytest.raises(AgentNotFound):

@@ -23,6 +23,7 @@ from colony.agents import Agent, AgentHandle, AgentMetadata, LocalAgentRuntime
 from colony.agents.hooks import HookType, Pointcut
 from colony.blackboard import Blackboard, BlackboardScope
 from colony.blackboard.protocol import AgentRunProtocol
+from colony.config import load_settings
 from colony.run_display import RunDisplay, answer_already_shown
 from colony.wire.run_events import TERMINAL_EVENTS
 
@@ -33,7 +34,11 @@ NS = "ns"
 
 def hosts(bb: Blackboard) -> tuple[str, LocalAgentRuntime, LocalAgentRuntime]:
     colony = f"c{uuid.uuid4().hex[:10]}"
-    return colony, LocalAgentRuntime(bb, colony_id=colony), LocalAgentRuntime(bb, colony_id=colony)
+    return (
+        colony,
+        LocalAgentRuntime(bb, colony_id=colony, settings=load_settings()),
+        LocalAgentRuntime(bb, colony_id=colony, settings=load_settings()),
+    )
 
 
 def run_board(runtime: LocalAgentRuntime, agent_id: str) -> Blackboard:
@@ -135,7 +140,7 @@ async def test_a_step_redone_after_its_host_died_is_announced_once_and_not_repea
 
 async def test_two_host_deaths_make_attempts_two_and_three(bb: Blackboard) -> None:
     _, first, second = hosts(bb)
-    third = LocalAgentRuntime(bb, colony_id=first.colony_id)
+    third = LocalAgentRuntime(bb, colony_id=first.colony_id, settings=load_settings())
     try:
         await first.spawn(speaker_blueprint("speaker", delay=0.05, serve_namespace=NS))
         handle, request_id = await submit(first, bb)

@@ -55,25 +55,25 @@ def test_undo_and_restore_through_serve(client: ColonyClient) -> None:
     for value in (1, 2):
         run = client.run("echo", {"value": value})
         assert run["status"] == "succeeded"
-    listed = client.agent_checkpoints("echo")
+    listed = client.context.checkpoints("echo")
     # two runs of one step each: (run 1: 0, 1), (run 2: 0, 1); the newest 3 kept
     assert [c["step"] for c in listed] == [1, 0, 1]
     assert listed[0]["run_id"] != listed[-1]["run_id"] and listed[-1]["run_status"] == "succeeded"
 
-    report = client.agent_undo("echo")  # back to the beginning of run 2: its step runs again
+    report = client.context.undo("echo")  # back to the beginning of run 2: its step runs again
     assert (report["step"], report["discarded"], report["run_id"]) == (0, [1], listed[-1]["run_id"])
     assert report["record"]["replica"] and report["state"] != "suspended"
     deadline = time.monotonic() + 30
-    while [c["step"] for c in client.agent_checkpoints("echo")] != [1, 0, 1]:  # step 1 taken again
+    while [c["step"] for c in client.context.checkpoints("echo")] != [1, 0, 1]:  # step 1 taken again
         assert time.monotonic() < deadline, "the restored run was not driven on"
         time.sleep(0.2)
-    assert client.agent_checkpoints("echo")[-1]["run_status"] == "succeeded"
+    assert client.context.checkpoints("echo")[-1]["run_status"] == "succeeded"
 
     with pytest.raises(ApiError) as missing:
-        client.agent_restore("echo", 5)
+        client.context.restore("echo", 5)
     assert missing.value.status == 404 and "kept steps" in str(missing.value)
     with pytest.raises(ApiError) as unknown:
-        client.agent_undo("nobody-here")
+        client.context.undo("nobody-here")
     assert unknown.value.status == 404
     # the agent still serves runs after all that
     assert client.run("echo", {"value": 3})["status"] == "succeeded"

@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from colony.blackboard import Blackboard
-from colony.config import EngineSettings
+from colony.config import EngineSettings, load_settings
 from colony.errors import InvalidArgument, ResourceExhausted
 from colony.inference.embedded import EmbeddedEngine
 from colony.vcm import PageSource, PageTable, ReplicaView, choose_replica, rank_replicas
@@ -83,7 +83,7 @@ def test_placement_hard_soft_swapped_and_capacity() -> None:
 
 
 async def test_page_table_follows_real_engine_residency(bb: Blackboard, tmp_path: Path) -> None:
-    table = PageTable(bb, colony_id="vcm-test")
+    table = PageTable(bb, colony_id="vcm-test", settings=load_settings())
     mapped = await table.map_source(
         PageSource(make_tree(tmp_path / "tree"), allowed_roots=[tmp_path], page_tokens=256)
     )
@@ -138,7 +138,7 @@ def test_eviction_policies_lru_and_lfu_with_aging() -> None:
 async def test_concurrent_reconciles_of_one_page_all_land(bb: Blackboard, tmp_path: Path) -> None:
     """Replicas reconcile (and touch) the same page record at once; none of their updates is lost."""
     (tmp_path / "shared.py").write_text("shared = True\n")
-    table = PageTable(bb, colony_id=f"rc{uuid.uuid4().hex[:8]}")
+    table = PageTable(bb, colony_id=f"rc{uuid.uuid4().hex[:8]}", settings=load_settings())
     (page_id,) = (await table.map_source(PageSource(tmp_path, allowed_roots=[tmp_path]))).page_ids
     replicas = [f"r{i}" for i in range(8)]
     await asyncio.gather(*(table.reconcile(r, [page_id]) for r in replicas), table.touch([page_id]))

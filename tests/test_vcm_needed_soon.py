@@ -89,7 +89,7 @@ def test_a_replica_hosts_tiers_prefetching_then_hosted_then_suspended() -> None:
     from types import SimpleNamespace
 
     from colony.agents.models import AgentState, AgentType
-    from colony.system.host import ReplicaHost
+    from colony.system.host_pages import ReplicaPages
 
     def agent(state: AgentState, pages: list[str]) -> SimpleNamespace:
         return SimpleNamespace(
@@ -102,12 +102,11 @@ def test_a_replica_hosts_tiers_prefetching_then_hosted_then_suspended() -> None:
         "run": agent(AgentState.RUNNING, ["pR"]),  # in use: pinned, not needed soon
         "zeta": agent(AgentState.IDLE, ["pZ", "pS2"]),
     }
-    host = SimpleNamespace(
-        _prefetching={"new": ["pN"]},
-        runtime=SimpleNamespace(agent_ids=sorted(agents), get=agents.__getitem__),
-        _soon_suspended=("pS1", "pS2", "pS3"),
-    )
-    soon = ReplicaHost.pages_needed_soon(host)  # type: ignore[arg-type]
+    pages = ReplicaPages("r0")
+    pages.runtime = SimpleNamespace(agent_ids=sorted(agents), get=agents.__getitem__)  # type: ignore[assignment]
+    pages._prefetching = {"new": ["pN"]}
+    pages._soon_suspended = ("pS1", "pS2", "pS3")
+    soon = pages.needed_soon()
     assert soon.tiers == (
         frozenset({"pN"}),
         frozenset({"pA", "pW", "pZ", "pS2"}),

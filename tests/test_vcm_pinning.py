@@ -15,7 +15,7 @@ from agent_kit import counter_blueprint
 
 from colony.agents import AgentMetadata, AgentState, AgentType
 from colony.blackboard import Blackboard
-from colony.config import ColonySettings, EngineSettings, ServeSettings, VcmSettings
+from colony.config import ColonySettings, EngineSettings, ServeSettings, VcmSettings, load_settings
 from colony.errors import InferenceError, PageNotResident, ResourceExhausted
 from colony.inference.embedded import EmbeddedEngine
 from colony.inference.models import InferenceRequest
@@ -87,7 +87,7 @@ async def test_concurrent_page_calls_over_more_pages_than_slots(replica: Any) ->
     # each answer was computed on its own page: the page's tokens were the cached prompt prefix
     assert all(a["usage"]["cached_tokens"] >= 100 for a in answers)
     assert len(engine.resident_pages()) == 2 and engine.pinned_pages() == set()
-    assert sum(host.page_counts[k] for k in ("loads", "swap_ins")) >= 6
+    assert sum(host.paging.counts[k] for k in ("loads", "swap_ins")) >= 6
 
 
 async def test_a_fault_waits_for_a_pinned_slot_then_gives_up(replica: Any) -> None:
@@ -200,7 +200,7 @@ async def test_a_running_page_bound_agents_page_is_not_evicted_for_another(tiny_
     await host.ensure_pages([mine])
     agent = host.runtime.get("bound")
     await agent.begin_run(1)  # RUNNING: it holds its pages
-    assert agent.state is AgentState.RUNNING and host.held_pages() == {"bound": [mine, next_mine]}
+    assert agent.state is AgentState.RUNNING and host.paging.held() == {"bound": [mine, next_mine]}
     engine.pin_wait_seconds = 0.6
     with pytest.raises(ResourceExhausted, match="in use"):  # before: evicted `mine` at once
         await host.ensure_pages([other])
@@ -215,7 +215,7 @@ async def test_a_running_page_bound_agents_page_is_not_evicted_for_another(tiny_
     await agent.run_until_done()  # the run ends: its pages are free (noticed by the poll)
     assert agent.state is not AgentState.RUNNING
     assert await asyncio.wait_for(waiting, 10) == [other]
-    assert set(engine.resident_pages()) == {other} and host.held_pages() == {}
+    assert set(engine.resident_pages()) == {other} and host.paging.held() == {}
 
 
 async def test_an_abandoned_stream_releases_its_pin(tmp_path: Path) -> None:
@@ -251,7 +251,9 @@ async def test_an_abandoned_stream_releases_its_pin(tmp_path: Path) -> None:
 async def analyze_run(host: ReplicaHost, control: ControlPlane, path: Path, max_workers: int = 16) -> Any:
     assert host.blackboard is not None
     await control.place(analyze_blueprint(max_workers=max_workers))
-    runs = RunService(host.blackboard, control.registry, colony_id=host.settings.colony_id)
+    runs = RunService(
+        host.blackboard, control.registry, colony_id=host.settings.colony_id, settings=load_settings()
+    )
     submitted = await runs.submit("analyze", {"path": str(path), "page_tokens": 256})
     async with asyncio.timeout(600):
         while (run := await runs.get(submitted.run_id)).status not in ("succeeded", "failed"):  # noqa: ASYNC110

@@ -17,7 +17,7 @@ import pytest
 
 from colony.api.app import ApiServices, create_app
 from colony.blackboard import Blackboard
-from colony.config import ColonySettings, ServeSettings, VcmSettings
+from colony.config import ColonySettings, ServeSettings, VcmSettings, load_settings
 from colony.errors import InvalidArgument, PathNotAllowed, SourceTooLarge
 from colony.inference.scripted import ScriptedEngine
 from colony.system.analyze import analyze_blueprint
@@ -177,8 +177,8 @@ async def api(bb: Blackboard, redis_url: str, layout: tuple[Path, Path]) -> Asyn
     host = ReplicaHost(settings, "replica-a", engine=ScriptedEngine(["ok"]))
     await host.start(bb)
     assert host.registry is not None
-    runs = RunService(bb, host.registry, colony_id=settings.colony_id)
-    pages = PageTable(bb, colony_id=settings.colony_id)
+    runs = RunService(bb, host.registry, colony_id=settings.colony_id, settings=load_settings())
+    pages = PageTable(bb, colony_id=settings.colony_id, settings=load_settings())
 
     def client(vcm: VcmSettings | None) -> httpx.AsyncClient:
         services = ApiServices(runs=runs, registry=host.registry, token="t", pages=pages, vcm=vcm)
@@ -235,7 +235,7 @@ async def test_analyze_refuses_a_folder_outside_the_replicas_roots(
     control.start()
     try:
         await control.place(analyze_blueprint())
-        runs = RunService(bb, control.registry, colony_id=settings.colony_id)
+        runs = RunService(bb, control.registry, colony_id=settings.colony_id, settings=load_settings())
         outcomes = {}
         for name, path in (("outside", outside), ("dotdot", allowed / ".." / "outside"), ("ok", allowed)):
             submitted = await runs.submit("analyze", {"path": str(path), "page_tokens": 256})

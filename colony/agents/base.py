@@ -59,7 +59,7 @@ from colony.agents.state.ring import ContextRing
 from colony.agents.state.stored import StoredState
 from colony.blackboard import Blackboard, BlackboardScope, scope_id
 from colony.blackboard.protocol import AgentStateProtocol
-from colony.config import ColonySettings, load_settings
+from colony.config import ColonySettings
 from colony.errors import (
     AgentUsageError,
     BlackboardUnavailable,
@@ -157,13 +157,16 @@ class Agent(CapabilitySet, Bindable):
         return self.colony_settings().context.checkpoints_kept
 
     def colony_settings(self) -> ColonySettings:
-        """The settings its host was given (`services["settings"]`), else `self.settings`; only an
-        agent with neither (a test, embedded use) reads `load_settings()`, once."""
+        """The settings it works under: its host's (`services["settings"]`), else those it was built
+        or restored with (`self.settings`). Never looked up: an agent with neither is a usage error."""
         given = self.host.services.get("settings") if self.host is not None else None
         if given is not None:
             return given
         if self.settings is None:
-            self.settings = load_settings()
+            raise AgentUsageError(
+                f"agent {self.agent_id} has no settings: host it in a LocalAgentRuntime(settings=...) "
+                "or set agent.settings"
+            )
         return self.settings
 
     @property

@@ -23,7 +23,7 @@ from colony.aio import cancel_and_wait
 from colony.blackboard import Blackboard, BlackboardEvent, BlackboardScope, scope_id
 from colony.blackboard.connection import OutageBackoff
 from colony.blackboard.protocol import AgentRunProtocol, RequestResultProtocol
-from colony.config import load_settings
+from colony.config import ColonySettings
 from colony.errors import AgentUsageError, BlackboardUnavailable
 
 if TYPE_CHECKING:
@@ -112,9 +112,11 @@ class AgentCapability(Bindable):
 
     @property
     def blackboard(self) -> Blackboard:
-        """The blackboard of this capability's scope (detached: connects through ColonySettings)."""
+        """The blackboard of this capability's scope (its agent's, or the one it was given)."""
         if self._board is None:
-            self._board = Blackboard.connect(self.scope_id, load_settings())
+            raise AgentUsageError(
+                f"capability {self.capability_key} has no blackboard: build it with agent= or blackboard="
+            )
         return self._board
 
     async def publish(
@@ -258,3 +260,13 @@ def capability_parts(capability: AgentCapability) -> CapabilityParts:
             handlers.append((attr, pattern))
     parts = _PARTS[cls] = CapabilityParts(actions, hooks, handlers)
     return parts
+
+
+def agent_settings(capability: AgentCapability) -> ColonySettings:
+    """The settings of the agent `capability` belongs to (its host's: `Agent.colony_settings`), for a
+    capability built without `settings=`. Never looked up from the environment."""
+    if capability.agent is None:
+        raise AgentUsageError(
+            f"capability {capability.name} has neither an agent nor settings: give it settings="
+        )
+    return capability.agent.colony_settings()

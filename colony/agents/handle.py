@@ -21,7 +21,6 @@ from colony.blackboard import (
     scope_id,
 )
 from colony.blackboard.protocol import AgentRunProtocol, RequestResultProtocol
-from colony.config import load_settings
 from colony.errors import (
     AgentUsageError,
     RunTimeout,
@@ -65,7 +64,9 @@ class AgentHandle:
         )
         full = RequestResultProtocol.namespaced_scope(base, namespace)
         if self._blackboard is None:
-            self._blackboard = Blackboard.connect(full, load_settings())
+            raise AgentUsageError(
+                "an AgentHandle needs a blackboard to talk over: give it owner= (an agent) or blackboard="
+            )
         return self._blackboard.scoped(full)
 
     async def _submit(

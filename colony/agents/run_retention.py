@@ -10,7 +10,6 @@ from typing import TYPE_CHECKING
 
 from colony.blackboard.connection import retry_unavailable
 from colony.blackboard.protocol import AgentRunProtocol, ApiRunProtocol
-from colony.config import load_settings
 
 if TYPE_CHECKING:
     from colony.agents.run_capability import AgentRunCapability
@@ -30,7 +29,7 @@ class RequestRetention:
 
     def __init__(self, cap: AgentRunCapability, settings: ColonySettings | None) -> None:
         self.cap = cap
-        self._settings = settings  # the host's (injected); load_settings() only when none is given
+        self._settings = settings  # the host's (injected); else the agent's
         self._retention: float | None = None
         self._max_events: int | None = None
         self._retiring: set[asyncio.Task[None]] = set()  # retirements in flight
@@ -53,7 +52,7 @@ class RequestRetention:
         return self._max_events
 
     def _read_settings(self) -> None:
-        runs = (self._settings or load_settings()).runs
+        runs = (self._settings or self.cap._agent().colony_settings()).runs
         self._retention, self._max_events = runs.retention_seconds, runs.max_events_per_run
 
     async def retire(self, request_id: str) -> None:

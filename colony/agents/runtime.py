@@ -22,7 +22,7 @@ from colony.aio import cancel_and_wait
 from colony.blackboard import Blackboard
 from colony.blackboard.connection import OutageBackoff, redis_answers, retry_unavailable
 from colony.blackboard.protocol import AgentStateProtocol
-from colony.config import load_settings
+from colony.config import ColonySettings
 from colony.errors import (
     AgentNotFound,
     AgentStateConflict,
@@ -63,12 +63,17 @@ class LocalAgentRuntime:
         self,
         blackboard: Blackboard,
         *,
+        settings: ColonySettings,
         tenant_id: str = "default",
         colony_id: str = "default",
         **services: Any,
     ) -> None:
+        """`settings`: the process's settings, given by whoever starts it (a replica host, a test);
+        they reach its agents and their capabilities as the `settings` service."""
         self.blackboard = blackboard
-        self.services = services  # injected into capabilities that take them (e.g. engine=)
+        self.settings = settings
+        # injected into capabilities that take them (settings=, engine=, ...)
+        self.services: dict[str, Any] = {**services, "settings": settings}
         self.tenant_id = tenant_id
         self.colony_id = colony_id
         self._agents: dict[str, Agent] = {}
@@ -287,8 +292,7 @@ class LocalAgentRuntime:
     async def _retire_refused(self, agent_id: str) -> None:
         """Give a refused (FAILED, never built) agent's state its expiry: its entries, capability
         states, context ring and scope stream. Best effort: the refusal stands either way."""
-        settings = self.services.get("settings")
-        ttl = (settings or load_settings()).runs.retention_seconds
+        ttl = self.settings.runs.retention_seconds
         board = self.agent_board(agent_id)
         try:
             keys = [AgentStateProtocol.key(n) for n in STATE_NAMES]

@@ -35,7 +35,7 @@ from colony.blackboard.protocol import BlackboardKeyspace, validate_key, validat
 from colony.blackboard.query import oldest_tagged, run_query
 from colony.blackboard.script_calls import ScriptCall, scripts_of
 from colony.blackboard.writes import opt, write_args, written_entry
-from colony.config import BlackboardSettings, ColonySettings, load_settings
+from colony.config import BlackboardSettings, ColonySettings
 from colony.errors import ConcurrentModificationError, InvalidArgument
 
 if TYPE_CHECKING:
@@ -98,9 +98,8 @@ class Blackboard:
         self._include_values = "1" if self.settings.include_values_in_events else "0"
 
     @classmethod
-    def connect(cls, scope_id: str, settings: ColonySettings | None = None) -> Blackboard:
-        """A blackboard on the Redis named by the settings (`COLONY_REDIS_URL`, else the embedded one)."""
-        settings = settings or load_settings()
+    def connect(cls, scope_id: str, settings: ColonySettings) -> Blackboard:
+        """A blackboard on the Redis named by the settings (`redis_url`, else the embedded one)."""
         client = create_redis(resolve_redis_url(settings), settings.blackboard)
         return cls(client, scope_id, settings=settings.blackboard)
 

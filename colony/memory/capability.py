@@ -23,11 +23,11 @@ from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
 from colony import metrics
-from colony.agents.capability import AgentCapability
+from colony.agents.capability import AgentCapability, agent_settings
 from colony.agents.hooks import HookContext, HookType, Pointcut
 from colony.blackboard import Blackboard
 from colony.blackboard.protocol import MemoryProtocol
-from colony.config import ColonySettings, load_settings
+from colony.config import ColonySettings
 from colony.errors import BlackboardUnavailable, ConcurrentModificationError
 from colony.memory.scopes import AGENT_LEVELS, PURPOSES, MemoryScope
 from colony.memory.service import memory_service
@@ -140,9 +140,7 @@ class MemoryCapability(AgentCapability):
 
     def _settings(self) -> ColonySettings:
         if self.settings is None:
-            host = self.agent.host if self.agent is not None else None
-            services = host.services if host is not None else {}
-            self.settings = services.get("settings") or load_settings()
+            self.settings = agent_settings(self)
         return self.settings
 
     @property

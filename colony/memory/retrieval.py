@@ -28,7 +28,7 @@ from typing import Any
 import numpy as np
 
 from colony.blackboard.protocol import MemoryProtocol
-from colony.config import ColonySettings, load_settings
+from colony.config import ColonySettings
 from colony.errors import ConcurrentModificationError
 from colony.memory.index import VectorIndex, ref_of, split_ref
 from colony.memory.keyword import KeywordIndex
@@ -102,7 +102,7 @@ class MemoryRetriever:
         self.store = store
         self.vector = vector
         self.keyword = keyword or KeywordIndex()
-        self.settings = settings or store.settings or load_settings()
+        self.settings = settings or store.settings
         self.mirrors = ScopeMirrors(store, self.keyword, on_evict=self._evicted)
         self._vector_locks: dict[str, asyncio.Lock] = {}
         self._pending: set[asyncio.Task[None]] = set()

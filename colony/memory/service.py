@@ -19,7 +19,7 @@ from typing import Any
 
 from colony import metrics
 from colony.blackboard import Blackboard
-from colony.config import ColonySettings, load_settings
+from colony.config import ColonySettings
 from colony.memory.store import MemoryStore
 from colony.memory.types import MemoryQuery, RecalledEntry
 
@@ -134,9 +134,8 @@ _services: dict[tuple[int, str, str, int], MemoryService] = {}
 MAX_SERVICES = 16
 
 
-def memory_service(board: Blackboard, settings: ColonySettings | None = None) -> MemoryService:
+def memory_service(board: Blackboard, settings: ColonySettings) -> MemoryService:
     """The process's MemoryService for this Redis client and colony (created on first use)."""
-    settings = settings or load_settings()
     key = (id(board.redis), settings.tenant_id, settings.colony_id, id(settings))
     service = _services.get(key)
     if service is None or service.store._root.redis is not board.redis or service.settings is not settings:

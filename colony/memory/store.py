@@ -20,7 +20,7 @@ from typing import Any
 from colony import metrics
 from colony.blackboard import Blackboard, TagFilter
 from colony.blackboard.protocol import MemoryProtocol
-from colony.config import ColonySettings, load_settings
+from colony.config import ColonySettings
 from colony.errors import BatchConflictError, ConcurrentModificationError, InvalidArgument
 from colony.memory.pruning import PruneOrder
 from colony.memory.types import (
@@ -62,9 +62,9 @@ def new_entry_id() -> str:
 class MemoryStore:
     """Reads and writes memory entries of any scope on one Redis (cheap: shares the client)."""
 
-    def __init__(self, blackboard: Blackboard, settings: ColonySettings | None = None) -> None:
+    def __init__(self, blackboard: Blackboard, settings: ColonySettings) -> None:
         self._root = blackboard
-        self.settings = settings or load_settings()
+        self.settings = settings
         self.limits = self.settings.memory
 
     def board(self, scope_id: str) -> Blackboard:

@@ -16,10 +16,10 @@ from typing import TYPE_CHECKING, Annotated, Any
 from pydantic import Field
 
 from colony.agents.actions import action_executor
-from colony.agents.capability import AgentCapability
+from colony.agents.capability import AgentCapability, agent_settings
 from colony.agents.models import ActionType
 from colony.blackboard import Blackboard, TagFilter
-from colony.config import ColonySettings, load_settings
+from colony.config import ColonySettings
 from colony.errors import AgentUsageError
 from colony.memory.capability import MemoryCapability
 from colony.memory.introspection import agent_memory_map
@@ -127,9 +127,7 @@ class MemoryToolsCapability(AgentCapability):
 
     def service(self) -> MemoryService:
         if self.settings is None:
-            host = self.agent.host if self.agent is not None else None
-            services = host.services if host is not None else {}
-            self.settings = services.get("settings") or load_settings()
+            self.settings = agent_settings(self)
         return memory_service(self.blackboard, self.settings)
 
     # -- actions ------------------------------------------------------------------------------------

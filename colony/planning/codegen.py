@@ -15,7 +15,7 @@ from typing import Any
 
 from colony.agents.models import ActionResult
 from colony.agents.policy import ActionPolicyExecutionState, ActionPolicyIterationResult
-from colony.config import ColonySettings, PlanningSettings, load_settings
+from colony.config import ColonySettings, PlanningSettings
 from colony.errors import AgentUsageError, SandboxRefused
 from colony.inference import ChatMessage, InferenceRequest
 from colony.inference.engine import InferenceEngine
@@ -55,8 +55,10 @@ class CodeGenerationActionPolicy(EventDrivenActionPolicy):
         self.engine = engine
         self.limits = limits if isinstance(limits, SandboxLimits) else SandboxLimits(**(limits or {}))
         self.max_tokens = max_tokens
-        if planning is None:  # the host's settings (a replica's --config / Serve args), else this process's
-            planning = (settings if settings is not None else load_settings()).planning
+        if planning is None:  # the host's settings (a replica's --config / Serve args), else its agent's
+            if settings is None and agent is None:
+                raise AgentUsageError("CodeGenerationActionPolicy needs planning=, settings= or agent=")
+            planning = (settings if settings is not None else agent.colony_settings()).planning
         self.planning = planning if isinstance(planning, PlanningSettings) else PlanningSettings(**planning)
 
     async def check_isolation(self) -> str:

@@ -47,7 +47,8 @@ from pydantic import BaseModel, Field
 
 from colony import metrics
 from colony.blackboard.protocol import AgentStateProtocol as Keys
-from colony.config import ContextSettings, load_settings
+from colony.config import ContextSettings
+from colony.errors import AgentUsageError
 from colony.inference.tokens import Budget, TokenCounter, engine_window, plan_budget
 from colony.planning.archives import (
     RECALL,
@@ -140,13 +141,12 @@ class Compactor(ArchivedHistory):
 
     @property
     def settings(self) -> ContextSettings:
-        """`context` of the settings the agent's host was given, else of `load_settings()`."""
+        """`context` of the settings its agent works under (`Agent.colony_settings`)."""
         if self._settings is None:
             agent = self.policy.agent
-            host = agent.host if agent is not None else None
-            services = getattr(host, "services", None) or {}
-            colony_settings = services.get("settings") or load_settings()
-            self._settings = colony_settings.context
+            if agent is None:
+                raise AgentUsageError("compaction runs for a policy's agent; this policy has none")
+            self._settings = agent.colony_settings().context
         return self._settings
 
     def counter(self, engine: InferenceEngine | None) -> TokenCounter:

@@ -26,7 +26,7 @@ from ray import serve
 from ray.serve.config import RequestRouterConfig
 from ray.serve.handle import DeploymentHandle
 
-from colony import metrics
+from colony import metrics, security
 from colony.agents import AgentBlueprint
 from colony.api.app import ApiServices, create_app
 from colony.blackboard import Blackboard, BlackboardScope, create_redis, resolve_redis_url, scope_id
@@ -291,6 +291,7 @@ class ColonyAPI:
 
     def __init__(self, settings: dict[str, Any], system: DeploymentHandle) -> None:
         self.settings = ColonySettings(**settings)
+        security.use_settings(self.settings)  # the blueprints it hands to the system are signed with it
         self.system = system
         # the token is looked up per request (env, config file, token file); with none configured
         # this creates the token file on a loopback host and refuses to start on any other

@@ -29,6 +29,7 @@ from typing import Any
 import httpx
 from pydantic import SecretStr
 
+from colony import security
 from colony.blackboard.redis_server import EmbeddedRedis, RedisRestarts, RedisSupervisor, process_alive
 from colony.config import ColonySettings, load_settings
 from colony.errors import ClusterError, ColonyError
@@ -540,6 +541,7 @@ def main() -> None:
     settings = (
         ColonySettings(**json.loads(sys.stdin.read())) if args.settings_stdin else load_settings(args.config)
     )
+    security.use_settings(settings)  # the daemon's entry point: its signatures use these settings
     try:
         _serve_forever(settings, supervise_redis=args.supervise_redis)
     except Exception as exc:

@@ -13,14 +13,13 @@ import asyncio
 import contextlib
 import logging
 import time
-from collections.abc import AsyncIterator, Awaitable, Callable, Coroutine
+from collections.abc import Awaitable, Callable
 from typing import Any
 
 from colony import metrics, security
 from colony.agents import (
     Agent,
     AgentBlueprint,
-    AgentState,
     AgentType,
     LocalAgentRuntime,
     ResumptionCondition,
@@ -32,11 +31,11 @@ from colony.blackboard.connection import OutageBackoff
 from colony.blackboard.protocol import AgentStateProtocol
 from colony.config import ColonySettings
 from colony.errors import AgentNotFound, BlackboardUnavailable, BlueprintTampered, ResourceExhausted
-from colony.inference import InferenceEngine, InferenceRequest, Page, create_engine
+from colony.inference import InferenceEngine, InferenceRequest, create_engine
+from colony.system.host_pages import ReplicaPages
 from colony.system.registry import HEARTBEAT_MISSES, NOT_HOSTED, AgentRecord, AgentRegistry
 from colony.system.replicas import AgentSlot, ReplicaSnapshot
 from colony.vcm import PageTable
-from colony.vcm.eviction import NeededSoon
 
 log = logging.getLogger(__name__)
 Spawner = Callable[[AgentBlueprint], Awaitable[dict[str, Any]]]
@@ -74,13 +73,8 @@ class ReplicaHost:
         self._owns_client = False
         # how agents hosted here place new agents (the control plane); set by whoever runs the host
         self.spawner: Spawner | None = None
-        self.page_counts = dict.fromkeys(
-            ("hits", "faults", "loads", "swap_ins", "evictions", "prefetched"), 0
-        )
-        self._accessed: set[str] = set()  # pages used since the last heartbeat (their last_access)
-        # pages of suspended page-bound agents the monitor would resume here (read each heartbeat)
-        self._soon_suspended: tuple[str, ...] = ()  # soonest first, as the monitor wrote them
-        self._prefetching: dict[str, list[str]] = {}  # agent id -> pages being prefetched for it
+        # what the engine does with pages, counted; the page table told; prefetches; what to keep
+        self.paging = ReplicaPages(replica_id)
         # the registry state of each hosted agent as last read or written here (`_beat`), the beats
         # so far, and the beat that next reads every record naming this replica
         self._written: dict[str, str] = {}
@@ -109,9 +103,10 @@ class ReplicaHost:
         )
         if self.engine is None:
             self.engine = create_engine(self.settings)
+        self.paging.bind(self.engine, self.pages, self.registry)
         self.engine.pin_wait_seconds = self.settings.vcm.page_wait_seconds
-        self.engine.page_holds = self.held_pages
-        self.engine.pages_needed_soon = self.pages_needed_soon
+        self.engine.page_holds = self.paging.held
+        self.engine.pages_needed_soon = self.paging.needed_soon
         await self.engine.start()
         self.runtime = LocalAgentRuntime(
             blackboard,
@@ -125,7 +120,8 @@ class ReplicaHost:
         )
         self.runtime.on_suspended = self._suspended
         self.runtime.on_stopped = self._stopped
-        self.runtime.prefetch = self.prefetch
+        self.runtime.prefetch = self.paging.prefetch
+        self.paging.runtime = self.runtime
         await self._beat()
         self._heartbeat = asyncio.create_task(self._heartbeat_loop(), name=f"{self.replica_id}-heartbeat")
 
@@ -160,85 +156,6 @@ class ReplicaHost:
             state=agent.state.value,
             replica=self.replica_id,
         )
-
-    def held_pages(self) -> dict[str, list[str]]:
-        """Pages of the page-bound agents running here, by agent: the engine never evicts them for
-        anyone else (their next step would fault the page straight back in); an agent's own fault
-        (`generate(..., holder=)`) may. Idle, suspended and ended agents hold none."""
-        if self.runtime is None:
-            return {}
-        held: dict[str, list[str]] = {}
-        for agent_id in self.runtime.agent_ids:
-            agent = self.runtime.get(agent_id)
-            metadata = agent.metadata
-            if metadata.agent_type is AgentType.VCM_BOUND and agent.state is AgentState.RUNNING:
-                held[agent_id] = list(metadata.bound_pages)
-        return held
-
-    def pages_needed_soon(self) -> NeededSoon:
-        """Pages agents destined to this replica will use next, which eviction passes over while
-        another page can go (`engine.pages_needed_soon`; a preference, never a pin), in tiers as
-        far as their order is known, soonest first: those being prefetched for an agent just
-        placed or resumed here (its first step comes next); those of the page-bound agents hosted
-        here that are not running (their next run uses them; no order among them is known, so
-        the policy chooses within that tier); then those of the suspended page-bound agents the
-        monitor would resume here, one page a tier in its order (highest priority first,
-        `refresh_needed_soon`). When every evictable page is needed soon, the last tier goes first."""
-        prefetching: set[str] = set()
-        for pages in self._prefetching.values():
-            prefetching.update(pages)
-        hosted: set[str] = set()
-        if self.runtime is not None:
-            for agent_id in self.runtime.agent_ids:
-                agent = self.runtime.get(agent_id)
-                metadata = agent.metadata
-                if metadata.agent_type is AgentType.VCM_BOUND and agent.state is not AgentState.RUNNING:
-                    hosted.update(metadata.bound_pages)
-        return NeededSoon([prefetching, hosted, *([page] for page in self._soon_suspended)])
-
-    async def refresh_needed_soon(self) -> None:
-        """Read which pages the suspended page-bound agents the monitor would resume here need:
-        the resource monitor works it out once per round from what it reads anyway (an agent goes
-        to the replica holding most of its pages, so one with a page resident or swapped here
-        counts) and leaves it in one entry for this replica; a heartbeat reads that one entry
-        (none while the engine holds no page), whatever the number of suspended agents."""
-        _, registry = self._ready()
-        assert self.engine is not None
-        if not self.engine.resident_pages() and not self.engine.swapped_pages():
-            self._soon_suspended = ()
-            return
-        self._soon_suspended = tuple(await registry.needed_soon(self.replica_id))
-
-    def prefetch(self, agent: Agent) -> Coroutine[Any, Any, None] | None:
-        """What to fetch before a page-bound agent's first step here: its bound pages (None for
-        any other agent; the runtime asks when it hosts an agent, placed or resumed, and its first
-        run waits for the fetch), so that step does not fault."""
-        metadata = agent.metadata
-        if self.engine is None or metadata.agent_type is not AgentType.VCM_BOUND or not metadata.bound_pages:
-            return None
-        return self._prefetch(agent.agent_id, list(dict.fromkeys(metadata.bound_pages)))
-
-    async def _prefetch(self, agent_id: str, pages: list[str]) -> None:
-        """Bring the pages into this engine. Never waits behind pages in use, never evicts one
-        another agent needs soon (`engine.prefetch`, which reads `pages_needed_soon` under its
-        reservation lock: a prefetch started just before for another agent counts): when they do
-        not fit now, the step faults them in as it would have without. A prefetch that evicted
-        the page prefetched for the agent placed just before (16 workers on 4 slots) would only
-        move the fault to that agent's first step."""
-        assert self.engine is not None
-        self._prefetching[agent_id] = pages
-        try:
-            swapped = set(self.engine.swapped_pages())
-            brought = await self.engine.prefetch(pages, self._fetch_page)
-        finally:
-            self._prefetching.pop(agent_id, None)
-        if brought:
-            self.page_counts["prefetched"] += len(brought)
-            self.page_counts["swap_ins"] += sum(1 for p in brought if p in swapped)
-            self.page_counts["loads"] += sum(1 for p in brought if p not in swapped)
-            metrics.PAGES_PREFETCHED.inc(len(brought))
-            await self.sync_pages()
-            log.info("agent %s: prefetched pages %s on %s", agent_id, brought[:5], self.replica_id)
 
     async def _suspended(self, agent_id: str, condition: ResumptionCondition) -> None:
         """An agent left this replica suspended: the registry says so (no replica)."""
@@ -346,7 +263,7 @@ class ReplicaHost:
         fault to the answer, so a concurrent fault never evicts a page this request has just loaded;
         when they do not all fit beside the pages others use, the request waits holding none
         (`vcm.page_wait_seconds`), then fails with ResourceExhausted. `holder`: the page-bound agent
-        asking, which may evict its own held pages (`held_pages`) to bring in its next one."""
+        asking, which may evict its own held pages (`paging.held`) to bring in its next one."""
         assert self.engine is not None
         page_ids = list(dict.fromkeys(page_ids or request.get("page_ids") or []))
         capacity = self.engine.page_capacity()
@@ -362,7 +279,7 @@ class ReplicaHost:
                     f"no replica holds all of pages {page_ids[:5]} (missing here: {missing[:5]}); "
                     "load them first or ask with soft affinity"
                 )
-        async with self._using_pages(page_ids, holder) as faulted:
+        async with self.paging.using(page_ids, holder) as faulted:
             response = await self.engine.generate(
                 InferenceRequest.model_validate({**request, "page_ids": page_ids})
             )
@@ -373,39 +290,16 @@ class ReplicaHost:
         assert self.engine is not None
         return self.engine.pinned(page_ids)
 
-    async def _fetch_page(self, page_id: str) -> Page:
-        assert self.pages is not None
-        return await self.pages.content(page_id)
-
-    @contextlib.asynccontextmanager
-    async def _using_pages(self, page_ids: list[str], holder: str | None = None) -> AsyncIterator[list[str]]:
-        """The pages resident and pinned for the block, all or none (faults counted, the page
-        table told); yields the ids faulted in."""
-        assert self.engine is not None
-        swapped = set(self.engine.swapped_pages())
-        async with self.engine.using_pages(page_ids, self._fetch_page, holder=holder) as faulted:
-            self._accessed.update(page_ids)
-            self.page_counts["hits"] += len(page_ids) - len(faulted)
-            self.page_counts["faults"] += len(faulted)
-            self.page_counts["swap_ins"] += sum(1 for p in faulted if p in swapped)
-            self.page_counts["loads"] += sum(1 for p in faulted if p not in swapped)
-            if faulted:
-                await self.sync_pages()
-            yield faulted
-
     async def ensure_pages(self, page_ids: list[str]) -> list[str]:
         """Load the pages this engine does not hold (page faults), all or none; the page table
         follows. Returns the ids faulted in."""
-        async with self._using_pages(list(dict.fromkeys(page_ids))) as faulted:
+        async with self.paging.using(list(dict.fromkeys(page_ids))) as faulted:
             return faulted
 
     async def evict_page(self, page_id: str) -> bool:
         """Evict a page; VCM-bound agents bound to it are suspended until it is resident again."""
         runtime, _ = self._ready()
-        assert self.engine is not None
-        evicted = await self.engine.evict_page(page_id)
-        self.page_counts["evictions"] += int(evicted)
-        await self.sync_pages()
+        evicted = await self.paging.evict(page_id)
         for agent_id in runtime.agent_ids:
             metadata = runtime.get(agent_id).metadata
             if metadata.agent_type is AgentType.VCM_BOUND and page_id in metadata.bound_pages:
@@ -414,13 +308,6 @@ class ReplicaHost:
                 )
                 await runtime.suspend(agent_id, "pages evicted", condition)
         return evicted
-
-    async def sync_pages(self) -> None:
-        """Make the page table say what this engine holds."""
-        assert self.engine is not None and self.pages is not None
-        table = self.pages
-        swapped = self.engine.swapped_pages()
-        await table.reconcile(self.replica_id, self.engine.resident_pages(), swapped)
 
     def routing_stats(self) -> dict[str, Any]:
         """What the page-affinity router needs to know about this replica."""
@@ -442,7 +329,7 @@ class ReplicaHost:
             "agent_ids": runtime.agent_ids,
             "stats": self.engine.stats().model_dump(mode="json"),
             "pages": {
-                **self.page_counts,
+                **self.paging.counts,
                 "resident": len(self.engine.resident_pages()),
                 "swapped": len(self.engine.swapped_pages()),
             },
@@ -453,9 +340,7 @@ class ReplicaHost:
         runtime, registry = self._ready()
         ttl = self.settings.serve.heartbeat_seconds * HEARTBEAT_MISSES
         await registry.beat(self.replica_id, self.info(), ttl)
-        if self._accessed and self.pages is not None:
-            accessed, self._accessed = self._accessed, set()
-            await self.pages.touch(sorted(accessed))
+        await self.paging.touch_accessed()
         await registry.publish(metrics.published_counters(), self.replica_id)
         await self._drop_yielded()
         hosted = set(runtime.agent_ids)
@@ -480,7 +365,7 @@ class ReplicaHost:
             del self._written[gone]  # left (its own hook wrote the registry), or never here
         if records is not None:
             await self._heal_registry(hosted, records)
-        await self.refresh_needed_soon()
+        await self.paging.refresh_needed_soon()
 
     async def _put(self, agent: Agent) -> AgentRecord:
         """Write a hosted agent's registry record, and remember the state written (`_beat`)."""
@@ -496,7 +381,7 @@ class ReplicaHost:
         runtime, _ = self._ready()
         for agent_id in list(runtime.agent_ids):
             try:
-                yielded = runtime.get(agent_id).yielded
+                yielded = runtime.get(agent_id).stored.yielded
             except AgentNotFound:  # stopped or suspended while an earlier one was dropped
                 continue
             if yielded:

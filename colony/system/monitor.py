@@ -340,7 +340,7 @@ class ResumptionMonitor:
 
     async def _publish_needed_soon(self, waiting: list[list[str]]) -> None:
         """Tell each replica which pages the page-bound agents left suspended will need there
-        (`ReplicaHost.refresh_needed_soon` reads it, one read per heartbeat, whatever the number
+        (`ReplicaHost.paging.refresh_needed_soon` reads it, one read per heartbeat, whatever the number
         of suspended agents): an agent goes to the replica holding most of its pages (hard affinity
         for PAGES_AVAILABLE), so its pages count on each replica where one is resident or swapped.
         Computed from what this round read anyway, highest priority first, at most

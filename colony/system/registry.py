@@ -23,7 +23,7 @@ from colony.agents.models import AgentState
 from colony.blackboard import Blackboard, TagFilter
 from colony.blackboard.protocol import AgentRegistryProtocol as Keys
 from colony.blackboard.protocol import NeededSoonKeys
-from colony.config import ColonySettings, load_settings
+from colony.config import ColonySettings
 from colony.errors import ConcurrentModificationError
 
 DONE_STATES = frozenset({"stopped", "failed"})  # the agent has ended
@@ -61,19 +61,17 @@ class AgentRegistry:
         self,
         colony_board: Blackboard,
         *,
-        settings: ColonySettings | None = None,
+        settings: ColonySettings,
         retention_seconds: float | None = None,
     ) -> None:
         """`settings`: the process's settings (a replica's, the API's); `retention_seconds` overrides
-        them. Only standalone use with neither falls back to `load_settings()` (env, config file)."""
+        their `runs.retention_seconds`."""
         self.board = colony_board
-        self._retention = retention_seconds
-        if self._retention is None and settings is not None:
-            self._retention = settings.runs.retention_seconds
+        self._retention = settings.runs.retention_seconds if retention_seconds is None else retention_seconds
         self._indexed_once = False
         # a process publishes about once per heartbeat period (its loops may call more often); a
         # little less, so a heartbeat that wakes a hair early still publishes
-        self._publish_every = 0.9 * settings.serve.heartbeat_seconds if settings is not None else 0.0
+        self._publish_every = 0.9 * settings.serve.heartbeat_seconds
         self._published_at: dict[str, float] = {}
         # one publication write at a time, in the order of the calls (and so of the figures taken
         # before them): an older figure never lands after a newer one of the same process
@@ -82,8 +80,6 @@ class AgentRegistry:
     @property
     def retention_seconds(self) -> float:
         """How long records of ended agents stay (`runs.retention_seconds`)."""
-        if self._retention is None:
-            self._retention = load_settings().runs.retention_seconds
         return self._retention
 
     async def put(self, record: AgentRecord) -> AgentRecord:

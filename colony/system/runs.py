@@ -54,7 +54,7 @@ from colony.agents.run_claims import (
 from colony.blackboard import AgentRunProtocol, Blackboard, BlackboardEvent, BlackboardScope, scope_id
 from colony.blackboard.connection import redis_url_of
 from colony.blackboard.protocol import AgentStateProtocol, ApiRunProtocol
-from colony.config import ColonySettings, RunsSettings, load_settings
+from colony.config import ColonySettings, RunsSettings
 from colony.errors import (
     AgentNotFound,
     BlackboardUnavailable,
@@ -122,14 +122,14 @@ class RunService:
         *,
         tenant_id: str = "default",
         colony_id: str = "default",
-        settings: ColonySettings | None = None,
+        settings: ColonySettings,
         retention_seconds: float | None = None,
     ) -> None:
         """`settings`: the process's settings (the API replica's); `retention_seconds` overrides
-        `runs.retention_seconds`. Only standalone use with neither falls back to `load_settings()`."""
+        `runs.retention_seconds`."""
         self.tenant_id, self.colony_id = tenant_id, colony_id
         self.api_board = blackboard.scoped(ApiRunProtocol.scope(tenant_id, colony_id))
-        self._runs: RunsSettings | None = settings.runs if settings is not None else None
+        self._runs: RunsSettings = settings.runs
         self._retention = retention_seconds
         self._root = blackboard
         self.registry = registry
@@ -139,8 +139,6 @@ class RunService:
 
     @property
     def runs_settings(self) -> RunsSettings:
-        if self._runs is None:
-            self._runs = load_settings().runs  # standalone use only: deployments pass their settings
         return self._runs
 
     @property

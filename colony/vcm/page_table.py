@@ -23,7 +23,7 @@ from pydantic import BaseModel, Field
 
 from colony.blackboard import Blackboard, BlackboardEntry, BlackboardScope, TagFilter, scope_id
 from colony.blackboard.protocol import VcmProtocol as Keys
-from colony.config import ColonySettings, load_settings
+from colony.config import ColonySettings
 from colony.errors import BatchConflictError, ConcurrentModificationError, PageNotResident
 from colony.vcm.page import Page
 from colony.vcm.pages import PageInfo, PageSource
@@ -65,20 +65,17 @@ class PageTable:
         *,
         tenant_id: str = "default",
         colony_id: str = "default",
-        settings: ColonySettings | None = None,
+        settings: ColonySettings,
     ) -> None:
-        """`settings`: the process's settings; only standalone use without falls back to
-        `load_settings()` (for `vcm.page_retention_seconds`)."""
+        """`settings`: the process's settings (for `vcm.page_retention_seconds`)."""
         self.board = blackboard.scoped(
             scope_id(BlackboardScope.COLONY, tenant_id=tenant_id, colony_id=colony_id, namespace="vcm")
         )
-        self._retention = settings.vcm.page_retention_seconds if settings is not None else None
+        self._retention = settings.vcm.page_retention_seconds
 
     @property
     def retention_seconds(self) -> float:
         """How long an entry stays after it was last mapped, held or used."""
-        if self._retention is None:
-            self._retention = load_settings().vcm.page_retention_seconds
         return self._retention
 
     async def map_source(self, source: PageSource) -> SourceRecord:

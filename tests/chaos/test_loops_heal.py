@@ -14,7 +14,7 @@ from agent_kit import counter_blueprint
 from colony.agents import Agent, AgentHandle, AgentMetadata, LocalAgentRuntime
 from colony.blackboard import Blackboard, create_redis
 from colony.blackboard.redis_server import EmbeddedRedis
-from colony.config import BlackboardSettings
+from colony.config import BlackboardSettings, load_settings
 
 STEPS = [{"action": "add", "parameters": {"amount": "$input"}}]
 RUNS = 30
@@ -38,7 +38,7 @@ async def _outage(tmp_path: Path, fault: str) -> None:
     settings = BlackboardSettings(op_timeout_seconds=1.0, connect_timeout_seconds=0.5)
     client = create_redis(info.url, settings)
     board = Blackboard(client, "test:chaos", settings=settings)
-    runtime = LocalAgentRuntime(board, colony_id="chaos")
+    runtime = LocalAgentRuntime(board, colony_id="chaos", settings=load_settings())
     handle = AgentHandle("worker", owner=Agent(AgentMetadata(agent_id="p", colony_id="chaos"), board))
     try:
         await runtime.spawn(counter_blueprint("worker", STEPS, serve_namespace="ns", delay=0.05))
@@ -128,8 +128,10 @@ async def test_healthz_is_degraded_with_the_reason_while_redis_is_away(tmp_path:
     settings = BlackboardSettings(op_timeout_seconds=1.0, connect_timeout_seconds=0.5)
     client = create_redis(info.url, settings)
     board = Blackboard(client, "test:health", settings=settings)
-    registry = AgentRegistry(board)
-    app = create_app(ApiServices(runs=RunService(board, registry), registry=registry, token="t"))
+    registry = AgentRegistry(board, settings=load_settings())
+    app = create_app(
+        ApiServices(runs=RunService(board, registry, settings=load_settings()), registry=registry, token="t")
+    )
     try:
         async with httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://c") as http:
             ok = await http.get("/healthz")
@@ -192,7 +194,7 @@ async def test_a_run_broken_by_a_redis_kill_is_redone_and_its_waiter_gets_it(tmp
     settings = BlackboardSettings(op_timeout_seconds=1.0, connect_timeout_seconds=0.5)
     client = create_redis(info.url, settings)
     board = Blackboard(client, "test:driver", settings=settings)
-    runtime = LocalAgentRuntime(board, colony_id="driver")
+    runtime = LocalAgentRuntime(board, colony_id="driver", settings=load_settings())
     try:
         await runtime.spawn(counter_blueprint("slow", STEPS * 40, delay=0.1))
         run = await runtime.start_run("slow", 1)

@@ -23,7 +23,7 @@ from colony.agents import Agent, AgentHandle, AgentMetadata, AgentRun, LocalAgen
 from colony.blackboard import Blackboard, create_redis
 from colony.blackboard.protocol import AgentStateProtocol as Keys
 from colony.blackboard.redis_server import EmbeddedRedis
-from colony.config import BlackboardSettings
+from colony.config import BlackboardSettings, load_settings
 from colony.errors import AgentStateConflict, ConcurrentModificationError
 
 STEPS = [{"action": "add", "parameters": {"amount": "$input"}}]
@@ -60,7 +60,7 @@ async def rig(private_redis: EmbeddedRedis) -> AsyncIterator[Rig]:
     settings = BlackboardSettings(op_timeout_seconds=1.0, connect_timeout_seconds=0.5)
     client = create_redis(info.url, settings)
     board = Blackboard(client, "test:data-loss", settings=settings)
-    runtime = LocalAgentRuntime(board, colony_id="loss")
+    runtime = LocalAgentRuntime(board, colony_id="loss", settings=load_settings())
     handle = AgentHandle(AGENT, owner=Agent(AgentMetadata(agent_id="p", colony_id="loss"), board))
     raw = aioredis.Redis.from_url(info.url)
     await runtime.spawn(counter_blueprint(AGENT, STEPS, serve_namespace="ns"))
@@ -147,7 +147,7 @@ async def test_a_copy_placed_after_the_loss_is_never_written_over(rig: Rig) -> N
     first = rig.agent()
     held = first.stored.version
     await rig.board.redis.flushall()
-    other = LocalAgentRuntime(rig.board, colony_id="loss")
+    other = LocalAgentRuntime(rig.board, colony_id="loss", settings=load_settings())
     try:
         second = await other.spawn(counter_blueprint(AGENT, STEPS, serve_namespace="ns"))
         board = second.blackboard
@@ -194,7 +194,7 @@ async def test_a_spawn_after_the_agent_re_persisted_itself_writes_nothing(rig: R
     names = ("blueprint", "metadata", "lifecycle")
     before = {n: (await board.read(Keys.key(n))).version for n in names}
 
-    other = LocalAgentRuntime(rig.board, colony_id="loss")
+    other = LocalAgentRuntime(rig.board, colony_id="loss", settings=load_settings())
     try:
         with pytest.raises(ConcurrentModificationError):
             await other.spawn(counter_blueprint(AGENT, STEPS, serve_namespace="ns"))

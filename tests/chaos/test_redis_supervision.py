@@ -152,7 +152,7 @@ def _stuck_report(client: ColonyClient, views: dict) -> str:  # type: ignore[typ
         if view["status"] in ("succeeded", "failed", "cancelled"):
             continue
         lines.append(f"{run_id}: {view}")
-        stream = client._http.stream("GET", f"/v1/runs/{run_id}/events", timeout=3)
+        stream = client._api.http.stream("GET", f"/v1/runs/{run_id}/events", timeout=3)
         with contextlib.suppress(Exception), stream as events:
             until = time.monotonic() + 3
             for line in events.iter_lines():  # bounded in time: an unended run's stream stays open

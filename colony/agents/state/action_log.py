@@ -44,7 +44,6 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from colony import metrics
 from colony.blackboard.protocol import AgentStateProtocol
-from colony.config import load_settings
 from colony.errors import ConcurrentModificationError
 
 if TYPE_CHECKING:  # (imported where used: colony.agents imports this module)
@@ -497,9 +496,7 @@ class ActionLog:
     def max_entries(self) -> int:
         """`context.action_log_max_entries` of the settings the agent's host was given."""
         if self._cap is None:
-            host = self.agent.host
-            settings = host.services.get("settings") if host is not None else None
-            self._cap = (settings or load_settings()).context.action_log_max_entries
+            self._cap = self.agent.colony_settings().context.action_log_max_entries
         return self._cap
 
     def _slim(self, step: int) -> None:

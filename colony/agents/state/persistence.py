@@ -498,6 +498,7 @@ def build_agent(blueprint: AgentBlueprint, blackboard: Blackboard, **services: A
 
     `services` (e.g. `engine=`) are injected into capabilities whose constructor takes them."""
     agent = blueprint.agent_class(blueprint.metadata, blackboard, **blueprint.agent_kwargs)
+    agent.settings = services.get("settings")
     for item in blueprint.capabilities:
         spec = item if isinstance(item, CapabilitySpec) else CapabilitySpec(blueprint=item)
         capability = spec.blueprint.local_instance(agent=agent, blackboard=blackboard, **services)

@@ -23,7 +23,7 @@ import redis.asyncio as aioredis
 
 from colony import metrics
 from colony.blackboard.protocol import BlockProtocol
-from colony.config import BlockSettings, ColonySettings, load_settings
+from colony.config import BlockSettings, ColonySettings
 from colony.errors import (
     BlockAccessDenied,
     BlockEditRejected,
@@ -75,10 +75,10 @@ class BlockStore(BlockDirectory):
     def __init__(
         self,
         redis: aioredis.Redis,
-        settings: ColonySettings | None = None,
+        settings: ColonySettings,
     ) -> None:
         self.redis = redis
-        colony_settings = settings or load_settings()
+        colony_settings = settings
         self.settings: BlockSettings = colony_settings.blocks
         self.namespace = BlockProtocol.namespace(colony_settings.tenant_id, colony_settings.colony_id)
         self.documents = DocumentCache(redis, self.settings)

@@ -5,16 +5,15 @@ from __future__ import annotations
 
 import redis.asyncio as aioredis
 
-from colony.config import ColonySettings, load_settings
+from colony.config import ColonySettings
 from colony.memory.blocks.store import BlockStore
 
 _stores: dict[tuple[int, str, str], BlockStore] = {}
 MAX_STORES = 16
 
 
-def block_store(redis: aioredis.Redis, settings: ColonySettings | None = None) -> BlockStore:
+def block_store(redis: aioredis.Redis, settings: ColonySettings) -> BlockStore:
     """The process's BlockStore for this Redis client and colony (one document cache each)."""
-    settings = settings or load_settings()
     # by the colony, never by id(settings): a collected settings object's id is reused by the next
     # one, which may name another colony
     key = (id(redis), settings.tenant_id, settings.colony_id)

@@ -21,11 +21,11 @@ from typing import TYPE_CHECKING, Annotated, Any
 from pydantic import Field
 
 from colony.agents.actions import action_executor, discover_actions
-from colony.agents.capability import AgentCapability
+from colony.agents.capability import AgentCapability, agent_settings
 from colony.agents.hooks import HookContext, HookType, hook_handler
 from colony.agents.models import ActionType
 from colony.blackboard import Blackboard
-from colony.config import BlockSettings, ColonySettings, load_settings
+from colony.config import BlockSettings, ColonySettings
 from colony.errors import AgentUsageError, BlockExists, BlockNotFound, InvalidArgument
 from colony.memory.blocks.rendering import one_line, render_blocks
 from colony.memory.blocks.store import BlockStore
@@ -170,9 +170,7 @@ class MemoryBlocksCapability(AgentCapability):
 
     def _base_settings(self) -> ColonySettings:
         if self.settings is None:
-            host = self.agent.host if self.agent is not None else None
-            services = host.services if host is not None else {}
-            self.settings = services.get("settings") or load_settings()
+            self.settings = agent_settings(self)
         return self.settings
 
     def _me(self) -> str:
