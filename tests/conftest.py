@@ -15,9 +15,13 @@ os.environ.setdefault("OMP_NUM_THREADS", "1")
 # blueprints signed in one verify in the other, and no test writes ~/.colony/secret
 os.environ.setdefault("COLONY_SECRET", "colony-test-secret-0123456789abcdef")
 
+from colony import security
 from colony.blackboard import Blackboard, create_redis
 from colony.blackboard.redis_server import EmbeddedRedis, RedisServerInfo
-from colony.config import BlackboardSettings
+from colony.config import BlackboardSettings, load_settings
+
+# the test session is this process's entry point: it hands the settings over, as `colony` does
+security.use_settings(load_settings())
 
 
 @pytest.fixture(scope="session")
@@ -61,7 +65,7 @@ async def runtime(bb: Blackboard) -> AsyncIterator[object]:
     """A LocalAgentRuntime on its own colony id (tests never see each other's agents)."""
     from colony.agents import LocalAgentRuntime
 
-    rt = LocalAgentRuntime(bb, colony_id=f"c{uuid.uuid4().hex[:10]}")
+    rt = LocalAgentRuntime(bb, colony_id=f"c{uuid.uuid4().hex[:10]}", settings=load_settings())
     yield rt
     await rt.shutdown()
 
@@ -83,3 +87,102 @@ def serve_instance() -> Iterator[int]:
     finally:
         serve.shutdown()
         ray.shutdown()
+
+
+# The fast tier, `pytest -m "not slow"`, leaves out the tests marked `slow` here: those that start a
+# Ray cluster (`colony up`, or a Serve application on `serve_instance`'s Ray), run the embedded model
+# (real inference on the CPU), or are otherwise slow: fault injection (tests/chaos/, a Redis of the
+# test's own that it stops or kills), in-process replicas that wait on heartbeats or retention, and
+# single tests that take seconds. They are found by the fixtures they use, keyed by the file that uses
+# them (fixture names repeat across files; "*": this file's), and where a test does it in its own
+# body, by the test's name. tests/test_readme_commands.py checks that every name here still exists.
+SLOW_FOLDERS = {"chaos"}
+SLOW_FIXTURES: dict[str, set[str]] = {
+    "*": {"serve_instance", "private_redis"},
+    # a Ray cluster: `colony up` (cluster.up) for the module
+    "test_cluster.py": {"colony_up"},
+    "test_cluster_blocks.py": {"blocks_cluster"},
+    "test_cluster_resume.py": {"resume_cluster"},
+    "test_cli_chat.py": {"chat_cluster"},
+    "test_dashboards_prometheus.py": {"colony_up"},
+    "test_upgrade_rehearsal.py": {"cluster", "successor"},
+    # the embedded model
+    "test_analyze_grounding.py": {"embedded_rig"},
+    "test_analyze_openai_engine.py": {"server"},
+    "test_context_compaction.py": {"model"},
+    "test_inference_embedded.py": {"engine"},
+    "test_memory_acceptance.py": {"model"},
+    "test_planning_policies.py": {"model"},
+    "test_vcm_needed_soon.py": {"engine"},
+    "test_vcm_pinning.py": {"replica", "tiny_host"},
+    # in-process replicas waiting on heartbeats, pool growth or run retention
+    "test_run_pools.py": {"cluster"},
+    "test_run_pools_faults.py": {"cluster"},
+    "test_retention.py": {"colony"},
+}
+SLOW_TESTS: dict[str, set[str]] = {
+    # `colony up` in a subprocess
+    "test_paper_cuts.py": {
+        "test_up_reports_a_replica_that_cannot_start_and_leaves_nothing",
+        "test_up_reports_a_busy_port_and_leaves_nothing",
+        "test_up_from_a_folder_maps_it_and_answers_once_on_a_terminal",
+    },
+    "test_user_agents.py": {
+        "test_colony_up_serves_a_user_agent_from_pythonpath_over_http",
+        "test_colony_up_with_an_unimportable_user_agent_exits_2_naming_it",
+    },
+    # the embedded model
+    "test_inference_embedded.py": {"test_openai_engine_typed_error_when_server_stopped"},
+    "test_sessions_tree.py": {"test_a_20000_character_message_gets_a_reply_from_the_real_model"},
+    "test_vcm.py": {"test_page_table_follows_real_engine_residency"},
+    "test_vcm_pinning.py": {
+        "test_generation_pins_its_page_until_it_answers",
+        "test_an_abandoned_stream_releases_its_pin",
+        "test_analyze_six_pages_on_two_slots_analyses_every_file",
+        "test_analyze_workers_bound_to_more_pages_than_slots",
+    },
+    # otherwise slow: about 3 s or more each (timeouts, process limits, load, waits for expiry)
+    "test_api_contract.py": {"test_schemathesis_finds_no_contract_failures"},  # about 30 s
+    "test_blackboard_basic.py": {"test_eight_writers_thousand_updates_each"},
+    "test_cli_analyze_progress.py": {
+        "test_the_progress_line_appears_on_a_terminal",
+        "test_a_partial_run_exits_3_and_names_the_files_not_analysed",
+    },
+    "test_cli_metrics.py": {"test_cli_redis_lifecycle_and_blackboard"},
+    "test_event_reader.py": {
+        "test_many_subscribers_of_one_stream_share_one_read_and_get_their_own_keys",
+        "test_500_idle_agents_share_a_bounded_number_of_connections_and_still_serve",
+    },
+    "test_memory_capability.py": {
+        "test_cap_and_ttl_of_a_scope_hold_for_every_writer",
+        "test_ingestion_is_exactly_once_across_suspend_and_resume",
+    },
+    "test_memory_recall_bench.py": {"test_the_benchmark_prints_every_figure_beside_its_baselines_and_goals"},
+    "test_memory_retrieval.py": {"test_a_recall_never_waits_for_a_large_backlog"},
+    "test_place_no_wait.py": {"test_place_without_wait_neither_waits_nor_suspends"},
+    "test_planning_policies.py": {
+        "test_codegen_policy_keeps_its_prompts_under_the_token_budget",
+        "test_event_driven_policy_waits_for_events_and_puts_priority_first",
+    },
+    "test_retention.py": {"test_a_run_with_more_keys_than_one_expiry_call_is_retired_after_its_answer"},
+    "test_sandbox.py": {
+        "test_a_fork_bomb_hits_the_process_limit_and_dies",
+        "test_a_daemonised_grandchild_does_not_survive_the_run",
+        "test_the_sandbox_dies_with_colony",
+    },
+    "test_sandbox_hardening.py": {"test_the_runs_memory_cgroup_bounds_all_its_processes_together"},
+}
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    here = Path(__file__).parent
+    for item in items:
+        name = item.path.name
+        folders = set(item.path.relative_to(here).parts[:-1]) if item.path.is_relative_to(here) else set()
+        fixtures = SLOW_FIXTURES["*"] | SLOW_FIXTURES.get(name, set())
+        if (
+            SLOW_FOLDERS & folders
+            or set(getattr(item, "fixturenames", ())) & fixtures
+            or getattr(item, "originalname", item.name) in SLOW_TESTS.get(name, set())
+        ):
+            item.add_marker(pytest.mark.slow)

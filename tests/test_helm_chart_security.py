@@ -506,7 +506,7 @@ def test_chroma_start_command_serves_its_probe_and_keeps_the_index(
     assert {e["name"]: e["value"] for e in container["env"]} == {"TMPDIR": "/tmp"}
     bin_dir = Path(sys.executable).parent
     assert (bin_dir / container["command"][0]).is_file(), "the venv's chroma CLI (chromadb)"
-    assert shutil.which("bwrap"), "bubblewrap (.ci/run installs it)"
+    assert shutil.which("bwrap"), "bubblewrap (the README test command installs it: .ci/system-packages test)"
     data = tmp_path / "data"
     data.mkdir()
     user, group = pod["securityContext"]["runAsUser"], pod["securityContext"]["runAsGroup"]
