@@ -134,8 +134,10 @@ def signing_key() -> bytes:
         if _key is None:
             if _settings is None:
                 raise ConfigError(
-                    "this process has no settings to take its blueprint signing key from: its entry "
-                    "point calls colony.security.use_settings(settings) first"
+                    "no settings to take the blueprint signing key from: call "
+                    "colony.security.use_settings(settings) at your program's entry point (replica "
+                    "hosts, the control plane, the API deployment, LocalAgentRuntime and the colony "
+                    "command do it for you)"
                 )
             _key = resolve_secret(_settings)
         return _key

@@ -243,7 +243,7 @@ def test_child_event_keys_stream_with_the_run_but_outside_its_numbering() -> Non
     kind, segments = AgentRunProtocol.identify(key)
     assert kind == "event" and segments["request_id"] == "run-1"  # what the SSE stream selects
     seq, _, _ = segments["event_name"].partition(".")
-    assert not seq.isdigit()  # `AgentRunCapability._stored_events` skips it: no seq of the run
+    assert not seq.isdigit()  # `AgentRunCapability.events.stored` skips it: no seq of the run
     with pytest.raises(InvalidKey):
         AgentRunProtocol.child_event_key("run-1", "w:0", "worker_done")
 

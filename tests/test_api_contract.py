@@ -21,7 +21,7 @@ from schemathesis.engine import Status, events, from_schema
 
 from colony.api.app import ApiServices
 from colony.blackboard import Blackboard, create_redis
-from colony.config import ColonySettings
+from colony.config import ColonySettings, load_settings
 from colony.inference.scripted import ScriptedEngine
 from colony.system.builtin import ask_blueprint, echo_blueprint
 from colony.system.host import ReplicaHost
@@ -55,10 +55,10 @@ class AppThread(ServedApi):
         assert self.host.registry is not None
         ids = {"tenant_id": settings.tenant_id, "colony_id": settings.colony_id}
         return ApiServices(
-            runs=RunService(board, self.host.registry, **ids),
+            runs=RunService(board, self.host.registry, settings=load_settings(), **ids),
             registry=self.host.registry,
             token=TOKEN,
-            pages=PageTable(board, **ids),
+            pages=PageTable(board, settings=load_settings(), **ids),
             vcm=settings.vcm,
         )
 

@@ -2,7 +2,7 @@
 
 Every fact about an agent (metadata, blueprint, lifecycle state, runs, policy and capability
 state, gathered context, a pending suspension) is written to the agent's own blackboard scope
-as it changes, so `Agent.restore(agent_id, blackboard)` rebuilds an identical agent at any
+as it changes, so `Agent.restore(agent_id, blackboard, settings=...)` rebuilds an identical agent at any
 moment. That is what suspension, resumption and replica failure rely on.
 """
 

@@ -205,7 +205,7 @@ class AgentRunCapability(AgentCapability):
         nothing permanent; the next start writes it again, without one). A copy dropped for a
         restore or replaced, and a yielded copy (another live copy holds the agent), leave it
         alone; should an expiry land on a live copy's declaration anyway, every member serving a
-        run takes it off again (`_keep_serving`)."""
+        run takes it off again (`pool.keep_serving`)."""
         await super().close()
         await self.retention.drain()
         agent = self._agent()
@@ -510,14 +510,14 @@ class AgentRunCapability(AgentCapability):
         steps: int,
         step: dict[str, Any] | None = None,
     ) -> None:
-        """Answer the request (with the run's last `step` event, when given; `_store_answer`)."""
+        """Answer the request (with the run's last `step` event, when given; `events.store_answer`)."""
         kind = terminal_event(status)
         value = {"status": status.value, "output": output, "error": error, "run_id": run_id, "steps": steps}
         retired = False
         try:
             # create-only: a result already there (cancelled or timed out by the requester) stands,
             # and no terminal event follows. A Redis outage delays the answer; it never loses it.
-            # (whoever stores the result counts the run's end: `_count_answer`, run_counting)
+            # (whoever stores the result counts the run's end: `counting.count_answer`, run_counting)
             data = {"output": output, "error": error}
             retired = await self.events.store_answer(request_id, value, kind, data, step)
         except ConcurrentModificationError:
@@ -528,7 +528,7 @@ class AgentRunCapability(AgentCapability):
         finally:
             self.active_request = None
             self._idle.set()
-        if not retired:  # not in the answer's round trip (`_store_answer`): on its own
+        if not retired:  # not in the answer's round trip (`events.store_answer`): on its own
             await self.retention.retire(request_id)
         agent = self.agent
         if self.one_shot and agent is not None and agent.host is not None:

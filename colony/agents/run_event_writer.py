@@ -166,8 +166,8 @@ class RunEventWriter:
     ) -> bool:
         """Store the answer of the active request `request_id`: its last `step` event (if given),
         its result and its terminal event `kind`, in one commit, each create-only, and the
-        request's retirement with it (`_retire_with`): one round trip where four used to go. True
-        when that commit stored the answer and retired the request (else the caller `_retire`s
+        request's retirement with it (`retention.retire_with`): one round trip where four used to go. True
+        when that commit stored the answer and retired the request (else the caller `retention.retire`s
         it).
 
         A conflict (a result already there: the requester cancelled or timed the run out; or this
@@ -186,7 +186,7 @@ class RunEventWriter:
         writer = self.cap.agent.agent_id if self.cap.agent is not None else None
         if (
             step is not None and self.seq >= self.cap.retention.max_events - 1
-        ):  # over the bound: `_emit` says so
+        ):  # over the bound: `events.emit_marked` says so
             await self.emit_step(step)
             step = None
         seq = self.seq

@@ -138,7 +138,7 @@ class PoolMember:
         member looks next.
 
         A request its submitter indexed as pending (written by API_INDEXED_WRITER) is taken by a
-        pick-up (`_take_oldest`): the oldest pending request is claimed and read in one script
+        pick-up (`pool.take_oldest`): the oldest pending request is claimed and read in one script
         call (the claim's commit and the request's read took two round trips), so one that waited
         goes before the one just announced, and the next waiting member of this process tries too
         (the announced one is still pending). A large index claims the announced request alone.
@@ -183,7 +183,7 @@ class PoolMember:
             CLAIMS_HERE.settle(claim, decided=False)
             if not indexed:
                 # in a task of its own, which the cancellation of this one does not cut short; a
-                # marker for a request that is claimed after all is dropped again by `_mark_pending`
+                # marker for a request that is claimed after all is dropped again by `pool.mark_pending`
                 marking = asyncio.create_task(self.mark_pending(request_id), name=f"pending-{request_id}")
                 _MARKING.add(marking)
                 marking.add_done_callback(_MARKING.discard)
@@ -215,7 +215,7 @@ class PoolMember:
             return
         try:
             taken = await self.take_oldest(agent)
-        except Exception as exc:  # e.g. Redis away (`_take_oldest` looks for what it may have claimed)
+        except Exception as exc:  # e.g. Redis away (`pool.take_oldest` looks for what it may have claimed)
             log.warning("agent %s: pending requests not picked up: %r", agent.agent_id, exc)
             return
         if taken != SAMPLE_PENDING:  # claimed one (queued), or nothing was claimable

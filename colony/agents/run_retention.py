@@ -64,7 +64,7 @@ class RequestRetention:
 
         The work runs in its own task, shielded from the caller's cancellation: an agent stopped
         just as its run is answered would otherwise cut it between the keys' expiry and the tag
-        set's, and the tag set (or keys) would stay for good. `_drain_retiring` (at close) waits
+        set's, and the tag set (or keys) would stay for good. `retention.drain` (at close) waits
         for it."""
         task = asyncio.create_task(self._retire_logged(request_id), name=f"retire-{request_id}")
         self._retiring.add(task)
@@ -119,7 +119,7 @@ class RequestRetention:
         answer's commit `tx`, so the request leaves the open-claims index exactly when it is
         answered; the expiry of its keys (and an HTTP run's record) right after the commit, in its
         round trip (sent whether the commit applies or not: a commit that does not is followed
-        by `_retire`, which gives them again). `_retired_with` says after the commit whether the
+        by `retire`, which gives them again). `retired_with` says after the commit whether the
         request's keys were done."""
         owner = self.cap.agent.agent_id if self.cap.agent else None
         ttl = self.retention_seconds
@@ -134,8 +134,8 @@ class RequestRetention:
         )
 
     def retired_with(self, tx: Transaction) -> bool:
-        """After `tx` (with `_retire_with`) committed: False when the request's group was too large
-        to be done in its round trip (`_retire` then pages it)."""
+        """After `tx` (with `retention.retire_with`) committed: False when the request's group was too large
+        to be done in its round trip (`retention.retire` then pages it)."""
         return self.cap.blackboard.group_retired(tx.follower_replies[0])
 
     def _retired_elsewhere(self, request_id: str) -> list[tuple[Blackboard, list[str]]]:

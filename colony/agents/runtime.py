@@ -12,6 +12,7 @@ import logging
 from collections.abc import Awaitable, Callable
 from typing import Any
 
+from colony import security
 from colony.agents.base import Agent, build_agent
 from colony.agents.blueprint import AgentBlueprint
 from colony.agents.ended_state import RINGS, clear_ended_state, retire_state
@@ -72,6 +73,7 @@ class LocalAgentRuntime:
         they reach its agents and their capabilities as the `settings` service."""
         self.blackboard = blackboard
         self.settings = settings
+        security.use_settings(settings)  # the blueprints of the agents it hosts are signed with them
         # injected into capabilities that take them (settings=, engine=, ...)
         self.services: dict[str, Any] = {**services, "settings": settings}
         self.tenant_id = tenant_id

@@ -81,7 +81,8 @@ def _include(app: FastAPI, router: APIRouter) -> None:
     app's own list. Since 0.137 an included router is matched through on every request, about
     200 more Python calls a request for a run route and 1000 for a session route (the later a
     router, the more); these routers have no prefix and their routes carry the router's
-    dependencies already, so nothing else of an inclusion applies."""
+    dependencies already, so nothing else of an inclusion applies. (`app.dependency_overrides`
+    does not reach them; nothing here uses it.)"""
     app.router.routes.extend(router.routes)
 
 

@@ -51,7 +51,7 @@ class ApiServices:
     control: AgentControl | None = None
     vcm: VcmSettings | None = None  # which folders `POST /v1/vcm/sources` may read
     # the process's settings: the user agents of the catalog, memory bounds, the Chroma server;
-    # None (library use, tests): defaults for the run service's colony (settings_of)
+    # None (library use, tests): the run service's (settings_of)
     settings: ColonySettings | None = None
 
 
@@ -60,11 +60,9 @@ ServicesProvider = Callable[[], Awaitable[ApiServices]]
 
 def settings_of(services: ApiServices) -> ColonySettings:
     """The API process's settings; a deployment passes them (ApiServices.settings). Without them
-    (library use, tests) the defaults for the colony the run service serves."""
+    (library use, tests) those its run service was given."""
     if services.settings is None:
-        services.settings = ColonySettings(
-            tenant_id=services.runs.tenant_id, colony_id=services.runs.colony_id
-        )
+        services.settings = services.runs.settings
     return services.settings
 
 

@@ -129,6 +129,7 @@ class RunService:
         `runs.retention_seconds`."""
         self.tenant_id, self.colony_id = tenant_id, colony_id
         self.api_board = blackboard.scoped(ApiRunProtocol.scope(tenant_id, colony_id))
+        self.settings = settings
         self._runs: RunsSettings = settings.runs
         self._retention = retention_seconds
         self._root = blackboard

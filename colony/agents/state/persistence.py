@@ -260,8 +260,8 @@ def _written_before(agent: Agent, entry: BlackboardEntry) -> bool:
 
 
 def judge_lifecycle(agent: Agent, entry: BlackboardEntry | None) -> Verdict:
-    """Compare the stored lifecycle with the one this copy holds (`_state_version` and the holder
-    mark of that value, `_state_mark`).
+    """Compare the stored lifecycle with the one this copy holds (`agent.stored.version` and the
+    holder mark of that value, `agent.stored.mark`).
 
     Without data loss a lifecycle version only grows and every write is checked against the
     version its writer holds, so Redis never holds an older version than a live copy does. A
