@@ -16,6 +16,21 @@ def _printable(value: Any, limit: int = 300) -> str:
     return "".join(c if c.isprintable() else " " for c in text[:limit]).strip()
 
 
+def _step_text(data: dict[str, Any]) -> str:
+    """`  step 2: remember ok`, or for a failed action its error too (type and message, as the
+    action's result carries it), so a user sees why without reading the server's log."""
+    action = data.get("action") if isinstance(data.get("action"), dict) else None
+    name = data.get("name")
+    named = f"{_printable(str(name), 40)} " if isinstance(name, str) and name else ""
+    ok = bool(action and action.get("success"))
+    verdict = "" if named and action is None else ("ok" if ok else "failed")
+    line = f"  step {data.get('step')}: {named}{verdict}".rstrip()
+    error = _printable(action.get("error"), 500) if action is not None and not ok else ""
+    if isinstance(name, str) and error.startswith(f"{name} failed: "):
+        error = error[len(name) + len(" failed: ") :]  # the dispatcher's prefix repeats the line's
+    return f"{line}: {error}\n" if error else line + "\n"
+
+
 def _prompt_text(data: dict[str, Any]) -> str:
     """A `prompt` event (`colony run --show-prompt`): the planner's whole prompt for one step,
     indented under a header line; control characters dropped, newlines and tabs kept."""
@@ -72,11 +87,7 @@ class RunDisplay:
         if kind == "restarted":
             return out + self._restarted(data)
         if kind == "step":
-            ok = (data.get("action") or {}).get("success")
-            name = data.get("name")
-            named = f"{_printable(str(name), 40)} " if isinstance(name, str) and name else ""
-            verdict = "" if named and data.get("action") is None else ("ok" if ok else "failed")
-            return out + f"  step {data.get('step')}: {named}{verdict}".rstrip() + "\n"
+            return out + _step_text(data)
         if kind == "prompt":
             return out + _prompt_text(data)
         if kind == "compaction":

@@ -286,3 +286,16 @@ def test_action_schemas_are_made_once_and_handed_out_as_copies() -> None:
     schema["parameters"]["required"].append("b")  # a caller's change stays its own
     assert second[0].json_schema()["parameters"]["required"] == ["a"]
     assert _schema_text.cache_info().misses <= built + 1
+
+
+async def test_an_action_that_raises_is_logged_once_with_its_traceback(
+    agent: Agent, caplog: pytest.LogCaptureFixture
+) -> None:
+    """The failed result carries the type and message to the policy and the run's events; the log
+    gets the traceback, once, where the exception is caught."""
+    with caplog.at_level("WARNING", logger="colony.agents.actions"):
+        result = await agent.dispatcher.dispatch("explode")
+    assert not result.success and result.error == "explode failed: RuntimeError: kaboom"
+    raised = [r for r in caplog.records if r.name == "colony.agents.actions"]
+    assert len(raised) == 1 and "action explode raised" in raised[0].getMessage()
+    assert raised[0].exc_info is not None and raised[0].exc_info[0] is RuntimeError

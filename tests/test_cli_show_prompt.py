@@ -42,3 +42,24 @@ def test_prompt_token_figures_and_compactions_are_shown() -> None:
     event = {"step": 7, "stage": "summarized", "tokens_before": 1400, "tokens_after": 600}
     out = display.feed({"event_type": "compaction", "data": event})
     assert out == "  compacted at step 7: summarized, 1400 -> 600 tokens\n"
+
+
+def test_a_failed_step_is_printed_with_its_error() -> None:
+    """`colony run` says why a step failed (the action's error type and message), bounded and
+    without control characters; a step that went well says ok, as before."""
+    display = RunDisplay()
+    failed = {
+        "step": 1,
+        "name": "core_memory_save_message",
+        "action": {
+            "success": False,
+            "error": "core_memory_save_message failed: BlockNotFound: no block 'x'\x1b[2J",
+        },
+    }
+    out = display.feed({"event_type": "step", "data": failed})
+    assert out == "  step 1: core_memory_save_message failed: BlockNotFound: no block 'x' [2J\n"
+    ok = {"step": 2, "name": "answer", "action": {"success": True, "output": "x"}}
+    assert display.feed({"event_type": "step", "data": ok}) == "  step 2: answer ok\n"
+    long = {"step": 3, "name": "a", "action": {"success": False, "error": "E" * 5000}}
+    assert len(display.feed({"event_type": "step", "data": long})) < 600
+    assert display.feed({"event_type": "step", "data": {"step": 4, "name": "plan"}}) == "  step 4: plan\n"

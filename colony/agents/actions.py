@@ -17,6 +17,7 @@ from __future__ import annotations
 import functools
 import inspect
 import json
+import logging
 import typing
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
@@ -27,6 +28,8 @@ from pydantic import BaseModel, ConfigDict, ValidationError, create_model
 from colony.agents.hooks import hookable
 from colony.agents.models import ActionResult, ActionType
 from colony.errors import AgentUsageError
+
+log = logging.getLogger(__name__)
 
 if TYPE_CHECKING:
     from colony.agents.base import Agent, AgentCapability
@@ -215,6 +218,9 @@ class ActionDispatcher:
             try:
                 output = await spec.method(**dict(params))
             except Exception as exc:  # an action's failure is data for the policy, not a crash
+                # logged once, with its traceback, here where it is caught (the result carries the
+                # type and message to the policy, the run's step event and `colony run`)
+                log.warning("agent %s: action %s raised", self.agent.agent_id, action, exc_info=True)
                 return ActionResult(success=False, error=f"{action} failed: {type(exc).__name__}: {exc}")
             return output if isinstance(output, ActionResult) else ActionResult(success=True, output=output)
 
