@@ -10,7 +10,7 @@ from typing import Any
 
 import httpx
 import pytest
-from test_api import AUTH, api, parse_sse, wait_done  # noqa: F401 - `api` is a fixture
+from test_api import AUTH, TOKEN, api, parse_sse, wait_done  # noqa: F401 - `api` is a fixture
 
 from colony.api.app import ApiServices, create_app
 from colony.blackboard import Blackboard
@@ -285,3 +285,45 @@ async def test_the_import_route_alone_takes_bodies_up_to_its_own_limit(bb: Black
         assert huge.status_code == 413 and "8192" in huge.json()["error"]["message"]
         anonymous = await client.post("/v1/agents/x/import", json=body)
         assert anonymous.status_code == 401
+
+
+def test_every_request_body_forbids_unknown_fields() -> None:
+    """Each route's body model refuses a field it does not know (a 422 naming it), so an extra field
+    is never accepted and ignored: read from the app's own OpenAPI document."""
+    spec = create_app(_no_services, token="t").openapi()
+    schemas = spec["components"]["schemas"]
+    open_bodies = []
+    for path, operations in spec["paths"].items():
+        for method, operation in operations.items():
+            for media in operation.get("requestBody", {}).get("content", {}).values():
+                for candidate in media["schema"].get("anyOf", [media["schema"]]):
+                    name = candidate.get("$ref", "").rsplit("/", 1)[-1]
+                    schema = schemas.get(name, candidate)
+                    if schema.get("type") == "object" and schema.get("additionalProperties") is not False:
+                        open_bodies.append(f"{method.upper()} {path}: {name or schema}")
+    assert not open_bodies, open_bodies
+
+
+async def _no_services() -> ApiServices:
+    raise AssertionError("a body refused by its model never reaches the services")
+
+
+@pytest.mark.parametrize(
+    ("path", "body", "field"),
+    [
+        ("/v1/sessions", {"session_id": "../evil"}, "session_id"),
+        ("/v1/sessions", {"x": json.loads("[" * 300 + "]" * 300)}, "x"),
+        ("/v1/sessions/session-0123456789abcdef/messages", {"message": "hi", "role": "system"}, "role"),
+        ("/v1/sessions/session-0123456789abcdef/switch", {"branch": "main", "force": True}, "force"),
+    ],
+)
+async def test_session_bodies_with_unknown_fields_are_a_422_naming_them(
+    path: str, body: Any, field: str
+) -> None:
+    app = create_app(_no_services, token=TOKEN)
+    transport = httpx.ASGITransport(app=app)
+    async with httpx.AsyncClient(transport=transport, base_url="http://t", headers=AUTH) as client:
+        json_body = {"Content-Type": "application/json"}
+        answer = await client.post(path, content=json.dumps(body), headers=json_body)
+    assert answer.status_code == 422, answer.text
+    assert field in answer.text

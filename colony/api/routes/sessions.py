@@ -23,7 +23,7 @@ from typing import Annotated, Any
 
 from fastapi import APIRouter, Query
 from fastapi.responses import StreamingResponse
-from pydantic import BaseModel, Field
+from pydantic import BaseModel, ConfigDict, Field
 
 from colony.api.deps import GUARDED, ApiContext, Context, settings_of
 from colony.api.errors import SessionStartFailed
@@ -44,6 +44,7 @@ router = APIRouter(dependencies=GUARDED)
 
 def _errors(*statuses: int) -> dict[int | str, dict[str, Any]]:
     what = {
+        400: "the body is not JSON",
         401: "missing or wrong bearer token",
         404: (
             "no such session (or message in it, or, for a revert, on its active branch); "
@@ -57,11 +58,14 @@ def _errors(*statuses: int) -> dict[int | str, dict[str, Any]]:
 
 
 SESSION_READ = _errors(401, 404, 422, 503)
-SESSION_CHANGE = _errors(401, 404, 409, 422, 503)
+SESSION_SEND = _errors(400, 401, 404, 422, 503)  # a route with a body: one that is not JSON is a 400
+SESSION_CHANGE = _errors(400, 401, 404, 409, 422, 503)
 
 
 class SessionStart(BaseModel):
     """`POST /v1/sessions` (no fields yet: an empty object or no body)."""
+
+    model_config = ConfigDict(extra="forbid")  # an unknown field is a 422, as on every route
 
 
 class BranchView(BaseModel):
@@ -89,19 +93,23 @@ class MessageList(BaseModel):
 
 
 class SendMessage(BaseModel):
+    model_config = ConfigDict(extra="forbid")  # an unknown field is a 422, as on every route
     message: str = Field(min_length=1, max_length=1_000_000, description="the user's message")
 
 
 class RevertBody(BaseModel):
+    model_config = ConfigDict(extra="forbid")  # an unknown field is a 422, as on every route
     message_id: str = Field(pattern=MESSAGE_ID_PATTERN, description="the message to go back to")
 
 
 class ForkBody(BaseModel):
+    model_config = ConfigDict(extra="forbid")  # an unknown field is a 422, as on every route
     message_id: str = Field(pattern=MESSAGE_ID_PATTERN, description="the message the new branch starts from")
     branch: str | None = Field(None, pattern=BRANCH_PATTERN, description="its name (default fork-N)")
 
 
 class SwitchBody(BaseModel):
+    model_config = ConfigDict(extra="forbid")  # an unknown field is a 422, as on every route
     branch: str = Field(pattern=BRANCH_PATTERN)
 
 
@@ -147,7 +155,7 @@ async def store_of(ctx: ApiContext, session_id: str) -> SessionStore:
     "/v1/sessions",
     status_code=201,
     response_model=SessionView,
-    responses=SESSION_READ,
+    responses=SESSION_SEND,
 )
 async def start_session(ctx: Context, body: SessionStart | None = None) -> SessionView:
     """Start a session: the catalog's `session` agent places a session agent (its id is the
@@ -180,7 +188,7 @@ async def get_session(session_id: SessionId, ctx: Context) -> SessionView:
 @router.post(
     "/v1/sessions/{session_id}/messages",
     response_class=TurnStream,
-    responses={200: {"content": {"text/event-stream": {"schema": {"type": "string"}}}}, **SESSION_READ},
+    responses={200: {"content": {"text/event-stream": {"schema": {"type": "string"}}}}, **SESSION_SEND},
 )
 async def send_message(session_id: SessionId, body: SendMessage, ctx: Context) -> StreamingResponse:
     """One turn: the message goes on the active branch and the reply streams back (SSE:
