@@ -46,6 +46,12 @@ class MemorySettings(BaseModel):
         7 * 24 * 3600.0, gt=0, description="Age at which the recency factor is one half."
     )
     max_content_chars: int = Field(8000, ge=100, le=200_000, description="Longest entry text (422 above).")
+    max_payload_bytes: int = Field(
+        64_000,
+        ge=1000,
+        le=10_000_000,
+        description="Largest JSON (UTF-8 bytes) of an entry's `data` and `metadata` together (422 above).",
+    )
     max_tags_per_entry: int = Field(32, ge=1, le=256)
     default_max_entries: int = Field(
         10_000, ge=1, description="Cap of a scope whose capability sets no max_entries."

@@ -159,3 +159,19 @@ async def test_ingestion_catches_up_from_entries_when_the_stream_was_trimmed(
         assert await store.get(stm, forgotten.entry_id) is None
     finally:
         await client.aclose()
+
+
+async def test_an_entry_over_the_bounds_is_left_out_of_ingestion_not_retried_forever(
+    runtime: LocalAgentRuntime,
+) -> None:
+    """An entry written under a larger bound (before `memory.max_payload_bytes` was lowered, say)
+    is left out of the scopes that ingest it, with a warning; the entries after it go through."""
+    await runtime.spawn(scripted_memory_agent("bounded", []))
+    store = MemoryStore(runtime.blackboard, ColonySettings())
+    roomy = MemoryStore(runtime.blackboard, ColonySettings(memory={"max_payload_bytes": 1_000_000}))
+    working, stm = _scope(runtime, "bounded", "working"), _scope(runtime, "bounded", "stm")
+    await roomy.write(working, NewMemory(content="a large payload", data="d" * 200_000))
+    await store.write(working, NewMemory(content="a small one"))
+    assert await _wait_count(store, stm, 1) == 1
+    await asyncio.sleep(1.0)
+    assert [e.content for e in await store.entries(stm)] == ["a small one"]

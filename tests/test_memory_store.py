@@ -51,6 +51,16 @@ async def test_bounds_refused_with_the_field(store: MemoryStore, scope: str) -> 
         await store.write(scope, NewMemory(content="x" * 9000))
     with pytest.raises(InvalidArgument, match="tags"):
         await store.write(scope, NewMemory(content="y", tags={f"t{i}" for i in range(40)}))
+    # `data` and `metadata` are bounded too (900,000 characters of `data` were stored before)
+    with pytest.raises(InvalidArgument, match=r"data and metadata: \d+ bytes .*max_payload_bytes"):
+        await store.write(scope, NewMemory(content="z", data="d" * 900_000))
+    with pytest.raises(InvalidArgument, match="data and metadata"):
+        await store.write(scope, NewMemory(content="z", metadata={"k": "é" * 40_000}))  # 80,000 bytes
+    with pytest.raises(InvalidArgument, match="only whitespace"):
+        await store.write(scope, NewMemory(content=" \n\t "))
+    assert await store.count(scope) == 0  # nothing refused was stored
+    kept = await store.write(scope, NewMemory(content="fits", data={"k": "d" * 60_000}))
+    assert kept.created
 
 
 async def test_cap_keeps_max_entries_by_relevance(store: MemoryStore, scope: str) -> None:

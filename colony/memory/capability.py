@@ -28,7 +28,7 @@ from colony.agents.hooks import HookContext, HookType, Pointcut
 from colony.blackboard import Blackboard
 from colony.blackboard.protocol import MemoryProtocol
 from colony.config import ColonySettings
-from colony.errors import BlackboardUnavailable, ConcurrentModificationError
+from colony.errors import BlackboardUnavailable, ConcurrentModificationError, InvalidArgument
 from colony.memory.scopes import AGENT_LEVELS, PURPOSES, MemoryScope
 from colony.memory.service import memory_service
 from colony.memory.store import MemoryStore
@@ -385,6 +385,18 @@ class MemoryCapability(AgentCapability):
                 out.append(memory.model_copy(update=updates) if updates else memory)
         return out
 
+    def _ingestible(self, memory: NewMemory) -> bool:
+        """Whether a derived entry is within this colony's bounds; one that is not (an entry
+        written before a bound was lowered) is left out with a warning, so it never stalls the
+        scope's ingestion in a retry loop."""
+        try:
+            self.store._check(memory)
+        except InvalidArgument as exc:
+            who = self._who()
+            log.warning("%s of agent %s: entry %s not ingested: %s", self.name, who, memory.entry_id, exc)
+            return False
+        return True
+
     async def _commit(
         self,
         derived: list[NewMemory],
@@ -399,9 +411,8 @@ class MemoryCapability(AgentCapability):
         store = self.store
         board = self.blackboard
         creator = self.agent.agent_id if self.agent is not None else None
+        derived = [m for m in derived if self._ingestible(m)]
         built = [store._build(self.memory_scope, m, creator) for m in derived]
-        for memory in derived:
-            store._check(memory)
         present = await board.read_many([Keys.entry_key(e.entry_id) for e in built])
         holders = await board.read_many([Keys.hash_key(e.content_hash) for e in built])
         try:

@@ -10,6 +10,7 @@ indexes (colony.memory.retrieval) follow with `changes()`.
 from __future__ import annotations
 
 import contextlib
+import json
 import os
 import re
 import time
@@ -73,6 +74,8 @@ class MemoryStore:
     # -- validation ------------------------------------------------------------------------------
 
     def _check(self, memory: NewMemory) -> None:
+        if not memory.content.strip():
+            raise InvalidArgument("content: only whitespace; an entry needs text to be recalled by")
         if len(memory.content) > self.limits.max_content_chars:
             raise InvalidArgument(
                 f"content: {len(memory.content)} characters; the limit is {self.limits.max_content_chars} "
@@ -85,6 +88,12 @@ class MemoryStore:
             )
         if Keys.INDEX_TAG in memory.tags:
             raise InvalidArgument(f"tags: {Keys.INDEX_TAG!r} is reserved")
+        payload = len(json.dumps([memory.data, memory.metadata], ensure_ascii=False).encode("utf-8"))
+        if payload > self.limits.max_payload_bytes:
+            raise InvalidArgument(
+                f"data and metadata: {payload} bytes of JSON; the limit is {self.limits.max_payload_bytes} "
+                "(memory.max_payload_bytes): keep large payloads elsewhere and store a reference"
+            )
 
     # -- writes ----------------------------------------------------------------------------------
 
