@@ -13,7 +13,7 @@ import pytest
 
 from colony.api.app import ApiServices, create_app
 from colony.blackboard import Blackboard
-from colony.config import ColonySettings, VcmSettings, load_settings
+from colony.config import ColonySettings, VcmSettings
 from colony.inference.scripted import ScriptedEngine
 from colony.system.builtin import ask_blueprint, echo_blueprint
 from colony.system.host import ReplicaHost
@@ -34,18 +34,10 @@ async def api(
     await host.ensure_agent(echo_blueprint())
     await host.ensure_agent(ask_blueprint())
     assert host.registry is not None
-    runs = RunService(
-        bb,
-        host.registry,
-        tenant_id=settings.tenant_id,
-        colony_id=settings.colony_id,
-        settings=load_settings(),
-    )
+    runs = RunService(bb, host.registry, settings=settings)
     from colony.vcm import PageTable
 
-    pages = PageTable(
-        bb, tenant_id=settings.tenant_id, colony_id=settings.colony_id, settings=load_settings()
-    )
+    pages = PageTable(bb, settings=settings)
     vcm = VcmSettings(allowed_roots=[tmp_path])  # the folders tests map
     app = create_app(ApiServices(runs=runs, registry=host.registry, token=TOKEN, pages=pages, vcm=vcm))
     async with httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://colony") as client:

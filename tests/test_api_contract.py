@@ -21,7 +21,7 @@ from schemathesis.engine import Status, events, from_schema
 
 from colony.api.app import ApiServices
 from colony.blackboard import Blackboard, create_redis
-from colony.config import ColonySettings, load_settings
+from colony.config import ColonySettings
 from colony.inference.scripted import ScriptedEngine
 from colony.system.builtin import ask_blueprint, echo_blueprint
 from colony.system.host import ReplicaHost
@@ -53,12 +53,11 @@ class AppThread(ServedApi):
         await self.host.ensure_agent(echo_blueprint())
         await self.host.ensure_agent(ask_blueprint())
         assert self.host.registry is not None
-        ids = {"tenant_id": settings.tenant_id, "colony_id": settings.colony_id}
         return ApiServices(
-            runs=RunService(board, self.host.registry, settings=load_settings(), **ids),
+            runs=RunService(board, self.host.registry, settings=settings),
             registry=self.host.registry,
             token=TOKEN,
-            pages=PageTable(board, settings=load_settings(), **ids),
+            pages=PageTable(board, settings=settings),
             vcm=settings.vcm,
         )
 

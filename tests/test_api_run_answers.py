@@ -16,7 +16,7 @@ import pytest
 from colony.api import event_stream as sse_module
 from colony.api.app import ApiServices, create_app
 from colony.blackboard import Blackboard
-from colony.config import ColonySettings, load_settings
+from colony.config import ColonySettings
 from colony.inference.scripted import ScriptedEngine
 from colony.system.builtin import echo_blueprint
 from colony.system.host import ReplicaHost
@@ -35,13 +35,7 @@ async def served(bb: Blackboard, redis_url: str) -> AsyncIterator[tuple[httpx.As
     await host.ensure_agent(echo_blueprint())
     assert host.registry is not None
     await host.registry.put(AgentRecord(agent_id="sleepy", state="idle"))  # registered, nobody serves it
-    runs = RunService(
-        bb,
-        host.registry,
-        tenant_id=settings.tenant_id,
-        colony_id=settings.colony_id,
-        settings=load_settings(),
-    )
+    runs = RunService(bb, host.registry, settings=settings)
     app = create_app(ApiServices(runs=runs, registry=host.registry, token=TOKEN))
     async with httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://colony") as client:
         yield client, app, host

@@ -29,16 +29,8 @@ async def colony(bb: Blackboard, redis_url: str) -> AsyncIterator[tuple[ReplicaH
     await host.start(bb)
     await host.ensure_agent(echo_blueprint())
     assert host.registry is not None
-    runs = RunService(
-        bb,
-        host.registry,
-        tenant_id=settings.tenant_id,
-        colony_id=settings.colony_id,
-        settings=load_settings(),
-    )
-    pages = PageTable(
-        bb, tenant_id=settings.tenant_id, colony_id=settings.colony_id, settings=load_settings()
-    )
+    runs = RunService(bb, host.registry, settings=settings)
+    pages = PageTable(bb, settings=settings)
     yield host, runs, pages
     await host.close()
 

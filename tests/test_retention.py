@@ -41,13 +41,7 @@ async def colony(
     await host.ensure_agent(echo_blueprint())
     await host.ensure_agent(ask_blueprint())
     assert host.registry is not None
-    runs = RunService(
-        bb,
-        host.registry,
-        tenant_id=settings.tenant_id,
-        colony_id=settings.colony_id,
-        settings=load_settings(),
-    )
+    runs = RunService(bb, host.registry, settings=settings)
     yield host, runs
     await host.close()
 
@@ -197,13 +191,7 @@ async def test_a_run_with_more_keys_than_one_expiry_call_is_retired_after_its_an
     try:
         await host.ensure_agent(ask_blueprint())
         assert host.registry is not None
-        runs = RunService(
-            bb,
-            host.registry,
-            tenant_id=settings.tenant_id,
-            colony_id=settings.colony_id,
-            settings=load_settings(),
-        )
+        runs = RunService(bb, host.registry, settings=settings)
         record = await runs.submit("ask", {"question": "a long one"})
         assert await wait_status(runs, record.run_id, timeout=60) == "succeeded"
         left = await keys_named(bb, record.run_id)

@@ -88,12 +88,11 @@ def api_services(
     """What the API replica serves from: its own Redis client, and the registry, runs and page
     table built with the replica's settings (retention, default timeout: never `load_settings()`)."""
     board, registry = connect_registry(settings, name)
-    ids = {"tenant_id": settings.tenant_id, "colony_id": settings.colony_id}
     return ApiServices(
-        runs=RunService(board, registry, settings=settings, **ids),
+        runs=RunService(board, registry, settings=settings),
         registry=registry,
         token=token,
-        pages=PageTable(board, settings=settings, **ids),
+        pages=PageTable(board, settings=settings),
         control=control,
         vcm=settings.vcm,
         settings=settings,

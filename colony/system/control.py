@@ -82,9 +82,7 @@ class ControlPlane:
             BlackboardScope.COLONY, tenant_id=settings.tenant_id, colony_id=settings.colony_id
         )
         self.registry = AgentRegistry(blackboard.scoped(colony_scope), settings=settings)
-        self.pages = PageTable(
-            blackboard, tenant_id=settings.tenant_id, colony_id=settings.colony_id, settings=settings
-        )
+        self.pages = PageTable(blackboard, settings=settings)
         serve = settings.serve
         self.placer = AgentPlacer(
             self.directory,

@@ -97,8 +97,6 @@ class ReplicaHost:
         self.registry = AgentRegistry(colony_board, settings=self.settings)
         self.pages = PageTable(
             blackboard,
-            tenant_id=self.settings.tenant_id,
-            colony_id=self.settings.colony_id,
             settings=self.settings,
         )
         if self.engine is None:

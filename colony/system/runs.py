@@ -120,34 +120,27 @@ class RunService:
         blackboard: Blackboard,
         registry: AgentRegistry,
         *,
-        tenant_id: str = "default",
-        colony_id: str = "default",
         settings: ColonySettings,
+        tenant_id: str | None = None,
+        colony_id: str | None = None,
         retention_seconds: float | None = None,
     ) -> None:
-        """`settings`: the process's settings (the API replica's); `retention_seconds` overrides
+        """`settings`: the process's settings (the API replica's), whose tenant and colony it serves
+        unless `tenant_id` / `colony_id` say otherwise; `retention_seconds` overrides
         `runs.retention_seconds`."""
-        self.tenant_id, self.colony_id = tenant_id, colony_id
-        self.api_board = blackboard.scoped(ApiRunProtocol.scope(tenant_id, colony_id))
+        self.tenant_id = tenant_id or settings.tenant_id
+        self.colony_id = colony_id or settings.colony_id
+        self.api_board = blackboard.scoped(ApiRunProtocol.scope(self.tenant_id, self.colony_id))
         self.settings = settings
-        self._runs: RunsSettings = settings.runs
-        self._retention = retention_seconds
+        self.runs_settings: RunsSettings = settings.runs
+        # how long an ended run's keys stay
+        retention = settings.runs.retention_seconds if retention_seconds is None else retention_seconds
+        self.retention_seconds = retention
         self._root = blackboard
         self.registry = registry
         self._retired: dict[str, None] = {}  # ended runs whose record this process retired (bounded)
         self._serving: dict[tuple[str, str], tuple[float, RunServing]] = {}  # (agent, ns) -> (read at, it)
         self._known: dict[str, float] = {}  # agent -> when its registry record was last found
-
-    @property
-    def runs_settings(self) -> RunsSettings:
-        return self._runs
-
-    @property
-    def retention_seconds(self) -> float:
-        """How long an ended run's keys stay (`runs.retention_seconds`)."""
-        if self._retention is None:
-            self._retention = self.runs_settings.retention_seconds
-        return self._retention
 
     def agent_scope(self, agent: str) -> str:
         return scope_id(

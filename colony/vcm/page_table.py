@@ -63,11 +63,13 @@ class PageTable:
         self,
         blackboard: Blackboard,
         *,
-        tenant_id: str = "default",
-        colony_id: str = "default",
         settings: ColonySettings,
+        tenant_id: str | None = None,
+        colony_id: str | None = None,
     ) -> None:
-        """`settings`: the process's settings (for `vcm.page_retention_seconds`)."""
+        """`settings`: the process's settings (for `vcm.page_retention_seconds`), whose tenant and
+        colony it holds pages of unless `tenant_id` / `colony_id` say otherwise."""
+        tenant_id, colony_id = tenant_id or settings.tenant_id, colony_id or settings.colony_id
         self.board = blackboard.scoped(
             scope_id(BlackboardScope.COLONY, tenant_id=tenant_id, colony_id=colony_id, namespace="vcm")
         )
