@@ -89,7 +89,10 @@ def http_append(url: str, appends: int) -> dict[str, Any]:
     settings = settings_for(url)
     headers = {"Authorization": f"Bearer {TOKEN}"}
     with BareApi(settings, TOKEN) as server, httpx.Client(base_url=server.url, headers=headers) as http:
-        made = http.post("/v1/agents/bench/blocks", json={"label": "notes", "char_limit": 100_000})
+        # `bench` is no agent of this colony: its block is pre-provisioned (docs/blocks.md)
+        made = http.post(
+            "/v1/agents/bench/blocks?provision=true", json={"label": "notes", "char_limit": 100_000}
+        )
         if made.status_code != 201:
             raise RuntimeError(f"creating the block answered {made.status_code}: {made.text[:300]}")
         api, floor = [], []

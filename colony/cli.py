@@ -270,7 +270,13 @@ def _restarts_text(redis: dict[str, Any]) -> str:
 def cmd_doctor(args: argparse.Namespace) -> int:
     from colony.system.doctor_command import doctor_command
 
-    return doctor_command(_settings(args), as_json=args.json, grace_seconds=args.grace, run_ids=args.run)
+    return doctor_command(
+        _settings(args),
+        as_json=args.json,
+        grace_seconds=args.grace,
+        run_ids=args.run,
+        prune_orphans=args.prune_orphans,
+    )
 
 
 RUN_FAILED = 1  # the run failed or was cancelled (2: the command itself could not run it)
@@ -490,6 +496,11 @@ def _add_cluster_commands(sub: Any, remote: argparse.ArgumentParser) -> None:
         "--grace", type=float, default=10.0, help="seconds a state must last to be reported (default 10)"
     )
     doctor.add_argument("--run", action="append", default=[], help="also check this run id (repeatable)")
+    doctor.add_argument(
+        "--prune-orphans",
+        action="store_true",
+        help="remove the orphaned agent keys found (keys of agent ids no record names), then check again",
+    )
     doctor.set_defaults(func=cmd_doctor)
 
 

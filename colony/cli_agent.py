@@ -32,16 +32,18 @@ def _when(at: Any) -> str:
 
 
 def render_checkpoints(agent: str, checkpoints: Sequence[dict[str, Any]]) -> str:
-    """One row per kept checkpoint, oldest first: step, run, time (UTC), run status, size, calls, effects."""
+    """One row per kept checkpoint, oldest first: step, run, the HTTP run it serves, time (UTC), run
+    status, size, calls, effects."""
     if not checkpoints:
         return f"agent {_text(agent, 128)} keeps no checkpoints (one is taken after each step of a run)"
-    rows = [("STEP", "RUN", "AT (UTC)", "RUN STATUS", "BYTES", "CALLS", "EFFECTS")]
+    rows = [("STEP", "RUN", "HTTP RUN", "AT (UTC)", "RUN STATUS", "BYTES", "CALLS", "EFFECTS")]
     for c in checkpoints:
         calls = c.get("calls")
         rows.append(
             (
                 str(c.get("step")),
                 _text(c.get("run_id"), 40),
+                _text(c.get("request_id"), 40) or "-",
                 _when(c.get("at")),
                 _text(c.get("run_status"), 16),
                 str(c.get("size")),
@@ -70,6 +72,12 @@ def render_report(agent: str, report: dict[str, Any]) -> str:
             effects = ", ".join(_text(e, 32) for e in call.get("effects") or [])
             action, key = _text(call.get("action"), 64), _text(call.get("key"), 96)
             lines.append(f"  step {call.get('step')}: {action} ({effects}) key {key}")
+    reruns = report.get("reruns") or []
+    when = _text(report.get("rerun_when"), 16)
+    if reruns:
+        lines.append(f"runs again ({when}): step(s) {', '.join(_text(s, 12) for s in reruns)}")
+    if report.get("request_id"):
+        lines.append(f"HTTP run: {_text(report.get('request_id'), 64)} (GET /v1/runs/{{id}})")
     for note in report.get("notes") or []:
         lines.append(f"note: {_text(note, 400)}")
     return "\n".join(lines)

@@ -31,6 +31,10 @@ from colony.cli_target import server_text as _text
 from colony.errors import ColonyError
 
 ACCESS = ("read_only", "append_only", "read_write")
+PROVISION_HELP = (
+    "for an agent the colony does not know yet (pre-provisioning: an agent started later under that "
+    "id has it); without it such an agent is refused"
+)
 MAX_DESCRIPTION_SHOWN = 60
 
 
@@ -246,9 +250,12 @@ def cmd_share(args: argparse.Namespace) -> int:
             f"{_text(share.get('agent_id'), 128)} ({_text(share.get('access'), 16)})"
         )
 
-    return _call(
-        args, lambda c: _emit(args, c.blocks.share(args.owner, args.label, args.agent, args.access), text)
-    )
+    def work(client: Any) -> str:
+        blocks = client.blocks
+        shared = blocks.share(args.owner, args.label, args.agent, args.access, provision=args.provision)
+        return _emit(args, shared, text)
+
+    return _call(args, work)
 
 
 def cmd_unshare(args: argparse.Namespace) -> int:
@@ -295,8 +302,12 @@ def cmd_create(args: argparse.Namespace) -> int:
     }
     if args.colony:
         fields["access"] = args.access
+        if args.provision:
+            raise ColonyError("--provision is for an agent's block; a colony block needs no agent")
     elif args.access is not None:
         raise ColonyError("--access is for colony blocks (--colony); share an agent's block with `share`")
+    elif args.provision:
+        fields["provision"] = True
 
     def text(info: dict[str, Any]) -> str:
         return (
@@ -409,6 +420,7 @@ def _add_sharing(made: _Subcommands) -> None:
     share.add_argument("label", help="block label")
     share.add_argument("agent", help="the agent to share it with")
     share.add_argument("--access", choices=ACCESS, required=True, help="what AGENT may do with it")
+    share.add_argument("--provision", action="store_true", help=PROVISION_HELP)
     share.set_defaults(func=cmd_share)
 
     unshare = made.leaf("unshare", "take AGENT's access to OWNER's block away")
@@ -434,4 +446,5 @@ def _add_create(made: _Subcommands) -> None:
         help="a field of the template (repeatable; VALUE as JSON when it is a list, number or boolean)",
     )
     create.add_argument("--access", choices=ACCESS, help="--colony: what every agent may do with it")
+    create.add_argument("--provision", action="store_true", help=PROVISION_HELP)
     create.set_defaults(func=cmd_create)

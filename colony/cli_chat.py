@@ -134,6 +134,10 @@ def cmd_chat(args: argparse.Namespace) -> int:
 
     try:
         with ColonyClient(target.url, target.token) as client:
+            if args.delete:
+                client.sessions.delete(args.delete)
+                print(f"session {_clean(args.delete)} deleted")
+                return 0
             session_id = args.session or client.sessions.start()["session_id"]
             if args.session:
                 client.sessions.get(session_id)  # 404 now rather than at the first message
@@ -158,6 +162,10 @@ def add_chat_command(
         description="Chat with a session agent: each line is a message, the reply streams back. " + HELP,
         parents=list(parents or []),
     )
-    chat.add_argument("--session", help="continue this session (its id) instead of starting one")
+    what = chat.add_mutually_exclusive_group()
+    what.add_argument("--session", help="continue this session (its id) instead of starting one")
+    what.add_argument(
+        "--delete", metavar="ID", help="delete this session for good (its agent, messages and state) and exit"
+    )
     chat.set_defaults(func=cmd_chat)
     return chat

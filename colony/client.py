@@ -17,7 +17,7 @@ import httpx
 
 from colony.client_blocks import BlocksClient
 from colony.client_context import ContextClient
-from colony.client_http import ApiConnection, AsyncApiConnection, StreamResumer
+from colony.client_http import DEFAULT_ATTEMPTS, ApiConnection, AsyncApiConnection, StreamResumer
 from colony.client_memory import AsyncMemoryClient, MemoryClient
 from colony.client_sessions import SessionsClient
 from colony.client_transfer import TransferClient
@@ -49,11 +49,15 @@ class ColonyClient:
         timeout: float = 30.0,
         transport: httpx.BaseTransport | None = None,
         reconnect_seconds: float = 30.0,
+        attempts: int = DEFAULT_ATTEMPTS,
     ) -> None:
         """`reconnect_seconds`: how long `events()` keeps reconnecting a broken event stream
-        without receiving an event (0: never reconnects). `transport`: httpx's (tests mock it)."""
+        without receiving an event (0: never reconnects). `attempts`: tries per call in all (1:
+        never retried); every write carries an Idempotency-Key and is retried after a lost
+        connection or a 5xx, a read (a read-only POST too: memory recall) after a lost connection
+        or a 502/503/504 (colony.client_http.Retry). `transport`: httpx's (tests mock it)."""
         self.reconnect_seconds = reconnect_seconds
-        self._api = ApiConnection(url, token, timeout=timeout, transport=transport)
+        self._api = ApiConnection(url, token, timeout=timeout, transport=transport, attempts=attempts)
         self.sessions = SessionsClient(self._api)
         self.blocks = BlocksClient(self._api)
         self.memory = MemoryClient(self._api)
@@ -154,9 +158,10 @@ class AsyncColonyClient:
         timeout: float = 30.0,
         transport: httpx.AsyncBaseTransport | None = None,
         reconnect_seconds: float = 30.0,
+        attempts: int = DEFAULT_ATTEMPTS,
     ) -> None:
         self.reconnect_seconds = reconnect_seconds
-        self._api = AsyncApiConnection(url, token, timeout=timeout, transport=transport)
+        self._api = AsyncApiConnection(url, token, timeout=timeout, transport=transport, attempts=attempts)
         self.memory = AsyncMemoryClient(self._api)
 
     async def __aenter__(self) -> AsyncColonyClient:

@@ -18,6 +18,11 @@ def _path(agent: str | None, label: str | None = None) -> str:
     return base if label is None else f"{base}/{quote(label, safe='')}"
 
 
+def _provision(provision: bool) -> dict[str, str]:
+    """The query of a pre-provisioning request (none otherwise)."""
+    return {"provision": "true"} if provision else {}
+
+
 class BlocksClient:
     """Memory blocks: list, create, read, write, append, settings, history, rollback, undo, delete,
     share and unshare."""
@@ -29,10 +34,15 @@ class BlocksClient:
         """Every block `agent` sees (own, shared, colony) with its access and size; None: colony blocks."""
         return list(self._api.call("GET", _path(agent)))
 
-    def create(self, agent: str | None, label: str, **fields: Any) -> dict[str, Any]:
+    def create(
+        self, agent: str | None, label: str, *, provision: bool = False, **fields: Any
+    ) -> dict[str, Any]:
         """Create a block owned by `agent` (None: a colony block; `access` in `fields`); `fields`:
-        description, block_type, char_limit, read_only, content, template, ... Its BlockInfo."""
-        return dict(self._api.call("POST", _path(agent), json=present(label=label, **fields)))
+        description, block_type, char_limit, read_only, content, template, ... Its BlockInfo.
+        An agent the colony does not know is refused (404) unless `provision` (pre-provisioning:
+        an agent started later under that id has the block)."""
+        body = present(label=label, **fields)
+        return dict(self._api.call("POST", _path(agent), json=body, params=_provision(provision)))
 
     def read(
         self, agent: str | None, label: str, *, owner: str | None = None, version: int | None = None
@@ -99,10 +109,13 @@ class BlocksClient:
     def delete(self, agent: str | None, label: str) -> None:
         self._api.call("DELETE", _path(agent, label))
 
-    def share(self, owner: str, label: str, agent: str, access: str) -> dict[str, Any]:
-        """Give `agent` `access` (read_only, append_only, read_write) to `owner`'s block."""
+    def share(
+        self, owner: str, label: str, agent: str, access: str, *, provision: bool = False
+    ) -> dict[str, Any]:
+        """Give `agent` `access` (read_only, append_only, read_write) to `owner`'s block (an agent
+        the colony does not know: 404 unless `provision`)."""
         body = {"owner": owner, "label": label, "agent_id": agent, "access": access}
-        return dict(self._api.call("POST", "/v1/blocks/share", json=body))
+        return dict(self._api.call("POST", "/v1/blocks/share", json=body, params=_provision(provision)))
 
     def unshare(self, owner: str, label: str, agent: str) -> bool:
         body = {"owner": owner, "label": label, "agent_id": agent}

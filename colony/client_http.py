@@ -1,9 +1,16 @@
 """The HTTP layer of colony.client: one connection to the Colony API (`ApiConnection`, and its async
 twin), shared by a client and its resource clients (`client.sessions`, `client.blocks`, ...), the
-API's error answers raised as `ApiError`, and the server-sent events a run or a turn streams."""
+API's error answers raised as `ApiError`, and the server-sent events a run or a turn streams.
+
+Every write (POST, PUT, PATCH, DELETE; not a read-only POST such as memory recall) carries an
+`Idempotency-Key` (one per call, the same on each of its attempts), so the connection can try it
+again when the answer is lost or a 5xx (`Retry`): the API runs it once and answers a retry with the
+first answer (docs/api.md, Idempotent writes). A read-only POST carries no key and is retried as a
+read."""
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import json
 import os
@@ -15,9 +22,11 @@ from urllib.parse import quote
 import httpx
 
 from colony.errors import ApiError
+from colony.wire import idempotency
 from colony.wire.token import TOKEN_ENV, TokenSource, is_loopback
 
 RETRYABLE_STATUSES = frozenset({502, 503, 504})  # the API (or the proxy before it) is restarting
+DEFAULT_ATTEMPTS = 4
 
 
 def auth_headers(token: str | None, url: str) -> dict[str, str]:
@@ -137,21 +146,123 @@ class StreamResumer:
         return min(0.2 * 2 ** (self._failures - 1), 2.0)
 
 
+class Retry:
+    """When a call is tried again, and after how long. A write (it carries an Idempotency-Key) after
+    a lost connection or answer (any httpx transport error, timeouts included), a 5xx, or a 409
+    saying the first attempt still runs; a read after a transport error or a 502/503/504. Never
+    after another 4xx. At most `attempts` tries in all, `backoff` seconds doubling up to 5 s
+    between them (longer when the answer's `Retry-After` says so, up to 5 s)."""
+
+    MAX_DELAY = 5.0
+
+    def __init__(self, attempts: int = DEFAULT_ATTEMPTS, backoff: float = 0.25) -> None:
+        if attempts < 1:
+            raise ValueError(f"attempts: {attempts}; at least 1 (1: never retried)")
+        self.attempts = attempts
+        self.backoff = backoff
+
+    def delay(
+        self,
+        method: str,
+        attempt: int,
+        response: httpx.Response | None,
+        exc: Exception | None = None,
+        *,
+        path: str = "",
+    ) -> float | None:
+        """Seconds to wait before attempt `attempt + 1` of `method` on `path`; None: `response` (or
+        `exc`) stands."""
+        if attempt >= self.attempts:
+            return None
+        write = idempotency.takes_key(method, path)
+        if response is None:
+            retried = isinstance(exc, httpx.TransportError)
+        elif write:
+            retried = response.status_code >= 500 or (
+                response.status_code == 409 and _error_code(response) == idempotency.IN_FLIGHT
+            )
+        else:
+            retried = response.status_code in RETRYABLE_STATUSES
+        if not retried:
+            return None
+        wait = min(self.backoff * 2 ** (attempt - 1), self.MAX_DELAY)
+        after = response.headers.get("retry-after", "") if response is not None else ""
+        return min(max(wait, float(after)), self.MAX_DELAY) if after.isdigit() else wait
+
+
+def _error_code(response: httpx.Response) -> str | None:
+    try:
+        response.read()  # (an async stream's answer was read before)
+        error = response.json().get("error", {})
+    except (ValueError, AttributeError, RuntimeError, httpx.HTTPError):
+        return None
+    return error.get("code") if isinstance(error, dict) else None
+
+
+def _timeout_of(kwargs: dict[str, Any]) -> dict[str, Any]:
+    return {"timeout": kwargs["timeout"]} if "timeout" in kwargs else {}
+
+
+def keyed(method: str, path: str, kwargs: dict[str, Any]) -> dict[str, Any]:
+    """`kwargs` with an Idempotency-Key for a write (a fresh one, unless the caller gave one); a
+    read, or a read-only POST (`idempotency.READ_ONLY_POSTS`), as it is: the API would keep an
+    answer for each keyed call, for nothing."""
+    if not idempotency.takes_key(method, path):
+        return kwargs
+    headers = dict(kwargs.get("headers") or {})
+    if not any(name.lower() == idempotency.HEADER.lower() for name in headers):
+        headers[idempotency.HEADER] = idempotency.new_key()
+    return {**kwargs, "headers": headers}
+
+
+def replayed_stream(response: httpx.Response) -> str | None:
+    """Where a streamed answer replayed to a retry goes on (a 303 to the run's events), or None."""
+    if response.status_code == 303 and response.headers.get(idempotency.REPLAYED_HEADER) == "true":
+        return response.headers.get("location")
+    return None
+
+
 class ApiConnection:
     """One connection to the API (an httpx client carrying the token), shared by a ColonyClient and
-    its resource clients; every answer of 400 or above raises `ApiError`."""
+    its resource clients; every answer of 400 or above raises `ApiError`. Writes carry an
+    Idempotency-Key and are retried as `Retry` says (`attempts`: tries in all per call)."""
 
     def __init__(
-        self, url: str, token: str | None, *, timeout: float, transport: httpx.BaseTransport | None
+        self,
+        url: str,
+        token: str | None,
+        *,
+        timeout: float,
+        transport: httpx.BaseTransport | None,
+        attempts: int = DEFAULT_ATTEMPTS,
     ) -> None:
         self.http = httpx.Client(
             base_url=url.rstrip("/"), headers=auth_headers(token, url), timeout=timeout, transport=transport
         )
+        self.retry = Retry(attempts)
 
     def request(self, method: str, path: str, **kwargs: Any) -> httpx.Response:
-        response = self.http.request(method, path, **kwargs)
+        response = self._send(method, path, keyed(method, path, kwargs), stream=False)
         raise_for(response)
         return response
+
+    def _send(
+        self, method: str, path: str, kwargs: dict[str, Any], *, stream: bool, retry: Retry | None = None
+    ) -> httpx.Response:
+        retry = retry or self.retry
+        attempt = 0
+        while True:
+            attempt += 1
+            try:
+                response = self.http.send(self.http.build_request(method, path, **kwargs), stream=stream)
+            except httpx.TransportError as exc:
+                if (wait := retry.delay(method, attempt, None, exc, path=path)) is None:
+                    raise
+            else:
+                if (wait := retry.delay(method, attempt, response, path=path)) is None:
+                    return response
+                response.close()
+            time.sleep(wait)
 
     def call(self, method: str, path: str, **kwargs: Any) -> Any:
         """The answer's JSON (None for a 204 No Content)."""
@@ -160,8 +271,18 @@ class ApiConnection:
 
     @contextlib.contextmanager
     def events(self, method: str, path: str, **kwargs: Any) -> Iterator[Iterator[dict[str, Any]]]:
-        """The events a streamed answer sends, while the block lasts (the stream closes after)."""
-        with self.http.stream(method, path, **kwargs) as response:
+        """The events a streamed answer sends, while the block lasts (the stream closes after). A
+        write is retried until its stream starts; a retry answered with a replay goes on with the
+        run's own event stream (`GET /v1/runs/{id}/events`, the events the run wrote)."""
+        with contextlib.ExitStack() as stack:
+            kwargs = keyed(method, path, kwargs)
+            retry = self.retry if idempotency.takes_key(method, path) else Retry(1)
+            response = self._send(method, path, kwargs, stream=True, retry=retry)
+            stack.callback(response.close)
+            location = replayed_stream(response)
+            if location is not None:
+                response = self._send("GET", location, _timeout_of(kwargs), stream=True, retry=Retry(1))
+                stack.callback(response.close)
             if response.status_code >= 400:
                 response.read()
                 raise_for(response)
@@ -175,23 +296,59 @@ class AsyncApiConnection:
     """The async twin of ApiConnection."""
 
     def __init__(
-        self, url: str, token: str | None, *, timeout: float, transport: httpx.AsyncBaseTransport | None
+        self,
+        url: str,
+        token: str | None,
+        *,
+        timeout: float,
+        transport: httpx.AsyncBaseTransport | None,
+        attempts: int = DEFAULT_ATTEMPTS,
     ) -> None:
         self.http = httpx.AsyncClient(
             base_url=url.rstrip("/"), headers=auth_headers(token, url), timeout=timeout, transport=transport
         )
+        self.retry = Retry(attempts)
 
     async def call(self, method: str, path: str, **kwargs: Any) -> Any:
         """The answer's JSON (None for a 204 No Content)."""
-        response = await self.http.request(method, path, **kwargs)
+        response = await self._send(method, path, keyed(method, path, kwargs), stream=False)
         raise_for(response)
         return None if response.status_code == 204 else response.json()
+
+    async def _send(
+        self, method: str, path: str, kwargs: dict[str, Any], *, stream: bool, retry: Retry | None = None
+    ) -> httpx.Response:
+        retry = retry or self.retry
+        attempt = 0
+        while True:
+            attempt += 1
+            try:
+                request = self.http.build_request(method, path, **kwargs)
+                response = await self.http.send(request, stream=stream)
+            except httpx.TransportError as exc:
+                if (wait := retry.delay(method, attempt, None, exc, path=path)) is None:
+                    raise
+            else:
+                if stream and response.status_code >= 300:
+                    await response.aread()  # (Retry reads an error's code)
+                if (wait := retry.delay(method, attempt, response, path=path)) is None:
+                    return response
+                await response.aclose()
+            await asyncio.sleep(wait)
 
     @contextlib.asynccontextmanager
     async def events(
         self, method: str, path: str, **kwargs: Any
     ) -> AsyncIterator[AsyncIterator[dict[str, Any]]]:
-        async with self.http.stream(method, path, **kwargs) as response:
+        async with contextlib.AsyncExitStack() as stack:
+            kwargs = keyed(method, path, kwargs)
+            retry = self.retry if idempotency.takes_key(method, path) else Retry(1)
+            response = await self._send(method, path, kwargs, stream=True, retry=retry)
+            stack.push_async_callback(response.aclose)
+            location = replayed_stream(response)
+            if location is not None:
+                response = await self._send("GET", location, _timeout_of(kwargs), stream=True, retry=Retry(1))
+                stack.push_async_callback(response.aclose)
             if response.status_code >= 400:
                 await response.aread()
                 raise_for(response)

@@ -9,14 +9,34 @@ from urllib.parse import quote
 from colony.client_http import ApiConnection
 from colony.errors import ApiError
 
+START_SECONDS = 75.0  # the server waits up to 60 s for the session agent's placement
+
 
 def _path(session_id: str, tail: str = "") -> str:
     return f"/v1/sessions/{quote(session_id, safe='')}{tail}"
 
 
+def as_turn_event(event: dict[str, Any]) -> dict[str, Any]:
+    """A turn's event as the messages route words it. A retried message whose first try was
+    answered is followed on its run's event stream (a 303 to /v1/runs/{id}/events), whose end is
+    `completed` (the reply is its output) or `failed`/`cancelled`: the same turn, told as `message`
+    or `error`."""
+    kind, data = event.get("event_type"), event.get("data")
+    if kind == "completed":
+        return {
+            **event,
+            "event_type": "message",
+            "data": data.get("output") if isinstance(data, dict) else None,
+        }
+    if kind in ("failed", "cancelled"):
+        error = data.get("error") if isinstance(data, dict) else None
+        return {**event, "event_type": "error", "data": {"status": kind, "error": error}}
+    return event
+
+
 class SessionsClient:
     """Sessions: start one, send it messages (the reply streams back), page through its messages,
-    revert, fork and switch its branches."""
+    revert, fork and switch its branches, delete it."""
 
     def __init__(self, api: ApiConnection) -> None:
         self._api = api
@@ -25,8 +45,14 @@ class SessionsClient:
         return dict(self._api.call(method, path, **kwargs))
 
     def start(self) -> dict[str, Any]:
-        """Start a session; its view ({"session_id", "active", "branches", "messages"})."""
-        return self._call("POST", "/v1/sessions", json={})
+        """Start a session; its view ({"session_id", "active", "branches", "messages"}). Waits as
+        long as the server does for a replica to place it (START_SECONDS)."""
+        return self._call("POST", "/v1/sessions", json={}, timeout=START_SECONDS)
+
+    def delete(self, session_id: str) -> None:
+        """Delete the session for good (its agent, tree and state); ApiError 404 when it is unknown
+        (or deleted already)."""
+        self._api.call("DELETE", _path(session_id))
 
     def get(self, session_id: str) -> dict[str, Any]:
         """The session's branches, the active one and its message count."""
@@ -38,6 +64,7 @@ class SessionsClient:
         path = _path(session_id, "/messages")
         with self._api.events("POST", path, json={"message": message}, timeout=None) as events:
             for event in events:
+                event = as_turn_event(event)
                 yield event
                 if event.get("event_type") in ("message", "error"):
                     return

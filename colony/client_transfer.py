@@ -2,7 +2,8 @@
 
 `export_agent(id)` returns the document `GET /v1/agents/{id}/export` answers; `import_agent(doc)`
 posts it to `POST /v1/agents/{id}/import` and returns what was imported (docs/transfer.md). Errors are
-`colony.errors.ApiError` with the API's status and message (409: running or live; 422: refused).
+`colony.errors.ApiError` with the API's status and message (409: running or live; 413: over
+`api.max_import_bytes`; 422: refused, naming the field).
 """
 
 from __future__ import annotations

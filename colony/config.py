@@ -186,6 +186,13 @@ class ApiSettings(BaseModel):
 
     public_docs: bool = Field(False, description="Serve /docs and /openapi.json without a token.")
     max_body_bytes: int = Field(1024 * 1024, ge=1024, description="Largest request body accepted (413).")
+    max_import_bytes: int = Field(
+        16 * 1024 * 1024,
+        ge=1024,
+        le=1024**3,
+        description="Largest body of POST /v1/agents/{id}/import (an agent export document; 413), and "
+        "never more than context.max_export_bytes.",
+    )
     max_input_depth: int = Field(32, ge=2, le=200, description="Deepest nesting of a run input (422).")
     token_file: Path | None = Field(
         None, description="File holding the API token, read at run time; default data_dir/api-token."
@@ -194,6 +201,13 @@ class ApiSettings(BaseModel):
         None,
         description="A second token accepted on /metrics only (give Prometheus this one, not the API "
         "token); COLONY_API__METRICS_TOKEN is re-read at run time like COLONY_API_TOKEN.",
+    )
+    idempotency_ttl_seconds: float = Field(
+        86_400.0,
+        ge=60,
+        le=30 * 86_400,
+        description="How long the answer to a write sent with an Idempotency-Key is kept to replay to "
+        "its retries (docs/api.md, Idempotent writes).",
     )
 
 
@@ -292,6 +306,12 @@ class RunsSettings(BaseModel):
         7 * 24 * 3600.0,
         gt=0,
         description="Terminal runs (and their keys) and stopped agents expire after this long.",
+    )
+    known_ids_seconds: float = Field(
+        30 * 24 * 3600.0,
+        gt=0,
+        description="How long a run id stays known after its record could expire: GET /v1/runs/{id} "
+        "answers 410 (retired) for it instead of 404.",
     )
     max_events_per_run: int = Field(10_000, ge=10, description="Cap of one run's event stream.")
     default_timeout_seconds: float = Field(

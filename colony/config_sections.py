@@ -131,3 +131,9 @@ class ContextSettings(BaseModel):
         20_000, ge=100, le=1_000_000, description="Longest message a user may send to a session."
     )
     session_max_branches: int = Field(256, ge=1, le=10_000, description="Branches one session may hold.")
+    session_idle_retention_seconds: float = Field(
+        7 * 24 * 3600.0,
+        gt=0,
+        description="A session with no turn for this long is deleted with all its keys (its agent, "
+        "conversation tree and state).",
+    )

@@ -227,6 +227,11 @@ class RunNotFound(ColonyError):
     """No run with that id was submitted (or it expired)."""
 
 
+class RunRetired(RunNotFound):
+    """The run was submitted and has ended, and its record and result were removed after the
+    retention (`runs.retention_seconds`): HTTP 410, not a 404 for an id never seen."""
+
+
 class ClusterError(ColonyError):
     """The local cluster (`colony up`) could not be started, reached or stopped."""
 
@@ -270,6 +275,11 @@ class BlockVersionConflict(BlockError):
     def __init__(self, message: str, *, current_version: int) -> None:
         self.current_version = current_version
         super().__init__(message)
+
+
+class BlockContended(BlockVersionConflict):
+    """Other writers' edits kept landing first while this edit was redone on the new content
+    (bounded tries); nothing was changed: try again (HTTP 409 with `current_version`)."""
 
 
 class ContextError(ColonyError):

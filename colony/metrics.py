@@ -169,6 +169,12 @@ def http_method_label(method: str) -> str:
 HTTP_REQUEST_SECONDS = Histogram(
     "colony_http_request_seconds", "HTTP request latency by route template.", ["route"], buckets=_FAST_BUCKETS
 )
+# outcome: executed (first use of a key), replayed (a retry answered from the first), in_flight
+# (409: the first still runs), reused (422: another request's key), unknown (409: the first stopped
+# without an answer), released (a 5xx: the key freed for a retry to run again)
+HTTP_IDEMPOTENT = Counter(
+    "colony_http_idempotent_requests_total", "Writes sent with an Idempotency-Key, by outcome.", ["outcome"]
+)
 
 
 PLACEMENTS = Counter(
@@ -178,6 +184,15 @@ PLACEMENTS_QUEUED = Counter("colony_placements_queued_total", "Placements that h
 AGENT_SUSPENSIONS = Counter("colony_agent_suspensions_total", "Agents suspended, by reason.", ["reason"])
 AGENT_RESUMPTIONS = Counter(
     "colony_agent_resumptions_total", "Agents resumed, by condition kind.", ["condition"]
+)
+AGENT_EVICTIONS = Counter(
+    "colony_agent_evictions_total",
+    "Idle agents suspended to make room for another (room on demand), by kind (session, other).",
+    ["kind"],
+)
+AGENTS_DELETED = Counter(
+    "colony_agents_deleted_total",
+    "Agents removed for good with every key of their state (DELETE /v1/sessions/{id}, session retention).",
 )
 
 # -- memory (colony/memory) ------------------------------------------------------------------------
@@ -211,8 +226,15 @@ MEMORY_RECALL_SECONDS = Histogram(
 
 BLOCK_EDITS = Counter(
     "colony_block_edits_total",
-    "Memory block edits, by operation and outcome (applied, or refused: access, limit, conflict, invalid).",
+    "Memory block edits, by operation and outcome (applied, repeated: a redone action's edit found "
+    "made, or refused: access, limit, conflict, invalid).",
     ["op", "outcome"],
+)
+BLOCK_EDIT_RETRIES = Counter(
+    "colony_block_edit_retries_total",
+    "Block edits redone on fresh content, by reason (concurrent: another writer appended first; "
+    "compacted: the log was folded meanwhile).",
+    ["reason"],
 )
 BLOCK_COMPACTIONS = Counter(
     "colony_block_compactions_total",
@@ -244,6 +266,13 @@ ACTION_LOG_REPLAYS = Counter(
     "(model, action) and outcome (replayed, reexecuted).",
     ["kind", "outcome"],
 )
+ACTION_RERUNS = Counter(
+    "colony_action_reruns_total",
+    "Actions run again by a step redone after a crash, though they had started before (their "
+    "result was not recorded), by action and whether it declares effects (declared: the redo "
+    "reuses its idempotency key; none: at-least-once, docs/effects.md).",
+    ["action", "effects"],
+)
 SESSION_MESSAGES = Counter(
     "colony_session_messages_total",
     "Messages added to session conversation trees, by role (user, assistant).",
@@ -259,6 +288,8 @@ PUBLISHED: tuple[Published, ...] = (
     Published(PLACEMENTS_QUEUED),
     Published(AGENT_SUSPENSIONS, ("reason",)),
     Published(AGENT_RESUMPTIONS, ("condition",)),
+    Published(AGENT_EVICTIONS, ("kind",)),
+    Published(AGENTS_DELETED),
     Published(RUNS_SUBMITTED, ("agent",)),
     Published(RUNS_COMPLETED, ("status",)),
     Published(RUN_DURATION_SECONDS, (), _RUN_BUCKETS),
@@ -284,10 +315,12 @@ PUBLISHED: tuple[Published, ...] = (
     Published(MEMORY_RECALL_SECONDS, ("mode",), _FAST_BUCKETS),
     Published(BLOCK_EDITS, ("op", "outcome")),
     Published(BLOCK_COMPACTIONS, ("kind",)),
+    Published(BLOCK_EDIT_RETRIES, ("reason",)),
     Published(CONTEXT_CHECKPOINTS, ("op",)),
     Published(CONTEXT_COMPACTIONS, ("stage",)),
     Published(CONTEXT_COMPACTED_TOKENS),
     Published(ACTION_LOG_REPLAYS, ("kind", "outcome")),
+    Published(ACTION_RERUNS, ("action", "effects")),
     Published(SESSION_MESSAGES, ("role",)),
 )
 PUBLISHED_BY_NAME = {p.name: p for p in PUBLISHED}
@@ -488,6 +521,8 @@ _COLONY_COLLECTORS: tuple[Counter | Gauge | Histogram, ...] = (
     PLACEMENTS_QUEUED,
     AGENT_SUSPENSIONS,
     AGENT_RESUMPTIONS,
+    AGENT_EVICTIONS,
+    AGENTS_DELETED,
 )
 
 # M14 runs scale out (colony/system/runs.py, colony/system/pools.py): per process, not published

@@ -162,9 +162,11 @@ class AnalyzeProgress:
     with its last result. A `workers` event sets the total afresh; sent again when failed workers
     are retried, it lists each retry in place of the worker it retries (docs/analyze.md), so the
     results of workers it no longer lists are dropped. A `restarted` event takes back the `workers`
-    events after its `supersedes_after`: the redone step dispatches (or retries) again under new
-    ids, so the results of the workers only those events listed are forgotten (a late one from
-    them is ignored), and the last `workers` list that stands counts again."""
+    events after its `supersedes_after`: the results of the workers only those events listed are
+    set aside (a late one from them too), and the last `workers` list that stands counts again.
+    The redone step dispatches (or retries) again under the same ids (they derive from the
+    action's idempotency key, docs/effects.md), and each worker reports once: a `workers` event
+    that lists a set-aside worker again brings its result back."""
 
     def __init__(self, *, live: bool, started: float, width: int = 0, active: bool = False) -> None:
         self.live, self.started, self.width, self.active = live, started, width, active
@@ -173,6 +175,7 @@ class AnalyzeProgress:
         self.done: dict[str, dict[str, Any]] = {}  # worker id -> {"ok", "pages", "faulted", "files"}
         self._lists: list[tuple[int | None, list[str]]] = []  # (seq, ids) of each `workers` event
         self._forgotten: set[str] = set()  # workers of dispatches a restart took back
+        self._aside: dict[str, dict[str, Any]] = {}  # their results, back if they are listed again
         self._drawn = ""  # the progress line now on screen ("" = none)
 
     @property
@@ -234,6 +237,7 @@ class AnalyzeProgress:
         kept = set(standing[-1][1]) if standing else set()
         self._forgotten |= void - kept
         self._lists = standing
+        self._aside.update({w: result for w, result in self.done.items() if w in self._forgotten})
         self.done = {w: result for w, result in self.done.items() if w not in self._forgotten}
         self.total = len(kept) if standing else None
 
@@ -247,6 +251,7 @@ class AnalyzeProgress:
             ids = {_printable(w, 120) for w in workers}
             self._lists.append((seq, sorted(ids)))
             self._forgotten -= ids
+            self.done.update({w: self._aside.pop(w) for w in ids & set(self._aside)})
             self.total = len(ids)
             # a retry lists its worker in place of the failed one, whose result no longer counts
             self.done = {w: result for w, result in self.done.items() if w in ids}
@@ -255,8 +260,6 @@ class AnalyzeProgress:
             pages = _int_or_none(data.get("pages"))
             return f"  {self.total} page workers started{'' if pages is None else f' for {pages} pages'}\n"
         worker = _printable(data.get("worker"), 120) or "?"
-        if worker in self._forgotten:  # a worker of a dispatch a restart took back
-            return ""
         files = data.get("files") if isinstance(data.get("files"), list) else []
         result = {
             "ok": data.get("ok") is True,
@@ -264,6 +267,10 @@ class AnalyzeProgress:
             "faulted": max(0, _int_or_none(data.get("faulted")) or 0),
             "files": [_printable(f) for f in files[:MAX_LISTED_FILES]],
         }
+        if worker in self._forgotten:  # a worker of a dispatch a restart took back (for now)
+            if len(self._aside) < MAX_ASIDE:
+                self._aside[worker] = result
+            return ""
         self.done[worker] = result
         if self.live:
             return self._draw(self.line(now))
@@ -297,6 +304,7 @@ class AnalyzeProgress:
 
 
 MAX_LISTED_FILES = 50  # files named per failed worker (and workers per not-analysed notice)
+MAX_ASIDE = 1000  # results of taken-back workers kept in case they are listed again
 
 
 def _listing(files: list[str], count: int) -> str:

@@ -23,12 +23,14 @@ from colony.config import ColonySettings
 
 TOKEN = "blocks-token"
 AUTH = {"Authorization": f"Bearer {TOKEN}"}
+PROVISION = {"provision": "true"}  # these tests' agents never run (BlocksApp)
 MAX_EDIT = 300  # blocks.max_edit_chars of the app: one edit carries at most this many characters
 
 
 class BlocksApp(BareApi):
-    """The API over a real Redis, served over HTTP (the CLI tests use it too). Blocks need no running
-    agent: they are keyed by agent id."""
+    """The API over a real Redis, served over HTTP (the CLI tests use it too). The agents of these
+    tests never run: their blocks and shares are pre-provisioned (`?provision=true`, which an
+    unknown agent needs; tests/test_block_known_agents.py)."""
 
     def __init__(self, redis_url: str, data_dir: Path) -> None:
         settings = ColonySettings(
@@ -67,7 +69,7 @@ def error_of(response: httpx.Response, status: int, code: str) -> dict[str, Any]
 
 
 def create(http: httpx.Client, agent: str, label: str, **fields: Any) -> dict[str, Any]:
-    response = http.post(f"/v1/agents/{agent}/blocks", json={"label": label, **fields})
+    response = http.post(f"/v1/agents/{agent}/blocks", json={"label": label, **fields}, params=PROVISION)
     assert response.status_code == 201, response.text
     return dict(response.json())
 
@@ -80,7 +82,7 @@ def versions_of(http: httpx.Client, agent: str, label: str, **params: Any) -> li
 
 def share(http: httpx.Client, owner: str, label: str, agent: str, access: str) -> dict[str, Any]:
     body = {"owner": owner, "label": label, "agent_id": agent, "access": access}
-    response = http.post("/v1/blocks/share", json=body)
+    response = http.post("/v1/blocks/share", json=body, params=PROVISION)
     assert response.status_code == 200, response.text
     return dict(response.json())
 
@@ -442,7 +444,8 @@ def test_colony_blocks(http: httpx.Client) -> None:
     error_of(
         http.put(f"/v1/agents/{agent}/blocks/{label}", json={"content": "anything goes"}), 403, "forbidden"
     )
-    error_of(http.post(f"/v1/agents/{agent}/blocks", json={"label": label}), 409, "conflict")
+    made = http.post(f"/v1/agents/{agent}/blocks", json={"label": label}, params=PROVISION)
+    error_of(made, 409, "conflict")
     error_of(http.delete(f"/v1/agents/{agent}/blocks/{label}"), 403, "forbidden")
 
     # the operator: full access

@@ -76,10 +76,12 @@ class ControlledApi(ServedApi):
                 return host.runtime.get(agent_id)
         return None
 
-    def place(self, agent_id: str, steps: list[dict[str, Any]], delay: float = 0.0) -> None:
+    def place(
+        self, agent_id: str, steps: list[dict[str, Any]], delay: float = 0.0, serve: str | None = None
+    ) -> None:
         assert self.control is not None
         blueprint = counter_blueprint(
-            agent_id, steps, delay=delay, extra=[NotifyCapability.bind(delay=delay)]
+            agent_id, steps, delay=delay, extra=[NotifyCapability.bind(delay=delay)], serve_namespace=serve
         )
         self.call(lambda: self.control.place(blueprint))
 
@@ -129,6 +131,7 @@ def test_checkpoints_undo_and_restore_over_http(served: ControlledApi) -> None:
         assert set(listed[0]) == {
             "step",
             "run_id",
+            "request_id",
             "at",
             "lifecycle",
             "run_status",
@@ -140,6 +143,7 @@ def test_checkpoints_undo_and_restore_over_http(served: ControlledApi) -> None:
         # undo a hosted idle agent: suspended, rewritten, resumed; step 7 runs again
         report = client.context.undo("http-ck")
         assert (report["step"], report["discarded"], report["kept"]) == (6, [7], [3, 4, 5, 6])
+        assert (report["reruns"], report["rerun_when"]) == ([7], "now")  # says step 7 runs again, now
         assert [c["action"] for c in report["not_undone"]] == ["notify"]
         assert report["record"]["agent_id"] == "http-ck"
         assert report["state"] != "suspended" and report["record"]["replica"] in ("ra", "rb")
@@ -165,9 +169,7 @@ def test_checkpoints_undo_and_restore_over_http(served: ControlledApi) -> None:
         assert refused(lambda: client.context.checkpoints("nobody")).status == 404
         bad = client._api.http.post("/v1/agents/http-ck/checkpoints/5/restore", json={"mode": "rewind"})
         assert bad.status_code == 422 and "mode" in bad.text
-        other_run = refused(
-            lambda: client.context.restore("http-ck", 3, run_id="run-elsewhere")
-        )
+        other_run = refused(lambda: client.context.restore("http-ck", 3, run_id="run-elsewhere"))
         assert other_run.status == 404
         report = client.context.restore("http-ck", 3, run_id=listed[0]["run_id"])
         assert report["discarded"] == [4, 5, 6, 7]
@@ -188,3 +190,20 @@ def test_running_agent_and_nothing_to_undo_are_409(served: ControlledApi) -> Non
         assert report["discarded"] == [1, 2, 3, 4] and report["mode"] == "replay"
         agent = served.wait_done("http-busy")
         assert agent.current_run.output == 4
+
+
+def test_checkpoint_request_ids_resolve_to_http_runs(served: ControlledApi) -> None:
+    served.place("http-served", STEPS, serve="runs")
+    with ColonyClient(served.url, TOKEN) as client:
+        submitted = client.submit("http-served", {"go": 1})
+        deadline = time.monotonic() + 30
+        while client.get(submitted["run_id"])["status"] != "succeeded":
+            assert time.monotonic() < deadline, "the HTTP run did not end"
+            time.sleep(0.1)
+        listed = client.context.checkpoints("http-served")
+        assert listed and {c["request_id"] for c in listed} == {submitted["run_id"]}
+        assert all(c["run_id"] != submitted["run_id"] for c in listed)  # the agent's own run id
+        for c in listed[-1:]:  # the id a checkpoint names is one GET /v1/runs/{id} knows
+            assert client.get(c["request_id"])["status"] == "succeeded"
+        missing = refused(lambda: client.get(listed[-1]["run_id"]))
+        assert missing.status == 404 and "request_id" in str(missing)  # and says which id to use

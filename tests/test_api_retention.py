@@ -40,7 +40,9 @@ def colony_settings(redis_url: str, **runs: Any) -> ColonySettings:
 @pytest.fixture
 async def silent(bb: Blackboard, redis_url: str) -> AsyncIterator[tuple[RunService, ColonySettings]]:
     """A RunService whose agent `mute` is registered but hosted nowhere: nobody ever answers."""
-    settings = colony_settings(redis_url, retention_seconds=1.0, default_timeout_seconds=1.0)
+    settings = colony_settings(
+        redis_url, retention_seconds=1.0, default_timeout_seconds=1.0, known_ids_seconds=1.5
+    )
     board = bb.scoped(scope_id(BlackboardScope.COLONY, tenant_id="default", colony_id=settings.colony_id))
     registry = AgentRegistry(board, settings=settings)
     await registry.put(AgentRecord(agent_id="mute", state="idle"))
@@ -48,8 +50,10 @@ async def silent(bb: Blackboard, redis_url: str) -> AsyncIterator[tuple[RunServi
 
 
 async def run_keys(bb: Blackboard, colony_id: str, run_id: str) -> dict[str, int]:
-    """Every Redis key of the run (its request, record, tag set...) with its PTTL."""
-    keys = [k async for k in bb.redis.scan_iter(match=f"*{colony_id}*{run_id}*")]
+    """Every Redis key of the run (its request, record, tag set...) with its PTTL, but the marker
+    that it was submitted (ApiRunProtocol.known_key), which outlives them on purpose."""
+    known = ApiRunProtocol.known_key(run_id)
+    keys = [k async for k in bb.redis.scan_iter(match=f"*{colony_id}*{run_id}*") if not k.endswith(known)]
     return {k: await bb.redis.pttl(k) for k in keys}
 
 
@@ -130,6 +134,33 @@ async def test_a_run_nobody_answers_expires_after_its_timeout_and_retention(sile
     await asyncio.sleep(2.3)  # nobody asked for these runs meanwhile: Redis drops them by itself
     for record in (unbounded, bounded):
         assert await run_keys(bb, settings.colony_id, record.run_id) == {}
+
+
+async def test_a_retired_run_is_410_retired_then_404_once_forgotten(silent, bb: Blackboard) -> None:
+    runs, settings = silent
+    record = await runs.submit("mute", {"x": 1}, timeout_s=0.3)  # keys live 0.3 + 1 s
+    known = [
+        k
+        async for k in bb.redis.scan_iter(match=f"*{settings.colony_id}*")
+        if k.endswith(ApiRunProtocol.known_key(record.run_id))
+    ]
+    assert len(known) == 1 and 1_000 < await bb.redis.pttl(known[0]) <= 2_800  # life + 1.5 s
+    await asyncio.sleep(1.5)  # the record is gone, the marker is not
+    assert await run_keys(bb, settings.colony_id, record.run_id) == {}
+    app = create_app(ApiServices(runs=runs, registry=runs.registry, token=TOKEN))
+    transport = httpx.ASGITransport(app=app)
+    async with httpx.AsyncClient(transport=transport, base_url="http://colony") as client:
+        for path in (f"/v1/runs/{record.run_id}", f"/v1/runs/{record.run_id}/events"):
+            response = await client.get(path, headers=AUTH)
+            assert response.status_code == 410, response.text
+            error = response.json()["error"]
+            assert (
+                error["code"] == "retired" and "retired" in error["message"] and "'mute'" in error["message"]
+            )
+        never = await client.get("/v1/runs/run-neversubmitted", headers=AUTH)
+        assert never.status_code == 404 and "request_id" in never.json()["error"]["message"]
+        await asyncio.sleep(1.5)  # the marker expires too: an id nobody knows any more
+        assert (await client.get(f"/v1/runs/{record.run_id}", headers=AUTH)).status_code == 404
 
 
 async def test_a_run_past_the_default_deadline_reports_failed(silent) -> None:

@@ -229,3 +229,78 @@ def test_message_listing_pages(served: SessionApp, client: ColonyClient) -> None
         ):
             answer = http.get(url, params=params)
             assert answer.status_code == 422 and field in answer.json()["error"]["message"], params
+
+
+def session_agents(client: ColonyClient) -> set[str]:
+    return {a["agent_id"] for a in client.agents() if a["agent_id"].startswith("session-")}
+
+
+def test_a_start_retried_after_its_503_gets_the_same_session(
+    served: SessionApp, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The start answers 503 when its session is not placed in time, and the run goes on: the
+    client's retry (same Idempotency-Key) follows that same starter run, never a second session."""
+    from colony.api.routes import sessions as routes
+
+    real_get, seen = RunService.get, []
+
+    async def first_still_queued(self: RunService, run_id: str) -> Any:
+        view = await real_get(self, run_id)
+        seen.append(run_id)
+        return view.model_copy(update={"status": "queued"}) if len(seen) == 1 else view
+
+    monkeypatch.setattr(routes, "START_TIMEOUT_S", 0.0)  # a try looks once: the first sees it queued
+    monkeypatch.setattr(RunService, "get", first_still_queued)
+    with ColonyClient(served.url, TOKEN, attempts=8) as client:
+        before = session_agents(client)
+        started = client.sessions.start()
+        made = session_agents(client) - before
+    assert len(seen) >= 2 and len(set(seen)) == 1  # retried (after the 503), on the same starter run
+    assert made == {started["session_id"]}  # one session for one start, however many tries
+
+
+def test_a_message_retried_after_a_5xx_is_one_turn(
+    served: SessionApp, client: ColonyClient, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The message's run is submitted, then the route fails (500): the client retries with the
+    same key and follows the same turn; the message is stored once and the reply comes back."""
+    sid = client.sessions.start()["session_id"]
+    real, calls = RunService.submit, []
+
+    async def submit_then_fail(self: RunService, agent: str, input_data: Any, **kwargs: Any) -> Any:
+        record = await real(self, agent, input_data, **kwargs)
+        calls.append(kwargs.get("run_id"))
+        if len(calls) == 1:
+            raise RuntimeError("the replica died after submitting the turn")
+        return record
+
+    monkeypatch.setattr(RunService, "submit", submit_then_fail)
+    reply = client.sessions.reply(sid, "only once please")
+    assert reply["message"]["content"].startswith("reply number")
+    assert len(calls) == 2 and calls[0] is not None and calls[0] == calls[1]  # the same run, twice asked
+    contents = [m["content"] for m in client.sessions.messages(sid, all=True)["messages"]]
+    assert contents.count("only once please") == 1 and len(contents) == 2
+
+
+def test_a_replayed_turn_is_told_as_the_turn_it_was(served: SessionApp, client: ColonyClient) -> None:
+    """A keyed message sent again after its answer: the server answers 303 to the turn's run
+    events, whose end (`completed`) the client tells as the `message` it was."""
+    from colony.client_sessions import as_turn_event
+
+    sid = client.sessions.start()["session_id"]
+    key = {"Idempotency-Key": uuid.uuid4().hex, "Authorization": f"Bearer {TOKEN}"}
+    with httpx.Client(base_url=served.url, headers=key, timeout=30) as http:
+        first = http.post(f"/v1/sessions/{sid}/messages", json={"message": "hello there"})
+        assert first.status_code == 200 and "event: message" in first.text
+        again = http.post(f"/v1/sessions/{sid}/messages", json={"message": "hello there"})
+    assert again.status_code == 303 and again.headers["Idempotent-Replayed"] == "true"
+    run_id = again.headers["Colony-Run-Id"]
+    told = [as_turn_event(e) for e in client.events(run_id)]
+    assert told[-1]["event_type"] == "message"
+    assert told[-1]["data"]["message"]["content"] == "reply number 1"
+    assert as_turn_event({"event_type": "failed", "data": {"error": "boom"}}) == {
+        "event_type": "error",
+        "data": {"status": "failed", "error": "boom"},
+    }
+    contents = [m["content"] for m in client.sessions.messages(sid, all=True)["messages"]]
+    assert contents == ["hello there", "reply number 1"]

@@ -32,7 +32,7 @@ def test_agent_commands(served: ControlledApi, capsys: pytest.CaptureFixture[str
 
     code, out, _ = colony(served, capsys, "agent", "checkpoints", "cli-ck")
     lines = out.splitlines()
-    assert code == 0 and lines[0].split()[:3] == ["STEP", "RUN", "AT"]
+    assert code == 0 and lines[0].split()[:5] == ["STEP", "RUN", "HTTP", "RUN", "AT"]
     assert [line.split()[0] for line in lines[1:]] == ["3", "4", "5", "6", "7"]
     assert "external" in lines[5] and lines[4].rstrip().endswith("-")
     code, out, _ = colony(served, capsys, "agent", "checkpoints", "cli-ck", "--json")
@@ -41,6 +41,7 @@ def test_agent_commands(served: ControlledApi, capsys: pytest.CaptureFixture[str
     code, out, _ = colony(served, capsys, "agent", "undo", "cli-ck")
     assert code == 0 and "is back at step 6" in out and "discarded checkpoints: 7" in out
     assert "not undone (their effects stay):" in out and "step 7: notify (external)" in out
+    assert "runs again (now): step(s) 7" in out  # the finished step that runs again, and when
     served.wait_done("cli-ck")
 
     code, out, _ = colony(served, capsys, "agent", "restore", "cli-ck", "5", "--replay", "--json")

@@ -233,30 +233,43 @@ class QuietLedger(Ledger):
 
 
 async def quiet_run_cut_at_b(runtime: LocalAgentRuntime, agent_id: str) -> tuple[Agent, Any]:
-    """A QuietLedger agent whose first step booked `a` and hangs in `b` (the step not persisted)."""
+    """A QuietLedger agent whose first step booked `a` and hangs in `b`, b's start marked (the
+    step not persisted)."""
     quiet = blueprint(agent_id).model_copy(update={"capabilities": [QuietLedger.bind()]})
     first = await runtime.spawn(quiet)
     ONCE[f"{agent_id}:b"] = "hang"
     run = await runtime.start_run(agent_id, None)
     async with asyncio.timeout(10):
-        while (await counts(first))["b"] < 1:  # noqa: ASYNC110
+        while (await counts(first))["b"] < 1 or len(  # noqa: ASYNC110
+            [r for r in parse_records(await first.blackboard.ring(LOG_KEY)) if r.status == "started"]
+        ) < 2:
             await asyncio.sleep(0.01)
     return first, run
 
 
-async def test_an_action_declaring_no_effect_is_recorded_with_its_steps_persist(
+def reruns(action: str, effects: str) -> float:
+    return metrics.ACTION_RERUNS.labels(action=action, effects=effects)._value.get()
+
+
+async def test_an_action_declaring_no_effect_is_marked_and_its_rerun_counted(
     host: tuple[LocalAgentRuntime, ScriptedEngine],
 ) -> None:
-    """Two fenced commits fewer per call: an action that declares no effect gets no `started`
-    record, and its result goes to Redis with the step's persist. A step cut off before its
-    persist is redone from its start: such actions run again, under the same idempotency keys,
-    without being counted as re-executed; the model's answer is still replayed."""
+    """An action that declares no effect gets a `started` mark, stored in the background while it
+    runs (no round trip of the step waits for it), and its result goes with the step's persist
+    (or the next commit). A step cut off before its persist is redone from its start: its
+    actions that had run (a, done; b, cut off) run again under the same idempotency keys and
+    are counted as re-runs (`colony_action_reruns_total{effects="none"}`); c, which had not
+    started, is not counted. The model's answer is replayed."""
     runtime, engine = host
     first, run = await quiet_run_cut_at_b(runtime, "quiet-cut")
     stored = parse_records(await first.blackboard.ring(LOG_KEY))
-    assert [(r.kind, r.status) for r in stored] == [("model", "done")]  # a's result is held, b runs
-    assert [c["action"] for c in first.action_log.step_calls(1)] == ["book"]  # a, in memory
-    reexecuted = replays("action", "reexecuted")
+    assert [(r.kind, r.status, r.n) for r in stored] == [
+        ("model", "done", 0),
+        ("action", "started", 0),  # a's mark (a's result is held for the persist)
+        ("action", "started", 1),  # b's mark: b runs
+    ]
+    assert [c["success"] for c in first.action_log.step_calls(1)] == [True, None]  # in memory
+    reran, reexecuted = reruns("book", "none"), replays("action", "reexecuted")
     await runtime.drop("quiet-cut")
     restored = await runtime.resume("quiet-cut")
     done = await runtime.wait_for_run("quiet-cut", run.run_id, timeout=10)
@@ -265,13 +278,15 @@ async def test_an_action_declaring_no_effect_is_recorded_with_its_steps_persist(
     assert await counts(restored) == {"a": 2, "b": 2, "c": 1, "d": 1}  # step 1's actions again
     assert await keys_of(restored, "a") == [f"{run.run_id}:1:a0"] * 2
     assert await keys_of(restored, "b") == [f"{run.run_id}:1:a1"] * 2
-    assert replays("action", "reexecuted") == reexecuted
+    assert reruns("book", "none") == reran + 2  # a's and b's re-runs, not c's first run
+    assert replays("action", "reexecuted") == reexecuted + 2
     assert len(engine.requests) == 3  # step 1's plan came from the log
     assert [o["item"] for o in done.output] == ["a", "b", "c", "d"]
     # every result of the finished run is stored: with the persists of their steps
     final = parse_records(await restored.blackboard.ring(LOG_KEY))
     actions = [r for r in final if r.kind == "action"]
-    assert {r.status for r in actions} == {"done"} and len({r.key for r in actions}) == 4
+    assert len({r.key for r in actions}) == 4
+    assert all(any(r.key == k and r.status == "done" for r in actions) for k in {r.key for r in actions})
 
 
 async def test_a_suspend_after_a_no_effect_action_stores_its_result_with_the_state_it_left(
@@ -284,7 +299,12 @@ async def test_a_suspend_after_a_no_effect_action_stores_its_result_with_the_sta
     first, run = await quiet_run_cut_at_b(runtime, "quiet-held")
     await runtime.suspend("quiet-held")  # cancels the step (b, cut off) and persists the agent
     stored = parse_records(await first.blackboard.ring(LOG_KEY))
-    assert [(r.kind, r.status) for r in stored] == [("model", "done"), ("action", "done")]
+    assert [(r.kind, r.status) for r in stored] == [
+        ("model", "done"),
+        ("action", "started"),  # a's and b's marks
+        ("action", "started"),
+        ("action", "done"),  # a's result, with the suspend's persist
+    ]
     await runtime.resume("quiet-held")
     done = await runtime.wait_for_run("quiet-held", run.run_id, timeout=10)
     assert done.status is RunStatus.SUCCEEDED, done.error

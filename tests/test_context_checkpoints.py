@@ -132,7 +132,10 @@ async def test_seven_steps_keep_five_and_undo_replans_from_the_previous_step(
     (call,) = report.not_undone  # the notice step 7 sent stays sent
     assert (call.step, call.action, call.effects) == (7, "notify", ["external"])
     assert call.key == f"{agent.current_run.run_id}:7:a0"  # the action log's idempotency key
-    assert report.notes == []
+    # the report says that finished step 7 runs again, and when: now (the agent is hosted here)
+    assert (report.reruns, report.rerun_when, report.request_id) == ([7], "now", None)
+    (note,) = report.notes
+    assert "driven on from step 7 now" in note and "step(s) [7] ran before and run again" in note
     hosted = kept5.get("ck-undo")
     assert hosted is not agent  # hosted again, rebuilt from what the undo wrote
     assert totals(hosted) == (22, 0)  # step 6's capability states, before step 7 runs again
@@ -161,6 +164,8 @@ async def test_restore_reports_effects_it_cannot_undo(kept5: LocalAgentRuntime) 
     await kept5.suspend("ck-restore")  # not hosted: rewritten only
     report = await kept5.restore_checkpoint("ck-restore", 5)
     assert (report.step, report.discarded, report.state) == (5, [6, 7], "suspended")
+    assert (report.reruns, report.rerun_when) == ([6, 7], "on_resume")  # suspended: when resumed
+    assert any("when the agent is resumed" in note and "[6, 7]" in note for note in report.notes)
     (call,) = report.not_undone
     assert any("declare no effects (add)" in note for note in report.notes)  # step 6 added
     assert (call.step, call.action, call.effects, call.capability) == (
@@ -191,6 +196,17 @@ async def test_restore_reports_effects_it_cannot_undo(kept5: LocalAgentRuntime) 
     assert resumed.current_run.status is RunStatus.SUCCEEDED and resumed.current_run.output == "done"
     assert totals(resumed) == (22, 1)  # steps 4-7 ran again from step 3's states (6 + 4 + 5 + 7)
     assert SENT["ck-restore"] == 2  # re-executed: the notice went out a second time
+
+
+async def test_restoring_a_finished_run_says_nothing_runs_again(kept5: LocalAgentRuntime) -> None:
+    agent = await ran(kept5, "ck-finished")
+    await kept5.suspend("ck-finished")
+    report = await kept5.restore_checkpoint("ck-finished", 7)  # the newest: the finished run
+    assert (report.discarded, report.reruns, report.rerun_when) == ([], [], "never")
+    assert any(
+        f"run {agent.current_run.run_id} is finished" in note and "nothing reruns" in note
+        for note in report.notes
+    )
 
 
 async def test_replay_mode_reuses_the_recorded_results(kept5: LocalAgentRuntime) -> None:

@@ -567,34 +567,37 @@ async def test_who_an_imported_agent_is_comes_from_its_trusted_blueprint(
     assert await target.registry.get("chooser") is None
 
 
-async def test_an_import_overtaken_by_another_import_of_the_same_id_is_refused(
+async def test_an_import_of_an_id_another_import_is_writing_is_refused(
     colonies: tuple[Colony, Colony], monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """Two imports of one id with replace=true, the second entirely inside the first's window
-    (between its two commits): the first is refused at its second commit (the lifecycle's
-    version only grows, so it never finds the version it wrote again) and the second's agent is
-    the one that resumes. (The first's block writes land on it too: the same document here.)"""
+    (between its two commits): the second is refused, 409, while the first's mark (within its
+    lease) is on the lifecycle, so the documents never mix; the first lands and resumes."""
     _, target = colonies
     document = await suspended_with_state(target, "contested")
 
     from colony.system import transfer
 
     import_blocks = transfer._import_blocks
-    overtaken: list[dict[str, Any]] = []
+    overtaken: list[Exception] = []
 
     async def another_import(*args: Any, **kwargs: Any) -> None:
         if not overtaken:
-            overtaken.append({})
-            overtaken[0] = await import_agent(
-                target.board, document, settings=target.settings, registry=target.registry, replace=True
-            )
+            try:
+                await import_agent(
+                    target.board, document, settings=target.settings, registry=target.registry, replace=True
+                )
+            except AgentStateConflict as exc:
+                overtaken.append(exc)
+            else:
+                overtaken.append(AssertionError("the second import was let in"))
         await import_blocks(*args, **kwargs)
 
     monkeypatch.setattr(transfer, "_import_blocks", another_import)
-    with pytest.raises(AgentStateConflict, match="another import"):
-        await import_agent(
-            target.board, document, settings=target.settings, registry=target.registry, replace=True
-        )
-    assert overtaken[0]["replaced"] is True
+    imported = await import_agent(
+        target.board, document, settings=target.settings, registry=target.registry, replace=True
+    )
+    assert isinstance(overtaken[0], AgentStateConflict) and "being imported" in str(overtaken[0])
+    assert imported["replaced"] is True
     assert await target.monitor.tick() == ["contested"]
     assert (await live_view(target, "contested"))["notes"].strip() == "DOCUMENT block content"

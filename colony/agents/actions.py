@@ -9,7 +9,9 @@ Every call goes through the agent's write-ahead action log (colony/agents/state/
 result is recorded before the policy sees it, so a step redone after a crash does not run an
 action that had finished. `effects=` declares what an action does that restoring an agent's
 checkpoint cannot take back (children spawned, writes outside the agent's own state, calls out of
-Colony); an undo reports those calls.
+Colony); an undo reports those calls. An action that declares an effect names what it creates
+after its idempotency key, so a redo after a crash finds it made (once); one that declares none is
+at-least-once (docs/effects.md lists every built-in action's guarantee).
 """
 
 from __future__ import annotations

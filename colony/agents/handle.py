@@ -23,6 +23,7 @@ from colony.blackboard import (
 from colony.blackboard.protocol import AgentRunProtocol, RequestResultProtocol
 from colony.errors import (
     AgentUsageError,
+    ConcurrentModificationError,
     RunTimeout,
 )
 from colony.wire.run_events import TERMINAL_EVENTS, AgentRunEvent
@@ -78,15 +79,27 @@ class AgentHandle:
         return request_id, events
 
     async def _write_request(
-        self, board: Blackboard, protocol: type[RequestResultProtocol], request_id: str, input_data: Any
+        self,
+        board: Blackboard,
+        protocol: type[RequestResultProtocol],
+        request_id: str,
+        input_data: Any,
+        *,
+        create_only: bool = False,
     ) -> None:
         requester = self.owner.agent_id if self.owner is not None else "detached"
-        await board.write(
-            protocol.request_key(request_id),
-            {"input": input_data, "requester": requester, "agent_id": self.child_agent_id},
-            tags={protocol.request_tag(request_id)},
-            created_by=requester,
-        )
+        try:
+            await board.write(
+                protocol.request_key(request_id),
+                {"input": input_data, "requester": requester, "agent_id": self.child_agent_id},
+                tags={protocol.request_tag(request_id)},
+                created_by=requester,
+                expected_version=0 if create_only else None,
+            )
+        except ConcurrentModificationError:
+            if not create_only:
+                raise
+            # written by an earlier call with this id: that request stands (it is the same one)
 
     async def submit(
         self,
@@ -95,11 +108,19 @@ class AgentHandle:
         protocol: type[RequestResultProtocol] = AgentRunProtocol,
         namespace: str,
         scope: BlackboardScope = BlackboardScope.AGENT,
+        request_id: str | None = None,
     ) -> str:
         """Ask the agent to run `input_data` without waiting; its request id, for `result()`.
-        (An agent that must wait for the answer blocks on the child instead, and is suspended.)"""
-        request_id = new_id("req")
-        await self._write_request(self._board(namespace, scope), protocol, request_id, input_data)
+        (An agent that must wait for the answer blocks on the child instead, and is suspended.)
+        With `request_id` (one the caller derived, e.g. from its action's idempotency key), the
+        request is written create-only: submitting again under that id keeps the first request,
+        so an action redone after a crash does not ask twice."""
+        board = self._board(namespace, scope)
+        if request_id is None:
+            request_id = new_id("req")
+            await self._write_request(board, protocol, request_id, input_data)
+        else:
+            await self._write_request(board, protocol, request_id, input_data, create_only=True)
         return request_id
 
     async def result(

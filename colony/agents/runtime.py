@@ -253,7 +253,9 @@ class LocalAgentRuntime:
         try:
             if agent is None and _busy(stored):
                 raise AgentStateConflict(_running(agent_id))
-            report = await checkpoints.restore_checkpoint(stored, step, mode=mode, run_id=run_id)
+            report = await checkpoints.restore_checkpoint(
+                stored, step, mode=mode, run_id=run_id, when="now" if agent is not None else "on_resume"
+            )
         finally:
             if agent is not None:
                 await self.resume(agent_id)

@@ -3,10 +3,10 @@
 Stateless: every fact is read from Redis through the RunService and the AgentRegistry, so any
 API replica answers for any run, and a restarted one has lost nothing. Guarded before any route
 runs (colony.api.limits: the bearer token, read at run time by colony.wire.token, then the body
-limit); the routes live in colony.api.routes (one module per resource), what they are given in
-colony.api.deps, how errors are answered in colony.api.errors; what each route accepts and answers
-is declared in colony.api.schemas and checked against the OpenAPI document by
-tests/test_api_contract.py.
+limit; then colony.api.idempotency: a write's Idempotency-Key); the routes live in
+colony.api.routes (one module per resource), what they are given in colony.api.deps, how errors
+are answered in colony.api.errors; what each route accepts and answers is declared in
+colony.api.schemas and checked against the OpenAPI document by tests/test_api_contract.py.
 """
 
 from __future__ import annotations
@@ -21,6 +21,7 @@ from colony import __version__
 from colony.api.deps import ApiContext, ApiServices, ServicesProvider
 from colony.api.errors import install_error_handlers
 from colony.api.http_metrics import RequestMetricsMiddleware
+from colony.api.idempotency import IdempotencyMiddleware
 from colony.api.limits import GuardMiddleware
 from colony.api.routes import ROUTERS
 from colony.config import ApiSettings
@@ -42,8 +43,9 @@ def create_app(
 
     Every route but `/healthz` (and the docs when `api.public_docs`) needs the bearer token: `token`,
     else `services.token`. There is no way to build the app without one (ConfigError).
-    `max_import_bytes`: the body limit of `POST /v1/agents/{id}/import` (`context.max_export_bytes`;
-    every other body: `api.max_body_bytes`)."""
+    Body limits (colony.api.limits.body_limit): `POST /v1/agents/{id}/import` takes up to
+    `api.max_import_bytes`, and never more than `max_import_bytes` (`context.max_export_bytes`);
+    every other body `api.max_body_bytes`."""
     api = api or ApiSettings()
     if token is None and isinstance(services, ApiServices):
         token = services.token
@@ -61,12 +63,17 @@ def create_app(
         "Every route but /healthz needs `Authorization: Bearer <token>`.",
     )
     app.state.colony = context  # what colony.api.deps.api_context hands the routes
+    app.add_middleware(  # inside the guard: a key is looked at once the token and body passed
+        IdempotencyMiddleware,  # type: ignore[arg-type]
+        services=context.provider,
+        ttl_seconds=api.idempotency_ttl_seconds,
+    )
     app.add_middleware(
         GuardMiddleware,  # type: ignore[arg-type]
         tokens=context.tokens,
         max_body_bytes=api.max_body_bytes,
         public_docs=api.public_docs,
-        import_body_bytes=max_import_bytes,
+        import_body_bytes=min(api.max_import_bytes, max_import_bytes or api.max_import_bytes),
     )
     app.add_middleware(RequestMetricsMiddleware)  # type: ignore[arg-type]  # outermost: sees 401/413 too
     install_error_handlers(app)

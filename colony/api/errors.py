@@ -41,6 +41,7 @@ from colony.errors import (
     ResourceExhausted,
     RunNotFound,
     RunQueueFull,
+    RunRetired,
     SessionNotFound,
     SourceTooLarge,
 )
@@ -55,6 +56,16 @@ class MemoryScopeNotFound(ColonyError):
 class SessionStartFailed(ContextError):
     """The `session` agent's run did not place a session agent (no replica could take it, it
     timed out): 503, retry."""
+
+
+class AgentNotResumed(ColonyError):
+    """The agent a request is for is suspended and was not resumed within the bound (no room
+    could be made: every other agent busy or more important; or the resume took too long): 503
+    with Retry-After, rather than a request that waits for ever."""
+
+    def __init__(self, message: str, retry_after_seconds: float = 2.0) -> None:
+        super().__init__(message)
+        self.retry_after_seconds = retry_after_seconds
 
 
 class InvalidLastEventId(InvalidArgument):
@@ -86,6 +97,7 @@ ERRORS: dict[type[ColonyError], HttpError] = {
     InvalidLastEventId: HttpError(400, "bad_request"),
     AgentNotFound: NOT_FOUND,
     RunNotFound: NOT_FOUND,
+    RunRetired: HttpError(410, "retired"),
     MemoryScopeNotFound: NOT_FOUND,
     BlockNotFound: NOT_FOUND,
     CheckpointNotFound: NOT_FOUND,
@@ -111,6 +123,9 @@ ERRORS: dict[type[ColonyError], HttpError] = {
     ReplicaUnavailable: UNAVAILABLE,
     ResourceExhausted: UNAVAILABLE,
     SessionStartFailed: UNAVAILABLE,
+    AgentNotResumed: HttpError(
+        503, "unavailable", headers=lambda exc: {"Retry-After": str(max(1, round(exc.retry_after_seconds)))}
+    ),
 }
 
 HTTP_CODES = {

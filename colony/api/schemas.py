@@ -74,6 +74,7 @@ def _errors(*statuses: int) -> dict[int | str, dict[str, Any]]:
         403: "the path is outside vcm.allowed_roots",
         404: "no such run, agent or feature",
         409: "the agent is not in a state that allows this",
+        410: "the run ended and was removed after runs.retention_seconds (retired): its result is gone",
         413: "the request body (or the source to map) is too large",
         422: "a parameter or body field is invalid; the message names it",
         429: "the agent already has its max_concurrent_runs runs open; retry after Retry-After seconds",
@@ -94,8 +95,9 @@ def _errors(*statuses: int) -> dict[int | str, dict[str, Any]]:
 
 COMMON = (401, 422, 503)
 READ_ONE = _errors(*COMMON, 404)
+RUN_ONE = _errors(*COMMON, 404, 410)
 SUBMIT = _errors(*COMMON, 400, 404, 413, 429)
-EVENTS = _errors(*COMMON, 400, 404)
+EVENTS = _errors(*COMMON, 400, 404, 410)
 CONTROL = _errors(*COMMON, 404, 409)
 MAP_SOURCE = _errors(*COMMON, 400, 403, 404, 413)
 LISTING = _errors(*COMMON)

@@ -108,6 +108,20 @@ class BlackboardKeyspace:
         """SCAN MATCH pattern for logical-key `pattern` (the prefix holds no glob characters)."""
         return self.entry_prefix + pattern
 
+    def family_match(self) -> str:
+        """SCAN MATCH pattern for every Redis key of this scope and of the scopes namespaced inside it
+        (`<scope>:namespace:...`): entries, tag sets, rings, receipts, event stream, expiry index.
+        What removing all of one agent id's state deletes (colony.system.agent_purge)."""
+        return f"{self.ROOT}:{{{self.scope_id}[}}:]*"
+
+    def nested_scope(self, redis_key: str) -> str | None:
+        """The id of this scope, or of the scope nested in it, that `redis_key` (one `family_match`
+        matched) belongs to; None for a key of neither."""
+        head = f"{self.ROOT}:{{"
+        end = redis_key.find("}", len(head))
+        scope = redis_key[len(head) : end] if redis_key.startswith(head) and end > 0 else ""
+        return scope if scope == self.scope_id or scope.startswith(self.scope_id + ":") else None
+
     def logical_key(self, redis_key: str) -> str:
         if not redis_key.startswith(self.entry_prefix):
             raise InvalidKey(f"{redis_key!r} is not an entry of scope {self.scope_id!r}")
@@ -400,6 +414,10 @@ class AgentRegistryProtocol(BlackboardProtocol):
     def replica_tag(replica: str) -> str:
         return f"replica:{validate_segment(replica, 'replica')}"
 
+    @staticmethod
+    def resumable_tag() -> str:  # suspended, not to make room: what the resource monitor reads
+        return "waits:condition"
+
 
 class ApiRunProtocol(BlackboardProtocol):
     """Runs submitted over HTTP (COLONY scope, `api` namespace): `run:{run_id}` maps a run to its
@@ -407,11 +425,17 @@ class ApiRunProtocol(BlackboardProtocol):
     request id, so whoever retires the run's keys can retire this record too."""
 
     namespace: ClassVar[str] = "api"
-    templates = {"run": "run:{run_id}"}
+    templates = {"run": "run:{run_id}", "known": "known:{run_id}"}
 
     @classmethod
     def run_key(cls, run_id: str) -> str:
         return cls.build("run", run_id=run_id)
+
+    @classmethod
+    def known_key(cls, run_id: str) -> str:
+        """That the run was submitted (its agent and time): outlives the record by
+        `runs.known_ids_seconds`, so an id whose record was retired answers 410, not 404."""
+        return cls.build("known", run_id=run_id)
 
     @classmethod
     def scope(cls, tenant_id: str, colony_id: str) -> str:

@@ -18,6 +18,8 @@ from pydantic import Field
 from colony.agents.actions import action_executor
 from colony.agents.capability import AgentCapability, agent_settings
 from colony.agents.models import ActionType
+from colony.agents.state.action_log import current_idempotency_key
+from colony.agents.state.log_records import effect_id
 from colony.blackboard import Blackboard, TagFilter
 from colony.config import ColonySettings
 from colony.errors import AgentUsageError
@@ -78,6 +80,19 @@ def _brief(item: RecalledEntry) -> dict[str, Any]:
         "tags": sorted(entry.tags),
         "relevance": round(item.relevance, 4),
     }
+
+
+def entry_id_for(scope_id: str, n: int = 0, *content: str) -> str | None:
+    """The id of the `n`th entry the action being executed writes to `scope_id`: derived from the
+    action's idempotency key, so the action redone after a crash (between its write and the
+    record of its result) finds the entry it wrote (the store treats a write of an id it holds as
+    held) instead of storing it again; None outside an action (the store picks a fresh id).
+    `content` (what the entry is made from) goes into the id too: a step re-executed after an
+    undo keeps its key, and if it now writes something else, that is a new entry, not a lost one."""
+    key = current_idempotency_key()
+    if key is None:
+        return None
+    return f"act-{effect_id(key, 'memory', scope_id, str(n), *content, length=32)}"
 
 
 class MemoryToolsCapability(AgentCapability):
@@ -217,11 +232,13 @@ class MemoryToolsCapability(AgentCapability):
         if target is None:
             raise AgentUsageError(f"this agent has no {self.remember_level} memory to remember into")
         tags = frozenset({"fact", tag} if tag else {"fact"})
-        outcome = await target.write(NewMemory(content=text, tags=tags, kind="fact"))
+        entry_id = entry_id_for(target.memory_scope, 0, text)
+        outcome = await target.write(NewMemory(content=text, tags=tags, kind="fact", entry_id=entry_id))
+        made = outcome.created or outcome.entry.entry_id == entry_id  # (by this call, cut off before)
         return {
             "entry_id": outcome.entry.entry_id,
-            "stored": outcome.created,
-            "duplicate_of": outcome.duplicate_of,
+            "stored": made,
+            "duplicate_of": None if made else outcome.duplicate_of,
         }
 
     def _message(self) -> str:
@@ -248,7 +265,10 @@ class MemoryToolsCapability(AgentCapability):
         target_cap = by_id[target_id]
         made = await SummarizingTransformer().transform(picked, target_cap)
         ids = []
-        for memory in made:
+        for n, memory in enumerate(made):
+            if memory.entry_id is None:  # a redo (whose summary may read otherwise) finds its entry
+                sources = [e.entry_id for e in picked]  # ... made of the same sources
+                memory = memory.model_copy(update={"entry_id": entry_id_for(target_id, n, *sources)})
             outcome = await target_cap.write(memory)
             ids.append(outcome.entry.entry_id)
         return {"consolidated": len(picked), "entries": ids}

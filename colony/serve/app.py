@@ -229,6 +229,10 @@ class AgentSystemDeployment:
     async def resume(self, agent_id: str) -> dict[str, Any]:
         return (await (await self._plane()).resume(agent_id)).model_dump(mode="json")
 
+    async def delete(self, agent_id: str) -> int:
+        """Remove an agent for good with every key of its state (`DELETE /v1/sessions/{id}`)."""
+        return await (await self._plane()).delete(agent_id)
+
     async def undo(self, agent_id: str) -> dict[str, Any]:
         return await (await self._plane()).undo(agent_id)
 
@@ -265,6 +269,10 @@ class ServeAgentControl:
     async def resume(self, agent_id: str) -> dict[str, Any]:
         result: dict[str, Any] = await remote_result(self.system.resume.remote(agent_id))
         return result
+
+    async def delete(self, agent_id: str) -> int:
+        deleted: int = await remote_result(self.system.delete.remote(agent_id))
+        return deleted
 
     async def undo(self, agent_id: str) -> dict[str, Any]:
         result: dict[str, Any] = await remote_result(self.system.undo.remote(agent_id))

@@ -36,6 +36,8 @@ from colony.agents import (
     ScriptedActionPolicy,
     action_executor,
 )
+from colony.agents.state.action_log import current_idempotency_key
+from colony.agents.state.log_records import effect_id
 from colony.blackboard import Blackboard
 from colony.config import VcmSettings
 from colony.errors import (
@@ -189,10 +191,12 @@ class AnalyzeCapability(AgentCapability):
         records = await asyncio.gather(*(self.pages.page(p) for p in pages))
         files = sorted({f for record in records for f in _files_of(record)})
         request_id = agent.current_run.request_id if agent.current_run else None
-        # unique per dispatch: a step redone after the coordinator's replica died mid-dispatch
-        # starts workers under new ids, so their requests, agents and `worker_done` events (one
-        # create-only key per worker) are not taken for the abandoned dispatch's
-        dispatch = secrets.token_hex(3)
+        # from the action's idempotency key: the step redone after the coordinator's replica died
+        # mid-dispatch (before the action's result was recorded) names the same workers and
+        # requests, so it finds those the cut-off dispatch placed and asked instead of starting a
+        # second set; random outside a run (no key)
+        key = current_idempotency_key()
+        dispatch = effect_id(key, "dispatch", length=6) if key is not None else secrets.token_hex(3)
         self.job = {
             "run_id": run_id,
             "dispatch": dispatch,
@@ -210,19 +214,27 @@ class AnalyzeCapability(AgentCapability):
         log.info("analyze %s: %d pages, %d workers", run_id, len(pages), len(groups))
 
     async def _start_worker(self, worker_id: str, group: list[str]) -> None:
-        """Place a page worker for `group` and submit its pages (with where to report progress)."""
+        """Place a page worker for `group` and submit its pages (with where to report progress).
+
+        In a run, the request's id comes from the action's idempotency key (and the worker and its
+        pages): redone after a crash, the call finds the request it wrote (create-only) and places
+        the worker only while that request is unanswered (placing a placed id finds it; a one-shot
+        worker that answered already is not started again)."""
         assert self.spawner is not None
         agent = self._agent()
-        blueprint = page_worker_blueprint(
-            worker_id, group, parent_id=agent.agent_id, priority=agent.metadata.priority
-        )
-        await self.spawner(blueprint)
+        key = current_idempotency_key()
+        request_id = None if key is None else f"req-{effect_id(key, worker_id, *group, length=12)}"
+        handle = AgentHandle(worker_id, owner=agent)
+        if request_id is None or await handle.result(request_id, namespace=RUNS_NAMESPACE) is None:
+            blueprint = page_worker_blueprint(
+                worker_id, group, parent_id=agent.agent_id, priority=agent.metadata.priority
+            )
+            await self.spawner(blueprint)
         request = {"pages": group, "files": self.job.get("files"), "root": self.job.get("path")}
         if self.job.get("request_id"):
             request["report_to"] = {"agent_id": agent.agent_id, "request_id": self.job["request_id"]}
-        self.job["workers"][worker_id] = await AgentHandle(worker_id, owner=agent).submit(
-            request, namespace=RUNS_NAMESPACE
-        )
+        named = {} if request_id is None else {"request_id": request_id}
+        self.job["workers"][worker_id] = await handle.submit(request, namespace=RUNS_NAMESPACE, **named)
         self.job["groups"][worker_id] = group
 
     async def _retry(self, failed: list[str]) -> list[str]:

@@ -114,7 +114,8 @@ async def emit_child_event(
     """Write one progress event of `child_id` into the run stream of `report_to` (so
     `GET /v1/runs/{id}/events` of the coordinator's run streams it, though the coordinator is
     suspended). Create-only under a key per child and type: written once, whoever writes it (the
-    worker, or its coordinator for a worker that died first). Tagged with the run's request tag,
+    worker, its `summarize_pages` redone after a crash, or its coordinator for a worker that died
+    first): `summarize_pages`'s one effect happens once (docs/effects.md). Tagged with the run's request tag,
     so the run's retention removes it; `seq` 0: it is not one of the run's own numbered events.
     True when this call stored it; a failure is logged, never raised (progress is not the result)."""
     meta = owner.metadata

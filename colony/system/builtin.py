@@ -25,6 +25,8 @@ from colony.agents import (
     action_executor,
 )
 from colony.agents.models import RunServing
+from colony.agents.state.action_log import current_idempotency_key
+from colony.agents.state.log_records import effect_id
 from colony.blackboard import Blackboard
 from colony.context.session_agent import SessionCapability
 from colony.context.sessions import SESSION_ROLE, SessionStore, new_session_id, session_scope
@@ -153,13 +155,27 @@ class SessionStarterCapability(AgentCapability):
         """Start a session; returns {"session_id"}: the id of its agent, which serves its turns."""
         if self.spawner is None or self.agent is None:
             raise AgentUsageError("the session agent runs on a replica with a control plane (no spawner)")
-        session_id = new_session_id()
-        # the tree first: the session exists for the API as soon as its agent is registered
+        session_id = session_id_for(self.agent)
+        # the tree first: the session exists for the API as soon as its agent is registered. Both
+        # find what a cut-off call made (the tree is create-only; placing an id placed already
+        # finds it where it runs, or resumes it): a redone call makes neither twice
         await SessionStore(self.agent.blackboard.scoped(session_scope_of(self.agent, session_id))).create()
         await self.spawner(
             session_blueprint(session_id, parent_id=self.agent.agent_id, max_tokens=self.max_tokens)
         )
         return {"session_id": session_id}
+
+
+def session_id_for(agent: Agent) -> str:
+    """The id of the session the current `start_session` call starts: derived from the call's
+    idempotency key (and the starter's colony), so the call redone after a crash between placing
+    the session agent and recording its result starts the same session, not a second one; a
+    fresh random id outside a run (no key)."""
+    key = current_idempotency_key()
+    if key is None:
+        return new_session_id()
+    meta = agent.metadata
+    return f"session-{effect_id(key, 'session', meta.tenant_id, meta.colony_id, agent.agent_id)}"
 
 
 def session_scope_of(agent: Agent, session_id: str) -> str:

@@ -10,6 +10,7 @@ the replicas, so a restarted control plane picks up where the last one was.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 from collections.abc import Awaitable, Callable, Mapping
 from typing import TYPE_CHECKING, Any, Protocol
@@ -22,10 +23,18 @@ from colony.aio import cancel_and_wait
 from colony.blackboard import Blackboard, BlackboardScope, scope_id
 from colony.blackboard.connection import OutageBackoff
 from colony.config import ColonySettings
-from colony.errors import AgentNotFound, AgentStateConflict, BlackboardUnavailable, InvalidArgument
+from colony.errors import (
+    AgentNotFound,
+    AgentStateConflict,
+    BlackboardUnavailable,
+    InvalidArgument,
+    ReplicaUnavailable,
+)
+from colony.system.agent_purge import purge_agent
 from colony.system.monitor import ResumptionMonitor
 from colony.system.placement import AgentPlacer, Placement
 from colony.system.registry import NOT_HOSTED, AgentRecord, AgentRegistry
+from colony.system.removal import SessionSweeper
 from colony.system.replicas import ReplicaDirectory, as_directory
 from colony.vcm import PageTable
 
@@ -103,6 +112,9 @@ class ControlPlane:
             colony_id=settings.colony_id,
             lock=lock,
         )
+        self.sessions = SessionSweeper(
+            blackboard, self.registry, tenant_id=settings.tenant_id, colony_id=settings.colony_id
+        )
         self._loop: asyncio.Task[None] | None = None
         # the agent pools' sizing round (colony.system.pools), run after each monitor round
         self.pools: PoolTicker | None = None
@@ -159,10 +171,55 @@ class ControlPlane:
     async def resume(self, agent_id: str) -> AgentRecord:
         """Resume a suspended agent now (meets a CUSTOM condition, or any other one early): one
         placement decision and the resume on the chosen replica, not a whole monitor round
-        (`ResumptionMonitor.resume_now`). With no room anywhere it stays suspended, its request
+        (`ResumptionMonitor.resume_now`). With no room anywhere, room is made on demand: an idle
+        session agent, or an idle agent of a lower priority, is suspended (`AgentPlacer.victims`).
+        When none can be (every agent busy or more important) it stays suspended, its request
         noted: the monitor resumes it when room appears (the record says `suspended` meanwhile)."""
-        resumed = await self.monitor.resume_now(agent_id)
+
+        async def make_room(priority: int, exclude: list[str]) -> str:
+            suspended = await self.placer.make_room_locked(priority, exclude=exclude)
+            self.monitor.invalidate()
+            return suspended
+
+        resumed = await self.monitor.resume_now(agent_id, make_room=make_room)
         return resumed if resumed is not None else await self._hosted(agent_id)
+
+    async def delete(self, agent_id: str) -> int:
+        """Remove an agent for good (`DELETE /v1/sessions/{id}`): stopped where it is hosted (a run
+        in progress ends with it), then every key of its scopes and its blocks deleted
+        (`agent_purge.purge_agent`), its registry record last; the number of keys deleted.
+        AgentNotFound for an agent the registry does not know (a second delete). Under the
+        placement lock: no placement, resume or monitor round brings it back meanwhile."""
+        async with self.placer.lock:
+            record = await self._hosted(agent_id)
+            if record.replica is not None and record.state not in NOT_HOSTED:
+                with contextlib.suppress(ReplicaUnavailable):  # its replica is gone: nothing hosts it
+                    await self.directory.port(record.replica).stop_agent(agent_id)
+            purged = await purge_agent(self.blackboard, agent_id, settings=self.settings)
+            deleted = purged.count
+            await self.registry.remove(agent_id)
+            self.monitor.forget(agent_id)
+            self.monitor.invalidate()
+        metrics.AGENTS_DELETED.inc()
+        log.info("agent %s deleted (%d keys)", agent_id, deleted)
+        return deleted
+
+    async def sweep_sessions(self) -> list[str]:
+        """Delete the session agents idle longer than `context.session_idle_retention_seconds`
+        (`SessionSweeper`; at most a batch a sweep, every few minutes); the ids deleted."""
+        retention = self.settings.context.session_idle_retention_seconds
+        if not self.sessions.due(retention):
+            return []
+        gone = []
+        for agent_id in await self.sessions.expired(retention):
+            try:
+                await self.delete(agent_id)
+            except AgentNotFound:
+                continue  # deleted meanwhile
+            gone.append(agent_id)
+        if gone:
+            log.info("%d idle sessions deleted (idle past the retention)", len(gone))
+        return gone
 
     async def undo(self, agent_id: str) -> dict[str, Any]:
         """Bring an agent back to the checkpoint before its newest (see `restore`)."""
@@ -218,7 +275,9 @@ class ControlPlane:
                 settings=self.settings,
             )
             agent.settings = self.settings
-            report = await restore_checkpoint(agent, step, mode=mode, run_id=run_id)
+            report = await restore_checkpoint(
+                agent, step, mode=mode, run_id=run_id, when="now" if hosted else "on_resume"
+            )
         finally:
             if hosted:  # hosted again whatever happened (the monitor places it)
                 self.monitor.request_resume(agent_id)
@@ -263,7 +322,7 @@ class ControlPlane:
         rounds: list[tuple[str, Callable[[], Awaitable[None]]]] = [("monitor", self.monitor.tick)]
         if self.pools is not None:
             rounds.append(("pool", self.pools.tick))
-        return [*rounds, ("metrics", self.publish)]
+        return [*rounds, ("sessions", self.sweep_sessions), ("metrics", self.publish)]
 
     async def close(self) -> None:
         if self._loop is not None:

@@ -7,8 +7,9 @@ heal it within a few periods. This module checks that they did. `check_invariant
 it never repairs, so running it is always safe, and the chaos suite runs it after each fault until
 it comes back clean.
 
-Everything is read through the index sets the rest of the code reads (never a keyspace SCAN), and
-each listing stops after `max_entries` entries (the report then says `truncated`). Values read
+Everything is read through the index sets the rest of the code reads, but for one check: orphaned
+agent keys (colony.system.doctor_orphans) have no index, and are found by a bounded keyspace SCAN.
+Each listing stops after `max_entries` entries (the report then says `truncated`). Values read
 from Redis are validated; one that does not validate is itself reported (the code that reads it
 would fail on it too).
 
@@ -36,6 +37,7 @@ from colony.blackboard.protocol import (
 )
 from colony.errors import InvalidArgument, InvalidKey
 from colony.system.builtin import RUNS_NAMESPACE
+from colony.system.doctor_orphans import find_orphans
 from colony.system.doctor_report import DoctorReport, Violation, ViolationKind
 from colony.system.registry import DONE_STATES, NOT_HOSTED, AgentRecord
 from colony.system.runs import RunRecord
@@ -391,6 +393,42 @@ class _Checker:
                             "hosted none keeps them listed (PageTable.drop_replica clears them).",
                         )
 
+    async def check_orphans(self) -> None:
+        """Keys of agent ids that no registry record names and no replica hosts (a multi-key write
+        cut off half way): colony.system.doctor_orphans."""
+        if "agents" in self.report.truncated_listings:
+            self.report.skipped.append("orphaned agent keys: the registry listing was cut short")
+            return
+        orphans, truncated = await find_orphans(
+            self.root,
+            tenant_id=self.tenant_id,
+            colony_id=self.colony_id,
+            known={*self.records, *self.hosts_of},
+            now=self.now,
+            grace_seconds=self.grace,
+            max_ids=self.max_entries,
+        )
+        if truncated:
+            self.report.truncated = True
+            self.report.truncated_listings.append("agent_keys")
+        for orphan in orphans:
+            if orphan.retained:  # an ended agent's memory: listed apart, never pruned
+                self.report.retained[orphan.agent_id] = orphan.keys + orphan.blocks
+                continue
+            self.report.orphans[orphan.agent_id] = orphan.keys + orphan.blocks
+            self.report.orphan_versions[orphan.agent_id] = orphan.version
+            at = orphan.written_at
+            when = f"last written {_ago(self.now, at)}" if at is not None else "no lifecycle"
+            self.flag(
+                ViolationKind.ORPHANED_AGENT_KEYS,
+                orphan.agent_id,
+                f"agent id {orphan.agent_id} holds {orphan.keys} Redis key(s) and {orphan.blocks} block(s) "
+                f"({when}) that do not expire, but no registry record names it and no replica hosts it: "
+                "left by a write cut off half way (an import, a spawn). Nothing reads or removes them, and "
+                "an import of that id is refused while they are there. Remove them with `colony doctor "
+                "--prune-orphans`.",
+            )
+
     # -- runs -----------------------------------------------------------------------------------
 
     def ended_or_unknown(self, agent_id: str) -> str | None:
@@ -554,4 +592,5 @@ async def check_invariants(
     await checker.check_pages()
     claimed = await checker.check_open_claims()
     await checker.check_runs(run_ids, claimed)
+    await checker.check_orphans()
     return checker.report

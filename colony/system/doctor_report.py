@@ -22,6 +22,7 @@ class ViolationKind(StrEnum):
     RUN_STUCK = "run_stuck"  # no one will answer the run before its deadline
     RUN_LOST = "run_lost"  # a run the caller knows was accepted has no record
     RECORD_UNREADABLE = "record_unreadable"  # a value the loops read does not validate
+    ORPHANED_AGENT_KEYS = "orphaned_agent_keys"  # keys of an agent id no record names (a cut-off write)
 
 
 class Violation(BaseModel):
@@ -51,6 +52,22 @@ class DoctorReport(BaseModel):
     truncated: bool = Field(False, description="Some listing stopped at max_entries: not all was checked.")
     truncated_listings: list[str] = Field(default_factory=list)
     skipped: list[str] = Field(default_factory=list, description="Checks not made, and why.")
+    orphans: dict[str, int] = Field(
+        default_factory=dict,
+        description="Agent ids whose keys no record names, with how many keys and blocks each holds "
+        "(`colony doctor --prune-orphans` removes them).",
+    )
+    orphan_versions: dict[str, int] = Field(
+        default_factory=dict,
+        description="Each orphaned id's lifecycle version as the check saw it (0: none): "
+        "--prune-orphans removes an id only while it is unchanged.",
+    )
+    retained: dict[str, int] = Field(
+        default_factory=dict,
+        description="Agent ids no record names that hold only an ended agent's memory (its state "
+        "expired with runs.retention_seconds), with their key and block counts: kept on purpose, not "
+        "a violation; --prune-orphans leaves them.",
+    )
 
     @computed_field  # type: ignore[prop-decorator]
     @property

@@ -33,6 +33,10 @@ STATE_VALUES = frozenset(s.value for s in AgentState)
 # as they are stored, whatever their shape, so they travel with the agent
 PARTS = ("checkpoints", "action_log")
 MAX_HISTORY = 100  # block versions listed per block (for the record; not replayed)
+# the agent's state outside its blocks and memory (policy and capability states, context, rings,
+# archived outputs, its run), as compact JSON: junk a document carries there is refused, not stored
+MAX_STATE_BYTES = 8 * 1024 * 1024
+STATE_FIELDS = ("current_run", "policy_state", "context", "capabilities", "suspension", "parts", "archived")
 # a block's settings carried over (its owner, id and bookkeeping are the target's)
 BLOCK_SETTINGS = {"label", "description", "block_type", "char_limit", "read_only"}
 BLOCK_SETTINGS |= {"log_max_entries", "log_shown_entries"}
@@ -59,10 +63,26 @@ class BlueprintRef(_Strict):
     signed: str | None = Field(None, max_length=64 * 1024 * 1024)
 
 
-class ContextHead(BaseModel):
-    """The `agent:context` entry: the ring's position, the last result, page accesses."""
+class StrictMetadata(AgentMetadata):
+    """`AgentMetadata` refusing fields it does not have (a document's junk is refused, not dropped)."""
 
-    model_config = ConfigDict(extra="allow")
+    model_config = ConfigDict(**{**AgentMetadata.model_config, "extra": "forbid"})
+
+
+class StrictRun(AgentRun):
+    """`AgentRun` refusing fields it does not have."""
+
+    model_config = ConfigDict(**{**AgentRun.model_config, "extra": "forbid"})
+
+
+class StrictSuspension(SuspensionRequest):
+    """`SuspensionRequest` refusing fields it does not have."""
+
+    model_config = ConfigDict(**{**SuspensionRequest.model_config, "extra": "forbid"})
+
+
+class ContextHead(_Strict):
+    """The `agent:context` entry: the ring's position, the last result, page accesses."""
 
     context_total: int = Field(0, ge=0)
     last_result: ActionResult | None = None
@@ -103,7 +123,7 @@ class ExportedBlock(_Strict):
     template: str | None = Field(None, max_length=64)
     log_max_entries: int | None = Field(None, ge=1, le=10_000)
     log_shown_entries: int | None = Field(None, ge=1, le=1000)
-    content: str = ""
+    content: str = Field("", max_length=10_000_000)
     entries: list[dict[str, Any]] | None = Field(None, max_length=10_000)
     version: int = Field(1, ge=1)
     history: list[dict[str, Any]] = Field(default_factory=list, max_length=MAX_HISTORY)
@@ -137,12 +157,12 @@ class AgentExport(_Strict):
     agent_id: AgentIdText
     state: AgentState
     blueprint: BlueprintRef
-    metadata: AgentMetadata  # for the record: an import takes role, type, parent from the trusted blueprint
-    current_run: AgentRun | None = None
+    metadata: StrictMetadata  # for the record: an import takes role, type, parent from the trusted blueprint
+    current_run: StrictRun | None = None
     policy_state: dict[str, Any] | None = None
     context: ContextPart = Field(default_factory=ContextPart)
     capabilities: dict[str, CapabilityState] = Field(default_factory=dict, max_length=256)
-    suspension: SuspensionRequest | None = None  # as it was (the import resumes it IMMEDIATE)
+    suspension: StrictSuspension | None = None  # as it was (the import resumes it IMMEDIATE)
     parts: dict[Literal["checkpoints", "action_log"], StoredPart] = Field(default_factory=dict)
     archived: dict[Digest, Any] = Field(default_factory=dict, max_length=100_000)
     blocks: list[ExportedBlock] = Field(default_factory=list, max_length=1000)
@@ -165,6 +185,27 @@ class AgentExport(_Strict):
                     raise ValueError(f"{what} is not a record of that kind: {exc}") from None
         return value
 
+    @field_validator("blocks")
+    @classmethod
+    def _one_block_per_label(cls, value: list[ExportedBlock]) -> list[ExportedBlock]:
+        """Two blocks of one label would be one block here (the second overwriting the first)."""
+        seen: set[str] = set()
+        for index, block in enumerate(value):
+            if block.label in seen:
+                raise ValueError(f"blocks[{index}].label {block.label!r} repeats an earlier block's label")
+            seen.add(block.label)
+        return value
+
+    @field_validator("memory")
+    @classmethod
+    def _one_scope_per_namespace(cls, value: list[ExportedScope]) -> list[ExportedScope]:
+        seen: set[str] = set()
+        for index, scope in enumerate(value):
+            if scope.namespace in seen:
+                raise ValueError(f"memory[{index}].namespace {scope.namespace!r} repeats an earlier scope's")
+            seen.add(scope.namespace)
+        return value
+
     @field_validator("capabilities")
     @classmethod
     def _capability_names(cls, value: dict[str, CapabilityState]) -> dict[str, CapabilityState]:
@@ -173,6 +214,13 @@ class AgentExport(_Strict):
                 raise ValueError(f"capability name {name[:40]!r}... is longer than 128 characters")
             Keys.capability_state_key(name)  # InvalidKey (a ValueError) for a name no key may hold
         return value
+
+    @after_model(mode="after")
+    def _bounded_state(self) -> AgentExport:
+        """The agent's state (all but its blocks and memory, which have their own limits) within
+        MAX_STATE_BYTES: what a colony writes there is far smaller; more is junk."""
+        check_state_size(self.model_dump(mode="json", include=set(STATE_FIELDS)))
+        return self
 
     @after_model(mode="after")
     def _one_agent(self) -> AgentExport:
@@ -192,6 +240,19 @@ class AgentExport(_Strict):
 
 
 # -- parsing ---------------------------------------------------------------------------------------
+
+
+def check_state_size(document: Mapping[str, Any]) -> None:
+    """ValueError when the document's state fields (`STATE_FIELDS`) are over MAX_STATE_BYTES of
+    JSON, naming the largest (an export checks its own so, an import refuses such a document)."""
+    sizes = {name: len(json_bytes({"v": document.get(name)})) for name in STATE_FIELDS}
+    if sum(sizes.values()) > MAX_STATE_BYTES:
+        largest = max(sizes, key=lambda n: sizes[n])
+        raise ValueError(
+            f"the agent state is {sum(sizes.values())} bytes of JSON, over {MAX_STATE_BYTES} "
+            f"(the largest part: {largest}, {sizes[largest]} bytes); an agent's state is never that "
+            "large: trim it (or its policy's or capabilities' state) and export it again"
+        )
 
 
 def json_bytes(document: Mapping[str, Any]) -> bytes:

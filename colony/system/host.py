@@ -33,7 +33,7 @@ from colony.config import ColonySettings
 from colony.errors import AgentNotFound, BlackboardUnavailable, BlueprintTampered, ResourceExhausted
 from colony.inference import InferenceEngine, InferenceRequest, create_engine
 from colony.system.host_pages import ReplicaPages
-from colony.system.registry import HEARTBEAT_MISSES, NOT_HOSTED, AgentRecord, AgentRegistry
+from colony.system.registry import HEARTBEAT_MISSES, NOT_HOSTED, ON_DEMAND, AgentRecord, AgentRegistry
 from colony.system.replicas import AgentSlot, ReplicaSnapshot
 from colony.vcm import PageTable
 
@@ -78,6 +78,8 @@ class ReplicaHost:
         # the registry state of each hosted agent as last read or written here (`_beat`), the beats
         # so far, and the beat that next reads every record naming this replica
         self._written: dict[str, str] = {}
+        # when each hosted agent was placed or resumed here: its last activity until it runs
+        self._arrived: dict[str, float] = {}
         self._beats = 0
         self._next_sweep = 0
 
@@ -139,6 +141,7 @@ class ReplicaHost:
             agent = await self._restore(agent_id)
         else:
             agent = await runtime.spawn(bp)
+        self._arrived.setdefault(agent_id, time.time())
         record = await self._put(agent)
         return record.model_dump(mode="json")
 
@@ -159,15 +162,22 @@ class ReplicaHost:
         """An agent left this replica suspended: the registry says so (no replica)."""
         if self.engine is not None:
             self.engine.release_pins()
+        self._arrived.pop(agent_id, None)
         _, registry = self._ready()
         record = await registry.get(agent_id)
         if record is not None:
-            await registry.put(record.model_copy(update={"state": "suspended", "replica": None}))
-        metrics.AGENT_SUSPENSIONS.labels(SUSPENSION_REASONS.get(condition.kind, "other")).inc()
+            # suspended to make room until asked for (an idle session): resumed on demand only
+            on_demand = condition.kind is ResumptionKind.CUSTOM and condition.reason == "make_room"
+            waits = ON_DEMAND if on_demand else condition.kind.value
+            update = {"state": "suspended", "replica": None, "waits": waits}
+            await registry.put(record.model_copy(update=update))
+        reason = "make_room" if condition.reason == "make_room" else None
+        metrics.AGENT_SUSPENSIONS.labels(reason or SUSPENSION_REASONS.get(condition.kind, "other")).inc()
 
     async def _stopped(self, agent_id: str) -> None:
         if self.engine is not None:
             self.engine.release_pins()
+        self._arrived.pop(agent_id, None)
         _, registry = self._ready()
         await registry.set_state(agent_id, "stopped")
 
@@ -188,7 +198,9 @@ class ReplicaHost:
             agent = runtime.get(agent_id)
             run = agent.current_run
             busy = run is not None and not run.done
-            idle_since = (run.finished_at if run and run.done else run.started_at if run else 0.0) or 0.0
+            # its last activity: the end (or start) of its newest run, or its arrival here
+            ran = (run.finished_at if run and run.done else run.started_at if run else 0.0) or 0.0
+            idle_since = max(ran, self._arrived.get(agent_id, 0.0))
             slots.append(
                 AgentSlot(
                     agent_id=agent_id,
@@ -208,10 +220,15 @@ class ReplicaHost:
     async def suspend_agent(
         self, agent_id: str, reason: str = "request", condition: dict[str, Any] | None = None
     ) -> bool:
-        """Suspend a hosted agent until `condition` (default: CUSTOM, i.e. an explicit resume)."""
+        """Suspend a hosted agent until `condition` (default: CUSTOM, i.e. an explicit resume).
+        To make room (`reason` make_room) only an idle agent is suspended: False for a busy one."""
         runtime, _ = self._ready()
         if agent_id not in runtime.agent_ids:
             return False
+        if reason == "make_room":
+            run = runtime.get(agent_id).current_run
+            if run is not None and not run.done:
+                return False
         parsed = (
             ResumptionCondition.model_validate(condition)
             if condition is not None
@@ -223,6 +240,7 @@ class ReplicaHost:
     async def resume_agent(self, agent_id: str) -> dict[str, Any]:
         """Bring a suspended agent back here, same id, state restored from the blackboard."""
         agent = await self._restore(agent_id)
+        self._arrived[agent_id] = time.time()
         record = await self._put(agent)
         return record.model_dump(mode="json")
 

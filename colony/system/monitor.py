@@ -1,7 +1,9 @@
 """The resource monitor: resumes suspended agents when their ResumptionCondition holds.
 
 Each `tick()` (the control plane runs one every `period` seconds) reads the suspended agents from
-the registry and, highest priority first (FIFO among equals), evaluates each condition:
+the registry (through its resumable index: an agent suspended to make room, e.g. an idle session,
+waits to be asked for, `resume_now`, and costs a round nothing) and, highest priority first (FIFO
+among equals), evaluates each condition:
 CHILDREN_COMPLETED (every child STOPPED/FAILED in the registry or its lifecycle),
 RESOURCE_AVAILABLE (a replica has room), PAGES_AVAILABLE (every page resident somewhere in the page
 table), IMMEDIATE, CUSTOM (only after `request_resume`). A met condition resumes the agent, same id
@@ -30,13 +32,14 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections.abc import Mapping
+from collections.abc import Awaitable, Callable, Mapping
 from typing import TYPE_CHECKING, Any
 
 from colony import metrics
 from colony.agents.blueprint import AgentBlueprint
 from colony.agents.models import (
     AgentMetadata,
+    AgentState,
     AgentType,
     ResumptionCondition,
     ResumptionKind,
@@ -80,6 +83,15 @@ MISSING_GRACE_SECONDS = 10.0
 # An agent whose suspension is recorded but not done (its replica detached it and is persisting its
 # state) waits this many missing graces: a suspension that failed half-way is still re-placed.
 SUSPENDING_GRACE_FACTOR = 6.0
+# How often a round also reads every suspended agent's record, for those that do not say what they
+# wait for (records written before they did); the others are read through the resumable index.
+FULL_SWEEP_SECONDS = 60.0
+# The states in which a replica hosts the agent: the records `recover_orphans` reads (never the
+# suspended or ended ones, which may be many)
+# Idle agents one on-demand resume suspends at most to fit (more only where memory budgets differ)
+MAKE_ROOM_TRIES = 4
+MakeRoom = Callable[[int, list[str]], Awaitable[str]]  # (priority, exclude) -> the agent suspended
+HOSTED_STATES = tuple(s.value for s in AgentState if s.value not in NOT_HOSTED)
 
 
 class ResumptionMonitor:
@@ -115,6 +127,7 @@ class ResumptionMonitor:
         self._hosted: dict[str, set[str]] = {}  # agents each answering replica hosts (its snapshot)
         self._refreshed_at = 0.0  # when `_views` were read (monotonic; 0: to be read again)
         self._next_page_sweep = 0.0
+        self._next_full_sweep = 0.0
         self.missing_grace = missing_grace
         self._missing_since: dict[str, float] = {}  # agent -> when first found on no replica
         self._liveness_outage = False  # `liveness` could not answer last round (logged once)
@@ -131,6 +144,11 @@ class ResumptionMonitor:
         self._views = views_of([s for _, s in found.values()], self.max_agents, self.memory_mb)
         self._hosted = {rid: {slot.agent_id for slot in s.agents} for rid, (_, s) in found.items()}
         self._refreshed_at = time.monotonic()
+
+    def forget(self, agent_id: str) -> None:
+        """The agent was deleted: no resume of it is pending any more."""
+        self._custom.discard(agent_id)
+        self._missing_since.pop(agent_id, None)
 
     def invalidate(self) -> None:
         """The replica views are out of date (an agent was placed): the next decision reads them."""
@@ -149,7 +167,7 @@ class ResumptionMonitor:
             if view.replica_id == replica_id and view.load > 0:
                 view.load -= 1
 
-    async def resume_now(self, agent_id: str) -> AgentRecord | None:
+    async def resume_now(self, agent_id: str, make_room: MakeRoom | None = None) -> AgentRecord | None:
         """Resume one suspended agent at once (an explicit request: `POST .../resume`), without a
         whole round: one placement decision, on the replica views of the last round when they are
         fresher than a period (else read again; and read again when they find no room or their
@@ -157,7 +175,9 @@ class ResumptionMonitor:
         on the target, which reads the agent's state. Checked under the lock that the agent is
         still suspended (a round may have resumed it meanwhile): `AgentNotFound` /
         `AgentStateConflict`. None when no replica has room or the resume failed: the agent stays
-        suspended with its request noted (`request_resume`), and a later round resumes it."""
+        suspended with its request noted (`request_resume`), and a later round resumes it.
+        `make_room` (room on demand): with no room, called with the agent's priority to suspend
+        an idle agent (`AgentPlacer.make_room_locked`), once, before giving up."""
         async with self.lock:
             record = await self.registry.get(agent_id)
             if record is None:
@@ -167,7 +187,7 @@ class ResumptionMonitor:
             fresh = self._views and time.monotonic() - self._refreshed_at < self.period
             if not fresh:
                 await self._refresh()
-            condition, pages = await self._waits_for(agent_id)
+            metadata, _request, condition, pages = await self._suspension(agent_id)
             hard = condition.kind is ResumptionKind.PAGES_AVAILABLE
             memory = await self._memory(agent_id)
             target = self._choose(pages, hard, memory)
@@ -175,6 +195,8 @@ class ResumptionMonitor:
                 await self._refresh()
                 target = self._choose(pages, hard, memory)
                 fresh = False
+            if target is None and make_room is not None:
+                target = await self._room_for(agent_id, metadata, pages, hard, memory, make_room)
             if target is None:
                 self._custom.add(agent_id)
                 return None
@@ -205,6 +227,29 @@ class ResumptionMonitor:
                 target.memory_free_mb -= memory
             self._hosted.setdefault(target.replica_id, set()).add(agent_id)
             return AgentRecord.model_validate(answer)
+
+    async def _room_for(
+        self,
+        agent_id: str,
+        metadata: AgentMetadata | None,
+        pages: list[str],
+        hard: bool,
+        memory: int,
+        make_room: MakeRoom,
+    ) -> ReplicaView | None:
+        """Suspend idle agents (`make_room`) until the agent fits, at most MAKE_ROOM_TRIES; None
+        when none can be suspended (all busy, or of a higher priority)."""
+        for _ in range(MAKE_ROOM_TRIES):
+            try:
+                await make_room(metadata.priority if metadata else 0, [agent_id])
+            except ResourceExhausted as exc:
+                log.info("no room made for agent %s: %s", agent_id, exc)
+                return None
+            await self._refresh()
+            target = self._choose(pages, hard, memory)
+            if target is not None:
+                return target
+        return None
 
     def _hosting(self, agent_id: str) -> str | None:
         """The replica whose snapshot (the views' last read) hosts the agent, if any."""
@@ -254,15 +299,29 @@ class ResumptionMonitor:
         pages = list(condition.page_ids or (metadata.bound_pages if metadata else []))
         return metadata, request, condition, pages
 
-    async def _waits_for(self, agent_id: str) -> tuple[ResumptionCondition, list[str]]:
-        _metadata, _request, condition, pages = await self._suspension(agent_id)
-        return condition, pages
+    async def _suspended_records(self) -> list[AgentRecord]:
+        """The suspended agents a round looks at: those whose condition the monitor checks (the
+        registry's resumable index), those with a resume requested (`request_resume`), and, every
+        `FULL_SWEEP_SECONDS`, every suspended record that does not say what it waits for (written
+        before records said so). Agents suspended to make room (idle sessions: 10,000 of them),
+        resumed when asked for, cost a round nothing."""
+        found = {r.agent_id: r for r in await self.registry.list(state="suspended", resumable=True)}
+        for agent_id in sorted(self._custom - set(found)):
+            record = await self.registry.get(agent_id)
+            if record is not None and record.state == "suspended":
+                found[agent_id] = record
+        if time.monotonic() >= self._next_full_sweep:
+            self._next_full_sweep = time.monotonic() + FULL_SWEEP_SECONDS
+            for record in await self.registry.list(state="suspended"):
+                if record.waits is None:
+                    found.setdefault(record.agent_id, record)
+        return list(found.values())
 
     async def _pending(self) -> list[tuple[int, float, str, ResumptionCondition, list[str], bool]]:
         """The suspended agents, highest priority first (FIFO among equals): priority, when
         suspended, id, condition, pages, and whether it is page-bound."""
         items = []
-        for record in await self.registry.list(state="suspended"):
+        for record in await self._suspended_records():
             metadata, request, condition, pages = await self._suspension(record.agent_id)
             priority = metadata.priority if metadata else 0
             bound = metadata is not None and metadata.agent_type is AgentType.VCM_BOUND
@@ -379,7 +438,7 @@ class ResumptionMonitor:
         """
         if not self._ports:
             return []  # nothing alive to move them to (or the directory is not answering)
-        records = [r for r in await self.registry.list() if r.replica and r.state not in NOT_HOSTED]
+        records = [r for state in HOSTED_STATES for r in await self.registry.list(state=state) if r.replica]
         suspects = sorted(
             {r.replica for r in records if r.replica and r.replica not in self._ports}
             | await self._page_table_suspects()

@@ -3,7 +3,14 @@
 1. hard affinity: a replica holding every required page (resident), with room;
 2. soft affinity: the best-scoring replica with room (pages are faulted in there);
 3. retry later: every replica is full; wait (backoff) for room to appear;
-4. suspend: free room by suspending a lower-priority agent (lowest priority, then longest idle).
+4. suspend: free room by suspending idle agents to Redis (`victims`): session agents first, then
+   lower priority first, then the longest idle. An agent busy in a run is never suspended for room.
+
+Room on demand: an idle session agent is always a victim (whatever its priority: it is resumed by
+its next message, `ControlPlane.resume`), and when one can make room step 4 comes at once, without
+the wait of step 3 (an idle session frees nothing by waiting). Other agents make room only for a
+newcomer of a higher priority, after the wait. A suspended session waits for its next message
+(CUSTOM condition, reason `make_room`); another agent for room (RESOURCE_AVAILABLE).
 Replicas are reached through a `ReplicaDirectory` (in-process hosts or Serve replicas).
 Each step reuses `colony.vcm.placement` (the code the request router and the simulator run).
 """
@@ -20,6 +27,7 @@ from pydantic import BaseModel, Field
 
 from colony import metrics
 from colony.agents import AgentBlueprint, ResumptionCondition, ResumptionKind
+from colony.context.sessions import is_session_id
 from colony.errors import ReplicaUnavailable, ResourceExhausted
 from colony.system.replicas import (
     ReplicaDirectory,
@@ -35,6 +43,8 @@ if TYPE_CHECKING:
 
 log = logging.getLogger(__name__)
 Step = Literal["hard", "soft", "retry", "suspend"]
+MAKE_ROOM = "make_room"  # the reason of a suspension that makes room (the host suspends only an idle agent)
+MAX_VICTIM_TRIES = 8  # victims tried in one pass (one found busy by its replica is passed over)
 
 
 class Placement(BaseModel):
@@ -139,18 +149,10 @@ class AgentPlacer:
                         f"(serve.max_agents_per_replica={self.max_agents}, "
                         f"serve.replica_memory_mb={self.memory_mb}); try again later or add replicas"
                     ) from None
-                replica, step = await self._retry(preferred, memory), "retry"
+                replica, step = None, "suspend"
         suspended: list[str] = []
-        while replica is None:  # suspend lower-priority agents until the newcomer fits
-            ports, views, snapshots = await self._state()
-            victim_replica, victim = self._victim(snapshots, blueprint.metadata.priority, exclude=suspended)
-            condition = ResumptionCondition(kind=ResumptionKind.RESOURCE_AVAILABLE, reason="make_room")
-            await ports[victim_replica].suspend_agent(victim, "make_room", condition.model_dump(mode="json"))
-            suspended.append(victim)
-            try:
-                replica, step = choose_replica(await self.views(), preferred, memory_mb=memory), "suspend"
-            except ResourceExhausted:
-                continue
+        if replica is None:
+            replica, step = await self._make_room(blueprint, preferred, suspended, snapshots)
         ports = ports if replica.replica_id in ports else (await self._state())[0]
         await ports[replica.replica_id].ensure_agent(blueprint.to_text())
         metrics.PLACEMENTS.labels(step).inc()
@@ -160,6 +162,54 @@ class AgentPlacer:
             step=step,
             suspended=suspended,
             waited_seconds=time.monotonic() - started,
+        )
+
+    async def _make_room(
+        self,
+        blueprint: AgentBlueprint,
+        pages: list[str],
+        suspended: list[str],
+        snapshots: list[ReplicaSnapshot],
+    ) -> tuple[ReplicaView, Step]:
+        """Steps 3 and 4 for a newcomer that fits nowhere: idle sessions are suspended at once;
+        otherwise wait for room (step 3), then suspend idle lower-priority agents (step 4)."""
+        priority, memory = blueprint.metadata.priority, blueprint.resources.memory_mb
+        if not any(is_session_id(v.agent_id) for v in victims(snapshots, priority)):
+            replica = await self._retry(pages, memory)
+            if replica is not None:
+                return replica, "retry"
+        while True:  # bounded: each pass suspends one more hosted agent, or raises
+            found = await self.make_room_locked(priority, exclude=suspended)
+            suspended.append(found)
+            try:
+                return choose_replica(await self.views(), pages, memory_mb=memory), "suspend"
+            except ResourceExhausted:
+                continue
+
+    async def make_room_locked(self, priority: int, *, exclude: list[str] | None = None) -> str:
+        """Suspend the first of `victims` that its replica still finds idle (for a caller holding
+        `self.lock`); the id suspended. ResourceExhausted when no agent can make room."""
+        tried = list(exclude or [])
+        for _ in range(MAX_VICTIM_TRIES):
+            ports, _views, snapshots = await self._state()
+            found = [v for v in victims(snapshots, priority) if v.agent_id not in tried]
+            if not found:
+                break
+            victim = found[0]
+            tried.append(victim.agent_id)
+            session = is_session_id(victim.agent_id)
+            kind = ResumptionKind.CUSTOM if session else ResumptionKind.RESOURCE_AVAILABLE
+            condition = ResumptionCondition(kind=kind, reason=MAKE_ROOM)
+            if await ports[victim.replica_id].suspend_agent(
+                victim.agent_id, MAKE_ROOM, condition.model_dump(mode="json")
+            ):
+                metrics.AGENT_EVICTIONS.labels("session" if session else "other").inc()
+                log.info("agent %s suspended to make room", victim.agent_id)
+                return victim.agent_id
+        raise ResourceExhausted(
+            f"no replica has room (serve.max_agents_per_replica={self.max_agents}, "
+            f"serve.replica_memory_mb={self.memory_mb}) and no idle session, nor idle agent of a lower "
+            f"priority than {priority}, to suspend; retry later, add replicas or raise those limits"
         )
 
     async def _retry(self, pages: list[str], memory: int) -> ReplicaView | None:
@@ -175,22 +225,30 @@ class AgentPlacer:
                 delay = min(delay * 2, 1.0)
         return None
 
-    def _victim(
-        self, snapshots: list[ReplicaSnapshot], priority: int, exclude: list[str] | None = None
-    ) -> tuple[str, str]:
-        """The agent to suspend: lower priority than the newcomer; lowest priority, then idle before
-        busy, then longest idle."""
-        candidates = [
-            (slot.priority, slot.busy, slot.idle_since, slot.agent_id, snapshot.replica_id)
-            for snapshot in snapshots
-            for slot in snapshot.agents
-            if slot.priority < priority and slot.agent_id not in (exclude or [])
-        ]
-        if not candidates:
-            raise ResourceExhausted(
-                f"no replica has room (serve.max_agents_per_replica={self.max_agents}, "
-                f"serve.replica_memory_mb={self.memory_mb}) and no agent has a lower priority than "
-                f"{priority} to suspend; add replicas or raise those limits"
-            )
-        _priority, _busy, _since, agent_id, replica_id = min(candidates)
-        return replica_id, agent_id
+
+class Victim(BaseModel):
+    """A hosted agent that may be suspended to make room, and where it is."""
+
+    agent_id: str
+    replica_id: str
+    priority: int
+    idle_since: float
+
+
+def victims(snapshots: list[ReplicaSnapshot], priority: int) -> list[Victim]:
+    """The agents that may be suspended to make room for a newcomer of `priority`, in the order
+    they go: only idle ones (an agent busy in a run is never suspended for room), session agents
+    whatever their priority, other agents only of a lower priority; sessions first, then the lowest
+    priority, then the longest idle (the oldest last activity)."""
+    found = [
+        Victim(
+            agent_id=slot.agent_id,
+            replica_id=snapshot.replica_id,
+            priority=slot.priority,
+            idle_since=slot.idle_since,
+        )
+        for snapshot in snapshots
+        for slot in snapshot.agents
+        if not slot.busy and (is_session_id(slot.agent_id) or slot.priority < priority)
+    ]
+    return sorted(found, key=lambda v: (not is_session_id(v.agent_id), v.priority, v.idle_since, v.agent_id))

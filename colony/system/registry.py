@@ -27,6 +27,7 @@ from colony.config import ColonySettings
 from colony.errors import ConcurrentModificationError
 
 DONE_STATES = frozenset({"stopped", "failed"})  # the agent has ended
+ON_DEMAND = "on_demand"  # `AgentRecord.waits` of an agent suspended to make room: resumed when asked for
 NOT_HOSTED = DONE_STATES | {"suspended"}  # states in which no replica hosts the agent
 HEARTBEAT_MISSES = 5  # a heartbeat lives this many periods
 # A process's published metrics outlive it this long: its `colony_cluster_*` series (one per process)
@@ -52,6 +53,10 @@ class AgentRecord(BaseModel):
     agent_type: str = "unbound"
     state: str = "initialized"
     replica: str | None = None
+    # what a suspended agent waits for: its condition's kind, or `on_demand` (suspended to make room,
+    # resumed only when asked for: an idle session's next message); None while hosted, and for
+    # records written before it was kept
+    waits: str | None = None
     created_at: float = Field(default_factory=time.time)
     updated_at: float = Field(default_factory=time.time)
 
@@ -83,10 +88,13 @@ class AgentRegistry:
         return self._retention
 
     async def put(self, record: AgentRecord) -> AgentRecord:
-        record = record.model_copy(update={"updated_at": time.time()})
+        waits = record.waits if record.state == "suspended" else None
+        record = record.model_copy(update={"updated_at": time.time(), "waits": waits})
         tags = {Keys.index_tag("agent"), Keys.state_tag(record.state)}
         if record.replica:
             tags.add(Keys.replica_tag(record.replica))
+        if record.state == "suspended" and waits != ON_DEMAND:
+            tags.add(Keys.resumable_tag())
         ttl = await self._done_ttl(record) if record.state in DONE_STATES else None
         await self.board.write(
             Keys.agent_key(record.agent_id), record, tags=tags, created_by="registry", ttl_seconds=ttl
@@ -111,15 +119,23 @@ class AgentRegistry:
             return None
         return await self.put(record.model_copy(update={"state": state}))
 
-    async def list(self, *, state: str | None = None, replica: str | None = None) -> list[AgentRecord]:
+    async def list(
+        self, *, state: str | None = None, replica: str | None = None, resumable: bool = False
+    ) -> list[AgentRecord]:
+        """Records by state and replica; `resumable`: only the suspended agents whose condition the
+        resource monitor checks (not those suspended to make room, which wait to be asked for)."""
         if not self._indexed_once:
             await self._index_older_records()
         # The query reads the first tag's index set and filters by the others: the narrowest first.
-        tags = [Keys.state_tag(state)] if state else []
+        # (only suspended records carry the resumable tag, and its set is the small one: the query
+        # reads the alphabetically first tag's set, so it goes alone)
+        tags = [Keys.resumable_tag()] if resumable else []
+        tags += [Keys.state_tag(state)] if state and not resumable else []
         tags += [Keys.replica_tag(replica)] if replica else []
         tags = tags or [Keys.index_tag("agent")]
         entries = [e async for e in self._indexed("agent", tags)]
-        return sorted((e.value_as(AgentRecord) for e in entries), key=lambda r: r.agent_id)
+        records = (e.value_as(AgentRecord) for e in entries)
+        return sorted((r for r in records if not state or r.state == state), key=lambda r: r.agent_id)
 
     async def _index_older_records(self) -> None:
         """Once per process: records written before the `index:agent` tag existed get it. They are

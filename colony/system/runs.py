@@ -62,6 +62,7 @@ from colony.errors import (
     InvalidArgument,
     RunNotFound,
     RunQueueFull,
+    RunRetired,
 )
 from colony.system.builtin import RUNS_NAMESPACE
 from colony.system.registry import AgentRegistry
@@ -160,10 +161,21 @@ class RunService:
         namespace: str = RUNS_NAMESPACE,
         timeout_s: float | None = None,
         pages: list[str] | None = None,
+        run_id: str | None = None,
     ) -> RunRecord:
+        """Submit a run (module doc). `run_id` (derived from a request's Idempotency-Key): the run is
+        made only if no run of that id exists; else that run is returned as it is (`RunRetired`
+        when it ended and was removed), so a retried submit answers the same run, never a second."""
+        if run_id is not None:
+            try:
+                return await self.record(run_id)
+            except RunRetired:  # it ran and was removed: not made again
+                raise
+            except RunNotFound:
+                pass
         await self._check_known(agent)
         await self._refuse_pool_member(agent, namespace)
-        run_id = new_id("run")
+        run_id = run_id or new_id("run")
         timeout = timeout_s or self.runs_settings.default_timeout_seconds
         record = RunRecord(
             run_id=run_id, agent=agent, namespace=namespace, pages=pages or [], deadline=time.time() + timeout
@@ -238,11 +250,17 @@ class RunService:
                 "created_by": API_WRITER,
                 "ttl_seconds": life,
             }
+            known_write = {  # outlives the record: a retired id answers 410, not 404
+                "key": ApiRunProtocol.known_key(run_id),
+                "value": {"agent": record.agent, "created_at": record.created_at},
+                "created_by": API_WRITER,
+                "ttl_seconds": life + self.runs_settings.known_ids_seconds,
+            }
             await board.write_group(
                 writes,
                 tag=AgentRunProtocol.request_tag(run_id),
                 ttl_seconds=life,
-                first=(self.api_board, [record_write]),
+                first=(self.api_board, [record_write, known_write]),
             )
         except BaseException:
             # nothing half-submitted stays to be served: the request too, which Redis may have
@@ -251,6 +269,7 @@ class RunService:
                 await board.delete(request_key)
                 await board.delete(pending_key(AgentRunProtocol, run_id))
                 await self.api_board.delete(ApiRunProtocol.run_key(run_id))
+                await self.api_board.delete(ApiRunProtocol.known_key(run_id))  # never submitted
             raise
 
     async def _check_known(self, agent: str) -> None:
@@ -298,10 +317,29 @@ class RunService:
             )
 
     async def record(self, run_id: str) -> RunRecord:
-        entry = await self.api_board.read(ApiRunProtocol.run_key(run_id))
-        if entry is None:
-            raise RunNotFound(f"no run {run_id!r}")
-        return entry.value_as(RunRecord)
+        """The run's record; `RunRetired` for a run submitted here whose record was removed after
+        the retention, `RunNotFound` for an id never submitted (or forgotten since)."""
+        entry, known = await self.api_board.read_many(
+            [ApiRunProtocol.run_key(run_id), ApiRunProtocol.known_key(run_id)]
+        )
+        if entry is not None:
+            return entry.value_as(RunRecord)
+        if known is not None and isinstance(known.value, dict):
+            agent = str(known.value.get("agent", "?"))[:64]
+            created = known.value.get("created_at")
+            when = (
+                time.strftime(" (submitted %Y-%m-%d %H:%M:%S UTC)", time.gmtime(created))
+                if isinstance(created, int | float) and not isinstance(created, bool) and 0 < created < 1e11
+                else ""
+            )
+            raise RunRetired(
+                f"run {run_id!r} of agent {agent!r}{when} is retired: it ended and its record and result "
+                f"were removed after runs.retention_seconds ({self.retention_seconds:g} s)"
+            )
+        raise RunNotFound(
+            f"no run {run_id!r}: no run with that id was submitted over HTTP (an agent's own run id, "
+            "the run_id of its checkpoints, is not one: use the checkpoint's request_id)"
+        )
 
     async def get(self, run_id: str) -> RunView:
         record = await self.record(run_id)

@@ -15,52 +15,54 @@ from validated names; the document chooses no key, scope or file.
 An export is taken while the agent is not RUNNING (idle, waiting, suspended, or ended): a step in
 progress is refused with 409 (`AgentStateConflict`). It is a consistent snapshot: the agent's
 lifecycle is read before and after, and a change in between (a run began) takes it again.
-An import writes nothing before its first transaction, fenced on the agent's lifecycle (a refused
-import leaves an agent of that id as it was); that commit holds the state without the blueprint, so
-no replica can restore the agent while its blocks and memory are written; a second fenced commit
-adds the blueprint and an IMMEDIATE resumption condition, and the agent is registered SUSPENDED:
-the resumption monitor places it on a replica, which drives its unfinished run on from the step it
-had reached. Who the agent is (role, type, priority) comes from its trusted blueprint, never from
-the document.
+An import is all or nothing: everything it would write is checked first (colony.system.import_plan:
+block limits, blocks per owner, labels, memory entries), then every Redis key of the id is kept
+(colony.system.import_snapshot: DUMP + PTTL, in memory, bounded), and nothing is written before its
+first transaction, fenced on the agent's lifecycle (a refused import leaves an agent of that id as it
+was); that commit holds the state without the blueprint, and the import's mark (with its lease), so no
+replica can restore the agent and no other import or `colony doctor --prune-orphans` touches it while
+its blocks and memory are written; a second fenced commit adds the blueprint and an IMMEDIATE
+resumption condition, and the agent is registered SUSPENDED: the resumption monitor places it on a
+replica, which drives its unfinished run on from the step it had reached. A failure after the first
+commit restores the kept keys and removes the others: the id is exactly as it was before. Who the
+agent is (role, type, priority) comes from its trusted blueprint, never from the document.
 """
 
 from __future__ import annotations
 
+import asyncio
+import logging
 import time
+import uuid
 from typing import Any
 
-from pydantic import (
-    TypeAdapter,
-    ValidationError,
-)
+from pydantic import TypeAdapter, ValidationError
 
 from colony.agents.models import (
     TERMINAL_STATES,
-    AgentMetadata,
     AgentState,
     ResumptionCondition,
     ResumptionKind,
     SuspensionRequest,
 )
-from colony.agents.state.persistence import MAX_CONTEXT_ITEMS, STATE_NAMES
-from colony.blackboard import Blackboard, BlackboardScope, Transaction, scope_id
+from colony.agents.state.persistence import STATE_NAMES
+from colony.blackboard import Blackboard, BlackboardScope, scope_id
 from colony.blackboard.protocol import AgentStateProtocol as Keys
-from colony.blackboard.protocol import BlackboardProtocol, MemoryProtocol
 from colony.config import ColonySettings
 from colony.errors import (
     AgentNotFound,
     AgentStateConflict,
     ColonyError,
-    ConcurrentModificationError,
     ContextError,
     ImportRejected,
     InvalidArgument,
-    InvalidKey,
 )
 from colony.memory.blocks import SYSTEM, BlockType, NewBlock, block_store
 from colony.memory.introspection import agent_memory_scopes
+from colony.memory.scopes import NAMESPACE_PREFIX
 from colony.memory.store import MemoryStore
 from colony.memory.types import NewMemory
+from colony.system.agent_purge import UNLINK_BATCH
 from colony.system.export_document import (
     BLOCK_SETTINGS,
     FORMAT,
@@ -71,14 +73,26 @@ from colony.system.export_document import (
     AgentExport,
     AgentIdText,
     ExportedMemory,
+    check_state_size,
     json_bytes,
     parse_document,
 )
+from colony.system.import_plan import ImportPlan, plan_import
+from colony.system.import_snapshot import KeySnapshot, memory_keys, restore_snapshot, take_snapshot
 from colony.system.import_trust import trusted_blueprint
+from colony.system.import_write import (
+    IMPORT_LEASE_SECONDS,
+    LIFECYCLE,
+    Landing,
+    imported_lifecycle,
+    importing,
+    release,
+    write_state,
+)
 from colony.system.registry import AgentRecord, AgentRegistry
 
+log = logging.getLogger(__name__)
 EXPORT_ATTEMPTS = 3  # snapshots retaken when the agent changed while it was read
-LIFECYCLE = Keys.key("lifecycle")
 
 
 # -- export ---------------------------------------------------------------------------------------
@@ -141,6 +155,10 @@ async def export_agent(
         after = await board.read(LIFECYCLE)
         if after is not None and after.version == before.version:
             _bounded(agent_id, len(json_bytes(document)), settings)
+            try:
+                check_state_size(document)
+            except ValueError as exc:
+                raise ContextError(f"the export of agent {agent_id} is refused: {exc}") from None
             return document
     raise AgentStateConflict(
         f"agent {agent_id} changed state while it was exported ({EXPORT_ATTEMPTS} tries); suspend it "
@@ -263,16 +281,14 @@ async def import_agent(
     `blackboard` is on, and register it SUSPENDED with an IMMEDIATE resumption condition (the
     resumption monitor resumes it on a replica, at the step it had reached).
 
-    An agent of that id that exists here and has not ended: AgentStateConflict (409), unless
-    `replace` and it is suspended (a hosted one must be suspended first). Blocks of that agent id
-    already here: 409 too unless `replace`. Returns what was imported.
+    An agent of that id that exists here and has not ended, or another import of it in progress:
+    AgentStateConflict (409), unless `replace` and it is suspended (a hosted one must be suspended
+    first); blocks the id owns here (an old agent's or provisioned): 409 too unless `replace`.
 
-    Nothing is written before the first commit, which is fenced on the agent's lifecycle: an
-    import refused there (the agent was resumed or changed meanwhile) leaves the agent here as it
-    was. That commit writes the state without the blueprint and the suspension request, so no
-    replica can restore the agent (`restore_agent` needs its blueprint) and the monitor has no
-    condition to meet while its blocks and memory are written; a second fenced commit then adds
-    them, and the registry record follows."""
+    All or nothing: everything is checked first (`plan_import`), the id's keys are kept
+    (`take_snapshot`), then two commits fenced on the agent's lifecycle frame the block and memory
+    writes (module docstring). A failure after that (a store refusing, Redis, a cancellation, the
+    IMPORT_LEASE_SECONDS limit) puts the id back exactly as it was (`_undo`)."""
     doc = parse_document(document, settings.context.max_export_bytes)
     trusted = trusted_blueprint(doc, settings, catalog)
     tenant, colony = settings.tenant_id, settings.colony_id
@@ -285,35 +301,35 @@ async def import_agent(
     found = await board.read(LIFECYCLE)
     await _check_free(doc.agent_id, found, await registry.get(doc.agent_id), replace)
     store = block_store(board.redis, settings)
-    blocks = _new_blocks(store, doc)
-    taken = [b.label for b in doc.blocks if await store.info_of(store.block_id(doc.agent_id, b.label))]
-    if taken and not replace:
-        raise AgentStateConflict(
-            f"agent {doc.agent_id} already has blocks here ({', '.join(taken)}); import with replace=true "
-            "to overwrite them"
-        )
-    memories = _new_memories(board, doc)
-    scopes = [scope for scope, _ in memories]
-    version = await _write_state(
-        board, doc, metadata, scopes, settings, found.version if found is not None else 0
+    plan = await plan_import(store, MemoryStore(board, settings), board, doc, replace=replace)
+    labels = [b.label for b in plan.blocks]
+    kept = await take_snapshot(board, doc.agent_id, labels, settings)
+    token = uuid.uuid4().hex
+    condition = ResumptionCondition(kind=ResumptionKind.IMMEDIATE, reason="imported")
+    landing = Landing(
+        metadata=metadata,
+        blueprint=trusted.text,
+        pending=imported_lifecycle(doc, False, token),
+        lifecycle=imported_lifecycle(doc, True),
+        suspension=SuspensionRequest(agent_id=doc.agent_id, condition=condition).model_dump(mode="json"),
     )
+    mine: set[int] = set()
     try:
-        await _import_blocks(store, doc, blocks)
-        entries = await _import_memory(board, doc, memories, settings)
-    except ImportRejected as exc:
-        raise ImportRejected(
-            f"{exc} (agent {doc.agent_id}'s state is written but it has no blueprint here, so it is never "
-            "resumed: fix that and import the document again with replace=true)"
-        ) from exc
-    await _release(board, doc, trusted.text, version)
-    await registry.put(
-        AgentRecord(
-            agent_id=doc.agent_id,
-            role=metadata.role,
-            agent_type=metadata.agent_type.value,
-            state=AgentState.SUSPENDED.value,
-        )
-    )
+        async with asyncio.timeout(IMPORT_LEASE_SECONDS):
+            fence = (found.version if found else 0, mine)
+            entries = await _land(board, doc, plan, landing, settings, fence, kept if replace else None)
+            kind, suspended = metadata.agent_type.value, AgentState.SUSPENDED.value
+            record = AgentRecord(agent_id=doc.agent_id, role=metadata.role, agent_type=kind, state=suspended)
+            await registry.put(record)
+    except BaseException as exc:
+        # shielded: a second cancellation (a client gone, a timeout) does not cut the undo short
+        await asyncio.shield(_undo(board, doc, settings, labels, kept, (mine, token), exc))
+        if isinstance(exc, TimeoutError):
+            raise ContextError(
+                f"the import of agent {doc.agent_id} took longer than {IMPORT_LEASE_SECONDS:g}s and was "
+                "undone: import it again when Redis answers faster"
+            ) from None
+        raise
     run = doc.current_run
     return {
         "agent_id": doc.agent_id,
@@ -331,6 +347,12 @@ async def import_agent(
 
 
 async def _check_free(agent_id: str, found: Any, record: AgentRecord | None, replace: bool) -> None:
+    if found is not None and importing(found.value, time.time()):
+        raise AgentStateConflict(
+            f"agent {agent_id} is being imported here by another import (until it lands or is undone, at "
+            f"most {IMPORT_LEASE_SECONDS:g}s); import it again once that one has answered (an import "
+            "whose process died leaves keys that `colony doctor --prune-orphans` removes after that time)"
+        )
     state = _state_of(found) if found is not None else None
     if state is None and record is not None and record.state not in ("suspended", "stopped", "failed"):
         state = AgentState(record.state) if record.state in STATE_VALUES else AgentState.IDLE
@@ -349,20 +371,29 @@ async def _check_free(agent_id: str, found: Any, record: AgentRecord | None, rep
         )
 
 
-def _new_blocks(store: Any, doc: AgentExport) -> list[NewBlock]:
-    """The document's blocks as blocks to create, checked against this colony's block limits
-    before anything is written."""
-    blocks = []
-    for block in doc.blocks:
-        content = "" if block.block_type is BlockType.LOG else block.content
-        limit = block.char_limit
-        if limit > store.settings.max_char_limit or len(content.removesuffix("\n")) > limit:
-            raise ImportRejected(
-                f"block {block.label!r} does not fit this colony's blocks (char_limit {limit}, content "
-                f"{len(content)} characters, blocks.max_char_limit {store.settings.max_char_limit})"
-            )
-        blocks.append(NewBlock(**block.model_dump(include=BLOCK_SETTINGS | {"template"}), content=content))
-    return blocks
+async def _land(
+    board: Blackboard,
+    doc: AgentExport,
+    plan: ImportPlan,
+    landing: Landing,
+    settings: ColonySettings,
+    fence: tuple[int, set[int]],
+    replaced: KeySnapshot | None,
+) -> int:
+    """The writes: the state commit, the blocks, the memory entries, the release commit (each
+    commit's lifecycle version goes into `fence[1]`, which the undo recognises; the first commit is
+    fenced on `fence[0]`). With `replaced` (a replace), the old agent's blocks the document lacks
+    and its memory scopes are removed first. Returns the entries created."""
+    version, mine = fence
+    scopes = [scope for scope, _ in plan.memories]
+    mine.add(await write_state(board, doc, landing, scopes, settings, version))
+    store = block_store(board.redis, settings)
+    if replaced is not None:
+        await _clear_replaced(board, store, doc, replaced)
+    await _import_blocks(store, doc, plan.blocks)
+    entries = await _import_memory(board, doc, plan.memories, settings)
+    mine.add(await release(board, doc.agent_id, landing, max(mine)))
+    return entries
 
 
 async def _import_blocks(store: Any, doc: AgentExport, blocks: list[NewBlock]) -> None:
@@ -378,26 +409,6 @@ async def _import_blocks(store: Any, doc: AgentExport, blocks: list[NewBlock]) -
                 await store.log_append(doc.agent_id, block.label, entry, via="system")
         except (InvalidArgument, ColonyError) as exc:
             raise ImportRejected(f"block {block.label!r} cannot be created here: {exc}") from exc
-
-
-def _new_memories(board: Blackboard, doc: AgentExport) -> list[tuple[str, list[NewMemory]]]:
-    """The document's memory entries as entries to write, by target scope (the agent's own scopes
-    here), checked before anything is written; entries expired in transit are dropped."""
-    now, scopes = time.time(), []
-    for scope in doc.memory:
-        target = BlackboardProtocol.namespaced_scope(board.scope_id, scope.namespace)
-        memories = []
-        for e in scope.entries:
-            if e.expires_at is not None and e.expires_at <= now:
-                continue  # expired in transit
-            try:
-                ttl = e.expires_at - now if e.expires_at is not None else None
-                kept = e.model_dump(exclude={"created_at", "expires_at", "tags"})
-                memories.append(NewMemory(**kept, tags=frozenset(e.tags), ttl_seconds=ttl))
-            except (ValidationError, InvalidKey) as exc:
-                raise ImportRejected(f"memory entry {e.entry_id} of {scope.namespace}: {exc}") from None
-        scopes.append((target, memories))
-    return scopes
 
 
 async def _import_memory(
@@ -416,102 +427,48 @@ async def _import_memory(
     return written
 
 
-def _lifecycle(doc: AgentExport, done: bool) -> dict[str, Any]:
-    how = "imported" if done else "being imported"
-    return {
-        "state": AgentState.SUSPENDED.value,
-        "since": time.time(),
-        "reason": f"{how} from tenant {doc.source.tenant_id} colony {doc.source.colony_id}",
-        "previous": doc.state.value,
-    }
+# -- undo -------------------------------------------------------------------------------------------
 
 
-async def _fenced_commit(tx: Transaction, agent_id: str, version: int, what: str) -> list[Any]:
-    """Commit `tx` only if the agent's lifecycle is still at `version` (0: absent)."""
-    refused = AgentStateConflict(
-        f"agent {agent_id} was {what} here during the import; import it again (with replace=true if "
-        "it is suspended)"
-    )
-    stored = await tx.read(LIFECYCLE)  # in the read set: the commit checks it did not change
-    if (stored.version if stored is not None else 0) != version:
-        raise refused
-    try:
-        return await tx.commit()
-    except ConcurrentModificationError:
-        raise refused from None
+async def _clear_replaced(board: Blackboard, store: Any, doc: AgentExport, kept: KeySnapshot) -> None:
+    """What the agent a `replace` overwrites has and the document does not: its other blocks and
+    every entry of its own memory scopes (the document's entries are then written alone)."""
+    labels = {b.label for b in doc.blocks}
+    for label in sorted(set(kept.blocks) - labels):
+        await store.delete(SYSTEM, doc.agent_id, label)
+    keys = memory_keys(kept, board.scope_id, NAMESPACE_PREFIX)
+    for start in range(0, len(keys), UNLINK_BATCH):
+        async with board.guard("import replace"):
+            await board.redis.unlink(*keys[start : start + UNLINK_BATCH])
 
 
-async def _write_state(
+async def _undo(
     board: Blackboard,
     doc: AgentExport,
-    metadata: AgentMetadata,
-    scopes: list[str],
     settings: ColonySettings,
-    version: int,
-) -> int:
-    """Every agent entry and ring but the blueprint and the suspension request, in one transaction
-    applied only if the agent's lifecycle is still at `version` (0: absent): an agent resumed,
-    created or changed meanwhile is never written over. Its rings are emptied in that same
-    transaction. The lifecycle is written over, never deleted, so its version only grows (a second
-    import, or a stale copy, can never find the version it expects again). Returns the new version."""
-    old_capabilities = [e.key async for e in board.iter_query(Keys.pattern("capability_state"))]
-    old_archived = [e.key async for e in board.iter_query(Keys.pattern("archived_output"))]
-    caps = {
-        "checkpoints": settings.context.checkpoints_kept,
-        "action_log": settings.context.action_log_max_entries,
-    }
-    by = doc.agent_id
-    tx = board.transaction()
-    names = [n for n in (*STATE_NAMES, *PARTS) if n != "lifecycle"]
-    for key in [*(Keys.key(n) for n in names), MemoryProtocol.scopes_key(), *old_capabilities, *old_archived]:
-        tx.delete(key)
-    for name in ("context", *PARTS):
-        tx.ring_truncate(Keys.key(name), 0)
-    tx.write(Keys.key("metadata"), metadata.model_dump(mode="json"), created_by=by)
-    tx.write(LIFECYCLE, _lifecycle(doc, done=False), created_by=by)
-    if doc.current_run is not None:
-        run = doc.current_run
-        ttl = settings.runs.retention_seconds if run.done else None
-        tx.write(Keys.run_key(run.run_id), run.model_dump(mode="json"), created_by=by, ttl_seconds=ttl)
-        tx.write(Keys.key("current_run"), run.run_id, created_by=by)
-    if doc.policy_state is not None:
-        tx.write(Keys.key("policy_state"), doc.policy_state, created_by=by)
-    for name, capability in doc.capabilities.items():
-        # events_from is a position in the source's event stream: the agent starts from now here
-        tx.write(
-            Keys.capability_state_key(name), {"state": capability.state, "events_from": None}, created_by=by
+    labels: list[str],
+    kept: KeySnapshot,
+    marks: tuple[set[int], str],
+    cause: BaseException,
+) -> None:
+    """After a failure: unless another agent's lifecycle now holds the id (one none of this
+    import's commits wrote, without its mark: another import or a spawn took it), put the id back
+    exactly as the snapshot taken before the first write found it (`restore_snapshot`)."""
+    mine, token = marks
+    try:
+        now = await board.read(LIFECYCLE)
+        value = now.value if now is not None and isinstance(now.value, dict) else {}
+        if now is not None and now.version not in mine and value.get("import") != token:
+            if not mine:
+                return  # refused at the first commit: nothing of this import was written
+            log.warning("import of agent %s failed (%r); the id was taken meanwhile", doc.agent_id, cause)
+            return
+        await restore_snapshot(board, kept, labels, settings)
+        log.warning("import of agent %s failed (%r); the id was put back as it was", doc.agent_id, cause)
+    except Exception:
+        log.exception(
+            "import of agent %s failed (%r) and its undo failed too: `colony doctor` lists the keys left "
+            "(orphaned_agent_keys) and `colony doctor --prune-orphans` removes them",
+            doc.agent_id,
+            cause,
         )
-    if doc.context.head is not None:
-        tx.write(Keys.key("context"), doc.context.head.model_dump(mode="json"), created_by=by)
-        tx.ring_push(Keys.key("context"), doc.context.items, MAX_CONTEXT_ITEMS)
-    for name, part in doc.parts.items():
-        if part.entry is not None:
-            tx.write(Keys.key(name), part.entry, created_by=by)
-        if part.ring:
-            tx.ring_push(Keys.key(name), part.ring, caps[name])
-    for digest, value in doc.archived.items():
-        tx.write(Keys.archived_output_key(digest), value, created_by=by)
-    if scopes:
-        tx.write(MemoryProtocol.scopes_key(), scopes, created_by=by)
-    results = await _fenced_commit(tx, doc.agent_id, version, "resumed, created or changed")
-    return _version_of(results)
-
-
-async def _release(board: Blackboard, doc: AgentExport, blueprint: str, version: int) -> None:
-    """The second commit: the blueprint and the IMMEDIATE suspension request (the lifecycle written
-    again after it, as a suspension does), only if no other import took the agent meanwhile."""
-    by = doc.agent_id
-    condition = ResumptionCondition(kind=ResumptionKind.IMMEDIATE, reason="imported")
-    tx = board.transaction()
-    tx.write(Keys.key("blueprint"), blueprint, created_by=by)
-    request = SuspensionRequest(agent_id=doc.agent_id, condition=condition)
-    tx.write(Keys.key("suspension"), request.model_dump(mode="json"), created_by=by)
-    tx.write(LIFECYCLE, _lifecycle(doc, done=True), created_by=by)
-    await _fenced_commit(tx, doc.agent_id, version, "imported again (another import)")
-
-
-def _version_of(results: list[Any]) -> int:
-    for entry in results:
-        if entry is not None and entry.key == LIFECYCLE:
-            return int(entry.version)
-    raise ContextError("the import's state commit wrote no lifecycle")  # unreachable: it writes one

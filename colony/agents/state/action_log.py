@@ -10,12 +10,15 @@ re-driven step makes the same keys in the same order; the summariser counts apar
 so whether a redone step summarises does not move the planner's recorded decision), and its
 result is appended to the agent's `agent:action_log` ring, fenced by the agent's lifecycle like
 `persist_agent`, BEFORE the result goes back to the policy. An action also gets a `started`
-record before it runs. On resume:
+record: before it runs when it declares an effect, while it runs when it declares none (a mark
+that lets a redone step tell a re-run from a first run). On resume:
 
 - a recorded model response is returned without calling the model;
 - a recorded action result is returned without running the action;
 - an action with only `started` (cut off while it ran) runs again with the SAME idempotency key
-  (`current_idempotency_key()`), so a capability can make its external effect idempotent.
+  (`current_idempotency_key()`), so a capability can make its external effect idempotent (every
+  built-in action with an effect derives what it creates from it: docs/effects.md); the re-run is
+  counted (`colony_action_reruns_total{action}`).
 
 Steps count from 1: the calls made while `run.steps == N - 1` belong to step N, the step that is
 persisted as `run.steps == N` (the checkpoint of step N lists them, `step_calls(N)`).
@@ -33,18 +36,25 @@ from __future__ import annotations
 import asyncio
 import contextvars
 import copy
-import hashlib
-import json
 import logging
 import time
-from collections.abc import Awaitable, Callable, Iterable
-from typing import TYPE_CHECKING, Annotated, Any, Literal
+from collections.abc import Awaitable, Callable
+from typing import TYPE_CHECKING, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic import ValidationError
 
 from colony import metrics
+from colony.agents.state.log_records import (
+    MAX_RECORD_BYTES,
+    LogRecord,
+    action_shape,
+    bounded,
+    idempotency_key,
+    model_shape,
+    parse_records,
+)
 from colony.blackboard.protocol import AgentStateProtocol
-from colony.errors import ConcurrentModificationError
+from colony.errors import BlackboardError, ConcurrentModificationError
 
 if TYPE_CHECKING:  # (imported where used: colony.agents imports this module)
     from colony.agents.base import Agent
@@ -55,12 +65,9 @@ if TYPE_CHECKING:  # (imported where used: colony.agents imports this module)
 log = logging.getLogger(__name__)
 
 LOG_KEY = AgentStateProtocol.key("action_log")
-# A record's JSON may be this large; a larger result is recorded without its body (see docs).
-MAX_RECORD_BYTES = 256 * 1024
 # Results of actions that declare no effect held for the step's persist, at most (then written).
 DEFERRED_MAX = 16
-RUN_ID_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9._:-]{0,127}$"
-NAME_PATTERN = r"^[A-Za-z0-9_.:-]{1,128}$"
+MAX_MARKS = 64  # `started` marks of actions that declare no effect being stored at once, at most
 
 ModelChannel = Literal["model", "summary"]
 MODEL_CHANNELS: tuple[str, ...] = ("model", "summary")
@@ -72,77 +79,6 @@ def current_idempotency_key() -> str | None:
     """The idempotency key of the action being executed (None outside an action): the same on
     every re-execution of that action, so a capability can make an external effect idempotent."""
     return _IDEMPOTENCY_KEY.get()
-
-
-class LogRecord(BaseModel):
-    """One record of the log, as stored (JSON) and as read back (validated, bounded).
-
-    `kind` model/action: a call (`status` started: an action about to run; done: its result is
-    `response` / `result`; `summary` is a model call of compaction's summariser, numbered apart
-    from the planner's). `kind` truncate: records of this run with a step after `after_step`
-    recorded before this marker no longer count."""
-
-    model_config = ConfigDict(extra="ignore", frozen=True)
-
-    run_id: str = Field(pattern=RUN_ID_PATTERN)
-    step: int = Field(ge=0, le=10_000_000)
-    kind: Literal["model", "summary", "action", "truncate"]
-    n: int = Field(0, ge=0, le=1_000_000)
-    status: Literal["started", "done"] = "done"
-    at: float = 0.0
-    action: str | None = Field(None, max_length=200)
-    capability: str | None = Field(None, max_length=200)
-    effects: tuple[Annotated[str, Field(pattern=NAME_PATTERN)], ...] = Field((), max_length=16)
-    shape: str | None = Field(None, pattern=r"^[0-9a-f]{64}$")  # digest of what the call asked
-    response: dict[str, Any] | None = None  # an InferenceResponse (validated when replayed)
-    result: dict[str, Any] | None = None  # an ActionResult (validated when replayed)
-    state: dict[str, Any] | None = None  # the action's capability's state right after it ran
-    dropped_bytes: int | None = Field(None, ge=0)  # the result's body was larger than MAX_RECORD_BYTES
-    after_step: int | None = Field(None, ge=0)
-
-    @property
-    def succeeded(self) -> bool | None:
-        """Whether the recorded action succeeded (None: cut off before its result was recorded)."""
-        if self.status != "done" or self.result is None:
-            return None
-        return bool(self.result.get("success"))
-
-    @property
-    def key(self) -> str:
-        """The call's idempotency key."""
-        return idempotency_key(self.run_id, self.step, self.kind, self.n)
-
-
-def idempotency_key(run_id: str, step: int, kind: str, n: int) -> str:
-    return f"{run_id}:{step}:{kind[0]}{n}"
-
-
-def parse_records(items: Iterable[Any]) -> list[LogRecord]:
-    """Stored ring items as records; an item that is not a valid record is skipped (logged)."""
-    records = []
-    for item in items:
-        try:
-            records.append(LogRecord.model_validate(item))
-        except ValidationError as exc:
-            log.warning("action log: skipped a stored record that is not one (%s)", exc.error_count())
-    return records
-
-
-def _digest(value: Any) -> str:
-    text = json.dumps(value, sort_keys=True, default=str, separators=(",", ":"))
-    return hashlib.sha256(text.encode()).hexdigest()
-
-
-def _model_shape(request: InferenceRequest) -> str:
-    """What kind of model call this is (its system messages and output schema), not its prompt:
-    a resumed step's prompt may hold events that came after the crash, but the call it makes in
-    that place is the same one and gets the recorded answer."""
-    system = [m.content for m in request.messages if m.role == "system"]
-    return _digest({"system": system, "format": request.response_format})
-
-
-def _action_shape(action: str, parameters: dict[str, Any]) -> str:
-    return _digest({"action": action, "parameters": parameters})
 
 
 def _validated(body: dict[str, Any], field: str) -> Any:
@@ -163,28 +99,6 @@ def _result(**fields: Any) -> ActionResult:
     from colony.agents.models import ActionResult
 
     return ActionResult(**fields)
-
-
-def _bounded(
-    fields: dict[str, Any], field: str, body: BaseModel, state: dict[str, Any] | None = None
-) -> LogRecord:
-    """The record of a call's answer (and of its capability's state); without them when they are
-    larger than MAX_RECORD_BYTES together (or not JSON): an action's success and error are kept,
-    a model response not at all."""
-    try:
-        dumped = body.model_dump(mode="json")
-        size = len(json.dumps([dumped, state], separators=(",", ":")))
-    except (ValueError, TypeError):  # an output that is not JSON cannot be stored, like a huge one
-        dumped, size = None, MAX_RECORD_BYTES + 1
-    if dumped is not None and size <= MAX_RECORD_BYTES:
-        return LogRecord(**fields, **{field: dumped}, state=state)
-    kept = None
-    if field == "result":
-        kept = {
-            "success": bool(getattr(body, "success", False)),
-            "error": (getattr(body, "error", None) or "")[:2000],
-        }
-    return LogRecord(**fields, **{field: kept}, dropped_bytes=size)
 
 
 async def _settle(write: Awaitable[None]) -> None:
@@ -219,6 +133,7 @@ class ActionLog:
         self._bodies: set[str] = set()  # keys of records still holding their response/result/state
         self._cap: int | None = None
         self._deferred: list[LogRecord] = []  # no-effect actions' results, stored with the next commit
+        self._marks: set[asyncio.Task[None]] = set()  # `started` marks being stored
 
     # -- the interface -------------------------------------------------------------------------
 
@@ -244,7 +159,7 @@ class ActionLog:
         step, n = self._next(run, channel)
         await self._load(run.run_id)
         key = idempotency_key(run.run_id, step, channel, n)
-        shape = _model_shape(request)
+        shape = model_shape(request)
         found = self._records.get(key)
         if found is not None and found.status == "done" and found.response is not None:
             replayed = _validated(found.response, "response") if found.shape == shape else None
@@ -262,7 +177,7 @@ class ActionLog:
         if found is not None:  # recorded without its body, or another call: made again
             metrics.ACTION_LOG_REPLAYS.labels(kind="model", outcome="reexecuted").inc()
         response = await call()
-        record = _bounded(
+        record = bounded(
             {
                 "run_id": run.run_id,
                 "step": step,
@@ -292,18 +207,19 @@ class ActionLog:
 
         An action that declares an effect gets a `started` record before it runs, so that a call
         cut off is known to have been made (counted, logged, listed by `step_calls`), and its
-        result is in Redis before the policy sees it. For one declaring none, neither is a commit
-        of its own: its result goes with the step's persist (`write_deferred`), whose transaction
-        also holds the capability state the action left; cut off before that, the step is redone
-        and the action runs again, under the same key. Two fenced commits fewer per such call."""
+        result is in Redis before the policy sees it. One declaring none gets a `started` mark
+        stored in the background while it runs (`_mark`: nothing waits for it), and its result
+        goes with the step's persist (`write_deferred`), whose transaction also holds the
+        capability state the action left; cut off before that, the step is redone and the action
+        runs again, under the same key (at-least-once), counted as a re-run by its mark."""
         run = self._active_run()
         if run is None:
             return await call()
         step, n = self._next(run, "action")
         await self._load(run.run_id)
         key = idempotency_key(run.run_id, step, "action", n)
-        shape = _action_shape(action, parameters)
-        replayed = self._replayed(key, shape, action, capability)
+        shape = action_shape(action, parameters)
+        replayed = self._replayed(key, shape, action, capability, effects)
         if replayed is not None:
             return replayed
         fields: dict[str, Any] = {
@@ -318,10 +234,13 @@ class ActionLog:
         }
         return await self._run_and_record(call, key, fields, capability, effects)
 
-    def _replayed(self, key: str, shape: str, action: str, capability: str | None) -> ActionResult | None:
+    def _replayed(
+        self, key: str, shape: str, action: str, capability: str | None, effects: tuple[str, ...] = ()
+    ) -> ActionResult | None:
         """The result the log answers action call `key` with (its capability's recorded state
         restored), or None when the call runs (again): none recorded, another call recorded there,
-        only its `started` record, or a recorded result or state that cannot be restored."""
+        only its `started` record (a re-run, counted), or a recorded result or state that cannot
+        be restored."""
         found = self._records.get(key)
         if found is not None and found.shape != shape:
             log.warning(
@@ -352,6 +271,7 @@ class ActionLog:
                 return replayed
         if found is not None:
             metrics.ACTION_LOG_REPLAYS.labels(kind="action", outcome="reexecuted").inc()
+            metrics.ACTION_RERUNS.labels(action=action, effects="declared" if effects else "none").inc()
             log.info(
                 "agent %s: action %s (%s) was cut off before its result was recorded; running it "
                 "again with the same idempotency key",
@@ -371,17 +291,21 @@ class ActionLog:
     ) -> ActionResult:
         """Run the action under idempotency key `key` and record its result (`fields` are its
         record's): a `started` record first and the result committed when it declares `effects`,
-        else the result held for the step's persist."""
+        else a `started` mark stored in the background (`_mark`) and the result held for the
+        step's persist."""
+        started = LogRecord(status="started", at=time.time(), **fields)
         if effects:  # what a cut-off call did is worth telling apart from one never made
-            await self._append([LogRecord(status="started", at=time.time(), **fields)])
+            await self._append([started])
         before = copy.deepcopy(self._capability_state(capability))
         token = _IDEMPOTENCY_KEY.set(key)
+        if not effects:  # (sent once the action began: it runs first, up to its first wait)
+            self._start_mark(started)
         try:
             result = await call()
         finally:
             _IDEMPOTENCY_KEY.reset(token)
         state = self._capability_state(capability)
-        record = _bounded({**fields, "at": time.time()}, "result", result, state)
+        record = bounded({**fields, "at": time.time()}, "result", result, state)
         if not effects:  # held for the step's persist (or this log's next commit), in its transaction
             self._deferred.append(record)
             self._remember([record])
@@ -531,8 +455,8 @@ class ActionLog:
             if record.kind == "truncate":
                 after = record.after_step if record.after_step is not None else record.step
                 records = {k: r for k, r in records.items() if r.step <= after}
-            else:
-                records[record.key] = record
+            elif record.status == "done" or getattr(records.get(record.key), "status", "") != "done":
+                records[record.key] = record  # (a mark that lands late never hides the result)
         self._run_id, self._records, self._bodies = run_id, records, set(records)
         self._stale = any(r.run_id != run_id for r in stored)
 
@@ -553,6 +477,36 @@ class ActionLog:
             gone = {id(r) for r in stored}
             self._deferred = [r for r in self._deferred if id(r) not in gone]
             self._stale = False
+
+    def _start_mark(self, record: LogRecord) -> None:
+        """Store the `started` mark of an action that declares no effect, in the background: the
+        action and the step go on without waiting for it (it costs them no round trip). At most
+        `MAX_MARKS` in flight (more are not marked: a re-run of theirs goes uncounted)."""
+        if len(self._marks) >= MAX_MARKS:
+            return
+        task = asyncio.ensure_future(self._mark(record))
+        self._marks.add(task)
+        task.add_done_callback(self._marks.discard)
+
+    async def _mark(self, record: LogRecord) -> None:
+        """Append the mark to the stored log, fenced like `_append` but on its own: it carries no
+        held result and never clears the last run's records (a commit that does may drop the mark:
+        it only counts). Best effort: the mark lets a step redone after a crash count the action's
+        re-run (`colony_action_reruns_total`); one that cannot be stored (Redis down, this copy
+        superseded) is skipped, and what the step does next (its persist) meets the same trouble
+        and deals with it. It is sent once the action began: a mark stored is a run made, so a
+        counted re-run is a real one (a crash before it reached Redis goes uncounted)."""
+        from colony.agents.state.persistence import fence
+
+        try:
+            async with self.agent.blackboard.transaction() as tx:
+                await fence(tx, self.agent)
+                tx.ring_push(LOG_KEY, [record.model_dump(mode="json", exclude_none=True)], self.max_entries)
+        except BlackboardError as exc:  # (a conflict too: this copy lost its place)
+            log.debug("agent %s: start of %s not marked: %r", self.agent.agent_id, record.action, exc)
+            return
+        if record.key not in self._records:  # (never over the result of the call)
+            self._remember([record])
 
     async def _append(self, records: list[LogRecord]) -> None:
         """Append to the stored log, fenced by the agent's lifecycle (as `persist_agent` is): a

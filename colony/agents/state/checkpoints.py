@@ -48,6 +48,7 @@ if TYPE_CHECKING:
 CHECKPOINTS = Keys.key("checkpoints")  # the ring of checkpoints and, as an entry, its head
 MODES = ("reexecute", "replay")
 Mode = Literal["reexecute", "replay"]
+RerunWhen = Literal["now", "on_resume", "never"]
 MAX_CALLS_PER_STEP = 200  # calls kept in one checkpoint (a step making more is summarised)
 
 
@@ -90,7 +91,10 @@ class CheckpointInfo(BaseModel):
     """A checkpoint as listed (no bodies)."""
 
     step: int
-    run_id: str
+    run_id: str = Field(description="the agent's own run id (the action log's keys carry it)")
+    request_id: str | None = Field(
+        None, description="the HTTP run it serves, if any: the id GET /v1/runs/{id} knows"
+    )
     at: float
     lifecycle: str
     run_status: str | None
@@ -125,6 +129,19 @@ class RestoreReport(BaseModel):
     notes: list[str] = Field(description="plain statements about effects that are not known")
     kept: list[int] = Field(description="steps of the checkpoints kept now (oldest first)")
     state: str | None = Field(None, description="the agent's lifecycle state afterwards")
+    request_id: str | None = Field(
+        None, description="the HTTP run the restored run serves, if any (GET /v1/runs/{request_id})"
+    )
+    reruns: list[int] = Field(
+        default_factory=list,
+        description="steps of the restored run that ran before and run again when it is driven on "
+        "(the discarded steps of that run; none when the restored run is finished)",
+    )
+    rerun_when: RerunWhen = Field(
+        "never",
+        description="when the restored run is driven on: now (the agent is hosted and resumed at "
+        "once), on_resume (it stays suspended until resumed), never (the run is finished)",
+    )
 
 
 # -- taking checkpoints (inside `persist_agent`'s transaction) ---------------------------------------
@@ -217,10 +234,12 @@ async def list_checkpoints(board: Blackboard) -> list[CheckpointInfo]:
         calls = checkpoint.calls
         effects = sorted({e for c in calls or [] for e in c.effects})
         status = checkpoint.run.get("status")
+        request = checkpoint.run.get("request_id")
         listed.append(
             CheckpointInfo(
                 step=checkpoint.step,
                 run_id=checkpoint.run_id,
+                request_id=request if isinstance(request, str) else None,
                 at=checkpoint.at,
                 lifecycle=checkpoint.lifecycle,
                 run_status=status if isinstance(status, str) else None,
@@ -297,6 +316,7 @@ def _report(agent: Agent, target: Checkpoint, dropped: list[Checkpoint], mode: M
             "replay: the re-driven steps reuse the results the action log still holds for them "
             "(no model calls, no actions run again); steps it holds nothing for run again"
         )
+    run = AgentRun.model_validate(target.run)
     return RestoreReport(
         agent_id=agent.agent_id,
         step=target.step,
@@ -307,6 +327,32 @@ def _report(agent: Agent, target: Checkpoint, dropped: list[Checkpoint], mode: M
         not_undone=not_undone,
         notes=notes,
         kept=[],
+        request_id=run.request_id,
+        reruns=[] if run.done else sorted({c.step for c in dropped if c.run_id == target.run_id}),
+        rerun_when="never" if run.done else "on_resume",
+    )
+
+
+def announce_reruns(report: RestoreReport, when: RerunWhen) -> None:
+    """Say in the report when the restored run is driven on (`when`, as its host knows it) and
+    which steps that runs again: a step that ran before must not run again unannounced."""
+    if report.rerun_when == "never":
+        report.notes.append(f"run {report.run_id} is finished at checkpoint {report.step}: nothing reruns")
+        return
+    report.rerun_when = when
+    timing = {
+        "now": "now: the agent is resumed at once and drives it on",
+        "on_resume": f"when the agent is resumed (POST /v1/agents/{report.agent_id}/resume)",
+    }[when]
+    again = (
+        "their model calls and actions run again"
+        if report.mode == "reexecute"
+        else "from the action log where it still holds their results, else run again"
+    )
+    done_before = f"; step(s) {report.reruns} ran before and run again ({again})" if report.reruns else ""
+    report.notes.append(
+        f"run {report.run_id} is not finished: it is driven on from step {report.step + 1} "
+        f"{timing}{done_before}"
     )
 
 
@@ -338,8 +384,25 @@ def _apply(agent: Agent, target: Checkpoint) -> AgentRun | None:
     return replaced
 
 
+def _applied(agent: Agent, target: Checkpoint) -> AgentRun | None:
+    """`_apply`, a capability refusing the stored state (or a value no run holds) being a
+    ContextError before anything is written."""
+    try:
+        return _apply(agent, target)
+    except (ValidationError, ValueError, TypeError, KeyError) as exc:
+        raise ContextError(
+            f"checkpoint {target.step} of agent {agent.agent_id} cannot be restored: {type(exc).__name__}: "
+            f"{str(exc)[:300]}; restore another one (GET /v1/agents/{agent.agent_id}/checkpoints)"
+        ) from None
+
+
 async def restore_checkpoint(
-    agent: Agent, step: int | None = None, *, mode: str = "reexecute", run_id: str | None = None
+    agent: Agent,
+    step: int | None = None,
+    *,
+    mode: str = "reexecute",
+    run_id: str | None = None,
+    when: RerunWhen = "on_resume",
 ) -> RestoreReport:
     """Bring an agent that is not being driven (suspended, or an object no host runs) back to a
     kept checkpoint: `step` None is undo (the checkpoint before the newest). Its run, policy state,
@@ -347,7 +410,8 @@ async def restore_checkpoint(
     fenced by `agent:lifecycle` like every persist; the checkpoints after it are discarded and the
     context ring is truncated to the checkpoint's position. `mode`: "reexecute" drops the action
     log's records of the later steps (they run again), "replay" keeps them (the re-driven steps
-    reuse them). The report lists what the discarded steps did that is not undone."""
+    reuse them). The report lists what the discarded steps did that is not undone, and which steps
+    run again and `when` (the host says: "now" when it drives the agent on at once)."""
     from colony.agents.state.persistence import check_fence, write_context_head, write_state
 
     if mode not in MODES:
@@ -358,14 +422,7 @@ async def restore_checkpoint(
     index = pick(kept, agent.agent_id, step, run_id)
     target, dropped = kept[index], kept[index + 1 :]
     report = _report(agent, target, dropped, mode)  # type: ignore[arg-type]
-    try:
-        replaced = _apply(agent, target)
-    except (ValidationError, ValueError, TypeError, KeyError) as exc:
-        # a capability refusing the stored state (or a value no run holds): nothing is written
-        raise ContextError(
-            f"checkpoint {target.step} of agent {agent.agent_id} cannot be restored: {type(exc).__name__}: "
-            f"{str(exc)[:300]}; restore another one (GET /v1/agents/{agent.agent_id}/checkpoints)"
-        ) from None
+    replaced = _applied(agent, target)
     context = agent.context
     position, held = len(context), len(context) - context.first
     marker = await agent.action_log.truncate_marker(target.step) if mode == "reexecute" else None
@@ -411,6 +468,7 @@ async def restore_checkpoint(
         agent.action_log.truncated(target.step)
     metrics.CONTEXT_CHECKPOINTS.labels("restored").inc()
     report.kept = [c.step for c in kept[: index + 1]]
+    announce_reruns(report, when)
     report.state = agent.state.value
     return report
 

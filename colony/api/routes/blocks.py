@@ -10,8 +10,10 @@ OPERATOR); colony blocks are owned by `COLONY`.
 
 Every path goes through the BlockStore (colony.memory.blocks), which enforces access and bounds
 and builds every Redis key: labels reach it only through the path pattern and its check_label,
-agent ids through ID_PATTERN and its check_agent. Blocks are keyed by agent id, not by a running
-agent: an agent's blocks may be prepared before it starts (no registry lookup).
+agent ids through ID_PATTERN and its check_agent. A block is created for, and shared with, only an
+agent the colony knows (its registry record or its state in Redis) or has reserved: 404 naming the
+agent otherwise, unless the request asks to pre-provision it (`?provision=true`) for an id that can
+name an agent, which then starts with it (colony.memory.blocks.agents).
 
 Errors (colony.api.errors): BlockNotFound 404, BlockAccessDenied 403, BlockExists 409,
 BlockVersionConflict 409 `version_conflict` with `current_version` (only when `base_version` was
@@ -22,10 +24,11 @@ from __future__ import annotations
 
 from typing import Annotated, Any
 
-from fastapi import APIRouter, Query, Response
+from fastapi import APIRouter, Query, Request, Response
 from pydantic import BaseModel
 
 from colony.api.deps import GUARDED, Context
+from colony.api.idempotency import effect_key
 from colony.api.params import AgentId, Label, Version
 from colony.api.schemas import (
     BLOCK_CREATE,
@@ -75,6 +78,14 @@ AtVersion = Annotated[
     int | None, Query(ge=1, le=2**31, description="a historical version (read-only view, head false)")
 ]
 Limit = Annotated[int, Query(ge=1, le=10_000, description="the newest this many versions")]
+Provision = Annotated[
+    bool,
+    Query(
+        description="pre-provision: allowed for an agent id the colony does not know yet (that agent "
+        "starts with it; importing that id then needs replace=true); without it, an unknown agent is "
+        "a 404"
+    ),
+]
 VIA = "http"
 router = APIRouter(dependencies=GUARDED)
 
@@ -125,13 +136,17 @@ async def _item(store: BlockStore, principal: str, info: BlockInfo, access: Shar
     )
 
 
-def _options(owner: str | None, body: BaseModel) -> dict[str, Any]:
-    """The store's edit options from a request: whose block, the channel, the note, the base."""
+def _options(owner: str | None, body: BaseModel | None, request: Request) -> dict[str, Any]:
+    """The store's edit options from a request: whose block, the channel, the note, the base, and
+    the request's Idempotency-Key (as `effect_key`): the edit's id derives from it, so a retry of
+    a keyed edit whose first try answered 5xx after the edit landed finds it made (its outcome
+    again), never edits twice."""
     return {
         "owner": owner,
         "via": VIA,
         "message": getattr(body, "message", None) or "",
         "base_version": getattr(body, "base_version", None),
+        "idempotency_key": effect_key(request),
     }
 
 
@@ -162,11 +177,15 @@ async def list_blocks(agent_id: AgentId, ctx: Context) -> list[BlockListItem]:
     response_model=BlockInfo,
     responses=BLOCK_CREATE,
 )
-async def create_block(agent_id: AgentId, body: BlockCreate, ctx: Context) -> BlockInfo:
-    """Create a block owned by the agent; 409 when its view already has that label (its own, a
-    shared one or a colony block: the new one would hide it)."""
+async def create_block(
+    agent_id: AgentId, body: BlockCreate, ctx: Context, provision: Provision = False
+) -> BlockInfo:
+    """Create a block owned by the agent; 404 when the colony does not know the agent (unless
+    `provision`); 409 when its view already has that label (its own, a shared one or a colony
+    block: the new one would hide it)."""
     store = await ctx.blocks()
     new = _new_block(body, ctx.api.max_input_depth)
+    await store.check_known(agent_id, provision=provision, what="blocks are made")
     if await store.info_of(store.block_id(COLONY, new.label)) is not None:
         raise BlockExists(f"{agent_id} already sees the colony block {new.label!r}; pick another label")
     return await store.create(agent_id, new, created_by=agent_id)
@@ -191,13 +210,13 @@ async def read_block(
     responses=BLOCK_EDIT,
 )
 async def put_block(
-    agent_id: AgentId, label: Label, body: BlockPut, ctx: Context, owner: Owner = None
+    agent_id: AgentId, label: Label, body: BlockPut, ctx: Context, request: Request, owner: Owner = None
 ) -> EditOutcome:
     """Rewrite the content as the agent (read-only: 403; append-only: 403 unless the new content
     only adds text). Without `base_version` a concurrent edit merges; with it, 409 when the
     block moved on."""
     return await (await ctx.blocks()).set_content(
-        agent_id, label, body.content, op="put", **_options(owner, body)
+        agent_id, label, body.content, op="put", **_options(owner, body, request)
     )
 
 
@@ -234,10 +253,10 @@ async def delete_block(agent_id: AgentId, label: Label, ctx: Context) -> Respons
     responses=BLOCK_EDIT,
 )
 async def append_block(
-    agent_id: AgentId, label: Label, body: BlockAppend, ctx: Context, owner: Owner = None
+    agent_id: AgentId, label: Label, body: BlockAppend, ctx: Context, request: Request, owner: Owner = None
 ) -> EditOutcome:
     """Add text at the end (read-only: 403). Appends without `base_version` never conflict."""
-    return await (await ctx.blocks()).append(agent_id, label, body.text, **_options(owner, body))
+    return await (await ctx.blocks()).append(agent_id, label, body.text, **_options(owner, body, request))
 
 
 @router.get(
@@ -271,10 +290,11 @@ async def block_version(
     responses=BLOCK_EDIT,
 )
 async def rollback_block(
-    agent_id: AgentId, label: Label, body: BlockRollback, ctx: Context, owner: Owner = None
+    agent_id: AgentId, label: Label, body: BlockRollback, ctx: Context, request: Request, owner: Owner = None
 ) -> EditOutcome:
     """A new version holding `version`'s content (history kept; needs read-write access)."""
-    return await (await ctx.blocks()).rollback(agent_id, label, body.version, **_options(owner, body))
+    options = _options(owner, body, request)
+    return await (await ctx.blocks()).rollback(agent_id, label, body.version, **options)
 
 
 @router.post(
@@ -283,11 +303,16 @@ async def rollback_block(
     responses=BLOCK_EDIT,
 )
 async def undo_block(
-    agent_id: AgentId, label: Label, ctx: Context, body: BlockUndo | None = None, owner: Owner = None
+    agent_id: AgentId,
+    label: Label,
+    ctx: Context,
+    request: Request,
+    body: BlockUndo | None = None,
+    owner: Owner = None,
 ) -> EditOutcome:
     """Undo the agent's own latest edit of the block, keeping every other agent's edits (422
     when it has none left to undo)."""
-    return await (await ctx.blocks()).undo(agent_id, label, owner=owner, via=VIA)
+    return await (await ctx.blocks()).undo(agent_id, label, **_options(owner, None, request))
 
 
 @router.get(
@@ -310,12 +335,13 @@ async def block_shares(agent_id: AgentId, label: Label, ctx: Context) -> list[Sh
 
 
 @router.post("/v1/blocks/share", response_model=Share, responses=BLOCK_SHARE)
-async def share_block(body: BlockShareBody, ctx: Context) -> Share:
-    """Give `agent_id` `access` to `owner`'s block (again: the access is changed). 409 when
-    that agent already sees another block with the label."""
-    return await (await ctx.blocks()).share(
-        OPERATOR, body.owner, body.label, body.agent_id, SharedAccess(body.access)
-    )
+async def share_block(body: BlockShareBody, ctx: Context, provision: Provision = False) -> Share:
+    """Give `agent_id` `access` to `owner`'s block (again: the access is changed). 404 when the
+    colony does not know `agent_id` (unless `provision`); 409 when that agent already sees
+    another block with the label."""
+    store = await ctx.blocks()
+    await store.check_known(body.agent_id, provision=provision, what="blocks are shared")
+    return await store.share(OPERATOR, body.owner, body.label, body.agent_id, SharedAccess(body.access))
 
 
 @router.delete("/v1/blocks/share", response_model=Unshared, responses=BLOCK_SHARE)
@@ -361,9 +387,9 @@ async def read_colony_block(label: Label, ctx: Context, version: AtVersion = Non
 
 
 @router.put("/v1/colony/blocks/{label}", response_model=EditOutcome, responses=BLOCK_EDIT)
-async def put_colony_block(label: Label, body: BlockPut, ctx: Context) -> EditOutcome:
+async def put_colony_block(label: Label, body: BlockPut, ctx: Context, request: Request) -> EditOutcome:
     return await (await ctx.blocks()).set_content(
-        OPERATOR, label, body.content, op="put", **_options(COLONY, body)
+        OPERATOR, label, body.content, op="put", **_options(COLONY, body, request)
     )
 
 
@@ -390,8 +416,8 @@ async def delete_colony_block(label: Label, ctx: Context) -> Response:
     response_model=EditOutcome,
     responses=BLOCK_EDIT,
 )
-async def append_colony_block(label: Label, body: BlockAppend, ctx: Context) -> EditOutcome:
-    return await (await ctx.blocks()).append(OPERATOR, label, body.text, **_options(COLONY, body))
+async def append_colony_block(label: Label, body: BlockAppend, ctx: Context, request: Request) -> EditOutcome:
+    return await (await ctx.blocks()).append(OPERATOR, label, body.text, **_options(COLONY, body, request))
 
 
 @router.get(
@@ -408,5 +434,8 @@ async def colony_block_history(label: Label, ctx: Context, limit: Limit = 100) -
     response_model=EditOutcome,
     responses=BLOCK_EDIT,
 )
-async def rollback_colony_block(label: Label, body: BlockRollback, ctx: Context) -> EditOutcome:
-    return await (await ctx.blocks()).rollback(OPERATOR, label, body.version, **_options(COLONY, body))
+async def rollback_colony_block(
+    label: Label, body: BlockRollback, ctx: Context, request: Request
+) -> EditOutcome:
+    options = _options(COLONY, body, request)
+    return await (await ctx.blocks()).rollback(OPERATOR, label, body.version, **options)

@@ -16,12 +16,13 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from fastapi import APIRouter, Response
+from fastapi import APIRouter, Request, Response
 from pydantic import ValidationError
 
 from colony import metrics
 from colony.api.deps import GUARDED, ApiContext, Context, settings_of
 from colony.api.errors import MemoryScopeNotFound
+from colony.api.idempotency import effect_key
 from colony.api.params import AgentId
 from colony.api.schemas import (
     MEMORY,
@@ -162,25 +163,36 @@ async def memory_query(agent_id: AgentId, body: MemoryQueryBody, ctx: Context) -
     },
 )
 async def memory_write(
-    agent_id: AgentId, body: MemoryWrite, response: Response, ctx: Context
+    agent_id: AgentId, body: MemoryWrite, response: Response, ctx: Context, request: Request
 ) -> WrittenMemory:
     """Store an entry in one of the agent's scopes (201; 200 with `created` false when the scope
     already held the same text or entry id). The scope's TTL applies unless `ttl_seconds` is
-    given, and its cap is kept (lowest decayed relevance pruned first)."""
+    given, and its cap is kept (lowest decayed relevance pruned first). Sent with an
+    Idempotency-Key and no `entry_id`, the entry's id derives from the key (`effect_key`): a retry
+    whose first try wrote the entry and then answered 5xx finds it (answered as created), never
+    writes it twice."""
     _checked(body, ctx.api.max_input_depth)
     memory = await _agent_memory(ctx, agent_id)
     scope = memory.one(body.scope)
+    keyed = effect_key(request)
+    derived = f"http-{keyed}" if keyed is not None and body.entry_id is None else None
+    fields = body.model_dump(exclude={"scope"})
+    if derived is not None:
+        fields["entry_id"] = derived
     try:
-        new = NewMemory(**body.model_dump(exclude={"scope"}))
+        new = NewMemory(**fields)
     except ValidationError as exc:
         raise InvalidArgument(_problems(exc)) from None
     # the store applies the scope's TTL (when none is given) and keeps its cap
     outcome = await memory.service.store.write(scope, new, created_by=WRITER, similar=memory.service.nearest)
-    created = "created" if outcome.created else "duplicate"
-    metrics.MEMORY_WRITES.labels(_scope_type(scope), created).inc()
-    if not outcome.created:
+    redone = derived is not None and outcome.duplicate_of == derived  # this request's entry, written before
+    created = outcome.created or redone
+    metrics.MEMORY_WRITES.labels(_scope_type(scope), "created" if outcome.created else "duplicate").inc()
+    if not created:
         response.status_code = 200
-    return WrittenMemory(entry=outcome.entry, created=outcome.created, duplicate_of=outcome.duplicate_of)
+    return WrittenMemory(
+        entry=outcome.entry, created=created, duplicate_of=None if redone else outcome.duplicate_of
+    )
 
 
 @router.post(

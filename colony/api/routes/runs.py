@@ -7,14 +7,16 @@ import logging
 import re
 from typing import Annotated, Any
 
-from fastapi import APIRouter, Header
+from fastapi import APIRouter, Header, Request
 from fastapi.responses import Response, StreamingResponse
 
 from colony.api.deps import GUARDED, Context
 from colony.api.errors import InvalidLastEventId
 from colony.api.event_stream import EventStreamResponse, event_stream, wait_for_end
+from colony.api.idempotency import keyed_run_id
 from colony.api.params import RunId
-from colony.api.schemas import EVENTS, READ_ONE, SSE_EVENT, SUBMIT, SUBMIT_STREAM
+from colony.api.schemas import EVENTS, RUN_ONE, SSE_EVENT, SUBMIT, SUBMIT_STREAM
+from colony.api.wake import wake_agent
 from colony.errors import BlackboardUnavailable, InvalidArgument
 from colony.system.runs import RunView
 from colony.wire.input_check import check_input
@@ -43,7 +45,11 @@ LastEventId = Annotated[
 @router.post(
     "/v1/runs", status_code=202, response_model=SubmittedRun, responses={**SUBMIT, 200: SUBMIT_STREAM}
 )
-async def submit(body: SubmitRun, ctx: Context) -> SubmittedRun | StreamingResponse | Response:
+async def submit(
+    body: SubmitRun, ctx: Context, request: Request
+) -> SubmittedRun | StreamingResponse | Response:
+    """Submit a run. Sent with an Idempotency-Key, its run id derives from the key (`effect_key`):
+    a retry whose first try submitted the run and then answered 5xx gets that run, not a second."""
     try:
         check_input(body.input, ctx.api.max_input_depth)
     except ValueError as exc:  # too deep, NaN/Infinity, invalid Unicode: not stored (422)
@@ -51,7 +57,10 @@ async def submit(body: SubmitRun, ctx: Context) -> SubmittedRun | StreamingRespo
     kwargs: dict[str, Any] = {"timeout_s": body.timeout_s, "pages": body.pages}
     if body.namespace:
         kwargs["namespace"] = body.namespace
+    if (run_id := keyed_run_id(request)) is not None:
+        kwargs["run_id"] = run_id
     runs = (await ctx.services()).runs
+    await wake_agent(ctx, body.agent)  # suspended to make room: resumed first (bounded; else 503)
     record = await runs.submit(body.agent, body.input, **kwargs)
     events_url = f"/v1/runs/{record.run_id}/events"
     if body.stream:  # submit and stream in one request: the events from the run's first one
@@ -70,12 +79,12 @@ async def submit(body: SubmitRun, ctx: Context) -> SubmittedRun | StreamingRespo
     return SubmittedRun(run_id=record.run_id, status="queued", events_url=events_url)
 
 
-@router.get("/v1/runs/{run_id}", response_model=RunView, responses=READ_ONE)
+@router.get("/v1/runs/{run_id}", response_model=RunView, responses=RUN_ONE)
 async def get_run(run_id: RunId, ctx: Context) -> RunView:
     return await (await ctx.services()).runs.get(run_id)
 
 
-@router.post("/v1/runs/{run_id}/cancel", response_model=RunView, responses=READ_ONE)
+@router.post("/v1/runs/{run_id}/cancel", response_model=RunView, responses=RUN_ONE)
 async def cancel_run(run_id: RunId, ctx: Context) -> RunView:
     return await (await ctx.services()).runs.cancel(run_id)
 
@@ -92,7 +101,7 @@ async def run_events(run_id: RunId, ctx: Context, last_event_id: LastEventId = N
             f"Last-Event-ID {last_event_id[:40]!r} is not an event id: send the `id:` of an event "
             "this stream sent (<ms>-<seq>), or no Last-Event-ID to start from the beginning"
         )
-    # 404 (no run) and 400 (an id past the run's newest event) before the stream starts
+    # 404 (no run), 410 (retired) and 400 (an id past the run's newest event) before the stream starts
     try:
         record = await runs.check_event_id(run_id, last_event_id)
     except InvalidArgument as exc:  # an id the run's stream never handed out: as a malformed one

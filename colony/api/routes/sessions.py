@@ -8,30 +8,40 @@ stored user message), `token` (each piece of the reply as the model writes it), 
 stored reply and the ids of the messages its prompt held) or `error`. Revert, fork and switch change
 the tree here, in the API process, under the same optimistic concurrency the agent uses.
 
+A session agent suspended to make room (room on demand, colony.system.placement) is resumed by
+its next message (colony.api.wake: the request waits at most `WAKE_SECONDS`, then 503 with
+Retry-After). `DELETE /v1/sessions/{id}` removes the session for good: its agent, its tree and
+every key of its state (`ControlPlane.delete`); a second DELETE is a 404.
+
 Errors (colony.api.errors): SessionNotFound and MessageNotFound 404, NoActiveBranch 409 (a session
-without messages has no branch to revert), SessionStartFailed 503, any other refused argument
-(bounds, a taken branch name) 422 naming it.
+without messages has no branch to revert), SessionStartFailed and AgentNotResumed 503 (the latter
+with Retry-After), any other refused argument (bounds, a taken branch name) 422 naming it.
 """
 
 from __future__ import annotations
 
 import asyncio
 import json
+import logging
 import time
 from collections.abc import AsyncIterator
 from typing import Annotated, Any
 
-from fastapi import APIRouter, Query
-from fastapi.responses import StreamingResponse
+from fastapi import APIRouter, Query, Request
+from fastapi.responses import Response, StreamingResponse
 from pydantic import BaseModel, ConfigDict, Field
 
+from colony.aio import cancel_and_wait
 from colony.api.deps import GUARDED, ApiContext, Context, settings_of
 from colony.api.errors import SessionStartFailed
+from colony.api.idempotency import keyed_run_id
 from colony.api.params import SessionId
 from colony.api.schemas import ErrorBody
+from colony.api.wake import wake, wake_agent
 from colony.context.sessions import SESSION_ROLE, SessionStore, is_session_id
 from colony.context.tree import BRANCH_PATTERN, MESSAGE_ID_PATTERN, Message, TreeHead, linearize
-from colony.errors import InvalidArgument, SessionNotFound
+from colony.errors import AgentNotFound, ColonyError, InvalidArgument, SessionNotFound
+from colony.system.registry import AgentRecord
 
 STARTER = "session"  # the catalog agent that places session agents
 START_TIMEOUT_S = 60.0  # placing a session agent: a replica may be starting
@@ -39,6 +49,9 @@ TERMINAL = frozenset({"completed", "failed", "cancelled"})
 PASSED_ON = frozenset({"user_chat_message", "token", "restarted"})
 DEFAULT_PAGE = 1000  # messages a listing returns unless `limit` says otherwise
 MAX_PAGE = 10_000  # the most `limit` may ask for (a message is up to session_max_message_chars)
+KEEP_AWAKE_SECONDS = 2.0  # a waiting turn checks this often that its session was not suspended
+KEEP_AWAKE_CHECKS = 30  # and this many times at most
+log = logging.getLogger(__name__)
 router = APIRouter(dependencies=GUARDED)
 
 
@@ -50,16 +63,24 @@ def _errors(*statuses: int) -> dict[int | str, dict[str, Any]]:
             "no such session (or message in it, or, for a revert, on its active branch); "
             "or no `session` agent in the colony"
         ),
-        409: "the session has no active branch (it has no messages yet)",
+        409: (
+            "the session has no active branch (it has no messages yet); for a message: the "
+            "session was suspended by request (resume it first)"
+        ),
         422: "a parameter or body field is invalid; the message names it",
-        503: "Redis or a replica is unavailable; retry later",
+        503: (
+            "Redis or a replica is unavailable, or the session's agent is suspended and could not "
+            "be resumed in time (Retry-After); retry later"
+        ),
     }
     return {status: {"model": ErrorBody, "description": what[status]} for status in statuses}
 
 
 SESSION_READ = _errors(401, 404, 422, 503)
 SESSION_SEND = _errors(400, 401, 404, 422, 503)  # a route with a body: one that is not JSON is a 400
+SESSION_TURN = _errors(400, 401, 404, 409, 422, 503)
 SESSION_CHANGE = _errors(400, 401, 404, 409, 422, 503)
+SESSION_DELETE = _errors(401, 404, 422, 503)
 
 
 class SessionStart(BaseModel):
@@ -135,12 +156,22 @@ def _sse(event_id: str | None, kind: str, data: Any, run_id: str) -> str:
     return f"{head}event: {kind}\ndata: {body}\n\n"
 
 
-async def store_of(ctx: ApiContext, session_id: str) -> SessionStore:
-    """The session's tree; SessionNotFound unless `session_id` is a registered session agent."""
+async def session_record(ctx: ApiContext, session_id: str) -> AgentRecord:
+    """The session agent's registry record; SessionNotFound unless `session_id` is a registered
+    session agent."""
     services = await ctx.services()
     record = await services.registry.get(session_id) if is_session_id(session_id) else None
     if record is None or record.role != SESSION_ROLE:
         raise SessionNotFound(f"no session {session_id[:80]!r} in this colony; POST /v1/sessions starts one")
+    return record
+
+
+async def store_of(ctx: ApiContext, session_id: str, record: AgentRecord | None = None) -> SessionStore:
+    """The session's tree; SessionNotFound unless `session_id` is a registered session agent
+    (`record`: its record, read already)."""
+    if record is None:
+        await session_record(ctx, session_id)
+    services = await ctx.services()
     runs = services.runs
     return SessionStore.of(
         runs.api_board,
@@ -157,11 +188,14 @@ async def store_of(ctx: ApiContext, session_id: str) -> SessionStore:
     response_model=SessionView,
     responses=SESSION_SEND,
 )
-async def start_session(ctx: Context, body: SessionStart | None = None) -> SessionView:
+async def start_session(request: Request, ctx: Context, body: SessionStart | None = None) -> SessionView:
     """Start a session: the catalog's `session` agent places a session agent (its id is the
-    session id) with an empty conversation tree."""
+    session id) with an empty conversation tree. Sent with an Idempotency-Key, the starter run's
+    id derives from the key: a retry after a 503 (the start took too long) waits for the same
+    start, never a second session."""
     runs = (await ctx.services()).runs
-    record = await runs.submit(STARTER, {}, timeout_s=START_TIMEOUT_S)
+    await wake_agent(ctx, STARTER)  # suspended to make room (a higher-priority agent came): back first
+    record = await runs.submit(STARTER, {}, timeout_s=START_TIMEOUT_S, run_id=keyed_run_id(request))
     deadline = time.monotonic() + START_TIMEOUT_S
     view = await runs.get(record.run_id)
     while view.status not in ("succeeded", "failed", "cancelled") and time.monotonic() < deadline:
@@ -188,36 +222,71 @@ async def get_session(session_id: SessionId, ctx: Context) -> SessionView:
 @router.post(
     "/v1/sessions/{session_id}/messages",
     response_class=TurnStream,
-    responses={200: {"content": {"text/event-stream": {"schema": {"type": "string"}}}}, **SESSION_SEND},
+    responses={200: {"content": {"text/event-stream": {"schema": {"type": "string"}}}}, **SESSION_TURN},
 )
-async def send_message(session_id: SessionId, body: SendMessage, ctx: Context) -> StreamingResponse:
+async def send_message(
+    request: Request, session_id: SessionId, body: SendMessage, ctx: Context
+) -> StreamingResponse:
     """One turn: the message goes on the active branch and the reply streams back (SSE:
     `turn`, `user_chat_message`, `token`..., then `message` or `error`). A broken stream can be
-    followed at /v1/runs/{run_id}/events (the `turn` event's run id) with Last-Event-ID."""
-    store = await store_of(ctx, session_id)
+    followed at /v1/runs/{run_id}/events (the `turn` event's run id) with Last-Event-ID. A session
+    suspended to make room is resumed first (at most `colony.api.wake.WAKE_SECONDS`; then 503 with
+    Retry-After)."""
+    session = await session_record(ctx, session_id)
+    store = await store_of(ctx, session_id, session)
     limit = store.settings.session_max_message_chars
     if len(body.message) > limit:
         raise InvalidArgument(
             f"message: {len(body.message)} characters; at most {limit} (context.session_max_message_chars)"
         )
+    await wake(ctx, session, strict=True)
     runs = (await ctx.services()).runs
-    record = await runs.submit(session_id, {"message": body.message})
+    # keyed: a retry after a 5xx follows the same turn (its run), never stores the message twice
+    record = await runs.submit(session_id, {"message": body.message}, run_id=keyed_run_id(request))
 
     async def stream() -> AsyncIterator[str]:
         yield _sse(None, "turn", {"run_id": record.run_id, "session_id": session_id}, record.run_id)
-        async for event_id, event in runs.events(record.run_id):
-            kind = event.get("event_type")
-            data = event.get("data")
-            if kind in PASSED_ON:
-                yield _sse(event_id, str(kind), data, record.run_id)
-            elif kind == "completed":
-                output = data.get("output") if isinstance(data, dict) else None
-                yield _sse(event_id, "message", output, record.run_id)
-            elif kind in TERMINAL:
-                error = data.get("error") if isinstance(data, dict) else None
-                yield _sse(event_id, "error", {"status": kind, "error": error}, record.run_id)
+        watch: asyncio.Task[None] | None = asyncio.create_task(keep_awake(ctx, session_id))
+        try:
+            async for event_id, event in runs.events(record.run_id):
+                if watch is not None:  # its agent took the turn: it is awake
+                    await cancel_and_wait([watch])
+                    watch = None
+                for line in _turn_lines(event_id, event, record.run_id):
+                    yield line
+        finally:
+            if watch is not None:
+                await cancel_and_wait([watch])
 
-    return TurnStream(stream(), headers={"Cache-Control": "no-cache"})
+    return TurnStream(stream(), headers={"Cache-Control": "no-cache", "Colony-Run-Id": record.run_id})
+
+
+def _turn_lines(event_id: str, event: dict[str, Any], run_id: str) -> list[str]:
+    """The SSE lines a run event of a turn becomes (none for the events not passed on)."""
+    kind = event.get("event_type")
+    data = event.get("data")
+    if kind in PASSED_ON:
+        return [_sse(event_id, str(kind), data, run_id)]
+    if kind == "completed":
+        output = data.get("output") if isinstance(data, dict) else None
+        return [_sse(event_id, "message", output, run_id)]
+    if kind in TERMINAL:
+        error = data.get("error") if isinstance(data, dict) else None
+        return [_sse(event_id, "error", {"status": kind, "error": error}, run_id)]
+    return []
+
+
+async def keep_awake(ctx: ApiContext, session_id: str) -> None:
+    """While a turn waits for its agent's first event: a session suspended to make room after its
+    message was stored (and before its agent took it) is resumed again, every KEEP_AWAKE_SECONDS,
+    a bounded number of times; a failure is left to the next check (the run ends at its deadline)."""
+    registry = (await ctx.services()).registry
+    for _ in range(KEEP_AWAKE_CHECKS):
+        await asyncio.sleep(KEEP_AWAKE_SECONDS)
+        try:
+            await wake(ctx, await registry.get(session_id))
+        except ColonyError as exc:
+            log.info("session %s not resumed for its waiting turn: %s", session_id, exc)
 
 
 @router.get(
@@ -290,3 +359,18 @@ async def switch(session_id: SessionId, body: SwitchBody, ctx: Context) -> Sessi
     """Make another branch the active one."""
     store = await store_of(ctx, session_id)
     return session_view(session_id, await store.switch(body.branch))
+
+
+@router.delete(
+    "/v1/sessions/{session_id}", status_code=204, response_class=Response, responses=SESSION_DELETE
+)
+async def delete_session(session_id: SessionId, ctx: Context) -> Response:
+    """Delete a session for good: its agent is stopped (a turn in progress ends with it) and every
+    key of its state goes (the conversation tree, the agent's state, its runs' requests and
+    events). 204 once deleted; a second DELETE (or an unknown id) is a 404."""
+    await session_record(ctx, session_id)
+    try:
+        await (await ctx.control()).delete(session_id)
+    except AgentNotFound:  # deleted meanwhile by another DELETE (or the retention sweep)
+        raise SessionNotFound(f"no session {session_id[:80]!r} in this colony (deleted)") from None
+    return Response(status_code=204)

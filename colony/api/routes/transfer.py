@@ -6,8 +6,9 @@ the resumption monitor. The API acts on Redis alone (no replica is asked): an ex
 agent's stored state, which is complete whenever the agent is not RUNNING (409 then).
 
 Errors (colony.api.errors): AgentNotFound 404; AgentStateConflict 409 (running; the id is live here);
-ImportRejected 422 (malformed, too large, a blueprint this colony cannot trust); a body over
-`api.max_body_bytes` 413 (colony.api.limits).
+ImportRejected 422 (malformed, too large, duplicate block labels, unknown fields, junk state, a
+blueprint this colony cannot trust: the message names the field); a body over
+`api.max_import_bytes` 413 (colony.api.limits). A refused or failed import leaves no key.
 """
 
 from __future__ import annotations
@@ -68,7 +69,7 @@ IMPORT = _errors(
     **COMMON,
     s400="the stored state of the agent of that id here is unreadable",
     s409="an agent of that id is live here (or suspended, or has blocks) and replace is not set",
-    s413="the document is over api.max_body_bytes",
+    s413="the document is over api.max_import_bytes",
 )
 
 

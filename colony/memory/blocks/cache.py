@@ -1,7 +1,16 @@
 """A process's copies of block documents, kept in step with Redis, and the commits of edits to them:
 the snapshot and update log of each block, read by a Lua script that returns only the updates the
 copy has not imported, and each edit's update appended (the log folded into the snapshot when it
-grows past `compact_after_updates`). BlockStore holds one (`store.documents`)."""
+grows past `compact_after_updates`). BlockStore holds one (`store.documents`).
+
+An edit's append is a compare-and-set on the log it was made on: when another writer (another
+process) appended meanwhile, the edit is redone on the fresh document and its character limit
+checked again, so edits merged by Loro can never carry a block past its limit; the script checks the
+limit stored in the block's metadata too. An edit whose id is already in the block's version list (a
+redone action: its id derives from the action's idempotency key) is not applied again. An edit
+keeps one id over all its tries, so a try whose append was stored although its reply was lost (the
+Redis client re-sends a script after a timeout: the re-sent one finds the id and appends nothing,
+and a redo finds it in the version list) is never appended twice."""
 
 from __future__ import annotations
 
@@ -12,7 +21,7 @@ import time
 import uuid
 from collections import OrderedDict
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 import redis.asyncio as aioredis
@@ -20,7 +29,13 @@ import redis.asyncio as aioredis
 from colony import metrics
 from colony.blackboard.protocol import BlockProtocol
 from colony.config import BlockSettings
-from colony.errors import BlockError, BlockLimitExceeded, BlockNotFound, BlockVersionConflict
+from colony.errors import (
+    BlockContended,
+    BlockError,
+    BlockLimitExceeded,
+    BlockNotFound,
+    BlockVersionConflict,
+)
 from colony.memory.blocks import scripts
 from colony.memory.blocks.directory import b64, unb64
 from colony.memory.blocks.document import BlockDocument, EditMeta, raised_by_loro
@@ -29,7 +44,11 @@ from colony.memory.blocks.types import BlockInfo, BlockType, EditOutcome, Histor
 log = logging.getLogger(__name__)
 
 Apply = Callable[[BlockDocument, EditMeta, SharedAccess, History], bytes]
-EDIT_ATTEMPTS = 10  # an edit redone after this many compactions in a row gives up
+# An edit is redone when the block was compacted or appended to by another writer between its read
+# and its append; after this many tries it gives up (BlockContended). Each redo is counted
+# (colony_block_edit_retries_total) and waits a short random pause, longer with each try.
+EDIT_ATTEMPTS = 48
+MAX_PAUSE_SECONDS = 0.05
 
 
 @dataclass
@@ -43,6 +62,7 @@ class CachedBlock:
     vbase: int = 0  # versions folded away before the first of `order`
     vcount: int = 0  # versions listed in Redis (head = vbase + vcount)
     order: list[str] | None = None  # edit ids in log order, when the last refresh asked for them
+    found: int = -1  # the position in `ver` of the edit id the last refresh looked for (-1: absent)
 
     @property
     def head(self) -> int:
@@ -97,19 +117,28 @@ class DocumentCache:
             args += [name, str(value)]
         return bool(await self._create(keys=_keys(block_id, "meta", "snap", "log", "ver"), args=args))
 
-    async def refresh(self, block_id: str, entry: CachedBlock, *, versions: bool = False) -> BlockDocument:
+    async def refresh(
+        self, block_id: str, entry: CachedBlock, *, versions: bool = False, find: str = ""
+    ) -> BlockDocument:
         """Bring the cached document up to Redis (the caller holds `entry.lock`); with `versions`,
-        also the block's edit ids in log order (`entry.order`), read in the same script."""
+        also the block's edit ids in log order (`entry.order`); with `find`, where that edit id is
+        in the version list (`entry.found`), read in the same script."""
         reply = await self._read(
             keys=_keys(block_id, "meta", "snap", "log", "ver"),
-            args=[entry.gen if entry.document is not None else "-", entry.applied, "1" if versions else "0"],
+            args=[
+                entry.gen if entry.document is not None else "-",
+                entry.applied,
+                "1" if versions else "0",
+                find,
+            ],
         )
         if reply is None:
             self.drop(block_id)
             raise BlockNotFound(f"block {block_id} does not exist (it was deleted)")
-        gen, vbase, vcount, nmeta = reply[0], int(reply[1]), int(reply[2]), int(reply[3])
-        flat = reply[4 : 4 + nmeta]
-        at = 4 + nmeta
+        gen, vbase, vcount, found = reply[0], int(reply[1]), int(reply[2]), int(reply[3])
+        nmeta = int(reply[4])
+        flat = reply[5 : 5 + nmeta]
+        at = 5 + nmeta
         snapshot, nids = reply[at], int(reply[at + 1])
         ids, updates = reply[at + 2 : at + 2 + nids], reply[at + 2 + nids :]
         try:
@@ -128,7 +157,7 @@ class DocumentCache:
         entry.gen = gen
         entry.applied += len(updates)
         entry.fields = dict(zip(flat[0::2], flat[1::2], strict=False))
-        entry.vbase, entry.vcount = vbase, vcount
+        entry.vbase, entry.vcount, entry.found = vbase, vcount, found
         entry.order = list(ids) if versions else None
         return entry.document
 
@@ -146,19 +175,31 @@ class DocumentCache:
     ) -> EditOutcome:
         """Apply `apply(document, meta, access, history)` -> update, check the character limit,
         append the update to the log (folding the log when it is long). An edit whose block was
-        compacted between its read and its append is redone on the new snapshot (its update could
-        depend on history the snapshot folded away)."""
+        compacted, or appended to by another writer, between its read and its append is redone on
+        the new content (bounded: EDIT_ATTEMPTS, then BlockContended). An edit with an id
+        (`meta.edit_id`) already in the block's history is not applied again: its outcome is."""
         entry = self.entry(info.block_id)
+        # one edit id for every try: a try whose append was stored although its reply said
+        # otherwise (a script re-sent after a timeout) is found by the next try, not made again
+        meta = replace(meta, edit_id=meta.edit_id or uuid.uuid4().hex[:16])
         for attempt in range(EDIT_ATTEMPTS):
-            if attempt:  # the last try met a compaction: let the compactor's burst pass
-                await asyncio.sleep(random.uniform(0, 0.005 * attempt))
+            if attempt:  # the last try met another writer: let its burst pass
+                await asyncio.sleep(random.uniform(0, min(MAX_PAUSE_SECONDS, 0.002 * attempt)))
             async with entry.lock:
                 outcome = await self._try_commit(entry, info, access, meta, apply, op, base_version)
-            if outcome is not None:
+            if isinstance(outcome, EditOutcome):
+                if attempt and outcome._repeated:  # this call's own earlier try was stored
+                    outcome._repeated = False
                 return outcome
-        raise BlockError(
-            f"block {info.label!r} was compacted {EDIT_ATTEMPTS} times while this edit was made; nothing "
-            "was changed, try again"
+            metrics.BLOCK_EDIT_RETRIES.labels(outcome).inc()
+        async with entry.lock:  # the last try's append may have been stored all the same
+            await self.refresh(info.block_id, entry, find=meta.edit_id)
+            if entry.found >= 0:
+                return self._made(entry, info, meta.edit_id, op)
+        raise BlockContended(
+            f"block {info.label!r} kept changing while this edit was made ({EDIT_ATTEMPTS} tries, each "
+            "overtaken by another writer's edit or a compaction); the edit was not stored, try again",
+            current_version=entry.head,
         )
 
     async def _try_commit(
@@ -170,11 +211,17 @@ class DocumentCache:
         apply: Apply,
         op: str,
         base_version: int | None,
-    ) -> EditOutcome | None:
-        """One try of `commit` (the caller holds `entry.lock`); None when the block was compacted
-        meanwhile (then the edit is redone)."""
+    ) -> EditOutcome | str:
+        """One try of `commit` (the caller holds `entry.lock`); why it must be redone
+        ("compacted", "concurrent") when the block changed meanwhile."""
         label = info.label
-        document = await self.refresh(info.block_id, entry, versions=op in ("rollback", "undo"))
+        versions = op in ("rollback", "undo")
+        document = await self.refresh(info.block_id, entry, versions=versions, find=meta.edit_id)
+        limit = int(entry.fields.get("char_limit", info.char_limit))
+        if meta.edit_id and entry.found >= 0:  # made before (a redone action): its outcome, once
+            outcome = self._made(entry, info, meta.edit_id, op)
+            outcome._repeated = True
+            return outcome
         if base_version is not None and entry.head != base_version:
             raise BlockVersionConflict(
                 f"block {label!r} is at version {entry.head}, not {base_version}; read it again "
@@ -184,23 +231,31 @@ class DocumentCache:
         before = document.size()
         update = self._applied(entry, info, document, apply, meta, access)
         after = document.size()
-        limit = int(entry.fields.get("char_limit", info.char_limit))
         if info.block_type is not BlockType.LOG and after > limit and after > before:
             self.drop(info.block_id)
-            raise BlockLimitExceeded(
-                f"block {label!r} would have {after}/{limit} characters (it has {before}); nothing "
-                "was changed. Shorten it first (core_memory_replace or memory_rethink), move "
-                "details to archival memory (archival_insert), or raise its char_limit"
-            )
-        version = await self._append_update(entry, info, document, update)
-        if version is None:
-            return None
+            raise _over_limit(label, after, limit, before)
+        version = await self._append_update(entry, info, document, update, after, before)
+        if isinstance(version, str):
+            return version
+        return self._outcome(info, version, after, limit, op)
+
+    def _made(self, entry: CachedBlock, info: BlockInfo, edit_id: str, op: str) -> EditOutcome:
+        """The outcome of edit `edit_id`, found stored (`entry.found`, by the last refresh)."""
+        document = entry.document
+        chars = document.chars_after(edit_id) if document is not None else None
+        if chars is None:  # recorded before edits kept their length: the current one
+            chars = document.size() if document is not None else 0
+        limit = int(entry.fields.get("char_limit", info.char_limit))
+        return self._outcome(info, entry.vbase + entry.found + 1, chars, limit, op)
+
+    @staticmethod
+    def _outcome(info: BlockInfo, version: int, chars: int, limit: int, op: str) -> EditOutcome:
         return EditOutcome(
             block_id=info.block_id,
-            label=label,
+            label=info.label,
             owner=info.owner,
             version=version,
-            chars=after,
+            chars=chars,
             char_limit=limit,
             op=op,
         )
@@ -224,25 +279,35 @@ class DocumentCache:
             raise BlockError(f"the edit of block {info.label!r} failed in Loro: {exc}") from exc
 
     async def _append_update(
-        self, entry: CachedBlock, info: BlockInfo, document: BlockDocument, update: bytes
-    ) -> int | None:
-        """Append `update` to the block's log: the new version, or None when the block was compacted
-        since the cached document was read. Folds the log when it grew past `compact_after_updates`."""
+        self,
+        entry: CachedBlock,
+        info: BlockInfo,
+        document: BlockDocument,
+        update: bytes,
+        after: int,
+        before: int,
+    ) -> int | str:
+        """Append `update` to the block's log if nothing was appended since the cached document was
+        read (a LOG block's entries merge: appended regardless): the new version, or why the edit
+        must be redone ("compacted", "concurrent"). Folds the log when it grew past
+        `compact_after_updates`."""
+        expected = "" if info.block_type is BlockType.LOG else str(entry.applied)
+        args = [b64(update), repr(time.time()), document.last_edit_id, entry.gen, expected, after, before]
         try:
-            reply = await self._append(
-                keys=_keys(info.block_id, "meta", "log", "ver"),
-                args=[b64(update), repr(time.time()), document.last_edit_id, entry.gen],
-            )
+            reply = await self._append(keys=_keys(info.block_id, "meta", "log", "ver"), args=args)
         except Exception:
             self.drop(info.block_id)
             raise
-        if reply == -1:
+        code = int(reply[0])
+        if code < 0:  # the cached document holds an edit that was not stored
             self.drop(info.block_id)
+        if code == -1:
             raise BlockNotFound(f"block {info.label!r} was deleted while being edited")
-        if reply == -2:  # compacted meanwhile: reload and redo (after a short, growing pause)
-            self.drop(info.block_id)
-            return None
-        length, version = int(reply[0]), int(reply[1])
+        if code == -4:  # the limit was lowered meanwhile (update_info): the script's is the one
+            raise _over_limit(info.label, after, int(reply[1]), int(reply[2]))
+        if code < 0:  # -2 compacted, -3 another writer appended: reload and redo
+            return "compacted" if code == -2 else "concurrent"
+        length, version = code, int(reply[1])
         if length > self.settings.compact_after_updates:
             try:  # the edit is stored: folding is housekeeping, retried by the next edit
                 await self._fold(info.block_id, entry, info)
@@ -267,3 +332,11 @@ class DocumentCache:
         if done:
             metrics.BLOCK_COMPACTIONS.labels("shallow" if dropped else "full").inc()
             self.drop(block_id)  # the next use loads the new snapshot
+
+
+def _over_limit(label: str, after: int, limit: int, before: int) -> BlockLimitExceeded:
+    return BlockLimitExceeded(
+        f"block {label!r} would have {after}/{limit} characters (it has {before}); nothing "
+        "was changed. Shorten it first (core_memory_replace or memory_rethink), move "
+        "details to archival memory (archival_insert), or raise its char_limit"
+    )

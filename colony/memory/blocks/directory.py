@@ -12,7 +12,8 @@ import redis.asyncio as aioredis
 
 from colony.blackboard.protocol import BlockProtocol
 from colony.config import BlockSettings
-from colony.errors import BlockAccessDenied, BlockExists, BlockNotFound, InvalidArgument
+from colony.errors import BlockAccessDenied, BlockNotFound, InvalidArgument
+from colony.memory.blocks.agents import agent_known, check_provisionable, unknown_agent
 from colony.memory.blocks.types import (
     LABEL_PATTERN,
     MAX_DESCRIPTION_CHARS,
@@ -27,6 +28,7 @@ from colony.memory.blocks.types import (
 
 if TYPE_CHECKING:
     from colony.memory.blocks.cache import DocumentCache
+    from colony.memory.blocks.listing import BlockListing
 
 COLONY = BlockProtocol.COLONY_OWNER
 
@@ -127,10 +129,25 @@ class BlockDirectory:
     redis: aioredis.Redis
     settings: BlockSettings
     namespace: str
+    tenant_id: str
+    colony_id: str
     documents: DocumentCache  # the cached documents (a deleted block's are dropped)
+    listing: BlockListing  # the owner and shared indexes, changed by checking scripts
 
     def block_id(self, owner: str, label: str) -> str:
         return BlockProtocol.block_id(self.namespace, owner, check_label(label))
+
+    async def check_known(self, agent_id: str, *, provision: bool = False, what: str = "blocks") -> str:
+        """`agent_id` when the colony knows it or has reserved it (colony.memory.blocks.agents);
+        with `provision`, any id that can name an agent (reserved by what is made for it).
+        AgentNotFound otherwise: the HTTP routes and the CLI refuse blocks and shares for agents
+        that do not exist unless asked to pre-provision them."""
+        if provision:
+            return check_agent(check_provisionable(agent_id))
+        check_agent(agent_id)
+        if not await agent_known(self.redis, self.tenant_id, self.colony_id, self.namespace, agent_id):
+            raise unknown_agent(agent_id, what)
+        return agent_id
 
     async def info_of(self, block_id: str) -> BlockInfo | None:
         fields = await self.redis.hgetall(BlockProtocol.key(block_id, "meta"))
@@ -290,27 +307,17 @@ class BlockDirectory:
         if await self.info_of(block_id) is None:
             raise BlockNotFound(f"{owner} has no block labelled {label!r}")
         acl = BlockProtocol.key(block_id, "acl")
-        if not await self.redis.hexists(acl, agent_id):
-            shared_with = BlockProtocol.shared_index(self.namespace, agent_id)
-            if await self.redis.hlen(shared_with) >= self.settings.max_shares_per_block:
-                raise InvalidArgument(
-                    f"{agent_id} has {self.settings.max_shares_per_block} blocks shared with it "
-                    "(blocks.max_shares_per_block); unshare one first"
-                )
-            if await self.redis.hlen(acl) >= self.settings.max_shares_per_block:
-                raise InvalidArgument(
-                    f"block {label!r} is shared with {self.settings.max_shares_per_block} agents"
-                )
-            if await self.redis.hexists(BlockProtocol.owner_index(self.namespace, agent_id), label):
-                raise BlockExists(
-                    f"{agent_id} has its own block labelled {label!r}; it cannot see a second one"
-                )
-            other = await self._shared_label(agent_id, label)
-            if other is not None and other[0] != block_id:
-                raise BlockExists(f"{agent_id} already sees another shared block labelled {label!r}")
+        if not await self.redis.hexists(acl, agent_id) and (
+            await self.redis.hlen(acl) >= self.settings.max_shares_per_block
+        ):
+            raise InvalidArgument(
+                f"block {label!r} is shared with {self.settings.max_shares_per_block} agents (the most)"
+            )
         grant = json.dumps({"owner": owner, "label": label, "access": access.value})
+        # the agent's view first (its label checked and the grant recorded in one script), then the
+        # block's access list, which alone lets the agent in: a crash between leaves nothing usable
+        await self.listing.grant(agent_id, block_id, label, grant)
         await self.redis.hset(acl, agent_id, access.value)
-        await self.redis.hset(BlockProtocol.shared_index(self.namespace, agent_id), block_id, grant)
         return Share(block_id=block_id, owner=owner, label=label, agent_id=agent_id, access=access)
 
     async def unshare(self, principal: Principal, owner: str, label: str, agent_id: str) -> bool:
@@ -335,10 +342,7 @@ class BlockDirectory:
         for agent in agents:
             await self.redis.hdel(BlockProtocol.shared_index(self.namespace, agent), block_id)
         removed = await self.redis.delete(*(BlockProtocol.key(block_id, p) for p in BlockProtocol.PARTS))
-        index = BlockProtocol.owner_index(self.namespace, owner)
-        await self.redis.hdel(index, label)
-        if not await self.redis.hlen(index):
-            await self.redis.srem(BlockProtocol.owners_key(self.namespace), owner)
+        await self.listing.unlist(owner, label)  # after the keys: a crash between is healed by a re-create
         self.documents.forget(block_id)
         return bool(removed)
 

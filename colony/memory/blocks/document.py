@@ -31,14 +31,17 @@ REST_ORIGIN = "colony:rest"  # the undo replay's "other edits": not recorded by 
 
 @dataclass(frozen=True)
 class EditMeta:
-    """Who made an edit, how, and why (stored as the Loro commit message)."""
+    """Who made an edit, how, and why (stored as the Loro commit message). `edit_id`: the id the
+    edit gets (derived from an action's idempotency key, so a redone action finds it); empty: a
+    fresh random one."""
 
     author: str
     via: str
     op: str
     message: str = ""
+    edit_id: str = ""
 
-    def encode(self, edit_id: str, delta: int) -> str:
+    def encode(self, edit_id: str, delta: int, chars: int) -> str:
         return json.dumps(
             {
                 "e": edit_id,
@@ -48,6 +51,7 @@ class EditMeta:
                 "msg": self.message[:500],
                 "t": round(time.time(), 6),
                 "d": delta,
+                "c": chars,
             },
             separators=(",", ":"),
         )
@@ -170,8 +174,8 @@ class BlockDocument:
     def _commit(self, meta: EditMeta, apply: Callable[[], None], delta: int) -> bytes:
         before = self.doc.oplog_vv
         apply()
-        edit_id = self.last_edit_id = uuid.uuid4().hex[:16]
-        self.doc.set_next_commit_message(meta.encode(edit_id, delta))
+        edit_id = self.last_edit_id = meta.edit_id or uuid.uuid4().hex[:16]
+        self.doc.set_next_commit_message(meta.encode(edit_id, delta, self.size()))
         self.doc.set_next_commit_timestamp(int(time.time()))
         self.doc.commit()
         return self.doc.export(ExportMode.Updates(before))
@@ -320,6 +324,13 @@ class BlockDocument:
                 counter = last_counter + 1
         return groups
 
+    def chars_after(self, edit_id: str) -> int | None:
+        """The block's characters right after edit `edit_id` (recorded in its commit message);
+        None when the document does not hold that edit or it predates the record."""
+        group = self.groups().get(edit_id)
+        chars = group.meta.get("c") if group is not None else None
+        return chars if isinstance(chars, int) else None
+
     def versions(self, order: list[str], base: int) -> list[BlockVersion]:
         """The versions of `order` (edit ids in log order, the first numbered base + 1)."""
         groups = self.groups()
@@ -437,8 +448,9 @@ class BlockDocument:
         tagged = EditMeta(meta.author, meta.via, "undo", meta.message or f"undo {edit_id}")
         new_text = replay.get_text(CONTENT).to_string()
         before_vv = self.doc.oplog_vv
+        delta = len(new_text) - len(self.content())
         self.doc.apply_diff(inverse)
-        message = json.loads(tagged.encode(uuid.uuid4().hex[:16], len(new_text) - len(self.content())))
+        message = json.loads(tagged.encode(meta.edit_id or uuid.uuid4().hex[:16], delta, self.size()))
         message["undoes"] = edit_id
         self.doc.set_next_commit_message(json.dumps(message, separators=(",", ":")))
         self.doc.set_next_commit_timestamp(int(time.time()))

@@ -8,13 +8,23 @@ nothing is lost and nobody gets a conflict (unless a client asked to edit from a
 When the log grows past `compact_after_updates` it is folded into the snapshot (a shallow one once
 history exceeds `history_versions`); a generation number makes concurrent compactions safe.
 
+Every non-LOG edit is appended only if no other update was appended since its editor read the
+block (compare-and-set in the append script, which also checks the limit in the metadata): an
+edit overtaken by another writer is redone on the new content, so concurrent writers never carry a
+block past its character limit. An edit given an action's idempotency key gets an edit id derived
+from it: the action redone after a crash finds that id in the block's versions and gets the first
+outcome back, the edit is not made twice.
+
 Metadata hash fields: owner, label, description, block_type, char_limit, read_only, swapped_out,
 template, colony_access, log_max_entries, log_shown_entries, created_at, updated_at, created_by,
-gen (a fresh token per snapshot), vbase (versions trimmed from the front of the `ver` list).
+gen (a fresh token per snapshot), vbase (versions trimmed from the front of the `ver` list), chars
+(the content's length after the latest edit).
 """
 
 from __future__ import annotations
 
+import hashlib
+import json
 import time
 import uuid
 from typing import Any, Unpack
@@ -46,6 +56,7 @@ from colony.memory.blocks.directory import (
     info_from_fields,
 )
 from colony.memory.blocks.document import BlockDocument, EditMeta, as_lines
+from colony.memory.blocks.listing import BlockListing
 from colony.memory.blocks.logs import MAX_LOG_FIELDS, bounded_log_value, render_log
 from colony.memory.blocks.types import (
     MAX_DESCRIPTION_CHARS,
@@ -81,7 +92,11 @@ class BlockStore(BlockDirectory):
         colony_settings = settings
         self.settings: BlockSettings = colony_settings.blocks
         self.namespace = BlockProtocol.namespace(colony_settings.tenant_id, colony_settings.colony_id)
+        self.tenant_id, self.colony_id = colony_settings.tenant_id, colony_settings.colony_id
         self.documents = DocumentCache(redis, self.settings)
+        self.listing = BlockListing(
+            redis, self.namespace, self.settings.max_blocks_per_owner, self.settings.max_shares_per_block
+        )
 
     # -- creation, lookup, listing ------------------------------------------------------------------
 
@@ -102,26 +117,22 @@ class BlockStore(BlockDirectory):
         if owner != COLONY:
             check_agent(owner)
         limit = _checked_char_limit(block, self.settings)
-        await self._check_label_free(owner, block.label)
-        index = BlockProtocol.owner_index(self.namespace, owner)
-        if await self.redis.hlen(index) >= self.settings.max_blocks_per_owner:
-            raise InvalidArgument(
-                f"{owner} has {self.settings.max_blocks_per_owner} blocks (blocks.max_blocks_per_owner); "
-                "delete one first"
-            )
         block_id = self.block_id(owner, block.label)
+        # listed first, checked in the same script (view collisions, max_blocks_per_owner); then the
+        # block's keys (another hash slot), which CREATE writes only if the block does not exist
+        await self.listing.list_label(owner, block.label, block_id)
         fields = _new_block_fields(owner, block, limit, created_by, colony_access, self.settings)
-        if not await self.documents.write_new(block_id, _first_document(block, created_by), fields):
+        document = _first_document(block, created_by)
+        fields["chars"] = document.size()
+        if not await self.documents.write_new(block_id, document, fields):
             raise BlockExists(f"{owner} already has a block labelled {block.label!r}")
-        async with self.redis.pipeline(transaction=True) as pipe:
-            pipe.hset(index, block.label, block_id)
-            pipe.sadd(BlockProtocol.owners_key(self.namespace), owner)
-            await pipe.execute()
         return info_from_fields({k: str(v) for k, v in fields.items()}, block_id)
 
     async def _check_label_free(self, owner: str, label: str) -> None:
         """Raise BlockExists when a block `owner` would create as `label` collides in a view: an
-        agent's with a colony-wide one or one shared with it; a colony-wide one with any agent's."""
+        agent's with a colony-wide one or one shared with it; a colony-wide one with any agent's.
+        A read-only early check (an import's plan); creation checks again atomically as it lists
+        the label (colony.memory.blocks.listing)."""
         if owner != COLONY and await self.info_of(self.block_id(COLONY, label)) is not None:
             raise BlockExists(
                 f"{label!r} is a colony-wide block every agent sees; pick another label for {owner}'s"
@@ -213,14 +224,19 @@ class BlockStore(BlockDirectory):
         via: str = "library",
         message: str = "",
         base_version: int | None = None,
+        idempotency_key: str | None = None,
+        what: tuple[Any, ...] = (),
     ) -> EditOutcome:
         """Check access and commit `apply(document, meta, access, history)` -> update
-        (`DocumentCache.commit`), counted by operation and outcome (colony_block_edits_total)."""
+        (`DocumentCache.commit`), counted by operation and outcome (colony_block_edits_total).
+        With `idempotency_key` (an action's), the edit's id derives from it and from the edit
+        (`what`): made once, its outcome returned again to a redo."""
         try:
             info, access = await self.resolve(principal, label, owner=owner)
             if principal != SYSTEM:
                 check_access(info, access, needs, principal)
-            meta = EditMeta(principal, via, op, clean_text((message or "")[:500]))
+            edit_id = _edit_id(idempotency_key, info.block_id, principal, op, what) if idempotency_key else ""
+            meta = EditMeta(principal, via, op, clean_text((message or "")[:500]), edit_id)
             outcome = await self.documents.commit(info, access, meta, apply, op=op, base_version=base_version)
         except BlockError as exc:
             metrics.BLOCK_EDITS.labels(op, _refusal(exc)).inc()
@@ -228,7 +244,7 @@ class BlockStore(BlockDirectory):
         except InvalidArgument:
             metrics.BLOCK_EDITS.labels(op, "invalid").inc()
             raise
-        metrics.BLOCK_EDITS.labels(op, "applied").inc()
+        metrics.BLOCK_EDITS.labels(op, "repeated" if outcome._repeated else "applied").inc()
         return outcome
 
     async def append(
@@ -236,9 +252,11 @@ class BlockStore(BlockDirectory):
     ) -> EditOutcome:
         """Add `text` as a line at the end."""
         _check_text(self.settings, text)
-        return await self._edit(
-            principal, label, "append", "append", lambda d, m, a, b: d.append(text, m), **options
-        )
+
+        def apply(document: BlockDocument, meta: EditMeta, access: SharedAccess, history: History) -> bytes:
+            return document.append(text, meta)
+
+        return await self._edit(principal, label, "append", "append", apply, what=(text,), **options)
 
     async def insert(
         self, principal: Principal, label: str, text: str, line: int = -1, **options: Unpack[EditOptions]
@@ -253,7 +271,7 @@ class BlockStore(BlockDirectory):
                 raise BlockAccessDenied(APPEND_ONLY_REFUSAL)
             return document.insert_line(text, line, meta)
 
-        return await self._edit(principal, label, "insert", "append", apply, **options)
+        return await self._edit(principal, label, "insert", "append", apply, what=(text, line), **options)
 
     async def replace(
         self, principal: Principal, label: str, old: str, new: str, **options: Unpack[EditOptions]
@@ -267,7 +285,7 @@ class BlockStore(BlockDirectory):
                 raise BlockAccessDenied(APPEND_ONLY_REFUSAL)
             return document.replace(old, new, meta)
 
-        return await self._edit(principal, label, "replace", "append", apply, **options)
+        return await self._edit(principal, label, "replace", "append", apply, what=(old, new), **options)
 
     async def set_content(
         self,
@@ -288,7 +306,7 @@ class BlockStore(BlockDirectory):
                 return document.set_content(content, meta, inserts_only=True)  # adds at the end only
             return document.set_content(content, meta)
 
-        return await self._edit(principal, label, op, "append", apply, **options)
+        return await self._edit(principal, label, op, "append", apply, what=(content,), **options)
 
     async def rollback(
         self, principal: Principal, label: str, version: int, **options: Unpack[EditOptions]
@@ -302,6 +320,7 @@ class BlockStore(BlockDirectory):
             "rollback",
             "write",
             lambda d, m, a, h: d.rollback(version, m, h.order, h.base),
+            what=(version,),
             **options,
         )
 
@@ -312,7 +331,13 @@ class BlockStore(BlockDirectory):
         who = author or principal
         options.pop("base_version", None)
         return await self._edit(
-            principal, label, "undo", "write", lambda d, m, a, h: d.undo_last_of(who, m, h.order), **options
+            principal,
+            label,
+            "undo",
+            "write",
+            lambda d, m, a, h: d.undo_last_of(who, m, h.order),
+            what=(who,),
+            **options,
         )
 
     async def log_append(
@@ -338,6 +363,13 @@ class BlockStore(BlockDirectory):
             owner=owner,
             via=via,
         )
+
+
+def _edit_id(key: str, block_id: str, principal: str, op: str, what: tuple[Any, ...]) -> str:
+    """The id of the edit an action makes under idempotency key `key`: the same for the same edit
+    redone under that key (so it is found made), another for any other edit, block or author."""
+    text = json.dumps([key, block_id, principal, op, list(what)], separators=(",", ":"), default=str)
+    return hashlib.sha256(text.encode("utf-8", "replace")).hexdigest()[:16]
 
 
 def _refusal(exc: BlockError) -> str:

@@ -27,6 +27,9 @@ from colony.memory.blocks.types import MAX_DESCRIPTION_CHARS, BlockType, Label, 
 PACKAGED = "templates.yaml"
 MAX_TEMPLATE_FILE_BYTES = 1_000_000
 MAX_SCHEMA_CHARS = 20_000
+# the fields of one block, as JSON: they render to the initial content, itself at most
+# blocks.max_edit_chars (and one request's 80,000 characters), so more is never needed
+MAX_FIELDS_CHARS = 80_000
 # NewBlock fields a caller may set over a template's defaults
 OVERRIDABLE = (
     "description",
@@ -235,6 +238,10 @@ def apply_template(
         fields = {}
     if not isinstance(fields, dict):
         raise InvalidArgument(f"fields of template {name!r} must be a mapping of field name -> value")
+    if len(json.dumps(fields, default=str)) > MAX_FIELDS_CHARS:
+        raise InvalidArgument(
+            f"fields of template {name!r} are longer than {MAX_FIELDS_CHARS} characters as JSON"
+        )
     validate_fields(name, fields_schema, fields)
     body: dict[str, Any] = {
         "label": label or template.name,

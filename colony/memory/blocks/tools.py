@@ -8,6 +8,11 @@ dispatcher turns into a failed ActionResult carrying its message (why, and what 
 the block is left as it was. Archival memory is the agent's LTM memory scope (one store, one
 index): `archival_insert` writes through its MemoryCapability, searches go through the memory
 service's recall.
+
+Effects happen once: each tool that changes a block or writes archival memory passes the action's
+idempotency key (`current_idempotency_key()`), from which the edit id or the entry id derives. A
+step cut off after the effect and before its `done` record runs the action again under the same
+key: the edit (or entry) is found made and its outcome returned, nothing is appended twice.
 """
 
 from __future__ import annotations
@@ -24,6 +29,7 @@ from colony.agents.actions import action_executor, discover_actions
 from colony.agents.capability import AgentCapability, agent_settings
 from colony.agents.hooks import HookContext, HookType, hook_handler
 from colony.agents.models import ActionType
+from colony.agents.state.action_log import current_idempotency_key
 from colony.blackboard import Blackboard
 from colony.config import BlockSettings, ColonySettings
 from colony.errors import AgentUsageError, BlockExists, BlockNotFound, InvalidArgument
@@ -32,7 +38,7 @@ from colony.memory.blocks.store import BlockStore
 from colony.memory.blocks.stores import block_store
 from colony.memory.blocks.templates import apply_template
 from colony.memory.blocks.types import BlockType, BlockView, EditOutcome, Label, NewBlock
-from colony.memory.capability import MemoryCapability
+from colony.memory.capability import MemoryCapability, derived_id
 from colony.memory.scopes import MemoryScope
 from colony.memory.service import MemoryService, memory_service
 from colony.memory.types import MemoryQuery, NewMemory, RecalledEntry
@@ -114,6 +120,12 @@ def _edited(outcome: EditOutcome) -> dict[str, Any]:
         "chars": outcome.chars,
         "char_limit": outcome.char_limit,
     }
+
+
+def _tool() -> dict[str, Any]:
+    """The edit options of a tool's edit: the channel, and the running action's idempotency key
+    (the edit id derives from it: a redone action finds its edit made)."""
+    return {"via": "tool", "idempotency_key": current_idempotency_key()}
 
 
 def _preview(value: Any) -> str:
@@ -268,7 +280,7 @@ class MemoryBlocksCapability(AgentCapability):
         """Add content to the end of one of your memory blocks (persona, human, ...) as a new line,
         without replacing what is there. Useful for building up information bit by bit; the block
         in your prompt shows it at once."""
-        return await self._edit(self.store().append(self._me(), label, content, via="tool"))
+        return await self._edit(self.store().append(self._me(), label, content, **_tool()))
 
     @action_executor(action_type=ActionType.MEMORY_WRITE, effects=("memory_write", "colony_write"))
     async def core_memory_save_message(self, label: Label = "human") -> dict[str, Any]:
@@ -278,7 +290,7 @@ class MemoryBlocksCapability(AgentCapability):
         if len(message.split()) < MIN_MESSAGE_WORDS or message.endswith("?"):
             raise AgentUsageError("the user's message is a question or too short to keep; nothing saved")
         return await self._edit(
-            self.store().append(self._me(), label, f"User said: {message}", via="tool", message="message")
+            self.store().append(self._me(), label, f"User said: {message}", message="message", **_tool())
         )
 
     def _message(self) -> str:
@@ -299,7 +311,7 @@ class MemoryBlocksCapability(AgentCapability):
         """Replace old_content, which must occur exactly once in the block (copy it exactly as
         shown), with new_content; an empty new_content deletes it. Use this to correct or update
         one detail of a memory block."""
-        return await self._edit(self.store().replace(self._me(), label, old_content, new_content, via="tool"))
+        return await self._edit(self.store().replace(self._me(), label, old_content, new_content, **_tool()))
 
     @action_executor(action_type=ActionType.MEMORY_WRITE, effects=("memory_write", "colony_write"))
     async def memory_insert(
@@ -310,13 +322,13 @@ class MemoryBlocksCapability(AgentCapability):
     ) -> dict[str, Any]:
         """Insert content as a new line of a memory block before line `line` (0 = the top, -1 =
         after the last line)."""
-        return await self._edit(self.store().insert(self._me(), label, content, line, via="tool"))
+        return await self._edit(self.store().insert(self._me(), label, content, line, **_tool()))
 
     @action_executor(action_type=ActionType.MEMORY_WRITE, effects=("memory_write", "colony_write"))
     async def memory_rethink(self, label: Label, new_content: EditText) -> dict[str, Any]:
         """Rewrite a memory block entirely with new_content: to reorganise or condense it when it
         grows long, or when much of it is out of date."""
-        return await self._edit(self.store().set_content(self._me(), label, new_content, via="tool"))
+        return await self._edit(self.store().set_content(self._me(), label, new_content, **_tool()))
 
     # -- archival memory and recall -------------------------------------------------------------------
 
@@ -333,13 +345,17 @@ class MemoryBlocksCapability(AgentCapability):
         if len(tags or []) > MAX_TAGS:
             raise InvalidArgument(f"archival_insert takes at most {MAX_TAGS} tags")
         target = self.archival()
-        outcome = await target.write(
-            NewMemory(content=content.strip(), tags=frozenset({"archival", *(tags or [])}), kind="archival")
-        )
+        all_tags = frozenset({"archival", *(tags or [])})
+        key = current_idempotency_key()
+        # under an action's key the entry id derives from it: a redo finds the entry it wrote
+        entry_id = derived_id("a", [key, self._me(), content, *sorted(all_tags)]) if key else None
+        memory = NewMemory(content=content.strip(), tags=all_tags, kind="archival", entry_id=entry_id)
+        outcome = await target.write(memory)
+        redone = entry_id is not None and outcome.duplicate_of == entry_id  # the entry it wrote before
         return {
             "entry_id": outcome.entry.entry_id,
-            "stored": outcome.created,
-            "duplicate_of": outcome.duplicate_of,
+            "stored": outcome.created or redone,
+            "duplicate_of": None if redone else outcome.duplicate_of,
             "scope": target.scope_type,
         }
 

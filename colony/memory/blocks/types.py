@@ -12,12 +12,13 @@ from dataclasses import dataclass
 from enum import StrEnum
 from typing import Annotated, Any, Literal, TypedDict
 
-from pydantic import BaseModel, ConfigDict, Field, StringConstraints
+from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, StringConstraints
 
 LABEL_PATTERN = re.compile(r"[a-z][a-z0-9_]{0,63}")
 Label = Annotated[str, StringConstraints(pattern=r"^[a-z][a-z0-9_]{0,63}$")]
 MAX_DESCRIPTION_CHARS = 1000
 MAX_MESSAGE_CHARS = 500
+MAX_TEMPLATE_NAME_CHARS = 64
 
 
 class BlockType(StrEnum):
@@ -106,7 +107,7 @@ class BlockHistory(BaseModel):
 
 
 class EditOutcome(BaseModel):
-    """What an accepted edit did."""
+    """What an accepted edit did (`chars`: the block's length right after it)."""
 
     block_id: str
     label: str
@@ -115,6 +116,8 @@ class EditOutcome(BaseModel):
     chars: int
     char_limit: int
     op: str
+    # True when the edit was found made before (a redone action) and not applied again
+    _repeated: bool = PrivateAttr(default=False)
 
 
 class NewBlock(BaseModel):
@@ -128,7 +131,7 @@ class NewBlock(BaseModel):
     char_limit: Annotated[int, Field(ge=1)] | None = None
     read_only: bool = False
     content: str = ""
-    template: str | None = None
+    template: Annotated[str, Field(max_length=MAX_TEMPLATE_NAME_CHARS)] | None = None
     log_max_entries: Annotated[int, Field(ge=1, le=10_000)] | None = None
     log_shown_entries: Annotated[int, Field(ge=1, le=1000)] | None = None
 
@@ -160,9 +163,11 @@ class History:
 class EditOptions(TypedDict, total=False):
     """Options every edit takes: `owner` (another owner's block, or COLONY), `via` (the channel
     kept in history: tool, http, cli, library, system), `message` (a note kept in history) and
-    `base_version` (edit only if the block is still at that version: BlockVersionConflict if not)."""
+    `base_version` (edit only if the block is still at that version: BlockVersionConflict if not),
+    `idempotency_key` (an action's: the edit is made once, a redo under that key gets its outcome)."""
 
     owner: str | None
     via: str
     message: str
     base_version: int | None
+    idempotency_key: str | None
