@@ -203,9 +203,41 @@ class ReplicaKilled(BaseException):
 def test_a_request_whose_process_stopped_is_never_run_again(
     http: httpx.Client, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """The issue's case: the append lands, then the replica serving it dies before it answers. A
-    retry meanwhile is told the first still runs (409, Retry-After); once its lease lapsed, that its
-    outcome is unknown (409): the line is stored once, never twice."""
+    """The issue's case on a route that is not effect-keyed (creating a block): the block is made,
+    then the replica serving it dies before it answers. A retry meanwhile is told the first still
+    runs (409, Retry-After); once its lease lapsed, that its outcome is unknown (409): never run
+    twice."""
+    monkeypatch.setattr(idempotency, "LEASE_SECONDS", 2.0)
+    monkeypatch.setattr(idempotency, "WAIT_SECONDS", 0.2)
+    real = BlockStore.create_colony_block
+
+    async def dies_after(self: BlockStore, *args: Any, **kwargs: Any) -> Any:
+        await real(self, *args, **kwargs)
+        raise ReplicaKilled
+
+    monkeypatch.setattr(BlockStore, "create_colony_block", dies_after)
+    key = {"Idempotency-Key": str(uuid.uuid4())}
+    body = {"label": f"idem_{uuid.uuid4().hex[:8]}", "content": "made"}
+    lost = http.post("/v1/colony/blocks", json=body, headers=key)
+    assert lost.status_code == 500  # uvicorn's answer for an app that ended without one
+    monkeypatch.setattr(BlockStore, "create_colony_block", real)
+    running = http.post("/v1/colony/blocks", json=body, headers=key)
+    assert running.status_code == 409, running.text
+    assert running.json()["error"]["code"] == "idempotency_in_flight"
+    assert int(running.headers["retry-after"]) >= 1
+    time.sleep(2.2)
+    unknown = http.post("/v1/colony/blocks", json=body, headers=key)
+    assert unknown.status_code == 409, unknown.text
+    assert unknown.json()["error"]["code"] == "idempotency_outcome_unknown"
+    assert http.get(f"/v1/colony/blocks/{body['label']}").status_code == 200  # made, once
+
+
+def test_an_effect_keyed_request_whose_process_stopped_is_finished_by_its_retry(
+    http: httpx.Client, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The same on an effect-keyed route (an append): once the dead claimant's lease lapsed, the
+    retry takes its claim over and runs the request again, whose redo finds the edit made: 200,
+    the line stored once."""
     monkeypatch.setattr(idempotency, "LEASE_SECONDS", 2.0)
     monkeypatch.setattr(idempotency, "WAIT_SECONDS", 0.2)
     path = block(http)
@@ -217,18 +249,19 @@ def test_a_request_whose_process_stopped_is_never_run_again(
 
     monkeypatch.setattr(BlockStore, "append", dies_after)
     key = {"Idempotency-Key": str(uuid.uuid4())}
-    lost = http.post(f"{path}/append", json={"text": "landed"}, headers=key)
-    assert lost.status_code == 500  # uvicorn's answer for an app that ended without one
+    assert http.post(f"{path}/append", json={"text": "landed"}, headers=key).status_code == 500
     monkeypatch.setattr(BlockStore, "append", real)
     running = http.post(f"{path}/append", json={"text": "landed"}, headers=key)
-    assert running.status_code == 409, running.text
-    assert running.json()["error"]["code"] == "idempotency_in_flight"
-    assert int(running.headers["retry-after"]) >= 1
+    assert running.status_code == 409 and running.json()["error"]["code"] == "idempotency_in_flight"
+    other = http.post(f"{path}/append", json={"text": "another"}, headers=key)
+    assert other.status_code == 422  # the key of another request is never taken over
     time.sleep(2.2)
-    unknown = http.post(f"{path}/append", json={"text": "landed"}, headers=key)
-    assert unknown.status_code == 409, unknown.text
-    assert unknown.json()["error"]["code"] == "idempotency_outcome_unknown"
-    assert content(http, path).count("landed") == 1
+    before = versions(http, path)
+    finished = http.post(f"{path}/append", json={"text": "landed"}, headers=key)
+    assert finished.status_code == 200, finished.text
+    assert content(http, path).count("landed") == 1 and versions(http, path) == before
+    again = http.post(f"{path}/append", json={"text": "landed"}, headers=key)
+    assert again.status_code == 200 and again.headers["Idempotent-Replayed"] == "true"
 
 
 def test_a_large_answer_is_kept_as_its_status_and_a_note(

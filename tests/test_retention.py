@@ -17,7 +17,7 @@ from colony.agents.run_capability import AgentRunCapability
 from colony.agents.run_retention import RequestRetention
 from colony.agents.state.ring import ContextRing
 from colony.blackboard import AgentRunProtocol, Blackboard, create_redis
-from colony.blackboard.protocol import AgentStateProtocol
+from colony.blackboard.protocol import AgentStateProtocol, ApiRunProtocol
 from colony.blackboard.retention import EXPIRE_CHUNK
 from colony.config import BlackboardSettings, ColonySettings, load_settings
 from colony.errors import BlackboardUnavailable, InvalidArgument
@@ -47,8 +47,11 @@ async def colony(
 
 
 async def keys_named(bb: Blackboard, text: str) -> list[str]:
-    """Every Redis key whose name holds `text` (a test may SCAN; hot paths may not)."""
-    return [k async for k in bb.redis.scan_iter(match=f"*{text}*", count=1000)]
+    """Every Redis key whose name holds `text` (a test may SCAN; hot paths may not), but a run's
+    marker that it was submitted (`ApiRunProtocol.known_key`): it outlives the run on purpose
+    (a retired run answers 410; tests/test_api_retention.py checks it)."""
+    known = ApiRunProtocol.known_key(text)
+    return [k async for k in bb.redis.scan_iter(match=f"*{text}*", count=1000) if not k.endswith(known)]
 
 
 async def wait_status(runs: RunService, run_id: str, timeout: float = 15) -> str:

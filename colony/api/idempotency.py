@@ -24,8 +24,10 @@ not) to keep it.
   derive its id from the request (`effect_key`): their retry finds it made instead of making it
   again (docs/api.md lists them, and what a retry after a 5xx does on the others).
 - A process that stops while its request runs (the replica was killed) leaves the claim without a
-  lease: whether its effect landed cannot be told from here, so a retry gets 409
-  `idempotency_outcome_unknown` (until the TTL), never a second execution.
+  lease. On an effect-keyed route (colony.wire.idempotency.EFFECT_KEYED: what it creates derives
+  from the key) the retry of the same request takes the claim over and runs it again, finding its
+  effect made. On any other route whether its effect landed cannot be told from here, so a retry
+  gets 409 `idempotency_outcome_unknown` (until the TTL), never a second execution.
 - A streamed answer (`text/event-stream`: a run submitted with `stream: true`, a session message)
   is kept as its run id once its first chunk is out; a retry is answered 303 See Other to the run's
   event stream, where the client goes on (`Last-Event-ID`).
@@ -64,6 +66,7 @@ from colony.wire.idempotency import (
     KEY_REUSED,
     OUTCOME_UNKNOWN,
     REPLAYED_HEADER,
+    effect_keyed,
     key_problem,
     takes_key,
 )
@@ -109,7 +112,7 @@ class IdempotencyMiddleware:
             runs = (await self.services()).runs
             digest = IdempotencyKeys.digest(runs.tenant_id, runs.colony_id, method, path, key)
             store = IdempotencyStore(runs.api_board.redis, digest, uuid.uuid4().hex)
-            kept = await self._claim(store, fingerprint)
+            kept = await self._claim(store, fingerprint, effect_keyed(method, path))
         except (ColonyError, RedisError) as exc:
             message = f"the {HEADER} could not be checked ({type(exc).__name__}: {exc}); retry with it"
             await send_error(send, 503, "unavailable", message, [(b"retry-after", b"1")])
@@ -122,12 +125,15 @@ class IdempotencyMiddleware:
         state["idempotency_digest"], state["idempotency_fingerprint"] = digest, fingerprint
         await self._run(scope, replay_body(body, receive), send, store)
 
-    async def _claim(self, store: IdempotencyStore, fingerprint: str) -> Kept | None:
+    async def _claim(self, store: IdempotencyStore, fingerprint: str, take_orphan: bool) -> Kept | None:
         """None: this request runs. A duplicate of one still running waits for its answer (or, when
-        that one freed the key with a 5xx, claims it) up to WAIT_SECONDS."""
+        that one freed the key with a 5xx, claims it) up to WAIT_SECONDS. `take_orphan`: an
+        effect-keyed route's request whose process stopped is run again by its retry."""
         deadline = time.monotonic() + WAIT_SECONDS
         while True:
-            kept = await store.claim(fingerprint, self.ttl_ms, int(LEASE_SECONDS * 1000))
+            kept = await store.claim(
+                fingerprint, self.ttl_ms, int(LEASE_SECONDS * 1000), take_orphan=take_orphan
+            )
             if (
                 kept is None
                 or kept.done

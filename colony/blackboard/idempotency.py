@@ -40,14 +40,19 @@ class IdempotencyKeys:
         return f"{cls.ROOT}:{{{digest}}}:{part}"
 
 
-# KEYS: answer, lease; ARGV: claim record, ttl ms, owner, lease ms.
-# Nothing kept: claim (answer + lease), nil. This owner's own claim (the script re-sent after its
-# reply was lost): its lease renewed, nil. Else the record and the lease's remaining ms (-2: none).
+# KEYS: answer, lease; ARGV: claim record, ttl ms, owner, lease ms, fingerprint, '1' when the
+# route is effect-keyed. Nothing kept: claim (answer + lease), nil. This owner's own claim (the
+# script re-sent after its reply was lost): its lease renewed, nil. The claim of a request whose
+# process stopped (no lease), with this fingerprint, on an effect-keyed route: taken over, nil
+# (its redo finds whatever the stopped one made). Else the record and the lease's remaining ms
+# (-2: none).
 _CLAIM = """
 local got = redis.call('GET', KEYS[1])
 if got then
   local record = cjson.decode(got)
-  if record['owner'] ~= ARGV[3] or record['state'] ~= 'in_flight' then
+  local orphan = record['state'] == 'in_flight' and ARGV[6] == '1'
+    and record['fingerprint'] == ARGV[5] and redis.call('EXISTS', KEYS[2]) == 0
+  if not orphan and (record['owner'] ~= ARGV[3] or record['state'] ~= 'in_flight') then
     return {got, redis.call('PTTL', KEYS[2])}
   end
 end
@@ -99,11 +104,18 @@ class IdempotencyStore:
         self.fingerprint = ""
         self.ttl_ms = 0
 
-    async def claim(self, fingerprint: str, ttl_ms: int, lease_ms: int) -> Kept | None:
-        """None: claimed (the request is this caller's to run); else what is kept."""
+    async def claim(
+        self, fingerprint: str, ttl_ms: int, lease_ms: int, *, take_orphan: bool = False
+    ) -> Kept | None:
+        """None: claimed (the request is this caller's to run); else what is kept. `take_orphan`
+        (an effect-keyed route, whose redo finds its effect made): the claim of the same request
+        whose process stopped is taken over instead of answered "outcome unknown"."""
         self.fingerprint, self.ttl_ms = fingerprint, ttl_ms
         record = json.dumps({"state": "in_flight", "owner": self.owner, "fingerprint": fingerprint})
-        got = await self.redis.eval(_CLAIM, 2, *self.keys, record, ttl_ms, self.owner, lease_ms)
+        orphan = "1" if take_orphan else "0"
+        got = await self.redis.eval(
+            _CLAIM, 2, *self.keys, record, ttl_ms, self.owner, lease_ms, fingerprint, orphan
+        )
         if got is None:
             return None
         return Kept(json.loads(got[0]), int(got[1]))

@@ -235,7 +235,7 @@ class RunService:
             # request (by API_INDEXED_WRITER) knows it is indexed; a member that sees the marker
             # first finds no request yet and leaves it, as an admission reservation. The run's
             # tag set gets its expiry in that round trip too: if no one ever answers, nothing
-            # of the run outlives `life`
+            # of the run outlives `life` but the small marker that it was submitted (known_write)
             writes = (
                 [
                     pending_write(AgentRunProtocol, run_id, life, API_WRITER),

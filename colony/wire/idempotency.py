@@ -20,6 +20,18 @@ STATE_CHANGING = frozenset({"POST", "PUT", "PATCH", "DELETE"})
 # POST routes that change nothing (a read with a body): the server ignores a key sent to them (no
 # answer is kept), the client sends none and retries them as reads. Paths as the app routes them.
 READ_ONLY_POSTS = (re.compile(r"/v1/agents/[^/]+/memory/query"),)
+# Routes that derive what they create from the key (colony.api.idempotency.effect_key): running
+# one of them again finds its effect made, so the claim of one whose process stopped is taken over
+# by its retry (run again) instead of answered "outcome unknown". (method, path as the app routes it)
+_BLOCK = r"/v1/(?:agents/[^/]+|colony)/blocks/[^/]+"
+EFFECT_KEYED = (
+    ("POST", re.compile(r"/v1/runs")),
+    ("POST", re.compile(r"/v1/sessions")),
+    ("POST", re.compile(r"/v1/sessions/[^/]+/messages")),
+    ("POST", re.compile(r"/v1/agents/[^/]+/memory")),
+    ("PUT", re.compile(_BLOCK)),
+    ("POST", re.compile(_BLOCK + r"/(?:append|rollback|undo)")),
+)
 # the `error.code` of the answers the key itself gives (not the route's)
 IN_FLIGHT = "idempotency_in_flight"  # 409 + Retry-After: the first request is still running
 KEY_REUSED = "idempotency_key_reused"  # 422: the key was sent with another request
@@ -46,3 +58,9 @@ def key_problem(value: str) -> str | None:
         return None
     shown = value[:40] + ("..." if len(value) > 40 else "")
     return f"{HEADER}: {shown!r} ({len(value)} characters) is not a key: {KEY_RULE}"
+
+
+def effect_keyed(method: str, path: str) -> bool:
+    """Whether the route derives its effects from the key (EFFECT_KEYED): safe to run again."""
+    route, verb = path.partition("?")[0], method.upper()
+    return any(verb == m and p.fullmatch(route) for m, p in EFFECT_KEYED)
