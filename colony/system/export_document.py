@@ -189,21 +189,13 @@ class AgentExport(_Strict):
     @classmethod
     def _one_block_per_label(cls, value: list[ExportedBlock]) -> list[ExportedBlock]:
         """Two blocks of one label would be one block here (the second overwriting the first)."""
-        seen: set[str] = set()
-        for index, block in enumerate(value):
-            if block.label in seen:
-                raise ValueError(f"blocks[{index}].label {block.label!r} repeats an earlier block's label")
-            seen.add(block.label)
+        _refuse_repeats("blocks", "label", [block.label for block in value], "block's label")
         return value
 
     @field_validator("memory")
     @classmethod
     def _one_scope_per_namespace(cls, value: list[ExportedScope]) -> list[ExportedScope]:
-        seen: set[str] = set()
-        for index, scope in enumerate(value):
-            if scope.namespace in seen:
-                raise ValueError(f"memory[{index}].namespace {scope.namespace!r} repeats an earlier scope's")
-            seen.add(scope.namespace)
+        _refuse_repeats("memory", "namespace", [scope.namespace for scope in value], "scope's")
         return value
 
     @field_validator("capabilities")
@@ -287,3 +279,12 @@ def parse_document(document: Any, max_bytes: int) -> AgentExport:
         where = ".".join(str(p) for p in first["loc"]) or "document"
         more = f" (and {exc.error_count() - 1} more)" if exc.error_count() > 1 else ""
         raise ImportRejected(f"the document is refused: {where}: {first['msg']}{more}") from None
+
+
+def _refuse_repeats(field: str, member: str, values: list[str], whose: str) -> None:
+    """ValueError naming the first item of `field` whose `member` repeats an earlier one's."""
+    seen: set[str] = set()
+    for index, value in enumerate(values):
+        if value in seen:
+            raise ValueError(f"{field}[{index}].{member} {value!r} repeats an earlier {whose}")
+        seen.add(value)
