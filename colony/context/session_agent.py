@@ -15,11 +15,11 @@ middle (`prompt_messages`).
 
 from __future__ import annotations
 
-import contextlib
 from dataclasses import dataclass
 from typing import Any
 
 from colony.agents import ActionType, Agent, AgentCapability, action_executor
+from colony.agents.reply_stream import stream_reply
 from colony.agents.state.action_log import current_idempotency_key
 from colony.blackboard import Blackboard
 from colony.config import ContextSettings
@@ -257,7 +257,7 @@ class SessionCapability(AgentCapability):
             text = earlier.content
         else:
             request = InferenceRequest(messages=prompt.messages, max_tokens=budget.reply)
-            text = await self._write_reply(self.engine, request)
+            text = await stream_reply(self.agent, self.engine, request) or "(no reply)"
         reply = await self.store.add(
             "assistant",
             text[: self.settings.session_max_message_chars],
@@ -275,16 +275,6 @@ class SessionCapability(AgentCapability):
         if self._counter is None or self._counter.engine is not self.engine:
             self._counter = TokenCounter(self.engine)
         return self._counter
-
-    async def _write_reply(self, engine: InferenceEngine, request: InferenceRequest) -> str:
-        """The model's reply, its tokens emitted as `token` events as they come."""
-        parts: list[str] = []
-        async with contextlib.aclosing(engine.stream(request)) as chunks:
-            async for chunk in chunks:
-                if chunk.text:
-                    parts.append(chunk.text)
-                    await self._emit("token", {"text": chunk.text})
-        return "".join(parts).strip() or "(no reply)"
 
 
 def _keyed_id() -> str | None:

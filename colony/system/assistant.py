@@ -26,6 +26,7 @@ from colony.agents import (
 )
 from colony.agents.blueprint import CapabilitySpec
 from colony.agents.policy import ActionPolicyExecutionState, ActionPolicyIterationResult
+from colony.agents.reply_stream import stream_reply
 from colony.blackboard import Blackboard, TagFilter
 from colony.errors import AgentUsageError, InferenceError
 from colony.inference import ChatMessage, InferenceRequest
@@ -43,7 +44,7 @@ from colony.planning.streams import (
     JSONStreamFormatter,
     SuccessfulActionFilter,
 )
-from colony.system.builtin import RUNS_NAMESPACE, stream_reply
+from colony.system.builtin import RUNS_NAMESPACE
 
 log = logging.getLogger(__name__)
 ANSWER = "answer"

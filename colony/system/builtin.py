@@ -8,7 +8,6 @@ sizes them from `runs.echo_pool` / `runs.ask_pool`."""
 
 from __future__ import annotations
 
-import contextlib
 from collections.abc import Awaitable, Callable
 from typing import Any
 
@@ -25,6 +24,7 @@ from colony.agents import (
     action_executor,
 )
 from colony.agents.models import RunServing
+from colony.agents.reply_stream import stream_reply
 from colony.agents.state.action_log import current_idempotency_key
 from colony.agents.state.log_records import effect_id
 from colony.blackboard import Blackboard
@@ -82,21 +82,6 @@ class AskCapability(AgentCapability):
             max_tokens=self.max_tokens,
         )
         return await stream_reply(self.agent, self.engine, request)
-
-
-async def stream_reply(agent: Agent | None, engine: InferenceEngine, request: InferenceRequest) -> str:
-    """Generate `request` on `engine`, each piece of text streamed to the run's requester as a
-    `token` event; the whole text, stripped."""
-    parts: list[str] = []
-    # aclosing: a run failing mid-stream (e.g. its event cannot be stored) ends the stream, and
-    # with it the engine's hold on its slot, at once rather than when it is collected
-    async with contextlib.aclosing(engine.stream(request)) as chunks:
-        async for chunk in chunks:
-            if chunk.text:
-                parts.append(chunk.text)
-                if agent is not None:
-                    await agent.emit_run_event("token", {"text": chunk.text})
-    return "".join(parts).strip()
 
 
 def echo_blueprint(agent_id: str = "echo", serving: RunServing = ECHO_POOL) -> AgentBlueprint:
