@@ -9,10 +9,10 @@ routed by:
   colony                 - Colony's PageAffinityRouter (colony/serve/router.py) over what each engine
                            really holds (`record_routing_stats`), on engines holding pages in slots
                            (colony.inference: faults, pins, the LFU-DA eviction policy)
-  colony+soon+prefetch   - colony, and the agents waiting in the queue are known: eviction passes over
-                           the pages they need soon (`engine.pages_needed_soon`), and a request's pages
-                           are prefetched (`engine.prefetch`, routed like the request) --prefetch-ahead
-                           requests before its turn
+
+No variant reads a request before it is sent (the oracle variants that read the trace's next
+requests are gone, issue 35); benchmarks/affinity_e2e.py measures the same question end to end,
+through Colony's agents, where needed-soon comes from Colony's own state.
 
 The engines: round-robin and ray-prefix send the whole prompt to an engine with automatic prefix
 caching, as Ray's router is used in production (llama.cpp picks the slot whose cached prompt shares
@@ -36,10 +36,9 @@ in the chosen slot's cache, i.e. less than half the prompt cached).
 
 Usage (defaults finish in a few minutes on 2 cores):
   python benchmarks/affinity_live.py [--replicas 2] [--slots 2] [--pages 10] [--page-tokens 300]
-      [--agents 24] [--requests 48] [--concurrency 3] [--zipf 1.0] [--lookahead 6]
-      [--prefetch-ahead 2] [--workload zipf|turns]
-      [--variants round-robin ray-prefix colony colony+soon+prefetch] (also: ray-prefix/paged,
-      Ray's router on Colony's page engine, and colony+soon, without prefetch)
+      [--agents 24] [--requests 48] [--concurrency 3] [--zipf 1.0] [--workload zipf|turns]
+      [--variants round-robin ray-prefix colony] (also: ray-prefix/paged, Ray's router on
+      Colony's page engine)
 """
 
 from __future__ import annotations
@@ -162,9 +161,7 @@ class CountingEngine(EmbeddedEngine):
 
 @serve.deployment(ray_actor_options={"num_cpus": 0}, max_ongoing_requests=8, health_check_period_s=5)
 class LiveReplica:
-    async def __init__(
-        self, pages: dict[str, str], mode: str, engine: dict[str, Any], soon_file: str | None, workdir: str
-    ) -> None:
+    async def __init__(self, pages: dict[str, str], mode: str, engine: dict[str, Any], workdir: str) -> None:
         self.pages = pages
         self.mode = mode
         self.engine = CountingEngine(
@@ -173,11 +170,6 @@ class LiveReplica:
             engine["prompt_cache_mib"],
         )
         self.in_flight = 0
-        self.loading: set[str] = set()  # pages a prefetch is bringing in (routed as if held)
-        if soon_file is not None:
-            # the queued requests' pages, soonest first (a list: the order is what eviction uses
-            # when every evictable page is needed soon)
-            self.engine.pages_needed_soon = lambda: list(json.loads(Path(soon_file).read_text() or "[]"))
         await self.engine.start()
 
     async def _fetch(self, page_id: str) -> Page:
@@ -209,19 +201,8 @@ class LiveReplica:
         finally:
             self.in_flight -= 1
 
-    async def prefetch(self, request: LiveRequest, page_ids: list[str] | None = None) -> int:
-        """Load the request's pages ahead of it; the prefill tokens spent."""
-        self.loading.update(request.page_ids)
-        try:
-            before = len(self.engine.loads)
-            fetched = await self.engine.prefetch(request.page_ids, self._fetch)
-            loads = self.engine.loads[before:]
-            return sum(load.prompt_tokens - load.cached_tokens for load in loads if load.page_id in fetched)
-        finally:
-            self.loading.difference_update(request.page_ids)
-
     def record_routing_stats(self) -> dict[str, Any]:
-        resident = set(self.engine.resident_pages()) | self.loading
+        resident = set(self.engine.resident_pages())
         return {"resident": sorted(resident), "swapped": [], "agents": self.in_flight}
 
 
@@ -246,13 +227,11 @@ def ray_prefix_router() -> type:
 
 
 VARIANTS: dict[str, tuple[Callable[[], Any], str, bool]] = {
-    # name -> (router class or import path, engine mode, agent-aware)
-    "round-robin": (lambda: RoundRobinRouter, "prefix", False),
-    "ray-prefix": (ray_prefix_router, "prefix", False),
-    "ray-prefix/paged": (ray_prefix_router, "paged", False),  # Ray's router on Colony's page engine
-    "colony": (lambda: "colony.serve.router:PageAffinityRouter", "paged", False),
-    "colony+soon": (lambda: "colony.serve.router:PageAffinityRouter", "paged", True),
-    "colony+soon+prefetch": (lambda: "colony.serve.router:PageAffinityRouter", "paged", True),
+    # name -> (router class or import path, engine mode)
+    "round-robin": (lambda: RoundRobinRouter, "prefix"),
+    "ray-prefix": (ray_prefix_router, "prefix"),
+    "ray-prefix/paged": (ray_prefix_router, "paged"),  # Ray's router on Colony's page engine
+    "colony": (lambda: "colony.serve.router:PageAffinityRouter", "paged"),
 }
 
 
@@ -266,7 +245,6 @@ class Outcome:
     prompt_tokens: int
     prefill_tokens: int
     faults: int
-    prefetch_tokens: int
     seconds: float
     load_tokens: int = 0  # page mode: what the request-path page loads cost
 
@@ -289,18 +267,11 @@ class Outcome:
 
     @property
     def total_prefill(self) -> int:
-        return self.prefill_tokens + self.prefetch_tokens
+        return self.prefill_tokens
 
     @property
     def cached_ratio(self) -> float:
         return 1.0 - self.total_prefill / max(1, self.prompt_tokens)
-
-
-def write_soon(path: Path, requests: list[LiveRequest]) -> None:
-    """The queued requests' pages, the next request's first, each once."""
-    tmp = path.with_suffix(".tmp")
-    tmp.write_text(json.dumps(list(dict.fromkeys(p for r in requests for p in r.page_ids))))
-    tmp.replace(path)  # the engines read it whole or not at all
 
 
 def fewest_faults(trace: list[tuple[int, int]], capacity: int) -> int:
@@ -313,14 +284,10 @@ def fewest_faults(trace: list[tuple[int, int]], capacity: int) -> int:
     return result.accesses - result.hits
 
 
-async def drive(
-    handle: Any, requests: list[LiveRequest], args: argparse.Namespace, soon: Path | None, prefetch: bool
-) -> Outcome:
-    """Send the requests in trace order, `--concurrency` in flight; the agent-aware variant keeps
-    the needed-soon file equal to the queue's next `--lookahead` requests and prefetches."""
+async def drive(handle: Any, requests: list[LiveRequest], args: argparse.Namespace) -> Outcome:
+    """Send the requests in trace order, `--concurrency` in flight."""
     results: list[dict[str, Any]] = []
     ttft: list[float] = []
-    prefetches: list[Any] = []
     cursor = 0
 
     async def worker() -> None:
@@ -328,13 +295,6 @@ async def drive(
         while cursor < len(requests):
             index, cursor = cursor, cursor + 1
             request = requests[index]
-            if soon is not None:
-                write_soon(soon, requests[index + 1 : index + 1 + args.lookahead])
-                ahead = index + args.prefetch_ahead
-                if prefetch and args.prefetch_ahead and ahead < len(requests):
-                    prefetches.append(
-                        handle.prefetch.remote(requests[ahead], page_ids=requests[ahead].page_ids)
-                    )
             started = time.perf_counter()
             result = await handle.generate.remote(request, page_ids=request.page_ids)
             ttft.append(time.perf_counter() - started)
@@ -342,14 +302,12 @@ async def drive(
 
     started = time.perf_counter()
     await asyncio.gather(*(worker() for _ in range(args.concurrency)))
-    prefetch_tokens = sum([await p for p in prefetches])
     return Outcome(
         "",
         ttft,
         sum(r["prompt_tokens"] for r in results),
         sum(r["prefill_tokens"] for r in results),
         sum(r["faults"] for r in results),
-        prefetch_tokens,
         time.perf_counter() - started,
         sum(r.get("load_tokens", 0) for r in results),
     )
@@ -358,11 +316,8 @@ async def drive(
 def run_variant(
     name: str, args: argparse.Namespace, pages: dict[str, str], requests: list[LiveRequest]
 ) -> Outcome:
-    router, mode, aware = VARIANTS[name]
+    router, mode = VARIANTS[name]
     workdir = Path(tempfile.mkdtemp(prefix="colony-affinity-"))
-    soon = workdir / "soon.json" if aware else None
-    if soon is not None:
-        soon.write_text("[]")
     settings = {
         # the same page capacity everywhere: a prefix-caching engine caches a prompt in each of its
         # page_slots + 1 slots, a page engine a page in each of its page_slots (its general slot
@@ -382,13 +337,13 @@ def run_variant(
         ),
     )
     handle = serve.run(
-        deployment.bind(pages, mode, engine, str(soon) if soon else None, str(workdir)),
+        deployment.bind(pages, mode, engine, str(workdir)),
         name=app_name,
         route_prefix=None,
     )
     try:
         time.sleep(1.0)  # the routers' first routing stats
-        outcome = asyncio.run(drive(handle, requests, args, soon, name.endswith("+prefetch")))
+        outcome = asyncio.run(drive(handle, requests, args))
     finally:
         serve.delete(app_name)
         shutil.rmtree(workdir, ignore_errors=True)
@@ -424,15 +379,7 @@ def main() -> None:
         help="llama.cpp's host-memory prompt cache per engine (-1: llama.cpp's default, 8 GiB: far more "
         "than --slots prompts, so the engines no longer have the same capacity)",
     )
-    parser.add_argument(
-        "--lookahead", type=int, default=6, help="queued requests whose pages are needed soon"
-    )
-    parser.add_argument(
-        "--prefetch-ahead", type=int, default=2, help="prefetch a request's pages this many earlier"
-    )
-    parser.add_argument(
-        "--variants", nargs="+", default=["round-robin", "ray-prefix", "colony", "colony+soon+prefetch"]
-    )
+    parser.add_argument("--variants", nargs="+", default=["round-robin", "ray-prefix", "colony"])
     args = parser.parse_args()
     unknown = [v for v in args.variants if v not in VARIANTS]
     if unknown:
@@ -477,7 +424,7 @@ def main() -> None:
             f"questions): at most {ray_o.total_prefill / max(1, floor):.2f}x fewer than ray-prefix is "
             "possible on this trace"
         )
-    for name in ("colony", "colony+soon", "colony+soon+prefetch"):
+    for name in ("colony",):
         mine = by_name.get(name)
         if ray_o is not None and mine is not None:
             fewer = ray_o.total_prefill / max(1, mine.total_prefill)
@@ -492,7 +439,6 @@ def main() -> None:
                     "ttft_p50": o.p50,
                     "ttft_p99": o.quantile(0.99),
                     "prefill_tokens": o.total_prefill,
-                    "prefetch_tokens": o.prefetch_tokens,
                     "cached_ratio": o.cached_ratio,
                     "faults": o.faults,
                 }

@@ -19,13 +19,14 @@ tokens). Policies compared side by side on one trace:
   belady (bound)                        - one pooled cache of all replicas' capacity with offline
                                           optimal eviction: no routing policy can beat it
 
-Agent-aware variants (Colony knows which agents run next: queued runs, suspended agents'
-resumption conditions; here the next --lookahead requests of the trace are the queued agents):
+Oracle variants, bounds and not Colony: they read the next --lookahead requests of the trace,
+requests no production queue holds before they are submitted (issue 35). What needed-soon eviction
+gains from what Colony really knows is measured end to end by benchmarks/affinity_e2e.py:
 
-  colony+soon                           - colony, and eviction passes over pages a queued agent
+  oracle+soon                           - colony, and eviction passes over pages a queued agent
                                           needs soon (`EvictionPolicy.unpinned_victim(needed_soon=)`,
                                           what the engines do with `engine.pages_needed_soon`)
-  colony+soon+prefetch                  - and the request --prefetch places ahead has its pages loaded
+  oracle+soon+prefetch                  - and the request --prefetch places ahead has its pages loaded
                                           on the replica placement picks (`engine.prefetch`):
                                           its own step then finds them, so "hit rate" (on the
                                           request's path) rises; "prefill tokens" counts the
@@ -354,7 +355,7 @@ def main() -> None:
             lookahead=args.lookahead,
             prefetch=prefetch,
         )
-        for name, prefetch in (("colony+soon", 0), ("colony+soon+prefetch", args.prefetch))
+        for name, prefetch in (("oracle+soon", 0), ("oracle+soon+prefetch", args.prefetch))
     ]
     bound = belady(trace, tokens, args.replicas * args.capacity)
     static = static_optimum(trace, tokens, args.replicas * args.capacity)

@@ -138,7 +138,10 @@ def cmd_chat(args: argparse.Namespace) -> int:
                 client.sessions.delete(args.delete)
                 print(f"session {_clean(args.delete)} deleted")
                 return 0
-            session_id = args.session or client.sessions.start()["session_id"]
+            if args.session and args.page:
+                print("colony: error: --page starts a new session; leave out --session", file=sys.stderr)
+                return 2
+            session_id = args.session or client.sessions.start(pages=args.page)["session_id"]
             if args.session:
                 client.sessions.get(session_id)  # 404 now rather than at the first message
             chat = Chat(client.sessions, session_id, sys.stdout)
@@ -166,6 +169,13 @@ def add_chat_command(
     what.add_argument("--session", help="continue this session (its id) instead of starting one")
     what.add_argument(
         "--delete", metavar="ID", help="delete this session for good (its agent, messages and state) and exit"
+    )
+    chat.add_argument(
+        "--page",
+        action="append",
+        metavar="PAGE_ID",
+        help="a new session about this page of a mapped folder (repeat for more; ids from POST "
+        "/v1/vcm/sources): every turn's prompt starts with the pages, their KV cache reused",
     )
     chat.set_defaults(func=cmd_chat)
     return chat

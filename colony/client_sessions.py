@@ -44,10 +44,12 @@ class SessionsClient:
     def _call(self, method: str, path: str, **kwargs: Any) -> dict[str, Any]:
         return dict(self._api.call(method, path, **kwargs))
 
-    def start(self) -> dict[str, Any]:
+    def start(self, pages: list[str] | None = None) -> dict[str, Any]:
         """Start a session; its view ({"session_id", "active", "branches", "messages"}). Waits as
-        long as the server does for a replica to place it (START_SECONDS)."""
-        return self._call("POST", "/v1/sessions", json={}, timeout=START_SECONDS)
+        long as the server does for a replica to place it (START_SECONDS). `pages`: page ids the
+        session talks about (a page-bound session, docs/sessions.md)."""
+        body = {"pages": list(pages)} if pages else {}
+        return self._call("POST", "/v1/sessions", json=body, timeout=START_SECONDS)
 
     def delete(self, session_id: str) -> None:
         """Delete the session for good (its agent, tree and state); ApiError 404 when it is unknown

@@ -113,6 +113,11 @@ class EngineSettings(BaseModel):
     )
     timeout_seconds: float = Field(120.0, gt=0, description="Bound of one inference request.")
     max_retries: int = Field(3, ge=0, description="Retries on 429/5xx/connection errors (openai).")
+    warm_pages: bool = Field(
+        True,
+        description="openai: a page loaded is sent to the server as a one-token request, warming its prefix "
+        "cache; false: pages only travel with the requests naming them (the server's router sees them then).",
+    )
     gpu_memory_utilization: float = Field(0.85, gt=0, le=1, description="vLLM KV-cache memory share.")
     max_model_len: int | None = Field(None, ge=256, description="vLLM context length; unset = the model's.")
     scripted_delay_seconds: float = Field(

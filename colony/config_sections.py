@@ -131,6 +131,12 @@ class ContextSettings(BaseModel):
         20_000, ge=100, le=1_000_000, description="Longest message a user may send to a session."
     )
     session_max_branches: int = Field(256, ge=1, le=10_000, description="Branches one session may hold.")
+    session_reply_tokens: int = Field(
+        256,
+        ge=1,
+        le=32_768,
+        description="Most tokens a session agent's reply may take (at most half the window).",
+    )
     session_idle_retention_seconds: float = Field(
         7 * 24 * 3600.0,
         gt=0,

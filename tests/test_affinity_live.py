@@ -3,7 +3,6 @@ prefix router reads is the one the page engine caches (the page block, then the 
 
 from __future__ import annotations
 
-import json
 import sys
 from pathlib import Path
 
@@ -38,23 +37,12 @@ def test_the_prompt_ray_reads_is_the_one_the_page_engine_caches() -> None:
     assert requests[1].messages[0] == first.messages[0] and requests[1].question != first.question
 
 
-def test_needed_soon_file_keeps_the_queue_order(tmp_path: Path) -> None:
-    """The engines read the queued requests' pages soonest first: eviction gives up the last."""
-    pages = live.make_pages(4, 50)
-    queued = live.make_requests([(3, 3), (1, 1), (3, 3), (0, 0)], pages, max_tokens=1)
-    soon = tmp_path / "soon.json"
-    live.write_soon(soon, queued)
-    assert json.loads(soon.read_text()) == ["page-3", "page-1", "page-0"]
-
-
 def test_fewest_faults_and_the_prefill_floor() -> None:
     """Belady's faults bound every router: a cycle of 3 pages on 2 slots faults 3 times cold, then
     once every other request; the floor scales the measured page cost to those faults."""
     cycle = [(n % 3, n % 3) for n in range(9)]
     assert live.fewest_faults(cycle, 2) == 6
     assert live.fewest_faults(cycle, 3) == 3  # all fit: the cold loads only
-    outcome = live.Outcome(
-        "colony", [0.1], 900, 700, faults=7, prefetch_tokens=0, seconds=1.0, load_tokens=560
-    )
+    outcome = live.Outcome("colony", [0.1], 900, 700, faults=7, seconds=1.0, load_tokens=560)
     assert outcome.prefill_floor(6) == 6 * 80 + 140  # 80 tokens a load, 140 of questions
-    assert live.Outcome("ray-prefix", [0.1], 900, 700, 7, 0, 1.0).prefill_floor(6) is None
+    assert live.Outcome("ray-prefix", [0.1], 900, 700, 7, 1.0).prefill_floor(6) is None

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import json
 import sys
 import types
 from typing import Any
@@ -216,3 +217,26 @@ async def test_openai_engine_retries_then_reports_http_errors() -> None:
     with pytest.raises(InferenceError, match="400: bad request"):
         await engine.generate(InferenceRequest(prompt="x"))
     await engine.close()
+
+
+async def test_openai_engine_warms_a_loaded_page_unless_told_not_to_and_counts_the_warm_up() -> None:
+    sent: list[dict[str, Any]] = []
+
+    def handler(request: httpx.Request) -> httpx.Response:
+        sent.append(json.loads(request.content))
+        usage = {"prompt_tokens": 40, "completion_tokens": 1, "prompt_tokens_details": {"cached_tokens": 0}}
+        return httpx.Response(200, json={"choices": [{"message": {"content": "ok"}}], "usage": usage})
+
+    page = Page(page_id="pg-0123456789abcdef", text="the page")
+    warm = OpenAICompatibleEngine("http://test", transport=httpx.MockTransport(handler))
+    await warm.load_page(page)
+    assert len(sent) == 1 and "<page id=pg-0123456789abcdef>" in sent[0]["messages"][0]["content"]
+    assert warm.stats().page_loads == 1 and warm.stats().page_load_tokens == 40
+    cold = OpenAICompatibleEngine("http://test", transport=httpx.MockTransport(handler), warm_pages=False)
+    await cold.load_page(page)
+    assert len(sent) == 1 and "pg-0123456789abcdef" in cold.resident_pages()  # kept, nothing sent
+    await cold.generate(InferenceRequest(prompt="q", page_ids=[page.page_id]))
+    assert len(sent) == 2 and "<page id=pg-0123456789abcdef>" in sent[1]["messages"][0]["content"]
+    assert cold.stats().page_loads == 0
+    await warm.close()
+    await cold.close()

@@ -15,6 +15,7 @@ middle (`prompt_messages`).
 
 from __future__ import annotations
 
+import contextlib
 from dataclasses import dataclass
 from typing import Any
 
@@ -27,7 +28,7 @@ from colony.context.sessions import SessionStore
 from colony.context.tree import Message, message_id_for
 from colony.errors import AgentUsageError, InvalidArgument
 from colony.inference import ChatMessage, InferenceRequest
-from colony.inference.engine import InferenceEngine
+from colony.inference.engine import InferenceEngine, render_page_prefix
 from colony.inference.tokens import MESSAGE_OVERHEAD_TOKENS, TokenCounter, engine_window
 
 DEFAULT_SYSTEM_PROMPT = "You are a helpful assistant. Answer briefly and accurately."
@@ -172,9 +173,15 @@ class SessionCapability(AgentCapability):
         max_tokens: int = 256,
         max_prompt_tokens: int | None = None,
         system_prompt: str = DEFAULT_SYSTEM_PROMPT,
+        page_ids: list[str] | None = None,
     ) -> None:
         super().__init__(agent, scope_id, blackboard=blackboard)
         self.engine = engine
+        self.replica = replica
+        # a page-bound session's pages, the head of every prompt (not `pages`: the replica injects
+        # its page table under that name)
+        self.page_ids = list(page_ids or [])
+        self._page_tokens: int | None = None
         settings = getattr(getattr(replica, "settings", None), "context", None)
         self.settings: ContextSettings = (
             settings if isinstance(settings, ContextSettings) else ContextSettings()
@@ -248,16 +255,24 @@ class SessionCapability(AgentCapability):
         user = await self._user_message()
         transcript = await self.store.path(user["id"])
         budget = prompt_budget(self.engine, self.settings, self.max_tokens, self.max_prompt_tokens)
-        prompt = await prompt_messages(
-            self.system_prompt, transcript, counter=self.counter, budget=budget.prompt
-        )
+        room = budget.prompt - await self._pages_tokens()
+        if room < 2 * MIN_CUT_TOKENS:
+            raise InvalidArgument(
+                f"the session's pages take {budget.prompt - room} of the {budget.prompt} prompt tokens "
+                "an engine slot leaves; bind it to fewer or smaller pages (page_tokens when mapping), "
+                "or raise engine.slot_context_tokens"
+            )
+        prompt = await prompt_messages(self.system_prompt, transcript, counter=self.counter, budget=room)
         reply_id = _keyed_id()
         earlier = await self.store.stored(reply_id) if reply_id is not None else None
         if earlier is not None:  # stored by an attempt cut off after it: linked once, not rewritten
             text = earlier.content
         else:
-            request = InferenceRequest(messages=prompt.messages, max_tokens=budget.reply)
-            text = await stream_reply(self.agent, self.engine, request) or "(no reply)"
+            request = InferenceRequest(
+                messages=prompt.messages, max_tokens=budget.reply, page_ids=self.page_ids
+            )
+            async with self._pages_in():
+                text = await stream_reply(self.agent, self.engine, request) or "(no reply)"
         reply = await self.store.add(
             "assistant",
             text[: self.settings.session_max_message_chars],
@@ -267,6 +282,37 @@ class SessionCapability(AgentCapability):
         )
         self.pending = {}
         return {"message": reply.model_dump(mode="json"), "context": prompt.context, "cut": prompt.cut}
+
+    def _pages_in(self) -> contextlib.AbstractAsyncContextManager[Any]:
+        """The session's pages resident and pinned for the turn: faulted in on the replica hosting
+        it (counted, the page table told; the agent may evict its own pages to fit them), or
+        nothing to do for a session without pages."""
+        if not self.page_ids:
+            return contextlib.nullcontext()
+        holder = self.agent.agent_id if self.agent is not None else None
+        return self._paging().using(self.page_ids, holder)  # type: ignore[no-any-return]
+
+    def _paging(self) -> Any:
+        """The pages of the replica hosting the agent (colony.system.host_pages.ReplicaPages)."""
+        paging = getattr(self.replica, "paging", None)
+        if paging is None:
+            raise AgentUsageError("a page-bound session runs on an engine replica (no replica was injected)")
+        return paging
+
+    async def _pages_tokens(self) -> int:
+        """Tokens the session's pages take at the head of each prompt (counted once: pages never
+        change, their ids are their content's hash)."""
+        if not self.page_ids:
+            return 0
+        if self._page_tokens is None:
+            paging = getattr(self.replica, "paging", None)
+            if paging is None:
+                raise AgentUsageError(
+                    "a page-bound session runs on an engine replica (no replica was injected)"
+                )
+            pages = [await paging.fetch(page_id) for page_id in self.page_ids]
+            self._page_tokens = await self.counter.count(render_page_prefix(pages))
+        return self._page_tokens
 
     @property
     def counter(self) -> TokenCounter:

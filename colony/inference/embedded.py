@@ -186,8 +186,28 @@ class EmbeddedEngine(InferenceEngine):
     async def _stream(self, request: InferenceRequest) -> AsyncIterator[StreamChunk]:
         _slot, body = await self._body(request)
         started = time.perf_counter()
-        body["stream"] = True
         body["stream_options"] = {"include_usage": True}
+        async for item in self.raw_stream(body):
+            for choice in item.get("choices") or []:
+                text = (choice.get("delta") or {}).get("content") or ""
+                if text or choice.get("finish_reason"):
+                    yield StreamChunk(
+                        text=text,
+                        finish_reason=choice.get("finish_reason"),
+                        usage=usage_from_result(item) if item.get("usage") else None,
+                    )
+            if not item.get("choices") and item.get("usage"):
+                usage = usage_from_result(item)
+                timings = item.get("timings") or {}
+                self._record_usage(usage, float(timings.get("prompt_ms", 0.0)) / 1000.0, elapsed(started))
+                yield StreamChunk(usage=usage)
+
+    async def raw_stream(self, body: dict[str, Any]) -> AsyncIterator[dict[str, Any]]:
+        """The llama.cpp server's streamed chunks (OpenAI chat-completion chunks, with llama.cpp's
+        `timings`) for a chat-completions `body`, as they come; generation stops when the consumer
+        closes the iterator. Nothing is counted or pinned here (`stream` does both)."""
+        await self.start()
+        body = {**body, "stream": True}
         loop = asyncio.get_running_loop()
         queue: asyncio.Queue[dict[str, Any] | BaseException | None] = asyncio.Queue()
         cancelled = False
@@ -213,19 +233,7 @@ class EmbeddedEngine(InferenceEngine):
                     raise InferenceError(f"embedded engine stream failed: {item}") from item
                 if "error" in item:
                     raise InferenceError(f"embedded engine stream failed: {item['error']}")
-                for choice in item.get("choices") or []:
-                    text = (choice.get("delta") or {}).get("content") or ""
-                    if text or choice.get("finish_reason"):
-                        yield StreamChunk(
-                            text=text,
-                            finish_reason=choice.get("finish_reason"),
-                            usage=usage_from_result(item) if item.get("usage") else None,
-                        )
-                if not item.get("choices") and item.get("usage"):
-                    usage = usage_from_result(item)
-                    timings = item.get("timings") or {}
-                    self._record_usage(usage, float(timings.get("prompt_ms", 0.0)) / 1000.0, elapsed(started))
-                    yield StreamChunk(usage=usage)
+                yield item
         finally:
             cancelled = True
             await worker
@@ -344,7 +352,7 @@ class EmbeddedEngine(InferenceEngine):
         self.eviction.touch(page.page_id)
         self._page_op("load")
         usage = usage_from_result(result)
-        return PageLoad(
+        load = PageLoad(
             page_id=page.page_id,
             slot=slot,
             prompt_tokens=usage.prompt_tokens,
@@ -352,6 +360,8 @@ class EmbeddedEngine(InferenceEngine):
             seconds=elapsed(started),
             evicted=evicted,
         )
+        self._record_page_load(load)
+        return load
 
     def _refuse_if_pinned(self, page_id: str, what: str) -> None:
         if page_id in self._pins:

@@ -344,6 +344,11 @@ class InferenceEngine(ABC):
         metrics.INFERENCE_TTFT_SECONDS.labels(self.kind).observe(ttft)
         metrics.INFERENCE_REQUEST_SECONDS.labels(self.kind).observe(total)
 
+    def _record_page_load(self, load: PageLoad) -> None:
+        """Count a page prefilled into the engine: what it cost (EngineStats.page_load_tokens)."""
+        self._stats.page_loads += 1
+        self._stats.page_load_tokens += max(0, load.prompt_tokens - load.cached_tokens)
+
     def _page_op(self, op: str) -> None:
         metrics.INFERENCE_PAGE_OPS.labels(self.kind, op).inc()
 

@@ -115,6 +115,13 @@ class EngineStats(BaseModel):
     prompt_tokens: int = 0
     cached_tokens: int = 0
     completion_tokens: int = 0
+    page_loads: int = Field(0, description="pages prefilled into the engine (not swap-ins)")
+    page_load_tokens: int = Field(
+        0,
+        description="tokens prefilled to load pages (not in prompt_tokens: a request's page prefix "
+        "counts there as cached); the tokens the engine computed are page_load_tokens + prompt_tokens "
+        "- cached_tokens",
+    )
     ttft_seconds_total: float = Field(0.0, description="summed time to first token (mean = / requests)")
     request_seconds_total: float = Field(0.0, description="summed request duration (mean = / requests)")
     ttft_histogram: list[int] = Field(

@@ -2,8 +2,9 @@
 
 Pages are sent as a leading system block in a stable order, so the server's own prefix cache
 hits on every request naming the same pages. The engine cannot force a remote server to hold or
-drop a KV cache: `load_page` warms the server's cache with a one-token request and residency
-means "recently warmed here" — the conservative truth available over this protocol.
+drop a KV cache: `load_page` warms the server's cache with a one-token request (unless
+`engine.warm_pages` is off) and residency means "recently warmed here" — the conservative truth
+available over this protocol.
 """
 
 from __future__ import annotations
@@ -45,6 +46,7 @@ class OpenAICompatibleEngine(InferenceEngine):
         timeout_seconds: float = 120.0,
         max_retries: int = 3,
         transport: httpx.AsyncBaseTransport | None = None,
+        warm_pages: bool = True,
     ) -> None:
         super().__init__()
         root = base_url.rstrip("/")
@@ -61,6 +63,7 @@ class OpenAICompatibleEngine(InferenceEngine):
         )
         self._pages: dict[str, Page] = {}
         self._stats.model = model
+        self.warm_pages = warm_pages
 
     @classmethod
     def from_settings(cls, settings: EngineSettings) -> OpenAICompatibleEngine:
@@ -74,6 +77,7 @@ class OpenAICompatibleEngine(InferenceEngine):
             api_key=settings.api_key.get_secret_value() if settings.api_key else None,
             timeout_seconds=settings.timeout_seconds,
             max_retries=settings.max_retries,
+            warm_pages=settings.warm_pages,
         )
 
     async def close(self) -> None:
@@ -167,7 +171,11 @@ class OpenAICompatibleEngine(InferenceEngine):
             raise EngineUnavailable(f"cannot reach {self.base_url}: {exc}") from exc
 
     async def load_page(self, page: Page) -> PageLoad:
-        """Warm the server's prefix cache with the page (one-token request)."""
+        """Warm the server's prefix cache with the page (one-token request); without `warm_pages`
+        only keep it, to send with the requests that name it."""
+        if not self.warm_pages:
+            self._pages[page.page_id] = page
+            return PageLoad(page_id=page.page_id, source="already_resident")
         started = time.perf_counter()
         response = await self._post(
             {
@@ -179,11 +187,15 @@ class OpenAICompatibleEngine(InferenceEngine):
         )
         self._pages[page.page_id] = page
         self._page_op("load")
-        return PageLoad(
+        usage = usage_from_result(response.json())
+        load = PageLoad(
             page_id=page.page_id,
-            prompt_tokens=usage_from_result(response.json()).prompt_tokens,
+            prompt_tokens=usage.prompt_tokens,
+            cached_tokens=usage.cached_tokens,
             seconds=elapsed(started),
         )
+        self._record_page_load(load)
+        return load
 
     async def evict_page(self, page_id: str) -> bool:
         """Forget the page here (the server evicts its cache on its own schedule)."""

@@ -87,7 +87,9 @@ class ScriptedEngine(InferenceEngine):
 
     async def load_page(self, page: Page) -> PageLoad:
         self._pages[page.page_id] = page
-        return PageLoad(page_id=page.page_id, prompt_tokens=len(page.text.split()))
+        load = PageLoad(page_id=page.page_id, prompt_tokens=len(page.text.split()))
+        self._record_page_load(load)
+        return load
 
     async def evict_page(self, page_id: str) -> bool:
         return self._pages.pop(page_id, None) is not None

@@ -219,7 +219,9 @@ class VLLMEngine(InferenceEngine):
         evicted = [pid for pid in list(self._pages) if pid not in self.resident_pages()]
         for pid in evicted:
             del self._pages[pid]
-        return PageLoad(page_id=page.page_id, prompt_tokens=tokens, seconds=elapsed(started), evicted=evicted)
+        load = PageLoad(page_id=page.page_id, prompt_tokens=tokens, seconds=elapsed(started), evicted=evicted)
+        self._record_page_load(load)
+        return load
 
     async def evict_page(self, page_id: str) -> bool:
         """Stop counting the page as resident (vLLM frees its blocks under pressure)."""

@@ -8,6 +8,7 @@ sizes them from `runs.echo_pool` / `runs.ask_pool`."""
 
 from __future__ import annotations
 
+import re
 from collections.abc import Awaitable, Callable
 from typing import Any
 
@@ -30,7 +31,7 @@ from colony.agents.state.log_records import effect_id
 from colony.blackboard import Blackboard
 from colony.context.session_agent import SessionCapability
 from colony.context.sessions import SESSION_ROLE, SessionStore, new_session_id, session_scope
-from colony.errors import AgentUsageError
+from colony.errors import AgentUsageError, InvalidArgument
 from colony.inference import ChatMessage, InferenceRequest
 from colony.inference.engine import InferenceEngine
 
@@ -38,6 +39,8 @@ Spawner = Callable[[AgentBlueprint], Awaitable[Any]]
 # what the session agents count against a replica's `serve.replica_memory_mb`: they hold a few
 # messages at a time (the tree is in Redis, the model is the replica's), not the 256 MB default
 SESSION_MEMORY_MB = 16
+MAX_SESSION_PAGES = 8  # pages one session may be bound to (each takes an engine page slot)
+PAGE_ID = re.compile(r"pg-[0-9a-f]{16}")  # colony.vcm.PageSource's page ids
 
 RUNS_NAMESPACE = "runs"  # the namespace HTTP runs are served in
 ECHO_POOL = RunServing(mode="pool", min_size=1, max_size=4)  # defaults of runs.echo_pool
@@ -136,19 +139,40 @@ class SessionStarterCapability(AgentCapability):
         self.max_tokens = max_tokens
 
     @action_executor(action_type=ActionType.AGENT_SPAWN, effects=("spawn",))
-    async def start_session(self) -> dict[str, Any]:
-        """Start a session; returns {"session_id"}: the id of its agent, which serves its turns."""
+    async def start_session(self, pages: list[str] | None = None) -> dict[str, Any]:
+        """Start a session; returns {"session_id"}: the id of its agent, which serves its turns.
+        `pages`: page ids (a mapped folder's pages) the session talks about: its agent is bound to
+        them (page-bound, placed on the replica holding them) and every turn's prompt starts with
+        them, their KV cache reused from the page slots (docs/sessions.md)."""
         if self.spawner is None or self.agent is None:
             raise AgentUsageError("the session agent runs on a replica with a control plane (no spawner)")
+        bound = session_pages(pages)
         session_id = session_id_for(self.agent)
         # the tree first: the session exists for the API as soon as its agent is registered. Both
         # find what a cut-off call made (the tree is create-only; placing an id placed already
         # finds it where it runs, or resumes it): a redone call makes neither twice
         await SessionStore(self.agent.blackboard.scoped(session_scope_of(self.agent, session_id))).create()
         await self.spawner(
-            session_blueprint(session_id, parent_id=self.agent.agent_id, max_tokens=self.max_tokens)
+            session_blueprint(
+                session_id, parent_id=self.agent.agent_id, max_tokens=self.max_tokens, pages=bound
+            )
         )
         return {"session_id": session_id}
+
+
+def session_pages(pages: Any) -> list[str]:
+    """The page ids a session is bound to, checked (the run input comes from an HTTP body): a list
+    of at most MAX_SESSION_PAGES page ids, each once."""
+    if pages is None:
+        return []
+    if not isinstance(pages, list) or not all(isinstance(p, str) and PAGE_ID.fullmatch(p) for p in pages):
+        raise InvalidArgument(
+            "pages must be a list of page ids ('pg-' and 16 hex digits, from POST /v1/vcm/sources)"
+        )
+    bound = list(dict.fromkeys(pages))
+    if len(bound) > MAX_SESSION_PAGES:
+        raise InvalidArgument(f"a session names at most {MAX_SESSION_PAGES} pages (got {len(bound)})")
+    return bound
 
 
 def session_id_for(agent: Agent) -> str:
@@ -169,17 +193,23 @@ def session_scope_of(agent: Agent, session_id: str) -> str:
 
 
 def session_blueprint(
-    session_id: str, *, parent_id: str | None = None, max_tokens: int = 256
+    session_id: str, *, parent_id: str | None = None, max_tokens: int = 256, pages: list[str] | None = None
 ) -> AgentBlueprint:
     """One session's agent: a turn (a run with input {"message"}) adds the user's message and the
-    streamed reply to its conversation tree (colony.context.session_agent)."""
+    streamed reply to its conversation tree (colony.context.session_agent). With `pages` it is
+    page-bound: placed on the replica holding them, its turns' prompts start with them."""
+    bound = list(pages or [])
     return AgentBlueprint(
         agent_class=Agent,
         metadata=AgentMetadata(
-            agent_id=session_id, agent_type=AgentType.SERVICE, role=SESSION_ROLE, parent_id=parent_id
+            agent_id=session_id,
+            agent_type=AgentType.VCM_BOUND if bound else AgentType.SERVICE,
+            role=SESSION_ROLE,
+            parent_id=parent_id,
+            bound_pages=bound,
         ),
         capabilities=[
-            SessionCapability.bind(max_tokens=max_tokens),
+            SessionCapability.bind(max_tokens=max_tokens, page_ids=bound),
             AgentRunCapability.bind(namespace=RUNS_NAMESPACE),
         ],
         action_policy=ScriptedActionPolicy.bind(
@@ -188,7 +218,7 @@ def session_blueprint(
                 {"action": "respond_to_user", "parameters": {}},
             ]
         ),
-        resources=ResourceRequirements(memory_mb=SESSION_MEMORY_MB),
+        resources=ResourceRequirements(memory_mb=SESSION_MEMORY_MB, preferred_pages=bound),
     )
 
 
@@ -201,6 +231,8 @@ def session_starter_blueprint(agent_id: str = "session", max_tokens: int = 256) 
             SessionStarterCapability.bind(max_tokens=max_tokens),
             AgentRunCapability.bind(namespace=RUNS_NAMESPACE),
         ],
-        action_policy=ScriptedActionPolicy.bind(steps=[{"action": "start_session", "parameters": {}}]),
+        action_policy=ScriptedActionPolicy.bind(
+            steps=[{"action": "start_session", "parameters": {"pages": "$input.pages"}}]
+        ),
         resources=ResourceRequirements(memory_mb=SESSION_MEMORY_MB),
     )

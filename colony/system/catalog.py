@@ -124,6 +124,9 @@ def colony_blueprints(settings: ColonySettings) -> dict[str, AgentBlueprint]:
     blueprints = {name: make(name) for name, make in BUILTIN_AGENTS.items()}
     for name, pool in (("echo", settings.runs.echo_pool), ("ask", settings.runs.ask_pool)):
         blueprints[name] = blueprints[name].model_copy(update={"serving": pool_serving(pool)})
+    blueprints["session"] = session_starter_blueprint(
+        "session", max_tokens=settings.context.session_reply_tokens
+    )
     for name, factory in user_agents(settings.agents).items():
         blueprints[name] = build_blueprint(name, factory, settings.agents[name])
     return blueprints

@@ -32,7 +32,7 @@ from fastapi.responses import Response, StreamingResponse
 from pydantic import BaseModel, ConfigDict, Field
 
 from colony.aio import cancel_and_wait
-from colony.api.deps import GUARDED, ApiContext, Context, settings_of
+from colony.api.deps import GUARDED, ApiContext, ApiServices, Context, settings_of
 from colony.api.errors import SessionStartFailed
 from colony.api.idempotency import keyed_run_id
 from colony.api.params import SessionId
@@ -41,6 +41,7 @@ from colony.api.wake import wake, wake_agent
 from colony.context.sessions import SESSION_ROLE, SessionStore, is_session_id
 from colony.context.tree import BRANCH_PATTERN, MESSAGE_ID_PATTERN, Message, TreeHead, linearize
 from colony.errors import AgentNotFound, ColonyError, InvalidArgument, SessionNotFound
+from colony.system.builtin import MAX_SESSION_PAGES, PAGE_ID
 from colony.system.registry import AgentRecord
 
 STARTER = "session"  # the catalog agent that places session agents
@@ -84,9 +85,18 @@ SESSION_DELETE = _errors(401, 404, 422, 503)
 
 
 class SessionStart(BaseModel):
-    """`POST /v1/sessions` (no fields yet: an empty object or no body)."""
+    """`POST /v1/sessions` (an empty object or no body: a plain chat)."""
 
     model_config = ConfigDict(extra="forbid")  # an unknown field is a 422, as on every route
+    pages: list[Annotated[str, Field(pattern=PAGE_ID.pattern)]] | None = Field(
+        None,
+        max_length=MAX_SESSION_PAGES,
+        description=(
+            "page ids of a mapped folder (POST /v1/vcm/sources) the session talks about: its agent is "
+            "page-bound (placed on the replica holding them) and every turn's prompt starts with them, "
+            "their KV cache reused from the engine's page slots"
+        ),
+    )
 
 
 class BranchView(BaseModel):
@@ -193,9 +203,13 @@ async def start_session(request: Request, ctx: Context, body: SessionStart | Non
     session id) with an empty conversation tree. Sent with an Idempotency-Key, the starter run's
     id derives from the key: a retry after a 503 (the start took too long) waits for the same
     start, never a second session."""
-    runs = (await ctx.services()).runs
+    services = await ctx.services()
+    runs = services.runs
+    pages = await _known_pages(ctx, body.pages if body is not None else None, services)
     await wake_agent(ctx, STARTER)  # suspended to make room (a higher-priority agent came): back first
-    record = await runs.submit(STARTER, {}, timeout_s=START_TIMEOUT_S, run_id=keyed_run_id(request))
+    record = await runs.submit(
+        STARTER, {"pages": pages} if pages else {}, timeout_s=START_TIMEOUT_S, run_id=keyed_run_id(request)
+    )
     deadline = time.monotonic() + START_TIMEOUT_S
     view = await runs.get(record.run_id)
     while view.status not in ("succeeded", "failed", "cancelled") and time.monotonic() < deadline:
@@ -210,6 +224,27 @@ async def start_session(request: Request, ctx: Context, body: SessionStart | Non
         )
     store = await store_of(ctx, session_id)
     return session_view(session_id, await store.head())
+
+
+async def _known_pages(ctx: ApiContext, pages: list[str] | None, services: ApiServices) -> list[str]:
+    """The session's page ids, each once, every one in the page table and no more than an engine
+    holds at once (`engine.page_slots`); else InvalidArgument (422) naming the field."""
+    if not pages:
+        return []
+    bound = list(dict.fromkeys(pages))
+    slots = settings_of(services).engine.page_slots
+    if len(bound) > slots:
+        raise InvalidArgument(
+            f"pages: {len(bound)} pages but an engine holds at most {slots} at once (engine.page_slots)"
+        )
+    table = await ctx.page_table()
+    for index, page_id in enumerate(bound):
+        if await table.page(page_id) is None:
+            raise InvalidArgument(
+                f"pages[{index}]: no page {page_id!r} in the page table; map its folder first "
+                "(POST /v1/vcm/sources)"
+            )
+    return bound
 
 
 @router.get("/v1/sessions/{session_id}", response_model=SessionView, responses=SESSION_READ)

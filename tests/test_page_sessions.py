@@ -1,0 +1,161 @@
+"""Page-bound sessions (docs/sessions.md, "Sessions about pages"): `POST /v1/sessions {"pages"}`
+places a VCM_BOUND session agent whose turns start with its pages, faulted in on the replica that
+hosts it. Served over HTTP on a real Redis with a ReplicaHost behind it: the scripted engine where
+the model's words do not matter, the embedded model where the page slot's KV reuse is the point."""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from api_kit import ServedApi
+
+from colony.api.app import ApiServices
+from colony.blackboard import Blackboard, create_redis
+from colony.client import ColonyClient
+from colony.config import ColonySettings, EngineSettings, ServeSettings
+from colony.errors import ApiError
+from colony.inference import InferenceEngine
+from colony.inference.scripted import ScriptedEngine
+from colony.system.builtin import session_starter_blueprint
+from colony.system.control import ControlPlane
+from colony.system.host import ReplicaHost
+from colony.system.runs import RunService
+
+TOKEN = "page-sessions-token"
+FACT = "The lighthouse keeper's parrot is named Captain Biscuit."
+
+
+class PageSessionApp(ServedApi):
+    def __init__(self, redis_url: str, root: Path, engine: InferenceEngine, slots: int = 2) -> None:
+        settings = ColonySettings(
+            redis_url=redis_url,
+            colony_id=f"ps{uuid.uuid4().hex[:8]}",
+            serve=ServeSettings(monitor_period_seconds=0.1, heartbeat_seconds=0.2, max_agents_per_replica=16),
+            vcm={"allowed_roots": [str(root)]},
+            engine={"page_slots": slots},
+        )
+        super().__init__(settings, TOKEN, start_timeout=60)
+        self.engine = engine
+        self.host: ReplicaHost | None = None
+        self.control: ControlPlane | None = None
+        self._client: Any = None
+
+    async def start_services(self) -> ApiServices:
+        settings = self.settings
+        self._client = create_redis(settings.redis_url, settings.blackboard)
+        board = Blackboard(self._client, "colony:page-sessions", settings=settings.blackboard)
+        self.host = ReplicaHost(settings, "ra", engine=self.engine)
+        self.control = ControlPlane(board, {"ra": self.host}, settings)
+        self.host.spawner = self.control.place
+        await self.host.start(board)
+        await self.control.place(session_starter_blueprint())
+        ids = {"tenant_id": settings.tenant_id, "colony_id": settings.colony_id}
+        return ApiServices(
+            runs=RunService(board, self.control.registry, settings=settings, **ids),
+            registry=self.control.registry,
+            token=TOKEN,
+            pages=self.host.pages,
+            vcm=settings.vcm,
+            settings=settings,
+        )
+
+    async def stop_services(self) -> None:
+        assert self.control is not None and self.host is not None
+        await self.control.close()
+        await self.host.close()
+        await self._client.aclose()
+
+
+def mapped_pages(client: ColonyClient, root: Path, files: dict[str, str]) -> list[str]:
+    for name, text in files.items():
+        (root / name).write_text(text)
+    mapped = client._api.call("POST", "/v1/vcm/sources", json={"path": str(root), "page_tokens": 200})
+    return [page["page_id"] for page in mapped["pages"]]
+
+
+@pytest.fixture
+def scripted(redis_url: str, tmp_path: Path) -> Iterator[tuple[PageSessionApp, ColonyClient]]:
+    engine = ScriptedEngine(lambda request: f"seen {len(request.messages)} messages")
+    with PageSessionApp(redis_url, tmp_path, engine) as served, ColonyClient(served.url, TOKEN) as client:
+        yield served, client
+
+
+def test_a_page_bound_session_is_placed_with_its_pages_and_every_turn_starts_with_them(
+    scripted: tuple[PageSessionApp, ColonyClient], tmp_path: Path
+) -> None:
+    served, client = scripted
+    (page_id,) = mapped_pages(client, tmp_path, {"notes.txt": FACT})
+    sid = client.sessions.start(pages=[page_id])["session_id"]
+    record = client._api.call("GET", f"/v1/agents/{sid}")
+    assert record["agent_type"] == "vcm_bound" and record["replica"] == "ra"
+    assert served.host is not None and served.host.runtime is not None
+    assert served.host.runtime.get(sid).metadata.bound_pages == [page_id]
+    assert client.sessions.reply(sid, "What is the parrot called?")["message"]["content"]
+    engine = served.engine
+    assert isinstance(engine, ScriptedEngine)
+    turn = engine.requests[-1]
+    assert turn.page_ids == [page_id]
+    assert page_id in engine.resident_pages()  # prefetched when placed, or faulted by the turn
+    # evicted between turns: the next turn faults it back in, and still names it
+    host = served.host
+    assert host is not None
+    served.call(lambda: host.paging.evict(page_id))
+    faults = host.paging.counts["faults"]
+    client.sessions.reply(sid, "And the keeper?")
+    assert engine.requests[-1].page_ids == [page_id]
+    assert host.paging.counts["faults"] == faults + 1
+    assert page_id in engine.resident_pages()
+    # a plain session still names no page
+    plain = client.sessions.start()["session_id"]
+    client.sessions.reply(plain, "hello")
+    assert engine.requests[-1].page_ids == []
+    assert client._api.call("GET", f"/v1/agents/{plain}")["agent_type"] == "service"
+
+
+@pytest.mark.parametrize(
+    ("pages", "names"),
+    [
+        (["pg-0000000000000000"], "pages[0]"),  # well formed, not mapped
+        (["../../etc/passwd"], "pages"),  # not a page id at all
+        ([f"pg-{i:016x}" for i in range(9)], "pages"),  # more than a session may name
+        ([f"pg-{i:016x}" for i in range(3)], "page_slots"),  # more than an engine holds (2)
+    ],
+)
+def test_hostile_page_lists_are_refused_with_the_field_named(
+    scripted: tuple[PageSessionApp, ColonyClient], pages: list[str], names: str
+) -> None:
+    _served, client = scripted
+    with pytest.raises(ApiError) as refused:
+        client.sessions.start(pages=pages)
+    assert refused.value.status == 422 and names in str(refused.value)
+    with pytest.raises(ApiError) as wrong_type:
+        client._api.call("POST", "/v1/sessions", json={"pages": "pg-0000000000000000"})
+    assert wrong_type.value.status == 422
+
+
+@pytest.mark.slow
+def test_the_embedded_model_answers_from_the_page_and_reuses_its_kv_cache_on_the_next_turn(
+    redis_url: str, tmp_path: Path
+) -> None:
+    from colony.inference import EmbeddedEngine
+
+    engine = EmbeddedEngine(EngineSettings(page_slots=2, slot_context_tokens=1024, threads=2))
+    with PageSessionApp(redis_url, tmp_path, engine) as served, ColonyClient(served.url, TOKEN) as client:
+        (page_id,) = mapped_pages(client, tmp_path, {"notes.txt": FACT + "\n" * 3})
+        sid = client.sessions.start(pages=[page_id])["session_id"]
+        first = client.sessions.reply(sid, "What is the name of the parrot?")["message"]["content"]
+        assert "Biscuit" in first  # the page reached the model
+        page_tokens = engine.stats().prompt_tokens  # nothing but this turn so far
+        before = engine.stats()
+        client.sessions.reply(sid, "Who owns the parrot?")
+        after = engine.stats()
+        prompt = after.prompt_tokens - before.prompt_tokens
+        cached = after.cached_tokens - before.cached_tokens
+        # the second turn prefilled only what followed the page and the first turn: the page (and
+        # the earlier turn) came from the page slot's KV cache
+        assert cached >= page_tokens - 8 and prompt - cached < prompt // 2
+        assert served.host is not None and served.host.paging.counts["faults"] == 0
