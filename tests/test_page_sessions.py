@@ -159,3 +159,37 @@ def test_the_embedded_model_answers_from_the_page_and_reuses_its_kv_cache_on_the
         # the earlier turn) came from the page slot's KV cache
         assert cached >= page_tokens - 8 and prompt - cached < prompt // 2
         assert served.host is not None and served.host.paging.counts["faults"] == 0
+
+
+def test_colony_chat_page_starts_a_session_about_the_page(
+    scripted: tuple[PageSessionApp, ColonyClient], tmp_path: Path
+) -> None:
+    import os
+    import subprocess
+    import sys
+
+    from colony.wire.token import TOKEN_ENV
+
+    served, client = scripted
+    (page_id,) = mapped_pages(client, tmp_path, {"notes.txt": FACT})
+
+    def chat(*extra: str) -> subprocess.CompletedProcess[str]:
+        return subprocess.run(
+            [sys.executable, "-m", "colony.cli", "chat", "--url", served.url, *extra],
+            input="what is the parrot called?\n/quit\n",
+            capture_output=True,
+            text=True,
+            env={**os.environ, TOKEN_ENV: TOKEN},
+            cwd=tmp_path,
+            timeout=120,
+        )
+
+    done = chat("--page", page_id)
+    assert done.returncode == 0, done.stderr
+    assert "seen" in done.stdout  # the scripted reply came back
+    engine = served.engine
+    assert isinstance(engine, ScriptedEngine) and engine.requests[-1].page_ids == [page_id]
+    both = chat("--page", page_id, "--session", "session-0123456789abcdef")
+    assert both.returncode == 2 and "--page starts a new session" in both.stderr
+    unknown = chat("--page", "pg-ffffffffffffffff")
+    assert unknown.returncode == 1 and "pages[0]" in unknown.stderr
