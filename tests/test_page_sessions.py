@@ -77,9 +77,16 @@ def mapped_pages(client: ColonyClient, root: Path, files: dict[str, str]) -> lis
     return [page["page_id"] for page in mapped["pages"]]
 
 
+class TwoSlotScripted(ScriptedEngine):
+    """The scripted engine holding at most 2 pages at once, as `engine.page_slots: 2` says."""
+
+    def page_capacity(self) -> int | None:
+        return 2
+
+
 @pytest.fixture
 def scripted(redis_url: str, tmp_path: Path) -> Iterator[tuple[PageSessionApp, ColonyClient]]:
-    engine = ScriptedEngine(lambda request: f"seen {len(request.messages)} messages")
+    engine = TwoSlotScripted(lambda request: f"seen {len(request.messages)} messages")
     with PageSessionApp(redis_url, tmp_path, engine) as served, ColonyClient(served.url, TOKEN) as client:
         yield served, client
 
@@ -193,3 +200,17 @@ def test_colony_chat_page_starts_a_session_about_the_page(
     assert both.returncode == 2 and "--page starts a new session" in both.stderr
     unknown = chat("--page", "pg-ffffffffffffffff")
     assert unknown.returncode == 1 and "pages[0]" in unknown.stderr
+
+
+def test_a_session_run_submitted_directly_is_held_to_the_same_page_rules(
+    scripted: tuple[PageSessionApp, ColonyClient],
+) -> None:
+    """`POST /v1/runs` to the `session` agent skips the route's checks: the starter checks again."""
+    _served, client = scripted
+    for pages, says in (
+        (["pg-0000000000000000"], "pages[0]"),
+        ([f"pg-{i:016x}" for i in range(3)], "at most 2"),
+        ("pg-0000000000000000", "pages"),  # not a list: the parameter check refuses it
+    ):
+        run = client.run("session", {"pages": pages})
+        assert run["status"] == "failed" and says in run["error"], run

@@ -132,10 +132,14 @@ class SessionStarterCapability(AgentCapability):
         *,
         blackboard: Blackboard | None = None,
         spawner: Spawner | None = None,
+        pages: Any = None,
+        engine: InferenceEngine | None = None,
         max_tokens: int = 256,
     ) -> None:
         super().__init__(agent, scope_id, blackboard=blackboard)
         self.spawner = spawner
+        self.page_table = pages  # the replica's page table (colony.vcm.PageTable), injected
+        self.engine = engine
         self.max_tokens = max_tokens
 
     @action_executor(action_type=ActionType.AGENT_SPAWN, effects=("spawn",))
@@ -146,7 +150,7 @@ class SessionStarterCapability(AgentCapability):
         them, their KV cache reused from the page slots (docs/sessions.md)."""
         if self.spawner is None or self.agent is None:
             raise AgentUsageError("the session agent runs on a replica with a control plane (no spawner)")
-        bound = session_pages(pages)
+        bound = await self._known(session_pages(pages))
         session_id = session_id_for(self.agent)
         # the tree first: the session exists for the API as soon as its agent is registered. Both
         # find what a cut-off call made (the tree is create-only; placing an id placed already
@@ -158,6 +162,22 @@ class SessionStarterCapability(AgentCapability):
             )
         )
         return {"session_id": session_id}
+
+    async def _known(self, bound: list[str]) -> list[str]:
+        """The pages, each in the page table and no more than the engine holds at once (the API
+        checks as much first; a run of `session` submitted directly must not place a session whose
+        every turn would fail)."""
+        if not bound:
+            return bound
+        capacity = self.engine.page_capacity() if self.engine is not None else None
+        if capacity is not None and len(bound) > capacity:
+            raise InvalidArgument(f"pages: {len(bound)} pages but an engine holds at most {capacity} at once")
+        if self.page_table is None:
+            raise AgentUsageError("a session about pages starts on an engine replica (no page table)")
+        for index, page_id in enumerate(bound):
+            if await self.page_table.page(page_id) is None:
+                raise InvalidArgument(f"pages[{index}]: no page {page_id!r}; map its folder first")
+        return bound
 
 
 def session_pages(pages: Any) -> list[str]:
