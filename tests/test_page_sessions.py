@@ -5,69 +5,25 @@ the model's words do not matter, the embedded model where the page slot's KV reu
 
 from __future__ import annotations
 
-import uuid
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
 
 import pytest
-from api_kit import ServedApi
+from test_api_sessions import TOKEN, SessionApp
 
-from colony.api.app import ApiServices
-from colony.blackboard import Blackboard, create_redis
 from colony.client import ColonyClient
-from colony.config import ColonySettings, EngineSettings, ServeSettings
+from colony.config import EngineSettings
 from colony.errors import ApiError
 from colony.inference import InferenceEngine
 from colony.inference.scripted import ScriptedEngine
-from colony.system.builtin import session_starter_blueprint
-from colony.system.control import ControlPlane
-from colony.system.host import ReplicaHost
-from colony.system.runs import RunService
 
-TOKEN = "page-sessions-token"
 FACT = "The lighthouse keeper's parrot is named Captain Biscuit."
 
 
-class PageSessionApp(ServedApi):
-    def __init__(self, redis_url: str, root: Path, engine: InferenceEngine, slots: int = 2) -> None:
-        settings = ColonySettings(
-            redis_url=redis_url,
-            colony_id=f"ps{uuid.uuid4().hex[:8]}",
-            serve=ServeSettings(monitor_period_seconds=0.1, heartbeat_seconds=0.2, max_agents_per_replica=16),
-            vcm={"allowed_roots": [str(root)]},
-            engine={"page_slots": slots},
-        )
-        super().__init__(settings, TOKEN, start_timeout=60)
-        self.engine = engine
-        self.host: ReplicaHost | None = None
-        self.control: ControlPlane | None = None
-        self._client: Any = None
-
-    async def start_services(self) -> ApiServices:
-        settings = self.settings
-        self._client = create_redis(settings.redis_url, settings.blackboard)
-        board = Blackboard(self._client, "colony:page-sessions", settings=settings.blackboard)
-        self.host = ReplicaHost(settings, "ra", engine=self.engine)
-        self.control = ControlPlane(board, {"ra": self.host}, settings)
-        self.host.spawner = self.control.place
-        await self.host.start(board)
-        await self.control.place(session_starter_blueprint())
-        ids = {"tenant_id": settings.tenant_id, "colony_id": settings.colony_id}
-        return ApiServices(
-            runs=RunService(board, self.control.registry, settings=settings, **ids),
-            registry=self.control.registry,
-            token=TOKEN,
-            pages=self.host.pages,
-            vcm=settings.vcm,
-            settings=settings,
-        )
-
-    async def stop_services(self) -> None:
-        assert self.control is not None and self.host is not None
-        await self.control.close()
-        await self.host.close()
-        await self._client.aclose()
+def page_session_app(redis_url: str, root: Path, engine: InferenceEngine, slots: int = 2) -> SessionApp:
+    """tests/test_api_sessions.py's app (a ReplicaHost and a control plane behind the API) with
+    `root` mappable and `slots` page slots."""
+    return SessionApp(redis_url, engine, vcm={"allowed_roots": [str(root)]}, engine={"page_slots": slots})
 
 
 def mapped_pages(client: ColonyClient, root: Path, files: dict[str, str]) -> list[str]:
@@ -85,14 +41,14 @@ class TwoSlotScripted(ScriptedEngine):
 
 
 @pytest.fixture
-def scripted(redis_url: str, tmp_path: Path) -> Iterator[tuple[PageSessionApp, ColonyClient]]:
+def scripted(redis_url: str, tmp_path: Path) -> Iterator[tuple[SessionApp, ColonyClient]]:
     engine = TwoSlotScripted(lambda request: f"seen {len(request.messages)} messages")
-    with PageSessionApp(redis_url, tmp_path, engine) as served, ColonyClient(served.url, TOKEN) as client:
+    with page_session_app(redis_url, tmp_path, engine) as served, ColonyClient(served.url, TOKEN) as client:
         yield served, client
 
 
 def test_a_page_bound_session_is_placed_with_its_pages_and_every_turn_starts_with_them(
-    scripted: tuple[PageSessionApp, ColonyClient], tmp_path: Path
+    scripted: tuple[SessionApp, ColonyClient], tmp_path: Path
 ) -> None:
     served, client = scripted
     (page_id,) = mapped_pages(client, tmp_path, {"notes.txt": FACT})
@@ -133,7 +89,7 @@ def test_a_page_bound_session_is_placed_with_its_pages_and_every_turn_starts_wit
     ],
 )
 def test_hostile_page_lists_are_refused_with_the_field_named(
-    scripted: tuple[PageSessionApp, ColonyClient], pages: list[str], names: str
+    scripted: tuple[SessionApp, ColonyClient], pages: list[str], names: str
 ) -> None:
     _served, client = scripted
     with pytest.raises(ApiError) as refused:
@@ -151,7 +107,7 @@ def test_the_embedded_model_answers_from_the_page_and_reuses_its_kv_cache_on_the
     from colony.inference import EmbeddedEngine
 
     engine = EmbeddedEngine(EngineSettings(page_slots=2, slot_context_tokens=1024, threads=2))
-    with PageSessionApp(redis_url, tmp_path, engine) as served, ColonyClient(served.url, TOKEN) as client:
+    with page_session_app(redis_url, tmp_path, engine) as served, ColonyClient(served.url, TOKEN) as client:
         (page_id,) = mapped_pages(client, tmp_path, {"notes.txt": FACT + "\n" * 3})
         sid = client.sessions.start(pages=[page_id])["session_id"]
         first = client.sessions.reply(sid, "What is the name of the parrot?")["message"]["content"]
@@ -169,7 +125,7 @@ def test_the_embedded_model_answers_from_the_page_and_reuses_its_kv_cache_on_the
 
 
 def test_colony_chat_page_starts_a_session_about_the_page(
-    scripted: tuple[PageSessionApp, ColonyClient], tmp_path: Path
+    scripted: tuple[SessionApp, ColonyClient], tmp_path: Path
 ) -> None:
     import os
     import subprocess
@@ -203,7 +159,7 @@ def test_colony_chat_page_starts_a_session_about_the_page(
 
 
 def test_a_session_run_submitted_directly_is_held_to_the_same_page_rules(
-    scripted: tuple[PageSessionApp, ColonyClient],
+    scripted: tuple[SessionApp, ColonyClient],
 ) -> None:
     """`POST /v1/runs` to the `session` agent skips the route's checks: the starter checks again."""
     _served, client = scripted
