@@ -545,3 +545,10 @@ PAGES_PREFETCHED = Counter(
     "colony_pages_prefetched_total",
     "Pages a replica brought in for a page-bound agent placed or resumed there, before its first step.",
 )
+# M17 needed soon (colony/system/host_pages.py): per replica process, not published
+NEEDED_SOON_USES = Counter(
+    "colony_needed_soon_page_uses_total",
+    "Page uses (the first of a run, not its next steps) by why the replica's needed-soon list named "
+    "the page just before (none: not named) and whether it was resident (hit) or faulted in (fault).",
+    ["named", "outcome"],
+)

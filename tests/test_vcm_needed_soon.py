@@ -82,41 +82,75 @@ def test_needed_soon_tiers_say_what_is_known_of_the_order() -> None:
         assert policy.unpinned_victim(["a", "z", "s"], needed_soon=soon) == "s"  # the last tier first
 
 
-def test_a_replica_hosts_tiers_prefetching_then_hosted_then_suspended() -> None:
-    """What a replica host tells its engine: pages being prefetched (their agent runs next), then
-    the hosted page-bound agents that are not running, as one tier (nothing orders them: not their
-    ids), then the monitor's suspended agents' pages in its priority order."""
+def test_a_replica_hosts_tiers_runs_prefetching_resuming_history_then_suspended() -> None:
+    """What a replica host tells its engine, soonest first: a run claimed but not begun, pages
+    being prefetched, suspended agents whose resumption is close (the monitor's order), the idle
+    hosted page-bound agents by their pages' own history (never by id; pages never used here last,
+    together), then suspended agents that wait to be asked for."""
     from types import SimpleNamespace
 
     from colony.agents.models import AgentState, AgentType
     from colony.system.host_pages import ReplicaPages
+    from colony.system.registry import SoonSuspended
 
-    def agent(state: AgentState, pages: list[str]) -> SimpleNamespace:
+    def agent(state: AgentState, pages: list[str], runs: int = 0) -> SimpleNamespace:
         return SimpleNamespace(
-            state=state, metadata=SimpleNamespace(agent_type=AgentType.VCM_BOUND, bound_pages=pages)
+            state=state,
+            runs=runs,
+            metadata=SimpleNamespace(agent_type=AgentType.VCM_BOUND, bound_pages=pages),
         )
 
     agents = {
         "alpha": agent(AgentState.IDLE, ["pA"]),
         "mid": agent(AgentState.WAITING, ["pW"]),
         "run": agent(AgentState.RUNNING, ["pR"]),  # in use: pinned, not needed soon
+        "queued": agent(AgentState.IDLE, ["pQ"], runs=1),  # a run claimed here, not begun
         "zeta": agent(AgentState.IDLE, ["pZ", "pS2"]),
     }
+    clock = [100.0]
     pages = ReplicaPages("r0")
-    pages.runtime = SimpleNamespace(agent_ids=sorted(agents), get=agents.__getitem__)  # type: ignore[assignment]
+    pages.demand.clock = lambda: clock[0]
+    pages.runtime = SimpleNamespace(  # type: ignore[assignment]
+        agent_ids=sorted(agents), get=agents.__getitem__, runs_waiting=lambda a: agents[a].runs
+    )
     pages._prefetching = {"new": ["pN"]}
-    pages._soon_suspended = ("pS1", "pS2", "pS3")
+    pages._soon_suspended = (
+        SoonSuspended("pS1", 0.75, "children 3/4 done"),
+        SoonSuspended("pS2", 0.5, "waits for room"),
+        SoonSuspended("pS3", 0.0, "waits to be asked for"),
+    )
+    for at, page_id in [(10.0, "pZ"), (20.0, "pW"), (30.0, "pZ"), (40.0, "pW")]:  # every 20 s each
+        pages.demand.record(page_id, at)
+        pages.demand.release(page_id, at)
+    clock[0] = 45.0  # pZ: last at 30, next at 50; pW: last at 40, next at 60
     soon = pages.needed_soon()
     assert soon.tiers == (
+        frozenset({"pQ"}),
         frozenset({"pN"}),
-        frozenset({"pA", "pW", "pZ", "pS2"}),
         frozenset({"pS1"}),
+        frozenset({"pS2"}),
+        frozenset({"pZ"}),
+        frozenset({"pW"}),
+        frozenset({"pA"}),  # never used here: last of the hosted, order unknown
         frozenset({"pS3"}),
     )
+    reasons = [(e.page_id, e.reason) for e in pages.soon_entries()]
+    assert reasons == [
+        ("pQ", "run_waiting"),
+        ("pN", "prefetching"),
+        ("pS1", "resuming"),
+        ("pS2", "resuming"),
+        ("pZ", "history"),
+        ("pW", "history"),
+        ("pA", "history"),
+        ("pS3", "suspended"),
+    ]
     lru = LRUEviction()
-    for page_id in ["pA", *["pZ"] * 20]:
+    for page_id in ["pZ", "pW", "pA"]:
         lru.touch(page_id)
-    assert lru.unpinned_victim(["pA", "pZ"], needed_soon=soon) == "pA"  # LRU's choice, not zeta's id
+    # LRU alone would evict pZ (used longest ago); pA is needed last of the three
+    assert lru.victim(["pA", "pZ", "pW"]) == "pZ"
+    assert lru.unpinned_victim(["pA", "pZ", "pW"], needed_soon=soon) == "pA"
     assert lru.unpinned_victim(["pA", "pZ", "pS3", "pN"], needed_soon=soon) == "pS3"
 
 
@@ -268,4 +302,50 @@ async def test_the_embedded_engine_gives_up_the_page_needed_last(engine: Embedde
     engine.pages_needed_soon = lambda: ["a", "c", "b"]  # a next, then c, then b
     load = await engine.load_page(page("c"))
     assert load.evicted == ["b"] and set(engine.resident_pages()) == {"a", "c"}
+    await empty(engine)
+
+
+@on_engine_loop
+async def test_the_embedded_engine_follows_a_replicas_history_in_a_cycle(engine: EmbeddedEngine) -> None:
+    """Agents take turns c -> a -> b on a two-slot engine; a and b were just used, c is next. The
+    replica's list, from its own history of uses (no future knowledge), names a before b (used
+    longest ago: needed next after c), so the engine's eviction (`_free_slot`) gives up b, where
+    its own policy would give up a, the page needed right after."""
+    from types import SimpleNamespace
+
+    from colony.agents.models import AgentState, AgentType
+    from colony.system.host_pages import ReplicaPages
+
+    def bound(page_id: str) -> SimpleNamespace:
+        metadata = SimpleNamespace(agent_type=AgentType.VCM_BOUND, bound_pages=[page_id])
+        return SimpleNamespace(state=AgentState.IDLE, metadata=metadata)
+
+    agents = {f"agent-{p}": bound(p) for p in ("a", "b", "c")}
+    replica = ReplicaPages("r0")
+    replica.runtime = SimpleNamespace(  # type: ignore[assignment]
+        agent_ids=sorted(agents), get=agents.__getitem__, runs_waiting=lambda _: 0
+    )
+    now = 0.0
+    for _ in range(3):  # three rounds of turns, 2 s apart: ... c, a, b; c's turn is next
+        for page_id in ("c", "a", "b"):
+            replica.demand.record(page_id, now)
+            replica.demand.release(page_id, now + 0.5)
+            now += 2.0
+    replica.demand.clock = lambda: now
+    await empty(engine)
+    await engine.load_page(page("a"))
+    await engine.load_page(page("b"))
+    await engine.generate(InferenceRequest(prompt="hi", page_ids=["a"], max_tokens=1))
+    await engine.generate(InferenceRequest(prompt="hi", page_ids=["b"], max_tokens=1))
+    engine.pages_needed_soon = replica.needed_soon
+    assert [next(iter(tier)) for tier in replica.needed_soon().tiers] == ["c", "a", "b"]
+    load = await engine.load_page(page("c"))
+    assert load.evicted == ["b"] and set(engine.resident_pages()) == {"a", "c"}
+    # the same cache without the list: the engine's own policy gives up a, needed right after c
+    await empty(engine)
+    await engine.load_page(page("a"))
+    await engine.load_page(page("b"))
+    await engine.generate(InferenceRequest(prompt="hi", page_ids=["a"], max_tokens=1))
+    await engine.generate(InferenceRequest(prompt="hi", page_ids=["b"], max_tokens=1))
+    assert (await engine.load_page(page("c"))).evicted == ["a"]
     await empty(engine)

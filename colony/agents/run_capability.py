@@ -117,6 +117,7 @@ class AgentRunCapability(AgentCapability):
         self._idle.set()
         self.serving = RunServing()  # the agent's blueprint's, read at start()
         self._claiming = False  # a pool member's claim is in flight: it takes no second one meanwhile
+        self._taken: str | None = None  # the request `_work` serves now (its run begun or not yet)
         # its collaborators: the request's events and answer, retention, counting, pool membership
         self.events = RunEventWriter(self)
         self.retention = RequestRetention(self, settings)
@@ -242,6 +243,17 @@ class AgentRunCapability(AgentCapability):
         """Serving, queued or claiming a request."""
         return self._claiming or bool(self._queued) or self.active_request is not None
 
+    @property
+    def runs_waiting(self) -> int:
+        """Requests claimed (or being claimed) here whose run has not begun yet: queued, or taken
+        for serving while the run before it ends. From memory, no Redis read: the replica host
+        asks under its engine's lock which agents run next (`LocalAgentRuntime.runs_waiting`)."""
+        waiting = self._queue.qsize() + int(self._claiming)
+        if self._taken is not None:
+            run = self.agent.current_run if self.agent is not None else None
+            waiting += int(run is None or run.request_id != self._taken)
+        return waiting
+
     async def _claim(self, agent: Agent, request_id: str) -> bool:
         """Claim and queue a request; False when another claim was there first."""
         self._claiming = True
@@ -329,6 +341,7 @@ class AgentRunCapability(AgentCapability):
         backoff = OutageBackoff(f"agent {agent.agent_id}: requests of {self.namespace}", log)
         while True:
             request_id = await self._queue.get()
+            self._taken = request_id
             try:
                 failures_while_up = 0
                 while True:  # a Redis outage before the run begins: the same request again, later
@@ -353,6 +366,7 @@ class AgentRunCapability(AgentCapability):
             finally:
                 self._queued.discard(request_id)
                 self._picked_up.pop(request_id, None)
+                self._taken = None
             if self.serving.is_pool and not self._queued:
                 await self.pool.pick_up()
 

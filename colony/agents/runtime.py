@@ -112,6 +112,25 @@ class LocalAgentRuntime:
         that asked it per agent cost a replica of thousands of agents its heartbeat's CPU)."""
         return agent_id in self._agents
 
+    def runs_waiting(self, agent_id: str) -> int:
+        """Runs of a hosted agent that come before anything else it does: requests claimed or
+        queued here whose run has not begun (its run capabilities' `runs_waiting`), and a run not
+        done while the agent is IDLE or INITIALIZED (restored with a run to carry on, before its
+        driver enters it; `begin_run` enters RUNNING at once, and a RUNNING agent holds its pages
+        anyway). 0 for an agent not hosted. From memory only: the replica host reads it for every
+        agent whenever its engine evicts (`ReplicaPages.needed_soon`), under the engine's lock."""
+        agent = self._agents.get(agent_id)
+        if agent is None:
+            return 0
+        waiting = 0
+        for capability in agent.capabilities.values():
+            count = getattr(capability, "runs_waiting", 0)
+            waiting += count if isinstance(count, int) else 0
+        run = agent.current_run
+        if run is not None and not run.done and agent.state in (AgentState.IDLE, AgentState.INITIALIZED):
+            waiting += 1
+        return waiting
+
     async def spawn(self, blueprint: AgentBlueprint) -> Agent:
         """Create, record and start an agent."""
         metadata = blueprint.metadata.model_copy(

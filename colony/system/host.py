@@ -349,6 +349,9 @@ class ReplicaHost:
                 "resident": len(self.engine.resident_pages()),
                 "swapped": len(self.engine.swapped_pages()),
             },
+            # the pages this replica's agents will need next, in order, with why and the estimate
+            # (first 32), and how the uses so far compared with that list (`ReplicaPages.info`)
+            **self.paging.info(),
             "updated_at": time.time(),
         }
 

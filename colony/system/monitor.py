@@ -8,8 +8,8 @@ CHILDREN_COMPLETED (every child STOPPED/FAILED in the registry or its lifecycle)
 RESOURCE_AVAILABLE (a replica has room), PAGES_AVAILABLE (every page resident somewhere in the page
 table), IMMEDIATE, CUSTOM (only after `request_resume`). A met condition resumes the agent, same id
 and restored state, on the best replica for its pages. The pages of the page-bound agents left
-suspended are then left for the replicas that would get them (`_publish_needed_soon`), which
-their eviction passes over while another page can go.
+suspended are then left for the replicas that would get them, closest resumption first
+(`colony.system.soon_publish`), which their eviction passes over while another page can go.
 
 The same loop handles dead replicas: agents the registry places on a replica that is no longer
 alive are re-placed (resumed from their last blackboard state on a live replica, their accepted
@@ -50,21 +50,21 @@ from colony.blackboard.protocol import AgentStateProtocol
 from colony.errors import (
     AgentNotFound,
     AgentStateConflict,
-    BlackboardUnavailable,
     BlueprintTampered,
     ReplicaUnavailable,
     ResourceExhausted,
 )
 from colony.system.placement import gather_snapshots
-from colony.system.registry import (
-    DONE_STATES,
-    NEEDED_SOON_PAGES,
-    NEEDED_SOON_TTL_SECONDS,
-    NOT_HOSTED,
-    AgentRecord,
-    AgentRegistry,
-)
+from colony.system.registry import NOT_HOSTED, AgentRecord, AgentRegistry
 from colony.system.replicas import ReplicaDirectory, ReplicaPort, as_directory, views_of
+from colony.system.soon_publish import (
+    WAITS_FOR_ROOM,
+    Judged,
+    NeededSoonPublisher,
+    Waiting,
+    children_done,
+    pages_resident,
+)
 from colony.vcm.page_table import PageTable
 from colony.vcm.placement import ReplicaView, choose_replica
 
@@ -131,8 +131,8 @@ class ResumptionMonitor:
         self.missing_grace = missing_grace
         self._missing_since: dict[str, float] = {}  # agent -> when first found on no replica
         self._liveness_outage = False  # `liveness` could not answer last round (logged once)
-        # the pages needed soon last written for each replica, and when (`_publish_needed_soon`)
-        self._soon_published: dict[str, tuple[tuple[str, ...], float]] = {}
+        # what each replica is told its suspended page-bound agents will need there, closest first
+        self._soon = NeededSoonPublisher(registry)
 
     def request_resume(self, agent_id: str) -> None:
         """The external trigger of CUSTOM conditions (and a push for any other kind)."""
@@ -336,31 +336,29 @@ class ResumptionMonitor:
             )
         )
 
-    async def _met(self, agent_id: str, condition: ResumptionCondition, pages: list[str]) -> bool:
+    async def _judge(self, agent_id: str, condition: ResumptionCondition, pages: list[str]) -> Judged:
+        """Whether the condition holds, and how close it is (`soon_publish.Judged`), from what the
+        check reads anyway."""
         kind = condition.kind
         if agent_id in self._custom or kind is ResumptionKind.IMMEDIATE:
-            return True
+            return Judged(True, 1.0, "resume requested" if agent_id in self._custom else "resumes at once")
         if kind is ResumptionKind.CHILDREN_COMPLETED:
-            for child in condition.agent_ids:
-                record = await self.registry.get(child)
-                if record is not None and record.state in DONE_STATES:
-                    continue
-                # the child's lifecycle is the source of truth (its registry record may lag)
-                lifecycle = await self._agent_board(child).read(AgentStateProtocol.key("lifecycle"))
-                if lifecycle is None or lifecycle.value.get("state") not in DONE_STATES:
-                    return False
-            return True
+            done, total = await children_done(self.registry, self._agent_board, condition.agent_ids)
+            return Judged(done >= total, done / total if total else 1.0, f"children {done}/{total} done")
         if kind is ResumptionKind.RESOURCE_AVAILABLE:
-            return any(not v.full for v in self._views)
+            room = any(not v.full for v in self._views)
+            return Judged(room, 1.0 if room else WAITS_FOR_ROOM, "room" if room else "waits for room")
         if kind is ResumptionKind.PAGES_AVAILABLE:
+            resident = pages_resident(self._views, pages)
+            near, why = resident / len(pages) if pages else 1.0, f"pages {resident}/{len(pages)} resident"
             if self.page_table is None:
-                return False
+                return Judged(False, near, why)
             for page_id in pages:
                 record = await self.page_table.page(page_id)
                 if record is None or not record.resident_on:
-                    return False
-            return True
-        return False  # CUSTOM without a trigger
+                    return Judged(False, near, why)
+            return Judged(True, 1.0, why)
+        return Judged(False, 0.0, "waits to be asked for")  # CUSTOM without a trigger
 
     async def tick(self) -> list[str]:
         """One evaluation round; the ids of the agents resumed (or re-placed)."""
@@ -370,15 +368,16 @@ class ResumptionMonitor:
     async def _tick(self) -> list[str]:
         await self._refresh()
         resumed = await self.recover_orphans()
-        waiting: list[list[str]] = []  # the pages of the page-bound agents left suspended
+        waiting: list[Waiting] = []  # the page-bound agents left suspended, highest priority first
         for _priority, _since, agent_id, condition, pages, bound in await self._pending():
-            if bound and pages:
-                waiting.append(pages)  # (one resumed below leaves its `bound` pages with it)
             if self._hosting(agent_id) is not None:
                 # hosted though its record says suspended: a resume took effect and its registry
                 # write was lost (the replica's next heartbeat writes it); resumed already
                 continue
-            if not await self._met(agent_id, condition, pages):
+            judged = await self._judge(agent_id, condition, pages)
+            if bound and pages:  # (one resumed below leaves its `bound` pages with it)
+                waiting.append(Waiting(agent_id, pages, judged.close, judged.why))
+            if not judged.met:
                 continue
             hard = condition.kind is ResumptionKind.PAGES_AVAILABLE
             memory = await self._memory(agent_id)
@@ -394,40 +393,8 @@ class ResumptionMonitor:
             resumed.append(agent_id)
             if bound and pages:
                 waiting.pop()
-        await self._publish_needed_soon(waiting)
+        await self._soon.publish(self._views, waiting)
         return resumed
-
-    async def _publish_needed_soon(self, waiting: list[list[str]]) -> None:
-        """Tell each replica which pages the page-bound agents left suspended will need there
-        (`ReplicaHost.paging.refresh_needed_soon` reads it, one read per heartbeat, whatever the number
-        of suspended agents): an agent goes to the replica holding most of its pages (hard affinity
-        for PAGES_AVAILABLE), so its pages count on each replica where one is resident or swapped.
-        Computed from what this round read anyway, highest priority first, at most
-        `NEEDED_SOON_PAGES` pages a replica; written when it changed or its entry is a third of
-        `NEEDED_SOON_TTL_SECONDS` old (it expires if the control plane stops), deleted once empty.
-        A preference only: a failed write is retried next round, never the round's end."""
-        soon: dict[str, dict[str, None]] = {}
-        for pages in waiting:
-            wanted = set(pages)
-            for view in self._views:
-                held = soon.setdefault(view.replica_id, {})
-                if len(held) < NEEDED_SOON_PAGES and wanted & (view.resident | view.swapped):
-                    held.update(dict.fromkeys(pages[: NEEDED_SOON_PAGES - len(held)]))
-        now = time.monotonic()
-        try:
-            for replica_id in sorted(set(soon) | set(self._soon_published)):
-                pages = tuple(soon.get(replica_id, ()))  # highest priority first: the order counts
-                last = self._soon_published.get(replica_id)
-                if last is not None and last[0] == pages and now - last[1] < NEEDED_SOON_TTL_SECONDS / 3:
-                    continue
-                if pages:
-                    await self.registry.put_needed_soon(replica_id, list(pages), NEEDED_SOON_TTL_SECONDS)
-                    self._soon_published[replica_id] = (pages, now)
-                elif last is not None:
-                    await self.registry.clear_needed_soon(replica_id)
-                    del self._soon_published[replica_id]
-        except BlackboardUnavailable as exc:
-            log.debug("pages needed soon not published this round: %s", exc)
 
     async def recover_orphans(self) -> list[str]:
         """Re-place the agents of replicas that are gone; drop those replicas from the page table.

@@ -15,6 +15,8 @@ import asyncio
 import contextlib
 import math
 import time
+from collections.abc import Sequence
+from dataclasses import dataclass
 from typing import Any
 
 from pydantic import BaseModel, Field
@@ -45,6 +47,18 @@ PUBLICATIONS_READ_LIMIT = 4096
 # and how long an entry outlives the control plane round that wrote it
 NEEDED_SOON_PAGES = 4096
 NEEDED_SOON_TTL_SECONDS = 30.0
+
+
+@dataclass(frozen=True, slots=True)
+class SoonSuspended:
+    """A page a suspended page-bound agent will need on a replica, as the monitor left it: how
+    close its agent's resumption is (`close`, 0 to 1: 1 when its condition holds and it waits
+    for room, 0 when nothing says when, e.g. it waits to be asked for; None from a writer that did
+    not say) and why, for people."""
+
+    page_id: str
+    close: float | None = None
+    why: str = ""
 
 
 class AgentRecord(BaseModel):
@@ -113,6 +127,11 @@ class AgentRegistry:
         entry = await self.board.read(Keys.agent_key(agent_id))
         return entry.value_as(AgentRecord) if entry else None
 
+    async def get_many(self, agent_ids: Sequence[str]) -> list[AgentRecord | None]:
+        """The records of `agent_ids`, in order (None where absent), in one round trip."""
+        entries = await self.board.read_many([Keys.agent_key(agent_id) for agent_id in agent_ids])
+        return [entry.value_as(AgentRecord) if entry else None for entry in entries]
+
     async def set_state(self, agent_id: str, state: str) -> AgentRecord | None:
         record = await self.get(agent_id)
         if record is None:
@@ -167,22 +186,48 @@ class AgentRegistry:
 
     # -- pages needed soon on each replica (written by the resource monitor, read by heartbeats) --
 
-    async def put_needed_soon(self, replica_id: str, pages: list[str], ttl_seconds: float) -> None:
+    async def put_needed_soon(
+        self,
+        replica_id: str,
+        pages: list[str],
+        ttl_seconds: float,
+        *,
+        close: Sequence[float] | None = None,
+        why: Sequence[str] | None = None,
+    ) -> None:
+        """What the suspended page-bound agents will need on `replica_id`, closest first, with
+        how close each page's agent is to resuming and why (`SoonSuspended`), in one entry."""
+        value: dict[str, Any] = {"pages": pages[:NEEDED_SOON_PAGES]}
+        if close is not None:
+            value["close"] = [round(float(c), 4) for c in close[:NEEDED_SOON_PAGES]]
+        if why is not None:
+            value["why"] = [str(w)[:200] for w in why[:NEEDED_SOON_PAGES]]
         await self.board.write(
-            NeededSoonKeys.soon_key(replica_id),
-            {"pages": pages[:NEEDED_SOON_PAGES]},
-            ttl_seconds=ttl_seconds,
-            created_by="monitor",
+            NeededSoonKeys.soon_key(replica_id), value, ttl_seconds=ttl_seconds, created_by="monitor"
         )
 
     async def needed_soon(self, replica_id: str) -> list[str]:
-        """The pages suspended page-bound agents will need on `replica_id`, highest priority first
-        (one read; what is stored is checked, not trusted: at most `NEEDED_SOON_PAGES` strings)."""
+        """The pages suspended page-bound agents will need on `replica_id`, closest first (one
+        read; what is stored is checked, not trusted: at most `NEEDED_SOON_PAGES` strings)."""
+        return [soon.page_id for soon in await self.needed_soon_entries(replica_id)]
+
+    async def needed_soon_entries(self, replica_id: str) -> list[SoonSuspended]:
+        """`needed_soon` with how close each page's agent is to resuming and why (one read; a
+        closeness or reason missing or malformed is left unknown)."""
         entry = await self.board.read(NeededSoonKeys.soon_key(replica_id))
-        pages = entry.value.get("pages") if entry is not None and isinstance(entry.value, dict) else None
+        value = entry.value if entry is not None and isinstance(entry.value, dict) else {}
+        pages, close, why = value.get("pages"), value.get("close"), value.get("why")
         if not isinstance(pages, list):
             return []
-        return [p for p in pages[:NEEDED_SOON_PAGES] if isinstance(p, str)]
+        close = close if isinstance(close, list) and len(close) == len(pages) else [None] * len(pages)
+        why = why if isinstance(why, list) and len(why) == len(pages) else [""] * len(pages)
+        found = []
+        for page_id, near, reason in zip(pages[:NEEDED_SOON_PAGES], close, why, strict=False):
+            if not isinstance(page_id, str):
+                continue
+            near = float(near) if isinstance(near, int | float) and math.isfinite(near) else None
+            found.append(SoonSuspended(page_id, near, reason if isinstance(reason, str) else ""))
+        return found
 
     async def clear_needed_soon(self, replica_id: str) -> None:
         await self.board.delete(NeededSoonKeys.soon_key(replica_id))

@@ -30,6 +30,7 @@ import itertools
 from abc import ABC, abstractmethod
 from collections.abc import Collection, Iterable, Iterator
 from collections.abc import Set as AbstractSet
+from dataclasses import dataclass
 from typing import Any
 
 from colony.errors import InvalidArgument
@@ -132,6 +133,30 @@ class NeededSoon:
 
     def __repr__(self) -> str:
         return f"NeededSoon({[sorted(t) for t in self.tiers]})"
+
+
+@dataclass(frozen=True, slots=True)
+class SoonEntry:
+    """One page needed soon, as a replica works it out (`ReplicaPages.soon_entries`): why
+    (`reason`: run_waiting, prefetching, resuming, history, suspended), the estimated seconds to
+    its next use where one is known (`eta_s`), what the estimate rests on (`basis`, for people),
+    and the agent it is needed by (None where the page's own history speaks)."""
+
+    page_id: str
+    reason: str
+    eta_s: float | None = None
+    basis: str = ""
+    agent_id: str | None = None
+
+    def as_dict(self) -> dict[str, Any]:
+        eta = None if self.eta_s is None else round(self.eta_s, 3)
+        return {
+            "page_id": self.page_id,
+            "reason": self.reason,
+            "eta_s": eta,
+            "basis": self.basis,
+            "agent_id": self.agent_id,
+        }
 
 
 class LRUEviction(EvictionPolicy):
