@@ -8,20 +8,25 @@ Measured side by side in one invocation, on the same question and the default em
   would (`ColonyClient`): through the API replica, Redis, the agent and its run events.
 
 Each is run one request at a time and `--concurrency` at once. Printed per phase: tokens/s (text
-pieces received per second of wall time, all requests together), characters of text per second
-(what the ratio is taken on, so that token events carrying several tokens would still compare) and
-TTFT p50/p99 (submit to the first token); then the ratio http/engine and the TTFT overhead (issue
+pieces per second of wall time, all requests together: the engine's tokens; over HTTP, `token`
+events, which carry several tokens each when Redis is busier than the engine, see
+colony/agents/reply_stream.py), characters of text per second (what the ratio is taken on, so
+that coalesced token events compare) and TTFT p50/p99 (submit to the first token); then the ratio
+http/engine and the TTFT overhead (issue
 35, deliverable 6: the goal is >= 0.8x the engine's throughput with 8 at once, TTFT overhead <= 20
 ms p50). The engine phase runs before the cluster starts, so the two never share the 2 cores; the
 ratio is the figure to compare across machines, not the absolute rates.
 
-Usage: python benchmarks/token_path.py [--requests 8] [--concurrency 8] [--json]
+`--engine-threads N` sets `engine.threads` for both sides (unset: the engine's default, every core).
+
+Usage: python benchmarks/token_path.py [--requests 8] [--concurrency 8] [--engine-threads N] [--json]
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import inspect
 import json
 import os
@@ -32,6 +37,8 @@ import threading
 import time
 from pathlib import Path
 from typing import Any
+
+import psutil
 
 os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
 
@@ -55,9 +62,37 @@ def percentile(values: list[float], q: float) -> float:
     return ordered[min(len(ordered) - 1, int(q * len(ordered)))] if ordered else float("nan")
 
 
+def cpu_by_process() -> dict[str, float]:
+    """CPU seconds so far of this process (the in-process engine, or the HTTP client) and of its
+    descendants (the cluster: Ray's Serve replicas by deployment, redis-server, the rest)."""
+    times = {"this process": sum(os.times()[:2])}
+    for process in psutil.Process().children(recursive=True):
+        with contextlib.suppress(psutil.Error):
+            command = " ".join(process.cmdline())
+            if command.startswith("ray::"):  # Ray titles a worker with what it runs
+                label = command.split()[0].removeprefix("ray::").removeprefix("ServeReplica:colony:")
+                label = label.split(".")[0]
+            else:
+                label = "redis-server" if "redis-server" in command else "other"
+            times[label] = times.get(label, 0.0) + sum(process.cpu_times()[:2])
+    return times
+
+
+@contextlib.contextmanager
+def cpu_spent(into: dict[str, Any]) -> Any:
+    """`into["cpu_s"]`: CPU seconds each process spent in the block (the ratio of throughputs moves
+    with whatever else runs on a shared box; the CPU spent per token much less)."""
+    before = cpu_by_process()
+    yield
+    after = cpu_by_process()
+    into["cpu_s"] = {k: v - before.get(k, 0.0) for k, v in after.items() if v - before.get(k, 0.0) > 0.005}
+
+
 def summary(tokens: int, chars: int, wall: float, ttfts: list[float]) -> dict[str, float]:
     return {
+        "requests": len(ttfts),
         "tokens": tokens,
+        "wall_s": wall,
         "tokens_per_s": tokens / wall if wall > 0 else 0.0,
         "chars_per_s": chars / wall if wall > 0 else 0.0,
         "ttft_p50_s": statistics.median(ttfts) if ttfts else float("nan"),
@@ -135,7 +170,7 @@ def http_phase(url: str, token: str, requests: int, at_once: int) -> dict[str, f
 def measure(args: argparse.Namespace, data: Path) -> dict[str, Any]:
     settings = ColonySettings(
         data_dir=data,
-        engine=EngineSettings(),
+        engine=EngineSettings(threads=args.engine_threads),
         serve=ServeSettings(port=free_port(), num_cpus=2, replicas=1),
     )
     results: dict[str, Any] = {}
@@ -145,7 +180,10 @@ def measure(args: argparse.Namespace, data: Path) -> dict[str, Any]:
         try:
             await engine_phase(engine, 1, 1)  # warm: model loaded, caches made
             results["engine_1"] = await engine_phase(engine, args.requests, 1)
-            results["engine_n"] = await engine_phase(engine, args.requests, args.concurrency)
+            spent: dict[str, Any] = {}
+            with cpu_spent(spent):
+                results["engine_n"] = await engine_phase(engine, args.requests, args.concurrency)
+            results["engine_n"].update(spent)
         finally:
             await engine.close()
 
@@ -155,7 +193,10 @@ def measure(args: argparse.Namespace, data: Path) -> dict[str, Any]:
     try:
         http_phase(info.url, info.token, 1, 1)  # warm
         results["http_1"] = http_phase(info.url, info.token, args.requests, 1)
-        results["http_n"] = http_phase(info.url, info.token, args.requests, args.concurrency)
+        spent = {}
+        with cpu_spent(spent):
+            results["http_n"] = http_phase(info.url, info.token, args.requests, args.concurrency)
+        results["http_n"].update(spent)
     finally:
         cluster.down(settings)
     return results
@@ -166,14 +207,33 @@ def report(results: dict[str, Any], concurrency: int) -> None:
         engine, http = results[f"engine_{suffix}"], results[f"http_{suffix}"]
         ratio = http["chars_per_s"] / engine["chars_per_s"] if engine["chars_per_s"] else float("nan")
         overhead_ms = (http["ttft_p50_s"] - engine["ttft_p50_s"]) * 1000
+        events_a_run = http["tokens"] / max(1, http["requests"])
         print(
             f"{at_once} at once: engine {engine['tokens_per_s']:.0f} tokens/s, "
-            f"{engine['chars_per_s']:.0f} chars/s (TTFT p50 "
-            f"{engine['ttft_p50_s'] * 1000:.0f} ms)  |  ask over HTTP {http['tokens_per_s']:.0f} tokens/s, "
+            f"{engine['chars_per_s']:.0f} chars/s (TTFT p50 {engine['ttft_p50_s'] * 1000:.0f} ms)  |  "
+            f"ask over HTTP {http['tokens_per_s']:.0f} token events/s ({events_a_run:.0f} a run), "
             f"{http['chars_per_s']:.0f} chars/s "
             f"(TTFT p50 {http['ttft_p50_s'] * 1000:.0f} ms, p99 {http['ttft_p99_s'] * 1000:.0f} ms)  |  "
             f"{ratio:.2f}x the engine, TTFT overhead {overhead_ms:.0f} ms (goal >= 0.8x, <= 20 ms)"
         )
+
+
+def report_cpu(results: dict[str, Any]) -> None:
+    """CPU milliseconds per engine token, `--concurrency` at once: the engine in-process beside the
+    whole path over HTTP, by process (tokens over HTTP counted from its text, at the engine's
+    characters per token)."""
+    engine, http = results["engine_n"], results["http_n"]
+    if "cpu_s" not in engine or "cpu_s" not in http or not engine["tokens"]:
+        return
+    chars_per_token = engine["chars_per_s"] / engine["tokens_per_s"]
+    http_tokens = http["chars_per_s"] * http["wall_s"] / chars_per_token
+    own = engine["cpu_s"]["this process"] / engine["tokens"] * 1000
+    parts = sorted(http["cpu_s"].items(), key=lambda kv: -kv[1])
+    total = sum(v for _, v in parts) / http_tokens * 1000
+    shown = ", ".join(
+        f"{'client' if k == 'this process' else k} {v / http_tokens * 1000:.1f}" for k, v in parts if v > 0.05
+    )
+    print(f"CPU ms per token: engine in-process {own:.1f}  |  ask over HTTP {total:.1f} ({shown})")
 
 
 def main() -> None:
@@ -182,11 +242,15 @@ def main() -> None:
     )
     parser.add_argument("--requests", type=int, default=8, help="requests per phase")
     parser.add_argument("--concurrency", type=int, default=8, help="requests at once in the second phase")
+    parser.add_argument(
+        "--engine-threads", type=int, default=None, help="engine.threads (default: all cores)"
+    )
     parser.add_argument("--json", action="store_true", help="print the figures as JSON too")
     args = parser.parse_args()
     with tempfile.TemporaryDirectory(prefix="colony-token-path-") as tmp:
         results = measure(args, Path(tmp))
     report(results, args.concurrency)
+    report_cpu(results)
     if args.json:
         print(json.dumps(results))
 
