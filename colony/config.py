@@ -101,7 +101,9 @@ class EngineSettings(BaseModel):
     slot_context_tokens: int = Field(
         4096, ge=256, description="Context of each slot (page prefix + request)."
     )
-    threads: int | None = Field(None, ge=1, description="CPU threads (embedded); unset = all cores.")
+    threads: int | None = Field(
+        None, ge=1, description="CPU threads (embedded); unset = every core but one (at least 1)."
+    )
     prompt_cache_mib: int | None = Field(
         None,
         ge=0,

@@ -466,3 +466,23 @@ async def test_suspended_agents_closest_to_resuming_come_first(pair, tmp_path: P
     await registry.put(AgentRecord(agent_id="n4", state="stopped"))
     assert await monitor.tick() == ["near"]
     assert await registry.needed_soon("ra") == [far_page, asked_page]
+
+
+async def test_needed_soon_entries_read_back_from_redis_are_bounded(bb: Blackboard) -> None:
+    """The entry is Redis data a client with Redis access could have written: page ids checked,
+    reasons cut, closeness a number in [0, 1] (a bool is none)."""
+    from colony.blackboard.protocol import NeededSoonKeys
+    from colony.config import ColonySettings
+    from colony.system.registry import AgentRegistry
+
+    registry = AgentRegistry(bb, settings=ColonySettings())
+    value = {
+        "pages": ["p" * 1_000_000, "pg-0000000000000001", "pg-0000000000000002", "pg-0000000000000003", 7],
+        "close": [0.5, True, 7.0, -5, 0.25],
+        "why": ["w" * 2_000_000, "a", "b", "c", "d"],
+    }
+    await bb.write(NeededSoonKeys.soon_key("ra"), value, created_by="attacker")
+    entries = await registry.needed_soon_entries("ra")
+    assert [e.page_id for e in entries] == [f"pg-000000000000000{n}" for n in (1, 2, 3)]
+    assert [e.close for e in entries] == [None, 1.0, 0.0]
+    assert all(len(e.why) <= 200 for e in entries)

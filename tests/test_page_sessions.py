@@ -170,3 +170,36 @@ def test_a_session_run_submitted_directly_is_held_to_the_same_page_rules(
     ):
         run = client.run("session", {"pages": pages})
         assert run["status"] == "failed" and says in run["error"], run
+
+
+class SmallWindow(TwoSlotScripted):
+    context_window = 700
+
+
+def test_pages_that_leave_no_prompt_room_are_refused_at_start(redis_url: str, tmp_path: Path) -> None:
+    """A session whose pages fill the slot's prompt could never answer: refused when it starts (422
+    naming the field), not 201 and then a failed turn every time."""
+    with (
+        page_session_app(redis_url, tmp_path, SmallWindow(lambda r: "ok")) as served,
+        ColonyClient(served.url, TOKEN) as client,
+    ):
+        big, small = mapped_pages(client, tmp_path, {"a.txt": "word " * 1200, "b.txt": FACT})
+        with pytest.raises(ApiError) as refused:
+            client.sessions.start(pages=[big])
+        assert (
+            refused.value.status == 422
+            and "pages" in str(refused.value)
+            and "prompt tokens" in str(refused.value)
+        )
+        sid = client.sessions.start(pages=[small])["session_id"]  # a page that leaves room is fine
+        assert client.sessions.reply(sid, "hi")["message"]["content"] == "ok"
+
+
+def test_a_page_id_with_junk_around_it_is_a_422_naming_the_field(
+    scripted: tuple[SessionApp, ColonyClient],
+) -> None:
+    _served, client = scripted
+    for bad in ["xx pg-0123456789abcdef", "a:pg-0123456789abcdef", "pg-0123456789abcdef" + "x" * 5000]:
+        with pytest.raises(ApiError) as refused:
+            client.sessions.start(pages=[bad])
+        assert refused.value.status == 422 and "pages" in str(refused.value), bad

@@ -349,3 +349,15 @@ async def test_the_embedded_engine_follows_a_replicas_history_in_a_cycle(engine:
     await engine.generate(InferenceRequest(prompt="hi", page_ids=["b"], max_tokens=1))
     assert (await engine.load_page(page("c"))).evicted == ["a"]
     await empty(engine)
+
+
+def test_needed_soon_of_4096_single_page_tiers_is_linear() -> None:
+    """Built under the engine's lock at every eviction: thousands of one-page tiers (suspended
+    agents, idle sessions) must not cost a quadratic walk."""
+    import time
+
+    tiers = [[f"pg-{i:016x}"] for i in range(4096)]
+    started = time.perf_counter()
+    soon = NeededSoon(tiers)
+    assert len(soon.tiers) == 4096 and soon.tier_of("pg-0000000000000fff") == 4095
+    assert time.perf_counter() - started < 0.05

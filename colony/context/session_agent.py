@@ -40,6 +40,8 @@ PROMPT_MARGIN_TOKENS = 32
 FALLBACK_WINDOW = 4096
 # an older message too long to fit on its own is cut only into at least this much room
 MIN_CUT_TOKENS = 48
+# the least prompt a page-bound session's pages must leave for its chat (the starter refuses less)
+MIN_PROMPT_ROOM = 2 * MIN_CUT_TOKENS
 _CUT_TRIES = 8
 
 
@@ -256,7 +258,7 @@ class SessionCapability(AgentCapability):
         transcript = await self.store.path(user["id"])
         budget = prompt_budget(self.engine, self.settings, self.max_tokens, self.max_prompt_tokens)
         room = budget.prompt - await self._pages_tokens()
-        if room < 2 * MIN_CUT_TOKENS:
+        if room < MIN_PROMPT_ROOM:
             raise InvalidArgument(
                 f"the session's pages take {budget.prompt - room} of the {budget.prompt} prompt tokens "
                 "an engine slot leaves; bind it to fewer or smaller pages (page_tokens when mapping), "

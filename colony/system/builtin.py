@@ -29,11 +29,13 @@ from colony.agents.reply_stream import stream_reply
 from colony.agents.state.action_log import current_idempotency_key
 from colony.agents.state.log_records import effect_id
 from colony.blackboard import Blackboard
-from colony.context.session_agent import SessionCapability
+from colony.config import ContextSettings
+from colony.context.session_agent import MIN_PROMPT_ROOM, SessionCapability, prompt_budget
 from colony.context.sessions import SESSION_ROLE, SessionStore, new_session_id, session_scope
 from colony.errors import AgentUsageError, InvalidArgument
 from colony.inference import ChatMessage, InferenceRequest
-from colony.inference.engine import InferenceEngine
+from colony.inference.engine import InferenceEngine, render_page_prefix
+from colony.inference.tokens import TokenCounter
 
 Spawner = Callable[[AgentBlueprint], Awaitable[Any]]
 # what the session agents count against a replica's `serve.replica_memory_mb`: they hold a few
@@ -134,12 +136,15 @@ class SessionStarterCapability(AgentCapability):
         spawner: Spawner | None = None,
         pages: Any = None,
         engine: InferenceEngine | None = None,
+        replica: Any = None,
         max_tokens: int = 256,
     ) -> None:
         super().__init__(agent, scope_id, blackboard=blackboard)
         self.spawner = spawner
         self.page_table = pages  # the replica's page table (colony.vcm.PageTable), injected
         self.engine = engine
+        context = getattr(getattr(replica, "settings", None), "context", None)
+        self.context = context if isinstance(context, ContextSettings) else ContextSettings()
         self.max_tokens = max_tokens
 
     @action_executor(action_type=ActionType.AGENT_SPAWN, effects=("spawn",))
@@ -177,7 +182,22 @@ class SessionStarterCapability(AgentCapability):
         for index, page_id in enumerate(bound):
             if await self.page_table.page(page_id) is None:
                 raise InvalidArgument(f"pages[{index}]: no page {page_id!r}; map its folder first")
+        await self._fits(bound)
         return bound
+
+    async def _fits(self, bound: list[str]) -> None:
+        """Refuse pages whose tokens leave no room for a chat in an engine slot's prompt (each
+        turn would fail), counted as the session agent counts them (`SessionCapability`)."""
+        assert self.page_table is not None
+        budget = prompt_budget(self.engine, self.context, self.max_tokens).prompt
+        text = render_page_prefix([await self.page_table.content(page_id) for page_id in bound])
+        tokens = await TokenCounter(self.engine).count(text)
+        if budget - tokens < MIN_PROMPT_ROOM:
+            raise InvalidArgument(
+                f"pages: they take {tokens} of the {budget} prompt tokens an engine slot leaves, less than "
+                f"{MIN_PROMPT_ROOM} for the chat; name fewer or smaller pages (page_tokens when mapping), "
+                "or raise engine.slot_context_tokens"
+            )
 
 
 def session_pages(pages: Any) -> list[str]:

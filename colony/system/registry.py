@@ -14,6 +14,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import math
+import re
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -27,6 +28,7 @@ from colony.blackboard.protocol import AgentRegistryProtocol as Keys
 from colony.blackboard.protocol import NeededSoonKeys
 from colony.config import ColonySettings
 from colony.errors import ConcurrentModificationError
+from colony.wire.ids import ID_PATTERN
 
 DONE_STATES = frozenset({"stopped", "failed"})  # the agent has ended
 ON_DEMAND = "on_demand"  # `AgentRecord.waits` of an agent suspended to make room: resumed when asked for
@@ -46,6 +48,8 @@ PUBLICATIONS_READ_LIMIT = 4096
 # Pages one replica's needed-soon entry names at most (those of the highest-priority agents first),
 # and how long an entry outlives the control plane round that wrote it
 NEEDED_SOON_PAGES = 4096
+WHY_CHARS = 200  # the longest reason kept for a page needed soon
+SOON_PAGE_ID = re.compile(ID_PATTERN)  # what a page id read back may look like (1-128 id characters)
 NEEDED_SOON_TTL_SECONDS = 30.0
 
 
@@ -201,7 +205,7 @@ class AgentRegistry:
         if close is not None:
             value["close"] = [round(float(c), 4) for c in close[:NEEDED_SOON_PAGES]]
         if why is not None:
-            value["why"] = [str(w)[:200] for w in why[:NEEDED_SOON_PAGES]]
+            value["why"] = [str(w)[:WHY_CHARS] for w in why[:NEEDED_SOON_PAGES]]
         await self.board.write(
             NeededSoonKeys.soon_key(replica_id), value, ttl_seconds=ttl_seconds, created_by="monitor"
         )
@@ -223,10 +227,15 @@ class AgentRegistry:
         why = why if isinstance(why, list) and len(why) == len(pages) else [""] * len(pages)
         found = []
         for page_id, near, reason in zip(pages[:NEEDED_SOON_PAGES], close, why, strict=False):
-            if not isinstance(page_id, str):
+            # read back from Redis, so checked like input: a page id as the page sources make them,
+            # a closeness in [0, 1] (not a bool), a reason cut to what the writer keeps
+            if not isinstance(page_id, str) or not SOON_PAGE_ID.fullmatch(page_id):
                 continue
-            near = float(near) if isinstance(near, int | float) and math.isfinite(near) else None
-            found.append(SoonSuspended(page_id, near, reason if isinstance(reason, str) else ""))
+            known = isinstance(near, int | float) and not isinstance(near, bool) and math.isfinite(near)
+            closeness = min(1.0, max(0.0, float(near))) if known else None
+            found.append(
+                SoonSuspended(page_id, closeness, reason[:WHY_CHARS] if isinstance(reason, str) else "")
+            )
         return found
 
     async def clear_needed_soon(self, replica_id: str) -> None:

@@ -7,10 +7,11 @@ how close an unmet condition is comes from what it reads for that, at no extra c
 reads than the one-by-one check it replaced), the pages resident anywhere come from the replica
 views of the round. Closeness, 0 to 1 (`Judged.close`): 1 for a condition that holds (the agent
 waits for room, or its resume failed this round), the fraction of children done, the fraction of
-pages resident somewhere, 0.5 while it waits for room, 0 where nothing says when (it waits to be
-asked for). `NeededSoonPublisher` leaves one entry per replica (`AgentRegistry.put_needed_soon`):
-the pages of the agents whose pages are resident or swapped there (an agent goes to the replica
-holding most of its pages), closest first, priority then FIFO among equals.
+pages resident somewhere, 0.5 for a resource condition no replica has room for yet, 0 where nothing
+says when (it waits to be asked for). `NeededSoonPublisher` leaves one entry per replica
+(`AgentRegistry.put_needed_soon`): the pages of the agents whose pages are resident or swapped there
+(an agent goes to the replica holding most of its pages), closest first, priority then FIFO among
+equals.
 """
 
 from __future__ import annotations

@@ -90,7 +90,8 @@ class NeededSoon:
         tier_of: dict[str, int] = {}
         kept: list[frozenset[str]] = []
         for tier in tiers:
-            fresh = frozenset([tier] if isinstance(tier, str) else tier) - tier_of.keys()
+            # each page looked up once: `frozenset - dict keys` would copy every earlier page per tier
+            fresh = frozenset(p for p in ([tier] if isinstance(tier, str) else tier) if p not in tier_of)
             if fresh:
                 tier_of.update(dict.fromkeys(fresh, len(kept)))
                 kept.append(fresh)

@@ -23,6 +23,7 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
+import re
 import time
 from collections.abc import AsyncIterator
 from typing import Annotated, Any
@@ -45,6 +46,9 @@ from colony.system.builtin import MAX_SESSION_PAGES, PAGE_ID
 from colony.system.registry import AgentRecord
 
 STARTER = "session"  # the catalog agent that places session agents
+# a start the starter refused for its input (colony.system.builtin.SessionStarterCapability._known):
+# the run's error reads "start_session failed: InvalidArgument: <message>"
+REFUSED = re.compile(r"^start_session failed: InvalidArgument: (.+)$", re.S)
 START_TIMEOUT_S = 60.0  # placing a session agent: a replica may be starting
 TERMINAL = frozenset({"completed", "failed", "cancelled"})
 PASSED_ON = frozenset({"user_chat_message", "token", "restarted"})
@@ -88,7 +92,7 @@ class SessionStart(BaseModel):
     """`POST /v1/sessions` (an empty object or no body: a plain chat)."""
 
     model_config = ConfigDict(extra="forbid")  # an unknown field is a 422, as on every route
-    pages: list[Annotated[str, Field(pattern=PAGE_ID.pattern)]] | None = Field(
+    pages: list[Annotated[str, Field(max_length=19, pattern=rf"^{PAGE_ID.pattern}$")]] | None = Field(
         None,
         max_length=MAX_SESSION_PAGES,
         description=(
@@ -217,6 +221,9 @@ async def start_session(request: Request, ctx: Context, body: SessionStart | Non
         view = await runs.get(record.run_id)
     output = view.output if isinstance(view.output, dict) else {}
     session_id = output.get("session_id")
+    refused = REFUSED.search(view.error or "")
+    if view.status == "failed" and refused:  # the starter's own page checks: retrying cannot help
+        raise InvalidArgument(refused.group(1))
     if view.status != "succeeded" or not isinstance(session_id, str):
         raise SessionStartFailed(
             f"the session could not start (run {record.run_id} {view.status}: "
@@ -228,12 +235,15 @@ async def start_session(request: Request, ctx: Context, body: SessionStart | Non
 
 async def _known_pages(ctx: ApiContext, pages: list[str] | None, services: ApiServices) -> list[str]:
     """The session's page ids, each once, every one in the page table and no more than an engine
-    holds at once (`engine.page_slots`); else InvalidArgument (422) naming the field."""
+    holds at once (`engine.page_slots`, an embedded engine's: other kinds hold no fixed number);
+    else InvalidArgument (422) naming the field. Whether their tokens leave room for a chat is
+    counted by the starter, with the engine's tokenizer (a refusal there is a 422 too)."""
     if not pages:
         return []
     bound = list(dict.fromkeys(pages))
-    slots = settings_of(services).engine.page_slots
-    if len(bound) > slots:
+    engine = settings_of(services).engine
+    slots = engine.page_slots
+    if engine.kind == "embedded" and len(bound) > slots:
         raise InvalidArgument(
             f"pages: {len(bound)} pages but an engine holds at most {slots} at once (engine.page_slots)"
         )
