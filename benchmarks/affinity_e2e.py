@@ -242,6 +242,9 @@ class Outcome:
     runs: int = 0
     failed: int = 0
     errors: list[str] = field(default_factory=list)
+    # per request: [agent, seconds from the start it was sent, seconds its session took to open
+    # (0 after the first), TTFT], for telling queueing from placement from prefill afterwards
+    detail: list[list[Any]] = field(default_factory=list)
 
 
 def quantile(values: list[float], q: float) -> float:
@@ -266,11 +269,15 @@ async def drive(url: str, token: str, lines: list[TraceLine], page_of: dict[str,
                 await asyncio.sleep(max(0.0, line.at - (time.monotonic() - started)))
                 outcome.runs += 1
                 try:
+                    sent, opening = time.monotonic() - started, 0.0
                     if session is None:
                         opened = await client.post("/v1/sessions", json={"pages": [page_of[line.page]]})
+                        opening = time.monotonic() - started - sent
                         opened.raise_for_status()
                         session = opened.json()["session_id"]
-                    outcome.ttft.append(await turn(client, session, line.question))
+                    ttft = await turn(client, session, line.question)
+                    outcome.ttft.append(ttft)
+                    outcome.detail.append([line.agent, round(sent, 3), round(opening, 3), round(ttft, 3)])
                 except Exception as exc:  # counted and reported, the trace goes on
                     outcome.failed += 1
                     outcome.errors.append(f"{line.agent}: {exc!s:.200}")
@@ -304,14 +311,22 @@ def colony_counts(url: str, token: str) -> dict[str, int]:
     replicas = httpx.get(
         f"{url}/v1/replicas", headers={"Authorization": f"Bearer {token}"}, timeout=30
     ).json()
-    keep = ("requests", "prompt_tokens", "cached_tokens", "page_loads", "page_load_tokens")
-    return {k: sum(int(r.get("stats", {}).get(k, 0)) for r in replicas) for k in keep}
+    return summed([r.get("stats", {}) for r in replicas])
 
 
 def llm_counts(stats_dir: Path) -> dict[str, int]:
-    keep = ("requests", "prompt_tokens", "cached_tokens", "page_loads", "page_load_tokens")
-    files = [json.loads(p.read_text()) for p in stats_dir.glob("llm-*.json")]
-    return {k: sum(int(f.get(k, 0)) for f in files) for k in keep}
+    """What the Ray-served LLM replicas computed so far (each writes its own counts)."""
+    return summed([json.loads(p.read_text()) for p in sorted(stats_dir.glob("llm-*.json"))])
+
+
+COUNTED = ("requests", "prompt_tokens", "cached_tokens", "page_loads", "page_load_tokens")
+
+
+def summed(engines: list[dict[str, Any]]) -> dict[str, Any]:
+    """The engines' counts summed, and each engine's calls (how the load was spread)."""
+    totals: dict[str, Any] = {k: sum(int(e.get(k, 0)) for e in engines) for k in COUNTED}
+    totals["per_engine"] = tuple(sorted(int(e.get("requests", 0)) for e in engines))
+    return totals
 
 
 def settle(read: Any, wait: float) -> dict[str, int]:
@@ -390,7 +405,9 @@ def run_variant(name: str, args: argparse.Namespace, lines: list[TraceLine], wor
         if ray.is_initialized():  # this driver's connection to the cluster (ray variants)
             ray.shutdown()
         cluster.down(settings)
-    spent = {k: after[k] - before[k] for k in after}
+    spent = {k: after[k] - before[k] for k in COUNTED}
+    earlier = list(before["per_engine"]) + [0] * (len(after["per_engine"]) - len(before["per_engine"]))
+    per_engine = sorted(a - b for a, b in zip(after["per_engine"], earlier, strict=False))
     prefill = spent["page_load_tokens"] + spent["prompt_tokens"] - spent["cached_tokens"]
     for error in outcome.errors[:5]:
         print(f"[{name}] failed: {error}", file=sys.stderr)
@@ -405,6 +422,8 @@ def run_variant(name: str, args: argparse.Namespace, lines: list[TraceLine], wor
         "llm_calls": spent["requests"],
         "page_loads": spent["page_loads"],
         "page_load_tokens": spent["page_load_tokens"],
+        "calls_per_engine": per_engine,  # how evenly the engines were loaded (sorted)
+        "requests_detail": outcome.detail,
         "wall_s": round(wall, 1),
     }
 

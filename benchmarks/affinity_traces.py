@@ -14,8 +14,8 @@ seed, so no workload is tuned to one folder):
 - `zipf`: single questions by many agents, the file of each drawn with Zipf popularity; an agent is
   one of the file's agents, so agents come back to their file (a chat of one turn at a time).
 - `team`: a team of agents, each on its own file, taking turns in a fixed order for several
-  rounds (a pipeline or a group discussion): the files come back in a cycle, the case where a
-  cache that looks only at the past loses what is about to be used.
+  rounds (a pipeline or a group discussion), one turn every `think` seconds: the files come back
+  in a cycle, the case where a cache that looks only at the past loses what is about to be used.
 
 Questions are written from the file itself (a name it defines, a line of it), in several wordings.
 """
@@ -156,7 +156,7 @@ def generate(
             file = members[n % len(members)]
             lines.append(
                 TraceLine(
-                    round(n * think / len(members), 3),
+                    round(n * think, 3),  # one member speaks every `think` seconds
                     f"member-{n % len(members)}",
                     file,
                     rng.choice(_questions(root, file, rng)),
