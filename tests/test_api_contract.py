@@ -119,6 +119,18 @@ def test_schemathesis_finds_no_contract_failures(served: AppThread) -> None:
                     },
                 },
                 {
+                    # a session about pages this colony refuses: a well-formed page id that is not
+                    # in the page table, more pages than an embedded engine holds, pages leaving
+                    # no prompt room: the documented 422 naming `pages` (colony.api.routes.sessions)
+                    "include-path": "/v1/sessions",
+                    "include-method": "POST",
+                    "checks": {
+                        "positive_data_acceptance": {
+                            "expected-statuses": ["2xx", "401", "403", "404", "409", "422", "429"]
+                        }
+                    },
+                },
+                {
                     # an agent export document that is schema-valid but that this colony refuses:
                     # a blueprint it cannot trust (no catalog agent of it, a signature of another
                     # secret), another agent's document, one over context.max_export_bytes: the
