@@ -307,11 +307,7 @@ class SessionCapability(AgentCapability):
         if not self.page_ids:
             return 0
         if self._page_tokens is None:
-            paging = getattr(self.replica, "paging", None)
-            if paging is None:
-                raise AgentUsageError(
-                    "a page-bound session runs on an engine replica (no replica was injected)"
-                )
+            paging = self._paging()
             pages = [await paging.fetch(page_id) for page_id in self.page_ids]
             self._page_tokens = await self.counter.count(render_page_prefix(pages))
         return self._page_tokens
