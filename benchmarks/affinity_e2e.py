@@ -79,7 +79,6 @@ from colony.blackboard.redis_server import free_port
 from colony.config import ColonySettings
 from colony.inference import InferenceRequest, Page
 from colony.inference.embedded import EmbeddedEngine
-from colony.inference.openai_format import usage_from_result
 from colony.serve import cluster
 
 VARIANTS = ("ray-prefix", "ray-prefix/paged", "colony")
@@ -142,15 +141,7 @@ class LlmReplica:
 
     async def _prefix(self, call: ChatCall) -> Any:
         body = {**call.body, "id_slot": -1, "cache_prompt": True, "stream_options": {"include_usage": True}}
-        started = time.perf_counter()
-        async for item in self.engine.raw_stream(body):
-            if not item.get("choices") and item.get("usage"):
-                timings = item.get("timings") or {}
-                self.engine._record_usage(
-                    usage_from_result(item),
-                    float(timings.get("prompt_ms", 0.0)) / 1000.0,
-                    time.perf_counter() - started,
-                )
+        async for item in self.engine.raw_stream(body):  # counted in the engine's stats there
             yield item
 
     async def _paged(self, call: ChatCall, page: Page) -> Any:

@@ -192,7 +192,6 @@ class EmbeddedEngine(InferenceEngine):
 
     async def _stream(self, request: InferenceRequest) -> AsyncIterator[StreamChunk]:
         _slot, body = await self._body(request)
-        started = time.perf_counter()
         body["stream_options"] = {"include_usage": True}
         async for item in self.raw_stream(body):
             for choice in item.get("choices") or []:
@@ -204,16 +203,15 @@ class EmbeddedEngine(InferenceEngine):
                         usage=usage_from_result(item) if item.get("usage") else None,
                     )
             if not item.get("choices") and item.get("usage"):
-                usage = usage_from_result(item)
-                timings = item.get("timings") or {}
-                self._record_usage(usage, float(timings.get("prompt_ms", 0.0)) / 1000.0, elapsed(started))
-                yield StreamChunk(usage=usage)
+                yield StreamChunk(usage=usage_from_result(item))
 
     async def raw_stream(self, body: dict[str, Any]) -> AsyncIterator[dict[str, Any]]:
         """The llama.cpp server's streamed chunks (OpenAI chat-completion chunks, with llama.cpp's
         `timings`) for a chat-completions `body`, as they come; generation stops when the consumer
-        closes the iterator. Nothing is counted or pinned here (`stream` does both)."""
+        closes the iterator. The final usage chunk (with `stream_options.include_usage`) is counted
+        in the engine's stats here; nothing is pinned (`stream` pins the request's pages)."""
         await self.start()
+        started = time.perf_counter()
         body = {**body, "stream": True}
         loop = asyncio.get_running_loop()
         queue: asyncio.Queue[dict[str, Any] | BaseException | None] = asyncio.Queue()
@@ -240,6 +238,10 @@ class EmbeddedEngine(InferenceEngine):
                     raise InferenceError(f"embedded engine stream failed: {item}") from item
                 if "error" in item:
                     raise InferenceError(f"embedded engine stream failed: {item['error']}")
+                if not item.get("choices") and item.get("usage"):
+                    timings = item.get("timings") or {}
+                    ttft = float(timings.get("prompt_ms", 0.0)) / 1000.0
+                    self._record_usage(usage_from_result(item), ttft, elapsed(started))
                 yield item
         finally:
             cancelled = True
