@@ -4,8 +4,9 @@ Measured side by side in one invocation, on the same question and the default em
 
 - `engine`: the EmbeddedEngine in this process, its `stream()` consumed directly (no Colony);
 - `http`: `ask` runs submitted over HTTP with `"stream": true` to a fresh `colony up` (one engine
-  replica, the embedded engine), each run's `token` events read off its event stream as a client
-  would (`ColonyClient`): through the API replica, Redis, the agent and its run events.
+  replica, the embedded engine), each run's `token` events read off the submit's answer as a client
+  would (`ColonyClient.stream`, one request a run): through Serve's proxy, the API replica, Redis,
+  the agent and its run events.
 
 Each is run one request at a time and `--concurrency` at once. Printed per phase: tokens/s (text
 pieces per second of wall time, all requests together: the engine's tokens; over HTTP, `token`
@@ -17,7 +18,8 @@ http/engine and the TTFT overhead (issue
 ms p50). The engine phase runs before the cluster starts, so the two never share the 2 cores; the
 ratio is the figure to compare across machines, not the absolute rates.
 
-`--engine-threads N` sets `engine.threads` for both sides (unset: the engine's default, every core).
+`--engine-threads N` sets `engine.threads` for both sides (unset: the engine's default, every core
+but one).
 
 Usage: python benchmarks/token_path.py [--requests 8] [--concurrency 8] [--engine-threads N] [--json]
 """
@@ -146,8 +148,7 @@ def http_phase(url: str, token: str, requests: int, at_once: int) -> dict[str, f
                         return
                     queue.pop()
                 started, first, tokens, chars = time.monotonic(), None, 0, 0
-                run_id = client.submit("ask", {"question": QUESTION})["run_id"]
-                for event in client.events(run_id):
+                for event in client.stream("ask", {"question": QUESTION}):  # one request, stream: true
                     if event.get("event_type") == "token":
                         tokens += 1
                         chars += len(str((event.get("data") or {}).get("text", "")))

@@ -305,18 +305,22 @@ def _run(args: argparse.Namespace, target: ApiTarget, input_data: Any) -> int:
             input_data = _mapped_input(client, args, input_data, note, remote=target.remote)
         if args.show_prompt:
             input_data = with_prompt_events(input_data)
-        submitted = client.submit(args.agent, input_data, timeout_s=args.timeout)
-        run_id = submitted["run_id"]
-        note(f"run {run_id} on {args.agent}\n")
+        # submitted and streamed in one request; its id is known from the answer's head on
+        events = client.stream(args.agent, input_data, timeout_s=args.timeout)
+        named = False
         live = not args.quiet and _stderr_terminal()
         display = AnalyzeProgress(
             live=live, started=time.monotonic(), width=_stderr_width(), active=args.agent == "analyze"
         )
-        events = client.events(run_id)
-        for event in with_ticks(events, PROGRESS_TICK_SECONDS) if live else events:
+        for event in with_ticks(iter(events), PROGRESS_TICK_SECONDS) if live else events:
+            if not named and events.run_id is not None:
+                named = True
+                note(f"run {events.run_id} on {args.agent}\n")
             now = time.monotonic()
             note(display.tick(now) if event is None else display.feed(event, now))
         note(display.end(time.monotonic()))
+        run_id = events.run_id
+        assert run_id is not None  # (the stream ended with the run's terminal event)
         view = client.get(run_id)
     output = view.get("output")
     failed = view["status"] != "succeeded"

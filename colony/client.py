@@ -19,12 +19,13 @@ from colony.client_blocks import BlocksClient
 from colony.client_context import ContextClient
 from colony.client_http import DEFAULT_ATTEMPTS, ApiConnection, AsyncApiConnection, StreamResumer
 from colony.client_memory import AsyncMemoryClient, MemoryClient
+from colony.client_runs import RUNS_PATH, AsyncRunStream, RunStream
 from colony.client_sessions import SessionsClient
 from colony.client_transfer import TransferClient
 from colony.errors import ApiError
 from colony.wire.run_events import TERMINAL_EVENTS
 
-__all__ = ["ApiError", "AsyncColonyClient", "ColonyClient"]
+__all__ = ["ApiError", "AsyncColonyClient", "AsyncRunStream", "ColonyClient", "RunStream"]
 
 
 def _body(agent: str, input_data: Any, namespace: str | None, timeout_s: float | None) -> dict[str, Any]:
@@ -84,7 +85,21 @@ class ColonyClient:
         namespace: str | None = None,
         timeout_s: float | None = None,
     ) -> dict[str, Any]:
-        return dict(self._api.call("POST", "/v1/runs", json=_body(agent, input_data, namespace, timeout_s)))
+        return dict(self._api.call("POST", RUNS_PATH, json=_body(agent, input_data, namespace, timeout_s)))
+
+    def stream(
+        self,
+        agent: str,
+        input_data: Any = None,
+        *,
+        namespace: str | None = None,
+        timeout_s: float | None = None,
+    ) -> RunStream:
+        """Submit a run and iterate its events, in one request (`stream: true`): the first events
+        sooner than `submit` then `events` (one request less through the proxy). The stream's
+        `run_id` is set before its first event; a stream that breaks is resumed as `events`
+        resumes one (colony.client_runs)."""
+        return RunStream(self._api, _body(agent, input_data, namespace, timeout_s), self.events)
 
     def get(self, run_id: str) -> dict[str, Any]:
         return dict(self._api.call("GET", f"/v1/runs/{run_id}"))
@@ -117,10 +132,11 @@ class ColonyClient:
 
     def run(self, agent: str, input_data: Any = None, **kwargs: Any) -> dict[str, Any]:
         """Submit and wait (through the event stream); the final run view."""
-        run_id = self.submit(agent, input_data, **kwargs)["run_id"]
-        for _event in self.events(run_id):
+        events = self.stream(agent, input_data, **kwargs)
+        for _event in events:
             pass
-        return self.get(run_id)
+        assert events.run_id is not None  # (the stream ended with the run's terminal event)
+        return self.get(events.run_id)
 
     def agents(self) -> list[dict[str, Any]]:
         return list(self._api.call("GET", "/v1/agents"))
@@ -182,7 +198,18 @@ class AsyncColonyClient:
         timeout_s: float | None = None,
     ) -> dict[str, Any]:
         body = _body(agent, input_data, namespace, timeout_s)
-        return dict(await self._api.call("POST", "/v1/runs", json=body))
+        return dict(await self._api.call("POST", RUNS_PATH, json=body))
+
+    def stream(
+        self,
+        agent: str,
+        input_data: Any = None,
+        *,
+        namespace: str | None = None,
+        timeout_s: float | None = None,
+    ) -> AsyncRunStream:
+        """As `ColonyClient.stream`: `async for event in client.stream(...)`."""
+        return AsyncRunStream(self._api, _body(agent, input_data, namespace, timeout_s), self.events)
 
     async def get(self, run_id: str) -> dict[str, Any]:
         return dict(await self._api.call("GET", f"/v1/runs/{run_id}"))
@@ -210,10 +237,11 @@ class AsyncColonyClient:
             await asyncio.sleep(resumer.delay(error))
 
     async def run(self, agent: str, input_data: Any = None, **kwargs: Any) -> dict[str, Any]:
-        run_id = (await self.submit(agent, input_data, **kwargs))["run_id"]
-        async for _event in self.events(run_id):
+        events = self.stream(agent, input_data, **kwargs)
+        async for _event in events:
             pass
-        return await self.get(run_id)
+        assert events.run_id is not None
+        return await self.get(events.run_id)
 
     async def catalog(self) -> list[dict[str, Any]]:
         return list(await self._api.call("GET", "/v1/agents/catalog"))

@@ -97,6 +97,36 @@ async def async_sse_events(lines: AsyncIterator[str]) -> AsyncIterator[dict[str,
             yield event
 
 
+class EventStream:
+    """A streamed answer: its events (iterate it, once) and its headers (a run's `Colony-Run-Id`:
+    a replayed answer's, from the 303 that sent it on, where the events' own answer names none)."""
+
+    def __init__(self, headers: httpx.Headers, events: Iterator[dict[str, Any]]) -> None:
+        self.headers = headers
+        self._events = events
+
+    def __iter__(self) -> Iterator[dict[str, Any]]:
+        return self._events
+
+
+class AsyncEventStream:
+    """The async twin of EventStream."""
+
+    def __init__(self, headers: httpx.Headers, events: AsyncIterator[dict[str, Any]]) -> None:
+        self.headers = headers
+        self._events = events
+
+    def __aiter__(self) -> AsyncIterator[dict[str, Any]]:
+        return self._events
+
+
+def _headers_of(first: httpx.Response, final: httpx.Response) -> httpx.Headers:
+    """The final answer's headers, with those of the first (a 303 replay) it lacks."""
+    headers = httpx.Headers(first.headers)
+    headers.update(final.headers)
+    return headers
+
+
 class StreamResumer:
     """When a run's event stream breaks before its terminal event (the API replica serving it died,
     the proxy dropped it, the API answers 503 while it restarts), the clients reconnect with the
@@ -270,14 +300,14 @@ class ApiConnection:
         return None if response.status_code == 204 else response.json()
 
     @contextlib.contextmanager
-    def events(self, method: str, path: str, **kwargs: Any) -> Iterator[Iterator[dict[str, Any]]]:
+    def events(self, method: str, path: str, **kwargs: Any) -> Iterator[EventStream]:
         """The events a streamed answer sends, while the block lasts (the stream closes after). A
         write is retried until its stream starts; a retry answered with a replay goes on with the
         run's own event stream (`GET /v1/runs/{id}/events`, the events the run wrote)."""
         with contextlib.ExitStack() as stack:
             kwargs = keyed(method, path, kwargs)
             retry = self.retry if idempotency.takes_key(method, path) else Retry(1)
-            response = self._send(method, path, kwargs, stream=True, retry=retry)
+            first = response = self._send(method, path, kwargs, stream=True, retry=retry)
             stack.callback(response.close)
             location = replayed_stream(response)
             if location is not None:
@@ -286,7 +316,7 @@ class ApiConnection:
             if response.status_code >= 400:
                 response.read()
                 raise_for(response)
-            yield sse_events(response.iter_lines())
+            yield EventStream(_headers_of(first, response), sse_events(response.iter_lines()))
 
     def close(self) -> None:
         self.http.close()
@@ -337,13 +367,11 @@ class AsyncApiConnection:
             await asyncio.sleep(wait)
 
     @contextlib.asynccontextmanager
-    async def events(
-        self, method: str, path: str, **kwargs: Any
-    ) -> AsyncIterator[AsyncIterator[dict[str, Any]]]:
+    async def events(self, method: str, path: str, **kwargs: Any) -> AsyncIterator[AsyncEventStream]:
         async with contextlib.AsyncExitStack() as stack:
             kwargs = keyed(method, path, kwargs)
             retry = self.retry if idempotency.takes_key(method, path) else Retry(1)
-            response = await self._send(method, path, kwargs, stream=True, retry=retry)
+            first = response = await self._send(method, path, kwargs, stream=True, retry=retry)
             stack.push_async_callback(response.aclose)
             location = replayed_stream(response)
             if location is not None:
@@ -352,7 +380,7 @@ class AsyncApiConnection:
             if response.status_code >= 400:
                 await response.aread()
                 raise_for(response)
-            yield async_sse_events(response.aiter_lines())
+            yield AsyncEventStream(_headers_of(first, response), async_sse_events(response.aiter_lines()))
 
     async def close(self) -> None:
         await self.http.aclose()

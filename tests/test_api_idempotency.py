@@ -363,3 +363,87 @@ async def test_a_session_turns_stream_is_replayed_by_the_run_id_of_its_first_eve
             assert served == ["/named", "/unnamed"]
     finally:
         await redis.aclose()
+
+
+async def test_a_streamed_answers_first_chunk_is_not_held_for_its_record(
+    redis_url: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Issue 35 (the token path): a streamed answer's first chunk goes out while its record is
+    still being stored, and a retry sent in that window waits for the record, then is sent on to
+    the run's events (303): the route never runs twice."""
+    from types import SimpleNamespace
+
+    from colony.blackboard import create_redis
+    from colony.config import BlackboardSettings
+
+    route_gate, store_gate = asyncio.Event(), asyncio.Event()
+    served: list[str] = []
+
+    async def stream(scope: Any, receive: Any, send: Any) -> None:
+        await receive()
+        served.append(scope["path"])
+        headers = [(b"content-type", b"text/event-stream"), (b"colony-run-id", b"run-0123456789ab")]
+        await send({"type": "http.response.start", "status": 200, "headers": headers})
+        await send({"type": "http.response.body", "body": b"event: token\ndata: {}\n\n", "more_body": True})
+        await route_gate.wait()
+        await send({"type": "http.response.body", "body": b"event: completed\ndata: {}\n\n"})
+
+    settle = idempotency.IdempotencyStore.settle
+
+    async def slow_settle(self: Any, answer: Any, ttl_ms: int) -> None:
+        await store_gate.wait()
+        await settle(self, answer, ttl_ms)
+
+    monkeypatch.setattr(idempotency.IdempotencyStore, "settle", slow_settle)
+    redis = create_redis(redis_url, BlackboardSettings())
+    runs = SimpleNamespace(
+        tenant_id="t", colony_id=f"streams{uuid.uuid4().hex[:6]}", api_board=SimpleNamespace(redis=redis)
+    )
+
+    async def services() -> Any:
+        return SimpleNamespace(runs=runs)
+
+    app = idempotency.IdempotencyMiddleware(stream, services=services, ttl_seconds=60)
+    key = str(uuid.uuid4()).encode()
+
+    def request(sent: list[dict[str, Any]]) -> Any:
+        scope = {
+            "type": "http",
+            "method": "POST",
+            "path": "/v1/runs",
+            "query_string": b"",
+            "headers": [(b"idempotency-key", key)],
+        }
+        body = iter([{"type": "http.request", "body": b'{"stream": true}', "more_body": False}])
+
+        async def receive() -> Any:
+            return next(body, {"type": "http.disconnect"})
+
+        async def send(message: Any) -> None:
+            sent.append(message)
+            if message["type"] == "http.response.body":
+                chunk_out.set()
+
+        return app(scope, receive, send)
+
+    first_sent: list[dict[str, Any]] = []
+    again_sent: list[dict[str, Any]] = []
+    chunk_out = asyncio.Event()
+    try:
+        first = asyncio.create_task(request(first_sent))
+        await asyncio.wait_for(chunk_out.wait(), 5)  # the head and the first chunk, the record not stored
+        assert first_sent[1]["body"].startswith(b"event: token") and not store_gate.is_set()
+        again = asyncio.create_task(request(again_sent))
+        await asyncio.sleep(3 * idempotency.POLL_SECONDS)
+        assert again_sent == [] and served == ["/v1/runs"]  # the retry waits for the record
+        store_gate.set()
+        await asyncio.wait_for(again, 5)
+        assert again_sent[0]["status"] == 303 and served == ["/v1/runs"]
+        assert (b"location", b"/v1/runs/run-0123456789ab/events") in again_sent[0]["headers"]
+        route_gate.set()
+        await asyncio.wait_for(first, 5)
+        assert first_sent[-1]["body"].startswith(b"event: completed")
+    finally:
+        route_gate.set()
+        store_gate.set()
+        await redis.aclose()

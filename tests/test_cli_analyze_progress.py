@@ -279,19 +279,7 @@ class _Api(BaseHTTPRequestHandler):
         elif not self._authorized():
             return
         elif self.path == "/v1/runs/run-00000001/events":
-            self.send_response(200)
-            self.send_header("Content-Type", "text/event-stream")
-            self.end_headers()
-            after = self.headers.get("Last-Event-ID")
-            for seq, (delay, event) in enumerate(run.events, start=1):
-                event_id = f"1700000000000-{seq}"
-                if after is not None and seq <= int(after.rpartition("-")[2]):
-                    continue
-                time.sleep(delay)
-                body = {**event, "seq": seq, "request_id": "run-00000001"}
-                frame = f"id: {event_id}\nevent: {event['event_type']}\ndata: {json.dumps(body)}\n\n"
-                self.wfile.write(frame.encode())
-                self.wfile.flush()
+            self._events(self.headers.get("Last-Event-ID"))
         elif self.path == "/v1/runs/run-00000001":
             view = {"run_id": "run-00000001", "agent": "analyze", "status": run.status}
             self._json(
@@ -299,6 +287,23 @@ class _Api(BaseHTTPRequestHandler):
             )
         else:
             self._json(404, {"error": {"code": "not_found", "message": self.path}})
+
+    def _events(self, after: str | None) -> None:
+        """The run's events as server-sent events (GET .../events, or a submit with `stream: true`)."""
+        run = self.server.run
+        self.send_response(200)
+        self.send_header("Content-Type", "text/event-stream")
+        self.send_header("Colony-Run-Id", "run-00000001")
+        self.end_headers()
+        for seq, (delay, event) in enumerate(run.events, start=1):
+            event_id = f"1700000000000-{seq}"
+            if after is not None and seq <= int(after.rpartition("-")[2]):
+                continue
+            time.sleep(delay)
+            body = {**event, "seq": seq, "request_id": "run-00000001"}
+            frame = f"id: {event_id}\nevent: {event['event_type']}\ndata: {json.dumps(body)}\n\n"
+            self.wfile.write(frame.encode())
+            self.wfile.flush()
 
     def do_POST(self) -> None:
         if not self._authorized():
@@ -308,6 +313,9 @@ class _Api(BaseHTTPRequestHandler):
             self._json(
                 200, {"source_id": "src-1", "path": body["path"], "pages": [{"page_id": p} for p in PAGES]}
             )
+        elif self.path == "/v1/runs" and body.get("stream") is True:  # submitted and streamed
+            self.server.run.submitted.append(body)
+            self._events(None)
         elif self.path == "/v1/runs":
             self.server.run.submitted.append(body)
             self._json(

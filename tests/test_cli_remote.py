@@ -34,11 +34,13 @@ def fake_api() -> Iterator[tuple[str, Recorder]]:
         def log_message(self, *args: Any) -> None:
             pass
 
-        def _answer(self, code: int, body: Any) -> None:
+        def _answer(self, code: int, body: Any, headers: dict[str, str] | None = None) -> None:
             data = body if isinstance(body, bytes) else json.dumps(body).encode()
             self.send_response(code)
             self.send_header("Content-Type", "application/json")
             self.send_header("Content-Length", str(len(data)))
+            for name, value in (headers or {}).items():
+                self.send_header(name, value)
             self.end_headers()
             self.wfile.write(data)
 
@@ -52,11 +54,15 @@ def fake_api() -> Iterator[tuple[str, Recorder]]:
             if self.path in ("/v1/agents", "/v1/replicas"):
                 listed = [{"agent_id": "echo", "state": "idle"}] if "agents" in self.path else []
                 return self._answer(200, listed)
+            event = {"event_type": "completed", "run_id": "run-1", "seq": 1, "data": {}}
+            events = f"id: 1-0\ndata: {json.dumps(event)}\n\n".encode()
             if self.path == "/v1/runs" and self.command == "POST":
+                body = json.loads(self.rfile.read(int(self.headers.get("Content-Length") or 0)) or b"{}")
+                if body.get("stream") is True:  # as the API answers: the run's events, its id in a header
+                    return self._answer(200, events, {"Colony-Run-Id": "run-1"})
                 return self._answer(202, {"run_id": "run-1", "status": "queued"})
             if self.path == "/v1/runs/run-1/events":
-                event = {"event_type": "completed", "run_id": "run-1", "seq": 1, "data": {}}
-                return self._answer(200, f"id: 1-0\ndata: {json.dumps(event)}\n\n".encode())
+                return self._answer(200, events)
             if self.path == "/v1/runs/run-1":
                 return self._answer(200, {"run_id": "run-1", "status": "succeeded", "output": {"ok": 1}})
             return self._answer(404, {"error": {"code": "not_found", "message": self.path}})

@@ -194,9 +194,16 @@ def keyed_run_id(request: Request) -> str | None:
     return None if keyed is None else f"run-{keyed[:24]}"
 
 
+_KEEPING: set[asyncio.Task[None]] = set()  # streamed answers' records being stored
+
+
 class AnswerWatch:
     """The route's answer on its way out: held back until it is kept (or its claim forgotten), then
-    passed on, so a client that got an answer finds it kept when it retries."""
+    passed on, so a client that got an answer finds it kept when it retries. A streamed answer's
+    first chunk (a run's first tokens) is not held for its record, which names only the run (from
+    the head): it is kept meanwhile, and a retry that comes before it is stored waits for it as a
+    duplicate of a request in flight does (the claim holds until then), then is sent on to the run's
+    events. The stream's first token so reaches the client a Redis round trip sooner."""
 
     def __init__(self, send: Send, settle: Settle) -> None:
         self._send = send
@@ -206,6 +213,7 @@ class AnswerWatch:
         self.held: list[Message] = []
         self.body = bytearray()
         self.too_large = False
+        self._keeping: asyncio.Task[None] | None = None  # a streamed answer's record, being stored
 
     @property
     def status(self) -> int:
@@ -229,7 +237,11 @@ class AnswerWatch:
         chunk, more = bytes(message.get("body", b"")), bool(message.get("more_body", False))
         self.held.append(message)
         if (self.header(b"content-type") or "").startswith("text/event-stream"):
-            await self._finish(self._streamed(chunk))
+            self.settled = True
+            self._keeping = asyncio.create_task(self._settle(self._streamed(chunk)))
+            _KEEPING.add(self._keeping)  # held till stored, even when the request is cancelled
+            self._keeping.add_done_callback(_KEEPING.discard)
+            await self._flush()
             return
         if not self.too_large:
             self.body += chunk
@@ -241,7 +253,10 @@ class AnswerWatch:
             await self._flush()
 
     async def close(self) -> None:
-        """After the route returned: an answer it never finished is not kept."""
+        """After the route returned (or raised): an answer it never finished is not kept; a
+        streamed one's record is stored before the request ends."""
+        if self._keeping is not None:
+            await asyncio.shield(self._keeping)
         if not self.settled:
             await self._finish(None)
 
