@@ -255,6 +255,9 @@ def test_query_ranks_by_meaning_filters_and_stays_in_the_agents_scopes(
     assert bad_tag.status_code == 422 and "tag_filter" in bad_tag.json()["error"]["message"]
     bad_pattern = query(key_pattern="a b")
     assert bad_pattern.status_code == 422 and "key_pattern" in bad_pattern.json()["error"]["message"]
+    # no include_expired: an expired entry is not kept, so no query could return it (docs/memory.md)
+    expired = query(query="x", include_expired=True)
+    assert expired.status_code == 422 and "include_expired" in expired.json()["error"]["message"]
     assert http.post("/v1/agents/nobody/memory/query", json={}).status_code == 404
     assert http.post("/v1/agents/echo/memory/query", json={"query": "x"}).json() == {"entries": []}
 

@@ -1,4 +1,4 @@
-"""What an agent remembers, read from Redis alone: the MemoryMap and MemoryStatistics.
+"""What an agent remembers, read from Redis alone: the MemoryMap.
 
 Any process can build them (the HTTP API, another replica, the agent's own planner): the scopes an
 agent has are listed in its own scope (`mem:scopes`), each scope's configuration is stored beside its
@@ -8,14 +8,11 @@ stored position.
 
 from __future__ import annotations
 
-import time
-from typing import Any
-
 from colony.blackboard import Blackboard, BlackboardScope, scope_id
 from colony.blackboard.protocol import MemoryProtocol
 from colony.memory.scopes import MemoryScope
 from colony.memory.store import MemoryStore
-from colony.memory.types import MemoryMap, MemoryScopeInfo, MemoryStatistics
+from colony.memory.types import MemoryMap, MemoryScopeInfo
 
 Keys = MemoryProtocol
 MAX_PENDING_COUNTED = 10_000
@@ -96,21 +93,3 @@ async def agent_memory_map(
         memory_map.total_entries += info.entry_count
         memory_map.total_pending_ingestion += info.pending_ingestion
     return memory_map
-
-
-def statistics(memory_map: MemoryMap, oldest: dict[str, Any] | None = None) -> MemoryStatistics:
-    """Usage across the scopes of a map: where memory is fullest."""
-    stats = MemoryStatistics(
-        agent_id=memory_map.agent_id,
-        total_entries=memory_map.total_entries,
-        total_pending_ingestion=memory_map.total_pending_ingestion,
-        entries_by_scope={s: i.entry_count for s, i in memory_map.scopes.items()},
-    )
-    for scope, info in memory_map.scopes.items():
-        if info.max_entries:
-            ratio = info.entry_count / info.max_entries
-            if ratio > stats.fullest_ratio:
-                stats.fullest_scope, stats.fullest_ratio = scope, ratio
-    if oldest:
-        stats.oldest_entry_age_seconds = max(0.0, time.time() - min(oldest.values()))
-    return stats

@@ -1,5 +1,5 @@
 """What memory is made of: entries, queries, lenses, configuration and the introspection types a
-planner reads (MemoryMap, MemoryScopeInfo, MemoryStatistics).
+planner reads (MemoryMap, MemoryScopeInfo).
 
 Every model here is JSON: it is stored in the blackboard, crosses the HTTP API and is rendered into
 prompts. Bounds live here too (text length, tag count, result count), so a hostile HTTP body or a
@@ -31,7 +31,6 @@ __all__ = [
     "MemoryQuery",
     "MemoryScopeConfig",
     "MemoryScopeInfo",
-    "MemoryStatistics",
     "MemorySubscription",
     "NewMemory",
     "RecalledEntry",
@@ -250,18 +249,6 @@ class MemoryMap(BaseModel):
     dataflow_edges: list[tuple[str, str]] = Field(default_factory=list)
     total_entries: int = 0
     total_pending_ingestion: int = 0
-
-
-class MemoryStatistics(BaseModel):
-    """Health and usage across an agent's scopes."""
-
-    agent_id: str
-    total_entries: int = 0
-    total_pending_ingestion: int = 0
-    entries_by_scope: dict[str, int] = Field(default_factory=dict)
-    fullest_scope: str | None = None
-    fullest_ratio: float = 0.0
-    oldest_entry_age_seconds: float | None = None
 
 
 class MemoryLens(BaseModel):
