@@ -24,6 +24,7 @@ from colony.blackboard import Blackboard, TagFilter
 from colony.config import ColonySettings
 from colony.errors import AgentUsageError
 from colony.memory.capability import MemoryCapability
+from colony.memory.grounding import check_lines, refusal, refuse_user_tag, said_by_user
 from colony.memory.introspection import agent_memory_map
 from colony.memory.scopes import MemoryScope
 from colony.memory.service import MemoryService, memory_service
@@ -96,7 +97,11 @@ def entry_id_for(scope_id: str, n: int = 0, *content: str) -> str | None:
 
 
 class MemoryToolsCapability(AgentCapability):
-    """Memory actions over the agent's own MemoryCapabilities, and its prompt lenses."""
+    """Memory actions over the agent's own MemoryCapabilities, and its prompt lenses.
+
+    `ground_facts`: `remember` stores a fact only when it is what the user said, verbatim or an
+    extract (colony.memory.grounding), else fails naming why; for an agent whose facts are about
+    its user. Off by default: a planner's facts may come from its tools, not from a user."""
 
     def __init__(
         self,
@@ -108,11 +113,13 @@ class MemoryToolsCapability(AgentCapability):
         remember_level: str = "ltm:semantic",
         settings: ColonySettings | None = None,
         capability_key: str = "memory",
+        ground_facts: bool = False,
     ) -> None:
         super().__init__(agent, scope_id, blackboard=blackboard, capability_key=capability_key)
         self.lenses = list(lenses)
         self.remember_level = remember_level
         self.settings = settings
+        self.ground_facts = ground_facts
 
     # -- the agent's scopes -------------------------------------------------------------------------
 
@@ -215,6 +222,11 @@ class MemoryToolsCapability(AgentCapability):
         tag: Annotated[str, Field(max_length=64)] | None = None,
     ) -> dict[str, Any]:
         """Store a fact (a whole sentence) in long-term memory so later runs can recall it."""
+        if self.ground_facts:
+            said = await said_by_user(self.service(), self.resolve(None), fact, self._message())
+            verdict = check_lines(fact, said)
+            if not verdict.grounded:
+                raise AgentUsageError(refusal("long-term memory", verdict, "remember_message"))
         return await self._remember(fact.strip(), tag)
 
     @action_executor(action_type=ActionType.MEMORY_WRITE, effects=("memory_write",))
@@ -228,6 +240,7 @@ class MemoryToolsCapability(AgentCapability):
         return await self._remember(message, None)
 
     async def _remember(self, text: str, tag: str | None) -> dict[str, Any]:
+        refuse_user_tag([tag] if tag else [])
         target = self.scopes().get(self.remember_level)
         if target is None:
             raise AgentUsageError(f"this agent has no {self.remember_level} memory to remember into")

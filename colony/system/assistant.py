@@ -4,8 +4,11 @@ The replica's model picks each step as schema-constrained JSON (StructuredAction
 memory actions (recall, remember_message, list_tags, memory_map, forget, consolidate) and `answer`, which
 writes the reply from the memories relevant to the question and streams its tokens. Producers
 record every action and every run's task and answer, so a later run can recall what an earlier one
-was told. `answer` ends the run; after `max_memory_steps` planned memory steps (default 1: a small model
-repeats a step rather than moving on) the run answers.
+was told (the user's message, verbatim, by the conversation producer). What the model stores as
+a fact about the user (the `human` block, archival memory) must be the user's words or an extract
+of them (colony.memory.grounding): a write that is not fails, naming why. `answer` ends the run;
+after `max_memory_steps` planned memory steps (default 1: a small model repeats a step rather
+than moving on) the run answers.
 """
 
 from __future__ import annotations
@@ -271,8 +274,13 @@ def assistant_blueprint(agent_id: str = "assistant", max_tokens: int = 200) -> A
             # core blocks `persona` and `human` in every prompt, with the block tools (recall is
             # the memory tools' one: the same search over conversation and archival memory)
             CapabilitySpec(
+                # what the model writes into `human` or archival memory must be what the user said
+                # (colony.memory.grounding); `persona` and other blocks are the agent's own
                 blueprint=MemoryBlocksCapability.bind(
-                    templates=[("persona", PERSONA), "human"], tool_log=False
+                    templates=[("persona", PERSONA), "human"],
+                    tool_log=False,
+                    user_blocks=[HUMAN_BLOCK],
+                    ground_archival=True,
                 ),
                 exclude_actions=["recall"],
             ),

@@ -32,13 +32,14 @@ from colony.agents.models import ActionType
 from colony.agents.state.action_log import current_idempotency_key
 from colony.blackboard import Blackboard
 from colony.config import BlockSettings, ColonySettings
-from colony.errors import AgentUsageError, BlockExists, BlockNotFound, InvalidArgument
+from colony.errors import AgentUsageError, BlockEditRejected, BlockExists, BlockNotFound, InvalidArgument
 from colony.memory.blocks.rendering import one_line, render_blocks
 from colony.memory.blocks.store import BlockStore
 from colony.memory.blocks.stores import block_store
 from colony.memory.blocks.templates import apply_template
 from colony.memory.blocks.types import BlockType, BlockView, EditOutcome, Label, NewBlock
 from colony.memory.capability import MemoryCapability, derived_id
+from colony.memory.grounding import check_lines, refusal, refuse_user_tag, said_by_user
 from colony.memory.scopes import MemoryScope
 from colony.memory.service import MemoryService, memory_service
 from colony.memory.types import MemoryQuery, NewMemory, RecalledEntry
@@ -148,6 +149,12 @@ class MemoryBlocksCapability(AgentCapability):
     of one, `agent.add_capability(cap, exclude_actions=["recall"])` (in a blueprint, the
     capability spec's `exclude_actions`), or the dispatcher refuses the second. `include_recall=False`
     only hides this capability's `recall` from the planner.
+
+    `user_blocks` (labels, e.g. `["human"]`) are blocks that hold what the user said: a tool's
+    write into one (append, insert, replace's new text, rethink) is stored only when it is the
+    user's words or an extract of them (colony.memory.grounding; docs/memory.md, "What is
+    stored"), else the action fails naming why. `ground_archival` holds `archival_insert` to the
+    same rule. Other blocks (persona, the agent's own notes) are the agent's to write freely.
     """
 
     def __init__(
@@ -164,6 +171,8 @@ class MemoryBlocksCapability(AgentCapability):
         archival_level: str | None = None,
         settings: ColonySettings | None = None,
         capability_key: str = "memory_blocks",
+        user_blocks: Sequence[str] = (),
+        ground_archival: bool = False,
     ) -> None:
         super().__init__(agent, scope_id, blackboard=blackboard, capability_key=capability_key)
         made = []
@@ -177,6 +186,8 @@ class MemoryBlocksCapability(AgentCapability):
         self.include_recall = include_recall
         self.archival_level = archival_level
         self.settings = settings
+        self.user_blocks = frozenset(user_blocks)
+        self.ground_archival = ground_archival
 
     # -- wiring -------------------------------------------------------------------------------------
 
@@ -280,6 +291,7 @@ class MemoryBlocksCapability(AgentCapability):
         """Add content to the end of one of your memory blocks (persona, human, ...) as a new line,
         without replacing what is there. Useful for building up information bit by bit; the block
         in your prompt shows it at once."""
+        await self._grounded(label, content)
         return await self._edit(self.store().append(self._me(), label, content, **_tool()))
 
     @action_executor(action_type=ActionType.MEMORY_WRITE, effects=("memory_write", "colony_write"))
@@ -293,13 +305,34 @@ class MemoryBlocksCapability(AgentCapability):
             self.store().append(self._me(), label, f"User said: {message}", message="message", **_tool())
         )
 
-    def _message(self) -> str:
-        """The current run's task as text (what the user said), one line."""
+    async def _grounded(self, label: str, text: str) -> None:
+        """Refuse (BlockEditRejected, naming why) a write of `text` into a `user_blocks` block that
+        is not what the user said; the block's own content counts as said (it holds only checked
+        text, so rewording or moving it states nothing new)."""
+        if label not in self.user_blocks or not text.strip():
+            return
+        try:
+            held = [(await self.store().read(self._me(), label)).content]
+        except BlockNotFound:
+            held = []
+        verdict = check_lines(text, [*await self._said(text), *held])
+        if not verdict.grounded:
+            raise BlockEditRejected(refusal(f"block {label!r}", verdict))
+
+    async def _said(self, text: str) -> list[str]:
+        """What the user said, newest first (grounding.said_by_user)."""
+        scopes = [c.memory_scope for c in self.memory_scopes().values()]
+        return await said_by_user(self.service(), scopes, text, self._message(whole=True))
+
+    def _message(self, *, whole: bool = False) -> str:
+        """The current run's task as text (what the user said), one line (`whole`: as given)."""
         run = self.agent.current_run if self.agent is not None else None
         if run is None:
             return ""
         task = run.input.get("task") if isinstance(run.input, dict) else run.input
-        return " ".join(task.split())[: EDIT_CHARS - 20] if isinstance(task, str) else ""
+        if not isinstance(task, str):
+            return ""
+        return task if whole else " ".join(task.split())[: EDIT_CHARS - 20]
 
     @action_executor(action_type=ActionType.MEMORY_WRITE, effects=("memory_write", "colony_write"))
     async def core_memory_replace(
@@ -311,6 +344,7 @@ class MemoryBlocksCapability(AgentCapability):
         """Replace old_content, which must occur exactly once in the block (copy it exactly as
         shown), with new_content; an empty new_content deletes it. Use this to correct or update
         one detail of a memory block."""
+        await self._grounded(label, new_content)
         return await self._edit(self.store().replace(self._me(), label, old_content, new_content, **_tool()))
 
     @action_executor(action_type=ActionType.MEMORY_WRITE, effects=("memory_write", "colony_write"))
@@ -322,12 +356,14 @@ class MemoryBlocksCapability(AgentCapability):
     ) -> dict[str, Any]:
         """Insert content as a new line of a memory block before line `line` (0 = the top, -1 =
         after the last line)."""
+        await self._grounded(label, content)
         return await self._edit(self.store().insert(self._me(), label, content, line, **_tool()))
 
     @action_executor(action_type=ActionType.MEMORY_WRITE, effects=("memory_write", "colony_write"))
     async def memory_rethink(self, label: Label, new_content: EditText) -> dict[str, Any]:
         """Rewrite a memory block entirely with new_content: to reorganise or condense it when it
         grows long, or when much of it is out of date."""
+        await self._grounded(label, new_content)
         return await self._edit(self.store().set_content(self._me(), label, new_content, **_tool()))
 
     # -- archival memory and recall -------------------------------------------------------------------
@@ -344,7 +380,12 @@ class MemoryBlocksCapability(AgentCapability):
         _bound("content", content, ARCHIVAL_CHARS)
         if len(tags or []) > MAX_TAGS:
             raise InvalidArgument(f"archival_insert takes at most {MAX_TAGS} tags")
+        refuse_user_tag(tags or [])
         target = self.archival()
+        if self.ground_archival:
+            verdict = check_lines(content, await self._said(content))
+            if not verdict.grounded:
+                raise AgentUsageError(refusal("archival memory", verdict))
         all_tags = frozenset({"archival", *(tags or [])})
         key = current_idempotency_key()
         # under an action's key the entry id derives from it: a redo finds the entry it wrote
