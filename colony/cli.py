@@ -312,12 +312,17 @@ def _run(args: argparse.Namespace, target: ApiTarget, input_data: Any) -> int:
         display = AnalyzeProgress(
             live=live, started=time.monotonic(), width=_stderr_width(), active=args.agent == "analyze"
         )
-        for event in with_ticks(iter(events), PROGRESS_TICK_SECONDS) if live else events:
-            if not named and events.run_id is not None:
-                named = True
-                note(f"run {events.run_id} on {args.agent}\n")
-            now = time.monotonic()
-            note(display.tick(now) if event is None else display.feed(event, now))
+        try:
+            for event in with_ticks(iter(events), PROGRESS_TICK_SECONDS) if live else events:
+                if not named and events.run_id is not None:
+                    named = True
+                    note(f"run {events.run_id} on {args.agent}\n")
+                now = time.monotonic()
+                note(display.tick(now) if event is None else display.feed(event, now))
+        except ColonyError:
+            if not named and events.run_id is not None:  # the error's run, before the error says why
+                print(f"run {events.run_id} on {args.agent}", file=sys.stderr)
+            raise
         note(display.end(time.monotonic()))
         run_id = events.run_id
         assert run_id is not None  # (the stream ended with the run's terminal event)

@@ -120,6 +120,8 @@ class ColonyClient:
                 path = f"/v1/runs/{run_id}/events"
                 with self._api.events("GET", path, headers=resumer.headers, timeout=None) as events:
                     for event in events:
+                        if not resumer.fresh(event):  # sent again by a server that ignored Last-Event-ID
+                            continue
                         resumer.seen(event)
                         yield event
                         if event.get("event_type") in TERMINAL_EVENTS:
@@ -226,6 +228,8 @@ class AsyncColonyClient:
                 path = f"/v1/runs/{run_id}/events"
                 async with self._api.events("GET", path, headers=resumer.headers, timeout=None) as events:
                     async for event in events:
+                        if not resumer.fresh(event):
+                            continue
                         resumer.seen(event)
                         yield event
                         if event.get("event_type") in TERMINAL_EVENTS:

@@ -14,8 +14,9 @@ import asyncio
 import contextlib
 import json
 import os
+import re
 import time
-from collections.abc import AsyncIterator, Iterable, Iterator
+from collections.abc import AsyncIterator, Callable, Iterable, Iterator
 from typing import Any
 from urllib.parse import quote
 
@@ -25,6 +26,7 @@ from colony.errors import ApiError
 from colony.wire import idempotency
 from colony.wire.token import TOKEN_ENV, TokenSource, is_loopback
 
+HeadHook = Callable[[httpx.Headers], None]
 RETRYABLE_STATUSES = frozenset({502, 503, 504})  # the API (or the proxy before it) is restarting
 DEFAULT_ATTEMPTS = 4
 
@@ -147,6 +149,13 @@ class StreamResumer:
         self.last_event_id = event.get("id") or self.last_event_id
         self._since, self._failures = None, 0
 
+    def fresh(self, event: dict[str, Any]) -> bool:
+        """False for an event at or before the last one handed out (a server or proxy that
+        ignored `Last-Event-ID` sends the stream again): it is skipped, and is no progress, so such
+        a server is given up on after the window instead of streaming the same events for ever."""
+        last, now = _event_order(self.last_event_id), _event_order(event.get("id"))
+        return last is None or now is None or now > last
+
     def retryable(self, exc: Exception) -> bool:
         """A transport error, a 502/503/504, or a 404 or 500 without a Colony error body: Serve's
         proxy answering before the app is deployed again (404, e.g. after `colony up`), or for a
@@ -164,7 +173,7 @@ class StreamResumer:
         now = time.monotonic()
         if self._since is None:
             self._since = now
-        if now - self._since >= self.window:
+        if self.window <= 0 or now - self._since >= self.window:  # 0: never reconnects
             if exc is not None:
                 raise exc
             raise ApiError(
@@ -174,6 +183,14 @@ class StreamResumer:
             )
         self._failures += 1
         return min(0.2 * 2 ** (self._failures - 1), 2.0)
+
+
+def _event_order(event_id: Any) -> tuple[int, int] | None:
+    """(ms, seq) of an event id (`<ms>-<seq>`), or None for anything else."""
+    if not isinstance(event_id, str):
+        return None
+    ms, sep, seq = event_id.partition("-")
+    return (int(ms), int(seq)) if sep and ms.isdigit() and seq.isdigit() else None
 
 
 class Retry:
@@ -245,10 +262,23 @@ def keyed(method: str, path: str, kwargs: dict[str, Any]) -> dict[str, Any]:
     return {**kwargs, "headers": headers}
 
 
+_RUN_EVENTS = re.compile(r"/v1/runs/[A-Za-z0-9][A-Za-z0-9_.-]{0,127}/events")
+
+
 def replayed_stream(response: httpx.Response) -> str | None:
-    """Where a streamed answer replayed to a retry goes on (a 303 to the run's events), or None."""
+    """Where a streamed answer replayed to a retry goes on (a 303 to the run's events), or None.
+    Only a path of this API's run events is followed: a Location naming another host (a hostile
+    proxy's) would be sent the token."""
     if response.status_code == 303 and response.headers.get(idempotency.REPLAYED_HEADER) == "true":
-        return response.headers.get("location")
+        location = response.headers.get("location", "")
+        if not _RUN_EVENTS.fullmatch(location):
+            raise ApiError(
+                502,
+                "bad_replay",
+                f"a replayed answer sent the client to {location[:120]!r}, not to a run's events on this "
+                "API; not followed",
+            )
+        return location
     return None
 
 
@@ -300,15 +330,20 @@ class ApiConnection:
         return None if response.status_code == 204 else response.json()
 
     @contextlib.contextmanager
-    def events(self, method: str, path: str, **kwargs: Any) -> Iterator[EventStream]:
+    def events(
+        self, method: str, path: str, *, on_head: HeadHook | None = None, **kwargs: Any
+    ) -> Iterator[EventStream]:
         """The events a streamed answer sends, while the block lasts (the stream closes after). A
         write is retried until its stream starts; a retry answered with a replay goes on with the
-        run's own event stream (`GET /v1/runs/{id}/events`, the events the run wrote)."""
+        run's own event stream (`GET /v1/runs/{id}/events`, the events the run wrote). `on_head`
+        gets the first answer's headers (a replay's 303 too) before its events are followed."""
         with contextlib.ExitStack() as stack:
             kwargs = keyed(method, path, kwargs)
             retry = self.retry if idempotency.takes_key(method, path) else Retry(1)
             first = response = self._send(method, path, kwargs, stream=True, retry=retry)
             stack.callback(response.close)
+            if on_head is not None and response.status_code < 400:
+                on_head(response.headers)
             location = replayed_stream(response)
             if location is not None:
                 response = self._send("GET", location, _timeout_of(kwargs), stream=True, retry=Retry(1))
@@ -367,12 +402,16 @@ class AsyncApiConnection:
             await asyncio.sleep(wait)
 
     @contextlib.asynccontextmanager
-    async def events(self, method: str, path: str, **kwargs: Any) -> AsyncIterator[AsyncEventStream]:
+    async def events(
+        self, method: str, path: str, *, on_head: HeadHook | None = None, **kwargs: Any
+    ) -> AsyncIterator[AsyncEventStream]:
         async with contextlib.AsyncExitStack() as stack:
             kwargs = keyed(method, path, kwargs)
             retry = self.retry if idempotency.takes_key(method, path) else Retry(1)
             first = response = await self._send(method, path, kwargs, stream=True, retry=retry)
             stack.push_async_callback(response.aclose)
+            if on_head is not None and response.status_code < 400:
+                on_head(response.headers)
             location = replayed_stream(response)
             if location is not None:
                 response = await self._send("GET", location, _timeout_of(kwargs), stream=True, retry=Retry(1))

@@ -3,11 +3,14 @@
 it saves a request through Serve's proxy before the first event (about 5 to 7 ms of a 2-core
 box's time to first token, benchmarks/token_path.py).
 
-A stream that breaks after the answer's head arrived is resumed at the run's own event stream
-(`GET /v1/runs/{run_id}/events`) after the last event received, so nothing is repeated and
-nothing skipped. One that breaks before it is the submit's to retry: it carries an
-Idempotency-Key, and the API answers a retry whose first try did submit with that run's events
-(colony.client_http)."""
+A stream that breaks after the answer's head arrived (the run id known, from its Colony-Run-Id or
+a replay's 303) is resumed at the run's own event stream (`GET /v1/runs/{run_id}/events`) after the
+last event received, so nothing is repeated and nothing skipped. One that breaks before it is the
+submit's to retry: the stream carries one Idempotency-Key for its whole life, and the API answers
+a retry whose first try did submit with that run's events (colony.client_http). Iterating a stream
+again goes on after the last event it yielded: it never submits a second run. The submit waits
+for its answer's head as long as any call does (the client's timeout); the events, however long
+the run."""
 
 from __future__ import annotations
 
@@ -18,6 +21,7 @@ import httpx
 
 from colony.client_http import ApiConnection, AsyncApiConnection, StreamResumer
 from colony.errors import ApiError
+from colony.wire import idempotency
 from colony.wire.run_events import TERMINAL_EVENTS
 
 RUN_ID_HEADER = "Colony-Run-Id"
@@ -30,6 +34,12 @@ def _run_id_of(headers: httpx.Headers) -> str:
         message = f"the streamed submit's answer has no {RUN_ID_HEADER} header"
         raise ApiError(502, "stream_without_run", message)
     return run_id
+
+
+def _timeout(api: ApiConnection | AsyncApiConnection) -> httpx.Timeout:
+    """The client's timeout to connect, send and get the answer's head; none between events."""
+    limit = api.http.timeout.connect
+    return httpx.Timeout(limit if limit is not None else 30.0, read=None)
 
 
 def _resumable(run_id: str | None, exc: Exception) -> bool:
@@ -53,23 +63,44 @@ class RunStream:
         self._api = api
         self._body = {**body, "stream": True}
         self._resume = resume
+        self._key = {idempotency.HEADER: idempotency.new_key()}  # every try of this one submit
         self.run_id: str | None = None
+        self.last_event_id: str | None = None
+        self.ended = False  # its terminal event was yielded: iterating again yields nothing
+
+    def _head(self, headers: httpx.Headers) -> None:
+        self.run_id = headers.get(RUN_ID_HEADER) or self.run_id
+
+    def _seen(self, event: dict[str, Any]) -> None:
+        self.last_event_id = event.get("id") or self.last_event_id
+        self.ended = self.ended or event.get("event_type") in TERMINAL_EVENTS
 
     def __iter__(self) -> Iterator[dict[str, Any]]:
-        last: str | None = None
-        try:
-            with self._api.events("POST", RUNS_PATH, json=self._body, timeout=None) as events:
-                self.run_id = _run_id_of(events.headers)
-                for event in events:
-                    last = event.get("id") or last
-                    yield event
-                    if event.get("event_type") in TERMINAL_EVENTS:
-                        return
-        except (httpx.TransportError, ApiError) as exc:
-            if not _resumable(self.run_id, exc):
-                raise
-        assert self.run_id is not None  # (set before any event, else raised above)
-        yield from self._resume(self.run_id, last)  # broken, or ended without its terminal event
+        if self.ended:
+            return
+        if self.run_id is None:
+            try:
+                with self._api.events(
+                    "POST",
+                    RUNS_PATH,
+                    json=self._body,
+                    headers=self._key,
+                    timeout=_timeout(self._api),
+                    on_head=self._head,
+                ) as events:
+                    _run_id_of(events.headers)
+                    for event in events:
+                        self._seen(event)
+                        yield event
+                        if event.get("event_type") in TERMINAL_EVENTS:
+                            return
+            except (httpx.TransportError, ApiError) as exc:
+                if not _resumable(self.run_id, exc):
+                    raise
+        assert self.run_id is not None  # (known before any event, else raised above)
+        for event in self._resume(self.run_id, self.last_event_id):  # broken, ended early, or again
+            self._seen(event)
+            yield event
 
 
 class AsyncRunStream:
@@ -84,21 +115,41 @@ class AsyncRunStream:
         self._api = api
         self._body = {**body, "stream": True}
         self._resume = resume
+        self._key = {idempotency.HEADER: idempotency.new_key()}
         self.run_id: str | None = None
+        self.last_event_id: str | None = None
+        self.ended = False  # its terminal event was yielded: iterating again yields nothing
+
+    def _head(self, headers: httpx.Headers) -> None:
+        self.run_id = headers.get(RUN_ID_HEADER) or self.run_id
+
+    def _seen(self, event: dict[str, Any]) -> None:
+        self.last_event_id = event.get("id") or self.last_event_id
+        self.ended = self.ended or event.get("event_type") in TERMINAL_EVENTS
 
     async def __aiter__(self) -> AsyncIterator[dict[str, Any]]:
-        last: str | None = None
-        try:
-            async with self._api.events("POST", RUNS_PATH, json=self._body, timeout=None) as events:
-                self.run_id = _run_id_of(events.headers)
-                async for event in events:
-                    last = event.get("id") or last
-                    yield event
-                    if event.get("event_type") in TERMINAL_EVENTS:
-                        return
-        except (httpx.TransportError, ApiError) as exc:
-            if not _resumable(self.run_id, exc):
-                raise
+        if self.ended:
+            return
+        if self.run_id is None:
+            try:
+                async with self._api.events(
+                    "POST",
+                    RUNS_PATH,
+                    json=self._body,
+                    headers=self._key,
+                    timeout=_timeout(self._api),
+                    on_head=self._head,
+                ) as events:
+                    _run_id_of(events.headers)
+                    async for event in events:
+                        self._seen(event)
+                        yield event
+                        if event.get("event_type") in TERMINAL_EVENTS:
+                            return
+            except (httpx.TransportError, ApiError) as exc:
+                if not _resumable(self.run_id, exc):
+                    raise
         assert self.run_id is not None
-        async for event in self._resume(self.run_id, last):
+        async for event in self._resume(self.run_id, self.last_event_id):
+            self._seen(event)
             yield event

@@ -447,3 +447,59 @@ async def test_a_streamed_answers_first_chunk_is_not_held_for_its_record(
         route_gate.set()
         store_gate.set()
         await redis.aclose()
+
+
+async def test_a_streamed_answer_naming_its_run_sends_its_head_at_once(redis_url: str) -> None:
+    """A keyed stream whose head names its run (Colony-Run-Id) passes the head on before any event:
+    a client learns its run id while the run is still queued (found by the attacking review)."""
+    from types import SimpleNamespace
+
+    from colony.blackboard import create_redis
+    from colony.config import BlackboardSettings
+
+    queued = asyncio.Event()
+
+    async def stream(scope: Any, receive: Any, send: Any) -> None:
+        await receive()
+        headers = [(b"content-type", b"text/event-stream"), (b"colony-run-id", b"run-0123456789ab")]
+        await send({"type": "http.response.start", "status": 200, "headers": headers})
+        await queued.wait()  # the run has not started: no event yet
+        await send({"type": "http.response.body", "body": b"event: completed\ndata: {}\n\n"})
+
+    redis = create_redis(redis_url, BlackboardSettings())
+    runs = SimpleNamespace(
+        tenant_id="t", colony_id=f"heads{uuid.uuid4().hex[:6]}", api_board=SimpleNamespace(redis=redis)
+    )
+
+    async def services() -> Any:
+        return SimpleNamespace(runs=runs)
+
+    app = idempotency.IdempotencyMiddleware(stream, services=services, ttl_seconds=60)
+    sent: list[dict[str, Any]] = []
+    head_out = asyncio.Event()
+    body = iter([{"type": "http.request", "body": b'{"stream": true}', "more_body": False}])
+
+    async def receive() -> Any:
+        return next(body, {"type": "http.disconnect"})
+
+    async def send(message: Any) -> None:
+        sent.append(message)
+        head_out.set()
+
+    scope = {
+        "type": "http",
+        "method": "POST",
+        "path": "/v1/runs",
+        "query_string": b"",
+        "headers": [(b"idempotency-key", str(uuid.uuid4()).encode())],
+    }
+    try:
+        served = asyncio.create_task(app(scope, receive, send))
+        await asyncio.wait_for(head_out.wait(), 5)
+        assert sent[0]["type"] == "http.response.start" and not queued.is_set()
+        queued.set()
+        await asyncio.wait_for(served, 5)
+        assert sent[-1]["body"].startswith(b"event: completed")
+    finally:
+        queued.set()
+        await redis.aclose()

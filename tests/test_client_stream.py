@@ -148,3 +148,66 @@ async def test_the_async_stream_goes_on_the_same_way() -> None:
         stream = client.stream("ask")
         assert [e["id"] async for e in stream] == ["1-0", "2-0", "3-0"]
     assert stream.run_id == "run-1" and [s[2] for s in script.seen] == [None, "1-0"]
+
+
+# -- found by the attacking review -----------------------------------------------------------------
+
+
+def test_iterating_again_goes_on_after_the_last_event_and_never_submits_again() -> None:
+    script = Script((200, HEAD, _sse(STARTED, TOKEN_A)), (200, {}, _sse(DONE)))
+    with ColonyClient("http://api", "t", transport=httpx.MockTransport(script)) as client:
+        stream = client.stream("ask")
+        for _event in stream:
+            break  # the consumer stops after the first event
+        assert [e["id"] for e in stream] == ["3-0"]  # (the server sends from after 1-0 on)
+        assert list(stream) == []  # ended: nothing more, nothing sent
+    assert [(m, p) for m, p, _ in script.seen] == [("POST", "/v1/runs"), ("GET", "/v1/runs/run-1/events")]
+    assert script.seen[1][2] == "1-0"
+
+
+def test_the_submit_has_a_timeout_for_its_head_and_none_between_events() -> None:
+    seen: list[dict[str, float | None]] = []
+
+    def handler(request: httpx.Request) -> httpx.Response:
+        seen.append(request.extensions["timeout"])
+        return httpx.Response(200, headers=HEAD, content=_sse(DONE))
+
+    with ColonyClient("http://api", "t", timeout=7, transport=httpx.MockTransport(handler)) as client:
+        list(client.stream("ask"))
+    assert seen[0]["connect"] == 7 and seen[0]["read"] is None
+
+
+def test_a_replay_whose_events_fail_once_goes_on_with_the_run_it_named() -> None:
+    replay = {"Location": "/v1/runs/run-1/events", "Idempotent-Replayed": "true", "Colony-Run-Id": "run-1"}
+    script = Script((303, replay, b"{}"), (503, {}, b"{}"), (200, {}, _sse(STARTED, DONE)))
+    with ColonyClient("http://api", "t", transport=httpx.MockTransport(script)) as client:
+        stream = client.stream("ask")
+        assert [e["id"] for e in stream] == ["1-0", "3-0"] and stream.run_id == "run-1"
+    assert [m for m, _, _ in script.seen] == ["POST", "GET", "GET"]
+
+
+def test_a_replay_to_another_host_is_not_followed_with_the_token() -> None:
+    replay = {"Location": "http://evil.example/v1/runs/run-1/events", "Idempotent-Replayed": "true"}
+    script = Script((303, replay, b"{}"))
+    client = ColonyClient("http://api", "secret", transport=httpx.MockTransport(script))
+    with client, pytest.raises(ApiError) as caught:
+        list(client.stream("ask"))
+    assert caught.value.code == "bad_replay" and len(script.seen) == 1
+
+
+def test_a_server_that_ignores_last_event_id_is_not_streamed_for_ever() -> None:
+    script = Script(*[(200, {}, _sse(STARTED, TOKEN_A)) for _ in range(40)])
+    client = ColonyClient("http://api", "t", transport=httpx.MockTransport(script), reconnect_seconds=0.5)
+    with client, pytest.raises(ApiError):
+        events = []
+        for event in client.events("run-1"):
+            events.append(event["id"])
+    assert events == ["1-0", "2-0"]  # each once; then given up after the window without progress
+    once = ColonyClient(
+        "http://api",
+        "t",
+        transport=httpx.MockTransport(Script((200, {}, _sse(STARTED)))),
+        reconnect_seconds=0,
+    )
+    with once, pytest.raises(ApiError):
+        list(once.events("run-1"))  # 0: never reconnects (one request, then the error)

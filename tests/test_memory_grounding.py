@@ -246,3 +246,61 @@ async def test_model_output_cannot_claim_the_user_tag(runtime: LocalAgentRuntime
     fact = await dispatch("remember", {"fact": "The user is called Dana.", "tag": "user"})
     assert not fact.success and "kept for what the user said" in (fact.error or ""), fact.error
     assert (await dispatch("archival_insert", {"content": "Hi, my name is Dana.", "tags": ["intro"]})).success
+
+
+# -- found by the attacking review (issue 36) -------------------------------------------------------
+
+TEA = "I live in Oslo and I like green tea and hiking on weekends."
+
+
+@pytest.mark.parametrize(
+    ("candidate", "why"),
+    [
+        ("Name: Emily. Lives in Oslo, likes green tea, hiking on weekends.", "emily"),  # a label's value
+        ("Emily lives in Oslo, likes green tea and hiking on weekends.", "emily"),  # starts a sentence
+        ("She lives in Oslo, likes green tea and hiking on weekends.", "she"),  # who they are
+        ("Lives in Oslo, likes green tea.\nPronouns: she/her", "she"),  # not skipped per line
+        ("Works in Oslo with Alex\u00adandra, likes green tea and hiking.", "alexandra"),  # spliced
+    ],
+)
+def test_names_and_pronouns_get_no_allowance_wherever_they_stand(candidate: str, why: str) -> None:
+    verdict = check_lines(candidate, [TEA.replace("I live", "I work with Alex and live")])
+    assert not verdict.grounded and why in verdict.reason, verdict
+
+
+def test_a_quote_must_be_the_users_words_and_what_they_typed_counts_as_typed() -> None:
+    assert not check_grounded("User said: I live in Bergen.", [TEA, "I was in Bergen once."]).grounded
+    assert check_grounded("User said: I live in Oslo", [TEA]).verbatim
+    assert check_grounded("Lives in İstanbul with Alex", ["I live in İstanbul with Al\u00adex."]).grounded
+
+
+def test_many_lines_against_much_said_are_checked_fast() -> None:
+    said = [("I live in Oslo and like green tea. " * 6000)[:200_000]]
+    lines = "\n".join(f"Likes green tea number {n}" for n in range(3999))[:MAX_CANDIDATE_CHARS]
+    started = time.perf_counter()
+    check_lines(lines, said)
+    assert time.perf_counter() - started < 3.0  # what the user said is read once, not per line
+
+
+async def test_an_edit_is_checked_by_the_lines_it_leaves(runtime: LocalAgentRuntime) -> None:
+    """A replace or deletion inside a kept quote makes a line the user did not say: refused. The
+    block's words are not a source for new lines, so an allowance does not ratchet."""
+    agent = await runtime.spawn(_grounded_agent("editor"))
+    told = "I do not eat meat. I live in Oslo, my brother lives in Berlin."
+    await agent.begin_run({"task": told})
+    dispatch = agent.dispatcher.dispatch
+    blocks = BlockStore(runtime.blackboard.redis, ColonySettings(colony_id=runtime.colony_id))
+    assert (await dispatch("core_memory_save_message", {"label": "human"})).success
+    quote = f"User said: {told}\n"
+    for old, new in (("not ", ""), ("in Oslo", "in Berlin")):
+        edit = await dispatch(
+            "core_memory_replace", {"label": "human", "old_content": old, "new_content": new}
+        )
+        assert not edit.success and "BlockEditRejected" in (edit.error or ""), (old, edit.error)
+    assert (await blocks.read(SYSTEM, "human", owner="editor")).content == quote
+    lower = "lives in oslo with emily, does not eat meat"  # a lower-case name: the documented gap
+    assert (await dispatch("core_memory_append", {"label": "human", "content": lower})).success
+    called = await dispatch("core_memory_append", {"label": "human", "content": "Called Emily."})
+    assert not called.success and "emily" in (called.error or ""), called.error  # no ratchet
+    dropped = {"label": "human", "old_content": f"{lower}", "new_content": ""}
+    assert (await dispatch("core_memory_replace", dropped)).success  # removing a line is allowed

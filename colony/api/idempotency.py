@@ -197,13 +197,21 @@ def keyed_run_id(request: Request) -> str | None:
 _KEEPING: set[asyncio.Task[None]] = set()  # streamed answers' records being stored
 
 
+def _event_stream(start: Message) -> bool:
+    for key, value in start.get("headers", []):
+        if bytes(key).lower() == b"content-type":
+            return bytes(value).decode("latin-1").startswith("text/event-stream")
+    return False
+
+
 class AnswerWatch:
     """The route's answer on its way out: held back until it is kept (or its claim forgotten), then
-    passed on, so a client that got an answer finds it kept when it retries. A streamed answer's
-    first chunk (a run's first tokens) is not held for its record, which names only the run (from
-    the head): it is kept meanwhile, and a retry that comes before it is stored waits for it as a
-    duplicate of a request in flight does (the claim holds until then), then is sent on to the run's
-    events. The stream's first token so reaches the client a Redis round trip sooner."""
+    passed on, so a client that got an answer finds it kept when it retries. A streamed answer is
+    not held for its record, which names only the run: from the head's Colony-Run-Id (the head then
+    goes on at once, so a client learns its run id while the run is still queued), else from the
+    first chunk. It is kept meanwhile, and a retry that comes before it is stored waits for it as a
+    duplicate of a request in flight does (the claim holds until then), then is sent on to the
+    run's events. The stream's first token so reaches the client a Redis round trip sooner."""
 
     def __init__(self, send: Send, settle: Settle) -> None:
         self._send = send
@@ -229,18 +237,20 @@ class AnswerWatch:
         if self.settled:
             await self._send(message)
             return
+        streamed = message["type"] == "http.response.start" and _event_stream(message)
         if message["type"] == "http.response.start":
             self.start = message
+        if streamed and self.header(b"colony-run-id"):  # the run is named: its head goes on at once
+            self._keep(self._streamed(b""))
+            await self._send(message)
+            return
         if message["type"] != "http.response.body" or self.start is None:
             self.held.append(message)
             return
         chunk, more = bytes(message.get("body", b"")), bool(message.get("more_body", False))
         self.held.append(message)
-        if (self.header(b"content-type") or "").startswith("text/event-stream"):
-            self.settled = True
-            self._keeping = asyncio.create_task(self._settle(self._streamed(chunk)))
-            _KEEPING.add(self._keeping)  # held till stored, even when the request is cancelled
-            self._keeping.add_done_callback(_KEEPING.discard)
+        if _event_stream(self.start):  # a stream naming its run in its first event
+            self._keep(self._streamed(chunk))
             await self._flush()
             return
         if not self.too_large:
@@ -252,9 +262,18 @@ class AnswerWatch:
         elif self.too_large:
             await self._flush()
 
+    def _keep(self, answer: dict[str, Any] | None) -> None:
+        """Store a streamed answer's record while the stream goes on (held by `_KEEPING` till
+        stored, even when the request is cancelled)."""
+        self.settled = True
+        self._keeping = asyncio.create_task(self._settle(answer))
+        _KEEPING.add(self._keeping)
+        self._keeping.add_done_callback(_KEEPING.discard)
+
     async def close(self) -> None:
-        """After the route returned (or raised): an answer it never finished is not kept; a
-        streamed one's record is stored before the request ends."""
+        """After the route returned: an answer it never finished is not kept; a streamed one's
+        record is stored before this returns. (A route that raised, or a request cancelled, does
+        not come here: its record is stored by the task alone, and a retry waits for it.)"""
         if self._keeping is not None:
             await asyncio.shield(self._keeping)
         if not self.settled:

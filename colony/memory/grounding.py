@@ -7,10 +7,14 @@ sentence sixteen times. Stored as a fact, that text is later recalled as if the 
 
 - it is the user's words verbatim (its words, ignoring case and punctuation, run in that order in
   one thing the user said; a leading "User said:" is allowed), or
-- it is an extract: it does not repeat itself (`repetition`), every name and number in it (a word
-  with a digit, or with a capital other than the first of a sentence or of a "Label: value" part)
+- it is an extract: it does not repeat itself (`repetition`), every name, number and gendered
+  pronoun in it (a word with a digit, a word written with a capital wherever it stands, he/she/...)
   is a word the user used, and at least MIN_COVERAGE of its content words (words less stop words
   and profile labels, compared by a crude stem: "likes" = "like") are.
+
+A line framed as a quote ("User said: ...") must be verbatim. What a block already holds is not a
+source of words for a new line (else a word one allowance let in would ground the next write), only
+a line stored unchanged passes as it is (`check_lines(kept=...)`).
 
 Why 0.8: an extract of what the user said rewords a little ("I live in Oslo and like green tea"
 -> "Lives in Oslo, enjoys green tea": a verb changed, another form of one); one content word in
@@ -18,9 +22,13 @@ five of its own allows that, while a short extract (three or four content words)
 and a text with half its content words new states something the user did not say. Names and
 numbers get no allowance: they are what a wrong fact most often gets wrong. The allowance is also
 the rule's known gap: one invented common noun in five ("likes coffee" among four words the user
-used) passes. The rule is lexical and explainable, not a judge of meaning: a negation the user did
-not make ("does not like tea") passes it, as does one the user made and the candidate drops ("like
-tea" is words of "I do not like tea"), and words written without spaces between them (Chinese,
+used) passes, and so does a name written in lower case. The rule is lexical and explainable, not
+a judge of meaning: a negation the user did not make ("does not like tea") passes it, as does one the
+user made and the candidate drops ("like tea" is words of "I do not like tea"), words of one message
+recombined ("Tom lives in Berlin" from "Tom lives in Oslo and my sister in Berlin"), a number from
+another context ("Age: 34" from "flat 34"), a comparison flipped ("more"/"than" are stop words), a
+stem collision ("hates" = "hat"), look-alike letters from other scripts (a loop of lines each with
+one Cyrillic letter is not seen as a loop), and words written without spaces between them (Chinese,
 Japanese) are grounded only verbatim.
 
 The work is bounded: a candidate longer than MAX_CANDIDATE_CHARS is refused unread, and only the
@@ -63,9 +71,9 @@ _PART = re.compile(r"[.!?;:\n]+")  # where a capital starts a sentence or a valu
 _STOP_TEXT = """
     a about above after again against all am an and any are as at be because been before being
     below between both but by can could did do does doing don down during each few for from further
-    had has have having he her here hers herself him himself his how i if in into is it its itself
+    had has have having here how i if in into is it its itself
     just let me more most my myself no nor not now of off on once only or other our ours ourselves
-    out over own same she should so some such than that the their theirs them themselves then there
+    out over own same should so some such than that the their theirs them themselves then there
     these they this those through to too under until up very was we were what when where which
     while who whom why will with would you your yours yourself yourselves also am im ive id ill
     youre hi hello hey please thanks thank ok okay yes yeah well really remember note
@@ -74,6 +82,8 @@ _STOP_TEXT = """
     age pronouns preference preferences context detail details info information fact facts
 """
 STOP_WORDS = frozenset(_STOP_TEXT.split())
+# words that state who someone is: held to what the user said like names (no allowance)
+GENDERED = frozenset(["he", "him", "his", "himself", "she", "her", "hers", "herself"])
 _FRAME = ("user said", "user says", "user")  # leading words a stored line may carry before the quote
 
 
@@ -85,14 +95,20 @@ class Grounding:
     reason: str
     coverage: float = 0.0
     missing: tuple[str, ...] = ()
+    verbatim: bool = False
+
+
+def _normal(text: str) -> str:
+    """`text` NFKC-normalised, invisible format characters (zero-width, soft hyphen) dropped: what
+    every comparison here sees, so a spliced name reads as the one it displays."""
+    text = "".join(c for c in unicodedata.normalize("NFKC", text) if unicodedata.category(c) != "Cf")
+    return unicodedata.normalize("NFKC", text)
 
 
 def words(text: str) -> list[str]:
-    """`text` as lower-case words: NFKC-normalised, case-folded, invisible format characters
-    dropped, split at everything that is not a letter or digit ("Dana's" -> dana, s)."""
-    text = unicodedata.normalize("NFKC", text)
-    text = "".join(c for c in text if unicodedata.category(c) != "Cf")
-    return _WORD.findall(text.casefold())
+    """`text` as lower-case words: `_normal`, case-folded, split at everything that is not a
+    letter or digit ("Dana's" -> dana, s)."""
+    return _WORD.findall(_normal(text).casefold())
 
 
 def stem(word: str) -> str:
@@ -139,15 +155,15 @@ def _unframed(tokens: list[str]) -> list[str]:
 
 
 def _salient(text: str) -> set[str]:
-    """Names and numbers: words with a digit, and words written with a capital other than the
-    first of a sentence or of a "Label: value" part (less stop words: "I", "User")."""
+    """Names, numbers and who someone is: words with a digit, words written with a capital
+    wherever they stand (a name starts a sentence, or is a label's value: "Name: Emily"), and
+    gendered pronouns; less stop words ("I", "User", "Name"). Normalised as `words` does, so both
+    sides split a word the same way."""
     found = set()
-    for part in _PART.split(unicodedata.normalize("NFKC", text)):
-        for n, raw in enumerate(_WORD.findall(part)):
-            if any(c.isdigit() for c in raw) or (n > 0 and raw[0].isupper()):
-                word = raw.casefold()
-                if word not in STOP_WORDS and len(word) > 1:
-                    found.add(word)
+    for raw in _WORD.findall(_normal(text)):
+        if any(c.isdigit() for c in raw) or raw[0].isupper():
+            found.update(w for w in _WORD.findall(raw.casefold()) if w not in STOP_WORDS and len(w) > 1)
+    found.update(w for w in words(text) if w in GENDERED)
     return found
 
 
@@ -161,22 +177,41 @@ def _bounded(said: Sequence[str]) -> list[str]:
     return out
 
 
-def check_grounded(candidate: str, said: Sequence[str], *, min_coverage: float = MIN_COVERAGE) -> Grounding:
+class Heard:
+    """What the user said, read once for many checks: each message as one string of its words (for
+    verbatim matches) and the stems of every word (for extracts)."""
+
+    def __init__(self, said: Sequence[str]) -> None:
+        sources = [words(text) for text in _bounded(said)]
+        self.joined = [" " + " ".join(source) + " " for source in sources]
+        self.stems = {stem(w) for source in sources for w in source}
+
+    def verbatim(self, tokens: list[str]) -> bool:
+        quoted = " " + " ".join(tokens) + " "
+        return any(quoted in source for source in self.joined)
+
+
+def check_grounded(
+    candidate: str, said: Sequence[str] | Heard, *, min_coverage: float = MIN_COVERAGE
+) -> Grounding:
     """Whether `candidate` may be stored as what the user said, given `said` (the user's own
-    messages, newest first, and text already checked): see the module for the rule."""
+    messages, newest first): see the module for the rule. A candidate framed as a quote ("User
+    said: ...") must be verbatim: a quote that changes a word is not what the user said."""
     if len(candidate) > MAX_CANDIDATE_CHARS:
         return Grounding(False, f"it is longer than {MAX_CANDIDATE_CHARS} characters; store less")
-    tokens = _unframed(words(candidate))
+    raw_tokens = words(candidate)
+    tokens = _unframed(raw_tokens)
     if not tokens:
         return Grounding(False, "it has no words")
-    sources = [words(text) for text in _bounded(said)]
-    quoted = " " + " ".join(tokens) + " "
-    if any(quoted in " " + " ".join(source) + " " for source in sources):
-        return Grounding(True, "the user's words verbatim", coverage=1.0)
+    heard_from = said if isinstance(said, Heard) else Heard(said)
+    if heard_from.verbatim(tokens):
+        return Grounding(True, "the user's words verbatim", coverage=1.0, verbatim=True)
+    if raw_tokens[:2] == ["user", "said"]:
+        return Grounding(False, "it quotes the user, but the user did not say it in these words")
     looped = repetition(candidate)
     if looped is not None:
         return Grounding(False, looped)
-    heard = {stem(w) for source in sources for w in source}
+    heard = heard_from.stems
     wanted = content_words(tokens)
     if not wanted:
         return Grounding(False, "it states nothing the user said (no content words of theirs)")
@@ -202,22 +237,30 @@ def check_grounded(candidate: str, said: Sequence[str], *, min_coverage: float =
     return Grounding(True, extract, coverage)
 
 
-def check_lines(candidate: str, said: Sequence[str], *, min_coverage: float = MIN_COVERAGE) -> Grounding:
+def check_lines(
+    candidate: str, said: Sequence[str], *, min_coverage: float = MIN_COVERAGE, kept: Iterable[str] = ()
+) -> Grounding:
     """`check_grounded` line by line (a block's new content: every line must hold on its own, so
     one invented line among kept ones is found); the first refusal, naming its line. Lines that
-    repeat one another are refused as a whole."""
-    whole = check_grounded(candidate, said, min_coverage=min_coverage)
-    if len(candidate) > MAX_CANDIDATE_CHARS or (whole.grounded and whole.coverage == 1.0):
+    repeat one another are refused as a whole. `kept`: lines already stored (checked when they
+    were), passed as they are; they are not a source of words for the others, so what an
+    allowance let in once does not ground the next write. What the user said is read once."""
+    if len(candidate) > MAX_CANDIDATE_CHARS:
+        return Grounding(False, f"it is longer than {MAX_CANDIDATE_CHARS} characters; store less")
+    heard = Heard(said)
+    unchanged = set(kept)
+    lines = [line for line in candidate.splitlines() if words(line) and line not in unchanged]
+    if not lines:
+        return Grounding(True, "every line is stored already", 1.0)
+    whole = check_grounded("\n".join(lines), heard, min_coverage=min_coverage)
+    if whole.verbatim or len(lines) == 1:
         return whole
-    lines = [line for line in candidate.splitlines() if words(line)]
-    if len(lines) <= 1:
-        return whole
-    looped = repetition(candidate)
+    looped = repetition("\n".join(lines))
     if looped is not None:
         return Grounding(False, looped)
     worst = 1.0
     for line in lines:
-        verdict = check_grounded(line, said, min_coverage=min_coverage)
+        verdict = check_grounded(line, heard, min_coverage=min_coverage)
         if not verdict.grounded:
             where = f'line "{line.strip()[:80]}": {verdict.reason}'
             return Grounding(False, where, verdict.coverage, verdict.missing)

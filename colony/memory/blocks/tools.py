@@ -20,7 +20,7 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Annotated, Any
 
 from pydantic import Field
@@ -291,7 +291,7 @@ class MemoryBlocksCapability(AgentCapability):
         """Add content to the end of one of your memory blocks (persona, human, ...) as a new line,
         without replacing what is there. Useful for building up information bit by bit; the block
         in your prompt shows it at once."""
-        await self._grounded(label, content)
+        await self._grounded(label, lambda held: f"{held}\n{content}")
         return await self._edit(self.store().append(self._me(), label, content, **_tool()))
 
     @action_executor(action_type=ActionType.MEMORY_WRITE, effects=("memory_write", "colony_write"))
@@ -305,17 +305,24 @@ class MemoryBlocksCapability(AgentCapability):
             self.store().append(self._me(), label, f"User said: {message}", message="message", **_tool())
         )
 
-    async def _grounded(self, label: str, text: str) -> None:
-        """Refuse (BlockEditRejected, naming why) a write of `text` into a `user_blocks` block that
-        is not what the user said; the block's own content counts as said (it holds only checked
-        text, so rewording or moving it states nothing new)."""
-        if label not in self.user_blocks or not text.strip():
+    async def _grounded(self, label: str, edit: Callable[[str], str]) -> None:
+        """Refuse (BlockEditRejected, naming why) an edit of a `user_blocks` block that leaves a
+        line the user did not say: every line the edit makes (`edit(content)` is the block as the
+        edit leaves it, a deletion inside a line included) is checked against the user's own
+        messages; lines kept as they were pass, removing a line is always allowed. The block
+        itself is no source of words (grounding.check_lines, `kept`)."""
+        if label not in self.user_blocks:
             return
         try:
-            held = [(await self.store().read(self._me(), label)).content]
+            held = (await self.store().read(self._me(), label)).content
         except BlockNotFound:
-            held = []
-        verdict = check_lines(text, [*await self._said(text), *held])
+            held = ""
+        after = edit(held)
+        kept = held.splitlines()
+        made = "\n".join(line for line in after.splitlines() if line not in set(kept))
+        if not made.strip():
+            return
+        verdict = check_lines(made, await self._said(made), kept=kept)
         if not verdict.grounded:
             raise BlockEditRejected(refusal(f"block {label!r}", verdict))
 
@@ -344,7 +351,7 @@ class MemoryBlocksCapability(AgentCapability):
         """Replace old_content, which must occur exactly once in the block (copy it exactly as
         shown), with new_content; an empty new_content deletes it. Use this to correct or update
         one detail of a memory block."""
-        await self._grounded(label, new_content)
+        await self._grounded(label, lambda held: held.replace(old_content, new_content, 1))
         return await self._edit(self.store().replace(self._me(), label, old_content, new_content, **_tool()))
 
     @action_executor(action_type=ActionType.MEMORY_WRITE, effects=("memory_write", "colony_write"))
@@ -356,14 +363,14 @@ class MemoryBlocksCapability(AgentCapability):
     ) -> dict[str, Any]:
         """Insert content as a new line of a memory block before line `line` (0 = the top, -1 =
         after the last line)."""
-        await self._grounded(label, content)
+        await self._grounded(label, lambda held: f"{held}\n{content}")
         return await self._edit(self.store().insert(self._me(), label, content, line, **_tool()))
 
     @action_executor(action_type=ActionType.MEMORY_WRITE, effects=("memory_write", "colony_write"))
     async def memory_rethink(self, label: Label, new_content: EditText) -> dict[str, Any]:
         """Rewrite a memory block entirely with new_content: to reorganise or condense it when it
         grows long, or when much of it is out of date."""
-        await self._grounded(label, new_content)
+        await self._grounded(label, lambda _held: new_content)
         return await self._edit(self.store().set_content(self._me(), label, new_content, **_tool()))
 
     # -- archival memory and recall -------------------------------------------------------------------
