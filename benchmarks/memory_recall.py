@@ -22,7 +22,8 @@ Per size (default 1,000 and 10,000 entries per scope):
     verification of the hits in Redis). Each question is new to each mode's retriever: no timed
     recall reuses a cached query embedding. The padding's embeddings are computed once per run and
     reused for every padded scope (they are the same texts); a set's own entries and every query are
-    embedded for real. Entries are stored as they are, one entry each (no chunking).
+    embedded for real. Entries are stored as they are, one entry each (the index embeds a longer one
+    by sentence too: colony.memory.index.chunks_of).
 Goals (issue 36), on every test set at 10k entries: hybrid R@5 >= 0.95 and R@1 >= 0.85, hybrid above
 both vector-only and keyword-only by >= 0.02 at R@1 and R@5, recall p50 <= 30 ms; ingestion >= 500
 entries/s (issue 15). Usage:

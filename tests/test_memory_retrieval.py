@@ -64,7 +64,7 @@ def test_keyword_score_saturates_and_recency_halves() -> None:
 
 def test_mode_weights_and_stream_ids() -> None:
     memory = MemorySettings()
-    assert mode_weights("hybrid", memory) == (0.7, 0.3)
+    assert mode_weights("hybrid", memory) == (0.85, 0.15)
     assert mode_weights("vector", memory) == (1.0, 0.0)
     assert mode_weights("keyword", memory) == (0.0, 1.0)
     assert mode_weights("hybrid", memory, vector_available=False) == (0.0, 1.0)
@@ -418,7 +418,7 @@ async def test_min_relevance_keeps_a_paraphrase_and_drops_unrelated_entries(
 
 
 def test_collection_names_are_checked() -> None:
-    assert collection_name(MemorySettings(), "default", "main") == "colony-default-main-memory"
+    assert collection_name(MemorySettings(), "default", "main") == "colony-default-main-memory-v2"
     with pytest.raises(ValueError, match="collection name"):
         collection_name(MemorySettings(), "bad/tenant", "main")
 

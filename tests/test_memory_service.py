@@ -20,7 +20,7 @@ from colony.memory.types import MemoryQuery, NewMemory, WriteOutcome
 
 def test_collection_names_are_safe_and_distinct() -> None:
     plain = collection_name(ColonySettings(colony_id="prod"))
-    assert plain == "colony-default-prod-memory"
+    assert plain == "colony-default-prod-memory-v2"
     odd = collection_name(ColonySettings(colony_id="team.\u00e9t\u00e9"))
     assert odd.startswith("colony-default-") and "\u00e9" not in odd and odd != plain
 

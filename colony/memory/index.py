@@ -1,9 +1,15 @@
 """The vector half of hybrid recall: embeddings of memory entries in a Chroma collection.
 
-One collection per colony (`{prefix}-{tenant}-{colony}-memory`, cosine space), rows named
-`{scope_id}#{entry_id}` with metadata `{"scope", "created_at"}`. Chroma holds vectors only, never
-the text: the entry lives in Redis, so a compromised or lost Chroma leaks nothing and changes only
-ranking (recall verifies every hit against Redis and `reindex` rebuilds it).
+One collection per colony (`{prefix}-{tenant}-{colony}-memory-v{ROWS_VERSION}`, cosine space). An
+entry has a row named `{scope_id}#{entry_id}` (its whole text) and, when it holds more than one
+sentence, a row per sentence, `{scope_id}#{entry_id}@{n}` (`chunks_of`), each with metadata
+`{"scope", "created_at", "ref"}` (`ref`: the entry's own row name). An entry scores the best cosine
+of its rows: a question about one detail of a long, chatty entry (a user's multi-sentence turn)
+meets the sentence that holds it, where the whole entry's embedding averages the detail away with
+the rest (and MiniLM reads only its first 256 tokens). Chroma holds vectors only, never the text:
+the entry lives in Redis, so a compromised or lost Chroma leaks nothing and changes only ranking
+(recall verifies every hit against Redis and `reindex` rebuilds it). A collection of an earlier
+row layout is left alone: the new name is a new generation, which catch-up fills from Redis.
 
 Embeddings are always computed here, by the embedder we were given (the packaged local model), and
 handed to Chroma explicitly: the collection has no embedding function, so Chroma never reaches for
@@ -28,7 +34,16 @@ from colony.config import MemorySettings
 from colony.errors import InvalidArgument
 from colony.memory.types import MemoryEntry
 
-__all__ = ["ChromaVectorIndex", "Embedder", "VectorIndex", "collection_name", "ref_of", "split_ref"]
+__all__ = [
+    "ChromaVectorIndex",
+    "Embedder",
+    "VectorIndex",
+    "chunks_of",
+    "collection_name",
+    "entry_of_row",
+    "ref_of",
+    "split_ref",
+]
 
 _COLLECTION_NAME = re.compile(r"^[a-zA-Z0-9][a-zA-Z0-9._-]{1,510}[a-zA-Z0-9]$")
 # up to this many candidates, a search compares them directly (fetching 100 embeddings from a 10k
@@ -38,11 +53,47 @@ DIRECT_MAX = 128
 UPSERT_BATCH = 256
 T = TypeVar("T")
 QUERY_CACHE = 256
+ROWS_VERSION = 2  # the row layout (2: an entry's sentences have rows of their own)
+MAX_CHUNKS = 32  # sentence rows of one entry, at most (the first ones)
+MIN_CHUNK_WORDS = 4  # a shorter sentence joins the one after it
+_SENTENCE_END = re.compile(r"(?<=[.!?])\s+|\n+")
+_CHUNK = "@"  # between an entry's row name and a sentence's number (never in an entry id)
 
 
 def ref_of(scope_id: str, entry_id: str) -> str:
     """The Chroma id of an entry."""
     return f"{scope_id}#{entry_id}"
+
+
+def chunks_of(text: str) -> list[str]:
+    """The sentences of `text` that get rows of their own, beside the whole text's: [] for a text
+    of one sentence (its row is the whole). Sentences of fewer than MIN_CHUNK_WORDS words join
+    the next; at most MAX_CHUNKS."""
+    merged: list[str] = []
+    for sentence in _SENTENCE_END.split(text.strip()):
+        sentence = sentence.strip()
+        if not sentence:
+            continue
+        if merged and len(merged[-1].split()) < MIN_CHUNK_WORDS:
+            merged[-1] = f"{merged[-1]} {sentence}"
+        else:
+            merged.append(sentence)
+    return merged[:MAX_CHUNKS] if len(merged) > 1 else []
+
+
+def entry_of_row(row: str) -> str:
+    """The entry's row name (`ref_of`) of a Chroma row id, a sentence's or the whole text's."""
+    head, sep, tail = row.rpartition(_CHUNK)
+    return head if sep and tail.isdigit() and "#" in head else row
+
+
+def _best_by_entry(rows: Sequence[str], cosines: Sequence[float]) -> dict[str, float]:
+    best: dict[str, float] = {}
+    for row, cosine in zip(rows, cosines, strict=True):
+        ref = entry_of_row(row)
+        if cosine > best.get(ref, -2.0):
+            best[ref] = cosine
+    return best
 
 
 def split_ref(ref: str) -> tuple[str, str]:
@@ -53,7 +104,7 @@ def split_ref(ref: str) -> tuple[str, str]:
 
 def collection_name(settings: MemorySettings, tenant_id: str, colony_id: str) -> str:
     """The Chroma collection of one colony's memory."""
-    name = f"{settings.collection_prefix}-{tenant_id}-{colony_id}-memory"
+    name = f"{settings.collection_prefix}-{tenant_id}-{colony_id}-memory-v{ROWS_VERSION}"
     if not _COLLECTION_NAME.match(name):
         raise InvalidArgument(
             f"Chroma collection name {name!r} is not valid (letters, digits, '.', '_', '-'; 3-512 "
@@ -156,19 +207,27 @@ class ChromaVectorIndex:
         return vector
 
     async def upsert(self, entries: Sequence[MemoryEntry]) -> None:
-        """Embed and store entries (replacing rows of the same id)."""
-        for start in range(0, len(entries), UPSERT_BATCH):
-            chunk = entries[start : start + UPSERT_BATCH]
-            vectors = await asyncio.to_thread(self._embed, [e.content for e in chunk])
-            ids = [ref_of(e.scope_id, e.entry_id) for e in chunk]
-            metadatas = [{"scope": e.scope_id, "created_at": float(e.created_at)} for e in chunk]
+        """Embed and store entries, a row for the whole text and one per sentence (replacing rows
+        of the same id; an entry's text never changes, so neither do its rows)."""
+        rows: list[tuple[str, str, dict[str, Any]]] = []
+        for entry in entries:
+            ref = ref_of(entry.scope_id, entry.entry_id)
+            meta = {"scope": entry.scope_id, "created_at": float(entry.created_at), "ref": ref}
+            rows.append((ref, entry.content, meta))
+            rows += [(f"{ref}{_CHUNK}{n}", text, meta) for n, text in enumerate(chunks_of(entry.content), 1)]
+        for start in range(0, len(rows), UPSERT_BATCH):
+            batch = rows[start : start + UPSERT_BATCH]
+            vectors = await asyncio.to_thread(self._embed, [text for _, text, _ in batch])
+            ids = [row for row, _, _ in batch]
+            metadatas = [meta for _, _, meta in batch]
             await self._run(lambda c: c.upsert(ids=ids, embeddings=vectors, metadatas=metadatas))  # noqa: B023
         self._count = None
 
     async def delete(self, refs: Sequence[str]) -> None:
+        """Delete entries' rows, their sentences' too."""
         if refs:
-            ids = list(refs)
-            await self._run(lambda c: c.delete(ids=ids))
+            where = {"ref": {"$in": list(refs)}}
+            await self._run(lambda c: c.delete(where=where))
             self._count = None
 
     async def drop_scope(self, scope_id: str) -> None:
@@ -182,13 +241,15 @@ class ChromaVectorIndex:
             self._count = (now, int(await self._run(lambda c: c.count())))
         return self._count[1]
 
-    async def _query(self, vector: np.ndarray, n: int) -> dict[str, float]:
+    async def _query(self, vector: np.ndarray, n: int) -> tuple[dict[str, float], int]:
+        """The entries of the `n` rows nearest to `vector` (each at its best row), and how many rows
+        came back (fewer than `n`: the whole collection was read)."""
         reply = await self._run(
             lambda c: c.query(query_embeddings=[vector], n_results=max(1, n), include=["distances"])
         )
         found_ids = reply["ids"][0] if reply["ids"] else []
         distances = reply["distances"][0] if reply.get("distances") else []
-        return {ref: 1.0 - float(d) for ref, d in zip(found_ids, distances, strict=True)}
+        return _best_by_entry(found_ids, [1.0 - float(d) for d in distances]), len(found_ids)
 
     async def search(self, vector: np.ndarray, candidates: Collection[str], n: int) -> dict[str, float]:
         """The `n` candidates nearest to `vector`, exact with respect to the candidate set.
@@ -209,21 +270,22 @@ class ChromaVectorIndex:
         share = min(1.0, len(candidates) / total) if total else 1.0
         room = max(n * 4, math.ceil(n / share * 2))
         while True:
-            hits = await self._query(vector, room)
+            hits, read = await self._query(vector, room)
             kept = {ref: cos for ref, cos in hits.items() if ref in candidates}
-            if len(kept) >= want or len(hits) < room:  # enough, or the whole collection was read
+            if len(kept) >= want or read < room:  # enough, or the whole collection was read
                 return dict(sorted(kept.items(), key=lambda kv: kv[1], reverse=True)[:want])
             room *= 4
 
     async def similarities(self, vector: np.ndarray, refs: Collection[str]) -> dict[str, float]:
+        """Each entry's best cosine over its rows (the whole text's and its sentences')."""
         if not refs:
             return {}
-        ids = list(refs)
-        got = await self._run(lambda c: c.get(ids=ids, include=["embeddings"]))
+        where = {"ref": {"$in": list(refs)}}
+        got = await self._run(lambda c: c.get(where=where, include=["embeddings"]))
         embeddings = got.get("embeddings")
         if embeddings is None or not len(got["ids"]):
             return {}
         matrix = np.asarray(embeddings, dtype=np.float32)
         norms = np.linalg.norm(matrix, axis=1)
         cosines = matrix @ vector / np.where(norms > 0, norms, 1.0)
-        return {ref: float(c) for ref, c in zip(got["ids"], cosines, strict=True)}
+        return _best_by_entry(got["ids"], [float(c) for c in cosines])

@@ -15,7 +15,8 @@ an old but exact answer still beats a fresh unrelated one.
 
 When no candidate shares a word with the query, the keyword ranker abstains (the recall ranks by
 cosine alone, wk = 0): otherwise a pure paraphrase, the case vectors exist for, would be capped at
-wv x cosine (0.7 x 0.5 = 0.35 for a typical MiniLM paraphrase) and sit at the `min_relevance` line.
+wv x cosine (0.85 x 0.5 = 0.43 for a typical MiniLM paraphrase; 0.35 with a keyword weight of 0.3,
+at the `min_relevance` line).
 """
 
 from __future__ import annotations

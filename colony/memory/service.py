@@ -34,7 +34,10 @@ def collection_name(settings: ColonySettings) -> str:
     def part(value: str) -> str:
         return value if _SAFE_NAME.fullmatch(value) else hashlib.sha256(value.encode()).hexdigest()[:16]
 
-    return f"{settings.memory.collection_prefix}-{part(settings.tenant_id)}-{part(settings.colony_id)}-memory"
+    from colony.memory.index import ROWS_VERSION  # (numpy and Chroma load only when an index is built)
+
+    tenant, colony = part(settings.tenant_id), part(settings.colony_id)
+    return f"{settings.memory.collection_prefix}-{tenant}-{colony}-memory-v{ROWS_VERSION}"
 
 
 class MemoryService:
