@@ -49,7 +49,37 @@ def _resumable(run_id: str | None, exc: Exception) -> bool:
     return run_id is not None and StreamResumer(None, 0.0).retryable(exc)
 
 
-class RunStream:
+class _StreamedRun:
+    """What a streamed run knows of itself, the same for both twins: its submit (one body, one
+    Idempotency-Key for every try), its run id once a head named it, the last event yielded."""
+
+    def __init__(self, body: dict[str, Any]) -> None:
+        self._body = {**body, "stream": True}
+        self._key = {idempotency.HEADER: idempotency.new_key()}  # every try of this one submit
+        self.run_id: str | None = None
+        self.last_event_id: str | None = None
+        self.ended = False  # its terminal event was yielded: iterating again yields nothing
+
+    def _submit(self, api: ApiConnection | AsyncApiConnection) -> dict[str, Any]:
+        """The arguments of the streamed submit (`api.events`)."""
+        return {"json": self._body, "headers": self._key, "timeout": _timeout(api), "on_head": self._head}
+
+    def _head(self, headers: httpx.Headers) -> None:
+        self.run_id = headers.get(RUN_ID_HEADER) or self.run_id
+
+    def _seen(self, event: dict[str, Any]) -> bool:
+        """Note `event`; True when it ends the run."""
+        self.last_event_id = event.get("id") or self.last_event_id
+        self.ended = self.ended or event.get("event_type") in TERMINAL_EVENTS
+        return self.ended
+
+    def _broken(self, exc: Exception) -> None:
+        """Raise `exc` unless the stream can go on at the run's events."""
+        if not _resumable(self.run_id, exc):
+            raise exc
+
+
+class RunStream(_StreamedRun):
     """`for event in client.stream("ask", {...})`: the run's events as `client.events` yields them,
     ending with its terminal one. `run_id` is set once the answer's head arrived (before the first
     event is yielded)."""
@@ -60,50 +90,31 @@ class RunStream:
         body: dict[str, Any],
         resume: Callable[[str, str | None], Iterator[dict[str, Any]]],
     ) -> None:
+        super().__init__(body)
         self._api = api
-        self._body = {**body, "stream": True}
         self._resume = resume
-        self._key = {idempotency.HEADER: idempotency.new_key()}  # every try of this one submit
-        self.run_id: str | None = None
-        self.last_event_id: str | None = None
-        self.ended = False  # its terminal event was yielded: iterating again yields nothing
-
-    def _head(self, headers: httpx.Headers) -> None:
-        self.run_id = headers.get(RUN_ID_HEADER) or self.run_id
-
-    def _seen(self, event: dict[str, Any]) -> None:
-        self.last_event_id = event.get("id") or self.last_event_id
-        self.ended = self.ended or event.get("event_type") in TERMINAL_EVENTS
 
     def __iter__(self) -> Iterator[dict[str, Any]]:
         if self.ended:
             return
         if self.run_id is None:
             try:
-                with self._api.events(
-                    "POST",
-                    RUNS_PATH,
-                    json=self._body,
-                    headers=self._key,
-                    timeout=_timeout(self._api),
-                    on_head=self._head,
-                ) as events:
+                with self._api.events("POST", RUNS_PATH, **self._submit(self._api)) as events:
                     _run_id_of(events.headers)
                     for event in events:
-                        self._seen(event)
+                        ended = self._seen(event)
                         yield event
-                        if event.get("event_type") in TERMINAL_EVENTS:
+                        if ended:
                             return
             except (httpx.TransportError, ApiError) as exc:
-                if not _resumable(self.run_id, exc):
-                    raise
+                self._broken(exc)
         assert self.run_id is not None  # (known before any event, else raised above)
         for event in self._resume(self.run_id, self.last_event_id):  # broken, ended early, or again
             self._seen(event)
             yield event
 
 
-class AsyncRunStream:
+class AsyncRunStream(_StreamedRun):
     """The async twin of RunStream: `async for event in client.stream(...)`."""
 
     def __init__(
@@ -112,43 +123,24 @@ class AsyncRunStream:
         body: dict[str, Any],
         resume: Callable[[str, str | None], AsyncIterator[dict[str, Any]]],
     ) -> None:
+        super().__init__(body)
         self._api = api
-        self._body = {**body, "stream": True}
         self._resume = resume
-        self._key = {idempotency.HEADER: idempotency.new_key()}
-        self.run_id: str | None = None
-        self.last_event_id: str | None = None
-        self.ended = False  # its terminal event was yielded: iterating again yields nothing
-
-    def _head(self, headers: httpx.Headers) -> None:
-        self.run_id = headers.get(RUN_ID_HEADER) or self.run_id
-
-    def _seen(self, event: dict[str, Any]) -> None:
-        self.last_event_id = event.get("id") or self.last_event_id
-        self.ended = self.ended or event.get("event_type") in TERMINAL_EVENTS
 
     async def __aiter__(self) -> AsyncIterator[dict[str, Any]]:
         if self.ended:
             return
         if self.run_id is None:
             try:
-                async with self._api.events(
-                    "POST",
-                    RUNS_PATH,
-                    json=self._body,
-                    headers=self._key,
-                    timeout=_timeout(self._api),
-                    on_head=self._head,
-                ) as events:
+                async with self._api.events("POST", RUNS_PATH, **self._submit(self._api)) as events:
                     _run_id_of(events.headers)
                     async for event in events:
-                        self._seen(event)
+                        ended = self._seen(event)
                         yield event
-                        if event.get("event_type") in TERMINAL_EVENTS:
+                        if ended:
                             return
             except (httpx.TransportError, ApiError) as exc:
-                if not _resumable(self.run_id, exc):
-                    raise
+                self._broken(exc)
         assert self.run_id is not None
         async for event in self._resume(self.run_id, self.last_event_id):
             self._seen(event)

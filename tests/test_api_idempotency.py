@@ -365,14 +365,55 @@ async def test_a_session_turns_stream_is_replayed_by_the_run_id_of_its_first_eve
         await redis.aclose()
 
 
+def _middleware(route: Any, redis: Any) -> Any:
+    """The idempotency middleware over a bare ASGI `route`, its records in `redis`."""
+    from types import SimpleNamespace
+
+    runs = SimpleNamespace(
+        tenant_id="t", colony_id=f"streams{uuid.uuid4().hex[:6]}", api_board=SimpleNamespace(redis=redis)
+    )
+
+    async def services() -> Any:
+        return SimpleNamespace(runs=runs)
+
+    return idempotency.IdempotencyMiddleware(route, services=services, ttl_seconds=60)
+
+
+def _streamed_submit(app: Any, key: bytes, sent: list[dict[str, Any]], on_send: asyncio.Event) -> Any:
+    """One keyed `POST /v1/runs` with `stream: true` through `app`, its messages into `sent`
+    (`on_send` set at each)."""
+    scope = {
+        "type": "http",
+        "method": "POST",
+        "path": "/v1/runs",
+        "query_string": b"",
+        "headers": [(b"idempotency-key", key)],
+    }
+    body = iter([{"type": "http.request", "body": b'{"stream": true}', "more_body": False}])
+
+    async def receive() -> Any:
+        return next(body, {"type": "http.disconnect"})
+
+    async def send(message: Any) -> None:
+        sent.append(message)
+        on_send.set()
+
+    return app(scope, receive, send)
+
+
+async def _messages(sent: list[dict[str, Any]], at_least: int, on_send: asyncio.Event) -> None:
+    async with asyncio.timeout(5):
+        while len(sent) < at_least:
+            await on_send.wait()
+            on_send.clear()
+
+
 async def test_a_streamed_answers_first_chunk_is_not_held_for_its_record(
     redis_url: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """Issue 35 (the token path): a streamed answer's first chunk goes out while its record is
     still being stored, and a retry sent in that window waits for the record, then is sent on to
     the run's events (303): the route never runs twice."""
-    from types import SimpleNamespace
-
     from colony.blackboard import create_redis
     from colony.config import BlackboardSettings
 
@@ -396,44 +437,15 @@ async def test_a_streamed_answers_first_chunk_is_not_held_for_its_record(
 
     monkeypatch.setattr(idempotency.IdempotencyStore, "settle", slow_settle)
     redis = create_redis(redis_url, BlackboardSettings())
-    runs = SimpleNamespace(
-        tenant_id="t", colony_id=f"streams{uuid.uuid4().hex[:6]}", api_board=SimpleNamespace(redis=redis)
-    )
-
-    async def services() -> Any:
-        return SimpleNamespace(runs=runs)
-
-    app = idempotency.IdempotencyMiddleware(stream, services=services, ttl_seconds=60)
-    key = str(uuid.uuid4()).encode()
-
-    def request(sent: list[dict[str, Any]]) -> Any:
-        scope = {
-            "type": "http",
-            "method": "POST",
-            "path": "/v1/runs",
-            "query_string": b"",
-            "headers": [(b"idempotency-key", key)],
-        }
-        body = iter([{"type": "http.request", "body": b'{"stream": true}', "more_body": False}])
-
-        async def receive() -> Any:
-            return next(body, {"type": "http.disconnect"})
-
-        async def send(message: Any) -> None:
-            sent.append(message)
-            if message["type"] == "http.response.body":
-                chunk_out.set()
-
-        return app(scope, receive, send)
-
+    app, key = _middleware(stream, redis), str(uuid.uuid4()).encode()
     first_sent: list[dict[str, Any]] = []
     again_sent: list[dict[str, Any]] = []
-    chunk_out = asyncio.Event()
+    first_out, again_out = asyncio.Event(), asyncio.Event()
     try:
-        first = asyncio.create_task(request(first_sent))
-        await asyncio.wait_for(chunk_out.wait(), 5)  # the head and the first chunk, the record not stored
+        first = asyncio.create_task(_streamed_submit(app, key, first_sent, first_out))
+        await _messages(first_sent, 2, first_out)  # the head and the first chunk, the record not stored
         assert first_sent[1]["body"].startswith(b"event: token") and not store_gate.is_set()
-        again = asyncio.create_task(request(again_sent))
+        again = asyncio.create_task(_streamed_submit(app, key, again_sent, again_out))
         await asyncio.sleep(3 * idempotency.POLL_SECONDS)
         assert again_sent == [] and served == ["/v1/runs"]  # the retry waits for the record
         store_gate.set()
@@ -452,8 +464,6 @@ async def test_a_streamed_answers_first_chunk_is_not_held_for_its_record(
 async def test_a_streamed_answer_naming_its_run_sends_its_head_at_once(redis_url: str) -> None:
     """A keyed stream whose head names its run (Colony-Run-Id) passes the head on before any event:
     a client learns its run id while the run is still queued (found by the attacking review)."""
-    from types import SimpleNamespace
-
     from colony.blackboard import create_redis
     from colony.config import BlackboardSettings
 
@@ -467,35 +477,13 @@ async def test_a_streamed_answer_naming_its_run_sends_its_head_at_once(redis_url
         await send({"type": "http.response.body", "body": b"event: completed\ndata: {}\n\n"})
 
     redis = create_redis(redis_url, BlackboardSettings())
-    runs = SimpleNamespace(
-        tenant_id="t", colony_id=f"heads{uuid.uuid4().hex[:6]}", api_board=SimpleNamespace(redis=redis)
-    )
-
-    async def services() -> Any:
-        return SimpleNamespace(runs=runs)
-
-    app = idempotency.IdempotencyMiddleware(stream, services=services, ttl_seconds=60)
     sent: list[dict[str, Any]] = []
-    head_out = asyncio.Event()
-    body = iter([{"type": "http.request", "body": b'{"stream": true}', "more_body": False}])
-
-    async def receive() -> Any:
-        return next(body, {"type": "http.disconnect"})
-
-    async def send(message: Any) -> None:
-        sent.append(message)
-        head_out.set()
-
-    scope = {
-        "type": "http",
-        "method": "POST",
-        "path": "/v1/runs",
-        "query_string": b"",
-        "headers": [(b"idempotency-key", str(uuid.uuid4()).encode())],
-    }
+    out = asyncio.Event()
     try:
-        served = asyncio.create_task(app(scope, receive, send))
-        await asyncio.wait_for(head_out.wait(), 5)
+        served = asyncio.create_task(
+            _streamed_submit(_middleware(stream, redis), str(uuid.uuid4()).encode(), sent, out)
+        )
+        await _messages(sent, 1, out)
         assert sent[0]["type"] == "http.response.start" and not queued.is_set()
         queued.set()
         await asyncio.wait_for(served, 5)
