@@ -131,6 +131,11 @@ INFERENCE_PAGE_OPS = Counter(
     ["engine", "op"],
 )
 
+REPLY_LOOPS_STOPPED = Counter(
+    "colony_reply_loops_stopped_total",
+    "Streamed replies stopped because they had started to repeat themselves (colony.inference.loops).",
+)
+
 RUNS_SUBMITTED = Counter(
     "colony_runs_submitted_total", "Runs submitted over the API, by agent kind.", ["agent"]
 )
@@ -308,6 +313,7 @@ PUBLISHED: tuple[Published, ...] = (
     Published(INFERENCE_TTFT_SECONDS, ("engine",), INFERENCE_LATENCY_BUCKETS),
     Published(INFERENCE_REQUEST_SECONDS, ("engine",), INFERENCE_LATENCY_BUCKETS),
     Published(INFERENCE_PAGE_OPS, ("engine", "op")),
+    Published(REPLY_LOOPS_STOPPED),
     Published(MEMORY_WRITES, ("scope_type", "outcome")),
     Published(MEMORY_INGESTED, ("scope_type",)),
     Published(MEMORY_INGESTION_LAG_SECONDS, (), _MEMORY_LAG_BUCKETS),

@@ -14,12 +14,17 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import logging
 from collections.abc import Awaitable, Callable
 from typing import Any
 
+from colony import metrics
 from colony.agents.base import Agent
 from colony.inference import InferenceRequest
 from colony.inference.engine import InferenceEngine
+from colony.inference.loops import LoopWatch
+
+log = logging.getLogger(__name__)
 
 # Off until the end-to-end first-token delay it showed is understood: with it on, `benchmarks/
 # token_path.py`'s runs saw the first token reach the client ~40 ms later (one at a time, 2
@@ -99,8 +104,10 @@ class TokenCoalescer:
 async def stream_reply(agent: Agent | None, engine: InferenceEngine, request: InferenceRequest) -> str:
     """Generate `request` on `engine`, its text streamed to the run's requester as `token` events
     (coalesced while a write is in flight, see the module); the whole text, stripped. Every event
-    is stored before this returns, so they precede the run's answer."""
+    is stored before this returns, so they precede the run's answer. A reply that starts to loop
+    (colony.inference.loops) is stopped there: the text streamed so far is the reply."""
     parts: list[str] = []
+    loops = LoopWatch()
 
     async def emit(text: str) -> None:
         assert agent is not None
@@ -118,6 +125,10 @@ async def stream_reply(agent: Agent | None, engine: InferenceEngine, request: In
                         await tokens.add(chunk.text)
                     elif agent is not None:
                         await emit(chunk.text)
+                    if loops.feed(chunk.text):  # closing the stream ends the generation
+                        metrics.REPLY_LOOPS_STOPPED.inc()
+                        log.info("a reply was stopped after %d pieces: it repeats itself", len(parts))
+                        break
         if tokens is not None:
             await tokens.flush()
     except BaseException as exc:
