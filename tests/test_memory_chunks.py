@@ -102,3 +102,35 @@ async def test_a_detail_of_a_long_entry_is_found_by_its_sentence(index: ChromaVe
     assert turn_ref not in await index.similarities(qv, refs)
     left = coll.get(where={"scope": SCOPE}, include=["embeddings"])
     assert len(left["ids"]) == len(distractors) and np.asarray(left["embeddings"]).shape[1] == 384
+
+
+async def test_deleting_many_entries_deletes_every_row_in_bounded_calls(
+    index: ChromaVectorIndex, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from colony.memory import index as index_module
+
+    monkeypatch.setattr(index_module, "UPSERT_BATCH", 16)
+    scope = f"{SCOPE}:many{uuid.uuid4().hex[:6]}"
+    entries = [
+        MemoryEntry(
+            scope_id=scope,
+            entry_id=f"m{n}",
+            content=f"Note {n} is here. It has two sentences.",
+            created_at=0.0,
+        )
+        for n in range(50)
+    ]
+    await index.upsert(entries)
+    coll = await index._coll()
+    assert len(coll.get(where={"scope": scope}, include=[])["ids"]) == 150  # a whole row and 2 sentences each
+    calls: list[int] = []
+    run = index._run
+
+    async def counted(op: Any) -> Any:
+        calls.append(1)
+        return await run(op)
+
+    monkeypatch.setattr(index, "_run", counted)
+    await index.delete([ref_of(scope, e.entry_id) for e in entries])
+    assert len(calls) == 4  # 50 entries, 16 a call
+    assert coll.get(where={"scope": scope}, include=[])["ids"] == []

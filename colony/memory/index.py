@@ -224,10 +224,11 @@ class ChromaVectorIndex:
         self._count = None
 
     async def delete(self, refs: Sequence[str]) -> None:
-        """Delete entries' rows, their sentences' too."""
-        if refs:
-            where = {"ref": {"$in": list(refs)}}
-            await self._run(lambda c: c.delete(where=where))
+        """Delete entries' rows, their sentences' too (UPSERT_BATCH entries a call: a filter
+        naming thousands of ids is slow to build and match)."""
+        for start in range(0, len(refs), UPSERT_BATCH):
+            where = {"ref": {"$in": list(refs[start : start + UPSERT_BATCH])}}
+            await self._run(lambda c: c.delete(where=where))  # noqa: B023
             self._count = None
 
     async def drop_scope(self, scope_id: str) -> None:
