@@ -556,3 +556,38 @@ async def test_a_recall_never_waits_for_a_large_backlog(
     await retriever.drain()
     assert await chroma_has(vector, *(ref_of(scope, i) for i in many)) == {ref_of(scope, i) for i in many}
     await retriever.sync(scope)  # an explicit sync always catches up fully
+
+
+# -- sentence rows (issue 36), found by the attacking review ---------------------------------------
+
+
+async def test_a_rewritten_id_keeps_no_rows_of_its_old_text(
+    store: MemoryStore, chroma: Any, settings: ColonySettings, scope: str
+) -> None:
+    vector = new_index(chroma)
+    retriever = MemoryRetriever(store, vector, settings=settings)
+    old = "Alpha bravo charlie delta echo. Foxtrot golf hotel india juliet. Kilo lima mike november oscar."
+    await store.write(scope, NewMemory(content=old, entry_id="note-1"))
+    await retriever.sync(scope)
+    await store.delete(scope, ["note-1"], created_by="t")
+    await store.write(scope, NewMemory(content="Papa quebec romeo sierra tango", entry_id="note-1"))
+    await retriever.sync(scope)  # one batch: note-1 deleted and written again
+    coll = await vector._coll()
+    assert coll.get(where={"ref": ref_of(scope, "note-1")}, include=[])["ids"] == [ref_of(scope, "note-1")]
+    hits = await retriever.recall(
+        MemoryQuery(query="foxtrot golf hotel india juliet", mode="vector"), [scope]
+    )
+    assert all(h.scores["vector"] < 0.9 for h in hits)  # the deleted text is not found in the new one
+
+
+async def test_a_short_fact_is_no_duplicate_of_a_longer_entry_holding_it(
+    store: MemoryStore, chroma: Any, settings: ColonySettings, scope: str
+) -> None:
+    vector = new_index(chroma)
+    retriever = MemoryRetriever(store, vector, settings=settings)
+    turn = "The user's locker code is 7291. The user swims there on weekday mornings before work."
+    await store.write(scope, NewMemory(content=turn, ttl_seconds=3600, tags=frozenset({"turn"})))
+    await retriever.sync(scope)
+    fact = NewMemory(content="The user's locker code is 7291.", tags=frozenset({"fact"}))
+    written = await store.write(scope, fact, similar=retriever.nearest)
+    assert written.created and written.entry.content == fact.content

@@ -87,10 +87,15 @@ def entry_of_row(row: str) -> str:
     return head if sep and tail.isdigit() and "#" in head else row
 
 
-def _best_by_entry(rows: Sequence[str], cosines: Sequence[float]) -> dict[str, float]:
+def _best_by_entry(
+    rows: Sequence[str], cosines: Sequence[float], whole_texts: bool = False
+) -> dict[str, float]:
+    """Each entry's best cosine over its rows (`whole_texts`: its whole text's row only)."""
     best: dict[str, float] = {}
     for row, cosine in zip(rows, cosines, strict=True):
         ref = entry_of_row(row)
+        if whole_texts and ref != row:
+            continue
         if cosine > best.get(ref, -2.0):
             best[ref] = cosine
     return best
@@ -135,12 +140,17 @@ class VectorIndex(Protocol):
 
     async def drop_scope(self, scope_id: str) -> None: ...
 
-    async def search(self, vector: np.ndarray, candidates: Collection[str], n: int) -> dict[str, float]:
-        """Cosine similarity of the (up to) `n` candidates nearest to `vector`, by Chroma id."""
+    async def search(
+        self, vector: np.ndarray, candidates: Collection[str], n: int, *, whole_texts: bool = False
+    ) -> dict[str, float]:
+        """Cosine similarity of the (up to) `n` candidates nearest to `vector`, by entry (its best
+        row; `whole_texts`: its whole text's row only)."""
         ...
 
-    async def similarities(self, vector: np.ndarray, refs: Collection[str]) -> dict[str, float]:
-        """Cosine similarity of exactly `refs` (those the index holds)."""
+    async def similarities(
+        self, vector: np.ndarray, refs: Collection[str], *, whole_texts: bool = False
+    ) -> dict[str, float]:
+        """Cosine similarity of exactly `refs` (those the index holds), as `search` scores them."""
         ...
 
 
@@ -242,7 +252,7 @@ class ChromaVectorIndex:
             self._count = (now, int(await self._run(lambda c: c.count())))
         return self._count[1]
 
-    async def _query(self, vector: np.ndarray, n: int) -> tuple[dict[str, float], int]:
+    async def _query(self, vector: np.ndarray, n: int, whole_texts: bool) -> tuple[dict[str, float], int]:
         """The entries of the `n` rows nearest to `vector` (each at its best row), and how many rows
         came back (fewer than `n`: the whole collection was read)."""
         reply = await self._run(
@@ -250,10 +260,13 @@ class ChromaVectorIndex:
         )
         found_ids = reply["ids"][0] if reply["ids"] else []
         distances = reply["distances"][0] if reply.get("distances") else []
-        return _best_by_entry(found_ids, [1.0 - float(d) for d in distances]), len(found_ids)
+        return _best_by_entry(found_ids, [1.0 - float(d) for d in distances], whole_texts), len(found_ids)
 
-    async def search(self, vector: np.ndarray, candidates: Collection[str], n: int) -> dict[str, float]:
-        """The `n` candidates nearest to `vector`, exact with respect to the candidate set.
+    async def search(
+        self, vector: np.ndarray, candidates: Collection[str], n: int, *, whole_texts: bool = False
+    ) -> dict[str, float]:
+        """The `n` candidates nearest to `vector`, exact with respect to the candidate set (an entry
+        at its best row; `whole_texts`: at its whole text's row, as a near-duplicate check wants).
 
         Chroma's own filtered search (`ids=` or `where=` on a query) is not used: on chromadb 1.5
         its HNSW search drops most allowed rows when the filter is selective (3 allowed of 300 rows
@@ -265,20 +278,23 @@ class ChromaVectorIndex:
             return {}
         want = min(n, len(candidates))
         if len(candidates) <= DIRECT_MAX:
-            found = await self.similarities(vector, candidates)
+            found = await self.similarities(vector, candidates, whole_texts=whole_texts)
             return dict(sorted(found.items(), key=lambda kv: kv[1], reverse=True)[:want])
         total = await self.count()
         share = min(1.0, len(candidates) / total) if total else 1.0
         room = max(n * 4, math.ceil(n / share * 2))
         while True:
-            hits, read = await self._query(vector, room)
+            hits, read = await self._query(vector, room, whole_texts)
             kept = {ref: cos for ref, cos in hits.items() if ref in candidates}
             if len(kept) >= want or read < room:  # enough, or the whole collection was read
                 return dict(sorted(kept.items(), key=lambda kv: kv[1], reverse=True)[:want])
             room *= 4
 
-    async def similarities(self, vector: np.ndarray, refs: Collection[str]) -> dict[str, float]:
-        """Each entry's best cosine over its rows (the whole text's and its sentences')."""
+    async def similarities(
+        self, vector: np.ndarray, refs: Collection[str], *, whole_texts: bool = False
+    ) -> dict[str, float]:
+        """Each entry's best cosine over its rows (the whole text's and its sentences'; with
+        `whole_texts`, the whole text's alone)."""
         if not refs:
             return {}
         where = {"ref": {"$in": list(refs)}}
@@ -289,4 +305,4 @@ class ChromaVectorIndex:
         matrix = np.asarray(embeddings, dtype=np.float32)
         norms = np.linalg.norm(matrix, axis=1)
         cosines = matrix @ vector / np.where(norms > 0, norms, 1.0)
-        return _best_by_entry(got["ids"], [float(c) for c in cosines])
+        return _best_by_entry(got["ids"], [float(c) for c in cosines], whole_texts)

@@ -185,7 +185,8 @@ class MemoryRetriever:
                     if len(written) > inline:
                         return self._sync_in_background(scope_id)
                     inline -= len(written)
-                deleted = set(batch.deleted).difference(written)
+                # a rewritten id's rows go first too: its new text may have fewer sentence rows
+                deleted = set(batch.deleted)
                 if deleted:
                     await self.vector.delete([ref_of(scope_id, i) for i in deleted])
                 if written:
@@ -243,7 +244,9 @@ class MemoryRetriever:
             return None
         now = time.time()
         live = {i for i, m in mirror.meta.items() if m.expires_at is None or m.expires_at > now}
-        hits = await self.vector.search(await self.vector.embed_query(text), _Candidates({scope_id: live}), 1)
+        query = await self.vector.embed_query(text)
+        # whole texts only: a short fact is no duplicate of a longer entry holding its sentence
+        hits = await self.vector.search(query, _Candidates({scope_id: live}), 1, whole_texts=True)
         if not hits:
             return None
         ref, cosine = max(hits.items(), key=lambda kv: kv[1])
