@@ -74,7 +74,11 @@ async def undo_agent(agent_id: AgentId, ctx: Context) -> RestoreOutcome:
 @router.post(
     "/v1/agents/{agent_id}/checkpoints/{step}/restore",
     response_model=RestoreOutcome,
-    responses={**CONTROL, 422: {"model": ErrorBody, "description": "a bad body (mode, run_id)"}},
+    responses={
+        **CONTROL,
+        400: {"model": ErrorBody, "description": "a body that is not JSON (e.g. not UTF-8)"},
+        422: {"model": ErrorBody, "description": "a bad body (mode, run_id)"},
+    },
 )
 async def restore_agent(
     agent_id: AgentId, step: Step, ctx: Context, body: RestoreBody | None = None
