@@ -13,8 +13,9 @@ sentence sixteen times. Stored as a fact, that text is later recalled as if the 
   and profile labels, compared by a crude stem: "likes" = "like") are.
 
 A line framed as a quote ("User said: ...") must be verbatim. What a block already holds is not a
-source of words for a new line (else a word one allowance let in would ground the next write), only
-a line stored unchanged passes as it is (`check_lines(kept=...)`).
+source of words for a new line (else a word one allowance let in would ground the next write); a
+block edit checks only the lines it makes (colony.memory.blocks.tools), so a line kept unchanged
+passes as it is.
 
 Why 0.8: an extract of what the user said rewords a little ("I live in Oslo and like green tea"
 -> "Lives in Oslo, enjoys green tea": a verb changed, another form of one); one content word in
@@ -237,21 +238,16 @@ def check_grounded(
     return Grounding(True, extract, coverage)
 
 
-def check_lines(
-    candidate: str, said: Sequence[str], *, min_coverage: float = MIN_COVERAGE, kept: Iterable[str] = ()
-) -> Grounding:
+def check_lines(candidate: str, said: Sequence[str], *, min_coverage: float = MIN_COVERAGE) -> Grounding:
     """`check_grounded` line by line (a block's new content: every line must hold on its own, so
-    one invented line among kept ones is found); the first refusal, naming its line. Lines that
-    repeat one another are refused as a whole. `kept`: lines already stored (checked when they
-    were), passed as they are; they are not a source of words for the others, so what an
-    allowance let in once does not ground the next write. What the user said is read once."""
+    one invented line among others is found); the first refusal, naming its line. Lines that
+    repeat one another are refused as a whole. What the user said is read once."""
     if len(candidate) > MAX_CANDIDATE_CHARS:
         return Grounding(False, f"it is longer than {MAX_CANDIDATE_CHARS} characters; store less")
     heard = Heard(said)
-    unchanged = set(kept)
-    lines = [line for line in candidate.splitlines() if words(line) and line not in unchanged]
+    lines = [line for line in candidate.splitlines() if words(line)]
     if not lines:
-        return Grounding(True, "every line is stored already", 1.0)
+        return check_grounded(candidate, heard, min_coverage=min_coverage)
     whole = check_grounded("\n".join(lines), heard, min_coverage=min_coverage)
     if whole.verbatim or len(lines) == 1:
         return whole

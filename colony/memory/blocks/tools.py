@@ -318,11 +318,11 @@ class MemoryBlocksCapability(AgentCapability):
         except BlockNotFound:
             held = ""
         after = edit(held)
-        kept = held.splitlines()
-        made = "\n".join(line for line in after.splitlines() if line not in set(kept))
+        kept = set(held.splitlines())
+        made = "\n".join(line for line in after.splitlines() if line not in kept)
         if not made.strip():
             return
-        verdict = check_lines(made, await self._said(made), kept=kept)
+        verdict = check_lines(made, await self._said(made))
         if not verdict.grounded:
             raise BlockEditRejected(refusal(f"block {label!r}", verdict))
 
