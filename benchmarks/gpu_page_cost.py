@@ -1,0 +1,185 @@
+"""What a page miss costs on a GPU, against a page hit, for Llama-shaped models.
+
+Page affinity saves prefill: a request whose pages are cached on its replica prefills only its
+question; one whose pages are not prefills them too. The affinity benchmarks count that in prefill
+tokens (benchmarks/affinity_sim.py) or measure it on CPU replicas (affinity_e2e.py, affinity_live.py).
+This one measures the price of a prefill token on a GPU, so those counts can be read as GPU time:
+
+  miss   - the page (--page-tokens) and the question (--question-tokens) prefilled from nothing
+  hit    - the question prefilled on top of the page's KV, already in GPU memory
+  decode - one generated token after page and question (the cost a hit or miss is weighed against)
+
+Weights are random (bf16): the time of a forward pass does not depend on their values, and nothing
+is downloaded. The models are built from their published shapes (layers, width, heads), run through
+transformers with PyTorch's SDPA attention; a serving engine (vLLM, with paged attention and CUDA
+graphs) is faster on each, so read the ratios, not the milliseconds, as what carries over.
+
+Needs a CUDA GPU, torch and transformers (none of them are Colony's dependencies):
+  python benchmarks/gpu_page_cost.py [--models smollm2-135m,llama-1b,llama-8b]
+                                     [--page-tokens 1024,4096] [--question-tokens 64] [--repeats 20]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import time
+from typing import Any
+
+SHAPES: dict[str, dict[str, Any]] = {
+    # Published shapes (config.json of each model); weights random.
+    "smollm2-135m": {
+        "hidden_size": 576,
+        "intermediate_size": 1536,
+        "num_hidden_layers": 30,
+        "num_attention_heads": 9,
+        "num_key_value_heads": 3,
+        "vocab_size": 49152,
+    },
+    "llama-1b": {
+        "hidden_size": 2048,
+        "intermediate_size": 8192,
+        "num_hidden_layers": 16,
+        "num_attention_heads": 32,
+        "num_key_value_heads": 8,
+        "vocab_size": 128256,
+    },
+    "llama-8b": {
+        "hidden_size": 4096,
+        "intermediate_size": 14336,
+        "num_hidden_layers": 32,
+        "num_attention_heads": 32,
+        "num_key_value_heads": 8,
+        "vocab_size": 128256,
+    },
+}
+
+
+def _timed(fn: Any, repeats: int) -> list[float]:
+    import torch
+
+    for _ in range(3):
+        fn()
+    torch.cuda.synchronize()
+    samples = []
+    for _ in range(repeats):
+        torch.cuda.synchronize()
+        start = time.perf_counter()
+        fn()
+        torch.cuda.synchronize()
+        samples.append((time.perf_counter() - start) * 1000)
+    return samples
+
+
+def _model(name: str, max_positions: int) -> Any:
+    import torch
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    config = LlamaConfig(**SHAPES[name], max_position_embeddings=max_positions, attn_implementation="sdpa")
+    torch.manual_seed(0)
+    with torch.device("cuda"):
+        model = LlamaForCausalLM(config).to(torch.bfloat16)
+    return model.eval()
+
+
+def _tensors(cache: Any) -> list[tuple[Any, Any]]:
+    """Copies of a cache's per-layer keys and values (the attribute names moved across versions)."""
+    if hasattr(cache, "layers"):
+        return [(layer.keys.clone(), layer.values.clone()) for layer in cache.layers]
+    pairs = zip(cache.key_cache, cache.value_cache, strict=True)
+    return [(keys.clone(), values.clone()) for keys, values in pairs]
+
+
+def measure(name: str, page_tokens: int, question_tokens: int, repeats: int) -> dict[str, Any]:
+    """Median milliseconds of a miss, a hit and a decode step for one model and page size."""
+    import torch
+    from transformers import DynamicCache
+
+    model = _model(name, page_tokens + question_tokens + 16)
+    vocab = SHAPES[name]["vocab_size"]
+    page = torch.randint(0, vocab, (1, page_tokens), device="cuda")
+    question = torch.randint(0, vocab, (1, question_tokens), device="cuda")
+    whole = torch.cat([page, question], dim=1)
+    with torch.inference_mode():
+        page_cache = DynamicCache()
+        model(page, past_key_values=page_cache, use_cache=True)
+        page_layers = _tensors(page_cache)
+
+        def fresh_page_cache() -> Any:
+            cache = DynamicCache()
+            for index, (keys, values) in enumerate(page_layers):
+                cache.update(keys, values, index)
+            return cache
+
+        def miss() -> None:
+            model(whole, use_cache=True)
+
+        def hit() -> None:
+            model(question, past_key_values=fresh_page_cache(), use_cache=True)
+
+        def copy_only() -> None:
+            fresh_page_cache()
+
+        full_cache = DynamicCache()
+        model(whole, past_key_values=full_cache, use_cache=True)
+        full_layers = _tensors(full_cache)
+        token = torch.randint(0, vocab, (1, 1), device="cuda")
+
+        def decode() -> None:
+            cache = DynamicCache()
+            for index, (keys, values) in enumerate(full_layers):
+                cache.update(keys, values, index)
+            model(token, past_key_values=cache, use_cache=True)
+
+        miss_ms = statistics.median(_timed(miss, repeats))
+        # The hit rebuilds a cache object from the page's tensors (a copy, on the GPU); that copy is
+        # timed alone and taken off, so the hit is the question's prefill over cached KV.
+        copy_ms = statistics.median(_timed(copy_only, repeats))
+        hit_ms = max(statistics.median(_timed(hit, repeats)) - copy_ms, 0.0)
+        decode_ms = max(statistics.median(_timed(decode, repeats)) - copy_ms, 0.0)
+    return {
+        "model": name,
+        "page_tokens": page_tokens,
+        "question_tokens": question_tokens,
+        "miss_ms": round(miss_ms, 2),
+        "hit_ms": round(hit_ms, 2),
+        "decode_ms": round(decode_ms, 2),
+        "miss_over_hit": round(miss_ms / max(hit_ms, 1e-3), 1),
+        "miss_in_decode_steps": round(miss_ms / max(decode_ms, 1e-3), 1),
+        "prefill_tokens_per_s": round((page_tokens + question_tokens) / miss_ms * 1000),
+    }
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--models", default="smollm2-135m,llama-1b,llama-8b")
+    parser.add_argument("--page-tokens", default="1024,4096")
+    parser.add_argument("--question-tokens", type=int, default=64)
+    parser.add_argument("--repeats", type=int, default=20)
+    parser.add_argument("--json", action="store_true")
+    args = parser.parse_args()
+    import torch
+
+    if not torch.cuda.is_available():
+        raise SystemExit("gpu_page_cost needs a CUDA GPU (torch.cuda.is_available() is False)")
+    print(f"device: {torch.cuda.get_device_name(0)}, torch {torch.__version__}", flush=True)
+    rows = []
+    for name in args.models.split(","):
+        for page_tokens in (int(value) for value in args.page_tokens.split(",")):
+            row = measure(name, page_tokens, args.question_tokens, args.repeats)
+            rows.append(row)
+            torch.cuda.empty_cache()
+            print(
+                json.dumps(row)
+                if args.json
+                else f"{name:>13} page {page_tokens:>5}: miss {row['miss_ms']:>7} ms  hit "
+                f"{row['hit_ms']:>6} ms  decode {row['decode_ms']:>6} ms  miss/hit "
+                f"{row['miss_over_hit']:>5}x  miss = {row['miss_in_decode_steps']} decode steps  "
+                f"prefill {row['prefill_tokens_per_s']} tok/s",
+                flush=True,
+            )
+
+
+if __name__ == "__main__":
+    main()
