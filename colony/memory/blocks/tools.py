@@ -31,6 +31,7 @@ from colony.agents.hooks import HookContext, HookType, hook_handler
 from colony.agents.models import ActionType
 from colony.agents.state.action_log import current_idempotency_key
 from colony.blackboard import Blackboard
+from colony.blackboard.models import TagFilter
 from colony.config import BlockSettings, ColonySettings
 from colony.errors import AgentUsageError, BlockEditRejected, BlockExists, BlockNotFound, InvalidArgument
 from colony.memory.blocks.rendering import one_line, render_blocks
@@ -92,6 +93,11 @@ def _settings_for(base: ColonySettings, tenant_id: str, colony_id: str) -> Colon
         while len(_colony_settings) > 64:
             _colony_settings.pop(next(iter(_colony_settings)))
     return found
+
+
+def archival_label_tag(label: str) -> str:
+    """The tag archival entries filed under `label` carry."""
+    return f"label:{label}"
 
 
 def _brief(item: RecalledEntry) -> dict[str, Any]:
@@ -291,7 +297,7 @@ class MemoryBlocksCapability(AgentCapability):
         """Add content to the end of one of your memory blocks (persona, human, ...) as a new line,
         without replacing what is there. Useful for building up information bit by bit; the block
         in your prompt shows it at once."""
-        await self._grounded(label, lambda held: f"{held}\n{content}")
+        await self.check_user_words(label, lambda held: f"{held}\n{content}")
         return await self._edit(self.store().append(self._me(), label, content, **_tool()))
 
     @action_executor(action_type=ActionType.MEMORY_WRITE, effects=("memory_write", "colony_write"))
@@ -305,7 +311,7 @@ class MemoryBlocksCapability(AgentCapability):
             self.store().append(self._me(), label, f"User said: {message}", message="message", **_tool())
         )
 
-    async def _grounded(self, label: str, edit: Callable[[str], str]) -> None:
+    async def check_user_words(self, label: str, edit: Callable[[str], str]) -> None:
         """Refuse (BlockEditRejected, naming why) an edit of a `user_blocks` block that leaves a
         line the user did not say: every line the edit makes (`edit(content)` is the block as the
         edit leaves it, a deletion inside a line included) is checked against the user's own
@@ -351,7 +357,7 @@ class MemoryBlocksCapability(AgentCapability):
         """Replace old_content, which must occur exactly once in the block (copy it exactly as
         shown), with new_content; an empty new_content deletes it. Use this to correct or update
         one detail of a memory block."""
-        await self._grounded(label, lambda held: held.replace(old_content, new_content, 1))
+        await self.check_user_words(label, lambda held: held.replace(old_content, new_content, 1))
         return await self._edit(self.store().replace(self._me(), label, old_content, new_content, **_tool()))
 
     @action_executor(action_type=ActionType.MEMORY_WRITE, effects=("memory_write", "colony_write"))
@@ -363,14 +369,14 @@ class MemoryBlocksCapability(AgentCapability):
     ) -> dict[str, Any]:
         """Insert content as a new line of a memory block before line `line` (0 = the top, -1 =
         after the last line)."""
-        await self._grounded(label, lambda held: f"{held}\n{content}")
+        await self.check_user_words(label, lambda held: f"{held}\n{content}")
         return await self._edit(self.store().insert(self._me(), label, content, line, **_tool()))
 
     @action_executor(action_type=ActionType.MEMORY_WRITE, effects=("memory_write", "colony_write"))
     async def memory_rethink(self, label: Label, new_content: EditText) -> dict[str, Any]:
         """Rewrite a memory block entirely with new_content: to reorganise or condense it when it
         grows long, or when much of it is out of date."""
-        await self._grounded(label, lambda _held: new_content)
+        await self.check_user_words(label, lambda _held: new_content)
         return await self._edit(self.store().set_content(self._me(), label, new_content, **_tool()))
 
     # -- archival memory and recall -------------------------------------------------------------------
@@ -380,14 +386,18 @@ class MemoryBlocksCapability(AgentCapability):
         self,
         content: Annotated[str, Field(min_length=1, max_length=ARCHIVAL_CHARS)],
         tags: Annotated[list[Tag], Field(max_length=MAX_TAGS)] | None = None,
+        label: Label | None = None,
     ) -> dict[str, Any]:
         """Save important information to your archival memory for future reference: facts worth
         remembering that do not belong in a memory block (learned preferences, important events,
-        reference material)."""
+        reference material). `label` files it under a name (e.g. "recipes") that archival_read
+        and archival_search can be limited to."""
         _bound("content", content, ARCHIVAL_CHARS)
         if len(tags or []) > MAX_TAGS:
             raise InvalidArgument(f"archival_insert takes at most {MAX_TAGS} tags")
         refuse_user_tag(tags or [])
+        if label is not None:
+            tags = [*(tags or []), archival_label_tag(label)]
         target = self.archival()
         if self.ground_archival:
             verdict = check_lines(content, await self._said(content))
@@ -407,23 +417,40 @@ class MemoryBlocksCapability(AgentCapability):
             "scope": target.scope_type,
         }
 
-    async def _search(self, query: str, limit: int, scope_ids: list[str]) -> list[dict[str, Any]]:
-        _bound("query", query, QUERY_CHARS)
+    async def _search(
+        self, query: str | None, limit: int, scope_ids: list[str], label: str | None = None
+    ) -> list[dict[str, Any]]:
+        if query is not None:
+            _bound("query", query, QUERY_CHARS)
         if not scope_ids:
             return []
+        wanted = None if label is None else TagFilter(all_of=frozenset({archival_label_tag(label)}))
         found = await self.service().recall(
-            MemoryQuery(query=query, max_results=max(1, min(limit, MAX_RESULTS))), scope_ids
+            MemoryQuery(query=query, tag_filter=wanted, max_results=max(1, min(limit, MAX_RESULTS))),
+            scope_ids,
         )
         return [_brief(item) for item in found]
 
-    @action_executor(action_type=ActionType.MEMORY_SEARCH)
-    async def archival_search(self, query: SearchText, limit: Limit = 5) -> list[dict[str, Any]]:
-        """Search your long-term archival memory by meaning. Use this when you need specific
-        facts, past conversations or reference material that is not in your current context."""
+    def _ltm_scopes(self) -> list[str]:
         scopes = [c.memory_scope for t, c in self.memory_scopes().items() if t.startswith("ltm:")]
         if not scopes:
             self.archival()  # raises, naming the scopes the agent has
-        return await self._search(query, limit, scopes)
+        return scopes
+
+    @action_executor(action_type=ActionType.MEMORY_SEARCH)
+    async def archival_search(
+        self, query: SearchText, limit: Limit = 5, label: Label | None = None
+    ) -> list[dict[str, Any]]:
+        """Search your long-term archival memory by meaning (only what you filed under `label`,
+        when given). Use this when you need specific facts, past conversations or reference
+        material that is not in your current context."""
+        return await self._search(query, limit, self._ltm_scopes(), label)
+
+    @action_executor(action_type=ActionType.MEMORY_READ)
+    async def archival_read(self, label: Label, limit: Limit = 10) -> list[dict[str, Any]]:
+        """Read what you filed in archival memory under `label` (archival_insert's label), newest
+        and most important first."""
+        return await self._search(None, limit, self._ltm_scopes(), label)
 
     @action_executor(action_type=ActionType.MEMORY_SEARCH)
     async def recall(self, query: SearchText, limit: Limit = 5) -> list[dict[str, Any]]:

@@ -1,0 +1,224 @@
+"""Agents manage their own blocks through tools, against a real redis-server: create and delete,
+share with another agent and take it back, swap a working block out of the prompt and in, and file
+archival memory under a label. Every refusal is a failed action result that names the reason and
+changes nothing."""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import AsyncIterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from colony.agents import Agent, AgentBlueprint, AgentMetadata, LocalAgentRuntime
+from colony.blackboard import Blackboard
+from colony.config import ColonySettings
+from colony.memory.blocks.manage import SWAPPED_HEADER, BlockManagementCapability
+from colony.memory.blocks.store import BlockStore
+from colony.memory.blocks.tools import TOOL_LOG, MemoryBlocksCapability
+from colony.memory.blocks.types import SYSTEM, BlockType, NewBlock, SharedAccess
+from colony.memory.capability import MemoryCapability
+
+
+def _blueprint(agent_id: str, *, blocks: bool = True, **options: Any) -> AgentBlueprint:
+    capabilities: list[Any] = [
+        MemoryCapability.bind(level="working"),
+        MemoryCapability.bind(level="ltm:semantic"),
+    ]
+    if blocks:
+        capabilities.append(
+            MemoryBlocksCapability.bind(
+                templates=["human"],
+                blocks=[NewBlock(label="persona", content="I am helpful.", block_type=BlockType.CORE)],
+                **options,
+            )
+        )
+    capabilities.append(BlockManagementCapability.bind())
+    return AgentBlueprint(
+        agent_class=Agent, metadata=AgentMetadata(agent_id=agent_id), capabilities=capabilities
+    )
+
+
+class Kit:
+    def __init__(self, bb: Blackboard, tmp_path: Path) -> None:
+        self.colony_id = f"c{uuid.uuid4().hex[:10]}"
+        self.runtime = LocalAgentRuntime(
+            bb, colony_id=self.colony_id, settings=ColonySettings(data_dir=tmp_path)
+        )
+        self.store = BlockStore(bb.redis, ColonySettings(colony_id=self.colony_id))
+
+    async def labels(self, owner: str) -> set[str]:
+        return {info.label for info in await self.store.list_owned(owner)}
+
+    async def seen_by(self, agent_id: str) -> dict[str, SharedAccess]:
+        return {info.label: access for info, access in await self.store.list_for(agent_id)}
+
+
+@pytest.fixture
+async def kit(bb: Blackboard, tmp_path: Path) -> AsyncIterator[Kit]:
+    made = Kit(bb, tmp_path)
+    yield made
+    await made.runtime.shutdown()
+
+
+def _failed(result: Any, *words: str) -> None:
+    assert not result.success, result
+    for word in words:
+        assert word in result.error, result.error
+
+
+async def test_an_agent_creates_and_deletes_its_own_blocks_and_only_those(kit: Kit) -> None:
+    ada = await kit.runtime.spawn(_blueprint("ada"))
+    dispatch = ada.dispatcher.dispatch
+    made = await dispatch(
+        "block_create", {"label": "plans", "description": "What I plan to do next", "content": "Step 1: read"}
+    )
+    assert made.success, made
+    assert made.output == {
+        "label": "plans",
+        "block_type": "working",
+        "char_limit": 5000,
+        "swapped_out": False,
+        "created": True,
+    }
+    view = await kit.store.read("ada", "plans")
+    assert view.content == "Step 1: read\n" and view.info.created_by == "ada"
+    sections = "\n".join(await ada.get_capability("memory_blocks").memory_sections())
+    assert "<plans>" in sections and "Step 1: read" in sections
+
+    # the same create again finds its untouched block (a redone action); after an edit it is refused
+    assert (
+        await dispatch("block_create", {"label": "plans", "description": "What I plan to do next"})
+    ).success
+    assert (await dispatch("core_memory_append", {"label": "plans", "content": "Step 2: write"})).success
+    _failed(
+        await dispatch("block_create", {"label": "plans", "description": "What I plan to do next"}),
+        "already has a block labelled 'plans'",
+    )
+    _failed(await dispatch("block_create", {"label": "Bad Label", "description": "x"}), "label")
+    _failed(await dispatch("block_create", {"label": "big", "description": "x", "kind": "log"}), "kind")
+
+    # blocks made for the agent (blueprint, template, system log) are not its to delete
+    for label in ("persona", "human", TOOL_LOG):
+        _failed(await dispatch("block_delete", {"label": label}), f"block {label!r} was made for you")
+    _failed(await dispatch("block_delete", {"label": "nothing"}), "no block labelled 'nothing'")
+    assert await kit.labels("ada") == {"persona", "human", "plans", TOOL_LOG}
+
+    deleted = await dispatch("block_delete", {"label": "plans"})
+    assert deleted.success and deleted.output == {"label": "plans", "deleted": True}
+    assert await kit.labels("ada") == {"persona", "human", TOOL_LOG}
+    _failed(await dispatch("block_delete", {"label": "plans"}), "no block labelled 'plans'")
+
+
+async def test_sharing_follows_the_access_rules_and_unsharing_takes_the_block_away(kit: Kit) -> None:
+    ada = await kit.runtime.spawn(_blueprint("ada"))
+    bob = await kit.runtime.spawn(_blueprint("bob"))
+    share, bob_do = ada.dispatcher.dispatch, bob.dispatcher.dispatch
+    assert (await share("block_create", {"label": "board", "description": "Shared task board"})).success
+
+    granted = await share("block_share", {"label": "board", "agent_id": "bob"})
+    assert granted.success and granted.output == {"label": "board", "agent_id": "bob", "access": "read_only"}
+    assert (await kit.seen_by("bob"))["board"] is SharedAccess.READ_ONLY
+    assert "<board>" in "\n".join(await bob.get_capability("memory_blocks").memory_sections())
+    _failed(await bob_do("core_memory_append", {"label": "board", "content": "bob was here"}), "read-only")
+
+    # sharing again changes the access: append-only lets bob add a line at the end
+    assert (
+        await share("block_share", {"label": "board", "agent_id": "bob", "access": "append_only"})
+    ).success
+    assert (await bob_do("core_memory_append", {"label": "board", "content": "bob: tests done"})).success
+    assert (await kit.store.read(SYSTEM, "board", owner="ada")).content == "bob: tests done\n"
+
+    # refusals, each naming its reason; nothing changes
+    _failed(
+        await bob_do("block_share", {"label": "board", "agent_id": "carol"}), "ada's block, shared with you"
+    )
+    _failed(await bob_do("block_delete", {"label": "board"}), "only its owner")
+    _failed(await bob_do("block_swap_out", {"label": "board"}), "only its owner")
+    _failed(await share("block_share", {"label": "human", "agent_id": "bob"}), "holds what the user told you")
+    _failed(await share("block_share", {"label": "board", "agent_id": "nobody"}), "no agent 'nobody'")
+    _failed(await share("block_share", {"label": "board", "agent_id": "ada"}), "your own blocks")
+    _failed(await share("block_share", {"label": "board", "agent_id": "bob", "access": "owner"}), "access")
+    _failed(await share("block_share", {"label": "board", "agent_id": "x:y"}), "agent_id")
+    assert await kit.store.shares_of("ada", "board") == {"bob": SharedAccess.APPEND_ONLY}
+
+    taken = await share("block_unshare", {"label": "board", "agent_id": "bob"})
+    assert taken.success and "board" not in await kit.seen_by("bob")
+    _failed(
+        await share("block_unshare", {"label": "board", "agent_id": "bob"}), "not shared with bob", "nobody"
+    )
+
+    # deleting a shared block takes it from every view
+    assert (await share("block_share", {"label": "board", "agent_id": "bob"})).success
+    assert (await share("block_delete", {"label": "board"})).success
+    assert "board" not in await kit.seen_by("bob")
+
+
+async def test_a_working_block_swaps_out_of_the_prompt_and_back(kit: Kit) -> None:
+    ada = await kit.runtime.spawn(_blueprint("ada"))
+    dispatch = ada.dispatcher.dispatch
+    blocks, manage = ada.get_capability("memory_blocks"), ada.get_capability("block_management")
+    assert (
+        await dispatch("block_create", {"label": "draft", "description": "A long draft", "content": "v1"})
+    ).success
+    assert await manage.memory_sections() == []
+
+    out = await dispatch("block_swap_out", {"label": "draft"})
+    assert out.success and out.output["swapped_out"] is True
+    assert "<draft>" not in "\n".join(await blocks.memory_sections())
+    (listed,) = await manage.memory_sections()
+    assert listed.startswith(SWAPPED_HEADER) and "- draft: A long draft" in listed
+    assert (await kit.store.read("ada", "draft")).content == "v1\n"  # kept, only out of the prompt
+
+    back = await dispatch("block_swap_in", {"label": "draft"})
+    assert back.success and back.output["swapped_out"] is False
+    assert "<draft>" in "\n".join(await blocks.memory_sections())
+    assert await manage.memory_sections() == []
+    _failed(await dispatch("block_swap_out", {"label": "persona"}), "core block, always in your prompt")
+    _failed(await dispatch("block_swap_in", {"label": "missing"}), "no block labelled 'missing'")
+
+
+async def test_archival_memory_is_filed_and_read_by_label(kit: Kit) -> None:
+    ada = await kit.runtime.spawn(_blueprint("ada"))
+    dispatch = ada.dispatcher.dispatch
+    filed = {
+        "recipes": ["Pancakes need two eggs and a cup of milk.", "Bread rises for an hour before baking."],
+        "travel": ["The train to Leeds leaves at nine on Mondays."],
+    }
+    for label, contents in filed.items():
+        for content in contents:
+            stored = await dispatch("archival_insert", {"content": content, "label": label})
+            assert stored.success and stored.output["stored"], stored
+    assert (await dispatch("archival_insert", {"content": "Unfiled note about the weather today."})).success
+
+    recipes = await dispatch("archival_read", {"label": "recipes"})
+    assert recipes.success
+    assert sorted(item["content"] for item in recipes.output) == sorted(filed["recipes"])
+    assert all("label:recipes" in item["tags"] for item in recipes.output)
+    found = await dispatch("archival_search", {"query": "when does the train leave", "label": "travel"})
+    assert [item["content"] for item in found.output] == filed["travel"]
+    narrowed = await dispatch("archival_search", {"query": "when does the train leave", "label": "recipes"})
+    assert {item["content"] for item in narrowed.output} <= set(filed["recipes"])
+    assert (await dispatch("archival_read", {"label": "nothing_here"})).output == []
+    _failed(await dispatch("archival_read", {"label": "Not A Label"}), "label")
+
+
+async def test_a_created_user_block_holds_only_what_the_user_said_and_tools_need_blocks(kit: Kit) -> None:
+    ada = await kit.runtime.spawn(_blueprint("ada", user_blocks=["diary"]))
+    _failed(
+        await ada.dispatcher.dispatch(
+            "block_create",
+            {"label": "diary", "description": "What the user told me", "content": "Her name is Zoe."},
+        ),
+        "block 'diary'",
+    )
+    assert "diary" not in await kit.labels("ada")
+    _failed(await ada.dispatcher.dispatch("block_share", {"label": "diary", "agent_id": "ada"}), "no block")
+
+    bare = await kit.runtime.spawn(_blueprint("bare", blocks=False))
+    _failed(
+        await bare.dispatcher.dispatch("block_create", {"label": "x", "description": "y"}),
+        "add MemoryBlocksCapability",
+    )
