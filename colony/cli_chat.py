@@ -5,7 +5,9 @@ A line starting with `//` sends the rest after one `/` (`//etc` sends `/etc`). O
 with `/` are commands: `/history` (the active branch, numbered), `/revert N` (go back to message N of
 `/history`, or a message id; later messages stay in the tree), `/fork N [NAME]` (a new branch from
 message N, made active), `/branches`, `/switch NAME`, `/quit` (or end of input). Works with piped
-stdin (no prompt is printed then), so scripts and tests drive it like a user. Every call is to the
+stdin (no prompt is printed then), so scripts and tests drive it like a user. With `--show-prompt`
+each turn first says what entered the prompt beside the newest messages: how many messages left it,
+the summary of them (and how many it covers), the messages recalled from memory. Every call is to the
 HTTP API (colony.client), so `--url`/`--token` reach a cluster started elsewhere; text from the
 server is printed without control characters.
 """
@@ -34,8 +36,9 @@ def _clean(text: Any, keep_newlines: bool = False) -> str:
 class Chat:
     """One chat through `sessions` (`ColonyClient.sessions`) in session `session_id`, writing to `out`."""
 
-    def __init__(self, sessions: Any, session_id: str, out: TextIO) -> None:
+    def __init__(self, sessions: Any, session_id: str, out: TextIO, *, show_prompt: bool = False) -> None:
         self.sessions, self.session_id, self.out = sessions, session_id, out
+        self.show_prompt = show_prompt
 
     def say(self, text: str) -> None:
         self.out.write(text + "\n")
@@ -64,6 +67,9 @@ class Chat:
                 self.out.write(_clean(data.get("text"), keep_newlines=True))
                 self.out.flush()
                 streamed = True
+            elif kind == "prompt_context":
+                if self.show_prompt:
+                    self.prompt_context(data)
             elif kind == "restarted":  # the replica died mid-reply: the reply starts again
                 self.out.write("\n[restarted]\n")
                 streamed = False
@@ -73,6 +79,23 @@ class Chat:
                 self.say("")
             elif kind == "error":
                 self.say(f"\n[error] {_clean(data.get('error'))}")
+
+    def prompt_context(self, data: dict[str, Any]) -> None:
+        """What entered the turn's prompt beside its newest messages (`--show-prompt`)."""
+        left = data.get("left_out") or 0
+        summary = data.get("summary") if isinstance(data.get("summary"), dict) else None
+        recalled = data.get("recalled") if isinstance(data.get("recalled"), list) else []
+        if not left and not summary and not recalled:
+            self.say("[prompt: the whole conversation]")
+            return
+        self.say(f"[prompt: {left} earlier messages left it]")
+        if summary:
+            pending = summary.get("pending") or 0
+            later = f", {pending} later ones not yet in it" if pending else ""
+            self.say(f"[summary of {summary.get('messages')} messages{later}] {_clean(summary.get('text'))}")
+        for item in recalled:
+            if isinstance(item, dict):
+                self.say(f"[recalled] {_clean(item.get('text'))[:300]}")
 
     def command(self, line: str) -> bool:
         """Run a `/` command; False when the chat should end."""
@@ -144,7 +167,7 @@ def cmd_chat(args: argparse.Namespace) -> int:
             session_id = args.session or client.sessions.start(pages=args.page)["session_id"]
             if args.session:
                 client.sessions.get(session_id)  # 404 now rather than at the first message
-            chat = Chat(client.sessions, session_id, sys.stdout)
+            chat = Chat(client.sessions, session_id, sys.stdout, show_prompt=args.show_prompt)
             chat.say(f"session {session_id} ({HELP})")
             chat.loop(sys.stdin, sys.stdin.isatty())
     except ApiError as exc:
@@ -176,6 +199,12 @@ def add_chat_command(
         metavar="PAGE_ID",
         help="a new session about this page of a mapped folder (repeat for more; ids from POST "
         "/v1/vcm/sources): every turn's prompt starts with the pages, their KV cache reused",
+    )
+    chat.add_argument(
+        "--show-prompt",
+        action="store_true",
+        help="before each reply, show what entered the prompt besides the newest messages: a summary "
+        "of the earlier ones, messages recalled from the session's memory",
     )
     chat.set_defaults(func=cmd_chat)
     return chat

@@ -139,6 +139,26 @@ class ContextSettings(BaseModel):
         le=32_768,
         description="Most tokens a session agent's reply may take (at most half the window).",
     )
+    session_memory: bool = Field(
+        True,
+        description="Session agents keep memory: their turns in a memory hierarchy, the user's "
+        "statements about themselves in a `human` block, recall of turns that left the prompt.",
+    )
+    session_summary_tokens: int = Field(
+        200,
+        ge=16,
+        le=4096,
+        description="Most tokens the summary of a session's turns that left the prompt may take.",
+    )
+    session_summary_batch: int = Field(
+        6,
+        ge=1,
+        le=1000,
+        description="Messages that leave a session's prompt before its summary is written again.",
+    )
+    session_recalled: int = Field(
+        3, ge=0, le=20, description="Messages of a session recalled into a turn's prompt (0: none)."
+    )
     session_idle_retention_seconds: float = Field(
         7 * 24 * 3600.0,
         gt=0,

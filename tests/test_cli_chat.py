@@ -89,6 +89,27 @@ def test_chat_commands_with_piped_stdin(served: SessionApp, tmp_path: Path) -> N
     assert done.returncode == 1 and "no session" in done.stderr
 
 
+def test_show_prompt_says_what_entered_the_prompt(redis_url: str, tmp_path: Path) -> None:
+    """A 250-token budget fills after a few turns: `--show-prompt` shows the summary of what left
+    the prompt and the message recalled for the question; without the flag nothing of it prints."""
+    context = {"session_max_message_chars": 500, "token_budget": 250}
+    with SessionApp(redis_url, context=context, data_dir=tmp_path) as served:
+        script = "The blue folder holds the signed lease for the flat.\n"
+        script += "".join(
+            f"Filler {n}: lunch plans, the weather and the bus timetable today.\n" for n in range(6)
+        )
+        script += "Which folder holds the signed lease?\n"
+        out = chat(served.url, TOKEN, script, tmp_path, "--show-prompt")
+        lines = out.splitlines()
+        assert lines[1] == "[prompt: the whole conversation]"
+        last = lines[lines.index(next(x for x in reversed(lines) if x.startswith("[prompt: "))) :]
+        assert re.fullmatch(r"\[prompt: \d+ earlier messages left it\]", last[0]), last
+        assert any(x.startswith("[summary of ") for x in last), last
+        assert "[recalled] User: The blue folder holds the signed lease for the flat." in last
+        plain = chat(served.url, TOKEN, "Which folder holds the signed lease?\n", tmp_path)
+        assert not any(x.startswith("[") for x in plain.splitlines()[1:])
+
+
 class StreamingSessions:
     """A client's sessions whose turn streams a reply with newlines and a terminal escape sequence."""
 

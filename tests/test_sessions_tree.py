@@ -19,6 +19,7 @@ from colony.agents.state.action_log import _IDEMPOTENCY_KEY, idempotency_key
 from colony.blackboard import Blackboard
 from colony.blackboard.protocol import SessionProtocol
 from colony.config import ColonySettings, ContextSettings, EngineSettings, ServeSettings
+from colony.context.chat_summary import SUMMARY_SYSTEM
 from colony.context.session_agent import (
     FALLBACK_WINDOW,
     PROMPT_MARGIN_TOKENS,
@@ -566,13 +567,16 @@ class WindowedEngine(ScriptedEngine):
     context_window = 600
 
     def __init__(self) -> None:
-        self.replies = 0
+        self.replies = self.summaries = 0
         super().__init__(self.answer)
 
     def answer(self, request: InferenceRequest) -> str:
         used = sum(estimate_tokens(m.content) + MESSAGE_OVERHEAD_TOKENS for m in request.messages)
         if used + request.max_tokens > self.context_window:
             raise InferenceError(f"request ({used} tokens) exceeds the available context size")
+        if request.messages and request.messages[0].content == SUMMARY_SYSTEM:
+            self.summaries += 1
+            return f"summary {self.summaries}"
         self.replies += 1
         return f"reply {self.replies}"
 

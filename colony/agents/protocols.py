@@ -20,6 +20,26 @@ class HistorySummaryLog(Protocol):
     async def log_history_summary(self, text: str, *, items: int, ref: str) -> None: ...
 
 
+@runtime_checkable
+class ChatMemory(Protocol):
+    """What a session agent's memory adds to its turns (colony.memory.session implements it; the
+    session capability, colony.context.session_agent, calls it). Messages reach memory by its
+    producers, not through this protocol."""
+
+    async def heard(self, message: str) -> list[str]:
+        """Keep what the user said about themselves (the `human` block); the lines kept."""
+        ...
+
+    async def standing_sections(self) -> list[str]:
+        """Prompt sections every turn carries (the agent's memory blocks)."""
+        ...
+
+    async def recalled(self, question: str, among: set[str], limit: int) -> list[str]:
+        """Ids of messages of `among` (the path's messages that left the prompt) that memory finds
+        relevant to `question`, best first, at most `limit`."""
+        ...
+
+
 class AgentHost(Protocol):
     """The runtime that hosts an agent (`LocalAgentRuntime`; on a replica, the one `ReplicaHost`
     holds): it drives the agent's runs and carries out its suspensions. `Agent.host` is typed with

@@ -298,20 +298,14 @@ class RequestResultProtocol(BlackboardProtocol):
 
 
 class AgentRunProtocol(RequestResultProtocol):
-    """`AgentHandle.run` keys.
-
-    `request:run:{request_id}`, `result:run:{request_id}`, `event:run:{request_id}:{event_name}`.
-    """
+    """`AgentHandle.run` keys: `request:run:{id}`, `result:run:{id}`, `event:run:{id}:{event_name}`."""
 
     kind = "run"
 
 
 class WorkAssignmentProtocol(RequestResultProtocol):
-    """Coordinator → worker-pool work units on a shared (usually COLONY) scope.
-
-    A worker claims a unit (`claim:work:{request_id}`, create-only) before doing it, so each unit
-    is done by exactly one worker.
-    """
+    """Coordinator → worker-pool work units on a shared (usually COLONY) scope. A worker claims a
+    unit (`claim:work:{request_id}`, create-only) before doing it, so one worker does each unit."""
 
     kind = "work"
 
@@ -356,11 +350,13 @@ class AgentStateProtocol(BlackboardProtocol):
 
 class SessionProtocol(BlackboardProtocol):
     """A session's conversation tree, inside the session agent's own AGENT scope: one entry per
-    message (ids are generated, never taken from input) and the tree head (branches, active one)."""
+    message (ids are generated, never taken from input), the tree head (branches, active one) and
+    the summaries of paths (`summary_key(id)`: the path from the first message to `id`)."""
 
     templates = {
         "tree": "session:tree",
         "message": "session:message:{message_id}",
+        "summary": "session:summary:{message_id}",
     }
 
     @classmethod
@@ -370,6 +366,10 @@ class SessionProtocol(BlackboardProtocol):
     @classmethod
     def message_key(cls, message_id: str) -> str:
         return cls.build("message", message_id=message_id)
+
+    @classmethod
+    def summary_key(cls, message_id: str) -> str:
+        return cls.build("summary", message_id=message_id)
 
 
 class AgentRegistryProtocol(BlackboardProtocol):

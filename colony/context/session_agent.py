@@ -16,14 +16,17 @@ middle (`prompt_messages`).
 from __future__ import annotations
 
 import contextlib
-from dataclasses import dataclass
+import logging
+from dataclasses import dataclass, replace
 from typing import Any
 
 from colony.agents import ActionType, Agent, AgentCapability, action_executor
+from colony.agents.protocols import ChatMemory
 from colony.agents.reply_stream import stream_reply
 from colony.agents.state.action_log import current_idempotency_key
 from colony.blackboard import Blackboard
 from colony.config import ContextSettings
+from colony.context.chat_summary import ChatSummaries, message_line
 from colony.context.sessions import SessionStore
 from colony.context.tree import Message, message_id_for
 from colony.errors import AgentUsageError, InvalidArgument
@@ -31,6 +34,9 @@ from colony.inference import ChatMessage, InferenceRequest
 from colony.inference.engine import InferenceEngine, render_page_prefix
 from colony.inference.tokens import MESSAGE_OVERHEAD_TOKENS, TokenCounter, engine_window
 
+log = logging.getLogger(__name__)
+RECALLED_HEADER = "## Recalled from earlier in this conversation"
+RECALL_LINE_TOKENS = 80  # a recalled message's room in the prompt at most
 DEFAULT_SYSTEM_PROMPT = "You are a helpful assistant. Answer briefly and accurately."
 # tokens left free in the window beside the prompt and the reply: the chat template's generation
 # prompt and the rounding of counting each message apart
@@ -228,6 +234,12 @@ class SessionCapability(AgentCapability):
         view = stored.model_dump(mode="json")
         self.pending = {"run_id": run_id, "user": view}
         await self._emit("user_chat_message", view)
+        memory = self._memory()
+        if memory is not None:
+            try:
+                await memory.heard(message)
+            except Exception as exc:  # memory is an aid: a turn never fails for it
+                log.warning("session %s: the user's statements were not kept: %r", self._who(), exc)
         return view
 
     async def _user_message(self) -> dict[str, Any]:
@@ -264,7 +276,8 @@ class SessionCapability(AgentCapability):
                 "an engine slot leaves; bind it to fewer or smaller pages (page_tokens when mapping), "
                 "or raise engine.slot_context_tokens"
             )
-        prompt = await prompt_messages(self.system_prompt, transcript, counter=self.counter, budget=room)
+        prompt, memory = await self._fitted_prompt(user["content"], transcript, room)
+        await self._emit("prompt_context", memory)
         reply_id = _keyed_id()
         earlier = await self.store.stored(reply_id) if reply_id is not None else None
         if earlier is not None:  # stored by an attempt cut off after it: linked once, not rewritten
@@ -283,7 +296,116 @@ class SessionCapability(AgentCapability):
             message_id=reply_id,
         )
         self.pending = {}
-        return {"message": reply.model_dump(mode="json"), "context": prompt.context, "cut": prompt.cut}
+        return {
+            "message": reply.model_dump(mode="json"),
+            "context": prompt.context,
+            "cut": prompt.cut,
+            "memory": _brief(memory),
+        }
+
+    def _who(self) -> str:
+        return self.agent.agent_id if self.agent is not None else "?"
+
+    def _memory(self) -> ChatMemory | None:
+        """The agent's chat memory (colony.memory.session), if it has one."""
+        for capability in self.agent.capabilities.values() if self.agent is not None else ():
+            if isinstance(capability, ChatMemory):
+                return capability
+        return None
+
+    async def _fitted_prompt(
+        self, question: str, transcript: list[Message], room: int
+    ) -> tuple[SessionPrompt, dict[str, Any]]:
+        """The turn's prompt within `room` tokens: the system prompt with the agent's standing
+        memory sections (its blocks), the newest messages of the path that fit and, when older
+        ones left, a summary of them and the ones memory recalls for `question`, in a share of the
+        room (a third at most) kept from the messages. Also what entered it (`prompt_context`)."""
+        memory = self._memory()
+        standing: list[str] = []
+        if memory is not None:
+            try:
+                standing = await memory.standing_sections()
+            except Exception as exc:
+                log.warning("session %s: memory blocks left out of the prompt: %r", self._who(), exc)
+        system = "\n\n".join([self.system_prompt, *standing])
+        prompt = await prompt_messages(system, transcript, counter=self.counter, budget=room)
+        info: dict[str, Any] = {"left_out": 0, "summary": None, "recalled": [], "standing": len(standing)}
+        if len(prompt.context) == len(transcript):
+            return prompt, info
+        settings = self.settings
+        reserve = min(
+            room // 3, settings.session_summary_tokens + RECALL_LINE_TOKENS * settings.session_recalled
+        )
+        prompt = await prompt_messages(system, transcript, counter=self.counter, budget=room - reserve)
+        dropped = transcript[: len(transcript) - len(prompt.context)]
+        info["left_out"] = len(dropped)
+        extras = await self._compacted(question, dropped, memory, reserve, info)
+        if extras:
+            head = ChatMessage(role="system", content=f"{prompt.messages[0].content}\n\n{extras}")
+            used = prompt.tokens + await self.counter.count(extras)
+            prompt = replace(prompt, messages=[head, *prompt.messages[1:]], tokens=used)
+        return prompt, info
+
+    async def _compacted(
+        self,
+        question: str,
+        dropped: list[Message],
+        memory: ChatMemory | None,
+        reserve: int,
+        info: dict[str, Any],
+    ) -> str:
+        """The summary of `dropped` and the messages of it memory recalls, within `reserve` tokens."""
+        settings = self.settings
+        wanted = RECALL_LINE_TOKENS * settings.session_recalled if memory is not None else 0
+        summary_room = reserve - min(wanted, reserve // 2)  # recall gets up to half, the summary the rest
+        summaries = ChatSummaries(
+            self.store,
+            self.engine,  # type: ignore[arg-type]  # respond_to_user checked it
+            self.counter,
+            max_tokens=min(settings.session_summary_tokens, summary_room),
+            batch=settings.session_summary_batch,
+            input_tokens=settings.summariser_input_tokens,
+        )
+        parts: list[str] = []
+        summary = await summaries.of(dropped)
+        if summary is not None:
+            parts.append(await cut_to_fit(summary.render(), summary_room, self.counter))
+            info["summary"] = {
+                "covers": summary.covers,
+                "messages": summary.messages,
+                "pending": summary.pending,
+                "text": summary.text,
+            }
+        left = reserve - (await self.counter.count(parts[0]) if parts else 0)
+        recalled = await self._recalled(question, dropped, memory, left)
+        if recalled:
+            parts.append("\n".join([RECALLED_HEADER, *(line for _, line in recalled)]))
+            info["recalled"] = [{"id": message_id, "text": line[2:]} for message_id, line in recalled]
+        return "\n\n".join(parts)
+
+    async def _recalled(
+        self, question: str, dropped: list[Message], memory: ChatMemory | None, room: int
+    ) -> list[tuple[str, str]]:
+        """(id, "- Speaker: text") of the dropped messages memory recalls, within `room` tokens."""
+        wanted = self.settings.session_recalled
+        if memory is None or wanted < 1 or room < MIN_CUT_TOKENS:
+            return []
+        by_id = {m.id: m for m in dropped}
+        try:
+            ids = await memory.recalled(question, set(by_id), wanted)
+        except Exception as exc:
+            log.warning("session %s: recall left out of the prompt: %r", self._who(), exc)
+            return []
+        lines: list[tuple[str, str]] = []
+        left = room - await self.counter.count(RECALLED_HEADER) - MESSAGE_OVERHEAD_TOKENS
+        for message_id in ids[:wanted]:
+            share = min(RECALL_LINE_TOKENS, left)
+            if share < MIN_CUT_TOKENS // 2:
+                break
+            line = await cut_to_fit("- " + message_line(by_id[message_id]), share, self.counter)
+            lines.append((message_id, line))
+            left -= await self.counter.count(line) + 1
+        return lines
 
     def _pages_in(self) -> contextlib.AbstractAsyncContextManager[Any]:
         """The session's pages resident and pinned for the turn: faulted in on the replica hosting
@@ -319,6 +441,17 @@ class SessionCapability(AgentCapability):
         if self._counter is None or self._counter.engine is not self.engine:
             self._counter = TokenCounter(self.engine)
         return self._counter
+
+
+def _brief(memory: dict[str, Any]) -> dict[str, Any]:
+    """What entered the prompt, without the texts (the turn's result keeps ids and counts)."""
+    summary = memory.get("summary")
+    return {
+        "left_out": memory.get("left_out", 0),
+        "summary": None if summary is None else {k: v for k, v in summary.items() if k != "text"},
+        "recalled": [item["id"] for item in memory.get("recalled", [])],
+        "standing": memory.get("standing", 0),
+    }
 
 
 def _keyed_id() -> str | None:

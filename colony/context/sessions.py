@@ -206,6 +206,25 @@ class SessionStore:
         head = await self.head()
         return Message.model_validate({**entry.value, "parent_id": head.parents.get(message_id)})
 
+    async def summaries(self, ids: Sequence[str]) -> dict[str, dict[str, Any]]:
+        """The stored summaries of the paths ending at `ids` (colony.context.chat_summary), by id."""
+        found: dict[str, dict[str, Any]] = {}
+        for start in range(0, len(ids), READ_CHUNK):
+            chunk = [i for i in ids[start : start + READ_CHUNK] if is_message_id(i)]
+            entries = await self.board.read_many([SessionProtocol.summary_key(i) for i in chunk])
+            found.update(
+                (i, e.value)
+                for i, e in zip(chunk, entries, strict=True)
+                if e is not None and isinstance(e.value, dict)
+            )
+        return found
+
+    async def keep_summary(self, message_id: str, record: dict[str, Any]) -> None:
+        """Store the summary of the path ending at `message_id` (a stored message's id)."""
+        if not is_message_id(message_id):
+            raise InvalidArgument(f"{message_id[:40]!r} is not a message id")
+        await self.board.write(SessionProtocol.summary_key(message_id), record, created_by=WRITER)
+
     async def revert(self, message_id: str) -> TreeHead:
         head, _ = await self._change(lambda h: revert_to_message(h, message_id))
         return head

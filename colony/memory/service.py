@@ -128,6 +128,27 @@ class MemoryService:
     async def sync(self, scope_id: str) -> None:
         await (await self.retriever()).sync(scope_id)
 
+    async def forget_scopes(self, scope_ids: Sequence[str]) -> None:
+        """Drop the scopes' rows from the vector index (their agent is deleted for good: its
+        entries are gone from Redis already). Without loading the embedder: a process that never
+        recalled (the API's) only needs the Chroma client. Nothing to do without a collection."""
+        if self._retriever is not None and self._retriever.vector is not None:
+            for scope_id in scope_ids:
+                await self._retriever.vector.drop_scope(scope_id)
+            return
+        from colony.memory.chroma_server import chroma_client
+
+        def drop() -> None:
+            client = chroma_client(self.settings)
+            try:
+                collection = client.get_collection(collection_name(self.settings))
+            except Exception:  # no collection: nothing was ever indexed in this colony
+                return
+            for scope_id in scope_ids:
+                collection.delete(where={"scope": scope_id})
+
+        await asyncio.to_thread(drop)
+
     async def nearest(self, scope_id: str, text: str) -> tuple[str, float] | None:
         retriever = await self.retriever()
         return await retriever.nearest(scope_id, text)

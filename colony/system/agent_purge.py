@@ -14,6 +14,7 @@ record names the id and that its lifecycle is the one it saw just before it purg
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 
@@ -21,6 +22,10 @@ from colony.blackboard import Blackboard, BlackboardScope, scope_id
 from colony.blackboard.protocol import BlackboardKeyspace, BlockProtocol
 from colony.config import ColonySettings
 from colony.memory.blocks import SYSTEM, block_store
+from colony.memory.scopes import AGENT_LEVELS, MemoryScope
+from colony.memory.service import memory_service
+
+log = logging.getLogger(__name__)
 
 SCAN_COUNT = 1000  # keys Redis looks at per SCAN call
 MAX_SCAN_CALLS = 100_000  # 100 M keys looked at, at most, per listing
@@ -87,4 +92,19 @@ async def purge_agent(
     for start in range(0, len(found.keys), UNLINK_BATCH):
         async with board.guard("purge_agent"):
             await board.redis.unlink(*found.keys[start : start + UNLINK_BATCH])
+    await _forget_memory_index(board, agent_id, settings)
     return AgentKeys(keys=found.keys, blocks=deleted, truncated=found.truncated)
+
+
+async def _forget_memory_index(board: Blackboard, agent_id: str, settings: ColonySettings) -> None:
+    """Drop the agent's memory scopes' rows from the vector index (derived from the entries just
+    deleted). Best effort: an index that does not answer keeps rows no entry backs any more, which
+    recall skips (it reads every hit's entry from Redis) and a reindex of the colony drops."""
+    scopes = [
+        MemoryScope.agent(agent_id, level, tenant_id=settings.tenant_id, colony_id=settings.colony_id)
+        for level in AGENT_LEVELS
+    ]
+    try:
+        await memory_service(board, settings).forget_scopes(scopes)
+    except Exception as exc:
+        log.warning("agent %s: its memory's vector index rows were not dropped: %r", agent_id, exc)

@@ -36,6 +36,8 @@ from colony.errors import AgentUsageError, InvalidArgument
 from colony.inference import ChatMessage, InferenceRequest
 from colony.inference.engine import InferenceEngine, render_page_prefix
 from colony.inference.tokens import TokenCounter
+from colony.memory.blocks.tools import MemoryBlocksCapability
+from colony.memory.session import SessionMemoryCapability, session_memory_hierarchy
 
 Spawner = Callable[[AgentBlueprint], Awaitable[Any]]
 # what the session agents count against a replica's `serve.replica_memory_mb`: they hold a few
@@ -163,7 +165,11 @@ class SessionStarterCapability(AgentCapability):
         await SessionStore(self.agent.blackboard.scoped(session_scope_of(self.agent, session_id))).create()
         await self.spawner(
             session_blueprint(
-                session_id, parent_id=self.agent.agent_id, max_tokens=self.max_tokens, pages=bound
+                session_id,
+                parent_id=self.agent.agent_id,
+                max_tokens=self.max_tokens,
+                pages=bound,
+                memory=self.context.session_memory,
             )
         )
         return {"session_id": session_id}
@@ -232,12 +238,37 @@ def session_scope_of(agent: Agent, session_id: str) -> str:
     return session_scope(session_id, tenant_id=metadata.tenant_id, colony_id=metadata.colony_id)
 
 
+SESSION_PERSONA = {"name": "Colony", "style": "brief, accurate and friendly"}
+
+
+def session_memory() -> list[Any]:
+    """A session agent's memory (colony.memory.session): its turns in working -> STM -> LTM
+    episodic, `persona` and `human` blocks (what the user says about themselves goes to `human`
+    word for word), and recall of the turns that left the prompt."""
+    return [
+        *session_memory_hierarchy(),
+        MemoryBlocksCapability.bind(
+            templates=[("persona", SESSION_PERSONA), "human"],
+            tool_log=False,
+            user_blocks=["human"],
+            include_recall=False,
+        ),
+        SessionMemoryCapability.bind(),
+    ]
+
+
 def session_blueprint(
-    session_id: str, *, parent_id: str | None = None, max_tokens: int = 256, pages: list[str] | None = None
+    session_id: str,
+    *,
+    parent_id: str | None = None,
+    max_tokens: int = 256,
+    pages: list[str] | None = None,
+    memory: bool = True,
 ) -> AgentBlueprint:
     """One session's agent: a turn (a run with input {"message"}) adds the user's message and the
     streamed reply to its conversation tree (colony.context.session_agent). With `pages` it is
-    page-bound: placed on the replica holding them, its turns' prompts start with them."""
+    page-bound: placed on the replica holding them, its turns' prompts start with them. With
+    `memory` (`context.session_memory`) it keeps memory (`session_memory`)."""
     bound = list(pages or [])
     return AgentBlueprint(
         agent_class=Agent,
@@ -251,6 +282,7 @@ def session_blueprint(
         capabilities=[
             SessionCapability.bind(max_tokens=max_tokens, page_ids=bound),
             AgentRunCapability.bind(namespace=RUNS_NAMESPACE),
+            *(session_memory() if memory else []),
         ],
         action_policy=ScriptedActionPolicy.bind(
             steps=[
