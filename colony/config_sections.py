@@ -159,6 +159,12 @@ class ContextSettings(BaseModel):
     session_recalled: int = Field(
         3, ge=0, le=20, description="Messages of a session recalled into a turn's prompt (0: none)."
     )
+    session_recall_min_relevance: float = Field(
+        0.5,
+        ge=0,
+        le=1,
+        description="Least relevance (memory's hybrid score) of a message recalled into a turn's prompt.",
+    )
     session_idle_retention_seconds: float = Field(
         7 * 24 * 3600.0,
         gt=0,

@@ -220,6 +220,11 @@ MEMORY_INGESTION_LAG_SECONDS = Histogram(
 MEMORY_PRUNED = Counter(
     "colony_memory_pruned_total", "Memory entries removed by maintenance, by reason.", ["reason"]
 )
+MEMORY_SUMMARIES = Counter(
+    "colony_memory_summaries_total",
+    "Consolidation summaries: stored, ungrounded (dropped: not backed by their sources) or failed.",
+    ["outcome"],
+)
 MEMORY_RECALL_SECONDS = Histogram(
     "colony_memory_recall_seconds",
     "Latency of memory recalls, by ranking mode.",
@@ -318,6 +323,7 @@ PUBLISHED: tuple[Published, ...] = (
     Published(MEMORY_INGESTED, ("scope_type",)),
     Published(MEMORY_INGESTION_LAG_SECONDS, (), _MEMORY_LAG_BUCKETS),
     Published(MEMORY_PRUNED, ("reason",)),
+    Published(MEMORY_SUMMARIES, ("outcome",)),
     Published(MEMORY_RECALL_SECONDS, ("mode",), _FAST_BUCKETS),
     Published(BLOCK_EDITS, ("op", "outcome")),
     Published(BLOCK_COMPACTIONS, ("kind",)),

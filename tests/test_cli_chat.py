@@ -105,7 +105,7 @@ def test_show_prompt_says_what_entered_the_prompt(redis_url: str, tmp_path: Path
         last = lines[lines.index(next(x for x in reversed(lines) if x.startswith("[prompt: "))) :]
         assert re.fullmatch(r"\[prompt: \d+ earlier messages left it\]", last[0]), last
         assert any(x.startswith("[summary of ") for x in last), last
-        assert "[recalled] User: The blue folder holds the signed lease for the flat." in last
+        assert "[recalled] I said: The blue folder holds the signed lease for the flat." in last
         plain = chat(served.url, TOKEN, "Which folder holds the signed lease?\n", tmp_path)
         assert not any(x.startswith("[") for x in plain.splitlines()[1:])
 

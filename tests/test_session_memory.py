@@ -19,9 +19,10 @@ from colony.agents.state.action_log import _IDEMPOTENCY_KEY
 from colony.blackboard import Blackboard
 from colony.config import ColonySettings, ServeSettings
 from colony.context.chat_summary import SUMMARY_SYSTEM
-from colony.context.session_agent import RECALLED_HEADER, SessionCapability
+from colony.context.session_agent import SessionCapability
 from colony.context.sessions import SessionStore, new_session_id
 from colony.context.tree import MAIN_BRANCH
+from colony.context.turn_prompt import RECALLED_HEADER
 from colony.inference import InferenceRequest
 from colony.inference.scripted import ScriptedEngine
 from colony.memory.blocks.store import BlockStore
@@ -203,15 +204,19 @@ async def test_a_full_window_is_summarised_and_recalled_within_the_path(
         assert rig.engine.summaries >= 1
         assert any("red tin on the top shelf" in given for given in rig.engine.summary_inputs)
         assert detail_id in memory["recalled"]
-        system = system_text(rig.engine.reply_requests()[-1])
+        request = rig.engine.reply_requests()[-1]
+        system = system_text(request)
         assert "## Summary of the earlier conversation" in system and "summary " in system
-        recalled = system[system.index(RECALLED_HEADER) :]
-        assert "User: The spare office key is kept in the red tin on the top shelf." in recalled
+        assert request.messages is not None and request.messages[-1].content == (
+            f"{RECALLED_HEADER}\n- I said: The spare office key is kept in the red tin on the top shelf."
+            "\n\nWhere is the spare office key kept?"
+        )  # quoted right before the question, in the user's turn
         context = next(e["data"] for e in events if e["event_type"] == "prompt_context")
-        assert context["recalled"][0] == {
-            "id": detail_id,
-            "text": "User: The spare office key is kept in the red tin on the top shelf.",
-        }
+        first = context["recalled"][0]
+        assert first["id"] == detail_id and first["relevance"] >= 0.5
+        assert first["text"] == "I said: The spare office key is kept in the red tin on the top shelf."
+        _, path = await rig.store.transcript()
+        assert path[-2].content == "Where is the spare office key kept?"  # the tree keeps it as sent
         assert context["summary"]["text"].startswith("summary ")
         # the prompt (summary and recall included) stays within the budget
         used = sum(len(m.content) // 4 + 8 for m in rig.engine.reply_requests()[-1].messages or [])
@@ -225,8 +230,7 @@ async def test_a_full_window_is_summarised_and_recalled_within_the_path(
             await turn(rig, f"Side filler {n}: the garden, the bus timetable and the new printer.")
         output, _ = await turn(rig, "Where is the spare office key kept?")
         assert detail_id not in output["memory"]["recalled"]
-        side = system_text(rig.engine.reply_requests()[-1])
-        assert "red tin" not in side
+        assert not any("red tin" in m.content for m in rig.engine.reply_requests()[-1].messages or [])
         await rig.store.switch(MAIN_BRANCH)
         output, _ = await turn(rig, "Remind me where the spare office key is kept.")
         assert detail_id in output["memory"]["recalled"]

@@ -34,9 +34,12 @@ class ChatMemory(Protocol):
         """Prompt sections every turn carries (the agent's memory blocks)."""
         ...
 
-    async def recalled(self, question: str, among: set[str], limit: int) -> list[str]:
-        """Ids of messages of `among` (the path's messages that left the prompt) that memory finds
-        relevant to `question`, best first, at most `limit`."""
+    async def recalled(
+        self, question: str, among: set[str], limit: int, min_relevance: float
+    ) -> list[tuple[str, float]]:
+        """(id, relevance) of messages of `among` (earlier messages of the path being answered)
+        that memory finds relevant to `question` (at least `min_relevance`), best first, at most
+        `limit`."""
         ...
 
 

@@ -322,6 +322,9 @@ class MemoryCapability(AgentCapability):
         entries = [e for e in found if e is not None]
         if subscription.tag_filter is not None:
             entries = [e for e in entries if subscription.tag_filter.matches(e.tags)]
+        waits = getattr(self.ingestion_policy.transformer, "waits", None)
+        if callable(waits) and waits(entries):  # a larger batch later: the position stays
+            return 0
         derived = await self._transform(entries)
         await self._commit(derived, position_key, source, batch.position, seen)
         self._count_ingested(entries)

@@ -155,7 +155,7 @@ def _unframed(tokens: list[str]) -> list[str]:
     return tokens
 
 
-def _salient(text: str) -> set[str]:
+def _salient(text: str, pronouns: bool = True) -> set[str]:
     """Names, numbers and who someone is: words with a digit, words written with a capital
     wherever they stand (a name starts a sentence, or is a label's value: "Name: Emily"), and
     gendered pronouns; less stop words ("I", "User", "Name"). Normalised as `words` does, so both
@@ -164,7 +164,8 @@ def _salient(text: str) -> set[str]:
     for raw in _WORD.findall(_normal(text)):
         if any(c.isdigit() for c in raw) or raw[0].isupper():
             found.update(w for w in _WORD.findall(raw.casefold()) if w not in STOP_WORDS and len(w) > 1)
-    found.update(w for w in words(text) if w in GENDERED)
+    if pronouns:
+        found.update(w for w in words(text) if w in GENDERED)
     return found
 
 
@@ -193,11 +194,17 @@ class Heard:
 
 
 def check_grounded(
-    candidate: str, said: Sequence[str] | Heard, *, min_coverage: float = MIN_COVERAGE
+    candidate: str,
+    said: Sequence[str] | Heard,
+    *,
+    min_coverage: float = MIN_COVERAGE,
+    pronouns: bool = True,
 ) -> Grounding:
     """Whether `candidate` may be stored as what the user said, given `said` (the user's own
     messages, newest first): see the module for the rule. A candidate framed as a quote ("User
-    said: ...") must be verbatim: a quote that changes a word is not what the user said."""
+    said: ...") must be verbatim: a quote that changes a word is not what the user said.
+    `pronouns=False` lets gendered pronouns pass as words, not as names (a summary of memories
+    refers to the people in them: their names must still be the sources')."""
     if len(candidate) > MAX_CANDIDATE_CHARS:
         return Grounding(False, f"it is longer than {MAX_CANDIDATE_CHARS} characters; store less")
     raw_tokens = words(candidate)
@@ -218,7 +225,7 @@ def check_grounded(
         return Grounding(False, "it states nothing the user said (no content words of theirs)")
     missing = list(dict.fromkeys(w for w in wanted if stem(w) not in heard))
     coverage = 1 - sum(1 for w in wanted if stem(w) not in heard) / len(wanted)
-    names = sorted(w for w in _salient(candidate) if stem(w) not in heard)
+    names = sorted(w for w in _salient(candidate, pronouns) if stem(w) not in heard)
     if names:
         return Grounding(
             False,

@@ -1,7 +1,9 @@
 """Memory producers: what an agent's behaviour leaves in memory, extracted by hooks.
 
 `action_producer()` turns every dispatched action into a working-memory entry tagged with the
-action, its type and its outcome; `conversation_producer()` records each run's task and answer.
+action, its type and its outcome; `conversation_producer()` records each run's task and answer;
+`skill_producer()` records, for a run that succeeded, the actions that got it there (procedural
+memory: what worked, for the SKILL lens to show the planner on a similar task).
 Extractors are plain module-level functions so blueprints that carry them pickle by reference.
 """
 
@@ -79,6 +81,49 @@ def extract_run_turn(ctx: HookContext, result: Any) -> list[NewMemory] | None:
             )
         )
     return made or None
+
+
+MAX_SKILL_STEPS = 20
+
+
+async def extract_skill(ctx: HookContext, result: Any) -> NewMemory | None:
+    """After a run's last step, when it succeeded: "Task: ... / What worked: a -> b -> c", from
+    the actions of its action log that succeeded (their order, repeats folded), tagged `skill`.
+    One entry per run (its id derives from the run id)."""
+    agent = ctx.instance
+    run = getattr(agent, "current_run", None)
+    if run is None or not run.done or getattr(run.status, "value", run.status) != "succeeded":
+        return None
+    log = getattr(agent, "action_log", None)
+    if log is None:
+        return None
+    steps: list[str] = []
+    for record in await log.records():
+        ok = record.kind == "action" and record.status == "done" and (record.result or {}).get("success")
+        if ok and record.action and (not steps or steps[-1] != record.action):
+            steps.append(record.action)
+    if not steps:
+        return None
+    task = run.input.get("task", run.input) if isinstance(run.input, dict) else run.input
+    tag_first = steps[0] if len(steps[0]) <= 64 and steps[0].isidentifier() else "other"
+    return NewMemory(
+        content=f"Task: {_preview(task, 300)}\nWhat worked: {' -> '.join(steps[:MAX_SKILL_STEPS])}",
+        tags={"skill", "success", f"action:{tag_first}"},
+        kind="procedure",
+        entry_id=f"skill-{run.run_id}",
+        data={"run_id": run.run_id, "actions": steps[:MAX_SKILL_STEPS]},
+        importance=0.7,
+    )
+
+
+def skill_producer(ttl_seconds: float | None = None) -> MemoryProducerConfig:
+    """The action sequences of runs that succeeded, as memories (procedural LTM)."""
+    return MemoryProducerConfig(
+        pointcut=Pointcut.pattern("Agent.run_step"),
+        extractor=extract_skill,
+        ttl_seconds=ttl_seconds,
+        name="skills",
+    )
 
 
 def action_producer(ttl_seconds: float | None = None) -> MemoryProducerConfig:

@@ -54,9 +54,11 @@ MIN_STATEMENT_WORDS = 3
 RECALL_FETCH = 40  # entries looked at per recall, before keeping the path's
 _SENTENCE = re.compile(r"[^.!?\n]+[.!?]*")
 _FIRST_PERSON = re.compile(r"\b(i|i'm|i've|i'd|i'll|im|my|me|mine|myself|we|our|us)\b", re.IGNORECASE)
+# a question, or a request (an imperative: "give me a tip", "please help me"): not about the user
 _ASKING = re.compile(
-    r"^(what|who|whom|whose|which|when|where|why|how|do|does|did|can|could|would|should|will|is|are|"
-    r"am|was|were|have|has|tell me|remind me|say|repeat)\b",
+    r"^(please\s+)?(what|who|whom|whose|which|when|where|why|how|do|does|did|can|could|would|should|"
+    r"will|is|are|am|was|were|have|has|tell|remind|say|repeat|give|show|help|let|find|suggest|"
+    r"recommend|explain|write|make|send|get|list|name|describe|translate|summarise|summarize)\b",
     re.IGNORECASE,
 )
 
@@ -196,8 +198,11 @@ class SessionMemoryCapability(AgentCapability):
         blocks = self._blocks()
         return await blocks.memory_sections() if blocks is not None else []
 
-    async def recalled(self, question: str, among: set[str], limit: int) -> list[str]:
-        """Message ids of `among` whose entries recall ranks for `question`, best first."""
+    async def recalled(
+        self, question: str, among: set[str], limit: int, min_relevance: float = 0.0
+    ) -> list[tuple[str, float]]:
+        """(message id, relevance) of `among` whose entries recall ranks for `question` at
+        `min_relevance` or more, best first."""
         scopes = self._scopes()
         if not among or not scopes or limit < 1 or not question.strip():
             return []
@@ -205,17 +210,18 @@ class SessionMemoryCapability(AgentCapability):
             query=question[:2000],
             tag_filter=TagFilter(all_of=frozenset({"conversation"})),
             max_results=RECALL_FETCH,
+            min_relevance=min(max(min_relevance, 0.0), 1.0),
         )
         found = await memory_service(self.blackboard, agent_settings(self)).recall(query, scopes)
-        picked: list[str] = []
+        picked: dict[str, float] = {}
         for item in found:
             data = item.entry.data if isinstance(item.entry.data, dict) else {}
             message_id = data.get("message_id")
             if isinstance(message_id, str) and message_id in among and message_id not in picked:
-                picked.append(message_id)
+                picked[message_id] = item.relevance
                 if len(picked) == limit:
                     break
-        return picked
+        return list(picked.items())
 
 
 def session_memory_hierarchy(
