@@ -252,9 +252,19 @@ async def test_session_turn_actions_redone_after_storing_store_each_message_once
 # -- memory actions, on a local runtime --------------------------------------------------------
 
 
+GROUNDED_SUMMARIES = [
+    "The user lives in Lyon and owns a red bicycle.",
+    "The user owns a red bicycle and lives in Lyon.",
+    "The user lives in Lyon.",
+    "The user owns a red bicycle.",
+]
+
+
 @pytest.fixture
 async def local(bb: Blackboard, redis_url: str) -> AsyncIterator[tuple[LocalAgentRuntime, ScriptedEngine]]:
-    summaries = iter(f"Summary number {i} of the notes." for i in range(10))
+    # each call reads otherwise (a redo's summary differs) and is grounded in the notes it summarises
+    # (a summary its sources do not back is not stored: colony.memory.transformers)
+    summaries = iter(GROUNDED_SUMMARIES)
     engine = ScriptedEngine(lambda request: next(summaries))
     settings = ColonySettings(redis_url=redis_url)
     rt = LocalAgentRuntime(bb, colony_id=f"m{uuid.uuid4().hex[:10]}", engine=engine, settings=settings)
@@ -369,7 +379,7 @@ async def test_consolidate_redone_after_storing_its_summary_stores_one_summary(
 
     summaries = [e for e in await entries(agent, "ltm:semantic") if e.kind == "summary"]
     assert len(engine.requests) == 2  # asked twice: the cut-off call and its redo
-    assert [e.content for e in summaries] == ["Summary number 0 of the notes."]  # stored once
+    assert [e.content for e in summaries] == [GROUNDED_SUMMARIES[0]]  # stored once
     assert done.output == {"consolidated": 2, "entries": [summaries[0].entry_id]}
 
 
