@@ -15,6 +15,8 @@ from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
 
+from test_sessions_tree import turn
+
 from colony.agents.state.action_log import _IDEMPOTENCY_KEY
 from colony.blackboard import Blackboard
 from colony.config import ColonySettings, ServeSettings
@@ -95,19 +97,6 @@ async def chat_on(
     finally:
         await control.close()
         await host.close()
-
-
-async def turn(rig: Any, text: str, *, timeout: float = 60) -> tuple[dict[str, Any], list[dict[str, Any]]]:
-    record = await rig.runs.submit(rig.session_id, {"message": text})
-    events: list[dict[str, Any]] = []
-
-    async def stream() -> None:
-        async for _, event in rig.runs.events(record.run_id):
-            events.append(event)
-
-    await asyncio.wait_for(stream(), timeout)
-    assert events[-1]["event_type"] == "completed", events[-1]
-    return events[-1]["data"]["output"], events
 
 
 def system_text(request: InferenceRequest) -> str:
