@@ -13,6 +13,7 @@ from typing import Any
 import pytest
 
 from colony.agents import Agent, AgentBlueprint, AgentMetadata, LocalAgentRuntime
+from colony.agents.state.action_log import _IDEMPOTENCY_KEY
 from colony.blackboard import Blackboard
 from colony.config import ColonySettings
 from colony.memory.blocks.manage import SWAPPED_HEADER, BlockManagementCapability
@@ -88,15 +89,31 @@ async def test_an_agent_creates_and_deletes_its_own_blocks_and_only_those(kit: K
     sections = "\n".join(await ada.get_capability("memory_blocks").memory_sections())
     assert "<plans>" in sections and "Step 1: read" in sections
 
-    # the same create again finds its untouched block (a redone action); after an edit it is refused
-    assert (
-        await dispatch("block_create", {"label": "plans", "description": "What I plan to do next"})
-    ).success
+    # a create redone under its action's key finds its untouched block and reports it made; the same
+    # create outside that action, one asking for other content or limit, or one after an edit is refused
+    asked = {"label": "drafts", "description": "Drafts", "content": "first draft", "char_limit": 300}
+    key = _IDEMPOTENCY_KEY.set("run-a:1:a0")
+    try:
+        assert (await dispatch("block_create", asked)).success
+        assert (await dispatch("block_create", asked)).success  # the redo
+        for other in ({"content": "TOTALLY DIFFERENT"}, {"char_limit": 100}, {"description": "Other"}):
+            _failed(
+                await dispatch("block_create", {**asked, **other}), "already has a block labelled 'drafts'"
+            )
+    finally:
+        _IDEMPOTENCY_KEY.reset(key)
+    _failed(await dispatch("block_create", asked), "already has a block labelled 'drafts'")
+    assert (await kit.store.read("ada", "drafts")).content == "first draft\n"
     assert (await dispatch("core_memory_append", {"label": "plans", "content": "Step 2: write"})).success
-    _failed(
-        await dispatch("block_create", {"label": "plans", "description": "What I plan to do next"}),
-        "already has a block labelled 'plans'",
-    )
+    key = _IDEMPOTENCY_KEY.set("run-b:1:a0")
+    try:
+        _failed(
+            await dispatch("block_create", {"label": "plans", "description": "What I plan to do next"}),
+            "already has a block labelled 'plans'",
+        )
+    finally:
+        _IDEMPOTENCY_KEY.reset(key)
+    assert (await dispatch("block_delete", {"label": "drafts"})).success
     _failed(await dispatch("block_create", {"label": "Bad Label", "description": "x"}), "label")
     _failed(await dispatch("block_create", {"label": "big", "description": "x", "kind": "log"}), "kind")
 
@@ -138,6 +155,10 @@ async def test_sharing_follows_the_access_rules_and_unsharing_takes_the_block_aw
     _failed(await bob_do("block_delete", {"label": "board"}), "only its owner")
     _failed(await bob_do("block_swap_out", {"label": "board"}), "only its owner")
     _failed(await share("block_share", {"label": "human", "agent_id": "bob"}), "holds what the user told you")
+    # ... nor another block quoting the user (found by review: the rule checked the label only)
+    notes = {"label": "notes", "description": "My notes", "content": "User said: My password is hunter2"}
+    assert (await share("block_create", notes)).success
+    _failed(await share("block_share", {"label": "notes", "agent_id": "bob"}), "holds what the user told you")
     _failed(await share("block_share", {"label": "board", "agent_id": "nobody"}), "no agent 'nobody'")
     _failed(await share("block_share", {"label": "board", "agent_id": "ada"}), "your own blocks")
     _failed(await share("block_share", {"label": "board", "agent_id": "bob", "access": "owner"}), "access")
@@ -178,6 +199,17 @@ async def test_a_working_block_swaps_out_of_the_prompt_and_back(kit: Kit) -> Non
     assert await manage.memory_sections() == []
     _failed(await dispatch("block_swap_out", {"label": "persona"}), "core block, always in your prompt")
     _failed(await dispatch("block_swap_in", {"label": "missing"}), "no block labelled 'missing'")
+
+
+async def test_an_archival_label_is_one_of_the_tags_and_cannot_be_faked(kit: Kit) -> None:
+    ada = await kit.runtime.spawn(_blueprint("ada"))
+    dispatch = ada.dispatcher.dispatch
+    ten = [f"t{n}" for n in range(10)]
+    _failed(
+        await dispatch("archival_insert", {"content": "a note", "tags": ten, "label": "x"}), "a label counted"
+    )
+    _failed(await dispatch("archival_insert", {"content": "a note", "tags": ["label:x"]}), "kept for `label`")
+    assert (await dispatch("archival_read", {"label": "x"})).output == []
 
 
 async def test_archival_memory_is_filed_and_read_by_label(kit: Kit) -> None:

@@ -31,10 +31,11 @@ from colony.errors import InferenceError
 from colony.inference import InferenceRequest
 from colony.inference.embedded import EmbeddedEngine
 from colony.inference.scripted import ScriptedEngine
+from colony.memory.grounding import check_grounded
 from colony.memory.hierarchy import CONSOLIDATE_BATCH, default_memory_hierarchy
 from colony.memory.scopes import MemoryScope
 from colony.memory.store import MemoryStore
-from colony.memory.transformers import SummarizingTransformer
+from colony.memory.transformers import SUMMARY_COVERAGE, SummarizingTransformer
 from colony.memory.types import MemoryEntry, NewMemory
 from colony.planning import StructuredActionPolicy
 
@@ -176,6 +177,35 @@ async def test_a_summary_its_sources_do_not_back_is_dropped_and_a_failing_model_
     found = await k2.ltm_when("bea", CONSOLIDATE_BATCH)
     assert sorted(e.content for e in found) == sorted(FACTS)
     assert metrics.MEMORY_SUMMARIES.labels("failed")._value.get() >= failed + 1
+
+
+async def test_a_waiting_scope_is_not_starved_by_entries_its_filter_leaves_out(kit: Any) -> None:
+    """3 matching entries, 70 the tag filter leaves out, then 20 matching: a look that read a full
+    window of events does not wait (found by review: LTM waited the full 15 minutes)."""
+    k = kit(ScriptedEngine(lambda request: "Ana moved to Lisbon in March."))
+    await k.runtime.spawn(_hierarchy_agent("ana"))
+    await k.fill_stm("ana", FACTS[:1])
+    await asyncio.sleep(1.0)  # the LTM subscription holds a position
+    await k.fill_stm("ana", FACTS[1:3])
+    stm = k.scope("ana", "stm")
+    for n in range(70):
+        await k.store.write(stm, NewMemory(content=f"action noise {n}", tags={"action"}))
+    await k.fill_stm("ana", [f"Ana wrote note number {n} today." for n in range(20)])
+    found = await k.ltm_when("ana", CONSOLIDATE_BATCH, timeout=30)
+    assert len([e for e in found if e.kind != "summary"]) >= CONSOLIDATE_BATCH
+
+
+def test_a_summary_is_grounded_in_its_sources_pronouns_allowed_inversions_refused() -> None:
+    sources = ["Ana moved to Lisbon in March.", "Alice approved the budget.", "The deploy failed."]
+
+    def stored(text: str) -> bool:
+        return check_grounded(text, sources, min_coverage=SUMMARY_COVERAGE, pronouns=False).grounded
+
+    assert stored("She moved to Lisbon in March.") and stored("Ana moved to Lisbon in March.")
+    assert not stored("Alice rejected the budget.")  # a word the sources do not hold
+    assert not stored("The deploy succeeded.")
+    assert not stored("Bob moved to Lisbon in March.")  # an invented name, even starting a sentence
+    assert not check_grounded("She moved to Lisbon in March.", sources).grounded  # a user's fact: no
 
 
 async def test_a_run_that_succeeds_leaves_what_worked_in_procedural_memory(kit: Any) -> None:

@@ -98,7 +98,10 @@ class ChatSummaries:
                 except Exception as exc:  # the turn goes on with the last good summary
                     log.warning("session summary not written: %r", exc)
                     break
-                text = written or text
+                if not written:  # nothing to keep: these messages wait for the next try
+                    log.warning("session summary not written: the model answered nothing")
+                    break
+                text = written
                 done += len(chunk)
                 pending = pending[len(chunk) :]
                 await self.store.keep_summary(chunk[-1].id, {"text": text, "messages": done})

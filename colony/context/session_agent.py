@@ -61,6 +61,8 @@ __all__ = [  # the prompt's fitting lives in colony.context.prompt_fit; its name
 ]
 log = logging.getLogger(__name__)
 DEFAULT_SYSTEM_PROMPT = "You are a helpful assistant. Answer briefly and accurately."
+
+
 class SessionCapability(AgentCapability):
     """The user's messages in, the model's replies out, both kept in the session's tree."""
 

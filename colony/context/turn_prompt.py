@@ -4,7 +4,8 @@ Without memory a turn's prompt is the system prompt and the newest messages of t
 answered that fit its budget (colony.context.prompt_fit). With the agent's chat memory
 (colony.agents.protocols.ChatMemory, colony.memory.session) it also holds:
 
-- the agent's standing sections (its memory blocks) after the system prompt;
+- the agent's standing sections (its memory blocks) after the system prompt, in a quarter of the
+  budget at most (cut in the middle past it);
 - the earlier messages of the path that memory recalls for the user's message (relevance at
   least `context.session_recall_min_relevance`, at most `context.session_recalled`, not the two
   just before it), quoted right before the user's message in its turn ("Earlier in this
@@ -55,6 +56,8 @@ class TurnPromptBuilder:
         """The prompt for the last message of `transcript` (the user's) within `room` tokens, and
         what entered it besides the window's messages (the `prompt_context` event)."""
         standing = await self._standing()
+        if standing:  # a quarter of the room at most, whatever the blocks hold
+            standing = [await cut_to_fit("\n\n".join(standing), room // 4, self.counter)]
         system = "\n\n".join([self.system_prompt, *standing])
         info: dict[str, Any] = {"left_out": 0, "summary": None, "recalled": [], "standing": len(standing)}
         recalled = await self._recalled(transcript, room // 4)

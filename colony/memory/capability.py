@@ -323,8 +323,8 @@ class MemoryCapability(AgentCapability):
         if subscription.tag_filter is not None:
             entries = [e for e in entries if subscription.tag_filter.matches(e.tags)]
         waits = getattr(self.ingestion_policy.transformer, "waits", None)
-        if callable(waits) and waits(entries):  # a larger batch later: the position stays
-            return 0
+        if callable(waits) and waits(entries) and batch.position == await store.latest_position(source):
+            return 0  # a larger batch later: the position stays (never while more events are behind)
         derived = await self._transform(entries)
         await self._commit(derived, position_key, source, batch.position, seen)
         self._count_ingested(entries)

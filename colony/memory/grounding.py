@@ -166,6 +166,8 @@ def _salient(text: str, pronouns: bool = True) -> set[str]:
             found.update(w for w in _WORD.findall(raw.casefold()) if w not in STOP_WORDS and len(w) > 1)
     if pronouns:
         found.update(w for w in words(text) if w in GENDERED)
+    else:  # a summary refers to the people of its sources ("She moved ..."): not a name
+        found -= GENDERED
     return found
 
 
@@ -221,6 +223,8 @@ def check_grounded(
         return Grounding(False, looped)
     heard = heard_from.stems
     wanted = content_words(tokens)
+    if not pronouns:
+        wanted = [w for w in wanted if w not in GENDERED]
     if not wanted:
         return Grounding(False, "it states nothing the user said (no content words of theirs)")
     missing = list(dict.fromkeys(w for w in wanted if stem(w) not in heard))

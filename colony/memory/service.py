@@ -132,6 +132,8 @@ class MemoryService:
         """Drop the scopes' rows from the vector index (their agent is deleted for good: its
         entries are gone from Redis already). Without loading the embedder: a process that never
         recalled (the API's) only needs the Chroma client. Nothing to do without a collection."""
+        if not self._want_vector:
+            return
         if self._retriever is not None and self._retriever.vector is not None:
             for scope_id in scope_ids:
                 await self._retriever.vector.drop_scope(scope_id)

@@ -30,6 +30,7 @@ from colony.agents.state.action_log import current_idempotency_key
 from colony.blackboard import Blackboard
 from colony.blackboard.models import TagFilter
 from colony.errors import BlockLimitExceeded, BlockNotFound
+from colony.memory.blocks.rendering import render_blocks
 from colony.memory.blocks.tools import MemoryBlocksCapability
 from colony.memory.capability import MemoryCapability
 from colony.memory.service import memory_service
@@ -172,7 +173,11 @@ class SessionMemoryCapability(AgentCapability):
                 await store.append(me, label, line, **options)
             except BlockLimitExceeded:  # full: the oldest statements make room, then once more
                 await self._make_room(len(line) + 1)
-                await store.append(me, label, line, **options)
+                try:
+                    await store.append(me, label, line, **options)
+                except BlockLimitExceeded:  # a block too small for this line even emptied
+                    log.warning("session %s: a statement longer than block %r's room not kept", me, label)
+                    continue
             kept.append(line)
             held += line + "\n"
         return kept
@@ -195,8 +200,15 @@ class SessionMemoryCapability(AgentCapability):
         )
 
     async def standing_sections(self) -> list[str]:
+        """The session's own blocks and the colony's (the operator's), never a block another agent
+        shared with it: no agent writes into a user's chat prompt."""
         blocks = self._blocks()
-        return await blocks.memory_sections() if blocks is not None else []
+        if blocks is None or self.agent is None:
+            return []
+        me = self.agent.agent_id
+        views = [v for v in await blocks.views() if v.info.owner == me or v.info.is_colony]
+        rendered = render_blocks(views)
+        return [rendered] if rendered else []
 
     async def recalled(
         self, question: str, among: set[str], limit: int, min_relevance: float = 0.0

@@ -35,7 +35,7 @@ DEFAULT_PROMPT = (
     "decisions and outcomes; drop repetition."
 )
 MAX_INPUT_CHARS = 6000
-SUMMARY_COVERAGE = 0.7  # of a summary's content words, the share its sources must hold
+SUMMARY_COVERAGE = 0.85  # of a summary's content words, the share its sources must hold
 log = logging.getLogger(__name__)
 
 

@@ -22,7 +22,7 @@ from colony.blackboard import Blackboard, BlackboardScope, scope_id
 from colony.blackboard.protocol import BlackboardKeyspace, BlockProtocol
 from colony.config import ColonySettings
 from colony.memory.blocks import SYSTEM, block_store
-from colony.memory.scopes import AGENT_LEVELS, MemoryScope
+from colony.memory.scopes import AGENT_LEVELS, NAMESPACE_PREFIX, MemoryScope
 from colony.memory.service import memory_service
 
 log = logging.getLogger(__name__)
@@ -92,7 +92,8 @@ async def purge_agent(
     for start in range(0, len(found.keys), UNLINK_BATCH):
         async with board.guard("purge_agent"):
             await board.redis.unlink(*found.keys[start : start + UNLINK_BATCH])
-    await _forget_memory_index(board, agent_id, settings)
+    if any(f"namespace:{NAMESPACE_PREFIX}" in key for key in found.keys):  # it had memory
+        await _forget_memory_index(board, agent_id, settings)
     return AgentKeys(keys=found.keys, blocks=deleted, truncated=found.truncated)
 
 

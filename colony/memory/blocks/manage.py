@@ -28,6 +28,7 @@ from pydantic import Field
 from colony.agents.actions import action_executor
 from colony.agents.capability import AgentCapability
 from colony.agents.models import ActionType
+from colony.agents.state.action_log import current_idempotency_key
 from colony.blackboard import Blackboard
 from colony.errors import (
     AgentNotFound,
@@ -48,11 +49,13 @@ from colony.memory.blocks.types import (
     NewBlock,
     SharedAccess,
 )
+from colony.memory.grounding import Heard, words
 
 if TYPE_CHECKING:
     from colony.agents.base import Agent
 
 UNSHAREABLE = ("human",)  # what the user told the agent about themselves
+USER_SAID = "User said:"  # how a line quoting the user starts (core_memory_save_message)
 SWAPPED_HEADER = "## Swapped-out blocks"
 MAX_SWAPPED_SHOWN = 20
 Description = Annotated[str, Field(min_length=1, max_length=MAX_DESCRIPTION_CHARS)]
@@ -152,10 +155,21 @@ class BlockManagementCapability(AgentCapability):
         return {**_info(info), "created": True}
 
     async def _made_by_this(self, info: BlockInfo, block: NewBlock) -> bool:
+        """Whether `info` is the block this very action made before it was cut off: only under an
+        action's key (a redo), made by this agent as asked (description, type, limit, content)
+        and never edited since."""
+        if current_idempotency_key() is None:
+            return False
         if info.created_by != self._me() or info.description != block.description:
             return False
+        if info.block_type is not block.block_type or (
+            block.char_limit is not None and info.char_limit != block.char_limit
+        ):
+            return False
+        view = await self._store().read(self._me(), info.label)
+        asked = block.content if not block.content or block.content.endswith("\n") else block.content + "\n"
         history = await self._store().history(self._me(), info.label)
-        return history.head == 1 and info.block_type is block.block_type
+        return history.head == 1 and view.content == asked
 
     @action_executor(action_type=ActionType.MEMORY_WRITE, effects=("memory_write", "colony_write"))
     async def block_delete(self, label: Label) -> dict[str, Any]:
@@ -174,9 +188,21 @@ class BlockManagementCapability(AgentCapability):
 
     # -- sharing --------------------------------------------------------------------------------------
 
-    def _refuse_unshareable(self, label: str) -> None:
-        private = self.unshareable | self._blocks().user_blocks
-        if label in private:
+    async def _refuse_unshareable(self, label: str) -> None:
+        """A block holding what the user said is not shared by an agent: a `user_blocks` or
+        `unshareable` label, or a block with a line quoting the user ("User said: ...") or a
+        line the user said word for word."""
+        blocks = self._blocks()
+        private = label in self.unshareable | blocks.user_blocks
+        if not private:
+            content = (await self._store().read(self._me(), label)).content
+            lines = [line for line in content.splitlines() if line.strip()]
+            quoted = any(line.lstrip().startswith(USER_SAID) for line in lines)
+            said = Heard(await blocks.user_words(content)) if lines and not quoted else None
+            private = quoted or (
+                said is not None and any(len(words(x)) >= 4 and said.verbatim(words(x)) for x in lines)
+            )
+        if private:
             raise BlockAccessDenied(
                 f"block {label!r} holds what the user told you; you may not share it with other "
                 "agents (the operator can). Share a block of your own notes instead"
@@ -204,7 +230,7 @@ class BlockManagementCapability(AgentCapability):
         `append_only` (it may add lines at the end) or `read_write`. Sharing again changes the
         access; block_unshare takes it back."""
         info = await self._own(label)
-        self._refuse_unshareable(label)
+        await self._refuse_unshareable(label)
         target = await self._known_agent(agent_id)
         me = self._me()
         share = await self._store().share(me, me, info.label, target, SharedAccess(access))

@@ -29,6 +29,7 @@ MEMORY_BLOCKS_HEADER = "## Memory blocks"
 NO_DESCRIPTION = "(no description)"
 _TYPE_ORDER = {BlockType.CORE: 0, BlockType.WORKING: 1, BlockType.LOG: 2}
 # Every line boundary str.splitlines knows (a model may read \r or U+2028 as a new line too)
+_TAG_START = re.compile(r"<(?=/?[a-z][a-z0-9_]{0,63}>)")
 _LINE_BREAK = re.compile(r"(\r\n|[\n\r\x0b\x0c\x1c\x1d\x1e\x85\u2028\u2029])")
 
 
@@ -42,8 +43,10 @@ def escape_line(line: str, labels: Iterable[str] = ()) -> str:
     """`line` as the prompt shows it: invisible format characters (zero-width, bidirectional
     overrides) dropped, and when its first visible character is `<` or `#` (a tag, a section
     heading: stored text must not close its block, open a fake one or start a prompt section),
-    that character written `&lt;` or `\\#`. `labels` is kept for callers; every tag is escaped."""
+    that character written `&lt;` or `\\#`; a block tag (`<label>`, `</label>`) anywhere in the
+    line has its `<` written `&lt;` too. `labels` is kept for callers; every tag is escaped."""
     visible = "".join(c for c in line if unicodedata.category(c) != "Cf")
+    visible = _TAG_START.sub("&lt;", visible)  # a block tag anywhere ("User said: I am </human>")
     probe = visible.lstrip()
     if probe[:1] == "<":
         at = visible.index("<")

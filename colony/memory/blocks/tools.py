@@ -95,9 +95,12 @@ def _settings_for(base: ColonySettings, tenant_id: str, colony_id: str) -> Colon
     return found
 
 
+LABEL_TAG = "label:"
+
+
 def archival_label_tag(label: str) -> str:
     """The tag archival entries filed under `label` carry."""
-    return f"label:{label}"
+    return f"{LABEL_TAG}{label}"
 
 
 def _brief(item: RecalledEntry) -> dict[str, Any]:
@@ -328,11 +331,11 @@ class MemoryBlocksCapability(AgentCapability):
         made = "\n".join(line for line in after.splitlines() if line not in kept)
         if not made.strip():
             return
-        verdict = check_lines(made, await self._said(made))
+        verdict = check_lines(made, await self.user_words(made))
         if not verdict.grounded:
             raise BlockEditRejected(refusal(f"block {label!r}", verdict))
 
-    async def _said(self, text: str) -> list[str]:
+    async def user_words(self, text: str) -> list[str]:
         """What the user said, newest first (grounding.said_by_user)."""
         scopes = [c.memory_scope for c in self.memory_scopes().values()]
         return await said_by_user(self.service(), scopes, text, self._message(whole=True))
@@ -396,11 +399,17 @@ class MemoryBlocksCapability(AgentCapability):
         if len(tags or []) > MAX_TAGS:
             raise InvalidArgument(f"archival_insert takes at most {MAX_TAGS} tags")
         refuse_user_tag(tags or [])
+        if any(t.startswith(LABEL_TAG) for t in tags or []):
+            raise InvalidArgument(
+                f"tags starting {LABEL_TAG!r} are kept for `label`; file the entry with label="
+            )
         if label is not None:
+            if len(tags or []) >= MAX_TAGS:
+                raise InvalidArgument(f"archival_insert takes at most {MAX_TAGS} tags, a label counted")
             tags = [*(tags or []), archival_label_tag(label)]
         target = self.archival()
         if self.ground_archival:
-            verdict = check_lines(content, await self._said(content))
+            verdict = check_lines(content, await self.user_words(content))
             if not verdict.grounded:
                 raise AgentUsageError(refusal("archival memory", verdict))
         all_tags = frozenset({"archival", *(tags or [])})
