@@ -70,6 +70,8 @@ class TurnPromptBuilder:
         if len(prompt.context) == len(transcript):
             return prompt, info
         reserve = min(room // 4, self.settings.session_summary_tokens + 32)
+        if reserve < MIN_CUT_TOKENS:  # no room a summary could say anything in
+            return prompt, {**info, "left_out": len(transcript) - len(prompt.context)}
         prompt = await prompt_messages(system, transcript, counter=self.counter, budget=room - reserve)
         dropped = transcript[: len(transcript) - len(prompt.context)]
         info["left_out"] = len(dropped)
