@@ -117,8 +117,8 @@ class AnswerCapability(AgentCapability):
             MemoryQuery(
                 query=question,
                 # what the user said and the facts stored, not earlier generated replies (a wrong
-                # answer once given would otherwise be repeated as if remembered)
-                tag_filter=TagFilter(none_of=frozenset({"assistant", "action"})),
+                # answer once given would otherwise be repeated as if remembered), nor procedures
+                tag_filter=TagFilter(none_of=frozenset({"assistant", "action", "skill"})),
                 max_results=MEMORY_LINES * 2,
                 min_relevance=self.min_relevance,
             ),
@@ -270,7 +270,10 @@ def assistant_blueprint(agent_id: str = "assistant", max_tokens: int = 200) -> A
         capabilities=[
             # `remember(fact)` left out: a small model's own "facts" are often junk that later
             # answers copy; `remember_message` stores what the user said
-            *default_memory_hierarchy(exclude_actions=["remember"]),
+            # short chat turns on a small model: STM copied into LTM as said (no model summaries,
+            # which the 135M model writes as copies anyway, and which would hold a batch back for
+            # up to 15 minutes)
+            *default_memory_hierarchy(exclude_actions=["remember"], consolidate=False),
             # core blocks `persona` and `human` in every prompt, with the block tools (recall is
             # the memory tools' one: the same search over conversation and archival memory)
             CapabilitySpec(
