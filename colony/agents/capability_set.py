@@ -6,7 +6,7 @@ agent has it too."""
 from __future__ import annotations
 
 import dataclasses
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, TypeVar
 
 from colony.agents.blueprint import CapabilitySpec
 from colony.agents.capability import AgentCapability, capability_parts
@@ -20,6 +20,17 @@ if TYPE_CHECKING:
     from colony.agents.event_delivery import EventDelivery
     from colony.agents.hooks import HookRegistry
     from colony.blackboard import Blackboard
+
+
+T = TypeVar("T")
+
+
+def capability_of(agent: CapabilitySet | None, kind: type[T]) -> T | None:
+    """`agent`'s first capability that is a `kind` (a class, or a runtime-checkable protocol)."""
+    for capability in agent.capabilities.values() if agent is not None else ():
+        if isinstance(capability, kind):
+            return capability
+    return None
 
 
 class CapabilitySet:

@@ -20,6 +20,7 @@ import logging
 from collections.abc import Sequence
 from dataclasses import dataclass
 
+from colony.context.prompt_fit import cut_to_fit
 from colony.context.sessions import SessionStore
 from colony.context.tree import Message
 from colony.inference import ChatMessage, InferenceRequest
@@ -28,7 +29,7 @@ from colony.inference.tokens import MESSAGE_OVERHEAD_TOKENS, TokenCounter, engin
 
 log = logging.getLogger(__name__)
 MAX_CALLS_PER_TURN = 3
-LINE_TOKENS = 160  # a message's share of a summariser call at most (its head kept beyond)
+LINE_TOKENS = 160  # a message's share of a summariser call at most (cut in the middle beyond)
 SUMMARY_SYSTEM = (
     "You keep a short running summary of a conversation between a user and an assistant. Keep "
     "every name, number, date, place and preference the user stated, in plain sentences. Write "
@@ -83,9 +84,8 @@ class ChatSummaries:
         to date when due; None when nothing left the prompt or nothing could be summarised yet."""
         if not dropped:
             return None
-        stored = await self.store.summaries([m.id for m in dropped])
-        last = max((i for i, m in enumerate(dropped) if m.id in stored), default=-1)
-        text = str(stored[dropped[last].id].get("text", "")) if last >= 0 else ""
+        found = await self.store.latest_summary([m.id for m in dropped])
+        last, text = (found[0], str(found[1].get("text", ""))) if found is not None else (-1, "")
         done = last + 1
         pending = list(dropped[done:])
         if pending and (last < 0 or len(pending) >= self.batch):
@@ -116,7 +116,7 @@ class ChatSummaries:
         taken: list[Message] = []
         lines: list[str] = []
         for message in pending:
-            line = await self._fitted(message_line(message))
+            line = await cut_to_fit(message_line(message), LINE_TOKENS, self.counter)
             need = await self.counter.count(line) + MESSAGE_OVERHEAD_TOKENS
             if taken and used + need > self.input_tokens:
                 break
@@ -124,14 +124,6 @@ class ChatSummaries:
             lines.append(line)
             used += need
         return taken, lines
-
-    async def _fitted(self, line: str) -> str:
-        """`line` cut to about LINE_TOKENS tokens (its head kept, an ellipsis after)."""
-        tokens = await self.counter.count(line)
-        if tokens <= LINE_TOKENS:
-            return line
-        keep = int(len(line) * LINE_TOKENS / tokens * 0.9)
-        return line[:keep].rstrip() + " ..."
 
     async def _summarise(self, summary: str, lines: list[str]) -> str:
         words = max(20, self.max_tokens * 3 // 5)

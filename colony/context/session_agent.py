@@ -21,6 +21,7 @@ import logging
 from typing import Any
 
 from colony.agents import ActionType, Agent, AgentCapability, action_executor
+from colony.agents.capability_set import capability_of
 from colony.agents.protocols import ChatMemory
 from colony.agents.reply_stream import stream_reply
 from colony.agents.state.action_log import current_idempotency_key
@@ -213,10 +214,7 @@ class SessionCapability(AgentCapability):
 
     def _memory(self) -> ChatMemory | None:
         """The agent's chat memory (colony.memory.session), if it has one."""
-        for capability in self.agent.capabilities.values() if self.agent is not None else ():
-            if isinstance(capability, ChatMemory):
-                return capability
-        return None
+        return capability_of(self.agent, ChatMemory)
 
     def _pages_in(self) -> contextlib.AbstractAsyncContextManager[Any]:
         """The session's pages resident and pinned for the turn: faulted in on the replica hosting

@@ -206,18 +206,21 @@ class SessionStore:
         head = await self.head()
         return Message.model_validate({**entry.value, "parent_id": head.parents.get(message_id)})
 
-    async def summaries(self, ids: Sequence[str]) -> dict[str, dict[str, Any]]:
-        """The stored summaries of the paths ending at `ids` (colony.context.chat_summary), by id."""
-        found: dict[str, dict[str, Any]] = {}
-        for start in range(0, len(ids), READ_CHUNK):
-            chunk = [i for i in ids[start : start + READ_CHUNK] if is_message_id(i)]
-            entries = await self.board.read_many([SessionProtocol.summary_key(i) for i in chunk])
-            found.update(
-                (i, e.value)
-                for i, e in zip(chunk, entries, strict=True)
-                if e is not None and isinstance(e.value, dict)
-            )
-        return found
+    async def latest_summary(self, ids: Sequence[str]) -> tuple[int, dict[str, Any]] | None:
+        """The stored summary of the longest path among those ending at `ids` (a path's messages,
+        oldest first; colony.context.chat_summary): its index in `ids` and its record. Read from the
+        newest back, READ_CHUNK at a time, so a long path costs one round trip when it is summarised."""
+        for end in range(len(ids), 0, -READ_CHUNK):
+            start = max(end - READ_CHUNK, 0)
+            chunk = list(ids[start:end])
+            keys = [SessionProtocol.summary_key(i) for i in chunk if is_message_id(i)]
+            entries = iter(await self.board.read_many(keys))
+            held = [next(entries) if is_message_id(i) else None for i in chunk]
+            for offset in range(len(chunk) - 1, -1, -1):
+                entry = held[offset]
+                if entry is not None and isinstance(entry.value, dict):
+                    return start + offset, entry.value
+        return None
 
     async def keep_summary(self, message_id: str, record: dict[str, Any]) -> None:
         """Store the summary of the path ending at `message_id` (a stored message's id)."""

@@ -25,6 +25,7 @@ from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
 from colony.agents.capability import AgentCapability, agent_settings
+from colony.agents.capability_set import capability_of
 from colony.agents.hooks import HookContext
 from colony.agents.state.action_log import current_idempotency_key
 from colony.blackboard import Blackboard
@@ -136,10 +137,7 @@ class SessionMemoryCapability(AgentCapability):
         self.human_label = human_label
 
     def _blocks(self) -> MemoryBlocksCapability | None:
-        for capability in self.agent.capabilities.values() if self.agent is not None else ():
-            if isinstance(capability, MemoryBlocksCapability):
-                return capability
-        return None
+        return capability_of(self.agent, MemoryBlocksCapability)
 
     def _scopes(self) -> list[str]:
         if self.agent is None:

@@ -27,6 +27,7 @@ from pydantic import Field
 
 from colony.agents.actions import action_executor
 from colony.agents.capability import AgentCapability
+from colony.agents.capability_set import capability_of
 from colony.agents.models import ActionType
 from colony.agents.state.action_log import current_idempotency_key
 from colony.blackboard import Blackboard
@@ -93,9 +94,9 @@ class BlockManagementCapability(AgentCapability):
     def _blocks(self) -> MemoryBlocksCapability:
         if self.agent is None:
             raise AgentUsageError("block management belongs to an agent; this capability has none")
-        for capability in self.agent.capabilities.values():
-            if isinstance(capability, MemoryBlocksCapability):
-                return capability
+        blocks = capability_of(self.agent, MemoryBlocksCapability)
+        if blocks is not None:
+            return blocks
         raise AgentUsageError(
             "block management needs memory blocks: add MemoryBlocksCapability to this agent's blueprint"
         )
