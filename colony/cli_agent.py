@@ -169,7 +169,7 @@ def add_agent_commands(
 ) -> argparse.ArgumentParser:
     """Add `agent checkpoints|undo|restore|export|import` to the `colony` command's subparsers.
     `parents`: the parsers holding `--url`/`--token` (cli.py's `remote`)."""
-    from colony.cli_memory import _remote_options
+    from colony.cli_memory import remote_options as _remote_options
 
     agent = subparsers.add_parser("agent", help="an agent's checkpoints, undo, restore, export, import")
     actions = agent.add_subparsers(dest="agent_action", required=True)

@@ -326,7 +326,7 @@ class _Subcommands:
         self.actions, self.parents = actions, parents
 
     def leaf(self, name: str, help_text: str, usage_names: str | None = None) -> argparse.ArgumentParser:
-        from colony.cli_memory import _remote_options
+        from colony.cli_memory import remote_options as _remote_options
 
         parser: argparse.ArgumentParser = self.actions.add_parser(
             name,

@@ -1,4 +1,5 @@
-"""`colony memory map|query|write|reindex AGENT`: an agent's memory from the command line.
+"""`colony memory map|query|write|reindex AGENT`: an agent's memory from the command line (and
+`colony memory shared ...`, the colony's shared memory: colony.cli_memory_shared).
 
 Every subcommand is a call to the HTTP API (colony.client), like `colony run`, so `--url`/`--token`
 (or $COLONY_URL / $COLONY_API_TOKEN) reach a cluster started elsewhere and the local cluster's token
@@ -98,7 +99,15 @@ def render_entries(entries: Sequence[dict[str, Any]]) -> str:
     return "\n".join(lines) + "\n"
 
 
-def _call(args: argparse.Namespace, work: Any) -> int:
+def render_written(written: dict[str, Any]) -> str:
+    """What a write did: the entry stored and where, or the entry already holding the text."""
+    entry = written.get("entry") or {}
+    if written.get("created"):
+        return f"stored {_text(entry.get('entry_id'), 140)} in {_text(entry.get('scope_id'), 300)}"
+    return f"already held as {_text(written.get('duplicate_of'), 140)}: nothing written"
+
+
+def call(args: argparse.Namespace, work: Any) -> int:
     target = api_target(args, load_settings(args.config))
     from colony.client import ColonyClient
 
@@ -115,7 +124,7 @@ def cmd_memory_map(args: argparse.Namespace) -> int:
         print(json.dumps(memory_map, indent=2) if args.json else render_map(memory_map).rstrip("\n"))
         return 0
 
-    return _call(args, work)
+    return call(args, work)
 
 
 def cmd_memory_query(args: argparse.Namespace) -> int:
@@ -130,7 +139,7 @@ def cmd_memory_query(args: argparse.Namespace) -> int:
         print(json.dumps(entries, indent=2) if args.json else render_entries(entries).rstrip("\n"))
         return 0
 
-    return _call(args, work)
+    return call(args, work)
 
 
 def cmd_memory_write(args: argparse.Namespace) -> int:
@@ -146,14 +155,10 @@ def cmd_memory_write(args: argparse.Namespace) -> int:
         if args.json:
             print(json.dumps(written, indent=2))
             return 0
-        entry = written.get("entry") or {}
-        if written.get("created"):
-            print(f"stored {_text(entry.get('entry_id'), 140)} in {_text(entry.get('scope_id'), 300)}")
-        else:
-            print(f"already held as {_text(written.get('duplicate_of'), 140)}: nothing written")
+        print(render_written(written))
         return 0
 
-    return _call(args, work)
+    return call(args, work)
 
 
 def cmd_memory_reindex(args: argparse.Namespace) -> int:
@@ -173,10 +178,10 @@ def cmd_memory_reindex(args: argparse.Namespace) -> int:
             print(f"vector index not rebuilt ({why}); the keyword index was")
         return 0
 
-    return _call(args, work)
+    return call(args, work)
 
 
-def _remote_options(parser: argparse.ArgumentParser) -> None:
+def remote_options(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--url", help=f"the API of a cluster started elsewhere (default: ${URL_ENV}, else the local cluster)"
     )
@@ -188,7 +193,9 @@ def add_memory_commands(
 ) -> argparse.ArgumentParser:
     """Add `memory map|query|write|reindex` to the `colony` command's subparsers. `parents`: the
     parsers holding `--url`/`--token` (cli.py's `remote`); None adds those options here."""
-    memory = subparsers.add_parser("memory", help="an agent's memory: map, query, write, reindex")
+    memory = subparsers.add_parser(
+        "memory", help="an agent's memory (map, query, write, reindex); shared memory"
+    )
     actions = memory.add_subparsers(dest="memory_action", required=True)
 
     def leaf(name: str, help_text: str) -> argparse.ArgumentParser:
@@ -196,7 +203,7 @@ def add_memory_commands(
             name, help=help_text, parents=list(parents or [])
         )
         if parents is None:
-            _remote_options(parser)
+            remote_options(parser)
         parser.add_argument("agent", help="agent name, e.g. assistant")
         parser.add_argument("--json", action="store_true", help="machine-readable output")
         return parser
@@ -228,4 +235,7 @@ def add_memory_commands(
 
     reindex = leaf("reindex", "rebuild the agent's vector and keyword indexes from Redis")
     reindex.set_defaults(func=cmd_memory_reindex)
+    from colony.cli_memory_shared import add_shared_commands  # (it builds on this module)
+
+    add_shared_commands(actions, parents)
     return memory

@@ -1,11 +1,14 @@
-"""`client.memory`: a ColonyClient's (and an AsyncColonyClient's) calls on an agent's memory
-(docs/memory.md)."""
+"""`client.memory`: a ColonyClient's (and an AsyncColonyClient's) calls on an agent's memory and
+on the colony's shared memory (docs/memory.md)."""
 
 from __future__ import annotations
 
 from typing import Any
+from urllib.parse import quote
 
 from colony.client_http import ApiConnection, AsyncApiConnection, agent_path, present
+
+SHARED = "/v1/memory/shared"
 
 
 def _query(query: str | None, **fields: Any) -> dict[str, Any]:
@@ -15,6 +18,15 @@ def _query(query: str | None, **fields: Any) -> dict[str, Any]:
 
 def _write(scope: str, content: str, **fields: Any) -> dict[str, Any]:
     return present(scope=scope, content=content, **fields)
+
+
+def shared_path(name: str) -> str:
+    """`/v1/memory/shared/{name}` (`global`, `collective:NAME`, `task:NAME`), the name escaped."""
+    return f"{SHARED}/{quote(name, safe=':')}"
+
+
+def _define(readers: list[str] | None, writers: list[str] | None, **fields: Any) -> dict[str, Any]:
+    return present(readers=readers, writers=writers, **fields)
 
 
 class MemoryClient:
@@ -44,6 +56,32 @@ class MemoryClient:
         """Rebuild the agent's memory indexes from Redis: {"scopes": {scope_id: entries}, "vector"}."""
         return dict(self._api.call("POST", f"{agent_path(agent)}/memory/reindex"))
 
+    def shared(self) -> list[dict[str, Any]]:
+        """The colony's shared memory scopes (name, rules, entry count, the scopes feeding each)."""
+        return list(self._api.call("GET", SHARED)["scopes"])
+
+    def shared_scope(self, name: str) -> dict[str, Any]:
+        """One shared scope (404 when not defined)."""
+        return dict(self._api.call("GET", shared_path(name)))
+
+    def define_shared(
+        self, name: str, *, readers: list[str] | None = None, writers: list[str] | None = None, **fields: Any
+    ) -> dict[str, Any]:
+        """Define a shared scope or replace its rules (`readers`/`writers`: agent ids or "*"; absent:
+        every agent reads, none writes); `fields`: purpose, ttl_seconds, max_entries."""
+        body = _define(readers, writers, **fields)
+        return dict(self._api.call("PUT", shared_path(name), json=body))
+
+    def share(self, name: str, content: str, **fields: Any) -> dict[str, Any]:
+        """Store an entry in a shared scope (as the operator); {"entry", "created", "duplicate_of"}."""
+        body = present(content=content, **fields)
+        return dict(self._api.call("POST", f"{shared_path(name)}/entries", json=body))
+
+    def recall_shared(self, name: str, query: str | None = None, **fields: Any) -> list[dict[str, Any]]:
+        """Recall from a shared scope, most relevant first (fields as `query`'s, less `scopes`)."""
+        body = _query(query, **fields)
+        return list(self._api.call("POST", f"{shared_path(name)}/query", json=body)["entries"])
+
 
 class AsyncMemoryClient:
     """The async twin of MemoryClient."""
@@ -64,3 +102,23 @@ class AsyncMemoryClient:
 
     async def reindex(self, agent: str) -> dict[str, Any]:
         return dict(await self._api.call("POST", f"{agent_path(agent)}/memory/reindex"))
+
+    async def shared(self) -> list[dict[str, Any]]:
+        return list((await self._api.call("GET", SHARED))["scopes"])
+
+    async def shared_scope(self, name: str) -> dict[str, Any]:
+        return dict(await self._api.call("GET", shared_path(name)))
+
+    async def define_shared(
+        self, name: str, *, readers: list[str] | None = None, writers: list[str] | None = None, **fields: Any
+    ) -> dict[str, Any]:
+        body = _define(readers, writers, **fields)
+        return dict(await self._api.call("PUT", shared_path(name), json=body))
+
+    async def share(self, name: str, content: str, **fields: Any) -> dict[str, Any]:
+        body = present(content=content, **fields)
+        return dict(await self._api.call("POST", f"{shared_path(name)}/entries", json=body))
+
+    async def recall_shared(self, name: str, query: str | None = None, **fields: Any) -> list[dict[str, Any]]:
+        body = _query(query, **fields)
+        return list((await self._api.call("POST", f"{shared_path(name)}/query", json=body))["entries"])

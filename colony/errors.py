@@ -244,6 +244,15 @@ class ApiError(ColonyError):
         super().__init__(f"HTTP {status} {code}: {message}")
 
 
+class MemoryAccessDenied(ColonyError, PermissionError):
+    """A shared memory scope's access rules do not let this agent read (or write) it; the
+    operator grants access (`colony memory shared define`)."""
+
+
+class SharedMemoryNotFound(ColonyError, LookupError):
+    """No shared memory scope of that name is defined in this colony."""
+
+
 class BlockError(ColonyError):
     """A memory block operation was refused; the message says why and what to do instead."""
 

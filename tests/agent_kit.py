@@ -162,3 +162,10 @@ def count_calls(owner: Any, name: str) -> dict[str, int]:
 
     setattr(owner, name, counted)
     return calls
+
+
+def assert_failed(result: Any, *words: str) -> None:
+    """An action result that failed, its error naming each of `words`."""
+    assert not result.success, result
+    for word in words:
+        assert word in result.error, result.error

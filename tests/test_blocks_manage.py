@@ -11,6 +11,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from agent_kit import assert_failed
 
 from colony.agents import Agent, AgentBlueprint, AgentMetadata, LocalAgentRuntime
 from colony.agents.state.action_log import _IDEMPOTENCY_KEY
@@ -64,12 +65,6 @@ async def kit(bb: Blackboard, tmp_path: Path) -> AsyncIterator[Kit]:
     await made.runtime.shutdown()
 
 
-def _failed(result: Any, *words: str) -> None:
-    assert not result.success, result
-    for word in words:
-        assert word in result.error, result.error
-
-
 async def test_an_agent_creates_and_deletes_its_own_blocks_and_only_those(kit: Kit) -> None:
     ada = await kit.runtime.spawn(_blueprint("ada"))
     dispatch = ada.dispatcher.dispatch
@@ -97,36 +92,36 @@ async def test_an_agent_creates_and_deletes_its_own_blocks_and_only_those(kit: K
         assert (await dispatch("block_create", asked)).success
         assert (await dispatch("block_create", asked)).success  # the redo
         for other in ({"content": "TOTALLY DIFFERENT"}, {"char_limit": 100}, {"description": "Other"}):
-            _failed(
+            assert_failed(
                 await dispatch("block_create", {**asked, **other}), "already has a block labelled 'drafts'"
             )
     finally:
         _IDEMPOTENCY_KEY.reset(key)
-    _failed(await dispatch("block_create", asked), "already has a block labelled 'drafts'")
+    assert_failed(await dispatch("block_create", asked), "already has a block labelled 'drafts'")
     assert (await kit.store.read("ada", "drafts")).content == "first draft\n"
     assert (await dispatch("core_memory_append", {"label": "plans", "content": "Step 2: write"})).success
     key = _IDEMPOTENCY_KEY.set("run-b:1:a0")
     try:
-        _failed(
+        assert_failed(
             await dispatch("block_create", {"label": "plans", "description": "What I plan to do next"}),
             "already has a block labelled 'plans'",
         )
     finally:
         _IDEMPOTENCY_KEY.reset(key)
     assert (await dispatch("block_delete", {"label": "drafts"})).success
-    _failed(await dispatch("block_create", {"label": "Bad Label", "description": "x"}), "label")
-    _failed(await dispatch("block_create", {"label": "big", "description": "x", "kind": "log"}), "kind")
+    assert_failed(await dispatch("block_create", {"label": "Bad Label", "description": "x"}), "label")
+    assert_failed(await dispatch("block_create", {"label": "big", "description": "x", "kind": "log"}), "kind")
 
     # blocks made for the agent (blueprint, template, system log) are not its to delete
     for label in ("persona", "human", TOOL_LOG):
-        _failed(await dispatch("block_delete", {"label": label}), f"block {label!r} was made for you")
-    _failed(await dispatch("block_delete", {"label": "nothing"}), "no block labelled 'nothing'")
+        assert_failed(await dispatch("block_delete", {"label": label}), f"block {label!r} was made for you")
+    assert_failed(await dispatch("block_delete", {"label": "nothing"}), "no block labelled 'nothing'")
     assert await kit.labels("ada") == {"persona", "human", "plans", TOOL_LOG}
 
     deleted = await dispatch("block_delete", {"label": "plans"})
     assert deleted.success and deleted.output == {"label": "plans", "deleted": True}
     assert await kit.labels("ada") == {"persona", "human", TOOL_LOG}
-    _failed(await dispatch("block_delete", {"label": "plans"}), "no block labelled 'plans'")
+    assert_failed(await dispatch("block_delete", {"label": "plans"}), "no block labelled 'plans'")
 
 
 async def test_sharing_follows_the_access_rules_and_unsharing_takes_the_block_away(kit: Kit) -> None:
@@ -139,7 +134,9 @@ async def test_sharing_follows_the_access_rules_and_unsharing_takes_the_block_aw
     assert granted.success and granted.output == {"label": "board", "agent_id": "bob", "access": "read_only"}
     assert (await kit.seen_by("bob"))["board"] is SharedAccess.READ_ONLY
     assert "<board>" in "\n".join(await bob.get_capability("memory_blocks").memory_sections())
-    _failed(await bob_do("core_memory_append", {"label": "board", "content": "bob was here"}), "read-only")
+    assert_failed(
+        await bob_do("core_memory_append", {"label": "board", "content": "bob was here"}), "read-only"
+    )
 
     # sharing again changes the access: append-only lets bob add a line at the end
     assert (
@@ -149,25 +146,31 @@ async def test_sharing_follows_the_access_rules_and_unsharing_takes_the_block_aw
     assert (await kit.store.read(SYSTEM, "board", owner="ada")).content == "bob: tests done\n"
 
     # refusals, each naming its reason; nothing changes
-    _failed(
+    assert_failed(
         await bob_do("block_share", {"label": "board", "agent_id": "carol"}), "ada's block, shared with you"
     )
-    _failed(await bob_do("block_delete", {"label": "board"}), "only its owner")
-    _failed(await bob_do("block_swap_out", {"label": "board"}), "only its owner")
-    _failed(await share("block_share", {"label": "human", "agent_id": "bob"}), "holds what the user told you")
+    assert_failed(await bob_do("block_delete", {"label": "board"}), "only its owner")
+    assert_failed(await bob_do("block_swap_out", {"label": "board"}), "only its owner")
+    assert_failed(
+        await share("block_share", {"label": "human", "agent_id": "bob"}), "holds what the user told you"
+    )
     # ... nor another block quoting the user (found by review: the rule checked the label only)
     notes = {"label": "notes", "description": "My notes", "content": "User said: My password is hunter2"}
     assert (await share("block_create", notes)).success
-    _failed(await share("block_share", {"label": "notes", "agent_id": "bob"}), "holds what the user told you")
-    _failed(await share("block_share", {"label": "board", "agent_id": "nobody"}), "no agent 'nobody'")
-    _failed(await share("block_share", {"label": "board", "agent_id": "ada"}), "your own blocks")
-    _failed(await share("block_share", {"label": "board", "agent_id": "bob", "access": "owner"}), "access")
-    _failed(await share("block_share", {"label": "board", "agent_id": "x:y"}), "agent_id")
+    assert_failed(
+        await share("block_share", {"label": "notes", "agent_id": "bob"}), "holds what the user told you"
+    )
+    assert_failed(await share("block_share", {"label": "board", "agent_id": "nobody"}), "no agent 'nobody'")
+    assert_failed(await share("block_share", {"label": "board", "agent_id": "ada"}), "your own blocks")
+    assert_failed(
+        await share("block_share", {"label": "board", "agent_id": "bob", "access": "owner"}), "access"
+    )
+    assert_failed(await share("block_share", {"label": "board", "agent_id": "x:y"}), "agent_id")
     assert await kit.store.shares_of("ada", "board") == {"bob": SharedAccess.APPEND_ONLY}
 
     taken = await share("block_unshare", {"label": "board", "agent_id": "bob"})
     assert taken.success and "board" not in await kit.seen_by("bob")
-    _failed(
+    assert_failed(
         await share("block_unshare", {"label": "board", "agent_id": "bob"}), "not shared with bob", "nobody"
     )
 
@@ -197,18 +200,20 @@ async def test_a_working_block_swaps_out_of_the_prompt_and_back(kit: Kit) -> Non
     assert back.success and back.output["swapped_out"] is False
     assert "<draft>" in "\n".join(await blocks.memory_sections())
     assert await manage.memory_sections() == []
-    _failed(await dispatch("block_swap_out", {"label": "persona"}), "core block, always in your prompt")
-    _failed(await dispatch("block_swap_in", {"label": "missing"}), "no block labelled 'missing'")
+    assert_failed(await dispatch("block_swap_out", {"label": "persona"}), "core block, always in your prompt")
+    assert_failed(await dispatch("block_swap_in", {"label": "missing"}), "no block labelled 'missing'")
 
 
 async def test_an_archival_label_is_one_of_the_tags_and_cannot_be_faked(kit: Kit) -> None:
     ada = await kit.runtime.spawn(_blueprint("ada"))
     dispatch = ada.dispatcher.dispatch
     ten = [f"t{n}" for n in range(10)]
-    _failed(
+    assert_failed(
         await dispatch("archival_insert", {"content": "a note", "tags": ten, "label": "x"}), "a label counted"
     )
-    _failed(await dispatch("archival_insert", {"content": "a note", "tags": ["label:x"]}), "kept for `label`")
+    assert_failed(
+        await dispatch("archival_insert", {"content": "a note", "tags": ["label:x"]}), "kept for `label`"
+    )
     assert (await dispatch("archival_read", {"label": "x"})).output == []
 
 
@@ -234,12 +239,12 @@ async def test_archival_memory_is_filed_and_read_by_label(kit: Kit) -> None:
     narrowed = await dispatch("archival_search", {"query": "when does the train leave", "label": "recipes"})
     assert {item["content"] for item in narrowed.output} <= set(filed["recipes"])
     assert (await dispatch("archival_read", {"label": "nothing_here"})).output == []
-    _failed(await dispatch("archival_read", {"label": "Not A Label"}), "label")
+    assert_failed(await dispatch("archival_read", {"label": "Not A Label"}), "label")
 
 
 async def test_a_created_user_block_holds_only_what_the_user_said_and_tools_need_blocks(kit: Kit) -> None:
     ada = await kit.runtime.spawn(_blueprint("ada", user_blocks=["diary"]))
-    _failed(
+    assert_failed(
         await ada.dispatcher.dispatch(
             "block_create",
             {"label": "diary", "description": "What the user told me", "content": "Her name is Zoe."},
@@ -247,10 +252,12 @@ async def test_a_created_user_block_holds_only_what_the_user_said_and_tools_need
         "block 'diary'",
     )
     assert "diary" not in await kit.labels("ada")
-    _failed(await ada.dispatcher.dispatch("block_share", {"label": "diary", "agent_id": "ada"}), "no block")
+    assert_failed(
+        await ada.dispatcher.dispatch("block_share", {"label": "diary", "agent_id": "ada"}), "no block"
+    )
 
     bare = await kit.runtime.spawn(_blueprint("bare", blocks=False))
-    _failed(
+    assert_failed(
         await bare.dispatcher.dispatch("block_create", {"label": "x", "description": "y"}),
         "add MemoryBlocksCapability",
     )

@@ -49,6 +49,9 @@ from colony.context.sessions import SESSION_ROLE, SessionStore, is_session_id, n
 from colony.errors import BlackboardUnavailable
 from colony.inference.scripted import ScriptedEngine
 from colony.memory.capability import MemoryCapability
+from colony.memory.shared import SharedMemoryCapability, SharedScopes, shared_scope_id
+from colony.memory.shared_tools import SharedMemoryToolsCapability
+from colony.memory.store import MemoryStore
 from colony.memory.tools import MemoryToolsCapability, entry_id_for
 from colony.memory.types import NewMemory
 from colony.run_display import AnalyzeProgress
@@ -325,6 +328,34 @@ async def test_remember_redone_after_storing_stores_one_entry_and_says_so(
     assert [e.content for e in stored] == [fact]
     # the redo answers as the cut-off call would have: the entry is the one this call stored
     assert done.output == {"entry_id": stored[0].entry_id, "stored": True, "duplicate_of": None}
+
+
+async def test_share_memory_redone_after_storing_shares_one_entry_and_says_so(
+    local: tuple[LocalAgentRuntime, ScriptedEngine], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    runtime, _engine = local
+    store = MemoryStore(runtime.blackboard, ColonySettings())
+    await SharedScopes(store, colony_id=runtime.colony_id).define("task:t1", writers=["*"])
+    fact = "The staging cluster is back after the outage."
+    agent = await runtime.spawn(
+        AgentBlueprint(
+            agent_class=Agent,
+            metadata=AgentMetadata(agent_id="sharer"),
+            capabilities=[SharedMemoryCapability.bind(name="task:t1"), SharedMemoryToolsCapability.bind()],
+            action_policy=ScriptedActionPolicy.bind(
+                steps=[{"action": "share_memory", "parameters": {"fact": fact}}]
+            ),
+        )
+    )
+    done = await run_cut_before_done(monkeypatch, runtime, agent, "share_memory", {"task": "report"})
+    held = await store.entries(shared_scope_id("task:t1", colony_id=runtime.colony_id))
+    assert [e.content for e in held] == [fact]
+    assert done.output == {
+        "scope": "task:t1",
+        "entry_id": held[0].entry_id,
+        "shared": True,
+        "duplicate_of": None,
+    }
 
 
 async def test_a_re_executed_step_that_remembers_another_text_stores_it(

@@ -33,6 +33,7 @@ if TYPE_CHECKING:
 
 log = logging.getLogger(__name__)
 
+
 class AgentHandle:
     """A reference to an agent that can be asked to run; works with an owner agent or detached."""
 

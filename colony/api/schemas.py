@@ -18,6 +18,9 @@ from pydantic import (
     field_validator,
 )
 
+from colony.memory.shared import MAX_MEMBERS as MAX_SHARED_MEMBERS
+from colony.memory.shared import AgentRef as SharedAgentRef
+from colony.memory.shared import SharedScopeInfo
 from colony.memory.types import MemoryEntry, RecalledEntry
 from colony.wire.ids import ID_RULE, Identifier
 
@@ -163,9 +166,41 @@ class MemoryTagFilter(BaseModel):
     none_of: list[Tag] = Field(default_factory=list, max_length=64)
 
 
-class MemoryQueryBody(BaseModel):
+# a JSON number, never `true`/`false` or a numeric string (pydantic's lax mode would take them)
+Number = Annotated[float, Field(strict=True)]
+
+
+class RecallBody(BaseModel):
     """A recall (colony.memory.types.MemoryQuery): the logical filters first, then ranking by
     meaning (`query`) or, without text, by importance and recency."""
+
+    model_config = ConfigDict(
+        extra="forbid",
+        json_schema_extra={"examples": [{"query": "when is the release?", "min_relevance": 0.3}]},
+    )
+
+    query: str | None = Field(None, max_length=2000, description="what to look for, by meaning")
+    tag_filter: MemoryTagFilter | None = None
+    key_pattern: str | None = Field(
+        None, max_length=128, pattern=r"^[A-Za-z0-9_.*?\[\]-]+$", description="glob on entry ids"
+    )
+    time_range: tuple[Number, Number] | None = Field(
+        None, description="created_at between [start, end] (unix seconds; start <= end, else 422)"
+    )
+    max_age_seconds: float | None = Field(None, gt=0, allow_inf_nan=False, strict=True)
+    min_relevance: float = Field(0.0, ge=0, le=1, strict=True)
+    max_results: int = Field(
+        10,
+        ge=1,
+        le=1000,
+        strict=True,
+        description="at most this many (and at most memory.max_recall_results)",
+    )
+    mode: Literal["hybrid", "vector", "keyword"] = "hybrid"
+
+
+class MemoryQueryBody(RecallBody):
+    """A recall from an agent's memory: RecallBody plus `scopes`, the agent's scopes to search."""
 
     model_config = ConfigDict(
         extra="forbid",
@@ -174,30 +209,41 @@ class MemoryQueryBody(BaseModel):
         },
     )
 
-    query: str | None = Field(None, max_length=2000, description="what to look for, by meaning")
-    tag_filter: MemoryTagFilter | None = None
-    key_pattern: str | None = Field(
-        None, max_length=128, pattern=r"^[A-Za-z0-9_.*?\[\]-]+$", description="glob on entry ids"
-    )
-    time_range: tuple[float, float] | None = Field(
-        None, description="created_at between [start, end] (unix seconds; start <= end, else 422)"
-    )
-    max_age_seconds: float | None = Field(None, gt=0, allow_inf_nan=False)
-    min_relevance: float = Field(0.0, ge=0, le=1)
-    max_results: int = Field(
-        10, ge=1, le=1000, description="at most this many (and at most memory.max_recall_results)"
-    )
     scopes: list[Annotated[str, StringConstraints(min_length=1, max_length=MAX_SCOPE_REF)]] | None = Field(
         None,
         max_length=32,
         description="scope types (working, stm, ltm:episodic, ...) or full scope ids, of this agent's "
         "scopes only (another scope: 404); absent = all of them",
     )
-    mode: Literal["hybrid", "vector", "keyword"] = "hybrid"
 
 
-class MemoryWrite(BaseModel):
-    """An entry to store in one of the agent's scopes (colony.memory.types.NewMemory plus `scope`)."""
+class EntryBody(BaseModel):
+    """An entry to store (colony.memory.types.NewMemory)."""
+
+    model_config = ConfigDict(
+        extra="forbid",
+        json_schema_extra={"examples": [{"content": "The release is on 3 March.", "tags": ["fact"]}]},
+    )
+
+    content: str = Field(min_length=1, max_length=MAX_MEMORY_CONTENT, description="the indexed text")
+    data: Any = Field(None, description="any JSON payload kept with the entry (not indexed)")
+    tags: list[Tag] = Field(default_factory=list, max_length=MAX_MEMORY_TAGS)
+    kind: str | None = Field(None, pattern=r"^[a-z][a-z0-9_:-]{0,63}$")
+    ttl_seconds: float | None = Field(
+        None, gt=0, le=10 * 365 * 24 * 3600, strict=True, description="default: the scope's"
+    )
+    entry_id: str | None = Field(
+        None, pattern=MEMORY_ENTRY_ID, description="makes the write idempotent: one entry per id"
+    )
+    sources: list[Annotated[str, StringConstraints(max_length=1024, pattern=SOURCE_REF)]] = Field(
+        default_factory=list, max_length=256, description="`scope_id#entry_id` of entries it came from"
+    )
+    importance: float = Field(0.5, ge=0, le=1, strict=True)
+    metadata: dict[str, Any] = Field(default_factory=dict)
+
+
+class MemoryWrite(EntryBody):
+    """An entry to store in one of the agent's scopes (EntryBody plus `scope`)."""
 
     model_config = ConfigDict(
         extra="forbid",
@@ -211,19 +257,6 @@ class MemoryWrite(BaseModel):
         max_length=MAX_SCOPE_REF,
         description="a scope type of the agent (working, stm, ...) or the full id of one of its scopes",
     )
-    content: str = Field(min_length=1, max_length=MAX_MEMORY_CONTENT, description="the indexed text")
-    data: Any = Field(None, description="any JSON payload kept with the entry (not indexed)")
-    tags: list[Tag] = Field(default_factory=list, max_length=MAX_MEMORY_TAGS)
-    kind: str | None = Field(None, pattern=r"^[a-z][a-z0-9_:-]{0,63}$")
-    ttl_seconds: float | None = Field(None, gt=0, le=10 * 365 * 24 * 3600, description="default: the scope's")
-    entry_id: str | None = Field(
-        None, pattern=MEMORY_ENTRY_ID, description="makes the write idempotent: one entry per id"
-    )
-    sources: list[Annotated[str, StringConstraints(max_length=1024, pattern=SOURCE_REF)]] = Field(
-        default_factory=list, max_length=256, description="`scope_id#entry_id` of entries it came from"
-    )
-    importance: float = Field(0.5, ge=0, le=1)
-    metadata: dict[str, Any] = Field(default_factory=dict)
 
 
 class RecalledEntries(BaseModel):
@@ -249,6 +282,35 @@ class Reindexed(BaseModel):
     vector_error: str | None = None
 
 
+class SharedScopeBody(BaseModel):
+    """A shared memory scope's definition: who may read, who may write (agent ids, `*`: every agent
+    of the colony; a writer also reads), and its purpose, TTL and cap. A field left out keeps its
+    value (a new scope: every agent reads, none writes, memory.default_max_entries, no TTL)."""
+
+    model_config = ConfigDict(
+        extra="forbid",
+        json_schema_extra={"examples": [{"readers": ["*"], "writers": ["researcher-1", "researcher-2"]}]},
+    )
+
+    readers: list[SharedAgentRef] | None = Field(
+        None, max_length=MAX_SHARED_MEMBERS, description="the whole list"
+    )
+    writers: list[SharedAgentRef] | None = Field(
+        None, max_length=MAX_SHARED_MEMBERS, description="the whole list"
+    )
+    purpose: str | None = Field(None, max_length=200, pattern=r"^[^\x00-\x1f\x7f]*$")
+    ttl_seconds: float | None = Field(
+        None, gt=0, le=10 * 365 * 24 * 3600, strict=True, description="entries' default TTL"
+    )
+    max_entries: int | None = Field(None, ge=1, le=100_000, strict=True, description="the scope's cap")
+
+
+class SharedScopes(BaseModel):
+    """The colony's shared memory scopes, in the order they were defined."""
+
+    scopes: list[SharedScopeInfo]
+
+
 class CatalogAgent(BaseModel):
     """An agent the colony starts with: a built-in, or a user agent of the `agents:` settings."""
 
@@ -263,6 +325,7 @@ class CatalogAgent(BaseModel):
 
 MEMORY = _errors(*COMMON, 404)
 MEMORY_WRITE = _errors(*COMMON, 400, 404, 413)
+SHARED_MEMORY = _errors(*COMMON, 400, 413)
 
 
 # -- memory blocks (colony.api.routes.blocks) -----------------------------------------------------------

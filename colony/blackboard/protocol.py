@@ -489,11 +489,9 @@ class VcmProtocol(BlackboardProtocol):
 class MemoryProtocol(BlackboardProtocol):
     """Keys of one memory scope (a namespace of an agent's or the colony's scope, see
     `colony.memory.scopes.MemoryScope`): entries, the exact-dedup index by content hash, the
-    scope's stored configuration, and ingestion positions per subscription (one per source scope,
-    named by a hash of the source's scope id).
-
-    Every entry carries the `index:memory` tag: counting and listing a scope reads that index set,
-    never a SCAN."""
+    scope's stored configuration, ingestion positions per subscription (one per source scope,
+    named by a hash of the source's scope id), a shared scope's access rules. Every entry carries
+    the `index:memory` tag: counting and listing a scope reads that index set, never a SCAN."""
 
     templates = {
         "entry": "mem:entry:{entry_id}",
@@ -501,7 +499,8 @@ class MemoryProtocol(BlackboardProtocol):
         "config": "mem:config",
         "position": "mem:position:{source}",
         "index_position": "mem:indexed",
-        "scopes": "mem:scopes",  # in an agent's own scope: the memory scopes it has
+        "scopes": "mem:scopes",  # an agent's (colony's) own scope: its (shared) memory scopes
+        "access": "mem:access",  # a shared scope's SharedAccess (colony.memory.shared)
     }
     INDEX_TAG = "index:memory"
     ENTRY_PATTERN = "mem:entry:*"
@@ -534,6 +533,10 @@ class MemoryProtocol(BlackboardProtocol):
     @classmethod
     def scopes_key(cls) -> str:
         return cls.build("scopes")
+
+    @classmethod
+    def access_key(cls) -> str:
+        return cls.build("access")
 
 
 class BlockProtocol:

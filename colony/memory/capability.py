@@ -49,6 +49,7 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 Keys = MemoryProtocol
 IDLE_WAIT_SECONDS = 0.5
+SHARED_TYPES = frozenset({"collective", "task", "global"})
 MAX_IDLE_WAIT_SECONDS = 8.0
 
 
@@ -76,6 +77,31 @@ def copy_transform(entries: Sequence[MemoryEntry], ttl_seconds: float | None) ->
     ]
 
 
+def private_memory(agent: Agent | None) -> list[MemoryCapability]:
+    """The agent's own memory levels: its MemoryCapabilities less shared scopes (what the agent's
+    recall, forget and blocks reach; shared memory goes through colony.memory.shared_tools)."""
+    if agent is None:
+        return []
+    return [c for c in agent.capabilities.values() if isinstance(c, MemoryCapability) and not c.shared]
+
+
+def _check_sources(capability: MemoryCapability) -> None:
+    """No subscription reads a shared scope (its rules are for `recall_shared`, read by the reader),
+    and a shared scope subscribes only to levels of its own agent: ValueError otherwise."""
+    own = capability.agent.scope_id + ":namespace:" if capability.agent is not None else None
+    for subscription in capability.ingestion_policy.subscriptions:
+        named = subscription.source_scope_id
+        if named in AGENT_LEVELS:
+            continue
+        if MemoryScope.is_memory_scope(named) and MemoryScope.scope_type(named) in SHARED_TYPES:
+            raise ValueError(f"{capability.name}: a subscription may not read shared memory {named!r}")
+        if capability.shared and (own is None or not named.startswith(own)):
+            raise ValueError(
+                f"{capability.name}: shared memory takes in only its own agent's levels "
+                f"({', '.join(AGENT_LEVELS)}), not {named!r}"
+            )
+
+
 def resolve_memory_scope(agent: Agent | None, ref: str | None, level: str | None) -> str:
     """A full memory scope id from a full id, or a level name of the agent's own hierarchy."""
     candidate = ref or level
@@ -91,7 +117,11 @@ def resolve_memory_scope(agent: Agent | None, ref: str | None, level: str | None
 
 
 class MemoryCapability(AgentCapability):
-    """One memory scope: `scope_id` (full id) or `level` ("working", "stm", "ltm:episodic", ...)."""
+    """One memory scope: `scope_id` (full id) or `level` ("working", "stm", "ltm:episodic", ...).
+    A shared scope (collective, task, global) takes colony.memory.shared.SharedMemoryCapability,
+    which keeps its access rules."""
+
+    shared = False
 
     def __init__(
         self,
@@ -112,6 +142,11 @@ class MemoryCapability(AgentCapability):
     ) -> None:
         memory_scope = resolve_memory_scope(agent, scope_id, level)
         self.scope_type = MemoryScope.scope_type(memory_scope)
+        if self.scope_type in SHARED_TYPES and not self.shared:
+            raise ValueError(
+                f"{memory_scope!r} is shared memory: use colony.memory.shared.SharedMemoryCapability "
+                "(it checks the scope's access rules)"
+            )
         super().__init__(
             agent,
             memory_scope,
@@ -120,6 +155,7 @@ class MemoryCapability(AgentCapability):
         )
         self.memory_scope = memory_scope
         self.ingestion_policy = ingestion_policy or MemoryIngestPolicy()
+        _check_sources(self)
         self.ttl_seconds = ttl_seconds
         self.max_entries = max_entries
         self.maintenance = maintenance or MaintenanceConfig()
@@ -449,14 +485,15 @@ class MemoryCapability(AgentCapability):
         self._ingest_wakeup.set()
 
 
-async def register_scope(agent_board: Blackboard, memory_scope: str) -> None:
-    """Add a memory scope to the agent's list (what the MemoryMap and the HTTP API read)."""
+async def register_scope(agent_board: Blackboard, memory_scope: str, *, keep: int = 64) -> None:
+    """Add a memory scope to the agent's list (what the MemoryMap and the HTTP API read), or to
+    the colony's list of shared scopes; the newest `keep` are kept."""
 
     def add(current: Any) -> list[str]:
         scopes = list(current) if isinstance(current, list) else []
         if memory_scope not in scopes:
             scopes.append(memory_scope)
-        return scopes[-64:]
+        return scopes[-keep:]
 
     stored = await agent_board.read(Keys.scopes_key())
     if stored is not None and isinstance(stored.value, list) and memory_scope in stored.value:

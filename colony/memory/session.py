@@ -33,7 +33,7 @@ from colony.blackboard.models import TagFilter
 from colony.errors import BlockLimitExceeded, BlockNotFound
 from colony.memory.blocks.rendering import render_blocks
 from colony.memory.blocks.tools import MemoryBlocksCapability
-from colony.memory.capability import MemoryCapability
+from colony.memory.capability import MemoryCapability, private_memory
 from colony.memory.service import memory_service
 from colony.memory.types import (
     MemoryIngestPolicy,
@@ -142,7 +142,7 @@ class SessionMemoryCapability(AgentCapability):
     def _scopes(self) -> list[str]:
         if self.agent is None:
             return []
-        return [c.memory_scope for c in self.agent.capabilities.values() if isinstance(c, MemoryCapability)]
+        return [c.memory_scope for c in private_memory(self.agent)]
 
     async def heard(self, message: str) -> list[str]:
         """Append the user's statements about themselves to the `human` block, word for word

@@ -22,8 +22,8 @@ from colony.agents.state.action_log import current_idempotency_key
 from colony.agents.state.log_records import effect_id
 from colony.blackboard import Blackboard, TagFilter
 from colony.config import ColonySettings
-from colony.errors import AgentUsageError
-from colony.memory.capability import MemoryCapability
+from colony.errors import AgentUsageError, MemoryAccessDenied
+from colony.memory.capability import MemoryCapability, private_memory
 from colony.memory.grounding import check_lines, refusal, refuse_user_tag, said_by_user
 from colony.memory.introspection import agent_memory_map
 from colony.memory.scopes import MemoryScope
@@ -36,6 +36,11 @@ if TYPE_CHECKING:
 
 LINE_CHARS = 300
 MAX_ACTION_RESULTS = 20
+# parameters of the recall actions (this one's and shared memory's)
+Query = Annotated[str, Field(max_length=2000)]
+TagName = Annotated[str, Field(max_length=64)]
+Results = Annotated[int, Field(ge=1, le=MAX_ACTION_RESULTS)]
+Relevance = Annotated[float, Field(ge=0, le=1)]
 MIN_FACT_WORDS = 3  # a "fact" of one or two words ("fact", a bare number) carries no meaning alone
 
 
@@ -83,6 +88,25 @@ def _brief(item: RecalledEntry) -> dict[str, Any]:
     }
 
 
+def action_query(query: str, tag: str | None, max_results: int, min_relevance: float) -> MemoryQuery:
+    """The MemoryQuery of a recall action's parameters."""
+    return MemoryQuery(
+        query=query,
+        tag_filter=TagFilter(all_of=frozenset({tag})) if tag else None,
+        max_results=max(1, min(max_results, MAX_ACTION_RESULTS)),
+        min_relevance=min_relevance,
+    )
+
+
+def run_message(agent: Agent | None) -> str:
+    """The task of the agent's current run, as given (what the user said; "" without one)."""
+    run = agent.current_run if agent is not None else None
+    if run is None:
+        return ""
+    task = run.input.get("task") if isinstance(run.input, dict) else run.input
+    return task if isinstance(task, str) else ""
+
+
 def entry_id_for(scope_id: str, n: int = 0, *content: str) -> str | None:
     """The id of the `n`th entry the action being executed writes to `scope_id`: derived from the
     action's idempotency key, so the action redone after a crash (between its write and the
@@ -127,7 +151,7 @@ class MemoryToolsCapability(AgentCapability):
         """The agent's memory capabilities by scope type."""
         if self.agent is None:
             return {}
-        return {c.scope_type: c for c in self.agent.capabilities.values() if isinstance(c, MemoryCapability)}
+        return {c.scope_type: c for c in private_memory(self.agent)}
 
     def resolve(self, names: Sequence[str] | None) -> list[str]:
         """Scope ids for scope types (or full ids) of this agent; None = all of them."""
@@ -157,22 +181,16 @@ class MemoryToolsCapability(AgentCapability):
     @action_executor(action_type=ActionType.MEMORY_SEARCH)
     async def recall(
         self,
-        query: Annotated[str, Field(max_length=2000)],
-        tag: Annotated[str, Field(max_length=64)] | None = None,
+        query: Query,
+        tag: TagName | None = None,
         scope: Annotated[str, Field(max_length=64)] | None = None,
-        max_results: Annotated[int, Field(ge=1, le=MAX_ACTION_RESULTS)] = 5,
-        min_relevance: Annotated[float, Field(ge=0, le=1)] = 0.0,
+        max_results: Results = 5,
+        min_relevance: Relevance = 0.0,
     ) -> list[dict[str, Any]]:
         """Search your memory by meaning (optionally only entries with `tag`, or one `scope`, e.g.
         working, stm, ltm:semantic): the most relevant entries first."""
         found = await self.service().recall(
-            MemoryQuery(
-                query=query,
-                tag_filter=TagFilter(all_of=frozenset({tag})) if tag else None,
-                max_results=max(1, min(max_results, MAX_ACTION_RESULTS)),
-                min_relevance=min_relevance,
-            ),
-            self.resolve([scope] if scope else None),
+            action_query(query, tag, max_results, min_relevance), self.resolve([scope] if scope else None)
         )
         return [_brief(item) for item in found]
 
@@ -187,7 +205,8 @@ class MemoryToolsCapability(AgentCapability):
 
     @action_executor(action_type=ActionType.MEMORY_READ)
     async def memory_map(self) -> dict[str, Any]:
-        """Your memory's layout: scopes, purposes, counts, caps, TTLs, pending ingestion, edges."""
+        """Your memory's layout: scopes, purposes, counts, caps, TTLs, pending ingestion, edges
+        (shared scopes only while you may read them)."""
         if self.agent is None:
             return {}
         memory_map = await agent_memory_map(
@@ -196,7 +215,23 @@ class MemoryToolsCapability(AgentCapability):
             tenant_id=self.agent.metadata.tenant_id,
             colony_id=self.agent.metadata.colony_id,
         )
-        return memory_map.model_dump(mode="json")
+        seen = {c.memory_scope for c in private_memory(self.agent)}
+        for capability in self.agent.capabilities.values():  # shared scopes: those it may read now
+            if isinstance(capability, MemoryCapability) and capability.shared:
+                try:
+                    await capability.check("read")  # type: ignore[attr-defined]
+                    seen.add(capability.memory_scope)
+                except MemoryAccessDenied:
+                    pass
+        shown = memory_map.model_copy(
+            update={
+                "scopes": {k: v for k, v in memory_map.scopes.items() if k in seen},
+                "dataflow_edges": [(a, b) for a, b in memory_map.dataflow_edges if b in seen],
+            }
+        )
+        shown.total_entries = sum(i.entry_count for i in shown.scopes.values())
+        shown.total_pending_ingestion = sum(i.pending_ingestion for i in shown.scopes.values())
+        return shown.model_dump(mode="json")
 
     @action_executor(action_type=ActionType.MEMORY_WRITE, effects=("memory_write", "colony_write"))
     async def forget(self, entry_id: str, scope: str) -> dict[str, Any]:
@@ -256,11 +291,7 @@ class MemoryToolsCapability(AgentCapability):
 
     def _message(self) -> str:
         """The current run's task, as text (what the user said)."""
-        run = self.agent.current_run if self.agent is not None else None
-        if run is None:
-            return ""
-        task = run.input.get("task") if isinstance(run.input, dict) else run.input
-        return task.strip() if isinstance(task, str) else ""
+        return run_message(self.agent).strip()
 
     @action_executor(action_type=ActionType.CONTEXT_SUMMARIZE, effects=("memory_write",))
     async def consolidate(

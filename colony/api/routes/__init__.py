@@ -9,7 +9,18 @@ from __future__ import annotations
 
 from fastapi import APIRouter
 
-from colony.api.routes import agents, blocks, checkpoints, health, memory, pages, runs, sessions, transfer
+from colony.api.routes import (
+    agents,
+    blocks,
+    checkpoints,
+    health,
+    memory,
+    pages,
+    runs,
+    sessions,
+    shared_memory,
+    transfer,
+)
 
 ROUTERS: tuple[APIRouter, ...] = (
     health.router,
@@ -17,6 +28,7 @@ ROUTERS: tuple[APIRouter, ...] = (
     agents.router,
     pages.router,
     memory.router,
+    shared_memory.router,
     blocks.router,
     checkpoints.router,
     transfer.router,

@@ -27,8 +27,10 @@ from colony.api.params import AgentId
 from colony.api.schemas import (
     MEMORY,
     MEMORY_WRITE,
+    EntryBody,
     MemoryQueryBody,
     MemoryWrite,
+    RecallBody,
     RecalledEntries,
     Reindexed,
     WrittenMemory,
@@ -96,7 +98,7 @@ class AgentMemory:
         return matched[0]
 
 
-def _checked(body: MemoryQueryBody | MemoryWrite, max_depth: int) -> None:
+def checked(body: RecallBody | EntryBody, max_depth: int) -> None:
     """What JSON parsing lets through and Redis or other clients cannot take: NaN/Infinity,
     lone surrogates, nesting past api.max_input_depth (422 naming the place)."""
     payload = body.model_dump()
@@ -136,21 +138,25 @@ async def memory_query(agent_id: AgentId, body: MemoryQueryBody, ctx: Context) -
     """Recall: entries of the agent's scopes (`scopes`: types or ids of its own) passing the
     filters, ranked by relevance in [0, 1], at most `max_results` (and memory.max_recall_results).
     A `time_range` whose start is after its end matches nothing."""
-    _checked(body, ctx.api.max_input_depth)
+    checked(body, ctx.api.max_input_depth)
     memory = await _agent_memory(ctx, agent_id)
-    scopes = memory.select(body.scopes)
+    return await recall(memory.service, memory.select(body.scopes), body)
+
+
+async def recall(service: MemoryService, scopes: list[str], body: RecallBody) -> RecalledEntries:
+    """A recall request's entries of `scopes` (none for no scope or a time range ending before it starts)."""
     empty_range = body.time_range is not None and body.time_range[0] > body.time_range[1]
     if not scopes or empty_range:
         return RecalledEntries(entries=[])
     fields = body.model_dump(exclude={"scopes", "tag_filter"})
-    fields["max_results"] = min(body.max_results, memory.settings.memory.max_recall_results)
+    fields["max_results"] = min(body.max_results, service.settings.memory.max_recall_results)
     if body.tag_filter is not None:
         fields["tag_filter"] = TagFilter(**body.tag_filter.model_dump())
     try:
         query = MemoryQuery(**fields)
     except ValidationError as exc:
         raise InvalidArgument(_problems(exc)) from None
-    return RecalledEntries(entries=await memory.service.recall(query, scopes))
+    return RecalledEntries(entries=await service.recall(query, scopes))
 
 
 @router.post(
@@ -171,9 +177,16 @@ async def memory_write(
     Idempotency-Key and no `entry_id`, the entry's id derives from the key (`effect_key`): a retry
     whose first try wrote the entry and then answered 5xx finds it (answered as created), never
     writes it twice."""
-    _checked(body, ctx.api.max_input_depth)
+    checked(body, ctx.api.max_input_depth)
     memory = await _agent_memory(ctx, agent_id)
-    scope = memory.one(body.scope)
+    return await write_entry(memory.service, memory.one(body.scope), body, request, response)
+
+
+async def write_entry(
+    service: MemoryService, scope: str, body: EntryBody, request: Request, response: Response
+) -> WrittenMemory:
+    """Store a write request's entry in `scope` (200 instead of 201 when it was held already);
+    with an Idempotency-Key and no `entry_id`, the entry's id derives from the key."""
     keyed = effect_key(request)
     derived = f"http-{keyed}" if keyed is not None and body.entry_id is None else None
     fields = body.model_dump(exclude={"scope"})
@@ -184,7 +197,7 @@ async def memory_write(
     except ValidationError as exc:
         raise InvalidArgument(_problems(exc)) from None
     # the store applies the scope's TTL (when none is given) and keeps its cap
-    outcome = await memory.service.store.write(scope, new, created_by=WRITER, similar=memory.service.nearest)
+    outcome = await service.store.write(scope, new, created_by=WRITER, similar=service.nearest)
     redone = derived is not None and outcome.duplicate_of == derived  # this request's entry, written before
     created = outcome.created or redone
     metrics.MEMORY_WRITES.labels(_scope_type(scope), "created" if outcome.created else "duplicate").inc()

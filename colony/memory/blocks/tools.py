@@ -39,7 +39,7 @@ from colony.memory.blocks.store import BlockStore
 from colony.memory.blocks.stores import block_store
 from colony.memory.blocks.templates import apply_template
 from colony.memory.blocks.types import BlockType, BlockView, EditOutcome, Label, NewBlock
-from colony.memory.capability import MemoryCapability, derived_id
+from colony.memory.capability import MemoryCapability, derived_id, private_memory
 from colony.memory.grounding import check_lines, refusal, refuse_user_tag, said_by_user
 from colony.memory.scopes import MemoryScope
 from colony.memory.service import MemoryService, memory_service
@@ -239,7 +239,7 @@ class MemoryBlocksCapability(AgentCapability):
         """The agent's memory capabilities by scope type."""
         if self.agent is None:
             return {}
-        return {c.scope_type: c for c in self.agent.capabilities.values() if isinstance(c, MemoryCapability)}
+        return {c.scope_type: c for c in private_memory(self.agent)}
 
     def archival(self) -> MemoryCapability:
         """The LTM scope archival memory lives in: `archival_level`, else the first of
