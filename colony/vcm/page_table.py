@@ -184,6 +184,10 @@ class PageTable:
             named.update(record.resident_on, record.swapped_on)
         return named
 
+    async def source(self, source_id: str) -> SourceRecord | None:
+        entry = await self.board.read(Keys.source_key(source_id))
+        return entry.value_as(SourceRecord) if entry else None
+
     async def sources(self) -> list[SourceRecord]:
         tags = TagFilter(all_of=frozenset({Keys.index_tag("source")}))
         entries = [e async for e in self.board.iter_query(Keys.pattern("source"), tags=tags)]

@@ -1,0 +1,206 @@
+"""File tools over mapped folders (issue 37, deliverable 2), on a real redis-server: a folder mapped
+into pages is read back file by file exactly as it is on disk; agents list files, read windows of
+lines, search (literal, or a checked regular expression) and find definitions, each answer citing
+path and line; hostile patterns, paths and sources are refused. The standard library's `email`
+package (code the project did not write) is mapped and searched as a user's folder would be."""
+
+from __future__ import annotations
+
+import email
+import time
+import uuid
+from collections.abc import AsyncIterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from agent_kit import assert_failed
+
+from colony.agents import Agent, AgentBlueprint, AgentMetadata, LocalAgentRuntime
+from colony.blackboard import Blackboard
+from colony.config import ColonySettings
+from colony.context.file_tools import FileToolsCapability
+from colony.errors import InvalidArgument
+from colony.vcm import PageSource, PageTable
+from colony.vcm.mapped_files import MappedFiles, compile_pattern
+
+CODE = {
+    "pkg/core.py": "import os\n\n\nclass Parser:\n    def parse(self, text):\n"
+    "        return text.split()\n\n\nasync def fetch(url):\n    return url\n\nLIMIT = 10\nLIMIT == 3\n",
+    "web/app.js": "export function render(node) {\n  return node;\n}\nconst store = {};\n",
+    "go/main.go": "package main\n\nfunc (s *Server) Serve() error {\n\treturn nil\n}\n",
+    "rs/lib.rs": "pub fn serve() {}\npub(crate) struct Server;\n",
+    "empty.txt": "",
+    "notes.md": "# Notes\n\nThe parser splits on whitespace.\n",
+}
+
+
+@pytest.fixture
+def folder(tmp_path: Path) -> Path:
+    root = tmp_path / "project"
+    for name, text in CODE.items():
+        (root / name).parent.mkdir(parents=True, exist_ok=True)
+        (root / name).write_text(text)
+    long = "".join(f"line {n} of a long file with some words in it\n" for n in range(1, 401))
+    (root / "big.txt").write_text(long)
+    return root
+
+
+def read_tree(folder: Path) -> dict[str, list[str]]:
+    return {str(p.relative_to(folder)): p.read_text().splitlines() for p in folder.rglob("*") if p.is_file()}
+
+
+class Kit:
+    def __init__(self, bb: Blackboard, tmp_path: Path) -> None:
+        self.colony_id = f"f{uuid.uuid4().hex[:10]}"
+        self.settings = ColonySettings(data_dir=tmp_path, colony_id=self.colony_id)
+        self.table = PageTable(bb, settings=self.settings)
+        self.runtime = LocalAgentRuntime(
+            bb, colony_id=self.colony_id, settings=self.settings, pages=self.table
+        )
+
+    async def map(self, root: Path, allowed: Path, page_tokens: int = 128) -> str:
+        source = PageSource(root, allowed_roots=[allowed], page_tokens=page_tokens)
+        return (await self.table.map_source(source)).source_id
+
+    async def agent(self, agent_id: str, **options: Any) -> Agent:
+        capability = FileToolsCapability.bind(**options)
+        return await self.runtime.spawn(
+            AgentBlueprint(
+                agent_class=Agent, metadata=AgentMetadata(agent_id=agent_id), capabilities=[capability]
+            )
+        )
+
+
+@pytest.fixture
+async def kit(bb: Blackboard, tmp_path: Path) -> AsyncIterator[Kit]:
+    made = Kit(bb, tmp_path)
+    yield made
+    await made.runtime.shutdown()
+
+
+async def test_a_mapped_folder_reads_back_file_by_file_as_on_disk(kit: Kit, folder: Path) -> None:
+    source_id = await kit.map(folder, folder.parent)  # small pages: big.txt spans many
+    files = await MappedFiles.load(kit.table, source_id)
+    record = await kit.table.source(source_id)
+    assert record is not None and len(record.page_ids) > 5
+    on_disk = read_tree(folder)
+    on_disk["empty.txt"] = [""]  # an empty file is one empty line, as its page shows it
+    assert files.files == on_disk and files.missing_pages == []
+    window = files.window("big.txt", 399, 10)
+    assert window["start"] == 399 and window["end"] == 400 and window["total_lines"] == 400
+    assert window["lines"] == [
+        {"line": 399, "text": "line 399 of a long file with some words in it"},
+        {"line": 400, "text": "line 400 of a long file with some words in it"},
+    ]
+    assert len(files.window("big.txt", 1, 10_000)["lines"]) == 200  # at most MAX_WINDOW
+    with pytest.raises(InvalidArgument, match=r"did you mean pkg/core\.py"):
+        files.lines("core.py")
+    # a page gone (retention) leaves its lines out, numbering kept
+    middle = record.page_ids[len(record.page_ids) // 2]
+    await kit.table.board.delete("content:" + middle)
+    partial = await MappedFiles.load(kit.table, source_id)
+    assert partial.missing_pages == [middle] and len(partial.files["big.txt"]) == 400
+
+
+async def test_search_is_literal_or_a_checked_regex_and_cites_lines(kit: Kit, folder: Path) -> None:
+    files = await MappedFiles.load(kit.table, await kit.map(folder, folder.parent))
+    found = files.search("PARSER")["results"]
+    assert {(r["path"], r["line"]) for r in found} == {("pkg/core.py", 4), ("notes.md", 3)}
+    assert files.search("(")["results"][0] == {
+        "path": "go/main.go",
+        "line": 3,
+        "text": "func (s *Server) Serve() error {",
+    }
+    assert [
+        r["line"]
+        for r in files.search(r"^line 1\d\d of", regex=True, path_glob="*.txt", max_results=500)["results"]
+    ] == list(range(100, 200))[:100]
+    assert files.search("line", max_results=5) == {
+        "results": files.search("line", max_results=5)["results"],
+        "truncated": True,
+    }
+    for pattern, why in (
+        ("(a+)+$", "repeat inside a repeat"),
+        ("(x*y)*", "repeat inside a repeat"),
+        ("(a|ab)+c", "alternatives inside a repeat"),
+        (r"(\w)\1", "backreferences"),
+        (r".*a.*b.*c", "3 unbounded repeats"),
+        ("[unclosed", "not a regular expression"),
+        ("a" * 201, "1-200 characters"),
+    ):
+        with pytest.raises(InvalidArgument, match=why):
+            compile_pattern(pattern, regex=True)
+    # the worst allowed shape over long lines stops at the time budget
+    hostile = MappedFiles(files.source, {"x.txt": ["a" * 5000] * 2000})
+    started = time.monotonic()
+    result = hostile.search(r"(.*)(.*)x", regex=True)
+    assert result == {"results": [], "truncated": True} and time.monotonic() - started < 3.5
+
+
+async def test_definitions_across_languages(kit: Kit, folder: Path) -> None:
+    files = await MappedFiles.load(kit.table, await kit.map(folder, folder.parent))
+
+    def where(name: str) -> list[tuple[str, int]]:
+        return [(r["path"], r["line"]) for r in files.definitions(name)]
+
+    assert where("Parser") == [("pkg/core.py", 4)]
+    assert where("Parser.parse") == [("pkg/core.py", 5)]
+    assert where("fetch") == [("pkg/core.py", 9)]
+    assert where("LIMIT") == [("pkg/core.py", 12)]  # not the comparison on line 13
+    assert where("render") == [("web/app.js", 1)] and where("store") == [("web/app.js", 4)]
+    assert where("Serve") == [("go/main.go", 3)]
+    assert where("serve") == [("rs/lib.rs", 1)] and where("Server") == [("rs/lib.rs", 2)]
+    assert where("missing") == []
+    with pytest.raises(InvalidArgument, match="not an identifier"):
+        files.definitions("a b")
+
+
+async def test_agents_read_only_their_sources_and_never_the_disk(
+    kit: Kit, folder: Path, tmp_path: Path
+) -> None:
+    source_id = await kit.map(folder, folder.parent)
+    other = tmp_path / "other"
+    other.mkdir()
+    (other / "secret.txt").write_text("top secret\n")
+    other_id = await kit.map(other, other)
+    ada = await kit.agent("ada", sources=[source_id])
+    dispatch = ada.dispatcher.dispatch
+    listed = await dispatch("list_files", {"pattern": "*.py"})
+    assert listed.success and listed.output["files"] == [{"path": "pkg/core.py", "lines": 13}]
+    read = await dispatch("read_lines", {"path": "pkg/core.py", "start": 4, "count": 2})
+    assert read.output["lines"] == [
+        {"line": 4, "text": "class Parser:"},
+        {"line": 5, "text": "    def parse(self, text):"},
+    ]
+    found = await dispatch("find_definition", {"name": "fetch"})
+    assert found.output == [{"path": "pkg/core.py", "line": 9, "text": "async def fetch(url):"}]
+    searched = await dispatch("search_files", {"pattern": "whitespace"})
+    assert searched.output["results"] == [
+        {"path": "notes.md", "line": 3, "text": "The parser splits on whitespace."}
+    ]
+    assert_failed(await dispatch("list_files", {"source": other_id}), "no mapped source")
+    for path in ("../other/secret.txt", "/etc/passwd", str(other / "secret.txt")):
+        assert_failed(await dispatch("read_lines", {"path": path}), "no file")
+    assert_failed(
+        await dispatch("search_files", {"pattern": "(a+)+", "regex": True}), "repeat inside a repeat"
+    )
+    # without `sources`, every mapped folder of the colony, named when there are several
+    bob = await kit.agent("bob")
+    assert_failed(await bob.dispatcher.dispatch("list_files", {}), "name the source")
+    named = await bob.dispatcher.dispatch("list_files", {"source": "other"})
+    assert named.success and named.output["files"] == [{"path": "secret.txt", "lines": 1}]
+
+
+async def test_the_standard_librarys_email_package_is_searched_like_a_users_folder(kit: Kit) -> None:
+    package = Path(email.__file__).parent
+    source_id = await kit.map(package, package.parent, page_tokens=2048)
+    ada = await kit.agent("ada", sources=[source_id])
+    found = (await ada.dispatcher.dispatch("find_definition", {"name": "parseaddr"})).output
+    assert found and all(hit["text"].startswith("def parseaddr(") for hit in found), found
+    line = found[0]["line"]
+    shown = (
+        await ada.dispatcher.dispatch("read_lines", {"path": found[0]["path"], "start": line, "count": 1})
+    ).output
+    assert shown["lines"][0]["text"].startswith("def parseaddr(")
+    assert (package / found[0]["path"]).read_text().splitlines()[line - 1] == shown["lines"][0]["text"]
