@@ -34,6 +34,7 @@ from colony.memory.shared_tools import SharedMemoryToolsCapability
 from colony.memory.store import MemoryStore
 from colony.memory.tools import MemoryToolsCapability
 from colony.memory.types import MemoryIngestPolicy, MemorySubscription, NewMemory
+from colony.memory.user_words import UserWords
 
 TEAM = "collective:team-a"
 
@@ -252,7 +253,7 @@ async def test_action_records_holding_the_users_words_stay_with_the_agent(kit: K
     said = "My locker code is 7291 and I park on level three."
     await kit.store.write(kit.scope("ada", "working"), NewMemory(content=f"User: {said}", tags={"user"}))
     stm = kit.scope("ada", "stm")
-    leak = f'Action share_memory({{"fact": "{said}"}}) failed: that retells what the user told you'
+    leak = f'Action search({{"query": "{said}"}}) succeeded: 3 results'
     for content in (leak, "Action search(parser) succeeded: the bug is in parse_header"):
         await kit.store.write(stm, NewMemory(content=content, tags={"action"}))
     await ada.get_capability("memory-shared-collective-team-a").ingest_once()  # (or its background look did)
@@ -270,7 +271,7 @@ def test_subscriptions_never_read_shared_memory_or_another_agents() -> None:
         MemoryCapability(scope_id=MemoryScope.agent("eve", "ltm:semantic"), ingestion_policy=_from(team))
     with pytest.raises(ValueError, match="may not read shared memory"):
         SharedMemoryCapability(name="collective:public", subscriptions=[share_from(team)])
-    with pytest.raises(ValueError, match="only its own agent's levels"):
+    with pytest.raises(ValueError, match="only its own levels"):
         SharedMemoryCapability(
             name="collective:public", subscriptions=[share_from(MemoryScope.agent("bob", "stm"))]
         )
@@ -324,3 +325,56 @@ async def test_the_memory_map_shows_shared_scopes_only_to_their_readers(kit: Kit
     seen = {a.agent_id: (await a.dispatcher.dispatch("memory_map", {})).output["scopes"] for a in (ada, eve)}
     assert team in seen["ada"] and team not in seen["eve"]
     assert kit.scope("eve", "working") in seen["eve"]
+
+
+QUESTIONS_AND_FINDINGS = [
+    ("what does parse_header return?", "parse_header returns the header unchanged"),
+    (
+        "What does parse_header_value_list return?",
+        "parse_header_value_list in email/_header_value_parser.py returns a list of tokens",
+    ),
+    ("Why does the server return 500?", "The handler raises KeyError, which becomes a 500."),
+    (
+        "Why does login fail when the password is empty?",
+        "validate() raises KeyError when the password is empty because of the lookup on line 40",
+    ),
+    ("Look at colony/memory/shared.py", "colony/memory/shared.py defines SharedScopes"),
+    ("I need to know which port Redis listens on.", "Redis listens on 6379 by default."),
+]
+
+
+@pytest.mark.parametrize(("asked", "finding"), QUESTIONS_AND_FINDINGS)
+def test_a_finding_about_what_the_user_asked_may_be_shared(asked: str, finding: str) -> None:
+    assert UserWords([asked, f"User: {asked}"]).retold_by(finding) is None
+
+
+@pytest.mark.parametrize(
+    "text",
+    [
+        "Locker code 7 2 9 1",
+        "Locker code 72-91",
+        "Locker code 7,291",
+        "Sister: Dana\nCity: Oslo\nEmployer: Equinor",
+        "Someone's relative, by all accounts a skilled engineer of many years, lives in Oslo now.",
+        "My locker code\nis 7291 and\nI park on\nlevel three.",
+        "they park on level three and the locker code is known",
+        "User said: nothing much",
+    ],
+)
+def test_the_users_statements_are_not_retold_however_written(text: str) -> None:
+    said = [
+        "User: My locker code is 7291 and I park on level three.",
+        "My sister Dana lives in Oslo and works at Equinor.",
+    ]
+    assert UserWords(said).retold_by(text) is not None, text
+
+
+async def test_an_agent_without_write_access_leaves_the_definition_alone(kit: Kit) -> None:
+    await kit.define(TEAM, readers=["ada"], writers=["ada"])
+    eve = await kit.runtime.spawn(_blueprint("eve", TEAM, subscribe=True))
+    await eve.get_capability("memory-shared-collective-team-a").ingest_once()
+    assert (await kit.shared.info(TEAM)).subscribed_to == []
+    await kit.shared.define(TEAM, ttl_seconds=60)
+    assert (await kit.shared.info(TEAM)).ttl_seconds == 60
+    await kit.shared.define(TEAM, ttl_seconds=0)  # 0: no TTL any more
+    assert (await kit.shared.info(TEAM)).ttl_seconds is None

@@ -124,6 +124,36 @@ class AgentHandle:
             await self._write_request(board, protocol, request_id, input_data, create_only=True)
         return request_id
 
+    async def cancel(
+        self,
+        request_id: str,
+        *,
+        protocol: type[RequestResultProtocol] = AgentRunProtocol,
+        namespace: str,
+        scope: BlackboardScope = BlackboardScope.AGENT,
+    ) -> bool:
+        """Answer a submitted request as cancelled (create-only: an answer already there stands);
+        the agent working on it cancels its run at its next step. Whether this call cancelled it."""
+        board = self._board(namespace, scope)
+        requester = self.owner.agent_id if self.owner is not None else "detached"
+        try:
+            await board.write(
+                protocol.result_key(request_id),
+                {
+                    "status": "cancelled",
+                    "output": None,
+                    "error": f"cancelled by {requester}",
+                    "run_id": None,
+                    "steps": 0,
+                },
+                tags={protocol.request_tag(request_id)},
+                created_by=requester,
+                expected_version=0,
+            )
+        except ConcurrentModificationError:
+            return False
+        return True
+
     async def result(
         self,
         request_id: str,

@@ -300,7 +300,7 @@ class SharedScopeBody(BaseModel):
     )
     purpose: str | None = Field(None, max_length=200, pattern=r"^[^\x00-\x1f\x7f]*$")
     ttl_seconds: float | None = Field(
-        None, gt=0, le=10 * 365 * 24 * 3600, strict=True, description="entries' default TTL"
+        None, ge=0, le=10 * 365 * 24 * 3600, strict=True, description="entries' default TTL (0: none)"
     )
     max_entries: int | None = Field(None, ge=1, le=100_000, strict=True, description="the scope's cap")
 

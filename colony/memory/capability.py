@@ -87,7 +87,8 @@ def private_memory(agent: Agent | None) -> list[MemoryCapability]:
 
 def _check_sources(capability: MemoryCapability) -> None:
     """No subscription reads a shared scope (its rules are for `recall_shared`, read by the reader),
-    and a shared scope subscribes only to levels of its own agent: ValueError otherwise."""
+    and an agent's scopes take in only its own levels (another agent's memory is not its to copy;
+    a capability without an agent, library code, may name any scope but a shared one): ValueError."""
     own = capability.agent.scope_id + ":namespace:" if capability.agent is not None else None
     for subscription in capability.ingestion_policy.subscriptions:
         named = subscription.source_scope_id
@@ -95,9 +96,9 @@ def _check_sources(capability: MemoryCapability) -> None:
             continue
         if MemoryScope.is_memory_scope(named) and MemoryScope.scope_type(named) in SHARED_TYPES:
             raise ValueError(f"{capability.name}: a subscription may not read shared memory {named!r}")
-        if capability.shared and (own is None or not named.startswith(own)):
+        if (own is not None or capability.shared) and (own is None or not named.startswith(own)):
             raise ValueError(
-                f"{capability.name}: shared memory takes in only its own agent's levels "
+                f"{capability.name}: an agent's memory takes in only its own levels "
                 f"({', '.join(AGENT_LEVELS)}), not {named!r}"
             )
 

@@ -99,10 +99,10 @@ def session_producer(ttl_seconds: float | None = None) -> MemoryProducerConfig:
     )
 
 
-def user_statements(message: str) -> list[str]:
+def user_statements(message: str, limit: int = MAX_HEARD_LINES) -> list[str]:
     """The sentences of `message` in which the user says something about themselves: first person,
     at least MIN_STATEMENT_WORDS words, not a question or a request to be told something. Word for
-    word (whitespace folded), at most MAX_HEARD_LINES, each at most MAX_STATEMENT_CHARS."""
+    word (whitespace folded), at most `limit`, each at most MAX_STATEMENT_CHARS."""
     found: list[str] = []
     for match in _SENTENCE.finditer(message):
         sentence = " ".join(match.group(0).split())
@@ -113,7 +113,7 @@ def user_statements(message: str) -> list[str]:
             continue
         if sentence not in found:
             found.append(sentence)
-        if len(found) == MAX_HEARD_LINES:
+        if len(found) == limit:
             break
     return found
 

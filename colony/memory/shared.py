@@ -36,9 +36,7 @@ from colony.errors import (
     SharedMemoryNotFound,
 )
 from colony.memory.capability import MemoryCapability, copy_transform, private_memory, register_scope
-from colony.memory.grounding import Heard, check_grounded, content_words, said_by_user, words
 from colony.memory.scopes import NAMESPACE_PREFIX, PURPOSES, MemoryScope
-from colony.memory.service import memory_service
 from colony.memory.store import MemoryStore
 from colony.memory.types import (
     MaintenanceConfig,
@@ -48,6 +46,7 @@ from colony.memory.types import (
     MemorySubscription,
     NewMemory,
 )
+from colony.memory.user_words import USER_TAG, UserWords, user_messages
 from colony.wire.ids import ID_PATTERN
 
 if TYPE_CHECKING:
@@ -63,11 +62,6 @@ AGENT_REF = r"^(\*|" + ID_PATTERN[1:-1] + r")$"
 MAX_MEMBERS = 256
 MAX_SHARED_SCOPES = 1000  # per colony: the list the API and the CLI show
 MAX_DEFINE_TRIES = 8
-USER_TAG = "user"
-USER_QUOTE = re.compile(
-    r"^\s*user\s*:|\buser\s+(said|says|told|tells|mentioned|wrote|shared|gave)\b", re.I | re.M
-)
-MIN_QUOTED_WORDS = 4
 SHARED_TAG = "shared"
 AgentRef = Annotated[str, StringConstraints(min_length=1, max_length=128, pattern=AGENT_REF)]
 Verb = Literal["read", "write"]
@@ -162,8 +156,9 @@ class SharedScopes:
     ) -> tuple[SharedScopeInfo, bool]:
         """Create the scope, or change what is given of a defined one (what is not given keeps its
         value: a new scope takes the defaults, every agent reads and none writes); its entries and
-        the agents' subscriptions stay. The info and whether this call created it (of concurrent
-        creators, one). A lower cap prunes at the next write."""
+        the agents' subscriptions stay. `ttl_seconds=0`: entries without a TTL from now on. The info
+        and whether this call created it (of concurrent creators, one). A lower cap prunes at the next
+        write."""
         scope = self.scope_id(name)
         board = self.store.board(scope)
         for _ in range(MAX_DEFINE_TRIES):
@@ -178,9 +173,16 @@ class SharedScopes:
                         raise InvalidArgument(
                             f"this colony has {MAX_SHARED_SCOPES} shared memory scopes, the most it keeps"
                         )
+                    held = None if created else held_access.value
+                    # a scope whose stored rules cannot be read stays closed but for what this names
+                    rules = (
+                        None
+                        if created
+                        else _parsed(SharedAccess, held.get("access") if isinstance(held, dict) else None)
+                    )
                     access, config = self._defined(
                         scope,
-                        None if created else _parsed(SharedAccess, held_access.value.get("access")),
+                        None if created else (rules or SharedAccess(readers=[], writers=[])),
                         None if created else _parsed(MemoryScopeConfig, held_config.value),
                         readers,
                         writers,
@@ -221,7 +223,9 @@ class SharedScopes:
             purpose=purpose
             if purpose is not None
             else (held.purpose if held else PURPOSES.get(scope_type, "")),
-            ttl_seconds=ttl_seconds if ttl_seconds is not None else (held.ttl_seconds if held else None),
+            ttl_seconds=(ttl_seconds or None)
+            if ttl_seconds is not None
+            else (held.ttl_seconds if held else None),
             max_entries=max_entries
             or (held.max_entries if held else None)
             or self.store.settings.memory.default_max_entries,
@@ -288,8 +292,8 @@ class SharedScopes:
 class SharingTransformer:
     """What an agent's own memory passes to a shared scope: each entry copied with its provenance
     and tagged `shared`, less any tagged `user` or in `exclude`, and less any that retells what the
-    user said (`retells_user` against the user's words the agent holds: an action record holding a
-    user's message, say)."""
+    user told the agent (colony.memory.user_words: an action record holding the user's message,
+    say). What the user said is read once per batch."""
 
     def __init__(self, exclude: Sequence[str] = (USER_TAG,)) -> None:
         self.exclude = frozenset(exclude) | {USER_TAG}
@@ -297,35 +301,11 @@ class SharingTransformer:
     async def transform(
         self, entries: Sequence[MemoryEntry], capability: MemoryCapability
     ) -> list[NewMemory]:
-        service = memory_service(capability.blackboard, capability._settings())
         private = [c.memory_scope for c in private_memory(capability.agent)]
-        kept = []
-        for entry in entries:
-            if entry.tags & self.exclude:
-                continue
-            heard = Heard(await said_by_user(service, private, entry.content, ""))
-            if not retells_user(entry.content, heard):
-                kept.append(entry)
+        heard = UserWords(await user_messages(capability.store, private))
+        kept = [e for e in entries if not (e.tags & self.exclude) and heard.retold_by(e.content) is None]
         copies = copy_transform(kept, capability.ttl_seconds)
         return [c.model_copy(update={"tags": frozenset(sorted(c.tags | {SHARED_TAG})[:32])}) for c in copies]
-
-
-def retells_user(text: str, heard: Heard) -> bool:
-    """Whether `text` carries what the user said (`heard`): it quotes the user ("User said: ...",
-    "the user told me ..."), repeats four of the user's words in a row (two of them content words),
-    gives a number of three or more digits the user gave, or a line of it (or the whole) is backed
-    by the user's words (colony.memory.grounding: its names, numbers and most words are theirs)."""
-    if USER_QUOTE.search(text):
-        return True
-    tokens = words(text)
-    for n in range(len(tokens) - MIN_QUOTED_WORDS + 1):
-        window = tokens[n : n + MIN_QUOTED_WORDS]
-        if len(content_words(window)) >= 2 and heard.verbatim(window):
-            return True
-    if any(sum(c.isdigit() for c in t) >= 3 and heard.verbatim([t]) for t in tokens):
-        return True
-    lines = [line for line in text.splitlines() if len(words(line)) >= MIN_QUOTED_WORDS]
-    return any(check_grounded(x, heard).grounded for x in [*lines, " ".join(lines)] if x)
 
 
 def share_from(level: str = "stm", *, tags: Sequence[str] | None = None) -> MemorySubscription:
@@ -376,20 +356,23 @@ class SharedMemoryCapability(MemoryCapability):
             settings=settings,
         )
         self._refused = False
+        self._recorded = False  # this agent's sources are in the scope's `subscribed_to`
 
     async def check(self, verb: Verb) -> None:
-        """Take the definition's current TTL and cap (and add this agent's sources to the scope's,
-        once), then MemoryAccessDenied unless this agent may `verb` the scope now: both read from
-        Redis at every call, so a redefinition holds from the next one."""
+        """Take the definition's current TTL and cap, then MemoryAccessDenied unless this agent may
+        `verb` the scope now (both read from Redis at every call, so a redefinition holds from the
+        next one). A writer's sources are added to the scope's `subscribed_to` once."""
         config = await self.store.config(self.memory_scope)
         if config is not None:
             self.ttl_seconds, self.max_entries = config.ttl_seconds, config.max_entries
-            sources = self.source_scopes()
-            if sources and not set(sources) <= set(config.subscribed_to):
-                await self.blackboard.update(Keys.config_key(), lambda held: _with_sources(held, sources))
         meta = self.agent.metadata if self.agent is not None else None
         where = {"tenant_id": meta.tenant_id, "colony_id": meta.colony_id} if meta is not None else {}
         await SharedScopes(self.store, **where).check(self.memory_scope, self._who(), verb)
+        sources = self.source_scopes()
+        if verb == "write" and config is not None and sources and not self._recorded:
+            if not set(sources) <= set(config.subscribed_to):
+                await self.blackboard.update(Keys.config_key(), lambda held: _with_sources(held, sources))
+            self._recorded = True
 
     async def start(self) -> None:
         """Take the definition, list the scope among the agent's, then ingest (each look at the
@@ -430,9 +413,9 @@ def _parsed(model: Any, value: Any) -> Any:
 
 
 def _with_sources(held: Any, sources: list[str]) -> Any:
-    """A stored scope config with `sources` among its `subscribed_to` (the newest 64 kept)."""
+    """A stored scope config with `sources` among its `subscribed_to` (the newest MAX_MEMBERS kept)."""
     if not isinstance(held, dict):
         return held
     current = [s for s in held.get("subscribed_to") or [] if isinstance(s, str)]
-    merged = [*[s for s in current if s not in sources], *sources][-64:]
+    merged = [*[s for s in current if s not in sources], *sources][-MAX_MEMBERS:]
     return {**held, "subscribed_to": merged}

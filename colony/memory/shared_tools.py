@@ -4,7 +4,7 @@ The actions reach only the shared scopes the agent is a member of (its SharedMem
 from its blueprint): a scope the model names is looked up among them, never used as a key. Each
 call reads the scope's access rules first (colony.memory.shared), so a refusal is a failed action
 naming the scope and how to get access. What the user told this agent is not the agent's to share:
-a fact that retells it (colony.memory.shared.retells_user) is refused (the user's words stay with
+a fact that retells it (colony.memory.user_words) is refused (the user's words stay with
 the agent they were told to, as with blocks).
 """
 
@@ -23,9 +23,9 @@ from colony.blackboard import Blackboard
 from colony.config import ColonySettings
 from colony.errors import AgentUsageError, MemoryAccessDenied
 from colony.memory.capability import private_memory
-from colony.memory.grounding import Heard, refuse_user_tag, said_by_user
+from colony.memory.grounding import refuse_user_tag
 from colony.memory.service import MemoryService, memory_service
-from colony.memory.shared import SHARED_TAG, SharedMemoryCapability, retells_user
+from colony.memory.shared import SHARED_TAG, SharedMemoryCapability
 from colony.memory.tools import (
     Query,
     Relevance,
@@ -37,6 +37,7 @@ from colony.memory.tools import (
     run_message,
 )
 from colony.memory.types import MemoryLens, NewMemory
+from colony.memory.user_words import UserWords, user_messages
 
 if TYPE_CHECKING:
     from colony.agents.base import Agent
@@ -130,11 +131,12 @@ class SharedMemoryToolsCapability(AgentCapability):
 
     async def _refuse_user_words(self, text: str) -> None:
         scopes = [c.memory_scope for c in private_memory(self.agent)]
-        heard = Heard(await said_by_user(self.service(), scopes, text, run_message(self.agent)))
-        if retells_user(text, heard):
+        messages = [run_message(self.agent), *await user_messages(self.service().store, scopes)]
+        why = UserWords(messages).retold_by(text)
+        if why is not None:
             raise MemoryAccessDenied(
-                "that retells what the user told you; the user's words stay with you and are not "
-                "shared with other agents. Share what you found or concluded instead"
+                f"that retells what the user told you ({why}); the user's words stay with you and "
+                "are not shared with other agents. Share what you found or concluded instead"
             )
 
     @action_executor(action_type=ActionType.MEMORY_SEARCH)

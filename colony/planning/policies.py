@@ -69,6 +69,7 @@ def call_record(
         "output": output,
         "output_preview": text[:preview_chars],
         "error": result.error,
+        **({"blocked": result.blocked_reason or True} if result.blocked else {}),
     }
 
 
@@ -99,6 +100,8 @@ class EventDrivenActionPolicy(ActionPolicy):
         self.call_trace: list[dict[str, Any]] = []
         self._context_seen = 0
         self.compactor = Compactor(self, context_settings, pinned_context_keys)
+        # a call that came back blocked (waiting for other agents): run again when the agent resumes
+        self.blocked_call: dict[str, Any] | None = None
 
     # -- capture -------------------------------------------------------------------------------
 
@@ -158,6 +161,11 @@ class EventDrivenActionPolicy(ActionPolicy):
     # -- decide ----------------------------------------------------------------------------------
 
     async def execute_iteration(self, state: ActionPolicyExecutionState) -> ActionPolicyIterationResult:
+        if self.blocked_call is not None:  # resumed: the call that waited is made again, not re-planned
+            action, parameters = self.blocked_call["action"], dict(self.blocked_call["parameters"])
+            done = await self.dispatch(action, parameters)
+            self.after_dispatch(done)
+            return ActionPolicyIterationResult(action=action, parameters=parameters, action_result=done)
         waiting = self.consider_events() == 0 and self.wait_for_events
         if waiting and await self.wait_for_next_event(self.event_wait_seconds):
             self.consider_events()
@@ -271,12 +279,17 @@ class EventDrivenActionPolicy(ActionPolicy):
             raise AgentUsageError("the policy has no agent to dispatch with; build it with agent=...")
         result = await self.agent.dispatcher.dispatch(action, parameters)
         await self.record_action(action, parameters, result)
+        self.blocked_call = {"action": action, "parameters": parameters} if result.blocked else None
         return result
+
+    def after_dispatch(self, result: ActionResult) -> None:
+        """What a policy keeps of a dispatched call's result (a planner: its output)."""
 
     # -- state -----------------------------------------------------------------------------------
 
     def on_run_start(self, run: Any) -> None:
         self.call_trace = []
+        self.blocked_call = None
 
     def get_state(self) -> dict[str, Any]:
         return {
@@ -285,6 +298,7 @@ class EventDrivenActionPolicy(ActionPolicy):
             "call_trace": self.call_trace,
             "context_seen": self._context_seen,
             "compaction": self.compactor.get_state(),
+            "blocked_call": self.blocked_call,
         }
 
     def set_state(self, state: dict[str, Any]) -> None:
@@ -295,6 +309,9 @@ class EventDrivenActionPolicy(ActionPolicy):
         self.call_trace = list(state.get("call_trace") or [])
         self._context_seen = int(state.get("context_seen", 0))
         self.compactor.set_state(state.get("compaction"))
+        held = state.get("blocked_call")
+        valid = isinstance(held, dict) and isinstance(held.get("action"), str)
+        self.blocked_call = dict(held) if valid and isinstance(held.get("parameters"), dict) else None
 
 
 def trace_record(call: dict[str, Any]) -> dict[str, Any]:
@@ -306,6 +323,7 @@ def trace_record(call: dict[str, Any]) -> dict[str, Any]:
         "success": call.get("success"),
         "output_preview": str(call.get("output_preview", ""))[:TRACE_PREVIEW_CHARS],
         "error": error[: TRACE_PREVIEW_CHARS * 5] if isinstance(error, str) else error,
+        **({"blocked": call["blocked"]} if call.get("blocked") else {}),
     }
 
 
@@ -438,9 +456,12 @@ class StructuredActionPolicy(EventDrivenActionPolicy):
         if action == RECALL:
             return await self.recall_archived(parameters)
         result = await self.dispatch(action, parameters)
-        if result.success:
-            self._remember_output(result.output)
+        self.after_dispatch(result)
         return ActionPolicyIterationResult(action=action, parameters=parameters, action_result=result)
+
+    def after_dispatch(self, result: ActionResult) -> None:
+        if result.success and not result.blocked:
+            self._remember_output(result.output)
 
     def on_run_start(self, run: Any) -> None:
         super().on_run_start(run)

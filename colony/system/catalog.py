@@ -130,3 +130,9 @@ def colony_blueprints(settings: ColonySettings) -> dict[str, AgentBlueprint]:
     for name, factory in user_agents(settings.agents).items():
         blueprints[name] = build_blueprint(name, factory, settings.agents[name])
     return blueprints
+
+
+def catalog_factories(settings: ColonySettings) -> dict[str, AgentFactory]:
+    """Every catalog name with its factory: the built-ins, then the operator's `agents:` (what an
+    agent may start as a child, colony.system.collaborate)."""
+    return {**BUILTIN_AGENTS, **user_agents(settings.agents)}

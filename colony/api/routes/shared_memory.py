@@ -28,6 +28,7 @@ from colony.api.schemas import (
     WrittenMemory,
     _errors,
 )
+from colony.errors import SharedMemoryNotFound
 from colony.memory.service import MemoryService, memory_service
 from colony.memory.shared import SHARED_NAME, SHARED_NAME_RULE, SharedScopeInfo
 from colony.memory.shared import SharedScopes as Scopes
@@ -49,7 +50,13 @@ async def _scopes(ctx: ApiContext) -> tuple[Scopes, MemoryService]:
 async def list_shared(ctx: Context) -> SharedScopes:
     """The colony's shared memory scopes (rules, counts, the agents' scopes feeding each)."""
     scopes, _ = await _scopes(ctx)
-    return SharedScopes(scopes=[await scopes.info(name) for name in await scopes.names()])
+    listed = []
+    for name in await scopes.names():
+        try:
+            listed.append(await scopes.info(name))
+        except SharedMemoryNotFound:  # its keys were removed from Redis: not defined any more
+            continue
+    return SharedScopes(scopes=listed)
 
 
 @router.get("/v1/memory/shared/{name}", response_model=SharedScopeInfo, responses=MEMORY)

@@ -1,0 +1,301 @@
+"""Meta-actions: a planned agent involves others. `spawn`, `wait_for`, `delegate`, `deliberate`,
+`cancel_children` (CollaborationCapability).
+
+A child is an agent of the colony's catalog (a built-in or an operator's agent: never code a request
+or a model names), placed through the control plane as a one-shot worker of this agent: it answers
+the one task it is given and stops. Placement puts it where the pages it is given are held
+(`pages`: preferred pages). An action that must wait for children returns *blocked* with their ids:
+the agent is suspended with CHILDREN_COMPLETED, and the resumption monitor resumes it once every
+one of them has stopped; the planner then runs the same call again (colony.planning.policies), which
+finds their answers.
+
+Exactly once: a call's children and their requests are named from the run, the action and its
+parameters (`call_id`), so the same call redone (after a crash, or after the resume) finds the
+children and requests it made, never starts a second set: placing a placed id finds it, and a
+request is written create-only. Fan-out is bounded per run and per agent; a call past a bound fails
+naming it. Children inherit this agent's priority.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+from typing import TYPE_CHECKING, Annotated, Any
+
+from pydantic import Field
+
+from colony.agents import (
+    ActionResult,
+    ActionType,
+    Agent,
+    AgentBlueprint,
+    AgentCapability,
+    AgentHandle,
+    AgentRunCapability,
+    action_executor,
+)
+from colony.agents.blueprint import Blueprint, CapabilitySpec
+from colony.agents.models import RunServing
+from colony.agents.state.log_records import effect_id
+from colony.blackboard import Blackboard
+from colony.errors import AgentUsageError
+from colony.system.builtin import RUNS_NAMESPACE
+
+if TYPE_CHECKING:
+    from colony.system.host import Spawner
+
+log = logging.getLogger(__name__)
+NOT_SPAWNABLE = frozenset({"session"})  # starts sessions for clients, not tasks
+MAX_CALLS_KEPT = 64
+MAX_TASK_CHARS = 8000
+Task = Annotated[str, Field(min_length=1, max_length=MAX_TASK_CHARS)]
+CatalogName = Annotated[str, Field(min_length=1, max_length=64)]
+PageIds = Annotated[list[Annotated[str, Field(max_length=128)]], Field(max_length=64)]
+
+
+class CollaborationCapability(AgentCapability):
+    """The meta-actions over catalog agents. `agents`: the catalog names this agent may start
+    (None: every catalog agent but `session`); `max_children_per_run`, `max_children`: fan-out
+    bounds (children of one run; children not yet answered)."""
+
+    def __init__(
+        self,
+        agent: Agent | None = None,
+        scope_id: str | None = None,
+        *,
+        blackboard: Blackboard | None = None,
+        spawner: Spawner | None = None,
+        settings: Any = None,
+        agents: list[str] | None = None,
+        max_children_per_run: int = 8,
+        max_children: int = 16,
+        capability_key: str = "collaborate",
+    ) -> None:
+        super().__init__(agent, scope_id, blackboard=blackboard, capability_key=capability_key)
+        self.spawner = spawner
+        self.settings = settings
+        self.allowed = list(agents) if agents is not None else None
+        self.max_children_per_run = max_children_per_run
+        self.max_children = max_children
+        # call id -> {"run_id", "action", "children": {child id: request id}, "cancelled": bool}
+        self.calls: dict[str, dict[str, Any]] = {}
+
+    def get_state(self) -> dict[str, Any]:
+        return {"calls": self.calls}
+
+    def set_state(self, state: dict[str, Any]) -> None:
+        held = state.get("calls")
+        self.calls = dict(held) if isinstance(held, dict) else {}
+
+    # -- the catalog --------------------------------------------------------------------------------
+
+    def _catalog(self) -> dict[str, Any]:
+        from colony.system.catalog import catalog_factories  # (the catalog imports built-ins using this)
+
+        names = catalog_factories(self.settings or self._agent().colony_settings())
+        names = {n: f for n, f in names.items() if n not in NOT_SPAWNABLE}
+        if self.allowed is not None:
+            names = {n: f for n, f in names.items() if n in self.allowed}
+        return names
+
+    def _agent(self) -> Agent:
+        if self.agent is None:
+            raise AgentUsageError("CollaborationCapability works for an agent; build it with agent=...")
+        return self.agent
+
+    def child_blueprint(self, name: str, child_id: str, pages: list[str]) -> AgentBlueprint:
+        """Catalog agent `name` as this agent's one-shot child `child_id` (preferring `pages`)."""
+        catalog = self._catalog()
+        if name not in catalog:
+            raise AgentUsageError(
+                f"no agent {name[:64]!r} to start; you may start: {', '.join(sorted(catalog))}"
+            )
+        made: AgentBlueprint = catalog[name](child_id)
+        parent = self._agent()
+        metadata = made.metadata.model_copy(
+            update={"agent_id": child_id, "parent_id": parent.agent_id, "priority": parent.metadata.priority}
+        )
+        resources = (
+            made.resources.model_copy(update={"preferred_pages": list(pages)}) if pages else made.resources
+        )
+        capabilities = [_one_shot(c) for c in made.capabilities]
+        return made.model_copy(
+            update={
+                "metadata": metadata,
+                "capabilities": capabilities,
+                "resources": resources,
+                "serving": RunServing(),
+            }
+        )
+
+    # -- calls -------------------------------------------------------------------------------------------
+
+    def _call(self, action: str, parameters: dict[str, Any]) -> tuple[str, dict[str, Any]]:
+        """This call's id (from the run, the action and its parameters) and its record."""
+        run = self._agent().current_run
+        run_id = run.run_id if run is not None else "none"
+        call_id = effect_id(run_id, action, json.dumps(parameters, sort_keys=True, default=str), length=10)
+        record = self.calls.get(call_id)
+        if record is None:
+            record = {"run_id": run_id, "action": action, "children": {}}
+            self.calls[call_id] = record
+            while len(self.calls) > MAX_CALLS_KEPT:
+                self.calls.pop(next(iter(self.calls)))
+        return call_id, record
+
+    def _children(self, run_id: str | None = None) -> dict[str, str]:
+        """Child id -> request id, of every call (of the run `run_id`)."""
+        out: dict[str, str] = {}
+        for record in self.calls.values():
+            if run_id is None or record.get("run_id") == run_id:
+                out.update(record.get("children") or {})
+        return out
+
+    async def _start(
+        self, call_id: str, record: dict[str, Any], name: str, task: str, count: int, pages: list[str]
+    ) -> list[str]:
+        """Place `count` children for the call (those it placed already are found) and ask each."""
+        if self.spawner is None:
+            raise AgentUsageError("starting agents needs a replica with a control plane (no spawner here)")
+        parent = self._agent()
+        held = record["children"]
+        fresh = count - len(held)
+        if fresh > 0:
+            await self._check_fan_out(record["run_id"], fresh)
+        for n in range(count):
+            child_id = f"{parent.agent_id[:60]}-{call_id}-{n}"
+            request_id = f"req-{call_id}-{n}"
+            handle = AgentHandle(child_id, owner=parent)
+            if await handle.result(request_id, namespace=RUNS_NAMESPACE) is None:
+                await self.spawner(self.child_blueprint(name, child_id, pages))
+            await handle.submit(
+                {"task": task, "question": task}, namespace=RUNS_NAMESPACE, request_id=request_id
+            )
+            held[child_id] = request_id
+        await parent.emit_run_event("children", {"agents": sorted(held), "blueprint": name})
+        return sorted(held)
+
+    async def _check_fan_out(self, run_id: str, fresh: int) -> None:
+        of_run = len(self._children(run_id))
+        if of_run + fresh > self.max_children_per_run:
+            raise AgentUsageError(
+                f"fan-out limit: this run has started {of_run} agents and may start "
+                f"{self.max_children_per_run}; wait_for them, or cancel_children, before asking more"
+            )
+        waiting = [c for c, _ in (await self._results(self._children())).items() if _ is None]
+        if len(waiting) + fresh > self.max_children:
+            raise AgentUsageError(
+                f"fan-out limit: {len(waiting)} of your agents are still working "
+                f"(at most {self.max_children}); wait_for them first"
+            )
+
+    async def _results(self, children: dict[str, str]) -> dict[str, Any]:
+        """Child id -> its answer ({"status", "output", "error"}), None while it works."""
+        parent = self._agent()
+        out: dict[str, Any] = {}
+        for child_id, request_id in children.items():
+            run = await AgentHandle(child_id, owner=parent).result(request_id, namespace=RUNS_NAMESPACE)
+            out[child_id] = (
+                None
+                if run is None
+                else {"status": run.status.value, "output": run.output, "error": run.error}
+            )
+        return out
+
+    async def _waited(self, children: dict[str, str], then: Any) -> ActionResult:
+        """Blocked on the children still working, or `then(answers)` once all have answered."""
+        answers = await self._results(children)
+        working = sorted(c for c, a in answers.items() if a is None)
+        if working:
+            return ActionResult(
+                success=True,
+                blocked=True,
+                blocked_reason=f"waiting for {len(working)} of {len(answers)} agents",
+                blocking_agent_ids=working,
+            )
+        return ActionResult(success=True, output=then(answers))
+
+    # -- actions -----------------------------------------------------------------------------------
+
+    @action_executor(action_type=ActionType.AGENT_SPAWN, effects=("spawn",))
+    async def spawn(
+        self,
+        agent: CatalogName,
+        task: Task,
+        count: Annotated[int, Field(ge=1, le=8)] = 1,
+        pages: PageIds | None = None,
+    ) -> dict[str, Any]:
+        """Start `count` agents of the catalog kind `agent` on `task` and go on; `wait_for` gets
+        their answers. `pages`: mapped pages they should work where they are held."""
+        call_id, record = self._call("spawn", {"agent": agent, "task": task, "count": count, "pages": pages})
+        return {"agents": await self._start(call_id, record, agent, task, count, pages or [])}
+
+    @action_executor(action_type=ActionType.AGENT_MONITOR)
+    async def wait_for(
+        self,
+        agents: Annotated[list[Annotated[str, Field(max_length=128)]], Field(max_length=64)] | None = None,
+    ) -> ActionResult:
+        """Wait until the agents you started (`agents`, default: all of this run's) have answered;
+        their answers by agent."""
+        run = self._agent().current_run
+        mine = self._children(run.run_id if run is not None else None)
+        if agents is not None:
+            unknown = [a for a in agents if a not in mine]
+            if unknown:
+                return ActionResult(
+                    success=False, error=f"not agents you started in this run: {', '.join(unknown[:5])}"
+                )
+            mine = {a: mine[a] for a in agents}
+        if not mine:
+            return ActionResult(success=False, error="you have started no agents in this run (spawn first)")
+        return await self._waited(mine, lambda answers: answers)
+
+    @action_executor(action_type=ActionType.AGENT_SPAWN, effects=("spawn",))
+    async def delegate(self, agent: CatalogName, task: Task, pages: PageIds | None = None) -> ActionResult:
+        """Have an agent of the catalog kind `agent` do `task` and wait for its answer."""
+        call_id, record = self._call("delegate", {"agent": agent, "task": task, "pages": pages})
+        [child] = await self._start(call_id, record, agent, task, 1, pages or [])
+        return await self._waited({child: record["children"][child]}, lambda answers: answers[child])
+
+    @action_executor(action_type=ActionType.NEGOTIATE, effects=("spawn",))
+    async def deliberate(
+        self, question: Task, agent: CatalogName = "ask", count: Annotated[int, Field(ge=2, le=5)] = 3
+    ) -> ActionResult:
+        """Ask `count` agents of the kind `agent` the same question; their answers side by side."""
+        call_id, record = self._call("deliberate", {"question": question, "agent": agent, "count": count})
+        await self._start(call_id, record, agent, question, count, [])
+        return await self._waited(
+            dict(record["children"]), lambda answers: [{"agent": c, **a} for c, a in sorted(answers.items())]
+        )
+
+    @action_executor(action_type=ActionType.AGENT_TERMINATE, effects=("colony_write",))
+    async def cancel_children(self) -> dict[str, Any]:
+        """Cancel the agents you started that have not answered (they stop at their next step)."""
+        parent = self._agent()
+        answers = await self._results(self._children())
+        cancelled = []
+        for child_id, answer in answers.items():
+            if answer is None:
+                request_id = self._children()[child_id]
+                if await AgentHandle(child_id, owner=parent).cancel(request_id, namespace=RUNS_NAMESPACE):
+                    cancelled.append(child_id)
+        return {"cancelled": sorted(cancelled)}
+
+
+def _one_shot(capability: Blueprint[Any] | CapabilitySpec) -> Blueprint[Any] | CapabilitySpec:
+    """The run capability of a catalog blueprint made one-shot (the child stops once answered)."""
+    blueprint = capability.blueprint if isinstance(capability, CapabilitySpec) else capability
+    if not (isinstance(blueprint.cls, type) and issubclass(blueprint.cls, AgentRunCapability)):
+        return capability
+    made = Blueprint(blueprint.cls, {**blueprint.kwargs, "one_shot": True})
+    return (
+        capability.model_copy(update={"blueprint": made}) if isinstance(capability, CapabilitySpec) else made
+    )
+
+
+def collaboration(**options: Any) -> Blueprint[CollaborationCapability]:
+    """The meta-actions as a capability blueprint (options as CollaborationCapability's)."""
+    return CollaborationCapability.bind(**options)
+
+
+__all__ = ["CollaborationCapability", "collaboration"]

@@ -1,0 +1,216 @@
+"""Meta-actions (issue 37, deliverable 1) on a real control plane: two replica hosts on a real
+redis-server with the resumption monitor. A model-planned parent (StructuredActionPolicy; a scripted
+engine stands in for the model: only its choice of action matters here) delegates to a catalog agent:
+it is suspended while its one-shot child works and resumed when the child stops, and the same call,
+made again, returns the child's answer. A call redone under the same run places no second child;
+fan-out bounds refuse with a clear result; a slow child is cancelled."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import time
+import uuid
+from collections.abc import AsyncIterator
+from typing import Any
+
+import pytest
+from agent_kit import counter_blueprint
+
+from colony.agents import Agent, AgentBlueprint, AgentMetadata, AgentRunCapability, RunStatus
+from colony.blackboard import Blackboard, create_redis
+from colony.config import ColonySettings, ServeSettings
+from colony.inference import InferenceRequest
+from colony.inference.scripted import ScriptedEngine
+from colony.planning import StructuredActionPolicy
+from colony.system.builtin import RUNS_NAMESPACE
+from colony.system.collaborate import CollaborationCapability
+from colony.system.control import ControlPlane
+from colony.system.host import ReplicaHost
+
+
+def slow_worker(agent_id: str) -> AgentBlueprint:
+    """A catalog agent (the `agents:` setting names it) whose run takes 20 steps of 0.3 s."""
+    steps = [{"action": "add", "parameters": {"amount": 1}}] * 20
+    return counter_blueprint(agent_id, steps, delay=0.3, serve_namespace=RUNS_NAMESPACE)
+
+
+def planner(decisions: list[dict[str, Any]]) -> Any:
+    """The engine's replies to planning prompts, in order (then `finish`)."""
+    left = list(decisions)
+
+    def reply(request: InferenceRequest) -> str:
+        if request.response_format is None:
+            return "ok"
+        return json.dumps(left.pop(0) if left else {"action": "finish", "parameters": {"answer": "done"}})
+
+    return reply
+
+
+def parent_blueprint(agent_id: str, **options: Any) -> AgentBlueprint:
+    return AgentBlueprint(
+        agent_class=Agent,
+        metadata=AgentMetadata(agent_id=agent_id, role="coordinator"),
+        capabilities=[
+            CollaborationCapability.bind(**options),
+            AgentRunCapability.bind(namespace=RUNS_NAMESPACE),
+        ],
+        action_policy=StructuredActionPolicy.bind(max_tokens=64),
+    )
+
+
+class Colony:
+    def __init__(self, redis_url: str, decisions: list[dict[str, Any]]) -> None:
+        self.settings = ColonySettings(
+            redis_url=redis_url,
+            colony_id=f"col{uuid.uuid4().hex[:8]}",
+            serve=ServeSettings(monitor_period_seconds=0.1, heartbeat_seconds=0.2, max_agents_per_replica=8),
+            agents={"slow": "test_collaborate:slow_worker"},
+        )
+        self.engine = ScriptedEngine(planner(decisions))
+        self.hosts = {n: ReplicaHost(self.settings, n, engine=self.engine) for n in ("ra", "rb")}
+        self.control: ControlPlane | None = None
+        self.states: dict[str, list[str]] = {}  # states seen of the agents `run` waited on
+
+    async def start(self) -> None:
+        self.client = create_redis(self.settings.redis_url, self.settings.blackboard)
+        board = Blackboard(self.client, "colony:collaborate", settings=self.settings.blackboard)
+        self.control = ControlPlane(board, self.hosts, self.settings)
+        for host in self.hosts.values():
+            host.spawner = self.control.place
+            await host.start(board)
+        self.control.start()
+
+    async def close(self) -> None:
+        assert self.control is not None
+        await self.control.close()
+        for host in self.hosts.values():
+            await host.close()
+        await self.client.aclose()
+
+    def hosted(self, agent_id: str) -> Agent | None:
+        for host in self.hosts.values():
+            if host.runtime is not None and agent_id in host.runtime.agent_ids:
+                return host.runtime.get(agent_id)
+        return None
+
+    async def run(self, agent_id: str, task: str, timeout: float = 30) -> Any:
+        """Start a run of the placed agent and wait for its end (it may move while suspended)."""
+        assert self.control is not None
+        await self.control.place(parent_blueprint(agent_id))
+        agent = self.hosted(agent_id)
+        assert agent is not None and agent.host is not None
+        run = await agent.host.start_run(agent_id, {"task": task})
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            record = (await self.records()).get(agent_id)
+            if record is not None and record.state not in self.states.setdefault(agent_id, []):
+                self.states[agent_id].append(record.state)
+            current = self.hosted(agent_id)
+            ended = current.current_run if current is not None else None
+            if ended is not None and ended.done and ended.run_id == run.run_id:
+                return ended
+            await asyncio.sleep(0.1)
+        raise AssertionError(f"run of {agent_id} did not end in {timeout} s")
+
+    async def records(self) -> dict[str, Any]:
+        assert self.control is not None
+        return {r.agent_id: r for r in await self.control.registry.list()}
+
+
+@pytest.fixture
+async def colony_of(redis_url: str) -> AsyncIterator[Any]:
+    made: list[Colony] = []
+
+    async def build(decisions: list[dict[str, Any]]) -> Colony:
+        colony = Colony(redis_url, decisions)
+        await colony.start()
+        made.append(colony)
+        return colony
+
+    yield build
+    for colony in made:
+        await colony.close()
+
+
+async def test_a_delegating_planner_is_suspended_and_resumed_with_its_childs_answer(colony_of: Any) -> None:
+    colony = await colony_of([{"action": "delegate", "parameters": {"agent": "echo", "task": "hello there"}}])
+    done = await colony.run("boss", "say hello through echo")
+    assert done.status is RunStatus.SUCCEEDED, done.error
+    records = await colony.records()
+    children = [a for a, r in records.items() if r.agent_id.startswith("boss-")]
+    assert len(children) == 1, records
+    assert records[children[0]].state == "stopped"  # one-shot: it stopped once it answered
+    boss = colony.hosted("boss")
+    assert boss is not None
+    trace = boss.action_policy.call_trace  # type: ignore[attr-defined]
+    delegated = [c for c in trace if c["action_key"] == "delegate"]
+    assert len(delegated) >= 2 and "waiting for 1 of 1 agents" in delegated[0]["blocked"]  # then made again
+    assert delegated[-1]["success"] and "hello there" in json.dumps(delegated[-1]["output_preview"])
+    assert "suspended" in colony.states["boss"]  # it waited suspended, not polling
+
+
+async def test_a_redone_call_finds_its_children_and_fan_out_is_bounded(colony_of: Any) -> None:
+    colony = await colony_of([])
+    assert colony.control is not None
+    await colony.control.place(parent_blueprint("lead", max_children_per_run=3))
+    lead = colony.hosted("lead")
+    assert lead is not None and lead.host is not None
+    tools = lead.get_capability("collaborate")
+    first = await tools.spawn(agent="echo", task="one", count=2)
+    again = await tools.spawn(agent="echo", task="one", count=2)  # the same call, redone
+    assert first == again and len(first["agents"]) == 2
+    assert len([a for a in await colony.records() if a.startswith("lead-")]) == 2
+    refused = await lead.dispatcher.dispatch("spawn", {"agent": "echo", "task": "two", "count": 2})
+    assert not refused.success and "fan-out limit" in (refused.error or "")
+    unknown = await lead.dispatcher.dispatch("spawn", {"agent": "session", "task": "x"})
+    assert not unknown.success and "you may start" in (unknown.error or "")
+    waited = await lead.dispatcher.dispatch("wait_for", {"agents": ["someone-else"]})
+    assert not waited.success and "not agents you started" in (waited.error or "")
+
+
+async def test_slow_children_are_cancelled(colony_of: Any) -> None:
+    colony = await colony_of([])
+    assert colony.control is not None
+    await colony.control.place(parent_blueprint("chief"))
+    chief = colony.hosted("chief")
+    assert chief is not None
+    tools = chief.get_capability("collaborate")
+    started = await tools.spawn(agent="slow", task="count", count=2)
+    await asyncio.sleep(1.0)
+    cancelled = await chief.dispatcher.dispatch("cancel_children", {})
+    assert cancelled.success and cancelled.output["cancelled"] == started["agents"]
+    deadline = time.monotonic() + 15
+    while time.monotonic() < deadline:
+        records = await colony.records()
+        if all(records[a].state == "stopped" for a in started["agents"]):
+            break
+        await asyncio.sleep(0.2)
+    records = await colony.records()
+    assert all(records[a].state == "stopped" for a in started["agents"]), records
+    answers = await tools._results(tools._children())
+    assert {a["status"] for a in answers.values()} == {"cancelled"}
+
+
+async def test_deliberate_returns_the_answers_side_by_side(colony_of: Any) -> None:
+    colony = await colony_of([])
+    assert colony.control is not None
+    await colony.control.place(parent_blueprint("panel"))
+    panel = colony.hosted("panel")
+    assert panel is not None
+    first = await panel.dispatcher.dispatch(
+        "deliberate", {"question": "which port?", "agent": "echo", "count": 2}
+    )
+    assert first.blocked and len(first.blocking_agent_ids) == 2
+    deadline = time.monotonic() + 15
+    answered = first
+    while answered.blocked and time.monotonic() < deadline:
+        await asyncio.sleep(0.2)
+        answered = await panel.dispatcher.dispatch(
+            "deliberate", {"question": "which port?", "agent": "echo", "count": 2}
+        )
+    assert answered.success and not answered.blocked, answered
+    assert [a["agent"] for a in answered.output] == sorted(first.blocking_agent_ids)
+    assert all(
+        a["status"] == "succeeded" and a["output"]["question"] == "which port?" for a in answered.output
+    )
