@@ -23,6 +23,7 @@ from colony.cli_bb import add_bb_command
 from colony.cli_blocks import add_block_commands
 from colony.cli_chat import add_chat_command
 from colony.cli_memory import add_memory_commands
+from colony.cli_runs import add_runs_commands
 from colony.cli_target import TOKEN_ENV, URL_ENV, ApiTarget, api_error, api_target, remote_health
 from colony.config import ColonySettings, load_settings
 from colony.errors import ColonyError
@@ -454,6 +455,7 @@ def build_parser() -> argparse.ArgumentParser:
     add_block_commands(sub, [remote])
     add_agent_commands(sub, [remote])
     add_chat_command(sub, [remote])
+    add_runs_commands(sub, [remote])
     return parser
 
 

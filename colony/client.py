@@ -107,6 +107,10 @@ class ColonyClient:
     def cancel(self, run_id: str) -> dict[str, Any]:
         return dict(self._api.call("POST", f"/v1/runs/{run_id}/cancel"))
 
+    def tree(self, run_id: str) -> dict[str, Any]:
+        """The run and the requests made while it was served, nested (GET /v1/runs/{id}/tree)."""
+        return dict(self._api.call("GET", f"/v1/runs/{run_id}/tree"))
+
     def events(self, run_id: str, last_event_id: str | None = None) -> Iterator[dict[str, Any]]:
         """The run's events, ending with its terminal one, as the server sends them: a run that
         redid a step after its replica died has a `restarted` event, and the abandoned attempt's
@@ -218,6 +222,9 @@ class AsyncColonyClient:
 
     async def cancel(self, run_id: str) -> dict[str, Any]:
         return dict(await self._api.call("POST", f"/v1/runs/{run_id}/cancel"))
+
+    async def tree(self, run_id: str) -> dict[str, Any]:
+        return dict(await self._api.call("GET", f"/v1/runs/{run_id}/tree"))
 
     async def events(self, run_id: str, last_event_id: str | None = None) -> AsyncIterator[dict[str, Any]]:
         """As `ColonyClient.events`: raw, `restarted` events included, a broken stream resumed."""

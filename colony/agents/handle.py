@@ -32,6 +32,7 @@ if TYPE_CHECKING:
     from colony.agents.base import Agent
 
 log = logging.getLogger(__name__)
+MAX_CHILDREN_LISTED = 256  # requests listed under the one a run serves (its tree's branches)
 
 
 class AgentHandle:
@@ -122,7 +123,45 @@ class AgentHandle:
             await self._write_request(board, protocol, request_id, input_data)
         else:
             await self._write_request(board, protocol, request_id, input_data, create_only=True)
+        if scope is BlackboardScope.AGENT:
+            await self._link(protocol, namespace, request_id)
         return request_id
+
+    async def _link(self, protocol: type[RequestResultProtocol], namespace: str, request_id: str) -> None:
+        """List the request among the children of the request the owner is serving (the run tree,
+        GET /v1/runs/{id}/tree), at most MAX_CHILDREN_LISTED, with that request's tag so they
+        expire together. Best effort: a link that could not be written loses a tree branch only."""
+        run = self.owner.current_run if self.owner is not None else None
+        if self.owner is None or run is None or not run.request_id:
+            return
+        parent = run.request_id
+        child = {"agent_id": self.child_agent_id, "request_id": request_id}
+
+        def add(held: Any) -> list[dict[str, str]]:
+            listed = [c for c in held if isinstance(c, dict)] if isinstance(held, list) else []
+            return listed if child in listed else [*listed, child][-MAX_CHILDREN_LISTED:]
+
+        meta = self.owner.metadata
+        owner_scope = scope_id(
+            BlackboardScope.AGENT,
+            tenant_id=meta.tenant_id,
+            colony_id=meta.colony_id,
+            agent_id=self.owner.agent_id,
+        )
+        owner_board = self.owner.blackboard.scoped(
+            RequestResultProtocol.namespaced_scope(owner_scope, namespace)
+        )
+        try:
+            await owner_board.update(
+                protocol.children_key(parent),
+                add,
+                tags={protocol.request_tag(parent)},
+                created_by=self.owner.agent_id,
+            )
+        except Exception as exc:  # the child's request stands; only the tree misses it
+            log.warning(
+                "agent %s: request %s not linked under %s: %r", self.owner.agent_id, request_id, parent, exc
+            )
 
     async def cancel(
         self,

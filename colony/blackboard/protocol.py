@@ -230,6 +230,7 @@ class RequestResultProtocol(BlackboardProtocol):
                 "result": f"result:{cls.kind}:{{request_id}}",
                 "event": f"event:{cls.kind}:{{request_id}}:{{event_name}}",
                 "claim": f"claim:{cls.kind}:{{request_id}}",
+                "children": f"children:{cls.kind}:{{request_id}}",  # requests made while serving it
             }
 
     @classmethod
@@ -254,6 +255,10 @@ class RequestResultProtocol(BlackboardProtocol):
         child = validate_segment(child_id, "child_id")
         kind = validate_segment(event_type, "event_type")
         return cls.event_key(request_id, f"child.{child}.{kind}")
+
+    @classmethod
+    def children_key(cls, request_id: str) -> str:
+        return cls.build("children", request_id=request_id)
 
     @classmethod
     def claim_key(cls, request_id: str) -> str:
@@ -539,55 +544,6 @@ class MemoryProtocol(BlackboardProtocol):
         return cls.build("access")
 
 
-class BlockProtocol:
-    """Keys of memory blocks (`colony.memory.blocks`) of one colony (`namespace`, a digest of
-    tenant and colony). A block's own keys (metadata hash, Loro snapshot, update log, access list)
-    share the block id as a hash tag, so one Lua script edits them atomically (`ver`: edit ids in log
-    order, which number the versions). Directories: an
-    owner's labels (label -> block id), the blocks shared with an agent (block id -> grant) and
-    the owners that have blocks. Block ids are digests of (namespace, owner, label), never raw input."""
-
-    ROOT = "colony:blk"
-    PARTS = frozenset({"meta", "snap", "log", "ver", "acl"})
-    COLONY_OWNER = "_colony"  # owner of colony-wide blocks; agent names cannot start with "_"
-
-    @staticmethod
-    def namespace(tenant_id: str, colony_id: str) -> str:
-        return hashlib.sha256(f"{tenant_id}\x00{colony_id}".encode()).hexdigest()[:16]
-
-    @classmethod
-    def block_id(cls, namespace: str, owner: str, label: str) -> str:
-        validate_segment(owner, "owner")
-        validate_segment(label, "label")
-        digest = hashlib.sha256(f"{namespace}\x00{owner}\x00{label}".encode()).hexdigest()[:24]
-        return f"b{digest}"
-
-    @classmethod
-    def key(cls, block_id: str, part: str) -> str:
-        if part not in cls.PARTS:
-            raise InvalidKey(f"unknown block key part {part!r}")
-        return f"{cls.ROOT}:{{{validate_segment(block_id, 'block_id')}}}:{part}"
-
-    @classmethod
-    def owner_index(cls, namespace: str, owner: str) -> str:
-        return (
-            f"{cls.ROOT}-owner:{{{validate_segment(namespace, 'namespace')}}}:"
-            f"{validate_segment(owner, 'owner')}"
-        )
-
-    @classmethod
-    def shared_index(cls, namespace: str, agent_id: str) -> str:
-        return (
-            f"{cls.ROOT}-shared:{{{validate_segment(namespace, 'namespace')}}}:"
-            f"{validate_segment(agent_id, 'agent_id')}"
-        )
-
-    @classmethod
-    def owners_key(cls, namespace: str) -> str:
-        """Every owner that has blocks in this colony (for listing across the colony)."""
-        return f"{cls.ROOT}-owners:{{{validate_segment(namespace, 'namespace')}}}"
-
-
 class NeededSoonKeys(BlackboardProtocol):
     """Where the resource monitor leaves each replica the pages its suspended page-bound agents will
     need there (one entry a replica, COLONY scope, with a TTL): the replica's heartbeat reads its
@@ -598,3 +554,7 @@ class NeededSoonKeys(BlackboardProtocol):
     @classmethod
     def soon_key(cls, replica_id: str) -> str:
         return cls.build("soon", replica_id=replica_id)
+
+
+# memory blocks' keys live in their own module (this one is long); imported here, where keys are looked up
+from colony.blackboard.block_protocol import BlockProtocol  # noqa: E402, F401

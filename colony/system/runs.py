@@ -66,6 +66,7 @@ from colony.errors import (
 )
 from colony.system.builtin import RUNS_NAMESPACE
 from colony.system.registry import AgentRegistry
+from colony.system.run_tree import RunTree, RunTreeReader
 from colony.wire.run_events import STARTED, is_terminal, terminal_event
 
 log = logging.getLogger(__name__)
@@ -376,6 +377,12 @@ class RunService:
         return RunView(
             run_id=run_id, agent=record.agent, status=status, created_at=record.created_at, updated_at=updated
         )
+
+    async def tree(self, run_id: str) -> RunTree:
+        """The run and the requests made while it was served (colony.system.run_tree)."""
+        record = await self.record(run_id)
+        where = {"tenant_id": self.tenant_id, "colony_id": self.colony_id, "namespace": record.namespace}
+        return await RunTreeReader(self._root, **where).tree(record.agent, run_id)
 
     async def cancel(self, run_id: str) -> RunView:
         record = await self.record(run_id)

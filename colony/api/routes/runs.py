@@ -18,6 +18,7 @@ from colony.api.params import RunId
 from colony.api.schemas import EVENTS, RUN_ONE, SSE_EVENT, SUBMIT, SUBMIT_STREAM
 from colony.api.wake import wake_agent
 from colony.errors import BlackboardUnavailable, InvalidArgument
+from colony.system.run_tree import RunTree
 from colony.system.runs import RunView
 from colony.wire.input_check import check_input
 from colony.wire.runs import SubmitRun, SubmittedRun
@@ -82,6 +83,13 @@ async def submit(
 @router.get("/v1/runs/{run_id}", response_model=RunView, responses=RUN_ONE)
 async def get_run(run_id: RunId, ctx: Context) -> RunView:
     return await (await ctx.services()).runs.get(run_id)
+
+
+@router.get("/v1/runs/{run_id}/tree", response_model=RunTree, responses=RUN_ONE)
+async def run_tree(run_id: RunId, ctx: Context) -> RunTree:
+    """The run and every request made while it was served (children, their children, ...), each
+    with its agent, state and times: the runs of one job seen together."""
+    return await (await ctx.services()).runs.tree(run_id)
 
 
 @router.post("/v1/runs/{run_id}/cancel", response_model=RunView, responses=RUN_ONE)

@@ -1,0 +1,114 @@
+"""The runs of one job seen together: a run and the requests made while it was served, as a tree.
+
+An agent that asks another (AgentHandle.submit: `analyze`'s page workers, the meta-actions'
+children) lists the child request under the request it is serving (`children:run:{id}` in its own
+runs namespace, expiring with that request). The tree starts at a run submitted over HTTP and follows
+those lists down; each node says which agent served it, its state and its times, read from the
+request's keys. The root run's id names the whole job (its trace). Bounded: MAX_NODES nodes,
+MAX_DEPTH levels.
+"""
+
+from __future__ import annotations
+
+import re
+from typing import Any, Literal
+
+from pydantic import BaseModel, Field
+
+from colony.blackboard import Blackboard, BlackboardScope, scope_id
+from colony.blackboard.protocol import AgentRunProtocol, AgentStateProtocol
+from colony.wire.ids import ID_PATTERN
+
+MAX_NODES = 500
+MAX_DEPTH = 8
+NodeStatus = Literal["queued", "running", "suspended", "succeeded", "failed", "cancelled", "gone"]
+
+
+class RunNode(BaseModel):
+    """One request of the job: the agent that served it, its state and times, its own children."""
+
+    agent: str
+    request_id: str
+    status: NodeStatus
+    created_at: float | None = None
+    ended_at: float | None = None
+    error: str | None = None
+    children: list[RunNode] = Field(default_factory=list)
+
+
+class RunTree(BaseModel):
+    trace_id: str = Field(description="the root run's id: every run of the job is under it")
+    root: RunNode
+    nodes: int
+    truncated: bool = Field(False, description="more than MAX_NODES nodes or MAX_DEPTH levels")
+
+
+class RunTreeReader:
+    """Builds a RunTree from Redis (`root`: the blackboard every scope is reached from)."""
+
+    def __init__(self, root: Blackboard, *, tenant_id: str, colony_id: str, namespace: str) -> None:
+        self.root, self.tenant_id, self.colony_id, self.namespace = root, tenant_id, colony_id, namespace
+        self.count, self.truncated = 0, False
+
+    def _board(self, agent: str) -> Blackboard:
+        scope = scope_id(
+            BlackboardScope.AGENT, tenant_id=self.tenant_id, colony_id=self.colony_id, agent_id=agent
+        )
+        return self.root.scoped(AgentRunProtocol.namespaced_scope(scope, self.namespace))
+
+    async def tree(self, agent: str, run_id: str) -> RunTree:
+        root = await self._node(agent, run_id, depth=0)
+        return RunTree(trace_id=run_id, root=root, nodes=self.count, truncated=self.truncated)
+
+    async def _node(self, agent: str, request_id: str, depth: int) -> RunNode:
+        self.count += 1
+        board = self._board(agent)
+        keys = [AgentRunProtocol.request_key(request_id), AgentRunProtocol.result_key(request_id)]
+        request, result, claim, children = await board.read_many(
+            [*keys, AgentRunProtocol.claim_key(request_id), AgentRunProtocol.children_key(request_id)]
+        )
+        node = RunNode(
+            agent=agent, request_id=request_id, status=await self._status(agent, request, result, claim)
+        )
+        node.created_at = request.created_at if request is not None else None
+        if result is not None:
+            node.ended_at, node.error = result.created_at, _text(result.value.get("error"))
+        for child in children.value if children is not None and isinstance(children.value, list) else []:
+            if not _valid(child):
+                continue
+            if depth + 1 >= MAX_DEPTH or self.count >= MAX_NODES:
+                self.truncated = True
+                break
+            node.children.append(await self._node(child["agent_id"], child["request_id"], depth + 1))
+        return node
+
+    async def _status(self, agent: str, request: Any, result: Any, claim: Any) -> NodeStatus:
+        if result is not None:
+            held = result.value.get("status") if isinstance(result.value, dict) else None
+            return held if held in ("succeeded", "cancelled") else "failed"
+        if request is None:
+            return "gone"  # expired with its retention
+        if claim is None:
+            return "queued"
+        scope = scope_id(
+            BlackboardScope.AGENT, tenant_id=self.tenant_id, colony_id=self.colony_id, agent_id=agent
+        )
+        lifecycle = await self.root.scoped(scope).read(AgentStateProtocol.key("lifecycle"))
+        suspended = (
+            lifecycle is not None
+            and isinstance(lifecycle.value, dict)
+            and lifecycle.value.get("state") == "suspended"
+        )
+        return "suspended" if suspended else "running"
+
+
+def _valid(child: Any) -> bool:
+    """A listed child whose ids may reach a key (the list is in Redis: a writer could have spoilt it)."""
+    return isinstance(child, dict) and all(
+        isinstance(child.get(k), str) and re.fullmatch(ID_PATTERN, child[k])
+        for k in ("agent_id", "request_id")
+    )
+
+
+def _text(value: Any) -> str | None:
+    return value[:2000] if isinstance(value, str) else None

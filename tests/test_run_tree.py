@@ -1,0 +1,70 @@
+"""The runs of one job seen together (issue 37, deliverable 4): a run submitted over HTTP whose agent
+delegates to a catalog child and then asks two more the same question answers `GET /v1/runs/{id}/tree`
+with every request nested under the one it was made in, each with its agent, state and times; the
+CLI prints it; an unknown run is a 404. In-process control plane over two replica hosts on a real
+redis-server (tests/test_api_checkpoints.py's ControlledApi)."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from test_api_checkpoints import TOKEN, ControlledApi
+
+from colony import cli
+from colony.agents import Agent, AgentBlueprint, AgentMetadata, AgentRunCapability, ScriptedActionPolicy
+from colony.client import ColonyClient
+from colony.errors import ApiError
+from colony.system.builtin import RUNS_NAMESPACE
+from colony.system.collaborate import CollaborationCapability
+
+
+def lead_blueprint(agent_id: str) -> AgentBlueprint:
+    """Delegates the task to echo, then asks two echoes the same question."""
+    steps = [
+        {"action": "delegate", "parameters": {"agent": "echo", "task": "$input.task"}},
+        {"action": "deliberate", "parameters": {"question": "$input.task", "agent": "echo", "count": 2}},
+    ]
+    return AgentBlueprint(
+        agent_class=Agent,
+        metadata=AgentMetadata(agent_id=agent_id, role="lead"),
+        capabilities=[CollaborationCapability.bind(), AgentRunCapability.bind(namespace=RUNS_NAMESPACE)],
+        action_policy=ScriptedActionPolicy.bind(steps=steps),
+    )
+
+
+@pytest.fixture
+def served(redis_url: str) -> Iterator[ControlledApi]:
+    with ControlledApi(redis_url) as made:
+        assert made.control is not None
+        made.call(lambda: made.control.place(lead_blueprint("lead")))  # type: ignore[union-attr]
+        yield made
+
+
+def test_a_jobs_runs_are_seen_together(
+    served: ControlledApi, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    with ColonyClient(served.url, TOKEN, timeout=60) as client:
+        done = client.run("lead", {"task": "ping"}, timeout_s=60)
+        assert done["status"] == "succeeded", done
+        tree: dict[str, Any] = client.tree(done["run_id"])
+        root = tree["root"]
+        assert tree["trace_id"] == done["run_id"] == root["request_id"] and root["agent"] == "lead"
+        assert root["status"] == "succeeded" and root["ended_at"] >= root["created_at"]
+        children = root["children"]
+        assert len(children) == 3 and tree["nodes"] == 4 and not tree["truncated"]
+        assert all(c["agent"].startswith("lead-") and c["status"] == "succeeded" for c in children)
+        assert all(c["created_at"] >= root["created_at"] and c["children"] == [] for c in children)
+        with pytest.raises(ApiError) as missing:
+            client.tree("run-nope")
+        assert missing.value.status == 404
+    for name in ("COLONY_URL", "COLONY_API_TOKEN", "COLONY_CONFIG"):
+        monkeypatch.delenv(name, raising=False)
+    monkeypatch.setenv("COLONY_DATA_DIR", str(tmp_path))
+    assert cli.main(["runs", "tree", done["run_id"], "--url", served.url, "--token", TOKEN]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    assert lines[0] == f"trace {done['run_id']}: 4 run(s)"
+    assert lines[1].startswith(f"- lead  {done['run_id']}  succeeded  ")
+    assert len(lines) == 5 and all(line.startswith("  - lead-") for line in lines[2:])
