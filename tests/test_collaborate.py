@@ -214,3 +214,25 @@ async def test_deliberate_returns_the_answers_side_by_side(colony_of: Any) -> No
     assert all(
         a["status"] == "succeeded" and a["output"]["question"] == "which port?" for a in answered.output
     )
+
+
+async def test_refused_calls_keep_no_record_and_a_stopped_child_is_an_answer(colony_of: Any) -> None:
+    colony = await colony_of([])
+    assert colony.control is not None
+    await colony.control.place(parent_blueprint("keeper", max_children_per_run=2, max_children=2))
+    keeper = colony.hosted("keeper")
+    assert keeper is not None
+    tools = keeper.get_capability("collaborate")
+    started = (await tools.spawn(agent="slow", task="count", count=2))["agents"]
+    for n in range(70):  # refused calls (past the bound, or naming no catalog agent) keep nothing
+        refused = await keeper.dispatcher.dispatch("spawn", {"agent": "slow", "task": f"x{n}"})
+        assert not refused.success and "fan-out limit" in (refused.error or "")
+    assert not (await keeper.dispatcher.dispatch("spawn", {"agent": "analyze", "task": "x"})).success
+    assert len(tools.calls) == 1 and sorted(tools._children()) == started
+    # a child stopped before it answered: wait_for reports it, it does not wait for ever
+    for child in started:
+        assert await colony.control.stop(child)
+    waited = await keeper.dispatcher.dispatch("wait_for", {})
+    assert waited.success and not waited.blocked, waited
+    assert {a["status"] for a in waited.output.values()} == {"failed"}
+    assert all("stopped without answering" in a["error"] for a in waited.output.values())

@@ -125,17 +125,20 @@ async def test_search_is_literal_or_a_checked_regex_and_cites_lines(kit: Kit, fo
         ("(x*y)*", "repeat inside a repeat"),
         ("(a|ab)+c", "alternatives inside a repeat"),
         (r"(\w)\1", "backreferences"),
-        (r".*a.*b.*c", "3 unbounded repeats"),
+        (r".*a.*b.*c", "3 repeats of variable length"),
+        ("a{0,300}a{0,300}a{0,300}b", "3 repeats of variable length"),  # bounded ones count too
+        (".*a?a?a?a?b", "1 repeats of variable length .* and 4 optional parts"),
         ("[unclosed", "not a regular expression"),
         ("a" * 201, "1-200 characters"),
     ):
         with pytest.raises(InvalidArgument, match=why):
             compile_pattern(pattern, regex=True)
-    # the worst allowed shape over long lines stops at the time budget
+    # the worst allowed shapes over long lines: each line costs milliseconds, the budget stops it all
     hostile = MappedFiles(files.source, {"x.txt": ["a" * 5000] * 2000})
-    started = time.monotonic()
-    result = hostile.search(r"(.*)(.*)x", regex=True)
-    assert result == {"results": [], "truncated": True} and time.monotonic() - started < 3.5
+    for worst in (r"(.*)(.*)a?a?x", r"a{0,300}a{0,300}a?a?x"):
+        started = time.monotonic()
+        result = hostile.search(worst, regex=True)
+        assert result == {"results": [], "truncated": True} and time.monotonic() - started < 2.5
 
 
 async def test_definitions_across_languages(kit: Kit, folder: Path) -> None:
@@ -204,3 +207,31 @@ async def test_the_standard_librarys_email_package_is_searched_like_a_users_fold
     ).output
     assert shown["lines"][0]["text"].startswith("def parseaddr(")
     assert (package / found[0]["path"]).read_text().splitlines()[line - 1] == shown["lines"][0]["text"]
+
+
+async def test_line_numbers_are_the_editors_and_odd_names_come_back(kit: Kit, tmp_path: Path) -> None:
+    root = tmp_path / "odd"
+    root.mkdir()
+    (root / "m.py").write_bytes(b"a = 1\x0cb = 2\rc = 3\r\ndef target():\n    pass\n")
+    (root / "a\nb.txt").write_text("first\n")  # a line break in a file name
+    (root / "z.txt").write_text("last\n")
+    files = await MappedFiles.load(kit.table, await kit.map(root, root, page_tokens=4000))
+    assert files.definitions("target") == [{"path": "m.py", "line": 2, "text": "def target():"}]
+    assert files.files["m.py"][0] == "a = 1\x0cb = 2\rc = 3"  # as `grep -n` counts: one line
+    assert files.files["a\nb.txt"] == ["first"] and files.files["z.txt"] == ["last"]
+    assert files.missing_pages == []
+
+
+async def test_two_mapped_folders_of_one_name_are_named_by_id(kit: Kit, tmp_path: Path) -> None:
+    ids = []
+    for parent in ("one", "two"):
+        folder = tmp_path / parent / "src"
+        folder.mkdir(parents=True)
+        (folder / f"{parent}.txt").write_text(parent + "\n")
+        ids.append(await kit.map(folder, tmp_path))
+    bob = await kit.agent("bob")
+    assert_failed(
+        await bob.dispatcher.dispatch("list_files", {"source": "src"}), "2 mapped folders are named 'src'"
+    )
+    by_id = await bob.dispatcher.dispatch("list_files", {"source": ids[1]})
+    assert by_id.output["files"] == [{"path": "two.txt", "lines": 1}]

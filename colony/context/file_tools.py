@@ -29,7 +29,8 @@ from colony.vcm.mapped_files import MAX_RESULTS, MAX_WINDOW, MappedFiles
 if TYPE_CHECKING:
     from colony.agents.base import Agent
 
-CACHED_SOURCES = 4
+CACHED_SOURCES = 2  # sources an agent keeps loaded ...
+CACHED_CHARS = 16_000_000  # ... each at most this much text
 MAX_LISTED = 500
 SourceRef = Annotated[str, Field(max_length=200)]
 PathRef = Annotated[str, Field(min_length=1, max_length=1000)]
@@ -39,8 +40,8 @@ class FileToolsCapability(AgentCapability):
     """`list_files`, `read_lines`, `search_files`, `find_definition` over mapped folders.
 
     `sources`: source ids (`src-...`) the agent may read; None: every mapped folder of its colony.
-    A source's files are loaded from its pages once and kept (the newest CACHED_SOURCES), again
-    when the folder is mapped anew."""
+    A source's files are loaded from its pages once and kept (the newest CACHED_SOURCES, each at
+    most CACHED_CHARS of text), again when the folder is mapped anew."""
 
     def __init__(
         self,
@@ -81,8 +82,13 @@ class FileToolsCapability(AgentCapability):
                 raise AgentUsageError(f"name the source; mapped: {', '.join(sorted(records))}")
             record = next(iter(records.values()))
         else:
-            by_name = {PurePosixPath(r.path).name: r for r in records.values()}
-            record = records.get(source) or by_name.get(source)
+            named = [r for r in records.values() if PurePosixPath(r.path).name == source]
+            if source not in records and len(named) > 1:
+                ids = ", ".join(sorted(r.source_id for r in named))
+                raise AgentUsageError(
+                    f"{len(named)} mapped folders are named {source[:80]!r}; name one by id: {ids}"
+                )
+            record = records.get(source) or (named[0] if named else None)
             if record is None:
                 raise AgentUsageError(
                     f"no mapped source {source[:80]!r} here; mapped: {', '.join(sorted(records))}"
@@ -91,10 +97,12 @@ class FileToolsCapability(AgentCapability):
         files = self._loaded.get(key)
         if files is None:
             files = await MappedFiles.load(self._table(), record.source_id)
-            self._loaded[key] = files
-            while len(self._loaded) > CACHED_SOURCES:
-                self._loaded.popitem(last=False)
-        self._loaded.move_to_end(key)
+            if files.chars() <= CACHED_CHARS:  # a bigger folder is read again at each call instead
+                self._loaded[key] = files
+                while len(self._loaded) > CACHED_SOURCES:
+                    self._loaded.popitem(last=False)
+        if key in self._loaded:
+            self._loaded.move_to_end(key)
         return files
 
     @action_executor(action_type=ActionType.CONTEXT_FETCH)

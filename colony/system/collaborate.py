@@ -37,15 +37,18 @@ from colony.agents import (
 from colony.agents.blueprint import Blueprint, CapabilitySpec
 from colony.agents.models import RunServing
 from colony.agents.state.log_records import effect_id
-from colony.blackboard import Blackboard
+from colony.blackboard import Blackboard, BlackboardScope, scope_id
+from colony.blackboard.protocol import AgentStateProtocol
 from colony.errors import AgentUsageError
 from colony.system.builtin import RUNS_NAMESPACE
+from colony.system.soon_publish import DONE_STATES
 
 if TYPE_CHECKING:
     from colony.system.host import Spawner
 
 log = logging.getLogger(__name__)
-NOT_SPAWNABLE = frozenset({"session"})  # starts sessions for clients, not tasks
+# `session` starts sessions for clients; `analyze` needs a folder or pages, not a task
+NOT_SPAWNABLE = frozenset({"session", "analyze"})
 MAX_CALLS_KEPT = 64
 MAX_TASK_CHARS = 8000
 Task = Annotated[str, Field(min_length=1, max_length=MAX_TASK_CHARS)]
@@ -55,7 +58,7 @@ PageIds = Annotated[list[Annotated[str, Field(max_length=128)]], Field(max_lengt
 
 class CollaborationCapability(AgentCapability):
     """The meta-actions over catalog agents. `agents`: the catalog names this agent may start
-    (None: every catalog agent but `session`); `max_children_per_run`, `max_children`: fan-out
+    (None: every catalog agent but `session` and `analyze`); `max_children_per_run`, `max_children`: fan-out
     bounds (children of one run; children not yet answered)."""
 
     def __init__(
@@ -130,18 +133,19 @@ class CollaborationCapability(AgentCapability):
 
     # -- calls -------------------------------------------------------------------------------------------
 
-    def _call(self, action: str, parameters: dict[str, Any]) -> tuple[str, dict[str, Any]]:
-        """This call's id (from the run, the action and its parameters) and its record."""
+    def _call(self, action: str, parameters: dict[str, Any]) -> str:
+        """This call's id: from the run, the action and its parameters."""
         run = self._agent().current_run
         run_id = run.run_id if run is not None else "none"
-        call_id = effect_id(run_id, action, json.dumps(parameters, sort_keys=True, default=str), length=10)
-        record = self.calls.get(call_id)
-        if record is None:
-            record = {"run_id": run_id, "action": action, "children": {}}
-            self.calls[call_id] = record
-            while len(self.calls) > MAX_CALLS_KEPT:
-                self.calls.pop(next(iter(self.calls)))
-        return call_id, record
+        return effect_id(run_id, action, json.dumps(parameters, sort_keys=True, default=str), length=10)
+
+    def _keep(self, call_id: str, record: dict[str, Any]) -> None:
+        """Keep a call that starts children; past MAX_CALLS_KEPT the oldest settled one goes (all
+        its children answered: the bounds count only those working, never more than max_children)."""
+        self.calls[call_id] = record
+        while len(self.calls) > MAX_CALLS_KEPT:
+            settled = next((c for c, r in self.calls.items() if r.get("settled")), None)
+            self.calls.pop(settled if settled is not None else next(iter(self.calls)))
 
     def _children(self, run_id: str | None = None) -> dict[str, str]:
         """Child id -> request id, of every call (of the run `run_id`)."""
@@ -152,18 +156,27 @@ class CollaborationCapability(AgentCapability):
         return out
 
     async def _start(
-        self, call_id: str, record: dict[str, Any], name: str, task: str, count: int, pages: list[str]
-    ) -> list[str]:
-        """Place `count` children for the call (those it placed already are found) and ask each."""
+        self, call_id: str, action: str, name: str, task: str, count: int, pages: list[str]
+    ) -> dict[str, Any]:
+        """Place `count` children for the call (those it placed already are found) and ask each;
+        the call's record. A call naming no agent it may start, or past a bound, starts none and is
+        not kept."""
         if self.spawner is None:
             raise AgentUsageError("starting agents needs a replica with a control plane (no spawner here)")
         parent = self._agent()
+        record = self.calls.get(call_id)
+        if record is None:
+            self.child_blueprint(name, "checked", pages)  # an agent it may not start: refused here
+            run = parent.current_run
+            run_id = run.run_id if run is not None else "none"
+            await self._check_fan_out(run_id, count)
+            record = {"run_id": run_id, "action": action, "children": {}}
+            self._keep(call_id, record)
         held = record["children"]
-        fresh = count - len(held)
-        if fresh > 0:
-            await self._check_fan_out(record["run_id"], fresh)
+        own = parent.agent_id
+        prefix = own if len(own) <= 60 else f"{own[:40]}-{effect_id(own, length=8)}"
         for n in range(count):
-            child_id = f"{parent.agent_id[:60]}-{call_id}-{n}"
+            child_id = f"{prefix}-{call_id}-{n}"
             request_id = f"req-{call_id}-{n}"
             handle = AgentHandle(child_id, owner=parent)
             if await handle.result(request_id, namespace=RUNS_NAMESPACE) is None:
@@ -173,7 +186,7 @@ class CollaborationCapability(AgentCapability):
             )
             held[child_id] = request_id
         await parent.emit_run_event("children", {"agents": sorted(held), "blueprint": name})
-        return sorted(held)
+        return record
 
     async def _check_fan_out(self, run_id: str, fresh: int) -> None:
         of_run = len(self._children(run_id))
@@ -190,17 +203,33 @@ class CollaborationCapability(AgentCapability):
             )
 
     async def _results(self, children: dict[str, str]) -> dict[str, Any]:
-        """Child id -> its answer ({"status", "output", "error"}), None while it works."""
+        """Child id -> its answer ({"status", "output", "error"}), None while it works; a child
+        that stopped without answering (stopped by the operator, its run lost) is a failure."""
         parent = self._agent()
         out: dict[str, Any] = {}
         for child_id, request_id in children.items():
             run = await AgentHandle(child_id, owner=parent).result(request_id, namespace=RUNS_NAMESPACE)
-            out[child_id] = (
-                None
-                if run is None
-                else {"status": run.status.value, "output": run.output, "error": run.error}
-            )
+            if run is not None:
+                out[child_id] = {"status": run.status.value, "output": run.output, "error": run.error}
+            elif await self._ended(child_id):
+                out[child_id] = {"status": "failed", "output": None, "error": "it stopped without answering"}
+            else:
+                out[child_id] = None
+        for record in self.calls.values():  # calls whose children all answered: settled
+            mine = record.get("children") or {}
+            if mine and all(out.get(c) is not None for c in mine):
+                record["settled"] = True
         return out
+
+    async def _ended(self, child_id: str) -> bool:
+        """Whether the child stopped (or failed), by its lifecycle: the source of truth."""
+        agent = self._agent()
+        meta = agent.metadata
+        scope = scope_id(
+            BlackboardScope.AGENT, tenant_id=meta.tenant_id, colony_id=meta.colony_id, agent_id=child_id
+        )
+        held = await agent.blackboard.scoped(scope).read(AgentStateProtocol.key("lifecycle"))
+        return held is not None and isinstance(held.value, dict) and held.value.get("state") in DONE_STATES
 
     async def _waited(self, children: dict[str, str], then: Any) -> ActionResult:
         """Blocked on the children still working, or `then(answers)` once all have answered."""
@@ -227,8 +256,9 @@ class CollaborationCapability(AgentCapability):
     ) -> dict[str, Any]:
         """Start `count` agents of the catalog kind `agent` on `task` and go on; `wait_for` gets
         their answers. `pages`: mapped pages they should work where they are held."""
-        call_id, record = self._call("spawn", {"agent": agent, "task": task, "count": count, "pages": pages})
-        return {"agents": await self._start(call_id, record, agent, task, count, pages or [])}
+        call_id = self._call("spawn", {"agent": agent, "task": task, "count": count, "pages": pages})
+        record = await self._start(call_id, "spawn", agent, task, count, pages or [])
+        return {"agents": sorted(record["children"])}
 
     @action_executor(action_type=ActionType.AGENT_MONITOR)
     async def wait_for(
@@ -253,8 +283,9 @@ class CollaborationCapability(AgentCapability):
     @action_executor(action_type=ActionType.AGENT_SPAWN, effects=("spawn",))
     async def delegate(self, agent: CatalogName, task: Task, pages: PageIds | None = None) -> ActionResult:
         """Have an agent of the catalog kind `agent` do `task` and wait for its answer."""
-        call_id, record = self._call("delegate", {"agent": agent, "task": task, "pages": pages})
-        [child] = await self._start(call_id, record, agent, task, 1, pages or [])
+        call_id = self._call("delegate", {"agent": agent, "task": task, "pages": pages})
+        record = await self._start(call_id, "delegate", agent, task, 1, pages or [])
+        [child] = record["children"]
         return await self._waited({child: record["children"][child]}, lambda answers: answers[child])
 
     @action_executor(action_type=ActionType.NEGOTIATE, effects=("spawn",))
@@ -262,8 +293,8 @@ class CollaborationCapability(AgentCapability):
         self, question: Task, agent: CatalogName = "ask", count: Annotated[int, Field(ge=2, le=5)] = 3
     ) -> ActionResult:
         """Ask `count` agents of the kind `agent` the same question; their answers side by side."""
-        call_id, record = self._call("deliberate", {"question": question, "agent": agent, "count": count})
-        await self._start(call_id, record, agent, question, count, [])
+        call_id = self._call("deliberate", {"question": question, "agent": agent, "count": count})
+        record = await self._start(call_id, "deliberate", agent, question, count, [])
         return await self._waited(
             dict(record["children"]), lambda answers: [{"agent": c, **a} for c, a in sorted(answers.items())]
         )

@@ -9,9 +9,10 @@ one or more files, each `### path (lines a-b)` then those lines, in the order of
 Every answer cites a path (relative to the mapped folder) and a line number, and is bounded: lines
 shown, characters per line, results. A search pattern is literal unless asked otherwise; a regular
 expression is checked before it runs (at most 200 characters, no backreferences, no repeat or
-alternation inside a repeat, at most two unbounded repeats) and runs over lines cut to
-MAX_REGEX_LINE_CHARS within a time budget checked at every line, so no pattern makes a search
-backtrack for long.
+alternation inside a repeat, at most two repeats of variable length, bounded or not, and four
+repeats and optional parts in all) and runs over lines cut to MAX_REGEX_LINE_CHARS, so one line
+costs at most about 30 ms (`re` holds the GIL while it matches, so a line is the unit a budget
+can stop at); the time budget is checked at every line.
 """
 
 from __future__ import annotations
@@ -28,14 +29,14 @@ from colony.vcm.page_table import PageTable, SourceRecord
 
 MAX_LINE_CHARS = 400  # of a line shown
 MAX_SEARCH_LINE_CHARS = 1000  # of a line searched for a literal
-MAX_REGEX_LINE_CHARS = 300  # ... for a regular expression (two repeats: about 20 ms a line at worst)
+MAX_REGEX_LINE_CHARS = 200  # ... for a regular expression (the worst allowed shape: ~30 ms a line)
 MAX_WINDOW = 200
 MAX_RESULTS = 100
 MAX_PATTERN = 200
-MAX_UNBOUNDED = 2
+MAX_VARIABLE = 2  # repeats of variable length in one pattern (*, +, {m,n} with n > m + 1)
+MAX_CHOICES = 4  # ... and optional parts (?, {m,m+1}) with them: each multiplies the ways to match
 SEARCH_SECONDS = 2.0
 IDENTIFIER = re.compile(r"[A-Za-z_][A-Za-z0-9_]{0,127}")
-_UNBOUNDED = sre_parse.MAXREPEAT
 _REPEATS = {sre_parse.MAX_REPEAT, sre_parse.MIN_REPEAT, getattr(sre_parse, "POSSESSIVE_REPEAT", None)}
 
 
@@ -66,18 +67,23 @@ class MappedFiles:
             if info is None or text is None:
                 out.missing_pages.append(page_id)
                 continue
-            out._add_page(info.files, text)
+            if not out._add_page(info.files, text):
+                out.missing_pages.append(page_id)
         return out
 
-    def _add_page(self, spans: list[Any], text: str) -> None:
+    def _add_page(self, spans: list[Any], text: str) -> bool:
+        """Put the page's pieces in their files; False when a piece is not where its span says
+        (a page some writer of Redis changed): what came before it is kept."""
         lines = text.split("\n")
         at = 0
         for span in spans:
-            header = f"### {span.path} (lines {span.start_line}-{span.end_line})"
-            while at < len(lines) and lines[at] != header:  # the blank line between pieces
+            # a path may hold a line break: its header is then several lines
+            header = f"### {span.path} (lines {span.start_line}-{span.end_line})".split("\n")
+            while at < len(lines) and lines[at : at + len(header)] != header:  # the blank line between
                 at += 1
             if at >= len(lines):
-                return
+                return False
+            at += len(header) - 1
             count = span.end_line - span.start_line + 1
             body = lines[at + 1 : at + 1 + count]
             held = self.files.setdefault(span.path, [])
@@ -85,6 +91,11 @@ class MappedFiles:
                 held += [""] * (span.start_line - 1 - len(held))
             held[span.start_line - 1 : span.start_line - 1 + len(body)] = body
             at += 1 + count
+        return True
+
+    def chars(self) -> int:
+        """How much text the files hold (what keeping them costs)."""
+        return sum(len(line) + 1 for lines in self.files.values() for line in lines)
 
     def paths(self, pattern: str | None = None) -> list[str]:
         """File paths in order, those matching the glob `pattern` (e.g. `*.py`, `email/*`) if given."""
@@ -175,42 +186,45 @@ def compile_pattern(pattern: str, *, regex: bool) -> Any:
         compiled = re.compile(pattern)
     except (re.error, RecursionError, OverflowError) as exc:
         raise InvalidArgument(f"not a regular expression: {exc}") from None
-    unbounded = _check(parsed, inside_repeat=False)
-    if unbounded > MAX_UNBOUNDED:
+    counts = {"variable": 0, "optional": 0, "fixed": 0}
+    _check(parsed, counts, inside_repeat=False)
+    if counts["variable"] > MAX_VARIABLE or counts["variable"] + counts["optional"] > MAX_CHOICES:
         raise InvalidArgument(
-            f"the pattern has {unbounded} unbounded repeats (*, +, {{n,}}); at most {MAX_UNBOUNDED}, "
-            "so a search cannot backtrack for long: search for a literal part instead"
+            f"the pattern has {counts['variable']} repeats of variable length (*, +, {{m,n}}) and "
+            f"{counts['optional']} optional parts (?); at most {MAX_VARIABLE} repeats and {MAX_CHOICES} "
+            "of both, so a search cannot backtrack for long: search for a literal part instead"
         )
     return compiled.search
 
 
-def _check(parsed: Any, *, inside_repeat: bool) -> int:
-    """Refuse backreferences and a repeat inside a repeat (the shapes that backtrack
-    exponentially); the count of unbounded repeats."""
-    unbounded = 0
+def _check(parsed: Any, counts: dict[str, int], *, inside_repeat: bool) -> None:
+    """Refuse backreferences and a repeat or alternation inside a repeat (the shapes that backtrack
+    exponentially); count the variable repeats (`*`, `+`, `{m,n}` with n > m + 1) and the
+    optional ones (`?`, `{m,m+1}`) into `counts`."""
     for op, value in parsed:
         if op in (sre_parse.GROUPREF, sre_parse.GROUPREF_EXISTS):
             raise InvalidArgument("backreferences are not allowed in a search pattern")
         if op in _REPEATS:
-            _low, high, sub = value
+            low, high, sub = value
             if inside_repeat:
                 raise InvalidArgument(
                     "a repeat inside a repeat (like (a+)+ or (x*y)*) can backtrack without end; "
                     "write the pattern without nesting them"
                 )
-            unbounded += 1 if high == _UNBOUNDED or high > 1000 else 0
-            unbounded += _check(sub, inside_repeat=True)
+            span = high - low
+            counts["variable" if span > 1 else "optional" if span == 1 else "fixed"] += 1
+            _check(sub, counts, inside_repeat=True)
         elif op is sre_parse.SUBPATTERN:
-            unbounded += _check(value[-1], inside_repeat=inside_repeat)
+            _check(value[-1], counts, inside_repeat=inside_repeat)
         elif op is sre_parse.BRANCH:
             if inside_repeat:
                 raise InvalidArgument(
                     "alternatives inside a repeat (like (a|ab)+) can backtrack without end; "
                     "search for each alternative instead"
                 )
-            unbounded += sum(_check(branch, inside_repeat=inside_repeat) for branch in value[1])
+            for branch in value[1]:
+                _check(branch, counts, inside_repeat=inside_repeat)
         elif op in (sre_parse.ASSERT, sre_parse.ASSERT_NOT):
-            unbounded += _check(value[1], inside_repeat=inside_repeat)
+            _check(value[1], counts, inside_repeat=inside_repeat)
         elif op is getattr(sre_parse, "ATOMIC_GROUP", None):
-            unbounded += _check(value, inside_repeat=inside_repeat)
-    return unbounded
+            _check(value, counts, inside_repeat=inside_repeat)

@@ -275,7 +275,7 @@ class PageSource:
 
     def _pieces(self, relative: str, content: str) -> Iterator[tuple[FileSpan, str]]:
         """The file whole, or split on line boundaries into pieces that each fit a page."""
-        lines = content.splitlines()
+        lines = file_lines(content)
         start, piece = 0, []
         budget = self.page_tokens - 32  # room for the header
         for number, line in enumerate(lines):
@@ -304,6 +304,15 @@ class PageSource:
             files=[span for span, _ in chunk],
         )
         return info, Page(page_id=page_id, text=text, metadata={"source_id": self.source_id})
+
+
+def file_lines(content: str) -> list[str]:
+    """A file's lines as editors and `grep -n` count them: split at "\n" only (a form feed or a
+    lone "\r" stays inside its line), a "\r\n" ending taken whole, no last empty line."""
+    lines = content.split("\n")
+    if lines[-1] == "":
+        lines.pop()
+    return [line[:-1] if line.endswith("\r") else line for line in lines]
 
 
 def _regular_file(path: Path) -> os.stat_result | None:
