@@ -144,6 +144,9 @@ SLOW_TESTS: dict[str, set[str]] = {
     # otherwise slow: about 3 s or more each (timeouts, process limits, load, waits for expiry)
     "test_api_contract.py": {"test_schemathesis_finds_no_contract_failures"},  # about 30 s
     "test_blackboard_basic.py": {"test_eight_writers_thousand_updates_each"},
+    "test_collaborate.py": {
+        "test_a_child_whose_replica_dies_is_placed_again_and_the_parent_gets_its_answer",  # about 12 s
+    },
     "test_cli_analyze_progress.py": {
         "test_the_progress_line_appears_on_a_terminal",
         "test_a_partial_run_exits_3_and_names_the_files_not_analysed",

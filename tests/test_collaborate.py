@@ -35,6 +35,12 @@ def slow_worker(agent_id: str) -> AgentBlueprint:
     return counter_blueprint(agent_id, steps, delay=0.3, serve_namespace=RUNS_NAMESPACE)
 
 
+def brief_worker(agent_id: str) -> AgentBlueprint:
+    """A catalog agent whose run takes 8 steps of 0.25 s."""
+    steps = [{"action": "add", "parameters": {"amount": 1}}] * 8
+    return counter_blueprint(agent_id, steps, delay=0.25, serve_namespace=RUNS_NAMESPACE)
+
+
 def planner(decisions: list[dict[str, Any]]) -> Any:
     """The engine's replies to planning prompts, in order (then `finish`)."""
     left = list(decisions)
@@ -65,7 +71,7 @@ class Colony:
             redis_url=redis_url,
             colony_id=f"col{uuid.uuid4().hex[:8]}",
             serve=ServeSettings(monitor_period_seconds=0.1, heartbeat_seconds=0.2, max_agents_per_replica=8),
-            agents={"slow": "test_collaborate:slow_worker"},
+            agents={"slow": "test_collaborate:slow_worker", "brief": "test_collaborate:brief_worker"},
         )
         self.engine = ScriptedEngine(planner(decisions))
         self.hosts = {n: ReplicaHost(self.settings, n, engine=self.engine) for n in ("ra", "rb")}
@@ -219,7 +225,9 @@ async def test_deliberate_returns_the_answers_side_by_side(colony_of: Any) -> No
 async def test_refused_calls_keep_no_record_and_a_stopped_child_is_an_answer(colony_of: Any) -> None:
     colony = await colony_of([])
     assert colony.control is not None
-    await colony.control.place(parent_blueprint("keeper", max_children_per_run=2, max_children=2))
+    await colony.control.place(
+        parent_blueprint("keeper", max_children_per_run=2, max_children=2, restart_failed=False)
+    )
     keeper = colony.hosted("keeper")
     assert keeper is not None
     tools = keeper.get_capability("collaborate")
@@ -236,3 +244,60 @@ async def test_refused_calls_keep_no_record_and_a_stopped_child_is_an_answer(col
     assert waited.success and not waited.blocked, waited
     assert {a["status"] for a in waited.output.values()} == {"failed"}
     assert all("stopped without answering" in a["error"] for a in waited.output.values())
+
+
+async def test_a_failed_child_is_restarted_once_and_its_retry_answers(colony_of: Any) -> None:
+    colony = await colony_of([])
+    assert colony.control is not None
+    await colony.control.place(parent_blueprint("mender"))
+    mender = colony.hosted("mender")
+    assert mender is not None
+    started = (await mender.get_capability("collaborate").spawn(agent="brief", task="count"))["agents"]
+    assert await colony.control.stop(started[0])  # it stops before answering: a failure
+    waited = await mender.dispatcher.dispatch("wait_for", {})
+    assert waited.blocked and waited.blocking_agent_ids == [f"{started[0]}-r"]
+    deadline = time.monotonic() + 20
+    while waited.blocked and time.monotonic() < deadline:
+        await asyncio.sleep(0.3)
+        waited = await mender.dispatcher.dispatch("wait_for", {})
+    assert waited.success and list(waited.output) == started  # the retry answers for the child
+    answer = waited.output[started[0]]
+    assert answer["status"] == "succeeded" and answer["retried"] is True and answer["output"] == 8
+    # once: a retry that fails too is the answer
+    assert len(mender.get_capability("collaborate")._retries()) == 1
+
+
+async def test_a_child_whose_replica_dies_is_placed_again_and_the_parent_gets_its_answer(
+    colony_of: Any,
+) -> None:
+    colony = await colony_of([{"action": "delegate", "parameters": {"agent": "brief", "task": "count"}}])
+    await colony.hosts["ra"].ensure_agent(parent_blueprint("survivor"))
+    parent = colony.hosted("survivor")
+    assert parent is not None and parent.host is not None
+    run = await parent.host.start_run("survivor", {"task": "count with brief"})
+    deadline = time.monotonic() + 10
+    child = None
+    while child is None and time.monotonic() < deadline:
+        await asyncio.sleep(0.1)
+        child = next((r for a, r in (await colony.records()).items() if a.startswith("survivor-")), None)
+    assert child is not None and child.replica == "rb", child  # placed beside, on the empty replica
+    await asyncio.sleep(0.5)  # it is at work
+    await colony.hosts["rb"].close()  # its replica dies mid-run
+    deadline = time.monotonic() + 40
+    done = None
+    seen_on: set[str] = set()  # where the child was hosted while the parent waited
+    while time.monotonic() < deadline:
+        held = (await colony.records()).get(child.agent_id)
+        if held is not None and held.replica:
+            seen_on.add(held.replica)
+        current = colony.hosted("survivor")
+        ended = current.current_run if current is not None else None
+        if ended is not None and ended.run_id == run.run_id and ended.done:
+            done = ended
+            break
+        await asyncio.sleep(0.2)
+    assert done is not None and done.status is RunStatus.SUCCEEDED, done
+    trace = colony.hosted("survivor").action_policy.call_trace  # type: ignore[union-attr]
+    assert [c["action_key"] for c in trace] == ["delegate", "delegate"] and "blocked" in trace[0]
+    assert trace[1]["output_preview"] == '{"status": "succeeded", "output": 8, "error": null}'  # no retry
+    assert "ra" in seen_on  # its run went on on the live replica

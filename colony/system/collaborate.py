@@ -72,6 +72,7 @@ class CollaborationCapability(AgentCapability):
         agents: list[str] | None = None,
         max_children_per_run: int = 8,
         max_children: int = 16,
+        restart_failed: bool = True,
         capability_key: str = "collaborate",
     ) -> None:
         super().__init__(agent, scope_id, blackboard=blackboard, capability_key=capability_key)
@@ -80,6 +81,7 @@ class CollaborationCapability(AgentCapability):
         self.allowed = list(agents) if agents is not None else None
         self.max_children_per_run = max_children_per_run
         self.max_children = max_children
+        self.restart_failed = restart_failed
         # call id -> {"run_id", "action", "children": {child id: request id}, "cancelled": bool}
         self.calls: dict[str, dict[str, Any]] = {}
 
@@ -147,12 +149,15 @@ class CollaborationCapability(AgentCapability):
             settled = next((c for c, r in self.calls.items() if r.get("settled")), None)
             self.calls.pop(settled if settled is not None else next(iter(self.calls)))
 
-    def _children(self, run_id: str | None = None) -> dict[str, str]:
-        """Child id -> request id, of every call (of the run `run_id`)."""
+    def _children(self, run_id: str | None = None, *, retries: bool = True) -> dict[str, str]:
+        """Child id -> request id, of every call (of the run `run_id`), their retries too unless
+        `retries` is false (a retry answers for the child it replaces)."""
         out: dict[str, str] = {}
         for record in self.calls.values():
             if run_id is None or record.get("run_id") == run_id:
                 out.update(record.get("children") or {})
+                if retries:
+                    out.update({r[0]: r[1] for r in (record.get("retries") or {}).values()})
         return out
 
     async def _start(
@@ -170,7 +175,14 @@ class CollaborationCapability(AgentCapability):
             run = parent.current_run
             run_id = run.run_id if run is not None else "none"
             await self._check_fan_out(run_id, count)
-            record = {"run_id": run_id, "action": action, "children": {}}
+            record = {
+                "run_id": run_id,
+                "action": action,
+                "name": name,
+                "task": task,
+                "pages": pages,
+                "children": {},
+            }
             self._keep(call_id, record)
         held = record["children"]
         own = parent.agent_id
@@ -232,9 +244,21 @@ class CollaborationCapability(AgentCapability):
         return held is not None and isinstance(held.value, dict) and held.value.get("state") in DONE_STATES
 
     async def _waited(self, children: dict[str, str], then: Any) -> ActionResult:
-        """Blocked on the children still working, or `then(answers)` once all have answered."""
-        answers = await self._results(children)
-        working = sorted(c for c, a in answers.items() if a is None)
+        """Blocked on the children still working, or `then(answers)` once all have answered. A
+        child that failed is started again once (`restart_failed`, a fresh child with the same task):
+        its retry's answer stands in for it, marked `retried`."""
+        retries = self._retries()
+        current = {c: retries.get(c, (c, r)) for c, r in children.items()}
+        raw = await self._results(dict(current.values()))
+        answers = {c: raw[current[c][0]] for c in children}
+        again = [
+            c for c, a in answers.items() if a is not None and a["status"] == "failed" and c not in retries
+        ]
+        if again and self.restart_failed:
+            for child in again:
+                current[child] = await self._retry(child)
+                answers[child] = None
+        working = sorted(current[c][0] for c, a in answers.items() if a is None)
         if working:
             return ActionResult(
                 success=True,
@@ -242,7 +266,30 @@ class CollaborationCapability(AgentCapability):
                 blocked_reason=f"waiting for {len(working)} of {len(answers)} agents",
                 blocking_agent_ids=working,
             )
-        return ActionResult(success=True, output=then(answers))
+        marked = {c: {**a, "retried": True} if c in retries else a for c, a in answers.items()}
+        return ActionResult(success=True, output=then(marked))
+
+    def _retries(self) -> dict[str, tuple[str, str]]:
+        """Failed child -> (its retry's id, request id), of every call."""
+        out: dict[str, tuple[str, str]] = {}
+        for record in self.calls.values():
+            out.update({c: (r[0], r[1]) for c, r in (record.get("retries") or {}).items()})
+        return out
+
+    async def _retry(self, child: str) -> tuple[str, str]:
+        """Start a fresh child in place of failed `child` (its call's agent kind, task and pages)."""
+        assert self.spawner is not None
+        record = next(r for r in self.calls.values() if child in (r.get("children") or {}))
+        retry, request_id = f"{child}-r", f"{record['children'][child]}-r"
+        handle = AgentHandle(retry, owner=self._agent())
+        if await handle.result(request_id, namespace=RUNS_NAMESPACE) is None:
+            await self.spawner(self.child_blueprint(record["name"], retry, record.get("pages") or []))
+        task = record["task"]
+        await handle.submit({"task": task, "question": task}, namespace=RUNS_NAMESPACE, request_id=request_id)
+        record.setdefault("retries", {})[child] = [retry, request_id]
+        record.pop("settled", None)
+        await self._agent().emit_run_event("child_restarted", {"agent": child, "retry": retry})
+        return retry, request_id
 
     # -- actions -----------------------------------------------------------------------------------
 
@@ -268,7 +315,7 @@ class CollaborationCapability(AgentCapability):
         """Wait until the agents you started (`agents`, default: all of this run's) have answered;
         their answers by agent."""
         run = self._agent().current_run
-        mine = self._children(run.run_id if run is not None else None)
+        mine = self._children(run.run_id if run is not None else None, retries=False)
         if agents is not None:
             unknown = [a for a in agents if a not in mine]
             if unknown:
