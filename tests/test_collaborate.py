@@ -154,6 +154,9 @@ async def test_a_delegating_planner_is_suspended_and_resumed_with_its_childs_ans
     assert len(delegated) >= 2 and "waiting for 1 of 1 agents" in delegated[0]["blocked"]  # then made again
     assert delegated[-1]["success"] and "hello there" in json.dumps(delegated[-1]["output_preview"])
     assert "suspended" in colony.states["boss"]  # it waited suspended, not polling
+    runs = next(c for c in boss.capabilities.values() if isinstance(c, AgentRunCapability))
+    assert runs.spans is not None and [s["kind"] for s in runs.spans.spans] == ["model"]  # `finish`
+    assert runs.spans.spans[0]["channel"] == "model" and runs.spans.spans[0]["ms"] >= 0
 
 
 async def test_a_redone_call_finds_its_children_and_fan_out_is_bounded(colony_of: Any) -> None:

@@ -57,6 +57,15 @@ def test_a_jobs_runs_are_seen_together(
         assert len(children) == 3 and tree["nodes"] == 4 and not tree["truncated"]
         assert all(c["agent"].startswith("lead-") and c["status"] == "succeeded" for c in children)
         assert all(c["created_at"] >= root["created_at"] and c["children"] == [] for c in children)
+        # per-step spans: each step event says what its time went to
+        events = list(client.events(done["run_id"]))
+        steps = [e for e in events if e["event_type"] == "step"]
+        spans = [span for e in steps for span in e["data"]["spans"]]
+        assert {s["name"] for s in spans if s["kind"] == "action"} == {"delegate", "deliberate"}
+        assert any(s.get("blocked") for s in spans) and all(s["ms"] >= 0 for s in spans)
+        assert all(e["data"]["ended_at"] >= e["data"]["began_at"] for e in steps)
+        started = [e["data"]["agents"] for e in events if e["event_type"] == "children"]
+        assert len(started) == 2 and len(started[1]) == 2  # once per call that started agents
         with pytest.raises(ApiError) as missing:
             client.tree("run-nope")
         assert missing.value.status == 404

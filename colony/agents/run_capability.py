@@ -30,6 +30,7 @@ from colony.agents.run_counting import RunCounting
 from colony.agents.run_event_writer import RunEventWriter
 from colony.agents.run_pool import PoolMember
 from colony.agents.run_retention import RequestRetention
+from colony.agents.step_spans import StepSpans
 from colony.agents.stored_events import StoredEvents
 from colony.blackboard import (
     Blackboard,
@@ -125,6 +126,7 @@ class AgentRunCapability(AgentCapability):
         self.pool = PoolMember(self)
         # requests a pick-up claimed, with what serving them reads and when that was read (run_pool)
         self._picked_up: dict[str, tuple[float, PickedUp]] = {}
+        self.spans = StepSpans(agent, self) if agent is not None else None  # (timings of each step)
         if agent is not None:
             agent.hooks.register(
                 Pointcut.for_instance(agent, "run_step"), HookType.AFTER, self._after_step, owner=self
@@ -557,6 +559,8 @@ class AgentRunCapability(AgentCapability):
         # after the step is persisted: a checkpoint, never superseded (during_step None); the last
         # step's event goes with the answer, in its commit
         step = {"step": run.steps, "name": agent.last_action, "action": action}
+        if self.spans is not None:
+            step.update(self.spans.take())
         if run.done:
             await self._respond(
                 self.active_request, run.status, run.output, run.error, run.run_id, run.steps, step

@@ -185,6 +185,7 @@ class CollaborationCapability(AgentCapability):
             }
             self._keep(call_id, record)
         held = record["children"]
+        known = len(held)
         own = parent.agent_id
         prefix = own if len(own) <= 60 else f"{own[:40]}-{effect_id(own, length=8)}"
         for n in range(count):
@@ -197,7 +198,8 @@ class CollaborationCapability(AgentCapability):
                 {"task": task, "question": task}, namespace=RUNS_NAMESPACE, request_id=request_id
             )
             held[child_id] = request_id
-        await parent.emit_run_event("children", {"agents": sorted(held), "blueprint": name})
+        if len(held) > known:  # (a call made again after its resume started nobody new)
+            await parent.emit_run_event("children", {"agents": sorted(held), "blueprint": name})
         return record
 
     async def _check_fan_out(self, run_id: str, fresh: int) -> None:

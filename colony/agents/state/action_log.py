@@ -44,6 +44,7 @@ from typing import TYPE_CHECKING, Any, Literal
 from pydantic import ValidationError
 
 from colony import metrics
+from colony.agents.hooks import hookable
 from colony.agents.state.log_records import (
     MAX_RECORD_BYTES,
     LogRecord,
@@ -137,6 +138,7 @@ class ActionLog:
 
     # -- the interface -------------------------------------------------------------------------
 
+    @hookable
     async def model_call(
         self,
         request: InferenceRequest,
