@@ -24,11 +24,25 @@ def _step_text(data: dict[str, Any]) -> str:
     named = f"{_printable(str(name), 40)} " if isinstance(name, str) and name else ""
     ok = bool(action and action.get("success"))
     verdict = "" if named and action is None else ("ok" if ok else "failed")
+    if ok and action is not None and action.get("blocked"):
+        verdict = _printable(action.get("blocked_reason"), 120) or "waiting for other agents"
     line = f"  step {data.get('step')}: {named}{verdict}".rstrip()
     error = _printable(action.get("error"), 500) if action is not None and not ok else ""
     if isinstance(name, str) and error.startswith(f"{name} failed: "):
         error = error[len(name) + len(" failed: ") :]  # the dispatcher's prefix repeats the line's
     return f"{line}: {error}\n" if error else line + "\n"
+
+
+def _children_text(kind: str, data: dict[str, Any]) -> str:
+    """`  started 2 echo agent(s): a, b` / `  agent a failed; started again as a-r` (meta-actions)."""
+    if kind == "child_restarted":
+        failed, retry = _printable(data.get("agent"), 140), _printable(data.get("retry"), 140)
+        return f"  agent {failed} failed; started again as {retry}\n"
+    named = [a for a in data.get("agents") or [] if isinstance(a, str)]
+    shown = ", ".join(_printable(a, 140) for a in named[:8]) + (
+        f" (+{len(named) - 8})" if len(named) > 8 else ""
+    )
+    return f"  started {len(named)} {_printable(data.get('blueprint'), 64)} agent(s): {shown}\n"
 
 
 def _prompt_text(data: dict[str, Any]) -> str:
@@ -94,6 +108,8 @@ class RunDisplay:
             return out + _compaction_text(data)
         if kind == "workers":
             return out + f"  {len(data.get('workers', []))} page workers started\n"
+        if kind in ("children", "child_restarted"):
+            return out + _children_text(kind, data)
         if kind != "started":
             return out + f"  {_printable(str(kind), 40)}\n"
         return out

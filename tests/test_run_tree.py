@@ -77,3 +77,38 @@ def test_a_jobs_runs_are_seen_together(
     assert lines[0] == f"trace {done['run_id']}: 4 run(s)"
     assert lines[1].startswith(f"- lead  {done['run_id']}  succeeded  ")
     assert len(lines) == 5 and all(line.startswith("  - lead-") for line in lines[2:])
+
+
+def test_colony_run_shows_agents_started_waits_and_restarts() -> None:
+    from colony.run_display import RunDisplay
+
+    display = RunDisplay()
+    shown = "".join(
+        display.feed(event)
+        for event in (
+            {
+                "event_type": "children",
+                "data": {"agents": ["lead-x-0", "lead-x-1\x1b[2J"], "blueprint": "echo"},
+            },
+            {
+                "event_type": "step",
+                "data": {
+                    "step": 1,
+                    "name": "deliberate",
+                    "action": {
+                        "success": True,
+                        "blocked": True,
+                        "blocked_reason": "waiting for 2 of 2 agents",
+                    },
+                },
+            },
+            {"event_type": "child_restarted", "data": {"agent": "lead-x-0", "retry": "lead-x-0-r"}},
+            {"event_type": "step", "data": {"step": 2, "name": "deliberate", "action": {"success": True}}},
+        )
+    )
+    assert shown == (
+        "  started 2 echo agent(s): lead-x-0, lead-x-1 [2J\n"
+        "  step 1: deliberate waiting for 2 of 2 agents\n"
+        "  agent lead-x-0 failed; started again as lead-x-0-r\n"
+        "  step 2: deliberate ok\n"
+    )
