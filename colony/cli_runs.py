@@ -24,7 +24,9 @@ def _took(node: dict[str, Any]) -> str:
 
 def render_tree(tree: dict[str, Any]) -> str:
     """One line a run: indent by depth, agent, request id, state, time taken, error if any."""
-    lines = [f"trace {_text(tree.get('trace_id'), 140)}: {tree.get('nodes', 0)} run(s)"]
+    nodes = tree.get("nodes")
+    count = nodes if isinstance(nodes, int) and not isinstance(nodes, bool) else "?"
+    lines = [f"trace {_text(tree.get('trace_id'), 140)}: {count} run(s)"]
 
     def walk(node: dict[str, Any], depth: int) -> None:
         error = node.get("error")

@@ -38,11 +38,13 @@ def _children_text(kind: str, data: dict[str, Any]) -> str:
     if kind == "child_restarted":
         failed, retry = _printable(data.get("agent"), 140), _printable(data.get("retry"), 140)
         return f"  agent {failed} failed; started again as {retry}\n"
-    named = [a for a in data.get("agents") or [] if isinstance(a, str)]
+    agents = data.get("agents")
+    named = [a for a in agents if isinstance(a, str)] if isinstance(agents, list) else []
     shown = ", ".join(_printable(a, 140) for a in named[:8]) + (
         f" (+{len(named) - 8})" if len(named) > 8 else ""
     )
-    return f"  started {len(named)} {_printable(data.get('blueprint'), 64)} agent(s): {shown}\n"
+    kind_of = _printable(data.get("blueprint"), 64)
+    return f"  started {len(named)} {kind_of + ' ' if kind_of else ''}agent(s): {shown}\n"
 
 
 def _prompt_text(data: dict[str, Any]) -> str:

@@ -263,6 +263,7 @@ async def test_a_failed_child_is_restarted_once_and_its_retry_answers(colony_of:
     while waited.blocked and time.monotonic() < deadline:
         await asyncio.sleep(0.3)
         waited = await mender.dispatcher.dispatch("wait_for", {})
+    assert (await mender.dispatcher.dispatch("wait_for", {"agents": [f"{started[0]}-r"]})).success  # its name
     assert waited.success and list(waited.output) == started  # the retry answers for the child
     answer = waited.output[started[0]]
     assert answer["status"] == "succeeded" and answer["retried"] is True and answer["output"] == 8
@@ -304,3 +305,24 @@ async def test_a_child_whose_replica_dies_is_placed_again_and_the_parent_gets_it
     assert [c["action_key"] for c in trace] == ["delegate", "delegate"] and "blocked" in trace[0]
     assert trace[1]["output_preview"] == '{"status": "succeeded", "output": 8, "error": null}'  # no retry
     assert "ra" in seen_on  # its run went on on the live replica
+
+
+async def test_a_retry_that_cannot_start_leaves_the_failure_as_the_answer(colony_of: Any) -> None:
+    colony = await colony_of([])
+    assert colony.control is not None
+    await colony.control.place(parent_blueprint("strict"))
+    strict = colony.hosted("strict")
+    assert strict is not None
+    tools = strict.get_capability("collaborate")
+    started = (await tools.spawn(agent="brief", task="count"))["agents"]
+    assert await colony.control.stop(started[0])
+
+    async def full(blueprint: Any) -> Any:
+        raise RuntimeError("no replica has room")
+
+    tools.spawner = full
+    for _ in range(2):  # the same answer each time: no endless retrying
+        waited = await strict.dispatcher.dispatch("wait_for", {})
+        assert waited.success and not waited.blocked, waited
+        answer = waited.output[started[0]]
+        assert answer["status"] == "failed" and "no replica has room" in answer["not_restarted"]

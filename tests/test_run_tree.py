@@ -6,6 +6,8 @@ redis-server (tests/test_api_checkpoints.py's ControlledApi)."""
 
 from __future__ import annotations
 
+import time
+import uuid
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -15,6 +17,7 @@ from test_api_checkpoints import TOKEN, ControlledApi
 
 from colony import cli
 from colony.agents import Agent, AgentBlueprint, AgentMetadata, AgentRunCapability, ScriptedActionPolicy
+from colony.cli_runs import render_tree
 from colony.client import ColonyClient
 from colony.errors import ApiError
 from colony.system.builtin import RUNS_NAMESPACE
@@ -74,6 +77,7 @@ def test_a_jobs_runs_are_seen_together(
     monkeypatch.setenv("COLONY_DATA_DIR", str(tmp_path))
     assert cli.main(["runs", "tree", done["run_id"], "--url", served.url, "--token", TOKEN]) == 0
     lines = capsys.readouterr().out.splitlines()
+    assert "\x1b" not in render_tree({"trace_id": "t", "nodes": "\x1b]0;x\x07", "root": None})
     assert lines[0] == f"trace {done['run_id']}: 4 run(s)"
     assert lines[1].startswith(f"- lead  {done['run_id']}  succeeded  ")
     assert len(lines) == 5 and all(line.startswith("  - lead-") for line in lines[2:])
@@ -104,6 +108,7 @@ def test_colony_run_shows_agents_started_waits_and_restarts() -> None:
             },
             {"event_type": "child_restarted", "data": {"agent": "lead-x-0", "retry": "lead-x-0-r"}},
             {"event_type": "step", "data": {"step": 2, "name": "deliberate", "action": {"success": True}}},
+            {"event_type": "children", "data": {"agents": 5}},  # what a writer of Redis could leave
         )
     )
     assert shown == (
@@ -111,4 +116,66 @@ def test_colony_run_shows_agents_started_waits_and_restarts() -> None:
         "  step 1: deliberate waiting for 2 of 2 agents\n"
         "  agent lead-x-0 failed; started again as lead-x-0-r\n"
         "  step 2: deliberate ok\n"
+        "  started 0 agent(s): \n"
+    )
+
+
+def alt_lead(agent_id: str) -> AgentBlueprint:
+    """`lead_blueprint` serving its runs in the namespace `alt`."""
+    made = lead_blueprint(agent_id)
+    capabilities = [CollaborationCapability.bind(), AgentRunCapability.bind(namespace="alt")]
+    return made.model_copy(update={"capabilities": capabilities})
+
+
+def test_the_tree_follows_runs_served_in_another_namespace_and_runs_do_not_share_waits(
+    served: ControlledApi,
+) -> None:
+    assert served.control is not None
+    served.call(lambda: served.control.place(alt_lead("alt-lead")))  # type: ignore[union-attr]
+    with ColonyClient(served.url, TOKEN, timeout=60) as client:
+        done = client.run("alt-lead", {"task": "ping"}, namespace="alt", timeout_s=60)
+        assert done["status"] == "succeeded", done
+        assert client.tree(done["run_id"])["nodes"] == 4
+        time.sleep(1.2)  # between two runs of one agent: not a wait of the second
+        again = client.run("lead", {"task": "pong"}, timeout_s=60)
+        first = next(e for e in client.events(again["run_id"]) if e["event_type"] == "step")
+        assert not [s for s in first["data"]["spans"] if s["kind"] == "wait"]
+
+
+async def test_a_tree_read_back_from_a_spoilt_redis_stays_bounded_and_true(bb: Any) -> None:
+    """Lists pointing back up the tree, ids that may not reach a key, a result that is no object,
+    a child that stopped without answering: the tree shows each node once and says what it can."""
+    from colony.blackboard import BlackboardScope, scope_id
+    from colony.blackboard.protocol import AgentRunProtocol as Keys
+    from colony.blackboard.protocol import AgentStateProtocol
+    from colony.system.run_tree import RunTreeReader
+
+    colony = f"t{uuid.uuid4().hex[:8]}"
+
+    def board(agent: str) -> Any:
+        scope = scope_id(BlackboardScope.AGENT, tenant_id="default", colony_id=colony, agent_id=agent)
+        return bb.scoped(Keys.namespaced_scope(scope, RUNS_NAMESPACE)), bb.scoped(scope)
+
+    root, _ = board("root")
+    await root.write(Keys.request_key("r0"), {"input": 1})
+    listed = [{"agent_id": "root", "request_id": "r0"}, {"agent_id": "bad:id", "request_id": "x"}]
+    listed.append({"agent_id": "kid", "request_id": "r1"})
+    await root.write(Keys.children_key("r0"), {"listed": listed, "more": 3})
+    kid, kid_state = board("kid")
+    await kid.write(Keys.request_key("r1"), {"input": 2})
+    await kid.write(Keys.claim_key("r1"), "kid")
+    await kid.write(Keys.children_key("r1"), [{"agent_id": "root", "request_id": "r0"}])
+    await kid_state.write(AgentStateProtocol.key("lifecycle"), {"state": "stopped"})
+    await root.write(Keys.result_key("r0"), ["not", "an", "object"])
+    tree = await RunTreeReader(bb, tenant_id="default", colony_id=colony, namespace=RUNS_NAMESPACE).tree(
+        "root", "r0"
+    )
+    assert tree.nodes == 2 and tree.truncated  # `more`: children the list no longer keeps
+    assert tree.root.status == "failed" and tree.root.error is None
+    [child] = tree.root.children
+    assert (child.agent, child.status, child.error, child.children) == (
+        "kid",
+        "failed",
+        "it stopped without answering",
+        [],
     )

@@ -124,43 +124,55 @@ class AgentHandle:
         else:
             await self._write_request(board, protocol, request_id, input_data, create_only=True)
         if scope is BlackboardScope.AGENT:
-            await self._link(protocol, namespace, request_id)
+            await self._link(protocol, request_id)
         return request_id
 
-    async def _link(self, protocol: type[RequestResultProtocol], namespace: str, request_id: str) -> None:
-        """List the request among the children of the request the owner is serving (the run tree,
-        GET /v1/runs/{id}/tree), at most MAX_CHILDREN_LISTED, with that request's tag so they
-        expire together. Best effort: a link that could not be written loses a tree branch only."""
-        run = self.owner.current_run if self.owner is not None else None
-        if self.owner is None or run is None or not run.request_id:
+    async def _link(self, protocol: type[RequestResultProtocol], request_id: str) -> None:
+        """List the request among the children of the request the owner is serving now (the run
+        tree, GET /v1/runs/{id}/tree), in the namespace that request is served in and with its tag,
+        so they expire together: the newest MAX_CHILDREN_LISTED, and how many more there were.
+        Nothing when the owner serves no request now. Best effort: a link that could not be written
+        loses a tree branch only."""
+        owner = self.owner
+        run = owner.current_run if owner is not None else None
+        if owner is None or run is None or run.done or not run.request_id:
             return
         parent = run.request_id
+        serving = next(
+            (c for c in owner.capabilities.values() if getattr(c, "active_request", None) == parent), None
+        )
+        namespace = getattr(serving, "namespace", None)
+        if not isinstance(namespace, str) or not namespace:
+            return
         child = {"agent_id": self.child_agent_id, "request_id": request_id}
 
-        def add(held: Any) -> list[dict[str, str]]:
-            listed = [c for c in held if isinstance(c, dict)] if isinstance(held, list) else []
-            return listed if child in listed else [*listed, child][-MAX_CHILDREN_LISTED:]
+        def add(held: Any) -> dict[str, Any]:
+            held = held if isinstance(held, dict) else {}
+            listed = [c for c in held.get("listed") or [] if isinstance(c, dict)]
+            more = int(held.get("more") or 0) if isinstance(held.get("more"), int) else 0
+            if child in listed:
+                return {"listed": listed, "more": more}
+            listed.append(child)
+            return {
+                "listed": listed[-MAX_CHILDREN_LISTED:],
+                "more": more + max(0, len(listed) - MAX_CHILDREN_LISTED),
+            }
 
-        meta = self.owner.metadata
+        meta = owner.metadata
         owner_scope = scope_id(
-            BlackboardScope.AGENT,
-            tenant_id=meta.tenant_id,
-            colony_id=meta.colony_id,
-            agent_id=self.owner.agent_id,
+            BlackboardScope.AGENT, tenant_id=meta.tenant_id, colony_id=meta.colony_id, agent_id=owner.agent_id
         )
-        owner_board = self.owner.blackboard.scoped(
-            RequestResultProtocol.namespaced_scope(owner_scope, namespace)
-        )
+        owner_board = owner.blackboard.scoped(RequestResultProtocol.namespaced_scope(owner_scope, namespace))
         try:
             await owner_board.update(
                 protocol.children_key(parent),
                 add,
                 tags={protocol.request_tag(parent)},
-                created_by=self.owner.agent_id,
+                created_by=owner.agent_id,
             )
         except Exception as exc:  # the child's request stands; only the tree misses it
             log.warning(
-                "agent %s: request %s not linked under %s: %r", self.owner.agent_id, request_id, parent, exc
+                "agent %s: request %s not linked under %s: %r", owner.agent_id, request_id, parent, exc
             )
 
     async def cancel(

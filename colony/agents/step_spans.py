@@ -49,6 +49,9 @@ class StepSpans:
     async def _step(self, ctx: HookContext, proceed: Callable[[], Awaitable[Any]]) -> Any:
         self.spans = []
         self._step_started = time.time()
+        run = getattr(ctx.instance, "current_run", None)
+        if run is None or run.steps == 0:  # a run's first step: the time before it is not its wait
+            self._last_step_ended = None
         if self._last_step_ended is not None and self._step_started - self._last_step_ended > WAIT_MS / 1000:
             self._add({"kind": "wait", "ms": round((self._step_started - self._last_step_ended) * 1000, 1)})
         try:

@@ -248,18 +248,23 @@ class CollaborationCapability(AgentCapability):
     async def _waited(self, children: dict[str, str], then: Any) -> ActionResult:
         """Blocked on the children still working, or `then(answers)` once all have answered. A
         child that failed is started again once (`restart_failed`, a fresh child with the same task):
-        its retry's answer stands in for it, marked `retried`."""
-        retries = self._retries()
+        its retry's answer stands in for it, marked `retried`. A retry that cannot be started leaves
+        the failure as the answer, saying so."""
+        retries, tried = self._retries(), self._restarts_tried()
         current = {c: retries.get(c, (c, r)) for c, r in children.items()}
         raw = await self._results(dict(current.values()))
         answers = {c: raw[current[c][0]] for c in children}
         again = [
-            c for c, a in answers.items() if a is not None and a["status"] == "failed" and c not in retries
+            c for c, a in answers.items() if a is not None and a["status"] == "failed" and c not in tried
         ]
-        if again and self.restart_failed:
-            for child in again:
-                current[child] = await self._retry(child)
-                answers[child] = None
+        for child in again if self.restart_failed else []:
+            started = await self._retry(child)
+            if started is not None:
+                current[child], answers[child] = started, None
+        for record in self.calls.values():  # calls whose children (or their retries) all answered
+            mine = record.get("children") or {}
+            if mine and all(answers.get(c) is not None for c in mine):
+                record["settled"] = True
         working = sorted(current[c][0] for c, a in answers.items() if a is None)
         if working:
             return ActionResult(
@@ -268,7 +273,15 @@ class CollaborationCapability(AgentCapability):
                 blocked_reason=f"waiting for {len(working)} of {len(answers)} agents",
                 blocking_agent_ids=working,
             )
-        marked = {c: {**a, "retried": True} if c in retries else a for c, a in answers.items()}
+        retries, unstarted = self._retries(), self._restarts_tried()
+        marked = {
+            c: {**a, "retried": True}
+            if c in retries
+            else {**a, "not_restarted": unstarted[c]}
+            if c in unstarted
+            else a
+            for c, a in answers.items()
+        }
         return ActionResult(success=True, output=then(marked))
 
     def _retries(self) -> dict[str, tuple[str, str]]:
@@ -278,16 +291,33 @@ class CollaborationCapability(AgentCapability):
             out.update({c: (r[0], r[1]) for c, r in (record.get("retries") or {}).items()})
         return out
 
-    async def _retry(self, child: str) -> tuple[str, str]:
-        """Start a fresh child in place of failed `child` (its call's agent kind, task and pages)."""
-        assert self.spawner is not None
+    def _restarts_tried(self) -> dict[str, str]:
+        """Failed child -> why its retry could not start ("" when it did), of every call."""
+        out: dict[str, str] = {}
+        for record in self.calls.values():
+            out.update(dict.fromkeys(record.get("retries") or {}, ""))
+            out.update(record.get("unrestarted") or {})
+        return out
+
+    async def _retry(self, child: str) -> tuple[str, str] | None:
+        """Start a fresh child in place of failed `child` (its call's agent kind, task and pages);
+        None, and the reason kept, when it cannot be started (no spawner here, no room)."""
         record = next(r for r in self.calls.values() if child in (r.get("children") or {}))
         retry, request_id = f"{child}-r", f"{record['children'][child]}-r"
         handle = AgentHandle(retry, owner=self._agent())
-        if await handle.result(request_id, namespace=RUNS_NAMESPACE) is None:
-            await self.spawner(self.child_blueprint(record["name"], retry, record.get("pages") or []))
-        task = record["task"]
-        await handle.submit({"task": task, "question": task}, namespace=RUNS_NAMESPACE, request_id=request_id)
+        try:
+            if self.spawner is None:
+                raise AgentUsageError("no control plane here to start it with")
+            if await handle.result(request_id, namespace=RUNS_NAMESPACE) is None:
+                await self.spawner(self.child_blueprint(record["name"], retry, record.get("pages") or []))
+            task = record["task"]
+            await handle.submit(
+                {"task": task, "question": task}, namespace=RUNS_NAMESPACE, request_id=request_id
+            )
+        except Exception as exc:
+            log.warning("agent %s: %s not restarted: %r", self._agent().agent_id, child, exc)
+            record.setdefault("unrestarted", {})[child] = f"{type(exc).__name__}: {exc}"[:300]
+            return None
         record.setdefault("retries", {})[child] = [retry, request_id]
         record.pop("settled", None)
         await self._agent().emit_run_event("child_restarted", {"agent": child, "retry": retry})
@@ -309,7 +339,7 @@ class CollaborationCapability(AgentCapability):
         record = await self._start(call_id, "spawn", agent, task, count, pages or [])
         return {"agents": sorted(record["children"])}
 
-    @action_executor(action_type=ActionType.AGENT_MONITOR)
+    @action_executor(action_type=ActionType.AGENT_MONITOR, effects=("spawn",))
     async def wait_for(
         self,
         agents: Annotated[list[Annotated[str, Field(max_length=128)]], Field(max_length=64)] | None = None,
@@ -319,6 +349,8 @@ class CollaborationCapability(AgentCapability):
         run = self._agent().current_run
         mine = self._children(run.run_id if run is not None else None, retries=False)
         if agents is not None:
+            replaced = {r[0]: c for c, r in self._retries().items()}  # a retry's id names its child
+            agents = list(dict.fromkeys(replaced.get(a, a) for a in agents))
             unknown = [a for a in agents if a not in mine]
             if unknown:
                 return ActionResult(

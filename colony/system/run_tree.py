@@ -40,7 +40,10 @@ class RunTree(BaseModel):
     trace_id: str = Field(description="the root run's id: every run of the job is under it")
     root: RunNode
     nodes: int
-    truncated: bool = Field(False, description="more than MAX_NODES nodes or MAX_DEPTH levels")
+    truncated: bool = Field(
+        False,
+        description="more than MAX_NODES nodes or MAX_DEPTH levels, or a run with more children than kept",
+    )
 
 
 class RunTreeReader:
@@ -49,6 +52,7 @@ class RunTreeReader:
     def __init__(self, root: Blackboard, *, tenant_id: str, colony_id: str, namespace: str) -> None:
         self.root, self.tenant_id, self.colony_id, self.namespace = root, tenant_id, colony_id, namespace
         self.count, self.truncated = 0, False
+        self.seen: set[tuple[str, str]] = set()  # (agent, request) shown: a list pointing back is skipped
 
     def _board(self, agent: str) -> Blackboard:
         scope = scope_id(
@@ -62,20 +66,27 @@ class RunTreeReader:
 
     async def _node(self, agent: str, request_id: str, depth: int) -> RunNode:
         self.count += 1
+        self.seen.add((agent, request_id))
         board = self._board(agent)
         keys = [AgentRunProtocol.request_key(request_id), AgentRunProtocol.result_key(request_id)]
         request, result, claim, children = await board.read_many(
             [*keys, AgentRunProtocol.claim_key(request_id), AgentRunProtocol.children_key(request_id)]
         )
-        node = RunNode(
-            agent=agent, request_id=request_id, status=await self._status(agent, request, result, claim)
-        )
+        status = await self._status(agent, request, result, claim)
+        node = RunNode(agent=agent, request_id=request_id, status=status)
         node.created_at = request.created_at if request is not None else None
         if result is not None:
-            node.ended_at, node.error = result.created_at, _text(result.value.get("error"))
-        for child in children.value if children is not None and isinstance(children.value, list) else []:
-            if not _valid(child):
-                continue
+            value = result.value if isinstance(result.value, dict) else {}
+            node.ended_at, node.error = result.created_at, _text(value.get("error"))
+        elif status == "failed":
+            node.error = "it stopped without answering"
+        held = children.value if children is not None else None
+        listed = held.get("listed") if isinstance(held, dict) else held
+        if isinstance(held, dict) and held.get("more"):
+            self.truncated = True  # more children than the list keeps
+        for child in listed if isinstance(listed, list) else []:
+            if not _valid(child) or (child["agent_id"], child["request_id"]) in self.seen:
+                continue  # (a list pointing back up the tree is not followed)
             if depth + 1 >= MAX_DEPTH or self.count >= MAX_NODES:
                 self.truncated = True
                 break
@@ -88,18 +99,16 @@ class RunTreeReader:
             return held if held in ("succeeded", "cancelled") else "failed"
         if request is None:
             return "gone"  # expired with its retention
-        if claim is None:
-            return "queued"
         scope = scope_id(
             BlackboardScope.AGENT, tenant_id=self.tenant_id, colony_id=self.colony_id, agent_id=agent
         )
         lifecycle = await self.root.scoped(scope).read(AgentStateProtocol.key("lifecycle"))
-        suspended = (
-            lifecycle is not None
-            and isinstance(lifecycle.value, dict)
-            and lifecycle.value.get("state") == "suspended"
-        )
-        return "suspended" if suspended else "running"
+        value = lifecycle.value if lifecycle is not None and isinstance(lifecycle.value, dict) else {}
+        if value.get("state") in ("stopped", "failed"):
+            return "failed"  # it stopped without answering (as the supervisor counts it)
+        if claim is None:
+            return "queued"
+        return "suspended" if value.get("state") == "suspended" else "running"
 
 
 def _valid(child: Any) -> bool:
