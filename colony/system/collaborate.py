@@ -58,8 +58,9 @@ PageIds = Annotated[list[Annotated[str, Field(max_length=128)]], Field(max_lengt
 
 class CollaborationCapability(AgentCapability):
     """The meta-actions over catalog agents. `agents`: the catalog names this agent may start
-    (None: every catalog agent but `session` and `analyze`); `max_children_per_run`, `max_children`: fan-out
-    bounds (children of one run; children not yet answered)."""
+    (None: every catalog agent but `session` and `analyze`); `max_children_per_run`,
+    `max_children`: fan-out bounds (children of one run; children not yet answered);
+    `restart_failed`: start a failed child again once."""
 
     def __init__(
         self,
@@ -82,7 +83,8 @@ class CollaborationCapability(AgentCapability):
         self.max_children_per_run = max_children_per_run
         self.max_children = max_children
         self.restart_failed = restart_failed
-        # call id -> {"run_id", "action", "children": {child id: request id}, "cancelled": bool}
+        # call id -> {"run_id", "action", "name", "task", "pages", "children": {child id: request
+        # id}, "retries": {child: [retry id, request id]}, "unrestarted": {child: why}, "settled"}
         self.calls: dict[str, dict[str, Any]] = {}
 
     def get_state(self) -> dict[str, Any]:
