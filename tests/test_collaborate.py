@@ -22,7 +22,7 @@ from colony.blackboard import Blackboard, create_redis
 from colony.config import ColonySettings, ServeSettings
 from colony.inference import InferenceRequest
 from colony.inference.scripted import ScriptedEngine
-from colony.planning import StructuredActionPolicy
+from colony.planning import CodeGenerationActionPolicy, StructuredActionPolicy
 from colony.system.builtin import RUNS_NAMESPACE
 from colony.system.collaborate import CollaborationCapability
 from colony.system.control import ControlPlane
@@ -41,19 +41,22 @@ def brief_worker(agent_id: str) -> AgentBlueprint:
     return counter_blueprint(agent_id, steps, delay=0.25, serve_namespace=RUNS_NAMESPACE)
 
 
-def planner(decisions: list[dict[str, Any]]) -> Any:
-    """The engine's replies to planning prompts, in order (then `finish`)."""
-    left = list(decisions)
+def planner(decisions: list[dict[str, Any]], programs: list[str] | None = None) -> Any:
+    """The engine's replies: to planning prompts, `decisions` in order (then `finish`); to a code
+    planner's, `programs` in order (then one that finishes)."""
+    left, code = list(decisions), list(programs or [])
 
     def reply(request: InferenceRequest) -> str:
         if request.response_format is None:
+            if "Python program" in request.messages[0].content:
+                return code.pop(0) if code else '```python\nrun("finish", answer="done")\n```'
             return "ok"
         return json.dumps(left.pop(0) if left else {"action": "finish", "parameters": {"answer": "done"}})
 
     return reply
 
 
-def parent_blueprint(agent_id: str, **options: Any) -> AgentBlueprint:
+def parent_blueprint(agent_id: str, policy: Any = None, **options: Any) -> AgentBlueprint:
     return AgentBlueprint(
         agent_class=Agent,
         metadata=AgentMetadata(agent_id=agent_id, role="coordinator"),
@@ -61,19 +64,21 @@ def parent_blueprint(agent_id: str, **options: Any) -> AgentBlueprint:
             CollaborationCapability.bind(**options),
             AgentRunCapability.bind(namespace=RUNS_NAMESPACE),
         ],
-        action_policy=StructuredActionPolicy.bind(max_tokens=64),
+        action_policy=policy or StructuredActionPolicy.bind(max_tokens=64),
     )
 
 
 class Colony:
-    def __init__(self, redis_url: str, decisions: list[dict[str, Any]]) -> None:
+    def __init__(
+        self, redis_url: str, decisions: list[dict[str, Any]], programs: list[str] | None = None
+    ) -> None:
         self.settings = ColonySettings(
             redis_url=redis_url,
             colony_id=f"col{uuid.uuid4().hex[:8]}",
             serve=ServeSettings(monitor_period_seconds=0.1, heartbeat_seconds=0.2, max_agents_per_replica=8),
             agents={"slow": "test_collaborate:slow_worker", "brief": "test_collaborate:brief_worker"},
         )
-        self.engine = ScriptedEngine(planner(decisions))
+        self.engine = ScriptedEngine(planner(decisions, programs))
         self.hosts = {n: ReplicaHost(self.settings, n, engine=self.engine) for n in ("ra", "rb")}
         self.control: ControlPlane | None = None
         self.states: dict[str, list[str]] = {}  # states seen of the agents `run` waited on
@@ -100,10 +105,10 @@ class Colony:
                 return host.runtime.get(agent_id)
         return None
 
-    async def run(self, agent_id: str, task: str, timeout: float = 30) -> Any:
+    async def run(self, agent_id: str, task: str, timeout: float = 30, policy: Any = None) -> Any:
         """Start a run of the placed agent and wait for its end (it may move while suspended)."""
         assert self.control is not None
-        await self.control.place(parent_blueprint(agent_id))
+        await self.control.place(parent_blueprint(agent_id, policy=policy))
         agent = self.hosted(agent_id)
         assert agent is not None and agent.host is not None
         run = await agent.host.start_run(agent_id, {"task": task})
@@ -128,8 +133,8 @@ class Colony:
 async def colony_of(redis_url: str) -> AsyncIterator[Any]:
     made: list[Colony] = []
 
-    async def build(decisions: list[dict[str, Any]]) -> Colony:
-        colony = Colony(redis_url, decisions)
+    async def build(decisions: list[dict[str, Any]], programs: list[str] | None = None) -> Colony:
+        colony = Colony(redis_url, decisions, programs)
         await colony.start()
         made.append(colony)
         return colony
@@ -326,3 +331,23 @@ async def test_a_retry_that_cannot_start_leaves_the_failure_as_the_answer(colony
         assert waited.success and not waited.blocked, waited
         answer = waited.output[started[0]]
         assert answer["status"] == "failed" and "no replica has room" in answer["not_restarted"]
+
+
+async def test_a_code_writing_planner_waits_for_its_child_and_goes_on(colony_of: Any) -> None:
+    """CodeGenerationActionPolicy: a program whose `delegate` comes back blocked stops there; the
+    agent is suspended, resumed once the child stopped, and the call is made again (not the program)."""
+    program = (
+        '```python\nanswer = run("delegate", agent="echo", task="hello from code")\n'
+        'run("finish", answer=answer)\n```'
+    )
+    colony = await colony_of([], [program])
+    done = await colony.run(
+        "coder", "delegate in code", policy=CodeGenerationActionPolicy.bind(max_tokens=64)
+    )
+    assert done.status is RunStatus.SUCCEEDED, done.error
+    assert "suspended" in colony.states["coder"]
+    assert len([a for a in await colony.records() if a.startswith("coder-")]) == 1  # found again
+    coder = colony.hosted("coder")
+    assert coder is not None
+    trace = coder.action_policy.call_trace  # type: ignore[attr-defined]
+    assert [c["action_key"] for c in trace].count("delegate") >= 2 and "hello from code" in json.dumps(trace)

@@ -10,6 +10,7 @@ isolation only (no bubblewrap here) unless `planning.allow_weak_sandbox` says th
 
 from __future__ import annotations
 
+import inspect
 import re
 from typing import Any
 
@@ -51,7 +52,10 @@ class CodeGenerationActionPolicy(EventDrivenActionPolicy):
         settings: ColonySettings | None = None,
         **kwargs: Any,
     ) -> None:
-        super().__init__(agent, **kwargs)
+        # `kwargs` are the event-driven policy's; a host offers every service it has (replica,
+        # pages, spawner) to a constructor taking **kwargs, and those are not for it
+        accepted = inspect.signature(EventDrivenActionPolicy.__init__).parameters
+        super().__init__(agent, **{k: v for k, v in kwargs.items() if k in accepted})
         self.engine = engine
         self.limits = limits if isinstance(limits, SandboxLimits) else SandboxLimits(**(limits or {}))
         self.max_tokens = max_tokens
@@ -104,23 +108,8 @@ class CodeGenerationActionPolicy(EventDrivenActionPolicy):
             ),
         )
         finished: dict[str, Any] = {}
-        dispatcher = self.agent.dispatcher
-
-        def proxy(name: str) -> Any:
-            async def call(**parameters: Any) -> Any:
-                result = await dispatcher.dispatch(name, parameters)
-                if not result.success:
-                    raise RuntimeError(result.error)
-                return result.output
-
-            return call
-
-        async def finish(answer: Any = None) -> Any:
-            finished["answer"] = answer
-            return answer
-
-        table = {a["name"]: proxy(a["name"]) for a in actions}
-        table[FINISH] = finish
+        waiting: dict[str, Any] = {}  # a call that came back blocked: the program stops there
+        table = program_actions(self.agent.dispatcher, [a["name"] for a in actions], finished, waiting)
         outcome = await run_sandboxed(
             extract_code(response.text), actions=table, limits=self.limits, settings=self.planning
         )
@@ -141,6 +130,45 @@ class CodeGenerationActionPolicy(EventDrivenActionPolicy):
                     "error": outcome.error,
                 }
             )
+        if waiting:  # suspended until the agents answer; on resume the call is made again
+            self.blocked_call = {"action": waiting["action"], "parameters": waiting["parameters"]}
+            action, parameters = waiting["action"], waiting["parameters"]
+            return ActionPolicyIterationResult(
+                action=action, parameters=parameters, action_result=waiting["result"]
+            )
         if "answer" in finished:
             return ActionPolicyIterationResult(action=FINISH, done=True, output=finished["answer"])
         return ActionPolicyIterationResult(action="program", parameters={"calls": len(outcome.calls)})
+
+
+def program_actions(
+    dispatcher: Any, names: list[str], finished: dict[str, Any], waiting: dict[str, Any]
+) -> dict[str, Any]:
+    """The functions a program calls: each action through the dispatcher (a failure raised in the
+    program; a call that comes back blocked is kept in `waiting` and stops the program), and
+    `finish` (its answer kept in `finished`)."""
+
+    def proxy(name: str) -> Any:
+        async def call(**parameters: Any) -> Any:
+            if waiting:
+                raise RuntimeError("the program already waits for other agents")
+            result = await dispatcher.dispatch(name, parameters)
+            if result.blocked:
+                waiting.update(action=name, parameters=parameters, result=result)
+                raise RuntimeError(
+                    f"{name} waits for other agents ({result.blocked_reason}); the program stops "
+                    "here and the call is made again once they have answered"
+                )
+            if not result.success:
+                raise RuntimeError(result.error)
+            return result.output
+
+        return call
+
+    async def finish(answer: Any = None) -> Any:
+        finished["answer"] = answer
+        return answer
+
+    table: dict[str, Any] = {name: proxy(name) for name in names}
+    table[FINISH] = finish
+    return table
