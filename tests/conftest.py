@@ -132,7 +132,14 @@ SLOW_TESTS: dict[str, set[str]] = {
         "test_colony_up_with_an_unimportable_user_agent_exits_2_naming_it",
     },
     # the embedded model
+    "test_assistant_grounding.py": {
+        "test_told_a_name_the_assistant_stores_only_what_was_said",
+        "test_what_the_model_writes_itself_is_stored_only_when_the_user_said_it",
+    },
     "test_inference_embedded.py": {"test_openai_engine_typed_error_when_server_stopped"},
+    "test_memory_consolidation.py": {
+        "test_on_the_embedded_model_stm_is_summarised_and_the_skill_lens_reaches_the_planner"
+    },
     "test_sessions_tree.py": {"test_a_20000_character_message_gets_a_reply_from_the_real_model"},
     "test_vcm.py": {"test_page_table_follows_real_engine_residency"},
     "test_vcm_pinning.py": {
