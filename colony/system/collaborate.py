@@ -41,7 +41,7 @@ from colony.blackboard import Blackboard, BlackboardScope, scope_id
 from colony.blackboard.protocol import AgentStateProtocol
 from colony.errors import AgentUsageError
 from colony.system.builtin import RUNS_NAMESPACE
-from colony.system.soon_publish import DONE_STATES
+from colony.system.registry import DONE_STATES
 
 if TYPE_CHECKING:
     from colony.system.host import Spawner

@@ -17,6 +17,7 @@ from pydantic import BaseModel, Field
 
 from colony.blackboard import Blackboard, BlackboardScope, scope_id
 from colony.blackboard.protocol import AgentRunProtocol, AgentStateProtocol
+from colony.system.registry import DONE_STATES
 from colony.wire.ids import ID_PATTERN
 
 MAX_NODES = 500
@@ -104,7 +105,7 @@ class RunTreeReader:
         )
         lifecycle = await self.root.scoped(scope).read(AgentStateProtocol.key("lifecycle"))
         value = lifecycle.value if lifecycle is not None and isinstance(lifecycle.value, dict) else {}
-        if value.get("state") in ("stopped", "failed"):
+        if value.get("state") in DONE_STATES:
             return "failed"  # it stopped without answering (as the supervisor counts it)
         if claim is None:
             return "queued"
