@@ -9,7 +9,6 @@ import logging
 import os
 import sys
 import time
-import unicodedata
 from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
@@ -31,7 +30,9 @@ from colony.run_display import (
     PROGRESS_TICK_SECONDS,
     AnalyzeProgress,
     answer_already_shown,
+    cited_answer_text,
     not_analysed_notice,
+    terminal_text,
     with_ticks,
 )
 
@@ -369,16 +370,11 @@ def _print_output(args: argparse.Namespace, output: Any, *, failed: bool, stream
         pass  # the streamed tokens were the answer, on the terminal stdout goes to
     elif isinstance(output, dict) and isinstance(output.get("report"), str):
         print(terminal_text(output["report"]))  # a report (analyze): the text, not its JSON
+    elif isinstance(output, dict) and isinstance(output.get("answer"), str) and "citations" in output:
+        print(cited_answer_text(output))  # a research answer: the text and its citations
     else:
         print(terminal_text(output) if isinstance(output, str) else json.dumps(output, indent=2))
     sys.stdout.flush()
-
-
-def terminal_text(text: str) -> str:
-    """Text from the server (a report built from the files it read, a model's answer, an error) as
-    it may reach a terminal: control characters (escape sequences included) and invisible format
-    characters (bidi overrides, zero-width) are dropped; newlines and tabs stay."""
-    return "".join(c for c in text if c in "\n\t" or (unicodedata.category(c) not in ("Cc", "Cf", "Cs")))
 
 
 def _silent(text: str) -> None:

@@ -5,6 +5,7 @@ recorded streams test them), and the helpers around them."""
 from __future__ import annotations
 
 import threading
+import unicodedata
 from collections.abc import Iterator
 from queue import Empty, Queue
 from typing import Any
@@ -45,6 +46,27 @@ def _children_text(kind: str, data: dict[str, Any]) -> str:
     )
     kind_of = _printable(data.get("blueprint"), 64)
     return f"  started {len(named)} {kind_of + ' ' if kind_of else ''}agent(s): {shown}\n"
+
+
+def _research_text(kind: str, data: dict[str, Any]) -> str:
+    """The research job's progress: `  examining 2 files (...), 3 pages` / `  evidence from worker
+    w (replica r, 1 page faulted): path:line name`."""
+    if kind == "plan":
+        files = [f for f in data.get("files") or [] if isinstance(f, str)][:6]
+        chosen = [f for f in data.get("chosen_by_model") or [] if isinstance(f, str)]
+        pages = data.get("pages") if isinstance(data.get("pages"), list) else []
+        shown = ", ".join(_printable(f, 120) for f in files)
+        by_model = f"{len(chosen)} chosen by the model"
+        return f"  examining {len(files)} file(s): {shown} ({by_model}), {len(pages)} page(s)\n"
+    found = [f for f in data.get("found") or [] if isinstance(f, dict)]
+    best = found[0] if found else None
+    faulted = _int_or_none(data.get("faulted")) or 0
+    where = f"replica {_printable(data.get('replica_id'), 60)}, {faulted} page(s) faulted"
+    cited = "nothing on its page"
+    if best is not None:
+        cited = f"{_printable(best.get('path'), 160)}:{_int_or_none(best.get('line'))}"
+        cited += f" {_printable(best.get('name'), 80)}"
+    return f"  evidence from {_printable(data.get('worker'), 140)} ({where}): {cited}\n"
 
 
 def _prompt_text(data: dict[str, Any]) -> str:
@@ -112,6 +134,8 @@ class RunDisplay:
             return out + f"  {len(data.get('workers', []))} page workers started\n"
         if kind in ("children", "child_restarted"):
             return out + _children_text(kind, data)
+        if kind in ("plan", "evidence"):
+            return out + _research_text(kind, data)
         if kind != "started":
             return out + f"  {_printable(str(kind), 40)}\n"
         return out
@@ -390,3 +414,39 @@ def answer_already_shown(output: Any, streamed: str, *, same_terminal: bool) -> 
         and bool(output.strip())
         and output.strip() == streamed.strip()
     )
+
+
+def cited_answer_text(output: dict[str, Any]) -> str:
+    """A research answer as text: the answer on one line, then each citation as `path:line  text`
+    (one line each: a line break in a path or a text is shown escaped, so server text never forges
+    a citation line), then the workers that could not finish."""
+    lines = [one_line(str(output["answer"]))]
+    citations = output.get("citations") if isinstance(output.get("citations"), list) else []
+    for cited in citations[:20]:
+        if isinstance(cited, dict):
+            where = f"{one_line(str(cited.get('path')))}:{one_line(str(cited.get('line')))}"
+            lines.append(f"  {where}  {one_line(str(cited.get('text', '')).strip())}")
+    unfinished = output.get("not_finished") if isinstance(output.get("not_finished"), list) else []
+    for entry in unfinished[:20]:
+        if isinstance(entry, dict):
+            lines.append(
+                f"  not finished: {one_line(str(entry.get('agent')))}: {one_line(str(entry.get('error')))}"[
+                    :600
+                ]
+            )
+    return "\n".join(lines)
+
+
+def one_line(text: str) -> str:
+    """Server text on one terminal line: line breaks and tabs escaped (`\\n`), other control and
+    invisible format characters dropped (terminal_text)."""
+    return terminal_text(
+        text.replace("\\", "\\\\").replace("\n", "\\n").replace("\r", "\\r").replace("\t", "\\t")
+    )
+
+
+def terminal_text(text: str) -> str:
+    """Text from the server (a report built from the files it read, a model's answer, an error) as
+    it may reach a terminal: control characters (escape sequences included) and invisible format
+    characters (bidi overrides, zero-width) are dropped; newlines and tabs stay."""
+    return "".join(c for c in text if c in "\n\t" or (unicodedata.category(c) not in ("Cc", "Cf", "Cs")))

@@ -113,6 +113,7 @@ SLOW_FIXTURES: dict[str, set[str]] = {
     "test_inference_embedded.py": {"engine"},
     "test_memory_acceptance.py": {"model"},
     "test_planning_policies.py": {"model"},
+    "test_research.py": {"embedded_rig"},
     "test_vcm_needed_soon.py": {"engine"},
     "test_vcm_pinning.py": {"replica", "tiny_host"},
     # in-process replicas waiting on heartbeats, pool growth or run retention

@@ -11,7 +11,7 @@ import pytest
 
 from colony.errors import PageSlotsBusy, ResourceExhausted
 from colony.system import analyze_worker
-from colony.system.analyze_worker import PageSummaryCapability
+from colony.system.analyze_worker import generate_when_a_slot_frees
 
 
 class BusyReplica:
@@ -29,21 +29,18 @@ class BusyReplica:
 
 async def test_a_worker_waits_its_turn_for_a_slot() -> None:
     replica = BusyReplica(busy=3)
-    worker = PageSummaryCapability(scope_id="t:s", replica=replica)  # type: ignore[arg-type]
-    answer = await worker._generate_when_a_slot_frees({"messages": []}, "p1", "w0")
+    answer = await generate_when_a_slot_frees(replica, {"messages": []}, "p1", "w0")  # type: ignore[arg-type]
     assert answer["text"] == "ok" and replica.calls == 4
 
 
 async def test_it_gives_up_after_the_total_wait(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(analyze_worker, "SLOT_WAIT_SECONDS", 0.0)
-    worker = PageSummaryCapability(scope_id="t:s", replica=BusyReplica(busy=10))  # type: ignore[arg-type]
     with pytest.raises(PageSlotsBusy):
-        await worker._generate_when_a_slot_frees({"messages": []}, "p1", "w0")
+        await generate_when_a_slot_frees(BusyReplica(busy=10), {"messages": []}, "p1", "w0")  # type: ignore[arg-type]
 
 
 async def test_a_request_that_can_never_fit_is_not_retried() -> None:
     replica = BusyReplica(busy=10, error=ResourceExhausted)
-    worker = PageSummaryCapability(scope_id="t:s", replica=replica)  # type: ignore[arg-type]
     with pytest.raises(ResourceExhausted):
-        await worker._generate_when_a_slot_frees({"messages": []}, "p1", "w0")
+        await generate_when_a_slot_frees(replica, {"messages": []}, "p1", "w0")  # type: ignore[arg-type]
     assert replica.calls == 1

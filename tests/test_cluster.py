@@ -3,6 +3,7 @@ model), runs over HTTP, an API replica killed mid-life, metrics, `colony down` l
 
 from __future__ import annotations
 
+import ast
 import asyncio
 import json
 import os
@@ -148,6 +149,36 @@ def test_analyze_colony_vcm_with_the_embedded_model(
     print(
         f"analyze of colony/vcm took {time.monotonic() - started:.1f} s: {output['stats']}", file=sys.stderr
     )
+
+
+def test_research_over_colony_vcm_cites_the_definition_that_answers(
+    colony_up, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Issue 37's acceptance: `colony run research --map colony/vcm --input '{"question": ...}'` on
+    the embedded model, as docs/research.md shows it: progress on stderr (files examined, workers,
+    evidence), and the answer's first citation is a line of the class that cuts a folder into pages."""
+    settings, _info = colony_up
+    folder = tmp_path / "vcm-research"  # a copy under the cluster's allowed roots
+    shutil.copytree(
+        Path(__file__).resolve().parents[1] / "colony" / "vcm",
+        folder,
+        ignore=shutil.ignore_patterns("__pycache__"),
+    )
+    monkeypatch.setenv("COLONY_DATA_DIR", str(settings.data_dir))
+    question = {"question": "Where is a folder cut into pages of a bounded number of tokens?"}
+    code = cli.main(["run", "research", "--map", str(folder), "--input", json.dumps(question), "--json"])
+    out, err = capsys.readouterr()
+    assert code == 0, err
+    output = json.loads(out)
+    tree = ast.parse((folder / "pages.py").read_text())
+    (page_source,) = [n for n in tree.body if isinstance(n, ast.ClassDef) and n.name == "PageSource"]
+    first = output["citations"][0]
+    assert first["path"] == "pages.py" and page_source.lineno <= first["line"] <= page_source.end_lineno, (
+        output
+    )
+    assert first["text"] == (folder / "pages.py").read_text().split("\n")[first["line"] - 1].strip()
+    assert output["answer"].startswith("`PageSource") and output["agents"] and output["not_finished"] == []
+    assert "examining" in err and "research-worker agent(s)" in err and "evidence from" in err
 
 
 def test_a_worker_that_cannot_analyse_its_page_makes_analyze_exit_non_zero_naming_the_files(

@@ -94,6 +94,22 @@ def page_groups(pages: list[str], per_worker: int, max_workers: int) -> list[lis
     return [pages[i : i + size] for i in range(0, len(pages), size)]
 
 
+async def generate_when_a_slot_frees(
+    replica: ReplicaHost, request: dict[str, Any], page_id: str, holder: str | None
+) -> dict[str, Any]:
+    """`replica.generate` over one page, waiting for a page slot as long as other workers hold them
+    all: more workers than slots on one replica take turns (each waits `vcm.page_wait_seconds` per
+    try), up to `SLOT_WAIT_SECONDS` in all; only then does the page's work fail."""
+    deadline = time.monotonic() + SLOT_WAIT_SECONDS
+    while True:
+        try:
+            return await replica.generate(request, [page_id], holder=holder)
+        except PageSlotsBusy:
+            if time.monotonic() >= deadline:
+                raise
+            log.info("page %s: every slot is busy with other workers' pages; waiting on", page_id)
+
+
 class ReportTo(BaseModel):
     """Where a page worker reports its progress: its coordinator's run (the request being served)."""
 
@@ -249,22 +265,6 @@ class PageSummaryCapability(AgentCapability):
             "cached_tokens": cached,
         }
 
-    async def _generate_when_a_slot_frees(
-        self, request: dict[str, Any], page_id: str, holder: str | None
-    ) -> dict[str, Any]:
-        """`replica.generate`, waiting for a page slot as long as other workers hold them all: more
-        workers than slots on one replica take turns (each waits `vcm.page_wait_seconds` per try),
-        up to `SLOT_WAIT_SECONDS` in all; only then is the page given up as not analysed."""
-        assert self.replica is not None
-        deadline = time.monotonic() + SLOT_WAIT_SECONDS
-        while True:
-            try:
-                return await self.replica.generate(request, [page_id], holder=holder)
-            except PageSlotsBusy:
-                if time.monotonic() >= deadline:
-                    raise
-                log.info("page %s: every slot is busy with other workers' pages; waiting on", page_id)
-
     async def _ask(self, page_id: str, described: str, rejected: Verdict | None) -> tuple[str, int, int]:
         """(at most two whole sentences of the model's summary, pages faulted in, cached tokens)."""
         assert self.replica is not None
@@ -281,7 +281,7 @@ class PageSummaryCapability(AgentCapability):
         # pinned from fault to answer (no other worker's fault evicts it meanwhile); as the holder
         # of its bound pages this worker may evict its own previous page for its next one
         holder = self.agent.agent_id if self.agent is not None else None
-        answer = await self._generate_when_a_slot_frees(request, page_id, holder)
+        answer = await generate_when_a_slot_frees(self.replica, request, page_id, holder)
         cached = int(answer.get("usage", {}).get("cached_tokens", 0))
         if self.agent is not None:
             self.agent.record_page_access([page_id], self.replica.replica_id, cached)

@@ -21,6 +21,7 @@ from colony.errors import ConfigError
 from colony.system.analyze import analyze_blueprint
 from colony.system.assistant import assistant_blueprint
 from colony.system.builtin import ask_blueprint, echo_blueprint, session_starter_blueprint
+from colony.system.research import research_blueprint
 
 AgentFactory = Callable[[str], AgentBlueprint]
 
@@ -29,6 +30,7 @@ BUILTIN_AGENTS: dict[str, AgentFactory] = {
     "ask": ask_blueprint,
     "analyze": analyze_blueprint,
     "assistant": assistant_blueprint,
+    "research": research_blueprint,
     "session": session_starter_blueprint,
 }
 

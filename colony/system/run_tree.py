@@ -10,6 +10,7 @@ MAX_DEPTH levels.
 
 from __future__ import annotations
 
+import logging
 import re
 from typing import Any, Literal
 
@@ -17,9 +18,11 @@ from pydantic import BaseModel, Field
 
 from colony.blackboard import Blackboard, BlackboardScope, scope_id
 from colony.blackboard.protocol import AgentRunProtocol, AgentStateProtocol
+from colony.errors import ConcurrentModificationError
 from colony.system.registry import DONE_STATES
 from colony.wire.ids import ID_PATTERN
 
+log = logging.getLogger(__name__)
 MAX_NODES = 500
 MAX_DEPTH = 8
 NodeStatus = Literal["queued", "running", "suspended", "succeeded", "failed", "cancelled", "gone"]
@@ -64,6 +67,32 @@ class RunTreeReader:
     async def tree(self, agent: str, run_id: str) -> RunTree:
         root = await self._node(agent, run_id, depth=0)
         return RunTree(trace_id=run_id, root=root, nodes=self.count, truncated=self.truncated)
+
+    async def cancel_below(self, agent: str, run_id: str, *, reason: str, writer: str) -> list[str]:
+        """Answer every request of the job under the run (not the run itself) that has not ended as
+        cancelled (create-only: an answer already there stands); their agents cancel their runs at
+        their next step, one-shot children then stop. The `agent/request` ids this call cancelled."""
+        tree = await self.tree(agent, run_id)
+        cancelled: list[str] = []
+        pending = list(tree.root.children)
+        while pending:
+            node = pending.pop()
+            pending.extend(node.children)
+            if node.status not in ("queued", "running", "suspended"):
+                continue
+            value = {"status": "cancelled", "output": None, "error": reason, "run_id": None, "steps": 0}
+            try:
+                await self._board(node.agent).write(
+                    AgentRunProtocol.result_key(node.request_id),
+                    value,
+                    tags={AgentRunProtocol.request_tag(node.request_id)},
+                    created_by=writer,
+                    expected_version=0,
+                )
+            except ConcurrentModificationError:
+                continue  # it answered meanwhile
+            cancelled.append(f"{node.agent}/{node.request_id}")
+        return cancelled
 
     async def _node(self, agent: str, request_id: str, depth: int) -> RunNode:
         self.count += 1
@@ -110,6 +139,24 @@ class RunTreeReader:
         if claim is None:
             return "queued"
         return "suspended" if value.get("state") == "suspended" else "running"
+
+
+async def end_children(
+    root: Blackboard, *, tenant_id: str, colony_id: str, namespace: str, agent: str, run_id: str, writer: str
+) -> None:
+    """A run ended from the API side (cancelled, timed out) takes the runs it started with it (a
+    coordinator's workers, a planner's children): each one not ended is cancelled. Best effort: a
+    child missed here still ends with its own deadline."""
+    reader = RunTreeReader(root, tenant_id=tenant_id, colony_id=colony_id, namespace=namespace)
+    try:
+        ended = await reader.cancel_below(
+            agent, run_id, reason=f"its parent run {run_id} ended", writer=writer
+        )
+    except Exception as exc:
+        log.warning("run %s: the runs it started were not cancelled: %r", run_id, exc)
+        return
+    if ended:
+        log.info("run %s ended: cancelled %d of the runs it started", run_id, len(ended))
 
 
 def _valid(child: Any) -> bool:

@@ -66,7 +66,7 @@ from colony.errors import (
 )
 from colony.system.builtin import RUNS_NAMESPACE
 from colony.system.registry import AgentRegistry
-from colony.system.run_tree import RunTree, RunTreeReader
+from colony.system.run_tree import RunTree, RunTreeReader, end_children
 from colony.wire.run_events import STARTED, is_terminal, terminal_event
 
 log = logging.getLogger(__name__)
@@ -409,6 +409,8 @@ class RunService:
             [], self.retention_seconds, tag=AgentRunProtocol.request_tag(record.run_id), trim_events=True
         )
         await self._retire_record(record.run_id)
+        where = {"tenant_id": self.tenant_id, "colony_id": self.colony_id, "namespace": record.namespace}
+        await end_children(self._root, **where, agent=record.agent, run_id=record.run_id, writer=API_WRITER)
         return entry
 
     async def _retire_record(self, run_id: str) -> None:

@@ -49,9 +49,9 @@ class MappedFiles:
     missing_pages: list[str] = field(default_factory=list)
 
     @classmethod
-    async def load(cls, table: PageTable, source_id: str) -> MappedFiles:
+    async def load(cls, table: PageTable, source_id: str, *, paths: set[str] | None = None) -> MappedFiles:
         """The source's files, from its pages in Redis (pages gone, expired by retention, are listed
-        in `missing_pages`; their lines are absent)."""
+        in `missing_pages`; their lines are absent); `paths`: only the pages holding these files."""
         record = await table.source(source_id)
         if record is None:
             raise InvalidArgument(
@@ -60,6 +60,8 @@ class MappedFiles:
         out = cls(record)
         for page_id in record.page_ids:
             info = await table.page(page_id)
+            if paths is not None and info is not None and not any(f.path in paths for f in info.files):
+                continue
             try:
                 text = (await table.content(page_id)).text
             except PageNotResident:

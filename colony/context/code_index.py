@@ -1,0 +1,390 @@
+"""A lexical index of the definitions in a mapped folder: where in the code a question is answered.
+
+Every function, class, method and module constant becomes one small document: its name (split at
+`_` and case changes), the class it belongs to, its docstring, its parameters, the names and words
+its body uses, and its file's name. A question is scored against them with BM25 over weighted
+fields; a question word also matches a name that contains it (`date` in `parsedate`), since
+identifiers run words together. Python files are read with `ast`; other files (or Python that does
+not parse) by their definition lines only.
+
+The index knows nothing of the questions it will be asked: its weights were set on a development
+set of questions over other packages (benchmarks/research_questions/dev.json), never on the test
+set (docs/research.md).
+"""
+
+from __future__ import annotations
+
+import ast
+import math
+import re
+from collections import Counter
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+
+MAX_DOC_CHARS = 800  # of a docstring indexed
+MAX_BODY_WORDS = 200  # words of a body indexed
+MAX_DEFINITIONS = 50_000  # of one folder indexed (a bigger folder's rest is not indexed)
+MAX_FILE_CHARS = 2_000_000  # a file longer than this is indexed by its definition lines only
+MAX_BLOCK_DEPTH = 16  # nested `if`/`try`/`with` blocks read by `ast` (deeper: the file by its lines)
+MAX_TERMS = 64  # distinct words of a question scored (a longer question's rest is not)
+WORD = re.compile(r"[A-Z]+(?![a-z])|[A-Z]?[a-z][a-z0-9]*|[0-9]+")  # HTTPSConnection: HTTPS, Connection
+DEFINITION_LINE = re.compile(
+    r"^\s*(?:(?:async\s+)?def|class|(?:export\s+)?(?:async\s+)?function|func|fn|struct|interface)\s+"
+    r"([A-Za-z_][A-Za-z0-9_]{0,127})"
+)
+# words that say nothing about what a piece of code does
+STOP = frozenset(
+    [
+        "a",
+        "an",
+        "and",
+        "are",
+        "as",
+        "at",
+        "be",
+        "by",
+        "can",
+        "do",
+        "does",
+        "for",
+        "from",
+        "has",
+        "have",
+        "how",
+        "i",
+        "in",
+        "into",
+        "is",
+        "it",
+        "its",
+        "of",
+        "on",
+        "or",
+        "that",
+        "the",
+        "their",
+        "them",
+        "then",
+        "there",
+        "these",
+        "this",
+        "to",
+        "was",
+        "what",
+        "when",
+        "where",
+        "which",
+        "while",
+        "who",
+        "why",
+        "will",
+        "with",
+        "without",
+        "you",
+        "your",
+        "code",
+        "function",
+        "functions",
+        "class",
+        "classes",
+        "method",
+        "methods",
+        "module",
+        "python",
+        "package",
+        "file",
+        "files",
+        "defined",
+        "define",
+        "defines",
+        "implemented",
+        "implement",
+        "implements",
+        "used",
+        "use",
+        "uses",
+        "using",
+        "handle",
+        "handles",
+        "handled",
+        "handling",
+        "find",
+        "self",
+        "cls",
+        "def",
+        "return",
+        "returns",
+        "none",
+        "true",
+        "false",
+        "get",
+        "set",
+        "value",
+        "values",
+        "object",
+        "objects",
+        "one",
+        "given",
+        "called",
+        "call",
+        "calls",
+        "thing",
+        "things",
+        "part",
+        "parts",
+        "actually",
+    ]
+)
+FIELDS = {"name": 3.0, "owner": 1.0, "doc": 2.0, "params": 0.5, "body": 0.8, "path": 0.8}
+K1, B = 1.2, 0.75
+PUBLIC_BONUS = 1.1  # a public name is likelier the answer than a private helper of the same words
+
+
+def stem(word: str) -> str:
+    """A light suffix stripper (`parsing`, `parses`, `parsed` -> `pars`): question words meet the
+    forms code uses."""
+    for suffix in ("ations", "ation", "ings", "ing", "ers", "ies", "ied", "ed", "es", "er", "s"):
+        if word.endswith(suffix) and len(word) - len(suffix) >= 3:
+            return word[: -len(suffix)] + ("y" if suffix in ("ies", "ied") else "")
+    return word[:-1] if word.endswith("e") and len(word) > 4 else word  # parse: pars, as parsed
+
+
+def words(text: str) -> list[str]:
+    """The stemmed words of `text`: identifiers split at `_` and case changes, stop words left out."""
+    out = []
+    for token in WORD.findall(text):
+        lowered = token.lower()
+        if lowered not in STOP and len(lowered) > 1:
+            out.append(stem(lowered))
+    return out
+
+
+@dataclass
+class Definition:
+    """One definition: where it is (path and 1-based line), what it is and its indexed words."""
+
+    path: str
+    line: int
+    name: str  # qualified: `Class.method`
+    kind: str  # "function", "class", "method", "constant", "definition"
+    text: str  # its first line
+    doc: str = ""  # its docstring's first line
+    fields: dict[str, Counter[str]] = field(default_factory=dict)
+    length: float = 0.0
+
+    def cite(self) -> dict[str, object]:
+        return {"path": self.path, "line": self.line, "text": self.text.strip()[:400], "name": self.name}
+
+
+@dataclass
+class Scored:
+    definition: Definition
+    score: float
+
+
+class CodeIndex:
+    """Definitions of a folder's files, scored against a question (BM25 over weighted fields)."""
+
+    def __init__(self, files: dict[str, list[str]]) -> None:
+        self.definitions: list[Definition] = []
+        for path in sorted(files):
+            if len(self.definitions) >= MAX_DEFINITIONS:
+                break
+            self.definitions.extend(definitions_of(path, files[path]))
+        del self.definitions[MAX_DEFINITIONS:]
+        for definition in self.definitions:
+            definition.length = sum(
+                FIELDS[name] * sum(counts.values()) for name, counts in definition.fields.items()
+            )
+        total = len(self.definitions) or 1
+        self.average = sum(d.length for d in self.definitions) / total or 1.0
+        frequency: Counter[str] = Counter()
+        for definition in self.definitions:
+            frequency.update({w for counts in definition.fields.values() for w in counts})
+        self.idf = {w: math.log(1 + (total - n + 0.5) / (n + 0.5)) for w, n in frequency.items()}
+        self.names = {w for d in self.definitions for w in d.fields.get("name", ())}
+        self.total = total
+        # word -> the definitions holding it (in any field; in their name): only those are scored
+        self.postings: dict[str, list[int]] = {}
+        self.named: dict[str, list[int]] = {}
+        for number, definition in enumerate(self.definitions):
+            for word in {w for counts in definition.fields.values() for w in counts}:
+                self.postings.setdefault(word, []).append(number)
+            for word in definition.fields.get("name", ()):
+                self.named.setdefault(word, []).append(number)
+
+    def _idf(self, word: str) -> float:
+        return self.idf.get(word, math.log(1 + (self.total + 0.5) / 0.5))
+
+    def _name_matches(self, term: str) -> list[str]:
+        """Name words a question word matches: itself, and names that contain it (4+ letters)."""
+        if len(term) < 4:
+            return [term] if term in self.names else []
+        return [n for n in self.names if term in n]
+
+    def search(self, question: str, *, limit: int = 20, paths: Iterable[str] | None = None) -> list[Scored]:
+        """The definitions best matching `question`, best first (those of `paths` only, if given)."""
+        terms = list(dict.fromkeys(words(question)))[:MAX_TERMS]
+        if not terms:
+            return []
+        within = set(paths) if paths is not None else None
+        # per question word: the definitions whose name runs it into others (`date` in `parsedate`)
+        inside: dict[str, set[int]] = {}
+        holding: set[int] = set()
+        for term in terms:
+            inside[term] = {n for name in self._name_matches(term) for n in self.named.get(name, ())}
+            holding.update(self.postings.get(term, ()))
+            holding.update(inside[term])
+        scored = []
+        for number in sorted(holding):
+            definition = self.definitions[number]
+            if within is not None and definition.path not in within:
+                continue
+            score = self._score(number, definition, terms, inside)
+            if score > 0:
+                scored.append(Scored(definition, score))
+        scored.sort(key=lambda s: (-s.score, s.definition.path, s.definition.line))
+        return scored[:limit]
+
+    def _score(
+        self, number: int, definition: Definition, terms: list[str], inside: dict[str, set[int]]
+    ) -> float:
+        norm = K1 * (1 - B + B * definition.length / self.average)
+        names = definition.fields.get("name", Counter())
+        score = 0.0
+        for term in terms:
+            tf = 0.0
+            for name, counts in definition.fields.items():
+                tf += FIELDS[name] * counts.get(term, 0)
+            if not names.get(term) and number in inside[term]:  # counted once
+                tf += FIELDS["name"] * 0.7
+            if tf:
+                score += self._idf(term) * tf * (K1 + 1) / (tf + norm)
+        if score and not definition.name.rsplit(".", 1)[-1].startswith("_"):
+            score *= PUBLIC_BONUS
+        return score
+
+    def files(self, question: str, *, limit: int = 8) -> list[tuple[str, float, list[Definition]]]:
+        """Files by how well their best definitions match: (path, score, its best definitions)."""
+        best: dict[str, list[Scored]] = {}
+        for hit in self.search(question, limit=200):
+            best.setdefault(hit.definition.path, []).append(hit)
+        ranked = [
+            (path, hits[0].score + 0.25 * sum(h.score for h in hits[1:3]), [h.definition for h in hits[:3]])
+            for path, hits in best.items()
+        ]
+        ranked.sort(key=lambda r: (-r[1], r[0]))
+        return ranked[:limit]
+
+
+def definitions_of(path: str, lines: list[str]) -> list[Definition]:
+    """The definitions of one file: by `ast` for Python that parses, else by definition lines."""
+    text = "\n".join(lines)
+    if path.endswith((".py", ".pyi")) and len(text) <= MAX_FILE_CHARS:
+        try:
+            tree = ast.parse(text)
+        except (SyntaxError, ValueError, RecursionError, MemoryError):
+            tree = None
+        if tree is not None:
+            try:
+                return _python_definitions(path, lines, tree)
+            except RecursionError:  # e.g. a chain of a thousand `elif`s: by its lines instead
+                return _line_definitions(path, lines)
+    return _line_definitions(path, lines)
+
+
+def _line_definitions(path: str, lines: list[str]) -> list[Definition]:
+    out = []
+    for number, line in enumerate(lines, 1):
+        match = DEFINITION_LINE.match(line[:1000])
+        if match:
+            name = match.group(1)
+            out.append(_made(path, number, name, "definition", line, "", [], [], ""))
+    return out
+
+
+def _python_definitions(path: str, lines: list[str], tree: ast.Module) -> list[Definition]:
+    out: list[Definition] = []
+
+    def visit(body: list[ast.stmt], owner: str, depth: int = 0) -> None:
+        if depth > MAX_BLOCK_DEPTH:
+            raise RecursionError("blocks nested too deep to index by `ast`")
+        for node in body:
+            if isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef | ast.ClassDef):
+                doc = ast.get_docstring(node, clean=True) or ""
+                if isinstance(node, ast.ClassDef):
+                    inner = [
+                        n.name for n in node.body if isinstance(n, ast.FunctionDef | ast.AsyncFunctionDef)
+                    ]
+                    params = [_dotted(b) for b in node.bases]
+                    kind, used = "class", inner
+                else:
+                    params = [a.arg for a in (*node.args.posonlyargs, *node.args.args, *node.args.kwonlyargs)]
+                    kind, used = ("method" if owner else "function"), _used(node)
+                qualified = f"{owner}.{node.name}" if owner else node.name
+                line = lines[node.lineno - 1] if node.lineno <= len(lines) else node.name
+                out.append(_made(path, node.lineno, qualified, kind, line, doc, params, used, owner))
+                if isinstance(node, ast.ClassDef) and not owner:
+                    visit(node.body, node.name, depth + 1)
+            elif isinstance(node, ast.Assign | ast.AnnAssign) and not owner:
+                targets = node.targets if isinstance(node, ast.Assign) else [node.target]
+                for target in targets:
+                    if isinstance(target, ast.Name) and target.id.isupper():
+                        line = lines[node.lineno - 1] if node.lineno <= len(lines) else target.id
+                        out.append(_made(path, node.lineno, target.id, "constant", line, "", [], [], ""))
+            elif isinstance(node, ast.If | ast.Try | ast.With):  # `try: import ssl ... else: class ...`
+                for part in ("body", "orelse", "finalbody"):
+                    visit(getattr(node, part, None) or [], owner, depth + 1)
+                for handler in getattr(node, "handlers", None) or []:
+                    visit(handler.body, owner, depth + 1)
+
+    visit(tree.body, "")
+    return out
+
+
+def _dotted(node: ast.expr) -> str:
+    if isinstance(node, ast.Attribute):
+        return node.attr
+    return node.id if isinstance(node, ast.Name) else ""
+
+
+def _used(node: ast.AST) -> list[str]:
+    """Names, attributes and words of short strings a body uses (bounded)."""
+    found: list[str] = []
+    for child in ast.walk(node):
+        if isinstance(child, ast.Name):
+            found.append(child.id)
+        elif isinstance(child, ast.Attribute):
+            found.append(child.attr)
+        elif isinstance(child, ast.Constant) and isinstance(child.value, str) and len(child.value) < 80:
+            found.append(child.value)
+        if len(found) >= MAX_BODY_WORDS:
+            break
+    return found
+
+
+def _made(
+    path: str,
+    line: int,
+    name: str,
+    kind: str,
+    text: str,
+    doc: str,
+    params: list[str],
+    used: list[str],
+    owner: str,
+) -> Definition:
+    short = name.rsplit(".", 1)[-1]
+    stem_of_path = path.rsplit("/", 1)[-1].rsplit(".", 1)[0]
+    fields = {
+        "name": Counter(words(short)),
+        "owner": Counter(words(owner)),
+        "doc": Counter(words(doc[:MAX_DOC_CHARS])),
+        "params": Counter(words(" ".join(params))),
+        "body": Counter(words(" ".join(used))[:MAX_BODY_WORDS]),
+        "path": Counter(
+            words(path.replace("/", " ")) + ([stem(stem_of_path.lower())] if stem_of_path else [])
+        ),
+    }
+    first_doc = doc.strip().split("\n", 1)[0][:200] if doc else ""
+    return Definition(path, line, name, kind, text, first_doc, fields)
