@@ -27,6 +27,7 @@ from colony.system.analyze import analyze_blueprint
 from colony.system.analyze_check import Vocabulary, check_summary
 from colony.system.control import ControlPlane
 from colony.system.host import ReplicaHost
+from colony.system.research import research_blueprint
 from colony.system.runs import RunService
 
 FILES = {
@@ -79,13 +80,19 @@ class OpenAIRig:
         await self.host.start(self.bb)
         self.control.start()
         await self.control.place(analyze_blueprint())
+        await self.control.place(research_blueprint())
 
     async def close(self) -> None:
         await self.control.close()
         await self.host.close()  # closes the client engine, not the server
 
     async def analyze(self, folder: Path, timeout: float) -> tuple[Any, list[dict[str, Any]]]:
-        submitted = await self.runs.submit("analyze", {"path": str(folder), "page_tokens": 128})
+        return await self.submit("analyze", {"path": str(folder), "page_tokens": 128}, timeout)
+
+    async def submit(
+        self, agent: str, body: dict[str, Any], timeout: float
+    ) -> tuple[Any, list[dict[str, Any]]]:
+        submitted = await self.runs.submit(agent, body)
         events: list[dict[str, Any]] = []
 
         async def stream() -> None:
@@ -182,3 +189,24 @@ async def test_analyze_on_an_openai_compatible_server_is_complete_and_grounded(
     # was placed, else faulted in by its first step
     prefetched = rig.host.paging.counts["prefetched"]
     assert sum(d["faulted"] for d in done) + prefetched >= 2
+
+
+async def test_research_on_an_openai_compatible_server_cites_its_line(rig: OpenAIRig, tmp_path: Path) -> None:
+    """Issue 37: `research` needs no code change on an OpenAI-compatible endpoint: its plan and its
+    workers' choices go as JSON-schema response formats, the page as the leading system block."""
+    folder = tmp_path / "helpers"
+    folder.mkdir()
+    for name, text in FILES.items():
+        (folder / name).write_text(text)
+    question = {"question": "Where is a deadline some seconds from now computed?", "path": str(folder)}
+    run, events = await rig.submit("research", question, timeout=280)
+    assert run.status == "succeeded", run.error
+    first = run.output["citations"][0]
+    assert (first["path"], first["line"]) == ("clock.py", 8), run.output
+    formats = [
+        b["response_format"]["json_schema"]["schema"] for b in rig.sent.bodies if "response_format" in b
+    ]
+    assert any("files" in f["properties"] for f in formats) and any(
+        "choice" in f["properties"] for f in formats
+    )
+    assert any(e["event_type"] == "evidence" for e in events)
