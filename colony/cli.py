@@ -110,6 +110,7 @@ def cmd_up(args: argparse.Namespace) -> int:
     info = cluster.up(settings, args.config)
     print(f"Colony is up at {info.url}")
     print(f"token: {info.token}")
+    print(f"console: {info.url}/ui/ (log in with the token)")
     print('try: colony run ask --input \'{"question": "What is a blackboard system?"}\'')
     return 0
 

@@ -105,6 +105,7 @@ SLOW_FIXTURES: dict[str, set[str]] = {
     "test_cluster_resume.py": {"resume_cluster"},
     "test_cli_chat.py": {"chat_cluster"},
     "test_dashboards_prometheus.py": {"colony_up"},
+    "test_console_browser.py": {"colony_up", "browser"},
     "test_upgrade_rehearsal.py": {"cluster", "successor"},
     # the embedded model
     "test_analyze_grounding.py": {"embedded_rig"},

@@ -132,7 +132,7 @@ def test_the_script_installs_what_is_missing(tmp_path: Path, profile: str) -> No
     packages = install.split(" install ", 1)[1].split()
     wanted = {"python3-venv", "libgomp1"}
     if profile == "test":
-        wanted |= {"bubblewrap", "prometheus", "util-linux", "git"}
+        wanted |= {"bubblewrap", "prometheus", "util-linux", "git", "chromium"}
         # ip is looked for in /usr/sbin too (off a user's PATH), so iproute2 only where it is not there
         if not (Path("/usr/sbin/ip").exists() or Path("/sbin/ip").exists()):
             wanted.add("iproute2")
@@ -141,7 +141,7 @@ def test_the_script_installs_what_is_missing(tmp_path: Path, profile: str) -> No
 
 def test_the_script_needs_no_apt_when_nothing_is_missing(tmp_path: Path) -> None:
     script = _script(TEST_COMMAND, "test")
-    present = ["bwrap", "prometheus", "unshare", "ip", "git"]
+    present = ["bwrap", "prometheus", "unshare", "ip", "git", "chromium"]
     bin_dir, log = _stand_ins(tmp_path, present=present, venv=True, libgomp=True)
     (bin_dir / "apt-get").unlink()
     (bin_dir / "sudo").unlink()

@@ -28,6 +28,7 @@ Send = Callable[[Message], Awaitable[None]]
 ASGIApp = Callable[[Scope, Receive, Send], Awaitable[None]]
 
 OPEN_PATHS = frozenset({"/healthz"})
+CONSOLE_PATH = "/ui"  # the web console's static files (no data; colony.api.routes.console): no token
 METRICS_PATH = "/metrics"  # the one route the metrics-only token (api.metrics_token) opens
 DOCS_PATHS = frozenset({"/docs", "/docs/oauth2-redirect", "/redoc", "/openapi.json"})
 
@@ -117,7 +118,10 @@ class GuardMiddleware:
             await self.app(scope, receive, send)
             return
         path = app_path(scope)
-        if path not in self.open_paths:
+        console = scope.get("method") in ("GET", "HEAD") and (
+            path == CONSOLE_PATH or path.startswith(CONSOLE_PATH + "/")
+        )
+        if path not in self.open_paths and not console:
             authorization = None
             for name, value in scope.get("headers", []):
                 if name == b"authorization":

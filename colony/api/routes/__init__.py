@@ -13,6 +13,7 @@ from colony.api.routes import (
     agents,
     blocks,
     checkpoints,
+    console,
     health,
     memory,
     pages,
@@ -33,4 +34,5 @@ ROUTERS: tuple[APIRouter, ...] = (
     checkpoints.router,
     transfer.router,
     sessions.router,
+    console.router,
 )

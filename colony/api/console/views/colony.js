@@ -1,0 +1,43 @@
+// The colony at a glance: replicas (engine, agents, pages held), agents by state, the agents
+// themselves; refreshed every few seconds while shown.
+import { add, clear, el, route, table, when } from "../dom.js";
+
+const REFRESH_MS = 3000;
+const SHOWN = 500; // agents listed (the filter narrows them; the counts cover all)
+
+export async function colonyView(main, api) {
+  const counts = el("div", { class: "chips", id: "states" });
+  const replicas = el("div", { id: "replicas" });
+  const filter = el("input", { type: "search", id: "filter", placeholder: "filter agents by id or role" });
+  const agents = el("div", { id: "agents" });
+  add(main, el("h1", {}, "Colony"), el("h2", {}, "Agents by state"), counts, el("h2", {}, "Replicas"), replicas,
+    el("h2", {}, "Agents"), filter, agents);
+  let records = [];
+
+  function renderAgents() {
+    const wanted = filter.value.trim().toLowerCase();
+    const shown = records.filter((a) => !wanted || a.agent_id.toLowerCase().includes(wanted) || String(a.role || "").toLowerCase().includes(wanted));
+    add(clear(agents), 
+      table(["agent", "role", "type", "state", "replica", "updated"],
+        shown.slice(0, SHOWN).map((a) => [el("a", { href: route("agents", a.agent_id) }, a.agent_id), a.role || "", a.agent_type, a.state, a.replica || "", when(a.updated_at)])),
+      shown.length > SHOWN ? el("p", { class: "muted" }, `${shown.length - SHOWN} more; filter to find them`) : null,
+    );
+  }
+
+  async function refresh() {
+    const [agentList, replicaList] = await Promise.all([api.get("v1/agents"), api.get("v1/replicas")]);
+    records = agentList;
+    const byState = {};
+    for (const a of records) byState[a.state] = (byState[a.state] || 0) + 1;
+    add(clear(counts), ...Object.entries(byState).sort().map(([state, n]) => el("span", {}, `${state}: ${n}`)),
+      el("span", {}, `all: ${records.length}`));
+    add(clear(replicas), table(["replica", "engine", "agents", "pages resident", "swapped", "faults", "updated"],
+      replicaList.map((r) => [r.replica_id, r.engine, r.agents, (r.pages || {}).resident ?? "", (r.pages || {}).swapped ?? "", (r.pages || {}).faulted ?? "", when(r.updated_at)])));
+    renderAgents();
+  }
+
+  filter.addEventListener("input", renderAgents);
+  await refresh();
+  const timer = setInterval(() => refresh().catch(() => {}), REFRESH_MS);
+  return () => clearInterval(timer);
+}

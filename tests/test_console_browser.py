@@ -1,0 +1,147 @@
+"""The web console (issue 38) in a real browser: headless Chromium (the Debian package) driven by
+Playwright's Python package pointed at that binary (no browser download), against a real
+`colony up` cluster. Logs in, watches the colony and a run stream to completion, shows a block
+holding markup as text, and checks the Content-Security-Policy and where the token is kept.
+Screenshots of each view go to $CONSOLE_SCREENSHOTS (default: the test's temporary folder)."""
+
+from __future__ import annotations
+
+import os
+import shutil
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from playwright.sync_api import Page, expect, sync_playwright
+
+from colony.blackboard.redis_server import free_port
+from colony.client import ColonyClient
+from colony.config import ColonySettings, ServeSettings
+from colony.serve import cluster
+
+CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser") or "/usr/bin/chromium"
+HOSTILE = '<script>window.__pwned = 1</script><img src="x" onerror="window.__pwned = 2">'
+
+
+@pytest.fixture(scope="module")
+def colony_up(
+    tmp_path_factory: pytest.TempPathFactory,
+) -> Iterator[tuple[ColonySettings, cluster.ClusterInfo]]:
+    settings = ColonySettings(
+        data_dir=tmp_path_factory.mktemp("console-up"),
+        serve=ServeSettings(port=free_port(), num_cpus=2, replica_cpus=0.5),
+    )
+    info = cluster.up(settings)
+    yield settings, info
+    cluster.down(settings)
+
+
+@pytest.fixture(scope="module")
+def browser() -> Iterator[Any]:
+    with sync_playwright() as playwright:
+        launched = playwright.chromium.launch(executable_path=CHROMIUM, args=["--no-sandbox"])
+        yield launched
+        launched.close()
+
+
+@pytest.fixture
+def shots(tmp_path: Path) -> Path:
+    folder = Path(os.environ.get("CONSOLE_SCREENSHOTS") or tmp_path)
+    folder.mkdir(parents=True, exist_ok=True)
+    return folder
+
+
+def new_page(browser: Any) -> Page:
+    """A page that fails the test on a script error or a console error (a CSP violation included)."""
+    page = browser.new_page()
+    problems: list[str] = []
+    page.on("pageerror", lambda error: problems.append(f"page error: {error}"))
+    page.on(
+        "console",
+        lambda message: problems.append(f"console: {message.text}") if message.type == "error" else None,
+    )
+    page.problems = problems  # type: ignore[attr-defined]
+    return page
+
+
+def no_problems(page: Page) -> None:
+    # the wrong token's 401 is the one error the login test causes on purpose
+    left = [p for p in page.problems if "401" not in p]  # type: ignore[attr-defined]
+    assert not left, left
+
+
+def logged_in(browser: Any, info: cluster.ClusterInfo) -> Page:
+    page = new_page(browser)
+    response = page.goto(f"{info.url}/ui")
+    assert response is not None and response.ok
+    csp = response.headers["content-security-policy"]
+    assert "script-src 'self'" in csp and "unsafe-inline" not in csp and "unsafe-eval" not in csp
+    page.fill("#token", info.token)
+    page.click("#login button[type=submit]")
+    expect(page.locator("#states")).to_contain_text("all:")
+    return page
+
+
+def test_log_in_and_see_the_colony(colony_up: Any, browser: Any, shots: Path) -> None:
+    _, info = colony_up
+    page = new_page(browser)
+    page.goto(f"{info.url}/ui/")
+    page.fill("#token", "not-the-token")
+    page.click("#login button[type=submit]")
+    expect(page.locator("#login .error")).to_contain_text("not accepted")
+    page.screenshot(path=str(shots / "console-login.png"))
+    no_problems(page)
+    page = logged_in(browser, info)
+    expect(page.locator("#replicas tbody tr").first).to_be_visible()
+    expect(page.locator("#agents")).to_contain_text("echo")
+    expect(page.locator("main")).not_to_contain_text("null")
+    page.screenshot(path=str(shots / "console-colony.png"), full_page=True)
+    # the token is in this tab's session storage only: not in the URL, not in a cookie
+    assert page.evaluate("sessionStorage.getItem('colony.token')") == info.token
+    assert info.token not in page.url and page.context.cookies() == []
+    page.click("#logout")
+    expect(page.locator("#login")).to_be_visible()
+    assert page.evaluate("sessionStorage.getItem('colony.token')") is None
+    no_problems(page)
+
+
+def test_a_run_streams_to_completion(colony_up: Any, browser: Any, shots: Path) -> None:
+    _, info = colony_up
+    page = logged_in(browser, info)
+    page.click("text=Start a run")
+    page.fill("#agent", "ask")
+    page.fill("#input", '{"question": "What is the capital of France?"}')
+    page.click("#submit button[type=submit]")
+    expect(page.locator("#status")).to_contain_text("succeeded", timeout=180_000)
+    expect(page.locator("#events")).to_contain_text("completed")
+    answer = page.locator("#answer").inner_text()
+    run_id = page.url.rsplit("/", 1)[-1]
+    with ColonyClient(info.url, info.token) as client:
+        assert client.get(run_id)["output"] == answer.strip()  # the streamed text is the run's output
+    page.screenshot(path=str(shots / "console-run.png"), full_page=True)
+    no_problems(page)
+
+
+def test_a_block_holding_markup_is_shown_as_text(colony_up: Any, browser: Any, shots: Path) -> None:
+    _, info = colony_up
+    with ColonyClient(info.url, info.token) as client:
+        client.blocks.create("assistant", "hostile", content=HOSTILE)
+    page = logged_in(browser, info)
+    page.goto(f"{info.url}/ui/#/agents/assistant")
+    expect(page.locator("#blocks")).to_contain_text(HOSTILE)
+    assert page.evaluate("window.__pwned") is None
+    assert page.locator("#blocks img").count() == 0 and page.locator("#blocks script").count() == 0
+    expect(page.locator("main")).not_to_contain_text("null")
+    page.screenshot(path=str(shots / "console-agent.png"), full_page=True)
+    no_problems(page)
+
+
+def test_console_files_need_no_token_and_the_api_still_does(colony_up: Any) -> None:
+    import httpx
+
+    _, info = colony_up
+    assert httpx.get(f"{info.url}/ui/app.js").status_code == 200
+    assert httpx.get(f"{info.url}/ui/nothing.js").status_code == 404
+    assert httpx.post(f"{info.url}/ui/").status_code == 401  # only reads are open
+    assert httpx.get(f"{info.url}/v1/agents").status_code == 401
