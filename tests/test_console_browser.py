@@ -145,3 +145,26 @@ def test_console_files_need_no_token_and_the_api_still_does(colony_up: Any) -> N
     assert httpx.get(f"{info.url}/ui/nothing.js").status_code == 404
     assert httpx.post(f"{info.url}/ui/").status_code == 401  # only reads are open
     assert httpx.get(f"{info.url}/v1/agents").status_code == 401
+
+
+def test_undo_a_checkpoint_after_confirming(colony_up: Any, browser: Any, shots: Path) -> None:
+    _, info = colony_up
+    with ColonyClient(info.url, info.token, timeout=300) as client:
+        run = client.run("assistant", {"task": "Remember that my cat is called Tom."})
+        assert run["status"] == "succeeded", run
+        before = client.context.checkpoints("assistant")
+    assert len(before) >= 2
+    page = logged_in(browser, info)
+    page.goto(f"{info.url}/ui/#/agents/assistant")
+    expect(page.locator("#checkpoints tbody tr")).to_have_count(len(before))
+    page.once("dialog", lambda dialog: dialog.dismiss())  # asked first; "no" changes nothing
+    page.click("#undo")
+    expect(page.locator("#undo-report")).to_have_count(0)
+    page.once("dialog", lambda dialog: dialog.accept())
+    page.click("#undo")
+    expect(page.locator("#undo-report")).to_contain_text("not_undone")
+    # back at the checkpoint before the newest (the agent may then run the discarded step again)
+    expect(page.locator("#undo-report")).to_contain_text(f'"step": {before[-2]["step"]},')
+    expect(page.locator("#undo-report")).to_contain_text(f'"discarded": [\n    {before[-1]["step"]}\n  ]')
+    page.screenshot(path=str(shots / "console-undo.png"), full_page=True)
+    no_problems(page)

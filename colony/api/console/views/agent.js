@@ -38,8 +38,10 @@ export async function agentView(main, api, id) {
         add(result, errorText(error));
       }
     } }, "Undo last step");
-    add(checkpoints, list.length ? table(["step", "taken", "action"], list.map((c) => [String(c.step ?? ""), when(c.created_at ?? c.at), c.action || c.last_action || ""]))
-      : el("p", { class: "muted" }, "No checkpoints."), list.length ? undo : null);
+    add(checkpoints, list.length ? table(["step", "taken", "run", "run status", "agent state"],
+      list.map((c) => [String(c.step), when(c.at), c.request_id ? el("a", { href: route("runs", c.request_id) }, c.request_id) : c.run_id,
+        c.run_status || "", c.lifecycle]))
+      : el("p", { class: "muted" }, "No checkpoints."), list.length > 1 ? undo : null);
   } catch (error) {
     add(checkpoints, errorText(error));
   }
