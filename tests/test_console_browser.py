@@ -168,3 +168,49 @@ def test_undo_a_checkpoint_after_confirming(colony_up: Any, browser: Any, shots:
     expect(page.locator("#undo-report")).to_contain_text(f'"discarded": [\n    {before[-1]["step"]}\n  ]')
     page.screenshot(path=str(shots / "console-undo.png"), full_page=True)
     no_problems(page)
+
+
+def test_a_blocks_history_diff_and_rollback(colony_up: Any, browser: Any, shots: Path) -> None:
+    _, info = colony_up
+    with ColonyClient(info.url, info.token) as client:
+        client.blocks.create("echo", "notes", content="first line\nsecond line")
+        client.blocks.append("echo", "notes", "third line")
+    page = logged_in(browser, info)
+    page.goto(f"{info.url}/ui/#/agents/echo")
+    page.click("#blocks a:text-is('notes')")
+    expect(page.locator("#content")).to_contain_text("third line")
+    expect(page.locator("table tbody tr")).to_have_count(2)  # created, appended
+    expect(page.locator("#diff .added")).to_contain_text("+ third line")
+    expect(page.locator("#diff .removed")).to_have_count(0)
+    page.screenshot(path=str(shots / "console-block.png"), full_page=True)
+    page.once("dialog", lambda dialog: dialog.accept())
+    page.click("#rollback")
+    expect(page.locator("#rollback-report")).to_contain_text('"version": 3')
+    with ColonyClient(info.url, info.token) as client:
+        first = client.blocks.read("echo", "notes", version=1)["content"]
+        assert client.blocks.read("echo", "notes")["content"] == first and "third" not in first
+    no_problems(page)
+
+
+def test_chat_two_turns_and_go_back(colony_up: Any, browser: Any, shots: Path) -> None:
+    _, info = colony_up
+    page = logged_in(browser, info)
+    page.click("text=Chat")
+    page.click("#new-session")
+    expect(page.locator("#chat")).to_be_visible(timeout=60_000)
+    for message in ("Hello, my name is Dana.", "What is two plus two?"):
+        page.fill("#message", message)
+        page.click("#chat button[type=submit]")
+        expect(page.locator("#messages .message.user").last).to_contain_text(message, timeout=180_000)
+        expect(
+            page.locator("#messages .message.assistant").nth(
+                page.locator("#messages .message.user").count() - 1
+            )
+        ).to_be_visible(timeout=180_000)
+    expect(page.locator("#messages .message")).to_have_count(4)
+    page.screenshot(path=str(shots / "console-chat.png"), full_page=True)
+    page.once("dialog", lambda dialog: dialog.accept())
+    page.locator("#messages .message .revert").nth(1).click()  # back to the first reply
+    expect(page.locator("#messages .message")).to_have_count(2)
+    expect(page.locator("#messages")).not_to_contain_text("two plus two")
+    no_problems(page)

@@ -65,11 +65,17 @@ export class Api {
     return response.json();
   }
 
-  // A run's events as they come (Server-Sent Events read through fetch, which can send the
-  // token; EventSource cannot): calls `onEvent(event)` for each until the stream ends or
-  // `signal` aborts.
-  async events(path, onEvent, signal) {
-    const response = await fetch(url(path), { headers: this.headers({ Accept: "text/event-stream" }), signal });
+  // Events as they come (Server-Sent Events read through fetch, which can send the token;
+  // EventSource cannot): calls `onEvent(event)` for each until the stream ends or `signal`
+  // aborts. With `body`, a POST (a session turn).
+  async events(path, onEvent, signal, body = undefined) {
+    const init = { headers: this.headers({ Accept: "text/event-stream" }), signal };
+    if (body !== undefined) {
+      init.method = "POST";
+      init.headers = this.headers({ Accept: "text/event-stream", "Content-Type": "application/json", "Idempotency-Key": crypto.randomUUID() });
+      init.body = JSON.stringify(body);
+    }
+    const response = await fetch(url(path), init);
     if (!response.ok) throw await failure(response);
     const reader = response.body.getReader();
     const decoder = new TextDecoder();

@@ -3,8 +3,10 @@
 import { Api, forgetToken, savedToken, saveToken } from "./api.js";
 import { add, clear, el, errorText } from "./dom.js";
 import { agentView } from "./views/agent.js";
+import { blockView } from "./views/block.js";
 import { colonyView } from "./views/colony.js";
 import { runView, submitView } from "./views/run.js";
+import { newSessionView, sessionView } from "./views/session.js";
 
 const main = document.getElementById("main");
 const nav = document.getElementById("nav");
@@ -49,15 +51,18 @@ async function show() {
   if (!token) return login();
   const api = new Api(token);
   logout.hidden = false;
-  add(clear(nav), el("a", { href: "#/" }, "Colony"), el("a", { href: "#/run" }, "Start a run"));
+  add(clear(nav), el("a", { href: "#/" }, "Colony"), el("a", { href: "#/run" }, "Start a run"), el("a", { href: "#/sessions" }, "Chat"));
   if (leaving) leaving();
   leaving = null;
   const [, kind, ...rest] = window.location.hash.replace(/^#/, "").split("/");
-  const id = rest.length ? decodeURIComponent(rest.join("/")) : null;
+  const id = rest.length ? decodeURIComponent(rest[0]) : null;
   clear(main);
   try {
     if (kind === "agents" && id) leaving = await agentView(main, api, id);
     else if (kind === "runs" && id) leaving = await runView(main, api, id);
+    else if (kind === "blocks" && id && rest.length === 2) leaving = await blockView(main, api, id, decodeURIComponent(rest[1]));
+    else if (kind === "sessions" && id) leaving = await sessionView(main, api, id);
+    else if (kind === "sessions") leaving = await newSessionView(main, api);
     else if (kind === "run") leaving = await submitView(main, api);
     else leaving = await colonyView(main, api);
   } catch (error) {

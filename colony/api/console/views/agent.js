@@ -20,7 +20,7 @@ export async function agentView(main, api, id) {
       return api.get(`v1/agents/${encodeURIComponent(id)}/blocks/${encodeURIComponent(b.label)}${owner}`).catch((error) => ({ content: `(${error.message})` }));
     }));
     add(blocks, list.length ? table(["label", "owner", "access", "content"],
-      list.map((b, n) => [b.label, b.owner, b.access, el("pre", { class: "block" }, String(views[n].content ?? ""))]))
+      list.map((b, n) => [el("a", { href: route("blocks", id, b.label) }, b.label), b.owner, b.access, el("pre", { class: "block" }, String(views[n].content ?? ""))]))
       : el("p", { class: "muted" }, "No blocks."));
   } catch (error) {
     add(blocks, errorText(error));
