@@ -53,3 +53,39 @@ def test_scripts_put_data_in_as_text_only() -> None:
         assert not forbidden.search(text), name
         if name.endswith(".html"):
             assert not re.search(r"\son[a-z]+=|style=|<script>", text), name
+
+
+async def test_a_path_under_ui_never_reaches_an_api_route_without_the_token() -> None:
+    """The guard opens reads under /ui/ without a token; a path that climbs out (not normalised
+    by a proxy in front) must still land on the console's file route, never on an API route."""
+    app = create_app(ApiServices.__new__(ApiServices), token="secret-token")
+
+    async def status(path: str) -> int:
+        sent: list[dict] = []
+        scope = {
+            "type": "http",
+            "method": "GET",
+            "path": path,
+            "raw_path": path.encode(),
+            "root_path": "",
+            "headers": [],
+            "query_string": b"",
+            "scheme": "http",
+            "server": ("x", 80),
+            "client": ("y", 1),
+            "http_version": "1.1",
+            "asgi": {"version": "3.0"},
+        }
+
+        async def receive() -> dict:
+            return {"type": "http.request", "body": b"", "more_body": False}
+
+        async def send(message: dict) -> None:
+            sent.append(message)
+
+        await app(scope, receive, send)
+        return int(sent[0]["status"])
+
+    for path in ("/ui/../v1/agents", "/ui/..%2fv1/agents", "/ui//v1/agents", "/ui/%2e%2e/v1/replicas"):
+        assert await status(path) == 404, path
+    assert await status("/v1/agents") == 401

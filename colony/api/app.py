@@ -41,7 +41,8 @@ def create_app(
     """The API over `services` (or an async provider of them, for processes that build them
     lazily, like a Serve replica whose Redis client must be created in its own event loop).
 
-    Every route but `/healthz` (and the docs when `api.public_docs`) needs the bearer token: `token`,
+    Every route but `/healthz`, the console's files (`/ui/`) and the docs when `api.public_docs`
+    needs the bearer token: `token`,
     else `services.token`. There is no way to build the app without one (ConfigError).
     Body limits (colony.api.limits.body_limit): `POST /v1/agents/{id}/import` takes up to
     `api.max_import_bytes`, and never more than `max_import_bytes` (`context.max_export_bytes`);
@@ -60,7 +61,7 @@ def create_app(
         title="Colony",
         version=__version__,
         description="Submit agent runs, stream their events, read results. "
-        "Every route but /healthz needs `Authorization: Bearer <token>`.",
+        "Every route but /healthz and the console's files (/ui/) needs `Authorization: Bearer <token>`.",
     )
     app.state.colony = context  # what colony.api.deps.api_context hands the routes
     app.add_middleware(  # inside the guard: a key is looked at once the token and body passed
