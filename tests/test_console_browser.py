@@ -214,3 +214,21 @@ def test_chat_two_turns_and_go_back(colony_up: Any, browser: Any, shots: Path) -
     expect(page.locator("#messages .message")).to_have_count(2)
     expect(page.locator("#messages")).not_to_contain_text("two plus two")
     no_problems(page)
+
+
+def test_memory_map_and_recall_with_scores(colony_up: Any, browser: Any, shots: Path) -> None:
+    _, info = colony_up
+    with ColonyClient(info.url, info.token) as client:
+        client.memory.write("assistant", "working", "The staging database moved to port 6543.", tags=["ops"])
+    page = logged_in(browser, info)
+    page.goto(f"{info.url}/ui/#/agents/assistant")
+    page.click("#memory-link")
+    expect(page.locator("main table").first).to_contain_text("working")
+    expect(page.locator("#dataflow")).to_contain_text("→")
+    page.fill("#query", "Which port does the staging database use?")
+    page.fill("#tag", "ops")
+    page.click("#recall button[type=submit]")
+    expect(page.locator("#recalled")).to_contain_text("6543")
+    expect(page.locator("#recalled")).to_contain_text("vector")  # each result's scores
+    page.screenshot(path=str(shots / "console-memory.png"), full_page=True)
+    no_problems(page)

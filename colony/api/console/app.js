@@ -5,6 +5,7 @@ import { add, clear, el, errorText } from "./dom.js";
 import { agentView } from "./views/agent.js";
 import { blockView } from "./views/block.js";
 import { colonyView } from "./views/colony.js";
+import { memoryView } from "./views/memory.js";
 import { runView, submitView } from "./views/run.js";
 import { newSessionView, sessionView } from "./views/session.js";
 
@@ -58,7 +59,8 @@ async function show() {
   const id = rest.length ? decodeURIComponent(rest[0]) : null;
   clear(main);
   try {
-    if (kind === "agents" && id) leaving = await agentView(main, api, id);
+    if (kind === "agents" && id && rest[1] === "memory") leaving = await memoryView(main, api, id);
+    else if (kind === "agents" && id) leaving = await agentView(main, api, id);
     else if (kind === "runs" && id) leaving = await runView(main, api, id);
     else if (kind === "blocks" && id && rest.length === 2) leaving = await blockView(main, api, id, decodeURIComponent(rest[1]));
     else if (kind === "sessions" && id) leaving = await sessionView(main, api, id);

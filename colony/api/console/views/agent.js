@@ -12,7 +12,8 @@ export async function agentView(main, api, id) {
       [[agent.role || "", agent.agent_type, agent.state, agent.replica || "", when(agent.created_at), when(agent.updated_at)]]));
   const blocks = el("div", { id: "blocks" });
   const checkpoints = el("div", { id: "checkpoints" });
-  add(main, el("h2", {}, "Memory blocks"), blocks, el("h2", {}, "Checkpoints"), checkpoints, result);
+  add(main, el("p", {}, el("a", { href: route("agents", agent.agent_id, "memory"), id: "memory-link" }, "Memory: scopes, dataflow, recall")),
+    el("h2", {}, "Memory blocks"), blocks, el("h2", {}, "Checkpoints"), checkpoints, result);
   try {
     const list = (await api.get(`v1/agents/${encodeURIComponent(id)}/blocks`)).slice(0, MAX_BLOCKS);
     const views = await Promise.all(list.map((b) => {
