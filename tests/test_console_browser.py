@@ -95,6 +95,8 @@ def test_log_in_and_see_the_colony(colony_up: Any, browser: Any, shots: Path) ->
     page = logged_in(browser, info)
     expect(page.locator("#replicas tbody tr").first).to_be_visible()
     expect(page.locator("#agents")).to_contain_text("echo")
+    expect(page.locator("#waiting")).to_contain_text("No agent is suspended")
+    expect(page.locator("#pages")).to_contain_text("page(s) mapped")
     expect(page.locator("main")).not_to_contain_text("null")
     page.screenshot(path=str(shots / "console-colony.png"), full_page=True)
     # the token is in this tab's session storage only: not in the URL, not in a cookie

@@ -8,10 +8,12 @@ const SHOWN = 500; // agents listed (the filter narrows them; the counts cover a
 export async function colonyView(main, api) {
   const counts = el("div", { class: "chips", id: "states" });
   const replicas = el("div", { id: "replicas" });
+  const pages = el("div", { id: "pages" });
+  const waiting = el("div", { id: "waiting" });
   const filter = el("input", { type: "search", id: "filter", placeholder: "filter agents by id or role" });
   const agents = el("div", { id: "agents" });
   add(main, el("h1", {}, "Colony"), el("h2", {}, "Agents by state"), counts, el("h2", {}, "Replicas"), replicas,
-    el("h2", {}, "Agents"), filter, agents);
+    el("h2", {}, "Pages on replicas"), pages, el("h2", {}, "Waiting to be resumed"), waiting, el("h2", {}, "Agents"), filter, agents);
   let records = [];
 
   function renderAgents() {
@@ -25,7 +27,7 @@ export async function colonyView(main, api) {
   }
 
   async function refresh() {
-    const [agentList, replicaList] = await Promise.all([api.get("v1/agents"), api.get("v1/replicas")]);
+    const [agentList, replicaList, pageList] = await Promise.all([api.get("v1/agents"), api.get("v1/replicas"), api.get("v1/vcm/pages")]);
     records = agentList;
     const byState = {};
     for (const a of records) byState[a.state] = (byState[a.state] || 0) + 1;
@@ -33,6 +35,15 @@ export async function colonyView(main, api) {
       el("span", {}, `all: ${records.length}`));
     add(clear(replicas), table(["replica", "engine", "agents", "pages resident", "swapped", "faults", "updated"],
       replicaList.map((r) => [r.replica_id, r.engine, r.agents, (r.pages || {}).resident ?? "", (r.pages || {}).swapped ?? "", (r.pages || {}).faulted ?? "", when(r.updated_at)])));
+    const held = pageList.filter((p) => (p.resident_on || []).length || (p.swapped_on || []).length).slice(0, SHOWN);
+    add(clear(pages), held.length ? table(["page", "files", "tokens", "resident on", "swapped on"],
+      held.map((p) => [p.page_id, (p.files || []).map((f) => `${f.path}:${f.start_line}-${f.end_line}`).slice(0, 4).join(", "), String(p.tokens),
+        (p.resident_on || []).join(", "), (p.swapped_on || []).join(", ")]))
+      : el("p", { class: "muted" }, `${pageList.length} page(s) mapped, none held by a replica now.`));
+    const suspended = records.filter((a) => a.state === "suspended").slice(0, SHOWN);
+    add(clear(waiting), suspended.length ? table(["agent", "waits for", "since"],
+      suspended.map((a) => [el("a", { href: route("agents", a.agent_id) }, a.agent_id), a.waits || "", when(a.updated_at)]))
+      : el("p", { class: "muted" }, "No agent is suspended."));
     renderAgents();
   }
 
