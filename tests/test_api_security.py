@@ -50,13 +50,15 @@ def concrete(path: str) -> str:
 
 
 async def test_every_route_needs_the_token_but_healthz(matrix_app: httpx.AsyncClient) -> None:
+    """Every route but /healthz and the console's static files (reads of /ui/...: no data; their
+    own tests are in tests/test_console_files.py)."""
     client = matrix_app
     routes = [
         (method, concrete(route.path))
         for route in client.app.routes  # type: ignore[attr-defined]
         if isinstance(route, APIRoute) or route.path in ("/openapi.json", "/docs")
         for method in sorted(getattr(route, "methods", None) or {"GET"})
-        if method != "HEAD" and route.path != "/healthz"
+        if method != "HEAD" and route.path != "/healthz" and not route.path.startswith("/ui")
     ]
     paths = {path for _, path in routes}
     assert {"/metrics", "/openapi.json", "/docs", "/v1/runs", "/v1/vcm/sources", "/v1/replicas"} <= paths
@@ -272,6 +274,7 @@ async def test_the_metrics_token_opens_metrics_and_nothing_else(
             (method, concrete(route.path))
             for route in app.routes
             if isinstance(route, APIRoute) and route.path not in ("/healthz", "/metrics")
+            and not route.path.startswith("/ui")  # the console's files: no data, no token
             for method in sorted(route.methods or {"GET"})
             if method != "HEAD"
         ]

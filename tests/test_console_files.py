@@ -40,6 +40,8 @@ def test_only_shipped_files_and_only_reads_are_open() -> None:
         assert http.get(path).status_code in (401, 404), path
     assert http.get("/ui/../pyproject.toml").status_code == 401  # normalised to /pyproject.toml
     assert http.post("/ui/").status_code == 401 and http.put("/ui/app.js").status_code == 401
+    head = http.head("/ui/app.js")
+    assert head.status_code == 200 and head.headers["content-security-policy"] == CSP
     assert http.get("/v1/agents").status_code == 401  # the API still needs the token
     assert set(FILES) >= {"index.html", "app.js", "api.js", "dom.js", "console.css"}
 

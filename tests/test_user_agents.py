@@ -114,7 +114,7 @@ def test_agents_settings_refuse_bad_names_and_import_paths(tmp_path: Path) -> No
         ),
         (
             {"echo": f"{PACKAGE}.agents:greeter"},
-            "'echo' is a built-in agent (analyze, ask, assistant, echo, session) and cannot be replaced",
+            "'echo' is a built-in agent (analyze, ask, assistant, echo, research, session) and cannot be replaced",
         ),
         (
             {"greeter": f"{PACKAGE}.agents:not_a_blueprint"},
@@ -149,7 +149,7 @@ def test_a_good_user_agent_is_built_beside_the_builtins(importable: Path, tmp_pa
 
     settings = ColonySettings(data_dir=tmp_path, agents={"greeter": f"{PACKAGE}.agents:greeter"})
     blueprints = colony_blueprints(settings)
-    assert sorted(blueprints) == ["analyze", "ask", "assistant", "echo", "greeter", "session"]
+    assert sorted(blueprints) == ["analyze", "ask", "assistant", "echo", "greeter", "research", "session"]
     assert blueprints["greeter"].metadata.agent_id == "greeter"
     assert blueprints["greeter"].metadata.role == "greeter"
 

@@ -54,7 +54,8 @@ export class Api {
     return response.json();
   }
 
-  // A state-changing call: JSON body, an Idempotency-Key (a retry changes nothing twice).
+  // A state-changing call: JSON body and an Idempotency-Key, as every Colony client sends (this
+  // one does not retry by itself; the views disable their button while a call is in flight).
   async post(path, body = undefined) {
     const response = await fetch(url(path), {
       method: "POST",
@@ -83,7 +84,7 @@ export class Api {
     for (;;) {
       const { value, done } = await reader.read();
       if (done) return;
-      buffered += decoder.decode(value, { stream: true });
+      buffered += decoder.decode(value, { stream: true }).replace(/\r\n?/g, "\n"); // any line ending
       let end;
       while ((end = buffered.indexOf("\n\n")) >= 0) {
         const block = buffered.slice(0, end);

@@ -13,8 +13,16 @@ const main = document.getElementById("main");
 const nav = document.getElementById("nav");
 const logout = document.getElementById("logout");
 let leaving = null; // what the current view stops when another replaces it (timers, streams)
+let navigation = 0; // which showing is the current one (a slower, older one is dropped)
+
+function stopView() {
+  if (leaving) leaving();
+  leaving = null;
+}
 
 function login(message) {
+  navigation += 1; // a view still loading is dropped when it arrives
+  stopView();
   logout.hidden = true;
   clear(nav);
   const input = el("input", { type: "password", id: "token", autocomplete: "off", required: true });
@@ -51,34 +59,47 @@ async function show() {
   const token = savedToken();
   if (!token) return login();
   const api = new Api(token);
+  const mine = ++navigation;
+  stopView();
   logout.hidden = false;
   add(clear(nav), el("a", { href: "#/" }, "Colony"), el("a", { href: "#/run" }, "Start a run"), el("a", { href: "#/sessions" }, "Chat"));
-  if (leaving) leaving();
-  leaving = null;
-  const [, kind, ...rest] = window.location.hash.replace(/^#/, "").split("/");
-  const id = rest.length ? decodeURIComponent(rest[0]) : null;
-  clear(main);
+  const view = el("div", { class: "view" }); // this showing's own container: a stale view fills a detached one
+  add(clear(main), view);
+  let stop = null;
   try {
-    if (kind === "agents" && id && rest[1] === "memory") leaving = await memoryView(main, api, id);
-    else if (kind === "agents" && id) leaving = await agentView(main, api, id);
-    else if (kind === "runs" && id) leaving = await runView(main, api, id);
-    else if (kind === "blocks" && id && rest.length === 2) leaving = await blockView(main, api, id, decodeURIComponent(rest[1]));
-    else if (kind === "sessions" && id) leaving = await sessionView(main, api, id);
-    else if (kind === "sessions") leaving = await newSessionView(main, api);
-    else if (kind === "run") leaving = await submitView(main, api);
-    else leaving = await colonyView(main, api);
+    const [, kind, ...rest] = window.location.hash.replace(/^#/, "").split("/");
+    const parts = rest.map((part) => decodeURIComponent(part));
+    if (parts.some((part) => part === "." || part === "..")) throw new Error("no such page");
+    const [id, more, owner] = parts;
+    if (kind === "agents" && id && more === "memory") stop = await memoryView(view, api, id);
+    else if (kind === "agents" && id) stop = await agentView(view, api, id);
+    else if (kind === "runs" && id) stop = await runView(view, api, id);
+    else if (kind === "blocks" && id && more) stop = await blockView(view, api, id, more, owner);
+    else if (kind === "sessions" && id) stop = await sessionView(view, api, id);
+    else if (kind === "sessions") stop = await newSessionView(view, api);
+    else if (kind === "run") stop = await submitView(view, api);
+    else stop = await colonyView(view, api);
   } catch (error) {
-    if (error.status === 401) {
-      forgetToken();
-      return login("The token was refused; log in again.");
-    }
-    add(main, errorText(error));
+    if (mine !== navigation) return;
+    if (error.status === 401) return unauthorized();
+    add(view, errorText(error));
   }
+  if (mine !== navigation) {
+    if (stop) stop(); // another page was asked for meanwhile: this one's work stops now
+    return;
+  }
+  leaving = stop;
+}
+
+function unauthorized() {
+  forgetToken();
+  login("The token was refused; log in again.");
 }
 
 logout.addEventListener("click", () => {
   forgetToken();
   login();
 });
+window.addEventListener("colony:unauthorized", unauthorized); // a view's background call got 401
 window.addEventListener("hashchange", show);
 show();

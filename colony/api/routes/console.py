@@ -41,13 +41,13 @@ HEADERS = {
 router = APIRouter(include_in_schema=False)
 
 
-@router.get("/ui")
+@router.api_route("/ui", methods=["GET", "HEAD"])
 async def console_root() -> RedirectResponse:
     """`/ui` -> `/ui/` (the console's files and API calls are relative to it)."""
     return RedirectResponse("ui/", status_code=308, headers=HEADERS)
 
 
-@router.get("/ui/{name:path}")
+@router.api_route("/ui/{name:path}", methods=["GET", "HEAD"])
 async def console_file(name: str) -> Response:
     """A file of the console (`index.html` for `/ui/`)."""
     held = FILES.get(name or "index.html")

@@ -21,7 +21,7 @@ export async function agentView(main, api, id) {
       return api.get(`v1/agents/${encodeURIComponent(id)}/blocks/${encodeURIComponent(b.label)}${owner}`).catch((error) => ({ content: `(${error.message})` }));
     }));
     add(blocks, list.length ? table(["label", "owner", "access", "content"],
-      list.map((b, n) => [el("a", { href: route("blocks", id, b.label) }, b.label), b.owner, b.access, el("pre", { class: "block" }, String(views[n].content ?? ""))]))
+      list.map((b, n) => [el("a", { href: b.colony || !b.owner ? route("blocks", id, b.label) : route("blocks", id, b.label, b.owner) }, b.label), b.owner, b.access, el("pre", { class: "block" }, String(views[n].content ?? ""))]))
       : el("p", { class: "muted" }, "No blocks."));
   } catch (error) {
     add(blocks, errorText(error));
@@ -30,13 +30,16 @@ export async function agentView(main, api, id) {
     const held = await api.get(`v1/agents/${encodeURIComponent(id)}/checkpoints`);
     const list = Array.isArray(held) ? held : held.checkpoints || [];
     const undo = el("button", { type: "button", id: "undo", onclick: async () => {
-      if (!window.confirm(`Undo the last step of ${agent.agent_id}? Effects outside the agent are not undone.`)) return;
+      if (undo.disabled || !window.confirm(`Undo the last step of ${agent.agent_id}? Effects outside the agent are not undone.`)) return;
+      undo.disabled = true; // one undo per confirmation
       clear(result);
       try {
         const report = await api.post(`v1/agents/${encodeURIComponent(id)}/undo`);
         add(result, el("h2", {}, "Undone"), el("pre", { id: "undo-report" }, json(report)));
       } catch (error) {
         add(result, errorText(error));
+      } finally {
+        undo.disabled = false;
       }
     } }, "Undo last step");
     add(checkpoints, list.length ? table(["step", "taken", "run", "run status", "agent state"],

@@ -25,9 +25,11 @@ export function lineDiff(before, after) {
   return out;
 }
 
-export async function blockView(main, api, agent, label) {
+export async function blockView(main, api, agent, label, owner = undefined) {
   const base = `v1/agents/${encodeURIComponent(agent)}/blocks/${encodeURIComponent(label)}`;
-  const [view, history] = await Promise.all([api.get(base), api.get(`${base}/history`)]);
+  const whose = owner ? `?owner=${encodeURIComponent(owner)}` : ""; // the row clicked (own or shared)
+  const at = (path) => `${base}${path}${whose}`;
+  const [view, history] = await Promise.all([api.get(at("")), api.get(at("/history"))]);
   const versions = history.versions || [];
   const pick = (id, chosen) => el("select", { id }, versions.map((v) => {
     const option = el("option", { value: String(v.version) }, `v${v.version} · ${v.author} · ${v.op}`);
@@ -41,19 +43,27 @@ export async function blockView(main, api, agent, label) {
 
   async function showDiff() {
     clear(diff);
-    const [a, b] = await Promise.all([api.get(`${base}/versions/${from.value}`), api.get(`${base}/versions/${to.value}`)]);
-    for (const [mark, text] of lineDiff(String(a.content), String(b.content))) {
+    const [a, b] = await Promise.all([api.get(at(`/versions/${from.value}`)), api.get(at(`/versions/${to.value}`))]);
+    const [before, after] = [String(a.content), String(b.content)];
+    for (const [mark, text] of lineDiff(before, after)) {
       add(diff, el("span", { class: mark === "+" ? "added" : mark === "-" ? "removed" : "same" }, `${mark} ${text}\n`));
+    }
+    const longest = Math.max(before.split("\n").length, after.split("\n").length);
+    if (longest > MAX_DIFF_LINES) {
+      add(diff, el("span", { class: "removed", id: "diff-cut" }, `(only the first ${MAX_DIFF_LINES} of ${longest} lines are compared)\n`));
     }
   }
 
   const rollback = el("button", { type: "button", id: "rollback", onclick: async () => {
-    if (!window.confirm(`Roll ${label} back to version ${from.value}? (a new version with its content)`)) return;
+    if (rollback.disabled || !window.confirm(`Roll ${label} back to version ${from.value}? (a new version with its content)`)) return;
+    rollback.disabled = true;
     clear(result);
     try {
-      add(result, el("pre", { id: "rollback-report" }, json(await api.post(`${base}/rollback`, { version: Number(from.value) }))));
+      add(result, el("pre", { id: "rollback-report" }, json(await api.post(at("/rollback"), { version: Number(from.value) }))));
     } catch (error) {
       add(result, errorText(error));
+    } finally {
+      rollback.disabled = false;
     }
   } }, "Roll back to the left version");
   add(main, el("h1", {}, `Block ${label}`), el("p", {}, el("a", { href: route("agents", agent) }, `of ${agent}`), ` · version ${view.version}`),

@@ -49,6 +49,26 @@ export async function colonyView(main, api) {
 
   filter.addEventListener("input", renderAgents);
   await refresh();
-  const timer = setInterval(() => refresh().catch(() => {}), REFRESH_MS);
-  return () => clearInterval(timer);
+  let timer = null;
+  let stopped = false;
+  const stale = el("p", { class: "error", id: "stale" });
+  const tick = async () => {
+    try {
+      await refresh();
+      stale.remove();
+    } catch (error) {
+      if (error.status === 401) {
+        window.dispatchEvent(new Event("colony:unauthorized"));
+        return;
+      }
+      stale.textContent = `Not refreshed: ${error.message} (retrying)`;
+      main.prepend(stale);
+    }
+    if (!stopped) timer = setTimeout(tick, REFRESH_MS); // the next one after this one, never overlapping
+  };
+  timer = setTimeout(tick, REFRESH_MS);
+  return () => {
+    stopped = true;
+    clearTimeout(timer);
+  };
 }

@@ -25,8 +25,11 @@ export async function memoryView(main, api, id) {
   const mode = el("select", { id: "mode" }, ["hybrid", "vector", "keyword"].map((m) => el("option", { value: m }, m)));
   const minimum = el("input", { id: "min", type: "number", min: "0", max: "1", step: "0.05", value: "0" });
   const found = el("div", { id: "recalled" });
+  const ask = el("button", { type: "submit" }, "Recall");
   add(main, el("h2", {}, "Recall"), el("form", { class: "card", id: "recall", onsubmit: async (event) => {
     event.preventDefault();
+    if (ask.disabled) return;
+    ask.disabled = true; // one recall at a time
     clear(found);
     const body = { mode: mode.value, min_relevance: Number(minimum.value) || 0, max_results: 20 };
     if (text.value.trim()) body.query = text.value.trim();
@@ -41,8 +44,10 @@ export async function memoryView(main, api, id) {
         : el("p", { class: "muted" }, "Nothing recalled."));
     } catch (error) {
       add(found, errorText(error));
+    } finally {
+      ask.disabled = false;
     }
   } }, el("label", { for: "query" }, "Text"), text, el("label", { for: "scope" }, "Scope"), scope, el("label", { for: "tag" }, "Tag"), tag,
-  el("label", { for: "mode" }, "Mode"), mode, el("label", { for: "min" }, "Minimum relevance"), minimum, el("button", { type: "submit" }, "Recall")), found);
+  el("label", { for: "mode" }, "Mode"), mode, el("label", { for: "min" }, "Minimum relevance"), minimum, ask), found);
   return null;
 }

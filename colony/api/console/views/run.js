@@ -21,6 +21,8 @@ export async function runView(main, api, id) {
   const view = await api.get(`v1/runs/${encodeURIComponent(id)}`);
   const status = el("p", { id: "status" }, `${view.agent} · ${view.status}`);
   const answer = el("pre", { id: "answer" });
+  const streamed = document.createTextNode(""); // tokens appended in place (not the whole text again each time)
+  answer.append(streamed);
   const events = el("ul", { class: "events", id: "events" });
   const tree = el("div", { class: "tree", id: "tree" });
   const output = el("pre", { id: "output" });
@@ -37,7 +39,7 @@ export async function runView(main, api, id) {
   }
 
   api.events(`v1/runs/${encodeURIComponent(id)}/events`, (event) => {
-    if (event.event_type === "token") answer.textContent += String((event.data || {}).text || "");
+    if (event.event_type === "token") streamed.appendData(String((event.data || {}).text || ""));
     const item = line(event);
     if (item) {
       add(events, item);
@@ -53,6 +55,7 @@ export async function submitView(main, api) {
   const agent = el("input", { id: "agent", value: "echo", required: true });
   const input = el("textarea", { id: "input" }, '{"message": "hello"}');
   const problem = el("div");
+  const start = el("button", { type: "submit" }, "Start");
   add(main, el("h1", {}, "Start a run"), el("form", { class: "card", id: "submit", onsubmit: async (event) => {
     event.preventDefault();
     clear(problem);
@@ -63,13 +66,16 @@ export async function submitView(main, api) {
       add(problem, errorText(`The input is not JSON: ${error.message}`));
       return;
     }
+    start.disabled = true; // one run per click
     try {
       const run = await api.post("v1/runs", { agent: agent.value.trim(), input: body });
       window.location.hash = route("runs", run.run_id);
     } catch (error) {
       add(problem, errorText(error));
+    } finally {
+      start.disabled = false;
     }
   } }, el("label", { for: "agent" }, "Agent"), agent, el("label", { for: "input" }, "Input (JSON)"), input,
-  el("button", { type: "submit" }, "Start"), problem));
+  start, problem));
   return null;
 }
