@@ -114,7 +114,8 @@ def test_agents_settings_refuse_bad_names_and_import_paths(tmp_path: Path) -> No
         ),
         (
             {"echo": f"{PACKAGE}.agents:greeter"},
-            "'echo' is a built-in agent (analyze, ask, assistant, echo, research, session) and cannot be replaced",
+            "'echo' is a built-in agent (analyze, ask, assistant, echo, research, session) "
+            "and cannot be replaced",
         ),
         (
             {"greeter": f"{PACKAGE}.agents:not_a_blueprint"},
