@@ -422,3 +422,24 @@ async def test_a_line_break_in_a_file_name_stays_out_of_the_answer_line(rig_of: 
     assert run.status == "succeeded", run.error
     assert run.output["citations"][0]["path"] == name  # (the JSON keeps it as it is)
     assert "\n" not in run.output["answer"] and "dates\\n  fake.py" in run.output["answer"]
+
+
+async def test_a_folder_mapped_twice_is_researched_by_the_pages_of_either(
+    rig_of: Any, tmp_path: Path
+) -> None:
+    """Found by the README's path in CI: a copy of a folder mapped before shares pages with it, and
+    a shared page's record keeps naming the first mapping; the pages given are still of one
+    folder, the one that holds them all."""
+    rig = await rig_of()
+    first, _ = await rig.map(write_folder(tmp_path / "one"))
+    copy = write_folder(tmp_path / "two")
+    (copy / "zz_more.py").write_text('def more() -> None:\n    """One more file."""\n')
+    second, _ = await rig.map(copy)
+    assert set(first) & set(second) and set(second) - set(first)  # shared pages, and its own
+    for pages in (first, second):
+        run, _ = await rig.research({"question": QUESTION, "pages": pages}, timeout=60)
+        assert run.status == "succeeded", run.error
+        assert (run.output["citations"][0]["path"], run.output["citations"][0]["line"]) == (
+            "mail/dates.py",
+            6,
+        )

@@ -162,7 +162,9 @@ class ResearchCapability(ChildAgents):
         if self.job.get("run_id") != run_id:
             await self._plan(run_id, question, path, pages, page_tokens or DEFAULT_PAGE_TOKENS)
         children: dict[str, str] = {}
-        extra = {"report_to": self.job["report_to"]} if self.job.get("report_to") else None
+        extra = {"source_id": self.job.get("source_id")}
+        if self.job.get("report_to"):
+            extra["report_to"] = self.job["report_to"]
         for page_id in self.job["examine"]:
             call_id = self._call("examine", {"page": page_id, "question": question})
             record = await self._start(call_id, "examine", WORKER, question, 1, [page_id], extra)
@@ -212,16 +214,12 @@ class ResearchCapability(ChildAgents):
         missing = [p for p, r in zip(pages, records, strict=True) if r is None]
         if missing:
             raise InvalidArgument(f"pages: no page {missing[0][:128]!r}; map the folder first")
-        sources = {r.source_id for r in records if r is not None}
-        if len(sources) != 1:
-            raise InvalidArgument(
-                f"pages: they come from {len(sources)} mapped folders; research one at a time"
-            )
+        source_id = await self._source_of(pages, {r.source_id for r in records if r is not None})
         spans = {
             (s.path, s.start_line, s.end_line): r.page_id for r in records if r is not None for s in r.files
         }
         paths = {key[0] for key in spans}
-        files, index = await self._indexed(next(iter(sources)), paths)
+        files, index = await self._indexed(source_id, paths)
         ranked = await asyncio.to_thread(index.files, question, limit=self.candidate_files)
         model_files = await self._choose_files(question, ranked) if ranked else []
         examined = list(dict.fromkeys([r[0] for r in ranked[:1]] + model_files))
@@ -237,7 +235,7 @@ class ResearchCapability(ChildAgents):
         self.job = {
             "run_id": run_id,
             "question": question,
-            "source_id": next(iter(sources)),
+            "source_id": source_id,
             "root": files.source.path,
             "files": examined,
             "model_files": model_files,
@@ -258,6 +256,20 @@ class ResearchCapability(ChildAgents):
             "plan",
             {"files": examined, "chosen_by_model": model_files, "pages": examine, "candidates": len(ranked)},
         )
+
+    async def _source_of(self, pages: list[str], named: set[str]) -> str:
+        """The mapped folder the pages are of. A page's record names the last source that mapped
+        it: a folder mapped twice (a copy of it, other page sizes) shares pages with the first, so
+        the source is the one that holds every page given."""
+        assert self.pages is not None
+        if len(named) == 1:
+            return next(iter(named))
+        wanted = set(pages)
+        for source_id in sorted(named):
+            record = await self.pages.source(source_id)
+            if record is not None and wanted <= set(record.page_ids):
+                return source_id
+        raise InvalidArgument(f"pages: they come from {len(named)} mapped folders; research one at a time")
 
     async def _indexed(self, source_id: str, paths: set[str]) -> tuple[MappedFiles, CodeIndex]:
         """The files and the index of a source's `paths`: kept for the next question while the

@@ -98,6 +98,7 @@ class EvidenceCapability(AgentCapability):
         self,
         question: Annotated[str, Field(min_length=1, max_length=MAX_QUESTION)],
         report_to: dict[str, Any] | None = None,
+        source_id: Annotated[str, Field(max_length=128)] | None = None,
     ) -> dict[str, Any]:
         """The definitions on this agent's page that may answer `question`, best first, the one the
         model chose marked `chosen`; `report_to`: the coordinator's run (one `evidence` event)."""
@@ -113,7 +114,9 @@ class EvidenceCapability(AgentCapability):
                 f"page {page_id!r} has no page record (unmapped meanwhile?); map the folder again"
             )
         paths = {span.path for span in record.files}
-        files = await MappedFiles.load(self.pages, record.source_id, paths=paths)
+        files = await MappedFiles.load(
+            self.pages, await self._source(page_id, record, source_id), paths=paths
+        )
         index = await asyncio.to_thread(
             CodeIndex, {p: lines for p, lines in files.files.items() if p in paths}
         )
@@ -135,6 +138,17 @@ class EvidenceCapability(AgentCapability):
         }
         await self._report(report_to, output)
         return output
+
+    async def _source(self, page_id: str, record: Any, given: str | None) -> str:
+        """The mapped folder to read the page's files from: the one the coordinator researches
+        when it holds the page (a page shared by two mappings names the last one), else the
+        page's own."""
+        assert self.pages is not None
+        if given and given != record.source_id:
+            source = await self.pages.source(given)
+            if source is not None and page_id in source.page_ids:
+                return given
+        return str(record.source_id)
 
     async def _judge(self, page_id: str, question: str, hits: list[Scored]) -> tuple[int, int, int]:
         """(the number the model chose, pages faulted in, cached prompt tokens)."""
@@ -196,7 +210,11 @@ def research_worker_blueprint(agent_id: str) -> AgentBlueprint:
             steps=[
                 {
                     "action": "gather_evidence",
-                    "parameters": {"question": "$input.question", "report_to": "$input.report_to"},
+                    "parameters": {
+                        "question": "$input.question",
+                        "report_to": "$input.report_to",
+                        "source_id": "$input.source_id",
+                    },
                 }
             ]
         ),
