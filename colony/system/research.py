@@ -47,7 +47,7 @@ from colony.errors import AgentUsageError, InvalidArgument
 from colony.inference import ChatMessage, InferenceRequest
 from colony.inference.engine import InferenceEngine
 from colony.system.analyze_check import Vocabulary, check_summary, first_sentences, whole_sentences
-from colony.system.analyze_worker import DEFAULT_PAGE_TOKENS, ReportTo
+from colony.system.analyze_worker import DEFAULT_PAGE_TOKENS, ReportTo, _bounded_count
 from colony.system.builtin import RUNS_NAMESPACE
 from colony.system.children import ChildAgents
 from colony.system.research_worker import MAX_QUESTION, research_worker_blueprint
@@ -369,7 +369,7 @@ class ResearchCapability(ChildAgents):
                 continue
             page, replica = output.get("page"), output.get("replica_id")
             agents.append({"agent": child, "page": _short(page), "replica_id": _short(replica)})
-            faulted += _count(output.get("faulted"))
+            faulted += _bounded_count(output.get("faulted"))
             evidence = output.get("evidence")
             for item in evidence[:50] if isinstance(evidence, list) else []:
                 key = f"{item.get('path')}:{item.get('line')}" if isinstance(item, dict) else ""
@@ -468,10 +468,6 @@ def _page_of(hit: Scored, spans: dict[tuple[str, int, int], str]) -> str | None:
         if path == definition.path and first <= definition.line <= last:
             return page
     return None
-
-
-def _count(value: Any) -> int:
-    return value if isinstance(value, int) and not isinstance(value, bool) and 0 <= value <= 1_000_000 else 0
 
 
 def _short(value: Any) -> str | None:
