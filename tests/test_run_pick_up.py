@@ -71,13 +71,15 @@ async def test_the_oldest_written_request_is_claimed_with_what_serving_it_reads(
 
 
 async def test_a_marker_whose_request_is_claimed_already_is_dropped_on_the_way(bb: Blackboard) -> None:
-    await queue(bb, "taken")
-    await bb.write(P.claim_key("taken"), {"agent_id": "pool.2", "holder": "copy-b"})
-    await queue(bb, "free")
+    # creation times are in milliseconds and ties go by key: the names keep "a-taken" first even
+    # when both markers are written within one millisecond
+    await queue(bb, "a-taken")
+    await bb.write(P.claim_key("a-taken"), {"agent_id": "pool.2", "holder": "copy-b"})
+    await queue(bb, "b-free")
     picked = await claim_oldest_pending(bb, P, CLAIM, "pool.1")
-    assert isinstance(picked, PickedUp) and picked.request_id == "free"
-    assert await bb.read(pending_key(P, "taken")) is None
-    assert (await bb.read(P.claim_key("taken"))).value == {"agent_id": "pool.2", "holder": "copy-b"}
+    assert isinstance(picked, PickedUp) and picked.request_id == "b-free"
+    assert await bb.read(pending_key(P, "a-taken")) is None
+    assert (await bb.read(P.claim_key("a-taken"))).value == {"agent_id": "pool.2", "holder": "copy-b"}
 
 
 async def test_stale_members_leave_the_index(bb: Blackboard) -> None:
