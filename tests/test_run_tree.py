@@ -56,6 +56,7 @@ def test_a_jobs_runs_are_seen_together(
         root = tree["root"]
         assert tree["trace_id"] == done["run_id"] == root["request_id"] and root["agent"] == "lead"
         assert root["status"] == "succeeded" and root["ended_at"] >= root["created_at"]
+        assert root["replica"] in ("ra", "rb") and root["pages"] == []  # where "lead" is hosted
         children = root["children"]
         assert len(children) == 3 and tree["nodes"] == 4 and not tree["truncated"]
         assert all(c["agent"].startswith("lead-") and c["status"] == "succeeded" for c in children)
@@ -146,8 +147,8 @@ async def test_a_tree_read_back_from_a_spoilt_redis_stays_bounded_and_true(bb: A
     """Lists pointing back up the tree, ids that may not reach a key, a result that is no object,
     a child that stopped without answering: the tree shows each node once and says what it can."""
     from colony.blackboard import BlackboardScope, scope_id
+    from colony.blackboard.protocol import AgentRegistryProtocol, AgentStateProtocol
     from colony.blackboard.protocol import AgentRunProtocol as Keys
-    from colony.blackboard.protocol import AgentStateProtocol
     from colony.system.run_tree import RunTreeReader
 
     colony = f"t{uuid.uuid4().hex[:8]}"
@@ -157,7 +158,14 @@ async def test_a_tree_read_back_from_a_spoilt_redis_stays_bounded_and_true(bb: A
         return bb.scoped(Keys.namespaced_scope(scope, RUNS_NAMESPACE)), bb.scoped(scope)
 
     root, _ = board("root")
-    await root.write(Keys.request_key("r0"), {"input": 1})
+    await root.write(Keys.request_key("r0"), {"input": 1, "pages": ["p-1", "bad page/..", 7, "p-2"]})
+    registry = bb.scoped(scope_id(BlackboardScope.COLONY, tenant_id="default", colony_id=colony))
+    await registry.write(
+        AgentRegistryProtocol.agent_key("root"), {"agent_id": "root", "replica": "replica-a"}
+    )
+    await registry.write(
+        AgentRegistryProtocol.agent_key("kid"), {"agent_id": "kid", "replica": "no such\nid"}
+    )
     listed = [{"agent_id": "root", "request_id": "r0"}, {"agent_id": "bad:id", "request_id": "x"}]
     listed.append({"agent_id": "kid", "request_id": "r1"})
     await root.write(Keys.children_key("r0"), {"listed": listed, "more": 3})
@@ -172,6 +180,8 @@ async def test_a_tree_read_back_from_a_spoilt_redis_stays_bounded_and_true(bb: A
     )
     assert tree.nodes == 2 and tree.truncated  # `more`: children the list no longer keeps
     assert tree.root.status == "failed" and tree.root.error is None
+    # where its agent is hosted (registry) and the pages it named, each checked as an id
+    assert tree.root.replica == "replica-a" and tree.root.pages == ["p-1", "p-2"]
     [child] = tree.root.children
     assert (child.agent, child.status, child.error, child.children) == (
         "kid",
@@ -179,3 +189,4 @@ async def test_a_tree_read_back_from_a_spoilt_redis_stays_bounded_and_true(bb: A
         "it stopped without answering",
         [],
     )
+    assert child.replica is None and child.pages == []

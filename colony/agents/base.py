@@ -42,6 +42,7 @@ from colony.agents.policy import (
     ActionPolicyIterationResult,
     ScriptedActionPolicy,
 )
+from colony.agents.profile import profile_of
 from colony.agents.protocols import AgentHost
 from colony.agents.state.action_log import ActionLog
 from colony.agents.state.persistence import (
@@ -192,6 +193,7 @@ class Agent(CapabilitySet, Bindable):
         starting them costs no persist of its own."""
         if blueprint is not None:
             self.blueprint = blueprint
+        self.metadata.profile = profile_of(self)  # for people (the console); no write of its own
         fresh = await self.event_delivery.fresh_positions()  # "now" for its handlers, stored with its record
         async with self.blackboard.transaction() as tx:
             if blueprint is not None:

@@ -11,6 +11,7 @@ from typing import Any, Literal, Self
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
+from colony.agents.profile import AgentProfile
 from colony.errors import IllegalStateTransition
 from colony.wire.run_events import RunStatus
 
@@ -123,6 +124,9 @@ class AgentMetadata(BaseModel):
     )
     tenant_id: str = "default"
     colony_id: str = "default"
+    profile: AgentProfile | None = Field(
+        None, description="what it is built with, written when it is first recorded (not an input)"
+    )
 
 
 class ActionResult(BaseModel):

@@ -437,6 +437,11 @@ class ApiRunProtocol(BlackboardProtocol):
         return cls.build("run", run_id=run_id)
 
     @classmethod
+    def agent_tag(cls, agent: str) -> str:
+        """The tag of the run records of one agent (`GET /v1/runs?agent=`: its runs, newest first)."""
+        return f"agent-runs:{agent}"
+
+    @classmethod
     def known_key(cls, run_id: str) -> str:
         """That the run was submitted (its agent and time): outlives the record by
         `runs.known_ids_seconds`, so an id whose record was retired answers 410, not 404."""

@@ -165,9 +165,40 @@ async def oldest_tagged(
                 break
             if cursor == 0:
                 wrapped = True
-    keys = sorted(members)
+    dated = await _dated(bb, tag, sorted(members), needs)
+    return [key for _at, key in dated[:limit]]
+
+
+async def newest_tagged(bb: Blackboard, tag: str, limit: int, most: int) -> tuple[list[str], int, bool]:
+    """Up to `limit` keys of the entries carrying `tag`, newest first (creation time, then key,
+    both descending), the tag's size, and whether more than `most` members were there to compare
+    (then the newest among the `most` read: the set is read from its start, not sampled). Stale
+    members are pruned as `oldest_tagged` prunes them."""
+    keyspace, redis = bb.keyspace, bb.redis
+    tag_set = keyspace.tag_key(tag)
+    members: set[str] = set()
+    size = int(await redis.scard(tag_set))
+    cursor = 0
+    for _round in range(MAX_SCAN_ROUNDS):
+        cursor, page = await redis.sscan(tag_set, cursor, count=min(most, 1000))
+        members.update(page)
+        if cursor == 0 or len(members) >= most:
+            break
+    keys = sorted(members)[:most]
+    dated = await _dated(bb, tag, keys, None)
+    dated.reverse()  # newest first (ties: the greater key first)
+    return [key for _at, key in dated[:limit]], size, size > len(keys)
+
+
+async def _dated(
+    bb: Blackboard, tag: str, keys: list[str], needs: Callable[[str], str] | None
+) -> list[tuple[float, str]]:
+    """(creation time, key) of the members `keys` of the tag's set, oldest first, read in one
+    pipelined round trip (no value is read or parsed); members whose entry is gone or no longer
+    carries the tag are pruned, and with `needs` those whose companion is missing are left out."""
     if not keys:
         return []
+    keyspace, redis = bb.keyspace, bb.redis
     companions = [_companion(needs, key) if needs is not None else None for key in keys]
     async with redis.pipeline(transaction=False) as pipe:
         for key in keys:
@@ -186,9 +217,9 @@ async def oldest_tagged(
         elif there:
             dated.append((_ms(created) or 0.0, key))
     if stale:
-        await bb.prune_tag_index(keys=[tag_set], args=[keyspace.entry_prefix, tag, *stale])
+        await bb.prune_tag_index(keys=[keyspace.tag_key(tag)], args=[keyspace.entry_prefix, tag, *stale])
     dated.sort()
-    return [key for _at, key in dated[:limit]]
+    return dated
 
 
 def _companion(needs: Callable[[str], str], key: str) -> str | None:

@@ -40,7 +40,6 @@ from colony.agents.blueprint import AgentBlueprint
 from colony.agents.models import (
     AgentMetadata,
     AgentState,
-    AgentType,
     ResumptionCondition,
     ResumptionKind,
     SuspensionRequest,
@@ -57,6 +56,7 @@ from colony.errors import (
 from colony.system.placement import gather_snapshots
 from colony.system.registry import NOT_HOSTED, AgentRecord, AgentRegistry
 from colony.system.replicas import ReplicaDirectory, ReplicaPort, as_directory, views_of
+from colony.system.resumption_queue import Queued, queue_of, read_suspension
 from colony.system.soon_publish import (
     WAITS_FOR_ROOM,
     Judged,
@@ -290,14 +290,8 @@ class ResumptionMonitor:
     ) -> tuple[AgentMetadata | None, SuspensionRequest | None, ResumptionCondition, list[str]]:
         """A suspended agent's metadata, suspension request, the condition it waits for and the
         pages it needs (the condition's, else its bound pages): one read."""
-        metadata_e, suspension_e = await self._agent_board(agent_id).read_many(
-            [AgentStateProtocol.key("metadata"), AgentStateProtocol.key("suspension")]
-        )
-        metadata = AgentMetadata.model_validate(metadata_e.value) if metadata_e else None
-        request = SuspensionRequest.model_validate(suspension_e.value) if suspension_e else None
-        condition = request.condition if request else ResumptionCondition(kind=ResumptionKind.CUSTOM)
-        pages = list(condition.page_ids or (metadata.bound_pages if metadata else []))
-        return metadata, request, condition, pages
+        held = await read_suspension(self._agent_board(agent_id))
+        return held.metadata, held.request, held.condition, held.pages
 
     async def _suspended_records(self) -> list[AgentRecord]:
         """The suspended agents a round looks at: those whose condition the monitor checks (the
@@ -317,17 +311,11 @@ class ResumptionMonitor:
                     found.setdefault(record.agent_id, record)
         return list(found.values())
 
-    async def _pending(self) -> list[tuple[int, float, str, ResumptionCondition, list[str], bool]]:
-        """The suspended agents, highest priority first (FIFO among equals): priority, when
-        suspended, id, condition, pages, and whether it is page-bound."""
-        items = []
-        for record in await self._suspended_records():
-            metadata, request, condition, pages = await self._suspension(record.agent_id)
-            priority = metadata.priority if metadata else 0
-            bound = metadata is not None and metadata.agent_type is AgentType.VCM_BOUND
-            since = request.requested_at if request else 0.0
-            items.append((-priority, since, record.agent_id, condition, pages, bound))
-        return sorted(items, key=lambda item: (item[0], item[1], item[2]))
+    async def _pending(self) -> list[Queued]:
+        """The suspended agents, highest priority first (FIFO among equals): the resumption
+        queue (colony.system.resumption_queue, which the API shows as it is here)."""
+        records = await self._suspended_records()
+        return await queue_of([r.agent_id for r in records], self._agent_board)
 
     def _agent_board(self, agent_id: str) -> Blackboard:
         return self.blackboard.scoped(
@@ -369,7 +357,8 @@ class ResumptionMonitor:
         await self._refresh()
         resumed = await self.recover_orphans()
         waiting: list[Waiting] = []  # the page-bound agents left suspended, highest priority first
-        for _priority, _since, agent_id, condition, pages, bound in await self._pending():
+        for queued in await self._pending():
+            agent_id, condition, pages, bound = queued.agent_id, queued.condition, queued.pages, queued.bound
             if self._hosting(agent_id) is not None:
                 # hosted though its record says suspended: a resume took effect and its registry
                 # write was lost (the replica's next heartbeat writes it); resumed already

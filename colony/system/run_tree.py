@@ -17,14 +17,17 @@ from typing import Any, Literal
 from pydantic import BaseModel, Field
 
 from colony.blackboard import Blackboard, BlackboardScope, scope_id
+from colony.blackboard.protocol import AgentRegistryProtocol as Keys
 from colony.blackboard.protocol import AgentRunProtocol, AgentStateProtocol
 from colony.errors import ConcurrentModificationError
 from colony.system.registry import DONE_STATES
 from colony.wire.ids import ID_PATTERN
 
 log = logging.getLogger(__name__)
+ID = re.compile(ID_PATTERN)
 MAX_NODES = 500
 MAX_DEPTH = 8
+MAX_NODE_PAGES = 64
 NodeStatus = Literal["queued", "running", "suspended", "succeeded", "failed", "cancelled", "gone"]
 
 
@@ -37,6 +40,10 @@ class RunNode(BaseModel):
     created_at: float | None = None
     ended_at: float | None = None
     error: str | None = None
+    replica: str | None = Field(None, description="the replica hosting its agent now (null: not hosted)")
+    pages: list[str] = Field(
+        default_factory=list, description=f"the pages the request named (at most {MAX_NODE_PAGES})"
+    )
     children: list[RunNode] = Field(default_factory=list)
 
 
@@ -57,6 +64,7 @@ class RunTreeReader:
         self.root, self.tenant_id, self.colony_id, self.namespace = root, tenant_id, colony_id, namespace
         self.count, self.truncated = 0, False
         self.seen: set[tuple[str, str]] = set()  # (agent, request) shown: a list pointing back is skipped
+        self.replicas: dict[str, str | None] = {}  # agent -> where it is hosted (read once)
 
     def _board(self, agent: str) -> Blackboard:
         scope = scope_id(
@@ -105,6 +113,12 @@ class RunTreeReader:
         status = await self._status(agent, request, result, claim)
         node = RunNode(agent=agent, request_id=request_id, status=status)
         node.created_at = request.created_at if request is not None else None
+        node.replica = await self._replica(agent)
+        asked = (
+            request.value.get("pages") if request is not None and isinstance(request.value, dict) else None
+        )
+        if isinstance(asked, list):
+            node.pages = [p for p in asked if isinstance(p, str) and ID.fullmatch(p)][:MAX_NODE_PAGES]
         if result is not None:
             value = result.value if isinstance(result.value, dict) else {}
             node.ended_at, node.error = result.created_at, _text(value.get("error"))
@@ -122,6 +136,15 @@ class RunTreeReader:
                 break
             node.children.append(await self._node(child["agent_id"], child["request_id"], depth + 1))
         return node
+
+    async def _replica(self, agent: str) -> str | None:
+        """Where the agent is hosted now, from its registry record (read once per agent)."""
+        if agent not in self.replicas:
+            scope = scope_id(BlackboardScope.COLONY, tenant_id=self.tenant_id, colony_id=self.colony_id)
+            entry = await self.root.scoped(scope).read(Keys.agent_key(agent))
+            held = entry.value.get("replica") if entry is not None and isinstance(entry.value, dict) else None
+            self.replicas[agent] = held if isinstance(held, str) and ID.fullmatch(held) else None
+        return self.replicas[agent]
 
     async def _status(self, agent: str, request: Any, result: Any, claim: Any) -> NodeStatus:
         if result is not None:

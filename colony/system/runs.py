@@ -248,6 +248,7 @@ class RunService:
             record_write = {
                 "key": ApiRunProtocol.run_key(run_id),
                 "value": record,
+                "tags": [ApiRunProtocol.agent_tag(record.agent)],  # its agent's runs, listed
                 "created_by": API_WRITER,
                 "ttl_seconds": life,
             }

@@ -10,6 +10,7 @@ from __future__ import annotations
 from fastapi import APIRouter
 
 from colony.api.routes import (
+    agent_views,
     agents,
     blocks,
     checkpoints,
@@ -27,6 +28,7 @@ ROUTERS: tuple[APIRouter, ...] = (
     health.router,
     runs.router,
     agents.router,
+    agent_views.router,
     pages.router,
     memory.router,
     shared_memory.router,

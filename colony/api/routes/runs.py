@@ -7,7 +7,7 @@ import logging
 import re
 from typing import Annotated, Any
 
-from fastapi import APIRouter, Header, Request
+from fastapi import APIRouter, Header, Query, Request
 from fastapi.responses import Response, StreamingResponse
 
 from colony.api.deps import GUARDED, Context
@@ -15,11 +15,13 @@ from colony.api.errors import InvalidLastEventId
 from colony.api.event_stream import EventStreamResponse, event_stream, wait_for_end
 from colony.api.idempotency import keyed_run_id
 from colony.api.params import RunId
-from colony.api.schemas import EVENTS, RUN_ONE, SSE_EVENT, SUBMIT, SUBMIT_STREAM
+from colony.api.schemas import EVENTS, LISTING, RUN_ONE, SSE_EVENT, SUBMIT, SUBMIT_STREAM
 from colony.api.wake import wake_agent
 from colony.errors import BlackboardUnavailable, InvalidArgument
+from colony.system.run_listing import MAX_LIMIT, RunList, runs_of
 from colony.system.run_tree import RunTree
 from colony.system.runs import RunView
+from colony.wire.ids import ID_PATTERN
 from colony.wire.input_check import check_input
 from colony.wire.runs import SubmitRun, SubmittedRun
 
@@ -78,6 +80,19 @@ async def submit(
             # as FastAPI renders GET /v1/runs/{id} (pydantic: NaN and infinities as null)
             return Response(ended.model_dump_json(), media_type="application/json", headers=headers)
     return SubmittedRun(run_id=record.run_id, status="queued", events_url=events_url)
+
+
+@router.get("/v1/runs", response_model=RunList, responses=LISTING)
+async def list_runs(
+    ctx: Context,
+    agent: Annotated[
+        str, Query(min_length=1, max_length=128, pattern=ID_PATTERN, description="the agent whose runs")
+    ],
+    limit: Annotated[int, Query(ge=1, le=MAX_LIMIT, description="runs listed, newest first")] = 50,
+) -> RunList:
+    """The runs submitted over HTTP to `agent` that are still kept (`runs.retention_seconds`),
+    newest first, with their state (no output: `GET /v1/runs/{id}` has it)."""
+    return await runs_of((await ctx.services()).runs, agent, limit)
 
 
 @router.get("/v1/runs/{run_id}", response_model=RunView, responses=RUN_ONE)

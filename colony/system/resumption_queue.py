@@ -1,0 +1,87 @@
+"""The resumption queue: the suspended agents the resource monitor resumes when their condition
+holds, in the order it looks at them (highest priority first, then the longest suspended, then by
+id). The monitor and the API (`GET /v1/colony/resumption`, the console's colony view) read it with
+the same code, so what people see is the order the monitor follows. Agents suspended to make room
+(`waits` on_demand: an idle chat session) are not in it: they are resumed when asked for."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass
+from typing import TypeVar
+
+from pydantic import ValidationError
+
+from colony.agents.models import (
+    AgentMetadata,
+    AgentType,
+    ResumptionCondition,
+    ResumptionKind,
+    SuspensionRequest,
+)
+from colony.blackboard import Blackboard
+from colony.blackboard.protocol import AgentStateProtocol
+
+M = TypeVar("M", AgentMetadata, SuspensionRequest)
+
+
+@dataclass(frozen=True, slots=True)
+class Suspension:
+    """What a suspended agent's state says about its resumption (one read of two entries)."""
+
+    metadata: AgentMetadata | None
+    request: SuspensionRequest | None
+    condition: ResumptionCondition
+    pages: list[str]  # the condition's pages, else the agent's bound pages
+
+
+@dataclass(frozen=True, slots=True)
+class Queued:
+    agent_id: str
+    priority: int
+    since: float  # when it was suspended (0: not recorded)
+    condition: ResumptionCondition
+    pages: list[str]
+    bound: bool  # page-bound (VCM_BOUND): resumed where its pages are
+
+
+async def read_suspension(board: Blackboard) -> Suspension:
+    """The agent's metadata, suspension request, the condition it waits for (CUSTOM when none is
+    stored: only a request resumes it) and the pages it needs. A malformed entry (Redis is
+    writable by others) counts as absent."""
+    metadata_e, suspension_e = await board.read_many(
+        [AgentStateProtocol.key("metadata"), AgentStateProtocol.key("suspension")]
+    )
+    metadata = _valid(AgentMetadata, metadata_e.value if metadata_e else None)
+    request = _valid(SuspensionRequest, suspension_e.value if suspension_e else None)
+    condition = request.condition if request else ResumptionCondition(kind=ResumptionKind.CUSTOM)
+    pages = list(condition.page_ids or (metadata.bound_pages if metadata else []))
+    return Suspension(metadata, request, condition, pages)
+
+
+def _valid(model: type[M], value: object) -> M | None:
+    if value is None:
+        return None
+    try:
+        return model.model_validate(value)
+    except ValidationError:
+        return None
+
+
+async def queue_of(agent_ids: Iterable[str], board_of: Callable[[str], Blackboard]) -> list[Queued]:
+    """The agents `agent_ids` in the monitor's order (`board_of`: an agent's state scope)."""
+    items = []
+    for agent_id in agent_ids:
+        held = await read_suspension(board_of(agent_id))
+        metadata = held.metadata
+        items.append(
+            Queued(
+                agent_id=agent_id,
+                priority=metadata.priority if metadata else 0,
+                since=held.request.requested_at if held.request else 0.0,
+                condition=held.condition,
+                pages=held.pages,
+                bound=metadata is not None and metadata.agent_type is AgentType.VCM_BOUND,
+            )
+        )
+    return sorted(items, key=lambda q: (-q.priority, q.since, q.agent_id))
