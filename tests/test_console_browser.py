@@ -17,10 +17,11 @@ from playwright.sync_api import Page, expect, sync_playwright
 
 from colony.blackboard.redis_server import free_port
 from colony.client import ColonyClient
-from colony.config import ColonySettings, ServeSettings
+from colony.config import ApiSettings, ColonySettings, ServeSettings
 from colony.serve import cluster
 
 CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser") or "/usr/bin/chromium"
+METRICS_TOKEN = "metrics-only-token-for-the-console-test"
 HOSTILE = '<script>window.__pwned = 1</script><img src="x" onerror="window.__pwned = 2">'
 
 
@@ -31,6 +32,7 @@ def colony_up(
     settings = ColonySettings(
         data_dir=tmp_path_factory.mktemp("console-up"),
         serve=ServeSettings(port=free_port(), num_cpus=2, replica_cpus=0.5),
+        api=ApiSettings(metrics_token=METRICS_TOKEN),
     )
     info = cluster.up(settings)
     yield settings, info
@@ -96,7 +98,7 @@ def test_log_in_and_see_the_colony(colony_up: Any, browser: Any, shots: Path) ->
     page = logged_in(browser, info)
     expect(page.locator("#replicas tbody tr").first).to_be_visible()
     expect(page.locator("#agents")).to_contain_text("echo")
-    expect(page.locator("#waiting")).to_contain_text("No agent is suspended")
+    expect(page.locator("#waiting")).to_contain_text("No agent waits for a condition")
     expect(page.locator("#pages")).to_contain_text("page(s) mapped")
     expect(page.locator("main")).not_to_contain_text("null")
     page.screenshot(path=str(shots / "console-colony.png"), full_page=True)
@@ -122,6 +124,10 @@ def test_a_run_streams_to_completion(colony_up: Any, browser: Any, shots: Path) 
     page.click("#submit button[type=submit]")
     expect(page.locator("#status")).to_contain_text("succeeded", timeout=180_000)
     expect(page.locator("#events")).to_contain_text("completed")
+    # each step's timing (from the step events' spans) and the run's tree with where it ran
+    expect(page.locator("#steps tbody tr").first).to_contain_text(" ms")
+    expect(page.locator("#tree")).to_contain_text("ask")
+    expect(page.locator("#tree")).to_contain_text(" · on ")
     answer = page.locator("#answer").inner_text()
     run_id = page.url.rsplit("/", 1)[-1]
     with ColonyClient(info.url, info.token) as client:
@@ -154,14 +160,24 @@ def test_console_files_need_no_token_and_the_api_still_does(colony_up: Any) -> N
     assert httpx.get(f"{info.url}/v1/agents").status_code == 401
 
 
-def test_undo_a_checkpoint_after_confirming(colony_up: Any, browser: Any, shots: Path) -> None:
+def test_prompts_of_each_step_then_undo_a_checkpoint_after_confirming(
+    colony_up: Any, browser: Any, shots: Path
+) -> None:
     _, info = colony_up
+    page = logged_in(browser, info)
+    page.click("text=Start a run")
+    page.fill("#agent", "assistant")
+    page.fill("#input", '{"task": "Remember that my cat is called Tom."}')
+    page.check("#emit-prompt")  # as `colony run --show-prompt`
+    page.click("#submit button[type=submit]")
+    expect(page.locator("#status")).to_contain_text("succeeded", timeout=300_000)
+    expect(page.locator("#prompts details").first).to_be_visible()
+    page.locator("#prompts details summary").first.click()
+    expect(page.locator("#prompts details pre").first).to_contain_text("my cat is called Tom")
+    page.screenshot(path=str(shots / "console-prompts.png"), full_page=True)
     with ColonyClient(info.url, info.token, timeout=300) as client:
-        run = client.run("assistant", {"task": "Remember that my cat is called Tom."})
-        assert run["status"] == "succeeded", run
         before = client.context.checkpoints("assistant")
     assert len(before) >= 2
-    page = logged_in(browser, info)
     page.goto(f"{info.url}/ui/#/agents/assistant")
     expect(page.locator("#checkpoints tbody tr")).to_have_count(len(before))
     page.once("dialog", lambda dialog: dialog.dismiss())  # asked first; "no" changes nothing
@@ -196,6 +212,14 @@ def test_a_blocks_history_diff_and_rollback(colony_up: Any, browser: Any, shots:
     with ColonyClient(info.url, info.token) as client:
         first = client.blocks.read("echo", "notes", version=1)["content"]
         assert client.blocks.read("echo", "notes")["content"] == first and "third" not in first
+    page.once("dialog", lambda dialog: dialog.dismiss())  # asked first; "no" changes nothing
+    page.click("#undo-edit")
+    expect(page.locator("#undo-edit-report")).to_have_count(0)
+    page.once("dialog", lambda dialog: dialog.accept())
+    page.click("#undo-edit")  # the rollback was echo's latest edit: undone, "third line" is back
+    expect(page.locator("#undo-edit-report")).to_contain_text('"version": 4')
+    with ColonyClient(info.url, info.token) as client:
+        assert "third line" in client.blocks.read("echo", "notes")["content"]
     no_problems(page)
 
 
@@ -220,6 +244,15 @@ def test_chat_two_turns_and_go_back(colony_up: Any, browser: Any, shots: Path) -
     page.locator("#messages .message .revert").nth(1).click()  # back to the first reply
     expect(page.locator("#messages .message")).to_have_count(2)
     expect(page.locator("#messages")).not_to_contain_text("two plus two")
+    # the whole tree keeps the reverted turn, off the active branch
+    expect(page.locator("#conversation-tree")).to_contain_text("two plus two")
+    expect(page.locator("#conversation-tree .on-branch")).to_have_count(2)
+    page.once("dialog", lambda dialog: dialog.accept())
+    page.locator("#messages .message .fork").nth(0).click()  # a new branch from the first message
+    expect(page.locator("#branch option")).to_have_count(2)
+    expect(page.locator("#messages .message")).to_have_count(1)
+    expect(page.locator("#branch")).to_have_value("fork-1")
+    page.screenshot(path=str(shots / "console-chat-tree.png"), full_page=True)
     no_problems(page)
 
 
@@ -232,6 +265,9 @@ def test_memory_map_and_recall_with_scores(colony_up: Any, browser: Any, shots: 
     page.click("#memory-link")
     expect(page.locator("main table").first).to_contain_text("working")
     expect(page.locator("#dataflow")).to_contain_text("→")
+    # the map drawn: a box per scope, an arrow per dataflow edge (SVG built as text nodes)
+    expect(page.locator("#memory-graph .scope-node[data-scope=working]")).to_have_count(1)
+    assert page.locator("#memory-graph .edge").count() == page.locator("#dataflow li").count()
     page.fill("#query", "Which port does the staging database use?")
     page.fill("#tag", "ops")
     page.click("#recall button[type=submit]")
@@ -239,3 +275,68 @@ def test_memory_map_and_recall_with_scores(colony_up: Any, browser: Any, shots: 
     expect(page.locator("#recalled")).to_contain_text("vector")  # each result's scores
     page.screenshot(path=str(shots / "console-memory.png"), full_page=True)
     no_problems(page)
+
+
+def test_an_agents_profile_runs_restore_and_export(colony_up: Any, browser: Any, shots: Path) -> None:
+    import json
+
+    _, info = colony_up
+    with ColonyClient(info.url, info.token, timeout=120) as client:
+        runs = [client.run("echo", {"message": f"hello {n}"})["run_id"] for n in range(2)]
+        kept = client.context.checkpoints("echo")
+    page = logged_in(browser, info)
+    page.goto(f"{info.url}/ui/#/agents/echo")
+    expect(page.locator("#profile")).to_contain_text("colony.")  # its class, policy, capabilities
+    expect(page.locator("#profile")).to_contain_text("Actions")
+    expect(page.locator("#runs tbody tr").first).to_contain_text(runs[-1])  # newest first
+    expect(page.locator("#runs")).to_contain_text(runs[0])
+    page.screenshot(path=str(shots / "console-agent-profile.png"), full_page=True)
+    expect(page.locator("#checkpoints tbody tr")).to_have_count(len(kept))
+    page.once("dialog", lambda dialog: dialog.dismiss())
+    page.click("#restore-0")
+    expect(page.locator("#restore-report")).to_have_count(0)
+    page.once("dialog", lambda dialog: dialog.accept())
+    page.click("#restore-0")  # back to the oldest kept checkpoint
+    expect(page.locator("#restore-report")).to_contain_text(f'"step": {kept[0]["step"]},')
+    with page.expect_download() as download:
+        page.click("#export-button")
+    document = json.loads(Path(download.value.path()).read_text())
+    assert document["format"] == "colony-agent-export" and document["agent_id"] == "echo"
+    expect(page.locator("#export-link")).to_contain_text("echo.colony-agent.json")
+    no_problems(page)
+
+
+def test_the_resumption_queue_in_the_monitors_order(colony_up: Any, browser: Any) -> None:
+    _, info = colony_up
+    with ColonyClient(info.url, info.token) as client:
+        client.suspend("assistant")  # waits for a resume (custom): queued until then
+        try:
+            page = logged_in(browser, info)
+            expect(page.locator("#waiting tbody tr")).to_have_count(1)
+            expect(page.locator("#waiting tbody tr").first).to_contain_text("assistant")
+            expect(page.locator("#waiting tbody tr").first).to_contain_text("custom")
+            no_problems(page)
+        finally:
+            client.resume("assistant")
+
+
+def test_read_only_with_the_metrics_token(colony_up: Any, browser: Any, shots: Path) -> None:
+    _, info = colony_up
+    page = new_page(browser)
+    calls: list[str] = []
+    page.on("request", lambda request: calls.append(request.url) if "/v1/" in request.url else None)
+    page.goto(f"{info.url}/ui/#/agents/echo")
+    page.fill("#token", METRICS_TOKEN)
+    page.click("#login button[type=submit]")
+    expect(page.locator("#read-only")).to_be_visible()
+    expect(page.locator("#states")).to_contain_text("idle:")  # agents by state, from /metrics
+    expect(page.locator("#replicas tbody tr").first).to_be_visible()
+    expect(page.locator("nav")).not_to_contain_text("Start a run")
+    expect(page.locator("#runs")).to_contain_text("succeeded:")  # the cluster's run counts
+    expect(page.locator("#http")).to_contain_text("200:")
+    page.goto(f"{info.url}/ui/#/run")  # any page: the read-only view (the token opens nothing else)
+    expect(page.locator("#read-only")).to_be_visible()
+    expect(page.locator("#submit")).to_have_count(0)
+    page.screenshot(path=str(shots / "console-metrics.png"), full_page=True)
+    assert calls == [f"{info.url}/v1/agents?state=running"]  # the login's probe (401), nothing after
+    no_problems(page, refused_login=True)

@@ -4,17 +4,24 @@
 // console served under a prefix (`/colony/ui/`) reaches the API under the same prefix.
 
 const KEY = "colony.token";
+const MODE = "colony.mode"; // "api" (the API token) or "metrics" (the metrics-only token: read-only)
 
 export function savedToken() {
   return sessionStorage.getItem(KEY);
 }
 
-export function saveToken(token) {
+export function savedMode() {
+  return sessionStorage.getItem(MODE) === "metrics" ? "metrics" : "api";
+}
+
+export function saveToken(token, mode = "api") {
   sessionStorage.setItem(KEY, token);
+  sessionStorage.setItem(MODE, mode);
 }
 
 export function forgetToken() {
   sessionStorage.removeItem(KEY);
+  sessionStorage.removeItem(MODE);
 }
 
 export class ApiError extends Error {
@@ -52,6 +59,13 @@ export class Api {
     const response = await fetch(url(path), { headers: this.headers() });
     if (!response.ok) throw await failure(response);
     return response.json();
+  }
+
+  // A text body (the Prometheus exposition of /metrics), at most `limit` characters kept.
+  async text(path, limit = 8_000_000) {
+    const response = await fetch(url(path), { headers: this.headers() });
+    if (!response.ok) throw await failure(response);
+    return (await response.text()).slice(0, limit);
   }
 
   // A state-changing call: JSON body and an Idempotency-Key, as every Colony client sends (this

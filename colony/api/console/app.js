@@ -1,11 +1,13 @@
 // The console: a login form, then views chosen by the URL's hash (#/, #/agents/ID, #/runs/ID,
-// #/run). No build step, no library: plain modules the API serves from the package.
-import { Api, forgetToken, savedToken, saveToken } from "./api.js";
+// #/run, ...); with the metrics-only token, one read-only view built from /metrics. No build
+// step, no library: plain modules the API serves from the package.
+import { Api, forgetToken, savedMode, savedToken, saveToken } from "./api.js";
 import { add, clear, el, errorText } from "./dom.js";
 import { agentView } from "./views/agent.js";
 import { blockView } from "./views/block.js";
 import { colonyView } from "./views/colony.js";
 import { memoryView } from "./views/memory.js";
+import { metricsView } from "./views/metrics.js";
 import { runView, submitView } from "./views/run.js";
 import { newSessionView, sessionView } from "./views/session.js";
 
@@ -34,18 +36,24 @@ function login(message) {
       onsubmit: async (event) => {
         event.preventDefault();
         const api = new Api(input.value.trim());
+        let mode = "api";
         try {
-          await api.get("v1/agents?state=running"); // a cheap call the token must open
+          await api.get("v1/agents?state=running"); // a cheap call the API token opens
         } catch (error) {
-          login(error.status === 401 ? "That token is not accepted here." : String(error.message));
-          return;
+          if (error.status !== 401) return login(String(error.message));
+          try {
+            await api.text("metrics"); // the metrics-only token opens this and nothing else
+            mode = "metrics";
+          } catch (_) {
+            return login("That token is not accepted here.");
+          }
         }
-        saveToken(api.token);
+        saveToken(api.token, mode);
         show();
       },
     },
     el("h1", {}, "Log in"),
-    el("p", { class: "muted" }, "The API token (`colony status` prints it). It is kept in this tab only."),
+    el("p", { class: "muted" }, "The API token (`colony status` prints it), or the metrics-only token for a read-only view. It is kept in this tab only."),
     el("label", { for: "token" }, "Token"),
     input,
     el("button", { type: "submit" }, "Log in"),
@@ -62,7 +70,9 @@ async function show() {
   const mine = ++navigation;
   stopView();
   logout.hidden = false;
-  add(clear(nav), el("a", { href: "#/" }, "Colony"), el("a", { href: "#/run" }, "Start a run"), el("a", { href: "#/sessions" }, "Chat"));
+  const readOnly = savedMode() === "metrics";
+  add(clear(nav), el("a", { href: "#/" }, readOnly ? "Colony (metrics, read-only)" : "Colony"),
+    readOnly ? null : [el("a", { href: "#/run" }, "Start a run"), el("a", { href: "#/sessions" }, "Chat")]);
   const view = el("div", { class: "view" }); // this showing's own container: a stale view fills a detached one
   add(clear(main), view);
   let stop = null;
@@ -71,7 +81,8 @@ async function show() {
     const parts = rest.map((part) => decodeURIComponent(part));
     if (parts.some((part) => part === "." || part === "..")) throw new Error("no such page");
     const [id, more, owner] = parts;
-    if (kind === "agents" && id && more === "memory") stop = await memoryView(view, api, id);
+    if (readOnly) stop = await metricsView(view, api); // every page: the token opens nothing else
+    else if (kind === "agents" && id && more === "memory") stop = await memoryView(view, api, id);
     else if (kind === "agents" && id) stop = await agentView(view, api, id);
     else if (kind === "runs" && id) stop = await runView(view, api, id);
     else if (kind === "blocks" && id && more) stop = await blockView(view, api, id, more, owner);

@@ -1,5 +1,5 @@
-// One memory block: its content, its history with authors, a diff between any two versions and
-// a rollback to one (after a confirmation).
+// One memory block: its content, its history with authors, a diff between any two versions, a
+// rollback to one and an undo of the agent's own latest edit (each after a confirmation).
 import { add, clear, el, errorText, json, route, table, when } from "../dom.js";
 
 const MAX_DIFF_LINES = 2000; // lines of each version compared (a longer block's rest is not)
@@ -66,13 +66,25 @@ export async function blockView(main, api, agent, label, owner = undefined) {
       rollback.disabled = false;
     }
   } }, "Roll back to the left version");
+  const undo = el("button", { type: "button", class: "quiet", id: "undo-edit", onclick: async () => {
+    if (undo.disabled || !window.confirm(`Undo the latest edit ${agent} made to ${label}? (edits by others are kept)`)) return;
+    undo.disabled = true;
+    clear(result);
+    try {
+      add(result, el("pre", { id: "undo-edit-report" }, json(await api.post(at("/undo"), {}))));
+    } catch (error) {
+      add(result, errorText(error));
+    } finally {
+      undo.disabled = false;
+    }
+  } }, `Undo ${agent}'s latest edit`);
   add(main, el("h1", {}, `Block ${label}`), el("p", {}, el("a", { href: route("agents", agent) }, `of ${agent}`), ` · version ${view.version}`),
     el("pre", { id: "content" }, String(view.content)),
     el("h2", {}, "History"),
     table(["version", "author", "via", "edit", "message", "when", "chars"],
       versions.map((v) => [String(v.version), v.author, v.via, v.op, v.message || "", when(v.timestamp), String(v.chars_delta)])),
     el("h2", {}, "Compare"), el("div", { class: "pair" }, from, to, el("button", { type: "button", id: "compare", onclick: () => showDiff().catch((e) => add(diff, errorText(e))) }, "Diff")),
-    diff, rollback, result);
+    diff, el("div", { class: "pair" }, rollback, undo), result);
   await showDiff();
   return null;
 }

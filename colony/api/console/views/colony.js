@@ -1,9 +1,11 @@
-// The colony at a glance: replicas (engine, agents, pages held), agents by state, the agents
-// themselves; refreshed every few seconds while shown.
+// The colony at a glance: replicas (engine, agents, pages held), agents by state, the resumption
+// queue (in the order the monitor resumes), the agents themselves; refreshed every few seconds.
 import { add, clear, el, route, table, when } from "../dom.js";
+import { refreshEvery } from "../poll.js";
 
 const REFRESH_MS = 3000;
 const SHOWN = 500; // agents listed (the filter narrows them; the counts cover all)
+const QUEUED = 100; // agents of the resumption queue listed, from its head
 
 export async function colonyView(main, api) {
   const counts = el("div", { class: "chips", id: "states" });
@@ -13,7 +15,7 @@ export async function colonyView(main, api) {
   const filter = el("input", { type: "search", id: "filter", placeholder: "filter agents by id or role" });
   const agents = el("div", { id: "agents" });
   add(main, el("h1", {}, "Colony"), el("h2", {}, "Agents by state"), counts, el("h2", {}, "Replicas"), replicas,
-    el("h2", {}, "Pages on replicas"), pages, el("h2", {}, "Waiting to be resumed"), waiting, el("h2", {}, "Agents"), filter, agents);
+    el("h2", {}, "Pages on replicas"), pages, el("h2", {}, "Resumption queue"), waiting, el("h2", {}, "Agents"), filter, agents);
   let records = [];
 
   function renderAgents() {
@@ -27,7 +29,8 @@ export async function colonyView(main, api) {
   }
 
   async function refresh() {
-    const [agentList, replicaList, pageList] = await Promise.all([api.get("v1/agents"), api.get("v1/replicas"), api.get("v1/vcm/pages")]);
+    const [agentList, replicaList, pageList, queue] = await Promise.all([api.get("v1/agents"), api.get("v1/replicas"), api.get("v1/vcm/pages"),
+      api.get(`v1/colony/resumption?limit=${QUEUED}`)]);
     records = agentList;
     const byState = {};
     for (const a of records) byState[a.state] = (byState[a.state] || 0) + 1;
@@ -40,35 +43,17 @@ export async function colonyView(main, api) {
       held.map((p) => [p.page_id, (p.files || []).map((f) => `${f.path}:${f.start_line}-${f.end_line}`).slice(0, 4).join(", "), String(p.tokens),
         (p.resident_on || []).join(", "), (p.swapped_on || []).join(", ")]))
       : el("p", { class: "muted" }, `${pageList.length} page(s) mapped, none held by a replica now.`));
-    const suspended = records.filter((a) => a.state === "suspended").slice(0, SHOWN);
-    add(clear(waiting), suspended.length ? table(["agent", "waits for", "since"],
-      suspended.map((a) => [el("a", { href: route("agents", a.agent_id) }, a.agent_id), a.waits || "", when(a.updated_at)]))
-      : el("p", { class: "muted" }, "No agent is suspended."));
+    const onDemand = Math.max(0, (byState.suspended || 0) - queue.total);
+    add(clear(waiting), queue.agents.length ? table(["#", "agent", "priority", "waits for", "suspended", "pages"],
+      queue.agents.map((q) => [String(q.position), el("a", { href: route("agents", q.agent_id) }, q.agent_id), String(q.priority), q.waits,
+        when(q.suspended_at), `${q.pages.join(", ")}${q.page_bound ? " (bound)" : ""}`]))
+      : el("p", { class: "muted" }, "No agent waits for a condition."),
+    queue.truncated ? el("p", { class: "muted" }, `The first ${queue.agents.length} of ${queue.total}.`) : null,
+    onDemand ? el("p", { class: "muted", id: "on-demand" }, `${onDemand} more suspended to make room (idle sessions): resumed when asked for.`) : null);
     renderAgents();
   }
 
   filter.addEventListener("input", renderAgents);
   await refresh();
-  let timer = null;
-  let stopped = false;
-  const stale = el("p", { class: "error", id: "stale" });
-  const tick = async () => {
-    try {
-      await refresh();
-      stale.remove();
-    } catch (error) {
-      if (error.status === 401) {
-        window.dispatchEvent(new Event("colony:unauthorized"));
-        return;
-      }
-      stale.textContent = `Not refreshed: ${error.message} (retrying)`;
-      main.prepend(stale);
-    }
-    if (!stopped) timer = setTimeout(tick, REFRESH_MS); // the next one after this one, never overlapping
-  };
-  timer = setTimeout(tick, REFRESH_MS);
-  return () => {
-    stopped = true;
-    clearTimeout(timer);
-  };
+  return refreshEvery(main, refresh, REFRESH_MS);
 }

@@ -1,5 +1,6 @@
 // Chat sessions: start one, talk in it (the reply's tokens stream in), see the active branch's
-// messages, go back to a message (revert, after a confirmation) and switch branches.
+// messages and the whole conversation tree, go back to a message (revert) or branch from it
+// (fork), each after a confirmation, and switch branches.
 import { add, clear, el, errorText, route } from "../dom.js";
 
 export async function newSessionView(main, api) {
@@ -19,6 +20,48 @@ export async function newSessionView(main, api) {
   return null;
 }
 
+const MAX_TREE = 2000; // messages of the tree drawn
+const SNIPPET = 160; // characters of a message shown in the tree
+
+// The whole conversation as a tree: a run of single replies stays in one list; where a message
+// has more than one continuation (a fork, a revert and a new turn), each continuation is a list
+// below it. Leaves say which branch ends there.
+export function conversationTree(all, onBranch, branches) {
+  const children = new Map();
+  const ids = new Set(all.map((m) => m.id));
+  const roots = [];
+  for (const m of all) {
+    if (m.parent_id && ids.has(m.parent_id)) {
+      if (!children.has(m.parent_id)) children.set(m.parent_id, []);
+      children.get(m.parent_id).push(m);
+    } else roots.push(m);
+  }
+  const leaves = new Map();
+  for (const b of branches) if (b.leaf_id) leaves.set(b.leaf_id, [...(leaves.get(b.leaf_id) || []), b.name]);
+  const item = (m) => {
+    const text = String(m.content);
+    const names = leaves.get(m.id);
+    return el("span", { class: onBranch.has(m.id) ? "tree-node on-branch" : "tree-node", "data-id": m.id },
+      el("span", { class: "role" }, `${m.role}: `), text.length > SNIPPET ? `${text.slice(0, SNIPPET)}…` : text,
+      names ? el("span", { class: "muted" }, ` ← ${names.join(", ")}`) : null);
+  };
+  const chain = (start) => { // iterative along single replies: a long chat does not nest deeply
+    const list = el("ul", {});
+    let m = start;
+    for (;;) {
+      const next = children.get(m.id) || [];
+      const entry = el("li", {}, item(m));
+      list.append(entry);
+      if (next.length !== 1) {
+        if (next.length > 1) entry.append(...next.map(chain));
+        return list;
+      }
+      m = next[0];
+    }
+  };
+  return all.length ? el("div", {}, roots.map(chain)) : el("p", { class: "muted" }, "No messages yet.");
+}
+
 export async function sessionView(main, api, id) {
   const base = `v1/sessions/${encodeURIComponent(id)}`;
   const branches = el("div", { id: "branches" });
@@ -28,6 +71,7 @@ export async function sessionView(main, api, id) {
   const problem = el("div");
   const send = el("button", { type: "submit" }, "Send");
   const stop = new AbortController();
+  const tree = el("div", { id: "conversation-tree", class: "tree" });
   add(main, el("h1", {}, `Chat ${id}`), branches, messages, reply,
     el("form", { class: "card", id: "chat", onsubmit: async (event) => {
       event.preventDefault();
@@ -50,7 +94,8 @@ export async function sessionView(main, api, id) {
       } finally {
         send.disabled = false;
       }
-    } }, el("label", { for: "message" }, "Message"), text, send), problem);
+    } }, el("label", { for: "message" }, "Message"), text, send), problem, el("h2", {}, "Conversation tree"),
+    el("p", { class: "muted" }, "Every message kept, branches and reverted ones included; the active branch's in bold."), tree);
 
   // A change of the tree (switch, revert), then the page again; a refusal is shown, and the page
   // shows the tree as it is (a failed switch does not leave the other branch selected).
@@ -65,7 +110,10 @@ export async function sessionView(main, api, id) {
   }
 
   async function render() {
-    const [head, listed] = await Promise.all([api.get(base), api.get(`${base}/messages`)]);
+    const [head, listed, everything] = await Promise.all([api.get(base), api.get(`${base}/messages`), api.get(`${base}/messages?all=true&limit=${MAX_TREE}`)]);
+    const onBranch = new Set((listed.messages || []).map((m) => m.id));
+    add(clear(tree), conversationTree(everything.messages || [], onBranch, head.branches || []),
+      everything.total > (everything.messages || []).length ? el("p", { class: "muted" }, `The first ${everything.messages.length} of ${everything.total} messages.`) : null);
     const choose = el("select", { id: "branch" }, (head.branches || []).map((b) => {
       const option = el("option", { value: b.name }, `${b.name} (${b.length} messages)`);
       option.selected = b.name === head.active;
@@ -79,7 +127,12 @@ export async function sessionView(main, api, id) {
         if (!window.confirm("Go back to this message? Later messages stay in the tree, off the active branch.")) return;
         clear(reply);
         await act(() => api.post(`${base}/revert`, { message_id: m.id }));
-      } }, "Go back here"))));
+      } }, "Go back here"),
+      el("button", { type: "button", class: "quiet fork", "data-id": m.id, onclick: async () => {
+        if (!window.confirm("Start a new branch from this message? The current branch keeps its messages.")) return;
+        clear(reply);
+        await act(() => api.post(`${base}/fork`, { message_id: m.id }));
+      } }, "Branch from here"))));
   }
 
   await render();
