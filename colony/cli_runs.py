@@ -23,16 +23,19 @@ def _took(node: dict[str, Any]) -> str:
 
 
 def render_tree(tree: dict[str, Any]) -> str:
-    """One line a run: indent by depth, agent, request id, state, time taken, error if any."""
+    """One line a run: indent by depth, agent, request id, state, time taken, the replica hosting
+    its agent now and the error, if any."""
     nodes = tree.get("nodes")
     count = nodes if isinstance(nodes, int) and not isinstance(nodes, bool) else "?"
     lines = [f"trace {_text(tree.get('trace_id'), 140)}: {count} run(s)"]
 
     def walk(node: dict[str, Any], depth: int) -> None:
-        error = node.get("error")
+        error, replica = node.get("error"), node.get("replica")
         lines.append(
             f"{'  ' * depth}- {_text(node.get('agent'), 128)}  {_text(node.get('request_id'), 140)}  "
-            f"{_text(node.get('status'), 20)}  {_took(node)}" + (f"  ({_text(error, 200)})" if error else "")
+            f"{_text(node.get('status'), 20)}  {_took(node)}"
+            + (f"  on {_text(replica, 128)}" if replica else "")
+            + (f"  ({_text(error, 200)})" if error else "")
         )
         for child in node.get("children") or []:
             if isinstance(child, dict):

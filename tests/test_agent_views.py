@@ -18,6 +18,7 @@ from colony.agents import Agent, AgentBlueprint, AgentMetadata, AgentRunCapabili
 from colony.agents.models import ResumptionCondition, ResumptionKind, SuspensionRequest
 from colony.blackboard import Blackboard
 from colony.blackboard.protocol import AgentStateProtocol
+from colony.blackboard.query import newest_tagged
 from colony.system.builtin import RUNS_NAMESPACE
 from colony.system.collaborate import CollaborationCapability
 from colony.system.resumption_queue import queue_of
@@ -77,7 +78,8 @@ def test_a_profile_spoilt_in_redis_is_shown_as_not_recorded(served: ControlledAp
 
 
 def test_the_resumption_queue_is_in_the_monitors_order(served: ControlledApi) -> None:
-    assert get(served, "/v1/colony/resumption").json() == {"agents": [], "total": 0, "truncated": False}
+    empty = {"agents": [], "total": 0, "truncated": False, "complete": True}
+    assert get(served, "/v1/colony/resumption").json() == empty
     for name in ("v-low", "v-high", "v-low-2"):  # suspended in this order: FIFO among equals
         served.call(lambda n=name: served.control.suspend(n))  # type: ignore[union-attr]
     queue = get(served, "/v1/colony/resumption").json()
@@ -146,6 +148,7 @@ def test_an_agents_runs_are_listed_newest_first(served: ControlledApi) -> None:
         "runs": [],
         "total": 0,
         "truncated": False,
+        "unreadable": 0,
     }
     for bad in ({}, {"agent": "a b"}, {"agent": "x" * 129}, {"agent": "lister", "limit": 0}):
         answer = get(served, "/v1/runs", **bad)
@@ -156,9 +159,59 @@ async def test_newest_tagged_reads_a_bounded_part_and_prunes_what_is_gone(bb: Bl
     for n in range(6):
         await bb.write(f"item:{n}", n, tags={"t"})
         await asyncio.sleep(0.003)  # creation times are in milliseconds
-    await bb.redis.sadd(bb.keyspace.tag_key("t"), "item:gone")  # an entry retired under it
-    keys, total, truncated = await bb.newest_tagged("t", 3)
-    assert keys == ["item:5", "item:4", "item:3"] and total == 7 and not truncated
+    await bb.redis.sadd(bb.keyspace.tag_key("t"), "item:gone", "other:x")  # retired; no item key
+    keys, total, truncated = await newest_tagged(bb, "t", 3, 100, lambda k: k.startswith("item:"))
+    assert keys == ["item:5", "item:4", "item:3"] and total == 6 and not truncated  # live items only
     assert "item:gone" not in await bb.redis.smembers(bb.keyspace.tag_key("t"))
-    keys, total, truncated = await bb.newest_tagged("t", 10, most=2)
-    assert len(keys) == 2 and total == 6 and truncated
+    keys, total, truncated = await newest_tagged(bb, "t", 10, 2)
+    assert len(keys) == 2 and truncated  # more members than compared: says so
+
+
+def test_a_run_record_that_does_not_validate_is_left_out_not_a_500(served: ControlledApi) -> None:
+    from test_api_checkpoints import STEPS
+
+    from colony.blackboard.protocol import ApiRunProtocol
+    from colony.client import ColonyClient
+
+    served.place("spoilt-runs", STEPS, serve="runs")
+    with ColonyClient(served.url, TOKEN, timeout=60) as client:
+        good = client.run("spoilt-runs", {"go": 1}, timeout_s=60)["run_id"]
+
+    async def spoil() -> None:
+        board = (await served._services()).runs.api_board
+        tag = {ApiRunProtocol.agent_tag("spoilt-runs")}
+        await board.write(ApiRunProtocol.run_key("run-bad"), {"agent": "spoilt-runs", "oops": 1}, tags=tag)
+        await board.write("known:run-x", {"not": "a run record"}, tags=tag)  # no run key: not counted
+
+    served.call(spoil)
+    listed = get(served, "/v1/runs", agent="spoilt-runs")
+    assert listed.status_code == 200, listed.text
+    body = listed.json()
+    assert [r["run_id"] for r in body["runs"]] == [good] and body["unreadable"] == 1 and body["total"] == 2
+
+
+def test_a_queue_longer_than_one_reading_says_its_order_may_not_be_the_monitors(
+    served: ControlledApi, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from colony.api.routes import agent_views
+
+    for name in ("v-low", "v-high", "v-low-2"):
+        served.call(lambda n=name: served.control.suspend(n))  # type: ignore[union-attr]
+    monkeypatch.setattr(agent_views, "MAX_QUEUE_READ", 2)
+    queue = get(served, "/v1/colony/resumption").json()
+    assert queue["complete"] is False and queue["total"] == 3 and len(queue["agents"]) == 2
+    monkeypatch.setattr(agent_views, "MAX_QUEUE_READ", 20_000)
+    assert get(served, "/v1/colony/resumption").json()["complete"] is True
+
+
+def test_a_profile_over_its_bounds_in_redis_is_not_served() -> None:
+    from pydantic import ValidationError
+
+    from colony.agents.profile import NAME_CHARS, AgentProfile
+
+    with pytest.raises(ValidationError):
+        AgentProfile(agent_class="A", capabilities=["x" * (NAME_CHARS + 1)])
+    with pytest.raises(ValidationError):
+        AgentProfile.model_validate(
+            {"agent_class": "A", "actions": [{"name": "a", "capability": "c", "effects": ["e" * 100_000]}]}
+        )

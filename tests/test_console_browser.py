@@ -97,6 +97,9 @@ def test_log_in_and_see_the_colony(colony_up: Any, browser: Any, shots: Path) ->
     no_problems(page, refused_login=True)
     page = logged_in(browser, info)
     expect(page.locator("#replicas tbody tr").first).to_be_visible()
+    cells = page.locator("#replicas tbody tr").first.locator("td")
+    expect(cells.nth(2)).to_contain_text(" of ")  # agents hosted of the replica's room
+    expect(cells.nth(5)).to_have_text("0")  # page faults (a count, not a blank)
     expect(page.locator("#agents")).to_contain_text("echo")
     expect(page.locator("#waiting")).to_contain_text("No agent waits for a condition")
     expect(page.locator("#pages")).to_contain_text("page(s) mapped")

@@ -601,3 +601,23 @@ async def test_an_import_of_an_id_another_import_is_writing_is_refused(
     assert imported["replaced"] is True
     assert await target.monitor.tick() == ["contested"]
     assert (await live_view(target, "contested"))["notes"].strip() == "DOCUMENT block content"
+
+
+async def test_the_profile_is_left_out_of_exports_and_recorded_again_where_the_agent_lands(
+    colonies: tuple[Colony, Colony],
+) -> None:
+    """An export carries no profile (a reader of format version 1 knows no such field); the
+    imported agent records its own when it is hosted (the console's agent view shows it)."""
+    source, target = colonies
+    paused = await paused_mid_run(source, "profiled")
+    held = (await source.agent_board("profiled").read(Keys.key("metadata"))).value
+    assert held["profile"]["agent_class"] and held["profile"]["actions"]
+    document = await export_agent(source.board, "profiled", settings=source.settings)
+    assert "profile" not in document["metadata"]
+    await import_agent(
+        target.board, document, settings=target.settings, registry=target.registry, catalog="stepper"
+    )
+    assert (await target.agent_board("profiled").read(Keys.key("metadata"))).value["profile"] is None
+    assert (await resumed_output(target, "profiled", paused.run_id)).status == "succeeded"
+    landed = (await target.agent_board("profiled").read(Keys.key("metadata"))).value
+    assert landed["profile"] == held["profile"]

@@ -81,6 +81,7 @@ def test_a_jobs_runs_are_seen_together(
     assert "\x1b" not in render_tree({"trace_id": "t", "nodes": "\x1b]0;x\x07", "root": None})
     assert lines[0] == f"trace {done['run_id']}: 4 run(s)"
     assert lines[1].startswith(f"- lead  {done['run_id']}  succeeded  ")
+    assert lines[1].endswith(f"  on {root['replica']}")  # where its agent is hosted
     assert len(lines) == 5 and all(line.startswith("  - lead-") for line in lines[2:])
 
 

@@ -213,10 +213,17 @@ class Agent(CapabilitySet, Bindable):
     # -- event handlers ---------------------------------------------------------------------
 
     async def start(self) -> None:
-        """Start background work: capabilities' own start-up, then the event handlers."""
+        """Start background work: capabilities' own start-up, then the event handlers. An agent
+        stored without a profile (imported, or recorded before profiles were kept) records it now,
+        once."""
         for capability in list(self.capabilities.values()):
             await capability.start()
         await self.event_delivery.start()
+        if self.metadata.profile is None:
+            self.metadata.profile = profile_of(self)
+            await self.blackboard.write(
+                Keys.key("metadata"), self.metadata.model_dump(mode="json"), created_by=self.agent_id
+            )
 
     # -- runs -------------------------------------------------------------------------------
 

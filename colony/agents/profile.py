@@ -6,7 +6,7 @@ have written anything, and validated against these limits."""
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Annotated
 
 from pydantic import BaseModel, Field
 
@@ -18,6 +18,7 @@ MAX_ACTIONS = 128
 MAX_EFFECTS = 8
 NAME_CHARS = 200
 DESCRIPTION_CHARS = 400
+Name = Annotated[str, Field(max_length=NAME_CHARS)]
 
 
 class ProfileAction(BaseModel):
@@ -27,7 +28,7 @@ class ProfileAction(BaseModel):
     capability: str = Field(max_length=NAME_CHARS)
     description: str = Field("", max_length=DESCRIPTION_CHARS)
     planned: bool = Field(True, description="offered to the planner (false: only called in code)")
-    effects: list[str] = Field(default_factory=list, max_length=MAX_EFFECTS)
+    effects: list[Name] = Field(default_factory=list, max_length=MAX_EFFECTS)
 
 
 class ProfileResources(BaseModel):
@@ -41,7 +42,7 @@ class AgentProfile(BaseModel):
 
     agent_class: str = Field(max_length=NAME_CHARS)
     action_policy: str | None = Field(None, max_length=NAME_CHARS)
-    capabilities: list[str] = Field(default_factory=list, max_length=MAX_CAPABILITIES)
+    capabilities: list[Name] = Field(default_factory=list, max_length=MAX_CAPABILITIES)
     actions: list[ProfileAction] = Field(default_factory=list, max_length=MAX_ACTIONS)
     more_actions: int = Field(0, ge=0, description="actions left out past MAX_ACTIONS")
     resources: ProfileResources = Field(default_factory=ProfileResources)

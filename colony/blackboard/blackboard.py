@@ -32,7 +32,7 @@ from colony.blackboard.models import (
     ttl_to_ms,
 )
 from colony.blackboard.protocol import BlackboardKeyspace, validate_key, validate_pattern, validate_tag
-from colony.blackboard.query import newest_tagged, oldest_tagged, run_query
+from colony.blackboard.query import oldest_tagged, run_query
 from colony.blackboard.script_calls import ScriptCall, scripts_of
 from colony.blackboard.writes import opt, write_args, written_entry
 from colony.config import BlackboardSettings, ColonySettings
@@ -399,14 +399,6 @@ class Blackboard:
         validate_tag(tag)
         async with self.guard("oldest_tagged"):
             return await oldest_tagged(self, tag, max(1, limit), needs)
-
-    async def newest_tagged(self, tag: str, limit: int = 50, most: int = 5000) -> tuple[list[str], int, bool]:
-        """Keys of up to `limit` entries carrying `tag`, newest first, among at most `most` members
-        of its set; with the set's size and whether members were left unread
-        (`colony.blackboard.query.newest_tagged`)."""
-        validate_tag(tag)
-        async with self.guard("newest_tagged"):
-            return await newest_tagged(self, tag, max(1, limit), max(1, most))
 
     async def iter_query(
         self,

@@ -16,7 +16,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from colony.blackboard.models import BlackboardEntry, QueryPage, TagFilter, _ms, decode_tags
-from colony.blackboard.protocol import validate_key
+from colony.blackboard.protocol import validate_key, validate_tag
 from colony.errors import InvalidKey
 
 MAX_SCAN_ROUNDS = 64  # SCAN calls per page at most; a page may come back short, with a cursor
@@ -169,25 +169,33 @@ async def oldest_tagged(
     return [key for _at, key in dated[:limit]]
 
 
-async def newest_tagged(bb: Blackboard, tag: str, limit: int, most: int) -> tuple[list[str], int, bool]:
+async def newest_tagged(
+    bb: Blackboard, tag: str, limit: int, most: int, member_ok: Callable[[str], bool] | None = None
+) -> tuple[list[str], int, bool]:
     """Up to `limit` keys of the entries carrying `tag`, newest first (creation time, then key,
-    both descending), the tag's size, and whether more than `most` members were there to compare
-    (then the newest among the `most` read: the set is read from its start, not sampled). Stale
-    members are pruned as `oldest_tagged` prunes them."""
-    keyspace, redis = bb.keyspace, bb.redis
-    tag_set = keyspace.tag_key(tag)
-    members: set[str] = set()
+    both descending); how many live entries carry it; and whether the set held more than `most`
+    members, in which case only `most` of them (in the set's own order) were compared and the
+    keys are the newest among those, not necessarily the newest of all (the count is then the
+    set's size less the stale members seen). `member_ok`: members it refuses are left out and not
+    counted (a member that is no key of the kind listed). Stale members are pruned as
+    `oldest_tagged` prunes them."""
+    validate_tag(tag)
+    redis, tag_set = bb.redis, bb.keyspace.tag_key(tag)
     size = int(await redis.scard(tag_set))
+    members: set[str] = set()
     cursor = 0
-    for _round in range(MAX_SCAN_ROUNDS):
+    for _round in range(MAX_SCAN_ROUNDS + most // 1000):
         cursor, page = await redis.sscan(tag_set, cursor, count=min(most, 1000))
         members.update(page)
         if cursor == 0 or len(members) >= most:
             break
+    truncated = len(members) < size
     keys = sorted(members)[:most]
-    dated = await _dated(bb, tag, keys, None)
+    refused = {k for k in keys if member_ok is not None and not member_ok(k)}
+    dated = await _dated(bb, tag, [k for k in keys if k not in refused], None)
+    live = size - (len(keys) - len(dated)) if truncated else len(dated)
     dated.reverse()  # newest first (ties: the greater key first)
-    return [key for _at, key in dated[:limit]], size, size > len(keys)
+    return [key for _at, key in dated[:limit]], live, truncated
 
 
 async def _dated(

@@ -19,7 +19,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 
 from colony.blackboard import Blackboard, BlackboardScope, scope_id
-from colony.blackboard.protocol import BlackboardKeyspace, BlockProtocol
+from colony.blackboard.protocol import ApiRunProtocol, BlackboardKeyspace, BlockProtocol
 from colony.config import ColonySettings
 from colony.memory.blocks import SYSTEM, block_store
 from colony.memory.scopes import AGENT_LEVELS, NAMESPACE_PREFIX, MemoryScope
@@ -83,7 +83,8 @@ async def purge_agent(
     labels: Iterable[str] = (),
 ) -> AgentKeys:
     """Delete every key of `agent_id` in the colony of `settings` (its tenant and colony): its
-    blocks (those its index lists and `labels`), then its scope family's keys. Returns what was
+    blocks (those its index lists and `labels`), then its scope family's keys and the index of its
+    HTTP runs' records. Returns what was
     deleted. The registry record is not touched (the caller decides about it)."""
     found = await agent_keys(board, agent_id, tenant_id=settings.tenant_id, colony_id=settings.colony_id)
     store = block_store(board.redis, settings)
@@ -92,6 +93,13 @@ async def purge_agent(
     for start in range(0, len(found.keys), UNLINK_BATCH):
         async with board.guard("purge_agent"):
             await board.redis.unlink(*found.keys[start : start + UNLINK_BATCH])
+    # the index of its runs' records in the colony's api scope (`GET /v1/runs?agent=`), alone: it
+    # hashes to another slot (the records expire with the runs' retention, as they always do)
+    runs_index = BlackboardKeyspace(ApiRunProtocol.scope(settings.tenant_id, settings.colony_id)).tag_key(
+        ApiRunProtocol.agent_tag(agent_id)
+    )
+    async with board.guard("purge_agent"):
+        await board.redis.unlink(runs_index)
     if any(f"namespace:{NAMESPACE_PREFIX}" in key for key in found.keys):  # it had memory
         await _forget_memory_index(board, agent_id, settings)
     return AgentKeys(keys=found.keys, blocks=deleted, truncated=found.truncated)

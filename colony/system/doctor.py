@@ -348,7 +348,8 @@ class _Checker:
                 ViolationKind.SUSPENDED_UNRESUMABLE,
                 agent_id,
                 f"suspended agent {agent_id}: {'; '.join(problems)}. The resource monitor "
-                "fails on it every round (an unreadable one stops the whole round). Repair its state "
+                "cannot resume it (it takes an unreadable suspension for a wait for an explicit "
+                "resume, and a resume fails on unreadable metadata or lifecycle). Repair its state "
                 f"in scope {board.scope_id} (`colony bb --scope {board.scope_id} read agent:suspension`), "
                 "or mark it ended: write its registry record with state failed.",
             )

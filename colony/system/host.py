@@ -343,11 +343,13 @@ class ReplicaHost:
             "engine": self.engine.kind,
             "agents": len(runtime.agent_ids),
             "agent_ids": runtime.agent_ids,
+            "max_agents": self.settings.serve.max_agents_per_replica,
             "stats": self.engine.stats().model_dump(mode="json"),
             "pages": {
                 **self.paging.counts,
                 "resident": len(self.engine.resident_pages()),
                 "swapped": len(self.engine.swapped_pages()),
+                "slots": self.engine.page_capacity(),  # KV slots for pages (None: not bounded)
             },
             # the pages this replica's agents will need next, in order, with why and the estimate
             # (first 32), and how the uses so far compared with that list (`ReplicaPages.info`)

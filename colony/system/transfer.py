@@ -211,7 +211,11 @@ async def _gather(
         "agent_id": agent_id,
         "state": state.value,
         "blueprint": {"catalog": catalog, "signed": stored["blueprint"]},
-        "metadata": stored["metadata"],
+        # without its profile (for people, recomputed where the agent is hosted): a reader of
+        # format version 1 that knows no `profile` field takes this document too
+        "metadata": {k: v for k, v in stored["metadata"].items() if k != "profile"}
+        if isinstance(stored["metadata"], dict)
+        else stored["metadata"],
         "current_run": run,
         "policy_state": stored["policy_state"],
         "context": {"head": head, "items": await board.ring(Keys.key("context")) if head else []},

@@ -22,7 +22,7 @@ from colony.system.resumption_queue import queue_of
 router = APIRouter(dependencies=GUARDED)
 
 MAX_PAGES_SHOWN = 64  # page ids listed per agent (the count says how many there are)
-MAX_QUEUE_READ = 2000  # suspended agents read to order the queue at most (the rest: `truncated`)
+MAX_QUEUE_READ = 20_000  # suspended agents read to order the queue at most (then: `complete` false)
 
 
 class AgentProfileView(BaseModel):
@@ -52,8 +52,13 @@ class QueuedAgent(BaseModel):
 
 class ResumptionQueue(BaseModel):
     agents: list[QueuedAgent] = Field(description="in the order the resource monitor resumes them")
-    total: int = Field(description="suspended agents in the queue (read: at most MAX_QUEUE_READ)")
-    truncated: bool = Field(description="more agents are queued than were read or listed")
+    total: int = Field(description="suspended agents in the queue")
+    truncated: bool = Field(description="more agents are queued than are listed")
+    complete: bool = Field(
+        True,
+        description=f"false when over {MAX_QUEUE_READ} agents are queued: only that many were read and "
+        "ordered, so the order shown may not be the monitor's",
+    )
 
 
 @router.get("/v1/agents/{agent_id}/profile", response_model=AgentProfileView, responses=READ_ONE)
@@ -113,5 +118,6 @@ async def resumption_queue(
             for n, q in enumerate(queued[:limit], start=1)
         ],
         total=len(records),
-        truncated=len(records) > min(limit, MAX_QUEUE_READ),
+        truncated=len(records) > limit,
+        complete=len(records) <= MAX_QUEUE_READ,
     )

@@ -23,20 +23,25 @@ function profileSection(held) {
     profile.more_actions ? el("p", { class: "muted" }, `${profile.more_actions} more actions not listed`) : null];
 }
 
-// A button that asks first, then calls `act` once (disabled while in flight) and shows its report.
-function confirmed(id, text, question, act, result) {
+// A button that asks first, then calls `act` and shows its report. The buttons sharing `lock`
+// (undo and every restore) are disabled while any one of their calls is in flight: one change of
+// the agent's checkpoints at a time.
+function confirmed(id, text, question, act, result, lock) {
   const button = el("button", { type: "button", class: "quiet", id, onclick: async () => {
-    if (button.disabled || !window.confirm(question())) return;
-    button.disabled = true;
+    if (lock.busy || !window.confirm(question())) return;
+    lock.busy = true;
+    for (const b of lock.buttons) b.disabled = true;
     clear(result);
     try {
       await act();
     } catch (error) {
       add(result, errorText(error));
     } finally {
-      button.disabled = false;
+      lock.busy = false;
+      for (const b of lock.buttons) b.disabled = false;
     }
   } }, text);
+  lock.buttons.push(button);
   return button;
 }
 
@@ -50,6 +55,10 @@ async function exportAgent(api, id, result) {
   link.textContent = `${link.download} (${blob.size} bytes)`;
   add(result, el("p", {}, "Exported: ", link));
   link.click();
+  setTimeout(() => { // the document is let go of after a minute (it may be 64 MiB)
+    URL.revokeObjectURL(link.href);
+    link.removeAttribute("href");
+  }, 60_000);
 }
 
 export async function agentView(main, api, id) {
@@ -76,7 +85,9 @@ export async function agentView(main, api, id) {
     add(runs, list.length ? table(["run", "status", "submitted", "updated", "error"],
       list.map((r) => [el("a", { href: route("runs", r.run_id) }, r.run_id), r.status, when(r.created_at), when(r.updated_at), r.error || ""]))
       : el("p", { class: "muted" }, "No runs submitted over HTTP are kept."),
-    listed.value.total > list.length ? el("p", { class: "muted" }, `The newest ${list.length} of ${listed.value.total} kept.`) : null);
+    listed.value.total > list.length ? el("p", { class: "muted" }, `The newest ${list.length} of ${listed.value.total} kept.`) : null,
+    listed.value.truncated ? el("p", { class: "muted" }, "More runs are kept than one listing compares: these are the newest among those compared, newer ones may be missing.") : null,
+    listed.value.unreadable ? el("p", { class: "error" }, `${listed.value.unreadable} run record(s) could not be read.`) : null);
   } else add(runs, errorText(listed.reason));
   if (blockList.status === "fulfilled") {
     const list = blockList.value.slice(0, MAX_BLOCKS);
@@ -91,11 +102,12 @@ export async function agentView(main, api, id) {
   if (kept.status === "fulfilled") {
     const list = Array.isArray(kept.value) ? kept.value : kept.value.checkpoints || [];
     const report = (title, reportId) => async (outcome) => add(result, el("h2", {}, title), el("pre", { id: reportId }, json(await outcome)));
+    const lock = { busy: false, buttons: [] };
     const undo = confirmed("undo", "Undo last step", () => `Undo the last step of ${agent.agent_id}? Effects outside the agent are not undone.`,
-      () => report("Undone", "undo-report")(api.post(`${path}/undo`)), result);
+      () => report("Undone", "undo-report")(api.post(`${path}/undo`)), result, lock);
     const mode = el("select", { id: "restore-mode" }, el("option", { value: "reexecute" }, "re-execute later steps"), el("option", { value: "replay" }, "replay recorded results"));
     const restore = (c, n) => confirmed(`restore-${n}`, "Restore", () => `Restore ${agent.agent_id} to step ${c.step}${c.request_id ? ` of run ${c.request_id}` : ""} (${mode.value})? Later steps are discarded; effects outside the agent are not undone.`,
-      () => report(`Restored to step ${c.step}`, "restore-report")(api.post(`${path}/checkpoints/${c.step}/restore`, { mode: mode.value, run_id: c.run_id || null })), result);
+      () => report(`Restored to step ${c.step}`, "restore-report")(api.post(`${path}/checkpoints/${c.step}/restore`, { mode: mode.value, run_id: c.run_id || null })), result, lock);
     add(checkpoints, list.length ? table(["step", "taken", "run", "run status", "agent state", "effects", ""],
       list.map((c, n) => [String(c.step), when(c.at), c.request_id ? el("a", { href: route("runs", c.request_id) }, c.request_id) : c.run_id,
         c.run_status || "", c.lifecycle, (c.effects || []).join(", "), restore(c, n)]))

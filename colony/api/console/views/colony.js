@@ -36,8 +36,10 @@ export async function colonyView(main, api) {
     for (const a of records) byState[a.state] = (byState[a.state] || 0) + 1;
     add(clear(counts), ...Object.entries(byState).sort().map(([state, n]) => el("span", {}, `${state}: ${n}`)),
       el("span", {}, `all: ${records.length}`));
-    add(clear(replicas), table(["replica", "engine", "agents", "pages resident", "swapped", "faults", "updated"],
-      replicaList.map((r) => [r.replica_id, r.engine, r.agents, (r.pages || {}).resident ?? "", (r.pages || {}).swapped ?? "", (r.pages || {}).faulted ?? "", when(r.updated_at)])));
+    const of = (n, most) => `${n ?? ""}${typeof most === "number" ? ` of ${most}` : ""}`;
+    add(clear(replicas), table(["replica", "engine", "agents", "pages resident (KV slots)", "swapped", "faults", "updated"],
+      replicaList.map((r) => [r.replica_id, r.engine, of(r.agents, r.max_agents), of((r.pages || {}).resident, (r.pages || {}).slots),
+        (r.pages || {}).swapped ?? "", (r.pages || {}).faults ?? "", when(r.updated_at)])));
     const held = pageList.filter((p) => (p.resident_on || []).length || (p.swapped_on || []).length).slice(0, SHOWN);
     add(clear(pages), held.length ? table(["page", "files", "tokens", "resident on", "swapped on"],
       held.map((p) => [p.page_id, (p.files || []).map((f) => `${f.path}:${f.start_line}-${f.end_line}`).slice(0, 4).join(", "), String(p.tokens),
@@ -49,6 +51,7 @@ export async function colonyView(main, api) {
         when(q.suspended_at), `${q.pages.join(", ")}${q.page_bound ? " (bound)" : ""}`]))
       : el("p", { class: "muted" }, "No agent waits for a condition."),
     queue.truncated ? el("p", { class: "muted" }, `The first ${queue.agents.length} of ${queue.total}.`) : null,
+    queue.complete === false ? el("p", { class: "error" }, "More agents are queued than one reading orders: this order may not be the monitor's.") : null,
     onDemand ? el("p", { class: "muted", id: "on-demand" }, `${onDemand} more suspended to make room (idle sessions): resumed when asked for.`) : null);
     renderAgents();
   }

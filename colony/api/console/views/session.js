@@ -99,12 +99,18 @@ export async function sessionView(main, api, id) {
 
   // A change of the tree (switch, revert), then the page again; a refusal is shown, and the page
   // shows the tree as it is (a failed switch does not leave the other branch selected).
+  let busy = false; // one change of the tree at a time (a second click waits for the first to end)
   async function act(change) {
+    if (busy) return;
+    busy = true;
+    for (const b of main.querySelectorAll("button.revert, button.fork, #branch")) b.disabled = true;
     clear(problem);
     try {
       await change();
     } catch (error) {
       add(problem, errorText(error));
+    } finally {
+      busy = false;
     }
     await render().catch((error) => add(problem, errorText(error)));
   }
@@ -124,12 +130,12 @@ export async function sessionView(main, api, id) {
     add(clear(messages), (listed.messages || []).map((m) => el("div", { class: `message ${m.role}` },
       el("span", { class: "role" }, m.role), el("p", { class: "text" }, m.content),
       el("button", { type: "button", class: "quiet revert", "data-id": m.id, onclick: async () => {
-        if (!window.confirm("Go back to this message? Later messages stay in the tree, off the active branch.")) return;
+        if (busy || !window.confirm("Go back to this message? Later messages stay in the tree, off the active branch.")) return;
         clear(reply);
         await act(() => api.post(`${base}/revert`, { message_id: m.id }));
       } }, "Go back here"),
       el("button", { type: "button", class: "quiet fork", "data-id": m.id, onclick: async () => {
-        if (!window.confirm("Start a new branch from this message? The current branch keeps its messages.")) return;
+        if (busy || !window.confirm("Start a new branch from this message? The current branch keeps its messages.")) return;
         clear(reply);
         await act(() => api.post(`${base}/fork`, { message_id: m.id }));
       } }, "Branch from here"))));
