@@ -216,6 +216,18 @@ class ApiSettings(BaseModel):
         description="How long the answer to a write sent with an Idempotency-Key is kept to replay to "
         "its retries (docs/api.md, Idempotent writes).",
     )
+    audit_max_entries: int = Field(
+        100_000,
+        ge=100,
+        le=10_000_000,
+        description="Entries of the audit trail kept per tenant at most (the oldest go first).",
+    )
+    audit_retention_seconds: float = Field(
+        90 * 86_400.0,
+        ge=3600,
+        le=3650 * 86_400,
+        description="How long an audit entry is kept (docs/api.md, Audit trail).",
+    )
 
 
 class PlanningSettings(BaseModel):

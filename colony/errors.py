@@ -232,6 +232,14 @@ class RunRetired(RunNotFound):
     retention (`runs.retention_seconds`): HTTP 410, not a 404 for an id never seen."""
 
 
+class TokenNotFound(ColonyError):
+    """No scoped API token with that id is kept (never made, revoked, or expired)."""
+
+
+class AccessDenied(ColonyError):
+    """The request's token may not do this (a verb it lacks, an agent it is not given)."""
+
+
 class ClusterError(ColonyError):
     """The local cluster (`colony up`) could not be started, reached or stopped."""
 

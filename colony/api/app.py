@@ -75,6 +75,8 @@ def create_app(
         max_body_bytes=api.max_body_bytes,
         public_docs=api.public_docs,
         import_body_bytes=min(api.max_import_bytes, max_import_bytes or api.max_import_bytes),
+        access=context.access,
+        routes=app.router.routes,  # (the routers are included below: the list is read per request)
     )
     app.add_middleware(RequestMetricsMiddleware)  # type: ignore[arg-type]  # outermost: sees 401/413 too
     install_error_handlers(app)

@@ -10,15 +10,19 @@ by its parameters never waits for (or fails on) that.
 from __future__ import annotations
 
 from collections.abc import Awaitable, Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Annotated, Any, Protocol
 
 from fastapi import Depends, Request
 from fastapi.security import HTTPBearer
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
+from colony.api.access import AccessServices
+from colony.blackboard.access_keys import AccessProtocol
 from colony.config import ApiSettings, ColonySettings, VcmSettings
 from colony.memory.blocks import BlockStore, block_store
+from colony.system.access_tokens import TokenStore
+from colony.system.audit import AuditTrail
 from colony.system.registry import AgentRegistry
 from colony.system.runs import RunService
 from colony.vcm import PageTable
@@ -75,9 +79,27 @@ class ApiContext:
     provider: ServicesProvider
     api: ApiSettings
     token: TokenSource
+    _access: list[AccessServices] = field(default_factory=list)  # built once, on first use
 
     async def services(self) -> ApiServices:
         return await self.provider()
+
+    async def access(self) -> AccessServices:
+        """The scoped tokens and the audit trail of the services' colony and tenant."""
+        if not self._access:
+            runs = (await self.services()).runs
+            tenant, colony = runs.tenant_id, runs.colony_id
+            board = runs.api_board.scoped(AccessProtocol.scope(tenant, colony))
+            trail = AuditTrail(
+                board.redis,
+                tenant=tenant,
+                colony=colony,
+                max_entries=self.api.audit_max_entries,
+                retention_seconds=self.api.audit_retention_seconds,
+            )
+            if not self._access:
+                self._access.append(AccessServices(TokenStore(board, tenant=tenant), trail, tenant))
+        return self._access[0]
 
     async def tokens(self) -> TokenSource:
         return self.token

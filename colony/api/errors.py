@@ -22,6 +22,7 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.routing import Match
 
 from colony.errors import (
+    AccessDenied,
     AgentNotFound,
     AgentStateConflict,
     BlackboardUnavailable,
@@ -46,6 +47,7 @@ from colony.errors import (
     SessionNotFound,
     SharedMemoryNotFound,
     SourceTooLarge,
+    TokenNotFound,
 )
 
 log = logging.getLogger(__name__)
@@ -106,6 +108,8 @@ ERRORS: dict[type[ColonyError], HttpError] = {
     CheckpointNotFound: NOT_FOUND,
     SessionNotFound: NOT_FOUND,
     MessageNotFound: NOT_FOUND,
+    TokenNotFound: NOT_FOUND,
+    AccessDenied: FORBIDDEN,
     BlockAccessDenied: FORBIDDEN,
     MemoryAccessDenied: FORBIDDEN,
     PathNotAllowed: FORBIDDEN,

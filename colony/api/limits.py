@@ -18,7 +18,11 @@ import re
 from collections.abc import Awaitable, Callable, Iterable, Mapping, MutableMapping
 from typing import Any
 
-from colony.errors import ColonyError
+from redis.exceptions import RedisError
+
+from colony.api.access import READ_METHODS, AccessServices, audit_later, match_route, refusal
+from colony.errors import BlackboardUnavailable, ColonyError
+from colony.system.access_tokens import Principal, looks_scoped, main_principal
 from colony.wire.token import TokenSource
 
 Scope = MutableMapping[str, Any]
@@ -104,9 +108,13 @@ class GuardMiddleware:
         max_body_bytes: int,
         public_docs: bool,
         import_body_bytes: int | None = None,
+        access: Callable[[], Awaitable[AccessServices]] | None = None,
+        routes: list[Any] | None = None,
     ) -> None:
         self.app = app
         self.tokens = tokens
+        # scoped tokens, verbs and the audit trail (colony.api.access); None: the one API token only
+        self.access, self.routes = access, routes if routes is not None else []
         self.max_body_bytes = max_body_bytes
         # an agent export document (`POST /v1/agents/{id}/import`) may be larger than any other
         # body; only a caller whose token was accepted gets that far
@@ -133,10 +141,11 @@ class GuardMiddleware:
                     accepted = tokens.accepts_for_metrics(authorization)
                 else:
                     accepted = tokens.accepts(authorization)
+                principal = await self._principal(accepted, authorization) if path != METRICS_PATH else None
             except ColonyError as exc:  # e.g. the token file exists but cannot be read: the operator's
                 await send_error(send, 503, "unavailable", str(exc), [])
                 return
-            if not accepted:
+            if not accepted and principal is None:
                 await send_error(
                     send,
                     401,
@@ -146,6 +155,10 @@ class GuardMiddleware:
                     [(b"www-authenticate", b"Bearer")],
                 )
                 return
+            if principal is not None:
+                send = await self._authorize(scope, send, principal)
+                if send is None:
+                    return
         limit = self.import_body_bytes if body_limit(path) == IMPORT_LIMIT else self.max_body_bytes
         for name, value in scope.get("headers", []):
             if name == b"content-length" and value.isdigit() and int(value) > limit:
@@ -163,6 +176,46 @@ class GuardMiddleware:
                 return
             more = message.get("more_body", False)
         await self.app(scope, replay_body(bytes(body), receive), send)
+
+    async def _principal(self, accepted: bool, authorization: str | None) -> Principal | None:
+        """Who the request acts as: the API token (an admin of the colony's tenant), else a scoped
+        token found in Redis; None when neither (or no access services: the API token only)."""
+        if self.access is None:
+            return None
+        if accepted:  # (no Redis read: a request its route refuses never reaches the services)
+            return main_principal()
+        scheme, _, presented = (authorization or "").partition(" ")
+        if scheme.lower() != "bearer" or not looks_scoped(presented.strip()):
+            return None
+        try:
+            return await (await self.access()).tokens.principal(presented.strip())
+        except RedisError as exc:
+            raise BlackboardUnavailable(f"the token could not be checked: {exc!r}") from exc
+
+    async def _authorize(self, scope: Scope, send: Send, principal: Principal) -> Send | None:
+        """Refuse a call the principal may not make (403, or 404 for another token's agent) and
+        return None; else leave the principal for the routes and return the `send` to answer with,
+        which audits a state-changing call once its status is known."""
+        method = str(scope.get("method", "GET"))
+        matched = match_route(self.routes, scope)
+        refused = refusal(principal, method, matched)
+        if refused is not None:
+            status, code, message = refused
+            await send_error(send, status, code, message, [])
+            if method not in READ_METHODS and self.access is not None:
+                audit_later(self.access, principal, method, matched, status)
+            return None
+        scope.setdefault("state", {})["principal"] = principal
+        if method in READ_METHODS or self.access is None:
+            return send
+        access = self.access
+
+        async def audited(message: Message) -> None:
+            if message["type"] == "http.response.start":
+                audit_later(access, principal, method, matched, int(message["status"]))
+            await send(message)
+
+        return audited
 
 
 def replay_body(body: bytes, receive: Receive) -> Receive:

@@ -74,7 +74,8 @@ def _errors(*statuses: int) -> dict[int | str, dict[str, Any]]:
     what = {
         400: "the request is malformed (e.g. a body that is not JSON, a bad Last-Event-ID)",
         401: "missing or wrong bearer token",
-        403: "the path is outside vcm.allowed_roots",
+        403: "the token may not do this (a verb it lacks; docs/api.md, Scoped tokens), or the path is "
+        "outside vcm.allowed_roots",
         404: "no such run, agent or feature",
         409: "the agent is not in a state that allows this",
         410: "the run ended and was removed after runs.retention_seconds (retired): its result is gone",
@@ -96,7 +97,7 @@ def _errors(*statuses: int) -> dict[int | str, dict[str, Any]]:
     return answers
 
 
-COMMON = (401, 422, 503)
+COMMON = (401, 403, 422, 503)
 READ_ONE = _errors(*COMMON, 404)
 RUN_ONE = _errors(*COMMON, 404, 410)
 SUBMIT = _errors(*COMMON, 400, 404, 413, 429)
@@ -104,7 +105,8 @@ EVENTS = _errors(*COMMON, 400, 404, 410)
 CONTROL = _errors(*COMMON, 404, 409)
 MAP_SOURCE = _errors(*COMMON, 400, 403, 404, 413)
 LISTING = _errors(*COMMON)
-NO_PARAMS = _errors(401, 503)
+WITH_BODY = _errors(*COMMON, 400)
+NO_PARAMS = _errors(401, 403, 503)
 PAGES = _errors(*COMMON, 404)
 
 # one server-sent event: `data` is the run event as JSON text (event_type, data, seq, ...)

@@ -10,6 +10,7 @@ from __future__ import annotations
 from fastapi import APIRouter
 
 from colony.api.routes import (
+    access,
     agent_views,
     agents,
     blocks,
@@ -36,5 +37,6 @@ ROUTERS: tuple[APIRouter, ...] = (
     checkpoints.router,
     transfer.router,
     sessions.router,
+    access.router,
     console.router,
 )

@@ -6,11 +6,12 @@ from __future__ import annotations
 
 from typing import Annotated
 
-from fastapi import APIRouter, Query
+from fastapi import APIRouter, Query, Request
 from pydantic import BaseModel, Field, ValidationError
 
 from colony.agents.models import AgentMetadata
 from colony.agents.profile import AgentProfile
+from colony.api.access import visible
 from colony.api.deps import GUARDED, Context
 from colony.api.params import AgentId
 from colony.api.schemas import LISTING, READ_ONE
@@ -90,6 +91,7 @@ async def agent_profile(agent_id: AgentId, ctx: Context) -> AgentProfileView:
 
 @router.get("/v1/colony/resumption", response_model=ResumptionQueue, responses=LISTING)
 async def resumption_queue(
+    request: Request,
     ctx: Context,
     limit: Annotated[int, Query(ge=1, le=500, description="agents listed, from the head")] = 100,
 ) -> ResumptionQueue:
@@ -98,6 +100,8 @@ async def resumption_queue(
     chat session, `waits` on_demand) are not queued: they are resumed when asked for."""
     services = await ctx.services()
     records = await services.registry.list(state="suspended", resumable=True)
+    shown = visible(request, (r.agent_id for r in records))  # a token given some agents sees those
+    records = records if shown is None else [r for r in records if r.agent_id in shown]
     read = records[:MAX_QUEUE_READ]
 
     def board_of(agent_id: str) -> Blackboard:

@@ -3,8 +3,9 @@ and resume through the control plane (the agent may live in any replica)."""
 
 from __future__ import annotations
 
-from fastapi import APIRouter
+from fastapi import APIRouter, Request
 
+from colony.api.access import visible
 from colony.api.deps import GUARDED, Context
 from colony.api.params import AgentId
 from colony.api.schemas import CONTROL, LISTING, NO_PARAMS, READ_ONE, AgentStateName, CatalogAgent
@@ -16,8 +17,12 @@ router = APIRouter(dependencies=GUARDED)
 
 
 @router.get("/v1/agents", response_model=list[AgentRecord], responses=LISTING)
-async def list_agents(ctx: Context, state: AgentStateName | None = None) -> list[AgentRecord]:
-    return await (await ctx.services()).registry.list(state=state)
+async def list_agents(
+    request: Request, ctx: Context, state: AgentStateName | None = None
+) -> list[AgentRecord]:
+    records = await (await ctx.services()).registry.list(state=state)
+    shown = visible(request, (r.agent_id for r in records))  # a token given some agents sees those
+    return records if shown is None else [r for r in records if r.agent_id in shown]
 
 
 # before /v1/agents/{agent_id}: routes match in order, so this path is the catalog even if an

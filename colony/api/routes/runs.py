@@ -7,9 +7,10 @@ import logging
 import re
 from typing import Annotated, Any
 
-from fastapi import APIRouter, Header, Query, Request
+from fastapi import APIRouter, Depends, Header, Query, Request
 from fastapi.responses import Response, StreamingResponse
 
+from colony.api.access import check_agent, principal_of
 from colony.api.deps import GUARDED, Context
 from colony.api.errors import InvalidLastEventId
 from colony.api.event_stream import EventStreamResponse, event_stream, wait_for_end
@@ -17,7 +18,7 @@ from colony.api.idempotency import keyed_run_id
 from colony.api.params import RunId
 from colony.api.schemas import EVENTS, LISTING, RUN_ONE, SSE_EVENT, SUBMIT, SUBMIT_STREAM
 from colony.api.wake import wake_agent
-from colony.errors import BlackboardUnavailable, InvalidArgument
+from colony.errors import BlackboardUnavailable, InvalidArgument, RunNotFound
 from colony.system.run_listing import MAX_LIMIT, RunList, runs_of
 from colony.system.run_tree import RunTree
 from colony.system.runs import RunView
@@ -62,6 +63,7 @@ async def submit(
         kwargs["namespace"] = body.namespace
     if (run_id := keyed_run_id(request)) is not None:
         kwargs["run_id"] = run_id
+    check_agent(request, body.agent)  # a token given other agents: 404, as for no such agent
     runs = (await ctx.services()).runs
     await wake_agent(ctx, body.agent)  # suspended to make room: resumed first (bounded; else 503)
     record = await runs.submit(body.agent, body.input, **kwargs)
@@ -82,8 +84,21 @@ async def submit(
     return SubmittedRun(run_id=record.run_id, status="queued", events_url=events_url)
 
 
+async def visible_run(run_id: RunId, ctx: Context, request: Request) -> None:
+    """A run of an agent the request's token is not given is no run it can see (404)."""
+    principal = principal_of(request)
+    if principal is not None and principal.agents is not None:
+        record = await (await ctx.services()).runs.record(run_id)
+        if not principal.sees(record.agent):
+            raise RunNotFound(f"no run {run_id!r}")
+
+
+VISIBLE_RUN = [Depends(visible_run)]
+
+
 @router.get("/v1/runs", response_model=RunList, responses=LISTING)
 async def list_runs(
+    request: Request,
     ctx: Context,
     agent: Annotated[
         str, Query(min_length=1, max_length=128, pattern=ID_PATTERN, description="the agent whose runs")
@@ -92,28 +107,30 @@ async def list_runs(
 ) -> RunList:
     """The runs submitted over HTTP to `agent` that are still kept (`runs.retention_seconds`),
     newest first, with their state (no output: `GET /v1/runs/{id}` has it)."""
+    check_agent(request, agent)
     return await runs_of((await ctx.services()).runs, agent, limit)
 
 
-@router.get("/v1/runs/{run_id}", response_model=RunView, responses=RUN_ONE)
+@router.get("/v1/runs/{run_id}", response_model=RunView, responses=RUN_ONE, dependencies=VISIBLE_RUN)
 async def get_run(run_id: RunId, ctx: Context) -> RunView:
     return await (await ctx.services()).runs.get(run_id)
 
 
-@router.get("/v1/runs/{run_id}/tree", response_model=RunTree, responses=RUN_ONE)
+@router.get("/v1/runs/{run_id}/tree", response_model=RunTree, responses=RUN_ONE, dependencies=VISIBLE_RUN)
 async def run_tree(run_id: RunId, ctx: Context) -> RunTree:
     """The run and every request made while it was served (children, their children, ...), each
     with its agent, state and times: the runs of one job seen together."""
     return await (await ctx.services()).runs.tree(run_id)
 
 
-@router.post("/v1/runs/{run_id}/cancel", response_model=RunView, responses=RUN_ONE)
+@router.post("/v1/runs/{run_id}/cancel", response_model=RunView, responses=RUN_ONE, dependencies=VISIBLE_RUN)
 async def cancel_run(run_id: RunId, ctx: Context) -> RunView:
     return await (await ctx.services()).runs.cancel(run_id)
 
 
 @router.get(
     "/v1/runs/{run_id}/events",
+    dependencies=VISIBLE_RUN,
     response_class=EventStreamResponse,
     responses={200: {"content": {"text/event-stream": {"schema": SSE_EVENT}}}, **EVENTS},
 )

@@ -1,0 +1,108 @@
+"""Access: who the request's token is (`GET /v1/token`, any token), scoped tokens (`POST`, `GET
+/v1/tokens`, `DELETE /v1/tokens/{id}`: admin) and the audit trail (`GET /v1/audit`: admin).
+docs/api.md, Scoped tokens and Audit trail."""
+
+from __future__ import annotations
+
+from typing import Annotated
+
+from fastapi import APIRouter, Query, Request, Response
+from pydantic import BaseModel, ConfigDict, Field
+
+from colony.api.access import principal_of
+from colony.api.deps import GUARDED, Context
+from colony.api.schemas import LISTING, NO_PARAMS, READ_ONE, WITH_BODY
+from colony.errors import AccessDenied, TokenNotFound
+from colony.system.access_tokens import MAX_AGENTS, MAX_TTL_SECONDS, AccessToken, Verb
+from colony.system.audit import MAX_READ, AuditEntry
+from colony.wire.ids import ID_PATTERN
+
+router = APIRouter(dependencies=GUARDED)
+TokenId = Annotated[str, Field(pattern=r"^[0-9a-f]{16}$")]
+
+
+class WhoAmI(BaseModel):
+    token_id: str = Field(description="`api`: the deployment's API token")
+    tenant: str
+    verbs: list[str]
+    agents: list[str] | None = Field(description="the agents it may act on; null: every agent")
+    expires_at: float | None = None
+
+
+class NewToken(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    verbs: list[Verb] = Field(min_length=1, max_length=4, description="read, run, write, admin")
+    agents: list[Annotated[str, Field(min_length=1, max_length=128, pattern=ID_PATTERN)]] | None = Field(
+        None, max_length=MAX_AGENTS, description="restrict it to these agents (default: every agent)"
+    )
+    ttl_seconds: float | None = Field(None, ge=1, le=MAX_TTL_SECONDS, description="expire after this long")
+    note: str = Field("", max_length=200, description="what it is for (listed, never checked)")
+
+
+class MadeToken(AccessToken):
+    token: str = Field(description="the token itself: shown once, kept only as a digest")
+
+
+class AuditList(BaseModel):
+    tenant: str
+    entries: list[AuditEntry] = Field(description="newest first")
+    next_before: str | None = Field(description="`before` for the next (older) page; null on the last")
+
+
+@router.get("/v1/token", response_model=WhoAmI, responses=NO_PARAMS)
+async def who_am_i(request: Request, ctx: Context) -> WhoAmI:
+    """What the request's token may do (any token: the web console reads it after the login)."""
+    principal = principal_of(request)
+    if principal is None:
+        raise AccessDenied("this deployment has no scoped tokens")
+    agents = sorted(principal.agents) if principal.agents is not None else None
+    return WhoAmI(
+        token_id=principal.token_id,
+        tenant=principal.tenant or (await ctx.access()).tenant,
+        verbs=sorted(principal.verbs),
+        agents=agents,
+        expires_at=principal.expires_at,
+    )
+
+
+@router.post("/v1/tokens", status_code=201, response_model=MadeToken, responses=WITH_BODY)
+async def create_token(body: NewToken, ctx: Context) -> MadeToken:
+    """A new token of the colony's tenant; the answer is the only place its secret is shown."""
+    tokens = (await ctx.access()).tokens
+    record, token = await tokens.create(
+        body.verbs, agents=body.agents, ttl_seconds=body.ttl_seconds, note=body.note
+    )
+    return MadeToken(**record.model_dump(), token=token)
+
+
+@router.get("/v1/tokens", response_model=list[AccessToken], responses=LISTING)
+async def list_tokens(ctx: Context) -> list[AccessToken]:
+    """The tokens kept (no secrets), newest first."""
+    return await (await ctx.access()).tokens.list()
+
+
+@router.delete("/v1/tokens/{token_id}", status_code=204, response_class=Response, responses=READ_ONE)
+async def revoke_token(token_id: str, ctx: Context) -> Response:
+    """Revoke a token: refused from now on by this API process, within a second by the others."""
+    if not await (await ctx.access()).tokens.revoke(token_id):
+        raise TokenNotFound(f"no token {token_id[:32]!r}; GET /v1/tokens lists them")
+    return Response(status_code=204)
+
+
+@router.get("/v1/audit", response_model=AuditList, responses=LISTING)
+async def read_audit(
+    ctx: Context,
+    limit: Annotated[int, Query(ge=1, le=MAX_READ, description="entries, newest first")] = 100,
+    before: Annotated[
+        str | None, Query(pattern=r"^[0-9]{1,20}-[0-9]{1,20}$", description="older than this entry id")
+    ] = None,
+) -> AuditList:
+    """The tenant's audit trail: every state-changing call (token id, method, route, ids, status)."""
+    access = await ctx.access()
+    entries = (
+        [] if before is not None and set(before) <= {"0", "-"} else await access.audit.read(limit, before)
+    )
+    return AuditList(
+        tenant=access.tenant, entries=entries, next_before=entries[-1].id if len(entries) == limit else None
+    )

@@ -1,0 +1,37 @@
+"""Keys of access control (COLONY scope, `access` namespace): the scoped API tokens, stored by id
+with a digest of their secret (`token:{token_id}`), and each tenant's audit trail, a capped Redis
+stream of the state-changing calls made to the API (colony.system.audit)."""
+
+from __future__ import annotations
+
+from typing import ClassVar
+
+from colony.blackboard.protocol import BlackboardKeyspace, BlackboardProtocol
+
+
+class AccessProtocol(BlackboardProtocol):
+    namespace: ClassVar[str] = "access"
+    templates = {"token": "token:{token_id}"}
+
+    @classmethod
+    def token_key(cls, token_id: str) -> str:
+        return cls.build("token", token_id=token_id)
+
+    @classmethod
+    def token_index_tag(cls) -> str:
+        """The tag of every token record (`colony token ls`)."""
+        return "access:tokens"
+
+    @classmethod
+    def scope(cls, tenant_id: str, colony_id: str) -> str:
+        """The scope id of a tenant's tokens and audit trail (its COLONY scope, this namespace)."""
+        from colony.blackboard.scopes import BlackboardScope, scope_id  # (scopes builds on protocol)
+
+        return scope_id(
+            BlackboardScope.COLONY, tenant_id=tenant_id, colony_id=colony_id, namespace=cls.namespace
+        )
+
+    @classmethod
+    def audit_stream_key(cls, tenant_id: str, colony_id: str) -> str:
+        """The Redis stream of a tenant's audit trail (with the scope's hash tag)."""
+        return f"{BlackboardKeyspace.ROOT}:{{{cls.scope(tenant_id, colony_id)}}}:audit"
