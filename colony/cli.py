@@ -16,6 +16,7 @@ from typing import Any
 import httpx
 
 from colony import __version__, security
+from colony.cli_access import add_access_commands
 from colony.cli_agent import add_agent_commands
 from colony.cli_args import attach_dash_values
 from colony.cli_bb import add_bb_command
@@ -453,6 +454,7 @@ def build_parser() -> argparse.ArgumentParser:
     add_agent_commands(sub, [remote])
     add_chat_command(sub, [remote])
     add_runs_commands(sub, [remote])
+    add_access_commands(sub, [remote])
     return parser
 
 

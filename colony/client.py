@@ -3,7 +3,8 @@
 `ColonyClient` runs agents and reads their runs; the API's other resources are clients it holds,
 sharing its one connection: `client.sessions` (colony.client_sessions), `client.blocks`
 (colony.client_blocks), `client.memory` (colony.client_memory), `client.context` (checkpoints, undo,
-restore: colony.client_context) and `client.transfer` (export, import: colony.client_transfer).
+restore: colony.client_context), `client.transfer` (export, import: colony.client_transfer) and
+`client.access` (scoped tokens, the audit trail: colony.client_access).
 """
 
 from __future__ import annotations
@@ -15,6 +16,7 @@ from typing import Any
 
 import httpx
 
+from colony.client_access import AccessClient
 from colony.client_blocks import BlocksClient
 from colony.client_context import ContextClient
 from colony.client_http import DEFAULT_ATTEMPTS, ApiConnection, AsyncApiConnection, StreamResumer
@@ -64,6 +66,7 @@ class ColonyClient:
         self.memory = MemoryClient(self._api)
         self.context = ContextClient(self._api)
         self.transfer = TransferClient(self._api)
+        self.access = AccessClient(self._api)
 
     def __enter__(self) -> ColonyClient:
         return self

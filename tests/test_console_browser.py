@@ -341,5 +341,23 @@ def test_read_only_with_the_metrics_token(colony_up: Any, browser: Any, shots: P
     expect(page.locator("#read-only")).to_be_visible()
     expect(page.locator("#submit")).to_have_count(0)
     page.screenshot(path=str(shots / "console-metrics.png"), full_page=True)
-    assert calls == [f"{info.url}/v1/agents?state=running"]  # the login's probe (401), nothing after
+    assert calls == [f"{info.url}/v1/token"]  # the login's probe (401), nothing after
     no_problems(page, refused_login=True)
+
+
+def test_a_scoped_token_sees_what_it_may_do(colony_up: Any, browser: Any, shots: Path) -> None:
+    _, info = colony_up
+    with ColonyClient(info.url, info.token) as client:
+        reader = client.access.create_token(["read"], note="console test")
+    page = new_page(browser)
+    page.goto(f"{info.url}/ui/")
+    page.fill("#token", reader["token"])
+    page.click("#login button[type=submit]")
+    expect(page.locator("#who")).to_contain_text(f"token {reader['id']} · read")
+    expect(page.locator("#agents")).to_contain_text("echo")  # it reads
+    expect(page.locator("nav a:text-is('Start a run')")).to_be_hidden()  # it may not run
+    page.goto(f"{info.url}/ui/#/agents/echo")
+    expect(page.locator("#profile")).to_contain_text("Actions")
+    expect(page.locator("#export-button")).to_be_hidden()  # export and undo need admin
+    page.screenshot(path=str(shots / "console-scoped-token.png"), full_page=True)
+    no_problems(page)

@@ -38,7 +38,7 @@ function login(message) {
         const api = new Api(input.value.trim());
         let mode = "api";
         try {
-          await api.get("v1/agents?state=running"); // a cheap call the API token opens
+          await api.get("v1/token"); // what the token may do: every API token may ask
         } catch (error) {
           if (error.status !== 401) return login(String(error.message));
           try {
@@ -71,8 +71,22 @@ async function show() {
   stopView();
   logout.hidden = false;
   const readOnly = savedMode() === "metrics";
+  let who = null;
+  if (!readOnly) {
+    try {
+      who = await api.get("v1/token");
+    } catch (error) {
+      if (mine !== navigation) return;
+      if (error.status === 401) return unauthorized();
+    }
+    if (mine !== navigation) return;
+  }
+  // what the token may not do: the buttons that need it are hidden (the API refuses them anyway)
+  const verbs = new Set(who ? who.verbs : []);
+  for (const verb of ["run", "write", "admin"]) document.body.classList.toggle(`no-${verb}`, !readOnly && !!who && !verbs.has(verb));
   add(clear(nav), el("a", { href: "#/" }, readOnly ? "Colony (metrics, read-only)" : "Colony"),
-    readOnly ? null : [el("a", { href: "#/run" }, "Start a run"), el("a", { href: "#/sessions" }, "Chat")]);
+    readOnly ? null : [el("a", { href: "#/run", class: "needs-run" }, "Start a run"), el("a", { href: "#/sessions" }, "Chat")],
+    who ? el("span", { class: "muted", id: "who" }, `token ${who.token_id} · ${who.verbs.join(", ")}${who.agents ? ` · agents ${who.agents.join(", ")}` : ""}`) : null);
   const view = el("div", { class: "view" }); // this showing's own container: a stale view fills a detached one
   add(clear(main), view);
   let stop = null;

@@ -12,7 +12,7 @@ from pydantic import BaseModel, ConfigDict, Field
 from colony.api.access import principal_of
 from colony.api.deps import GUARDED, Context
 from colony.api.schemas import LISTING, NO_PARAMS, READ_ONE, WITH_BODY
-from colony.errors import AccessDenied, TokenNotFound
+from colony.errors import AccessDenied, InvalidArgument, TokenNotFound
 from colony.system.access_tokens import MAX_AGENTS, MAX_TTL_SECONDS, AccessToken, Verb
 from colony.system.audit import MAX_READ, AuditEntry
 from colony.wire.ids import ID_PATTERN
@@ -38,6 +38,9 @@ class NewToken(BaseModel):
     )
     ttl_seconds: float | None = Field(None, ge=1, le=MAX_TTL_SECONDS, description="expire after this long")
     note: str = Field("", max_length=200, description="what it is for (listed, never checked)")
+    tenant: str | None = Field(
+        None, min_length=1, max_length=128, pattern=ID_PATTERN, description="the colony's own (the default)"
+    )
 
 
 class MadeToken(AccessToken):
@@ -69,7 +72,13 @@ async def who_am_i(request: Request, ctx: Context) -> WhoAmI:
 @router.post("/v1/tokens", status_code=201, response_model=MadeToken, responses=WITH_BODY)
 async def create_token(body: NewToken, ctx: Context) -> MadeToken:
     """A new token of the colony's tenant; the answer is the only place its secret is shown."""
-    tokens = (await ctx.access()).tokens
+    access = await ctx.access()
+    if body.tenant is not None and body.tenant != access.tenant:
+        raise InvalidArgument(
+            f"tenant: this colony serves tenant {access.tenant!r}; tokens of another tenant are not "
+            "supported yet (their agents, runs and memory would not be kept apart)"
+        )
+    tokens = access.tokens
     record, token = await tokens.create(
         body.verbs, agents=body.agents, ttl_seconds=body.ttl_seconds, note=body.note
     )

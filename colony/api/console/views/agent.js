@@ -27,7 +27,7 @@ function profileSection(held) {
 // (undo and every restore) are disabled while any one of their calls is in flight: one change of
 // the agent's checkpoints at a time.
 function confirmed(id, text, question, act, result, lock) {
-  const button = el("button", { type: "button", class: "quiet", id, onclick: async () => {
+  const button = el("button", { type: "button", class: "quiet needs-admin", id, onclick: async () => {
     if (lock.busy || !window.confirm(question())) return;
     lock.busy = true;
     for (const b of lock.buttons) b.disabled = true;
@@ -111,11 +111,11 @@ export async function agentView(main, api, id) {
     add(checkpoints, list.length ? table(["step", "taken", "run", "run status", "agent state", "effects", ""],
       list.map((c, n) => [String(c.step), when(c.at), c.request_id ? el("a", { href: route("runs", c.request_id) }, c.request_id) : c.run_id,
         c.run_status || "", c.lifecycle, (c.effects || []).join(", "), restore(c, n)]))
-      : el("p", { class: "muted" }, "No checkpoints."), list.length ? el("div", { class: "pair" }, el("label", { for: "restore-mode" }, "Restore mode"), mode) : null,
+      : el("p", { class: "muted" }, "No checkpoints."), list.length ? el("div", { class: "pair needs-admin" }, el("label", { for: "restore-mode" }, "Restore mode"), mode) : null,
     list.length > 1 ? undo : null);
   } else add(checkpoints, errorText(kept.reason));
   const exported = el("div", { id: "export-result" });
-  const exportButton = el("button", { type: "button", id: "export-button", onclick: async () => {
+  const exportButton = el("button", { type: "button", id: "export-button", class: "needs-admin", onclick: async () => {
     if (exportButton.disabled) return;
     exportButton.disabled = true;
     clear(exported);
@@ -129,6 +129,6 @@ export async function agentView(main, api, id) {
   } }, "Export");
   add(exporting, el("p", { class: "muted" }, "Its persisted state as one JSON document (POST /v1/agents/ID/import takes it back, here or on another colony)."),
     exportButton, exported);
-  add(main, el("p", {}, el("a", { href: route("run") }, "Start a run")));
+  add(main, el("p", { class: "needs-run" }, el("a", { href: route("run") }, "Start a run")));
   return null;
 }

@@ -54,7 +54,7 @@ export async function blockView(main, api, agent, label, owner = undefined) {
     }
   }
 
-  const rollback = el("button", { type: "button", id: "rollback", onclick: async () => {
+  const rollback = el("button", { type: "button", id: "rollback", class: "needs-write", onclick: async () => {
     if (rollback.disabled || !window.confirm(`Roll ${label} back to version ${from.value}? (a new version with its content)`)) return;
     rollback.disabled = true;
     clear(result);
@@ -66,7 +66,7 @@ export async function blockView(main, api, agent, label, owner = undefined) {
       rollback.disabled = false;
     }
   } }, "Roll back to the left version");
-  const undo = el("button", { type: "button", class: "quiet", id: "undo-edit", onclick: async () => {
+  const undo = el("button", { type: "button", class: "quiet needs-write", id: "undo-edit", onclick: async () => {
     if (undo.disabled || !window.confirm(`Undo the latest edit ${agent} made to ${label}? (edits by others are kept)`)) return;
     undo.disabled = true;
     clear(result);

@@ -87,7 +87,7 @@ export async function submitView(main, api) {
   const showPrompts = el("input", { type: "checkbox", id: "emit-prompt", class: "check" });
   const problem = el("div");
   const start = el("button", { type: "submit" }, "Start");
-  add(main, el("h1", {}, "Start a run"), el("form", { class: "card", id: "submit", onsubmit: async (event) => {
+  add(main, el("h1", {}, "Start a run"), el("form", { class: "card needs-run", id: "submit", onsubmit: async (event) => {
     event.preventDefault();
     clear(problem);
     let body;

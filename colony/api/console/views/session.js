@@ -6,7 +6,7 @@ import { add, clear, el, errorText, route } from "../dom.js";
 export async function newSessionView(main, api) {
   const problem = el("div");
   add(main, el("h1", {}, "Chat"), el("p", { class: "muted" }, "A session keeps its conversation as a tree: you can go back and branch."),
-    el("button", { type: "button", id: "new-session", onclick: async (event) => {
+    el("button", { type: "button", id: "new-session", class: "needs-run", onclick: async (event) => {
       event.target.disabled = true; // one session per click
       try {
         const made = await api.post("v1/sessions", {});
@@ -73,7 +73,7 @@ export async function sessionView(main, api, id) {
   const stop = new AbortController();
   const tree = el("div", { id: "conversation-tree", class: "tree" });
   add(main, el("h1", {}, `Chat ${id}`), branches, messages, reply,
-    el("form", { class: "card", id: "chat", onsubmit: async (event) => {
+    el("form", { class: "card needs-run", id: "chat", onsubmit: async (event) => {
       event.preventDefault();
       const message = text.value.trim();
       if (!message || send.disabled) return;
@@ -129,12 +129,12 @@ export async function sessionView(main, api, id) {
     add(clear(branches), el("p", {}, "Branch: ", choose));
     add(clear(messages), (listed.messages || []).map((m) => el("div", { class: `message ${m.role}` },
       el("span", { class: "role" }, m.role), el("p", { class: "text" }, m.content),
-      el("button", { type: "button", class: "quiet revert", "data-id": m.id, onclick: async () => {
+      el("button", { type: "button", class: "quiet revert needs-run", "data-id": m.id, onclick: async () => {
         if (busy || !window.confirm("Go back to this message? Later messages stay in the tree, off the active branch.")) return;
         clear(reply);
         await act(() => api.post(`${base}/revert`, { message_id: m.id }));
       } }, "Go back here"),
-      el("button", { type: "button", class: "quiet fork", "data-id": m.id, onclick: async () => {
+      el("button", { type: "button", class: "quiet fork needs-run", "data-id": m.id, onclick: async () => {
         if (busy || !window.confirm("Start a new branch from this message? The current branch keeps its messages.")) return;
         clear(reply);
         await act(() => api.post(`${base}/fork`, { message_id: m.id }));
