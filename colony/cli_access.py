@@ -31,7 +31,10 @@ def _verbs(text: str) -> list[str]:
 
 
 def _agents(text: str) -> list[str]:
-    return [a.strip() for a in text.split(",") if a.strip()]
+    agents = [a.strip() for a in text.split(",") if a.strip()]
+    if not agents:
+        raise argparse.ArgumentTypeError("--agents names no agent (leave it out for every agent)")
+    return agents
 
 
 def cmd_token_create(args: argparse.Namespace) -> int:
@@ -100,7 +103,7 @@ def render_audit(entries: list[dict[str, Any]]) -> str:
 
 def cmd_audit(args: argparse.Namespace) -> int:
     def work(client: Any, _: ApiTarget) -> int:
-        page = client.access.audit(limit=args.limit, before=args.before)
+        page = client.access.audit(limit=args.limit, before=args.before, refused=args.refused)
         if args.json:
             print(json.dumps(page, indent=2))
         elif page.get("entries"):
@@ -141,4 +144,5 @@ def add_access_commands(subparsers: Any, parents: Sequence[argparse.ArgumentPars
     audit = with_remote(subparsers.add_parser("audit", help="the audit trail, newest first", parents=shared))
     audit.add_argument("--limit", type=int, default=100, help="entries (1-1000, default 100)")
     audit.add_argument("--before", help="older than this entry id (what the last page printed)")
+    audit.add_argument("--refused", action="store_true", help="the calls refused for lack of a verb or agent")
     audit.set_defaults(func=cmd_audit)

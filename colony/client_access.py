@@ -47,9 +47,12 @@ class AccessClient:
         """Revoke a token (refused by every API process within a second)."""
         self._api.call("DELETE", f"/v1/tokens/{token_id}")
 
-    def audit(self, *, limit: int = 100, before: str | None = None) -> dict[str, Any]:
-        """The audit trail, newest first: `{"tenant", "entries", "next_before"}`."""
+    def audit(self, *, limit: int = 100, before: str | None = None, refused: bool = False) -> dict[str, Any]:
+        """The audit trail, newest first: `{"tenant", "entries", "next_before"}`; `refused`: the
+        calls refused because their token may not make them (kept apart)."""
         params: dict[str, Any] = {"limit": limit}
+        if refused:
+            params["refused"] = "true"
         if before is not None:
             params["before"] = before
         return dict(self._api.call("GET", "/v1/audit", params=params))

@@ -204,16 +204,102 @@ async def test_every_state_changing_call_is_in_the_audit_trail(api) -> None:
         if len(entries) >= 4:
             break
     calls = [(e["token"], e["method"], e["route"], e["status"]) for e in entries]
-    assert calls[:4] == [
+    assert calls[:3] == [
         ("api", "POST", "/v1/colony/blocks", 201),
-        (runner["id"], "POST", "/v1/agents/{agent_id}/blocks", 403),  # refused: audited too
         (runner["id"], "POST", "/v1/runs", 202),
         ("api", "POST", "/v1/tokens", 201),
     ]
-    assert entries[1]["ids"] == {"agent_id": "echo"} and entries[0]["at"] <= time.time()
+    refused = await audit(client, refused="true")  # refused calls: audited too, in a stream apart
+    assert [(e["token"], e["route"], e["status"], e["ids"]) for e in refused] == [
+        (runner["id"], "/v1/agents/{agent_id}/blocks", 403, {"agent_id": "echo"})
+    ]
+    assert entries[0]["at"] <= time.time()
     older = (await client.get("/v1/audit", params={"limit": 2}, headers=AUTH)).json()
     assert len(older["entries"]) == 2 and older["next_before"] == older["entries"][-1]["id"]
     rest = (await client.get("/v1/audit", params={"before": older["next_before"]}, headers=AUTH)).json()
     assert [e["id"] for e in rest["entries"]] == [e["id"] for e in entries[2:]]
     assert (await client.get("/v1/audit", params={"before": "0-0"}, headers=AUTH)).json()["entries"] == []
     assert (await client.get("/v1/audit", params={"before": "x"}, headers=AUTH)).status_code == 422
+
+
+async def test_an_idempotency_key_belongs_to_the_token_that_sent_it(api) -> None:
+    client, _ = api
+    one = await make(client, verbs=["read", "run"])
+    other = await make(client, verbs=["read", "run"])
+    body = {"agent": "echo", "input": "same"}
+    key = {"Idempotency-Key": "shared-key-0001"}
+    first = await client.post("/v1/runs", json=body, headers={**bearer(one["token"]), **key})
+    again = await client.post("/v1/runs", json=body, headers={**bearer(one["token"]), **key})
+    theirs = await client.post("/v1/runs", json=body, headers={**bearer(other["token"]), **key})
+    assert first.status_code == again.status_code == theirs.status_code == 202
+    assert again.headers.get("idempotent-replayed") == "true" and again.json() == first.json()
+    assert "idempotent-replayed" not in theirs.headers and theirs.json()["run_id"] != first.json()["run_id"]
+    admins = await client.post("/v1/runs", json=body, headers={**AUTH, **key})  # the API token's own key
+    assert "idempotent-replayed" not in admins.headers and admins.json()["run_id"] not in {
+        first.json()["run_id"],
+        theirs.json()["run_id"],
+    }
+
+
+async def test_a_crashed_call_is_audited_and_refusals_are_kept_apart(
+    api, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from colony.memory.blocks import BlockStore
+
+    client, _ = api
+    reader = await make(client, verbs=["read"])
+
+    async def broken(*args: Any, **kwargs: Any) -> Any:
+        raise RuntimeError("a bug")
+
+    monkeypatch.setattr(BlockStore, "create_colony_block", broken)
+    transport = httpx.ASGITransport(app=client.another_app(), raise_app_exceptions=False)
+    async with httpx.AsyncClient(transport=transport, base_url="http://other") as other:
+        crash = await other.post("/v1/colony/blocks", json={"label": "c", "content": "x"}, headers=AUTH)
+    assert crash.status_code == 500
+    for _ in range(3):  # refused: kept apart, cannot push the accepted calls out
+        await client.post(
+            "/v1/colony/blocks", json={"label": "r", "content": "x"}, headers=bearer(reader["token"])
+        )
+    entries = await audit(client)
+    assert [(e["route"], e["status"]) for e in entries[:2]] == [
+        ("/v1/colony/blocks", 500),
+        ("/v1/tokens", 201),
+    ]
+    refused = await audit(client, refused="true")
+    assert [(e["token"], e["status"]) for e in refused] == [(reader["id"], 403)] * 3
+    huge = await client.get("/v1/audit", params={"before": "99999999999999999999-0"}, headers=AUTH)
+    assert huge.status_code == 422
+
+
+async def test_a_token_given_some_agents_sees_no_one_elses_tokens_catalog_or_runs(api) -> None:
+    client, _ = api
+    admin_of_echo = await make(client, verbs=["admin"], agents=["echo"])
+    token = bearer(admin_of_echo["token"])
+    for path in ("/v1/tokens", "/v1/audit"):
+        assert (await client.get(path, headers=token)).status_code == 403, path
+    assert (await client.post("/v1/tokens", json={"verbs": ["admin"]}, headers=token)).status_code == 403
+    assert [c["name"] for c in (await client.get("/v1/agents/catalog", headers=token)).json()] == ["echo"]
+    assert (await client.get("/v1/agents/echo", headers=token)).status_code == 200  # admin holds read
+    assert (
+        await client.post("/v1/tokens", json={"verbs": ["read"], "agents": []}, headers=AUTH)
+    ).status_code == 422
+
+
+async def test_a_run_tree_shows_other_agents_runs_blanked() -> None:
+    from colony.system.run_tree import HIDDEN, RunNode, hide_others
+
+    child = RunNode(
+        agent="ask", request_id="run-b", status="failed", error="secret", replica="r1", pages=["p"]
+    )
+    root = RunNode(agent="echo", request_id="run-a", status="succeeded", children=[child])
+    hide_others(root, {"echo"}.__contains__)
+    assert (root.agent, root.request_id) == ("echo", "run-a")
+    assert (child.agent, child.request_id, child.error, child.replica, child.pages, child.status) == (
+        HIDDEN,
+        HIDDEN,
+        None,
+        None,
+        [],
+        "failed",
+    )

@@ -129,6 +129,12 @@ def refusal(principal: Principal, method: str, matched: Matched | None) -> tuple
     named = [matched.params[p] for p in AGENT_PARAMS if p in matched.params]
     if any(not principal.sees(agent) for agent in named):
         return 404, "not_found", "no such agent"  # as for an agent that does not exist
+    if not named and verb == "admin":  # tokens, the audit: about every agent
+        return (
+            403,
+            "forbidden",
+            f"this token may act only on its agents; {method} {matched.template} is about all",
+        )
     if not named and method not in READ_METHODS and (method, matched.template) not in AGENT_CHECKED_IN_ROUTE:
         return (
             403,
@@ -164,16 +170,20 @@ def audit_later(
     method: str,
     matched: Matched | None,
     status: int,
+    *,
+    refused: bool = False,
 ) -> None:
     """Append the call to the audit trail in the background (the answer does not wait for it; a
-    failure is logged, never the request's)."""
+    failure is logged, never the request's); `refused`: to the stream of refusals."""
     route = matched.template if matched is not None else "(no route)"
     ids = matched.params if matched is not None else {}
 
     async def append() -> None:
         try:
             trail = (await access()).audit
-            await trail.append(token=principal.token_id, method=method, route=route, ids=ids, status=status)
+            await trail.append(
+                token=principal.token_id, method=method, route=route, ids=ids, status=status, refused=refused
+            )
         except Exception as exc:
             log.warning("the audit entry of %s %s (%s) was not written: %r", method, route, status, exc)
 

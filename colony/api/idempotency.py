@@ -10,8 +10,9 @@ route parses anything, and to see the answer the route gives (status, headers, b
 not) to keep it.
 
 - The key is checked (colony.wire.idempotency: 422 naming the header) and never stored: its
-  record is named by a digest of colony, method, app path and key, so one key means one request
-  per route, and a key sent to another route is another request.
+  record is named by a digest of colony, method, app path and key (and the sending token's id
+  for a scoped token), so one key means one request per route and token, and a key sent to another
+  route, or by another scoped token, is another request.
 - The request is fingerprinted (method, path, query and body): the same key with another
   fingerprint is a 422 `idempotency_key_reused`.
 - The first request claims the key in one script (the record and a lease of LEASE_SECONDS,
@@ -60,6 +61,7 @@ from colony.api.deps import ServicesProvider
 from colony.api.limits import ASGIApp, Message, Receive, Scope, Send, app_path, replay_body, send_error
 from colony.blackboard.idempotency import IdempotencyKeys, IdempotencyStore, Kept
 from colony.errors import ColonyError
+from colony.system.access_tokens import MAIN_TOKEN_ID
 from colony.wire.idempotency import (
     HEADER,
     IN_FLIGHT,
@@ -110,7 +112,7 @@ class IdempotencyMiddleware:
         fingerprint = hashlib.sha256(b"\x00".join((bytes(scope.get("query_string", b"")), body))).hexdigest()
         try:
             runs = (await self.services()).runs
-            digest = IdempotencyKeys.digest(runs.tenant_id, runs.colony_id, method, path, key)
+            digest = IdempotencyKeys.digest(runs.tenant_id, runs.colony_id, method, path, _owned(scope, key))
             store = IdempotencyStore(runs.api_board.redis, digest, uuid.uuid4().hex)
             kept = await self._claim(store, fingerprint, effect_keyed(method, path))
         except (ColonyError, RedisError) as exc:
@@ -384,3 +386,12 @@ async def _read_body(receive: Receive) -> bytes | None:
 
 
 __all__ = ["IdempotencyMiddleware", "effect_key"]
+
+
+def _owned(scope: Scope, key: str) -> str:
+    """The key as the token that sent it owns it: a scoped token's keys are its own (another token
+    sending the same key makes another request, never gets this one's answer); the deployment's
+    API token keeps the key as sent."""
+    principal = (scope.get("state") or {}).get("principal")
+    token_id = getattr(principal, "token_id", MAIN_TOKEN_ID)
+    return key if token_id == MAIN_TOKEN_ID else f"{token_id}\n{key}"

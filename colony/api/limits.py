@@ -175,7 +175,12 @@ class GuardMiddleware:
                 await send_error(send, 413, "body_too_large", f"request body over {limit} bytes", [])
                 return
             more = message.get("more_body", False)
-        await self.app(scope, replay_body(bytes(body), receive), send)
+        try:
+            await self.app(scope, replay_body(bytes(body), receive), send)
+        except BaseException:
+            if isinstance(send, AuditedSend) and not send.started:  # a crash answered by Starlette
+                send.crashed()
+            raise
 
     async def _principal(self, accepted: bool, authorization: str | None) -> Principal | None:
         """Who the request acts as: the API token (an admin of the colony's tenant), else a scoped
@@ -190,7 +195,7 @@ class GuardMiddleware:
         try:
             return await (await self.access()).tokens.principal(presented.strip())
         except RedisError as exc:
-            raise BlackboardUnavailable(f"the token could not be checked: {exc!r}") from exc
+            raise BlackboardUnavailable("token lookup", "redis", exc) from exc
 
     async def _authorize(self, scope: Scope, send: Send, principal: Principal) -> Send | None:
         """Refuse a call the principal may not make (403, or 404 for another token's agent) and
@@ -203,19 +208,31 @@ class GuardMiddleware:
             status, code, message = refused
             await send_error(send, status, code, message, [])
             if method not in READ_METHODS and self.access is not None:
-                audit_later(self.access, principal, method, matched, status)
+                audit_later(self.access, principal, method, matched, status, refused=True)
             return None
         scope.setdefault("state", {})["principal"] = principal
         if method in READ_METHODS or self.access is None:
             return send
-        access = self.access
+        return AuditedSend(send, lambda status: audit_later(self.access, principal, method, matched, status))
 
-        async def audited(message: Message) -> None:
-            if message["type"] == "http.response.start":
-                audit_later(access, principal, method, matched, int(message["status"]))
-            await send(message)
 
-        return audited
+class AuditedSend:
+    """A `send` that audits the call once its status is known: when the answer starts, or as a 500
+    when the route raised before answering (Starlette's outer error handler answers with its own
+    `send`, which this one never sees)."""
+
+    def __init__(self, send: Send, audit: Callable[[int], None]) -> None:
+        self.send, self.audit, self.started = send, audit, False
+
+    async def __call__(self, message: Message) -> None:
+        if message["type"] == "http.response.start" and not self.started:
+            self.started = True
+            self.audit(int(message["status"]))
+        await self.send(message)
+
+    def crashed(self) -> None:
+        self.started = True
+        self.audit(500)
 
 
 def replay_body(body: bytes, receive: Receive) -> Receive:

@@ -32,6 +32,9 @@ class AccessProtocol(BlackboardProtocol):
         )
 
     @classmethod
-    def audit_stream_key(cls, tenant_id: str, colony_id: str) -> str:
-        """The Redis stream of a tenant's audit trail (with the scope's hash tag)."""
-        return f"{BlackboardKeyspace.ROOT}:{{{cls.scope(tenant_id, colony_id)}}}:audit"
+    def audit_stream_key(cls, tenant_id: str, colony_id: str, *, refused: bool = False) -> str:
+        """The Redis stream of a tenant's audit trail (with the scope's hash tag); `refused`: the
+        stream of the calls refused (403, 404 for another token's agent), kept apart so that a
+        flood of them cannot push the accepted calls out."""
+        suffix = "audit-refused" if refused else "audit"
+        return f"{BlackboardKeyspace.ROOT}:{{{cls.scope(tenant_id, colony_id)}}}:{suffix}"

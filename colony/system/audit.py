@@ -24,6 +24,7 @@ log = logging.getLogger(__name__)
 TRIM_EVERY_SECONDS = 60.0
 MAX_READ = 1000  # entries one read returns at most
 FIELD_CHARS = 300
+MAX_REFUSED = 10_000  # refused calls kept at most (a token can make many: each is one entry)
 
 
 class AuditEntry(BaseModel):
@@ -45,10 +46,15 @@ class AuditTrail:
         self, redis: Redis, *, tenant: str, colony: str, max_entries: int, retention_seconds: float
     ) -> None:
         self.redis, self.key = redis, AccessProtocol.audit_stream_key(tenant, colony)
+        self.refused_key = AccessProtocol.audit_stream_key(tenant, colony, refused=True)
         self.max_entries, self.retention_seconds = max_entries, retention_seconds
         self._trimmed_at = 0.0
 
-    async def append(self, *, token: str, method: str, route: str, ids: dict[str, str], status: int) -> None:
+    async def append(
+        self, *, token: str, method: str, route: str, ids: dict[str, str], status: int, refused: bool = False
+    ) -> None:
+        """One call; `refused` (the guard refused it: the token may not) goes to the stream of
+        refusals, capped at MAX_REFUSED, so refusals cannot push the accepted calls out."""
         fields: dict[Any, Any] = {
             "token": token[:FIELD_CHARS],
             "method": method[:16],
@@ -56,17 +62,27 @@ class AuditTrail:
             "status": str(status),
             **{f"id.{name}"[:64]: str(value)[:FIELD_CHARS] for name, value in list(ids.items())[:8]},
         }
-        await self.redis.xadd(self.key, fields, maxlen=self.max_entries, approximate=True)
+        key, cap = (
+            (self.refused_key, min(MAX_REFUSED, self.max_entries))
+            if refused
+            else (self.key, self.max_entries)
+        )
+        await self.redis.xadd(key, fields, maxlen=cap, approximate=True)
         now = time.time()
         if now - self._trimmed_at >= TRIM_EVERY_SECONDS:
             self._trimmed_at = now
-            oldest = int((now - self.retention_seconds) * 1000)
-            await self.redis.xtrim(self.key, minid=f"{max(0, oldest)}-0", approximate=False)
+            oldest = f"{max(0, int((now - self.retention_seconds) * 1000))}-0"
+            for stream in (self.key, self.refused_key):
+                await self.redis.xtrim(stream, minid=oldest, approximate=False)
 
-    async def read(self, limit: int = 100, before: str | None = None) -> list[AuditEntry]:
-        """Up to `limit` entries, newest first (before the stream id `before`, exclusive)."""
+    async def read(
+        self, limit: int = 100, before: str | None = None, *, refused: bool = False
+    ) -> list[AuditEntry]:
+        """Up to `limit` entries, newest first (before the stream id `before`, exclusive);
+        `refused`: of the calls the guard refused."""
         top = f"({before}" if before else "+"
-        rows = await self.redis.xrevrange(self.key, max=top, min="-", count=min(max(1, limit), MAX_READ))
+        key = self.refused_key if refused else self.key
+        rows = await self.redis.xrevrange(key, max=top, min="-", count=min(max(1, limit), MAX_READ))
         entries = []
         for raw_id, raw in rows:
             entry = _entry(_text(raw_id), {_text(k): _text(v) for k, v in raw.items()})

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import logging
 import re
+from collections.abc import Callable
 from typing import Any, Literal
 
 from pydantic import BaseModel, Field
@@ -28,6 +29,7 @@ ID = re.compile(ID_PATTERN)
 MAX_NODES = 500
 MAX_DEPTH = 8
 MAX_NODE_PAGES = 64
+HIDDEN = "(another agent)"  # a node the reader's token is not given (hide_others)
 NodeStatus = Literal["queued", "running", "suspended", "succeeded", "failed", "cancelled", "gone"]
 
 
@@ -162,6 +164,17 @@ class RunTreeReader:
         if claim is None:
             return "queued"
         return "suspended" if value.get("state") == "suspended" else "running"
+
+
+def hide_others(node: RunNode, sees: Callable[[str], bool]) -> None:
+    """Blank the nodes of agents `sees` refuses (their agent, id, error, replica and pages; their
+    state and times stay), in place, the whole tree down (iteratively: no deep recursion)."""
+    stack = [node]
+    while stack:
+        held = stack.pop()
+        if not sees(held.agent):
+            held.agent, held.request_id, held.error, held.replica, held.pages = HIDDEN, HIDDEN, None, None, []
+        stack.extend(held.children)
 
 
 async def end_children(

@@ -82,7 +82,7 @@ async function show() {
     if (mine !== navigation) return;
   }
   // what the token may not do: the buttons that need it are hidden (the API refuses them anyway)
-  const verbs = new Set(who ? who.verbs : []);
+  const verbs = new Set(who ? (who.verbs.includes("admin") ? ["read", "run", "write", "admin"] : who.verbs) : []);
   for (const verb of ["run", "write", "admin"]) document.body.classList.toggle(`no-${verb}`, !readOnly && !!who && !verbs.has(verb));
   add(clear(nav), el("a", { href: "#/" }, readOnly ? "Colony (metrics, read-only)" : "Colony"),
     readOnly ? null : [el("a", { href: "#/run", class: "needs-run" }, "Start a run"), el("a", { href: "#/sessions" }, "Chat")],

@@ -18,6 +18,7 @@ from colony.system.audit import MAX_READ, AuditEntry
 from colony.wire.ids import ID_PATTERN
 
 router = APIRouter(dependencies=GUARDED)
+MAX_STREAM_PART = 2**64 - 1  # a Redis stream id is two 64-bit numbers
 TokenId = Annotated[str, Field(pattern=r"^[0-9a-f]{16}$")]
 
 
@@ -34,7 +35,10 @@ class NewToken(BaseModel):
 
     verbs: list[Verb] = Field(min_length=1, max_length=4, description="read, run, write, admin")
     agents: list[Annotated[str, Field(min_length=1, max_length=128, pattern=ID_PATTERN)]] | None = Field(
-        None, max_length=MAX_AGENTS, description="restrict it to these agents (default: every agent)"
+        None,
+        min_length=1,
+        max_length=MAX_AGENTS,
+        description="restrict it to these agents (default: every agent)",
     )
     ttl_seconds: float | None = Field(None, ge=1, le=MAX_TTL_SECONDS, description="expire after this long")
     note: str = Field("", max_length=200, description="what it is for (listed, never checked)")
@@ -106,12 +110,17 @@ async def read_audit(
     before: Annotated[
         str | None, Query(pattern=r"^[0-9]{1,20}-[0-9]{1,20}$", description="older than this entry id")
     ] = None,
+    refused: Annotated[bool, Query(description="the calls the guard refused (kept apart)")] = False,
 ) -> AuditList:
-    """The tenant's audit trail: every state-changing call (token id, method, route, ids, status)."""
+    """The tenant's audit trail: every state-changing call (token id, method, route, ids, status);
+    with `refused`, the calls refused because the token may not make them."""
+    if before is not None and any(int(part) > MAX_STREAM_PART for part in before.split("-")):
+        raise InvalidArgument(f"before: a stream id's parts are at most {MAX_STREAM_PART}")
     access = await ctx.access()
-    entries = (
-        [] if before is not None and set(before) <= {"0", "-"} else await access.audit.read(limit, before)
-    )
+    if before is not None and set(before) <= {"0", "-"}:
+        entries = []  # nothing is older than the first possible id
+    else:
+        entries = await access.audit.read(limit, before, refused=refused)
     return AuditList(
         tenant=access.tenant, entries=entries, next_before=entries[-1].id if len(entries) == limit else None
     )

@@ -34,7 +34,7 @@ async def list_agents(
     response_model_exclude_none=True,
     responses=NO_PARAMS,
 )
-async def agent_catalog(ctx: Context) -> list[CatalogAgent]:
+async def agent_catalog(request: Request, ctx: Context) -> list[CatalogAgent]:
     """Every agent the colony starts with: the built-ins, then the user agents of the `agents:`
     settings, with role, type, state and replica once placed (read from the registry: the API
     never imports a user agent's package)."""
@@ -42,6 +42,8 @@ async def agent_catalog(ctx: Context) -> list[CatalogAgent]:
     users = services.settings.agents if services.settings is not None else {}
     listed = [(name, "builtin", None) for name in BUILTIN_AGENTS]
     listed += [(name, "user", path) for name, path in users.items() if name not in BUILTIN_AGENTS]
+    shown = visible(request, (name for name, _, _ in listed))  # a token given some agents: those
+    listed = listed if shown is None else [entry for entry in listed if entry[0] in shown]
     catalog = []
     for name, kind, factory in listed:
         record = await services.registry.get(name)

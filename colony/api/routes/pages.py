@@ -5,8 +5,9 @@ from __future__ import annotations
 
 from typing import Annotated, Any
 
-from fastapi import APIRouter, Query
+from fastapi import APIRouter, Query, Request
 
+from colony.api.access import visible
 from colony.api.deps import GUARDED, Context
 from colony.api.schemas import MAP_SOURCE, NO_PARAMS, PAGES, MappedSource, MapSource
 from colony.config import VcmSettings
@@ -40,5 +41,13 @@ async def list_pages(ctx: Context, replica: ReplicaFilter = None) -> list[dict[s
 
 
 @router.get("/v1/replicas", responses=NO_PARAMS)
-async def list_replicas(ctx: Context) -> list[dict[str, Any]]:
-    return await (await ctx.services()).registry.replicas()
+async def list_replicas(request: Request, ctx: Context) -> list[dict[str, Any]]:
+    replicas = await (await ctx.services()).registry.replicas()
+    for replica in replicas:  # a token given some agents sees those among each replica's agents
+        held = replica.get("agent_ids")
+        if (
+            isinstance(held, list)
+            and (shown := visible(request, [a for a in held if isinstance(a, str)])) is not None
+        ):
+            replica["agent_ids"] = sorted(shown)
+    return replicas

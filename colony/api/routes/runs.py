@@ -20,7 +20,7 @@ from colony.api.schemas import EVENTS, LISTING, RUN_ONE, SSE_EVENT, SUBMIT, SUBM
 from colony.api.wake import wake_agent
 from colony.errors import BlackboardUnavailable, InvalidArgument, RunNotFound
 from colony.system.run_listing import MAX_LIMIT, RunList, runs_of
-from colony.system.run_tree import RunTree
+from colony.system.run_tree import RunTree, hide_others
 from colony.system.runs import RunView
 from colony.wire.ids import ID_PATTERN
 from colony.wire.input_check import check_input
@@ -117,10 +117,15 @@ async def get_run(run_id: RunId, ctx: Context) -> RunView:
 
 
 @router.get("/v1/runs/{run_id}/tree", response_model=RunTree, responses=RUN_ONE, dependencies=VISIBLE_RUN)
-async def run_tree(run_id: RunId, ctx: Context) -> RunTree:
+async def run_tree(run_id: RunId, ctx: Context, request: Request) -> RunTree:
     """The run and every request made while it was served (children, their children, ...), each
-    with its agent, state and times: the runs of one job seen together."""
-    return await (await ctx.services()).runs.tree(run_id)
+    with its agent, state and times: the runs of one job seen together. A token given some agents
+    sees the runs of others in it as `(another agent)`, with their state only."""
+    tree = await (await ctx.services()).runs.tree(run_id)
+    principal = principal_of(request)
+    if principal is not None and principal.agents is not None:
+        hide_others(tree.root, principal.sees)
+    return tree
 
 
 @router.post("/v1/runs/{run_id}/cancel", response_model=RunView, responses=RUN_ONE, dependencies=VISIBLE_RUN)
