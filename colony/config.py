@@ -239,7 +239,8 @@ class PlanningSettings(BaseModel):
     )
     sandbox_isolation: Literal["auto", "bubblewrap", "process"] = Field(
         "auto",
-        description="auto = bubblewrap when it works here, else process isolation; or force either one.",
+        description="auto = bubblewrap when it works here, else process isolation if allow_weak_sandbox, "
+        "else nothing runs; or force either one.",
     )
     sandbox_uid_base: int = Field(
         2_000_000_000,

@@ -527,7 +527,7 @@ async def test_wall_clock_limit_stops_a_sleeping_program() -> None:
     assert not result.ok and "wall-clock limit" in result.error
 
 
-async def test_forcing_bubblewrap_where_it_does_not_work_refuses_to_run(
+async def test_without_bubblewrap_nothing_runs_unless_weak_isolation_is_asked_for(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     from colony.planning import sandbox_os
@@ -538,7 +538,12 @@ async def test_forcing_bubblewrap_where_it_does_not_work_refuses_to_run(
         assert not fresh.available and "not installed" in fresh.reason
         result = await run_sandboxed("print(1)", limits=LIMITS, settings=BWRAP)
         assert not result.ok and result.isolation == "none" and "apt-get install bubblewrap" in result.error
-        weak = await run_sandboxed("print(1)", limits=LIMITS)
+        # `auto` where bubblewrap does not work: process isolation only when it is accepted
+        refused = await run_sandboxed("print(1)", limits=LIMITS)
+        assert not refused.ok and refused.isolation == "none" and "allow_weak_sandbox" in refused.error
+        weak = await run_sandboxed(
+            "print(1)", limits=LIMITS, settings=PlanningSettings(allow_weak_sandbox=True)
+        )
         assert weak.ok and weak.isolation == "process"
     finally:
         monkeypatch.undo()

@@ -129,7 +129,9 @@ def _jsonable(value: Any) -> Any:
 
 
 async def resolve_isolation(settings: PlanningSettings) -> tuple[Isolation, str]:
-    """(isolation that would be used, why) for these settings, probing bubblewrap once."""
+    """(isolation that would be used, why) for these settings, probing bubblewrap once. Process
+    isolation only when asked for: chosen (`planning.sandbox_isolation` "process"), or accepted
+    where bubblewrap is unavailable (`planning.allow_weak_sandbox`); else nothing runs ("none")."""
     if settings.sandbox_isolation == "process":
         return "process", "process isolation was chosen in planning.sandbox_isolation"
     detection = await sandbox_os.detect_bubblewrap()
@@ -137,6 +139,12 @@ async def resolve_isolation(settings: PlanningSettings) -> tuple[Isolation, str]
         return "bubblewrap", detection.reason
     if settings.sandbox_isolation == "bubblewrap":
         return "none", f"planning.sandbox_isolation is 'bubblewrap' but {detection.reason}"
+    if not settings.allow_weak_sandbox:
+        return "none", (
+            f"bubblewrap is unavailable ({detection.reason}) and process isolation alone is not "
+            "accepted: install bubblewrap, or set planning.allow_weak_sandbox "
+            "(COLONY_PLANNING__ALLOW_WEAK_SANDBOX=true)"
+        )
     return "process", detection.reason
 
 
