@@ -126,8 +126,8 @@ async def test_program_runs_as_a_fresh_unprivileged_uid_when_colony_is_root() ->
     if os.geteuid() != 0:
         pytest.skip("uids are only switched when Colony runs as root")
     code = "import os\nprint(os.getuid(), os.getgid(), os.getgroups())"
-    first = await run_sandboxed(code, limits=LIMITS, python_guards=False)
-    second = await run_sandboxed(code, limits=LIMITS, python_guards=False)
+    first = await run_sandboxed(code, limits=LIMITS, python_guards=False, syscalls="namespaces")
+    second = await run_sandboxed(code, limits=LIMITS, python_guards=False, syscalls="namespaces")
     assert first.ok, first.error
     assert first.stdout.strip() == f"{first.uid} {first.uid} []" and first.uid != 0
     assert first.uid != second.uid  # one uid per run: RLIMIT_NPROC and kills count only its processes
@@ -148,7 +148,13 @@ async def test_rlimits_uid_and_capabilities_are_in_place_before_the_program_star
     limits = LIMITS.model_copy(
         update={"cpu_seconds": 3, "memory_mb": 300, "scratch_mb": 5, "max_processes": 6}
     )
-    result = await run_sandboxed(code, limits=limits, settings=settings, python_guards=False)
+    result = await run_sandboxed(
+        code,
+        limits=limits,
+        settings=settings,
+        python_guards=False,
+        syscalls="namespaces",
+    )
     assert result.ok, everything(result)
     lines = result.stdout.splitlines()
     assert lines[:4] == ["CPU 3", f"AS {300 * 1024 * 1024}", f"FSIZE {5 * 1024 * 1024}", "CORE 0"]
@@ -340,7 +346,13 @@ async def test_a_forged_ok_cannot_hide_a_timeout(settings: PlanningSettings) -> 
 @BOTH
 async def test_a_forged_ok_cannot_hide_a_kill(settings: PlanningSettings) -> None:
     code = FORGE_ON_EVERY_FD + "os.kill(os.getpid(), 9)\n"
-    result = await run_sandboxed(code, limits=LIMITS, settings=settings, python_guards=False)
+    result = await run_sandboxed(
+        code,
+        limits=LIMITS,
+        settings=settings,
+        python_guards=False,
+        syscalls="namespaces",
+    )
     # whether or not a forged final message got through the pipe first, the kill decides
     assert not result.ok and "signal 9" in result.error
     assert "did not exit cleanly" in result.error or "ended without a result" in result.error
@@ -377,7 +389,11 @@ async def test_huge_output_crashes_and_signals_never_raise(settings: PlanningSet
     assert noisy.ok and noisy.stdout.endswith("tail\n") and "earlier bytes dropped" in noisy.stdout
     assert len(noisy.stdout) < LIMITS.max_output_bytes + 100
     crash = await run_sandboxed(
-        "import os\nos.kill(os.getpid(), 11)", limits=LIMITS, settings=settings, python_guards=False
+        "import os\nos.kill(os.getpid(), 11)",
+        limits=LIMITS,
+        settings=settings,
+        python_guards=False,
+        syscalls="namespaces",
     )
     assert not crash.ok and "signal 11" in crash.error
     exits = await run_sandboxed("raise SystemExit(3)", limits=LIMITS, settings=settings)
@@ -408,7 +424,12 @@ async def test_a_daemonised_grandchild_does_not_survive_the_run(settings: Planni
     )
     limits = LIMITS.model_copy(update={"wall_seconds": 3})
     result = await run_sandboxed(
-        code, actions={"probe": probe}, limits=limits, settings=settings, python_guards=False
+        code,
+        actions={"probe": probe},
+        limits=limits,
+        settings=settings,
+        python_guards=False,
+        syscalls="namespaces",
     )
     assert not result.ok and "wall-clock limit" in result.error
     assert len(seen) == 1 and len(seen[0]) >= 2, seen  # the program and its daemonised grandchild
@@ -427,7 +448,13 @@ async def test_a_fork_bomb_hits_the_process_limit_and_dies(settings: PlanningSet
         "print('refused', refused, 'errno', last)\n"
     )
     limits = LIMITS.model_copy(update={"wall_seconds": 4, "max_processes": 8})
-    result = await run_sandboxed(code, limits=limits, settings=settings, python_guards=False)
+    result = await run_sandboxed(
+        code,
+        limits=limits,
+        settings=settings,
+        python_guards=False,
+        syscalls="namespaces",
+    )
     if os.geteuid() != 0:
         pytest.skip("RLIMIT_NPROC is only applied with a uid of the sandbox's own (Colony as root)")
     assert "refused" in result.stdout and "errno 11" in result.stdout, everything(result)
@@ -450,7 +477,13 @@ async def test_no_network_even_to_localhost() -> None:
         "    except OSError as e:\n        print('FAILED', host, e)\n"
     )
     try:
-        result = await run_sandboxed(code, limits=LIMITS, settings=BWRAP, python_guards=False)
+        result = await run_sandboxed(
+            code,
+            limits=LIMITS,
+            settings=BWRAP,
+            python_guards=False,
+            syscalls="namespaces",
+        )
         assert result.isolation == "bubblewrap" and result.ok, everything(result)
         assert "CONNECTED" not in result.stdout and result.stdout.count("FAILED") == 2
         with pytest.raises(BlockingIOError):
@@ -462,7 +495,13 @@ async def test_no_network_even_to_localhost() -> None:
 async def test_process_isolation_alone_does_not_hide_the_host() -> None:
     """Why the policy refuses process isolation by default: past the Python guards, the host is there."""
     code = "import os\nfd = os.open('/etc/passwd', os.O_RDONLY)\nprint(os.read(fd, 5).decode())"
-    result = await run_sandboxed(code, limits=LIMITS, settings=PROCESS, python_guards=False)
+    result = await run_sandboxed(
+        code,
+        limits=LIMITS,
+        settings=PROCESS,
+        python_guards=False,
+        syscalls="namespaces",
+    )
     assert result.ok and result.stdout == "root:\n", everything(result)
     guarded = await run_sandboxed(code, limits=LIMITS, settings=PROCESS)
     assert not guarded.ok and "import of 'os' is not allowed" in guarded.error
@@ -488,7 +527,13 @@ async def test_files_outside_the_runtime_and_the_scratch_tmpfs_are_invisible() -
         "print('\\n'.join(out))\n"
     )
     try:
-        result = await run_sandboxed(code, limits=LIMITS, settings=BWRAP, python_guards=False)
+        result = await run_sandboxed(
+            code,
+            limits=LIMITS,
+            settings=BWRAP,
+            python_guards=False,
+            syscalls="namespaces",
+        )
     finally:
         secret_file.unlink()
     assert result.ok, everything(result)
@@ -507,7 +552,9 @@ async def test_the_scratch_tmpfs_is_capped() -> None:
         "try:\n    open('/tmp/big', 'wb').write(b'x' * (8 * 1024 * 1024))\nexcept OSError as e:\n    print(e)"
     )
     limits = LIMITS.model_copy(update={"scratch_mb": 2})
-    result = await run_sandboxed(code, limits=limits, settings=BWRAP, python_guards=False)
+    result = await run_sandboxed(
+        code, limits=limits, settings=BWRAP, python_guards=False, syscalls="namespaces"
+    )
     assert result.ok and ("No space left" in result.stdout or "File too large" in result.stdout)
 
 
@@ -603,7 +650,14 @@ async def test_concurrent_programs_do_not_see_each_other() -> None:
         "open('/tmp/mine', 'w').write('x')"
     )
     runs = [
-        run_sandboxed(code, actions={"add": add}, limits=LIMITS, settings=BWRAP, python_guards=False)
+        run_sandboxed(
+            code,
+            actions={"add": add},
+            limits=LIMITS,
+            settings=BWRAP,
+            python_guards=False,
+            syscalls="namespaces",
+        )
         for _ in range(4)
     ]
     results = await asyncio.gather(*runs)

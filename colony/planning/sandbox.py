@@ -212,11 +212,14 @@ async def run_sandboxed(
     limits: SandboxLimits | None = None,
     settings: PlanningSettings | None = None,
     python_guards: bool = True,
+    syscalls: Literal["allowlist", "namespaces"] = "allowlist",
 ) -> SandboxResult:
     """Run `code` in a fresh sandbox; never raises for anything the program does.
 
-    `python_guards=False` leaves out the in-process import allow-list and audit hook, so tests can
-    show what the OS layer alone stops; production callers keep the default.
+    `python_guards=False` leaves out the in-process import allow-list and audit hook, and
+    `syscalls="namespaces"` swaps the seccomp allowlist for a filter that refuses only new
+    namespaces and memfds, so tests can show what each layer beneath stops (files, processes,
+    network, memory); production callers keep the defaults.
     """
     limits = limits or SandboxLimits()
     settings = settings or PlanningSettings()
@@ -261,6 +264,7 @@ async def run_sandboxed(
         "uid": launch.uid,
         "nproc": launch.uid is not None,  # a uid of the run's own: RLIMIT_NPROC counts only its processes
         "guards": python_guards,
+        "syscalls": syscalls,
         "die_with_parent": launch.isolation == "process",
     }
     await _supervise(process, launch, (from_child_r, to_child_w), request, actions, limits, result)

@@ -119,25 +119,72 @@ STRIPPED = [
 ]
 
 
-# seccomp: what the kernel refuses the program whatever it does in Python. (audit arch, nr of
-# unshare, setns, memfd_create, memfd_secret, clone, clone3) per machine; elsewhere no filter.
-SECCOMP = {
-    "x86_64": (0xC000003E, (272, 308, 319, 447), 56, 435),
-    "aarch64": (0xC00000B7, (97, 268, 279, 447), 220, 435),
+# seccomp: what the kernel lets the program do whatever it does in Python. The allowlist (the
+# default): the system calls CPython makes for the sandbox's allowed work (computing, allocating
+# memory, writing its output and action calls to the pipes it holds, reading the answers, its own
+# signals and clock, ending), by name with its number on (x86_64, aarch64); every other one fails
+# with EPERM: no file is opened, no process or thread started, no socket, no namespace, no memfd.
+# tests/test_sandbox_hardening.py checks the numbers against the kernel's headers.
+ALLOWED_SYSCALLS = {
+    "read": (0, 63),
+    "write": (1, 64),
+    "close": (3, 57),
+    "fstat": (5, 80),
+    "newfstatat": (262, 79),  # fstatat on aarch64
+    "lseek": (8, 62),
+    "mmap": (9, 222),
+    "mprotect": (10, 226),
+    "munmap": (11, 215),
+    "mremap": (25, 216),
+    "madvise": (28, 233),
+    "brk": (12, 214),
+    "rt_sigaction": (13, 134),
+    "rt_sigprocmask": (14, 135),
+    "rt_sigreturn": (15, 139),
+    "sigaltstack": (131, 132),
+    "exit": (60, 93),
+    "exit_group": (231, 94),
+    "futex": (202, 98),
+    "getrandom": (318, 278),
+    "clock_gettime": (228, 113),
+    "clock_getres": (229, 114),
+    "gettimeofday": (96, 169),
+    "clock_nanosleep": (230, 115),
+    "nanosleep": (35, 101),
+    "sched_yield": (24, 124),
+    "getpid": (39, 172),
+    "gettid": (186, 178),
+    "tgkill": (234, 131),
+    "restart_syscall": (219, 128),
+    "rseq": (334, 293),
+    "set_robust_list": (273, 99),
 }
+# (audit arch, column of ALLOWED_SYSCALLS' pairs) per machine; elsewhere no filter
+SECCOMP_ARCH = {"x86_64": (0xC000003E, 0), "aarch64": (0xC00000B7, 1)}
+# the filter the OS-layer tests use to reach the layers beneath (`syscalls="namespaces"`): only new
+# namespaces and memfds refused. (nr of unshare, setns, memfd_create, memfd_secret; clone; clone3)
+NAMESPACE_FILTER = {"x86_64": ((272, 308, 319, 447), 56, 435), "aarch64": ((97, 268, 279, 447), 220, 435)}
 CLONE_NAMESPACES = 0x7E020000  # CLONE_NEWNS | NEWCGROUP | NEWUTS | NEWIPC | NEWUSER | NEWPID | NEWNET
 
 
-def _seccomp_program(machine):
-    """(code, jt, jf, k) BPF instructions: no new namespaces, no memfd; clone3 is ENOSYS (libc falls
-    back to clone, whose flags BPF can read); a foreign syscall ABI (x32, i386) is refused."""
-    if machine not in SECCOMP:
+def _seccomp_program(machine, syscalls="allowlist"):
+    """(code, jt, jf, k) BPF instructions. A foreign syscall ABI (x32, i386) is refused. Then
+    "allowlist": ALLOWED_SYSCALLS pass, every other call fails with EPERM; "namespaces": every call
+    passes but those making namespaces or memfds (clone3 is ENOSYS: libc falls back to clone,
+    whose flags BPF can read)."""
+    if machine not in SECCOMP_ARCH:
         return None
-    arch, denied, clone, clone3 = SECCOMP[machine]
+    arch, column = SECCOMP_ARCH[machine]
     ld, jeq, jge, jset, ret = 0x20, 0x15, 0x35, 0x45, 0x06
     allow, eperm, enosys, kill = 0x7FFF0000, 0x00050001, 0x00050026, 0x80000000
     insns = [(ld, 0, 0, 4), (jeq, 1, 0, arch), (ret, 0, 0, kill), (ld, 0, 0, 0)]
     insns += [(jge, 0, 1, 0x40000000), (ret, 0, 0, eperm)]  # x32 syscalls on x86_64
+    if syscalls == "allowlist":
+        allowed = sorted({pair[column] for pair in ALLOWED_SYSCALLS.values()})
+        for n, nr in enumerate(allowed):  # a match jumps to the `allow` after the final `eperm`
+            insns.append((jeq, len(allowed) - n, 0, nr))
+        return [*insns, (ret, 0, 0, eperm), (ret, 0, 0, allow)]
+    denied, clone, clone3 = NAMESPACE_FILTER[machine]
     for nr in denied:
         insns += [(jeq, 0, 1, nr), (ret, 0, 0, eperm)]
     insns += [(jeq, 0, 1, clone3), (ret, 0, 0, enosys)]
@@ -145,10 +192,10 @@ def _seccomp_program(machine):
     return [*insns, (ret, 0, 0, allow)]
 
 
-def _seccomp_installer(ctypes, machine):
+def _seccomp_installer(ctypes, machine, syscalls="allowlist"):
     """A function installing the filter (None where this machine has no table), made while ctypes
     may still be imported."""
-    program = _seccomp_program(machine)
+    program = _seccomp_program(machine, syscalls)
     if program is None:
         return None
 
@@ -251,7 +298,7 @@ def _native_calls(request, os, sys):
 
     if request.get("die_with_parent"):  # process isolation: bubblewrap does this itself
         prctl = ctypes.CDLL(None, use_errno=True).prctl
-    seccomp = _seccomp_installer(ctypes, os.uname().machine)
+    seccomp = _seccomp_installer(ctypes, os.uname().machine, request.get("syscalls", "allowlist"))
     for name in set(sys.modules) - loaded:  # the program cannot import ctypes from the cache
         del sys.modules[name]
     return prctl, seccomp
