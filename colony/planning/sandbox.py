@@ -65,7 +65,9 @@ ALLOWED_MODULES = (
 )
 
 PIDS_OVERHEAD = 3  # the cgroup's pids.max adds the shell/bwrap processes and the child to max_processes
-PRELOAD_MODULES = ("_strptime",)  # imported lazily by allowed modules; loaded before the audit hook
+# imported lazily by allowed modules (datetime's strptime, date.today, strftime); loaded before
+# the audit hook
+PRELOAD_MODULES = ("_strptime", "time")
 
 
 class SandboxLimits(BaseModel):

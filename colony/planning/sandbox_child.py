@@ -130,7 +130,6 @@ ALLOWED_SYSCALLS = {
     "write": (1, 64),
     "close": (3, 57),
     "fstat": (5, 80),
-    "newfstatat": (262, 79),  # fstatat on aarch64
     "lseek": (8, 62),
     "mmap": (9, 222),
     "mprotect": (10, 226),
@@ -154,7 +153,7 @@ ALLOWED_SYSCALLS = {
     "sched_yield": (24, 124),
     "getpid": (39, 172),
     "gettid": (186, 178),
-    "tgkill": (234, 131),
+    "tgkill": (234, 131),  # to its own process only: the filter checks the target (`own_pid`)
     "restart_syscall": (219, 128),
     "rseq": (334, 293),
     "set_robust_list": (273, 99),
@@ -167,11 +166,12 @@ NAMESPACE_FILTER = {"x86_64": ((272, 308, 319, 447), 56, 435), "aarch64": ((97, 
 CLONE_NAMESPACES = 0x7E020000  # CLONE_NEWNS | NEWCGROUP | NEWUTS | NEWIPC | NEWUSER | NEWPID | NEWNET
 
 
-def _seccomp_program(machine, syscalls="allowlist"):
-    """(code, jt, jf, k) BPF instructions. A foreign syscall ABI (x32, i386) is refused. Then
-    "allowlist": ALLOWED_SYSCALLS pass, every other call fails with EPERM; "namespaces": every call
-    passes but those making namespaces or memfds (clone3 is ENOSYS: libc falls back to clone,
-    whose flags BPF can read)."""
+def _seccomp_program(machine, syscalls="allowlist", own_pid=0):
+    """(code, jt, jf, k) BPF instructions. Another architecture's calls kill the process; x32
+    calls fail with EPERM. Then "allowlist": ALLOWED_SYSCALLS pass (`tgkill` only to `own_pid`,
+    the child's own process), every other call fails with EPERM; "namespaces": every call passes
+    but those making namespaces or memfds (clone3 is ENOSYS: libc falls back to clone, whose flags
+    BPF can read)."""
     if machine not in SECCOMP_ARCH:
         return None
     arch, column = SECCOMP_ARCH[machine]
@@ -180,7 +180,11 @@ def _seccomp_program(machine, syscalls="allowlist"):
     insns = [(ld, 0, 0, 4), (jeq, 1, 0, arch), (ret, 0, 0, kill), (ld, 0, 0, 0)]
     insns += [(jge, 0, 1, 0x40000000), (ret, 0, 0, eperm)]  # x32 syscalls on x86_64
     if syscalls == "allowlist":
-        allowed = sorted({pair[column] for pair in ALLOWED_SYSCALLS.values()})
+        tgkill = ALLOWED_SYSCALLS["tgkill"][column]
+        # tgkill(tgid, tid, sig): its own process only (args[0], low half at 16, high half at 20)
+        insns += [(jeq, 0, 6, tgkill), (ld, 0, 0, 16), (jeq, 0, 3, own_pid), (ld, 0, 0, 20)]
+        insns += [(jeq, 0, 1, 0), (ret, 0, 0, allow), (ret, 0, 0, eperm)]
+        allowed = sorted({pair[column] for name, pair in ALLOWED_SYSCALLS.items() if name != "tgkill"})
         for n, nr in enumerate(allowed):  # a match jumps to the `allow` after the final `eperm`
             insns.append((jeq, len(allowed) - n, 0, nr))
         return [*insns, (ret, 0, 0, eperm), (ret, 0, 0, allow)]
@@ -192,10 +196,10 @@ def _seccomp_program(machine, syscalls="allowlist"):
     return [*insns, (ret, 0, 0, allow)]
 
 
-def _seccomp_installer(ctypes, machine, syscalls="allowlist"):
+def _seccomp_installer(ctypes, machine, syscalls="allowlist", own_pid=0):
     """A function installing the filter (None where this machine has no table), made while ctypes
     may still be imported."""
-    program = _seccomp_program(machine, syscalls)
+    program = _seccomp_program(machine, syscalls, own_pid)
     if program is None:
         return None
 
@@ -298,7 +302,9 @@ def _native_calls(request, os, sys):
 
     if request.get("die_with_parent"):  # process isolation: bubblewrap does this itself
         prctl = ctypes.CDLL(None, use_errno=True).prctl
-    seccomp = _seccomp_installer(ctypes, os.uname().machine, request.get("syscalls", "allowlist"))
+    seccomp = _seccomp_installer(
+        ctypes, os.uname().machine, request.get("syscalls", "allowlist"), os.getpid()
+    )
     for name in set(sys.modules) - loaded:  # the program cannot import ctypes from the cache
         del sys.modules[name]
     return prctl, seccomp
@@ -461,6 +467,8 @@ def _main():  # the program runs in this frame, which holds nothing of the paren
         return 3
     if parent_died is not None:
         return parent_died
+    # (ctypes itself stays in memory: a program past the guards can find it, but whatever native
+    # code it calls meets the seccomp filter like any other)
     prctl = seccomp = None
 
     run = _action_caller(frozenset(request["actions"]), send, read_line)
