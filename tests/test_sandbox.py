@@ -26,6 +26,8 @@ from colony.planning.sandbox_os import detect_bubblewrap, processes_of_uid
 LIMITS = SandboxLimits(wall_seconds=5, cpu_seconds=2, memory_mb=512)
 BWRAP = PlanningSettings(sandbox_isolation="bubblewrap")
 PROCESS = PlanningSettings(sandbox_isolation="process")
+# the layers beneath the Python guards and the seccomp allowlist, on their own (tests only)
+BENEATH: dict[str, Any] = {"python_guards": False, "syscalls": "namespaces"}
 BOTH = pytest.mark.parametrize("settings", [BWRAP, PROCESS], ids=["bubblewrap", "process"])
 BWRAP_DEVICES = {"core", "fd", "full", "null", "ptmx", "pts", "random", "shm", "stderr", "stdin", "stdout"}
 BWRAP_DEVICES |= {"tty", "urandom", "zero"}  # bwrap's minimal /dev: no disks, no kmsg, no kvm
@@ -126,8 +128,8 @@ async def test_program_runs_as_a_fresh_unprivileged_uid_when_colony_is_root() ->
     if os.geteuid() != 0:
         pytest.skip("uids are only switched when Colony runs as root")
     code = "import os\nprint(os.getuid(), os.getgid(), os.getgroups())"
-    first = await run_sandboxed(code, limits=LIMITS, python_guards=False, syscalls="namespaces")
-    second = await run_sandboxed(code, limits=LIMITS, python_guards=False, syscalls="namespaces")
+    first = await run_sandboxed(code, limits=LIMITS, **BENEATH)
+    second = await run_sandboxed(code, limits=LIMITS, **BENEATH)
     assert first.ok, first.error
     assert first.stdout.strip() == f"{first.uid} {first.uid} []" and first.uid != 0
     assert first.uid != second.uid  # one uid per run: RLIMIT_NPROC and kills count only its processes
@@ -152,8 +154,7 @@ async def test_rlimits_uid_and_capabilities_are_in_place_before_the_program_star
         code,
         limits=limits,
         settings=settings,
-        python_guards=False,
-        syscalls="namespaces",
+        **BENEATH,
     )
     assert result.ok, everything(result)
     lines = result.stdout.splitlines()
@@ -350,8 +351,7 @@ async def test_a_forged_ok_cannot_hide_a_kill(settings: PlanningSettings) -> Non
         code,
         limits=LIMITS,
         settings=settings,
-        python_guards=False,
-        syscalls="namespaces",
+        **BENEATH,
     )
     # whether or not a forged final message got through the pipe first, the kill decides
     assert not result.ok and "signal 9" in result.error
@@ -392,8 +392,7 @@ async def test_huge_output_crashes_and_signals_never_raise(settings: PlanningSet
         "import os\nos.kill(os.getpid(), 11)",
         limits=LIMITS,
         settings=settings,
-        python_guards=False,
-        syscalls="namespaces",
+        **BENEATH,
     )
     assert not crash.ok and "signal 11" in crash.error
     exits = await run_sandboxed("raise SystemExit(3)", limits=LIMITS, settings=settings)
@@ -428,8 +427,7 @@ async def test_a_daemonised_grandchild_does_not_survive_the_run(settings: Planni
         actions={"probe": probe},
         limits=limits,
         settings=settings,
-        python_guards=False,
-        syscalls="namespaces",
+        **BENEATH,
     )
     assert not result.ok and "wall-clock limit" in result.error
     assert len(seen) == 1 and len(seen[0]) >= 2, seen  # the program and its daemonised grandchild
@@ -452,8 +450,7 @@ async def test_a_fork_bomb_hits_the_process_limit_and_dies(settings: PlanningSet
         code,
         limits=limits,
         settings=settings,
-        python_guards=False,
-        syscalls="namespaces",
+        **BENEATH,
     )
     if os.geteuid() != 0:
         pytest.skip("RLIMIT_NPROC is only applied with a uid of the sandbox's own (Colony as root)")
@@ -481,8 +478,7 @@ async def test_no_network_even_to_localhost() -> None:
             code,
             limits=LIMITS,
             settings=BWRAP,
-            python_guards=False,
-            syscalls="namespaces",
+            **BENEATH,
         )
         assert result.isolation == "bubblewrap" and result.ok, everything(result)
         assert "CONNECTED" not in result.stdout and result.stdout.count("FAILED") == 2
@@ -499,8 +495,7 @@ async def test_process_isolation_alone_does_not_hide_the_host() -> None:
         code,
         limits=LIMITS,
         settings=PROCESS,
-        python_guards=False,
-        syscalls="namespaces",
+        **BENEATH,
     )
     assert result.ok and result.stdout == "root:\n", everything(result)
     guarded = await run_sandboxed(code, limits=LIMITS, settings=PROCESS)
@@ -531,8 +526,7 @@ async def test_files_outside_the_runtime_and_the_scratch_tmpfs_are_invisible() -
             code,
             limits=LIMITS,
             settings=BWRAP,
-            python_guards=False,
-            syscalls="namespaces",
+            **BENEATH,
         )
     finally:
         secret_file.unlink()
@@ -552,9 +546,7 @@ async def test_the_scratch_tmpfs_is_capped() -> None:
         "try:\n    open('/tmp/big', 'wb').write(b'x' * (8 * 1024 * 1024))\nexcept OSError as e:\n    print(e)"
     )
     limits = LIMITS.model_copy(update={"scratch_mb": 2})
-    result = await run_sandboxed(
-        code, limits=limits, settings=BWRAP, python_guards=False, syscalls="namespaces"
-    )
+    result = await run_sandboxed(code, limits=limits, settings=BWRAP, **BENEATH)
     assert result.ok and ("No space left" in result.stdout or "File too large" in result.stdout)
 
 
@@ -655,8 +647,7 @@ async def test_concurrent_programs_do_not_see_each_other() -> None:
             actions={"add": add},
             limits=LIMITS,
             settings=BWRAP,
-            python_guards=False,
-            syscalls="namespaces",
+            **BENEATH,
         )
         for _ in range(4)
     ]

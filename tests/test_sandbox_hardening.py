@@ -11,6 +11,7 @@ import json
 import os
 import subprocess
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -21,6 +22,8 @@ from colony.planning import SandboxLimits, run_sandboxed, sandbox_os
 LIMITS = SandboxLimits(wall_seconds=10, cpu_seconds=5, memory_mb=64)
 BWRAP = PlanningSettings(sandbox_isolation="bubblewrap")
 PROCESS = PlanningSettings(sandbox_isolation="process")
+# the layers beneath the Python guards and the seccomp allowlist, on their own (tests only)
+BENEATH: dict[str, Any] = {"python_guards": False, "syscalls": "namespaces"}
 BOTH = pytest.mark.parametrize("settings", [BWRAP, PROCESS], ids=["bubblewrap", "process"])
 CGROUPS = sandbox_os.detect_cgroups()
 NEEDS_CGROUPS = pytest.mark.skipif(not CGROUPS.version, reason=CGROUPS.reason)
@@ -49,8 +52,7 @@ async def test_the_runs_memory_cgroup_bounds_all_its_processes_together(settings
         SPREAD_OVER_PROCESSES,
         limits=limits,
         settings=settings,
-        python_guards=False,
-        syscalls="namespaces",
+        **BENEATH,
     )
     assert not result.ok and "went over its memory limit (128 MiB" in result.error, result.error
     assert "exits [-9" in result.stdout  # the kernel's OOM killer, inside the run's cgroup only
@@ -86,8 +88,7 @@ async def test_seccomp_refuses_memfd_and_new_namespaces(settings: PlanningSettin
         MEMFD_AND_NAMESPACES,
         limits=LIMITS,
         settings=settings,
-        python_guards=False,
-        syscalls="namespaces",
+        **BENEATH,
     )
     assert result.ok, result.error
     assert result.stdout.splitlines() == ["memfd refused", "namespaces refused", "fork 7"]
@@ -156,8 +157,7 @@ async def test_without_cgroups_file_descriptors_and_locked_memory_are_bounded() 
         code,
         limits=LIMITS,
         settings=settings,
-        python_guards=False,
-        syscalls="namespaces",
+        **BENEATH,
     )
     assert result.ok and result.cgroup is None, result.error
     lines = result.stdout.splitlines()
