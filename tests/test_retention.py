@@ -131,6 +131,10 @@ async def test_stopped_agent_leaves_registry_and_redis(colony, bb: Blackboard) -
     assert await host.registry.get(name) is None
     assert name not in {r.agent_id for r in await host.registry.list()}
     assert name not in {r.agent_id for r in await host.registry.list(state="stopped")}
+    # the index of the agent's HTTP runs (GET /v1/runs?agent=) loses its expired member at the
+    # next write to the API's scope (every submit is one: each sweeps due expiry-index members),
+    # and goes once empty
+    await runs.api_board.write("note:after-retention", 1, tags={"note"}, ttl_seconds=60)
     # but for a pool member's pick-up receipt, which lives as long as its call may be sent again
     # (the blackboard's op timeout) when the retention is shorter
     left = await keys_named(bb, name)

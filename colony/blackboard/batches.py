@@ -12,7 +12,7 @@ from colony import metrics
 from colony.blackboard import retention
 from colony.blackboard.models import BlackboardEntry, WriteRequest, encode_tags, encode_value, ttl_to_ms
 from colony.blackboard.protocol import validate_tag
-from colony.blackboard.script_calls import ScriptCall, run_scripts
+from colony.blackboard.script_calls import ScriptCall, run_scripts, scripts_of
 from colony.errors import BatchConflictError, InvalidArgument
 
 if TYPE_CHECKING:
@@ -92,11 +92,14 @@ async def write_group(
     tag: str,
     ttl_seconds: float,
     first: tuple[Blackboard, Writes] | None = None,
+    outlive: str | None = None,
 ) -> list[BlackboardEntry]:
     """In one round trip, in this order: `first`'s writes on its board (another scope on the same
     Redis), `writes` on `board`, then the expiry of the tag set `tag` (its index set alone: its
-    members carry their own). What was written on `board`; a conflict raises `BatchConflictError`
-    once everything else is applied (one among the first writes too)."""
+    members carry their own), and with `outlive`, a tag of `first`'s board whose set is kept at
+    least `ttl_seconds` longer (an index of entries written over time: it outlives the newest).
+    What was written on `board`; a conflict raises `BatchConflictError` once everything else is
+    applied (one among the first writes too)."""
     group = validate_tag(tag)
     before: list[Chunk] = []
     calls: list[ScriptCall] = []
@@ -108,10 +111,14 @@ async def write_group(
     chunks, own = batch_calls(board, writes, 256)
     calls += own
     calls.append((board._expire_key, [board.keyspace.tag_key(group)], [ttl_to_ms(ttl_seconds)]))
+    if outlive is not None and first is not None:
+        index = first[0].keyspace.tag_key(validate_tag(outlive))
+        calls.append((scripts_of(board.redis).extend_key, [index], [ttl_to_ms(ttl_seconds)]))
     async with board.guard("write_group"):
         replies = await run_scripts(board.redis, calls)
     applied_entries(before, replies[: len(before)])
     written = applied_entries(chunks, replies[len(before) : len(before) + len(chunks)])
-    if written and not int(replies[-1]):  # the set did not exist yet: the writes were run again
+    expired = replies[len(before) + len(chunks)]
+    if written and not int(expired):  # the set did not exist yet: the writes were run again
         await retention.expire_tag(board, group, ttl_seconds)  # after it (their script reloaded), so again
     return written

@@ -220,11 +220,15 @@ class Blackboard:
         tag: str,
         ttl_seconds: float,
         first: tuple[Blackboard, Iterable[WriteRequest | Mapping[str, Any]]] | None = None,
+        outlive: str | None = None,
     ) -> list[BlackboardEntry]:
         """`write_many` and then the expiry of the group's tag set `tag` (`retention.expire_tag`), in one
         round trip; `first`: writes of another scope on the same Redis, applied before them in
-        that round trip (colony.blackboard.batches)."""
-        return await batches.write_group(self, writes, tag=tag, ttl_seconds=ttl_seconds, first=first)
+        that round trip; `outlive`: a tag of `first`'s scope whose set is kept at least as long
+        (colony.blackboard.batches)."""
+        return await batches.write_group(
+            self, writes, tag=tag, ttl_seconds=ttl_seconds, first=first, outlive=outlive
+        )
 
     # -- read-modify-write --------------------------------------------------------------------
 

@@ -25,6 +25,7 @@ class _Scripts(NamedTuple):
     expire: AsyncScript
     expire_key: AsyncScript
     claim_oldest: AsyncScript
+    extend_key: AsyncScript
 
 
 _SCRIPTS_ATTR = "_colony_scripts"
@@ -84,6 +85,7 @@ def scripts_of(redis: aioredis.Redis) -> _Scripts:
                     scripts.EXPIRE,
                     scripts.EXPIRE_KEY,
                     scripts.CLAIM_OLDEST,
+                    scripts.EXTEND_KEY,
                 )
             )
         )

@@ -304,6 +304,15 @@ if left == -1 or left > tonumber(ARGV[1]) then redis.call('PEXPIRE', KEYS[1], AR
 return 1
 """
 
+# KEYS: any key (an index set that must outlive its members) ; ARGV: ttl_ms — expire it no sooner
+# than that (a key without an expiry gets this one; a longer one stands)
+EXTEND_KEY = r"""
+local left = redis.call('PTTL', KEYS[1])
+if left == -2 then return 0 end
+if left == -1 or left < tonumber(ARGV[1]) then redis.call('PEXPIRE', KEYS[1], ARGV[1]) end
+return 1
+"""
+
 # KEYS: a tag-index set ; ARGV: entry-key prefix, the tag, logical keys that looked stale
 # Removes only members whose entry is still absent or still lacks the tag (checked here,
 # atomically: one may have been re-created with the tag meanwhile).

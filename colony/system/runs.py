@@ -263,6 +263,7 @@ class RunService:
                 tag=AgentRunProtocol.request_tag(run_id),
                 ttl_seconds=life,
                 first=(self.api_board, [record_write, known_write]),
+                outlive=ApiRunProtocol.agent_tag(record.agent),  # its agent's runs index lives as long
             )
         except BaseException:
             # nothing half-submitted stays to be served: the request too, which Redis may have
