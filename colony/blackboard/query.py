@@ -189,8 +189,8 @@ async def newest_tagged(
         members.update(page)
         if cursor == 0 or len(members) >= most:
             break
-    truncated = len(members) < size
-    keys = sorted(members)[:most]
+    keys = sorted(members)[:most]  # (SSCAN's count is a hint: a page may hold more)
+    truncated = len(keys) < size
     refused = {k for k in keys if member_ok is not None and not member_ok(k)}
     dated = await _dated(bb, tag, [k for k in keys if k not in refused], None)
     live = size - (len(keys) - len(dated)) if truncated else len(dated)
