@@ -26,6 +26,7 @@ from starlette.routing import BaseRoute, Match
 from colony.errors import AgentNotFound
 from colony.system.access_tokens import Principal, TokenStore
 from colony.system.audit import AuditTrail
+from colony.system.registry import AgentRecord
 
 log = logging.getLogger(__name__)
 
@@ -198,6 +199,12 @@ def check_agent(request: Request, agent_id: str) -> None:
     principal = principal_of(request)
     if principal is not None and not principal.sees(agent_id):
         raise AgentNotFound(f"no agent named {agent_id!r}")
+
+
+def visible_records(request: Request, records: list[AgentRecord]) -> list[AgentRecord]:
+    """The registry records of the agents the request's token is given (all of them: the list)."""
+    shown = visible(request, (r.agent_id for r in records))
+    return records if shown is None else [r for r in records if r.agent_id in shown]
 
 
 def visible(request: Request, agent_ids: Iterable[str]) -> set[str] | None:

@@ -18,6 +18,7 @@ from fastapi.security import HTTPBearer
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from colony.api.access import AccessServices
+from colony.blackboard import Blackboard
 from colony.blackboard.access_keys import AccessProtocol
 from colony.config import ApiSettings, ColonySettings, VcmSettings
 from colony.memory.blocks import BlockStore, block_store
@@ -70,6 +71,11 @@ def settings_of(services: ApiServices) -> ColonySettings:
     if services.settings is None:
         services.settings = services.runs.settings
     return services.settings
+
+
+def agent_board(services: ApiServices, agent_id: str) -> Blackboard:
+    """The state scope of one agent of the services' colony (its metadata, checkpoints, ...)."""
+    return services.runs.api_board.scoped(services.runs.agent_scope(agent_id))
 
 
 @dataclass(frozen=True)

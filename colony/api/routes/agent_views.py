@@ -11,11 +11,10 @@ from pydantic import BaseModel, Field, ValidationError
 
 from colony.agents.models import AgentMetadata
 from colony.agents.profile import AgentProfile
-from colony.api.access import visible
-from colony.api.deps import GUARDED, Context
+from colony.api.access import visible_records
+from colony.api.deps import GUARDED, Context, agent_board
 from colony.api.params import AgentId
 from colony.api.schemas import LISTING, READ_ONE
-from colony.blackboard import Blackboard
 from colony.blackboard.protocol import AgentStateProtocol
 from colony.errors import AgentNotFound
 from colony.system.resumption_queue import queue_of
@@ -69,8 +68,7 @@ async def agent_profile(agent_id: AgentId, ctx: Context) -> AgentProfileView:
     services = await ctx.services()
     if await services.registry.get(agent_id) is None:
         raise AgentNotFound(f"no agent named {agent_id!r}; GET /v1/agents lists them")
-    board = services.runs.api_board.scoped(services.runs.agent_scope(agent_id))
-    entry = await board.read(AgentStateProtocol.key("metadata"))
+    entry = await agent_board(services, agent_id).read(AgentStateProtocol.key("metadata"))
     try:
         metadata = AgentMetadata.model_validate(entry.value) if entry is not None else None
     except ValidationError:
@@ -99,15 +97,10 @@ async def resumption_queue(
     highest priority first, then the longest suspended. Agents suspended to make room (an idle
     chat session, `waits` on_demand) are not queued: they are resumed when asked for."""
     services = await ctx.services()
-    records = await services.registry.list(state="suspended", resumable=True)
-    shown = visible(request, (r.agent_id for r in records))  # a token given some agents sees those
-    records = records if shown is None else [r for r in records if r.agent_id in shown]
+    # a token given some agents sees those
+    records = visible_records(request, await services.registry.list(state="suspended", resumable=True))
     read = records[:MAX_QUEUE_READ]
-
-    def board_of(agent_id: str) -> Blackboard:
-        return services.runs.api_board.scoped(services.runs.agent_scope(agent_id))
-
-    queued = await queue_of([r.agent_id for r in read], board_of)
+    queued = await queue_of([r.agent_id for r in read], lambda agent_id: agent_board(services, agent_id))
     return ResumptionQueue(
         agents=[
             QueuedAgent(

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from fastapi import APIRouter, Request
 
-from colony.api.access import visible
+from colony.api.access import visible, visible_records
 from colony.api.deps import GUARDED, Context
 from colony.api.params import AgentId
 from colony.api.schemas import CONTROL, LISTING, NO_PARAMS, READ_ONE, AgentStateName, CatalogAgent
@@ -20,9 +20,8 @@ router = APIRouter(dependencies=GUARDED)
 async def list_agents(
     request: Request, ctx: Context, state: AgentStateName | None = None
 ) -> list[AgentRecord]:
-    records = await (await ctx.services()).registry.list(state=state)
-    shown = visible(request, (r.agent_id for r in records))  # a token given some agents sees those
-    return records if shown is None else [r for r in records if r.agent_id in shown]
+    # a token given some agents sees those
+    return visible_records(request, await (await ctx.services()).registry.list(state=state))
 
 
 # before /v1/agents/{agent_id}: routes match in order, so this path is the catalog even if an

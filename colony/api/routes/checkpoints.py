@@ -19,7 +19,7 @@ from fastapi import APIRouter
 from pydantic import BaseModel, ConfigDict, Field
 
 from colony.agents.state.checkpoints import CheckpointInfo, RestoreReport, list_checkpoints
-from colony.api.deps import GUARDED, Context
+from colony.api.deps import GUARDED, Context, agent_board
 from colony.api.params import AgentId, Step
 from colony.api.schemas import CONTROL, READ_ONE, ErrorBody
 from colony.errors import AgentNotFound
@@ -60,8 +60,9 @@ async def get_checkpoints(agent_id: AgentId, ctx: Context) -> CheckpointList:
     services = await ctx.services()
     if await services.registry.get(agent_id) is None:
         raise AgentNotFound(f"no agent named {agent_id!r}; GET /v1/agents lists them")
-    board = services.runs.api_board.scoped(services.runs.agent_scope(agent_id))
-    return CheckpointList(agent_id=agent_id, checkpoints=await list_checkpoints(board))
+    return CheckpointList(
+        agent_id=agent_id, checkpoints=await list_checkpoints(agent_board(services, agent_id))
+    )
 
 
 @router.post("/v1/agents/{agent_id}/undo", response_model=RestoreOutcome, responses=CONTROL)
