@@ -62,7 +62,7 @@ def cmd_token_create(args: argparse.Namespace) -> int:
 
 def cmd_token_ls(args: argparse.Namespace) -> int:
     def work(client: Any, _: ApiTarget) -> int:
-        tokens = client.access.tokens()
+        tokens = client.access.tokens(args.tenant)
         if args.json:
             print(json.dumps(tokens, indent=2))
             return 0
@@ -137,6 +137,7 @@ def add_access_commands(subparsers: Any, parents: Sequence[argparse.ArgumentPars
     create.add_argument("--note", default="", help="what it is for (listed with it)")
     create.set_defaults(func=cmd_token_create)
     listing = with_remote(actions.add_parser("ls", help="the tokens kept (no secrets)", parents=shared))
+    listing.add_argument("--tenant", help="another tenant's (with a token of the colony's own tenant)")
     listing.set_defaults(func=cmd_token_ls)
     revoke = with_remote(actions.add_parser("revoke", help="revoke a token by its id", parents=shared))
     revoke.add_argument("token_id", help="the id `colony token ls` lists")

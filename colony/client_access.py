@@ -39,9 +39,11 @@ class AccessClient:
             body["ttl_seconds"] = ttl_seconds
         return dict(self._api.call("POST", "/v1/tokens", json=body))
 
-    def tokens(self) -> list[dict[str, Any]]:
-        """The tokens kept, newest first (no secrets)."""
-        return list(self._api.call("GET", "/v1/tokens"))
+    def tokens(self, tenant: str | None = None) -> list[dict[str, Any]]:
+        """The tokens kept of the caller's tenant (or of `tenant`: the colony's own admins only),
+        newest first (no secrets)."""
+        params = {"tenant": tenant} if tenant is not None else None
+        return list(self._api.call("GET", "/v1/tokens", params=params))
 
     def revoke_token(self, token_id: str) -> None:
         """Revoke a token (refused by every API process within a second)."""

@@ -228,6 +228,16 @@ class ApiSettings(BaseModel):
         le=3650 * 86_400,
         description="How long an audit entry is kept (docs/api.md, Audit trail).",
     )
+    # quotas of the tenants other than the colony's own (docs/api.md, Tenants): 429 beyond; null: none
+    tenant_runs_per_second: int | None = Field(
+        20, ge=1, le=100_000, description="Runs and session turns a tenant submits per second at most."
+    )
+    tenant_max_open_runs: int | None = Field(
+        32, ge=1, le=100_000, description="Runs a tenant has submitted and not yet ended at most."
+    )
+    tenant_max_agents: int | None = Field(
+        200, ge=1, le=1_000_000, description="Agents (catalog instances, sessions, children) a tenant has."
+    )
 
 
 class PlanningSettings(BaseModel):

@@ -175,6 +175,12 @@ class RunQueueFull(AgentError):
         self.retry_after_seconds = retry_after_seconds
 
 
+class TenantQuotaExceeded(RunQueueFull):
+    """A tenant other than the colony's own is at one of its quotas (runs per second, runs not yet
+    ended, agents: `api.tenant_*`): the client retries later (HTTP 429 with Retry-After), and the
+    other tenants are not slowed by it."""
+
+
 class ReplicaUnavailable(AgentError):
     """The engine replica a call was addressed to is not running (it died or was scaled away)."""
 

@@ -139,6 +139,16 @@ REPLY_LOOPS_STOPPED = Counter(
 RUNS_SUBMITTED = Counter(
     "colony_runs_submitted_total", "Runs submitted over the API, by agent kind.", ["agent"]
 )
+TENANT_RUNS_SUBMITTED = Counter(
+    "colony_tenant_runs_submitted_total",
+    "Runs (and session turns) submitted over the API by the tenants other than the colony's own.",
+    ["tenant"],
+)
+TENANT_REFUSALS = Counter(
+    "colony_tenant_quota_refusals_total",
+    "Calls of a tenant other than the colony's own refused at one of its quotas (429), by quota.",
+    ["tenant", "quota"],
+)
 RUNS_COMPLETED = Counter(
     "colony_runs_completed_total", "Runs that reached a terminal state, by status.", ["status"]
 )

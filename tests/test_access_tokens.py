@@ -101,6 +101,7 @@ async def test_a_read_token_reads_and_is_refused_the_rest_until_revoked(api) -> 
         "verbs": ["read"],
         "agents": None,
         "expires_at": None,
+        "prefix": "",
     }
     refused = await client.post("/v1/runs", json={"agent": "echo", "input": "x"}, headers=token)
     assert refused.status_code == 403 and "may not run" in refused.json()["error"]["message"]
@@ -144,11 +145,11 @@ async def test_an_expired_a_forged_and_a_spoilt_token_are_refused(api, bb: Black
     forged = good["token"][:-4] + ("AAAA" if not good["token"].endswith("AAAA") else "BBBB")
     for presented in (forged, "ct-", "ct-" + "0" * 16 + "-" + "x" * 43, good["token"] + "x", "ct-../../x"):
         assert (await client.get("/v1/agents", headers=bearer(presented))).status_code == 401, presented
-    # a record someone wrote into Redis for another tenant, or that does not validate, is no token
+    # a record in Redis that does not validate (a tenant no id could carry, a verb) is no token
     board = bb.scoped(AccessProtocol.scope("default", settings.colony_id))
     key = AccessProtocol.token_key(good["id"])
     held = (await board.read(key)).value
-    await board.write(key, {**held, "tenant": "someone-else"})
+    await board.write(key, {**held, "tenant": "../someone-else"})
     await asyncio.sleep(access_tokens.CACHE_SECONDS + 0.1)
     assert (await client.get("/v1/agents", headers=bearer(good["token"]))).status_code == 401
     await board.write(key, {**held, "verbs": ["everything"]})

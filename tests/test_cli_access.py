@@ -67,8 +67,18 @@ def test_tokens_made_listed_used_and_revoked(served: MemoryApp, capsys: pytest.C
     assert answer.status_code == 401
     code, _, err = colony(capsys, served, "token", "revoke", made["id"])
     assert code != 0 and "404" in err
-    code, _, err = colony(capsys, served, "token", "create", "--verbs", "read", "--tenant", "team-b")
-    assert code != 0 and "422" in err and "not supported yet" in err
+    code, _, err = colony(capsys, served, "token", "create", "--verbs", "read", "--tenant", "Team B")
+    assert code != 0 and "422" in err and "tenant" in err
+    # another tenant's token, made by the operator, listed under its tenant only
+    code, out, _ = colony(
+        capsys, served, "token", "create", "--verbs", "read", "--tenant", "team-b", "--json"
+    )
+    other = json.loads(out)
+    assert code == 0 and other["tenant"] == "team-b"
+    code, out, _ = colony(capsys, served, "token", "ls", "--tenant", "team-b", "--json")
+    assert code == 0 and [t["id"] for t in json.loads(out)] == [other["id"]]
+    code, out, _ = colony(capsys, served, "token", "ls", "--json")
+    assert code == 0 and other["id"] not in out
     with pytest.raises(SystemExit):  # refused by the command line, before any call
         colony(capsys, served, "token", "create", "--verbs", "read,root")
     assert "verbs are some of" in capsys.readouterr().err

@@ -353,7 +353,7 @@ def test_a_scoped_token_sees_what_it_may_do(colony_up: Any, browser: Any, shots:
     page.goto(f"{info.url}/ui/")
     page.fill("#token", reader["token"])
     page.click("#login button[type=submit]")
-    expect(page.locator("#who")).to_contain_text(f"token {reader['id']} · read")
+    expect(page.locator("#who")).to_contain_text(f"token {reader['id']} · tenant default · read")
     expect(page.locator("#agents")).to_contain_text("echo")  # it reads
     expect(page.locator("nav a:text-is('Start a run')")).to_be_hidden()  # it may not run
     page.goto(f"{info.url}/ui/#/agents/echo")

@@ -25,6 +25,7 @@ from colony.blackboard.connection import OutageBackoff
 from colony.blackboard.protocol import AgentRunProtocol, RequestResultProtocol
 from colony.config import ColonySettings
 from colony.errors import AgentUsageError, BlackboardUnavailable
+from colony.wire.tenants import tenant_of
 
 if TYPE_CHECKING:
     from colony.agents.base import Agent
@@ -67,10 +68,12 @@ def resolve_scope(
         base = scope_ref
     elif scope is BlackboardScope.AGENT:
         base = scope_id(BlackboardScope.AGENT, tenant_id=tenant, colony_id=colony, agent_id=scope_ref)
-    elif scope is BlackboardScope.SESSION:
-        base = scope_id(BlackboardScope.SESSION, tenant_id=tenant, colony_id=colony, session_id=scope_ref)
-    else:
-        base = scope_id(scope, tenant_id=tenant, colony_id=colony, namespace=scope_ref)
+    else:  # a scope shared by agents: their tenant's (read from the id, colony.wire.tenants)
+        owner = tenant_of(agent.agent_id, tenant) if agent else tenant
+        if scope is BlackboardScope.SESSION:
+            base = scope_id(BlackboardScope.SESSION, tenant_id=owner, colony_id=colony, session_id=scope_ref)
+        else:
+            base = scope_id(scope, tenant_id=owner, colony_id=colony, namespace=scope_ref)
     return RequestResultProtocol.namespaced_scope(base, namespace) if namespace else base
 
 

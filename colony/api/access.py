@@ -125,11 +125,11 @@ def refusal(principal: Principal, method: str, matched: Matched | None) -> tuple
             f"this token may not {verb} (it may: {', '.join(sorted(principal.verbs))}); "
             f"{method} {matched.template} needs a token with {verb!r}",
         )
+    named = [matched.params[p] for p in AGENT_PARAMS if p in matched.params]
+    if any(not principal.sees(agent) for agent in named):  # another tenant's, or not given it
+        return 404, "not_found", "no such agent"  # as for an agent that does not exist
     if principal.agents is None:
         return None
-    named = [matched.params[p] for p in AGENT_PARAMS if p in matched.params]
-    if any(not principal.sees(agent) for agent in named):
-        return 404, "not_found", "no such agent"  # as for an agent that does not exist
     if not named and verb == "admin":  # tokens, the audit: about every agent
         return (
             403,
@@ -155,11 +155,16 @@ def principal_of(request: Request) -> Principal | None:
 
 @dataclass
 class AccessServices:
-    """The scoped tokens and the audit trail of the API's colony and tenant."""
+    """The scoped tokens of the API's colony (every tenant's) and the audit trail of each tenant;
+    `tenant`: the colony's own."""
 
     tokens: TokenStore
-    audit: AuditTrail
     tenant: str
+    trail_of: Callable[[str], AuditTrail]
+
+    def trail(self, principal: Principal) -> AuditTrail:
+        """The audit trail of the principal's tenant."""
+        return self.trail_of(principal.tenant or self.tenant)
 
 
 _pending: set[asyncio.Task[None]] = set()  # audit appends in flight (held: a task is not collected)
@@ -181,7 +186,7 @@ def audit_later(
 
     async def append() -> None:
         try:
-            trail = (await access()).audit
+            trail = (await access()).trail(principal)
             await trail.append(
                 token=principal.token_id, method=method, route=route, ids=ids, status=status, refused=refused
             )
@@ -202,14 +207,15 @@ def check_agent(request: Request, agent_id: str) -> None:
 
 
 def visible_records(request: Request, records: list[AgentRecord]) -> list[AgentRecord]:
-    """The registry records of the agents the request's token is given (all of them: the list)."""
+    """The registry records of the agents the request's token sees (of its tenant, given it)."""
     shown = visible(request, (r.agent_id for r in records))
     return records if shown is None else [r for r in records if r.agent_id in shown]
 
 
 def visible(request: Request, agent_ids: Iterable[str]) -> set[str] | None:
-    """The subset of `agent_ids` the request's token is given; None: every agent (no need to filter)."""
+    """The subset of `agent_ids` the request's token sees (its tenant's, and of those the ones it is
+    given); None: every agent (an app built without the guard)."""
     principal = principal_of(request)
-    if principal is None or principal.agents is None:
+    if principal is None:
         return None
     return {a for a in agent_ids if principal.sees(a)}

@@ -33,6 +33,7 @@ from colony.wire.token import TokenSource
 # the OpenAPI document's security requirement
 bearer = HTTPBearer(auto_error=False, description="the API token (`colony status` prints it)")
 GUARDED = [Depends(bearer)]
+MAX_TRAILS = 4096  # audit trail handles kept (one per tenant seen; a handle holds no entries)
 
 
 class AgentControl(Protocol):
@@ -47,6 +48,8 @@ class AgentControl(Protocol):
     async def undo(self, agent_id: str) -> Any: ...
 
     async def restore(self, agent_id: str, step: int, mode: str, run_id: str | None = None) -> Any: ...
+
+    async def place_instance(self, name: str, agent_id: str) -> Any: ...
 
 
 @dataclass
@@ -91,20 +94,29 @@ class ApiContext:
         return await self.provider()
 
     async def access(self) -> AccessServices:
-        """The scoped tokens and the audit trail of the services' colony and tenant."""
+        """The scoped tokens of the services' colony and the audit trail of each tenant."""
         if not self._access:
             runs = (await self.services()).runs
             tenant, colony = runs.tenant_id, runs.colony_id
             board = runs.api_board.scoped(AccessProtocol.scope(tenant, colony))
-            trail = AuditTrail(
-                board.redis,
-                tenant=tenant,
-                colony=colony,
-                max_entries=self.api.audit_max_entries,
-                retention_seconds=self.api.audit_retention_seconds,
-            )
+            trails: dict[str, AuditTrail] = {}
+
+            def trail_of(name: str) -> AuditTrail:
+                held = trails.get(name)
+                if held is None:
+                    if len(trails) >= MAX_TRAILS:  # (bounded: the oldest goes; it is only a handle)
+                        trails.pop(next(iter(trails)))
+                    held = trails[name] = AuditTrail(
+                        board.redis,
+                        tenant=name,
+                        colony=colony,
+                        max_entries=self.api.audit_max_entries,
+                        retention_seconds=self.api.audit_retention_seconds,
+                    )
+                return held
+
             if not self._access:
-                self._access.append(AccessServices(TokenStore(board, tenant=tenant), trail, tenant))
+                self._access.append(AccessServices(TokenStore(board, tenant=tenant), tenant, trail_of))
         return self._access[0]
 
     async def tokens(self) -> TokenSource:
@@ -123,9 +135,10 @@ class ApiContext:
             raise StarletteHTTPException(404, "this deployment has no virtual context memory")
         return services.pages
 
-    async def blocks(self) -> BlockStore:
+    async def blocks(self, tenant: str | None = None) -> BlockStore:
+        """The block store of `tenant` (default: the colony's own tenant's)."""
         services = await self.services()
-        return block_store(services.runs.api_board.redis, settings_of(services))
+        return block_store(services.runs.api_board.redis, settings_of(services), tenant=tenant or None)
 
 
 async def api_context(request: Request) -> ApiContext:

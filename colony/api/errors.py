@@ -47,6 +47,7 @@ from colony.errors import (
     SessionNotFound,
     SharedMemoryNotFound,
     SourceTooLarge,
+    TenantQuotaExceeded,
     TokenNotFound,
 )
 
@@ -125,6 +126,11 @@ ERRORS: dict[type[ColonyError], HttpError] = {
     RunQueueFull: HttpError(
         429,
         "too_many_runs",
+        headers=lambda exc: {"Retry-After": str(max(1, round(exc.retry_after_seconds)))},
+    ),
+    TenantQuotaExceeded: HttpError(
+        429,
+        "quota_exceeded",
         headers=lambda exc: {"Retry-After": str(max(1, round(exc.retry_after_seconds)))},
     ),
     BlackboardUnavailable: UNAVAILABLE,

@@ -38,3 +38,15 @@ class AccessProtocol(BlackboardProtocol):
         flood of them cannot push the accepted calls out."""
         suffix = "audit-refused" if refused else "audit"
         return f"{BlackboardKeyspace.ROOT}:{{{cls.scope(tenant_id, colony_id)}}}:{suffix}"
+
+    @classmethod
+    def sources_key(cls, tenant_id: str, colony_id: str) -> str:
+        """The Redis set of the source ids (mapped folders, colony.vcm) a tenant other than the
+        colony's own mapped: the page table is the colony's, this says which of it is the tenant's."""
+        return f"{BlackboardKeyspace.ROOT}:{{{cls.scope(tenant_id, colony_id)}}}:sources"
+
+    @classmethod
+    def quota_key(cls, tenant_id: str, colony_id: str, what: str) -> str:
+        """A key of a tenant's quotas (colony.system.tenant_quota): `open` (its runs not yet ended,
+        a sorted set by deadline) or `rate:<second>` (its submits in that second, a counter)."""
+        return f"{BlackboardKeyspace.ROOT}:{{{cls.scope(tenant_id, colony_id)}}}:quota:{what}"

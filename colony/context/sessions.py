@@ -39,7 +39,8 @@ from colony.context.tree import (
 )
 from colony.errors import ConcurrentModificationError, InvalidArgument, MessageNotFound
 
-SESSION_ID_PATTERN = r"^session-[0-9a-f]{16}$"
+# another tenant's sessions carry its prefix (colony.wire.tenants): `t.<tenant>.session-<16 hex>`
+SESSION_ID_PATTERN = r"^(?:t\.[a-z0-9][a-z0-9-]{0,31}\.)?session-[0-9a-f]{16}$"
 SESSION_ROLE = "session"  # the role of every per-session agent (the catalog's `session` spawns them)
 WRITER = "session"
 READ_CHUNK = 500  # messages read per round trip when listing a whole tree
@@ -59,7 +60,9 @@ def is_session_id(text: str) -> bool:
 def session_scope(session_id: str, *, tenant_id: str, colony_id: str) -> str:
     """The AGENT scope of the session's agent (the session id is its agent id)."""
     if not is_session_id(session_id):
-        raise InvalidArgument(f"{session_id[:80]!r} is not a session id (session-<16 hex digits>)")
+        raise InvalidArgument(
+            f"{session_id[:80]!r} is not a session id (session-<16 hex digits>, with its tenant's prefix)"
+        )
     return scope_id(BlackboardScope.AGENT, tenant_id=tenant_id, colony_id=colony_id, agent_id=session_id)
 
 

@@ -48,6 +48,7 @@ from colony.memory.types import (
 )
 from colony.memory.user_words import USER_TAG, UserWords, user_messages
 from colony.wire.ids import ID_PATTERN
+from colony.wire.tenants import tenant_of
 
 if TYPE_CHECKING:
     from colony.agents.base import Agent
@@ -338,9 +339,7 @@ class SharedMemoryCapability(MemoryCapability):
         engine: Any = None,
         settings: ColonySettings | None = None,
     ) -> None:
-        where = {}
-        if agent is not None:
-            where = {"tenant_id": agent.metadata.tenant_id, "colony_id": agent.metadata.colony_id}
+        where = _where(agent)
         self.name_shared = check_name(name)
         policy = MemoryIngestPolicy(
             subscriptions=list(subscriptions), transformer=transformer or SharingTransformer()
@@ -365,9 +364,7 @@ class SharedMemoryCapability(MemoryCapability):
         config = await self.store.config(self.memory_scope)
         if config is not None:
             self.ttl_seconds, self.max_entries = config.ttl_seconds, config.max_entries
-        meta = self.agent.metadata if self.agent is not None else None
-        where = {"tenant_id": meta.tenant_id, "colony_id": meta.colony_id} if meta is not None else {}
-        await SharedScopes(self.store, **where).check(self.memory_scope, self._who(), verb)
+        await SharedScopes(self.store, **_where(self.agent)).check(self.memory_scope, self._who(), verb)
         sources = self.source_scopes()
         if verb == "write" and config is not None and sources and not self._recorded:
             if not set(sources) <= set(config.subscribed_to):
@@ -419,3 +416,12 @@ def _with_sources(held: Any, sources: list[str]) -> Any:
     current = [s for s in held.get("subscribed_to") or [] if isinstance(s, str)]
     merged = [*[s for s in current if s not in sources], *sources][-MAX_MEMBERS:]
     return {**held, "subscribed_to": merged}
+
+
+def _where(agent: Agent | None) -> dict[str, str]:
+    """The tenant and colony of the shared scopes `agent` reaches: its tenant's (read from its id,
+    colony.wire.tenants: another tenant's agent never reaches the colony's own scopes)."""
+    if agent is None:
+        return {}
+    meta = agent.metadata
+    return {"tenant_id": tenant_of(agent.agent_id, meta.tenant_id), "colony_id": meta.colony_id}

@@ -223,6 +223,10 @@ class AgentSystemDeployment:
     async def stop(self, agent_id: str) -> bool:
         return await (await self._plane()).stop(agent_id)
 
+    async def place_instance(self, name: str, agent_id: str) -> dict[str, Any]:
+        """Host another tenant's own instance of a catalog agent (made on first use)."""
+        return (await (await self._plane()).place_instance(name, agent_id)).model_dump(mode="json")
+
     async def suspend(self, agent_id: str, reason: str = "request") -> dict[str, Any]:
         return (await (await self._plane()).suspend(agent_id, reason)).model_dump(mode="json")
 
@@ -273,6 +277,10 @@ class ServeAgentControl:
     async def delete(self, agent_id: str) -> int:
         deleted: int = await remote_result(self.system.delete.remote(agent_id))
         return deleted
+
+    async def place_instance(self, name: str, agent_id: str) -> dict[str, Any]:
+        result: dict[str, Any] = await remote_result(self.system.place_instance.remote(name, agent_id))
+        return result
 
     async def undo(self, agent_id: str) -> dict[str, Any]:
         result: dict[str, Any] = await remote_result(self.system.undo.remote(agent_id))

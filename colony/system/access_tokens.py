@@ -31,6 +31,7 @@ from colony.blackboard import Blackboard
 from colony.blackboard.access_keys import AccessProtocol
 from colony.errors import InvalidArgument
 from colony.wire.ids import ID_PATTERN
+from colony.wire.tenants import TENANT_RULE, is_tenant_name, owned_id, prefix, tenant_of
 
 Verb = Literal["read", "run", "write", "admin"]
 VERBS: tuple[Verb, ...] = ("read", "run", "write", "admin")
@@ -71,18 +72,32 @@ class Principal:
     verbs: frozenset[str]
     agents: frozenset[str] | None = None
     expires_at: float | None = None
+    home: str = ""  # the colony's own tenant ("" with `tenant` "": the deployment's token)
 
     def may(self, verb: str) -> bool:
         """Whether it holds `verb` (`admin` holds them all)."""
         return verb in self.verbs or "admin" in self.verbs
 
     def sees(self, agent_id: str) -> bool:
+        """Whether the agent is its tenant's (by its id: colony.wire.tenants) and one it is given."""
+        if tenant_of(agent_id, self.home) != self.tenant:
+            return False
         return self.agents is None or agent_id in self.agents
+
+    @property
+    def is_home(self) -> bool:
+        """Whether it acts for the colony's own tenant (whose agent ids carry no prefix)."""
+        return self.tenant == self.home
+
+    @property
+    def prefix(self) -> str:
+        """What the ids of its tenant's agents start with ("" for the colony's own)."""
+        return prefix(self.tenant, self.home)
 
 
 def main_principal() -> Principal:
     """The deployment's API token: an admin of the colony's own tenant (`tenant` empty: the
-    colony's, read where it is needed), every agent."""
+    colony's, read where it is needed), every agent of it."""
     return Principal(MAIN_TOKEN_ID, "", frozenset(VERBS))
 
 
@@ -95,7 +110,8 @@ def looks_scoped(presented: str) -> bool:
 
 
 class TokenStore:
-    """The scoped tokens of one colony (`board`: the tenant's `access` scope of the colony)."""
+    """The scoped tokens of one colony, of every tenant it serves (`board`: the `access` scope of
+    the colony's own tenant, `tenant`; each record names its token's tenant)."""
 
     def __init__(self, board: Blackboard, *, tenant: str) -> None:
         self.board, self.tenant = board, tenant
@@ -108,11 +124,19 @@ class TokenStore:
         agents: list[str] | None = None,
         ttl_seconds: float | None = None,
         note: str = "",
+        tenant: str | None = None,
     ) -> tuple[AccessToken, str]:
-        """A new token of this store's tenant: its record and the token itself (shown once)."""
+        """A new token of `tenant` (default: the colony's own): its record and the token itself
+        (shown once). `agents` of another tenant than the colony's may be named without their
+        prefix (`echo` for `t.acme.echo`)."""
         wanted = sorted(set(verbs), key=VERBS.index) if set(verbs) <= set(VERBS) else None
         if not wanted:
             raise InvalidArgument(f"verbs must be some of {', '.join(VERBS)}; got {verbs!r}")
+        tenant = tenant or self.tenant
+        if tenant != self.tenant and not is_tenant_name(tenant):
+            raise InvalidArgument(f"tenant: {tenant[:40]!r} is no tenant name ({TENANT_RULE})")
+        if agents is not None:
+            agents = self._agents_of(tenant, agents)
         if ttl_seconds is not None and not 1 <= ttl_seconds <= MAX_TTL_SECONDS:
             raise InvalidArgument(f"ttl must be 1 to {MAX_TTL_SECONDS:.0f} seconds; got {ttl_seconds!r}")
         index = self.board.keyspace.tag_key(AccessProtocol.token_index_tag())
@@ -124,7 +148,7 @@ class TokenStore:
         try:
             record = StoredToken(
                 id=token_id,
-                tenant=self.tenant,
+                tenant=tenant,
                 verbs=wanted,  # type: ignore[arg-type]
                 agents=sorted(set(agents)) if agents is not None else None,
                 note=note,
@@ -145,39 +169,61 @@ class TokenStore:
             record.model_dump(exclude={"digest"})
         ), f"{PREFIX}{token_id}-{secret}"
 
-    async def list(self) -> list[AccessToken]:
-        """Every token kept (expired ones are gone), newest first."""
+    def _agents_of(self, tenant: str, agents: list[str]) -> list[str]:
+        """The agent ids a token of `tenant` is given (names completed with the tenant's prefix);
+        InvalidArgument for one of another tenant."""
+        held = []
+        for name in agents:
+            try:
+                agent_id = owned_id(tenant, self.tenant, name)
+            except ValueError as exc:
+                raise InvalidArgument(f"agents: {exc}") from None
+            if tenant_of(agent_id, self.tenant) != tenant:
+                raise InvalidArgument(f"agents: {name[:60]!r} is not an agent of tenant {tenant!r}")
+            held.append(agent_id)
+        return held
+
+    async def list(self, tenant: str | None = None) -> list[AccessToken]:
+        """Every token kept (expired ones are gone) of `tenant` (None: of every tenant), newest first."""
         held = []
         async for entry in self.board.iter_query(
             AccessProtocol.pattern("token"), tags={"all_of": [AccessProtocol.token_index_tag()]}
         ):
             record = _valid(entry.value)
-            if record is not None and not _expired(record):
-                held.append(AccessToken.model_validate(record.model_dump(exclude={"digest"})))
+            if record is None or _expired(record) or (tenant is not None and record.tenant != tenant):
+                continue
+            held.append(AccessToken.model_validate(record.model_dump(exclude={"digest"})))
         return sorted(held, key=lambda t: (-t.created_at, t.id))
 
-    async def revoke(self, token_id: str) -> bool:
-        """Remove a token (True when there was one); other API processes stop taking it within
-        CACHE_SECONDS, this one at once."""
+    async def revoke(self, token_id: str, tenant: str | None = None) -> bool:
+        """Remove a token (True when there was one, of `tenant` when given: another tenant's is no
+        token to it); other API processes stop taking it within CACHE_SECONDS, this one at once."""
         if not re.fullmatch(r"[0-9a-f]{16}", token_id):
             return False
         self._cache.pop(token_id, None)
+        if tenant is not None:
+            entry = await self.board.read(AccessProtocol.token_key(token_id))
+            record = _valid(entry.value) if entry is not None else None
+            if record is None or record.tenant != tenant:
+                return False
         return await self.board.delete(AccessProtocol.token_key(token_id))
 
     async def principal(self, presented: str) -> Principal | None:
-        """The principal a presented token acts as; None for no token of this colony's tenant
-        (unknown, revoked, expired, malformed, or a record that does not validate)."""
+        """The principal a presented token acts as; None for no token of this colony (unknown,
+        revoked, expired, malformed, or a record that does not validate)."""
         match = TOKEN.fullmatch(presented)
         if match is None:
             return None
         token_id, secret = match.groups()
         record = await self._record(token_id)
-        if record is None or _expired(record) or record.tenant != self.tenant:
+        if record is None or _expired(record):
             return None
         if not hmac.compare_digest(record.digest, _digest(secret)):
             return None
         agents = frozenset(record.agents) if record.agents is not None else None
-        return Principal(record.id, record.tenant, frozenset(record.verbs), agents, record.expires_at)
+        return Principal(
+            record.id, record.tenant, frozenset(record.verbs), agents, record.expires_at, home=self.tenant
+        )
 
     async def _record(self, token_id: str) -> StoredToken | None:
         now = time.monotonic()

@@ -21,9 +21,10 @@ from dataclasses import dataclass, field
 from colony.blackboard import Blackboard, BlackboardScope, scope_id
 from colony.blackboard.protocol import ApiRunProtocol, BlackboardKeyspace, BlockProtocol
 from colony.config import ColonySettings
-from colony.memory.blocks import SYSTEM, block_store
+from colony.memory.blocks import SYSTEM, agent_block_store
 from colony.memory.scopes import AGENT_LEVELS, NAMESPACE_PREFIX, MemoryScope
 from colony.memory.service import memory_service
+from colony.wire.tenants import tenant_of
 
 log = logging.getLogger(__name__)
 
@@ -69,7 +70,8 @@ async def agent_keys(board: Blackboard, agent_id: str, *, tenant_id: str, colony
     """Every key `agent_id` holds in the colony: its scope family's and its owned blocks' labels."""
     scope = agent_scope(agent_id, tenant_id, colony_id)
     keys, truncated = await scan(board, BlackboardKeyspace(scope).family_match())
-    index = BlockProtocol.owner_index(BlockProtocol.namespace(tenant_id, colony_id), agent_id)
+    blocks_of = tenant_of(agent_id, tenant_id)  # another tenant's agent: its blocks are in its namespace
+    index = BlockProtocol.owner_index(BlockProtocol.namespace(blocks_of, colony_id), agent_id)
     async with board.guard("agent_keys"):
         labels = sorted(str(label) for label in await board.redis.hkeys(index))
     return AgentKeys(keys=keys, blocks=labels, truncated=truncated)
@@ -87,7 +89,7 @@ async def purge_agent(
     HTTP runs' records. Returns what was
     deleted. The registry record is not touched (the caller decides about it)."""
     found = await agent_keys(board, agent_id, tenant_id=settings.tenant_id, colony_id=settings.colony_id)
-    store = block_store(board.redis, settings)
+    store = agent_block_store(board.redis, settings, agent_id)
     blocks = sorted({*found.blocks, *labels})
     deleted = [label for label in blocks if await store.delete(SYSTEM, agent_id, label)]
     for start in range(0, len(found.keys), UNLINK_BATCH):

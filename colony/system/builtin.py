@@ -38,6 +38,7 @@ from colony.inference.engine import InferenceEngine, render_page_prefix
 from colony.inference.tokens import TokenCounter
 from colony.memory.blocks.tools import MemoryBlocksCapability
 from colony.memory.session import SessionMemoryCapability, session_memory_hierarchy
+from colony.wire.tenants import prefix_of
 
 Spawner = Callable[[AgentBlueprint], Awaitable[Any]]
 # what the session agents count against a replica's `serve.replica_memory_mb`: they hold a few
@@ -225,12 +226,14 @@ def session_id_for(agent: Agent) -> str:
     """The id of the session the current `start_session` call starts: derived from the call's
     idempotency key (and the starter's colony), so the call redone after a crash between placing
     the session agent and recording its result starts the same session, not a second one; a
-    fresh random id outside a run (no key)."""
+    fresh random id outside a run (no key). Started by another tenant's starter, it carries that
+    tenant's prefix (colony.wire.tenants)."""
+    meta = agent.metadata
+    start = prefix_of(agent.agent_id, meta.tenant_id)  # another tenant's starter: its sessions are its
     key = current_idempotency_key()
     if key is None:
-        return new_session_id()
-    meta = agent.metadata
-    return f"session-{effect_id(key, 'session', meta.tenant_id, meta.colony_id, agent.agent_id)}"
+        return f"{start}{new_session_id()}"
+    return f"{start}session-{effect_id(key, 'session', meta.tenant_id, meta.colony_id, agent.agent_id)}"
 
 
 def session_scope_of(agent: Agent, session_id: str) -> str:

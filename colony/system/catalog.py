@@ -138,3 +138,17 @@ def catalog_factories(settings: ColonySettings) -> dict[str, AgentFactory]:
     """Every catalog name with its factory: the built-ins, then the operator's `agents:` (what an
     agent may start as a child, colony.system.collaborate)."""
     return {**BUILTIN_AGENTS, **user_agents(settings.agents)}
+
+
+def tenant_blueprint(settings: ColonySettings, name: str, agent_id: str) -> AgentBlueprint:
+    """Catalog agent `name` as another tenant's own instance `agent_id` (`t.<tenant>.<name>`,
+    colony.wire.tenants): built by the same factory, so it behaves as the colony's, but its state,
+    memory and runs are its tenant's. A pooled built-in (echo, ask; an `agents:` pool) runs as one
+    agent per tenant (the pool manager sizes the colony's own pools only). `KeyError` for a name
+    not in the catalog."""
+    factories = catalog_factories(settings) if name in settings.agents else BUILTIN_AGENTS
+    if name == "session":
+        blueprint = session_starter_blueprint(agent_id, max_tokens=settings.context.session_reply_tokens)
+    else:
+        blueprint = build_blueprint(agent_id, factories[name], settings.agents.get(name, ""))
+    return blueprint.model_copy(update={"serving": RunServing()})

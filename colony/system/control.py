@@ -37,6 +37,7 @@ from colony.system.registry import NOT_HOSTED, AgentRecord, AgentRegistry
 from colony.system.removal import SessionSweeper
 from colony.system.replicas import ReplicaDirectory, as_directory
 from colony.vcm import PageTable
+from colony.wire.tenants import NOBODY, local_name, tenant_of
 
 if TYPE_CHECKING:
     from colony.system.host import ReplicaHost
@@ -139,6 +140,24 @@ class ControlPlane:
                 return await self.placer.place_locked(bp, wait=wait)
             finally:  # the monitor's views lack this placement (and any suspension it made room with)
                 self.monitor.invalidate()
+
+    async def place_instance(self, name: str, agent_id: str) -> AgentRecord:
+        """Host another tenant's own instance `agent_id` of catalog agent `name` (made on first use,
+        colony.system.catalog.tenant_blueprint); its record. AgentNotFound for a name that is not
+        in the catalog, or an id that is not of another tenant."""
+        from colony.system.catalog import tenant_blueprint  # here: the catalog imports the agents
+
+        home = self.settings.tenant_id
+        if tenant_of(agent_id, home) in (home, NOBODY) or local_name(agent_id, home) != name:
+            raise AgentNotFound(f"{agent_id!r} is no tenant's instance of catalog agent {name!r}")
+        try:
+            blueprint = tenant_blueprint(self.settings, name, agent_id)
+        except KeyError:
+            raise AgentNotFound(
+                f"no catalog agent named {name!r}; GET /v1/agents/catalog lists them"
+            ) from None
+        placed = await self.place(blueprint)
+        return placed if isinstance(placed, AgentRecord) else await self._hosted(agent_id)
 
     async def _hosted(self, agent_id: str) -> AgentRecord:
         record = await self.registry.get(agent_id)

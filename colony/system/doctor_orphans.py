@@ -36,6 +36,7 @@ from colony.errors import InvalidKey
 from colony.memory.scopes import NAMESPACE_PREFIX
 from colony.system.agent_purge import scan
 from colony.system.import_write import LIFECYCLE, importing
+from colony.wire.tenants import tenant_of
 
 SCAN_COUNT = 1000
 MAX_SCAN_CALLS = 100_000
@@ -98,7 +99,6 @@ async def find_orphans(
     past the grace period, not expiring and not an import's in progress (those with `retained`
     set: an ended agent's memory); and whether the scan was cut short."""
     counts, truncated = await keys_by_agent(root, tenant_id, colony_id, known, max_ids)
-    namespace = BlockProtocol.namespace(tenant_id, colony_id)
     orphans = []
     for agent_id, count in sorted(counts.items()):
         try:
@@ -111,6 +111,7 @@ async def find_orphans(
         if found is None:
             continue
         async with root.guard("doctor orphans"):
+            namespace = BlockProtocol.namespace(tenant_of(agent_id, tenant_id), colony_id)  # its tenant's
             blocks = await root.redis.hlen(BlockProtocol.owner_index(namespace, agent_id))
         orphans.append(Orphan(agent_id, count, int(blocks), *found))
     return orphans, truncated

@@ -30,12 +30,20 @@ from colony.blackboard import Blackboard, BlackboardScope, create_redis, resolve
 from colony.blackboard.connection import OutageBackoff
 from colony.blackboard.protocol import AgentStateProtocol
 from colony.config import ColonySettings
-from colony.errors import AgentNotFound, BlackboardUnavailable, BlueprintTampered, ResourceExhausted
+from colony.errors import (
+    AgentNotFound,
+    AgentUsageError,
+    BlackboardUnavailable,
+    BlueprintTampered,
+    ResourceExhausted,
+)
 from colony.inference import InferenceEngine, InferenceRequest, create_engine
 from colony.system.host_pages import ReplicaPages
 from colony.system.registry import HEARTBEAT_MISSES, NOT_HOSTED, ON_DEMAND, AgentRecord, AgentRegistry
 from colony.system.replicas import AgentSlot, ReplicaSnapshot
+from colony.system.tenant_quota import check_agents
 from colony.vcm import PageTable
+from colony.wire.tenants import prefix_of, tenant_of
 
 log = logging.getLogger(__name__)
 Spawner = Callable[[AgentBlueprint], Awaitable[dict[str, Any]]]
@@ -187,6 +195,15 @@ class ReplicaHost:
             raise RuntimeError(
                 f"replica {self.replica_id} has no control plane to place agents with (ReplicaHost.spawner)"
             )
+        meta, home = blueprint.metadata, self.settings.tenant_id
+        if meta.parent_id is not None and tenant_of(meta.agent_id, home) != tenant_of(meta.parent_id, home):
+            raise AgentUsageError(  # what an agent starts stays its tenant's (colony.wire.tenants)
+                f"agent {meta.parent_id!r} may not start {meta.agent_id!r}: the child of an agent is "
+                f"named with its tenant's prefix ({prefix_of(meta.parent_id, home) or 'none'!r})"
+            )
+        _, registry = self._ready()
+        if await registry.get(meta.agent_id) is None:  # a new agent of another tenant: its quota
+            await check_agents(self.settings.api, registry, tenant_of(meta.agent_id, home), home)
         return await self.spawner(blueprint)
 
     async def snapshot(self) -> ReplicaSnapshot:

@@ -22,7 +22,7 @@ from colony.blackboard import Blackboard
 from colony.blackboard.protocol import BlackboardKeyspace, BlockProtocol
 from colony.config import ColonySettings
 from colony.errors import ImportRejected
-from colony.memory.blocks import SYSTEM, block_store
+from colony.memory.blocks import SYSTEM, agent_block_store
 from colony.system.agent_purge import UNLINK_BATCH, scan
 
 BATCH = 200  # keys dumped or restored per pipeline
@@ -55,11 +55,11 @@ async def take_snapshot(
     own, before an import writes; ImportRejected when they cannot all be kept within
     `context.max_export_bytes` (or the SCAN was cut short)."""
     redis = board.redis
-    snap = KeySnapshot(agent_id, BlockProtocol.namespace(settings.tenant_id, settings.colony_id))
+    store = agent_block_store(redis, settings, agent_id)
+    snap = KeySnapshot(agent_id, store.namespace)
     family, truncated = await scan(board, BlackboardKeyspace(board.scope_id).family_match())
     async with board.guard("import snapshot"):
         snap.blocks = {str(k): str(v) for k, v in (await redis.hgetall(snap.index)).items()}
-    store = block_store(redis, settings)
     named = {store.block_id(agent_id, label) for label in labels}
     keys = [*family, snap.index, *_block_keys(sorted(set(snap.blocks.values()) | named))]
     limit, size = settings.context.max_export_bytes, 0
@@ -100,7 +100,7 @@ async def restore_snapshot(
     and `labels`, the document's) are deleted with their shares, every other key of its scope
     family that was not there is removed, and every kept key is restored with its expiry."""
     redis = board.redis
-    store = block_store(redis, settings)
+    store = agent_block_store(redis, settings, snap.agent_id)
     async with board.guard("import undo"):
         now_owned = {str(k) for k in await redis.hkeys(snap.index)}
     for label in sorted(now_owned | set(labels)):

@@ -57,7 +57,7 @@ from colony.errors import (
     ImportRejected,
     InvalidArgument,
 )
-from colony.memory.blocks import SYSTEM, BlockType, NewBlock, block_store
+from colony.memory.blocks import SYSTEM, BlockType, NewBlock, agent_block_store
 from colony.memory.introspection import agent_memory_scopes
 from colony.memory.scopes import NAMESPACE_PREFIX
 from colony.memory.store import MemoryStore
@@ -235,7 +235,7 @@ def _catalog_names(settings: ColonySettings) -> set[str]:
 
 
 async def _export_blocks(board: Blackboard, agent_id: str, settings: ColonySettings) -> list[dict[str, Any]]:
-    store = block_store(board.redis, settings)
+    store = agent_block_store(board.redis, settings, agent_id)
     blocks = []
     for info in sorted(await store.list_owned(agent_id), key=lambda i: i.label):
         view = await store.read(agent_id, info.label, owner=agent_id)
@@ -304,7 +304,7 @@ async def import_agent(
     board = agent_board(blackboard, doc.agent_id, tenant, colony)
     found = await board.read(LIFECYCLE)
     await _check_free(doc.agent_id, found, await registry.get(doc.agent_id), replace)
-    store = block_store(board.redis, settings)
+    store = agent_block_store(board.redis, settings, doc.agent_id)
     plan = await plan_import(store, MemoryStore(board, settings), board, doc, replace=replace)
     labels = [b.label for b in plan.blocks]
     kept = await take_snapshot(board, doc.agent_id, labels, settings)
@@ -391,7 +391,7 @@ async def _land(
     version, mine = fence
     scopes = [scope for scope, _ in plan.memories]
     mine.add(await write_state(board, doc, landing, scopes, settings, version))
-    store = block_store(board.redis, settings)
+    store = agent_block_store(board.redis, settings, doc.agent_id)
     if replaced is not None:
         await _clear_replaced(board, store, doc, replaced)
     await _import_blocks(store, doc, plan.blocks)

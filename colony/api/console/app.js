@@ -86,7 +86,7 @@ async function show() {
   for (const verb of ["run", "write", "admin"]) document.body.classList.toggle(`no-${verb}`, !readOnly && !!who && !verbs.has(verb));
   add(clear(nav), el("a", { href: "#/" }, readOnly ? "Colony (metrics, read-only)" : "Colony"),
     readOnly ? null : [el("a", { href: "#/run", class: "needs-run" }, "Start a run"), el("a", { href: "#/sessions" }, "Chat")],
-    who ? el("span", { class: "muted", id: "who" }, `token ${who.token_id} · ${who.verbs.join(", ")}${who.agents ? ` · agents ${who.agents.join(", ")}` : ""}`) : null);
+    who ? el("span", { class: "muted", id: "who" }, `token ${who.token_id} · tenant ${who.tenant} · ${who.verbs.join(", ")}${who.agents ? ` · agents ${who.agents.join(", ")}` : ""}`) : null);
   const view = el("div", { class: "view" }); // this showing's own container: a stale view fills a detached one
   add(clear(main), view);
   let stop = null;

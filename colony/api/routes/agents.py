@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from fastapi import APIRouter, Request
 
-from colony.api.access import visible, visible_records
+from colony.api.access import principal_of, visible, visible_records
 from colony.api.deps import GUARDED, Context
 from colony.api.params import AgentId
 from colony.api.schemas import CONTROL, LISTING, NO_PARAMS, READ_ONE, AgentStateName, CatalogAgent
@@ -41,11 +41,14 @@ async def agent_catalog(request: Request, ctx: Context) -> list[CatalogAgent]:
     users = services.settings.agents if services.settings is not None else {}
     listed = [(name, "builtin", None) for name in BUILTIN_AGENTS]
     listed += [(name, "user", path) for name, path in users.items() if name not in BUILTIN_AGENTS]
-    shown = visible(request, (name for name, _, _ in listed))  # a token given some agents: those
-    listed = listed if shown is None else [entry for entry in listed if entry[0] in shown]
+    principal = principal_of(request)
+    # another tenant's token: its own instances (`t.<tenant>.<name>`, placed on first run)
+    start = principal.prefix if principal is not None else ""
+    shown = visible(request, (f"{start}{name}" for name, _, _ in listed))  # given some agents: those
+    listed = listed if shown is None else [entry for entry in listed if f"{start}{entry[0]}" in shown]
     catalog = []
     for name, kind, factory in listed:
-        record = await services.registry.get(name)
+        record = await services.registry.get(f"{start}{name}")
         catalog.append(
             CatalogAgent(
                 name=name,

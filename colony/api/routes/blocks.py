@@ -27,7 +27,8 @@ from typing import Annotated, Any
 from fastapi import APIRouter, Query, Request, Response
 from pydantic import BaseModel
 
-from colony.api.deps import GUARDED, Context
+from colony.api.access import check_agent, principal_of
+from colony.api.deps import GUARDED, ApiContext, Context, settings_of
 from colony.api.idempotency import effect_key
 from colony.api.params import AgentId, Label, Version
 from colony.api.schemas import (
@@ -63,6 +64,7 @@ from colony.memory.blocks import (
 )
 from colony.wire.ids import ID_PATTERN
 from colony.wire.input_check import check_input
+from colony.wire.tenants import tenant_of
 
 Owner = Annotated[
     str | None,
@@ -156,6 +158,18 @@ async def _update_info(
     return await store.update_info(principal, label, owner=owner, **body.model_dump(exclude_none=True))
 
 
+async def agent_store(ctx: ApiContext, agent_id: str) -> BlockStore:
+    """The block store holding `agent_id`'s blocks: its tenant's (colony.wire.tenants)."""
+    home = settings_of(await ctx.services()).tenant_id
+    return await ctx.blocks(tenant_of(agent_id, home))
+
+
+async def tenant_store(ctx: ApiContext, request: Request) -> BlockStore:
+    """The block store of the request's tenant (its colony blocks, the blocks it shares)."""
+    principal = principal_of(request)
+    return await ctx.blocks(principal.tenant if principal is not None else None)
+
+
 # -- an agent's blocks ----------------------------------------------------------------------
 
 
@@ -167,7 +181,7 @@ async def _update_info(
 async def list_blocks(agent_id: AgentId, ctx: Context) -> list[BlockListItem]:
     """Every block the agent sees: its own, then those shared with it, then colony blocks, with
     its access to each and the characters used of the limit."""
-    store = await ctx.blocks()
+    store = await agent_store(ctx, agent_id)
     return [await _item(store, agent_id, info, access) for info, access in await store.list_for(agent_id)]
 
 
@@ -183,7 +197,7 @@ async def create_block(
     """Create a block owned by the agent; 404 when the colony does not know the agent (unless
     `provision`); 409 when its view already has that label (its own, a shared one or a colony
     block: the new one would hide it)."""
-    store = await ctx.blocks()
+    store = await agent_store(ctx, agent_id)
     new = _new_block(body, ctx.api.max_input_depth)
     await store.check_known(agent_id, provision=provision, what="blocks are made")
     if await store.info_of(store.block_id(COLONY, new.label)) is not None:
@@ -201,7 +215,7 @@ async def read_block(
 ) -> BlockView:
     """The block as the agent sees it (its access included); with `version`, that version's
     content (`head` false: a view, nothing changes)."""
-    return await (await ctx.blocks()).read(agent_id, label, owner=owner, version=version)
+    return await (await agent_store(ctx, agent_id)).read(agent_id, label, owner=owner, version=version)
 
 
 @router.put(
@@ -215,7 +229,7 @@ async def put_block(
     """Rewrite the content as the agent (read-only: 403; append-only: 403 unless the new content
     only adds text). Without `base_version` a concurrent edit merges; with it, 409 when the
     block moved on."""
-    return await (await ctx.blocks()).set_content(
+    return await (await agent_store(ctx, agent_id)).set_content(
         agent_id, label, body.content, op="put", **_options(owner, body, request)
     )
 
@@ -227,7 +241,7 @@ async def put_block(
 )
 async def patch_block(agent_id: AgentId, label: Label, body: BlockPatch, ctx: Context) -> BlockInfo:
     """Change the description, char limit or swapped-out state (the owner only: 403 otherwise)."""
-    return await _update_info(await ctx.blocks(), agent_id, label, None, body)
+    return await _update_info(await agent_store(ctx, agent_id), agent_id, label, None, body)
 
 
 @router.delete(
@@ -239,7 +253,7 @@ async def patch_block(agent_id: AgentId, label: Label, body: BlockPatch, ctx: Co
 async def delete_block(agent_id: AgentId, label: Label, ctx: Context) -> Response:
     """Delete one of the agent's own blocks with its history and shares (another owner's
     block it sees: 403)."""
-    store = await ctx.blocks()
+    store = await agent_store(ctx, agent_id)
     info, _ = await store.resolve(agent_id, label)
     if info.owner != agent_id:
         raise BlockAccessDenied(f"{agent_id} does not own block {label!r} (its owner is {info.owner})")
@@ -256,7 +270,9 @@ async def append_block(
     agent_id: AgentId, label: Label, body: BlockAppend, ctx: Context, request: Request, owner: Owner = None
 ) -> EditOutcome:
     """Add text at the end (read-only: 403). Appends without `base_version` never conflict."""
-    return await (await ctx.blocks()).append(agent_id, label, body.text, **_options(owner, body, request))
+    return await (await agent_store(ctx, agent_id)).append(
+        agent_id, label, body.text, **_options(owner, body, request)
+    )
 
 
 @router.get(
@@ -268,7 +284,7 @@ async def block_history(
     agent_id: AgentId, label: Label, ctx: Context, owner: Owner = None, limit: Limit = 100
 ) -> BlockHistory:
     """The block's versions, oldest first (each with author, via, op and message)."""
-    return await (await ctx.blocks()).history(agent_id, label, owner=owner, limit=limit)
+    return await (await agent_store(ctx, agent_id)).history(agent_id, label, owner=owner, limit=limit)
 
 
 @router.get(
@@ -281,7 +297,7 @@ async def block_version(
 ) -> BlockView:
     """The block at `version` (404 when that version is not viewable: past the head, or folded
     into a shallow snapshot)."""
-    return await (await ctx.blocks()).read(agent_id, label, owner=owner, version=version)
+    return await (await agent_store(ctx, agent_id)).read(agent_id, label, owner=owner, version=version)
 
 
 @router.post(
@@ -294,7 +310,7 @@ async def rollback_block(
 ) -> EditOutcome:
     """A new version holding `version`'s content (history kept; needs read-write access)."""
     options = _options(owner, body, request)
-    return await (await ctx.blocks()).rollback(agent_id, label, body.version, **options)
+    return await (await agent_store(ctx, agent_id)).rollback(agent_id, label, body.version, **options)
 
 
 @router.post(
@@ -312,7 +328,7 @@ async def undo_block(
 ) -> EditOutcome:
     """Undo the agent's own latest edit of the block, keeping every other agent's edits (422
     when it has none left to undo)."""
-    return await (await ctx.blocks()).undo(agent_id, label, **_options(owner, None, request))
+    return await (await agent_store(ctx, agent_id)).undo(agent_id, label, **_options(owner, None, request))
 
 
 @router.get(
@@ -322,7 +338,7 @@ async def undo_block(
 )
 async def block_shares(agent_id: AgentId, label: Label, ctx: Context) -> list[Share]:
     """The grants of one of the agent's own blocks."""
-    store = await ctx.blocks()
+    store = await agent_store(ctx, agent_id)
     info, _ = await store.resolve(agent_id, label, owner=agent_id)
     grants = await store.shares_of(agent_id, label)
     return [
@@ -335,29 +351,42 @@ async def block_shares(agent_id: AgentId, label: Label, ctx: Context) -> list[Sh
 
 
 @router.post("/v1/blocks/share", response_model=Share, responses=BLOCK_SHARE)
-async def share_block(body: BlockShareBody, ctx: Context, provision: Provision = False) -> Share:
+async def share_block(
+    body: BlockShareBody, ctx: Context, request: Request, provision: Provision = False
+) -> Share:
     """Give `agent_id` `access` to `owner`'s block (again: the access is changed). 404 when the
     colony does not know `agent_id` (unless `provision`); 409 when that agent already sees
     another block with the label."""
-    store = await ctx.blocks()
+    _check_both(request, body.owner, body.agent_id)  # within the caller's tenant only (404 else)
+    store = await tenant_store(ctx, request)
     await store.check_known(body.agent_id, provision=provision, what="blocks are shared")
     return await store.share(OPERATOR, body.owner, body.label, body.agent_id, SharedAccess(body.access))
 
 
 @router.delete("/v1/blocks/share", response_model=Unshared, responses=BLOCK_SHARE)
-async def unshare_block(body: BlockUnshareBody, ctx: Context) -> Unshared:
+async def unshare_block(body: BlockUnshareBody, ctx: Context, request: Request) -> Unshared:
     """Take `agent_id`'s access to `owner`'s block away (`removed` false: it had none)."""
-    removed = await (await ctx.blocks()).unshare(OPERATOR, body.owner, body.label, body.agent_id)
+    _check_both(request, body.owner, body.agent_id)
+    store = await tenant_store(ctx, request)
+    removed = await store.unshare(OPERATOR, body.owner, body.label, body.agent_id)
     return Unshared(removed=removed)
+
+
+def _check_both(request: Request, owner: str, agent_id: str) -> None:
+    """AgentNotFound (404) unless the request's token sees both agents of a share (the owner may be
+    its tenant's colony blocks)."""
+    if owner != COLONY:
+        check_agent(request, owner)
+    check_agent(request, agent_id)
 
 
 # -- colony-wide blocks (the operator) --------------------------------------------------------
 
 
 @router.get("/v1/colony/blocks", response_model=list[BlockListItem], responses=BLOCK_READ)
-async def list_colony_blocks(ctx: Context) -> list[BlockListItem]:
+async def list_colony_blocks(ctx: Context, request: Request) -> list[BlockListItem]:
     """Every colony block, with the access every agent has to it."""
-    store = await ctx.blocks()
+    store = await tenant_store(ctx, request)
     found = []
     for info in await store.list_owned(COLONY):
         access = info.colony_access or SharedAccess.READ_ONLY
@@ -373,29 +402,31 @@ async def list_colony_blocks(ctx: Context) -> list[BlockListItem]:
     response_model=BlockInfo,
     responses=BLOCK_CREATE,
 )
-async def create_colony_block(body: ColonyBlockCreate, ctx: Context) -> BlockInfo:
+async def create_colony_block(body: ColonyBlockCreate, ctx: Context, request: Request) -> BlockInfo:
     """A block every agent, present and future, sees with `access` (its own block of the same
     label hides it from that agent)."""
-    return await (await ctx.blocks()).create_colony_block(
+    return await (await tenant_store(ctx, request)).create_colony_block(
         _new_block(body, ctx.api.max_input_depth), SharedAccess(body.access)
     )
 
 
 @router.get("/v1/colony/blocks/{label}", response_model=BlockView, responses=BLOCK_READ)
-async def read_colony_block(label: Label, ctx: Context, version: AtVersion = None) -> BlockView:
-    return await (await ctx.blocks()).read(OPERATOR, label, owner=COLONY, version=version)
+async def read_colony_block(
+    label: Label, ctx: Context, request: Request, version: AtVersion = None
+) -> BlockView:
+    return await (await tenant_store(ctx, request)).read(OPERATOR, label, owner=COLONY, version=version)
 
 
 @router.put("/v1/colony/blocks/{label}", response_model=EditOutcome, responses=BLOCK_EDIT)
 async def put_colony_block(label: Label, body: BlockPut, ctx: Context, request: Request) -> EditOutcome:
-    return await (await ctx.blocks()).set_content(
+    return await (await tenant_store(ctx, request)).set_content(
         OPERATOR, label, body.content, op="put", **_options(COLONY, body, request)
     )
 
 
 @router.patch("/v1/colony/blocks/{label}", response_model=BlockInfo, responses=BLOCK_SHARE)
-async def patch_colony_block(label: Label, body: BlockPatch, ctx: Context) -> BlockInfo:
-    return await _update_info(await ctx.blocks(), OPERATOR, label, COLONY, body)
+async def patch_colony_block(label: Label, body: BlockPatch, ctx: Context, request: Request) -> BlockInfo:
+    return await _update_info(await tenant_store(ctx, request), OPERATOR, label, COLONY, body)
 
 
 @router.delete(
@@ -404,8 +435,8 @@ async def patch_colony_block(label: Label, body: BlockPatch, ctx: Context) -> Bl
     response_class=Response,
     responses=BLOCK_READ,
 )
-async def delete_colony_block(label: Label, ctx: Context) -> Response:
-    store = await ctx.blocks()
+async def delete_colony_block(label: Label, ctx: Context, request: Request) -> Response:
+    store = await tenant_store(ctx, request)
     await store.resolve(OPERATOR, label, owner=COLONY)  # 404 when there is none
     await store.delete(OPERATOR, COLONY, label)
     return Response(status_code=204)
@@ -417,7 +448,9 @@ async def delete_colony_block(label: Label, ctx: Context) -> Response:
     responses=BLOCK_EDIT,
 )
 async def append_colony_block(label: Label, body: BlockAppend, ctx: Context, request: Request) -> EditOutcome:
-    return await (await ctx.blocks()).append(OPERATOR, label, body.text, **_options(COLONY, body, request))
+    return await (await tenant_store(ctx, request)).append(
+        OPERATOR, label, body.text, **_options(COLONY, body, request)
+    )
 
 
 @router.get(
@@ -425,8 +458,10 @@ async def append_colony_block(label: Label, body: BlockAppend, ctx: Context, req
     response_model=BlockHistory,
     responses=BLOCK_READ,
 )
-async def colony_block_history(label: Label, ctx: Context, limit: Limit = 100) -> BlockHistory:
-    return await (await ctx.blocks()).history(OPERATOR, label, owner=COLONY, limit=limit)
+async def colony_block_history(
+    label: Label, ctx: Context, request: Request, limit: Limit = 100
+) -> BlockHistory:
+    return await (await tenant_store(ctx, request)).history(OPERATOR, label, owner=COLONY, limit=limit)
 
 
 @router.post(
@@ -438,4 +473,4 @@ async def rollback_colony_block(
     label: Label, body: BlockRollback, ctx: Context, request: Request
 ) -> EditOutcome:
     options = _options(COLONY, body, request)
-    return await (await ctx.blocks()).rollback(OPERATOR, label, body.version, **options)
+    return await (await tenant_store(ctx, request)).rollback(OPERATOR, label, body.version, **options)

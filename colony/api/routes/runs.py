@@ -10,13 +10,15 @@ from typing import Annotated, Any
 from fastapi import APIRouter, Depends, Header, Query, Request
 from fastapi.responses import Response, StreamingResponse
 
-from colony.api.access import check_agent, principal_of
+from colony.api.access import principal_of
 from colony.api.deps import GUARDED, Context
 from colony.api.errors import InvalidLastEventId
 from colony.api.event_stream import EventStreamResponse, event_stream, wait_for_end
 from colony.api.idempotency import keyed_run_id
 from colony.api.params import RunId
 from colony.api.schemas import EVENTS, LISTING, RUN_ONE, SSE_EVENT, SUBMIT, SUBMIT_STREAM
+from colony.api.tenancy import admit_run, named_agent, tenant_agent
+from colony.api.tenant_pages import check_pages
 from colony.api.wake import wake_agent
 from colony.errors import BlackboardUnavailable, InvalidArgument, RunNotFound
 from colony.system.run_listing import MAX_LIMIT, RunList, runs_of
@@ -61,12 +63,16 @@ async def submit(
     kwargs: dict[str, Any] = {"timeout_s": body.timeout_s, "pages": body.pages}
     if body.namespace:
         kwargs["namespace"] = body.namespace
-    if (run_id := keyed_run_id(request)) is not None:
-        kwargs["run_id"] = run_id
-    check_agent(request, body.agent)  # a token given other agents: 404, as for no such agent
+    run_id = keyed_run_id(request)
+    # another tenant's, or an agent a token is not given: 404, as for no such agent; a catalog
+    # name from another tenant's token: that tenant's own instance (placed on first use)
+    agent = await tenant_agent(ctx, request, body.agent)
+    await check_pages(ctx, request, body.pages)  # another tenant's token: pages of its own folders
+    if (run_id := await admit_run(ctx, request, run_id, body.timeout_s)) is not None:
+        kwargs["run_id"] = run_id  # (another tenant's: counted against its quotas first; 429 else)
     runs = (await ctx.services()).runs
-    await wake_agent(ctx, body.agent)  # suspended to make room: resumed first (bounded; else 503)
-    record = await runs.submit(body.agent, body.input, **kwargs)
+    await wake_agent(ctx, agent)  # suspended to make room: resumed first (bounded; else 503)
+    record = await runs.submit(agent, body.input, **kwargs)
     events_url = f"/v1/runs/{record.run_id}/events"
     if body.stream:  # submit and stream in one request: the events from the run's first one
         headers = {"Colony-Run-Id": record.run_id, "Content-Location": events_url}
@@ -85,9 +91,10 @@ async def submit(
 
 
 async def visible_run(run_id: RunId, ctx: Context, request: Request) -> None:
-    """A run of an agent the request's token is not given is no run it can see (404)."""
+    """A run of an agent the request's token does not see (another tenant's, or not given it) is no
+    run it can see (404)."""
     principal = principal_of(request)
-    if principal is not None and principal.agents is not None:
+    if principal is not None:
         record = await (await ctx.services()).runs.record(run_id)
         if not principal.sees(record.agent):
             raise RunNotFound(f"no run {run_id!r}")
@@ -107,7 +114,7 @@ async def list_runs(
 ) -> RunList:
     """The runs submitted over HTTP to `agent` that are still kept (`runs.retention_seconds`),
     newest first, with their state (no output: `GET /v1/runs/{id}` has it)."""
-    check_agent(request, agent)
+    agent = named_agent(request, agent)  # another tenant's token: `echo` is its own instance
     return await runs_of((await ctx.services()).runs, agent, limit)
 
 
@@ -123,7 +130,7 @@ async def run_tree(run_id: RunId, ctx: Context, request: Request) -> RunTree:
     sees the runs of others in it as `(another agent)`, with their state only."""
     tree = await (await ctx.services()).runs.tree(run_id)
     principal = principal_of(request)
-    if principal is not None and principal.agents is not None:
+    if principal is not None:
         hide_others(tree.root, principal.sees)
     return tree
 

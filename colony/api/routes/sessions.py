@@ -33,11 +33,14 @@ from fastapi.responses import Response, StreamingResponse
 from pydantic import BaseModel, ConfigDict, Field
 
 from colony.aio import cancel_and_wait
+from colony.api.access import principal_of
 from colony.api.deps import GUARDED, ApiContext, ApiServices, Context, settings_of
 from colony.api.errors import SessionStartFailed
 from colony.api.idempotency import keyed_run_id
 from colony.api.params import SessionId
 from colony.api.schemas import ErrorBody
+from colony.api.tenancy import admit_run, check_agent_quota, tenant_agent
+from colony.api.tenant_pages import check_pages
 from colony.api.wake import wake, wake_agent
 from colony.context.sessions import SESSION_ROLE, SessionStore, is_session_id
 from colony.context.tree import BRANCH_PATTERN, MESSAGE_ID_PATTERN, Message, TreeHead, linearize
@@ -210,9 +213,14 @@ async def start_session(request: Request, ctx: Context, body: SessionStart | Non
     services = await ctx.services()
     runs = services.runs
     pages = await _known_pages(ctx, body.pages if body is not None else None, services)
-    await wake_agent(ctx, STARTER)  # suspended to make room (a higher-priority agent came): back first
+    await check_pages(ctx, request, pages)  # another tenant's token: pages of its own folders
+    starter = await tenant_agent(ctx, request, STARTER)  # another tenant's: its own starter
+    principal = principal_of(request)
+    await check_agent_quota(ctx, principal)  # another tenant's: one more agent within its quota
+    await wake_agent(ctx, starter)  # suspended to make room (a higher-priority agent came): back first
+    run_id = await admit_run(ctx, request, keyed_run_id(request), START_TIMEOUT_S)
     record = await runs.submit(
-        STARTER, {"pages": pages} if pages else {}, timeout_s=START_TIMEOUT_S, run_id=keyed_run_id(request)
+        starter, {"pages": pages} if pages else {}, timeout_s=START_TIMEOUT_S, run_id=run_id
     )
     deadline = time.monotonic() + START_TIMEOUT_S
     view = await runs.get(record.run_id)
@@ -287,7 +295,8 @@ async def send_message(
     await wake(ctx, session, strict=True)
     runs = (await ctx.services()).runs
     # keyed: a retry after a 5xx follows the same turn (its run), never stores the message twice
-    record = await runs.submit(session_id, {"message": body.message}, run_id=keyed_run_id(request))
+    run_id = await admit_run(ctx, request, keyed_run_id(request), None)  # another tenant's: its quotas
+    record = await runs.submit(session_id, {"message": body.message}, run_id=run_id)
 
     async def stream() -> AsyncIterator[str]:
         yield _sse(None, "turn", {"run_id": record.run_id, "session_id": session_id}, record.run_id)

@@ -1,8 +1,9 @@
 """Shared memory over HTTP: define a collective, task or global scope with its access rules, list
 and describe them, write entries and recall from one.
 
-The access rules govern agents (colony.memory.shared); a caller of these routes holds the API
-token, which is the operator's, so it defines scopes and reads and writes all of them. A scope is
+The access rules govern agents (colony.memory.shared); a caller of these routes holds a token of
+a tenant, which defines, reads and writes all of its tenant's scopes (each tenant has its own, in
+its own keys: another tenant's scope of the same name is another scope). A scope is
 named `global`, `collective:NAME` or `task:NAME` (the path pattern checks it before any key is
 built); a scope nobody defined is a 404 for reads and writes.
 """
@@ -13,6 +14,7 @@ from typing import Annotated
 
 from fastapi import APIRouter, Path, Request, Response
 
+from colony.api.access import principal_of
 from colony.api.deps import GUARDED, ApiContext, Context, settings_of
 from colony.api.routes.memory import WRITER, checked, recall, write_entry
 from colony.api.schemas import (
@@ -39,17 +41,21 @@ SharedName = Annotated[
 ]
 
 
-async def _scopes(ctx: ApiContext) -> tuple[Scopes, MemoryService]:
+async def _scopes(ctx: ApiContext, request: Request) -> tuple[Scopes, MemoryService]:
+    """The shared scopes of the request's tenant (another tenant's token: its own, in its own keys;
+    colony.wire.tenants) and the memory service holding them."""
     services = await ctx.services()
     settings = settings_of(services)
     service = memory_service(services.runs.api_board, settings)
-    return Scopes(service.store, tenant_id=settings.tenant_id, colony_id=settings.colony_id), service
+    principal = principal_of(request)
+    tenant = (principal.tenant if principal is not None else "") or settings.tenant_id
+    return Scopes(service.store, tenant_id=tenant, colony_id=settings.colony_id), service
 
 
 @router.get("/v1/memory/shared", response_model=SharedScopes, responses=_errors(*COMMON))
-async def list_shared(ctx: Context) -> SharedScopes:
+async def list_shared(ctx: Context, request: Request) -> SharedScopes:
     """The colony's shared memory scopes (rules, counts, the agents' scopes feeding each)."""
-    scopes, _ = await _scopes(ctx)
+    scopes, _ = await _scopes(ctx, request)
     listed = []
     for name in await scopes.names():
         try:
@@ -60,9 +66,9 @@ async def list_shared(ctx: Context) -> SharedScopes:
 
 
 @router.get("/v1/memory/shared/{name}", response_model=SharedScopeInfo, responses=MEMORY)
-async def show_shared(name: SharedName, ctx: Context) -> SharedScopeInfo:
+async def show_shared(name: SharedName, ctx: Context, request: Request) -> SharedScopeInfo:
     """One shared scope: its rules, purpose, TTL, cap, entry count and the scopes feeding it."""
-    scopes, _ = await _scopes(ctx)
+    scopes, _ = await _scopes(ctx, request)
     return await scopes.info(name)
 
 
@@ -72,12 +78,12 @@ async def show_shared(name: SharedName, ctx: Context) -> SharedScopeInfo:
     responses={**SHARED_MEMORY, 201: {"model": SharedScopeInfo, "description": "the scope was created"}},
 )
 async def define_shared(
-    name: SharedName, body: SharedScopeBody, ctx: Context, response: Response
+    name: SharedName, body: SharedScopeBody, ctx: Context, request: Request, response: Response
 ) -> SharedScopeInfo:
     """Define a shared scope (201), or change what the body gives of a defined one (200; what it
     leaves out keeps its value, a list given replaces that list; its entries stay). Agents read the
     new rules at their next read or write."""
-    scopes, _ = await _scopes(ctx)
+    scopes, _ = await _scopes(ctx, request)
     info, created = await scopes.define(name, **body.model_dump(), by=WRITER)
     response.status_code = 201 if created else 200
     return info
@@ -95,15 +101,15 @@ async def write_shared(
     """Store an entry in a shared scope (as POST /v1/agents/{id}/memory: dedup, the scope's TTL
     and cap, Idempotency-Key); agents that may read the scope recall it."""
     checked(body, ctx.api.max_input_depth)
-    scopes, service = await _scopes(ctx)
+    scopes, service = await _scopes(ctx, request)
     info = await scopes.info(name)  # 404 when not defined
     return await write_entry(service, info.scope_id, body, request, response)
 
 
 @router.post("/v1/memory/shared/{name}/query", response_model=RecalledEntries, responses=MEMORY_WRITE)
-async def query_shared(name: SharedName, body: RecallBody, ctx: Context) -> RecalledEntries:
+async def query_shared(name: SharedName, body: RecallBody, ctx: Context, request: Request) -> RecalledEntries:
     """Recall from a shared scope: its entries passing the filters, most relevant first."""
     checked(body, ctx.api.max_input_depth)
-    scopes, service = await _scopes(ctx)
+    scopes, service = await _scopes(ctx, request)
     info = await scopes.info(name)
     return await recall(service, [info.scope_id], body)

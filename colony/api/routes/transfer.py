@@ -15,11 +15,13 @@ from __future__ import annotations
 
 from typing import Annotated, Any
 
-from fastapi import APIRouter, Body, Query, Response
+from fastapi import APIRouter, Body, Query, Request, Response
 
+from colony.api.access import principal_of
 from colony.api.deps import GUARDED, Context, settings_of
 from colony.api.params import AgentId
 from colony.api.schemas import ErrorBody
+from colony.api.tenancy import check_agent_quota
 from colony.errors import ImportRejected
 from colony.system.export_document import AgentExport, json_bytes
 from colony.system.transfer import export_agent, import_agent
@@ -96,6 +98,7 @@ async def import_agent_document(
     agent_id: AgentId,
     document: Annotated[AgentExport, Body(description="an export document (GET /v1/agents/{id}/export)")],
     ctx: Context,
+    request: Request,
     catalog: Catalog = None,
     replace: Replace = False,
 ) -> dict[str, Any]:
@@ -109,6 +112,8 @@ async def import_agent_document(
             f"/v1/agents/{document.agent_id}/import (an agent keeps its id)"
         )
     services = await ctx.services()
+    if await services.registry.get(agent_id) is None:  # a new agent of another tenant: its quota
+        await check_agent_quota(ctx, principal_of(request))
     settings = settings_of(services)
     if (services.runs.tenant_id, services.runs.colony_id) != (settings.tenant_id, settings.colony_id):
         settings = settings.model_copy(

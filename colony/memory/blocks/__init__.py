@@ -4,7 +4,7 @@ access levels, full history with rollback and selective undo (docs/blocks.md).""
 from colony.memory.blocks.document import BlockDocument, EditMeta
 from colony.memory.blocks.logs import render_log
 from colony.memory.blocks.store import COLONY, BlockStore
-from colony.memory.blocks.stores import block_store
+from colony.memory.blocks.stores import agent_block_store, block_store
 from colony.memory.blocks.types import (
     OPERATOR,
     SYSTEM,
@@ -35,6 +35,7 @@ __all__ = [
     "NewBlock",
     "Share",
     "SharedAccess",
+    "agent_block_store",
     "block_store",
     "render_log",
 ]

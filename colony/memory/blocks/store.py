@@ -87,11 +87,16 @@ class BlockStore(BlockDirectory):
         self,
         redis: aioredis.Redis,
         settings: ColonySettings,
+        *,
+        tenant: str | None = None,
     ) -> None:
+        """`tenant`: whose blocks it holds (default: the colony's own tenant's); the agents it
+        checks are the colony's (its registry, under the colony's own tenant)."""
         self.redis = redis
         colony_settings = settings
         self.settings: BlockSettings = colony_settings.blocks
-        self.namespace = BlockProtocol.namespace(colony_settings.tenant_id, colony_settings.colony_id)
+        self.block_tenant = tenant or colony_settings.tenant_id
+        self.namespace = BlockProtocol.namespace(self.block_tenant, colony_settings.colony_id)
         self.tenant_id, self.colony_id = colony_settings.tenant_id, colony_settings.colony_id
         self.documents = DocumentCache(redis, self.settings)
         self.listing = BlockListing(

@@ -36,7 +36,7 @@ from colony.config import BlockSettings, ColonySettings
 from colony.errors import AgentUsageError, BlockEditRejected, BlockExists, BlockNotFound, InvalidArgument
 from colony.memory.blocks.rendering import one_line, render_blocks
 from colony.memory.blocks.store import BlockStore
-from colony.memory.blocks.stores import block_store
+from colony.memory.blocks.stores import agent_block_store
 from colony.memory.blocks.templates import apply_template
 from colony.memory.blocks.types import BlockType, BlockView, EditOutcome, Label, NewBlock
 from colony.memory.capability import MemoryCapability, derived_id, private_memory
@@ -216,7 +216,7 @@ class MemoryBlocksCapability(AgentCapability):
         if me is None:
             raise AgentUsageError("memory blocks belong to an agent; this capability has none")
         settings = _settings_for(self._base_settings(), me.metadata.tenant_id, me.metadata.colony_id)
-        return block_store(me.blackboard.redis, settings)
+        return agent_block_store(me.blackboard.redis, settings, me.agent_id)  # its tenant's blocks
 
     async def log_history_summary(self, text: str, *, items: int, ref: str) -> None:
         """`HistorySummaryLog`: a compaction's summary goes to the `history_summary` log block."""

@@ -1,0 +1,92 @@
+"""The agents a request names, as its tenant's: one colony serves many tenants (colony.wire.tenants).
+
+A token of another tenant than the colony's own names the catalog's agents by their catalog names
+(`echo`, `analyze`, `session`, an `agents:` name): each means that tenant's own instance
+(`t.<tenant>.echo`), placed by the control plane on first use, so its runs, memory and children
+are the tenant's and never meet another tenant's. Any other id it names must be its tenant's
+(404 else, as for an agent that does not exist).
+"""
+
+from __future__ import annotations
+
+import time
+
+from fastapi import Request
+
+from colony import metrics
+from colony.agents.models import new_id
+from colony.api.access import check_agent, principal_of
+from colony.api.deps import ApiContext, settings_of
+from colony.errors import InvalidArgument, RunNotFound, RunRetired
+from colony.system.access_tokens import Principal
+from colony.system.catalog import BUILTIN_AGENTS
+from colony.system.tenant_quota import TenantQuota, check_agents
+from colony.wire.tenants import MARK, local_name, owned_id
+
+
+def named_agent(request: Request, name: str, *, field: str = "agent") -> str:
+    """The id `name` means for the request's token (for another tenant's token, a name without its
+    prefix gets it); AgentNotFound (404) for an agent it does not see."""
+    principal = principal_of(request)
+    if principal is not None and not principal.is_home and not name.startswith(MARK):
+        try:
+            name = owned_id(principal.tenant, principal.home, name)
+        except ValueError as exc:
+            raise InvalidArgument(f"{field}: {exc}") from None
+    check_agent(request, name)
+    return name
+
+
+async def tenant_agent(ctx: ApiContext, request: Request, name: str, *, field: str = "agent") -> str:
+    """`named_agent`, and another tenant's instance of a catalog agent placed when it is missing."""
+    agent_id = named_agent(request, name, field=field)
+    principal = principal_of(request)
+    if principal is None or principal.is_home:
+        return agent_id
+    services = await ctx.services()
+    local = local_name(agent_id, principal.home)
+    catalog = local in BUILTIN_AGENTS or local in settings_of(services).agents
+    if catalog and await services.registry.get(agent_id) is None:
+        await check_agent_quota(ctx, principal)
+        await (await ctx.control()).place_instance(local, agent_id)
+    return agent_id
+
+
+ENDED = frozenset({"succeeded", "failed", "cancelled"})
+
+
+async def _quota(ctx: ApiContext) -> TenantQuota:
+    services = await ctx.services()
+    return TenantQuota(services.runs.api_board.redis, colony_id=services.runs.colony_id, api=ctx.api)
+
+
+async def check_agent_quota(ctx: ApiContext, principal: Principal | None) -> None:
+    """TenantQuotaExceeded (429) when another tenant's token's tenant may not have one more agent."""
+    if principal is None or principal.is_home:
+        return
+    registry = (await ctx.services()).registry
+    await check_agents(ctx.api, registry, principal.tenant, principal.home)
+
+
+async def admit_run(
+    ctx: ApiContext, request: Request, run_id: str | None, timeout_s: float | None
+) -> str | None:
+    """Count a run another tenant's token submits against its tenant's quotas (TenantQuotaExceeded,
+    429, beyond them) and return its id (made here when the request has none); the colony's own
+    tenant: `run_id` as it is."""
+    principal = principal_of(request)
+    if principal is None or principal.is_home:
+        return run_id
+    runs = (await ctx.services()).runs
+    run_id = run_id or new_id("run")
+    deadline = time.time() + (timeout_s or runs.runs_settings.default_timeout_seconds)
+
+    async def ended(held: str) -> bool:
+        try:
+            return (await runs.get(held)).status in ENDED
+        except (RunNotFound, RunRetired):
+            return True
+
+    await (await _quota(ctx)).admit_run(principal.tenant, run_id, deadline, ended)
+    metrics.TENANT_RUNS_SUBMITTED.labels(principal.tenant).inc()
+    return run_id

@@ -1,0 +1,104 @@
+"""Quotas of the tenants other than the colony's own (`api.tenant_*` settings): runs submitted per
+second, runs submitted and not yet ended, and agents. Beyond one, the API answers 429 with
+Retry-After (TenantQuotaExceeded) before anything is written for the call, so a tenant flooding
+the colony is refused at the door while the others' calls go on. The colony's own tenant (the
+operator's) has none of these; its agents' own bounds (`max_concurrent_runs`) hold for everyone.
+
+Open runs are a sorted set per tenant of run ids scored by their deadline: a run past its deadline
+drops out by itself; at the cap, the runs that ended are found (`ended`) and removed before the
+call is refused. The check and the add are one script, so concurrent submits never pass the cap
+together. The per-second counter is a plain INCR of the second's key (kept 2 s)."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import Awaitable, Callable
+
+from redis.asyncio import Redis
+
+from colony import metrics
+from colony.blackboard.access_keys import AccessProtocol
+from colony.config import ApiSettings
+from colony.errors import TenantQuotaExceeded
+from colony.system.registry import AgentRegistry
+from colony.wire.tenants import NOBODY, tenant_of
+
+# KEYS[1] the open runs; ARGV: now, cap, run id, its deadline. 1: added (or held already), 0: full
+_ADMIT = """
+redis.call('ZREMRANGEBYSCORE', KEYS[1], '-inf', ARGV[1])
+if redis.call('ZSCORE', KEYS[1], ARGV[3]) then return 1 end
+if redis.call('ZCARD', KEYS[1]) >= tonumber(ARGV[2]) then return 0 end
+redis.call('ZADD', KEYS[1], ARGV[4], ARGV[3])
+local keep = math.floor((tonumber(ARGV[4]) - tonumber(ARGV[1])) * 1000) + 60000
+if redis.call('PTTL', KEYS[1]) < keep then redis.call('PEXPIRE', KEYS[1], keep) end
+return 1
+"""
+PRUNE_AT_ONCE = 256  # open runs whose end is checked at once when a tenant is at its cap
+
+
+class TenantQuota:
+    def __init__(self, redis: Redis, *, colony_id: str, api: ApiSettings) -> None:
+        self.redis, self.colony_id, self.api = redis, colony_id, api
+        self._admit = redis.register_script(_ADMIT)
+
+    def _key(self, tenant: str, what: str) -> str:
+        return AccessProtocol.quota_key(tenant, self.colony_id, what)
+
+    async def admit_run(
+        self, tenant: str, run_id: str, deadline: float, ended: Callable[[str], Awaitable[bool]]
+    ) -> None:
+        """Count a run of `tenant` against its quotas, or TenantQuotaExceeded (429)."""
+        rate = self.api.tenant_runs_per_second
+        if rate is not None:
+            second = int(time.time())
+            key = self._key(tenant, f"rate:{second}")
+            async with self.redis.pipeline(transaction=False) as pipe:
+                pipe.incr(key)
+                pipe.expire(key, 2)
+                count, _ = await pipe.execute()
+            if int(count) > rate:
+                metrics.TENANT_REFUSALS.labels(tenant, "runs_per_second").inc()
+                raise TenantQuotaExceeded(
+                    f"tenant {tenant!r} submits at most {rate} runs a second (api.tenant_runs_per_second); "
+                    "retry after the Retry-After header's seconds",
+                    retry_after_seconds=1.0,
+                )
+        cap = self.api.tenant_max_open_runs
+        if cap is None:
+            return
+        key = self._key(tenant, "open")
+        args = [time.time(), cap, run_id, deadline]
+        if int(await self._admit(keys=[key], args=args)):
+            return
+        held = [str(m) for m in await self.redis.zrange(key, 0, PRUNE_AT_ONCE - 1)]
+        done = await asyncio.gather(*(ended(run) for run in held))
+        gone = [run for run, over in zip(held, done, strict=True) if over]
+        if gone:
+            await self.redis.zrem(key, *gone)
+            if int(await self._admit(keys=[key], args=[time.time(), cap, run_id, deadline])):
+                return
+        metrics.TENANT_REFUSALS.labels(tenant, "open_runs").inc()
+        raise TenantQuotaExceeded(
+            f"tenant {tenant!r} has {cap} runs submitted and not ended (api.tenant_max_open_runs); "
+            "wait for some to end, or cancel some, and retry",
+            retry_after_seconds=2.0,
+        )
+
+
+async def check_agents(api: ApiSettings, registry: AgentRegistry, tenant: str, home: str) -> None:
+    """TenantQuotaExceeded (429) when `tenant` (another than the colony's own, `home`) holds
+    `api.tenant_max_agents` agents already and may not have one more. Counted from the registry
+    (every record, read when a tenant's agent is about to be made: a session, a catalog instance,
+    a child, an import)."""
+    cap = api.tenant_max_agents
+    if cap is None or tenant in (home, NOBODY):
+        return
+    count = sum(1 for r in await registry.list() if tenant_of(r.agent_id, home) == tenant)
+    if count >= cap:
+        metrics.TENANT_REFUSALS.labels(tenant, "agents").inc()
+        raise TenantQuotaExceeded(
+            f"tenant {tenant!r} has {count} agents, its most (api.tenant_max_agents); "
+            "delete sessions it no longer needs (DELETE /v1/sessions/{id}) and retry",
+            retry_after_seconds=5.0,
+        )
