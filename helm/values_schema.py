@@ -479,6 +479,19 @@ def schema() -> dict[str, Any]:
                 required=["enabled", "apiIngressFrom", "operatorFrom", "monitoringFrom"],
             ),
             "podDisruptionBudget": obj({"enabled": {"type": "boolean"}}, required=["enabled"]),
+            "sandbox": obj(
+                {
+                    "userNamespaces": {"type": "boolean"},
+                    "seccompProfile": obj(
+                        {
+                            "type": {"enum": ["Unconfined", "Localhost", "RuntimeDefault"]},
+                            "localhostProfile": {"type": "string", "minLength": 1},
+                        },
+                        required=["type"],
+                    ),
+                },
+                required=["userNamespaces", "seccompProfile"],
+            ),
         },
     }
 

@@ -123,6 +123,8 @@ SLOW_FIXTURES: dict[str, set[str]] = {
     "test_retention.py": {"colony"},
 }
 SLOW_TESTS: dict[str, set[str]] = {
+    # both sandbox suites again, as uid 1000
+    "test_sandbox_as_uid1000.py": {"test_the_hostile_program_suites_pass_as_uid_1000"},
     # `colony up` in a subprocess
     "test_paper_cuts.py": {
         "test_up_reports_a_replica_that_cannot_start_and_leaves_nothing",

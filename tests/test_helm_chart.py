@@ -449,6 +449,15 @@ def test_colony_block_accepts_only_settings_and_no_secrets() -> None:
         ({"memory": {"chroma": {"port": 80}}}, "/memory/chroma/port"),
         ({"memory": {"chroma": {"persistence": {"size": "lots"}}}}, "/memory/chroma/persistence/size"),
         ({"memory": {"chroma": {"image": {"tag": "latest!"}}}}, "/memory/chroma/image/tag"),
+        # the sandbox switch takes a seccomp profile kind, nothing else
+        (
+            {"sandbox": {"userNamespaces": True, "seccompProfile": {"type": "Privileged"}}},
+            "/sandbox/seccompProfile/type",
+        ),
+        (
+            {"sandbox": {"userNamespaces": "yes", "seccompProfile": {"type": "Unconfined"}}},
+            "/sandbox/userNamespaces",
+        ),
     ],
 )
 def test_values_schema_rejects_bad_values_naming_the_field(values: dict[str, Any], field: str) -> None:

@@ -607,3 +607,30 @@ def test_an_external_chroma_replaces_the_charts_and_settings_are_kept() -> None:
     for group, template in ray_pod_templates(moved.one("RayService")).items():
         key = "checksum/colony-config"
         assert template["metadata"]["annotations"][key] != before[group]["metadata"]["annotations"][key]
+
+
+def _ray_contexts(out: Rendered) -> dict[str, dict[str, Any]]:
+    templates = ray_pod_templates(out.one("RayService"))
+    return {group: t["spec"]["containers"][0]["securityContext"] for group, t in templates.items()}
+
+
+def test_the_sandbox_switch_opens_user_namespaces_and_nothing_else(rendered: dict[str, Rendered]) -> None:
+    """By default every Ray container keeps RuntimeDefault (bubblewrap cannot start: code generation
+    refuses); with sandbox.userNamespaces its seccomp profile is the one asked for and AppArmor is
+    unconfined, which lets bubblewrap make its user namespace as uid 1000, and nothing else moves:
+    still non-root, no capability, no privilege escalation. The RayService still fits the CRDs."""
+    for profile, out in rendered.items():
+        for group, context in _ray_contexts(out).items():
+            assert context["seccompProfile"] == {"type": "RuntimeDefault"}, (profile, group)
+            assert "appArmorProfile" not in context
+    for asked in ({"type": "Unconfined"}, {"type": "Localhost", "localhostProfile": "profiles/colony.json"}):
+        out = render({"sandbox": {"userNamespaces": True, "seccompProfile": asked}})
+        contexts = _ray_contexts(out)
+        assert set(contexts) >= {"head", "cpu-workers"}
+        for context in contexts.values():
+            assert context["seccompProfile"] == asked and context["appArmorProfile"] == {"type": "Unconfined"}
+            assert context["runAsNonRoot"] is True and context["runAsUser"] == 1000
+            assert context["allowPrivilegeEscalation"] is False and context["capabilities"] == {
+                "drop": ["ALL"]
+            }
+        assert schema_errors(crd_validator("ray.io_rayservices.yaml"), out.one("RayService")) == []

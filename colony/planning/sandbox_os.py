@@ -155,6 +155,9 @@ def bubblewrap_argv(*, uid: int | None, scratch_mb: int) -> list[str]:
     argv += ["--ro-bind", str(CHILD), CHILD_IN_SANDBOX, "--dev", "/dev"]
     for tmpfs in (SCRATCH, "/dev/shm"):  # both capped; as root their pages also count in the run's cgroup
         argv += ["--perms", "1777", "--size", str(scratch_mb * 1024 * 1024), "--tmpfs", tmpfs]
+    # the root tmpfs read-only once built: without root, bwrap's user namespace leaves it writable
+    # by the program's uid, and it has no size cap (only the scratch tmpfs are written, capped)
+    argv += ["--remount-ro", "/"]
     argv += ["--chdir", SCRATCH, "--", interpreter(), *PYTHON_FLAGS, CHILD_IN_SANDBOX]
     return argv
 

@@ -203,3 +203,20 @@ securityContext:
 {{- define "colony.image" -}}
 {{- printf "%s:%s" .Values.image.repository .Values.image.tag -}}
 {{- end -}}
+
+{{/*
+The Ray containers' securityContext: containerSecurityContext, and with sandbox.userNamespaces the
+seccomp profile of sandbox.seccompProfile and AppArmor unconfined, which let bubblewrap (uid 1000,
+no capability) create the sandbox's namespaces (docs/deploy.md, "The sandbox in these pods").
+*/}}
+{{- define "colony.rayContainerSecurity" -}}
+{{- $context := deepCopy (.Values.containerSecurityContext | default dict) -}}
+{{- if .Values.sandbox.userNamespaces -}}
+{{- $_ := set $context "seccompProfile" .Values.sandbox.seccompProfile -}}
+{{- $_ := set $context "appArmorProfile" (dict "type" "Unconfined") -}}
+{{- end -}}
+{{- if $context -}}
+securityContext:
+{{ toYaml $context | indent 2 }}
+{{- end -}}
+{{- end -}}
