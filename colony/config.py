@@ -238,6 +238,8 @@ class ApiSettings(BaseModel):
     tenant_max_agents: int | None = Field(
         200, ge=1, le=1_000_000, description="Agents (catalog instances, sessions, children) a tenant has."
     )
+    tenant_max_redis_bytes: int | None = Field(256 << 20, ge=1 << 20, description="Redis bytes it holds.")
+    tenant_usage_refresh_seconds: float = Field(30.0, ge=1, le=3600, description="How often it is weighed.")
 
 
 class PlanningSettings(BaseModel):

@@ -144,6 +144,11 @@ TENANT_RUNS_SUBMITTED = Counter(
     "Runs (and session turns) submitted over the API by the tenants other than the colony's own.",
     ["tenant"],
 )
+TENANT_REDIS_BYTES = Gauge(
+    "colony_tenant_redis_bytes",
+    "Bytes a tenant other than the colony's own holds in Redis, as last weighed by this API process.",
+    ["tenant"],
+)
 TENANT_REFUSALS = Counter(
     "colony_tenant_quota_refusals_total",
     "Calls of a tenant other than the colony's own refused at one of its quotas (429), by quota.",

@@ -15,6 +15,7 @@ import pytest
 from tenant_kit import HOME, TenantApp, bearer, made
 
 from colony.blackboard.redis_server import RedisServerInfo
+from colony.system import tenant_quota
 
 
 @pytest.fixture
@@ -49,6 +50,10 @@ def test_runs_per_second_are_counted_per_tenant_and_not_for_the_colonys_own(serv
     assert refused and all(r.headers["Retry-After"] == "1" for r in refused)
     assert "api.tenant_runs_per_second" in refused[0].json()["error"]["message"]
     assert refused[0].json()["error"]["code"] == "quota_exceeded"
+    # within that second the rest of its submits are refused at the door; its other calls are not
+    admitted = next(r.json()["run_id"] for r in answers if r.status_code == 202)
+    assert http.post(f"/v1/runs/{admitted}/cancel", headers=a).status_code == 200
+    assert http.get(f"/v1/runs/{admitted}", headers=a).status_code == 200
     assert submit(http, b, wait_s=20).status_code == 200  # the other tenant's counter is its own
     assert all(submit(http, HOME).status_code == 202 for _ in range(8))  # the operator's: none
 
@@ -94,3 +99,61 @@ def test_agents_are_capped_per_tenant(served: Any) -> None:
     assert http.post("/v1/sessions", json={}, headers=a).status_code == 201  # room again
     assert http.post("/v1/sessions", json={}, headers=b).status_code == 201  # another tenant's own count
     assert http.post("/v1/sessions", json={}, headers=HOME).status_code == 201
+
+
+def test_redis_bytes_are_weighed_per_tenant_and_deleting_makes_room(
+    redis_server: RedisServerInfo, tmp_path: Any
+) -> None:
+    """A tenant over `api.tenant_max_redis_bytes` (weighed with MEMORY USAGE over its keys, at most
+    every `tenant_usage_refresh_seconds`) is refused new runs and writes (429); reads and deletes
+    pass; the other tenant's writes are not refused, and neither are the colony's own."""
+    limits = {"tenant_max_redis_bytes": 1 << 20, "tenant_usage_refresh_seconds": 1.0}
+    with (
+        TenantApp(redis_server.url, [tmp_path], **limits) as app,
+        httpx.Client(base_url=app.url, timeout=60) as http,
+    ):
+        a = bearer(made(http, "qg", ["read", "run", "write"])["token"])
+        b = bearer(made(http, "qh", ["read", "run", "write"])["token"])
+        session = http.post("/v1/sessions", json={}, headers=a).json()["session_id"]
+        text = "x" * 60_000
+        written = 0
+        for n in range(100):
+            answer = http.post(
+                f"/v1/agents/{session}/memory",
+                json={"scope": "working", "content": f"entry {n}", "data": text},
+                headers=a,
+            )
+            if answer.status_code == 429:
+                break
+            assert answer.status_code == 201, answer.text
+            written += 1
+            time.sleep(0.1)
+        # refused within a refresh of passing 1 MiB (an entry weighs its data and more: indexes, embedding)
+        assert 3 <= written < 100, written
+        assert answer.json()["error"]["code"] == "quota_exceeded"
+        assert "api.tenant_max_redis_bytes" in answer.text and answer.headers["Retry-After"] == "1"
+        assert submit(http, a).status_code == 429  # a run is a write too
+        assert http.get(f"/v1/agents/{session}/memory", headers=a).status_code == 200  # reads pass
+        assert http.post("/v1/sessions", json={}, headers=b).status_code == 201  # the other's are its own
+        assert submit(http, HOME).status_code == 202  # the colony's own: no such quota
+        assert http.delete(f"/v1/sessions/{session}", headers=a).status_code == 204  # deleting passes
+        time.sleep(1.1)
+        assert submit(http, a, wait_s=20).status_code == 200  # room again, once weighed again
+
+
+def test_a_tenant_that_spent_its_second_is_refused_at_the_door(served: Any) -> None:
+    """Once a tenant spent a second's runs, this API process refuses its next submits of that
+    second in the guard (no Redis call, no body read, not audited); its other calls go on."""
+    _, http = served
+    a = bearer(made(http, "qy", ["read", "run"])["token"])
+    assert submit(http, a, wait_s=20).status_code == 200
+    tenant_quota._spend("qy", int(time.time()) + 30)  # (as if it spent them, for the next 30 s)
+    try:
+        for attempt in (submit(http, a), http.post("/v1/sessions", json={}, headers=a)):
+            assert attempt.status_code == 429 and attempt.headers["Retry-After"] == "1"
+            assert "spent this second's runs" in attempt.json()["error"]["message"]
+        assert http.get("/v1/agents", headers=a).status_code == 200
+        assert http.post("/v1/agents/t.qy.echo/suspend", headers=a).status_code == 200
+    finally:
+        tenant_quota._spent.pop("qy", None)
+    assert submit(http, a).status_code == 202

@@ -20,9 +20,10 @@ from typing import Any
 
 from redis.exceptions import RedisError
 
-from colony.api.access import READ_METHODS, AccessServices, audit_later, match_route, refusal
+from colony.api.access import READ_METHODS, AccessServices, Matched, audit_later, match_route, refusal
 from colony.errors import BlackboardUnavailable, ColonyError
 from colony.system.access_tokens import Principal, looks_scoped, main_principal
+from colony.system.tenant_quota import SUBMITTING, spent
 from colony.wire.token import TokenSource
 
 Scope = MutableMapping[str, Any]
@@ -204,6 +205,10 @@ class GuardMiddleware:
         method = str(scope.get("method", "GET"))
         matched = match_route(self.routes, scope)
         refused = refusal(principal, method, matched)
+        if refused is None and _spent_its_runs(principal, method, matched):
+            message = f"tenant {principal.tenant!r} spent this second's runs (api.tenant_runs_per_second)"
+            await send_error(send, 429, "quota_exceeded", message, [(b"retry-after", b"1")])
+            return None  # (refused at the door: nothing changed, nothing audited)
         if refused is not None:
             status, code, message = refused
             await send_error(send, status, code, message, [])
@@ -214,6 +219,13 @@ class GuardMiddleware:
         if method in READ_METHODS or self.access is None:
             return send
         return AuditedSend(send, lambda status: audit_later(self.access, principal, method, matched, status))
+
+
+def _spent_its_runs(principal: Principal, method: str, matched: Matched | None) -> bool:
+    """A submit of another tenant than the colony's own that spent this second's runs already."""
+    if matched is None or not principal.tenant or principal.is_home:
+        return False
+    return (method, matched.template) in SUBMITTING and spent(principal.tenant)
 
 
 class AuditedSend:

@@ -15,12 +15,13 @@ from fastapi import Request
 
 from colony import metrics
 from colony.agents.models import new_id
-from colony.api.access import check_agent, principal_of
-from colony.api.deps import ApiContext, settings_of
+from colony.api.access import check_agent, principal_of, verb_of
+from colony.api.deps import ApiContext, Context, settings_of
 from colony.errors import InvalidArgument, RunNotFound, RunRetired
 from colony.system.access_tokens import Principal
 from colony.system.catalog import BUILTIN_AGENTS
 from colony.system.tenant_quota import TenantQuota, check_agents
+from colony.system.tenant_usage import check_bytes
 from colony.wire.tenants import MARK, local_name, owned_id
 
 
@@ -87,6 +88,25 @@ async def admit_run(
         except (RunNotFound, RunRetired):
             return True
 
+    await check_bytes(
+        ctx.api, runs.api_board.redis, principal.tenant, home=principal.home, colony_id=runs.colony_id
+    )
     await (await _quota(ctx)).admit_run(principal.tenant, run_id, deadline, ended)
     metrics.TENANT_RUNS_SUBMITTED.labels(principal.tenant).inc()
     return run_id
+
+
+async def within_bytes(request: Request, ctx: Context) -> None:
+    """A dependency of the routes that store a tenant's data (memory, blocks): TenantQuotaExceeded
+    (429) when another tenant's token's tenant holds its Redis bytes already. Reads and deletes
+    always pass (deleting is how a tenant makes room)."""
+    principal = principal_of(request)
+    if principal is None or principal.is_home or request.method in ("GET", "HEAD", "DELETE"):
+        return
+    template = str(getattr(request.scope.get("route"), "path", ""))
+    if verb_of(request.method, template) not in ("write", "run"):
+        return
+    runs = (await ctx.services()).runs
+    await check_bytes(
+        ctx.api, runs.api_board.redis, principal.tenant, home=principal.home, colony_id=runs.colony_id
+    )

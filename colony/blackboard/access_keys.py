@@ -50,3 +50,16 @@ class AccessProtocol(BlackboardProtocol):
         """A key of a tenant's quotas (colony.system.tenant_quota): `open` (its runs not yet ended,
         a sorted set by deadline) or `rate:<second>` (its submits in that second, a counter)."""
         return f"{BlackboardKeyspace.ROOT}:{{{cls.scope(tenant_id, colony_id)}}}:quota:{what}"
+
+    @classmethod
+    def tenant_patterns(cls, tenant_id: str, home_id: str, colony_id: str) -> list[str]:
+        """SCAN patterns of the keys a tenant other than the colony's own holds (colony.system.
+        tenant_usage): its agents' scopes (kept under the colony's own tenant, their ids reading
+        `t.<tenant>.`) and its own scopes (shared memory, tokens' audit, quotas). Tenant names and
+        colony ids hold no glob character (their patterns)."""
+        from colony.blackboard.scopes import BlackboardScope, scope_id  # (scopes builds on protocol)
+
+        agents = scope_id(BlackboardScope.COLONY, tenant_id=home_id, colony_id=colony_id)
+        own = scope_id(BlackboardScope.COLONY, tenant_id=tenant_id, colony_id=colony_id)
+        root = BlackboardKeyspace.ROOT
+        return [f"{root}:{{{agents}:agent:t.{tenant_id}.*", f"{root}:{{{own}}}*", f"{root}:{{{own}:*"]

@@ -35,6 +35,33 @@ if redis.call('PTTL', KEYS[1]) < keep then redis.call('PEXPIRE', KEYS[1], keep) 
 return 1
 """
 PRUNE_AT_ONCE = 256  # open runs whose end is checked at once when a tenant is at its cap
+# the calls that submit runs: refused at the door (the API's guard, `spent`) for the rest of a
+# second in which their tenant spent its runs per second, with no Redis call and no body read
+SUBMITTING = frozenset(
+    {("POST", "/v1/runs"), ("POST", "/v1/sessions"), ("POST", "/v1/sessions/{session_id}/messages")}
+)
+MAX_SPENT = 4096  # tenants remembered as having spent this second's runs (the oldest go first)
+_spent: dict[str, float] = {}  # tenant -> time.time() until which this process refuses its submits
+
+
+def spent(tenant: str) -> bool:
+    """Whether `tenant` spent this second's runs per second (as this process last saw): its next
+    submit is refused at once, counted, and not audited (it changes nothing)."""
+    until = _spent.get(tenant)
+    if until is None:
+        return False
+    if time.time() < until:
+        metrics.TENANT_REFUSALS.labels(tenant, "runs_per_second").inc()
+        return True
+    _spent.pop(tenant, None)
+    return False
+
+
+def _spend(tenant: str, second: int) -> None:
+    _spent.pop(tenant, None)
+    while len(_spent) >= MAX_SPENT:
+        _spent.pop(next(iter(_spent)))
+    _spent[tenant] = second + 1.0
 
 
 class TenantQuota:
@@ -58,6 +85,7 @@ class TenantQuota:
                 pipe.expire(key, 2)
                 count, _ = await pipe.execute()
             if int(count) > rate:
+                _spend(tenant, second)
                 metrics.TENANT_REFUSALS.labels(tenant, "runs_per_second").inc()
                 raise TenantQuotaExceeded(
                     f"tenant {tenant!r} submits at most {rate} runs a second (api.tenant_runs_per_second); "

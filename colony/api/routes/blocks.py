@@ -24,7 +24,7 @@ from __future__ import annotations
 
 from typing import Annotated, Any
 
-from fastapi import APIRouter, Query, Request, Response
+from fastapi import APIRouter, Depends, Query, Request, Response
 from pydantic import BaseModel
 
 from colony.api.access import check_agent, principal_of
@@ -48,6 +48,7 @@ from colony.api.schemas import (
     ColonyBlockCreate,
     Unshared,
 )
+from colony.api.tenancy import within_bytes
 from colony.errors import BlockAccessDenied, BlockExists, BlockNotFound, InvalidArgument
 from colony.memory.blocks import (
     COLONY,
@@ -89,7 +90,7 @@ Provision = Annotated[
     ),
 ]
 VIA = "http"
-router = APIRouter(dependencies=GUARDED)
+router = APIRouter(dependencies=[*GUARDED, Depends(within_bytes)])  # 429 past a tenant's bytes
 
 
 def _new_block(body: BlockCreate, max_depth: int) -> NewBlock:

@@ -16,7 +16,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from fastapi import APIRouter, Request, Response
+from fastapi import APIRouter, Depends, Request, Response
 from pydantic import ValidationError
 
 from colony import metrics
@@ -35,6 +35,7 @@ from colony.api.schemas import (
     Reindexed,
     WrittenMemory,
 )
+from colony.api.tenancy import within_bytes
 from colony.blackboard import TagFilter
 from colony.config import ColonySettings
 from colony.errors import AgentNotFound, InvalidArgument
@@ -45,7 +46,7 @@ from colony.memory.types import MemoryMap, MemoryQuery, NewMemory
 from colony.wire.input_check import check_input
 
 WRITER = "api"  # created_by of entries written over HTTP (every client shares the one token)
-router = APIRouter(dependencies=GUARDED)
+router = APIRouter(dependencies=[*GUARDED, Depends(within_bytes)])  # 429 past a tenant's bytes
 
 
 def _problems(exc: ValidationError) -> str:

@@ -63,13 +63,13 @@ async def submit(
     kwargs: dict[str, Any] = {"timeout_s": body.timeout_s, "pages": body.pages}
     if body.namespace:
         kwargs["namespace"] = body.namespace
-    run_id = keyed_run_id(request)
+    # another tenant's token: counted against its quotas first, before anything is read (429)
+    if (run_id := await admit_run(ctx, request, keyed_run_id(request), body.timeout_s)) is not None:
+        kwargs["run_id"] = run_id
     # another tenant's, or an agent a token is not given: 404, as for no such agent; a catalog
     # name from another tenant's token: that tenant's own instance (placed on first use)
     agent = await tenant_agent(ctx, request, body.agent)
     await check_pages(ctx, request, body.pages)  # another tenant's token: pages of its own folders
-    if (run_id := await admit_run(ctx, request, run_id, body.timeout_s)) is not None:
-        kwargs["run_id"] = run_id  # (another tenant's: counted against its quotas first; 429 else)
     runs = (await ctx.services()).runs
     await wake_agent(ctx, agent)  # suspended to make room: resumed first (bounded; else 503)
     record = await runs.submit(agent, body.input, **kwargs)

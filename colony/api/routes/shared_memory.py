@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from typing import Annotated
 
-from fastapi import APIRouter, Path, Request, Response
+from fastapi import APIRouter, Depends, Path, Request, Response
 
 from colony.api.access import principal_of
 from colony.api.deps import GUARDED, ApiContext, Context, settings_of
@@ -30,12 +30,13 @@ from colony.api.schemas import (
     WrittenMemory,
     _errors,
 )
+from colony.api.tenancy import within_bytes
 from colony.errors import SharedMemoryNotFound
 from colony.memory.service import MemoryService, memory_service
 from colony.memory.shared import SHARED_NAME, SHARED_NAME_RULE, SharedScopeInfo
 from colony.memory.shared import SharedScopes as Scopes
 
-router = APIRouter(dependencies=GUARDED)
+router = APIRouter(dependencies=[*GUARDED, Depends(within_bytes)])  # 429 past a tenant's bytes
 SharedName = Annotated[
     str, Path(min_length=1, max_length=75, pattern=SHARED_NAME, description=SHARED_NAME_RULE)
 ]
