@@ -623,10 +623,18 @@ def test_the_sandbox_switch_opens_user_namespaces_and_nothing_else(rendered: dic
         for group, context in _ray_contexts(out).items():
             assert context["seccompProfile"] == {"type": "RuntimeDefault"}, (profile, group)
             assert "appArmorProfile" not in context
+        for template in ray_pod_templates(out.one("RayService")).values():
+            assert not any("apparmor" in key for key in template["metadata"]["annotations"])
     for asked in ({"type": "Unconfined"}, {"type": "Localhost", "localhostProfile": "profiles/colony.json"}):
         out = render({"sandbox": {"userNamespaces": True, "seccompProfile": asked}})
         contexts = _ray_contexts(out)
         assert set(contexts) >= {"head", "cpu-workers"}
+        for template in ray_pod_templates(out.one("RayService")).values():  # (Kubernetes < 1.30)
+            name = template["spec"]["containers"][0]["name"]
+            assert (
+                template["metadata"]["annotations"][f"container.apparmor.security.beta.kubernetes.io/{name}"]
+                == "unconfined"
+            )
         for context in contexts.values():
             assert context["seccompProfile"] == asked and context["appArmorProfile"] == {"type": "Unconfined"}
             assert context["runAsNonRoot"] is True and context["runAsUser"] == 1000

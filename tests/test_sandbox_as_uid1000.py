@@ -81,8 +81,14 @@ def _outcome(case: ET.Element) -> str:
     return "passed"
 
 
-def test_the_uid_view_refuses_without_root_or_a_command() -> None:
-    done = subprocess.run(
+def test_the_uid_view_refuses_outside_a_mount_namespace_of_its_own() -> None:
+    """Run in the host's mount namespace it would cover the host's /root: it refuses instead."""
+    usage = subprocess.run(
         [sys.executable, str(HERE / "uid_view.py"), "1000", "--"], capture_output=True, text=True
     )
-    assert done.returncode == 2 and "usage" in done.stderr
+    assert usage.returncode == 2 and "usage" in usage.stderr
+    here = subprocess.run(
+        [sys.executable, str(HERE / "uid_view.py"), "1000", "--", "true"], capture_output=True, text=True
+    )
+    assert here.returncode == 2 and "mount namespace of its own" in here.stderr
+    assert oct(os.stat("/root").st_mode & 0o777) != "0o755" or os.path.ismount("/root") is False

@@ -9,7 +9,9 @@ are the tenant's and never meet another tenant's. Any other id it names must be 
 
 from __future__ import annotations
 
-import time
+import contextlib
+import logging
+from collections.abc import AsyncIterator
 
 from fastapi import Request
 
@@ -23,6 +25,8 @@ from colony.system.catalog import BUILTIN_AGENTS
 from colony.system.tenant_quota import TenantQuota, check_agents
 from colony.system.tenant_usage import check_bytes
 from colony.wire.tenants import MARK, local_name, owned_id
+
+log = logging.getLogger(__name__)
 
 
 def named_agent(request: Request, name: str, *, field: str = "agent") -> str:
@@ -54,6 +58,10 @@ async def tenant_agent(ctx: ApiContext, request: Request, name: str, *, field: s
 
 
 ENDED = frozenset({"succeeded", "failed", "cancelled"})
+# what a run's body weighs in Redis, times: its input is kept in the request, its events, its
+# result, its agent's context and checkpoints (measured: ~14 copies of a large input)
+RUN_COPIES = 16
+WRITE_COPIES = 4  # a memory entry or a block edit: its record, index and embedding, its snapshot and log
 
 
 async def _quota(ctx: ApiContext) -> TenantQuota:
@@ -80,33 +88,72 @@ async def admit_run(
         return run_id
     runs = (await ctx.services()).runs
     run_id = run_id or new_id("run")
-    deadline = time.time() + (timeout_s or runs.runs_settings.default_timeout_seconds)
+    timeout = timeout_s or runs.runs_settings.default_timeout_seconds
 
     async def ended(held: str) -> bool:
         try:
             return (await runs.get(held)).status in ENDED
-        except (RunNotFound, RunRetired):
+        except RunRetired:
             return True
+        except RunNotFound:  # its record is not written yet (being submitted): it holds its place
+            return False
 
+    adding = len(await request.body()) * RUN_COPIES
     await check_bytes(
-        ctx.api, runs.api_board.redis, principal.tenant, home=principal.home, colony_id=runs.colony_id
+        ctx.api,
+        runs.api_board.redis,
+        principal.tenant,
+        home=principal.home,
+        colony_id=runs.colony_id,
+        adding=adding,
     )
-    await (await _quota(ctx)).admit_run(principal.tenant, run_id, deadline, ended)
+    await (await _quota(ctx)).admit_run(principal.tenant, run_id, timeout, ended)
     metrics.TENANT_RUNS_SUBMITTED.labels(principal.tenant).inc()
     return run_id
 
 
+async def release_run(ctx: ApiContext, request: Request, run_id: str | None) -> None:
+    """A run `admit_run` counted whose submit failed before it was written: its place is given back."""
+    principal = principal_of(request)
+    if principal is None or principal.is_home or run_id is None:
+        return
+    try:
+        await (await _quota(ctx)).release(principal.tenant, run_id)
+    except Exception:  # (it drops out at its deadline anyway)
+        log.warning("the open-run place of %s was not given back", run_id, exc_info=True)
+
+
 async def within_bytes(request: Request, ctx: Context) -> None:
-    """A dependency of the routes that store a tenant's data (memory, blocks): TenantQuotaExceeded
-    (429) when another tenant's token's tenant holds its Redis bytes already. Reads and deletes
-    always pass (deleting is how a tenant makes room)."""
+    """A dependency of the routes that store a tenant's data (memory, blocks, imports, restores):
+    TenantQuotaExceeded (429) when another tenant's token's tenant holds its Redis bytes already,
+    or would with this body (weighed WRITE_COPIES times). Reads and deletes always pass (deleting
+    is how a tenant makes room)."""
     principal = principal_of(request)
     if principal is None or principal.is_home or request.method in ("GET", "HEAD", "DELETE"):
         return
     template = str(getattr(request.scope.get("route"), "path", ""))
-    if verb_of(request.method, template) not in ("write", "run"):
+    if verb_of(request.method, template) == "read":  # (a recall query: a POST that stores nothing)
         return
     runs = (await ctx.services()).runs
+    adding = len(await request.body()) * WRITE_COPIES
     await check_bytes(
-        ctx.api, runs.api_board.redis, principal.tenant, home=principal.home, colony_id=runs.colony_id
+        ctx.api,
+        runs.api_board.redis,
+        principal.tenant,
+        home=principal.home,
+        colony_id=runs.colony_id,
+        adding=adding,
     )
+
+
+@contextlib.asynccontextmanager
+async def admitted(
+    ctx: ApiContext, request: Request, run_id: str | None, timeout_s: float | None
+) -> AsyncIterator[str | None]:
+    """`admit_run` for the block that submits the run; a block that fails gives its place back."""
+    run_id = await admit_run(ctx, request, run_id, timeout_s)
+    try:
+        yield run_id
+    except BaseException:
+        await release_run(ctx, request, run_id)
+        raise

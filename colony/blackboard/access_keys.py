@@ -48,7 +48,7 @@ class AccessProtocol(BlackboardProtocol):
     @classmethod
     def quota_key(cls, tenant_id: str, colony_id: str, what: str) -> str:
         """A key of a tenant's quotas (colony.system.tenant_quota): `open` (its runs not yet ended,
-        a sorted set by deadline) or `rate:<second>` (its submits in that second, a counter)."""
+        a sorted set by deadline) or `rate` (its submits in the current second, a hash)."""
         return f"{BlackboardKeyspace.ROOT}:{{{cls.scope(tenant_id, colony_id)}}}:quota:{what}"
 
     @classmethod

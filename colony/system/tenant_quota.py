@@ -6,8 +6,10 @@ operator's) has none of these; its agents' own bounds (`max_concurrent_runs`) ho
 
 Open runs are a sorted set per tenant of run ids scored by their deadline: a run past its deadline
 drops out by itself; at the cap, the runs that ended are found (`ended`) and removed before the
-call is refused. The check and the add are one script, so concurrent submits never pass the cap
-together. The per-second counter is a plain INCR of the second's key (kept 2 s)."""
+call is refused (a run whose record is not written yet is being submitted: it stays), and a run
+whose submit failed after it was admitted is removed (`release`). The check and the add are one
+script, so concurrent submits never pass the cap together. The per-second counter is one hash per
+tenant (the second it counts, the count), kept 2 s. Both read the time from Redis."""
 
 from __future__ import annotations
 
@@ -24,15 +26,28 @@ from colony.errors import TenantQuotaExceeded
 from colony.system.registry import AgentRegistry
 from colony.wire.tenants import NOBODY, tenant_of
 
-# KEYS[1] the open runs; ARGV: now, cap, run id, its deadline. 1: added (or held already), 0: full
+# Both scripts read the time from Redis (TIME): every API process counts the same seconds and
+# deadlines, whatever its own clock says.
+# KEYS[1] the open runs; ARGV: cap, run id, its timeout (s). 1: added (or held already), 0: full
 _ADMIT = """
-redis.call('ZREMRANGEBYSCORE', KEYS[1], '-inf', ARGV[1])
-if redis.call('ZSCORE', KEYS[1], ARGV[3]) then return 1 end
-if redis.call('ZCARD', KEYS[1]) >= tonumber(ARGV[2]) then return 0 end
-redis.call('ZADD', KEYS[1], ARGV[4], ARGV[3])
-local keep = math.floor((tonumber(ARGV[4]) - tonumber(ARGV[1])) * 1000) + 60000
+local t = redis.call('TIME')
+local now = tonumber(t[1]) + tonumber(t[2]) / 1000000
+redis.call('ZREMRANGEBYSCORE', KEYS[1], '-inf', now)
+if redis.call('ZSCORE', KEYS[1], ARGV[2]) then return 1 end
+if redis.call('ZCARD', KEYS[1]) >= tonumber(ARGV[1]) then return 0 end
+redis.call('ZADD', KEYS[1], now + tonumber(ARGV[3]), ARGV[2])
+local keep = math.floor(tonumber(ARGV[3]) * 1000) + 60000
 if redis.call('PTTL', KEYS[1]) < keep then redis.call('PEXPIRE', KEYS[1], keep) end
 return 1
+"""
+# KEYS[1] the tenant's rate counter (a hash: the second it counts, its count). Returns the count
+# so far this second and the microseconds left of it
+_RATE = """
+local t = redis.call('TIME')
+if redis.call('HGET', KEYS[1], 's') ~= t[1] then redis.call('HSET', KEYS[1], 's', t[1], 'n', 0) end
+local n = redis.call('HINCRBY', KEYS[1], 'n', 1)
+redis.call('EXPIRE', KEYS[1], 2)
+return {n, 1000000 - tonumber(t[2])}
 """
 PRUNE_AT_ONCE = 256  # open runs whose end is checked at once when a tenant is at its cap
 # the calls that submit runs: refused at the door (the API's guard, `spent`) for the rest of a
@@ -41,7 +56,7 @@ SUBMITTING = frozenset(
     {("POST", "/v1/runs"), ("POST", "/v1/sessions"), ("POST", "/v1/sessions/{session_id}/messages")}
 )
 MAX_SPENT = 4096  # tenants remembered as having spent this second's runs (the oldest go first)
-_spent: dict[str, float] = {}  # tenant -> time.time() until which this process refuses its submits
+_spent: dict[str, float] = {}  # tenant -> time.monotonic() until which this process refuses its submits
 
 
 def spent(tenant: str) -> bool:
@@ -50,42 +65,39 @@ def spent(tenant: str) -> bool:
     until = _spent.get(tenant)
     if until is None:
         return False
-    if time.time() < until:
+    if time.monotonic() < until:
         metrics.TENANT_REFUSALS.labels(tenant, "runs_per_second").inc()
         return True
     _spent.pop(tenant, None)
     return False
 
 
-def _spend(tenant: str, second: int) -> None:
+def _spend(tenant: str, seconds_left: float) -> None:
     _spent.pop(tenant, None)
     while len(_spent) >= MAX_SPENT:
         _spent.pop(next(iter(_spent)))
-    _spent[tenant] = second + 1.0
+    _spent[tenant] = time.monotonic() + min(1.0, max(0.0, seconds_left))
 
 
 class TenantQuota:
     def __init__(self, redis: Redis, *, colony_id: str, api: ApiSettings) -> None:
         self.redis, self.colony_id, self.api = redis, colony_id, api
         self._admit = redis.register_script(_ADMIT)
+        self._rate = redis.register_script(_RATE)
 
     def _key(self, tenant: str, what: str) -> str:
         return AccessProtocol.quota_key(tenant, self.colony_id, what)
 
     async def admit_run(
-        self, tenant: str, run_id: str, deadline: float, ended: Callable[[str], Awaitable[bool]]
+        self, tenant: str, run_id: str, timeout: float, ended: Callable[[str], Awaitable[bool]]
     ) -> None:
-        """Count a run of `tenant` against its quotas, or TenantQuotaExceeded (429)."""
+        """Count a run of `tenant` against its quotas, or TenantQuotaExceeded (429). `ended`:
+        whether a run held open has ended (a run with no record yet is being submitted: open)."""
         rate = self.api.tenant_runs_per_second
         if rate is not None:
-            second = int(time.time())
-            key = self._key(tenant, f"rate:{second}")
-            async with self.redis.pipeline(transaction=False) as pipe:
-                pipe.incr(key)
-                pipe.expire(key, 2)
-                count, _ = await pipe.execute()
+            count, micros_left = await self._rate(keys=[self._key(tenant, "rate")])
             if int(count) > rate:
-                _spend(tenant, second)
+                _spend(tenant, int(micros_left) / 1e6)
                 metrics.TENANT_REFUSALS.labels(tenant, "runs_per_second").inc()
                 raise TenantQuotaExceeded(
                     f"tenant {tenant!r} submits at most {rate} runs a second (api.tenant_runs_per_second); "
@@ -96,15 +108,17 @@ class TenantQuota:
         if cap is None:
             return
         key = self._key(tenant, "open")
-        args = [time.time(), cap, run_id, deadline]
-        if int(await self._admit(keys=[key], args=args)):
+        if int(await self._admit(keys=[key], args=[cap, run_id, timeout])):
             return
-        held = [str(m) for m in await self.redis.zrange(key, 0, PRUNE_AT_ONCE - 1)]
+        held = [
+            m.decode() if isinstance(m, bytes) else str(m)
+            for m in await self.redis.zrange(key, 0, PRUNE_AT_ONCE - 1)
+        ]
         done = await asyncio.gather(*(ended(run) for run in held))
         gone = [run for run, over in zip(held, done, strict=True) if over]
         if gone:
             await self.redis.zrem(key, *gone)
-            if int(await self._admit(keys=[key], args=[time.time(), cap, run_id, deadline])):
+            if int(await self._admit(keys=[key], args=[cap, run_id, timeout])):
                 return
         metrics.TENANT_REFUSALS.labels(tenant, "open_runs").inc()
         raise TenantQuotaExceeded(
@@ -112,6 +126,10 @@ class TenantQuota:
             "wait for some to end, or cancel some, and retry",
             retry_after_seconds=2.0,
         )
+
+    async def release(self, tenant: str, run_id: str) -> None:
+        """A run admitted whose submit then failed (404, 422, ...) holds no place any more."""
+        await self.redis.zrem(self._key(tenant, "open"), run_id)
 
 
 async def check_agents(api: ApiSettings, registry: AgentRegistry, tenant: str, home: str) -> None:

@@ -15,18 +15,19 @@ from __future__ import annotations
 
 from typing import Literal
 
-from fastapi import APIRouter
+from fastapi import APIRouter, Depends
 from pydantic import BaseModel, ConfigDict, Field
 
 from colony.agents.state.checkpoints import CheckpointInfo, RestoreReport, list_checkpoints
 from colony.api.deps import GUARDED, Context, agent_board
 from colony.api.params import AgentId, Step
 from colony.api.schemas import CONTROL, READ_ONE, ErrorBody
+from colony.api.tenancy import within_bytes
 from colony.errors import AgentNotFound
 from colony.system.registry import AgentRecord
 from colony.wire.ids import ID_PATTERN
 
-router = APIRouter(dependencies=GUARDED)
+router = APIRouter(dependencies=[*GUARDED, Depends(within_bytes)])  # 429 past a tenant's bytes
 
 
 class CheckpointList(BaseModel):

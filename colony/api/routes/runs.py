@@ -17,7 +17,7 @@ from colony.api.event_stream import EventStreamResponse, event_stream, wait_for_
 from colony.api.idempotency import keyed_run_id
 from colony.api.params import RunId
 from colony.api.schemas import EVENTS, LISTING, RUN_ONE, SSE_EVENT, SUBMIT, SUBMIT_STREAM
-from colony.api.tenancy import admit_run, named_agent, tenant_agent
+from colony.api.tenancy import admitted, named_agent, tenant_agent
 from colony.api.tenant_pages import check_pages
 from colony.api.wake import wake_agent
 from colony.errors import BlackboardUnavailable, InvalidArgument, RunNotFound
@@ -63,16 +63,17 @@ async def submit(
     kwargs: dict[str, Any] = {"timeout_s": body.timeout_s, "pages": body.pages}
     if body.namespace:
         kwargs["namespace"] = body.namespace
-    # another tenant's token: counted against its quotas first, before anything is read (429)
-    if (run_id := await admit_run(ctx, request, keyed_run_id(request), body.timeout_s)) is not None:
-        kwargs["run_id"] = run_id
-    # another tenant's, or an agent a token is not given: 404, as for no such agent; a catalog
-    # name from another tenant's token: that tenant's own instance (placed on first use)
-    agent = await tenant_agent(ctx, request, body.agent)
-    await check_pages(ctx, request, body.pages)  # another tenant's token: pages of its own folders
     runs = (await ctx.services()).runs
-    await wake_agent(ctx, agent)  # suspended to make room: resumed first (bounded; else 503)
-    record = await runs.submit(agent, body.input, **kwargs)
+    # another tenant's token: counted against its quotas first, before anything is read (429)
+    async with admitted(ctx, request, keyed_run_id(request), body.timeout_s) as run_id:
+        if run_id is not None:
+            kwargs["run_id"] = run_id
+        # another tenant's, or an agent a token is not given: 404, as for no such agent; a catalog
+        # name from another tenant's token: that tenant's own instance (placed on first use)
+        agent = await tenant_agent(ctx, request, body.agent)
+        await check_pages(ctx, request, body.pages)  # another tenant's token: its own folders' pages
+        await wake_agent(ctx, agent)  # suspended to make room: resumed first (bounded; else 503)
+        record = await runs.submit(agent, body.input, **kwargs)
     events_url = f"/v1/runs/{record.run_id}/events"
     if body.stream:  # submit and stream in one request: the events from the run's first one
         headers = {"Colony-Run-Id": record.run_id, "Content-Location": events_url}

@@ -39,7 +39,7 @@ from colony.api.errors import SessionStartFailed
 from colony.api.idempotency import keyed_run_id
 from colony.api.params import SessionId
 from colony.api.schemas import ErrorBody
-from colony.api.tenancy import admit_run, check_agent_quota, tenant_agent
+from colony.api.tenancy import admitted, check_agent_quota, tenant_agent
 from colony.api.tenant_pages import check_pages
 from colony.api.wake import wake, wake_agent
 from colony.context.sessions import SESSION_ROLE, SessionStore, is_session_id
@@ -218,10 +218,9 @@ async def start_session(request: Request, ctx: Context, body: SessionStart | Non
     principal = principal_of(request)
     await check_agent_quota(ctx, principal)  # another tenant's: one more agent within its quota
     await wake_agent(ctx, starter)  # suspended to make room (a higher-priority agent came): back first
-    run_id = await admit_run(ctx, request, keyed_run_id(request), START_TIMEOUT_S)
-    record = await runs.submit(
-        starter, {"pages": pages} if pages else {}, timeout_s=START_TIMEOUT_S, run_id=run_id
-    )
+    start = {"pages": pages} if pages else {}
+    async with admitted(ctx, request, keyed_run_id(request), START_TIMEOUT_S) as run_id:
+        record = await runs.submit(starter, start, timeout_s=START_TIMEOUT_S, run_id=run_id)
     deadline = time.monotonic() + START_TIMEOUT_S
     view = await runs.get(record.run_id)
     while view.status not in ("succeeded", "failed", "cancelled") and time.monotonic() < deadline:
@@ -295,8 +294,8 @@ async def send_message(
     await wake(ctx, session, strict=True)
     runs = (await ctx.services()).runs
     # keyed: a retry after a 5xx follows the same turn (its run), never stores the message twice
-    run_id = await admit_run(ctx, request, keyed_run_id(request), None)  # another tenant's: its quotas
-    record = await runs.submit(session_id, {"message": body.message}, run_id=run_id)
+    async with admitted(ctx, request, keyed_run_id(request), None) as run_id:  # another tenant's: quotas
+        record = await runs.submit(session_id, {"message": body.message}, run_id=run_id)
 
     async def stream() -> AsyncIterator[str]:
         yield _sse(None, "turn", {"run_id": record.run_id, "session_id": session_id}, record.run_id)

@@ -15,13 +15,13 @@ from __future__ import annotations
 
 from typing import Annotated, Any
 
-from fastapi import APIRouter, Body, Query, Request, Response
+from fastapi import APIRouter, Body, Depends, Query, Request, Response
 
 from colony.api.access import principal_of
 from colony.api.deps import GUARDED, Context, settings_of
 from colony.api.params import AgentId
 from colony.api.schemas import ErrorBody
-from colony.api.tenancy import check_agent_quota
+from colony.api.tenancy import check_agent_quota, within_bytes
 from colony.errors import ImportRejected
 from colony.system.export_document import AgentExport, json_bytes
 from colony.system.transfer import export_agent, import_agent
@@ -42,7 +42,7 @@ Replace = Annotated[
     bool,
     Query(description="overwrite a suspended (not hosted) agent of that id, and its blocks"),
 ]
-router = APIRouter(dependencies=GUARDED)
+router = APIRouter(dependencies=[*GUARDED, Depends(within_bytes)])  # 429 past a tenant's bytes
 
 
 def _errors(**described: str) -> dict[int | str, dict[str, Any]]:

@@ -220,3 +220,13 @@ securityContext:
 {{ toYaml $context | indent 2 }}
 {{- end -}}
 {{- end -}}
+
+{{/*
+With sandbox.userNamespaces: AppArmor unconfined for a Ray container also as the annotation that
+Kubernetes before 1.30 reads (1.30 and later read the securityContext field; both agree).
+*/}}
+{{- define "colony.rayAppArmor" -}}
+{{- if .root.Values.sandbox.userNamespaces -}}
+container.apparmor.security.beta.kubernetes.io/{{ .container }}: unconfined
+{{- end -}}
+{{- end -}}
