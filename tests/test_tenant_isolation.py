@@ -135,6 +135,10 @@ def bodies(other: dict[str, Any], mine: dict[str, Any]) -> dict[tuple[str, str],
             "agent_id": other["session"],
         },
         ("POST", "/v1/sessions"): {"pages": other["pages"][:1]},
+        ("POST", "/openai/v1/chat/completions"): {
+            "model": other["echo"],
+            "messages": [{"role": "user", "content": "x"}],
+        },
     }
 
 
@@ -143,7 +147,7 @@ def routes(served: TenantApp) -> list[tuple[str, str]]:
         (method, route.path)
         for route in served.app.routes
         for method in (getattr(route, "methods", None) or ())
-        if route.path.startswith("/v1/") and method != "HEAD"
+        if route.path.startswith(("/v1/", "/openai/")) and method != "HEAD"
     )
 
 

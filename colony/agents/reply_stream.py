@@ -101,11 +101,18 @@ class TokenCoalescer:
             await self._emit(text)
 
 
-async def stream_reply(agent: Agent | None, engine: InferenceEngine, request: InferenceRequest) -> str:
+async def stream_reply(
+    agent: Agent | None,
+    engine: InferenceEngine,
+    request: InferenceRequest,
+    report: dict[str, Any] | None = None,
+) -> str:
     """Generate `request` on `engine`, its text streamed to the run's requester as `token` events
     (coalesced while a write is in flight, see the module); the whole text, stripped. Every event
     is stored before this returns, so they precede the run's answer. A reply that starts to loop
-    (colony.inference.loops) is stopped there: the text streamed so far is the reply."""
+    (colony.inference.loops) is stopped there: the text streamed so far is the reply. `report`
+    gets the engine's `usage` and `finish_reason` from the last piece (`length`: cut at
+    max_tokens; `loop`: stopped repeating itself)."""
     parts: list[str] = []
     loops = LoopWatch()
 
@@ -119,6 +126,10 @@ async def stream_reply(agent: Agent | None, engine: InferenceEngine, request: In
         # with it the engine's hold on its slot, at once rather than when it is collected
         async with contextlib.aclosing(engine.stream(request)) as chunks:
             async for chunk in chunks:
+                if report is not None and chunk.finish_reason is not None:
+                    report["finish_reason"] = chunk.finish_reason
+                if report is not None and chunk.usage is not None:
+                    report["usage"] = chunk.usage
                 if chunk.text:
                     parts.append(chunk.text)
                     if tokens is not None:
@@ -127,6 +138,8 @@ async def stream_reply(agent: Agent | None, engine: InferenceEngine, request: In
                         await emit(chunk.text)
                     if loops.feed(chunk.text):  # closing the stream ends the generation
                         metrics.REPLY_LOOPS_STOPPED.inc()
+                        if report is not None:
+                            report["finish_reason"] = "loop"
                         log.info("a reply was stopped after %d pieces: it repeats itself", len(parts))
                         break
         if tokens is not None:

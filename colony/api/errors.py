@@ -174,12 +174,35 @@ def error_response(
     return AsciiJSON(status_code=status, content={"error": error}, headers=headers)
 
 
+OPENAI_PREFIX = "/openai/"  # the OpenAI-compatible door: its errors in OpenAI's shape
+OPENAI_TYPES = {401: "authentication_error", 403: "permission_error", 404: "not_found_error"}
+OPENAI_TYPES |= {429: "rate_limit_error", 400: "invalid_request_error", 422: "invalid_request_error"}
+
+
+def shaped(
+    request: Request,
+    status: int,
+    code: str,
+    message: str,
+    headers: dict[str, str] | None = None,
+    *,
+    param: str | None = None,
+    **fields: Any,
+) -> JSONResponse:
+    """An error answer: Colony's `{"error": {"code", "message"}}`, and on the OpenAI door OpenAI's
+    (`message`, `type`, `param`, `code`: a superset, which Colony's clients read as well)."""
+    if request.url.path.startswith(OPENAI_PREFIX):
+        kind = OPENAI_TYPES.get(status, "server_error" if status >= 500 else "invalid_request_error")
+        fields = {**fields, "type": kind, "param": param}
+    return error_response(status, code, message, headers, **fields)
+
+
 async def colony_error(request: Request, exc: Exception) -> JSONResponse:
     assert isinstance(exc, ColonyError)
     answer = http_error_of(exc)
     fields = answer.fields(exc) if answer.fields else {}
     headers = answer.headers(exc) if answer.headers else None
-    return error_response(answer.status, answer.code, str(exc), headers, **fields)
+    return shaped(request, answer.status, answer.code, str(exc), headers, **fields)
 
 
 async def http_error(request: Request, exc: Exception) -> JSONResponse:
@@ -190,7 +213,7 @@ async def http_error(request: Request, exc: Exception) -> JSONResponse:
         headers = {**(headers or {}), "Allow": ", ".join(allowed_methods(request.app, request))}
     if exc.status_code == 400 and message == "There was an error parsing the body":
         message = "the request body is not valid JSON (UTF-8, at most a few hundred levels deep)"
-    return error_response(exc.status_code, HTTP_CODES.get(exc.status_code, "http_error"), message, headers)
+    return shaped(request, exc.status_code, HTTP_CODES.get(exc.status_code, "http_error"), message, headers)
 
 
 def _problem(err: Any) -> str:
@@ -202,14 +225,19 @@ def _problem(err: Any) -> str:
 
 async def bad_request(request: Request, exc: Exception) -> JSONResponse:
     assert isinstance(exc, RequestValidationError)
-    return error_response(422, "invalid_request", "; ".join(_problem(err) for err in exc.errors()))
+    problems = exc.errors()
+    message = "; ".join(_problem(err) for err in problems)
+    if request.url.path.startswith(OPENAI_PREFIX) and problems:  # OpenAI's: 400, naming the field
+        param = ".".join(str(p) for p in problems[0]["loc"] if p != "body") or None
+        return shaped(request, 400, "invalid_request", message, param=param)
+    return error_response(422, "invalid_request", message)
 
 
 async def unexpected(request: Request, exc: Exception) -> JSONResponse:
     """A bug, not an input problem: logged with its traceback; the client gets the error model."""
     log.error("%s %s failed", request.method, request.url.path, exc_info=exc)
-    return error_response(
-        500, "internal", f"internal error ({type(exc).__name__}); see the API replica's log"
+    return shaped(
+        request, 500, "internal", f"internal error ({type(exc).__name__}); see the API replica's log"
     )
 
 

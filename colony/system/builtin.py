@@ -78,18 +78,81 @@ class AskCapability(AgentCapability):
         self.system_prompt = system_prompt
 
     @action_executor(action_type=ActionType.ANALYZE)
-    async def ask(self, question: str) -> str:
-        """Answer a question; the answer's tokens stream to the requester as `token` events."""
+    async def ask(
+        self,
+        question: str | None = None,
+        messages: list[Any] | None = None,
+        response_format: Any = None,
+        max_tokens: int | None = None,
+    ) -> str | dict[str, Any]:
+        """Answer a question; the answer's tokens stream to the requester as `token` events. The
+        chat form (`messages`, OpenAI's {role, content}, as `POST /openai/v1/chat/completions`
+        sends them; `response_format`: a JSON Schema the reply follows; `max_tokens`) answers
+        {"content", "finish_reason", "usage"} (the engine's token counts) instead of the text."""
         if self.engine is None:
             raise AgentUsageError("the ask agent runs on an engine replica (no engine was injected)")
+        if messages is None:
+            if not isinstance(question, str) or not question:
+                raise AgentUsageError("ask needs a `question` (text) or `messages` (a chat)")
+            request = InferenceRequest(
+                messages=[
+                    ChatMessage(role="system", content=self.system_prompt),
+                    ChatMessage(role="user", content=question),
+                ],
+                max_tokens=self.max_tokens,
+            )
+            return await stream_reply(self.agent, self.engine, request)
+        return await self._chat(messages, response_format, max_tokens)
+
+    async def _chat(self, messages: Any, response_format: Any, max_tokens: Any) -> dict[str, Any]:
+        assert self.engine is not None
+        chat = chat_of(messages)
+        if chat[0].role != "system":
+            chat.insert(0, ChatMessage(role="system", content=self.system_prompt))
+        if max_tokens is not None and (
+            not isinstance(max_tokens, int) or not 1 <= max_tokens <= MAX_CHAT_TOKENS
+        ):
+            raise AgentUsageError(f"max_tokens must be 1 to {MAX_CHAT_TOKENS}")
         request = InferenceRequest(
-            messages=[
-                ChatMessage(role="system", content=self.system_prompt),
-                ChatMessage(role="user", content=question),
-            ],
-            max_tokens=self.max_tokens,
+            messages=chat, max_tokens=max_tokens or self.max_tokens, response_format=response_format
         )
-        return await stream_reply(self.agent, self.engine, request)
+        report: dict[str, Any] = {}
+        text = await stream_reply(self.agent, self.engine, request, report)
+        usage = report.get("usage")
+        return {
+            "content": text,
+            "finish_reason": report.get("finish_reason") or "stop",
+            "usage": {
+                "prompt_tokens": usage.prompt_tokens if usage is not None else 0,
+                "completion_tokens": usage.completion_tokens if usage is not None else 0,
+            },
+        }
+
+
+MAX_CHAT_MESSAGES = 256
+MAX_CHAT_CHARS = 400_000  # of a chat's messages together
+MAX_CHAT_TOKENS = 8192
+CHAT_ROLES = ("system", "user", "assistant")
+
+
+def chat_of(messages: Any) -> list[ChatMessage]:
+    """A chat's messages ({role, content} with a role of CHAT_ROLES and text), checked and bounded
+    (they come from a client); AgentUsageError naming the first that is not."""
+    if not isinstance(messages, list) or not 1 <= len(messages) <= MAX_CHAT_MESSAGES:
+        raise AgentUsageError(f"messages must be a list of 1 to {MAX_CHAT_MESSAGES} messages")
+    chat, size = [], 0
+    for index, message in enumerate(messages):
+        role = message.get("role") if isinstance(message, dict) else None
+        content = message.get("content") if isinstance(message, dict) else None
+        if role not in CHAT_ROLES or not isinstance(content, str):
+            raise AgentUsageError(
+                f"messages[{index}] must be {{role: {'|'.join(CHAT_ROLES)}, content: text}}"
+            )
+        size += len(content)
+        if size > MAX_CHAT_CHARS:
+            raise AgentUsageError(f"messages hold more than {MAX_CHAT_CHARS} characters together")
+        chat.append(ChatMessage(role=role, content=content))
+    return chat
 
 
 def echo_blueprint(agent_id: str = "echo", serving: RunServing = ECHO_POOL) -> AgentBlueprint:
@@ -121,7 +184,17 @@ def ask_blueprint(
             AgentRunCapability.bind(namespace=RUNS_NAMESPACE),
         ],
         action_policy=ScriptedActionPolicy.bind(
-            steps=[{"action": "ask", "parameters": {"question": "$input.question"}}]
+            steps=[
+                {
+                    "action": "ask",
+                    "parameters": {
+                        "question": "$input.question",
+                        "messages": "$input.messages",
+                        "response_format": "$input.response_format",
+                        "max_tokens": "$input.max_tokens",
+                    },
+                }
+            ]
         ),
         serving=serving,
     )

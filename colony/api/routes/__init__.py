@@ -18,6 +18,7 @@ from colony.api.routes import (
     console,
     health,
     memory,
+    openai_compat,
     pages,
     runs,
     sessions,
@@ -38,5 +39,6 @@ ROUTERS: tuple[APIRouter, ...] = (
     transfer.router,
     sessions.router,
     access.router,
+    openai_compat.router,
     console.router,
 )

@@ -47,6 +47,7 @@ from colony.context.tree import BRANCH_PATTERN, MESSAGE_ID_PATTERN, Message, Tre
 from colony.errors import AgentNotFound, ColonyError, InvalidArgument, SessionNotFound
 from colony.system.builtin import MAX_SESSION_PAGES, PAGE_ID
 from colony.system.registry import AgentRecord
+from colony.system.runs import RunRecord
 
 STARTER = "session"  # the catalog agent that places session agents
 # a start the starter refused for its input (colony.system.builtin.SessionStarterCapability._known):
@@ -284,18 +285,8 @@ async def send_message(
     followed at /v1/runs/{run_id}/events (the `turn` event's run id) with Last-Event-ID. A session
     suspended to make room is resumed first (at most `colony.api.wake.WAKE_SECONDS`; then 503 with
     Retry-After)."""
-    session = await session_record(ctx, session_id)
-    store = await store_of(ctx, session_id, session)
-    limit = store.settings.session_max_message_chars
-    if len(body.message) > limit:
-        raise InvalidArgument(
-            f"message: {len(body.message)} characters; at most {limit} (context.session_max_message_chars)"
-        )
-    await wake(ctx, session, strict=True)
+    record = await submit_turn(ctx, request, session_id, body.message)
     runs = (await ctx.services()).runs
-    # keyed: a retry after a 5xx follows the same turn (its run), never stores the message twice
-    async with admitted(ctx, request, keyed_run_id(request), None) as run_id:  # another tenant's: quotas
-        record = await runs.submit(session_id, {"message": body.message}, run_id=run_id)
 
     async def stream() -> AsyncIterator[str]:
         yield _sse(None, "turn", {"run_id": record.run_id, "session_id": session_id}, record.run_id)
@@ -312,6 +303,24 @@ async def send_message(
                 await cancel_and_wait([watch])
 
     return TurnStream(stream(), headers={"Cache-Control": "no-cache", "Colony-Run-Id": record.run_id})
+
+
+async def submit_turn(ctx: ApiContext, request: Request, session_id: str, message: str) -> RunRecord:
+    """One turn's run (the session's agent woken first; SessionNotFound, 422 for a message over
+    `context.session_max_message_chars`): what `POST .../messages` and the OpenAI door's chat
+    completions in a session submit."""
+    session = await session_record(ctx, session_id)
+    store = await store_of(ctx, session_id, session)
+    limit = store.settings.session_max_message_chars
+    if len(message) > limit:
+        raise InvalidArgument(
+            f"message: {len(message)} characters; at most {limit} (context.session_max_message_chars)"
+        )
+    await wake(ctx, session, strict=True)
+    runs = (await ctx.services()).runs
+    # keyed: a retry after a 5xx follows the same turn (its run), never stores the message twice
+    async with admitted(ctx, request, keyed_run_id(request), None) as run_id:  # another tenant's: quotas
+        return await runs.submit(session_id, {"message": message}, run_id=run_id)
 
 
 def _turn_lines(event_id: str, event: dict[str, Any], run_id: str) -> list[str]:

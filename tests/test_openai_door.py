@@ -1,0 +1,193 @@
+"""The OpenAI-compatible door (issue 40, deliverable 1) with the real `openai` package, unchanged,
+pointed at `<colony>/openai/v1` with a Colony token as its API key: models, a completion, a
+streamed completion whose text is the run's output, JSON-schema output (the schema reaches the
+engine's constrained decoding), a two-turn conversation through a session, tenants and verbs as on
+every route, and hostile bodies answered 400 in OpenAI's error shape. The API is served on a
+loopback port over a real redis-server with a ReplicaHost (scripted engine: the words do not matter
+here) and an in-process control plane (tests/tenant_kit.py)."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterator
+from typing import Any
+
+import httpx
+import openai
+import pytest
+from tenant_kit import HOME, TOKEN, TenantApp, bearer, made
+
+from colony.agents.models import RunServing
+from colony.blackboard.redis_server import RedisServerInfo
+from colony.inference import InferenceRequest
+from colony.system.builtin import ask_blueprint
+
+SCHEMA = {
+    "type": "object",
+    "properties": {"city": {"type": "string"}},
+    "required": ["city"],
+    "additionalProperties": False,
+}
+
+
+class DoorApp(TenantApp):
+    """The tenant kit's colony, with `ask` (one agent) answering from a scripted engine."""
+
+    def __init__(self, redis_url: str, roots: list[Any]) -> None:
+        super().__init__(redis_url, roots)
+        self.engine._fn = self.reply  # (the kit's engine, answering with this reply)
+        self.seen: list[InferenceRequest] = []
+
+    def reply(self, request: InferenceRequest) -> Any:
+        self.seen.append(request)
+        if request.response_format is not None:
+            return {"city": "Lyon"}
+        last = request.chat_messages()[-1].content
+        return f"You said: {last}"
+
+    async def start_services(self) -> Any:
+        services = await super().start_services()
+        await self.control.place(ask_blueprint(serving=RunServing()))
+        return services
+
+
+@pytest.fixture(scope="module")
+def door(redis_server: RedisServerInfo, tmp_path_factory: pytest.TempPathFactory) -> Iterator[DoorApp]:
+    with DoorApp(redis_server.url, [tmp_path_factory.mktemp("door")]) as app:
+        yield app
+
+
+def client(door: DoorApp, token: str = TOKEN) -> openai.OpenAI:
+    return openai.OpenAI(base_url=f"{door.url}/openai/v1", api_key=token, max_retries=0, timeout=60)
+
+
+def test_models_list_the_agents_a_client_may_talk_to(door: DoorApp) -> None:
+    ids = [m.id for m in client(door).models.list()]
+    assert {"ask", "echo", "session", "assistant"} <= set(ids)
+
+
+def test_a_completion_and_its_usage_come_from_the_agents_run(door: DoorApp) -> None:
+    answer = client(door).chat.completions.create(
+        model="ask",
+        messages=[{"role": "system", "content": "Be brief."}, {"role": "user", "content": "Hi there"}],
+    )
+    assert answer.choices[0].message.content == "You said: Hi there"
+    assert answer.choices[0].finish_reason == "stop" and answer.model == "ask"
+    seen = door.seen[-1].chat_messages()
+    assert [m.role for m in seen] == ["system", "user"] and seen[0].content == "Be brief."
+    assert answer.usage is not None and answer.usage.completion_tokens == 4  # the engine's count
+    assert answer.usage.total_tokens == answer.usage.prompt_tokens + 4
+    run_id = answer.id.removeprefix("chatcmpl-")
+    run = httpx.get(f"{door.url}/v1/runs/{run_id}", headers=HOME).json()
+    assert run["status"] == "succeeded" and run["output"]["content"] == "You said: Hi there"
+
+
+def test_a_streamed_completion_is_the_runs_output(door: DoorApp) -> None:
+    stream = client(door).chat.completions.create(
+        model="ask", messages=[{"role": "user", "content": "tell me  a story"}], stream=True,
+        stream_options={"include_usage": True},
+    )  # fmt: skip
+    chunks = list(stream)
+    text = "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
+    assert text == "You said: tell me  a story"
+    assert len([c for c in chunks if c.choices and c.choices[0].delta.content]) > 3  # piece by piece
+    assert [c.choices[0].finish_reason for c in chunks if c.choices][-1] == "stop"
+    assert chunks[-1].usage is not None and chunks[-1].usage.completion_tokens > 0
+    run_id = chunks[0].id.removeprefix("chatcmpl-")
+    output = httpx.get(f"{door.url}/v1/runs/{run_id}", headers=HOME).json()["output"]
+    assert output["content"] == text
+
+
+def test_json_schema_output_reaches_the_engines_constrained_decoding(door: DoorApp) -> None:
+    answer = client(door).chat.completions.create(
+        model="ask",
+        messages=[{"role": "user", "content": "Where is the Musée des Confluences?"}],
+        response_format={"type": "json_schema", "json_schema": {"name": "place", "schema": SCHEMA}},
+    )
+    assert json.loads(answer.choices[0].message.content or "") == {"city": "Lyon"}
+    assert door.seen[-1].response_format == SCHEMA
+    with pytest.raises(openai.BadRequestError) as refused:
+        client(door).chat.completions.create(
+            model="ask",
+            messages=[{"role": "user", "content": "x"}],
+            response_format={
+                "type": "json_schema",
+                "json_schema": {"name": "bad", "schema": {"type": "nothing"}},
+            },
+        )
+    assert "response_format" in str(refused.value)
+
+
+def test_a_two_turn_conversation_through_a_session(door: DoorApp) -> None:
+    session = httpx.post(f"{door.url}/v1/sessions", json={}, headers=HOME).json()["session_id"]
+    chat = client(door)
+    first = chat.chat.completions.create(
+        model="session",
+        messages=[{"role": "user", "content": "My name is Dana."}],
+        extra_body={"session": session},
+    )
+    second = chat.chat.completions.create(
+        model="session",
+        messages=[{"role": "user", "content": "What is my name?"}],
+        extra_headers={"Colony-Session": session},
+    )
+    assert first.choices[0].message.content and second.choices[0].message.content
+    prompt = [m.content for m in door.seen[-1].chat_messages()]
+    assert any("My name is Dana." in text for text in prompt)  # the session kept the first turn
+    tree = httpx.get(f"{door.url}/v1/sessions/{session}/messages", headers=HOME).json()
+    assert [m["content"] for m in tree["messages"] if m["role"] == "user"] == [
+        "My name is Dana.",
+        "What is my name?",
+    ]
+
+
+def test_tokens_tenants_and_verbs_hold_at_this_door(door: DoorApp) -> None:
+    with httpx.Client(base_url=door.url, timeout=60) as http:
+        reader = made(http, "dx", ["read"])["token"]
+        runner = made(http, "dx", ["read", "run"])["token"]
+        other = made(http, "dy", ["read", "run"])["token"]
+    with pytest.raises(openai.AuthenticationError):
+        client(door, "wrong").models.list()
+    with pytest.raises(openai.PermissionDeniedError):
+        client(door, reader).chat.completions.create(model="ask", messages=[{"role": "user", "content": "x"}])
+    answer = client(door, runner).chat.completions.create(
+        model="ask", messages=[{"role": "user", "content": "x"}]
+    )
+    run = httpx.get(
+        f"{door.url}/v1/runs/{answer.id.removeprefix('chatcmpl-')}", headers=bearer(runner)
+    ).json()
+    assert run["agent"] == "t.dx.ask"  # another tenant's own instance
+    with pytest.raises(openai.NotFoundError):  # another tenant's agent, named by its id
+        client(door, other).chat.completions.create(
+            model="t.dx.ask", messages=[{"role": "user", "content": "x"}]
+        )
+    session = httpx.post(f"{door.url}/v1/sessions", json={}, headers=HOME).json()["session_id"]
+    with pytest.raises(openai.NotFoundError):  # the colony's own session, from another tenant
+        client(door, runner).chat.completions.create(
+            model="session", messages=[{"role": "user", "content": "x"}], extra_body={"session": session}
+        )
+
+
+@pytest.mark.parametrize(
+    "body,param",
+    [
+        ({"model": "ask", "messages": []}, "messages"),
+        ({"model": "ask", "messages": [{"role": "user", "content": "x"}], "n": 2}, "n"),
+        (
+            {"model": "ask", "messages": [{"role": "user", "content": "x"}], "tools": [{"type": "function"}]},
+            "tools",
+        ),
+        ({"model": "../x", "messages": [{"role": "user", "content": "x"}]}, "model"),
+        ({"model": "ask", "messages": [{"role": "user", "content": [{"type": "image_url"}]}]}, "messages"),
+        ({"model": "ask", "messages": [{"role": "user", "content": "x"}], "max_tokens": 10**9}, "max_tokens"),
+        ({"model": "ask", "messages": [{"role": "user", "content": "x"}], "surprise": 1}, "surprise"),
+    ],
+)
+def test_hostile_bodies_are_400_in_openais_shape(door: DoorApp, body: dict[str, Any], param: str) -> None:
+    answer = httpx.post(f"{door.url}/openai/v1/chat/completions", json=body, headers=HOME, timeout=30)
+    assert answer.status_code == 400, answer.text
+    error = answer.json()["error"]
+    assert error["type"] == "invalid_request_error" and error["param"].startswith(param), error
+    assert "message" in error and "code" in error
+    not_json = httpx.post(f"{door.url}/openai/v1/chat/completions", content=b"{", headers=HOME, timeout=30)
+    assert not_json.status_code == 400 and not_json.json()["error"]["type"] == "invalid_request_error"
