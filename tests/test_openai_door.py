@@ -40,6 +40,8 @@ class DoorApp(TenantApp):
 
     def reply(self, request: InferenceRequest) -> Any:
         self.seen.append(request)
+        if request.chat_messages()[-1].content == "fail!":
+            raise RuntimeError("the engine broke")
         if request.response_format is not None:
             return {"city": "Lyon"}
         last = request.chat_messages()[-1].content
@@ -63,7 +65,10 @@ def client(door: DoorApp, token: str = TOKEN) -> openai.OpenAI:
 
 def test_models_list_the_agents_a_client_may_talk_to(door: DoorApp) -> None:
     ids = [m.id for m in client(door).models.list()]
-    assert {"ask", "echo", "session", "assistant"} <= set(ids)
+    assert ids == ["echo", "ask", "session"]  # the catalog's agents placed here (no assistant: 404)
+    with httpx.Client(base_url=door.url, timeout=60) as http:
+        guest = made(http, "dm", ["read"])["token"]
+    assert "assistant" in [m.id for m in client(door, guest).models.list()]  # placed on first use
 
 
 def test_a_completion_and_its_usage_come_from_the_agents_run(door: DoorApp) -> None:
@@ -191,3 +196,79 @@ def test_hostile_bodies_are_400_in_openais_shape(door: DoorApp, body: dict[str, 
     assert "message" in error and "code" in error
     not_json = httpx.post(f"{door.url}/openai/v1/chat/completions", content=b"{", headers=HOME, timeout=30)
     assert not_json.status_code == 400 and not_json.json()["error"]["type"] == "invalid_request_error"
+
+
+def test_model_session_without_a_session_says_how_to_name_one(door: DoorApp) -> None:
+    with pytest.raises(openai.UnprocessableEntityError) as refused:
+        client(door).chat.completions.create(model="session", messages=[{"role": "user", "content": "hi"}])
+    assert "Colony-Session" in str(refused.value)
+
+
+def test_a_session_turn_answers_its_reply_streamed_or_not(door: DoorApp) -> None:
+    session = httpx.post(f"{door.url}/v1/sessions", json={}, headers=HOME).json()["session_id"]
+    chat = client(door)
+    plain = chat.chat.completions.create(
+        model="session",
+        messages=[{"role": "user", "content": "hello  there"}],
+        extra_body={"session": session},
+    )
+    assert plain.choices[0].message.content == "You said: hello  there"
+    chunks = list(
+        chat.chat.completions.create(
+            model="session",
+            messages=[{"role": "user", "content": "and again"}],
+            extra_body={"session": session},
+            stream=True,
+        )
+    )
+    text = "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
+    assert text == "You said: and again" and chunks[-1].choices[0].finish_reason == "stop"
+    output = httpx.get(f"{door.url}/v1/runs/{chunks[0].id.removeprefix('chatcmpl-')}", headers=HOME).json()[
+        "output"
+    ]
+    assert output["message"]["content"] == text
+
+
+def test_a_reply_sent_back_as_history_and_newer_fields_are_taken(door: DoorApp) -> None:
+    chat = client(door)
+    first = chat.chat.completions.create(model="ask", messages=[{"role": "user", "content": "one"}])
+    history = [{"role": "user", "content": "one"}, first.choices[0].message.model_dump(exclude_none=False)]
+    second = chat.chat.completions.create(
+        model="ask",
+        messages=[*history, {"role": "user", "content": "two"}],
+        reasoning_effort="low",
+        stream_options=None,
+    )
+    assert second.choices[0].message.content == "You said: two"
+    assert [m.content for m in door.seen[-1].chat_messages()][-3:] == ["one", "You said: one", "two"]
+
+
+def test_a_failed_run_is_not_retried_by_the_client_and_a_keyed_retry_is_the_same_run(door: DoorApp) -> None:
+    before = sum(1 for r in door.seen if r.chat_messages()[-1].content == "fail!")
+    patient = openai.OpenAI(base_url=f"{door.url}/openai/v1", api_key=TOKEN, max_retries=2, timeout=60)
+    with pytest.raises(openai.InternalServerError) as failed:
+        patient.chat.completions.create(model="ask", messages=[{"role": "user", "content": "fail!"}])
+    assert "the engine broke" in str(failed.value)
+    assert sum(1 for r in door.seen if r.chat_messages()[-1].content == "fail!") == before + 1
+    key = {"Idempotency-Key": "door-key-1"}
+    one = patient.chat.completions.create(
+        model="ask", messages=[{"role": "user", "content": "k"}], extra_headers=key
+    )
+    two = patient.chat.completions.create(
+        model="ask", messages=[{"role": "user", "content": "k"}], extra_headers=key
+    )
+    assert one.id == two.id
+
+
+def test_a_schema_that_would_blow_up_a_grammar_is_refused(door: DoorApp) -> None:
+    for schema in (
+        {"type": "array", "items": {"type": "string"}, "minItems": 10**9},
+        {"type": "string", "maxLength": 10**7},
+        {"type": "object", "properties": {"x": {"type": "string", "description": "y" * 70_000}}},
+    ):
+        with pytest.raises(openai.UnprocessableEntityError):
+            client(door).chat.completions.create(
+                model="ask",
+                messages=[{"role": "user", "content": "x"}],
+                response_format={"type": "json_schema", "json_schema": {"name": "s", "schema": schema}},
+            )

@@ -92,7 +92,7 @@ class AskCapability(AgentCapability):
         if self.engine is None:
             raise AgentUsageError("the ask agent runs on an engine replica (no engine was injected)")
         if messages is None:
-            if not isinstance(question, str) or not question:
+            if not isinstance(question, str):
                 raise AgentUsageError("ask needs a `question` (text) or `messages` (a chat)")
             request = InferenceRequest(
                 messages=[

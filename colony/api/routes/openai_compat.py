@@ -27,9 +27,11 @@ from colony.api.access import check_agent, principal_of, visible
 from colony.api.deps import GUARDED, ApiContext, Context, settings_of
 from colony.api.errors import shaped
 from colony.api.event_stream import wait_for_end
-from colony.api.routes.sessions import submit_turn
+from colony.api.idempotency import keyed_run_id
+from colony.api.routes.sessions import STARTER, submit_turn
 from colony.api.schemas import COMMON, NO_PARAMS, ErrorBody, _errors
 from colony.api.tenancy import admitted, tenant_agent
+from colony.api.wake import wake_agent
 from colony.errors import InvalidArgument
 from colony.inference.models import check_schema
 from colony.inference.tokens import estimate_tokens
@@ -37,6 +39,7 @@ from colony.system.builtin import MAX_CHAT_MESSAGES, MAX_CHAT_TOKENS
 from colony.system.catalog import BUILTIN_AGENTS
 from colony.system.runs import RunRecord, RunService
 from colony.wire.ids import ID_PATTERN
+from colony.wire.input_check import check_input
 from colony.wire.run_events import is_terminal
 from colony.wire.runs import MAX_WAIT_SECONDS
 
@@ -56,14 +59,23 @@ class TextPart(BaseModel):
 
 
 class MessageIn(BaseModel):
+    """A message; an assistant's as the door answered it may come back whole (`refusal`, ...)."""
+
     model_config = ConfigDict(extra="forbid")
     role: Literal["system", "developer", "user", "assistant"]
-    content: Annotated[str, Field(max_length=400_000)] | list[TextPart] = Field(
-        description="text, or text parts (no images: this door takes text)"
+    content: Annotated[str, Field(max_length=400_000)] | list[TextPart] | None = Field(
+        description="text, or text parts (no images: this door takes text); null for an assistant's"
     )
     name: str | None = Field(None, max_length=64)
+    refusal: Annotated[str, Field(max_length=400_000)] | None = None
+    annotations: list[Any] | None = Field(None, max_length=0)
+    audio: None = None
+    function_call: None = None
+    tool_calls: list[Any] | None = Field(None, max_length=0)
 
     def text(self) -> str:
+        if self.content is None:
+            return ""
         return self.content if isinstance(self.content, str) else "".join(p.text for p in self.content)
 
 
@@ -84,6 +96,7 @@ class ResponseFormat(BaseModel):
 class StreamOptions(BaseModel):
     model_config = ConfigDict(extra="forbid")
     include_usage: bool = False
+    include_obfuscation: bool | None = None
 
 
 class ChatCompletion(BaseModel):
@@ -122,6 +135,11 @@ class ChatCompletion(BaseModel):
     )
     store: bool | None = None
     logit_bias: dict[Annotated[str, Field(max_length=16)], float] | None = Field(None, max_length=300)
+    reasoning_effort: Literal["minimal", "low", "medium", "high"] | None = None
+    service_tier: Annotated[str, Field(max_length=32)] | None = None
+    modalities: list[Literal["text"]] | None = Field(None, max_length=1)
+    prediction: Any = None
+    verbosity: Literal["low", "medium", "high"] | None = None
 
     def schema_of(self) -> dict[str, Any] | None:
         """The JSON Schema the reply must follow (json_object: any object), checked (400 else)."""
@@ -133,11 +151,41 @@ class ChatCompletion(BaseModel):
         if held.json_schema is None:
             raise InvalidArgument("response_format.json_schema: required with type json_schema")
         check_schema(held.json_schema.schema_)
+        bounded_schema(held.json_schema.schema_)
         return held.json_schema.schema_
 
 
+SCHEMA_BYTES, SCHEMA_DEPTH, SCHEMA_COUNT_MAX = 64_000, 32, 4096
+COUNTS = ("minItems", "maxItems", "minLength", "maxLength", "minProperties", "maxProperties", "minContains")
+
+
+def bounded_schema(schema: dict[str, Any]) -> None:
+    """InvalidArgument for a schema a client could make constrained decoding expensive with: over
+    SCHEMA_BYTES of JSON, nested deeper than SCHEMA_DEPTH, or asking for more than SCHEMA_COUNT_MAX
+    items, characters or properties (a grammar spells its repetitions out)."""
+    if len(json.dumps(schema)) > SCHEMA_BYTES:
+        raise InvalidArgument(f"response_format.json_schema.schema: over {SCHEMA_BYTES} bytes of JSON")
+    stack: list[tuple[Any, int]] = [(schema, 0)]
+    while stack:
+        node, depth = stack.pop()
+        if depth > SCHEMA_DEPTH:
+            raise InvalidArgument(f"response_format.json_schema.schema: nested deeper than {SCHEMA_DEPTH}")
+        if isinstance(node, dict):
+            for key in COUNTS:
+                count = node.get(key)
+                if isinstance(count, int | float) and count > SCHEMA_COUNT_MAX:
+                    raise InvalidArgument(
+                        f"response_format.json_schema.schema: {key} {count} is over {SCHEMA_COUNT_MAX}"
+                    )
+            stack.extend((value, depth + 1) for value in node.values())
+        elif isinstance(node, list):
+            stack.extend((value, depth + 1) for value in node)
+
+
 def openai_error(request: Request, status: int, message: str, code: str) -> JSONResponse:
-    return shaped(request, status, code, message)
+    """An error the client must not retry by itself (the run ran: a retry would run it again;
+    `x-should-retry` tells the openai package so)."""
+    return shaped(request, status, code, message, {"x-should-retry": "false"})
 
 
 def _catalog(ctx_settings: Any) -> list[str]:
@@ -148,9 +196,13 @@ def _catalog(ctx_settings: Any) -> list[str]:
 async def list_models(request: Request, ctx: Context) -> dict[str, Any]:
     """The agents a client may talk to: the catalog's (another tenant's token: its own instances,
     by the same names; a token given some agents: those)."""
-    names = _catalog(settings_of(await ctx.services()))
+    services = await ctx.services()
+    names = _catalog(settings_of(services))
     principal = principal_of(request)
     start = principal.prefix if principal is not None else ""
+    if not start:  # the colony's own: the catalog's agents that are placed (another tenant's are
+        placed = await services.registry.get_many(names)  # placed on first use)
+        names = [n for n, record in zip(names, placed, strict=True) if record is not None]
     shown = visible(request, (f"{start}{name}" for name in names))
     names = [n for n in names if shown is None or f"{start}{n}" in shown]
     return {
@@ -197,16 +249,27 @@ async def _submit(ctx: ApiContext, request: Request, body: ChatCompletion) -> Ru
         if last.role != "user":
             raise InvalidArgument("messages: in a session the last message is the user's turn")
         return await submit_turn(ctx, request, session, last.text())
+    if body.model == STARTER:  # (its runs start sessions: a chat names the one it continues)
+        raise InvalidArgument(
+            "session: model `session` continues a session: name it in the body's `session` field or the "
+            "Colony-Session header (POST /v1/sessions starts one)"
+        )
     schema = body.schema_of()
-    agent = await tenant_agent(ctx, request, body.model, field="model")
     messages = [
         {"role": "system" if m.role == "developer" else m.role, "content": m.text()} for m in body.messages
     ]
     run_input = {"messages": messages, "max_tokens": body.max_completion_tokens or body.max_tokens}
     if schema is not None:
         run_input["response_format"] = schema
+    try:
+        check_input(run_input, ctx.api.max_input_depth)
+    except ValueError as exc:  # too deep, NaN/Infinity: not stored (as POST /v1/runs)
+        raise InvalidArgument(str(exc)) from None
     runs = (await ctx.services()).runs
-    async with admitted(ctx, request, None, MAX_WAIT_SECONDS) as run_id:
+    # as POST /v1/runs: quotas first, an Idempotency-Key makes a retry the same run, the agent woken
+    async with admitted(ctx, request, keyed_run_id(request), MAX_WAIT_SECONDS) as run_id:
+        agent = await tenant_agent(ctx, request, body.model, field="model")
+        await wake_agent(ctx, agent)
         return await runs.submit(agent, run_input, timeout_s=MAX_WAIT_SECONDS, run_id=run_id)
 
 
@@ -224,6 +287,8 @@ def _answer(output: Any, body: ChatCompletion) -> tuple[str, str, dict[str, int]
     message) where it reports them, else its output as text (JSON if not text) and estimated
     token counts (characters / 4)."""
     reported = output.get("usage") if isinstance(output, dict) else None
+    if isinstance(output, dict) and isinstance(output.get("message"), dict):  # a session's turn
+        output = output["message"]
     content = output.get("content") if isinstance(output, dict) and "content" in output else output
     text = content if isinstance(content, str) else json.dumps(content)
     finish = output.get("finish_reason") if isinstance(output, dict) else None
@@ -267,11 +332,11 @@ async def _chunks(
         if kind == "token" and isinstance(data, dict) and isinstance(data.get("text"), str):
             # the answer is the reply stripped: so are the pieces together (none starts or ends it)
             piece = data["text"] if streamed else data["text"].lstrip()
-            body = piece.rstrip()
-            if body:
-                streamed.append(held + body)
-                yield chunk({"content": held + body})
-                held = piece[len(body) :]
+            kept = piece.rstrip()
+            if kept:
+                streamed.append(held + kept)
+                yield chunk({"content": held + kept})
+                held = piece[len(kept) :]
             elif streamed:
                 held += piece
         if not is_terminal(event):

@@ -1,0 +1,84 @@
+"""The OpenAI-compatible door on a real `colony up` (issue 40, deliverable 3): the `openai` package,
+unchanged, against the documented base URL, with the embedded model answering: a completion, a
+streamed completion whose text is the run's output, JSON-schema output the engine's constrained
+decoding holds to, and a two-turn conversation through a session."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterator
+
+import httpx
+import openai
+import pytest
+
+from colony.blackboard.redis_server import free_port
+from colony.config import ColonySettings, ServeSettings
+from colony.serve import cluster
+
+SCHEMA = {
+    "type": "object",
+    "properties": {"answer": {"type": "string", "maxLength": 40}},
+    "required": ["answer"],
+    "additionalProperties": False,
+}
+
+
+@pytest.fixture(scope="module")
+def up(tmp_path_factory: pytest.TempPathFactory) -> Iterator[cluster.ClusterInfo]:
+    settings = ColonySettings(
+        data_dir=tmp_path_factory.mktemp("colony-openai"),
+        serve=ServeSettings(port=free_port(), num_cpus=2, replicas=1, replica_cpus=0.5),
+    )
+    info = cluster.up(settings)
+    try:
+        yield info
+    finally:
+        cluster.down(settings)
+
+
+def test_the_openai_package_talks_to_a_colony_up(up: cluster.ClusterInfo) -> None:
+    colony = openai.OpenAI(base_url=f"{up.url}/openai/v1", api_key=up.token, max_retries=0, timeout=600)
+    assert "ask" in {m.id for m in colony.models.list()}
+    answer = colony.chat.completions.create(
+        model="ask", messages=[{"role": "user", "content": "Name a colour."}], max_tokens=12
+    )
+    assert answer.choices[0].message.content and answer.usage is not None
+    assert 0 < answer.usage.completion_tokens <= 12 and answer.usage.prompt_tokens > 5  # the tokenizer's
+    chunks = list(
+        colony.chat.completions.create(
+            model="ask", messages=[{"role": "user", "content": "Count to five."}], max_tokens=16, stream=True
+        )
+    )
+    text = "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
+    run = httpx.get(
+        f"{up.url}/v1/runs/{chunks[0].id.removeprefix('chatcmpl-')}",
+        headers={"Authorization": f"Bearer {up.token}"},
+        timeout=60,
+    ).json()
+    assert text and text == run["output"]["content"]
+    shaped = colony.chat.completions.create(
+        model="ask",
+        messages=[{"role": "user", "content": "What is the capital of France?"}],
+        max_tokens=40,
+        response_format={"type": "json_schema", "json_schema": {"name": "reply", "schema": SCHEMA}},
+    )
+    parsed = json.loads(shaped.choices[0].message.content or "")
+    assert set(parsed) == {"answer"} and isinstance(parsed["answer"], str)
+    session = httpx.post(
+        f"{up.url}/v1/sessions", json={}, headers={"Authorization": f"Bearer {up.token}"}, timeout=120
+    ).json()["session_id"]
+    for turn in ("My name is Dana.", "What is my name?"):
+        reply = colony.chat.completions.create(
+            model="session", messages=[{"role": "user", "content": turn}], extra_body={"session": session}
+        )
+        assert reply.choices[0].message.content
+    tree = httpx.get(
+        f"{up.url}/v1/sessions/{session}/messages",
+        headers={"Authorization": f"Bearer {up.token}"},
+        timeout=60,
+    ).json()
+    assert [m["content"] for m in tree["messages"] if m["role"] == "user"] == [
+        "My name is Dana.",
+        "What is my name?",
+    ]
