@@ -22,6 +22,7 @@ from colony.cli_args import attach_dash_values
 from colony.cli_bb import add_bb_command
 from colony.cli_blocks import add_block_commands
 from colony.cli_chat import add_chat_command
+from colony.cli_mcp import add_mcp_command
 from colony.cli_memory import add_memory_commands
 from colony.cli_runs import add_runs_commands
 from colony.cli_target import TOKEN_ENV, URL_ENV, ApiTarget, api_error, api_target, remote_health
@@ -455,6 +456,7 @@ def build_parser() -> argparse.ArgumentParser:
     add_chat_command(sub, [remote])
     add_runs_commands(sub, [remote])
     add_access_commands(sub, [remote])
+    add_mcp_command(sub, [remote])
     return parser
 
 

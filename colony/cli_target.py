@@ -143,3 +143,8 @@ def call_api(args: argparse.Namespace, work: Callable[[Any], str | None]) -> int
     if shown is not None:
         print(shown, end="" if shown.endswith("\n") else "\n")
     return 0
+
+
+def target_of(args: argparse.Namespace) -> ApiTarget:
+    """`api_target` with the settings of `args.config` (for a command that holds no client)."""
+    return api_target(args, load_settings(getattr(args, "config", None)))

@@ -77,6 +77,9 @@ ROUTE_VERBS: dict[tuple[str, str], str] = {
     ("GET", "/v1/audit"): "admin",
     ("GET", "/v1/token"): "any",  # what the token may do: every token may ask
     ("POST", "/openai/v1/chat/completions"): "run",
+    # the MCP server: each tool is a call of this API with the same token, which checks its verb
+    ("POST", "/mcp"): "read",
+    ("DELETE", "/mcp"): "read",
 }
 # routes a token restricted to agents may call although no agent is in their path: those whose
 # route checks the agent itself (the body's, a run's), and reading who it is
@@ -85,6 +88,7 @@ AGENT_CHECKED_IN_ROUTE = frozenset(
         ("POST", "/v1/runs"),
         ("POST", "/v1/runs/{run_id}/cancel"),
         ("POST", "/openai/v1/chat/completions"),
+        ("POST", "/mcp"),
     }
 )
 

@@ -23,6 +23,7 @@ from colony.api.errors import install_error_handlers
 from colony.api.http_metrics import RequestMetricsMiddleware
 from colony.api.idempotency import IdempotencyMiddleware
 from colony.api.limits import GuardMiddleware
+from colony.api.mcp_door import mounted_app
 from colony.api.routes import ROUTERS
 from colony.config import ApiSettings
 from colony.errors import ConfigError
@@ -83,6 +84,7 @@ def create_app(
     app.openapi = _json_errors_openapi(app)  # type: ignore[method-assign]
     for router in ROUTERS:
         _include(app, router)
+    app.mount("/mcp", mounted_app(app, context))  # the MCP server (docs/clients.md), same token
     return app
 
 

@@ -1,0 +1,135 @@
+"""The MCP server (issue 40, deliverable 2) with the official `mcp` package's client: over
+streamable HTTP at `<colony>/mcp/` with a Colony token, and over stdio (`colony mcp --stdio`, as a
+local client launches it). Tools list, remember then recall, a block appended and read, an agent
+run with its progress as notifications; the same access rules as HTTP (a verb a token lacks, another
+tenant's agent), and hostile arguments refused. The API is served on a loopback port over a real
+redis-server with a ReplicaHost (scripted engine) and an in-process control plane (tests/tenant_kit.py)."""
+
+from __future__ import annotations
+
+import asyncio
+import shutil
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import httpx
+import httpx2
+import pytest
+from mcp import Client, StdioServerParameters
+from mcp.client.streamable_http import streamable_http_client
+from tenant_kit import HOME, TOKEN, TenantApp, made
+
+from colony.blackboard.redis_server import RedisServerInfo
+
+TOOLS = {"list_agents", "recall", "remember", "block_read", "block_append", "run_agent"}
+
+
+@pytest.fixture(scope="module")
+def served(
+    redis_server: RedisServerInfo, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[tuple[TenantApp, str]]:
+    with TenantApp(redis_server.url, [tmp_path_factory.mktemp("mcp")]) as app:
+        session = httpx.post(f"{app.url}/v1/sessions", json={}, headers=HOME, timeout=60).json()["session_id"]
+        made_block = httpx.post(
+            f"{app.url}/v1/agents/echo/blocks",
+            json={"label": "notes", "content": "first."},
+            headers=HOME,
+            timeout=60,
+        )
+        assert made_block.status_code == 201, made_block.text
+        yield app, session
+
+
+def over_http(url: str, token: str = TOKEN) -> Client:
+    http = httpx2.AsyncClient(headers={"Authorization": f"Bearer {token}"}, timeout=60)
+    return Client(streamable_http_client(f"{url}/mcp/", http_client=http))
+
+
+def text_of(result: Any) -> str:
+    return "".join(getattr(part, "text", "") for part in result.content)
+
+
+def test_tools_remember_recall_blocks_and_a_run_with_its_progress(served: tuple[TenantApp, str]) -> None:
+    app, session = served
+
+    async def scenario() -> None:
+        async with over_http(app.url) as client:
+            assert {t.name for t in (await client.list_tools()).tools} == TOOLS
+            templates = {t.uri_template for t in (await client.list_resource_templates()).resource_templates}
+            assert {"colony://agents/{agent}/memory", "colony://agents/{agent}/blocks"} <= templates
+            agents = text_of(await client.call_tool("list_agents", {}))
+            assert '"echo"' in agents and session in agents
+            stored = await client.call_tool(
+                "remember", {"agent": session, "content": "The release is on the third of March."}
+            )
+            assert not stored.is_error, text_of(stored)
+            found = await client.call_tool("recall", {"agent": session, "query": "When is the release?"})
+            assert "third of March" in text_of(found)
+            appended = await client.call_tool(
+                "block_append", {"agent": "echo", "label": "notes", "text": " second."}
+            )
+            assert not appended.is_error, text_of(appended)
+            shown = text_of(await client.call_tool("block_read", {"agent": "echo", "label": "notes"}))
+            assert "first." in shown and "second." in shown
+            memory = await client.read_resource(f"colony://agents/{session}/memory")
+            assert "working" in memory.contents[0].text
+            progress: list[str] = []
+
+            async def on_progress(done: float, total: float | None, message: str | None) -> None:
+                progress.append(message or "")
+
+            ran = await client.call_tool(
+                "run_agent", {"agent": "echo", "input": {"hello": "mcp"}}, progress_callback=on_progress
+            )
+            assert not ran.is_error and '"hello": "mcp"' in text_of(ran)
+            assert progress[0] == "started" and progress[-1] == "completed"
+
+    asyncio.run(scenario())
+
+
+def test_the_same_access_rules_as_http(served: tuple[TenantApp, str]) -> None:
+    app, session = served
+    with httpx.Client(base_url=app.url, timeout=60) as http:
+        reader = made(http, "mx", ["read"])["token"]
+        other = made(http, "my", ["read", "run", "write"])["token"]
+
+    async def scenario() -> None:
+        async with over_http(app.url, reader) as client:
+            refused = await client.call_tool("remember", {"agent": "echo", "content": "x"})
+            assert refused.is_error and "403" in text_of(refused)
+            assert "agent_id" not in text_of(
+                await client.call_tool("list_agents", {})
+            )  # none of the colony's
+        async with over_http(app.url, other) as client:
+            for tool, arguments in (
+                ("block_read", {"agent": "echo", "label": "notes"}),
+                ("recall", {"agent": session, "query": "release"}),
+                ("run_agent", {"agent": "t.mx.echo", "input": 1}),
+            ):
+                hidden = await client.call_tool(tool, arguments)
+                assert hidden.is_error and "404" in text_of(hidden) and "first." not in text_of(hidden), tool
+            for label in ("../x", "a/b", ".."):
+                odd = await client.call_tool("block_read", {"agent": "echo", "label": label})
+                assert odd.is_error
+
+    asyncio.run(scenario())
+    wrong = httpx.post(f"{app.url}/mcp/", json={}, headers={"Authorization": "Bearer wrong"}, timeout=30)
+    assert wrong.status_code == 401
+
+
+def test_colony_mcp_stdio_serves_a_local_client(served: tuple[TenantApp, str]) -> None:
+    app, _ = served
+    colony = shutil.which("colony") or str(Path(sys.executable).with_name("colony"))
+    params = StdioServerParameters(
+        command=colony, args=["mcp", "--stdio", "--url", app.url, "--token", TOKEN]
+    )
+
+    async def scenario() -> None:
+        async with Client(params) as client:
+            assert {t.name for t in (await client.list_tools()).tools} == TOOLS
+            ran = await client.call_tool("run_agent", {"agent": "echo", "input": "over stdio"})
+            assert text_of(ran) == "over stdio"
+
+    asyncio.run(scenario())
