@@ -124,7 +124,10 @@ SLOW_FIXTURES: dict[str, set[str]] = {
 }
 SLOW_TESTS: dict[str, set[str]] = {
     # `colony up` with the embedded model, through the openai package
-    "test_openai_door_cluster.py": {"test_the_openai_package_talks_to_a_colony_up"},
+    "test_openai_door_cluster.py": {
+        "test_the_openai_package_talks_to_a_colony_up",
+        "test_the_mcp_package_talks_to_a_colony_up",
+    },
     # both sandbox suites again, as uid 1000
     "test_sandbox_as_uid1000.py": {"test_the_hostile_program_suites_pass_as_uid_1000"},
     # `colony up` in a subprocess

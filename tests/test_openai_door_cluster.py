@@ -82,3 +82,31 @@ def test_the_openai_package_talks_to_a_colony_up(up: cluster.ClusterInfo) -> Non
         "My name is Dana.",
         "What is my name?",
     ]
+
+
+def test_the_mcp_package_talks_to_a_colony_up(up: cluster.ClusterInfo) -> None:
+    """The MCP server through Serve's proxy: tools listed, an agent run with its progress."""
+    import asyncio
+
+    import httpx2
+    from mcp import Client
+    from mcp.client.streamable_http import streamable_http_client
+
+    async def scenario() -> None:
+        http = httpx2.AsyncClient(headers={"Authorization": f"Bearer {up.token}"}, timeout=600)
+        async with Client(streamable_http_client(f"{up.url}/mcp/", http_client=http)) as client:
+            assert "run_agent" in {t.name for t in (await client.list_tools()).tools}
+            progress: list[str] = []
+
+            async def on_progress(done: float, total: float | None, message: str | None) -> None:
+                progress.append(message or "")
+
+            ran = await client.call_tool(
+                "run_agent", {"agent": "echo", "input": "through Serve"}, progress_callback=on_progress
+            )
+            assert not ran.is_error and "through Serve" in "".join(
+                getattr(p, "text", "") for p in ran.content
+            )
+            assert progress and progress[-1] == "completed"
+
+    asyncio.run(scenario())

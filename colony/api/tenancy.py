@@ -98,15 +98,7 @@ async def admit_run(
         except RunNotFound:  # its record is not written yet (being submitted): it holds its place
             return False
 
-    adding = len(await request.body()) * RUN_COPIES
-    await check_bytes(
-        ctx.api,
-        runs.api_board.redis,
-        principal.tenant,
-        home=principal.home,
-        colony_id=runs.colony_id,
-        adding=adding,
-    )
+    await _weigh(ctx, request, principal, RUN_COPIES)
     await (await _quota(ctx)).admit_run(principal.tenant, run_id, timeout, ended)
     metrics.TENANT_RUNS_SUBMITTED.labels(principal.tenant).inc()
     return run_id
@@ -134,15 +126,16 @@ async def within_bytes(request: Request, ctx: Context) -> None:
     template = str(getattr(request.scope.get("route"), "path", ""))
     if verb_of(request.method, template) == "read":  # (a recall query: a POST that stores nothing)
         return
+    await _weigh(ctx, request, principal, WRITE_COPIES)
+
+
+async def _weigh(ctx: ApiContext, request: Request, principal: Principal, copies: int) -> None:
+    """The tenant's Redis bytes with this request's body, `copies` times, added (429 past them)."""
     runs = (await ctx.services()).runs
-    adding = len(await request.body()) * WRITE_COPIES
+    adding = len(await request.body()) * copies
+    redis = runs.api_board.redis
     await check_bytes(
-        ctx.api,
-        runs.api_board.redis,
-        principal.tenant,
-        home=principal.home,
-        colony_id=runs.colony_id,
-        adding=adding,
+        ctx.api, redis, principal.tenant, home=principal.home, colony_id=runs.colony_id, adding=adding
     )
 
 
