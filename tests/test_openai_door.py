@@ -42,6 +42,12 @@ class DoorApp(TenantApp):
         self.seen.append(request)
         if request.chat_messages()[-1].content == "fail!":
             raise RuntimeError("the engine broke")
+        choices = request.response_format.get("anyOf") if isinstance(request.response_format, dict) else None
+        if choices is not None:  # functions offered: call one for the weather, else answer
+            last = request.chat_messages()[-1].content
+            if "weather" in last and any(c["properties"].get("tool") for c in choices):
+                return {"tool": "get_weather", "arguments": {"city": "Lyon"}}
+            return {"answer": f"Told: {last}"}
         if request.response_format is not None:
             return {"city": "Lyon"}
         last = request.chat_messages()[-1].content
@@ -272,3 +278,48 @@ def test_a_schema_that_would_blow_up_a_grammar_is_refused(door: DoorApp) -> None
                 messages=[{"role": "user", "content": "x"}],
                 response_format={"type": "json_schema", "json_schema": {"name": "s", "schema": schema}},
             )
+
+
+WEATHER = {
+    "type": "function",
+    "function": {
+        "name": "get_weather",
+        "description": "The weather in a city now.",
+        "parameters": {"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]},
+    },
+}
+
+
+def test_function_calling_round_trip(door: DoorApp) -> None:
+    """The model calls an offered function (held to its schema), the client sends the result back,
+    the model answers from it; streamed, the call comes whole in one chunk."""
+    chat = client(door)
+    asked = [{"role": "user", "content": "What is the weather in Lyon?"}]
+    first = chat.chat.completions.create(model="ask", messages=asked, tools=[WEATHER])
+    call = first.choices[0].message.tool_calls[0]
+    assert first.choices[0].finish_reason == "tool_calls" and first.choices[0].message.content is None
+    assert call.function.name == "get_weather" and json.loads(call.function.arguments) == {"city": "Lyon"}
+    offered = door.seen[-1]
+    assert "get_weather" in offered.chat_messages()[0].content  # the model is told of it
+    assert {"const": "get_weather"} in [b["properties"].get("tool") for b in offered.response_format["anyOf"]]
+    history = [
+        *asked,
+        first.choices[0].message.model_dump(exclude_none=True),
+        {"role": "tool", "tool_call_id": call.id, "content": "sunny, 24 C"},
+    ]
+    second = chat.chat.completions.create(model="ask", messages=history, tools=[WEATHER])
+    assert second.choices[0].message.content == f"Told: Result of the function call {call.id}: sunny, 24 C"
+    assert second.choices[0].finish_reason == "stop"
+    chunks = list(chat.chat.completions.create(model="ask", messages=asked, tools=[WEATHER], stream=True))
+    calls = [tc for c in chunks if c.choices for tc in (c.choices[0].delta.tool_calls or [])]
+    assert len(calls) == 1 and calls[0].function.name == "get_weather"
+    assert [c.choices[0].finish_reason for c in chunks if c.choices][-1] == "tool_calls"
+    plain = chat.chat.completions.create(model="ask", messages=asked, tools=[WEATHER], tool_choice="none")
+    assert plain.choices[0].message.content == "You said: What is the weather in Lyon?"
+    with pytest.raises(openai.UnprocessableEntityError):
+        chat.chat.completions.create(
+            model="ask",
+            messages=asked,
+            tools=[WEATHER],
+            tool_choice={"type": "function", "function": {"name": "nope"}},
+        )

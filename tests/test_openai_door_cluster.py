@@ -65,6 +65,31 @@ def test_the_openai_package_talks_to_a_colony_up(up: cluster.ClusterInfo) -> Non
     )
     parsed = json.loads(shaped.choices[0].message.content or "")
     assert set(parsed) == {"answer"} and isinstance(parsed["answer"], str)
+    called = colony.chat.completions.create(
+        model="ask",
+        messages=[{"role": "user", "content": "What is the weather in Paris?"}],
+        tools=[
+            {
+                "type": "function",
+                "function": {
+                    "name": "get_weather",
+                    "description": "The weather in a city now.",
+                    "parameters": {
+                        "type": "object",
+                        "properties": {"city": {"type": "string", "maxLength": 40}},
+                        "required": ["city"],
+                    },
+                },
+            }
+        ],
+        tool_choice="required",
+        max_tokens=60,
+    )
+    call = called.choices[0].message.tool_calls[0]  # the model's call, held to the function's schema
+    assert call.function.name == "get_weather" and isinstance(
+        json.loads(call.function.arguments)["city"], str
+    )
+    assert called.choices[0].finish_reason == "tool_calls"
     session = httpx.post(
         f"{up.url}/v1/sessions", json={}, headers={"Authorization": f"Bearer {up.token}"}, timeout=120
     ).json()["session_id"]

@@ -38,6 +38,7 @@ from colony.inference.engine import InferenceEngine, render_page_prefix
 from colony.inference.tokens import TokenCounter
 from colony.memory.blocks.tools import MemoryBlocksCapability
 from colony.memory.session import SessionMemoryCapability, session_memory_hierarchy
+from colony.system.chat_tools import choice_schema, read_choice, tool_prompt, tool_specs
 from colony.wire.tenants import prefix_of
 
 Spawner = Callable[[AgentBlueprint], Awaitable[Any]]
@@ -84,6 +85,8 @@ class AskCapability(AgentCapability):
         messages: list[Any] | None = None,
         response_format: Any = None,
         max_tokens: int | None = None,
+        tools: Any = None,
+        tool_choice: Any = None,
     ) -> str | dict[str, Any]:
         """Answer a question; the answer's tokens stream to the requester as `token` events. The
         chat form (`messages`, OpenAI's {role, content}, as `POST /openai/v1/chat/completions`
@@ -102,31 +105,59 @@ class AskCapability(AgentCapability):
                 max_tokens=self.max_tokens,
             )
             return await stream_reply(self.agent, self.engine, request)
+        if tools is not None and tool_choice != "none":  # the model answers or calls one of them
+            return await self._call(messages, tools, tool_choice, max_tokens)
         return await self._chat(messages, response_format, max_tokens)
 
-    async def _chat(self, messages: Any, response_format: Any, max_tokens: Any) -> dict[str, Any]:
-        assert self.engine is not None
+    def _request(
+        self, messages: Any, max_tokens: Any, response_format: Any, note: str = ""
+    ) -> InferenceRequest:
         chat = chat_of(messages)
         if chat[0].role != "system":
             chat.insert(0, ChatMessage(role="system", content=self.system_prompt))
+        if note:
+            chat[0] = ChatMessage(role="system", content=f"{chat[0].content}\n\n{note}")
         if max_tokens is not None and (
             not isinstance(max_tokens, int) or not 1 <= max_tokens <= MAX_CHAT_TOKENS
         ):
             raise AgentUsageError(f"max_tokens must be 1 to {MAX_CHAT_TOKENS}")
-        request = InferenceRequest(
+        return InferenceRequest(
             messages=chat, max_tokens=max_tokens or self.max_tokens, response_format=response_format
         )
+
+    async def _chat(self, messages: Any, response_format: Any, max_tokens: Any) -> dict[str, Any]:
+        assert self.engine is not None
         report: dict[str, Any] = {}
+        request = self._request(messages, max_tokens, response_format)
         text = await stream_reply(self.agent, self.engine, request, report)
-        usage = report.get("usage")
         return {
             "content": text,
             "finish_reason": report.get("finish_reason") or "stop",
-            "usage": {
-                "prompt_tokens": usage.prompt_tokens if usage is not None else 0,
-                "completion_tokens": usage.completion_tokens if usage is not None else 0,
-            },
+            **_usage(report.get("usage")),
         }
+
+    async def _call(self, messages: Any, tools: Any, tool_choice: Any, max_tokens: Any) -> dict[str, Any]:
+        """The chat form with functions offered: the model's choice, held to `choice_schema` (not
+        streamed: its JSON is no reply until it is read)."""
+        assert self.engine is not None
+        if tool_choice not in (None, "auto", "required") and not isinstance(tool_choice, dict):
+            raise AgentUsageError("tool_choice must be none, auto, required or {function: {name}}")
+        specs = tool_specs(tools)
+        note = tool_prompt(specs, required=tool_choice not in (None, "auto"))
+        request = self._request(
+            messages, max_tokens or MAX_CHAT_TOKENS // 8, choice_schema(specs, tool_choice), note
+        )
+        answer = await self.engine.generate(request)
+        return {"finish_reason": "stop", **read_choice(answer.text, specs), **_usage(answer.usage)}
+
+
+def _usage(usage: Any) -> dict[str, Any]:
+    return {
+        "usage": {
+            "prompt_tokens": usage.prompt_tokens if usage is not None else 0,
+            "completion_tokens": usage.completion_tokens if usage is not None else 0,
+        }
+    }
 
 
 MAX_CHAT_MESSAGES = 256
@@ -192,6 +223,8 @@ def ask_blueprint(
                         "messages": "$input.messages",
                         "response_format": "$input.response_format",
                         "max_tokens": "$input.max_tokens",
+                        "tools": "$input.tools",
+                        "tool_choice": "$input.tool_choice",
                     },
                 }
             ]

@@ -58,25 +58,73 @@ class TextPart(BaseModel):
     text: str = Field(max_length=400_000)
 
 
+class FunctionCall(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    name: str = Field(min_length=1, max_length=64)
+    arguments: str = Field(max_length=100_000)
+
+
+class ToolCall(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    id: str = Field(min_length=1, max_length=64)
+    type: Literal["function"] = "function"
+    function: FunctionCall
+
+
+class FunctionSpec(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    name: str = Field(pattern=r"^[A-Za-z0-9_-]{1,64}$")
+    description: str | None = Field(None, max_length=2000)
+    parameters: dict[str, Any] | None = None
+    strict: bool | None = None
+
+
+class ToolIn(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    type: Literal["function"]
+    function: FunctionSpec
+
+
+class NamedChoice(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    type: Literal["function"]
+    function: dict[Literal["name"], Annotated[str, Field(max_length=64)]]
+
+
 class MessageIn(BaseModel):
-    """A message; an assistant's as the door answered it may come back whole (`refusal`, ...)."""
+    """A message; an assistant's as the door answered it may come back whole (`refusal`, its
+    `tool_calls`), and a `tool` message carries a function's result for the call it names."""
 
     model_config = ConfigDict(extra="forbid")
-    role: Literal["system", "developer", "user", "assistant"]
+    role: Literal["system", "developer", "user", "assistant", "tool"]
     content: Annotated[str, Field(max_length=400_000)] | list[TextPart] | None = Field(
-        description="text, or text parts (no images: this door takes text); null for an assistant's"
+        None, description="text, or text parts (no images: this door takes text); null for an assistant's"
     )
     name: str | None = Field(None, max_length=64)
     refusal: Annotated[str, Field(max_length=400_000)] | None = None
     annotations: list[Any] | None = Field(None, max_length=0)
     audio: None = None
     function_call: None = None
-    tool_calls: list[Any] | None = Field(None, max_length=0)
+    tool_calls: list[ToolCall] | None = Field(None, max_length=32)
+    tool_call_id: str | None = Field(None, max_length=64)
 
     def text(self) -> str:
         if self.content is None:
             return ""
         return self.content if isinstance(self.content, str) else "".join(p.text for p in self.content)
+
+    def for_agent(self) -> dict[str, str]:
+        """The message as the agent reads it: a function's call and result as text (the chat form
+        knows system, user and assistant)."""
+        if self.role == "tool":
+            return {
+                "role": "user",
+                "content": f"Result of the function call {self.tool_call_id}: {self.text()}",
+            }
+        text = self.text()
+        for call in self.tool_calls or ():
+            text += f"\nI call {call.function.name} ({call.id}) with {call.function.arguments}."
+        return {"role": "system" if self.role == "developer" else self.role, "content": text.strip()}
 
 
 class JsonSchema(BaseModel):
@@ -114,8 +162,8 @@ class ChatCompletion(BaseModel):
     response_format: ResponseFormat | None = None
     session: str | None = Field(None, max_length=128, pattern=ID_PATTERN, description="a Colony session")
     n: int = Field(1, ge=1, le=1, description="one choice only")
-    tools: list[Any] | None = Field(None, max_length=0, description="not taken: the agent has its own")
-    tool_choice: Any = None
+    tools: list[ToolIn] | None = Field(None, max_length=32, description="functions the agent may call")
+    tool_choice: Literal["none", "auto", "required"] | NamedChoice | None = None
     parallel_tool_calls: bool | None = None
     logprobs: Literal[False] | None = None
     top_logprobs: int | None = Field(None, le=0)
@@ -229,7 +277,10 @@ async def chat_completions(body: ChatCompletion, request: Request, ctx: Context)
     if ended.status != "succeeded":
         return openai_error(request, 500, f"run {record.run_id} {ended.status}: {ended.error}", "run_failed")
     content, finish, usage = _answer(ended.output, body)
-    message = {"role": "assistant", "content": content, "refusal": None}
+    calls = _calls(ended.output)
+    message = {"role": "assistant", "content": None if calls else content, "refusal": None}
+    if calls:
+        message["tool_calls"] = calls
     return JSONResponse(
         {
             **_head(record, body, "chat.completion"),
@@ -255,12 +306,24 @@ async def _submit(ctx: ApiContext, request: Request, body: ChatCompletion) -> Ru
             "Colony-Session header (POST /v1/sessions starts one)"
         )
     schema = body.schema_of()
-    messages = [
-        {"role": "system" if m.role == "developer" else m.role, "content": m.text()} for m in body.messages
-    ]
-    run_input = {"messages": messages, "max_tokens": body.max_completion_tokens or body.max_tokens}
+    messages = [m.for_agent() for m in body.messages]
+    run_input: dict[str, Any] = {
+        "messages": messages,
+        "max_tokens": body.max_completion_tokens or body.max_tokens,
+    }
     if schema is not None:
         run_input["response_format"] = schema
+    offered = {t.function.name for t in body.tools or ()}
+    if isinstance(body.tool_choice, NamedChoice) and body.tool_choice.function.get("name") not in offered:
+        raise InvalidArgument("tool_choice: names a function that tools does not offer")
+    if body.tools:  # (the `ask` agent answers with a call of one; another agent reads them or not)
+        for tool in body.tools:
+            bounded_schema(tool.function.parameters or {})
+        run_input["tools"] = [
+            t.function.model_dump(exclude_none=True, exclude={"strict"}) for t in body.tools
+        ]
+        choice = body.tool_choice
+        run_input["tool_choice"] = choice.model_dump() if isinstance(choice, NamedChoice) else choice
     try:
         check_input(run_input, ctx.api.max_input_depth)
     except ValueError as exc:  # too deep, NaN/Infinity: not stored (as POST /v1/runs)
@@ -282,6 +345,17 @@ def _head(record: RunRecord, body: ChatCompletion, kind: str) -> dict[str, Any]:
     }
 
 
+def _calls(output: Any) -> list[dict[str, Any]] | None:
+    """The function calls an agent answered with (the `ask` chat form's, OpenAI's shape), checked."""
+    held = output.get("tool_calls") if isinstance(output, dict) else None
+    if not isinstance(held, list) or not held:
+        return None
+    try:
+        return [ToolCall.model_validate(call).model_dump() for call in held[:32]]
+    except ValueError:
+        return None
+
+
 def _answer(output: Any, body: ChatCompletion) -> tuple[str, str, dict[str, int]]:
     """The reply's text, finish reason and usage: the agent's own (the `ask` chat form, a session's
     message) where it reports them, else its output as text (JSON if not text) and estimated
@@ -290,9 +364,9 @@ def _answer(output: Any, body: ChatCompletion) -> tuple[str, str, dict[str, int]
     if isinstance(output, dict) and isinstance(output.get("message"), dict):  # a session's turn
         output = output["message"]
     content = output.get("content") if isinstance(output, dict) and "content" in output else output
-    text = content if isinstance(content, str) else json.dumps(content)
+    text = "" if content is None else content if isinstance(content, str) else json.dumps(content)
     finish = output.get("finish_reason") if isinstance(output, dict) else None
-    finish = {"length": "length"}.get(str(finish), "stop")
+    finish = {"length": "length", "tool_calls": "tool_calls"}.get(str(finish), "stop")
     if isinstance(reported, dict) and all(
         isinstance(reported.get(k), int) for k in ("prompt_tokens", "completion_tokens")
     ):
@@ -300,11 +374,8 @@ def _answer(output: Any, body: ChatCompletion) -> tuple[str, str, dict[str, int]
     else:
         prompt = sum(estimate_tokens(m.text()) for m in body.messages)
         completion = estimate_tokens(text)
-    return (
-        text,
-        finish,
-        {"prompt_tokens": prompt, "completion_tokens": completion, "total_tokens": prompt + completion},
-    )
+    usage = {"prompt_tokens": prompt, "completion_tokens": completion, "total_tokens": prompt + completion}
+    return text, finish, usage
 
 
 def _sse(payload: dict[str, Any]) -> str:
@@ -356,6 +427,10 @@ async def _chunks(
             break
         output = data.get("output") if isinstance(data, dict) else None
         text, finish, usage = _answer(output, body)
+        calls = _calls(output)
+        if calls:  # (a call is not streamed: it comes whole)
+            yield chunk({"tool_calls": [{"index": n, **call} for n, call in enumerate(calls)]})
+            text = ""
         sent = "".join(streamed).strip()
         if not sent and text:  # an agent that streamed nothing: its answer in one piece
             yield chunk({"content": text})

@@ -1,0 +1,113 @@
+"""Function calling for the `ask` agent's chat form (OpenAI's `tools`, docs/clients.md): the model
+either answers or calls one of the functions the client offered, and constrained decoding holds
+it to exactly that choice (a JSON Schema: the answer, or one function's name with arguments that
+follow its parameters' schema). The client runs the function and sends its result back as a
+`tool` message; the door renders those as text the model reads.
+
+Everything here comes from a client: names, descriptions and schemas are checked and bounded.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import secrets
+from dataclasses import dataclass
+from typing import Any
+
+from colony.errors import AgentUsageError
+from colony.inference.models import check_schema
+
+MAX_TOOLS = 32
+MAX_DESCRIPTION = 2000
+MAX_PARAMETERS_BYTES = 16_000
+NAME = re.compile(r"^[A-Za-z0-9_-]{1,64}$")
+
+
+@dataclass(frozen=True)
+class ToolSpec:
+    name: str
+    description: str
+    parameters: dict[str, Any]
+
+
+def tool_specs(tools: Any) -> list[ToolSpec]:
+    """The functions offered (`[{"name", "description"?, "parameters"?}]`), checked; AgentUsageError
+    naming the first that is not a function Colony can offer the model."""
+    if not isinstance(tools, list) or not 1 <= len(tools) <= MAX_TOOLS:
+        raise AgentUsageError(f"tools must be a list of 1 to {MAX_TOOLS} functions")
+    specs, names = [], set()
+    for index, tool in enumerate(tools):
+        name = tool.get("name") if isinstance(tool, dict) else None
+        if not isinstance(name, str) or not NAME.match(name) or name in names:
+            raise AgentUsageError(f"tools[{index}].name must be a new name of 1-64 letters, digits, _ or -")
+        description = tool.get("description") or ""
+        parameters = tool.get("parameters") or {"type": "object", "properties": {}}
+        if not isinstance(description, str) or len(description) > MAX_DESCRIPTION:
+            raise AgentUsageError(f"tools[{index}].description must be text of at most {MAX_DESCRIPTION}")
+        if not isinstance(parameters, dict) or len(json.dumps(parameters)) > MAX_PARAMETERS_BYTES:
+            raise AgentUsageError(
+                f"tools[{index}].parameters must be a JSON Schema of at most {MAX_PARAMETERS_BYTES} bytes"
+            )
+        check_schema(parameters)
+        names.add(name)
+        specs.append(ToolSpec(name, description, parameters))
+    return specs
+
+
+def choice_schema(specs: list[ToolSpec], tool_choice: Any) -> dict[str, Any]:
+    """The JSON Schema of the model's choice: `{"answer": text}` or `{"tool": name, "arguments": {...}}`
+    for one function (`tool_choice`: "auto", "required", or {"function": {"name"}})."""
+    wanted = specs
+    if isinstance(tool_choice, dict):
+        name = (tool_choice.get("function") or {}).get("name")
+        wanted = [s for s in specs if s.name == name]
+        if not wanted:
+            raise AgentUsageError(f"tool_choice names {str(name)[:64]!r}, which tools does not offer")
+    branches: list[dict[str, Any]] = [
+        {
+            "type": "object",
+            "properties": {"tool": {"const": spec.name}, "arguments": spec.parameters},
+            "required": ["tool", "arguments"],
+            "additionalProperties": False,
+        }
+        for spec in wanted
+    ]
+    if tool_choice in (None, "auto"):
+        answer = {"type": "object", "properties": {"answer": {"type": "string"}}, "required": ["answer"]}
+        branches.insert(0, {**answer, "additionalProperties": False})
+    return {"anyOf": branches}
+
+
+def tool_prompt(specs: list[ToolSpec], required: bool) -> str:
+    """What the model is told of the functions (the schema holds it to them)."""
+    lines = [
+        f"- {s.name}: {s.description or '(no description)'} Parameters: {json.dumps(s.parameters)}"
+        for s in specs
+    ]
+    how = (
+        'Call one of them: reply {"tool": name, "arguments": {...}}.'
+        if required
+        else 'To call one, reply {"tool": name, "arguments": {...}}; to answer, reply {"answer": text}.'
+    )
+    return "You can call these functions:\n" + "\n".join(lines) + "\n" + how
+
+
+def read_choice(text: str, specs: list[ToolSpec]) -> dict[str, Any]:
+    """The reply the model's JSON makes: `{"content"}` or `{"content": None, "tool_calls": [...]}`
+    (OpenAI's shape, with a fresh call id); a reply that is no valid choice is its text."""
+    try:
+        choice = json.loads(text)
+    except ValueError:
+        return {"content": text}
+    if isinstance(choice, dict) and isinstance(choice.get("answer"), str):
+        return {"content": choice["answer"]}
+    names = {s.name for s in specs}
+    if isinstance(choice, dict) and choice.get("tool") in names and isinstance(choice.get("arguments"), dict):
+        call = {
+            "id": f"call_{secrets.token_hex(12)}",
+            "type": "function",
+            "function": {"name": choice["tool"], "arguments": json.dumps(choice["arguments"])},
+        }
+        return {"content": None, "tool_calls": [call], "finish_reason": "tool_calls"}
+    return {"content": text}
