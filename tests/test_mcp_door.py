@@ -110,9 +110,11 @@ def test_the_same_access_rules_as_http(served: tuple[TenantApp, str]) -> None:
             ):
                 hidden = await client.call_tool(tool, arguments)
                 assert hidden.is_error and "404" in text_of(hidden) and "first." not in text_of(hidden), tool
-            for label in ("../x", "a/b", ".."):
+            for label in ("../x", "a/b", "..", "notes?", "notes#", "notes%2F..%2Fx"):
                 odd = await client.call_tool("block_read", {"agent": "echo", "label": label})
-                assert odd.is_error
+                assert odd.is_error and "no agent id or label" in text_of(odd), label
+            routed = await client.call_tool("block_read", {"agent": "echo%2Fblocks%2Fnotes#", "label": "x"})
+            assert routed.is_error and "first." not in text_of(routed)
 
     asyncio.run(scenario())
     wrong = httpx.post(f"{app.url}/mcp/", json={}, headers={"Authorization": "Bearer wrong"}, timeout=30)
@@ -133,3 +135,20 @@ def test_colony_mcp_stdio_serves_a_local_client(served: tuple[TenantApp, str]) -
             assert text_of(ran) == "over stdio"
 
     asyncio.run(scenario())
+
+
+def test_any_host_reaches_it_and_a_get_stream_is_refused(served: tuple[TenantApp, str]) -> None:
+    """A colony is reached by its name or through a proxy (the token guards it, not the Host), and
+    the stateless server holds no GET stream open."""
+    app, _ = served
+
+    async def scenario() -> None:
+        http = httpx2.AsyncClient(
+            headers={"Authorization": f"Bearer {TOKEN}", "Host": "colony.example.com"}, timeout=60
+        )
+        async with Client(streamable_http_client(f"{app.url}/mcp/", http_client=http)) as client:
+            assert {t.name for t in (await client.list_tools()).tools} == TOOLS
+
+    asyncio.run(scenario())
+    held = httpx.get(f"{app.url}/mcp/", headers=HOME, timeout=10)
+    assert held.status_code == 405

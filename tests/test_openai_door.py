@@ -323,3 +323,47 @@ def test_function_calling_round_trip(door: DoorApp) -> None:
             tools=[WEATHER],
             tool_choice={"type": "function", "function": {"name": "nope"}},
         )
+
+
+@pytest.mark.parametrize(
+    "tools,choice,says",
+    [
+        ([WEATHER, WEATHER], None, "new name"),
+        (
+            [{"type": "function", "function": {"name": "f", "parameters": {"type": "foo"}}}],
+            None,
+            "JSON Schema",
+        ),
+        (
+            [
+                {
+                    "type": "function",
+                    "function": {"name": "f", "parameters": {"$defs": {"a": {}}, "$ref": "#/$defs/a"}},
+                }
+            ],
+            None,
+            "$ref",
+        ),
+        (
+            [
+                {
+                    "type": "function",
+                    "function": {"name": "f", "parameters": {"type": "array", "minItems": 10**9}},
+                }
+            ],
+            None,
+            "minItems",
+        ),
+        (None, "required", "needs tools"),
+    ],
+)
+def test_tools_the_agent_would_refuse_are_refused_before_a_run(
+    door: DoorApp, tools: Any, choice: Any, says: str
+) -> None:
+    body: dict[str, Any] = {"model": "ask", "messages": [{"role": "user", "content": "x"}]}
+    body |= {"tools": tools} if tools else {}
+    body |= {"tool_choice": choice} if choice else {}
+    runs_before = len(door.seen)
+    answer = httpx.post(f"{door.url}/openai/v1/chat/completions", json=body, headers=HOME, timeout=30)
+    assert answer.status_code in (400, 422) and says in answer.json()["error"]["message"], answer.text
+    assert len(door.seen) == runs_before  # no run, no engine call

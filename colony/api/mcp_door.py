@@ -12,16 +12,21 @@ from __future__ import annotations
 
 import asyncio
 import json
+import re
 from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Any, Protocol
 
 import httpx
 from mcp.server.mcpserver import Context, MCPServer
 from mcp.server.mcpserver.exceptions import ToolError
+from mcp.server.transport_security import TransportSecuritySettings
 
+from colony.api.limits import send_error
 from colony.system.runs import RunService
+from colony.wire.ids import ID_PATTERN, ID_RULE
 from colony.wire.run_events import is_terminal
 
+_ID = re.compile(ID_PATTERN)
 RUN_WAIT_SECONDS = 600.0  # run_agent waits this long at most for the run's end
 TEXT_CHARS = 100_000  # a tool's text answer is cut here (with a note)
 
@@ -62,7 +67,11 @@ class HttpBackend:
         self.runs = runs  # in the API's process: a run's events read where they are (streamed)
 
     async def call(self, method: str, path: str, **kwargs: Any) -> Any:
-        return await _answer(await self.client.request(method, path, **kwargs))
+        try:
+            response = await self.client.request(method, path, **kwargs)
+        except httpx.HTTPError as exc:  # (stdio: the colony is away) said, not a bare failure
+            raise ToolError(f"Colony's API at {self.client.base_url} did not answer: {exc!r}") from None
+        return await _answer(response)
 
     async def events(self, run_id: str) -> AsyncIterator[dict[str, Any]]:
         await self.call("GET", f"/v1/runs/{run_id}")  # (the token sees the run, or this is a 404)
@@ -167,10 +176,10 @@ def build_server(backend_of: Callable[[Context], Awaitable[Backend]]) -> MCPServ
 
 
 def _id(text: str) -> str:
-    """A path segment from a tool's argument: the API checks it (its id patterns); a `/` or a dot
-    segment could only name another path, so it is refused here."""
-    if not text or "/" in text or text in (".", "..") or len(text) > 128:
-        raise ToolError(f"{text[:40]!r} is no agent id or label")
+    """A path segment from a tool's argument, only if it reads as an id (an agent id, a block
+    label): anything else (`/`, `%2F`, `?`, `#`) could name another route."""
+    if not isinstance(text, str) or not _ID.match(text):
+        raise ToolError(f"{str(text)[:40]!r} is no agent id or label ({ID_RULE})")
     return text
 
 
@@ -186,12 +195,18 @@ class StartedOnFirstCall:
         self._task: asyncio.Task[None] | None = None
 
     async def __call__(self, scope: Any, receive: Any, send: Any) -> None:
+        if scope.get("type") == "http" and scope.get("method") == "GET":  # stateless: no stream to hold
+            await send_error(
+                send, 405, "method_not_allowed", "POST MCP messages to /mcp/", [(b"allow", b"POST, DELETE")]
+            )
+            return
         if self._ready is None:
             self._ready = asyncio.Event()
             self._task = asyncio.create_task(self._run(), name="mcp-lifespan")
         await self._ready.wait()
         if self._failed is not None:
-            raise RuntimeError(f"the MCP server did not start: {self._failed!r}")
+            failed, self._ready, self._failed = self._failed, None, None  # (the next call tries again)
+            raise RuntimeError(f"the MCP server did not start: {failed!r}")
         await self.app(scope, receive, send)
 
     async def _run(self) -> None:
@@ -218,4 +233,10 @@ def mounted_app(api_app: Any, ctx: Any) -> StartedOnFirstCall:
         return HttpBackend("http://colony", authorization, transport=transport, runs=runs)
 
     server = build_server(backend_of)
-    return StartedOnFirstCall(server.streamable_http_app(streamable_http_path="/", stateless_http=True))
+    # any Host: a colony is reached by its name, its address or a proxy, and every call needs the
+    # bearer token, which a page a browser was led to cannot send (no DNS-rebinding use)
+    anywhere = TransportSecuritySettings(enable_dns_rebinding_protection=False)
+    app = server.streamable_http_app(
+        streamable_http_path="/", stateless_http=True, transport_security=anywhere
+    )
+    return StartedOnFirstCall(app)

@@ -38,7 +38,7 @@ from colony.inference.engine import InferenceEngine, render_page_prefix
 from colony.inference.tokens import TokenCounter
 from colony.memory.blocks.tools import MemoryBlocksCapability
 from colony.memory.session import SessionMemoryCapability, session_memory_hierarchy
-from colony.system.chat_tools import choice_schema, read_choice, tool_prompt, tool_specs
+from colony.system.chat_tools import bounded_schema, choice_schema, read_choice, tool_prompt, tool_specs
 from colony.wire.tenants import prefix_of
 
 Spawner = Callable[[AgentBlueprint], Awaitable[Any]]
@@ -128,6 +128,8 @@ class AskCapability(AgentCapability):
     async def _chat(self, messages: Any, response_format: Any, max_tokens: Any) -> dict[str, Any]:
         assert self.engine is not None
         report: dict[str, Any] = {}
+        if response_format is not None:  # (bounded as the door bounds it: a run may come from anywhere)
+            bounded_schema(response_format, "response_format")
         request = self._request(messages, max_tokens, response_format)
         text = await stream_reply(self.agent, self.engine, request, report)
         return {
@@ -148,7 +150,8 @@ class AskCapability(AgentCapability):
             messages, max_tokens or MAX_CHAT_TOKENS // 8, choice_schema(specs, tool_choice), note
         )
         answer = await self.engine.generate(request)
-        return {"finish_reason": "stop", **read_choice(answer.text, specs), **_usage(answer.usage)}
+        finish = "length" if answer.finish_reason == "length" else "stop"  # (cut: no choice it made)
+        return {"finish_reason": finish, **read_choice(answer.text, specs), **_usage(answer.usage)}
 
 
 def _usage(usage: Any) -> dict[str, Any]:

@@ -21,6 +21,9 @@ from colony.inference.models import check_schema
 MAX_TOOLS = 32
 MAX_DESCRIPTION = 2000
 MAX_PARAMETERS_BYTES = 16_000
+MAX_TOOLS_BYTES = 64_000  # the functions' parameters together (the choice's schema, the prompt)
+SCHEMA_BYTES, SCHEMA_DEPTH, SCHEMA_COUNT_MAX = 64_000, 32, 4096
+COUNTS = ("minItems", "maxItems", "minLength", "maxLength", "minProperties", "maxProperties", "minContains")
 NAME = re.compile(r"^[A-Za-z0-9_-]{1,64}$")
 
 
@@ -50,9 +53,37 @@ def tool_specs(tools: Any) -> list[ToolSpec]:
                 f"tools[{index}].parameters must be a JSON Schema of at most {MAX_PARAMETERS_BYTES} bytes"
             )
         check_schema(parameters)
+        bounded_schema(parameters, f"tools[{index}].parameters")
+        if "$ref" in json.dumps(parameters):  # (nested under the choice's schema, a ref would not resolve)
+            raise AgentUsageError(f"tools[{index}].parameters: $ref is not taken; write the schema out")
         names.add(name)
         specs.append(ToolSpec(name, description, parameters))
+    if sum(len(json.dumps(s.parameters)) + len(s.description) for s in specs) > MAX_TOOLS_BYTES:
+        raise AgentUsageError(
+            f"tools: their parameters and descriptions together are over {MAX_TOOLS_BYTES} bytes"
+        )
     return specs
+
+
+def bounded_schema(schema: Any, field: str) -> None:
+    """AgentUsageError (naming `field`) for a schema a client could make constrained decoding
+    expensive with: over SCHEMA_BYTES of JSON, nested deeper than SCHEMA_DEPTH, or asking for more
+    than SCHEMA_COUNT_MAX items, characters or properties (a grammar spells its repetitions out)."""
+    if len(json.dumps(schema)) > SCHEMA_BYTES:
+        raise AgentUsageError(f"{field}: over {SCHEMA_BYTES} bytes of JSON")
+    stack: list[tuple[Any, int]] = [(schema, 0)]
+    while stack:
+        node, depth = stack.pop()
+        if depth > SCHEMA_DEPTH:
+            raise AgentUsageError(f"{field}: nested deeper than {SCHEMA_DEPTH}")
+        if isinstance(node, dict):
+            for key in COUNTS:
+                count = node.get(key)
+                if isinstance(count, int | float) and count > SCHEMA_COUNT_MAX:
+                    raise AgentUsageError(f"{field}: {key} {count} is over {SCHEMA_COUNT_MAX}")
+            stack.extend((value, depth + 1) for value in node.values())
+        elif isinstance(node, list):
+            stack.extend((value, depth + 1) for value in node)
 
 
 def choice_schema(specs: list[ToolSpec], tool_choice: Any) -> dict[str, Any]:
@@ -60,7 +91,8 @@ def choice_schema(specs: list[ToolSpec], tool_choice: Any) -> dict[str, Any]:
     for one function (`tool_choice`: "auto", "required", or {"function": {"name"}})."""
     wanted = specs
     if isinstance(tool_choice, dict):
-        name = (tool_choice.get("function") or {}).get("name")
+        function = tool_choice.get("function")
+        name = function.get("name") if isinstance(function, dict) else None
         wanted = [s for s in specs if s.name == name]
         if not wanted:
             raise AgentUsageError(f"tool_choice names {str(name)[:64]!r}, which tools does not offer")

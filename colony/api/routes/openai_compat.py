@@ -32,11 +32,12 @@ from colony.api.routes.sessions import STARTER, submit_turn
 from colony.api.schemas import COMMON, NO_PARAMS, ErrorBody, _errors
 from colony.api.tenancy import admitted, tenant_agent
 from colony.api.wake import wake_agent
-from colony.errors import InvalidArgument
+from colony.errors import AgentUsageError, InvalidArgument, InvalidSchema
 from colony.inference.models import check_schema
 from colony.inference.tokens import estimate_tokens
 from colony.system.builtin import MAX_CHAT_MESSAGES, MAX_CHAT_TOKENS
 from colony.system.catalog import BUILTIN_AGENTS
+from colony.system.chat_tools import bounded_schema, tool_specs
 from colony.system.runs import RunRecord, RunService
 from colony.wire.ids import ID_PATTERN
 from colony.wire.input_check import check_input
@@ -199,35 +200,8 @@ class ChatCompletion(BaseModel):
         if held.json_schema is None:
             raise InvalidArgument("response_format.json_schema: required with type json_schema")
         check_schema(held.json_schema.schema_)
-        bounded_schema(held.json_schema.schema_)
+        bounded_schema(held.json_schema.schema_, "response_format.json_schema.schema")
         return held.json_schema.schema_
-
-
-SCHEMA_BYTES, SCHEMA_DEPTH, SCHEMA_COUNT_MAX = 64_000, 32, 4096
-COUNTS = ("minItems", "maxItems", "minLength", "maxLength", "minProperties", "maxProperties", "minContains")
-
-
-def bounded_schema(schema: dict[str, Any]) -> None:
-    """InvalidArgument for a schema a client could make constrained decoding expensive with: over
-    SCHEMA_BYTES of JSON, nested deeper than SCHEMA_DEPTH, or asking for more than SCHEMA_COUNT_MAX
-    items, characters or properties (a grammar spells its repetitions out)."""
-    if len(json.dumps(schema)) > SCHEMA_BYTES:
-        raise InvalidArgument(f"response_format.json_schema.schema: over {SCHEMA_BYTES} bytes of JSON")
-    stack: list[tuple[Any, int]] = [(schema, 0)]
-    while stack:
-        node, depth = stack.pop()
-        if depth > SCHEMA_DEPTH:
-            raise InvalidArgument(f"response_format.json_schema.schema: nested deeper than {SCHEMA_DEPTH}")
-        if isinstance(node, dict):
-            for key in COUNTS:
-                count = node.get(key)
-                if isinstance(count, int | float) and count > SCHEMA_COUNT_MAX:
-                    raise InvalidArgument(
-                        f"response_format.json_schema.schema: {key} {count} is over {SCHEMA_COUNT_MAX}"
-                    )
-            stack.extend((value, depth + 1) for value in node.values())
-        elif isinstance(node, list):
-            stack.extend((value, depth + 1) for value in node)
 
 
 def openai_error(request: Request, status: int, message: str, code: str) -> JSONResponse:
@@ -316,12 +290,16 @@ async def _submit(ctx: ApiContext, request: Request, body: ChatCompletion) -> Ru
     offered = {t.function.name for t in body.tools or ()}
     if isinstance(body.tool_choice, NamedChoice) and body.tool_choice.function.get("name") not in offered:
         raise InvalidArgument("tool_choice: names a function that tools does not offer")
+    if body.tool_choice == "required" and not offered:
+        raise InvalidArgument("tool_choice: `required` needs tools")
     if body.tools:  # (the `ask` agent answers with a call of one; another agent reads them or not)
-        for tool in body.tools:
-            bounded_schema(tool.function.parameters or {})
         run_input["tools"] = [
             t.function.model_dump(exclude_none=True, exclude={"strict"}) for t in body.tools
         ]
+        try:  # checked as the agent will check them: refused here, before a run is charged
+            tool_specs(run_input["tools"])
+        except (AgentUsageError, InvalidSchema) as exc:
+            raise InvalidArgument(str(exc)) from None
         choice = body.tool_choice
         run_input["tool_choice"] = choice.model_dump() if isinstance(choice, NamedChoice) else choice
     try:
