@@ -123,6 +123,14 @@ SLOW_FIXTURES: dict[str, set[str]] = {
     "test_retention.py": {"colony"},
 }
 SLOW_TESTS: dict[str, set[str]] = {
+    # seconds alone: a coordinator crashed and redone, its workers cancelled; a 503 after a wait;
+    # a module rewritten with a wrong import and the layering check run on the copy
+    "test_research.py": {
+        "test_a_step_redone_after_a_crash_spawns_no_worker_twice",
+        "test_cancelling_the_run_cancels_its_workers",
+    },
+    "test_room_on_demand.py": {"test_nothing_to_suspend_is_a_quick_503_with_retry_after"},
+    "test_architecture.py": {"test_a_deliberately_wrong_import_is_caught"},
     # `colony up` with the embedded model, through the openai package
     "test_openai_door_cluster.py": {
         "test_the_openai_package_talks_to_a_colony_up",
