@@ -9,6 +9,8 @@ import asyncio
 from collections.abc import Sequence
 from typing import Any
 
+import httpx
+
 from colony.cli_memory import remote_options
 from colony.cli_target import target_of
 
@@ -17,7 +19,7 @@ def cmd_mcp(args: argparse.Namespace) -> int:
     from colony.api.mcp_door import HttpBackend, build_server  # here: the SDK only for this command
 
     target = target_of(args)
-    backend = HttpBackend(target.url, f"Bearer {target.token}")
+    backend = HttpBackend(httpx.AsyncClient(base_url=target.url, timeout=120), f"Bearer {target.token}")
 
     async def backend_of(_: Any) -> HttpBackend:
         return backend

@@ -152,6 +152,13 @@ def refusal(principal: Principal, method: str, matched: Matched | None) -> tuple
     return None
 
 
+def request_tenant(request: Request, home: str) -> str:
+    """The tenant a request acts for: its token's, or `home` (the colony's own: the deployment's
+    token, or an app built without the guard)."""
+    principal = principal_of(request)
+    return (principal.tenant if principal is not None else "") or home
+
+
 def principal_of(request: Request) -> Principal | None:
     """The principal the guard found for this request (None: an app built without the guard)."""
     state = request.scope.get("state") or {}

@@ -50,25 +50,19 @@ async def _answer(response: httpx.Response) -> Any:
 
 
 class HttpBackend:
-    """A colony's API over HTTP (`colony mcp --stdio`), or in the API's own process through its
-    ASGI app (`transport`), with `authorization` (the caller's `Bearer ...`)."""
+    """A colony's API through `client` (over HTTP for `colony mcp --stdio`; in the API's own
+    process, one client on its ASGI app for every call), as `authorization` (the caller's
+    `Bearer ...`)."""
 
     def __init__(
-        self,
-        base_url: str,
-        authorization: str,
-        *,
-        transport: httpx.AsyncBaseTransport | None = None,
-        runs: RunService | None = None,
+        self, client: httpx.AsyncClient, authorization: str, *, runs: RunService | None = None
     ) -> None:
-        self.client = httpx.AsyncClient(
-            base_url=base_url, headers={"Authorization": authorization}, transport=transport, timeout=120
-        )
+        self.client, self.auth = client, {"Authorization": authorization}
         self.runs = runs  # in the API's process: a run's events read where they are (streamed)
 
     async def call(self, method: str, path: str, **kwargs: Any) -> Any:
         try:
-            response = await self.client.request(method, path, **kwargs)
+            response = await self.client.request(method, path, headers=self.auth, **kwargs)
         except httpx.HTTPError as exc:  # (stdio: the colony is away) said, not a bare failure
             raise ToolError(f"Colony's API at {self.client.base_url} did not answer: {exc!r}") from None
         return await _answer(response)
@@ -79,7 +73,8 @@ class HttpBackend:
             async for _, event in self.runs.events(run_id):
                 yield event
             return
-        async with self.client.stream("GET", f"/v1/runs/{run_id}/events", timeout=RUN_WAIT_SECONDS) as stream:
+        path = f"/v1/runs/{run_id}/events"
+        async with self.client.stream("GET", path, headers=self.auth, timeout=RUN_WAIT_SECONDS) as stream:
             if stream.status_code >= 400:
                 await stream.aread()
                 await _answer(stream)
@@ -224,13 +219,14 @@ class StartedOnFirstCall:
 def mounted_app(api_app: Any, ctx: Any) -> StartedOnFirstCall:
     """The MCP server as the API mounts it at /mcp/: its tools call the API's own ASGI app with the
     token of the MCP request they serve."""
-    transport = httpx.ASGITransport(app=api_app)
+    client = httpx.AsyncClient(
+        base_url="http://colony", transport=httpx.ASGITransport(app=api_app), timeout=120
+    )
 
     async def backend_of(context: Context) -> Backend:
         request = context.request_context.request
         authorization = request.headers.get("authorization", "") if request is not None else ""
-        runs = (await ctx.services()).runs
-        return HttpBackend("http://colony", authorization, transport=transport, runs=runs)
+        return HttpBackend(client, authorization, runs=(await ctx.services()).runs)
 
     server = build_server(backend_of)
     # any Host: a colony is reached by its name, its address or a proxy, and every call needs the

@@ -21,7 +21,8 @@ from colony.api.access import check_agent, principal_of, verb_of
 from colony.api.deps import ApiContext, Context, settings_of
 from colony.errors import InvalidArgument, RunNotFound, RunRetired
 from colony.system.access_tokens import Principal
-from colony.system.catalog import BUILTIN_AGENTS
+from colony.system.catalog import catalog_names
+from colony.system.runs import ENDED_STATUSES
 from colony.system.tenant_quota import TenantQuota, check_agents
 from colony.system.tenant_usage import check_bytes
 from colony.wire.tenants import MARK, local_name, owned_id
@@ -50,14 +51,12 @@ async def tenant_agent(ctx: ApiContext, request: Request, name: str, *, field: s
         return agent_id
     services = await ctx.services()
     local = local_name(agent_id, principal.home)
-    catalog = local in BUILTIN_AGENTS or local in settings_of(services).agents
-    if catalog and await services.registry.get(agent_id) is None:
+    if local in catalog_names(settings_of(services).agents) and await services.registry.get(agent_id) is None:
         await check_agent_quota(ctx, principal)
         await (await ctx.control()).place_instance(local, agent_id)
     return agent_id
 
 
-ENDED = frozenset({"succeeded", "failed", "cancelled"})
 # what a run's body weighs in Redis, times: its input is kept in the request, its events, its
 # result, its agent's context and checkpoints (measured: ~14 copies of a large input)
 RUN_COPIES = 16
@@ -92,7 +91,7 @@ async def admit_run(
 
     async def ended(held: str) -> bool:
         try:
-            return (await runs.get(held)).status in ENDED
+            return (await runs.get(held)).status in ENDED_STATUSES
         except RunRetired:
             return True
         except RunNotFound:  # its record is not written yet (being submitted): it holds its place

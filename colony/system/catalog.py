@@ -110,6 +110,12 @@ def user_agents(agents: Mapping[str, str]) -> dict[str, AgentFactory]:
     return factories
 
 
+def catalog_names(agents: Mapping[str, str]) -> list[str]:
+    """The catalog's names, built-ins first, then the `agents:` settings' (`agents`): what the API
+    may know of the catalog without importing a user agent's package."""
+    return [*BUILTIN_AGENTS, *(name for name in agents if name not in BUILTIN_AGENTS)]
+
+
 def pool_serving(pool: PoolSettings) -> RunServing:
     """A built-in pool's serving declaration from its settings (`runs.echo_pool`, `runs.ask_pool`)."""
     if pool.min_size > pool.max_size:

@@ -75,6 +75,7 @@ K = TypeVar("K")
 V = TypeVar("V")
 
 RunStatusName = Literal["queued", "running", "suspended", "succeeded", "failed", "cancelled"]
+ENDED_STATUSES: frozenset[str] = frozenset({"succeeded", "failed", "cancelled"})  # a run's end
 GAP = "gap"  # event type of the notice that some of a run's events are gone (retention, stream cap)
 _EVENT_ID = re.compile(r"(\d{1,20})(?:-(\d{1,20}))?")
 _EVENT_ID_MAX = 2**64 - 1  # each part of a stream id is an unsigned 64-bit number

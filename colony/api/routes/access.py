@@ -9,7 +9,7 @@ from typing import Annotated
 from fastapi import APIRouter, Query, Request, Response
 from pydantic import BaseModel, ConfigDict, Field
 
-from colony.api.access import AccessServices, principal_of
+from colony.api.access import AccessServices, principal_of, request_tenant
 from colony.api.deps import GUARDED, Context
 from colony.api.schemas import LISTING, NO_PARAMS, READ_ONE, WITH_BODY
 from colony.errors import AccessDenied, InvalidArgument, TokenNotFound
@@ -100,8 +100,7 @@ async def create_token(body: NewToken, ctx: Context, request: Request) -> MadeTo
 def _tenant_for(request: Request, access: AccessServices, asked: str | None, field: str) -> str:
     """The tenant a token call is about: the caller's own, or `asked` where the caller is an admin
     of the colony's own tenant (the operator's); InvalidArgument (422, naming `field`) else."""
-    principal = principal_of(request)
-    own = (principal.tenant if principal is not None else "") or access.tenant
+    own = request_tenant(request, access.tenant)
     if asked is None or asked == own:
         return own
     if own != access.tenant:
@@ -134,8 +133,7 @@ async def revoke_token(token_id: str, ctx: Context, request: Request) -> Respons
     """Revoke a token: refused from now on by this API process, within a second by the others. A
     token of another tenant is no token to a tenant's admin (404); the colony's own admins revoke any."""
     access = await ctx.access()
-    principal = principal_of(request)
-    own = (principal.tenant if principal is not None else "") or access.tenant
+    own = request_tenant(request, access.tenant)
     if not await access.tokens.revoke(token_id, None if own == access.tenant else own):
         raise TokenNotFound(f"no token {token_id[:32]!r}; GET /v1/tokens lists them")
     return Response(status_code=204)
@@ -156,8 +154,7 @@ async def read_audit(
     if before is not None and any(int(part) > MAX_STREAM_PART for part in before.split("-")):
         raise InvalidArgument(f"before: a stream id's parts are at most {MAX_STREAM_PART}")
     access = await ctx.access()
-    principal = principal_of(request)
-    tenant = (principal.tenant if principal is not None else "") or access.tenant
+    tenant = request_tenant(request, access.tenant)
     if before is not None and set(before) <= {"0", "-"}:
         entries = []  # nothing is older than the first possible id
     else:

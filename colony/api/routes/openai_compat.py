@@ -36,7 +36,7 @@ from colony.errors import AgentUsageError, InvalidArgument, InvalidSchema
 from colony.inference.models import check_schema
 from colony.inference.tokens import estimate_tokens
 from colony.system.builtin import MAX_CHAT_MESSAGES, MAX_CHAT_TOKENS
-from colony.system.catalog import BUILTIN_AGENTS
+from colony.system.catalog import catalog_names
 from colony.system.chat_tools import bounded_schema, tool_specs
 from colony.system.runs import RunRecord, RunService
 from colony.wire.ids import ID_PATTERN
@@ -210,16 +210,12 @@ def openai_error(request: Request, status: int, message: str, code: str) -> JSON
     return shaped(request, status, code, message, {"x-should-retry": "false"})
 
 
-def _catalog(ctx_settings: Any) -> list[str]:
-    return [*BUILTIN_AGENTS, *(n for n in ctx_settings.agents if n not in BUILTIN_AGENTS)]
-
-
 @router.get("/models", responses=NO_PARAMS)
 async def list_models(request: Request, ctx: Context) -> dict[str, Any]:
     """The agents a client may talk to: the catalog's (another tenant's token: its own instances,
     by the same names; a token given some agents: those)."""
     services = await ctx.services()
-    names = _catalog(settings_of(services))
+    names = catalog_names(settings_of(services).agents)
     principal = principal_of(request)
     start = principal.prefix if principal is not None else ""
     if not start:  # the colony's own: the catalog's agents that are placed (another tenant's are

@@ -47,7 +47,7 @@ from colony.context.tree import BRANCH_PATTERN, MESSAGE_ID_PATTERN, Message, Tre
 from colony.errors import AgentNotFound, ColonyError, InvalidArgument, SessionNotFound
 from colony.system.builtin import MAX_SESSION_PAGES, PAGE_ID
 from colony.system.registry import AgentRecord
-from colony.system.runs import RunRecord
+from colony.system.runs import ENDED_STATUSES, RunRecord
 
 STARTER = "session"  # the catalog agent that places session agents
 # a start the starter refused for its input (colony.system.builtin.SessionStarterCapability._known):
@@ -224,7 +224,7 @@ async def start_session(request: Request, ctx: Context, body: SessionStart | Non
         record = await runs.submit(starter, start, timeout_s=START_TIMEOUT_S, run_id=run_id)
     deadline = time.monotonic() + START_TIMEOUT_S
     view = await runs.get(record.run_id)
-    while view.status not in ("succeeded", "failed", "cancelled") and time.monotonic() < deadline:
+    while view.status not in ENDED_STATUSES and time.monotonic() < deadline:
         await asyncio.sleep(0.05)
         view = await runs.get(record.run_id)
     output = view.output if isinstance(view.output, dict) else {}

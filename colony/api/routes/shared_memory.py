@@ -14,7 +14,7 @@ from typing import Annotated
 
 from fastapi import APIRouter, Depends, Path, Request, Response
 
-from colony.api.access import principal_of
+from colony.api.access import request_tenant
 from colony.api.deps import GUARDED, ApiContext, Context, settings_of
 from colony.api.routes.memory import WRITER, checked, recall, write_entry
 from colony.api.schemas import (
@@ -48,8 +48,7 @@ async def _scopes(ctx: ApiContext, request: Request) -> tuple[Scopes, MemoryServ
     services = await ctx.services()
     settings = settings_of(services)
     service = memory_service(services.runs.api_board, settings)
-    principal = principal_of(request)
-    tenant = (principal.tenant if principal is not None else "") or settings.tenant_id
+    tenant = request_tenant(request, settings.tenant_id)
     return Scopes(service.store, tenant_id=tenant, colony_id=settings.colony_id), service
 
 
