@@ -8,6 +8,7 @@ redis-server with a ReplicaHost (scripted engine) and an in-process control plan
 from __future__ import annotations
 
 import asyncio
+import json
 import shutil
 import sys
 from collections.abc import Iterator
@@ -23,7 +24,16 @@ from tenant_kit import HOME, TOKEN, TenantApp, made
 
 from colony.blackboard.redis_server import RedisServerInfo
 
-TOOLS = {"list_agents", "recall", "remember", "block_read", "block_append", "run_agent"}
+TOOLS = {
+    "list_agents",
+    "recall",
+    "remember",
+    "block_read",
+    "block_append",
+    "run_agent",
+    "start_session",
+    "chat",
+}
 
 
 @pytest.fixture(scope="module")
@@ -85,6 +95,41 @@ def test_tools_remember_recall_blocks_and_a_run_with_its_progress(served: tuple[
             )
             assert not ran.is_error and '"hello": "mcp"' in text_of(ran)
             assert progress[0] == "started" and progress[-1] == "completed"
+
+    asyncio.run(scenario())
+
+
+def test_a_conversation_through_a_session_with_the_reply_as_progress(served: tuple[TenantApp, str]) -> None:
+    app, home_session = served
+    with httpx.Client(base_url=app.url, timeout=60) as http:
+        guest = made(http, "mz", ["read", "run", "write"])["token"]
+
+    async def scenario() -> None:
+        async with over_http(app.url) as client:
+            started = await client.call_tool("start_session", {})
+            assert not started.is_error, text_of(started)
+            session = json.loads(text_of(started))["session_id"]
+            pieces: list[str] = []
+
+            async def on_progress(done: float, total: float | None, message: str | None) -> None:
+                pieces.append(message or "")
+
+            for said in ("My name is Dana.", "What is my name?"):
+                reply = await client.call_tool(
+                    "chat", {"session": session, "message": said}, progress_callback=on_progress
+                )
+                assert not reply.is_error and text_of(reply) == "a scripted reply", text_of(reply)
+            assert "scripted" in "".join(pieces) and pieces[-1] == "completed"
+            tree = httpx.get(f"{app.url}/v1/sessions/{session}/messages", headers=HOME, timeout=30).json()
+            said = [m["content"] for m in tree["messages"] if m["role"] == "user"]
+            assert said == ["My name is Dana.", "What is my name?"]  # the session kept both turns
+            not_a_session = await client.call_tool("chat", {"session": "echo", "message": "hi"})
+            assert not_a_session.is_error and "404" in text_of(not_a_session)
+        async with over_http(app.url, guest) as client:  # the colony's session, from another tenant
+            hidden = await client.call_tool("chat", {"session": home_session, "message": "hi"})
+            assert hidden.is_error and "404" in text_of(hidden)
+            odd = await client.call_tool("chat", {"session": "../x", "message": "hi"})
+            assert odd.is_error and "no agent id or label" in text_of(odd)
 
     asyncio.run(scenario())
 

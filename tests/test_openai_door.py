@@ -219,6 +219,9 @@ def test_a_session_turn_answers_its_reply_streamed_or_not(door: DoorApp) -> None
         extra_body={"session": session},
     )
     assert plain.choices[0].message.content == "You said: hello  there"
+    # the engine's counts (the scripted engine counts words: 4, where characters / 4 would say 6)
+    assert plain.usage is not None and plain.usage.completion_tokens == 4
+    assert plain.usage.prompt_tokens == sum(len(m.content.split()) for m in door.seen[-1].chat_messages())
     chunks = list(
         chat.chat.completions.create(
             model="session",

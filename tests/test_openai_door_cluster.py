@@ -22,6 +22,18 @@ SCHEMA = {
     "required": ["answer"],
     "additionalProperties": False,
 }
+WEATHER = {
+    "type": "function",
+    "function": {
+        "name": "get_weather",
+        "description": "The weather in a city now.",
+        "parameters": {
+            "type": "object",
+            "properties": {"city": {"type": "string", "maxLength": 40}},
+            "required": ["city"],
+        },
+    },
+}
 
 
 @pytest.fixture(scope="module")
@@ -68,20 +80,7 @@ def test_the_openai_package_talks_to_a_colony_up(up: cluster.ClusterInfo) -> Non
     called = colony.chat.completions.create(
         model="ask",
         messages=[{"role": "user", "content": "What is the weather in Paris?"}],
-        tools=[
-            {
-                "type": "function",
-                "function": {
-                    "name": "get_weather",
-                    "description": "The weather in a city now.",
-                    "parameters": {
-                        "type": "object",
-                        "properties": {"city": {"type": "string", "maxLength": 40}},
-                        "required": ["city"],
-                    },
-                },
-            }
-        ],
+        tools=[WEATHER],
         tool_choice="required",
         max_tokens=60,
     )
@@ -90,6 +89,27 @@ def test_the_openai_package_talks_to_a_colony_up(up: cluster.ClusterInfo) -> Non
         json.loads(call.function.arguments)["city"], str
     )
     assert called.choices[0].finish_reason == "tool_calls"
+    planned = colony.chat.completions.create(  # the assistant plans the call beside its own actions
+        model="assistant",
+        messages=[{"role": "user", "content": "What is the weather in Paris?"}],
+        tools=[WEATHER],
+        tool_choice="required",
+    )
+    call = planned.choices[0].message.tool_calls[0]
+    assert call.function.name == "get_weather" and isinstance(
+        json.loads(call.function.arguments)["city"], str
+    )
+    assert planned.choices[0].finish_reason == "tool_calls"
+    answered = colony.chat.completions.create(
+        model="assistant",
+        messages=[
+            {"role": "user", "content": "What is the weather in Paris?"},
+            planned.choices[0].message.model_dump(exclude_none=True),
+            {"role": "tool", "tool_call_id": call.id, "content": "18 degrees and sunny"},
+        ],
+        tools=[WEATHER],
+    )
+    assert answered.choices[0].message.content or answered.choices[0].message.tool_calls
     session = httpx.post(
         f"{up.url}/v1/sessions", json={}, headers={"Authorization": f"Bearer {up.token}"}, timeout=120
     ).json()["session_id"]
@@ -110,7 +130,8 @@ def test_the_openai_package_talks_to_a_colony_up(up: cluster.ClusterInfo) -> Non
 
 
 def test_the_mcp_package_talks_to_a_colony_up(up: cluster.ClusterInfo) -> None:
-    """The MCP server through Serve's proxy: tools listed, an agent run with its progress."""
+    """The MCP server through Serve's proxy: tools listed, an agent run with its progress, remember
+    then recall in the assistant's memory, and a session's turn with the reply's pieces."""
     import asyncio
 
     import httpx2
@@ -133,5 +154,27 @@ def test_the_mcp_package_talks_to_a_colony_up(up: cluster.ClusterInfo) -> None:
                 getattr(p, "text", "") for p in ran.content
             )
             assert progress and progress[-1] == "completed"
+            stored = await client.call_tool(
+                "remember", {"agent": "assistant", "content": "The release is on the third of March."}
+            )
+            assert not stored.is_error, text(stored)
+            found = await client.call_tool("recall", {"agent": "assistant", "query": "When is the release?"})
+            assert "third of March" in text(found)
+            session = json.loads(text(await client.call_tool("start_session", {})))["session_id"]
+            pieces: list[str] = []
+
+            async def on_piece(done: float, total: float | None, message: str | None) -> None:
+                pieces.append(message or "")
+
+            reply = await client.call_tool(
+                "chat", {"session": session, "message": "My name is Dana."}, progress_callback=on_piece
+            )
+            assert not reply.is_error and text(reply).strip()  # the embedded model's reply
+            assert text(reply).strip() in "".join(pieces[:-1]).strip()  # streamed as it was written
+            assert pieces[-1] == "completed"
 
     asyncio.run(scenario())
+
+
+def text(result: object) -> str:
+    return "".join(getattr(p, "text", "") for p in getattr(result, "content", []))

@@ -1,6 +1,7 @@
 """A Model Context Protocol server over Colony (the official `mcp` SDK): tools `list_agents`,
-`recall`, `remember`, `block_read`, `block_append` and `run_agent` (its progress as notifications),
-and resources for an agent's memory map and blocks. docs/clients.md.
+`recall`, `remember`, `block_read`, `block_append`, `run_agent` (its progress as notifications),
+`start_session` and `chat` (a session's turn, the reply's pieces as notifications), and resources
+for an agent's memory map and blocks. docs/clients.md.
 
 Two ways in, one set of tools: mounted by the API at `/mcp/` (streamable HTTP, the same token), or
 `colony mcp --stdio` for local clients (it calls a colony's API with a token). Every tool is a call
@@ -100,7 +101,8 @@ def build_server(backend_of: Callable[[Context], Awaitable[Backend]]) -> MCPServ
         instructions=(
             "Colony's agents, their memory and memory blocks. list_agents names the agents you may use; "
             "recall and remember read and write an agent's memory; block_read and block_append its "
-            "memory blocks; run_agent runs an agent on an input and reports its progress."
+            "memory blocks; run_agent runs an agent on an input and reports its progress; "
+            "start_session and chat hold a conversation that the session remembers."
         ),
     )
 
@@ -141,21 +143,8 @@ def build_server(backend_of: Callable[[Context], Awaitable[Backend]]) -> MCPServ
         """Run an agent on `input` (any JSON) and answer its output; its progress (steps, the
         reply's pieces) comes as progress notifications while it runs."""
         backend = await backend_of(ctx)
-        submitted = await backend.call("POST", "/v1/runs", json={"agent": agent, "input": input})
-        run_id = str(submitted["run_id"])
-        seen = 0
-        async for event in backend.events(run_id):
-            seen += 1
-            kind = str(event.get("event_type", "event"))
-            data = event.get("data")
-            piece = data.get("text") if kind == "token" and isinstance(data, dict) else None
-            await ctx.report_progress(seen, None, piece if isinstance(piece, str) else kind)
-            if is_terminal(event):
-                break
-        view = await backend.call("GET", f"/v1/runs/{run_id}")
-        if view.get("status") != "succeeded":
-            raise ToolError(f"run {run_id} {view.get('status')}: {view.get('error')}")
-        return _text(view.get("output"))
+        submitted = await backend.call("POST", "/v1/runs", json={"agent": _id(agent), "input": input})
+        return _text((await _followed(backend, ctx, str(submitted["run_id"]))).get("output"))
 
     @server.resource("colony://agents/{agent}/memory", mime_type="application/json")
     async def memory_map(agent: str, ctx: Context) -> str:
@@ -167,7 +156,51 @@ def build_server(backend_of: Callable[[Context], Awaitable[Backend]]) -> MCPServ
         """The memory blocks an agent sees, with their sizes and its access."""
         return _text(await (await backend_of(ctx)).call("GET", f"/v1/agents/{_id(agent)}/blocks"))
 
+    _add_session_tools(server, backend_of)
     return server
+
+
+def _add_session_tools(server: MCPServer, backend_of: Callable[[Context], Awaitable[Backend]]) -> None:
+    """`start_session` and `chat`: a conversation the session agent keeps."""
+
+    @server.tool()
+    async def start_session(ctx: Context, pages: list[str] | None = None) -> str:
+        """Start a chat session (optionally bound to mapped pages, which start every prompt); answers
+        its id for `chat`. The session keeps the conversation, its memory and its blocks."""
+        body = {"pages": [_id(p) for p in pages[:64]]} if pages else {}
+        return _text(await (await backend_of(ctx)).call("POST", "/v1/sessions", json=body))
+
+    @server.tool()
+    async def chat(session: str, message: str, ctx: Context) -> str:
+        """Say `message` in a session (from start_session) and answer the reply; the reply's pieces
+        come as progress notifications while the model writes it."""
+        backend = await backend_of(ctx)
+        await backend.call("GET", f"/v1/sessions/{_id(session)}")  # (a session the token sees, or 404)
+        submitted = await backend.call(
+            "POST", "/v1/runs", json={"agent": session, "input": {"message": message}}
+        )
+        output = (await _followed(backend, ctx, str(submitted["run_id"]))).get("output")
+        reply = output.get("message") if isinstance(output, dict) else None
+        return _text(reply.get("content") if isinstance(reply, dict) else output)
+
+
+async def _followed(backend: Backend, ctx: Context, run_id: str) -> dict[str, Any]:
+    """The run's view once it ended, each of its events reported as progress meanwhile (a token's
+    text, else the event's kind); ToolError for a run that did not succeed."""
+    seen = 0
+    async for event in backend.events(run_id):
+        seen += 1
+        kind = str(event.get("event_type", "event"))
+        data = event.get("data")
+        piece = data.get("text") if kind == "token" and isinstance(data, dict) else None
+        await ctx.report_progress(seen, None, piece if isinstance(piece, str) else kind)
+        if is_terminal(event):
+            break
+    view = await backend.call("GET", f"/v1/runs/{run_id}")
+    if not isinstance(view, dict) or view.get("status") != "succeeded":
+        status, error = (view.get("status"), view.get("error")) if isinstance(view, dict) else (None, None)
+        raise ToolError(f"run {run_id} {status}: {error}")
+    return view
 
 
 def _id(text: str) -> str:

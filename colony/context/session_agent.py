@@ -40,10 +40,10 @@ from colony.context.prompt_fit import (
     prompt_messages,
 )
 from colony.context.sessions import SessionStore
-from colony.context.tree import message_id_for
+from colony.context.tree import TurnUsage, message_id_for
 from colony.context.turn_prompt import TurnPromptBuilder
 from colony.errors import AgentUsageError, InvalidArgument
-from colony.inference import InferenceRequest
+from colony.inference import ChatMessage, InferenceRequest
 from colony.inference.engine import InferenceEngine, render_page_prefix
 from colony.inference.tokens import TokenCounter
 
@@ -186,28 +186,43 @@ class SessionCapability(AgentCapability):
         await self._emit("prompt_context", memory)
         reply_id = _keyed_id()
         earlier = await self.store.stored(reply_id) if reply_id is not None else None
+        report: dict[str, Any] = {}
         if earlier is not None:  # stored by an attempt cut off after it: linked once, not rewritten
-            text = earlier.content
+            text, usage = earlier.content, earlier.usage
         else:
             request = InferenceRequest(
                 messages=prompt.messages, max_tokens=budget.reply, page_ids=self.page_ids
             )
             async with self._pages_in():
-                text = await stream_reply(self.agent, self.engine, request) or "(no reply)"
+                text = await stream_reply(self.agent, self.engine, request, report) or "(no reply)"
+            usage = await self._usage(report.get("usage"), prompt.messages, text)
         reply = await self.store.add(
             "assistant",
             text[: self.settings.session_max_message_chars],
             parent_id=user["id"],
             run_id=self._run_id(),
             message_id=reply_id,
+            usage=usage,
         )
         self.pending = {}
+        counts = reply.usage or usage or TurnUsage(prompt_tokens=0, completion_tokens=0)
         return {
             "message": reply.model_dump(mode="json"),
             "context": prompt.context,
             "cut": prompt.cut,
             "memory": _brief(memory),
+            "finish_reason": report.get("finish_reason") or "stop",
+            "usage": {**counts.model_dump(), "total_tokens": counts.prompt_tokens + counts.completion_tokens},
         }
+
+    async def _usage(self, usage: Any, messages: list[ChatMessage], text: str) -> TurnUsage:
+        """The turn's token counts: the engine's, or (an engine that reports none) counted with its
+        tokenizer."""
+        if usage is not None:
+            return TurnUsage(prompt_tokens=usage.prompt_tokens, completion_tokens=usage.completion_tokens)
+        prompt = await self.counter.count_messages(*(m.content for m in messages))
+        prompt += await self._pages_tokens()
+        return TurnUsage(prompt_tokens=prompt, completion_tokens=await self.counter.count(text))
 
     def _who(self) -> str:
         return self.agent.agent_id if self.agent is not None else "?"

@@ -29,6 +29,7 @@ from colony.context.tree import (
     Message,
     Role,
     TreeHead,
+    TurnUsage,
     add_message,
     fork,
     is_message_id,
@@ -129,6 +130,7 @@ class SessionStore:
         parent_id: str | None = None,
         run_id: str | None = None,
         message_id: str | None = None,
+        usage: TurnUsage | None = None,
     ) -> Message:
         """Store a message under `parent_id` (default: the active leaf) and link it into the tree
         (see `tree.add_message` for which branches move to it).
@@ -149,7 +151,7 @@ class SessionStore:
             message_id = new_message_id()
         elif not is_message_id(message_id):
             raise InvalidArgument(f"{message_id[:80]!r} is not a message id (msg-<12 hex digits>)")
-        message = Message(id=message_id, role=role, content=content, run_id=run_id)
+        message = Message(id=message_id, role=role, content=content, run_id=run_id, usage=usage)
         key = SessionProtocol.message_key(message_id)
         # stored first, linked second: whatever the head lists is readable. A link the tree refuses
         # (its message limit, an unknown parent) takes the stored message back out.

@@ -49,6 +49,13 @@ def is_message_id(text: str) -> bool:
     return bool(_MESSAGE_ID.match(text))
 
 
+class TurnUsage(BaseModel):
+    """The engine's token counts for the turn that wrote a reply."""
+
+    prompt_tokens: int = Field(ge=0)
+    completion_tokens: int = Field(ge=0)
+
+
 class Message(BaseModel):
     """One message of the tree, stored under its own key; `parent_id` is the tree head's (the
     stored entry is written before it is linked, so the head is where the parent is decided)."""
@@ -61,6 +68,7 @@ class Message(BaseModel):
     run_id: str | None = Field(
         None, max_length=128, description="The turn (session agent run) that added it."
     )
+    usage: TurnUsage | None = Field(None, description="A reply's token counts (the engine's).")
 
 
 class Branch(BaseModel):

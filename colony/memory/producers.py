@@ -14,6 +14,7 @@ from typing import Any
 
 from colony.agents.hooks import HookContext, Pointcut
 from colony.memory.types import MemoryProducerConfig, NewMemory
+from colony.wire.run_task import task_value
 
 PREVIEW_CHARS = 400
 
@@ -59,7 +60,7 @@ def extract_run_turn(ctx: HookContext, result: Any) -> list[NewMemory] | None:
         return None
     made: list[NewMemory] = []
     if run.steps == 1:
-        task = run.input.get("task", run.input) if isinstance(run.input, dict) else run.input
+        task = task_value(run.input)
         if task not in (None, ""):
             made.append(
                 NewMemory(
@@ -104,7 +105,7 @@ async def extract_skill(ctx: HookContext, result: Any) -> NewMemory | None:
             steps.append(record.action)
     if not steps:
         return None
-    task = run.input.get("task", run.input) if isinstance(run.input, dict) else run.input
+    task = task_value(run.input)
     tag_first = steps[0] if len(steps[0]) <= 64 and steps[0].isidentifier() else "other"
     return NewMemory(
         content=f"Task: {_preview(task, 300)}\nWhat worked: {' -> '.join(steps[:MAX_SKILL_STEPS])}",

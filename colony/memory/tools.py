@@ -30,6 +30,7 @@ from colony.memory.scopes import MemoryScope
 from colony.memory.service import MemoryService, memory_service
 from colony.memory.transformers import SummarizingTransformer
 from colony.memory.types import PLANNING_LENS, MemoryEntry, MemoryLens, MemoryQuery, NewMemory, RecalledEntry
+from colony.wire.run_task import user_words
 
 if TYPE_CHECKING:
     from colony.agents.base import Agent
@@ -103,8 +104,7 @@ def run_message(agent: Agent | None) -> str:
     run = agent.current_run if agent is not None else None
     if run is None:
         return ""
-    task = run.input.get("task") if isinstance(run.input, dict) else run.input
-    return task if isinstance(task, str) else ""
+    return user_words(run.input) or ""
 
 
 def entry_id_for(scope_id: str, n: int = 0, *content: str) -> str | None:

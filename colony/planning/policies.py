@@ -37,7 +37,9 @@ from colony.planning.compaction import (
     FittedPrompt,
 )
 from colony.planning.context import PlanningContext, PlanningContextBuilder, format_planning_prompt
+from colony.planning.functions import OfferedFunctions, call_output, offered_functions
 from colony.planning.streams import ConsciousnessStream
+from colony.wire.run_task import task_text
 
 if TYPE_CHECKING:
     from colony.agents.base import Agent
@@ -327,13 +329,6 @@ def trace_record(call: dict[str, Any]) -> dict[str, Any]:
     }
 
 
-def task_text(run_input: Any) -> str:
-    """The task a run was given, as text: its `task` field when it has one."""
-    if isinstance(run_input, dict) and isinstance(run_input.get("task"), str):
-        return run_input["task"]
-    return run_input if isinstance(run_input, str) else json.dumps(run_input, default=str)
-
-
 def choice_schema(actions: list[dict[str, Any]]) -> dict[str, Any]:
     """JSON Schema of one decision: an action key and that action's parameters."""
     options = [
@@ -378,6 +373,7 @@ class StructuredActionPolicy(EventDrivenActionPolicy):
         event_wait_seconds: float = 30.0,
         context_settings: ContextSettings | None = None,
         pinned_context_keys: Iterable[str] = DEFAULT_PINNED_KEYS,
+        client_functions: bool = False,
     ) -> None:
         # explicit parameters, no **kwargs: a host injects only the services a policy names
         # (engine=), not its settings, replica or page table
@@ -395,6 +391,9 @@ class StructuredActionPolicy(EventDrivenActionPolicy):
         self.engine = engine
         self.max_tokens = max_tokens
         self.allow_finish = allow_finish
+        # the functions a run's client offers (`tools` in its input) are actions too: choosing one
+        # ends the run with the call (colony.planning.functions); off: the input's `tools` unread
+        self.client_functions = client_functions
         self._last_output: Any = None
         # a last output longer than `context.mask_output_chars` is held in state by its archive
         # reference (Compactor.archived_value) and read back only when it becomes the run's output
@@ -419,9 +418,12 @@ class StructuredActionPolicy(EventDrivenActionPolicy):
         if self.engine is None:
             raise AgentUsageError("StructuredActionPolicy needs an engine (hosted agents get the replica's)")
         actions = self.planning_action_schemas()
+        functions = self.offered_functions(state, actions)
+        if functions is not None:
+            actions = functions.actions(actions)
         if not actions:
             return ActionPolicyIterationResult(done=True, output=await self._run_output())
-        if self.allow_finish and state.step > 0:
+        if self.allow_finish and state.step > 0 and (functions is None or not functions.only):
             actions.append(FINISH_ACTION)
         memory = await self.memory_sections(state)
 
@@ -455,9 +457,23 @@ class StructuredActionPolicy(EventDrivenActionPolicy):
             return ActionPolicyIterationResult(action=FINISH, done=True, output=parameters.get("answer"))
         if action == RECALL:
             return await self.recall_archived(parameters)
+        if functions is not None and action in functions.names:  # the client runs it: the run's answer
+            key = f"{state.run.run_id}:{state.step}"
+            return ActionPolicyIterationResult(
+                action=action, parameters=parameters, done=True, output=call_output(action, parameters, key)
+            )
         result = await self.dispatch(action, parameters)
         self.after_dispatch(result)
         return ActionPolicyIterationResult(action=action, parameters=parameters, action_result=result)
+
+    def offered_functions(
+        self, state: ActionPolicyExecutionState, actions: list[dict[str, Any]]
+    ) -> OfferedFunctions | None:
+        """The client's functions this run offers, when this policy takes them."""
+        if not self.client_functions:
+            return None
+        own = [a["name"] for a in actions] + [FINISH, RECALL]
+        return offered_functions(state.run.input, own)
 
     def after_dispatch(self, result: ActionResult) -> None:
         if result.success and not result.blocked:

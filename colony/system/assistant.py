@@ -8,7 +8,9 @@ was told (the user's message, verbatim, by the conversation producer). What the 
 a fact about the user (the `human` block, archival memory) must be the user's words or an extract
 of them (colony.memory.grounding): a write that is not fails, naming why. `answer` ends the run;
 after `max_memory_steps` planned memory steps (default 1: a small model repeats a step rather
-than moving on) the run answers.
+than moving on) the run answers. Functions a client offers (`tools` in the input, through the
+OpenAI door) are planned beside the memory actions: choosing one ends the run with the call
+(colony.planning.functions), and the client sends its result back in the next run's messages.
 """
 
 from __future__ import annotations
@@ -39,7 +41,7 @@ from colony.memory.blocks.types import BlockType
 from colony.memory.hierarchy import default_memory_hierarchy
 from colony.memory.tools import MemoryToolsCapability, prompt_line
 from colony.memory.types import MemoryQuery
-from colony.planning.policies import StructuredActionPolicy, task_text
+from colony.planning.policies import StructuredActionPolicy
 from colony.planning.streams import (
     ActionKeySubstringFilter,
     ConsciousnessStream,
@@ -48,6 +50,7 @@ from colony.planning.streams import (
     SuccessfulActionFilter,
 )
 from colony.system.builtin import RUNS_NAMESPACE
+from colony.wire.run_task import task_text
 
 log = logging.getLogger(__name__)
 ANSWER = "answer"
@@ -182,6 +185,7 @@ class AssistantPolicy(StructuredActionPolicy):
         max_tokens: int = 160,
         goals: Sequence[str] = (),
         consciousness_streams: Sequence[Any] = (),
+        client_functions: bool = True,
     ) -> None:
         super().__init__(
             agent,
@@ -190,6 +194,7 @@ class AssistantPolicy(StructuredActionPolicy):
             allow_finish=False,
             goals=goals,
             consciousness_streams=consciousness_streams,
+            client_functions=client_functions,
         )
         self.max_plan_steps = max_plan_steps
         self.max_memory_steps = max_memory_steps
@@ -202,6 +207,10 @@ class AssistantPolicy(StructuredActionPolicy):
         try:
             step = await super().plan_step(state)
         except InferenceError as exc:  # the model's plan was no usable JSON: answer instead
+            if _call_required(state.run.input):  # (but a call was asked for: no answer will do)
+                raise AgentUsageError(
+                    f"the model made no usable call of the functions offered: {exc}"
+                ) from exc
             log.warning("assistant %s: planning step failed (%s); answering", self._who(), exc)
             return await self._answer(state)
         if step.action == ANSWER and step.action_result is not None:
@@ -230,6 +239,12 @@ class AssistantPolicy(StructuredActionPolicy):
 
     def _who(self) -> str:
         return self.agent.agent_id if self.agent is not None else "-"
+
+
+def _call_required(run_input: Any) -> bool:
+    """The run's client asked for a call of one of its functions (`tool_choice` required or named)."""
+    choice = run_input.get("tool_choice") if isinstance(run_input, dict) and run_input.get("tools") else None
+    return choice == "required" or isinstance(choice, dict)
 
 
 def assistant_streams() -> list[Any]:

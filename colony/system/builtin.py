@@ -38,7 +38,7 @@ from colony.inference.engine import InferenceEngine, render_page_prefix
 from colony.inference.tokens import TokenCounter
 from colony.memory.blocks.tools import MemoryBlocksCapability
 from colony.memory.session import SessionMemoryCapability, session_memory_hierarchy
-from colony.system.chat_tools import bounded_schema, choice_schema, read_choice, tool_prompt, tool_specs
+from colony.planning.functions import bounded_schema, choice_schema, read_choice, tool_prompt, tool_specs
 from colony.wire.tenants import prefix_of
 
 Spawner = Callable[[AgentBlueprint], Awaitable[Any]]

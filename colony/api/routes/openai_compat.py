@@ -35,9 +35,9 @@ from colony.api.wake import wake_agent
 from colony.errors import AgentUsageError, InvalidArgument, InvalidSchema
 from colony.inference.models import check_schema
 from colony.inference.tokens import estimate_tokens
+from colony.planning.functions import bounded_schema, tool_specs
 from colony.system.builtin import MAX_CHAT_MESSAGES, MAX_CHAT_TOKENS
 from colony.system.catalog import catalog_names
-from colony.system.chat_tools import bounded_schema, tool_specs
 from colony.system.runs import RunRecord, RunService
 from colony.wire.ids import ID_PATTERN
 from colony.wire.input_check import check_input

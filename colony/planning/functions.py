@@ -1,17 +1,21 @@
-"""Function calling for the `ask` agent's chat form (OpenAI's `tools`, docs/clients.md): the model
-either answers or calls one of the functions the client offered, and constrained decoding holds
-it to exactly that choice (a JSON Schema: the answer, or one function's name with arguments that
-follow its parameters' schema). The client runs the function and sends its result back as a
-`tool` message; the door renders those as text the model reads.
+"""Functions a client offers an agent (OpenAI's `tools`, docs/clients.md). The `ask` agent's chat
+form: the model either answers or calls one of them, and constrained decoding holds it to exactly
+that choice (a JSON Schema: the answer, or one function's name with arguments that follow its
+parameters' schema). A planner that takes them (StructuredActionPolicy with `client_functions`,
+the `assistant`): they are actions beside the agent's own, and choosing one ends the run with the
+call. The client runs the function and sends its result back as a `tool` message; the door
+renders those as text the model reads.
 
 Everything here comes from a client: names, descriptions and schemas are checked and bounded.
 """
 
 from __future__ import annotations
 
+import hashlib
 import json
 import re
 import secrets
+from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Any
 
@@ -136,10 +140,69 @@ def read_choice(text: str, specs: list[ToolSpec]) -> dict[str, Any]:
         return {"content": choice["answer"]}
     names = {s.name for s in specs}
     if isinstance(choice, dict) and choice.get("tool") in names and isinstance(choice.get("arguments"), dict):
-        call = {
-            "id": f"call_{secrets.token_hex(12)}",
-            "type": "function",
-            "function": {"name": choice["tool"], "arguments": json.dumps(choice["arguments"])},
-        }
-        return {"content": None, "tool_calls": [call], "finish_reason": "tool_calls"}
+        return call_output(choice["tool"], choice["arguments"])
     return {"content": text}
+
+
+def call_output(name: str, arguments: dict[str, Any], key: str | None = None) -> dict[str, Any]:
+    """An agent's reply that is a call of a client's function (OpenAI's shape). Its id derives
+    from `key` (a run and step: the same decision replayed is the same call), else is fresh."""
+    digest = hashlib.sha256(key.encode()).hexdigest()[:24] if key is not None else secrets.token_hex(12)
+    call = {
+        "id": f"call_{digest}",
+        "type": "function",
+        "function": {"name": name, "arguments": json.dumps(arguments)},
+    }
+    return {"content": None, "tool_calls": [call], "finish_reason": "tool_calls"}
+
+
+@dataclass(frozen=True)
+class OfferedFunctions:
+    """The client's functions a planner may choose this run, and whether it must (`required`, or
+    one named by `tool_choice`: the agent's own actions are not offered then)."""
+
+    specs: list[ToolSpec]
+    only: bool
+
+    @property
+    def names(self) -> set[str]:
+        return {s.name for s in self.specs}
+
+    def actions(self, own: list[dict[str, Any]]) -> list[dict[str, Any]]:
+        """The planner's actions: the agent's own (unless a call is required) and the functions,
+        each as a planner sees an action ({name, description, parameters})."""
+        functions = [
+            {
+                "name": s.name,
+                "description": f"(the user's function) {s.description}",
+                "parameters": s.parameters,
+            }
+            for s in self.specs
+        ]
+        return functions if self.only else [*own, *functions]
+
+
+def offered_functions(run_input: Any, own: Iterable[str]) -> OfferedFunctions | None:
+    """The functions a run's input offers (`tools`, `tool_choice` as the OpenAI door passes them),
+    checked; None when it offers none or `tool_choice` is "none". AgentUsageError for a function
+    that is not one Colony can offer, or whose name is one of the agent's own actions (`own`)."""
+    if not isinstance(run_input, dict) or run_input.get("tools") is None:
+        return None
+    choice = run_input.get("tool_choice")
+    if choice == "none":
+        return None
+    if choice not in (None, "auto", "required") and not isinstance(choice, dict):
+        raise AgentUsageError("tool_choice must be none, auto, required or {function: {name}}")
+    specs = tool_specs(run_input["tools"])
+    taken = set(own) & {s.name for s in specs}
+    if taken:
+        raise AgentUsageError(
+            f"tools: {sorted(taken)[0]!r} is the name of one of the agent's own actions; rename the function"
+        )
+    if isinstance(choice, dict):
+        function = choice.get("function")
+        name = function.get("name") if isinstance(function, dict) else None
+        specs = [s for s in specs if s.name == name]
+        if not specs:
+            raise AgentUsageError(f"tool_choice names {str(name)[:64]!r}, which tools does not offer")
+    return OfferedFunctions(specs, only=choice not in (None, "auto"))
