@@ -11,6 +11,7 @@ import asyncio
 import json
 import shutil
 import sys
+import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -20,7 +21,7 @@ import httpx2
 import pytest
 from mcp import Client, StdioServerParameters
 from mcp.client.streamable_http import streamable_http_client
-from tenant_kit import HOME, TOKEN, TenantApp, made
+from tenant_kit import HOME, TOKEN, TenantApp, bearer, made
 
 from colony.blackboard.redis_server import RedisServerInfo
 
@@ -120,11 +121,23 @@ def test_a_conversation_through_a_session_with_the_reply_as_progress(served: tup
                 )
                 assert not reply.is_error and text_of(reply) == "a scripted reply", text_of(reply)
             assert "scripted" in "".join(pieces) and pieces[-1] == "completed"
-            tree = httpx.get(f"{app.url}/v1/sessions/{session}/messages", headers=HOME, timeout=30).json()
+            async with httpx.AsyncClient(base_url=app.url, headers=HOME, timeout=60) as rest:
+                tree = (await rest.get(f"/v1/sessions/{session}/messages")).json()
             said = [m["content"] for m in tree["messages"] if m["role"] == "user"]
             assert said == ["My name is Dana.", "What is my name?"]  # the session kept both turns
             not_a_session = await client.call_tool("chat", {"session": "echo", "message": "hi"})
             assert not_a_session.is_error and "404" in text_of(not_a_session)
+            long = await client.call_tool("chat", {"session": session, "message": "x" * 200_000})
+            assert long.is_error and "422" in text_of(long)  # (as the REST route: before a run)
+            async with httpx.AsyncClient(base_url=app.url, headers=HOME, timeout=60) as rest:
+                paused = await rest.post(f"/v1/agents/{session}/suspend")
+            assert paused.status_code == 200, paused.text
+            refused = await asyncio.wait_for(
+                client.call_tool("chat", {"session": session, "message": "hi"}), 30
+            )
+            assert refused.is_error and "409" in text_of(refused)  # suspended by request: resume it first
+            too_many = await client.call_tool("start_session", {"pages": ["p"] * 65})
+            assert too_many.is_error and "at most 64" in text_of(too_many)
         async with over_http(app.url, guest) as client:  # the colony's session, from another tenant
             hidden = await client.call_tool("chat", {"session": home_session, "message": "hi"})
             assert hidden.is_error and "404" in text_of(hidden)
@@ -132,6 +145,38 @@ def test_a_conversation_through_a_session_with_the_reply_as_progress(served: tup
             assert odd.is_error and "no agent id or label" in text_of(odd)
 
     asyncio.run(scenario())
+
+
+def test_a_turn_started_without_a_stream(served: tuple[TenantApp, str]) -> None:
+    """`POST /v1/sessions/{id}/turns`: the turn's run id at once (202), its reply the run's output;
+    an Idempotency-Key makes a retry the same turn; a read token may not."""
+    app, session = served
+    with httpx.Client(base_url=app.url, timeout=60) as http:
+        keyed = {**HOME, "Idempotency-Key": "turn-key-1"}
+        first = http.post(f"/v1/sessions/{session}/turns", json={"message": "Hello"}, headers=keyed)
+        assert first.status_code == 202, first.text
+        again = http.post(f"/v1/sessions/{session}/turns", json={"message": "Hello"}, headers=keyed)
+        assert again.json()["run_id"] == first.json()["run_id"]
+        run_id = first.json()["run_id"]
+        for _ in range(300):
+            ended = http.get(f"/v1/runs/{run_id}", headers=HOME).json()
+            if ended["status"] not in ("pending", "running"):
+                break
+            time.sleep(0.1)
+        assert ended["status"] == "succeeded" and ended["output"]["message"]["content"] == "a scripted reply"
+        said = [
+            m["content"]
+            for m in http.get(f"/v1/sessions/{session}/messages", headers=HOME).json()["messages"]
+        ]
+        assert said.count("Hello") == 1
+        reader = bearer(made(http, "mr", ["read"])["token"])
+        assert http.post(
+            f"/v1/sessions/{session}/turns", json={"message": "x"}, headers=reader
+        ).status_code in (
+            403,
+            404,
+        )
+        assert http.post("/v1/sessions/echo/turns", json={"message": "x"}, headers=HOME).status_code == 404
 
 
 def test_the_same_access_rules_as_http(served: tuple[TenantApp, str]) -> None:

@@ -333,7 +333,12 @@ def test_function_calling_round_trip(door: DoorApp) -> None:
     [
         ([WEATHER, WEATHER], None, "new name"),
         (
-            [{"type": "function", "function": {"name": "f", "parameters": {"type": "foo"}}}],
+            [
+                {
+                    "type": "function",
+                    "function": {"name": "f", "parameters": {"properties": {"a": {"type": "foo"}}}},
+                }
+            ],
             None,
             "JSON Schema",
         ),
@@ -351,11 +356,22 @@ def test_function_calling_round_trip(door: DoorApp) -> None:
             [
                 {
                     "type": "function",
-                    "function": {"name": "f", "parameters": {"type": "array", "minItems": 10**9}},
+                    "function": {
+                        "name": "f",
+                        "parameters": {
+                            "type": "object",
+                            "properties": {"a": {"type": "array", "minItems": 10**9}},
+                        },
+                    },
                 }
             ],
             None,
             "minItems",
+        ),
+        (
+            [{"type": "function", "function": {"name": "f", "parameters": {"type": "array"}}}],
+            None,
+            "must be an object schema",
         ),
         (None, "required", "needs tools"),
     ],

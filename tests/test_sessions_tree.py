@@ -44,7 +44,7 @@ from colony.context.tree import (
 from colony.errors import AgentUsageError, InferenceError, InvalidArgument, MessageNotFound, NoActiveBranch
 from colony.inference import InferenceRequest
 from colony.inference.embedded import EmbeddedEngine
-from colony.inference.engine import InferenceEngine
+from colony.inference.engine import InferenceEngine, StreamChunk
 from colony.inference.scripted import ScriptedEngine
 from colony.inference.tokens import MESSAGE_OVERHEAD_TOKENS, TokenCounter, estimate_tokens
 from colony.system.builtin import session_blueprint
@@ -431,6 +431,61 @@ async def test_a_reply_step_redone_without_its_first_step_answers_the_runs_messa
         await TurnOf(
             scope_id=scope.replace("session-", "session-0"), blackboard=bb, engine=engine
         ).respond_to_user()
+
+
+class CutEngine(ScriptedEngine):
+    """Its replies end cut at max_tokens (finish_reason `length`)."""
+
+    async def stream(self, request: InferenceRequest) -> AsyncIterator[StreamChunk]:
+        async for chunk in super().stream(request):
+            if chunk.finish_reason is not None:
+                chunk = chunk.model_copy(update={"finish_reason": "length"})
+            yield chunk
+
+
+async def _turn_twice(turn: TurnOf, message: str, stored: str | None = None) -> list[dict[str, Any]]:
+    """A turn whose reply step runs twice under one key (re-executed after a crash); `stored`: a
+    reply an earlier attempt stored, with no counts (as replies were stored before they kept them)."""
+    key = _IDEMPOTENCY_KEY.set("run-x:1:a0")
+    try:
+        asked = await turn.handle_user_message(message)
+    finally:
+        _IDEMPOTENCY_KEY.reset(key)
+    if stored is not None:
+        await turn.store.add(
+            "assistant",
+            stored,
+            parent_id=asked["id"],
+            run_id="run-x",
+            message_id=message_id_for("run-x:2:a0"),
+        )
+    replies = []
+    for _attempt in range(1 if stored is not None else 2):
+        key = _IDEMPOTENCY_KEY.set("run-x:2:a0")
+        try:
+            replies.append(await turn.respond_to_user())
+        finally:
+            _IDEMPOTENCY_KEY.reset(key)
+    return replies
+
+
+async def test_a_redone_turn_reports_the_engines_counts_and_finish_reason_again(bb: Blackboard) -> None:
+    """The engine's token counts and finish reason are kept with the reply: a turn re-executed
+    after its reply was stored reports them again; a reply stored without them is counted with
+    the engine's tokenizer."""
+    scope = session_scope(new_session_id(), tenant_id="default", colony_id=f"t{uuid.uuid4().hex[:8]}")
+    replies = await _turn_twice(
+        TurnOf(scope_id=scope, blackboard=bb, engine=CutEngine(["a reply cut"])), "essay"
+    )
+    assert replies[0]["finish_reason"] == replies[1]["finish_reason"] == "length"
+    assert replies[0]["usage"] == replies[1]["usage"] and replies[0]["usage"]["completion_tokens"] == 3
+    scope = session_scope(new_session_id(), tenant_id="default", colony_id=f"t{uuid.uuid4().hex[:8]}")
+    engine = ScriptedEngine(["unused"])
+    (old,) = await _turn_twice(
+        TurnOf(scope_id=scope, blackboard=bb, engine=engine), "hello there", "stored before"
+    )
+    assert old["usage"]["completion_tokens"] > 0 and old["usage"]["prompt_tokens"] > 0
+    assert old["message"]["content"] == "stored before" and not engine.requests  # (not written again)
 
 
 async def test_turn_actions_re_executed_under_their_key_store_nothing_twice(bb: Blackboard) -> None:

@@ -149,17 +149,34 @@ def test_redis_bytes_are_weighed_per_tenant_and_deleting_makes_room(
 
 def test_a_tenant_that_spent_its_second_is_refused_at_the_door(served: Any) -> None:
     """Once a tenant spent a second's runs, this API process refuses its next submits of that
-    second in the guard (no Redis call, no body read, not audited); its other calls go on."""
+    second in the guard (no Redis call, no body read, not audited), each held until its second
+    ends (a client retrying at once waits, at most 1 s; at most 16 of a tenant's held at once,
+    the rest answered at once); its other calls go on."""
     _, http = served
     a = bearer(made(http, "qy", ["read", "run"])["token"])
     assert submit(http, a, wait_s=20).status_code == 200
-    tenant_quota._spend("qy", int(time.time()) + 30)  # (as if it spent them, for the next 30 s)
+    tenant_quota._spent["qy"] = time.monotonic() + 30  # (as if it spent them, for the next 30 s)
     try:
-        for attempt in (submit(http, a), http.post("/v1/sessions", json={}, headers=a)):
-            assert attempt.status_code == 429 and attempt.headers["Retry-After"] == "1"
-            assert "spent this second's runs" in attempt.json()["error"]["message"]
-        assert http.get("/v1/agents", headers=a).status_code == 200
+        for attempt in (lambda: submit(http, a), lambda: http.post("/v1/sessions", json={}, headers=a)):
+            began = time.monotonic()
+            answer = attempt()
+            assert answer.status_code == 429 and answer.headers["Retry-After"] == "1"
+            assert "spent this second's runs" in answer.json()["error"]["message"]
+            assert 0.9 <= time.monotonic() - began < 5  # held for its second (at most HOLD_SECONDS)
+        assert http.get("/v1/agents", headers=a).status_code == 200  # not held: not a submit
         assert http.post("/v1/agents/t.qy.echo/suspend", headers=a).status_code == 200
+
+        def timed(_: int) -> tuple[int, float]:
+            began = time.monotonic()
+            with httpx.Client(base_url=str(http.base_url), timeout=60) as own:
+                return submit(own, a).status_code, time.monotonic() - began
+
+        with concurrent.futures.ThreadPoolExecutor(24) as pool:
+            answers = list(pool.map(timed, range(24)))
+        assert {status for status, _ in answers} == {429}
+        took = sorted(took for _, took in answers)
+        held = [t for t in took if t >= 0.9]
+        assert len(held) >= tenant_quota.MAX_HELD_PER_TENANT and took[0] < 0.9, took  # 16 held, not 24
     finally:
         tenant_quota._spent.pop("qy", None)
     assert submit(http, a).status_code == 202

@@ -42,6 +42,7 @@ ROUTE_VERBS: dict[tuple[str, str], str] = {
     ("POST", "/v1/vcm/sources"): "run",
     ("POST", "/v1/sessions"): "run",
     ("POST", "/v1/sessions/{session_id}/messages"): "run",
+    ("POST", "/v1/sessions/{session_id}/turns"): "run",
     ("POST", "/v1/sessions/{session_id}/revert"): "run",
     ("POST", "/v1/sessions/{session_id}/fork"): "run",
     ("POST", "/v1/sessions/{session_id}/switch"): "run",

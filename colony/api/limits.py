@@ -23,7 +23,7 @@ from redis.exceptions import RedisError
 from colony.api.access import READ_METHODS, AccessServices, Matched, audit_later, match_route, refusal
 from colony.errors import BlackboardUnavailable, ColonyError
 from colony.system.access_tokens import Principal, looks_scoped, main_principal
-from colony.system.tenant_quota import SUBMITTING, spent
+from colony.system.tenant_quota import SUBMITTING, hold_refused, spent
 from colony.wire.token import TokenSource
 
 Scope = MutableMapping[str, Any]
@@ -205,10 +205,12 @@ class GuardMiddleware:
         method = str(scope.get("method", "GET"))
         matched = match_route(self.routes, scope)
         refused = refusal(principal, method, matched)
-        if refused is None and _spent_its_runs(principal, method, matched):
+        until = _spent_its_runs(principal, method, matched) if refused is None else None
+        if until is not None:  # (refused at the door: nothing changed, nothing audited)
+            await hold_refused(principal.tenant, until)  # (a client retrying at once waits for it)
             message = f"tenant {principal.tenant!r} spent this second's runs (api.tenant_runs_per_second)"
             await send_error(send, 429, "quota_exceeded", message, [(b"retry-after", b"1")])
-            return None  # (refused at the door: nothing changed, nothing audited)
+            return None
         if refused is not None:
             status, code, message = refused
             await send_error(send, status, code, message, [])
@@ -221,11 +223,12 @@ class GuardMiddleware:
         return AuditedSend(send, lambda status: audit_later(self.access, principal, method, matched, status))
 
 
-def _spent_its_runs(principal: Principal, method: str, matched: Matched | None) -> bool:
-    """A submit of another tenant than the colony's own that spent this second's runs already."""
+def _spent_its_runs(principal: Principal, method: str, matched: Matched | None) -> float | None:
+    """For a submit of another tenant than the colony's own that spent this second's runs
+    already: when its second ends (`spent`); else None."""
     if matched is None or not principal.tenant or principal.is_home:
-        return False
-    return (method, matched.template) in SUBMITTING and spent(principal.tenant)
+        return None
+    return spent(principal.tenant) if (method, matched.template) in SUBMITTING else None
 
 
 class AuditedSend:

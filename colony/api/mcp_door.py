@@ -30,6 +30,7 @@ from colony.wire.run_events import is_terminal
 _ID = re.compile(ID_PATTERN)
 RUN_WAIT_SECONDS = 600.0  # run_agent waits this long at most for the run's end
 TEXT_CHARS = 100_000  # a tool's text answer is cut here (with a note)
+MAX_PAGES = 64  # page ids start_session takes (the API refuses more than an engine holds)
 
 
 class Backend(Protocol):
@@ -167,7 +168,9 @@ def _add_session_tools(server: MCPServer, backend_of: Callable[[Context], Awaita
     async def start_session(ctx: Context, pages: list[str] | None = None) -> str:
         """Start a chat session (optionally bound to mapped pages, which start every prompt); answers
         its id for `chat`. The session keeps the conversation, its memory and its blocks."""
-        body = {"pages": [_id(p) for p in pages[:64]]} if pages else {}
+        if pages is not None and (not isinstance(pages, list) or len(pages) > MAX_PAGES):
+            raise ToolError(f"pages: a list of at most {MAX_PAGES} page ids")
+        body = {"pages": [_id(p) for p in pages]} if pages else {}
         return _text(await (await backend_of(ctx)).call("POST", "/v1/sessions", json=body))
 
     @server.tool()
@@ -175,9 +178,8 @@ def _add_session_tools(server: MCPServer, backend_of: Callable[[Context], Awaita
         """Say `message` in a session (from start_session) and answer the reply; the reply's pieces
         come as progress notifications while the model writes it."""
         backend = await backend_of(ctx)
-        await backend.call("GET", f"/v1/sessions/{_id(session)}")  # (a session the token sees, or 404)
         submitted = await backend.call(
-            "POST", "/v1/runs", json={"agent": session, "input": {"message": message}}
+            "POST", f"/v1/sessions/{_id(session)}/turns", json={"message": message}
         )
         output = (await _followed(backend, ctx, str(submitted["run_id"]))).get("output")
         reply = output.get("message") if isinstance(output, dict) else None

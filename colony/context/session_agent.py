@@ -186,16 +186,17 @@ class SessionCapability(AgentCapability):
         await self._emit("prompt_context", memory)
         reply_id = _keyed_id()
         earlier = await self.store.stored(reply_id) if reply_id is not None else None
-        report: dict[str, Any] = {}
         if earlier is not None:  # stored by an attempt cut off after it: linked once, not rewritten
-            text, usage = earlier.content, earlier.usage
+            text = earlier.content
+            usage = earlier.usage or await self._usage({}, prompt.messages, text)
         else:
             request = InferenceRequest(
                 messages=prompt.messages, max_tokens=budget.reply, page_ids=self.page_ids
             )
+            report: dict[str, Any] = {}
             async with self._pages_in():
                 text = await stream_reply(self.agent, self.engine, request, report) or "(no reply)"
-            usage = await self._usage(report.get("usage"), prompt.messages, text)
+            usage = await self._usage(report, prompt.messages, text)
         reply = await self.store.add(
             "assistant",
             text[: self.settings.session_max_message_chars],
@@ -205,24 +206,38 @@ class SessionCapability(AgentCapability):
             usage=usage,
         )
         self.pending = {}
-        counts = reply.usage or usage or TurnUsage(prompt_tokens=0, completion_tokens=0)
+        counts = reply.usage or usage
         return {
             "message": reply.model_dump(mode="json"),
             "context": prompt.context,
             "cut": prompt.cut,
             "memory": _brief(memory),
-            "finish_reason": report.get("finish_reason") or "stop",
-            "usage": {**counts.model_dump(), "total_tokens": counts.prompt_tokens + counts.completion_tokens},
+            "finish_reason": counts.finish_reason,
+            "usage": {
+                "prompt_tokens": counts.prompt_tokens,
+                "completion_tokens": counts.completion_tokens,
+                "total_tokens": counts.prompt_tokens + counts.completion_tokens,
+            },
         }
 
-    async def _usage(self, usage: Any, messages: list[ChatMessage], text: str) -> TurnUsage:
-        """The turn's token counts: the engine's, or (an engine that reports none) counted with its
+    async def _usage(self, report: dict[str, Any], messages: list[ChatMessage], text: str) -> TurnUsage:
+        """The turn's token counts and finish reason: the engine's (`report`, from stream_reply), or
+        (an engine that reports none, a reply stored before replies kept them) counted with its
         tokenizer."""
+        finish = report.get("finish_reason")
+        finish = finish if finish in ("length", "loop") else "stop"
+        usage = report.get("usage")
         if usage is not None:
-            return TurnUsage(prompt_tokens=usage.prompt_tokens, completion_tokens=usage.completion_tokens)
+            return TurnUsage(
+                prompt_tokens=usage.prompt_tokens,
+                completion_tokens=usage.completion_tokens,
+                finish_reason=finish,
+            )
         prompt = await self.counter.count_messages(*(m.content for m in messages))
         prompt += await self._pages_tokens()
-        return TurnUsage(prompt_tokens=prompt, completion_tokens=await self.counter.count(text))
+        return TurnUsage(
+            prompt_tokens=prompt, completion_tokens=await self.counter.count(text), finish_reason=finish
+        )
 
     def _who(self) -> str:
         return self.agent.agent_id if self.agent is not None else "?"

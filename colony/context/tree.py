@@ -50,10 +50,11 @@ def is_message_id(text: str) -> bool:
 
 
 class TurnUsage(BaseModel):
-    """The engine's token counts for the turn that wrote a reply."""
+    """The engine's token counts for the turn that wrote a reply, and why the reply ended."""
 
     prompt_tokens: int = Field(ge=0)
     completion_tokens: int = Field(ge=0)
+    finish_reason: Literal["stop", "length", "loop"] = "stop"
 
 
 class Message(BaseModel):

@@ -56,6 +56,8 @@ def tool_specs(tools: Any) -> list[ToolSpec]:
             raise AgentUsageError(
                 f"tools[{index}].parameters must be a JSON Schema of at most {MAX_PARAMETERS_BYTES} bytes"
             )
+        if parameters.get("type", "object") != "object":  # (a call's arguments are an object)
+            raise AgentUsageError(f"tools[{index}].parameters must be an object schema (type: object)")
         check_schema(parameters)
         bounded_schema(parameters, f"tools[{index}].parameters")
         if "$ref" in json.dumps(parameters):  # (nested under the choice's schema, a ref would not resolve)

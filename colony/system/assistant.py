@@ -198,12 +198,20 @@ class AssistantPolicy(StructuredActionPolicy):
         )
         self.max_plan_steps = max_plan_steps
         self.max_memory_steps = max_memory_steps
+        self._answer_only = False  # (this step offers `answer` of the agent's own actions, no more)
+
+    def planning_action_schemas(self) -> list[dict[str, Any]]:
+        actions = super().planning_action_schemas()
+        return [a for a in actions if a["name"] == ANSWER] if self._answer_only else actions
 
     async def plan_step(self, state: ActionPolicyExecutionState) -> ActionPolicyIterationResult:
         # after `max_memory_steps` planned steps, or at the last step: answer (a small model
-        # otherwise repeats the step it just took)
-        if len(self.call_trace) >= self.max_memory_steps or state.step >= self.max_plan_steps - 1:
+        # otherwise repeats the step it just took); with a client's functions offered, the step
+        # after the memory steps still chooses between answering and calling one of them
+        memory_done = len(self.call_trace) >= self.max_memory_steps
+        if state.step >= self.max_plan_steps - 1 or (memory_done and not _offers_functions(state.run.input)):
             return await self._answer(state)
+        self._answer_only = memory_done
         try:
             step = await super().plan_step(state)
         except InferenceError as exc:  # the model's plan was no usable JSON: answer instead
@@ -213,6 +221,8 @@ class AssistantPolicy(StructuredActionPolicy):
                 ) from exc
             log.warning("assistant %s: planning step failed (%s); answering", self._who(), exc)
             return await self._answer(state)
+        finally:
+            self._answer_only = False
         if step.action == ANSWER and step.action_result is not None:
             ok = step.action_result.success
             return step.model_copy(
@@ -239,6 +249,15 @@ class AssistantPolicy(StructuredActionPolicy):
 
     def _who(self) -> str:
         return self.agent.agent_id if self.agent is not None else "-"
+
+
+def _offers_functions(run_input: Any) -> bool:
+    """The run's client offers functions (`tools`, and a `tool_choice` other than none)."""
+    return (
+        isinstance(run_input, dict)
+        and bool(run_input.get("tools"))
+        and run_input.get("tool_choice") != "none"
+    )
 
 
 def _call_required(run_input: Any) -> bool:

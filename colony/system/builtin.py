@@ -166,7 +166,7 @@ def _usage(usage: Any) -> dict[str, Any]:
 MAX_CHAT_MESSAGES = 256
 MAX_CHAT_CHARS = 400_000  # of a chat's messages together
 MAX_CHAT_TOKENS = 8192
-CHAT_ROLES = ("system", "user", "assistant")
+CHAT_ROLES = ("system", "user", "assistant", "tool")
 
 
 def chat_of(messages: Any) -> list[ChatMessage]:
@@ -185,7 +185,8 @@ def chat_of(messages: Any) -> list[ChatMessage]:
         size += len(content)
         if size > MAX_CHAT_CHARS:
             raise AgentUsageError(f"messages hold more than {MAX_CHAT_CHARS} characters together")
-        chat.append(ChatMessage(role=role, content=content))
+        # a function's result reaches the model as a user turn (not every chat template knows `tool`)
+        chat.append(ChatMessage(role="user" if role == "tool" else role, content=content))
     return chat
 
 

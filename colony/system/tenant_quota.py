@@ -53,23 +53,55 @@ PRUNE_AT_ONCE = 256  # open runs whose end is checked at once when a tenant is a
 # the calls that submit runs: refused at the door (the API's guard, `spent`) for the rest of a
 # second in which their tenant spent its runs per second, with no Redis call and no body read
 SUBMITTING = frozenset(
-    {("POST", "/v1/runs"), ("POST", "/v1/sessions"), ("POST", "/v1/sessions/{session_id}/messages")}
+    {
+        ("POST", "/v1/runs"),
+        ("POST", "/v1/sessions"),
+        ("POST", "/v1/sessions/{session_id}/messages"),
+        ("POST", "/v1/sessions/{session_id}/turns"),
+    }
 )
 MAX_SPENT = 4096  # tenants remembered as having spent this second's runs (the oldest go first)
 _spent: dict[str, float] = {}  # tenant -> time.monotonic() until which this process refuses its submits
+# a refused submit is answered when its tenant's second turns (held at most HOLD_SECONDS): a client
+# that retries at once (ignoring Retry-After) waits instead of spinning the API's CPU, as a rate
+# limiter that delays excess requests does. Bounded: beyond these many held, answered at once
+MAX_HELD_PER_TENANT = 16
+MAX_HELD = 128  # of every tenant together, per API process (its replica takes 256 calls at once)
+HOLD_SECONDS = 1.0
+_held: dict[str, int] = {}
 
 
-def spent(tenant: str) -> bool:
-    """Whether `tenant` spent this second's runs per second (as this process last saw): its next
-    submit is refused at once, counted, and not audited (it changes nothing)."""
+def spent(tenant: str) -> float | None:
+    """When `tenant` spent this second's runs per second (as this process last saw): the monotonic
+    time its second ends, and its next submit is refused in the guard, counted, and not audited
+    (it changes nothing); None when it has not."""
     until = _spent.get(tenant)
     if until is None:
-        return False
+        return None
     if time.monotonic() < until:
         metrics.TENANT_REFUSALS.labels(tenant, "runs_per_second").inc()
-        return True
+        return until
     _spent.pop(tenant, None)
-    return False
+    return None
+
+
+async def hold_refused(tenant: str, until: float) -> bool:
+    """Hold a refused submit of `tenant` until `until` (its second's end; at most HOLD_SECONDS),
+    unless MAX_HELD_PER_TENANT of its submits, or MAX_HELD of all, are held already; whether it
+    was held."""
+    held = _held.get(tenant, 0)
+    if held >= MAX_HELD_PER_TENANT or sum(_held.values()) >= MAX_HELD:
+        return False
+    _held[tenant] = held + 1
+    try:
+        await asyncio.sleep(min(HOLD_SECONDS, max(0.0, until - time.monotonic())))
+    finally:
+        left = _held.get(tenant, 1) - 1
+        if left > 0:
+            _held[tenant] = left
+        else:
+            _held.pop(tenant, None)
+    return True
 
 
 def _spend(tenant: str, seconds_left: float) -> None:

@@ -2,8 +2,9 @@
 [{role, content}, ...]}`, as `POST /openai/v1/chat/completions` sends it) the conversation.
 
 One reading for everyone who needs it: the planner's task, the answer's question, and what memory
-records as the user's words (the last user message, verbatim: never the JSON around it). The input
-comes from a client: what is not a message of text is skipped, and the text is bounded.
+records as the user's words (the last `user` message, verbatim: never the JSON around it, nor a
+`tool` message, a function's result, which whoever runs the function wrote). The input comes from
+a client: what is not a message of text is skipped, and the text is bounded.
 """
 
 from __future__ import annotations
@@ -12,7 +13,7 @@ import json
 from typing import Any
 
 MAX_TASK_CHARS = 20_000  # a conversation rendered as a task is cut (from its start) to this
-ROLE_NAMES = {"user": "User", "assistant": "Assistant"}
+ROLE_NAMES = {"user": "User", "assistant": "Assistant", "tool": "Function result"}
 
 
 def chat_messages(run_input: Any) -> list[tuple[str, str]] | None:
@@ -50,7 +51,10 @@ def task_text(run_input: Any) -> str:
         if len(turns) == 1:
             return turns[0][1][-MAX_TASK_CHARS:]
         if turns:
-            lines = [f"{ROLE_NAMES.get(role, role.title())}: {text}" for role, text in turns]
+            # (a message's own lines indented: no text can start a line that reads as another turn)
+            lines = [
+                f"{ROLE_NAMES.get(role, role.title())}: {text}".replace("\n", "\n  ") for role, text in turns
+            ]
             return "Conversation so far:\n" + "\n".join(lines)[-MAX_TASK_CHARS:]
     return run_input if isinstance(run_input, str) else json.dumps(run_input, default=str)
 

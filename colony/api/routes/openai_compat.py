@@ -115,11 +115,11 @@ class MessageIn(BaseModel):
         return self.content if isinstance(self.content, str) else "".join(p.text for p in self.content)
 
     def for_agent(self) -> dict[str, str]:
-        """The message as the agent reads it: a function's call and result as text (the chat form
-        knows system, user and assistant)."""
-        if self.role == "tool":
+        """The message as the agent reads it: a function's call as text, its result a `tool`
+        message of text (memory never takes it for the user's words)."""
+        if self.role == "tool":  # (its own role: a function's result is not what the user said)
             return {
-                "role": "user",
+                "role": "tool",
                 "content": f"Result of the function call {self.tool_call_id}: {self.text()}",
             }
         text = self.text()

@@ -305,6 +305,52 @@ async def send_message(
     return TurnStream(stream(), headers={"Cache-Control": "no-cache", "Colony-Run-Id": record.run_id})
 
 
+class TurnStarted(BaseModel):
+    run_id: str = Field(
+        description="the turn's run: GET /v1/runs/{run_id}, or follow /v1/runs/{run_id}/events"
+    )
+    session_id: str
+
+
+@router.post(
+    "/v1/sessions/{session_id}/turns", status_code=202, response_model=TurnStarted, responses=SESSION_TURN
+)
+async def start_turn(request: Request, session_id: SessionId, body: SendMessage, ctx: Context) -> TurnStarted:
+    """One turn without holding a stream open (as the MCP server's `chat` takes it): the message is
+    taken as `POST .../messages` takes it (the same checks, 409 for a session suspended by request,
+    an Idempotency-Key makes a retry the same turn) and the turn's run id is answered at once; its
+    reply is the run's output (`message`), its pieces the run's `token` events."""
+    record = await submit_turn(ctx, request, session_id, body.message)
+    _watch_turn(ctx, session_id, record.run_id)
+    return TurnStarted(run_id=record.run_id, session_id=session_id)
+
+
+_watches: set[asyncio.Task[None]] = set()
+MAX_WATCHES = 1024  # turns watched at once by this process (beyond: the monitor resumes sessions)
+
+
+def _watch_turn(ctx: ApiContext, session_id: str, run_id: str) -> None:
+    """Keep a turn's session awake (`keep_awake`) until its agent takes the turn, in the background."""
+    if len(_watches) >= MAX_WATCHES:
+        return
+    runs_of = ctx.services
+
+    async def watch() -> None:
+        waker = asyncio.create_task(keep_awake(ctx, session_id))
+        try:
+            async with asyncio.timeout(KEEP_AWAKE_SECONDS * KEEP_AWAKE_CHECKS):
+                async for _ in (await runs_of()).runs.events(run_id):
+                    break  # (its agent took it: awake)
+        except (TimeoutError, ColonyError) as exc:
+            log.info("turn %s of session %s: not watched to its start (%r)", run_id, session_id, exc)
+        finally:
+            await cancel_and_wait([waker])
+
+    task = asyncio.create_task(watch(), name=f"turn-watch-{run_id}")
+    _watches.add(task)
+    task.add_done_callback(_watches.discard)
+
+
 async def submit_turn(ctx: ApiContext, request: Request, session_id: str, message: str) -> RunRecord:
     """One turn's run (the session's agent woken first; SessionNotFound, 422 for a message over
     `context.session_max_message_chars`): what `POST .../messages` and the OpenAI door's chat
