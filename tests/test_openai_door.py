@@ -18,6 +18,7 @@ import pytest
 from tenant_kit import HOME, TOKEN, TenantApp, bearer, made
 
 from colony.agents.models import RunServing
+from colony.api.routes.openai_compat import UsageSum
 from colony.blackboard.redis_server import RedisServerInfo
 from colony.inference import InferenceRequest
 from colony.system.builtin import ask_blueprint
@@ -208,6 +209,24 @@ def test_model_session_without_a_session_says_how_to_name_one(door: DoorApp) -> 
     with pytest.raises(openai.UnprocessableEntityError) as refused:
         client(door).chat.completions.create(model="session", messages=[{"role": "user", "content": "hi"}])
     assert "Colony-Session" in str(refused.value)
+
+
+def test_an_agent_that_calls_no_model_reports_no_tokens_and_usage_events_add_up(door: DoorApp) -> None:
+    """Usage is the engine's counts of the run's model calls (its `usage` events): none for `echo`,
+    which calls no model; events that are not counts are not added."""
+    echoed = client(door).chat.completions.create(model="echo", messages=[{"role": "user", "content": "hi"}])
+    assert echoed.usage is not None and (echoed.usage.prompt_tokens, echoed.usage.completion_tokens) == (0, 0)
+    spent = UsageSum()
+    for data in (
+        {"prompt_tokens": 7, "completion_tokens": 3},
+        {"prompt_tokens": -5, "completion_tokens": 1},
+        {"prompt_tokens": "9", "completion_tokens": 1},
+        None,
+        {"prompt_tokens": 2, "completion_tokens": 1},
+    ):
+        spent.add({"event_type": "usage", "data": data})
+    spent.add({"event_type": "token", "data": {"prompt_tokens": 100, "completion_tokens": 100}})
+    assert (spent.prompt, spent.completion) == (9, 4)
 
 
 def test_a_session_turn_answers_its_reply_streamed_or_not(door: DoorApp) -> None:

@@ -100,6 +100,7 @@ def test_the_openai_package_talks_to_a_colony_up(up: cluster.ClusterInfo) -> Non
         json.loads(call.function.arguments)["city"], str
     )
     assert planned.choices[0].finish_reason == "tool_calls"
+    assert planned.usage is not None and planned.usage.completion_tokens > 0  # the planner's model call
     answered = colony.chat.completions.create(
         model="assistant",
         messages=[

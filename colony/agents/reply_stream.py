@@ -101,6 +101,20 @@ class TokenCoalescer:
             await self._emit(text)
 
 
+USAGE_EVENT = "usage"
+
+
+async def emit_usage(agent: Agent | None, usage: Any) -> None:
+    """The engine's token counts of one model call, as the run's `usage` event (`{"prompt_tokens",
+    "completion_tokens"}`): a run's events then add up to what its model calls cost (the OpenAI
+    door's `usage` for an agent that reports none itself)."""
+    if agent is None or usage is None:
+        return
+    prompt, completion = getattr(usage, "prompt_tokens", None), getattr(usage, "completion_tokens", None)
+    if isinstance(prompt, int) and isinstance(completion, int):
+        await agent.emit_run_event(USAGE_EVENT, {"prompt_tokens": prompt, "completion_tokens": completion})
+
+
 async def stream_reply(
     agent: Agent | None,
     engine: InferenceEngine,
@@ -112,9 +126,10 @@ async def stream_reply(
     is stored before this returns, so they precede the run's answer. A reply that starts to loop
     (colony.inference.loops) is stopped there: the text streamed so far is the reply. `report`
     gets the engine's `usage` and `finish_reason` from the last piece (`length`: cut at
-    max_tokens; `loop`: stopped repeating itself)."""
+    max_tokens; `loop`: stopped repeating itself); the usage is also the run's `usage` event."""
     parts: list[str] = []
     loops = LoopWatch()
+    report = {} if report is None else report
 
     async def emit(text: str) -> None:
         assert agent is not None
@@ -126,9 +141,9 @@ async def stream_reply(
         # with it the engine's hold on its slot, at once rather than when it is collected
         async with contextlib.aclosing(engine.stream(request)) as chunks:
             async for chunk in chunks:
-                if report is not None and chunk.finish_reason is not None:
+                if chunk.finish_reason is not None:
                     report["finish_reason"] = chunk.finish_reason
-                if report is not None and chunk.usage is not None:
+                if chunk.usage is not None:
                     report["usage"] = chunk.usage
                 if chunk.text:
                     parts.append(chunk.text)
@@ -138,12 +153,13 @@ async def stream_reply(
                         await emit(chunk.text)
                     if loops.feed(chunk.text):  # closing the stream ends the generation
                         metrics.REPLY_LOOPS_STOPPED.inc()
-                        if report is not None:
-                            report["finish_reason"] = "loop"
+                        report["finish_reason"] = "loop"
                         log.info("a reply was stopped after %d pieces: it repeats itself", len(parts))
                         break
         if tokens is not None:
             await tokens.flush()
+        if "usage" in report:
+            await emit_usage(agent, report["usage"])
     except BaseException as exc:
         if tokens is not None:
             await tokens.close(cancel=not isinstance(exc, Exception))

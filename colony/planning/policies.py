@@ -23,6 +23,7 @@ from typing import TYPE_CHECKING, Any
 from colony.agents.blueprint import Blueprint
 from colony.agents.models import ActionResult
 from colony.agents.policy import ActionPolicy, ActionPolicyExecutionState, ActionPolicyIterationResult
+from colony.agents.reply_stream import emit_usage
 from colony.agents.state.action_log import ModelChannel
 from colony.config import ContextSettings
 from colony.errors import AgentUsageError
@@ -273,8 +274,14 @@ class EventDrivenActionPolicy(ActionPolicy):
         step that summarises still gets the planner's recorded decision back."""
         if self.agent is None:
             return await engine.generate(request)
-        log_ = self.agent.action_log
-        return await log_.model_call(request, lambda: engine.generate(request), channel=channel)
+        agent = self.agent
+
+        async def call() -> InferenceResponse:  # (not replayed: the engine's work, in the run's usage)
+            response = await engine.generate(request)
+            await emit_usage(agent, response.usage)
+            return response
+
+        return await agent.action_log.model_call(request, call, channel=channel)
 
     async def dispatch(self, action: str, parameters: dict[str, Any]) -> ActionResult:
         if self.agent is None:

@@ -23,6 +23,7 @@ from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse, Response, StreamingResponse
 from pydantic import BaseModel, ConfigDict, Field
 
+from colony.agents.reply_stream import USAGE_EVENT
 from colony.api.access import check_agent, principal_of, visible
 from colony.api.deps import GUARDED, ApiContext, Context, settings_of
 from colony.api.errors import shaped
@@ -34,7 +35,6 @@ from colony.api.tenancy import admitted, tenant_agent
 from colony.api.wake import wake_agent
 from colony.errors import AgentUsageError, InvalidArgument, InvalidSchema
 from colony.inference.models import check_schema
-from colony.inference.tokens import estimate_tokens
 from colony.planning.functions import bounded_schema, tool_specs
 from colony.system.builtin import MAX_CHAT_MESSAGES, MAX_CHAT_TOKENS
 from colony.system.catalog import catalog_names
@@ -246,7 +246,12 @@ async def chat_completions(body: ChatCompletion, request: Request, ctx: Context)
         return openai_error(request, 504, message, "timeout")
     if ended.status != "succeeded":
         return openai_error(request, 500, f"run {record.run_id} {ended.status}: {ended.error}", "run_failed")
-    content, finish, usage = _answer(ended.output, body)
+    spent = UsageSum()
+    async for _, event in runs.events(record.run_id, record=record):
+        spent.add(event)
+        if is_terminal(event):
+            break
+    content, finish, usage = _answer(ended.output, spent)
     calls = _calls(ended.output)
     message = {"role": "assistant", "content": None if calls else content, "refusal": None}
     if calls:
@@ -330,10 +335,26 @@ def _calls(output: Any) -> list[dict[str, Any]] | None:
         return None
 
 
-def _answer(output: Any, body: ChatCompletion) -> tuple[str, str, dict[str, int]]:
+class UsageSum:
+    """The engine's token counts of a run's model calls, from its `usage` events."""
+
+    def __init__(self) -> None:
+        self.prompt = self.completion = 0
+
+    def add(self, event: dict[str, Any]) -> None:
+        data = event.get("data")
+        if event.get("event_type") == USAGE_EVENT and isinstance(data, dict):
+            prompt, completion = data.get("prompt_tokens"), data.get("completion_tokens")
+            if isinstance(prompt, int) and isinstance(completion, int) and prompt >= 0 and completion >= 0:
+                self.prompt += prompt
+                self.completion += completion
+
+
+def _answer(output: Any, spent: UsageSum) -> tuple[str, str, dict[str, int]]:
     """The reply's text, finish reason and usage: the agent's own (the `ask` chat form, a session's
-    message) where it reports them, else its output as text (JSON if not text) and estimated
-    token counts (characters / 4)."""
+    message) where it reports them, else its output as text (JSON if not text) and the sum of its
+    run's model calls (`spent`: the planner's and the reply's; none for an agent that calls no
+    model)."""
     reported = output.get("usage") if isinstance(output, dict) else None
     if isinstance(output, dict) and isinstance(output.get("message"), dict):  # a session's turn
         output = output["message"]
@@ -346,8 +367,7 @@ def _answer(output: Any, body: ChatCompletion) -> tuple[str, str, dict[str, int]
     ):
         prompt, completion = reported["prompt_tokens"], reported["completion_tokens"]
     else:
-        prompt = sum(estimate_tokens(m.text()) for m in body.messages)
-        completion = estimate_tokens(text)
+        prompt, completion = spent.prompt, spent.completion
     usage = {"prompt_tokens": prompt, "completion_tokens": completion, "total_tokens": prompt + completion}
     return text, finish, usage
 
@@ -372,7 +392,9 @@ async def _chunks(
     yield chunk({"role": "assistant", "content": ""})
     streamed: list[str] = []
     held = ""  # whitespace at the end of the pieces so far: sent only when more text follows
+    spent = UsageSum()
     async for _, event in runs.events(record.run_id, record=record):
+        spent.add(event)
         kind, data = event.get("event_type"), event.get("data")
         if kind == "token" and isinstance(data, dict) and isinstance(data.get("text"), str):
             # the answer is the reply stripped: so are the pieces together (none starts or ends it)
@@ -400,7 +422,7 @@ async def _chunks(
             )
             break
         output = data.get("output") if isinstance(data, dict) else None
-        text, finish, usage = _answer(output, body)
+        text, finish, usage = _answer(output, spent)
         calls = _calls(output)
         if calls:  # (a call is not streamed: it comes whole)
             yield chunk({"tool_calls": [{"index": n, **call} for n, call in enumerate(calls)]})
