@@ -24,6 +24,7 @@ from mcp.client.streamable_http import streamable_http_client
 from tenant_kit import HOME, TOKEN, TenantApp, bearer, made
 
 from colony.blackboard.redis_server import RedisServerInfo
+from colony.wire.idempotency import effect_keyed
 
 TOOLS = {
     "list_agents",
@@ -157,6 +158,9 @@ def test_a_turn_started_without_a_stream(served: tuple[TenantApp, str]) -> None:
         assert first.status_code == 202, first.text
         again = http.post(f"/v1/sessions/{session}/turns", json={"message": "Hello"}, headers=keyed)
         assert again.json()["run_id"] == first.json()["run_id"]
+        # its effects derive from the key: a retry after the answer was lost (the replica died) is
+        # run again to the same turn, not refused as an unknown outcome
+        assert effect_keyed("POST", f"/v1/sessions/{session}/turns")
         run_id = first.json()["run_id"]
         for _ in range(300):
             ended = http.get(f"/v1/runs/{run_id}", headers=HOME).json()
@@ -169,13 +173,13 @@ def test_a_turn_started_without_a_stream(served: tuple[TenantApp, str]) -> None:
             for m in http.get(f"/v1/sessions/{session}/messages", headers=HOME).json()["messages"]
         ]
         assert said.count("Hello") == 1
+        runner = bearer(made(http, "mr", ["read", "run"])["token"])
         reader = bearer(made(http, "mr", ["read"])["token"])
-        assert http.post(
-            f"/v1/sessions/{session}/turns", json={"message": "x"}, headers=reader
-        ).status_code in (
-            403,
-            404,
-        )
+        own = http.post("/v1/sessions", json={}, headers=runner).json()["session_id"]
+        refused = http.post(f"/v1/sessions/{own}/turns", json={"message": "x"}, headers=reader)
+        assert refused.status_code == 403, refused.text  # its own tenant's session: the verb is missing
+        hidden = http.post(f"/v1/sessions/{session}/turns", json={"message": "x"}, headers=runner)
+        assert hidden.status_code == 404 and "Hello" not in hidden.text  # another tenant's session
         assert http.post("/v1/sessions/echo/turns", json={"message": "x"}, headers=HOME).status_code == 404
 
 

@@ -182,6 +182,19 @@ def test_a_tenant_that_spent_its_second_is_refused_at_the_door(served: Any) -> N
     assert submit(http, a).status_code == 202
 
 
+def test_a_held_submit_is_taken_when_its_tenants_second_ends(served: Any) -> None:
+    """A submit held because its tenant spent its second goes on once the second ends: admitted
+    (the new second's runs), not refused with a Retry-After that has passed."""
+    _, http = served
+    a = bearer(made(http, "qh", ["read", "run"])["token"])
+    assert submit(http, a, wait_s=20).status_code == 200
+    tenant_quota._spent["qh"] = time.monotonic() + 0.5
+    began = time.monotonic()
+    held = submit(http, a)
+    assert held.status_code == 202, held.text
+    assert 0.4 <= time.monotonic() - began < 5 and "qh" not in tenant_quota._held
+
+
 def test_concurrent_submits_never_pass_the_open_runs_cap_and_failed_ones_give_their_place_back(
     redis_server: RedisServerInfo, tmp_path: Any
 ) -> None:

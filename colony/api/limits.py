@@ -206,8 +206,11 @@ class GuardMiddleware:
         matched = match_route(self.routes, scope)
         refused = refusal(principal, method, matched)
         until = _spent_its_runs(principal, method, matched) if refused is None else None
+        # held until the tenant's second ends (a client retrying at once waits), then taken as any
+        # submit is (the next second's runs); refused at once when no more may be held
+        if until is not None and await hold_refused(principal.tenant, until):
+            until = _spent_its_runs(principal, method, matched)
         if until is not None:  # (refused at the door: nothing changed, nothing audited)
-            await hold_refused(principal.tenant, until)  # (a client retrying at once waits for it)
             message = f"tenant {principal.tenant!r} spent this second's runs (api.tenant_runs_per_second)"
             await send_error(send, 429, "quota_exceeded", message, [(b"retry-after", b"1")])
             return None

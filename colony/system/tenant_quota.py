@@ -66,7 +66,7 @@ _spent: dict[str, float] = {}  # tenant -> time.monotonic() until which this pro
 # that retries at once (ignoring Retry-After) waits instead of spinning the API's CPU, as a rate
 # limiter that delays excess requests does. Bounded: beyond these many held, answered at once
 MAX_HELD_PER_TENANT = 16
-MAX_HELD = 128  # of every tenant together, per API process (its replica takes 256 calls at once)
+MAX_HELD = 32  # of every tenant together, per API process (an eighth of the 256 calls its replica takes)
 HOLD_SECONDS = 1.0
 _held: dict[str, int] = {}
 

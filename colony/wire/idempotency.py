@@ -28,6 +28,7 @@ EFFECT_KEYED = (
     ("POST", re.compile(r"/v1/runs")),
     ("POST", re.compile(r"/v1/sessions")),
     ("POST", re.compile(r"/v1/sessions/[^/]+/messages")),
+    ("POST", re.compile(r"/v1/sessions/[^/]+/turns")),
     ("POST", re.compile(r"/v1/agents/[^/]+/memory")),
     ("PUT", re.compile(_BLOCK)),
     ("POST", re.compile(_BLOCK + r"/(?:append|rollback|undo)")),

@@ -341,7 +341,7 @@ def _watch_turn(ctx: ApiContext, session_id: str, run_id: str) -> None:
             async with asyncio.timeout(KEEP_AWAKE_SECONDS * KEEP_AWAKE_CHECKS):
                 async for _ in (await runs_of()).runs.events(run_id):
                     break  # (its agent took it: awake)
-        except (TimeoutError, ColonyError) as exc:
+        except Exception as exc:  # (Redis away, a timeout: the monitor resumes sessions as ever)
             log.info("turn %s of session %s: not watched to its start (%r)", run_id, session_id, exc)
         finally:
             await cancel_and_wait([waker])
