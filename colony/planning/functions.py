@@ -95,13 +95,7 @@ def bounded_schema(schema: Any, field: str) -> None:
 def choice_schema(specs: list[ToolSpec], tool_choice: Any) -> dict[str, Any]:
     """The JSON Schema of the model's choice: `{"answer": text}` or `{"tool": name, "arguments": {...}}`
     for one function (`tool_choice`: "auto", "required", or {"function": {"name"}})."""
-    wanted = specs
-    if isinstance(tool_choice, dict):
-        function = tool_choice.get("function")
-        name = function.get("name") if isinstance(function, dict) else None
-        wanted = [s for s in specs if s.name == name]
-        if not wanted:
-            raise AgentUsageError(f"tool_choice names {str(name)[:64]!r}, which tools does not offer")
+    wanted = chosen(specs, tool_choice)
     branches: list[dict[str, Any]] = [
         {
             "type": "object",
@@ -201,10 +195,17 @@ def offered_functions(run_input: Any, own: Iterable[str]) -> OfferedFunctions | 
         raise AgentUsageError(
             f"tools: {sorted(taken)[0]!r} is the name of one of the agent's own actions; rename the function"
         )
-    if isinstance(choice, dict):
-        function = choice.get("function")
-        name = function.get("name") if isinstance(function, dict) else None
-        specs = [s for s in specs if s.name == name]
-        if not specs:
-            raise AgentUsageError(f"tool_choice names {str(name)[:64]!r}, which tools does not offer")
-    return OfferedFunctions(specs, only=choice not in (None, "auto"))
+    return OfferedFunctions(chosen(specs, choice), only=choice not in (None, "auto"))
+
+
+def chosen(specs: list[ToolSpec], tool_choice: Any) -> list[ToolSpec]:
+    """The functions `tool_choice` leaves: the one it names ({"function": {"name"}}), else all;
+    AgentUsageError when it names one `specs` does not hold."""
+    if not isinstance(tool_choice, dict):
+        return specs
+    function = tool_choice.get("function")
+    name = function.get("name") if isinstance(function, dict) else None
+    named = [s for s in specs if s.name == name]
+    if not named:
+        raise AgentUsageError(f"tool_choice names {str(name)[:64]!r}, which tools does not offer")
+    return named
