@@ -11,7 +11,9 @@ and flooded and their ratio, and how many of the noisy tenant's submits were adm
 (its quotas: `api.tenant_runs_per_second`, `api.tenant_max_open_runs`); then the median ratio of
 the rounds with its spread.
 
-What each side knows: nothing but its own token; the quotas are the defaults.
+What each side knows: nothing but its own token; the quotas are the defaults. The flooders ignore
+Retry-After; the colony holds a tenant's submits over its rate until its next second
+(docs/api.md, Quotas), so a flooder that resubmits at once mostly waits.
 
     python benchmarks/tenant_fairness.py [--runs 60] [--flooders 8] [--rounds 3] [--quiet-rate 5]
 """
