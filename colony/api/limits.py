@@ -21,6 +21,7 @@ from typing import Any
 from redis.exceptions import RedisError
 
 from colony.api.access import READ_METHODS, AccessServices, Matched, audit_later, match_route, refusal
+from colony.api.stranger_pacing import StrangerPacing
 from colony.errors import BlackboardUnavailable, ColonyError
 from colony.system.access_tokens import Principal, looks_scoped, main_principal
 from colony.system.tenant_quota import SUBMITTING, hold_refused, spent
@@ -121,6 +122,7 @@ class GuardMiddleware:
         # body; only a caller whose token was accepted gets that far
         self.import_body_bytes = max(max_body_bytes, import_body_bytes or 0)
         self.open_paths = OPEN_PATHS | (DOCS_PATHS if public_docs else frozenset())
+        self.strangers = StrangerPacing()
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http":
@@ -147,6 +149,7 @@ class GuardMiddleware:
                 await send_error(send, 503, "unavailable", str(exc), [])
                 return
             if not accepted and principal is None:
+                await self.strangers.pace()  # (a flood of them waits: colony.api.stranger_pacing)
                 await send_error(
                     send,
                     401,
