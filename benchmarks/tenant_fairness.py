@@ -113,8 +113,8 @@ def flooded_latencies(
 
 
 def one_round(url: str, quiet: dict[str, str], noisy: dict[str, str], args: Any) -> dict[str, Any]:
-    """Idle; flooded by the noisy tenant; flooded by requests with a token nobody gave (401 at
-    once: what any flood costs this machine, the floor under what quotas can do)."""
+    """Idle; flooded by the noisy tenant; flooded by requests with a token nobody gave (401: what a
+    flood costs before any quota applies)."""
     with httpx.Client(base_url=url, timeout=60) as http:
         idle = latencies(http, quiet, args.runs, 1 / args.quiet_rate)
         flooded, total = flooded_latencies(url, quiet, noisy, args, http)
@@ -172,7 +172,7 @@ def main(argv: list[str] | None = None) -> int:
     print(
         f"\nmedian ratio (flooded / idle p50) of {len(ratios)} rounds: "
         f"noisy tenant {statistics.median(ratios):.2f} "
-        f"(spread {min(ratios):.2f}-{max(ratios):.2f}), strangers refused at once "
+        f"(spread {min(ratios):.2f}-{max(ratios):.2f}), strangers (wrong token, 401) "
         f"{statistics.median(floors):.2f} (spread {min(floors):.2f}-{max(floors):.2f}); goal: within 2x "
         f"(issue 39). {args.flooders} flooding threads in another process, default quotas, 2 shared "
         "cores, one engine replica"
