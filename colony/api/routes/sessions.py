@@ -76,7 +76,10 @@ def _errors(*statuses: int) -> dict[int | str, dict[str, Any]]:
             "the session has no active branch (it has no messages yet); for a message: the "
             "session was suspended by request (resume it first)"
         ),
+        403: "the token may not do this (a turn needs the `run` verb: docs/api.md, Scoped tokens)",
+        413: "the request body is too large (api.max_body_bytes)",
         422: "a parameter or body field is invalid; the message names it",
+        429: "its tenant's quota (runs per second, open runs) is spent: retry after Retry-After",
         503: (
             "Redis or a replica is unavailable, or the session's agent is suspended and could not "
             "be resumed in time (Retry-After); retry later"
@@ -87,7 +90,7 @@ def _errors(*statuses: int) -> dict[int | str, dict[str, Any]]:
 
 SESSION_READ = _errors(401, 404, 422, 503)
 SESSION_SEND = _errors(400, 401, 404, 422, 503)  # a route with a body: one that is not JSON is a 400
-SESSION_TURN = _errors(400, 401, 404, 409, 422, 503)
+SESSION_TURN = _errors(400, 401, 403, 404, 409, 413, 422, 429, 503)
 SESSION_CHANGE = _errors(400, 401, 404, 409, 422, 503)
 SESSION_DELETE = _errors(401, 404, 422, 503)
 
