@@ -131,6 +131,13 @@ SLOW_TESTS: dict[str, set[str]] = {
     },
     "test_room_on_demand.py": {"test_nothing_to_suspend_is_a_quick_503_with_retry_after"},
     "test_architecture.py": {"test_a_deliberately_wrong_import_is_caught"},
+    # seconds of held refusals and waits: the guard's pacing, every route tried without a token
+    "test_stranger_pacing.py": {"test_the_api_holds_a_flood_of_wrong_tokens"},
+    "test_tenant_quotas.py": {
+        "test_a_tenant_that_spent_its_second_is_refused_at_the_door",
+        "test_runs_per_second_are_counted_per_tenant_and_not_for_the_colonys_own",
+    },
+    "test_api_security.py": {"test_every_route_needs_the_token_but_healthz"},
     # `colony up` with the embedded model, through the openai package
     "test_openai_door_cluster.py": {
         "test_the_openai_package_talks_to_a_colony_up",
