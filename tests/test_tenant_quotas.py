@@ -15,6 +15,7 @@ import httpx
 import pytest
 from tenant_kit import HOME, TenantApp, bearer, made
 
+from colony import metrics
 from colony.blackboard.redis_server import RedisServerInfo
 from colony.system import tenant_quota
 
@@ -156,6 +157,8 @@ def test_a_tenant_that_spent_its_second_is_refused_at_the_door(served: Any) -> N
     a = bearer(made(http, "qy", ["read", "run"])["token"])
     assert submit(http, a, wait_s=20).status_code == 200
     tenant_quota._spent["qy"] = time.monotonic() + 30  # (as if it spent them, for the next 30 s)
+    counted = metrics.TENANT_REFUSALS.labels("qy", "runs_per_second")
+    before = counted._value.get()
     try:
         for attempt in (lambda: submit(http, a), lambda: http.post("/v1/sessions", json={}, headers=a)):
             began = time.monotonic()
@@ -174,6 +177,7 @@ def test_a_tenant_that_spent_its_second_is_refused_at_the_door(served: Any) -> N
         with concurrent.futures.ThreadPoolExecutor(24) as pool:
             answers = list(pool.map(timed, range(24)))
         assert {status for status, _ in answers} == {429}
+        assert counted._value.get() - before == 2 + 24  # each refusal counted once, held or not
         took = sorted(took for _, took in answers)
         held = [t for t in took if t >= 0.9]
         assert len(held) >= tenant_quota.MAX_HELD_PER_TENANT and took[0] < 0.9, took  # 16 held, not 24
@@ -189,9 +193,12 @@ def test_a_held_submit_is_taken_when_its_tenants_second_ends(served: Any) -> Non
     a = bearer(made(http, "qh", ["read", "run"])["token"])
     assert submit(http, a, wait_s=20).status_code == 200
     tenant_quota._spent["qh"] = time.monotonic() + 0.5
+    counted = metrics.TENANT_REFUSALS.labels("qh", "runs_per_second")
+    before = counted._value.get()
     began = time.monotonic()
     held = submit(http, a)
     assert held.status_code == 202, held.text
+    assert counted._value.get() == before  # admitted: no refusal counted
     assert 0.4 <= time.monotonic() - began < 5 and "qh" not in tenant_quota._held
 
 

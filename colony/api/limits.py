@@ -24,7 +24,7 @@ from colony.api.access import READ_METHODS, AccessServices, Matched, audit_later
 from colony.api.stranger_pacing import StrangerPacing
 from colony.errors import BlackboardUnavailable, ColonyError
 from colony.system.access_tokens import Principal, looks_scoped, main_principal
-from colony.system.tenant_quota import SUBMITTING, hold_refused, spent
+from colony.system.tenant_quota import SUBMITTING, hold_refused, refused_at_the_door, spent
 from colony.wire.token import TokenSource
 
 Scope = MutableMapping[str, Any]
@@ -214,6 +214,7 @@ class GuardMiddleware:
         if until is not None and await hold_refused(principal.tenant, until):
             until = _spent_its_runs(principal, method, matched)
         if until is not None:  # (refused at the door: nothing changed, nothing audited)
+            refused_at_the_door(principal.tenant)
             message = f"tenant {principal.tenant!r} spent this second's runs (api.tenant_runs_per_second)"
             await send_error(send, 429, "quota_exceeded", message, [(b"retry-after", b"1")])
             return None

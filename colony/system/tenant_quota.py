@@ -73,16 +73,20 @@ _held: dict[str, int] = {}
 
 def spent(tenant: str) -> float | None:
     """When `tenant` spent this second's runs per second (as this process last saw): the monotonic
-    time its second ends, and its next submit is refused in the guard, counted, and not audited
-    (it changes nothing); None when it has not."""
+    time its second ends, and its next submit is refused in the guard (`refused_at_the_door`),
+    not audited (it changes nothing); None when it has not."""
     until = _spent.get(tenant)
     if until is None:
         return None
     if time.monotonic() < until:
-        metrics.TENANT_REFUSALS.labels(tenant, "runs_per_second").inc()
         return until
     _spent.pop(tenant, None)
     return None
+
+
+def refused_at_the_door(tenant: str) -> None:
+    """Count a submit the guard refused because its tenant spent its second."""
+    metrics.TENANT_REFUSALS.labels(tenant, "runs_per_second").inc()
 
 
 async def hold_refused(tenant: str, until: float) -> bool:
