@@ -1,8 +1,9 @@
 """Does `research` cite the line that answers? Questions with known answers (file and definition)
 over folders of real code the project did not write: the standard library's `email`, `logging` and
 `http` packages (benchmarks/research_questions/test.json, written by another author than the index,
-apart from it, never tuned on). `--set dev` runs the development set (json, urllib, concurrent: what
-the index's weights and the model's vote were set on).
+apart from it, never tuned on). `--set dev` runs the development set: json, urllib and concurrent
+(what the index's weights and the model's vote were set on), and unittest, xml and importlib (45
+questions added later by another author; `--folders unittest,xml,importlib` asks those alone).
 
 Variants, side by side on the same questions and the same model (the embedded SmolLM2-135M):
 
@@ -12,8 +13,9 @@ Variants, side by side on the same questions and the same model (the embedded Sm
   window   - the single-agent baseline: one model call that reads the folder through one window
              (the files in path order, numbered lines, as much as the engine's slot holds beside
              the question) and answers {"path", "line"} (schema-constrained to the files it saw).
-  index    - the code index alone (colony.context.code_index, its best definition): what the model
-             and the agents add is `research` minus this.
+  index    - the code index alone (colony.context.code_index with the packaged embedder, as
+             research builds it; its best definition): what the model and the agents add is
+             `research` minus this.
 
 A citation is right when its path is the question's file and its line lies within the answer's
 definition (from its decorators to its last line; `exact`: its first line). The first citation is
@@ -134,7 +136,9 @@ def judge(
 
 def run_index(questions: list[dict[str, Any]], roots: dict[str, Path]) -> list[dict[str, Any]]:
     from colony.context.code_index import CodeIndex
+    from colony.system.research_worker import definition_embedder
 
+    embed = definition_embedder(None)  # the packaged MiniLM, as research's index uses it
     indexes: dict[str, Any] = {}
     out = []
     for q in questions:
@@ -145,7 +149,7 @@ def run_index(questions: list[dict[str, Any]], roots: dict[str, Path]) -> list[d
                 str(p.relative_to(root)): p.read_text(errors="replace").split("\n")
                 for p in sorted(root.rglob("*.py"))
             }
-            indexes[q["folder"]] = CodeIndex(files)
+            indexes[q["folder"]] = CodeIndex(files, embed=embed)
         hits = indexes[q["folder"]].search(q["question"], limit=1)
         cited = hits[0].definition.cite() if hits else None
         out.append({"id": q["id"], "cited": cited, "seconds": time.monotonic() - began})

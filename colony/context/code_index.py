@@ -7,9 +7,16 @@ fields; a question word also matches a name that contains it (`date` in `parseda
 identifiers run words together. Python files are read with `ast`; other files (or Python that does
 not parse) by their definition lines only.
 
+Given an embedder (the memory's packaged MiniLM: colony.system.research_worker.definition_embedder),
+the index also reads each definition's gist (its kind, its name's words and its docstring's first
+line) as a vector, and a question's score is (1 - VECTOR_WEIGHT) x its BM25 (the best = 1) +
+VECTOR_WEIGHT x the cosine of question and gist; the VECTOR_POOL definitions nearest the question
+are scored beside those sharing a word with it, so a question in other words than the code's can
+still find it. Without an embedder the index ranks by words alone.
+
 The index knows nothing of the questions it will be asked: its weights were set on a development
-set of questions over other packages (benchmarks/research_questions/dev.json), never on the test
-set (docs/research.md).
+set of questions over other packages (the first 30 of benchmarks/research_questions/dev.json),
+never on the test set (docs/research.md).
 """
 
 from __future__ import annotations
@@ -18,8 +25,10 @@ import ast
 import math
 import re
 from collections import Counter
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
+
+import numpy as np
 
 MAX_DOC_CHARS = 800  # of a docstring indexed
 MAX_BODY_WORDS = 200  # words of a body indexed
@@ -138,6 +147,14 @@ STOP = frozenset(
 FIELDS = {"name": 3.0, "owner": 1.0, "doc": 2.0, "params": 0.5, "body": 0.8, "path": 0.8}
 K1, B = 1.2, 0.75
 PUBLIC_BONUS = 1.1  # a public name is likelier the answer than a private helper of the same words
+# The cosine's share of a score beside BM25, set on the development set (75 questions: 39 right
+# at 0.4, 36 by words alone; 0.3 and 0.5 gave 38); MAX_EMBEDDED bounds the embedding work of a
+# folder (~400 definitions/s on one core): the rest are ranked by their words only.
+VECTOR_WEIGHT = 0.4
+VECTOR_POOL = 100  # definitions nearest the question scored beside those sharing a word with it
+MAX_EMBEDDED = 10_000
+MAX_QUESTION_CHARS = 2_000  # of a question embedded
+Embed = Callable[[Sequence[str]], np.ndarray]  # texts -> unit-length rows
 
 
 def stem(word: str) -> str:
@@ -175,6 +192,10 @@ class Definition:
     def cite(self) -> dict[str, object]:
         return {"path": self.path, "line": self.line, "text": self.text.strip()[:400], "name": self.name}
 
+    def gist(self) -> str:
+        """What the embedder reads of it: its kind, its name's words and its docstring's first line."""
+        return f"{self.kind} {' '.join(words(self.name.replace('.', ' ')))}: {self.doc}".strip()
+
 
 @dataclass
 class Scored:
@@ -183,9 +204,10 @@ class Scored:
 
 
 class CodeIndex:
-    """Definitions of a folder's files, scored against a question (BM25 over weighted fields)."""
+    """Definitions of a folder's files, scored against a question (BM25 over weighted fields, and
+    the cosine of question and gist when given an embedder)."""
 
-    def __init__(self, files: dict[str, list[str]]) -> None:
+    def __init__(self, files: dict[str, list[str]], embed: Embed | None = None) -> None:
         self.definitions: list[Definition] = []
         for path in sorted(files):
             if len(self.definitions) >= MAX_DEFINITIONS:
@@ -212,6 +234,10 @@ class CodeIndex:
                 self.postings.setdefault(word, []).append(number)
             for word in definition.fields.get("name", ()):
                 self.named.setdefault(word, []).append(number)
+        self.embed = embed
+        self.vectors: np.ndarray | None = None
+        if embed is not None and self.definitions:
+            self.vectors = embed([d.gist() for d in self.definitions[:MAX_EMBEDDED]])
 
     def _idf(self, word: str) -> float:
         return self.idf.get(word, math.log(1 + (self.total + 0.5) / 0.5))
@@ -224,10 +250,39 @@ class CodeIndex:
 
     def search(self, question: str, *, limit: int = 20, paths: Iterable[str] | None = None) -> list[Scored]:
         """The definitions best matching `question`, best first (those of `paths` only, if given)."""
+        within = set(paths) if paths is not None else None
+        by_words = self._by_words(question, within)
+        if self.vectors is None or self.embed is None or not question.strip():
+            scored = [Scored(self.definitions[n], score) for n, score in by_words.items()]
+        else:
+            scored = self._fused(question, within, by_words)
+        scored.sort(key=lambda s: (-s.score, s.definition.path, s.definition.line))
+        return scored[:limit]
+
+    def _fused(self, question: str, within: set[str] | None, by_words: dict[int, float]) -> list[Scored]:
+        """(1 - VECTOR_WEIGHT) x BM25 (the best = 1) + VECTOR_WEIGHT x cosine, over the definitions
+        sharing a word with the question and the VECTOR_POOL nearest it."""
+        assert self.vectors is not None and self.embed is not None
+        cosines = self.vectors @ self.embed([question[:MAX_QUESTION_CHARS]])[0]
+        if within is not None:
+            allowed = np.array([d.path in within for d in self.definitions[: len(cosines)]], dtype=bool)
+            cosines = np.where(allowed, cosines, -np.inf)
+        pool = min(VECTOR_POOL, len(cosines))
+        nearest = np.argpartition(-cosines, pool - 1)[:pool] if pool else []
+        top = max(by_words.values(), default=0.0) or 1.0
+        scored = []
+        for number in set(by_words) | {int(n) for n in nearest if np.isfinite(cosines[n])}:
+            cosine = float(cosines[number]) if number < len(cosines) else 0.0
+            score = (1 - VECTOR_WEIGHT) * by_words.get(number, 0.0) / top + VECTOR_WEIGHT * cosine
+            if score > 0:
+                scored.append(Scored(self.definitions[number], score))
+        return scored
+
+    def _by_words(self, question: str, within: set[str] | None) -> dict[int, float]:
+        """BM25 of the definitions holding a word of `question` (or a name containing one)."""
         terms = list(dict.fromkeys(words(question)))[:MAX_TERMS]
         if not terms:
-            return []
-        within = set(paths) if paths is not None else None
+            return {}
         # per question word: the definitions whose name runs it into others (`date` in `parsedate`)
         inside: dict[str, set[int]] = {}
         holding: set[int] = set()
@@ -235,16 +290,15 @@ class CodeIndex:
             inside[term] = {n for name in self._name_matches(term) for n in self.named.get(name, ())}
             holding.update(self.postings.get(term, ()))
             holding.update(inside[term])
-        scored = []
+        scored: dict[int, float] = {}
         for number in sorted(holding):
             definition = self.definitions[number]
             if within is not None and definition.path not in within:
                 continue
             score = self._score(number, definition, terms, inside)
             if score > 0:
-                scored.append(Scored(definition, score))
-        scored.sort(key=lambda s: (-s.score, s.definition.path, s.definition.line))
-        return scored[:limit]
+                scored[number] = score
+        return scored
 
     def _score(
         self, number: int, definition: Definition, terms: list[str], inside: dict[str, set[int]]

@@ -50,7 +50,7 @@ from colony.system.analyze_check import Vocabulary, check_summary, first_sentenc
 from colony.system.analyze_worker import DEFAULT_PAGE_TOKENS, ReportTo, _bounded_count
 from colony.system.builtin import RUNS_NAMESPACE
 from colony.system.children import ChildAgents
-from colony.system.research_worker import MAX_QUESTION, research_worker_blueprint
+from colony.system.research_worker import MAX_QUESTION, code_index, research_worker_blueprint
 from colony.vcm import PageSource, PageTable
 from colony.vcm.mapped_files import MappedFiles
 
@@ -282,9 +282,7 @@ class ResearchCapability(ChildAgents):
             _indexes.move_to_end(key)
             return held
         files = await MappedFiles.load(self.pages, source_id, paths=paths)
-        index = await asyncio.to_thread(
-            CodeIndex, {p: lines for p, lines in files.files.items() if p in paths}
-        )
+        index = await code_index(files, paths, self.settings)
         if files.chars() <= CACHED_CHARS and not files.missing_pages:
             _indexes[key] = (files, index)
             while len(_indexes) > CACHED_INDEXES:

@@ -29,9 +29,11 @@ from colony.agents import (
     action_executor,
 )
 from colony.blackboard import Blackboard
-from colony.context.code_index import CodeIndex, Scored
+from colony.config import ColonySettings
+from colony.context.code_index import CodeIndex, Embed, Scored
 from colony.errors import AgentUsageError, PageNotResident
 from colony.inference import ChatMessage
+from colony.memory.embedding import get_embedder
 from colony.system.analyze_worker import ReportTo, emit_child_event, generate_when_a_slot_frees
 from colony.system.builtin import RUNS_NAMESPACE
 from colony.vcm import PageTable
@@ -49,6 +51,27 @@ JUDGE_ASK = (
     "Question: {question}\n\nDefinitions on this page that may answer it:\n{candidates}\n\n"
     "Which one answers the question? Answer with its number."
 )
+
+
+def definition_embedder(settings: ColonySettings | None) -> Embed | None:
+    """The memory's packaged embedder, for the code index's cosine (colony.context.code_index);
+    None, logged, when it cannot load: the index then ranks by words alone. Blocking (it may
+    unpack the model): call it off the event loop."""
+    try:
+        return get_embedder(settings).embed
+    except Exception as exc:  # an aid to ranking: research goes on without it
+        log.warning("research: the code index ranks by words alone (no embedder: %r)", exc)
+        return None
+
+
+async def code_index(files: MappedFiles, paths: set[str], settings: ColonySettings | None) -> CodeIndex:
+    """The index of `paths` of a mapped folder, built (and embedded) off the event loop."""
+
+    def build() -> CodeIndex:
+        texts = {p: lines for p, lines in files.files.items() if p in paths}
+        return CodeIndex(texts, embed=definition_embedder(settings))
+
+    return await asyncio.to_thread(build)
 
 
 def candidate_line(number: int, hit: Scored) -> str:
@@ -117,9 +140,7 @@ class EvidenceCapability(AgentCapability):
         files = await MappedFiles.load(
             self.pages, await self._source(page_id, record, source_id), paths=paths
         )
-        index = await asyncio.to_thread(
-            CodeIndex, {p: lines for p, lines in files.files.items() if p in paths}
-        )
+        index = await code_index(files, paths, self.replica.settings)
         found = await asyncio.to_thread(index.search, question, limit=200)
         hits = [h for h in found if on_page(h, record.files)]
         hits = hits[: self.max_candidates]
