@@ -5,8 +5,10 @@ ranks by words alone. The real packaged MiniLM is used where the meaning matters
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import Sequence
 from pathlib import Path
+from types import SimpleNamespace
 
 import numpy as np
 import pytest
@@ -100,3 +102,82 @@ def test_an_embedder_that_cannot_load_leaves_the_index_to_words(monkeypatch: pyt
     assert definition_embedder(None) is None
     hits = CodeIndex(FILES, embed=definition_embedder(None)).search("the terminal bell")
     assert [h.definition.name for h in hits] == ["beep"]
+
+
+def test_a_definition_past_the_bound_is_embedded_when_a_question_reaches_it(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A folder over MAX_EMBEDDED: a late file's definition that the question's words reach gets
+    its cosine (embedded then, kept for the next search), so it is not ranked below an early one
+    for want of a vector."""
+    monkeypatch.setattr(code_index, "MAX_EMBEDDED", 1)  # only colors.py's `blend` at build
+    calls: list[list[str]] = []
+
+    def fake(texts: Sequence[str]) -> np.ndarray:
+        calls.append(list(texts))
+        return np.array([[1.0, 0.0] if "bell" in t else [0.0, 1.0] for t in texts], dtype=np.float32)
+
+    index = CodeIndex(FILES, embed=fake)
+    first = {h.definition.name: h.score for h in index.search("the bell")}
+    assert first["beep"] == pytest.approx((1 - VECTOR_WEIGHT) + VECTOR_WEIGHT * 1.0)
+    assert len(index.late) == 1 and len(calls) == 3  # build, question, the late definition
+    index.search("the bell")
+    assert len(calls) == 4  # the question only: the late vector was kept
+
+
+def test_questions_are_cut_before_embedding_and_stop_words_alone_find_nothing(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    lengths: list[int] = []
+
+    def fake(texts: Sequence[str]) -> np.ndarray:
+        lengths.extend(len(t) for t in texts)
+        return np.ones((len(texts), 2), dtype=np.float32) / np.sqrt(2)
+
+    index = CodeIndex(FILES, embed=fake)
+    lengths.clear()
+    index.search("bell " * 3000)
+    assert lengths == [code_index.MAX_QUESTION_CHARS]
+    assert index.search("What does this do?") == [] and index.search("???") == []
+
+
+@pytest.mark.parametrize(
+    "answer",
+    [
+        lambda texts: (_ for _ in ()).throw(MemoryError("no room")),  # raises
+        lambda texts: np.ones((len(texts) + 1, 2), dtype=np.float32),  # a row too many
+        lambda texts: np.ones(len(texts), dtype=np.float32),  # one dimension
+        lambda texts: np.full((len(texts), 2), np.nan, dtype=np.float32),  # not finite
+    ],
+    ids=["raises", "extra-row", "flat", "nan"],
+)
+def test_an_embedder_that_fails_or_answers_wrongly_leaves_the_index_to_words(answer) -> None:
+    words_alone = [(h.definition.name, h.score) for h in CodeIndex(FILES).search("the terminal bell")]
+    built = CodeIndex(FILES, embed=answer)
+    assert built.vectors is None
+    assert [(h.definition.name, h.score) for h in built.search("the terminal bell")] == words_alone
+    calls = 0
+
+    def fails_on_the_question(texts: Sequence[str]) -> np.ndarray:
+        nonlocal calls
+        calls += 1
+        return np.ones((len(texts), 2), dtype=np.float32) / np.sqrt(2) if calls == 1 else answer(texts)
+
+    index = CodeIndex(FILES, embed=fails_on_the_question)
+    assert index.vectors is not None
+    assert [(h.definition.name, h.score) for h in index.search("the terminal bell")] == words_alone
+
+
+def test_research_builds_its_index_with_the_embedder(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The coordinator's and the workers' index (research_worker.code_index) read the meaning too."""
+    seen: list[object] = []
+
+    def fake_embedder(settings: object) -> code_index.Embed:
+        seen.append(settings)
+        return lambda texts: np.ones((len(texts), 2), dtype=np.float32) / np.sqrt(2)
+
+    monkeypatch.setattr(research_worker, "definition_embedder", fake_embedder)
+    mapped = SimpleNamespace(files=FILES)
+    index = asyncio.run(research_worker.code_index(mapped, {"term.py"}, None))  # type: ignore[arg-type]
+    assert index.vectors is not None and seen == [None]
+    assert {d.path for d in index.definitions} == {"term.py"}

@@ -22,6 +22,7 @@ never on the test set (docs/research.md).
 from __future__ import annotations
 
 import ast
+import logging
 import math
 import re
 from collections import Counter
@@ -29,6 +30,8 @@ from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 
 import numpy as np
+
+log = logging.getLogger(__name__)
 
 MAX_DOC_CHARS = 800  # of a docstring indexed
 MAX_BODY_WORDS = 200  # words of a body indexed
@@ -148,11 +151,14 @@ FIELDS = {"name": 3.0, "owner": 1.0, "doc": 2.0, "params": 0.5, "body": 0.8, "pa
 K1, B = 1.2, 0.75
 PUBLIC_BONUS = 1.1  # a public name is likelier the answer than a private helper of the same words
 # The cosine's share of a score beside BM25, set on the development set (75 questions: 39 right
-# at 0.4, 36 by words alone; 0.3 and 0.5 gave 38); MAX_EMBEDDED bounds the embedding work of a
-# folder (~400 definitions/s on one core): the rest are ranked by their words only.
+# at 0.4, 36 by words alone; 0.3 and 0.5 gave 38). MAX_EMBEDDED bounds the embedding work of
+# building a folder's index (~250-400 definitions/s on one core); a definition past it is
+# embedded when a question's words reach it (LATE_PER_SEARCH at most a search, the best by BM25
+# first, kept for the next), so a late file is not ranked below an early one for want of a vector.
 VECTOR_WEIGHT = 0.4
 VECTOR_POOL = 100  # definitions nearest the question scored beside those sharing a word with it
 MAX_EMBEDDED = 10_000
+LATE_PER_SEARCH = 200
 MAX_QUESTION_CHARS = 2_000  # of a question embedded
 Embed = Callable[[Sequence[str]], np.ndarray]  # texts -> unit-length rows
 
@@ -236,8 +242,10 @@ class CodeIndex:
                 self.named.setdefault(word, []).append(number)
         self.embed = embed
         self.vectors: np.ndarray | None = None
+        self.late: dict[int, np.ndarray] = {}  # definitions past MAX_EMBEDDED, embedded on demand
         if embed is not None and self.definitions:
-            self.vectors = embed([d.gist() for d in self.definitions[:MAX_EMBEDDED]])
+            gists = [d.gist() for d in self.definitions[:MAX_EMBEDDED]]
+            self.vectors = _embedded(embed, gists, "the folder's definitions")
 
     def _idf(self, word: str) -> float:
         return self.idf.get(word, math.log(1 + (self.total + 0.5) / 0.5))
@@ -251,32 +259,54 @@ class CodeIndex:
     def search(self, question: str, *, limit: int = 20, paths: Iterable[str] | None = None) -> list[Scored]:
         """The definitions best matching `question`, best first (those of `paths` only, if given)."""
         within = set(paths) if paths is not None else None
+        if not words(question):  # nothing the question says to look for (only stop words)
+            return []
         by_words = self._by_words(question, within)
-        if self.vectors is None or self.embed is None or not question.strip():
+        scored = self._fused(question, within, by_words) if self.vectors is not None else None
+        if scored is None:
             scored = [Scored(self.definitions[n], score) for n, score in by_words.items()]
-        else:
-            scored = self._fused(question, within, by_words)
         scored.sort(key=lambda s: (-s.score, s.definition.path, s.definition.line))
         return scored[:limit]
 
-    def _fused(self, question: str, within: set[str] | None, by_words: dict[int, float]) -> list[Scored]:
+    def _fused(
+        self, question: str, within: set[str] | None, by_words: dict[int, float]
+    ) -> list[Scored] | None:
         """(1 - VECTOR_WEIGHT) x BM25 (the best = 1) + VECTOR_WEIGHT x cosine, over the definitions
-        sharing a word with the question and the VECTOR_POOL nearest it."""
+        sharing a word with the question and the VECTOR_POOL nearest it; None when the question
+        cannot be embedded (the caller ranks by words alone)."""
         assert self.vectors is not None and self.embed is not None
-        cosines = self.vectors @ self.embed([question[:MAX_QUESTION_CHARS]])[0]
+        asked = _embedded(self.embed, [question[:MAX_QUESTION_CHARS]], "the question", self.vectors.shape[1])
+        if asked is None:
+            return None
+        cosines = self.vectors @ asked[0]
         if within is not None:
             allowed = np.array([d.path in within for d in self.definitions[: len(cosines)]], dtype=bool)
             cosines = np.where(allowed, cosines, -np.inf)
         pool = min(VECTOR_POOL, len(cosines))
         nearest = np.argpartition(-cosines, pool - 1)[:pool] if pool else []
+        late = self._late_cosines(asked[0], by_words, len(cosines))
         top = max(by_words.values(), default=0.0) or 1.0
         scored = []
         for number in set(by_words) | {int(n) for n in nearest if np.isfinite(cosines[n])}:
-            cosine = float(cosines[number]) if number < len(cosines) else 0.0
+            cosine = float(cosines[number]) if number < len(cosines) else late.get(number, 0.0)
             score = (1 - VECTOR_WEIGHT) * by_words.get(number, 0.0) / top + VECTOR_WEIGHT * cosine
-            if score > 0:
+            if score > 0 or number in by_words:  # a word match stays, however far in meaning
                 scored.append(Scored(self.definitions[number], score))
         return scored
+
+    def _late_cosines(self, asked: np.ndarray, by_words: dict[int, float], embedded: int) -> dict[int, float]:
+        """Cosines of the word-matched definitions past MAX_EMBEDDED: the LATE_PER_SEARCH best by
+        BM25 are embedded now if they were not before (and kept); any others count 0."""
+        assert self.embed is not None
+        late = sorted((n for n in by_words if n >= embedded), key=lambda n: -by_words[n])[:LATE_PER_SEARCH]
+        missing = [n for n in late if n not in self.late]
+        if missing:
+            vectors = _embedded(
+                self.embed, [self.definitions[n].gist() for n in missing], "late definitions", len(asked)
+            )
+            for number, vector in zip(missing, vectors if vectors is not None else [], strict=False):
+                self.late[number] = vector
+        return {n: float(self.late[n] @ asked) for n in late if n in self.late}
 
     def _by_words(self, question: str, within: set[str] | None) -> dict[int, float]:
         """BM25 of the definitions holding a word of `question` (or a name containing one)."""
@@ -329,6 +359,29 @@ class CodeIndex:
         ]
         ranked.sort(key=lambda r: (-r[1], r[0]))
         return ranked[:limit]
+
+
+def _embedded(embed: Embed, texts: list[str], what: str, width: int | None = None) -> np.ndarray | None:
+    """`embed(texts)` checked: one finite row per text (of `width` columns, if given); None, logged,
+    when the embedder fails or answers otherwise (the index then ranks by words alone)."""
+    try:
+        rows = np.asarray(embed(texts), dtype=np.float32)
+    except Exception as exc:  # an aid to ranking: never the reason a search fails
+        log.warning("code index: could not embed %s (%r); ranking by words alone", what, exc)
+        return None
+    if rows.ndim != 2 or len(rows) != len(texts) or (width is not None and rows.shape[1] != width):
+        log.warning(
+            "code index: the embedder answered %s rows for %d texts; ranking by words alone",
+            rows.shape,
+            len(texts),
+        )
+        return None
+    if not np.isfinite(rows).all():
+        log.warning(
+            "code index: the embedder answered non-finite values for %s; ranking by words alone", what
+        )
+        return None
+    return rows
 
 
 def definitions_of(path: str, lines: list[str]) -> list[Definition]:
