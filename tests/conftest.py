@@ -138,6 +138,28 @@ SLOW_TESTS: dict[str, set[str]] = {
         "test_runs_per_second_are_counted_per_tenant_and_not_for_the_colonys_own",
     },
     "test_api_security.py": {"test_every_route_needs_the_token_but_healthz"},
+    # 2-3 s each of waits on expiry, retention, a stopped process or a subprocess (the fast tier
+    # went over 5 min with the larger research development set)
+    "test_memory_acceptance.py": {"test_recall_with_networking_off"},
+    "test_api_retention.py": {
+        "test_a_retired_run_is_410_retired_then_404_once_forgotten",
+        "test_a_run_nobody_answers_expires_after_its_timeout_and_retention",
+    },
+    "test_doctor_orphans_live.py": {"test_an_ended_agents_memory_is_retained_not_orphaned"},
+    "test_context_checkpoints.py": {"test_seven_steps_keep_five_and_undo_replans_from_the_previous_step"},
+    "test_cli_chat.py": {
+        "test_chat_commands_with_piped_stdin",
+        "test_show_prompt_says_what_entered_the_prompt",
+    },
+    "test_research_quality_bench.py": {
+        "test_every_question_names_a_definition_of_its_file_and_the_sets_are_apart"
+    },
+    "test_indexes.py": {"test_page_table_entries_expire_unless_mapped_held_or_used"},
+    "test_session_delete.py": {"test_sessions_idle_past_the_retention_are_deleted"},
+    "test_api_idempotency.py": {
+        "test_an_effect_keyed_request_whose_process_stopped_is_finished_by_its_retry",
+        "test_a_request_whose_process_stopped_is_never_run_again",
+    },
     # `colony up` with the embedded model, through the openai package
     "test_openai_door_cluster.py": {
         "test_the_openai_package_talks_to_a_colony_up",
