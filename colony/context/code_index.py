@@ -259,9 +259,10 @@ class CodeIndex:
     def search(self, question: str, *, limit: int = 20, paths: Iterable[str] | None = None) -> list[Scored]:
         """The definitions best matching `question`, best first (those of `paths` only, if given)."""
         within = set(paths) if paths is not None else None
-        if not words(question):  # nothing the question says to look for (only stop words)
+        terms = list(dict.fromkeys(words(question)))[:MAX_TERMS]
+        if not terms:  # nothing the question says to look for (only stop words)
             return []
-        by_words = self._by_words(question, within)
+        by_words = self._by_words(terms, within)
         scored = self._fused(question, within, by_words) if self.vectors is not None else None
         if scored is None:
             scored = [Scored(self.definitions[n], score) for n, score in by_words.items()]
@@ -308,11 +309,8 @@ class CodeIndex:
                 self.late[number] = vector
         return {n: float(self.late[n] @ asked) for n in late if n in self.late}
 
-    def _by_words(self, question: str, within: set[str] | None) -> dict[int, float]:
-        """BM25 of the definitions holding a word of `question` (or a name containing one)."""
-        terms = list(dict.fromkeys(words(question)))[:MAX_TERMS]
-        if not terms:
-            return {}
+    def _by_words(self, terms: list[str], within: set[str] | None) -> dict[int, float]:
+        """BM25 of the definitions holding one of the question's `terms` (or a name containing one)."""
         # per question word: the definitions whose name runs it into others (`date` in `parsedate`)
         inside: dict[str, set[int]] = {}
         holding: set[int] = set()
