@@ -217,10 +217,12 @@ def simulate(
     *,
     lookahead: int = 0,
     prefetch: int = 0,
+    served: list[tuple[str, list[bool]]] | None = None,
 ) -> Result:
     """Replay the trace. `lookahead` > 0: the next `lookahead` requests are the queued agents, and
     eviction passes over their pages; `prefetch` > 0: the request that many places ahead in the
-    queue has its missing pages loaded on the replica Colony's placement picks for it then."""
+    queue has its missing pages loaded on the replica Colony's placement picks for it then.
+    `served`, if given, gets each request's replica and which of its pages were hits."""
     cluster = Cluster(replicas, capacity, window=replicas * 4, eviction=eviction)
     hits = accesses = prefill = total = prefetched = 0
     for i, (agent, pages) in enumerate(trace):
@@ -239,7 +241,10 @@ def simulate(
                         prefetched += 1
                         prefill += tokens(page)
         replica = router(cluster, agent, pages)
-        for page, hit in zip(pages, cluster.serve(replica, pages, soon), strict=True):
+        hits_here = cluster.serve(replica, pages, soon)
+        if served is not None:
+            served.append((replica, hits_here))
+        for page, hit in zip(pages, hits_here, strict=True):
             accesses += 1
             total += tokens(page)
             if hit:
@@ -249,8 +254,14 @@ def simulate(
     return Result(name, hits, accesses, prefill, total, prefetched)
 
 
-def belady(trace: list[Request], tokens: Callable[[str], int], capacity: int) -> Result:
-    """Offline optimal eviction in one pooled cache: evict the page used farthest in the future."""
+def belady(
+    trace: list[Request],
+    tokens: Callable[[str], int],
+    capacity: int,
+    served: list[tuple[str, list[bool]]] | None = None,
+) -> Result:
+    """Offline optimal eviction in one pooled cache: evict the page used farthest in the future.
+    `served`, if given, gets each request's hits (its replica named "pool")."""
     accesses = [page for _, pages in trace for page in pages]
     next_use: list[int] = [0] * len(accesses)
     last_seen: dict[str, int] = {}
@@ -259,8 +270,10 @@ def belady(trace: list[Request], tokens: Callable[[str], int], capacity: int) ->
         last_seen[accesses[i]] = i
     cache: dict[str, int] = {}
     hits = prefill = total = 0
+    outcomes: list[bool] = []
     for i, page in enumerate(accesses):
         total += tokens(page)
+        outcomes.append(page in cache)
         if page in cache:
             hits += 1
         else:
@@ -268,6 +281,11 @@ def belady(trace: list[Request], tokens: Callable[[str], int], capacity: int) ->
             if len(cache) >= capacity:
                 del cache[max(cache, key=lambda p: cache[p])]
         cache[page] = next_use[i]
+    if served is not None:
+        start = 0
+        for _, pages in trace:
+            served.append(("pool", outcomes[start : start + len(pages)]))
+            start += len(pages)
     return Result("belady (bound)", hits, len(accesses), prefill, total)
 
 

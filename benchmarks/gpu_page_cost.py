@@ -16,6 +16,7 @@ graphs) is faster on each, so read the ratios, not the milliseconds, as what car
 
 Needs a CUDA GPU, torch and transformers (none of them are Colony's dependencies):
   python benchmarks/gpu_page_cost.py [--models smollm2-135m,llama-1b,llama-8b]
+                                     [--attention sdpa|lower-right]
                                      [--page-tokens 1024,4096] [--question-tokens 64] [--repeats 20]
 """
 
@@ -56,29 +57,64 @@ SHAPES: dict[str, dict[str, Any]] = {
 }
 
 
-def _timed(fn: Any, repeats: int) -> list[float]:
+def _timed(fn: Any, repeats: int, device: str = "cuda") -> list[float]:
     import torch
+
+    def synchronize() -> None:
+        if device == "cuda":
+            torch.cuda.synchronize()
 
     for _ in range(3):
         fn()
-    torch.cuda.synchronize()
+    synchronize()
     samples = []
     for _ in range(repeats):
-        torch.cuda.synchronize()
+        synchronize()
         start = time.perf_counter()
         fn()
-        torch.cuda.synchronize()
+        synchronize()
         samples.append((time.perf_counter() - start) * 1000)
     return samples
 
 
-def _model(name: str, max_positions: int) -> Any:
+def _lower_right_sdpa(
+    module: Any,
+    query: Any,
+    key: Any,
+    value: Any,
+    attention_mask: Any,
+    dropout: float = 0.0,
+    scaling: float | None = None,
+    **kwargs: Any,
+) -> tuple[Any, None]:
+    """Causal attention of the new tokens over the cached and new ones, aligned at the bottom
+    right (the last query sees every key), as a serving engine's prefix prefill does. PyTorch's
+    `causal_lower_right` runs it in the flash or memory-efficient kernels; transformers' own SDPA
+    path gives such a pass an explicit mask instead, which made a prefill over 4k cached tokens
+    slower than one over none on an H200. Batch of one, no padding: the mask adds nothing."""
     import torch
-    from transformers import LlamaConfig, LlamaForCausalLM
+    from torch.nn.attention.bias import causal_lower_right
 
-    config = LlamaConfig(**SHAPES[name], max_position_embeddings=max_positions, attn_implementation="sdpa")
+    groups = query.shape[1] // key.shape[1]
+    if groups > 1:  # grouped-query attention: each key head serves `groups` query heads
+        key = key.repeat_interleave(groups, dim=1)
+        value = value.repeat_interleave(groups, dim=1)
+    bias = causal_lower_right(query.shape[-2], key.shape[-2])
+    out = torch.nn.functional.scaled_dot_product_attention(query, key, value, attn_mask=bias, scale=scaling)
+    return out.transpose(1, 2).contiguous(), None
+
+
+def _model(name: str, max_positions: int, device: str = "cuda", attention: str = "sdpa") -> Any:
+    """A Llama-shaped model with random weights; attention "sdpa" (transformers') or "lower-right"
+    (`_lower_right_sdpa`)."""
+    import torch
+    from transformers import AttentionInterface, LlamaConfig, LlamaForCausalLM
+
+    if attention == "lower-right":
+        AttentionInterface.register("lower-right", _lower_right_sdpa)
+    config = LlamaConfig(**SHAPES[name], max_position_embeddings=max_positions, attn_implementation=attention)
     torch.manual_seed(0)
-    with torch.device("cuda"):
+    with torch.device(device):
         model = LlamaForCausalLM(config).to(torch.bfloat16)
     return model.eval()
 
@@ -91,12 +127,14 @@ def _tensors(cache: Any) -> list[tuple[Any, Any]]:
     return [(keys.clone(), values.clone()) for keys, values in pairs]
 
 
-def measure(name: str, page_tokens: int, question_tokens: int, repeats: int) -> dict[str, Any]:
+def measure(
+    name: str, page_tokens: int, question_tokens: int, repeats: int, attention: str = "sdpa"
+) -> dict[str, Any]:
     """Median milliseconds of a miss, a hit and a decode step for one model and page size."""
     import torch
     from transformers import DynamicCache
 
-    model = _model(name, page_tokens + question_tokens + 16)
+    model = _model(name, page_tokens + question_tokens + 16, attention=attention)
     vocab = SHAPES[name]["vocab_size"]
     page = torch.randint(0, vocab, (1, page_tokens), device="cuda")
     question = torch.randint(0, vocab, (1, question_tokens), device="cuda")
@@ -158,6 +196,12 @@ def main() -> None:
     parser.add_argument("--question-tokens", type=int, default=64)
     parser.add_argument("--repeats", type=int, default=20)
     parser.add_argument("--json", action="store_true")
+    parser.add_argument(
+        "--attention",
+        choices=["sdpa", "lower-right"],
+        default="sdpa",
+        help="transformers' SDPA path, or causal attention aligned bottom right (as engines prefill)",
+    )
     args = parser.parse_args()
     import torch
 
@@ -167,7 +211,7 @@ def main() -> None:
     rows = []
     for name in args.models.split(","):
         for page_tokens in (int(value) for value in args.page_tokens.split(",")):
-            row = measure(name, page_tokens, args.question_tokens, args.repeats)
+            row = measure(name, page_tokens, args.question_tokens, args.repeats, args.attention)
             rows.append(row)
             torch.cuda.empty_cache()
             print(
