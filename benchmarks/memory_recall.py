@@ -5,8 +5,8 @@ The sets (--sets, default all):
 - `templates`: benchmarks/memory_facts.py, generated facts and questions that paraphrase them (a
   question shares only its subject's name with its fact), with hard negatives (the same subjects'
   other facts). Its questions come from templates written by the same hand as the facts.
-- `notes`, `conversations`, `prose` (test sets, never tuned on) and `dev` (the development set,
-  tuning allowed; reported apart): benchmarks/recall_sets/*.jsonl, written independently of the
+- `notes`, `conversations`, `prose` (test sets, never tuned on), `dev` and `dev_long` (development
+  sets, tuning allowed; reported apart; `dev_long` holds long multi-sentence entries): benchmarks/recall_sets/*.jsonl, written independently of the
   templates (issue 36; see benchmarks/recall_sets.py for the format and validation). The
   `conversations` set is asked per simulated user: each user's turns are a scope of their own and
   the other users' turns are not candidates.

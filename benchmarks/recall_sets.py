@@ -25,7 +25,7 @@ from colony.memory.keyword import tokenize
 
 SETS_DIR = Path(__file__).resolve().parent / "recall_sets"
 TEST_SETS = ("notes", "conversations", "prose")
-DEV_SETS = ("dev",)
+DEV_SETS = ("dev", "dev_long")
 SET_NAMES = (*TEST_SETS, *DEV_SETS)
 SPLITS = {"test": "test (never tuned on)", "dev": "development (tuning allowed)"}
 MAX_FILE_BYTES = 2_000_000

@@ -64,6 +64,10 @@ def test_the_written_sets_load_validate_and_are_sized_as_the_issue_asks() -> Non
         assert len(sets[name].questions) >= 100, name
     assert sets["dev"].split == "dev" and sets["dev"].label == "development (tuning allowed)"
     assert len(sets["dev"].questions) >= 50
+    # dev_long: long entries (the sentence rows' development set), tuning allowed too
+    long = sets["dev_long"]
+    assert long.split == "dev" and len(long.questions) >= 80
+    assert all(len(re.findall(r"[.!?](\s|$)", e.text)) >= 2 and len(e.text) >= 280 for e in long.entries)
     # conversations: >= 8 users, >= 15 multi-sentence turns each, asked within each user
     users = sets["conversations"].groups()
     assert len(users) >= 8
