@@ -90,6 +90,14 @@ def _compaction_text(data: dict[str, Any]) -> str:
     return f"  compacted at step {step}: {stage}, {before} -> {after} tokens\n"
 
 
+def _usage_text(data: dict[str, Any]) -> str:
+    """A `usage` event: what one model call of the run cost, in tokens."""
+    prompt, completion = _int_or_none(data.get("prompt_tokens")), _int_or_none(data.get("completion_tokens"))
+    if prompt is None or completion is None:
+        return "  model call\n"
+    return f"  model call: {prompt:,} prompt tokens, {completion:,} generated\n"
+
+
 def _int_or_none(value: Any) -> int | None:
     return value if isinstance(value, int) and not isinstance(value, bool) else None
 
@@ -130,6 +138,8 @@ class RunDisplay:
             return out + _prompt_text(data)
         if kind == "compaction":
             return out + _compaction_text(data)
+        if kind == "usage":
+            return out + _usage_text(data)
         if kind == "workers":
             return out + f"  {len(data.get('workers', []))} page workers started\n"
         if kind in ("children", "child_restarted"):

@@ -70,3 +70,11 @@ def test_a_line_break_in_a_path_cannot_forge_a_citation_line() -> None:
     lines = cited_answer_text(output).splitlines()
     assert len(lines) == 2 and not any(line.lstrip().startswith("trusted/") for line in lines)
     assert "x\\n  trusted/audit.py:12" in lines[1]
+
+
+def test_a_model_calls_usage_is_shown_as_its_token_counts() -> None:
+    display = RunDisplay()
+    usage = {"event_type": "usage", "data": {"prompt_tokens": 1834, "completion_tokens": 41}}
+    assert display.feed(usage) == "  model call: 1,834 prompt tokens, 41 generated\n"
+    forged = {"event_type": "usage", "data": {"prompt_tokens": "1\x1b[2J", "completion_tokens": True}}
+    assert display.feed(forged) == "  model call\n"
