@@ -260,8 +260,9 @@ def belady(
     capacity: int,
     served: list[tuple[str, list[bool]]] | None = None,
 ) -> Result:
-    """Offline optimal eviction in one pooled cache: evict the page used farthest in the future.
-    `served`, if given, gets each request's hits (its replica named "pool")."""
+    """Offline optimal eviction in one pooled cache: evict the page used farthest in the future,
+    never one of the request being served (its pages are pinned while it runs, as on the
+    replicas). `served`, if given, gets each request's hits (its replica named "pool")."""
     accesses = [page for _, pages in trace for page in pages]
     next_use: list[int] = [0] * len(accesses)
     last_seen: dict[str, int] = {}
@@ -270,22 +271,23 @@ def belady(
         last_seen[accesses[i]] = i
     cache: dict[str, int] = {}
     hits = prefill = total = 0
-    outcomes: list[bool] = []
-    for i, page in enumerate(accesses):
-        total += tokens(page)
-        outcomes.append(page in cache)
-        if page in cache:
-            hits += 1
-        else:
-            prefill += tokens(page)
-            if len(cache) >= capacity:
-                del cache[max(cache, key=lambda p: cache[p])]
-        cache[page] = next_use[i]
-    if served is not None:
-        start = 0
-        for _, pages in trace:
-            served.append(("pool", outcomes[start : start + len(pages)]))
-            start += len(pages)
+    i = 0
+    for _, pages in trace:
+        pinned, outcomes = set(pages), []
+        for page in pages:
+            total += tokens(page)
+            outcomes.append(page in cache)
+            if page in cache:
+                hits += 1
+            else:
+                prefill += tokens(page)
+                if len(cache) >= capacity:
+                    victim = max((p for p in cache if p not in pinned), key=lambda p: cache[p])
+                    del cache[victim]
+            cache[page] = next_use[i]
+            i += 1
+        if served is not None:
+            served.append(("pool", outcomes))
     return Result("belady (bound)", hits, len(accesses), prefill, total)
 
 

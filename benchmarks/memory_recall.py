@@ -6,8 +6,9 @@ The sets (--sets, default all):
   question shares only its subject's name with its fact), with hard negatives (the same subjects'
   other facts). Its questions come from templates written by the same hand as the facts.
 - `notes`, `conversations`, `prose` (test sets, never tuned on), `dev` and `dev_long` (development
-  sets, tuning allowed; reported apart; `dev_long` holds long multi-sentence entries): benchmarks/recall_sets/*.jsonl, written independently of the
-  templates (issue 36; see benchmarks/recall_sets.py for the format and validation). The
+  sets, tuning allowed; reported apart; `dev_long` holds long multi-sentence entries):
+  benchmarks/recall_sets/*.jsonl, written independently of the templates (issue 36; see
+  benchmarks/recall_sets.py for the format and validation). The
   `conversations` set is asked per simulated user: each user's turns are a scope of their own and
   the other users' turns are not candidates.
 Per size (default 1,000 and 10,000 entries per scope):

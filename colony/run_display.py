@@ -76,7 +76,7 @@ def _prompt_text(data: dict[str, Any]) -> str:
     step = _int_or_none(data.get("step"))
     lines = ["".join(c if c.isprintable() or c == "\t" else " " for c in line) for line in text.splitlines()]
     header = f"  prompt of step {step}" if step is not None else "  prompt"
-    tokens, budget = _int_or_none(data.get("tokens")), _int_or_none(data.get("budget"))
+    tokens, budget = _count_or_none(data.get("tokens")), _count_or_none(data.get("budget"))
     if tokens is not None:
         header += f" ({tokens} tokens" + (f" of {budget}" if budget is not None else "") + ")"
     header += ":"
@@ -86,13 +86,16 @@ def _prompt_text(data: dict[str, Any]) -> str:
 def _compaction_text(data: dict[str, Any]) -> str:
     """A `compaction` event: the agent's history was compacted under its token budget."""
     step, stage = _int_or_none(data.get("step")), _printable(str(data.get("stage")), 20)
-    before, after = _int_or_none(data.get("tokens_before")), _int_or_none(data.get("tokens_after"))
+    before, after = _count_or_none(data.get("tokens_before")), _count_or_none(data.get("tokens_after"))
     return f"  compacted at step {step}: {stage}, {before} -> {after} tokens\n"
 
 
 def _usage_text(data: dict[str, Any]) -> str:
     """A `usage` event: what one model call of the run cost, in tokens."""
-    prompt, completion = _int_or_none(data.get("prompt_tokens")), _int_or_none(data.get("completion_tokens"))
+    prompt, completion = (
+        _count_or_none(data.get("prompt_tokens")),
+        _count_or_none(data.get("completion_tokens")),
+    )
     if prompt is None or completion is None:
         return "  model call\n"
     return f"  model call: {prompt:,} prompt tokens, {completion:,} generated\n"
@@ -100,6 +103,12 @@ def _usage_text(data: dict[str, Any]) -> str:
 
 def _int_or_none(value: Any) -> int | None:
     return value if isinstance(value, int) and not isinstance(value, bool) else None
+
+
+def _count_or_none(value: Any) -> int | None:
+    """A count as an event may carry one (0 to 10^12); anything else, as from a forged event: None."""
+    number = _int_or_none(value)
+    return number if number is not None and 0 <= number < 10**12 else None
 
 
 class RunDisplay:

@@ -77,3 +77,19 @@ def test_the_summary_weighs_each_shape_by_its_requests() -> None:
     assert rows["prefix-tree"]["prefill_s"] == 0.5 and rows["prefix-tree"]["busiest_replica_s"] == 0.5
     kernel = affinity_gpu.summarise(routers, timings, "kernel_ms")
     assert kernel["colony"]["prefill_s"] == 0.09 and kernel["colony"]["ttft_p90_ms"] == 40.0
+
+
+def test_belady_keeps_the_pages_of_the_request_it_serves() -> None:
+    """X's next use is the farthest when Y comes in, but X is a page of the request being served:
+    the bound evicts Z (as a replica would), and Z's next use is then a miss."""
+    trace = [("a", ["X"]), ("b", ["Z"]), ("c", ["X", "Y"]), ("b", ["Z"])]
+    served: list[tuple[str, list[bool]]] = []
+    result = sim.belady(trace, lambda page: 10, 2, served=served)
+    assert served == [("pool", [False]), ("pool", [False]), ("pool", [True, False]), ("pool", [False])]
+    assert (result.hits, result.prefill_tokens) == (1, 40)
+
+
+def test_a_percentile_is_the_nearest_rank() -> None:
+    assert affinity_gpu._percentile([(2.0, 1), (1.0, 1)], 0.5) == 1.0  # half the requests at 1 ms
+    assert affinity_gpu._percentile([(1.0, 1), (2.0, 1)], 0.9) == 2.0
+    assert affinity_gpu._percentile([(1.0, 9), (5.0, 1)], 0.9) == 1.0

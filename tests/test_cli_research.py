@@ -78,3 +78,6 @@ def test_a_model_calls_usage_is_shown_as_its_token_counts() -> None:
     assert display.feed(usage) == "  model call: 1,834 prompt tokens, 41 generated\n"
     forged = {"event_type": "usage", "data": {"prompt_tokens": "1\x1b[2J", "completion_tokens": True}}
     assert display.feed(forged) == "  model call\n"
+    for count in (-5, 10**12, int("9" * 4000)):  # negative, or too long a line to print
+        huge = {"event_type": "usage", "data": {"prompt_tokens": count, "completion_tokens": 1}}
+        assert display.feed(huge) == "  model call\n"
