@@ -41,6 +41,8 @@ from collections import defaultdict
 from pathlib import Path
 from typing import Any
 
+from gpu_page_cost import add_attention_option
+
 ROUTERS = ("round-robin", "prefix-tree", "colony", "belady (bound)")
 Shape = tuple[int, int]  # (cached tokens, tokens to prefill)
 
@@ -272,13 +274,7 @@ def main() -> None:
     r.add_argument("--models", default="llama-8b,llama-1b")
     r.add_argument("--repeats", type=int, default=10)
     r.add_argument("--device", default="cuda")
-    r.add_argument(
-        "--attention",
-        choices=["lower-right", "sdpa"],
-        default="lower-right",
-        help="lower-right: causal attention aligned as engines prefill over cached KV (flash kernels); "
-        "sdpa: transformers' path, which masks such a pass explicitly",
-    )
+    add_attention_option(r, "lower-right")
     r.add_argument("--json", type=Path, help="also write the reports here")
     args = parser.parse_args()
     sys.path.insert(0, str(Path(__file__).parent))

@@ -189,6 +189,18 @@ def measure(
     }
 
 
+def add_attention_option(parser: argparse.ArgumentParser, default: str) -> None:
+    """`--attention`: "sdpa" (transformers' path, which masks a prefill over cached KV explicitly)
+    or "lower-right" (`_lower_right_sdpa`: causal attention aligned as engines prefill)."""
+    parser.add_argument(
+        "--attention",
+        choices=["sdpa", "lower-right"],
+        default=default,
+        help="sdpa: transformers' path (an explicit mask over cached KV); lower-right: causal "
+        "attention aligned bottom right, in the flash kernels, as serving engines prefill",
+    )
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--models", default="smollm2-135m,llama-1b,llama-8b")
@@ -196,12 +208,7 @@ def main() -> None:
     parser.add_argument("--question-tokens", type=int, default=64)
     parser.add_argument("--repeats", type=int, default=20)
     parser.add_argument("--json", action="store_true")
-    parser.add_argument(
-        "--attention",
-        choices=["sdpa", "lower-right"],
-        default="sdpa",
-        help="transformers' SDPA path, or causal attention aligned bottom right (as engines prefill)",
-    )
+    add_attention_option(parser, "sdpa")
     args = parser.parse_args()
     import torch
 
