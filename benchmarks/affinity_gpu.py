@@ -41,7 +41,7 @@ from collections import defaultdict
 from pathlib import Path
 from typing import Any
 
-from gpu_page_cost import add_attention_option
+from gpu_page_cost import add_attention_option, kernel_ms
 
 ROUTERS = ("round-robin", "prefix-tree", "colony", "belady (bound)")
 Shape = tuple[int, int]  # (cached tokens, tokens to prefill)
@@ -88,32 +88,6 @@ def plan(args: argparse.Namespace) -> dict[str, Any]:
     return {"workload": workload, "routers": counted}
 
 
-def _kernel_ms(fn: Any, repeats: int) -> float | None:
-    """Mean GPU kernel time of one call (torch.profiler); None where no device time is recorded."""
-    import torch
-    from torch.profiler import ProfilerActivity, profile
-
-    if not torch.cuda.is_available():
-        return None
-    fn()
-    torch.cuda.synchronize()
-    try:
-        with profile(activities=[ProfilerActivity.CUDA]) as prof:
-            for _ in range(repeats):
-                fn()
-            torch.cuda.synchronize()
-    except RuntimeError as error:  # a profiler that cannot start leaves the wall clock alone
-        print(f"  no kernel time: the profiler failed ({error})", flush=True)
-        return None
-    total_us = 0.0
-    for event in prof.key_averages():
-        value = getattr(event, "self_device_time_total", None)
-        if value is None:
-            value = getattr(event, "self_cuda_time_total", 0.0)
-        total_us += float(value)
-    return total_us / repeats / 1000
-
-
 def time_shapes(
     model_name: str, shapes: list[Shape], repeats: int, device: str, attention: str = "lower-right"
 ) -> dict[Shape, dict[str, Any]]:
@@ -153,9 +127,9 @@ def time_shapes(
             # A pass over cached KV rebuilds the cache object from the page's tensors (a copy on the
             # GPU); the copy is timed alone and taken off both clocks.
             copy_wall = statistics.median(_timed(cache_of_page, repeats, device)) if cached else 0.0
-            copy_kernel = (_kernel_ms(cache_of_page, repeats) or 0.0) if cached else 0.0
+            copy_kernel = (kernel_ms(cache_of_page, repeats) or 0.0) if cached else 0.0
             wall = max(statistics.median(_timed(prefill, repeats, device)) - copy_wall, 0.0)
-            kernel = _kernel_ms(prefill, repeats)
+            kernel = kernel_ms(prefill, repeats)
             out[(cached, new)] = {
                 "wall_ms": round(wall, 2),
                 "kernel_ms": None if kernel is None else round(max(kernel - copy_kernel, 0.0), 2),

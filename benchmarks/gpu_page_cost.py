@@ -11,12 +11,16 @@ This one measures the price of a prefill token on a GPU, so those counts can be 
 
 Weights are random (bf16): the time of a forward pass does not depend on their values, and nothing
 is downloaded. The models are built from their published shapes (layers, width, heads), run through
-transformers with PyTorch's SDPA attention; a serving engine (vLLM, with paged attention and CUDA
-graphs) is faster on each, so read the ratios, not the milliseconds, as what carries over.
+transformers with PyTorch's SDPA kernels (by default causal attention aligned bottom right over
+cached KV, as engines prefill: --attention lower-right), computing the last position's logits only.
+Two clocks: the eager pass's wall time (median), which holds Python's kernel launches, and the
+kernels' time summed by torch.profiler (mean), what an engine without launch gaps (CUDA graphs)
+approaches. A serving engine (vLLM, with paged attention) is faster on each, so read the ratios,
+not the milliseconds, as what carries over.
 
 Needs a CUDA GPU, torch and transformers (none of them are Colony's dependencies):
   python benchmarks/gpu_page_cost.py [--models smollm2-135m,llama-1b,llama-8b]
-                                     [--attention sdpa|lower-right]
+                                     [--attention lower-right|sdpa]
                                      [--page-tokens 1024,4096] [--question-tokens 64] [--repeats 20]
 """
 
@@ -104,6 +108,32 @@ def _lower_right_sdpa(
     return out.transpose(1, 2).contiguous(), None
 
 
+def kernel_ms(fn: Any, repeats: int) -> float | None:
+    """Mean GPU kernel time of one call (torch.profiler); None where no device time is recorded."""
+    import torch
+    from torch.profiler import ProfilerActivity, profile
+
+    if not torch.cuda.is_available():
+        return None
+    fn()
+    torch.cuda.synchronize()
+    try:
+        with profile(activities=[ProfilerActivity.CUDA]) as prof:
+            for _ in range(repeats):
+                fn()
+            torch.cuda.synchronize()
+    except RuntimeError as error:  # a profiler that cannot start leaves the wall clock alone
+        print(f"  no kernel time: the profiler failed ({error})", flush=True)
+        return None
+    total_us = 0.0
+    for event in prof.key_averages():
+        value = getattr(event, "self_device_time_total", None)
+        if value is None:
+            value = getattr(event, "self_cuda_time_total", 0.0)
+        total_us += float(value)
+    return total_us / repeats / 1000
+
+
 def _model(name: str, max_positions: int, device: str = "cuda", attention: str = "sdpa") -> Any:
     """A Llama-shaped model with random weights; attention "sdpa" (transformers') or "lower-right"
     (`_lower_right_sdpa`)."""
@@ -128,16 +158,21 @@ def _tensors(cache: Any) -> list[tuple[Any, Any]]:
 
 
 def measure(
-    name: str, page_tokens: int, question_tokens: int, repeats: int, attention: str = "sdpa"
+    name: str,
+    page_tokens: int,
+    question_tokens: int,
+    repeats: int,
+    attention: str = "sdpa",
+    device: str = "cuda",
 ) -> dict[str, Any]:
     """Median milliseconds of a miss, a hit and a decode step for one model and page size."""
     import torch
     from transformers import DynamicCache
 
-    model = _model(name, page_tokens + question_tokens + 16, attention=attention)
+    model = _model(name, page_tokens + question_tokens + 16, device=device, attention=attention)
     vocab = SHAPES[name]["vocab_size"]
-    page = torch.randint(0, vocab, (1, page_tokens), device="cuda")
-    question = torch.randint(0, vocab, (1, question_tokens), device="cuda")
+    page = torch.randint(0, vocab, (1, page_tokens), device=device)
+    question = torch.randint(0, vocab, (1, question_tokens), device=device)
     whole = torch.cat([page, question], dim=1)
     with torch.inference_mode():
         page_cache = DynamicCache()
@@ -150,11 +185,12 @@ def measure(
                 cache.update(keys, values, index)
             return cache
 
+        # only the last position's logits, as a serving engine computes them
         def miss() -> None:
-            model(whole, use_cache=True)
+            model(whole, use_cache=True, logits_to_keep=1)
 
         def hit() -> None:
-            model(question, past_key_values=fresh_page_cache(), use_cache=True)
+            model(question, past_key_values=fresh_page_cache(), use_cache=True, logits_to_keep=1)
 
         def copy_only() -> None:
             fresh_page_cache()
@@ -162,21 +198,32 @@ def measure(
         full_cache = DynamicCache()
         model(whole, past_key_values=full_cache, use_cache=True)
         full_layers = _tensors(full_cache)
-        token = torch.randint(0, vocab, (1, 1), device="cuda")
+        token = torch.randint(0, vocab, (1, 1), device=device)
 
         def decode() -> None:
             cache = DynamicCache()
             for index, (keys, values) in enumerate(full_layers):
                 cache.update(keys, values, index)
-            model(token, past_key_values=cache, use_cache=True)
+            model(token, past_key_values=cache, use_cache=True, logits_to_keep=1)
 
-        miss_ms = statistics.median(_timed(miss, repeats))
+        miss_ms = statistics.median(_timed(miss, repeats, device))
         # The hit rebuilds a cache object from the page's tensors (a copy, on the GPU); that copy is
         # timed alone and taken off, so the hit is the question's prefill over cached KV.
-        copy_ms = statistics.median(_timed(copy_only, repeats))
-        hit_ms = max(statistics.median(_timed(hit, repeats)) - copy_ms, 0.0)
-        decode_ms = max(statistics.median(_timed(decode, repeats)) - copy_ms, 0.0)
+        copy_ms = statistics.median(_timed(copy_only, repeats, device))
+        hit_ms = max(statistics.median(_timed(hit, repeats, device)) - copy_ms, 0.0)
+        decode_ms = max(statistics.median(_timed(decode, repeats, device)) - copy_ms, 0.0)
+        kernels = {
+            name: kernel_ms(fn, repeats) for name, fn in (("miss", miss), ("hit", hit), ("decode", decode))
+        }
+        copy_kernel = kernel_ms(copy_only, repeats) or 0.0
+    by_kernels = {
+        f"{name}_kernel_ms": None
+        if value is None
+        else round(max(value - (copy_kernel if name != "miss" else 0.0), 0.0), 2)
+        for name, value in kernels.items()
+    }
     return {
+        **by_kernels,
         "model": name,
         "page_tokens": page_tokens,
         "question_tokens": question_tokens,
@@ -208,7 +255,7 @@ def main() -> None:
     parser.add_argument("--question-tokens", type=int, default=64)
     parser.add_argument("--repeats", type=int, default=20)
     parser.add_argument("--json", action="store_true")
-    add_attention_option(parser, "sdpa")
+    add_attention_option(parser, "lower-right")
     args = parser.parse_args()
     import torch
 
@@ -227,7 +274,8 @@ def main() -> None:
                 else f"{name:>13} page {page_tokens:>5}: miss {row['miss_ms']:>7} ms  hit "
                 f"{row['hit_ms']:>6} ms  decode {row['decode_ms']:>6} ms  miss/hit "
                 f"{row['miss_over_hit']:>5}x  miss = {row['miss_in_decode_steps']} decode steps  "
-                f"prefill {row['prefill_tokens_per_s']} tok/s",
+                f"prefill {row['prefill_tokens_per_s']} tok/s; kernels: miss {row['miss_kernel_ms']} ms  "
+                f"hit {row['hit_kernel_ms']} ms  decode {row['decode_kernel_ms']} ms",
                 flush=True,
             )
 
