@@ -93,7 +93,7 @@ def time_shapes(
 ) -> dict[Shape, dict[str, Any]]:
     """Median wall milliseconds and mean kernel milliseconds of each shape's prefill."""
     import torch
-    from gpu_page_cost import SHAPES, _model, _tensors, _timed
+    from gpu_page_cost import SHAPES, _model, _tensors, _timed, cache_from
     from transformers import DynamicCache
 
     longest = max(cached + new for cached, new in shapes)
@@ -114,12 +114,7 @@ def time_shapes(
             layers = [(k[:, :, :cached].contiguous(), v[:, :, :cached].contiguous()) for k, v in base_layers]
 
             def cache_of_page(layers: list[tuple[Any, Any]] = layers, cached: int = cached) -> Any:
-                if not cached:
-                    return None
-                cache = DynamicCache()
-                for index, (keys, values) in enumerate(layers):
-                    cache.update(keys, values, index)
-                return cache
+                return cache_from(layers) if cached else None
 
             def prefill(tokens: Any = tokens, cache_of_page: Any = cache_of_page, model: Any = model) -> None:
                 model(tokens, past_key_values=cache_of_page(), use_cache=True, logits_to_keep=1)

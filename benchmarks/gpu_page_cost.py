@@ -157,6 +157,17 @@ def _tensors(cache: Any) -> list[tuple[Any, Any]]:
     return [(keys.clone(), values.clone()) for keys, values in pairs]
 
 
+def cache_from(layers: list[tuple[Any, Any]]) -> Any:
+    """A fresh transformers cache holding these per-layer keys and values (a copy on the device):
+    a pass over it leaves `layers` as they were, so each timed pass starts from the same KV."""
+    from transformers import DynamicCache
+
+    cache = DynamicCache()
+    for index, (keys, values) in enumerate(layers):
+        cache.update(keys, values, index)
+    return cache
+
+
 def measure(
     name: str,
     page_tokens: int,
@@ -165,7 +176,8 @@ def measure(
     attention: str = "sdpa",
     device: str = "cuda",
 ) -> dict[str, Any]:
-    """Median milliseconds of a miss, a hit and a decode step for one model and page size."""
+    """Milliseconds of a miss, a hit and a decode step for one model and page size: the eager
+    pass's median wall time, and its kernels' mean time (`*_kernel_ms`; None off a GPU)."""
     import torch
     from transformers import DynamicCache
 
@@ -180,10 +192,7 @@ def measure(
         page_layers = _tensors(page_cache)
 
         def fresh_page_cache() -> Any:
-            cache = DynamicCache()
-            for index, (keys, values) in enumerate(page_layers):
-                cache.update(keys, values, index)
-            return cache
+            return cache_from(page_layers)
 
         # only the last position's logits, as a serving engine computes them
         def miss() -> None:
@@ -201,10 +210,7 @@ def measure(
         token = torch.randint(0, vocab, (1, 1), device=device)
 
         def decode() -> None:
-            cache = DynamicCache()
-            for index, (keys, values) in enumerate(full_layers):
-                cache.update(keys, values, index)
-            model(token, past_key_values=cache, use_cache=True, logits_to_keep=1)
+            model(token, past_key_values=cache_from(full_layers), use_cache=True, logits_to_keep=1)
 
         miss_ms = statistics.median(_timed(miss, repeats, device))
         # The hit rebuilds a cache object from the page's tensors (a copy, on the GPU); that copy is
@@ -213,14 +219,14 @@ def measure(
         hit_ms = max(statistics.median(_timed(hit, repeats, device)) - copy_ms, 0.0)
         decode_ms = max(statistics.median(_timed(decode, repeats, device)) - copy_ms, 0.0)
         kernels = {
-            name: kernel_ms(fn, repeats) for name, fn in (("miss", miss), ("hit", hit), ("decode", decode))
+            part: kernel_ms(fn, repeats) for part, fn in (("miss", miss), ("hit", hit), ("decode", decode))
         }
         copy_kernel = kernel_ms(copy_only, repeats) or 0.0
     by_kernels = {
-        f"{name}_kernel_ms": None
+        f"{part}_kernel_ms": None
         if value is None
-        else round(max(value - (copy_kernel if name != "miss" else 0.0), 0.0), 2)
-        for name, value in kernels.items()
+        else round(max(value - (copy_kernel if part != "miss" else 0.0), 0.0), 2)
+        for part, value in kernels.items()
     }
     return {
         **by_kernels,
