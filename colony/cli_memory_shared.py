@@ -140,7 +140,7 @@ def add_shared_commands(actions: Any, parents: Sequence[argparse.ArgumentParser]
         "--readers", help="agent ids that may read, comma-separated ('*': every agent; default '*')"
     )
     define.add_argument("--writers", help="agent ids that may write ('*': every agent; default: none)")
-    define.add_argument("--purpose", default="", help="what the scope is for")
+    define.add_argument("--purpose", default=None, help="what the scope is for (default: its type's)")
     define.add_argument("--ttl", type=float, default=None, help="entries' default seconds to live (0: none)")
     define.add_argument(
         "--max-entries", type=int, default=None, help="cap (default memory.default_max_entries)"

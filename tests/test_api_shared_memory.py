@@ -24,6 +24,7 @@ from colony.blackboard import Blackboard, create_redis
 from colony.config import ColonySettings
 from colony.inference.scripted import ScriptedEngine
 from colony.memory.capability import MemoryCapability
+from colony.memory.scopes import PURPOSES
 from colony.memory.shared import SharedMemoryCapability
 from colony.memory.shared_tools import SharedMemoryToolsCapability
 from colony.system.host import ReplicaHost
@@ -138,6 +139,42 @@ def test_two_agents_on_two_replicas_recall_each_others_shared_facts(
     assert found[0]["entry"]["content"] == first and found[0]["entry"]["created_by"] == "scout"
 
 
+def test_an_agents_own_memory_routes_do_not_reach_its_shared_scopes(
+    served: TwoReplicas, http: httpx.Client
+) -> None:
+    """Found by review: `/v1/agents/{id}/memory...` read and wrote a shared scope the agent is a
+    member of, past its rules and past a token restricted to that agent (403 on the shared routes)."""
+    rules = {"readers": ["scout", "reader"], "writers": ["scout", "reader"]}
+    assert http.put(f"/v1/memory/shared/{TEAM}", json=rules).status_code in (200, 201)
+    team = http.get(f"/v1/memory/shared/{TEAM}").json()["scope_id"]
+    fact = "The vault code for the staging bastion is 4242."
+    assert http.post(f"/v1/memory/shared/{TEAM}/entries", json={"content": fact}).status_code in (200, 201)
+
+    # the map shows the team's scope to a reader only
+    assert team in http.get("/v1/agents/scout/memory").json()["scopes"]
+    assert team not in http.get("/v1/agents/outsider/memory").json()["scopes"]
+    for agent in ("scout", "outsider"):
+        for named in ("collective", team):
+            asked = http.post(f"/v1/agents/{agent}/memory/query", json={"query": "vault", "scopes": [named]})
+            assert asked.status_code == 404 and f"/v1/memory/shared/{TEAM}" in asked.text, asked.text
+            planted = http.post(f"/v1/agents/{agent}/memory", json={"scope": named, "content": "planted here"})
+            assert planted.status_code == 404, planted.text
+        found = http.post(f"/v1/agents/{agent}/memory/query", json={"query": "vault code"}).json()["entries"]
+        assert all(e["entry"]["scope_id"] != team for e in found) and fact not in str(found)
+    assert team not in http.post("/v1/agents/scout/memory/reindex").json()["scopes"]
+    held = http.post(f"/v1/memory/shared/{TEAM}/query", json={"query": "planted here"}).json()["entries"]
+    assert "planted here" not in [e["entry"]["content"] for e in held]
+
+    # a token restricted to the outsider reaches neither way
+    made = http.post("/v1/tokens", json={"verbs": ["read", "write"], "agents": ["outsider"]})
+    assert made.status_code == 201, made.text
+    scoped = {"Authorization": f"Bearer {made.json()['token']}"}
+    with httpx.Client(base_url=served.url, headers=scoped, timeout=60) as outsider:
+        assert outsider.post(f"/v1/memory/shared/{TEAM}/query", json={"query": "vault"}).status_code == 403
+        asked = outsider.post("/v1/agents/outsider/memory/query", json={"query": "vault", "scopes": [team]})
+        assert asked.status_code == 404, asked.text
+
+
 def test_the_operator_writes_and_redefines_and_bad_requests_are_refused(
     served: TwoReplicas, http: httpx.Client
 ) -> None:
@@ -177,6 +214,8 @@ def test_the_operator_writes_and_redefines_and_bad_requests_are_refused(
         {"writers": [f"a{i}" for i in range(257)]},
         {"max_entries": 0},
         {"purpose": "line\nbreak"},
+        {"purpose": "line\u2028separator"},
+        {"purpose": "c1\x85control"},
         {"owner": "me"},
         {"ttl_seconds": "60"},
         {"max_entries": True},
@@ -210,6 +249,11 @@ def test_the_cli_defines_lists_writes_and_queries(
     _, out = colony("define", "collective:cli-team", "--writers", "scout,reader", "--purpose", "CLI team")
     assert out.startswith("defined collective:cli-team: 0/") and "writers: scout, reader" in out
     assert "readers: every agent" in out and "purpose: CLI team" in out
+    # a define changes only what it names (found by review: the purpose was sent as "" and wiped)
+    _, out = colony("define", "collective:cli-team", "--writers", "scout", "--json")
+    assert json.loads(out)["purpose"] == "CLI team" and json.loads(out)["writers"] == ["scout"]
+    _, out = colony("define", "task:cli-new", "--json")
+    assert json.loads(out)["purpose"] == PURPOSES["task"], out
     _, out = colony("write", "collective:cli-team", "The demo is on Monday.\x1b[2J", "--tag", "plan")
     assert out.startswith("stored ") and "\x1b" not in out
     _, out = colony("query", "collective:cli-team", "when is the demo?")

@@ -261,3 +261,43 @@ async def test_a_created_user_block_holds_only_what_the_user_said_and_tools_need
         await bare.dispatcher.dispatch("block_create", {"label": "x", "description": "y"}),
         "add MemoryBlocksCapability",
     )
+
+
+async def test_the_users_words_never_reach_a_block_other_agents_see_whenever_it_was_shared(kit: Kit) -> None:
+    """Found by review: the rule was checked at the share only, so an agent could share an empty
+    block and then write the user's message into it, or save it into another agent's block."""
+    from colony.agents.models import AgentRun
+
+    ada = await kit.runtime.spawn(_blueprint("ada"))
+    bob = await kit.runtime.spawn(_blueprint("bob"))
+    told = "My bank PIN is 7291 and I live at 12 Elm Street"
+    ada.current_run = AgentRun(agent_id="ada", input={"task": told})
+    do = ada.dispatcher.dispatch
+    assert (await do("block_create", {"label": "notes", "description": "my notes"})).success
+    assert (await do("block_share", {"label": "notes", "agent_id": "bob", "access": "read_only"})).success
+
+    # shared first, written later: every edit tool refuses the user's words there
+    assert_failed(await do("core_memory_save_message", {"label": "notes"}), "seen by other agents", "human")
+    assert_failed(await do("core_memory_append", {"label": "notes", "content": told}), "seen by other agents")
+    assert_failed(await do("memory_insert", {"label": "notes", "content": f"{told}."}), "seen by other agents")
+    assert_failed(
+        await do("memory_rethink", {"label": "notes", "new_content": "User said: PIN 7291"}), "seen by other agents"
+    )
+    # the agent's own words still go there, and its own private `human` block takes the message
+    assert (await do("core_memory_append", {"label": "notes", "content": "Checked the release plan."})).success
+    assert (await do("core_memory_save_message", {"label": "human"})).success
+    assert "7291" not in (await kit.store.read("bob", "notes")).content
+    assert "7291" in (await kit.store.read(SYSTEM, "human", owner="ada")).content
+
+    # another agent's block shared with ada (append-only) takes none of the user's words either
+    assert (await bob.dispatcher.dispatch("block_create", {"label": "board", "description": "team board"})).success
+    shared = {"label": "board", "agent_id": "ada", "access": "append_only"}
+    assert (await bob.dispatcher.dispatch("block_share", shared)).success
+    assert_failed(await do("core_memory_save_message", {"label": "board"}), "seen by other agents")
+    assert_failed(await do("core_memory_append", {"label": "board", "content": told}), "seen by other agents")
+    assert (await do("core_memory_append", {"label": "board", "content": "ada: review done"})).success
+    assert (await kit.store.read("bob", "board")).content == "ada: review done\n"
+
+    # a block shared by nobody takes the message as before
+    assert (await do("block_create", {"label": "mine", "description": "private"})).success
+    assert (await do("core_memory_save_message", {"label": "mine"})).success

@@ -12,6 +12,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from pydantic import ValidationError
 from agent_kit import assert_failed
 
 from colony.agents import Agent, AgentBlueprint, AgentMetadata, LocalAgentRuntime
@@ -313,6 +314,40 @@ async def test_concurrent_definitions_create_once(kit: Kit) -> None:
     outcomes = await asyncio.gather(*(kit.shared.define("task:t9", writers=[f"a{n}"]) for n in range(5)))
     assert sorted(created for _, created in outcomes) == [False] * 4 + [True]
     assert await kit.shared.names() == ["task:t9"]
+
+
+async def test_the_cap_on_shared_scopes_holds_for_concurrent_creators(
+    kit: Kit, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Found by review: the count was read outside the definition's transaction and the list was
+    trimmed to the cap, so creators racing at the cap all passed and the oldest scope fell out of
+    the listing while it stayed defined."""
+    import colony.memory.shared as shared_module
+
+    monkeypatch.setattr(shared_module, "MAX_SHARED_SCOPES", 6)
+    with pytest.raises(ValidationError):  # a bad definition takes no place in the list
+        await kit.shared.define("task:bad", readers=["not an id"])
+    assert await kit.shared.names() == []
+    await kit.shared.define("collective:first")
+    for n in range(4):
+        await kit.shared.define(f"task:t{n}")
+    outcomes = await asyncio.gather(
+        *(kit.shared.define(f"collective:late{n}") for n in range(5)), return_exceptions=True
+    )
+    made = [o for o in outcomes if not isinstance(o, BaseException)]
+    refused = [o for o in outcomes if isinstance(o, BaseException)]
+    assert len(made) == 1 and len(refused) == 4, outcomes
+    assert all(isinstance(e, InvalidArgument) and "the most it keeps" in str(e) for e in refused)
+    names = await kit.shared.names()
+    assert len(names) == 6 and names[0] == "collective:first"
+    for n in range(5):  # a refused creator defined nothing
+        name = f"collective:late{n}"
+        if name not in names:
+            with pytest.raises(SharedMemoryNotFound):
+                await kit.shared.info(name)
+    again = await kit.shared.define("collective:first", purpose="still here")  # a defined one changes
+    assert again[1] is False and again[0].purpose == "still here"
+    assert (await kit.shared.define("task:t0", readers=["a"]))[0].readers == ["a"]
 
 
 async def test_the_memory_map_shows_shared_scopes_only_to_their_readers(kit: Kit) -> None:

@@ -58,6 +58,8 @@ async def test_bounds_refused_with_the_field(store: MemoryStore, scope: str) -> 
         await store.write(scope, NewMemory(content="z", metadata={"k": "é" * 40_000}))  # 80,000 bytes
     with pytest.raises(InvalidArgument, match="only whitespace"):
         await store.write(scope, NewMemory(content=" \n\t "))
+    with pytest.raises(InvalidArgument, match="invisible"):  # found by review: a zero-width space passed
+        await store.write(scope, NewMemory(content=" \u200b\u2060 \ufeff"))
     assert await store.count(scope) == 0  # nothing refused was stored
     kept = await store.write(scope, NewMemory(content="fits", data={"k": "d" * 60_000}))
     assert kept.created

@@ -300,7 +300,7 @@ class SharedScopeBody(BaseModel):
     writers: list[SharedAgentRef] | None = Field(
         None, max_length=MAX_SHARED_MEMBERS, description="the whole list"
     )
-    purpose: str | None = Field(None, max_length=200, pattern=r"^[^\x00-\x1f\x7f]*$")
+    purpose: str | None = Field(None, max_length=200, pattern=r"^[^\x00-\x1f\x7f-\x9f\u2028\u2029]*$")
     ttl_seconds: float | None = Field(
         None, ge=0, le=10 * 365 * 24 * 3600, strict=True, description="entries' default TTL (0: none)"
     )

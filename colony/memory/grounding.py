@@ -62,6 +62,7 @@ MIN_DISTINCT_RATIO = 0.5  # prose has nearly all its 4-word sequences distinct; 
 SHOWN = 5  # missing words named in a refusal
 SAID_ENTRIES = 20  # earlier user messages a check reads: those most like the candidate
 USER_TAG = "user"  # the tag of what the user said in memory (the conversation producer's)
+USER_SAID = "User said:"  # how a block's line quoting the user starts (blocks, a session's `human`)
 
 _WORD = re.compile(r"[^\W_]+")
 _SENTENCE = re.compile(r"[.!?;\n]+")

@@ -8,6 +8,8 @@ stored position.
 
 from __future__ import annotations
 
+from collections.abc import Awaitable, Callable
+
 from colony.blackboard import Blackboard, BlackboardScope, scope_id
 from colony.blackboard.protocol import MemoryProtocol
 from colony.memory.scopes import MemoryScope
@@ -80,13 +82,21 @@ async def scope_info(store: MemoryStore, scope: str) -> MemoryScopeInfo:
 
 
 async def agent_memory_map(
-    store: MemoryStore, agent_id: str, *, tenant_id: str = "default", colony_id: str = "default"
+    store: MemoryStore,
+    agent_id: str,
+    *,
+    tenant_id: str = "default",
+    colony_id: str = "default",
+    hidden: Callable[[str], Awaitable[bool]] | None = None,
 ) -> MemoryMap:
-    """The agent's whole memory layout: every scope with counts, tags and dataflow edges."""
+    """The agent's whole memory layout: every scope with counts, tags and dataflow edges (but the
+    scopes `hidden` says are not to be shown: shared ones the agent may not read)."""
     own = agent_scope(agent_id, tenant_id, colony_id)
     scopes = await agent_memory_scopes(store.board(own), own)
     memory_map = MemoryMap(agent_id=agent_id)
     for scope in scopes:
+        if hidden is not None and await hidden(scope):
+            continue
         info = await scope_info(store, scope)
         memory_map.scopes[scope] = info
         memory_map.dataflow_edges += [(source, scope) for source in info.subscribed_to]

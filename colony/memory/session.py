@@ -34,6 +34,7 @@ from colony.errors import BlockLimitExceeded, BlockNotFound
 from colony.memory.blocks.rendering import render_blocks
 from colony.memory.blocks.tools import MemoryBlocksCapability
 from colony.memory.capability import MemoryCapability, private_memory
+from colony.memory.grounding import USER_SAID as SAID_PREFIX
 from colony.memory.service import memory_service
 from colony.memory.types import (
     MemoryIngestPolicy,
@@ -49,7 +50,7 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 MESSAGE_ACTIONS = {"handle_user_message": "user", "respond_to_user": "assistant"}
 MAX_ENTRY_CHARS = 4000
-USER_SAID = "User said: "
+USER_SAID = f"{SAID_PREFIX} "  # a statement's line in the `human` block
 MAX_HEARD_LINES = 3  # statements kept of one message
 MAX_STATEMENT_CHARS = 300
 MIN_STATEMENT_WORDS = 3

@@ -21,7 +21,7 @@ import asyncio
 import logging
 import re
 import time
-from collections.abc import Sequence
+from collections.abc import Awaitable, Callable, Sequence
 from typing import TYPE_CHECKING, Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, StringConstraints
@@ -162,6 +162,9 @@ class SharedScopes:
         write."""
         scope = self.scope_id(name)
         board = self.store.board(scope)
+        # what it gives is checked before the scope takes a place in the colony's list
+        self._defined(scope, None, None, readers, writers, purpose, ttl_seconds, max_entries)
+        await self._listed(scope)
         for _ in range(MAX_DEFINE_TRIES):
             try:
                 async with board.transaction() as tx:  # rules and settings together, from what was read
@@ -170,10 +173,6 @@ class SharedScopes:
                         await tx.read(Keys.config_key()),
                     )
                     created = held_access is None or held_config is None
-                    if created and len(await self.names()) >= MAX_SHARED_SCOPES:
-                        raise InvalidArgument(
-                            f"this colony has {MAX_SHARED_SCOPES} shared memory scopes, the most it keeps"
-                        )
                     held = None if created else held_access.value
                     # a scope whose stored rules cannot be read stays closed but for what this names
                     rules = (
@@ -196,9 +195,30 @@ class SharedScopes:
                     tx.write(Keys.config_key(), config.model_dump(mode="json"), created_by=by)
             except ConcurrentModificationError:
                 continue  # another definition landed in between: apply this one over it
-            await register_scope(self._colony_board(), scope, keep=MAX_SHARED_SCOPES)
             return await self.info(name), created
         raise ConcurrentModificationError(Keys.access_key(), 0, 0)
+
+    async def _listed(self, scope: str) -> None:
+        """Put the scope in the colony's list of shared scopes (if it is not there yet), refused past
+        MAX_SHARED_SCOPES in the same optimistic write, so concurrent creators cannot pass the bound
+        nor push an older scope out of the list. (A definition that then fails leaves its name
+        listed; the listing skips names whose scope is not defined.)"""
+        board = self._colony_board()
+        stored = await board.read(Keys.scopes_key())
+        if stored is not None and isinstance(stored.value, list) and scope in stored.value:
+            return
+
+        def add(current: Any) -> list[str]:
+            scopes = list(current) if isinstance(current, list) else []
+            if scope in scopes:
+                return scopes
+            if len(scopes) >= MAX_SHARED_SCOPES:
+                raise InvalidArgument(
+                    f"this colony has {MAX_SHARED_SCOPES} shared memory scopes, the most it keeps"
+                )
+            return [*scopes, scope]
+
+        await board.update(Keys.scopes_key(), add)
 
     def _defined(
         self,
@@ -416,6 +436,23 @@ def _with_sources(held: Any, sources: list[str]) -> Any:
     current = [s for s in held.get("subscribed_to") or [] if isinstance(s, str)]
     merged = [*[s for s in current if s not in sources], *sources][-MAX_MEMBERS:]
     return {**held, "subscribed_to": merged}
+
+
+def unreadable_by(store: MemoryStore, agent_id: str) -> Callable[[str], Awaitable[bool]]:
+    """Whether a scope is shared memory `agent_id` may not read now (by the scope's stored rules):
+    what an agent's MemoryMap leaves out (introspection.agent_memory_map's `hidden`)."""
+    rules = SharedScopes(store)
+
+    async def hidden(scope_id: str) -> bool:
+        if shared_name(scope_id) is None:
+            return False
+        try:
+            await rules.check(scope_id, agent_id, "read")
+        except MemoryAccessDenied:
+            return True
+        return False
+
+    return hidden
 
 
 def _where(agent: Agent | None) -> dict[str, str]:

@@ -14,6 +14,7 @@ import json
 import os
 import re
 import time
+import unicodedata
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -74,8 +75,10 @@ class MemoryStore:
     # -- validation ------------------------------------------------------------------------------
 
     def _check(self, memory: NewMemory) -> None:
-        if not memory.content.strip():
-            raise InvalidArgument("content: only whitespace; an entry needs text to be recalled by")
+        if not any(not ch.isspace() and unicodedata.category(ch) != "Cf" for ch in memory.content):
+            raise InvalidArgument(
+                "content: only whitespace or invisible characters; an entry needs text to be recalled by"
+            )
         if len(memory.content) > self.limits.max_content_chars:
             raise InvalidArgument(
                 f"content: {len(memory.content)} characters; the limit is {self.limits.max_content_chars} "

@@ -7,6 +7,11 @@ those scopes, by type ("working", "stm", "ltm:episodic", ...) or by full id, and
 does not have is a 404, never a read of some other scope. Scope ids, entry ids and tags reach
 Redis keys only after that check or the patterns of colony.api.schemas.
 
+Shared scopes (collective, task, global) the agent is a member of are not the agent's own: the map
+shows those it may read (by their stored rules, as the agent's `memory_map` action does), and
+their entries are read and written through /v1/memory/shared/{name} only, under the rules and
+token scopes of those routes (a name of one here is a 404 that says so).
+
 Writes are for seeding and tests: they go through MemoryStore.write (exact and near-duplicate
 dedup, bounds of the `memory.*` settings: 422 naming the field; the scope's TTL and cap, as for
 every writer); the agent's own ingestion takes the entry in from the scope's event stream.
@@ -42,6 +47,7 @@ from colony.errors import AgentNotFound, InvalidArgument
 from colony.memory.introspection import agent_memory_map, agent_memory_scopes, agent_scope
 from colony.memory.scopes import MemoryScope
 from colony.memory.service import MemoryService, memory_service
+from colony.memory.shared import shared_name, unreadable_by
 from colony.memory.types import MemoryMap, MemoryQuery, NewMemory
 from colony.wire.input_check import check_input
 
@@ -67,9 +73,17 @@ class AgentMemory:
     agent_id: str
     settings: ColonySettings
     service: MemoryService
-    scopes: list[str]
+    scopes: list[str]  # its own (private) scopes
+    shared: list[str]  # shared scopes it is a member of
 
     def _missing(self, name: str) -> MemoryScopeNotFound:
+        for scope in self.shared:
+            if scope == name or _scope_type(scope) == name:
+                shared = shared_name(scope)
+                return MemoryScopeNotFound(
+                    f"{name[:80]!r} is shared memory ({shared}), not agent {self.agent_id!r}'s own: read "
+                    f"and write it with /v1/memory/shared/{shared} (its access rules apply there)"
+                )
         have = ", ".join(sorted({_scope_type(s) for s in self.scopes})) or "none"
         return MemoryScopeNotFound(
             f"agent {self.agent_id!r} has no memory scope {name[:80]!r} (its scope types: {have}; "
@@ -119,18 +133,24 @@ async def _agent_memory(ctx: ApiContext, agent_id: str) -> AgentMemory:
     service = memory_service(services.runs.api_board, settings)
     own = agent_scope(agent_id, settings.tenant_id, settings.colony_id)
     scopes = await agent_memory_scopes(service.store.board(own), own)
-    return AgentMemory(agent_id, settings, service, scopes)
+    private = [s for s in scopes if shared_name(s) is None]
+    return AgentMemory(agent_id, settings, service, private, [s for s in scopes if s not in private])
 
 
 # the path's GET and POST are routes of one app, so a 405 on it names both in `Allow`
 @router.get("/v1/agents/{agent_id}/memory", response_model=MemoryMap, responses=MEMORY)
 async def memory_map(agent_id: AgentId, ctx: Context) -> MemoryMap:
     """The agent's memory: every scope (type, purpose, entries and cap, TTL, pending ingestion,
-    tags present) and the dataflow edges between them; an agent without memory: no scopes."""
+    tags present) and the dataflow edges between them, shared scopes only while it may read them;
+    an agent without memory: no scopes."""
     memory = await _agent_memory(ctx, agent_id)
-    settings = memory.settings
+    settings, store = memory.settings, memory.service.store
     return await agent_memory_map(
-        memory.service.store, agent_id, tenant_id=settings.tenant_id, colony_id=settings.colony_id
+        store,
+        agent_id,
+        tenant_id=settings.tenant_id,
+        colony_id=settings.colony_id,
+        hidden=unreadable_by(store, agent_id),
     )
 
 
@@ -216,8 +236,8 @@ async def write_entry(
     responses=MEMORY,
 )
 async def memory_reindex(agent_id: AgentId, ctx: Context) -> Reindexed:
-    """Rebuild the derived indexes of every scope of the agent from Redis: the vector rows in
-    Chroma (re-embedded) and this process's keyword index. Entries embedded, per scope."""
+    """Rebuild the derived indexes of every scope of the agent's own from Redis: the vector rows
+    in Chroma (re-embedded) and this process's keyword index. Entries embedded, per scope."""
     memory = await _agent_memory(ctx, agent_id)
     if not memory.scopes:
         return Reindexed(scopes={}, vector=False)

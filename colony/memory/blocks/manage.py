@@ -50,13 +50,12 @@ from colony.memory.blocks.types import (
     NewBlock,
     SharedAccess,
 )
-from colony.memory.grounding import Heard, words
+from colony.memory.blocks.user_lines import quotes_user
 
 if TYPE_CHECKING:
     from colony.agents.base import Agent
 
 UNSHAREABLE = ("human",)  # what the user told the agent about themselves
-USER_SAID = "User said:"  # how a line quoting the user starts (core_memory_save_message)
 SWAPPED_HEADER = "## Swapped-out blocks"
 MAX_SWAPPED_SHOWN = 20
 Description = Annotated[str, Field(min_length=1, max_length=MAX_DESCRIPTION_CHARS)]
@@ -192,17 +191,13 @@ class BlockManagementCapability(AgentCapability):
     async def _refuse_unshareable(self, label: str) -> None:
         """A block holding what the user said is not shared by an agent: a `user_blocks` or
         `unshareable` label, or a block with a line quoting the user ("User said: ...") or a
-        line the user said word for word."""
+        line the user said word for word. (Once shared, the edit tools keep such lines out:
+        MemoryBlocksCapability.check_user_words.)"""
         blocks = self._blocks()
         private = label in self.unshareable | blocks.user_blocks
         if not private:
             content = (await self._store().read(self._me(), label)).content
-            lines = [line for line in content.splitlines() if line.strip()]
-            quoted = any(line.lstrip().startswith(USER_SAID) for line in lines)
-            said = Heard(await blocks.user_words(content)) if lines and not quoted else None
-            private = quoted or (
-                said is not None and any(len(words(x)) >= 4 and said.verbatim(words(x)) for x in lines)
-            )
+            private = await quotes_user(content.splitlines(), blocks.user_words)
         if private:
             raise BlockAccessDenied(
                 f"block {label!r} holds what the user told you; you may not share it with other "

@@ -39,8 +39,9 @@ from colony.memory.blocks.store import BlockStore
 from colony.memory.blocks.stores import agent_block_store
 from colony.memory.blocks.templates import apply_template
 from colony.memory.blocks.types import BlockType, BlockView, EditOutcome, Label, NewBlock
+from colony.memory.blocks.user_lines import not_for_others, quotes_user, seen_by_others
 from colony.memory.capability import MemoryCapability, derived_id, private_memory
-from colony.memory.grounding import check_lines, refusal, refuse_user_tag, said_by_user
+from colony.memory.grounding import USER_SAID, check_lines, refusal, refuse_user_tag, said_by_user
 from colony.memory.scopes import MemoryScope
 from colony.memory.service import MemoryService, memory_service
 from colony.memory.types import MemoryQuery, NewMemory, RecalledEntry
@@ -310,28 +311,34 @@ class MemoryBlocksCapability(AgentCapability):
         message = self._message()
         if len(message.split()) < MIN_MESSAGE_WORDS or message.endswith("?"):
             raise AgentUsageError("the user's message is a question or too short to keep; nothing saved")
+        if await seen_by_others(self.store(), self._me(), label, self.user_blocks):
+            raise BlockEditRejected(not_for_others(label))
         return await self._edit(
-            self.store().append(self._me(), label, f"User said: {message}", message="message", **_tool())
+            self.store().append(self._me(), label, f"{USER_SAID} {message}", message="message", **_tool())
         )
 
     async def check_user_words(self, label: str, edit: Callable[[str], str]) -> None:
-        """Refuse (BlockEditRejected, naming why) an edit of a `user_blocks` block that leaves a
-        line the user did not say: every line the edit makes (`edit(content)` is the block as the
-        edit leaves it, a deletion inside a line included) is checked against the user's own
-        messages; lines kept as they were pass, removing a line is always allowed. The block
-        itself is no source of words (grounding.check_lines, `kept`)."""
-        if label not in self.user_blocks:
+        """Refuse (BlockEditRejected, naming why) an edit that leaves, in a `user_blocks` block,
+        a line the user did not say, or in a block other agents see (`user_lines.seen_by_others`), a line
+        quoting the user. Only the lines the edit makes (`edit(content)` is the block as the edit
+        leaves it, a deletion inside a line included) are checked, against the user's own
+        messages; the block itself is no source of words (grounding.check_lines, `kept`)."""
+        others = await seen_by_others(self.store(), self._me(), label, self.user_blocks)
+        if label not in self.user_blocks and not others:
             return
         try:
             held = (await self.store().read(self._me(), label)).content
         except BlockNotFound:
             held = ""
-        after = edit(held)
         kept = set(held.splitlines())
-        made = "\n".join(line for line in after.splitlines() if line not in kept)
-        if not made.strip():
+        made = [line for line in edit(held).splitlines() if line not in kept and line.strip()]
+        if not made:
             return
-        verdict = check_lines(made, await self.user_words(made))
+        if others:
+            if await quotes_user(made, self.user_words):
+                raise BlockEditRejected(not_for_others(label))
+            return
+        verdict = check_lines("\n".join(made), await self.user_words("\n".join(made)))
         if not verdict.grounded:
             raise BlockEditRejected(refusal(f"block {label!r}", verdict))
 
