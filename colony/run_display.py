@@ -137,7 +137,7 @@ class RunDisplay:
         if seq is not None and seq > self._seq:
             self._seq = seq
         if kind == "token":
-            return self._token(str(data.get("text", "")))
+            return self._token(terminal_text(str(data.get("text", ""))))  # as every server text
         out = self.close_line()
         if kind == "restarted":
             return out + self._restarted(data)

@@ -157,7 +157,8 @@ def test_an_agents_own_memory_routes_do_not_reach_its_shared_scopes(
         for named in ("collective", team):
             asked = http.post(f"/v1/agents/{agent}/memory/query", json={"query": "vault", "scopes": [named]})
             assert asked.status_code == 404 and f"/v1/memory/shared/{TEAM}" in asked.text, asked.text
-            planted = http.post(f"/v1/agents/{agent}/memory", json={"scope": named, "content": "planted here"})
+            body = {"scope": named, "content": "planted here"}
+            planted = http.post(f"/v1/agents/{agent}/memory", json=body)
             assert planted.status_code == 404, planted.text
         found = http.post(f"/v1/agents/{agent}/memory/query", json={"query": "vault code"}).json()["entries"]
         assert all(e["entry"]["scope_id"] != team for e in found) and fact not in str(found)

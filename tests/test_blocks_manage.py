@@ -279,18 +279,20 @@ async def test_the_users_words_never_reach_a_block_other_agents_see_whenever_it_
     # shared first, written later: every edit tool refuses the user's words there
     assert_failed(await do("core_memory_save_message", {"label": "notes"}), "seen by other agents", "human")
     assert_failed(await do("core_memory_append", {"label": "notes", "content": told}), "seen by other agents")
-    assert_failed(await do("memory_insert", {"label": "notes", "content": f"{told}."}), "seen by other agents")
-    assert_failed(
-        await do("memory_rethink", {"label": "notes", "new_content": "User said: PIN 7291"}), "seen by other agents"
-    )
+    inserted = await do("memory_insert", {"label": "notes", "content": f"{told}."})
+    assert_failed(inserted, "seen by other agents")
+    rethought = await do("memory_rethink", {"label": "notes", "new_content": "User said: PIN 7291"})
+    assert_failed(rethought, "seen by other agents")
     # the agent's own words still go there, and its own private `human` block takes the message
-    assert (await do("core_memory_append", {"label": "notes", "content": "Checked the release plan."})).success
+    own_words = {"label": "notes", "content": "Checked the release plan."}
+    assert (await do("core_memory_append", own_words)).success
     assert (await do("core_memory_save_message", {"label": "human"})).success
     assert "7291" not in (await kit.store.read("bob", "notes")).content
     assert "7291" in (await kit.store.read(SYSTEM, "human", owner="ada")).content
 
     # another agent's block shared with ada (append-only) takes none of the user's words either
-    assert (await bob.dispatcher.dispatch("block_create", {"label": "board", "description": "team board"})).success
+    board = {"label": "board", "description": "team board"}
+    assert (await bob.dispatcher.dispatch("block_create", board)).success
     shared = {"label": "board", "agent_id": "ada", "access": "append_only"}
     assert (await bob.dispatcher.dispatch("block_share", shared)).success
     assert_failed(await do("core_memory_save_message", {"label": "board"}), "seen by other agents")

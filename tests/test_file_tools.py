@@ -19,6 +19,7 @@ from agent_kit import assert_failed
 from colony.agents import Agent, AgentBlueprint, AgentMetadata, LocalAgentRuntime
 from colony.blackboard import Blackboard
 from colony.config import ColonySettings
+from colony.context.code_index import CodeIndex
 from colony.context.file_tools import FileToolsCapability
 from colony.errors import InvalidArgument
 from colony.vcm import PageSource, PageTable, mapped_files
@@ -94,6 +95,8 @@ async def test_a_mapped_folder_reads_back_file_by_file_as_on_disk(kit: Kit, fold
         {"line": 400, "text": "line 400 of a long file with some words in it"},
     ]
     assert len(files.window("big.txt", 1, 10_000)["lines"]) == 200  # at most MAX_WINDOW
+    with pytest.raises(InvalidArgument, match="has 400 lines; start at line 400 or before"):
+        files.window("big.txt", 401, 10)  # found by review: an empty window said nothing
     with pytest.raises(InvalidArgument, match=r"did you mean pkg/core\.py"):
         files.lines("core.py")
     # a page gone (retention) leaves its lines out, numbering kept
@@ -130,6 +133,8 @@ async def test_search_is_literal_or_a_checked_regex_and_cites_lines(
         (r".*a.*b.*c", "3 repeats of variable length"),
         ("a{0,300}a{0,300}a{0,300}b", "3 repeats of variable length"),  # bounded ones count too
         (".*a?a?a?a?b", "1 repeats of variable length .* and 4 optional parts"),
+        ("(?:a|.)" * 21 + "c", "21 optional parts"),  # found by review: seconds a line, never counted
+        (r".*\w+(?:get|set|put|del|add)x", "3 optional parts"),
         ("[unclosed", "not a regular expression"),
         ("a" * 201, "1-200 characters"),
     ):
@@ -138,7 +143,14 @@ async def test_search_is_literal_or_a_checked_regex_and_cites_lines(
     # the worst allowed shapes over long lines: each line costs milliseconds, the budget stops it all
     hostile = MappedFiles(files.source, {"x.txt": ["a" * 5000] * 2000})
     monkeypatch.setattr(mapped_files, "SEARCH_SECONDS", 0.5)  # (the budget is 2 s; a test waits less)
-    for worst in (r"(.*)(.*)a?a?x", r"a{0,300}a{0,300}a?a?x"):
+    assert compile_pattern(r"def (get|set|load|dump)_\w+\(", regex=True)("    def load_json(")
+    worst_shapes = (
+        r"(.*)(.*)a?a?x",
+        r"a{0,300}a{0,300}a?a?x",
+        r"(.*)(.*)(?:a|.)(?:a|.)x",
+        r".*.*(?:a|.|\w|\S)x",
+    )
+    for worst in worst_shapes:
         started = time.monotonic()
         result = hostile.search(worst, regex=True)
         assert result == {"results": [], "truncated": True} and time.monotonic() - started < 1.0
@@ -158,6 +170,13 @@ async def test_definitions_across_languages(kit: Kit, folder: Path) -> None:
     assert where("Serve") == [("go/main.go", 3)]
     assert where("serve") == [("rs/lib.rs", 1)] and where("Server") == [("rs/lib.rs", 2)]
     assert where("missing") == []
+    # linear in a line (found by review: `^\s*(...|\s)*` took ~11 ms a line of 1,000 spaces)
+    spaced = {"w.java": [" " * 1000] * 600, "A.java": ["  public static final class Target {"]}
+    started = time.monotonic()
+    assert MappedFiles(files.source, spaced).definitions("Target") == [
+        {"path": "A.java", "line": 1, "text": "  public static final class Target {"}
+    ]
+    assert time.monotonic() - started < 1.0  # 600 such lines took 6.6 s
     with pytest.raises(InvalidArgument, match="not an identifier"):
         files.definitions("a b")
 
@@ -216,11 +235,17 @@ async def test_line_numbers_are_the_editors_and_odd_names_come_back(kit: Kit, tm
     root = tmp_path / "odd"
     root.mkdir()
     (root / "m.py").write_bytes(b"a = 1\x0cb = 2\rc = 3\r\ndef target():\n    pass\n")
+    (root / "bom.py").write_bytes(b"\xef\xbb\xbfdef first():\n    pass\n")
     (root / "a\nb.txt").write_text("first\n")  # a line break in a file name
     (root / "z.txt").write_text("last\n")
     files = await MappedFiles.load(kit.table, await kit.map(root, root, page_tokens=4000))
     assert files.definitions("target") == [{"path": "m.py", "line": 2, "text": "def target():"}]
     assert files.files["m.py"][0] == "a = 1\x0cb = 2\rc = 3"  # as `grep -n` counts: one line
+    # the code index cites the same lines (found by review: it counted the lone \r as a break),
+    # and a file starting with a BOM keeps its first definition, in both
+    cited = {d.name: (d.path, d.line) for d in CodeIndex(files.files).definitions}
+    assert cited["target"] == ("m.py", 2) and cited["first"] == ("bom.py", 1), cited
+    assert [(r["path"], r["line"]) for r in files.definitions("first")] == [("bom.py", 1)]
     assert files.files["a\nb.txt"] == ["first"] and files.files["z.txt"] == ["last"]
     assert files.missing_pages == []
 

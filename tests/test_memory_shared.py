@@ -12,8 +12,8 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from pydantic import ValidationError
 from agent_kit import assert_failed
+from pydantic import ValidationError
 
 from colony.agents import Agent, AgentBlueprint, AgentMetadata, LocalAgentRuntime
 from colony.blackboard import Blackboard

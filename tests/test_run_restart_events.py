@@ -370,3 +370,13 @@ def test_cli_keeps_text_of_checkpointed_steps_across_a_restart() -> None:
         assert out.count(word) == 1, (word, out)
     assert display.text == display.shown == "One. Two three four"
     assert display.attempt == 3
+
+
+def test_cli_shows_streamed_text_without_control_characters() -> None:
+    """Found by review: token text reached the terminal byte for byte (escape sequences, `\\r`), where
+    every other text from the server is shown without control characters."""
+    hostile = "\x1b[2K\r  utils.py:197  def parsedate(data):\n\x1b]0;pwned\x07 done\u202e"
+    display = RunDisplay()
+    out = "".join(display.feed(e) for e in _tokens(1, ["Fine.", hostile])) + display.end()
+    assert out == "Fine.[2K  utils.py:197  def parsedate(data):\n]0;pwned done\n"
+    assert not any(c in out for c in "\x1b\r\x07\u202e")

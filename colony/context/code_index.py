@@ -41,7 +41,7 @@ MAX_BLOCK_DEPTH = 16  # nested `if`/`try`/`with` blocks read by `ast` (deeper: t
 MAX_TERMS = 64  # distinct words of a question scored (a longer question's rest is not)
 WORD = re.compile(r"[A-Z]+(?![a-z])|[A-Z]?[a-z][a-z0-9]*|[0-9]+")  # HTTPSConnection: HTTPS, Connection
 DEFINITION_LINE = re.compile(
-    r"^\s*(?:(?:async\s+)?def|class|(?:export\s+)?(?:async\s+)?function|func|fn|struct|interface)\s+"
+    r"^\ufeff?\s*(?:(?:async\s+)?def|class|(?:export\s+)?(?:async\s+)?function|func|fn|struct|interface)\s+"
     r"([A-Za-z_][A-Za-z0-9_]{0,127})"
 )
 # words that say nothing about what a piece of code does
@@ -384,7 +384,10 @@ def _embedded(embed: Embed, texts: list[str], what: str, width: int | None = Non
 
 def definitions_of(path: str, lines: list[str]) -> list[Definition]:
     """The definitions of one file: by `ast` for Python that parses, else by definition lines."""
-    text = "\n".join(lines)
+    # a lone \r is a line break to Python's tokenizer but not to the page table,
+    # whose numbers a citation gives (found by review: a `\r` in a comment shifted every line
+    # after it), and a BOM is not a character to `ast`
+    text = "\n".join(lines).removeprefix("\ufeff").replace("\r", " ")
     if path.endswith((".py", ".pyi")) and len(text) <= MAX_FILE_CHARS:
         try:
             tree = ast.parse(text)

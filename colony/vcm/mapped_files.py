@@ -10,7 +10,8 @@ Every answer cites a path (relative to the mapped folder) and a line number, and
 shown, characters per line, results. A search pattern is literal unless asked otherwise; a regular
 expression is checked before it runs (at most 200 characters, no backreferences, no repeat or
 alternation inside a repeat, at most two repeats of variable length, bounded or not, and four
-repeats and optional parts in all) and runs over lines cut to MAX_REGEX_LINE_CHARS, so one line
+repeats and optional parts in all, a group of k alternatives counting as log2(k) optional parts)
+and runs over lines cut to MAX_REGEX_LINE_CHARS, so one line
 costs at most about 30 ms (`re` holds the GIL while it matches, so a line is the unit a budget
 can stop at); the time budget is checked at every line.
 """
@@ -18,6 +19,7 @@ can stop at); the time budget is checked at every line.
 from __future__ import annotations
 
 import fnmatch
+import math
 import re
 import time
 from dataclasses import dataclass, field
@@ -34,7 +36,7 @@ MAX_WINDOW = 200
 MAX_RESULTS = 100
 MAX_PATTERN = 200
 MAX_VARIABLE = 2  # repeats of variable length in one pattern (*, +, {m,n} with n > m + 1)
-MAX_CHOICES = 4  # ... and optional parts (?, {m,m+1}) with them: each multiplies the ways to match
+MAX_CHOICES = 4  # ... and optional parts (?, {m,m+1}, alternatives) with them: each multiplies the ways
 SEARCH_SECONDS = 2.0
 IDENTIFIER = re.compile(r"[A-Za-z_][A-Za-z0-9_]{0,127}")
 _REPEATS = {sre_parse.MAX_REPEAT, sre_parse.MIN_REPEAT, getattr(sre_parse, "POSSESSIVE_REPEAT", None)}
@@ -122,6 +124,10 @@ class MappedFiles:
         """Lines `start` .. `start + count - 1` (1-based) of a file, each cited with its number."""
         held = self.lines(path)
         first = max(1, start)
+        if first > len(held) and held:  # found by review: an empty window, without a word of why
+            raise InvalidArgument(
+                f"{path[:200]!r} has {len(held)} lines; start at line {len(held)} or before"
+            )
         last = min(len(held), first + max(1, min(count, MAX_WINDOW)) - 1)
         shown = [{"line": n, "text": _cut(held[n - 1])} for n in range(first, last + 1)]
         return {"path": path, "start": first, "end": last, "total_lines": len(held), "lines": shown}
@@ -149,25 +155,29 @@ class MappedFiles:
     def definitions(self, name: str, *, max_results: int = 20) -> list[dict[str, Any]]:
         """Where `name` (an identifier; `Class.method` looks for `method`) is defined: Python `def`/
         `class`/assignment at the start of a line, and the usual forms of JavaScript, TypeScript,
-        Go, Rust, Java and C-like code; the file path and line of each."""
+        Go, Rust, Java and C-like code; the file path and line of each (those found within
+        SEARCH_SECONDS: the pattern is linear in a line, but a folder can be large)."""
         wanted = name.rsplit(".", 1)[-1]
         if not IDENTIFIER.fullmatch(wanted):
             raise InvalidArgument(f"{name[:130]!r} is not an identifier (letters, digits, '_')")
         word = re.escape(wanted)
         forms = re.compile(
-            rf"^\s*(?:(?:async\s+)?def|class|(?:export\s+)?(?:default\s+)?(?:async\s+)?function\*?"
+            rf"^\ufeff?\s*(?:(?:async\s+)?def|class|(?:export\s+)?(?:default\s+)?(?:async\s+)?function\*?"
             rf"|(?:export\s+)?(?:const|let|var|interface|type|enum)|(?:pub(?:\([^)]*\))?\s+)?"
-            rf"(?:fn|struct|trait|enum|type|mod)|func(?:\s*\([^)]*\))?|(?:public|private|protected|static"
-            rf"|final|abstract|\s)*(?:class|interface|record|enum))\s+{word}\b"
-            rf"|^{word}\s*(?::[^=]*)?=(?!=)"
+            rf"(?:fn|struct|trait|enum|type|mod)|func(?:\s*\([^)]*\))?|(?:(?:public|private|protected|static"
+            rf"|final|abstract)\s+)*(?:class|interface|record|enum))\s+{word}\b"
+            rf"|^\ufeff?{word}\s*(?::[^=]*)?=(?!=)"
         )
         found = []
+        deadline = time.monotonic() + SEARCH_SECONDS  # what was found by then (a search's budget)
         for path in self.paths():
             for number, line in enumerate(self.files[path], 1):
                 if forms.search(line[:MAX_SEARCH_LINE_CHARS]):
                     found.append({"path": path, "line": number, "text": _cut(line)})
                     if len(found) >= max(1, min(max_results, MAX_RESULTS)):
                         return found
+                if time.monotonic() > deadline:
+                    return found
         return found
 
 
@@ -193,7 +203,8 @@ def compile_pattern(pattern: str, *, regex: bool) -> Any:
     if counts["variable"] > MAX_VARIABLE or counts["variable"] + counts["optional"] > MAX_CHOICES:
         raise InvalidArgument(
             f"the pattern has {counts['variable']} repeats of variable length (*, +, {{m,n}}) and "
-            f"{counts['optional']} optional parts (?); at most {MAX_VARIABLE} repeats and {MAX_CHOICES} "
+            f"{counts['optional']} optional parts (?, and a|b: log2 of the alternatives); at most "
+            f"{MAX_VARIABLE} repeats and {MAX_CHOICES} "
             "of both, so a search cannot backtrack for long: search for a literal part instead"
         )
     return compiled.search
@@ -202,7 +213,7 @@ def compile_pattern(pattern: str, *, regex: bool) -> Any:
 def _check(parsed: Any, counts: dict[str, int], *, inside_repeat: bool) -> None:
     """Refuse backreferences and a repeat or alternation inside a repeat (the shapes that backtrack
     exponentially); count the variable repeats (`*`, `+`, `{m,n}` with n > m + 1) and the
-    optional ones (`?`, `{m,m+1}`) into `counts`."""
+    optional ones (`?`, `{m,m+1}`, and log2(k) for k alternatives) into `counts`."""
     for op, value in parsed:
         if op in (sre_parse.GROUPREF, sre_parse.GROUPREF_EXISTS):
             raise InvalidArgument("backreferences are not allowed in a search pattern")
@@ -224,6 +235,9 @@ def _check(parsed: Any, counts: dict[str, int], *, inside_repeat: bool) -> None:
                     "alternatives inside a repeat (like (a|ab)+) can backtrack without end; "
                     "search for each alternative instead"
                 )
+            # k alternatives multiply the ways to match by k, as log2(k) optional parts would (found
+            # by review: a chain of (?:a|.) groups, never counted, ran for seconds a line)
+            counts["optional"] += max(1, math.ceil(math.log2(len(value[1]))))
             for branch in value[1]:
                 _check(branch, counts, inside_repeat=inside_repeat)
         elif op in (sre_parse.ASSERT, sre_parse.ASSERT_NOT):
