@@ -443,3 +443,28 @@ async def test_a_folder_mapped_twice_is_researched_by_the_pages_of_either(
             "mail/dates.py",
             6,
         )
+
+
+async def test_paths_too_long_for_the_plan_prompt_are_read_unasked(rig_of: Any, tmp_path: Path) -> None:
+    """Found by review: the plan listed the candidate files whole, so paths of thousands of
+    characters could overflow a small model's prompt; past MAX_PLAN_PATH the index's two best are
+    read without asking the model."""
+    asked: list[InferenceRequest] = []
+
+    class Counting(SlowJudge):
+        async def generate(self, request: InferenceRequest) -> InferenceResponse:
+            if request.response_format is not None and "files" in request.response_format["properties"]:
+                asked.append(request)
+            return await super().generate(request)
+
+    rig = await rig_of(Counting())
+    folder = tmp_path / "deep"
+    nested = folder / ("a" * 100) / ("b" * 100) / ("c" * 100)
+    nested.mkdir(parents=True)
+    (nested / "dates.py").write_text(FILES["mail/dates.py"])
+    (folder / "other.py").write_text(FILES["mail/dates.py"].replace("header_date", "body_date"))
+    pages, _ = await rig.map(folder)
+    run, _ = await rig.research({"question": QUESTION, "pages": pages}, timeout=60)
+    assert run.status == "succeeded", run.error
+    assert asked == []
+    assert run.output["citations"][0]["path"].endswith("/dates.py")

@@ -69,6 +69,7 @@ CACHED_INDEXES = 2  # folders whose index a replica keeps between questions ...
 CACHED_CHARS = 16_000_000  # ... each of at most this much text
 _indexes: OrderedDict[tuple[str, float, tuple[str, ...]], tuple[MappedFiles, CodeIndex]] = OrderedDict()
 ANSWER_LINES = 14  # of the cited definition shown to the model writing the answer
+MAX_PLAN_PATH, MAX_PLAN_CHARS = 240, 4_000  # past these, the index's files are read, unasked
 PLAN_SYSTEM = "You plan research in a code base: which files to read to answer a question."
 PLAN_ASK = (
     "Question: {question}\n\nFiles that may hold the answer, each with its definitions that best "
@@ -290,12 +291,16 @@ class ResearchCapability(ChildAgents):
         return files, index
 
     async def _choose_files(self, question: str, ranked: list[tuple[str, float, list[Any]]]) -> list[str]:
-        """The files the model chooses to read among those the index ranked (schema-constrained)."""
+        """The files the model chooses to read among those the index ranked (schema-constrained);
+        the index's two best when the list would not fit a small model's prompt (paths of hundreds
+        of characters: the model must answer one of them whole)."""
         assert self.engine is not None
         listing = "\n".join(
             f"{n}. {path}: {', '.join(d.name for d in best)}" for n, (path, _, best) in enumerate(ranked, 1)
         )
         names = [path for path, _, _ in ranked]
+        if len(listing) > MAX_PLAN_CHARS or max(len(n) for n in names) > MAX_PLAN_PATH:
+            return names[:2]
         schema = {
             "type": "object",
             "properties": {
