@@ -109,6 +109,48 @@ def test_special_files_are_skipped_not_read(tmp_path: Path) -> None:
     assert [p.name for p in source.files()] == ["a.py"] and source.skipped == ["pipe"]
 
 
+def test_a_fifo_in_the_git_folder_does_not_hold_the_mapping(tmp_path: Path) -> None:
+    """Found by review: git opened a FIFO `.git/index` and blocked every mapping for 60 s; the
+    folder is now walked instead (its `.git` left out, as always)."""
+    import subprocess
+    import time
+
+    folder = tmp_path / "src"
+    subprocess.run(["git", "init", "-q", str(folder)], check=True)
+    (folder / "a.py").write_text("a = 1\n")
+    (folder / ".git" / "index").unlink(missing_ok=True)
+    os.mkfifo(folder / ".git" / "index")
+    started = time.monotonic()
+    assert [p.name for p in PageSource(folder, allowed_roots=[tmp_path]).files()] == ["a.py"]
+    assert time.monotonic() - started < 5  # (was 60 s, git's timeout)
+    (folder / ".git").rename(tmp_path / "meta")  # a worktree's pointer to a git folder with a FIFO
+    (folder / ".git").write_text("gitdir: ../meta\n")
+    assert [p.name for p in PageSource(folder, allowed_roots=[tmp_path]).files()] == ["a.py"]
+
+
+def test_cutting_a_file_of_short_lines_is_linear(tmp_path: Path) -> None:
+    """Found by review: every line recounted the whole piece, so half a megabyte of line feeds took
+    25 s at 8,192-token pages; the pages themselves are the same as before."""
+    import time
+
+    (tmp_path / "lines.txt").write_text("\n" * (1 << 19))
+    started = time.monotonic()
+    pages = list(PageSource(tmp_path, allowed_roots=[tmp_path], page_tokens=8192).pages())
+    assert time.monotonic() - started < 3.0 and len(pages) == 17
+    assert all(info.tokens <= 8192 for info, _ in pages)
+
+
+def test_a_file_name_that_is_not_utf8_is_skipped_not_a_crash(tmp_path: Path) -> None:
+    """Found by review: such a name (os.walk's surrogate escapes) reached a page's header and the
+    page's hash failed (a 500); it is skipped, named with backslash escapes."""
+    (tmp_path / "a.py").write_text("a = 1\n")
+    (tmp_path / b"bad\xff.py".decode("utf-8", "surrogateescape")).write_text("b = 2\n")
+    source = PageSource(tmp_path, allowed_roots=[tmp_path])
+    pages = list(source.pages())
+    assert len(pages) == 1 and "a = 1" in pages[0][1].text
+    assert source.skipped == ["bad\\udcff.py"]
+
+
 def test_a_folder_swapped_for_a_symlink_after_the_check_is_not_followed(layout: tuple[Path, Path]) -> None:
     """TOCTOU: the files are checked, then a folder on the way is swapped for a symlink out of the
     root before they are read (what a racing attacker does): the read fails, it does not follow."""

@@ -34,6 +34,8 @@ from colony.config import VcmSettings
 from colony.errors import InvalidArgument, PathNotAllowed, SourceTooLarge
 from colony.vcm.page import Page
 
+GIT_READS = ("index", "HEAD", "config", "commondir")  # what `git ls-files` opens in the git folder
+GIT_SECONDS = 10.0  # for `git ls-files` (then the folder is walked)
 DEFAULT_IGNORES = (
     ".git",
     ".hg",
@@ -75,7 +77,12 @@ NO_ROOTS = (
 
 def estimate_tokens(text: str) -> int:
     """A tokenizer-free estimate (about 4 characters a token) used to size pages."""
-    return max(1, (len(text) + 3) // 4)
+    return estimate_chars(len(text))
+
+
+def estimate_chars(chars: int) -> int:
+    """`estimate_tokens` of a text of `chars` characters."""
+    return max(1, (chars + 3) // 4)
 
 
 def _resolve(path: str | Path) -> Path | None:
@@ -202,6 +209,9 @@ class PageSource:
         for relative in candidates:
             if self._ignored(relative):
                 continue
+            if not _utf8(relative):  # found by review: no page header or key holds such a name
+                self.skipped.append(relative.encode("utf-8", "backslashreplace").decode())
+                continue
             real = _resolve(self.root / relative)
             info = _regular_file(real) if real is not None else None
             root = _root_of(real, self.roots) if real is not None else None
@@ -233,7 +243,7 @@ class PageSource:
             yield from (str(base / name) for name in names)
 
     def _git_files(self) -> list[str] | None:
-        if not (self.root / ".git").exists():
+        if not _git_listable(self.root):
             return None
         try:
             listed = subprocess.run(
@@ -241,7 +251,7 @@ class PageSource:
                 ["git", "-c", "core.fsmonitor=false", "-C", str(self.root), "ls-files", "-z"],
                 capture_output=True,
                 check=True,
-                timeout=60,
+                timeout=GIT_SECONDS,
             ).stdout
         except (OSError, subprocess.SubprocessError):
             return None
@@ -274,16 +284,26 @@ class PageSource:
             yield self._page(chunk)
 
     def _pieces(self, relative: str, content: str) -> Iterator[tuple[FileSpan, str]]:
-        """The file whole, or split on line boundaries into pieces that each fit a page."""
+        """The file whole, or split on line boundaries into pieces that each fit a page. The piece's
+        size grows by each line (found by review: recounting the whole piece at every line made a
+        file of short lines cost lines x page size): in characters for the default estimate (the
+        same count as the joined piece's), else the lines' tokens and one a line break."""
         lines = file_lines(content)
-        start, piece = 0, []
+        start, piece, size = 0, [], 0
         budget = self.page_tokens - 32  # room for the header
+        by_chars = self.count_tokens is estimate_tokens
+
+        def measure(line: str) -> int:
+            return len(line) if by_chars else self.count_tokens(line)
+
         for number, line in enumerate(lines):
+            grown = size + measure(line) + (1 if piece else 0)
             piece.append(line)
-            if self.count_tokens("\n".join(piece)) > budget and len(piece) > 1:
+            if (estimate_chars(grown) if by_chars else grown) > budget and len(piece) > 1:
                 piece.pop()
                 yield self._piece(relative, start, number - 1, piece)
-                start, piece = number, [line]
+                start, piece, grown = number, [line], measure(line)
+            size = grown
         if piece or not lines:
             yield self._piece(relative, start, max(start, len(lines) - 1), piece)
 
@@ -304,6 +324,43 @@ class PageSource:
             files=[span for span, _ in chunk],
         )
         return info, Page(page_id=page_id, text=text, metadata={"source_id": self.source_id})
+
+
+def _utf8(name: str) -> bool:
+    """Whether a file name is text (os.walk gives a name that is not UTF-8 with surrogate escapes)."""
+    try:
+        name.encode("utf-8")
+    except UnicodeEncodeError:
+        return False
+    return True
+
+
+def _git_listable(root: Path) -> bool:
+    """Whether `git ls-files` can list the checkout without blocking: `.git` a folder (or a
+    `gitdir:` file naming one) whose GIT_READS are regular files or absent. Found by review: git
+    opens them without Colony's checks, and a FIFO there held every mapping of the folder until
+    git's timeout. Otherwise the folder is walked."""
+    dot = root / ".git"
+    try:
+        info = dot.lstat()
+        if stat.S_ISREG(info.st_mode):  # a worktree's or submodule's pointer: a regular file never blocks
+            pointer = dot.read_text(errors="replace")[:4096]
+            if not pointer.startswith("gitdir:"):
+                return False
+            named = Path(pointer[len("gitdir:") :].strip())
+            dot = named if named.is_absolute() else root / named
+            info = dot.lstat()
+        if not stat.S_ISDIR(info.st_mode):
+            return False
+        for name in GIT_READS:
+            try:
+                if not stat.S_ISREG((dot / name).lstat().st_mode):
+                    return False
+            except FileNotFoundError:
+                continue
+    except (OSError, ValueError):
+        return False
+    return True
 
 
 def file_lines(content: str) -> list[str]:
