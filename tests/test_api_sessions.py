@@ -175,6 +175,8 @@ def test_errors(served: SessionApp, client: ColonyClient) -> None:
     with httpx.Client(base_url=served.url, headers={"Authorization": f"Bearer {TOKEN}"}) as http:
         too_long = http.post(f"/v1/sessions/{sid}/messages", json={"message": "x" * 501})
         assert too_long.status_code == 422 and "session_max_message_chars" in too_long.text
+        blank = http.post(f"/v1/sessions/{sid}/messages", json={"message": " \u2028\u3000 "})
+        assert blank.status_code == 422 and "only whitespace" in blank.text  # (found by review)
         bad_id = http.post(f"/v1/sessions/{sid}/revert", json={"message_id": "../../etc"})
         assert bad_id.status_code == 422 and "message_id" in bad_id.text
         taken = http.post(
@@ -183,6 +185,22 @@ def test_errors(served: SessionApp, client: ColonyClient) -> None:
         )
         assert taken.status_code == 422 and "already has a branch" in taken.text
         assert http.get(f"/v1/sessions/{sid}", headers={"Authorization": "Bearer wrong"}).status_code == 401
+
+
+def test_a_turn_without_room_for_its_reply_is_refused_before_anything_is_stored(redis_url: str) -> None:
+    """Found by review: the last message under `session_max_messages` was stored and answered by the
+    model, then its reply refused and lost, and the limit answered as a 200 stream ending in error."""
+    with SessionApp(redis_url, context={"session_max_messages": 11}) as served, ColonyClient(
+        served.url, TOKEN
+    ) as client:
+        sid = client.sessions.start()["session_id"]
+        for n in range(5):
+            client.sessions.reply(sid, f"message {n}")
+        asked = served.counter
+        with pytest.raises(ApiError) as caught:
+            client.sessions.reply(sid, "one too many")
+        assert caught.value.status == 422 and "holds 10 of its 11 messages" in str(caught.value)
+        assert served.counter == asked and client.sessions.get(sid)["messages"] == 10
 
 
 def test_revert_to_another_branchs_message_is_refused(served: SessionApp, client: ColonyClient) -> None:

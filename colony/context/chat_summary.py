@@ -17,6 +17,7 @@ turn: the last good summary is used, with the messages it lacks counted.
 from __future__ import annotations
 
 import logging
+import unicodedata
 from collections.abc import Sequence
 from dataclasses import dataclass
 
@@ -49,7 +50,14 @@ class ChatSummary:
     pending: int
 
     def render(self) -> str:
-        lines = ["## Summary of the earlier conversation", self.text.strip()]
+        """The summary as the system prompt shows it: one line, with nothing of a prompt's own
+        structure (found by review: the model's summary could open a `## Memory blocks` section or a
+        `<human>` block of lines the user never said): invisible characters dropped, `<` written
+        `&lt;`, a leading `#` escaped."""
+        folded = " ".join("".join(c for c in self.text if unicodedata.category(c) != "Cf").split())
+        folded = folded.replace("<", "&lt;")
+        folded = "\\" + folded if folded.startswith("#") else folded
+        lines = ["## Summary of the earlier conversation", folded]
         if self.pending:
             lines.append(f"({self.pending} later messages are not in this summary.)")
         return "\n".join(lines)

@@ -154,7 +154,10 @@ class SessionStore:
         message = Message(id=message_id, role=role, content=content, run_id=run_id, usage=usage)
         key = SessionProtocol.message_key(message_id)
         # stored first, linked second: whatever the head lists is readable. A link the tree refuses
-        # (its message limit, an unknown parent) takes the stored message back out.
+        # (its message limit, an unknown parent) takes the stored message back out; any other
+        # failure leaves it (found by review: a timeout after Redis saved the head left the head
+        # naming a message taken out, and the session broken; a stored message no head names is
+        # harmless, and the same id sent again links it).
         try:
             await self.board.write(
                 key,
@@ -172,14 +175,18 @@ class SessionStore:
             box["linked"] = message_id not in head.parents
             if not box["linked"]:
                 return head.parents[message_id]  # an earlier attempt linked it: once is enough
-            return add_message(
-                head, message_id, parent_id=parent_id, max_messages=self.settings.session_max_messages
-            )
+            try:
+                return add_message(
+                    head, message_id, parent_id=parent_id, max_messages=self.settings.session_max_messages
+                )
+            except Exception:
+                box["refused"] = True
+                raise
 
         try:
             _, parent = await self._change(link)
         except BaseException:
-            if created:
+            if created and box.get("refused"):
                 with contextlib.suppress(Exception):
                     await self.board.delete(key)
             raise

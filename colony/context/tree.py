@@ -204,6 +204,28 @@ def fork(head: TreeHead, message_id: str, *, name: str | None = None, max_branch
     return branch
 
 
+def path_lengths(head: TreeHead, leaf_ids: list[str | None]) -> list[int]:
+    """How many messages the path to each of `leaf_ids` holds (0 for None): each message's depth
+    is found once, so all of a tree's branches cost its messages, not branches x path (found by
+    review: 256 branches of a 10,000-message tree held the event loop 0.4 s a view)."""
+    depth: dict[str, int] = {}
+    for leaf in leaf_ids:
+        trail: list[str] = []
+        walked: set[str] = set()
+        current = leaf
+        while current is not None and current not in depth:
+            if current in walked:
+                raise InvalidArgument("the session's conversation tree is corrupt (a cycle of parents)")
+            walked.add(current)
+            trail.append(current)
+            current = head.parents.get(head.require(current))
+        reached = 0 if current is None else depth[current]
+        for node in reversed(trail):
+            reached += 1
+            depth[node] = reached
+    return [0 if leaf is None else depth[leaf] for leaf in leaf_ids]
+
+
 def linearize(head: TreeHead, leaf_id: str | None) -> list[str]:
     """The ids of the path from the root to `leaf_id`, oldest first (empty for None)."""
     path: list[str] = []

@@ -21,6 +21,7 @@ with Retry-After), any other refused argument (bounds, a taken branch name) 422 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import logging
 import re
@@ -43,7 +44,7 @@ from colony.api.tenancy import admitted, check_agent_quota, tenant_agent
 from colony.api.tenant_pages import check_pages
 from colony.api.wake import wake, wake_agent
 from colony.context.sessions import SESSION_ROLE, SessionStore, is_session_id
-from colony.context.tree import BRANCH_PATTERN, MESSAGE_ID_PATTERN, Message, TreeHead, linearize
+from colony.context.tree import BRANCH_PATTERN, MESSAGE_ID_PATTERN, Message, TreeHead, path_lengths
 from colony.errors import AgentNotFound, ColonyError, InvalidArgument, SessionNotFound
 from colony.system.builtin import MAX_SESSION_PAGES, PAGE_ID
 from colony.system.registry import AgentRecord
@@ -160,11 +161,11 @@ class TurnStream(StreamingResponse):
 
 
 def session_view(session_id: str, head: TreeHead) -> SessionView:
+    kept = list(head.branches.values())
+    lengths = path_lengths(head, [b.leaf_id for b in kept])
     branches = [
-        BranchView(
-            name=b.name, leaf_id=b.leaf_id, forked_from=b.forked_from, length=len(linearize(head, b.leaf_id))
-        )
-        for b in head.branches.values()
+        BranchView(name=b.name, leaf_id=b.leaf_id, forked_from=b.forked_from, length=length)
+        for b, length in zip(kept, lengths, strict=True)
     ]
     return SessionView(
         session_id=session_id, active=head.active, branches=branches, messages=len(head.parents)
@@ -365,11 +366,32 @@ async def submit_turn(ctx: ApiContext, request: Request, session_id: str, messag
         raise InvalidArgument(
             f"message: {len(message)} characters; at most {limit} (context.session_max_message_chars)"
         )
-    await wake(ctx, session, strict=True)
+    if not message.strip():  # as the tree refuses it (found by review: a 200 stream ending in error)
+        raise InvalidArgument("message: only whitespace; a message needs some text")
     runs = (await ctx.services()).runs
+    keyed = keyed_run_id(request)
+    await _room_for_a_turn(store, runs, keyed)
+    await wake(ctx, session, strict=True)
     # keyed: a retry after a 5xx follows the same turn (its run), never stores the message twice
-    async with admitted(ctx, request, keyed_run_id(request), None) as run_id:  # another tenant's: quotas
+    async with admitted(ctx, request, keyed, None) as run_id:  # another tenant's: quotas
         return await runs.submit(session_id, {"message": message}, run_id=run_id)
+
+
+async def _room_for_a_turn(store: SessionStore, runs: Any, keyed: str | None) -> None:
+    """422 unless the tree holds room for the message and its reply (found by review: the last
+    message under `context.session_max_messages` was stored, the model answered, and the reply was
+    refused and lost). A keyed retry of a turn already submitted is not asked again; two turns
+    sent together may both pass, and the tree refuses what does not fit."""
+    if keyed is not None:
+        with contextlib.suppress(ColonyError):
+            await runs.record(keyed)
+            return
+    held, most = len((await store.head()).parents), store.settings.session_max_messages
+    if held + 2 > most:
+        raise InvalidArgument(
+            f"message: the session holds {held} of its {most} messages (context.session_max_messages) "
+            "and a turn needs room for the message and its reply; start a new session"
+        )
 
 
 def _turn_lines(event_id: str, event: dict[str, Any], run_id: str) -> list[str]:
