@@ -306,6 +306,10 @@ PAYLOADS = {  # Python expressions the program writes on its protocol pipe
     "deep": f"{CALL_A} + b'[' * 900 + b']' * 900 + b'}}}}'",
     "very deep": f"{CALL_A} + b'[' * 200000 + b']' * 200000 + b'}}}}'",
     "invalid utf-8": repr(b'{"kind":"call","action":"echo","params":{"x":"\xff"}}'),
+    # found by review: `1e999` came through as infinity, which no longer serialises as JSON ...
+    "beyond a float": repr(b'{"kind":"call","action":"echo","params":{"x":1e999,"y":-1e999}}'),
+    # ... and a megabyte of small values was tens of megabytes parsed in the replica
+    "too many values": f"{CALL_A} + b'[' + b'0,' * 60000 + b'0]}}}}'",
 }
 
 
@@ -325,6 +329,33 @@ async def test_protocol_values_json_cannot_carry_are_a_protocol_violation(payloa
     assert not result.ok and result.error.startswith("the program broke the action-call protocol")
     assert seen == [] and result.calls == []
     json.loads(result.model_dump_json())  # what reaches Redis and the API serialises
+
+
+async def test_what_a_program_sends_is_bounded_in_all_and_recorded_in_short() -> None:
+    """Found by review: each message was bounded but not their sum (the replica parsed until the
+    wall-clock limit) and every call's parameters were kept whole in the run's state."""
+    seen: list[int] = []
+
+    async def echo(**params: object) -> object:
+        seen.append(len(str(params)))
+        return "ok"
+
+    code = "for _ in range(40):\n    run('echo', x='a' * 10000)\n"
+    limits = LIMITS.model_copy(update={"max_total_message_bytes": 64 * 1024})
+    result = await run_sandboxed(code, actions={"echo": echo}, limits=limits, settings=PROCESS)
+    assert not result.ok and "more than 65536 bytes of messages in all" in (result.error or "")
+    assert 1 <= len(seen) < 10
+    recorded = result.calls[0].parameters
+    assert recorded["_chars"] > 10000 and len(json.dumps(recorded)) < 1200  # the action got it whole
+    assert seen[0] > 10000
+
+    forged = (  # a final message claiming setup failed, with a megabyte of error, then exit 1
+        "import os, sys\n"
+        "os.write(int(sys.argv[2]), b'{\"kind\":\"done\",\"ok\":false,\"setup\":true,\"error\":\"' "
+        "+ b'A' * 500000 + b'\"}\\n')\nos._exit(1)\n"
+    )
+    result = await run_sandboxed(forged, limits=LIMITS, settings=PROCESS, python_guards=False)
+    assert not result.ok and len(result.error or "") < 4200
 
 
 EVERY_KIND_OF_CALL = """

@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import math
 import os
 import secrets
 import time
@@ -91,6 +92,9 @@ class SandboxLimits(BaseModel):
     max_output_bytes: int = Field(64 * 1024, ge=1024, description="stdout/stderr kept (the tail)")
     max_code_bytes: int = Field(256 * 1024, ge=1024, description="largest program accepted")
     max_message_bytes: int = Field(1024 * 1024, ge=1024, description="largest protocol message")
+    max_total_message_bytes: int = Field(
+        8 * 1024 * 1024, ge=1024, description="protocol bytes one program may send in all"
+    )
 
 
 class SandboxCall(BaseModel):
@@ -171,14 +175,28 @@ class _Output:
 
 
 MAX_MESSAGE_DEPTH = 32
+MAX_MESSAGE_VALUES = 50_000  # of one message (found by review: a megabyte of `{}` was 20 MB parsed)
+RECORDED_PARAMETER_CHARS = 4_000  # of a call's parameters kept in its record (the run's state)
 
 
 def _refuse_constant(name: str) -> Any:
     raise ValueError(f"{name} is not JSON")
 
 
-def _check_value(value: Any, depth: int = 0) -> None:
-    """Bounded nesting and only what JSON (and Redis, and pydantic) can carry back out."""
+def _finite(text: str) -> float:
+    """A JSON number that fits a float (found by review: `1e999` passed as infinity)."""
+    number = float(text)
+    if not math.isfinite(number):
+        raise ValueError(f"{text[:40]} is beyond a float")
+    return number
+
+
+def _check_value(value: Any, depth: int = 0, seen: list[int] | None = None) -> None:
+    """Bounded nesting and size, and only what JSON (and Redis, and pydantic) can carry back out."""
+    seen = seen if seen is not None else [0]
+    seen[0] += 1
+    if seen[0] > MAX_MESSAGE_VALUES:
+        raise _ProtocolError(f"a message of more than {MAX_MESSAGE_VALUES} values")
     if depth > MAX_MESSAGE_DEPTH:
         raise _ProtocolError(f"a message nested deeper than {MAX_MESSAGE_DEPTH} levels")
     if isinstance(value, str):
@@ -188,17 +206,27 @@ def _check_value(value: Any, depth: int = 0) -> None:
             raise _ProtocolError("a message with a lone surrogate (not UTF-8 text)") from None
     elif isinstance(value, dict):
         for key, item in value.items():
-            _check_value(key, depth + 1)
-            _check_value(item, depth + 1)
+            _check_value(key, depth + 1, seen)
+            _check_value(item, depth + 1, seen)
     elif isinstance(value, list):
         for item in value:
-            _check_value(item, depth + 1)
+            _check_value(item, depth + 1, seen)
+
+
+def recorded_parameters(params: dict[str, Any]) -> dict[str, Any]:
+    """A call's parameters as its record keeps them: whole up to RECORDED_PARAMETER_CHARS of JSON,
+    else a preview (found by review: a program's 60 calls of a megabyte each made 70 MB of state)."""
+    text = json.dumps(params, default=str)
+    if len(text) <= RECORDED_PARAMETER_CHARS:
+        return params
+    return {"_preview": text[: RECORDED_PARAMETER_CHARS // 4] + "...", "_chars": len(text)}
 
 
 def _message(line: bytes) -> dict[str, Any]:
-    """One protocol message, validated: strict UTF-8 JSON, no NaN/Infinity, bounded depth, no surrogates."""
+    """One protocol message, validated: strict UTF-8 JSON, no NaN/Infinity (nor numbers beyond a
+    float), bounded depth and size, no surrogates."""
     try:
-        message = json.loads(line.decode("utf-8"), parse_constant=_refuse_constant)
+        message = json.loads(line.decode("utf-8"), parse_constant=_refuse_constant, parse_float=_finite)
     except (ValueError, UnicodeDecodeError, RecursionError) as exc:
         raise _ProtocolError(f"a message that is not JSON ({str(exc)[:200]})") from None
     _check_value(message)
@@ -420,6 +448,7 @@ async def _converse(
     try:
         writer.write((json.dumps(request) + "\n").encode())
         await writer.drain()
+        received = 0
         while True:
             try:
                 line = await reader.readline()
@@ -427,6 +456,9 @@ async def _converse(
                 raise _ProtocolError(f"a message over {limits.max_message_bytes} bytes") from None
             if not line:
                 break
+            received += len(line)  # the parent's work is bounded, not only each message
+            if received > limits.max_total_message_bytes:
+                raise _ProtocolError(f"more than {limits.max_total_message_bytes} bytes of messages in all")
             message = _message(line)
             if message["kind"] == "done":
                 if not isinstance(message.get("ok"), bool) or not isinstance(
@@ -449,7 +481,7 @@ async def _converse(
     if done is None:
         result.ok, result.error = False, f"the sandboxed program ended without a result: {_exit_reason(code)}"
     elif code != 0:
-        detail = done.get("error") if done.get("setup") else _exit_reason(code)
+        detail = str(done.get("error"))[:MAX_ERROR_CHARS] if done.get("setup") else _exit_reason(code)
         result.ok, result.error = False, f"the sandboxed program did not exit cleanly: {detail}"
     elif len(result.calls) > limits.max_calls:  # the over-limit call is recorded: a limit was hit
         result.ok, result.error = False, f"the program made more than {limits.max_calls} action calls"
@@ -492,7 +524,7 @@ async def _serve_call(
     result.calls.append(
         SandboxCall(
             action_key=key,
-            parameters=params,
+            parameters=recorded_parameters(params),
             success=error is None,
             output=output,
             error=error,
