@@ -302,3 +302,18 @@ def test_tenant_ids_are_scoped_and_the_home_tenant_cannot_make_one() -> None:
     assert owned_id("acme", "default", "t.other.echo") == "t.other.echo"  # another's: 404 where named
     with pytest.raises(ValueError):
         owned_id("acme", "default", "x" * 125)
+
+
+async def test_a_tenants_claims_on_folders_hold_their_bound_when_sent_together(bb: Any) -> None:
+    """Found by review: the count was checked, then the source added, in two steps."""
+    import asyncio
+    import uuid
+
+    from colony.api.tenant_pages import claimed
+
+    key = f"test:sources:{uuid.uuid4().hex}"
+    outcomes = await asyncio.gather(*(claimed(bb.redis, key, f"src-{n}", 5) for n in range(20)))
+    assert sum(outcomes) == 5 and await bb.redis.scard(key) == 5
+    held = sorted(m.decode() if isinstance(m, bytes) else m for m in await bb.redis.smembers(key))
+    assert await claimed(bb.redis, key, held[0], 5)  # a claim it holds is kept, at the bound too
+    await bb.redis.delete(key)

@@ -177,6 +177,12 @@ def test_caps_on_files_and_bytes(tmp_path: Path) -> None:
         PageSource(tmp_path, allowed_roots=[tmp_path], max_files=4).files()
     with pytest.raises(SourceTooLarge, match=r"more than 1024 bytes .*vcm\.max_bytes_per_source"):
         list(PageSource(tmp_path, allowed_roots=[tmp_path], max_bytes=1024).pages())
+    # binary files count toward what is looked at (found by review: probed without a bound)
+    for i in range(25):
+        (tmp_path / f"b{i}.bin").write_bytes(b"\x00\x01" * 10)
+    assert len(PageSource(tmp_path, allowed_roots=[tmp_path], max_files=5).files()) == 5  # 30 <= 50
+    with pytest.raises(SourceTooLarge, match=r"more than 20 files, binary ones included"):
+        PageSource(tmp_path, allowed_roots=[tmp_path], max_files=2).files()
 
 
 async def test_open_walks_in_a_worker_thread(tmp_path: Path) -> None:

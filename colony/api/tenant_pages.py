@@ -6,6 +6,8 @@ by MAX_SOURCES."""
 
 from __future__ import annotations
 
+from typing import Any
+
 from fastapi import Request
 
 from colony.api.access import principal_of
@@ -14,6 +16,12 @@ from colony.blackboard.access_keys import AccessProtocol
 from colony.errors import InvalidArgument
 
 MAX_SOURCES = 10_000  # sources one tenant keeps claimed at most
+_CLAIM = """
+if redis.call('SISMEMBER', KEYS[1], ARGV[1]) == 1 then return 1 end
+if redis.call('SCARD', KEYS[1]) >= tonumber(ARGV[2]) then return 0 end
+redis.call('SADD', KEYS[1], ARGV[1])
+return 1
+"""
 
 
 async def _key(ctx: ApiContext, request: Request) -> str | None:
@@ -31,9 +39,14 @@ async def claim_source(ctx: ApiContext, request: Request, source_id: str) -> Non
     if key is None:
         return
     redis = (await ctx.services()).runs.api_board.redis
-    if await redis.scard(key) >= MAX_SOURCES and not await redis.sismember(key, source_id):
+    if not await claimed(redis, key, source_id, MAX_SOURCES):
         raise InvalidArgument(f"path: this tenant has mapped {MAX_SOURCES} folders already")
-    await redis.sadd(key, source_id)
+
+
+async def claimed(redis: Any, key: str, source_id: str, most: int) -> bool:
+    """Add `source_id` to the set at `key` unless it holds `most` others: one script, so concurrent
+    claims cannot pass the bound between its check and its add (found by review)."""
+    return bool(await redis.eval(_CLAIM, 1, key, source_id, most))
 
 
 async def tenant_page_ids(ctx: ApiContext, request: Request) -> set[str] | None:

@@ -20,6 +20,7 @@ from __future__ import annotations
 import asyncio
 import fnmatch
 import hashlib
+import itertools
 import json
 import os
 import stat
@@ -34,6 +35,7 @@ from colony.config import VcmSettings
 from colony.errors import InvalidArgument, PathNotAllowed, SourceTooLarge
 from colony.vcm.page import Page
 
+FILES_LOOKED_AT = 10  # x vcm.max_files_per_source: files of any kind a source lists and probes
 GIT_READS = ("index", "HEAD", "config", "commondir")  # what `git ls-files` opens in the git folder
 GIT_SECONDS = 10.0  # for `git ls-files` (then the folder is walked)
 DEFAULT_IGNORES = (
@@ -202,7 +204,13 @@ class PageSource:
 
     def _entries(self) -> list[_Entry]:
         tracked = self._git_files()
-        candidates = sorted(tracked if tracked is not None else self._walk())
+        looked_at = self.max_files * FILES_LOOKED_AT
+        candidates = sorted(itertools.islice(tracked if tracked is not None else self._walk(), looked_at + 1))
+        if len(candidates) > looked_at:  # found by review: binary files were probed without a bound
+            raise SourceTooLarge(
+                f"{self.root} holds more than {looked_at} files, binary ones included ({FILES_LOOKED_AT} x "
+                "vcm.max_files_per_source are looked at); map a smaller folder or raise the setting"
+            )
         self.skipped = []
         entries: list[_Entry] = []
         total = 0
