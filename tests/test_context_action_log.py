@@ -422,6 +422,56 @@ async def test_a_suspend_while_a_result_is_recorded_waits_for_the_record(
     assert resumed.get_capability("PayingCounter").total == 3
 
 
+async def test_a_suspend_after_a_steps_action_and_before_its_persist_redoes_the_step_as_recorded(
+    bb: Blackboard, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Found by review: a suspend landing while the policy recorded the step's action (its output
+    archived: a Redis round trip) persisted the policy with the call recorded and the run's step
+    count not moved; the redo's planner call then offered `recall_archived`, no longer matched its
+    record, and the model was asked again. The step is now put back as it started."""
+    from colony.planning import StructuredActionPolicy, archives
+    from colony.system.builtin import EchoCapability
+
+    asked: list[str] = []
+
+    def decide(request: InferenceRequest) -> str:
+        asked.append(request.messages[-1].content)
+        if len(asked) == 1:
+            return json.dumps({"action": "echo", "parameters": {"value": "x" * 3000}})
+        return json.dumps({"action": "finish", "parameters": {"answer": "done"}})
+
+    runtime = LocalAgentRuntime(
+        bb, colony_id=f"c{uuid.uuid4().hex[:10]}", engine=ScriptedEngine(decide), settings=load_settings()
+    )
+    flush, entered, held = archives.ArchivedHistory.flush_archives, asyncio.Event(), asyncio.Event()
+
+    async def slow_flush(self: Any) -> None:
+        if self._unsaved and not entered.is_set():
+            entered.set()
+            await held.wait()  # the round trip the suspend cuts off
+        await flush(self)
+
+    monkeypatch.setattr(archives.ArchivedHistory, "flush_archives", slow_flush)
+    blueprint = AgentBlueprint(
+        agent_class=Agent,
+        metadata=AgentMetadata(agent_id="planner"),
+        capabilities=[EchoCapability.bind()],
+        action_policy=StructuredActionPolicy.bind(max_tokens=64),
+    )
+    try:
+        await runtime.spawn(blueprint)
+        run = await runtime.start_run("planner", {"task": "echo a long value"})
+        await asyncio.wait_for(entered.wait(), 10)
+        await runtime.suspend("planner", "make room")
+        resumed = await runtime.resume("planner")
+        done = await runtime.wait_for_run("planner", run.run_id, timeout=20)
+        assert done.status is RunStatus.SUCCEEDED and done.steps == 2, done  # echo replayed, then finish
+        assert len(asked) == 2  # the model was not asked again for the first step
+        assert [c["action_key"] for c in resumed.action_policy.call_trace] == ["echo"]
+    finally:
+        await runtime.shutdown()
+
+
 async def test_step_calls_list_a_steps_actions_with_their_effects(
     host: tuple[LocalAgentRuntime, ScriptedEngine],
 ) -> None:

@@ -9,6 +9,7 @@ moment. That is what suspension, resumption and replica failure rely on.
 from __future__ import annotations
 
 import asyncio
+import copy
 import logging
 import time
 import uuid
@@ -286,15 +287,20 @@ class Agent(CapabilitySet, Bindable):
         if run.steps >= self.max_steps:
             await self._finish(run, error=f"run exceeded max_steps={self.max_steps}")
             return
+        before = _StepStart.of(self, run)
         try:
-            result = await self.action_policy.execute_iteration(self._build_state(run))
-        except Exception as exc:
-            if isinstance(exc, BlackboardUnavailable) and self.host is not None:
-                raise  # a Redis outage, not the policy's fault: the host redoes the step (runtime._drive)
-            log.exception("policy of agent %s failed", self.agent_id)
-            await self._finish(run, error=f"action policy failed: {type(exc).__name__}: {exc}")
-            return
-        await self._apply_iteration_result(run, result)
+            try:
+                result = await self.action_policy.execute_iteration(self._build_state(run))
+            except Exception as exc:
+                if isinstance(exc, BlackboardUnavailable) and self.host is not None:
+                    raise  # a Redis outage, not the policy's fault: the host redoes the step (runtime._drive)
+                log.exception("policy of agent %s failed", self.agent_id)
+                await self._finish(run, error=f"action policy failed: {type(exc).__name__}: {exc}")
+                return
+            await self._apply_iteration_result(run, result)
+        except asyncio.CancelledError:
+            before.put_back(self, run)  # what a suspend persists now is the step not taken
+            raise
 
     def _build_state(self, run: AgentRun) -> ActionPolicyExecutionState:
         actions = self.action_policy.planning_actions() if self.action_policy else []
@@ -452,3 +458,31 @@ class Agent(CapabilitySet, Bindable):
         for capability in self.capabilities.values():
             await capability.close()
         await self.event_delivery.stop()
+
+
+class _StepStart:
+    """The agent's run and policy as a step found them. A step cut off (its driver cancelled: a
+    suspend, a host going away) puts them back, so what is persisted next is the step not taken,
+    and the redone step, whose calls the action log replays, starts from where the first did.
+    Found by review: a suspend between a step's action and its persist saved the policy with the
+    step's call recorded and the run's step count not moved, and the redo's model call no longer
+    matched its record (another schema), so the recorded decision was thrown away."""
+
+    RUN_FIELDS = ("steps", "status", "output", "error", "finished_at")
+
+    def __init__(self, policy: dict[str, Any] | None, run: dict[str, Any], last: tuple[Any, Any]) -> None:
+        self.policy, self.run, self.last = policy, run, last
+
+    @classmethod
+    def of(cls, agent: Agent, run: AgentRun) -> _StepStart:
+        policy = agent.action_policy
+        state = copy.deepcopy(policy.get_state()) if policy is not None else None
+        fields = {name: copy.deepcopy(getattr(run, name)) for name in cls.RUN_FIELDS}
+        return cls(state, fields, (agent.last_result, agent.last_action))
+
+    def put_back(self, agent: Agent, run: AgentRun) -> None:
+        if self.policy is not None and agent.action_policy is not None:
+            agent.action_policy.set_state(self.policy)
+        for name, value in self.run.items():
+            setattr(run, name, value)
+        agent.last_result, agent.last_action = self.last
