@@ -513,3 +513,8 @@ def test_a_callers_schema_may_not_run_regular_expressions() -> None:
         apply_template("custom", {}, "x", schema=nested)
     named = {"type": "object", "properties": {"pattern": {"type": "string"}}}
     assert apply_template("custom", {"pattern": "stripes"}, "x", schema=named).content == "Pattern: stripes"
+    deep: dict[str, Any] = {"type": "string"}
+    for _ in range(40):
+        deep = {"type": "array", "items": deep}
+    with pytest.raises(InvalidArgument, match="nested deeper than 32 levels; write it flatter"):
+        apply_template("custom", {}, "x", schema={"type": "object", "properties": {"x": deep}})

@@ -300,6 +300,19 @@ def test_a_schema_that_would_blow_up_a_grammar_is_refused(door: DoorApp) -> None
                 messages=[{"role": "user", "content": "x"}],
                 response_format={"type": "json_schema", "json_schema": {"name": "s", "schema": schema}},
             )
+    # nested past the schema checker's recursion (found by review: a RecursionError, a 500)
+    deep: dict[str, Any] = {"type": "string"}
+    for _ in range(300):
+        deep = {"type": "array", "items": deep}
+    parameters = {"type": "object", "properties": {"x": deep}}
+    tool = {"type": "function", "function": {"name": "f", "parameters": parameters}}
+    for extra in (
+        {"response_format": {"type": "json_schema", "json_schema": {"name": "s", "schema": deep}}},
+        {"tools": [tool]},
+    ):
+        body = {"model": "ask", "messages": [{"role": "user", "content": "x"}], **extra}
+        answer = httpx.post(f"{door.url}/openai/v1/chat/completions", json=body, headers=HOME, timeout=30)
+        assert answer.status_code in (400, 422) and "nested deeper" in answer.text, answer.text
 
 
 WEATHER = {

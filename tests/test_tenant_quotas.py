@@ -103,6 +103,28 @@ def test_agents_are_capped_per_tenant(served: Any) -> None:
     assert http.post("/v1/sessions", json={}, headers=HOME).status_code == 201
 
 
+def test_agents_made_together_never_pass_the_cap(served: Any) -> None:
+    """Found by review: each making counted the registry before any was made, so first runs of six
+    catalog agents sent together gave a tenant capped at three six agents, and sessions started
+    together past the cap were answered 503 instead of 429."""
+    _, http = served
+    a = bearer(made(http, "qr", ["read", "run"])["token"])
+    names = ["echo", "ask", "analyze", "assistant", "research", "session"]
+    with concurrent.futures.ThreadPoolExecutor(len(names)) as pool:
+        answers = list(pool.map(lambda n: submit(http, a, agent=n, input={}), names))
+    assert sorted(r.status_code for r in answers) == [202] * 3 + [429] * 3, [r.text for r in answers]
+    assert len(http.get("/v1/agents", headers=a).json()) == 3
+    b = bearer(made(http, "qs", ["read", "run"])["token"])
+    assert http.post("/v1/sessions", json={}, headers=b).status_code == 201  # its starter and session: 2
+    with concurrent.futures.ThreadPoolExecutor(6) as pool:
+        starts = list(pool.map(lambda _: http.post("/v1/sessions", json={}, headers=b), range(6)))
+    codes = sorted(r.status_code for r in starts)
+    assert codes == [201] + [429] * 5, [r.text[:200] for r in starts]
+    # (refused for its agents, or for its runs a second: the fixture allows 4)
+    assert all(r.json()["error"]["code"] == "quota_exceeded" for r in starts if r.status_code == 429)
+    assert len(http.get("/v1/agents", headers=b).json()) == 3
+
+
 def test_redis_bytes_are_weighed_per_tenant_and_deleting_makes_room(
     redis_server: RedisServerInfo, tmp_path: Any
 ) -> None:

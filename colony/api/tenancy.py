@@ -23,7 +23,7 @@ from colony.errors import InvalidArgument, RunNotFound, RunRetired
 from colony.system.access_tokens import Principal
 from colony.system.catalog import catalog_names
 from colony.system.runs import ENDED_STATUSES
-from colony.system.tenant_quota import TenantQuota, check_agents
+from colony.system.tenant_quota import TenantQuota, check_agents, making_an_agent
 from colony.system.tenant_usage import check_bytes
 from colony.wire.tenants import MARK, local_name, owned_id
 
@@ -52,8 +52,9 @@ async def tenant_agent(ctx: ApiContext, request: Request, name: str, *, field: s
     services = await ctx.services()
     local = local_name(agent_id, principal.home)
     if local in catalog_names(settings_of(services).agents) and await services.registry.get(agent_id) is None:
-        await check_agent_quota(ctx, principal)
-        await (await ctx.control()).place_instance(local, agent_id)
+        async with making_agent(ctx, principal):
+            if await services.registry.get(agent_id) is None:  # (another request made it meanwhile)
+                await (await ctx.control()).place_instance(local, agent_id)
     return agent_id
 
 
@@ -69,11 +70,25 @@ async def _quota(ctx: ApiContext) -> TenantQuota:
 
 
 async def check_agent_quota(ctx: ApiContext, principal: Principal | None) -> None:
-    """TenantQuotaExceeded (429) when another tenant's token's tenant may not have one more agent."""
+    """TenantQuotaExceeded (429) when another tenant's token's tenant may not have one more agent
+    (a check ahead of a making elsewhere: the replica making a session's agent checks again)."""
     if principal is None or principal.is_home:
         return
     registry = (await ctx.services()).registry
     await check_agents(ctx.api, registry, principal.tenant, principal.home)
+
+
+@contextlib.asynccontextmanager
+async def making_agent(ctx: ApiContext, principal: Principal | None) -> AsyncIterator[None]:
+    """check_agent_quota, and the agent made inside the block, one making at a time per tenant
+    (colony.system.tenant_quota.making_an_agent)."""
+    if principal is None or principal.is_home:
+        yield
+        return
+    services = await ctx.services()
+    redis, colony = services.runs.api_board.redis, services.runs.colony_id
+    async with making_an_agent(redis, colony, ctx.api, services.registry, principal.tenant, principal.home):
+        yield
 
 
 async def admit_run(

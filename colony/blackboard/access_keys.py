@@ -48,7 +48,8 @@ class AccessProtocol(BlackboardProtocol):
     @classmethod
     def quota_key(cls, tenant_id: str, colony_id: str, what: str) -> str:
         """A key of a tenant's quotas (colony.system.tenant_quota): `open` (its runs not yet ended,
-        a sorted set by deadline) or `rate` (its submits in the current second, a hash)."""
+        a sorted set by deadline), `rate` (its submits in the current second, a hash) or `making`
+        (the lock one making of its agents holds)."""
         return f"{BlackboardKeyspace.ROOT}:{{{cls.scope(tenant_id, colony_id)}}}:quota:{what}"
 
     @classmethod

@@ -50,15 +50,19 @@ class InferenceRequest(BaseModel):
         )
 
 
-def check_schema(schema: Any) -> None:
-    """Raise `InvalidSchema` unless `schema` is a valid JSON Schema (checked when the request is built)."""
+def check_schema(schema: Any, what: str = "response_format") -> None:
+    """Raise `InvalidSchema` (naming `what`) unless `schema` is a valid JSON Schema (checked when
+    the request is built); one nested past the checker's recursion is refused too (found by
+    review: a RecursionError, a 500 at the OpenAI door)."""
     if not isinstance(schema, dict):
-        raise InvalidSchema(f"response_format must be a JSON Schema object, got {type(schema).__name__}")
+        raise InvalidSchema(f"{what} must be a JSON Schema object, got {type(schema).__name__}")
     try:
         Draft202012Validator.check_schema(schema)
     except SchemaError as exc:
         where = "/".join(str(p) for p in exc.absolute_path) or "(root)"
-        raise InvalidSchema(f"response_format is not a valid JSON Schema at {where}: {exc.message}") from None
+        raise InvalidSchema(f"{what} is not a valid JSON Schema at {where}: {exc.message}") from None
+    except RecursionError:
+        raise InvalidSchema(f"{what} is nested too deep to be checked as a JSON Schema") from None
 
 
 class Usage(BaseModel):

@@ -58,8 +58,8 @@ def tool_specs(tools: Any) -> list[ToolSpec]:
             )
         if parameters.get("type", "object") != "object":  # (a call's arguments are an object)
             raise AgentUsageError(f"tools[{index}].parameters must be an object schema (type: object)")
-        check_schema(parameters)
-        bounded_schema(parameters, f"tools[{index}].parameters")
+        bounded_schema(parameters, f"tools[{index}].parameters")  # its depth before the checker recurses
+        check_schema(parameters, f"tools[{index}].parameters")
         if "$ref" in json.dumps(parameters):  # (nested under the choice's schema, a ref would not resolve)
             raise AgentUsageError(f"tools[{index}].parameters: $ref is not taken; write the schema out")
         names.add(name)

@@ -41,7 +41,7 @@ from colony.inference import InferenceEngine, InferenceRequest, create_engine
 from colony.system.host_pages import ReplicaPages
 from colony.system.registry import HEARTBEAT_MISSES, NOT_HOSTED, ON_DEMAND, AgentRecord, AgentRegistry
 from colony.system.replicas import AgentSlot, ReplicaSnapshot
-from colony.system.tenant_quota import check_agents
+from colony.system.tenant_quota import making_an_agent
 from colony.vcm import PageTable
 from colony.wire.tenants import prefix_of, tenant_of
 
@@ -201,10 +201,13 @@ class ReplicaHost:
                 f"agent {meta.parent_id!r} may not start {meta.agent_id!r}: the child of an agent is "
                 f"named with its tenant's prefix ({prefix_of(meta.parent_id, home) or 'none'!r})"
             )
-        _, registry = self._ready()
-        if await registry.get(meta.agent_id) is None:  # a new agent of another tenant: its quota
-            await check_agents(self.settings.api, registry, tenant_of(meta.agent_id, home), home)
-        return await self.spawner(blueprint)
+        runtime, registry = self._ready()
+        if await registry.get(meta.agent_id) is not None:
+            return await self.spawner(blueprint)
+        tenant = tenant_of(meta.agent_id, home)  # a new agent of another tenant: its quota
+        redis = runtime.blackboard.redis
+        async with making_an_agent(redis, self.settings.colony_id, self.settings.api, registry, tenant, home):
+            return await self.spawner(blueprint)
 
     async def snapshot(self) -> ReplicaSnapshot:
         """What this replica holds and hosts, for the placer and the resource monitor."""

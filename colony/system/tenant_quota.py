@@ -14,8 +14,10 @@ tenant (the second it counts, the count), kept 2 s. Both read the time from Redi
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import secrets
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable
 
 from redis.asyncio import Redis
 
@@ -166,6 +168,41 @@ class TenantQuota:
     async def release(self, tenant: str, run_id: str) -> None:
         """A run admitted whose submit then failed (404, 422, ...) holds no place any more."""
         await self.redis.zrem(self._key(tenant, "open"), run_id)
+
+
+MAKING_HOLD_MS = 30_000  # the most one making holds the tenant's lock (a crashed holder's ends)
+MAKING_WAIT_SECONDS = 10.0  # waiting for another making of the tenant's agents, then 429
+_RELEASE = """
+if redis.call('GET', KEYS[1]) == ARGV[1] then return redis.call('DEL', KEYS[1]) end
+return 0
+"""
+
+
+@contextlib.asynccontextmanager
+async def making_an_agent(
+    redis: Redis, colony_id: str, api: ApiSettings, registry: AgentRegistry, tenant: str, home: str
+) -> AsyncIterator[None]:
+    """Check `api.tenant_max_agents` (check_agents) and make the agent inside the block, one
+    making at a time per tenant (a lock in Redis, across API processes and replicas): found by
+    review, six first runs sent together each counted the registry before any was made, and a
+    tenant capped at one agent held six. Nothing for the colony's own tenant or without a cap."""
+    if api.tenant_max_agents is None or tenant in (home, NOBODY):
+        yield
+        return
+    key, token = AccessProtocol.quota_key(tenant, colony_id, "making"), secrets.token_hex(8)
+    deadline = time.monotonic() + MAKING_WAIT_SECONDS
+    while not await redis.set(key, token, nx=True, px=MAKING_HOLD_MS):
+        if time.monotonic() > deadline:
+            raise TenantQuotaExceeded(
+                f"tenant {tenant!r} is making other agents; retry after the Retry-After header's seconds",
+                retry_after_seconds=2.0,
+            )
+        await asyncio.sleep(0.02)
+    try:
+        await check_agents(api, registry, tenant, home)
+        yield
+    finally:
+        await redis.eval(_RELEASE, 1, key, token)
 
 
 async def check_agents(api: ApiSettings, registry: AgentRegistry, tenant: str, home: str) -> None:

@@ -199,8 +199,8 @@ class ChatCompletion(BaseModel):
             return {"type": "object"}
         if held.json_schema is None:
             raise InvalidArgument("response_format.json_schema: required with type json_schema")
-        check_schema(held.json_schema.schema_)
-        bounded_schema(held.json_schema.schema_, "response_format.json_schema.schema")
+        bounded_schema(held.json_schema.schema_, "response_format.json_schema.schema")  # depth first
+        check_schema(held.json_schema.schema_, "response_format.json_schema.schema")
         return held.json_schema.schema_
 
 

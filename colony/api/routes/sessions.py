@@ -45,7 +45,7 @@ from colony.api.tenant_pages import check_pages
 from colony.api.wake import wake, wake_agent
 from colony.context.sessions import SESSION_ROLE, SessionStore, is_session_id
 from colony.context.tree import BRANCH_PATTERN, MESSAGE_ID_PATTERN, Message, TreeHead, path_lengths
-from colony.errors import AgentNotFound, ColonyError, InvalidArgument, SessionNotFound
+from colony.errors import AgentNotFound, ColonyError, InvalidArgument, SessionNotFound, TenantQuotaExceeded
 from colony.system.builtin import MAX_SESSION_PAGES, PAGE_ID
 from colony.system.registry import AgentRecord
 from colony.system.runs import ENDED_STATUSES, RunRecord
@@ -54,6 +54,7 @@ STARTER = "session"  # the catalog agent that places session agents
 # a start the starter refused for its input (colony.system.builtin.SessionStarterCapability._known):
 # the run's error reads "start_session failed: InvalidArgument: <message>"
 REFUSED = re.compile(r"^start_session failed: InvalidArgument: (.+)$", re.S)
+QUOTA = re.compile(r"^start_session failed: TenantQuotaExceeded: (.+)$", re.S)
 START_TIMEOUT_S = 60.0  # placing a session agent: a replica may be starting
 TERMINAL = frozenset({"completed", "failed", "cancelled"})
 PASSED_ON = frozenset({"user_chat_message", "prompt_context", "token", "restarted"})
@@ -236,6 +237,9 @@ async def start_session(request: Request, ctx: Context, body: SessionStart | Non
     refused = REFUSED.search(view.error or "")
     if view.status == "failed" and refused:  # the starter's own page checks: retrying cannot help
         raise InvalidArgument(refused.group(1))
+    over = QUOTA.search(view.error or "")
+    if view.status == "failed" and over:  # found by review: a start that lost a race at the cap was a 503
+        raise TenantQuotaExceeded(over.group(1), retry_after_seconds=5.0)
     if view.status != "succeeded" or not isinstance(session_id, str):
         raise SessionStartFailed(
             f"the session could not start (run {record.run_id} {view.status}: "

@@ -21,7 +21,7 @@ from colony.api.access import principal_of
 from colony.api.deps import GUARDED, Context, settings_of
 from colony.api.params import AgentId
 from colony.api.schemas import ErrorBody
-from colony.api.tenancy import check_agent_quota, within_bytes
+from colony.api.tenancy import making_agent, within_bytes
 from colony.errors import ImportRejected
 from colony.system.export_document import AgentExport, json_bytes
 from colony.system.transfer import export_agent, import_agent
@@ -112,18 +112,18 @@ async def import_agent_document(
             f"/v1/agents/{document.agent_id}/import (an agent keeps its id)"
         )
     services = await ctx.services()
-    if await services.registry.get(agent_id) is None:  # a new agent of another tenant: its quota
-        await check_agent_quota(ctx, principal_of(request))
     settings = settings_of(services)
     if (services.runs.tenant_id, services.runs.colony_id) != (settings.tenant_id, settings.colony_id):
         settings = settings.model_copy(
             update={"tenant_id": services.runs.tenant_id, "colony_id": services.runs.colony_id}
         )
-    return await import_agent(
-        services.runs.api_board,
-        document.model_dump(mode="json"),
-        settings=settings,
-        registry=services.registry,
-        catalog=catalog,
-        replace=replace,
-    )
+    new = await services.registry.get(agent_id) is None  # a new agent of another tenant: its quota
+    async with making_agent(ctx, principal_of(request) if new else None):
+        return await import_agent(
+            services.runs.api_board,
+            document.model_dump(mode="json"),
+            settings=settings,
+            registry=services.registry,
+            catalog=catalog,
+            replace=replace,
+        )

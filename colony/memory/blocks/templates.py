@@ -27,6 +27,7 @@ from colony.memory.blocks.types import MAX_DESCRIPTION_CHARS, BlockType, Label, 
 PACKAGED = "templates.yaml"
 MAX_TEMPLATE_FILE_BYTES = 1_000_000
 MAX_SCHEMA_CHARS = 20_000
+TOO_DEEP = "nested deeper than 32 levels"
 # the fields of one block, as JSON: they render to the initial content, itself at most
 # blocks.max_edit_chars (and one request's 80,000 characters), so more is never needed
 MAX_FIELDS_CHARS = 80_000
@@ -63,7 +64,7 @@ def _regex_keyword(node: Any, depth: int = 0) -> str | None:
     """The first keyword of `node` (a schema, walked to a bounded depth) that runs a regular
     expression when validating (`format` too: some formats are checked by regexes)."""
     if depth > 32:
-        return "nesting deeper than 32"
+        return TOO_DEEP
     if isinstance(node, dict):
         for key, value in node.items():
             if key in REGEX_KEYWORDS and not (key == "format" and not isinstance(value, str)):
@@ -88,6 +89,8 @@ def check_schema(schema: Any, where: str) -> dict[str, Any]:
     if len(json.dumps(schema, default=str)) > MAX_SCHEMA_CHARS:
         raise InvalidArgument(f"{where}: the fields schema is longer than {MAX_SCHEMA_CHARS} characters")
     regex = _regex_keyword(schema)
+    if regex == TOO_DEEP:
+        raise InvalidArgument(f"{where}: the fields schema is {TOO_DEEP}; write it flatter")
     if regex is not None:
         raise InvalidArgument(
             f"{where}: the fields schema uses {regex!r}; regular expressions are not accepted in a "
