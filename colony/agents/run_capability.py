@@ -341,6 +341,12 @@ class AgentRunCapability(AgentCapability):
         """Serve queued requests one at a time, never over a run the agent is still finishing."""
         agent = self._agent()
         backoff = OutageBackoff(f"agent {agent.agent_id}: requests of {self.namespace}", log)
+        run = agent.current_run
+        if self.one_shot and run is not None and run.done and self._queue.empty() and agent.host is not None:
+            # a worker brought back after its job was answered (found by review: its stop failed
+            # half-way, it was placed again idle, and its parent waited for it to stop for good)
+            agent.host.retire(agent.agent_id)
+            return
         while True:
             request_id = await self._queue.get()
             self._taken = request_id

@@ -55,6 +55,7 @@ def _running(agent_id: str) -> str:
 DRIVER_FINISH_SECONDS = 10.0  # an idle agent's driver answering its last request: waited this long
 MAX_OUTAGE_REDOS = 3  # a run's step cut short by a Redis outage is redone at most this often
 RESTORE_ATTEMPTS = 5  # a restore after an outage failing otherwise than by the outage: tries
+RETIRE_TRIES = 4  # a one-shot worker's stop failing after its detach: tried again this often
 
 
 class LocalAgentRuntime:
@@ -305,12 +306,16 @@ class LocalAgentRuntime:
             return
         agent.stopping = True  # closed next, for good (a drop for a restore leaves it False)
         await self._detach(agent_id)
+        await self._stopped(agent)
+
+    async def _stopped(self, agent: Agent) -> None:
+        """A detached agent's stop for good: its lifecycle, its state's retention, the registry."""
         if not agent.stored.terminated:
             await agent.transition(AgentState.STOPPED, "stopped")
         if agent.stored.terminated:  # stopped (or failed) for good: its state leaves after the retention
             await retire_state(agent)
         if self.on_stopped is not None:
-            await self.on_stopped(agent_id)
+            await self.on_stopped(agent.agent_id)
 
     async def _retire_refused(self, agent_id: str) -> None:
         """Give a refused (FAILED, never built) agent's state its expiry: its entries, capability
@@ -331,9 +336,29 @@ class LocalAgentRuntime:
     def retire(self, agent_id: str) -> None:
         """Stop an agent from inside itself (a one-shot worker whose job is done): the stop runs
         as its own task, since it cancels the agent's tasks, the caller's included."""
-        task = asyncio.create_task(self.stop(agent_id), name=f"{agent_id}-retire")
+        task = asyncio.create_task(self._retire(agent_id), name=f"{agent_id}-retire")
         self._retiring.add(task)
         task.add_done_callback(self._retiring.discard)
+
+    async def _retire(self, agent_id: str) -> None:
+        """`stop`, whose end is tried again (RETIRE_TRIES, backing off) when it failed after the
+        agent was detached (found by review: a Redis blip there left a worker detached but not
+        stopped, which nothing stopped again, and its parent waiting for it for good)."""
+        agent = self._agents.get(agent_id)
+        for attempt in range(RETIRE_TRIES + 1):
+            try:
+                if agent_id in self._agents or agent is None:
+                    await self.stop(agent_id)
+                else:
+                    await self._stopped(agent)
+                return
+            except Exception as exc:
+                replaced = agent_id in self._agents and self._agents[agent_id] is not agent  # (restored)
+                if attempt == RETIRE_TRIES or replaced:
+                    log.warning("agent %s: its stop failed, not tried again: %r", agent_id, exc)
+                    return
+                log.info("agent %s: its stop failed (%r); trying again", agent_id, exc)
+                await asyncio.sleep(0.2 * 2**attempt)
 
     async def shutdown(self) -> None:
         """Detach every agent (state stays in the blackboard)."""

@@ -134,7 +134,9 @@ class ControlPlane:
             record = await self.registry.get(bp.metadata.agent_id)
             if record is not None and record.replica and record.state not in NOT_HOSTED:
                 live = {port.replica_id for port in await self.directory.ports()}
-                if record.replica in live:
+                # a replica whose heartbeat lapsed but whose process lives still hosts it (found by
+                # review: placed again, the agent ran twice): gone only as the monitor judges
+                if record.replica in live or not await self.monitor.gone([record.replica]):
                     return record
             try:
                 return await self.placer.place_locked(bp, wait=wait)

@@ -438,7 +438,8 @@ class ReplicaHost:
             if record.agent_id in hosted or runtime.has(record.agent_id):
                 continue
             lifecycle = await runtime.agent_board(record.agent_id).read(AgentStateProtocol.key("lifecycle"))
-            state = lifecycle.value["state"] if lifecycle is not None else "stopped"
+            held = lifecycle.value if lifecycle is not None and isinstance(lifecycle.value, dict) else {}
+            state = held.get("state", "stopped") if lifecycle is not None else "stopped"
             if state in NOT_HOSTED and not runtime.has(record.agent_id):
                 await registry.put(record.model_copy(update={"state": state, "replica": None}))
 

@@ -56,7 +56,7 @@ from colony.errors import (
 from colony.system.placement import gather_snapshots
 from colony.system.registry import NOT_HOSTED, AgentRecord, AgentRegistry
 from colony.system.replicas import ReplicaDirectory, ReplicaPort, as_directory, views_of
-from colony.system.resumption_queue import Queued, queue_of, read_suspension
+from colony.system.resumption_queue import Queued, queue_of, read_suspension, valid_or_none
 from colony.system.soon_publish import (
     WAITS_FOR_ROOM,
     Judged,
@@ -399,31 +399,26 @@ class ResumptionMonitor:
             {r.replica for r in records if r.replica and r.replica not in self._ports}
             | await self._page_table_suspects()
         )
-        gone = await self._gone(suspects)
+        gone = await self.gone(suspects)
         recovered: list[str] = []
         for dead in sorted(gone):
             log.warning("replica %s is gone; re-placing its agents", dead)
             if self.page_table is not None:
                 await self.page_table.drop_replica(dead)
-        orphans = [r.agent_id for r in records if r.replica in gone]
+        orphans = [r.agent_id for r in records if r.replica in gone and await self._lost(r.agent_id, r)]
         for agent_id in self._missing(records):
-            # one that left its replica suspended or ended (its registry write was lost) is not
-            # an orphan: its lifecycle says so, and its replica's heartbeat heals the record
-            lifecycle, suspension = await self._agent_board(agent_id).read_many(
-                [AgentStateProtocol.key("lifecycle"), AgentStateProtocol.key("suspension")]
-            )
-            if lifecycle is not None and lifecycle.value.get("state") in NOT_HOSTED:
-                continue
-            if self._suspending(agent_id, lifecycle, suspension):
-                continue
-            log.warning("agent %s: no replica hosts it, though the registry places it on one", agent_id)
-            orphans.append(agent_id)
+            if await self._lost(agent_id):
+                log.warning("agent %s: no replica hosts it, though the registry places it on one", agent_id)
+                orphans.append(agent_id)
         for agent_id in orphans:
-            pages = await self._bound_pages(agent_id)
-            try:
+            try:  # one agent's spoilt state must not stop the others' (found by review)
+                pages = await self._bound_pages(agent_id)
                 target = choose_replica(self._views, pages, memory_mb=await self._memory(agent_id))
             except ResourceExhausted:
                 continue  # every replica is full; next round
+            except Exception as exc:
+                log.warning("agent %s: not re-placed this round: %r", agent_id, exc)
+                continue
             if await self._resume(target.replica_id, agent_id) is None:
                 continue
             self._missing_since.pop(agent_id, None)
@@ -432,7 +427,7 @@ class ResumptionMonitor:
             recovered.append(agent_id)
         return recovered
 
-    async def _gone(self, suspects: list[str]) -> set[str]:
+    async def gone(self, suspects: list[str]) -> set[str]:
         """Which of the replicas that did not answer are gone: by the directory's `liveness`
         where it has one (a live process, or another cluster's heartbeating replica, is not),
         else by asking each (`ReplicaUnavailable`)."""
@@ -507,6 +502,22 @@ class ResumptionMonitor:
             self._missing_since.setdefault(agent_id, now)
         return sorted(a for a in missing if now - self._missing_since[a] >= self.missing_grace)
 
+    async def _lost(self, agent_id: str, gone: AgentRecord | None = None) -> bool:
+        """Whether a replica should host the agent and none does. Not one whose lifecycle says it
+        is suspended or ended (its registry write was lost; found by review: one stopped on a
+        replica that then died came back wiped, one suspended by request resumed): its record is
+        healed here when its replica is `gone`, else by that replica's heartbeat; nor one whose
+        suspension is under way."""
+        lifecycle, suspension = await self._agent_board(agent_id).read_many(
+            [AgentStateProtocol.key("lifecycle"), AgentStateProtocol.key("suspension")]
+        )
+        held = lifecycle.value if lifecycle is not None and isinstance(lifecycle.value, dict) else {}
+        if held.get("state") in NOT_HOSTED:
+            if gone is not None:
+                await self.registry.put(gone.model_copy(update={"state": held["state"], "replica": None}))
+            return False
+        return not self._suspending(agent_id, lifecycle, suspension)
+
     def _suspending(self, agent_id: str, lifecycle: Any, suspension: Any) -> bool:
         """Whether the agent's suspension is under way: recorded (the replica detached it, then
         records the request) after its lifecycle's last change, which turns SUSPENDED once its
@@ -551,4 +562,5 @@ class ResumptionMonitor:
 
     async def _bound_pages(self, agent_id: str) -> list[str]:
         entry = await self._agent_board(agent_id).read(AgentStateProtocol.key("metadata"))
-        return list(AgentMetadata.model_validate(entry.value).bound_pages) if entry else []
+        metadata = valid_or_none(AgentMetadata, entry.value) if entry else None
+        return list(metadata.bound_pages) if metadata is not None else []  # (spoilt: placed anywhere)

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import logging
 import math
 import re
 import time
@@ -29,6 +30,8 @@ from colony.blackboard.protocol import NeededSoonKeys
 from colony.config import ColonySettings
 from colony.errors import ConcurrentModificationError
 from colony.wire.ids import ID_PATTERN
+
+log = logging.getLogger(__name__)
 
 DONE_STATES = frozenset({"stopped", "failed"})  # the agent has ended
 ON_DEMAND = "on_demand"  # `AgentRecord.waits` of an agent suspended to make room: resumed when asked for
@@ -50,6 +53,7 @@ PUBLICATIONS_READ_LIMIT = 4096
 NEEDED_SOON_PAGES = 4096
 WHY_CHARS = 200  # the longest reason kept for a page needed soon
 SOON_PAGE_ID = re.compile(ID_PATTERN)  # what a page id read back may look like (1-128 id characters)
+REPLICA_ID = SOON_PAGE_ID  # ... and a replica id in a heartbeat
 NEEDED_SOON_TTL_SECONDS = 30.0
 
 
@@ -128,13 +132,14 @@ class AgentRegistry:
         return self.retention_seconds
 
     async def get(self, agent_id: str) -> AgentRecord | None:
+        """The agent's record; None where absent or not readable as one (`_readable`)."""
         entry = await self.board.read(Keys.agent_key(agent_id))
-        return entry.value_as(AgentRecord) if entry else None
+        return _readable(entry) if entry else None
 
     async def get_many(self, agent_ids: Sequence[str]) -> list[AgentRecord | None]:
         """The records of `agent_ids`, in order (None where absent), in one round trip."""
         entries = await self.board.read_many([Keys.agent_key(agent_id) for agent_id in agent_ids])
-        return [entry.value_as(AgentRecord) if entry else None for entry in entries]
+        return [_readable(entry) if entry else None for entry in entries]
 
     async def set_state(self, agent_id: str, state: str) -> AgentRecord | None:
         record = await self.get(agent_id)
@@ -157,7 +162,7 @@ class AgentRegistry:
         tags += [Keys.replica_tag(replica)] if replica else []
         tags = tags or [Keys.index_tag("agent")]
         entries = [e async for e in self._indexed("agent", tags)]
-        records = (e.value_as(AgentRecord) for e in entries)
+        records = [r for r in map(_readable, entries) if r is not None]
         return sorted((r for r in records if not state or r.state == state), key=lambda r: r.agent_id)
 
     async def _index_older_records(self) -> None:
@@ -253,8 +258,11 @@ class AgentRegistry:
         )
 
     async def replicas(self) -> list[dict[str, Any]]:
-        """The live replicas' heartbeats (engine and page stats, agent counts)."""
-        return [e.value async for e in self._indexed("replica")]
+        """The live replicas' heartbeats (engine and page stats, agent counts): those that are an
+        object naming a replica id (found by review: one that was not stopped every placement
+        and every monitor round on Serve, which list the replicas by them)."""
+        beats = [e.value async for e in self._indexed("replica")]
+        return [b for b in beats if isinstance(b, dict) and _replica_named(b.get("replica_id"))]
 
     async def publish(self, counters: dict[str, Any], created_by: str, *, force: bool = False) -> bool:
         """A process's metrics (`metrics.published_counters()`), exported per process by the API;
@@ -288,3 +296,18 @@ class AgentRegistry:
                 break
         entries.sort(key=lambda e: (-e.updated_at, e.key))
         return [e.value for e in (entries if limit is None else entries[: max(0, limit)])]
+
+
+def _replica_named(value: Any) -> bool:
+    return isinstance(value, str) and REPLICA_ID.fullmatch(value) is not None
+
+
+def _readable(entry: Any) -> AgentRecord | None:
+    """An entry's AgentRecord, or None (logged) when a writer of Redis left one that is not: found
+    by review, one such record made every monitor round raise, so nothing was resumed or re-placed
+    while it stood. (A writer of Redis is trusted; a record it spoilt must still not stop the rest.)"""
+    try:
+        return entry.value_as(AgentRecord)
+    except ValueError as exc:
+        log.warning("registry: %s is not an agent record, left out (%s)", str(entry.key)[:200], str(exc)[:99])
+        return None

@@ -54,14 +54,15 @@ async def read_suspension(board: Blackboard) -> Suspension:
     metadata_e, suspension_e = await board.read_many(
         [AgentStateProtocol.key("metadata"), AgentStateProtocol.key("suspension")]
     )
-    metadata = _valid(AgentMetadata, metadata_e.value if metadata_e else None)
-    request = _valid(SuspensionRequest, suspension_e.value if suspension_e else None)
+    metadata = valid_or_none(AgentMetadata, metadata_e.value if metadata_e else None)
+    request = valid_or_none(SuspensionRequest, suspension_e.value if suspension_e else None)
     condition = request.condition if request else ResumptionCondition(kind=ResumptionKind.CUSTOM)
     pages = list(condition.page_ids or (metadata.bound_pages if metadata else []))
     return Suspension(metadata, request, condition, pages)
 
 
-def _valid(model: type[M], value: object) -> M | None:
+def valid_or_none(model: type[M], value: object) -> M | None:
+    """`value` as `model`, or None when absent or not one (a record a writer of Redis spoilt)."""
     if value is None:
         return None
     try:
