@@ -69,7 +69,11 @@ class EmbeddedRedisSettings(BaseModel):
     port: int | None = Field(None, ge=1, le=65535, description="Port to listen on; unset picks a free one.")
     appendonly: bool = Field(True, description="Persist every write to an append-only file.")
     start_timeout_seconds: float = Field(15.0, gt=0)
-    maxmemory: str | None = Field(None, description="e.g. '2gb'; unset means no limit.")
+    maxmemory: str | None = Field(
+        None,
+        pattern=r"(?i)^([0-9]{1,15}(b|k|kb|m|mb|g|gb)?)?$",
+        description="e.g. '2gb' (a number with b, k, kb, m, mb, g or gb); unset means no limit.",
+    )
     appendfsync: Literal["always", "everysec", "no"] = Field(
         "always",
         description="When the AOF is fsynced: always (before each reply: an acknowledged write, so an "

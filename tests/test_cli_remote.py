@@ -241,24 +241,39 @@ def test_localhost_names_the_local_cluster_recorded_as_127_0_0_1(
     """`--url http://localhost:PORT` for the cluster `colony up` recorded as http://127.0.0.1:PORT
     is the local one: its token goes with the request (it would not to any other address)."""
     import os
+    import subprocess
+
+    from colony.serve.cluster import DAEMON_ID_VARIABLE
 
     url, recorder = fake_api
     recorder.token = "local-T"
+    # the recorded daemon: a process carrying the record's id, as the daemon's processes do
+    daemon = subprocess.Popen(["sleep", "60"], env={**os.environ, DAEMON_ID_VARIABLE: "d-test"})
     state = {
-        "pid": os.getpid(),
+        "pid": daemon.pid,
         "url": url,
         "token": "local-T",
         "redis_url": "",
         "started_at": 0,
         "replicas": 1,
+        "daemon_id": "d-test",
     }
-    (no_local_cluster / "cluster.json").write_text(json.dumps(state))
-    assert cli.main(["status", "--url", url.replace("127.0.0.1", "localhost"), "--json"]) == 0
-    assert json.loads(capsys.readouterr().out)["agents"] == 1
-    assert ("GET", "/v1/agents", "Bearer local-T") in recorder.requests
-    other_port = url.rsplit(":", 1)[0] + ":1"  # loopback, yet not the recorded listener
-    assert cli.main(["status", "--url", other_port]) == 2
-    assert not any(auth for _m, path, auth in recorder.requests if path == "/healthz")
+    try:
+        (no_local_cluster / "cluster.json").write_text(json.dumps(state))
+        assert cli.main(["status", "--url", url.replace("127.0.0.1", "localhost"), "--json"]) == 0
+        assert json.loads(capsys.readouterr().out)["agents"] == 1
+        assert ("GET", "/v1/agents", "Bearer local-T") in recorder.requests
+        other_port = url.rsplit(":", 1)[0] + ":1"  # loopback, yet not the recorded listener
+        assert cli.main(["status", "--url", other_port]) == 2
+        assert not any(auth for _m, path, auth in recorder.requests if path == "/healthz")
+        # a pid the OS gave another process since (no id of the record): no cluster of ours, no token
+        (no_local_cluster / "cluster.json").write_text(json.dumps({**state, "pid": os.getpid()}))
+        recorder.requests.clear()
+        cli.main(["status", "--url", url.replace("127.0.0.1", "localhost")])
+        assert not any(auth == "Bearer local-T" for _m, _path, auth in recorder.requests)
+    finally:
+        daemon.kill()
+        daemon.wait()
 
 
 def test_a_port_out_of_range_is_refused(capsys: pytest.CaptureFixture[str]) -> None:

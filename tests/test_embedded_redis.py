@@ -62,6 +62,28 @@ def test_stale_state_file_is_replaced(private_redis: EmbeddedRedis) -> None:
     assert fresh.pid != info.pid
 
 
+def test_a_recorded_pid_the_os_gave_another_process_is_neither_ours_nor_signalled(
+    private_redis: EmbeddedRedis,
+) -> None:
+    """Found by review: after a crash, the state file's pid was taken by another process; `stop`
+    SIGKILLed it after its SHUTDOWN found no server, and `status` called a foreign Redis on the
+    recorded port ours."""
+    info = private_redis.start()
+    private_redis.stop()
+    stranger = subprocess.Popen(["sleep", "60"])
+    try:
+        stale = {**info.__dict__, "pid": stranger.pid}
+        private_redis.state_file.write_text(json.dumps(stale))
+        assert private_redis.status() is None  # the stale record is dropped, not reported
+        private_redis.state_file.write_text(json.dumps(stale))
+        started = time.monotonic()
+        assert private_redis.stop() is False and time.monotonic() - started < 5
+        assert stranger.poll() is None  # alive: never signalled
+    finally:
+        stranger.kill()
+        stranger.wait()
+
+
 def test_missing_binary_says_how_to_get_one(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
     monkeypatch.setenv("PATH", str(tmp_path))
     monkeypatch.setattr("importlib.util.find_spec", lambda name: None)
@@ -153,3 +175,16 @@ def test_a_password_less_server_of_an_older_version_is_reused_and_then_restarted
         server.stop()
         legacy.kill()
         legacy.wait()
+
+
+def test_a_setting_cannot_write_lines_into_the_servers_config(tmp_path: Path) -> None:
+    """Found by review: `maxmemory` went into redis.conf as given, so a value with a line break
+    bound the server to every address."""
+    from pydantic import ValidationError
+
+    with pytest.raises(ValidationError, match="maxmemory"):
+        EmbeddedRedisSettings(maxmemory="1gb\nbind 0.0.0.0\nprotected-mode no")
+    assert EmbeddedRedisSettings(maxmemory="2GB").maxmemory == "2GB"
+    odd = tmp_path / 'quote"d'
+    with pytest.raises(RedisServerError, match="quote, a backslash or a control character"):
+        EmbeddedRedis(odd).start()

@@ -176,6 +176,23 @@ def _client(host: str, port: int, timeout: float, password: str = "") -> redis.R
     )
 
 
+def runs_redis_server(pid: int, port: int) -> bool:
+    """Whether `pid` runs a redis-server listening on `port` (its process title, which redis-server
+    sets to `<binary> <address>:<port>`): a recorded pid the OS gave to another process since must
+    never be signalled or reported as ours (found by review: `colony redis stop` SIGKILLed one).
+    Where there is no /proc to ask (not Linux), the pid and the ping decide, as before."""
+    if not Path("/proc/self").exists():
+        return True
+    try:
+        raw = Path(f"/proc/{pid}/cmdline").read_bytes()
+        title = raw.replace(b"\0", b" ").decode(errors="replace").split()
+    except OSError:
+        return False
+    return bool(title) and Path(title[0]).name.startswith("redis-server") and any(
+        word.endswith(f":{port}") for word in title[1:]
+    )
+
+
 def _pings(host: str, port: int, timeout: float = 0.5, password: str = "") -> bool:
     """Whether the server answers PING; AuthenticationError when it refuses our password."""
     client = _client(host, port, timeout, password)
@@ -214,7 +231,8 @@ class EmbeddedRedis:
         if info is None:
             return None
         try:
-            answers = process_alive(info.pid) and _pings(info.host, info.port, password=info.password)
+            ours = process_alive(info.pid) and runs_redis_server(info.pid, info.port)
+            answers = ours and _pings(info.host, info.port, password=info.password)
         except redis.AuthenticationError as exc:
             raise RedisServerError(
                 f"the embedded redis-server (pid {info.pid}, port {info.port}) refuses the password "
@@ -282,8 +300,8 @@ class EmbeddedRedis:
         with self._locked():
             self.stopped_file.touch()
             info = self._read_state()
-            if info is None or not process_alive(info.pid):
-                self.state_file.unlink(missing_ok=True)
+            if info is None or not process_alive(info.pid) or not runs_redis_server(info.pid, info.port):
+                self.state_file.unlink(missing_ok=True)  # (a pid reused since is no server of ours)
                 return False
             client = _client(info.host, info.port, 2.0, info.password)
             try:
@@ -331,6 +349,11 @@ class EmbeddedRedis:
         return password
 
     def _write_config(self, port: int, password: str) -> None:
+        if any(c in str(self.dir) for c in '"\\') or not str(self.dir).isprintable():
+            raise RedisServerError(  # a line of the server's config is made of it (found by review)
+                f"the data folder {str(self.dir)!r} holds a quote, a backslash or a control character, "
+                "which redis-server's config cannot take as given; choose another data_dir"
+            )
         lines = [
             f"bind {self.settings.host}",
             f"port {port}",

@@ -33,6 +33,7 @@ from colony import security
 from colony.blackboard.redis_server import EmbeddedRedis, RedisRestarts, RedisSupervisor, process_alive
 from colony.config import ColonySettings, load_settings
 from colony.errors import ClusterError, ColonyError
+from colony.file_lock import file_lock
 from colony.memory.chroma_server import EmbeddedChroma
 from colony.security import write_private_file
 from colony.vcm.pages import default_roots_env
@@ -93,16 +94,35 @@ def _healthy(info: ClusterInfo) -> bool:
 
 
 def status(settings: ColonySettings) -> ClusterInfo | None:
+    """The running cluster: its recorded daemon alive, carrying the record's id (found by review: a
+    pid the OS gave another process, beside a stranger answering /healthz on the recorded port, was
+    reported as Colony, and sent the token), and its API answering."""
     info = read_state(settings)
-    if info is None or not process_alive(info.pid) or not _healthy(info):
+    if info is None or not process_alive(info.pid) or not _ours(info) or not _healthy(info):
         return None
     return info
+
+
+def _ours(info: ClusterInfo) -> bool:
+    """`_carries`, where there is a /proc to ask (elsewhere the pid and the API decide, as before)."""
+    return _carries(info.pid, info.daemon_id) if Path("/proc/self").exists() else True
+
+
+def _lock(settings: ColonySettings) -> Any:
+    """One `up` or `down` of a data folder at a time (found by review: of two `up`s at once, the one
+    that failed stopped the embedded Redis the other had just started its cluster on)."""
+    return file_lock(settings.data_dir / "cluster.lock")
 
 
 def up(settings: ColonySettings, config: str | None = None, *, echo: bool = True) -> ClusterInfo:
     """Start (or reuse) the local cluster; returns where it answers. `settings` (already loaded from
     `config`, the environment and code) are what the daemon runs with. When the cluster cannot start,
     raises `ClusterError` with the cause and leaves nothing running that this call started."""
+    with _lock(settings):
+        return _up(settings, config, echo=echo)
+
+
+def _up(settings: ColonySettings, config: str | None, *, echo: bool) -> ClusterInfo:
     running = status(settings)
     if running is not None:
         try:  # a Chroma server that died under a running cluster comes back, on its port
@@ -295,6 +315,11 @@ def _failure(settings: ColonySettings, code: int, log_path: Path) -> str:
 def down(settings: ColonySettings) -> bool:
     """Stop the daemon (Serve and Ray with it), the embedded Redis and the embedded Chroma server;
     True if a cluster was running."""
+    with _lock(settings):
+        return _down(settings)
+
+
+def _down(settings: ColonySettings) -> bool:
     info = read_state(settings)
     stopped = False
     if info is not None and process_alive(info.pid) and _carries(info.pid, info.daemon_id):
