@@ -25,7 +25,7 @@ from colony.cli_chat import add_chat_command
 from colony.cli_mcp import add_mcp_command
 from colony.cli_memory import add_memory_commands
 from colony.cli_runs import add_runs_commands
-from colony.cli_target import TOKEN_ENV, URL_ENV, ApiTarget, api_error, api_target, remote_health
+from colony.cli_target import TOKEN_ENV, URL_ENV, ApiTarget, api_error, api_target, remote_health, server_text
 from colony.config import ColonySettings, load_settings
 from colony.errors import ColonyError
 from colony.run_display import (
@@ -154,8 +154,9 @@ def cmd_status(args: argparse.Namespace) -> int:
             except httpx.HTTPError as exc:
                 problem = str(exc) or type(exc).__name__
         by_state: dict[str, int] = {}
-        for agent in agents:
-            by_state[agent["state"]] = by_state.get(agent["state"], 0) + 1
+        for agent in agents:  # (what a server answers is shown through server_text)
+            state = server_text(agent.get("state") if isinstance(agent, dict) else None, 40) or "?"
+            by_state[state] = by_state.get(state, 0) + 1
         report = {
             "running": True,
             "url": target.url,
@@ -183,11 +184,13 @@ def cmd_status(args: argparse.Namespace) -> int:
         print("Colony is not running (start it with `colony up`)")
     else:
         states = ", ".join(f"{k} {v}" for k, v in sorted(report["agents_by_state"].items()))
-        where = f"Colony at {report['url']}"
+        where = f"Colony at {server_text(report['url'])}"
         if report.get("health") not in (None, "ok"):
-            where += f" ({report['health']}: {report.get('health_reason') or 'no reason given'})"
+            reason = server_text(report.get("health_reason")) or "no reason given"
+            where += f" ({server_text(report['health'], 40)}: {reason})"
         if "problem" in report:
-            print(f"{where}: answers, but listing agents and replicas failed: {report['problem']}")
+            failed = server_text(report["problem"], 600)
+            print(f"{where}: answers, but listing agents and replicas failed: {failed}")
         else:
             print(f"{where}: {report['replicas']} replica(s), {report['agents']} agent(s) ({states})")
     if not args.json and "redis" in report and (report["running"] or report["redis"].get("restarts")):
@@ -555,15 +558,19 @@ def main(argv: Sequence[str] | None = None) -> int:
     )
     try:
         return int(args.func(args))
-    except ColonyError as exc:
-        print(f"colony: error: {exc}", file=sys.stderr)
+    except ColonyError as exc:  # (an error may quote the server: shown without control characters)
+        print(f"colony: error: {terminal_text(str(exc))}", file=sys.stderr)
         return 2
     except httpx.HTTPError as exc:  # the API went away for longer than the client waits for it
         print(
-            f"colony: error: lost the connection to the API ({type(exc).__name__}: {exc}); the run may "
-            "still finish: `colony status`, then GET /v1/runs/{id}",
+            f"colony: error: lost the connection to the API ({type(exc).__name__}: "
+            f"{terminal_text(str(exc))}); the run may still finish: `colony status`, "
+            "then GET /v1/runs/{id}",
             file=sys.stderr,
         )
+        return 2
+    except OSError as exc:  # e.g. a data folder that is a file or cannot be written (was a traceback)
+        print(f"colony: error: {terminal_text(str(exc))}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:
         return 130

@@ -8,11 +8,8 @@ the one passed explicitly, else `$COLONY_CONFIG`, else `configs/local.yaml` when
 from __future__ import annotations
 
 import contextvars
-import difflib
 import os
 import re
-import types
-import typing
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any, Literal
@@ -23,9 +20,11 @@ from pydantic_settings import (
     BaseSettings,
     PydanticBaseSettingsSource,
     SettingsConfigDict,
+    SettingsError,
     YamlConfigSettingsSource,
 )
 
+from colony.config_problems import MAX_CONFIG_NODES, closest, describe, nodes, setting_paths, unknown_keys
 from colony.config_sections import BlockSettings, ChromaServerSettings, ContextSettings, MemorySettings
 from colony.errors import ConfigError
 
@@ -484,59 +483,8 @@ def resolve_config_path(path: str | Path | None = None) -> Path | None:
     return DEFAULT_CONFIG_PATH if DEFAULT_CONFIG_PATH.is_file() else None
 
 
-def _describe(error: dict[str, Any]) -> str:
-    where = ".".join(str(p) for p in error.get("loc", ())) or "(root)"
-    return f"{where}: {error.get('msg', 'invalid')} (got {error.get('input')!r})"
-
-
 # COLONY_* environment variables that are read outside the settings model (so match no field)
 NON_SETTINGS_ENV_VARS = frozenset({CONFIG_ENV_VAR, "COLONY_URL"})  # COLONY_URL: the CLI's --url
-
-
-def _section(annotation: Any) -> type[BaseModel] | None:
-    """The settings section (a BaseModel) a field holds, seen through `X | None`; None for a leaf."""
-    if isinstance(annotation, type) and issubclass(annotation, BaseModel):
-        return annotation
-    if typing.get_origin(annotation) in (typing.Union, types.UnionType):
-        for arg in typing.get_args(annotation):
-            found = _section(arg)
-            if found is not None:
-                return found
-    return None
-
-
-def _setting_paths(model: type[BaseModel], prefix: tuple[str, ...] = ()) -> dict[tuple[str, ...], bool]:
-    """Every valid key path, e.g. ("serve",) and ("serve", "replicas"), mapped to whether it is a
-    section (a nested model) rather than a leaf."""
-    paths: dict[tuple[str, ...], bool] = {}
-    for name, field in model.model_fields.items():
-        section = _section(field.annotation)
-        paths[(*prefix, name)] = section is not None
-        if section is not None:
-            paths.update(_setting_paths(section, (*prefix, name)))
-    return paths
-
-
-def _closest(word: str, candidates: list[str]) -> str:
-    match = difflib.get_close_matches(word, candidates, n=1, cutoff=0.6)
-    return f"; did you mean {match[0]}?" if match else ""
-
-
-def _unknown_keys(data: dict[Any, Any], model: type[BaseModel], prefix: tuple[str, ...] = ()) -> list[str]:
-    """Keys of a YAML mapping (or keyword overrides) that name no setting, each with the closest
-    valid key: nested sections ignore unknown keys, so a typo there would otherwise pass silently."""
-    problems = []
-    fields = model.model_fields
-    for key, value in data.items():
-        path = ".".join((*prefix, str(key)))
-        if key not in fields:
-            siblings = [".".join((*prefix, name)) for name in fields]
-            problems.append(f"{path}: unknown setting{_closest(path, siblings)}")
-            continue
-        section = _section(fields[key].annotation)
-        if section is not None and isinstance(value, dict):
-            problems.extend(_unknown_keys(value, section, (*prefix, str(key))))
-    return problems
 
 
 # The variables Kubernetes puts in every pod for each Service (`enableServiceLinks`): a Service named
@@ -552,12 +500,12 @@ def _unknown_env_vars(environ: Mapping[str, str]) -> list[str]:
     COLONY_SERVE__REPLCAS would otherwise leave the default in force without a word. Kubernetes
     service links (`_SERVICE_LINK`) are left alone."""
     prefix = str(ColonySettings.model_config.get("env_prefix", "COLONY_")).upper()
-    paths = _setting_paths(ColonySettings)
+    paths = setting_paths(ColonySettings)
     known = {prefix + "__".join(path).upper() for path in paths} | NON_SETTINGS_ENV_VARS
     leaves = [prefix + "__".join(path).upper() for path, is_section in paths.items() if not is_section]
     candidates = leaves + sorted(NON_SETTINGS_ENV_VARS)
     return [
-        f"environment variable {name}: matches no setting{_closest(name.upper(), candidates)}"
+        f"environment variable {name}: matches no setting{closest(name.upper(), candidates)}"
         for name in sorted(environ)
         if name.upper().startswith(prefix)
         and name.upper() not in known
@@ -576,21 +524,28 @@ def load_settings(path: str | Path | None = None, **overrides: Any) -> ColonySet
             )
         try:
             content = yaml.safe_load(config_path.read_text()) or {}
-        except yaml.YAMLError as exc:
-            raise ConfigError(f"config file {config_path} is not valid YAML: {exc}") from exc
+        except (yaml.YAMLError, UnicodeDecodeError) as exc:
+            raise ConfigError(f"config file {config_path} is not valid YAML text: {exc}") from None
         if not isinstance(content, dict):
             raise ConfigError(f"config file {config_path} must hold a mapping at the top level")
+        if nodes(content) > MAX_CONFIG_NODES:  # found by review: 360 bytes of aliases, gigabytes
+            raise ConfigError(
+                f"config file {config_path} holds more than {MAX_CONFIG_NODES} values once its aliases "
+                "(*name) are expanded; write it out without nesting aliases"
+            )
     # misspelt keys first (each with the closest valid one), then every invalid value
-    problems = _unknown_keys(content, ColonySettings) + _unknown_keys(overrides, ColonySettings)
+    problems = unknown_keys(content, ColonySettings) + unknown_keys(overrides, ColonySettings)
     problems += _unknown_env_vars(os.environ)
     unknown = {problem.partition(":")[0] for problem in problems}
     settings: ColonySettings | None = None
     token = _yaml_path.set(config_path)
     try:
         settings = ColonySettings(**overrides)
+    except SettingsError as exc:  # an environment variable that is not the JSON it must be (was a traceback)
+        problems.append(str(exc))
     except ValidationError as exc:
         problems += [
-            _describe(e)  # type: ignore[arg-type]
+            describe(e)  # type: ignore[arg-type]
             for e in exc.errors()
             if not (e["type"] == "extra_forbidden" and ".".join(map(str, e["loc"])) in unknown)
         ]

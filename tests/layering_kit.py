@@ -32,6 +32,7 @@ LAYERS: tuple[tuple[str, ...], ...] = (
 # Top-level modules that belong to a unit other than their own name.
 MODULE_UNITS = {
     "config_sections": "config",
+    "config_problems": "config",
     "metric_series": "metrics",
     "run_display": "cli",
     "dashboards": "cli",

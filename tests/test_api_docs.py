@@ -5,7 +5,8 @@ from __future__ import annotations
 import re
 from pathlib import Path
 
-from colony.config import ColonySettings, _setting_paths
+from colony.config import ColonySettings
+from colony.config_problems import setting_paths as _setting_paths
 
 README = Path(__file__).resolve().parents[1] / "README.md"
 

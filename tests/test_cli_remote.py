@@ -24,6 +24,7 @@ class Recorder:
         self.requests: list[tuple[str, str, str | None]] = []  # method, path, Authorization
         self.token: str | None = None
         self.healthz: tuple[int, bytes] = (200, b'{"status": "ok", "version": "0.1.0"}')
+        self.refusal = "bad token"  # the message of a 401
 
 
 @pytest.fixture
@@ -50,7 +51,7 @@ def fake_api() -> Iterator[tuple[str, Recorder]]:
             if self.path == "/healthz":
                 return self._answer(*recorder.healthz)
             if recorder.token is not None and auth != f"Bearer {recorder.token}":
-                return self._answer(401, {"error": {"code": "unauthorized", "message": "bad token"}})
+                return self._answer(401, {"error": {"code": "unauthorized", "message": recorder.refusal}})
             if self.path in ("/v1/agents", "/v1/replicas"):
                 listed = [{"agent_id": "echo", "state": "idle"}] if "agents" in self.path else []
                 return self._answer(200, listed)
@@ -202,6 +203,25 @@ def test_an_address_that_is_not_a_colony_api_is_named(
     recorder.healthz = (503, b'{"status": "degraded", "reason": "Redis unavailable"}')
     assert cli.main(["status", "--url", url, "--json"]) == 0
     assert json.loads(capsys.readouterr().out)["health"] == "degraded"
+
+
+def test_server_text_reaches_the_terminal_without_control_characters(
+    fake_api: tuple[str, Recorder], capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Found by review: `colony status` and every `colony: error:` line printed what a server said
+    byte for byte, so it could set the terminal's title, clear lines and forge a report."""
+    url, recorder = fake_api
+    forged = "\x1b]0;pwned\x07\x1b[2K\r\x1b[32mColony at http://x: 4 replica(s)\x9b8m"
+    recorder.healthz = (503, json.dumps({"status": "degraded", "reason": forged}).encode())
+    assert cli.main(["status", "--url", url]) == 0
+    shown = capsys.readouterr().out
+    assert "Redis" not in shown and not any(c in shown for c in "\x1b\x07\r\x9b"), repr(shown)
+    recorder.healthz = (200, b'{"status": "ok", "version": "0.1.0"}')
+    recorder.token, recorder.refusal = "other", forged  # every call a 401 with a forged message
+    cli.main(["run", "echo", "--url", url, "--token", "t"])
+    err = capsys.readouterr().err
+    assert "colony: error:" in err and "pwned" in err, err
+    assert not any(c in err for c in "\x1b\x07\r\x9b"), repr(err)
 
 
 def test_no_cluster_and_no_url_names_both_ways(capsys: pytest.CaptureFixture[str]) -> None:

@@ -169,3 +169,32 @@ def test_kubernetes_service_links_are_not_settings_typos(
 def test_a_user_agent_cannot_take_a_reserved_name() -> None:
     with pytest.raises(ValidationError, match="'catalog' is reserved"):
         ColonySettings(agents={"catalog": "pkg.mod:factory"})
+
+
+def test_hostile_config_sources_are_clear_errors_not_tracebacks_or_bombs(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Found by review: an environment variable that is not the JSON it must be and a binary config
+    file were tracebacks; 360 bytes of nested YAML aliases took gigabytes to describe."""
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setenv("COLONY_AGENTS", "{bad")
+    with pytest.raises(ConfigError) as caught:
+        load_settings()
+    assert "agents" in str(caught.value)
+    monkeypatch.delenv("COLONY_AGENTS")
+    binary = tmp_path / "binary.yaml"
+    binary.write_bytes(b"\xff\xfe\x00")
+    with pytest.raises(ConfigError, match="not valid YAML text"):
+        load_settings(binary)
+    rows = ["a: &a [1, 1, 1, 1, 1, 1, 1, 1, 1]"]
+    for name, prior in zip("bcdefg", "abcdef", strict=True):
+        rows.append(f"{name}: &{name} [{', '.join([f'*{prior}'] * 9)}]")
+    bomb = tmp_path / "bomb.yaml"
+    bomb.write_text("\n".join([*rows, "serve: {port: *g}"]) + "\n")
+    with pytest.raises(ConfigError, match="aliases"):
+        load_settings(bomb)
+    deep = tmp_path / "deep.yaml"
+    deep.write_text("serve: {port: [" + ", ".join(str(n) for n in range(5000)) + "]}\n")
+    with pytest.raises(ConfigError) as caught:
+        load_settings(deep)
+    assert len(str(caught.value)) < 1000  # the rejected value is shown in short

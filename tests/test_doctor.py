@@ -25,6 +25,7 @@ from colony.blackboard.protocol import (
     VcmProtocol,
 )
 from colony.config import ColonySettings
+from colony.errors import InvalidArgument
 from colony.inference.scripted import ScriptedEngine
 from colony.system.builtin import RUNS_NAMESPACE
 from colony.system.doctor import DoctorReport, ViolationKind, check_invariants
@@ -32,6 +33,7 @@ from colony.system.doctor_command import (
     EXIT_CLEAN,
     EXIT_INCOMPLETE,
     EXIT_UNREACHABLE,
+    EXIT_UNREADABLE,
     EXIT_VIOLATIONS,
     doctor_command,
 )
@@ -335,6 +337,32 @@ def test_doctor_command_exit_codes(redis_url: str, capsys: pytest.CaptureFixture
     # nothing found in what was read, but a listing was cut short: not "clean"
     asyncio.run(break_it("orphan-2"))
     assert doctor_command(settings, as_json=False, grace_seconds=3600, max_entries=1) == EXIT_INCOMPLETE
+
+
+def test_doctor_command_on_keys_it_cannot_read_and_a_grace_that_is_no_number(
+    redis_url: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Found by review: a key of the wrong type was a traceback and exit 1 (`violations`), and
+    `--grace nan` reported violations as clean."""
+    settings = ColonySettings(redis_url=redis_url, colony_id=f"doc{uuid.uuid4().hex[:8]}")
+    with pytest.raises(InvalidArgument, match="grace_seconds"):
+        doctor_command(settings, as_json=False, grace_seconds=float("nan"))
+
+    async def spoil() -> None:
+        client = create_redis(redis_url, settings.blackboard)
+        board = Blackboard(client, scope_id(BlackboardScope.COLONY, colony_id=settings.colony_id))
+        record = AgentRecord(agent_id="a", state="idle", replica="r")
+        await AgentRegistry(board, settings=settings).put(record)
+        keys = [k if isinstance(k, str) else k.decode() for k in await client.keys(f"*{settings.colony_id}*")]
+        key = next(k for k in keys if k.endswith("agent:a"))
+        await client.delete(key)
+        await client.set(key, "a string where a hash was")
+        await client.aclose()
+
+    asyncio.run(spoil())
+    assert doctor_command(settings, as_json=False) == EXIT_UNREADABLE
+    err = capsys.readouterr().err
+    assert "is not as Colony writes it" in err and "Traceback" not in err
 
 
 def test_doctor_command_unreachable_redis(capsys: pytest.CaptureFixture[str]) -> None:

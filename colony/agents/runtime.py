@@ -336,29 +336,9 @@ class LocalAgentRuntime:
     def retire(self, agent_id: str) -> None:
         """Stop an agent from inside itself (a one-shot worker whose job is done): the stop runs
         as its own task, since it cancels the agent's tasks, the caller's included."""
-        task = asyncio.create_task(self._retire(agent_id), name=f"{agent_id}-retire")
+        task = asyncio.create_task(_retire(self, agent_id), name=f"{agent_id}-retire")
         self._retiring.add(task)
         task.add_done_callback(self._retiring.discard)
-
-    async def _retire(self, agent_id: str) -> None:
-        """`stop`, whose end is tried again (RETIRE_TRIES, backing off) when it failed after the
-        agent was detached (found by review: a Redis blip there left a worker detached but not
-        stopped, which nothing stopped again, and its parent waiting for it for good)."""
-        agent = self._agents.get(agent_id)
-        for attempt in range(RETIRE_TRIES + 1):
-            try:
-                if agent_id in self._agents or agent is None:
-                    await self.stop(agent_id)
-                else:
-                    await self._stopped(agent)
-                return
-            except Exception as exc:
-                replaced = agent_id in self._agents and self._agents[agent_id] is not agent  # (restored)
-                if attempt == RETIRE_TRIES or replaced:
-                    log.warning("agent %s: its stop failed, not tried again: %r", agent_id, exc)
-                    return
-                log.info("agent %s: its stop failed (%r); trying again", agent_id, exc)
-                await asyncio.sleep(0.2 * 2**attempt)
 
     async def shutdown(self) -> None:
         """Detach every agent (state stays in the blackboard)."""
@@ -546,3 +526,24 @@ class LocalAgentRuntime:
                 BlackboardScope.AGENT, tenant_id=self.tenant_id, colony_id=self.colony_id, agent_id=agent_id
             )
         )
+
+
+async def _retire(runtime: LocalAgentRuntime, agent_id: str) -> None:
+    """`stop`, whose end is tried again (RETIRE_TRIES, backing off) when it failed after the
+    agent was detached (found by review: a Redis blip there left a worker detached but not
+    stopped, which nothing stopped again, and its parent waiting for it for good)."""
+    agent = runtime._agents.get(agent_id)
+    for attempt in range(RETIRE_TRIES + 1):
+        try:
+            if agent_id in runtime._agents or agent is None:
+                await runtime.stop(agent_id)
+            else:
+                await runtime._stopped(agent)
+            return
+        except Exception as exc:
+            replaced = agent_id in runtime._agents and runtime._agents[agent_id] is not agent  # (restored)
+            if attempt == RETIRE_TRIES or replaced:
+                log.warning("agent %s: its stop failed, not tried again: %r", agent_id, exc)
+                return
+            log.info("agent %s: its stop failed (%r); trying again", agent_id, exc)
+            await asyncio.sleep(0.2 * 2**attempt)

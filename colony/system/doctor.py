@@ -569,7 +569,7 @@ async def check_invariants(
     """Check the colony's invariants (read-only). `blackboard`: any scope on the cluster's Redis;
     `run_ids`: runs known to have been accepted (each must still be there and not stuck);
     `now`: the time to judge ages by (default: Redis' clock)."""
-    if grace_seconds < 0 or max_entries < 1:
+    if not grace_seconds >= 0 or max_entries < 1:  # (NaN too: it made every age "within the grace")
         raise InvalidArgument(
             f"grace_seconds must be >= 0 and max_entries >= 1, got {grace_seconds}, {max_entries}"
         )

@@ -1,6 +1,7 @@
 """`colony doctor`: the invariant checker (`colony.system.doctor`) on the command line: connect
 the way `colony bb` does, print the report (or its JSON), exit 0 clean, 1 violations, 2 no Redis,
-3 incomplete (a listing truncated or a check skipped).
+3 incomplete (a listing truncated or a check skipped), 4 a key it could not read as Colony wrote
+it (the check stopped there).
 
 `--prune-orphans` is its one repair: it removes the orphaned agent keys the check found
 (`colony.system.agent_purge`), each id only if the registry still has no record of it and its
@@ -15,6 +16,8 @@ import sys
 import time
 from collections.abc import Sequence
 
+import redis
+
 from colony.blackboard import Blackboard, BlackboardScope, scope_id
 from colony.config import ColonySettings
 from colony.errors import BlackboardUnavailable, ColonyError, InvalidArgument, InvalidKey
@@ -28,7 +31,7 @@ from colony.system.doctor import (
 from colony.system.import_write import LIFECYCLE, importing
 from colony.system.registry import AgentRegistry
 
-EXIT_CLEAN, EXIT_VIOLATIONS, EXIT_UNREACHABLE, EXIT_INCOMPLETE = 0, 1, 2, 3
+EXIT_CLEAN, EXIT_VIOLATIONS, EXIT_UNREACHABLE, EXIT_INCOMPLETE, EXIT_UNREADABLE = 0, 1, 2, 3, 4
 
 
 def format_report(report: DoctorReport) -> str:
@@ -59,11 +62,17 @@ def format_report(report: DoctorReport) -> str:
         )
     if report.clean:
         lines.append("clean: no invariant is violated")
-        return "\n".join(lines)
+        return "\n".join(map(_printable, lines))
     summary = ", ".join(f"{k} {n}" for k, n in sorted(report.kinds().items()))
     lines.append(f"{len(report.violations)} violation(s): {summary}")
     lines += [f"- [{v.kind.value}] {v.subject}: {v.message}" for v in report.violations]
-    return "\n".join(lines)
+    return "\n".join(map(_printable, lines))
+
+
+def _printable(line: str) -> str:
+    """A report line as a terminal shows it: what it quotes from Redis (a replica id, a state) may
+    hold escape sequences or line breaks (found by review: a record's made `clean` appear)."""
+    return "".join(c if c.isprintable() else " " for c in line)
 
 
 async def prune_orphans(board: Blackboard, settings: ColonySettings, report: DoctorReport) -> list[str]:
@@ -142,6 +151,13 @@ def doctor_command(
     except ColonyError as exc:  # e.g. no COLONY_REDIS_URL and no embedded server running
         print(f"colony doctor: cannot reach Redis: {exc}", file=sys.stderr)
         return EXIT_UNREACHABLE
+    except (redis.ResponseError, ValueError) as exc:  # found by review: a traceback, and exit 1
+        print(
+            f"colony doctor: a key is not as Colony writes it ({type(exc).__name__}: {str(exc)[:300]}); "
+            "the check stopped there. `colony bb` shows the colony's keys",
+            file=sys.stderr,
+        )
+        return EXIT_UNREADABLE
     if as_json:
         print(json.dumps({**report.model_dump(mode="json"), "pruned": pruned}, indent=2, sort_keys=True))
     else:
