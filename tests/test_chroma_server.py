@@ -8,8 +8,10 @@ import ipaddress
 import json
 import os
 import signal
+import uuid
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import psutil
 import pytest
@@ -18,6 +20,7 @@ from colony import cli
 from colony.blackboard.redis_server import EmbeddedRedis, free_port, process_alive
 from colony.config import ChromaServerSettings, ColonySettings, MemorySettings, ServeSettings
 from colony.errors import ClusterError
+from colony.memory.chroma_http import CHROMA_CALL_SECONDS
 from colony.memory.chroma_server import (
     EmbeddedChroma,
     chroma_client,
@@ -88,6 +91,8 @@ def test_start_reuse_stop_and_the_url_memory_uses(tmp_path: Path, no_download: P
         client = chroma_client(settings)
         assert client.get_settings().anonymized_telemetry is False
         assert _remember_and_recall(client, tmp_path)[0] == "cat"
+        # every later call is bounded (colony.memory.chroma_http: chromadb's own waits without limit)
+        assert client._server._session.timeout.read == CHROMA_CALL_SECONDS
         assert (tmp_path / "chroma").is_dir() and not (tmp_path / "chroma-local").exists()
         # the server talks to nobody but its loopback clients (no telemetry, no update checks)
         for connection in psutil.Process(info.pid).net_connections(kind="inet"):
@@ -121,6 +126,48 @@ def test_a_killed_server_comes_back_on_its_port_and_foreign_pids_are_left_alone(
     (tmp_path / "chroma-server.json").write_text(json.dumps({**first.__dict__, "pid": os.getpid()}))
     assert server.status() is None and resolve_chroma_url(settings) is None  # this process: no chroma
     assert server.stop() is False and process_alive(os.getpid())  # a foreign pid is never signalled
+
+
+async def test_a_chroma_server_that_never_answers_leaves_recall_to_keywords(
+    bb: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Found by review: a server that takes connections and never answers held recall of the whole
+    process (no time limit in chromadb's client)."""
+    import asyncio
+    import socket
+    import threading
+
+    from colony.memory import chroma_http
+    from colony.memory.scopes import MemoryScope
+    from colony.memory.service import MemoryService
+    from colony.memory.types import MemoryQuery, NewMemory
+
+    monkeypatch.setattr(chroma_http, "CHROMA_CALL_SECONDS", 1.0)
+    silent = socket.socket()
+    silent.bind(("127.0.0.1", 0))
+    silent.listen(64)
+    held: list[socket.socket] = []
+
+    def accept() -> None:
+        while True:
+            try:
+                held.append(silent.accept()[0])  # read nothing, answer nothing
+            except OSError:
+                return
+
+    threading.Thread(target=accept, daemon=True).start()
+    settings = _settings(tmp_path, chroma_url=f"http://127.0.0.1:{silent.getsockname()[1]}")
+    service = MemoryService(bb, settings)
+    scope = MemoryScope.agent_working(f"a{uuid.uuid4().hex[:10]}")
+    try:
+        await service.store.write(scope, NewMemory(content="The deploy key is in vault A"))
+        found = await asyncio.wait_for(service.recall(MemoryQuery(query="deploy key vault"), [scope]), 10)
+        assert [r.entry.content for r in found] == ["The deploy key is in vault A"]
+        assert service.vector_error is not None and "heartbeat" in service.vector_error
+    finally:
+        silent.close()
+        for connection in held:
+            connection.close()
 
 
 def test_bad_settings_are_refused_by_name(tmp_path: Path) -> None:

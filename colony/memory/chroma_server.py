@@ -317,8 +317,16 @@ def chroma_client(settings: ColonySettings) -> Any:
         raise ClusterError(f"memory.chroma_url {url!r} is not an http(s)://host:port URL")
     ssl = parts.scheme == "https"
     port = parts.port or (443 if ssl else 80)
+    from colony.memory.chroma_http import CHROMA_CALL_SECONDS, bounded
+
+    if not heartbeat(url.rstrip("/"), timeout=CHROMA_CALL_SECONDS):  # (no client of an unanswering server)
+        raise ClusterError(
+            f"the Chroma server at {url} does not answer its heartbeat within {CHROMA_CALL_SECONDS:g} s; "
+            "start it (`colony up` starts the embedded one) or fix memory.chroma_url"
+        )
     try:
-        return chromadb.HttpClient(host=parts.hostname, port=port, ssl=ssl, settings=client_settings())
+        client = chromadb.HttpClient(host=parts.hostname, port=port, ssl=ssl, settings=client_settings())
+        return bounded(client)
     except Exception as exc:  # chromadb raises plain ValueError/ConnectError when the server is away
         raise ClusterError(
             f"the Chroma server at {url} does not answer ({type(exc).__name__}: {exc}); start it "
