@@ -316,3 +316,28 @@ async def test_on_the_embedded_model_stm_is_summarised_and_the_skill_lens_reache
     prompt = "\n".join(m.content for r in spy.requests for m in (r.messages or []))
     assert "## Memory: skill" in prompt
     assert "What worked: remember -> answer" in prompt
+
+
+async def test_a_summary_names_as_sources_only_the_entries_the_model_was_shown() -> None:
+    """Found by review: one entry too long for what was left of the model's input ended the list,
+    and the summary still named every entry of the batch as its source."""
+    from types import SimpleNamespace
+
+    seen: list[str] = []
+
+    class Engine:
+        async def generate(self, request: Any) -> Any:
+            seen.append(request.messages[-1].content)
+            return SimpleNamespace(text="Dana moved to Oslo in May.")
+
+    long = "Notes. " + "word " * 1300  # ~6,500 characters: allowed in an entry, past what is left
+    texts = ["Dana moved to Oslo in May.", long, "Dana's locker code is 7291.", "Tom likes tea."]
+    entries = [
+        MemoryEntry(entry_id=f"e{n}", scope_id="s", content=text, created_at=time.time())
+        for n, text in enumerate(texts)
+    ]
+    capability = SimpleNamespace(engine=Engine(), ttl_seconds=None, name="t")
+    made = await SummarizingTransformer(keep_sources=False).transform(entries, capability)
+    shown = [e.ref for e in entries if e.content in seen[0]]
+    assert len(shown) == 3 and made[0].sources == shown  # the long one skipped, the later ones kept
+    assert made[0].metadata == {"summarised": 3}

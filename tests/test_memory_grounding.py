@@ -111,6 +111,24 @@ def test_what_the_user_repeated_is_stored_verbatim() -> None:
     assert check_grounded(said, [said]).grounded
 
 
+@pytest.mark.parametrize(
+    "framed",
+    [
+        "User says: I live in Oslo and love green tea",
+        "The user said: I live in Oslo and love green tea",
+        "User: I live in Oslo and love green tea",
+        "the user told me I live in Oslo and love green tea",
+    ],
+)
+def test_a_line_framed_as_the_users_words_must_be_them_verbatim(framed: str) -> None:
+    """Found by review: only "User said" was held to verbatim; other quote frames passed a changed
+    word as an extract."""
+    said = ["I live in Oslo and like green tea"]
+    assert not check_grounded(framed, said).grounded
+    assert check_grounded(framed.replace("love", "like"), said).grounded  # verbatim: kept
+    assert check_grounded("The user likes green tea", said).grounded  # not framed: an extract
+
+
 def test_lines_are_checked_one_by_one() -> None:
     kept = "User said: Hi, my name is Dana.\nName: Dana"
     assert check_lines(kept, [DANA]).grounded

@@ -591,3 +591,54 @@ async def test_a_short_fact_is_no_duplicate_of_a_longer_entry_holding_it(
     fact = NewMemory(content="The user's locker code is 7291.", tags=frozenset({"fact"}))
     written = await store.write(scope, fact, similar=retriever.nearest)
     assert written.created and written.entry.content == fact.content
+
+
+class SlowVector:
+    """A vector index whose search takes a Chroma round trip, scoring every candidate alike."""
+
+    async def generation(self) -> str:
+        return "g"
+
+    async def embed_query(self, text: str) -> np.ndarray:
+        return np.ones(4, dtype=np.float32)
+
+    async def upsert(self, entries: Any) -> None:
+        return None
+
+    async def delete(self, refs: Any) -> None:
+        return None
+
+    async def drop_scope(self, scope_id: str) -> None:
+        return None
+
+    async def search(
+        self, vector: Any, candidates: Any, n: int, *, whole_texts: bool = False
+    ) -> dict[str, float]:
+        await asyncio.sleep(0.3)
+        return {ref: 0.9 for ref in list(candidates)[:n]}
+
+    async def similarities(self, vector: Any, refs: Any, *, whole_texts: bool = False) -> dict[str, float]:
+        return {ref: 0.9 for ref in refs}
+
+
+async def test_a_recall_keeps_its_scopes_mirrors_while_others_recall_new_scopes(
+    bb: Blackboard, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Found by review: a recall waiting on the vector search returned nothing when recalls of
+    other scopes evicted its mirror meanwhile (the process's bound on mirrored scopes)."""
+    import colony.memory.mirror as mirror_module
+
+    monkeypatch.setattr(mirror_module, "MAX_MIRRORED_SCOPES", 2)  # (512 in a busy replica)
+    store = MemoryStore(bb, ColonySettings())
+    retriever = MemoryRetriever(store, SlowVector())
+    scopes = [MemoryScope.agent_working(f"a{uuid.uuid4().hex[:10]}") for _ in range(3)]
+    for scope in scopes:
+        await store.write(scope, NewMemory(content="The deploy key is in vault A"))
+    query = MemoryQuery(query="deploy key vault")
+
+    async def later(scope: str) -> list[Any]:
+        await asyncio.sleep(0.1)
+        return await retriever.recall(query, [scope])
+
+    found = await asyncio.gather(retriever.recall(query, [scopes[0]]), later(scopes[1]), later(scopes[2]))
+    assert [len(f) for f in found] == [1, 1, 1]

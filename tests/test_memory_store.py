@@ -152,3 +152,39 @@ async def test_concurrent_batches_store_each_text_and_id_once(store: MemoryStore
     assert await store.count(scope) == 21
     loser = next(f"version {v}" for v in range(6) if f"version {v}" != winner)
     assert (await store.write(scope, NewMemory(content=loser))).created  # no stale hash key claims it
+
+
+async def test_writers_on_several_clients_keep_a_cap_exactly(redis_url: str) -> None:
+    """Found by review: writers on several connections (as replicas are) each counted the same
+    overshoot and each deleted it, so the scope fell below its cap and lost entries it should have
+    kept. One enforcement of a scope's cap at a time."""
+    import asyncio
+
+    from colony.blackboard import Blackboard, create_redis
+    from colony.config import BlackboardSettings, ColonySettings
+    from colony.memory.types import MemoryScopeConfig
+
+    root = f"test:{uuid.uuid4().hex[:12]}"
+    clients = [create_redis(redis_url, BlackboardSettings()) for _ in range(8)]
+    stores = [
+        MemoryStore(Blackboard(c, root, settings=BlackboardSettings()), ColonySettings()) for c in clients
+    ]
+    capped = MemoryScope.agent_working(f"a{uuid.uuid4().hex[:10]}")
+    await stores[0].configure(MemoryScopeConfig(scope_id=capped, scope_type="working", max_entries=30))
+    counts = []
+    try:
+        for round_ in range(12):
+
+            async def write(store: MemoryStore, n: int, round_: int = round_) -> None:
+                notes = [
+                    NewMemory(content=f"round {round_} writer {n} note {k} {uuid.uuid4().hex}")
+                    for k in range(3)
+                ]
+                await store.write_many(capped, notes)
+
+            await asyncio.gather(*(write(store, n) for n, store in enumerate(stores)))
+            counts.append(await stores[0].count(capped))
+    finally:
+        for client in clients:
+            await client.aclose()
+    assert all(count == 30 for count in counts[1:]), counts

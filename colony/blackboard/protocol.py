@@ -511,6 +511,7 @@ class MemoryProtocol(BlackboardProtocol):
         "index_position": "mem:indexed",
         "scopes": "mem:scopes",  # an agent's (colony's) own scope: its (shared) memory scopes
         "access": "mem:access",  # a shared scope's SharedAccess (colony.memory.shared)
+        "pruning": "mem:pruning",  # held (with a TTL) by the one writer keeping the scope's cap
     }
     INDEX_TAG = "index:memory"
     ENTRY_PATTERN = "mem:entry:*"
@@ -547,6 +548,10 @@ class MemoryProtocol(BlackboardProtocol):
     @classmethod
     def access_key(cls) -> str:
         return cls.build("access")
+
+    @classmethod
+    def pruning_key(cls) -> str:
+        return cls.build("pruning")
 
 
 class NeededSoonKeys(BlackboardProtocol):

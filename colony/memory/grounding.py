@@ -86,7 +86,18 @@ _STOP_TEXT = """
 STOP_WORDS = frozenset(_STOP_TEXT.split())
 # words that state who someone is: held to what the user said like names (no allowance)
 GENDERED = frozenset(["he", "him", "his", "himself", "she", "her", "hers", "herself"])
-_FRAME = ("user said", "user says", "user")  # leading words a stored line may carry before the quote
+# leading words a stored line may carry before the quote (longest first)
+_FRAME = tuple(
+    f"{the}user{verb}"
+    for verb in (" told me", " said", " says", " wrote", " stated", " mentioned", "")
+    for the in ("the ", "")
+)
+# a line framed as the user's own words, which must then be their words verbatim (found by review:
+# only "User said" was held to it, so "User says:", "The user said" and "User:" lines passed as
+# extracts the user never said in those words)
+QUOTE_FRAME = re.compile(
+    r"^\W*(?:the\s+)?user(?:\s*:|\s+(?:told\s+me|said|says|wrote|stated|mentioned)\b)", re.IGNORECASE
+)
 
 
 @dataclass(frozen=True)
@@ -217,7 +228,7 @@ def check_grounded(
     heard_from = said if isinstance(said, Heard) else Heard(said)
     if heard_from.verbatim(tokens):
         return Grounding(True, "the user's words verbatim", coverage=1.0, verbatim=True)
-    if raw_tokens[:2] == ["user", "said"]:
+    if QUOTE_FRAME.match(candidate):
         return Grounding(False, "it quotes the user, but the user did not say it in these words")
     looped = repetition(candidate)
     if looped is not None:

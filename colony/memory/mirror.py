@@ -11,10 +11,11 @@ and by entries.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import time
-from collections import OrderedDict
-from collections.abc import Callable
+from collections import Counter, OrderedDict
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
 
 from colony.memory.keyword import KeywordIndex
@@ -68,18 +69,34 @@ class ScopeMirrors:
         self.keyword = keyword
         self.on_evict = on_evict  # told of each scope whose mirror is dropped
         self._mirrors: OrderedDict[str, ScopeMirror] = OrderedDict()
+        self._pins: Counter[str] = Counter()  # scopes a recall is reading now: never evicted
+
+    @contextlib.contextmanager
+    def pinned(self, scope_ids: Iterable[str]) -> Iterator[None]:
+        """Keep these scopes' mirrors for the block (found by review: a recall waiting on the vector
+        search lost every candidate when another recall's new scope evicted its mirror)."""
+        held = list(dict.fromkeys(scope_ids))
+        self._pins.update(held)
+        try:
+            yield
+        finally:
+            self._pins.subtract(held)
+            for scope_id in held:
+                if self._pins[scope_id] <= 0:
+                    del self._pins[scope_id]
 
     def get(self, scope_id: str) -> ScopeMirror:
-        """The scope's mirror (new and empty if not held), now the most recently used."""
+        """The scope's mirror (new and empty if not held), now the most recently used; the least
+        recently used ones not pinned make room (the bounds may be passed while all are pinned)."""
         mirror = self._mirrors.get(scope_id)
         if mirror is None:
             mirror = self._mirrors[scope_id] = ScopeMirror()
             mirrored = sum(len(m.meta) for m in self._mirrors.values())
-            while len(self._mirrors) > 1 and (
-                len(self._mirrors) > MAX_MIRRORED_SCOPES or mirrored > MAX_MIRRORED_ENTRIES
-            ):
-                evicted, dropped = self._mirrors.popitem(last=False)
-                mirrored -= len(dropped.meta)
+            while len(self._mirrors) > MAX_MIRRORED_SCOPES or mirrored > MAX_MIRRORED_ENTRIES:
+                evicted = next((s for s in self._mirrors if s != scope_id and not self._pins[s]), None)
+                if evicted is None:
+                    break
+                mirrored -= len(self._mirrors.pop(evicted).meta)
                 self.keyword.clear(evicted)
                 self.on_evict(evicted)
         else:

@@ -254,10 +254,15 @@ class MemoryRetriever:
 
     async def recall(self, query: MemoryQuery, scope_ids: Sequence[str]) -> list[RecalledEntry]:
         """Entries of `scope_ids` passing the query's logical filter, ranked (see the module
-        docstring), above `min_relevance`, at most `max_results` (and memory.max_recall_results)."""
+        docstring), above `min_relevance`, at most `max_results` (and memory.max_recall_results);
+        their scopes' mirrors are kept while it reads them (`ScopeMirrors.pinned`)."""
         scopes = [s for s in dict.fromkeys(scope_ids) if _scope_selected(query, s)]
         if not scopes:
             return []
+        with self.mirrors.pinned(scopes):
+            return await self._recall(query, scopes)
+
+    async def _recall(self, query: MemoryQuery, scopes: list[str]) -> list[RecalledEntry]:
         text = (query.query or "").strip()
         use_vector = self.vector is not None and bool(text) and query.mode != "keyword"
         # the query's embedding (the slowest step) is computed while the indexes catch up

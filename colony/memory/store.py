@@ -9,13 +9,14 @@ indexes (colony.memory.retrieval) follow with `changes()`.
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import json
 import os
 import re
 import time
 import unicodedata
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -410,6 +411,14 @@ class MemoryStore:
         O(log n), not by reading the scope. Returns how many went."""
         maintenance = maintenance or MaintenanceConfig()
         board = self.board(scope_id)
+        async with _one_pruner(board) as held:
+            if not held:  # another writer held it past the wait: the scope's next write keeps the cap
+                return 0
+            return await self._prune(scope_id, board, max_entries, maintenance)
+
+    async def _prune(
+        self, scope_id: str, board: Blackboard, max_entries: int, maintenance: MaintenanceConfig
+    ) -> int:
         live = await self.count(scope_id)
         order = PruneOrder(board)
         if order.needs_rebuild(await order.size(), live):
@@ -503,3 +512,30 @@ def _entry(value: Any) -> MemoryEntry | None:
         return MemoryEntry.model_validate(value)
     except ValueError:
         return None
+
+
+PRUNING_HOLD_SECONDS = 30.0  # the most one cap enforcement holds the scope (a crashed one's ends)
+PRUNING_WAIT_SECONDS = 5.0  # waiting for another enforcement of the scope's cap, then leaving it to it
+
+
+@contextlib.asynccontextmanager
+async def _one_pruner(board: Blackboard) -> AsyncIterator[bool]:
+    """Whether this writer may keep the scope's cap now: one at a time per scope (a create-only
+    entry with a TTL). Found by review: writers on several replicas each counted the same overshoot
+    and each deleted it, so the scope fell below its cap and lost entries it should have kept."""
+    key, deadline = Keys.pruning_key(), time.monotonic() + PRUNING_WAIT_SECONDS
+    while True:
+        try:
+            await board.write(key, {"at": time.time()}, expected_version=0, ttl_seconds=PRUNING_HOLD_SECONDS)
+            break
+        except ConcurrentModificationError:
+            if time.monotonic() > deadline:
+                yield False
+                return
+            await asyncio.sleep(0.02)
+    try:
+        yield True
+    finally:
+        with contextlib.suppress(Exception):
+            await board.delete(key)
+

@@ -94,13 +94,17 @@ class SummarizingTransformer:
                 "SummarizingTransformer needs the model of the replica hosting the agent; "
                 "it runs inside a hosted agent (or pass engine= to the MemoryCapability)"
             )
-        listing, used = [], 0
-        for entry in entries:
+        listing, shown, used = [], [], 0
+        for entry in entries:  # an entry too long for what is left is skipped, not the end of the list
             line = f"- {entry.content}"
             if used + len(line) > MAX_INPUT_CHARS:
-                break
+                continue
             listing.append(line)
+            shown.append(entry)
             used += len(line)
+        if not shown:
+            return []
+        entries = shown  # sources, grounding and the count name only what the model was shown
         response = await engine.generate(
             InferenceRequest(
                 messages=[

@@ -103,18 +103,24 @@ async def purge_agent(
     async with board.guard("purge_agent"):
         await board.redis.unlink(runs_index)
     if any(f"namespace:{NAMESPACE_PREFIX}" in key for key in found.keys):  # it had memory
-        await _forget_memory_index(board, agent_id, settings)
+        await _forget_memory_index(board, agent_id, settings, found.keys)
     return AgentKeys(keys=found.keys, blocks=deleted, truncated=found.truncated)
 
 
-async def _forget_memory_index(board: Blackboard, agent_id: str, settings: ColonySettings) -> None:
-    """Drop the agent's memory scopes' rows from the vector index (derived from the entries just
-    deleted). Best effort: an index that does not answer keeps rows no entry backs any more, which
-    recall skips (it reads every hit's entry from Redis) and a reindex of the colony drops."""
-    scopes = [
-        MemoryScope.agent(agent_id, level, tenant_id=settings.tenant_id, colony_id=settings.colony_id)
-        for level in AGENT_LEVELS
-    ]
+async def _forget_memory_index(
+    board: Blackboard, agent_id: str, settings: ColonySettings, keys: Iterable[str]
+) -> None:
+    """Drop the rows of the agent's memory scopes from the vector index (derived from the entries
+    just deleted): its levels, and every other memory scope its keys show (found by review: a scope
+    of its own graph, `memory-notes`, kept its rows). Best effort: an index that does not answer
+    keeps rows no entry backs any more, which recall skips (it reads every hit's entry from Redis)."""
+    where = {"tenant_id": settings.tenant_id, "colony_id": settings.colony_id}
+    space = BlackboardKeyspace(agent_scope(agent_id, settings.tenant_id, settings.colony_id))
+    held = {space.nested_scope(key) for key in keys}
+    scopes = sorted(
+        {MemoryScope.agent(agent_id, level, **where) for level in AGENT_LEVELS}
+        | {s for s in held if s is not None and MemoryScope.is_memory_scope(s)}
+    )
     try:
         await memory_service(board, settings).forget_scopes(scopes)
     except Exception as exc:
