@@ -92,7 +92,9 @@ def test_start_reuse_stop_and_the_url_memory_uses(tmp_path: Path, no_download: P
         assert client.get_settings().anonymized_telemetry is False
         assert _remember_and_recall(client, tmp_path)[0] == "cat"
         # every later call is bounded (colony.memory.chroma_http: chromadb's own waits without limit)
-        assert client._server._session.timeout.read == CHROMA_CALL_SECONDS
+        session = client._server._session
+        assert session.timeout.read == CHROMA_CALL_SECONDS
+        assert session.headers.get("Content-Type") == "application/json"  # its own headers kept (auth too)
         assert (tmp_path / "chroma").is_dir() and not (tmp_path / "chroma-local").exists()
         # the server talks to nobody but its loopback clients (no telemetry, no update checks)
         for connection in psutil.Process(info.pid).net_connections(kind="inet"):

@@ -345,8 +345,13 @@ class Stub:
 
 @pytest.fixture
 def stub(tmp_path: Path) -> Iterator[Stub]:
-    """The stub API in a thread, and a data dir whose cluster.json points `colony run` at it (the
-    pid is this test process's: alive, as `cluster.status` checks)."""
+    """The stub API in a thread, and a data dir whose cluster.json points `colony run` at it (its
+    pid a process carrying the record's daemon id, as `cluster.status` checks)."""
+    import subprocess
+
+    from colony.serve.cluster import DAEMON_ID_VARIABLE
+
+    daemon = subprocess.Popen(["sleep", "600"], env={**os.environ, DAEMON_ID_VARIABLE: "d-stub"})
     server = _StubServer(("127.0.0.1", 0), _Api)
     thread = threading.Thread(target=server.serve_forever, daemon=True)
     thread.start()
@@ -354,12 +359,13 @@ def stub(tmp_path: Path) -> Iterator[Stub]:
     data.mkdir()
     url = f"http://127.0.0.1:{server.server_address[1]}"
     state = {
-        "pid": os.getpid(),
+        "pid": daemon.pid,
         "url": url,
         "token": TOKEN,
         "redis_url": "",
         "started_at": 0.0,
         "replicas": 1,
+        "daemon_id": "d-stub",
     }
     (data / "cluster.json").write_text(json.dumps(state))
     source = tmp_path / "src"
@@ -372,6 +378,8 @@ def stub(tmp_path: Path) -> Iterator[Stub]:
         server.shutdown()
         server.server_close()
         thread.join(timeout=5)
+        daemon.kill()
+        daemon.wait()
 
 
 def _colony_on_pty(stub: Stub, *args: str, timeout: float = 60) -> tuple[int, str, str]:

@@ -188,3 +188,20 @@ def test_a_setting_cannot_write_lines_into_the_servers_config(tmp_path: Path) ->
     odd = tmp_path / 'quote"d'
     with pytest.raises(RedisServerError, match="quote, a backslash or a control character"):
         EmbeddedRedis(odd).start()
+
+
+def test_a_server_binary_of_another_name_is_still_known_as_ours(tmp_path: Path) -> None:
+    """Found by review of the pid check: a server run as `valkey-server` (or any name
+    `embedded_redis.binary` gives) was never seen running, and a second one started on its data."""
+    import shutil
+
+    renamed = tmp_path / "bin" / "valkey-server"
+    renamed.parent.mkdir()
+    shutil.copy(find_redis_binary(None), renamed)
+    server = EmbeddedRedis(tmp_path / "data", EmbeddedRedisSettings(binary=renamed))
+    first = server.start()
+    try:
+        assert server.status() == first and server.start() == first  # reused, not a second server
+    finally:
+        assert server.stop() is True
+    assert not process_alive(first.pid)

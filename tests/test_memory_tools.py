@@ -47,7 +47,9 @@ async def test_forget_takes_the_copies_and_actions_see_only_own_scopes(
         left = [e.content for s in (working, stm) for e in await store.entries(s)]
         assert not [c for c in left if "4321" in c and not c.startswith("Action ")], left
         tags = await agent.dispatcher.dispatch("list_tags", {"scope": stm})  # a full id of its own works
-        assert tags.success and tags.output == {"stm": {}}
+        # the forgotten entry's tag is gone (the record of the `forget` action itself may have
+        # reached STM meanwhile, by the agent's own ingestion: its tags are not the entry's)
+        assert tags.success and "secret" not in tags.output["stm"], tags.output
         other = MemoryScope.agent_working("someone-else", colony_id=runtime.colony_id)
         refused = await agent.dispatcher.dispatch("forget", {"entry_id": "x", "scope": other})
         assert not refused.success and "no memory scope" in refused.error

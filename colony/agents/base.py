@@ -129,6 +129,7 @@ class Agent(CapabilitySet, Bindable):
         # which pages the agent used, where, when (bounded); persisted with its context
         self.page_accesses: list[dict[str, Any]] = []
         self.context_changed = asyncio.Event()  # set when an event handler adds context
+        self.started = asyncio.Event()  # set once `start` finished (its capabilities and handlers)
         self.last_result: ActionResult | None = None
         self.last_action: str | None = None  # name of the last step's action (for its step event)
         self.suspension: SuspensionRequest | None = None
@@ -225,6 +226,7 @@ class Agent(CapabilitySet, Bindable):
             await self.blackboard.write(
                 Keys.key("metadata"), self.metadata.model_dump(mode="json"), created_by=self.agent_id
             )
+        self.started.set()
 
     # -- runs -------------------------------------------------------------------------------
 

@@ -344,9 +344,12 @@ class AgentRunCapability(AgentCapability):
         run = agent.current_run
         if self.one_shot and run is not None and run.done and self._queue.empty() and agent.host is not None:
             # a worker brought back after its job was answered (found by review: its stop failed
-            # half-way, it was placed again idle, and its parent waited for it to stop for good)
-            agent.host.retire(agent.agent_id)
-            return
+            # half-way, it was placed again idle, and its parent waited for it to stop for good);
+            # stopped once its start is over, so the stop finds it whole (no handler left running)
+            await agent.started.wait()
+            if self._queue.empty():
+                agent.host.retire(agent.agent_id)
+                return
         while True:
             request_id = await self._queue.get()
             self._taken = request_id

@@ -88,6 +88,7 @@ class BlackboardKeyspace:
         self.expiry_key = f"{base}:x"  # sorted set: tagged entries with a TTL, by expiry (see scripts)
         self.ring_prefix = f"{base}:r:"
         self.receipt_prefix = f"{base}:k:"
+        self.lock_prefix = f"{base}:l:"
 
     def ring_key(self, name: str) -> str:
         """A capped list (ring) of this scope, e.g. an agent's context; see `Transaction.ring_push`."""
@@ -97,6 +98,10 @@ class BlackboardKeyspace:
         """A short-lived receipt of a script call that must not apply twice (a pick-up the client
         sends again after a lost reply), named by the caller's random token."""
         return self.receipt_prefix + validate_segment(token, "receipt token")
+
+    def lock_key(self, name: str) -> str:
+        """A lock of this scope (a token with a TTL, held by one writer; no entry, no event)."""
+        return self.lock_prefix + validate_segment(name, "lock name")
 
     def entry_key(self, key: str) -> str:
         return self.entry_prefix + key
@@ -511,7 +516,6 @@ class MemoryProtocol(BlackboardProtocol):
         "index_position": "mem:indexed",
         "scopes": "mem:scopes",  # an agent's (colony's) own scope: its (shared) memory scopes
         "access": "mem:access",  # a shared scope's SharedAccess (colony.memory.shared)
-        "pruning": "mem:pruning",  # held (with a TTL) by the one writer keeping the scope's cap
     }
     INDEX_TAG = "index:memory"
     ENTRY_PATTERN = "mem:entry:*"
@@ -548,10 +552,6 @@ class MemoryProtocol(BlackboardProtocol):
     @classmethod
     def access_key(cls) -> str:
         return cls.build("access")
-
-    @classmethod
-    def pruning_key(cls) -> str:
-        return cls.build("pruning")
 
 
 class NeededSoonKeys(BlackboardProtocol):

@@ -176,11 +176,11 @@ def _client(host: str, port: int, timeout: float, password: str = "") -> redis.R
     )
 
 
-def runs_redis_server(pid: int, port: int) -> bool:
-    """Whether `pid` runs a redis-server listening on `port` (its process title, which redis-server
-    sets to `<binary> <address>:<port>`): a recorded pid the OS gave to another process since must
-    never be signalled or reported as ours (found by review: `colony redis stop` SIGKILLed one).
-    Where there is no /proc to ask (not Linux), the pid and the ping decide, as before."""
+def runs_redis_server(pid: int, port: int, binary: str = "redis-server") -> bool:
+    """Whether `pid` runs the recorded server binary listening on `port` (its process title, which
+    redis-server sets to `<binary as run> <address>:<port>`): a recorded pid the OS gave to another
+    process since must never be signalled or reported as ours (found by review: `colony redis stop`
+    SIGKILLed one). Where there is no /proc to ask (not Linux), the pid and the ping decide."""
     if not Path("/proc/self").exists():
         return True
     try:
@@ -188,9 +188,14 @@ def runs_redis_server(pid: int, port: int) -> bool:
         title = raw.replace(b"\0", b" ").decode(errors="replace").split()
     except OSError:
         return False
-    return bool(title) and Path(title[0]).name.startswith("redis-server") and any(
-        word.endswith(f":{port}") for word in title[1:]
-    )
+    names = {Path(binary).name, "redis-server"}  # (any name `embedded_redis.binary` gives it)
+    listening = any(word.endswith(f":{port}") for word in title[1:])
+    return bool(title) and Path(title[0]).name in names and listening
+
+
+def _ours(info: RedisServerInfo) -> bool:
+    """The recorded server runs: its pid alive and running the recorded binary on its port."""
+    return process_alive(info.pid) and runs_redis_server(info.pid, info.port, info.binary)
 
 
 def _pings(host: str, port: int, timeout: float = 0.5, password: str = "") -> bool:
@@ -231,8 +236,7 @@ class EmbeddedRedis:
         if info is None:
             return None
         try:
-            ours = process_alive(info.pid) and runs_redis_server(info.pid, info.port)
-            answers = ours and _pings(info.host, info.port, password=info.password)
+            answers = _ours(info) and _pings(info.host, info.port, password=info.password)
         except redis.AuthenticationError as exc:
             raise RedisServerError(
                 f"the embedded redis-server (pid {info.pid}, port {info.port}) refuses the password "
@@ -300,7 +304,7 @@ class EmbeddedRedis:
         with self._locked():
             self.stopped_file.touch()
             info = self._read_state()
-            if info is None or not process_alive(info.pid) or not runs_redis_server(info.pid, info.port):
+            if info is None or not _ours(info):
                 self.state_file.unlink(missing_ok=True)  # (a pid reused since is no server of ours)
                 return False
             client = _client(info.host, info.port, 2.0, info.password)

@@ -152,6 +152,8 @@ def doctor_command(
         print(f"colony doctor: cannot reach Redis: {exc}", file=sys.stderr)
         return EXIT_UNREACHABLE
     except (redis.ResponseError, ValueError) as exc:  # found by review: a traceback, and exit 1
+        if isinstance(exc, redis.ResponseError) and "WRONGTYPE" not in str(exc):
+            raise  # Redis refused (read-only, out of memory, ...): not a key of the wrong kind
         print(
             f"colony doctor: a key is not as Colony writes it ({type(exc).__name__}: {str(exc)[:300]}); "
             "the check stopped there. `colony bb` shows the colony's keys",
