@@ -34,6 +34,7 @@ from pydantic import BaseModel, Field
 from colony.config import VcmSettings
 from colony.errors import InvalidArgument, PathNotAllowed, SourceTooLarge
 from colony.vcm.page import Page
+from colony.wire.input_check import is_utf8
 
 FILES_LOOKED_AT = 10  # x vcm.max_files_per_source: files of any kind a source lists and probes
 GIT_READS = ("index", "HEAD", "config", "commondir")  # what `git ls-files` opens in the git folder
@@ -217,7 +218,7 @@ class PageSource:
         for relative in candidates:
             if self._ignored(relative):
                 continue
-            if not _utf8(relative):  # found by review: no page header or key holds such a name
+            if not is_utf8(relative):  # found by review: no page header or key holds such a name
                 self.skipped.append(relative.encode("utf-8", "backslashreplace").decode())
                 continue
             real = _resolve(self.root / relative)
@@ -332,15 +333,6 @@ class PageSource:
             files=[span for span, _ in chunk],
         )
         return info, Page(page_id=page_id, text=text, metadata={"source_id": self.source_id})
-
-
-def _utf8(name: str) -> bool:
-    """Whether a file name is text (os.walk gives a name that is not UTF-8 with surrogate escapes)."""
-    try:
-        name.encode("utf-8")
-    except UnicodeEncodeError:
-        return False
-    return True
 
 
 def _git_listable(root: Path) -> bool:

@@ -31,13 +31,13 @@ def check_input(value: Any, max_depth: int, where: str = "input") -> None:
                 )
             if isinstance(item, dict):
                 for key, child in item.items():
-                    if not _valid_text(key):
+                    if not is_utf8(key):
                         raise ValueError(f"{_spell(place)} (a key): {_SURROGATE}")
                     stack.append((child, depth + 1, (place, key)))
             else:
                 stack.extend((child, depth + 1, (place, i)) for i, child in enumerate(item))
         elif isinstance(item, str):
-            if not _valid_text(item):
+            if not is_utf8(item):
                 raise ValueError(f"{_spell(place)}: {_SURROGATE}")
         elif isinstance(item, float) and not math.isfinite(item):
             raise ValueError(f"{_spell(place)}: NaN and Infinity are not JSON numbers")
@@ -46,7 +46,9 @@ def check_input(value: Any, max_depth: int, where: str = "input") -> None:
 _SURROGATE = "a string holds a lone UTF-16 surrogate (not valid Unicode)"
 
 
-def _valid_text(text: str) -> bool:
+def is_utf8(text: str) -> bool:
+    """Whether `text` can be written as UTF-8 (no lone surrogates: what JSON parsing and os.walk's
+    surrogate escapes let through)."""
     try:
         text.encode("utf-8")
     except UnicodeEncodeError:

@@ -25,6 +25,7 @@ from colony.memory.blocks.types import (
     Share,
     SharedAccess,
 )
+from colony.wire.input_check import is_utf8
 
 if TYPE_CHECKING:
     from colony.memory.blocks.cache import DocumentCache
@@ -41,12 +42,7 @@ def unb64(text: str) -> bytes:
     return base64.b64decode(text.encode("ascii"))
 
 
-def encodable(text: str) -> bool:
-    try:
-        text.encode("utf-8")
-    except UnicodeEncodeError:
-        return False
-    return True
+encodable = is_utf8  # (text Loro can store)
 
 
 def clean_text(text: str) -> str:
