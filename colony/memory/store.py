@@ -9,7 +9,6 @@ indexes (colony.memory.retrieval) follow with `changes()`.
 
 from __future__ import annotations
 
-import asyncio
 import contextlib
 import json
 import os
@@ -23,6 +22,7 @@ from typing import Any
 from colony import metrics
 from colony.blackboard import Blackboard, TagFilter
 from colony.blackboard.protocol import MemoryProtocol
+from colony.blackboard.redis_lock import redis_lock
 from colony.config import ColonySettings
 from colony.errors import BatchConflictError, ConcurrentModificationError, InvalidArgument
 from colony.memory.pruning import PruneOrder
@@ -518,27 +518,13 @@ PRUNING_HOLD_SECONDS = 30.0  # the most one cap enforcement holds the scope (a c
 PRUNING_WAIT_SECONDS = 5.0  # waiting for another enforcement of the scope's cap, then leaving it to it
 
 
-_RELEASE = """
-if redis.call('GET', KEYS[1]) == ARGV[1] then return redis.call('DEL', KEYS[1]) end
-return 0
-"""
-
-
 @contextlib.asynccontextmanager
 async def _one_pruner(board: Blackboard) -> AsyncIterator[bool]:
     """Whether this writer may keep the scope's cap now: one at a time per scope (a lock of the
-    scope, a token with a TTL, released only by its holder). Found by review: writers on several
-    replicas each counted the same overshoot and each deleted it, so the scope fell below its cap
-    and lost entries it should have kept."""
-    key, token = board.keyspace.lock_key("pruning"), os.urandom(8).hex()
-    deadline = time.monotonic() + PRUNING_WAIT_SECONDS
-    while not await board.redis.set(key, token, nx=True, px=int(PRUNING_HOLD_SECONDS * 1000)):
-        if time.monotonic() > deadline:
-            yield False
-            return
-        await asyncio.sleep(0.02)
-    try:
-        yield True
-    finally:
-        with contextlib.suppress(Exception):
-            await board.redis.eval(_RELEASE, 1, key, token)
+    scope). Found by review: writers on several replicas each counted the same overshoot and
+    each deleted it, so the scope fell below its cap and lost entries it should have kept."""
+    key = board.keyspace.lock_key("pruning")
+    async with redis_lock(
+        board.redis, key, hold_seconds=PRUNING_HOLD_SECONDS, wait_seconds=PRUNING_WAIT_SECONDS
+    ) as held:
+        yield held

@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import secrets
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable
 
@@ -23,6 +22,7 @@ from redis.asyncio import Redis
 
 from colony import metrics
 from colony.blackboard.access_keys import AccessProtocol
+from colony.blackboard.redis_lock import redis_lock
 from colony.config import ApiSettings
 from colony.errors import TenantQuotaExceeded
 from colony.system.registry import AgentRegistry
@@ -170,12 +170,8 @@ class TenantQuota:
         await self.redis.zrem(self._key(tenant, "open"), run_id)
 
 
-MAKING_HOLD_MS = 30_000  # the most one making holds the tenant's lock (a crashed holder's ends)
+MAKING_HOLD_SECONDS = 30.0  # the most one making holds the tenant's lock (a crashed holder's ends)
 MAKING_WAIT_SECONDS = 10.0  # waiting for another making of the tenant's agents, then 429
-_RELEASE = """
-if redis.call('GET', KEYS[1]) == ARGV[1] then return redis.call('DEL', KEYS[1]) end
-return 0
-"""
 
 
 @contextlib.asynccontextmanager
@@ -189,20 +185,17 @@ async def making_an_agent(
     if api.tenant_max_agents is None or tenant in (home, NOBODY):
         yield
         return
-    key, token = AccessProtocol.quota_key(tenant, colony_id, "making"), secrets.token_hex(8)
-    deadline = time.monotonic() + MAKING_WAIT_SECONDS
-    while not await redis.set(key, token, nx=True, px=MAKING_HOLD_MS):
-        if time.monotonic() > deadline:
+    key = AccessProtocol.quota_key(tenant, colony_id, "making")
+    async with redis_lock(
+        redis, key, hold_seconds=MAKING_HOLD_SECONDS, wait_seconds=MAKING_WAIT_SECONDS
+    ) as held:
+        if not held:
             raise TenantQuotaExceeded(
                 f"tenant {tenant!r} is making other agents; retry after the Retry-After header's seconds",
                 retry_after_seconds=2.0,
             )
-        await asyncio.sleep(0.02)
-    try:
         await check_agents(api, registry, tenant, home)
         yield
-    finally:
-        await redis.eval(_RELEASE, 1, key, token)
 
 
 async def check_agents(api: ApiSettings, registry: AgentRegistry, tenant: str, home: str) -> None:
