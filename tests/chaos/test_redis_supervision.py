@@ -289,10 +289,12 @@ def test_a_cluster_waiting_for_redis_is_running_degraded(tmp_path: Path) -> None
 
     server = ThreadingHTTPServer(("127.0.0.1", 0), Health)
     Thread(target=server.serve_forever, daemon=True).start()
+    # the recorded daemon: a process carrying the record's id, as the daemon's processes do
+    daemon = subprocess.Popen(["sleep", "600"], env={**os.environ, cluster.DAEMON_ID_VARIABLE: "d-chaos"})
     try:
         settings = ColonySettings(data_dir=tmp_path)
         url = f"http://127.0.0.1:{server.server_address[1]}"
-        record = cluster.ClusterInfo(os.getpid(), url, "t", "", time.time(), 1)
+        record = cluster.ClusterInfo(daemon.pid, url, "t", "", time.time(), 1, daemon_id="d-chaos")
         cluster.state_file(settings).write_text(json.dumps(record.__dict__))
         assert cluster.status(settings) == record
         assert cluster.health(record) == {"status": "degraded", "reason": "redis unavailable"}
@@ -302,3 +304,5 @@ def test_a_cluster_waiting_for_redis_is_running_degraded(tmp_path: Path) -> None
         assert cluster.status(settings) is None and cluster.health(record) is None
     finally:
         server.shutdown()
+        daemon.kill()
+        daemon.wait()
