@@ -15,7 +15,7 @@ import os
 import re
 import time
 import unicodedata
-from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
+from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -37,6 +37,8 @@ from colony.memory.types import (
 )
 
 Keys = MemoryProtocol
+PRUNING_HOLD_SECONDS = 30.0  # the most one cap enforcement holds the scope (a crashed one's ends)
+PRUNING_WAIT_SECONDS = 5.0  # waiting for another enforcement of the scope's cap, then leaving it to it
 PRUNE_LOOKAHEAD = 16  # extra lowest members read per pruning round (some may be gone already)
 ENTRY_PREFIX = "mem:entry:"
 Similar = Callable[[str, str], Awaitable[tuple[str, float] | None]]
@@ -408,10 +410,14 @@ class MemoryStore:
     ) -> int:
         """Keep at most `max_entries`: the entries with the lowest decayed relevance go first (the
         oldest on ties), taken from the scope's pruning order (colony/memory/pruning.py) in
-        O(log n), not by reading the scope. Returns how many went."""
+        O(log n), not by reading the scope. Returns how many went. One enforcement of a scope's
+        cap at a time (a lock of the scope): found by review, writers on several replicas each
+        counted the same overshoot and each deleted it, so the scope fell below its cap."""
         maintenance = maintenance or MaintenanceConfig()
         board = self.board(scope_id)
-        async with _one_pruner(board) as held:
+        lock = board.keyspace.lock_key("pruning")
+        hold, wait = PRUNING_HOLD_SECONDS, PRUNING_WAIT_SECONDS
+        async with redis_lock(board.redis, lock, hold_seconds=hold, wait_seconds=wait) as held:
             if not held:  # another writer held it past the wait: the scope's next write keeps the cap
                 return 0
             return await self._prune(scope_id, board, max_entries, maintenance)
@@ -512,19 +518,3 @@ def _entry(value: Any) -> MemoryEntry | None:
         return MemoryEntry.model_validate(value)
     except ValueError:
         return None
-
-
-PRUNING_HOLD_SECONDS = 30.0  # the most one cap enforcement holds the scope (a crashed one's ends)
-PRUNING_WAIT_SECONDS = 5.0  # waiting for another enforcement of the scope's cap, then leaving it to it
-
-
-@contextlib.asynccontextmanager
-async def _one_pruner(board: Blackboard) -> AsyncIterator[bool]:
-    """Whether this writer may keep the scope's cap now: one at a time per scope (a lock of the
-    scope). Found by review: writers on several replicas each counted the same overshoot and
-    each deleted it, so the scope fell below its cap and lost entries it should have kept."""
-    key = board.keyspace.lock_key("pruning")
-    async with redis_lock(
-        board.redis, key, hold_seconds=PRUNING_HOLD_SECONDS, wait_seconds=PRUNING_WAIT_SECONDS
-    ) as held:
-        yield held
